@@ -1,0 +1,41 @@
+//! Tucana: a persistent, ordered key-value store for fast SSDs.
+//!
+//! An in-memory B-tree whose leaves hold sorted (key prefix, key hash, log pointer)
+//! entries indexes an append-only key-value log. Durability comes from copy-on-write
+//! commits of index nodes and allocator bitmaps at epochs, made atomic by a two-slot
+//! superblock; after a crash only the log written since the last commit is replayed.
+//!
+//! ```no_run
+//! use tucana::{Database, Durability};
+//! let db = Database::open("data.tucana")?;
+//! let users = db.keyspace("users")?;
+//! users.put(b"alice", b"42")?;
+//! users.put_with(b"bob", b"7", Durability::Sync)?;
+//! assert_eq!(users.get(b"alice")?.as_deref(), Some(&b"42"[..]));
+//! for item in users.range::<&[u8], _>(..).rev() {
+//!     let (key, value) = item?;
+//!     println!("{:?} = {:?}", key, value);
+//! }
+//! # Ok::<(), tucana::Error>(())
+//! ```
+
+pub mod alloc;
+mod check;
+mod commit;
+mod db;
+pub mod error;
+pub mod index;
+mod keyspace;
+pub mod log;
+mod recovery;
+mod region;
+mod stats;
+pub mod types;
+pub mod volume;
+
+pub use check::CheckReport;
+pub use db::{Database, Options};
+pub use error::{Error, Result};
+pub use keyspace::{Batch, Durability, Keyspace, Range, Snapshot};
+pub use stats::{KeyspaceStats, Stats};
+pub use types::{MAX_KEY_BYTES, MAX_VALUE_BYTES};

@@ -1,0 +1,101 @@
+//! Statistics a user or a dashboard reads.
+
+/// Engine-wide statistics; a point-in-time reading, not a consistent snapshot.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Live keys over all keyspaces.
+    pub keys: u64,
+    /// Bytes of log records still reachable from an index.
+    pub live_log_bytes: u64,
+    /// Bytes of log records overwritten, deleted, tombstones and links.
+    pub dead_log_bytes: u64,
+    /// Heap bytes held by index nodes.
+    pub index_bytes: u64,
+    /// Index nodes resident in the heap.
+    pub index_nodes: u64,
+    /// Volume commits completed since open.
+    pub commits: u64,
+    /// Log flushes + fsyncs completed since open (group commits count once).
+    pub syncs: u64,
+    /// Bytes written to the volume since open.
+    pub bytes_written: u64,
+    /// Bytes read from the volume with explicit reads since open (mapped reads not counted).
+    pub bytes_read: u64,
+    /// Length of the volume file.
+    pub volume_bytes: u64,
+    /// Bytes the volume occupies on the device.
+    pub space_used_bytes: u64,
+    /// Blocks allocated in the allocator bitmap.
+    pub allocated_bytes: u64,
+    /// Newest durable commit epoch.
+    pub commit_epoch: u64,
+    pub keyspaces: Vec<KeyspaceStats>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct KeyspaceStats {
+    pub name: String,
+    pub keys: u64,
+    pub live_log_bytes: u64,
+    pub dead_log_bytes: u64,
+    pub log_segments: u64,
+    pub index_nodes: u64,
+}
+
+impl Stats {
+    /// Stats as a JSON object (for `tucana stats` and the server's INFO).
+    pub fn to_json(&self) -> String {
+        let mut s = String::new();
+        s.push('{');
+        let fields: [(&str, u64); 13] = [
+            ("keys", self.keys),
+            ("live_log_bytes", self.live_log_bytes),
+            ("dead_log_bytes", self.dead_log_bytes),
+            ("index_bytes", self.index_bytes),
+            ("index_nodes", self.index_nodes),
+            ("commits", self.commits),
+            ("syncs", self.syncs),
+            ("bytes_written", self.bytes_written),
+            ("bytes_read", self.bytes_read),
+            ("volume_bytes", self.volume_bytes),
+            ("space_used_bytes", self.space_used_bytes),
+            ("allocated_bytes", self.allocated_bytes),
+            ("commit_epoch", self.commit_epoch),
+        ];
+        for (name, value) in fields {
+            s.push_str(&format!("\"{name}\":{value},"));
+        }
+        s.push_str("\"keyspaces\":[");
+        for (i, ks) in self.keyspaces.iter().enumerate() {
+            if i > 0 {
+                s.push(',');
+            }
+            s.push_str(&format!(
+                "{{\"name\":{},\"keys\":{},\"live_log_bytes\":{},\"dead_log_bytes\":{},\"log_segments\":{},\"index_nodes\":{}}}",
+                json_string(&ks.name),
+                ks.keys,
+                ks.live_log_bytes,
+                ks.dead_log_bytes,
+                ks.log_segments,
+                ks.index_nodes
+            ));
+        }
+        s.push_str("]}");
+        s
+    }
+}
+
+fn json_string(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}

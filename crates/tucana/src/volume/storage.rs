@@ -1,0 +1,47 @@
+//! The storage trait: the engine's only view of the device.
+//!
+//! Thread-safety: every method may be called from any thread concurrently. Writes to
+//! disjoint ranges may run in parallel; the engine never writes a range that a reader
+//! may be looking at (see `mapped`).
+
+use crate::error::Result;
+
+/// A volume's bytes: one file, a block device, memory, or a fault-injecting simulation.
+pub trait Storage: Send + Sync + 'static {
+    /// Current length of the volume in bytes.
+    fn len_bytes(&self) -> Result<u64>;
+
+    /// Grows the volume to at least `len_bytes` (new bytes read as zero). Never shrinks.
+    fn grow(&self, len_bytes: u64) -> Result<()>;
+
+    /// Reads exactly `buf.len()` bytes at `offset`. Reading past the end is an error.
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()>;
+
+    /// Writes all of `data` at `offset` (inside the current length).
+    fn write_at(&self, offset: u64, data: &[u8]) -> Result<()>;
+
+    /// Makes every completed `write_at` durable.
+    fn sync(&self) -> Result<()>;
+
+    /// A zero-copy view of committed bytes, when the backend has a memory mapping.
+    ///
+    /// # Safety
+    /// The caller guarantees that no `write_at` overlapping `offset..offset+len` runs
+    /// while the returned slice is alive, and that the range lies inside the volume.
+    unsafe fn mapped(&self, offset: u64, len: usize) -> Option<&[u8]> {
+        let _ = (offset, len);
+        None
+    }
+
+    /// Gives the bytes of a range back to the file system (hole punch); a no-op where
+    /// unsupported. The range reads as zeros afterwards.
+    fn punch_hole(&self, offset: u64, len: u64) -> Result<()> {
+        let _ = (offset, len);
+        Ok(())
+    }
+
+    /// Bytes the volume occupies on the device (less than `len_bytes` for sparse files).
+    fn space_used_bytes(&self) -> Result<u64> {
+        self.len_bytes()
+    }
+}
