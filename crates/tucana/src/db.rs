@@ -146,4 +146,12 @@ impl Database {
     pub fn close(self) -> Result<()> {
         todo!()
     }
+
+    /// Drops the handle as a process crash would: no flush, no sync, no commit; the
+    /// volume lock is released. Bytes already written to the file stay (as after a
+    /// process crash); buffered writes still in memory are lost. For tests and benchmarks.
+    #[doc(hidden)]
+    pub fn abandon(self) {
+        todo!()
+    }
 }
