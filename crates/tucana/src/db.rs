@@ -1,15 +1,22 @@
 //! The database handle: opens a volume, owns its regions (keyspaces), the background
 //! committer and the group-commit machinery.
 
+use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use parking_lot::{Condvar, Mutex, RwLock};
+
+use crate::alloc::Allocator;
 use crate::check::CheckReport;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::keyspace::Keyspace;
-use crate::stats::Stats;
-use crate::volume::Storage;
+use crate::region::Region;
+use crate::stats::{KeyspaceStats, Stats};
+use crate::types::{CommitEpoch, DiskOffset, BLOCK_BYTES};
+use crate::volume::{Storage, Volume};
 
 /// How a database is opened. Built with `Database::builder()`.
 #[derive(Clone, Debug)]
@@ -77,8 +84,15 @@ impl Options {
 
     /// Opens the volume on any storage backend (e.g. a fault-injecting one).
     pub fn open_storage(self, storage: Arc<dyn Storage>) -> Result<Database> {
-        let _ = storage;
-        todo!("engine core")
+        if self.log_segment_bytes < 64 * 1024 || self.log_segment_bytes % BLOCK_BYTES != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "log_segment_bytes must be a multiple of {BLOCK_BYTES} and at least 64 KiB"
+            )));
+        }
+        let inner = crate::recovery::open(self, storage)?;
+        let inner = Arc::new(inner);
+        DbInner::start_background(&inner);
+        Ok(Database { inner })
     }
 }
 
@@ -87,8 +101,6 @@ impl Options {
 pub struct Database {
     pub(crate) inner: Arc<DbInner>,
 }
-
-pub(crate) struct DbInner {}
 
 impl Database {
     pub fn builder() -> Options {
@@ -100,58 +112,373 @@ impl Database {
         Options::default().open(path)
     }
 
-    /// Opens the keyspace `name`, creating it if it does not exist.
+    /// Opens the keyspace `name`, creating it (durably) if it does not exist.
     pub fn keyspace(&self, name: &str) -> Result<Keyspace> {
-        let _ = name;
-        todo!()
+        if let Some(region) = self.inner.regions.read().get(name) {
+            return Ok(Keyspace::new(self.inner.clone(), region.clone()));
+        }
+        let region = self.inner.create_region(name)?;
+        Ok(Keyspace::new(self.inner.clone(), region))
     }
 
     /// Opens the keyspace `name`; `Error::KeyspaceNotFound` if it does not exist.
     pub fn open_keyspace(&self, name: &str) -> Result<Keyspace> {
-        let _ = name;
-        todo!()
+        match self.inner.regions.read().get(name) {
+            Some(region) => Ok(Keyspace::new(self.inner.clone(), region.clone())),
+            None => Err(Error::KeyspaceNotFound(name.to_string())),
+        }
     }
 
     /// Names of all keyspaces, sorted.
     pub fn keyspace_names(&self) -> Vec<String> {
-        todo!()
+        self.inner.regions.read().keys().cloned().collect()
     }
 
-    /// Drops a keyspace and all its data; its space is freed by the next commit.
+    /// Drops a keyspace and all its data (durably); its space is freed by later commits.
+    /// Handles to it still held report `Error::KeyspaceNotFound`.
     pub fn drop_keyspace(&self, name: &str) -> Result<()> {
-        let _ = name;
-        todo!()
+        self.inner.drop_region(name)
     }
 
     /// Makes every write acknowledged so far durable (log flush + sync); group commit.
     pub fn sync(&self) -> Result<()> {
-        todo!()
+        self.inner.sync()
     }
 
     /// Persists the index: a new commit epoch. Implies `sync`.
     pub fn commit(&self) -> Result<()> {
-        todo!()
+        self.inner.commit()
     }
 
     pub fn stats(&self) -> Stats {
-        todo!()
+        self.inner.stats()
     }
 
-    /// Walks the whole volume and verifies every invariant and checksum.
+    /// Commits, then walks the whole committed volume and verifies every invariant and
+    /// checksum. Writers keep running meanwhile; commits wait.
     pub fn check(&self) -> Result<CheckReport> {
-        todo!()
+        crate::check::check(&self.inner)
     }
 
     /// Commits and closes. Dropping the last handle does the same, ignoring errors.
+    /// Other clones of this handle (and keyspace handles) keep the volume open until they
+    /// are dropped, but no longer commit in the background.
     pub fn close(self) -> Result<()> {
-        todo!()
+        self.inner.finish()
     }
 
     /// Drops the handle as a process crash would: no flush, no sync, no commit; the
-    /// volume lock is released. Bytes already written to the file stay (as after a
-    /// process crash); buffered writes still in memory are lost. For tests and benchmarks.
+    /// volume lock is released once every handle is gone. Bytes already written to the
+    /// file stay (as after a process crash); buffered writes still in memory are lost.
+    /// For tests and benchmarks.
     #[doc(hidden)]
     pub fn abandon(self) {
-        todo!()
+        self.inner.abandon()
+    }
+}
+
+/// State shared by the database and its regions.
+pub(crate) struct Shared {
+    pub options: Options,
+    pub volume: Volume,
+    pub allocator: Allocator,
+    poisoned: AtomicBool,
+    /// Number of the newest write whose records are in a log buffer.
+    pub write_ticket: AtomicU64,
+    /// Every write with a ticket at or below this is durable.
+    synced_ticket: AtomicU64,
+    sync_lock: Mutex<()>,
+    pub log_bytes_since_commit: AtomicU64,
+    pub bytes_written: AtomicU64,
+    pub commits: AtomicU64,
+    pub syncs: AtomicU64,
+    /// Wakes the background committer early (dirty-bytes threshold reached).
+    wake: (Mutex<bool>, Condvar),
+    pub frees: Arc<Mutex<PendingFrees>>,
+}
+
+/// Blocks on their way back to the allocator (see DESIGN.md, "freeing").
+#[derive(Default)]
+pub(crate) struct PendingFrees {
+    /// Unreferenced by any durable commit, waiting for in-flight readers (crossbeam epoch).
+    pub limbo: Vec<(DiskOffset, u64)>,
+    /// Safe to reuse; applied to the bitmap at the start of the next commit.
+    pub releasable: Vec<(DiskOffset, u64)>,
+}
+
+impl Shared {
+    pub fn new(options: Options, volume: Volume, allocator: Allocator) -> Shared {
+        Shared {
+            options,
+            volume,
+            allocator,
+            poisoned: AtomicBool::new(false),
+            write_ticket: AtomicU64::new(0),
+            synced_ticket: AtomicU64::new(0),
+            sync_lock: Mutex::new(()),
+            log_bytes_since_commit: AtomicU64::new(0),
+            bytes_written: AtomicU64::new(0),
+            commits: AtomicU64::new(0),
+            syncs: AtomicU64::new(0),
+            wake: (Mutex::new(false), Condvar::new()),
+            frees: Arc::new(Mutex::new(PendingFrees::default())),
+        }
+    }
+
+    pub fn check_writable(&self) -> Result<()> {
+        if self.poisoned.load(Ordering::Acquire) {
+            return Err(Error::Poisoned);
+        }
+        Ok(())
+    }
+
+    /// After a failed write or sync nothing more is acknowledged (RELIABILITY.md §5).
+    pub fn poison(&self) {
+        self.poisoned.store(true, Ordering::Release);
+    }
+
+    pub fn is_poisoned(&self) -> bool {
+        self.poisoned.load(Ordering::Acquire)
+    }
+
+    pub fn maybe_wake_committer(&self) {
+        if self.log_bytes_since_commit.load(Ordering::Relaxed) >= self.options.commit_dirty_bytes {
+            let (lock, cv) = &self.wake;
+            *lock.lock() = true;
+            cv.notify_one();
+        }
+    }
+
+    /// Hands extents to the allocator once no in-flight reader can still see them.
+    pub fn release_after_readers(&self, extents: Vec<(DiskOffset, u64)>) {
+        if extents.is_empty() {
+            return;
+        }
+        self.frees.lock().limbo.extend_from_slice(&extents);
+        let frees = Arc::clone(&self.frees);
+        let guard = crossbeam_epoch::pin();
+        guard.defer(move || {
+            let mut f = frees.lock();
+            for e in extents {
+                let i = f
+                    .limbo
+                    .iter()
+                    .position(|x| *x == e)
+                    .expect("extent in limbo");
+                f.limbo.swap_remove(i);
+                f.releasable.push(e);
+            }
+        });
+        guard.flush();
+    }
+}
+
+/// Commit bookkeeping, under `DbInner::commit_state`.
+pub(crate) struct CommitState {
+    /// Newest durable commit.
+    pub epoch: CommitEpoch,
+    pub next_region_id: u64,
+    /// Descriptor extents of the last two durable commits (older first).
+    pub descriptors: [Option<(DiskOffset, u64)>; 2],
+    /// Extents unreferenced by the newest commit but still by the one before it; freed
+    /// after the next commit (so either superblock slot stays a complete state).
+    pub deferred: Vec<(DiskOffset, u64)>,
+    /// Extents of dropped regions, unreferenced from the next commit on.
+    pub dropped: Vec<(DiskOffset, u64)>,
+}
+
+pub(crate) struct DbInner {
+    pub shared: Arc<Shared>,
+    pub regions: RwLock<BTreeMap<String, Arc<Region>>>,
+    pub commit_state: Mutex<CommitState>,
+    background: Mutex<Option<std::thread::JoinHandle<()>>>,
+    stop: AtomicBool,
+    finished: AtomicBool,
+}
+
+impl DbInner {
+    pub fn new(shared: Arc<Shared>, regions: BTreeMap<String, Arc<Region>>, cs: CommitState) -> DbInner {
+        DbInner {
+            shared,
+            regions: RwLock::new(regions),
+            commit_state: Mutex::new(cs),
+            background: Mutex::new(None),
+            stop: AtomicBool::new(false),
+            finished: AtomicBool::new(false),
+        }
+    }
+
+    pub fn region_list(&self) -> Vec<Arc<Region>> {
+        self.regions.read().values().cloned().collect()
+    }
+
+    /// Group commit: makes every write with a ticket up to `ticket` durable. Whoever
+    /// holds the sync lock flushes for everybody waiting behind it.
+    pub fn sync_to(&self, ticket: u64) -> Result<()> {
+        let shared = &self.shared;
+        if shared.synced_ticket.load(Ordering::Acquire) >= ticket {
+            return Ok(());
+        }
+        let _sync = shared.sync_lock.lock();
+        if shared.synced_ticket.load(Ordering::Acquire) >= ticket {
+            return Ok(());
+        }
+        shared.check_writable()?;
+        let target = shared.write_ticket.load(Ordering::Acquire);
+        let result = (|| {
+            for region in self.region_list() {
+                region.flush_tail()?;
+            }
+            shared.volume.storage().sync()
+        })();
+        if let Err(e) = result {
+            shared.poison();
+            return Err(e);
+        }
+        shared.synced_ticket.fetch_max(target, Ordering::AcqRel);
+        shared.syncs.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    pub fn sync(&self) -> Result<()> {
+        self.sync_to(self.shared.write_ticket.load(Ordering::Acquire))
+    }
+
+    pub fn commit(&self) -> Result<()> {
+        let mut cs = self.commit_state.lock();
+        self.commit_locked(&mut cs)
+    }
+
+    fn start_background(this: &Arc<DbInner>) {
+        let opts = &this.shared.options;
+        if opts.commit_interval.is_none() && opts.flush_interval.is_none() {
+            return;
+        }
+        let weak = Arc::downgrade(this);
+        let handle = std::thread::Builder::new()
+            .name("tucana-committer".into())
+            .spawn(move || background_loop(weak))
+            .expect("spawn the background committer");
+        *this.background.lock() = Some(handle);
+    }
+
+    fn stop_background(&self) {
+        self.stop.store(true, Ordering::Release);
+        {
+            let (lock, cv) = &self.shared.wake;
+            *lock.lock() = true;
+            cv.notify_all();
+        }
+        let handle = self.background.lock().take();
+        if let Some(h) = handle {
+            if h.thread().id() != std::thread::current().id() {
+                let _ = h.join();
+            }
+        }
+    }
+
+    /// Commits and stops background work; later calls do nothing.
+    pub fn finish(&self) -> Result<()> {
+        if self.finished.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        self.stop_background();
+        if self.shared.is_poisoned() {
+            return Err(Error::Poisoned);
+        }
+        self.commit()
+    }
+
+    pub fn abandon(&self) {
+        if self.finished.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        self.stop_background();
+    }
+
+    pub fn stats(&self) -> Stats {
+        let shared = &self.shared;
+        let storage = shared.volume.storage();
+        let (bytes_written, bytes_read) = storage.io_bytes();
+        let mut stats = Stats {
+            index_nodes: 0,
+            commits: shared.commits.load(Ordering::Relaxed),
+            syncs: shared.syncs.load(Ordering::Relaxed),
+            bytes_written,
+            bytes_read,
+            volume_bytes: storage.len_bytes().unwrap_or(0),
+            space_used_bytes: storage.space_used_bytes().unwrap_or(0),
+            allocated_bytes: shared.allocator.allocated_blocks() * BLOCK_BYTES,
+            commit_epoch: self.commit_state.lock().epoch.0,
+            ..Stats::default()
+        };
+        for region in self.region_list() {
+            let ks = KeyspaceStats {
+                name: region.name.clone(),
+                keys: region.keys.load(Ordering::Relaxed),
+                live_log_bytes: region.live_bytes.load(Ordering::Relaxed),
+                dead_log_bytes: region.dead_bytes.load(Ordering::Relaxed),
+                log_segments: region.segment_count(),
+                index_nodes: region.tree.heap_nodes(),
+            };
+            stats.keys += ks.keys;
+            stats.live_log_bytes += ks.live_log_bytes;
+            stats.dead_log_bytes += ks.dead_log_bytes;
+            stats.index_nodes += ks.index_nodes;
+            stats.keyspaces.push(ks);
+        }
+        stats.index_bytes = stats.index_nodes * crate::index::NODE_BYTES as u64;
+        stats
+    }
+}
+
+impl Drop for DbInner {
+    fn drop(&mut self) {
+        let _ = self.finish();
+    }
+}
+
+/// Flushes buffered writes every `flush_interval` and commits every `commit_interval`
+/// or when `commit_dirty_bytes` of log were written since the last commit.
+fn background_loop(db: std::sync::Weak<DbInner>) {
+    let mut last_commit = Instant::now();
+    let mut last_flush = Instant::now();
+    loop {
+        let Some(inner) = db.upgrade() else { return };
+        if inner.stop.load(Ordering::Acquire) {
+            return;
+        }
+        let opts = inner.shared.options.clone();
+        let tick = [opts.flush_interval, opts.commit_interval]
+            .into_iter()
+            .flatten()
+            .min()
+            .unwrap_or(Duration::from_secs(1))
+            .min(Duration::from_millis(100));
+        {
+            let (lock, cv) = &inner.shared.wake;
+            let mut woken = lock.lock();
+            if !*woken {
+                cv.wait_for(&mut woken, tick);
+            }
+            *woken = false;
+        }
+        if inner.stop.load(Ordering::Acquire) || inner.shared.is_poisoned() {
+            return;
+        }
+        let dirty = inner.shared.log_bytes_since_commit.load(Ordering::Relaxed);
+        let commit_due = opts
+            .commit_interval
+            .is_some_and(|i| last_commit.elapsed() >= i && dirty > 0)
+            || dirty >= opts.commit_dirty_bytes;
+        if commit_due {
+            // Errors poison the database; the next user call reports them.
+            let _ = inner.commit();
+            last_commit = Instant::now();
+            last_flush = last_commit;
+        } else if opts.flush_interval.is_some_and(|i| last_flush.elapsed() >= i) {
+            let _ = inner.sync();
+            last_flush = Instant::now();
+        }
     }
 }

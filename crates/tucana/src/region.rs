@@ -1,1 +1,475 @@
-//! regions
+//! Regions: one keyspace's tree, log and writer.
+//!
+//! Owns: appending records to the region's log (segment switches, link records), applying
+//! writes to the tree, exact live/dead byte counts per log segment, resolving log pointers
+//! to records for readers and for the tree (`index::Ctx`), and snapshot registration.
+//!
+//! Thread-safety: one writer at a time per region (`Region::writer` mutex, held for an
+//! append plus its tree update); readers take no lock: they pin `crossbeam_epoch`, read the
+//! tree optimistically and read records from the tail buffer or the volume. Regions never
+//! share a lock on the write path except the allocator's, taken once per log segment.
+
+use std::cmp::Ordering as CmpOrdering;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use crossbeam_epoch::{self as epoch, Atomic, Owned};
+use parking_lot::Mutex;
+
+use crate::db::Shared;
+use crate::error::{Error, Result};
+use crate::index::{self, Ctx, Tree};
+use crate::log::record::{self, Header, RecordRef, HEADER_BYTES, LINK_RECORD_BYTES};
+use crate::log::tail::Tail;
+use crate::log::SegmentStats;
+use crate::types::{DiskOffset, RegionId, SeqNo, TreeEpoch, BLOCK_BYTES};
+
+/// One write of a batch: a put (`Some(value)`) or a delete (`None`).
+pub(crate) struct Op<'a> {
+    pub key: &'a [u8],
+    pub value: Option<&'a [u8]>,
+}
+
+/// What the writer owns (under `Region::writer`).
+pub(crate) struct Writer {
+    /// Log generation of this process's life of the region (see `log::record`).
+    pub generation: u32,
+    pub next_seq: SeqNo,
+    /// Every log segment of the region, by start offset.
+    pub segments: BTreeMap<u64, SegmentStats>,
+    /// The region was sealed by the running commit: segments allocated now must not
+    /// appear in that commit's bitmap image.
+    pub sealed_for_commit: bool,
+}
+
+/// The sealed state of a region, captured by a commit.
+pub(crate) struct SealedRegion {
+    pub root_word: u64,
+    pub tree_epoch: TreeEpoch,
+    pub generation: u32,
+    pub next_seq: SeqNo,
+    pub tail: DiskOffset,
+    pub tail_size_bytes: u64,
+    pub tail_used_bytes: u64,
+    pub keys: u64,
+    pub segments: Vec<(DiskOffset, SegmentStats)>,
+}
+
+pub(crate) struct Region {
+    pub id: RegionId,
+    pub name: String,
+    pub tree: Tree,
+    pub shared: Arc<Shared>,
+    seed: u32,
+    tail: Atomic<Tail>,
+    pub writer: Mutex<Writer>,
+    pub keys: AtomicU64,
+    pub live_bytes: AtomicU64,
+    pub dead_bytes: AtomicU64,
+    /// Tree epochs of live snapshots (with counts).
+    snapshots: Mutex<BTreeMap<TreeEpoch, usize>>,
+    /// Sealed tree epochs of the last two durable commits (older first).
+    pub durable_epochs: Mutex<[Option<TreeEpoch>; 2]>,
+    /// Root of the tree in the newest durable commit.
+    pub committed_root: Mutex<DiskOffset>,
+    pub dropped: AtomicBool,
+}
+
+impl Region {
+    pub fn new(
+        shared: Arc<Shared>,
+        id: RegionId,
+        name: String,
+        tree: Tree,
+        tail: Tail,
+        writer: Writer,
+        keys: u64,
+    ) -> Region {
+        let live: u64 = writer.segments.values().map(|s| s.live_bytes).sum();
+        let written: u64 = writer.segments.values().map(|s| s.written_bytes).sum();
+        Region {
+            id,
+            name,
+            tree,
+            shared,
+            seed: record::region_seed(id),
+            tail: Atomic::new(tail),
+            writer: Mutex::new(writer),
+            keys: AtomicU64::new(keys),
+            live_bytes: AtomicU64::new(live),
+            dead_bytes: AtomicU64::new(written - live),
+            snapshots: Mutex::new(BTreeMap::new()),
+            durable_epochs: Mutex::new([None, None]),
+            committed_root: Mutex::new(DiskOffset::NONE),
+            dropped: AtomicBool::new(false),
+        }
+    }
+
+    pub fn seed(&self) -> u32 {
+        self.seed
+    }
+
+    fn check_usable(&self) -> Result<()> {
+        if self.dropped.load(Ordering::Acquire) {
+            return Err(Error::KeyspaceNotFound(self.name.clone()));
+        }
+        Ok(())
+    }
+
+    // ----- writes --------------------------------------------------------------------
+
+    /// Appends the ops as one atomic unit and applies them to the tree. Returns the
+    /// write ticket to wait for when the caller wants durability.
+    pub fn write(&self, ops: &[Op<'_>]) -> Result<u64> {
+        self.check_usable()?;
+        let shared = &self.shared;
+        shared.check_writable()?;
+        let mut w = self.writer.lock();
+        let mut ptrs = [DiskOffset::NONE; 1];
+        let mut many = Vec::new();
+        let ptrs: &mut [DiskOffset] = if ops.len() == 1 {
+            &mut ptrs
+        } else {
+            many.resize(ops.len(), DiskOffset::NONE);
+            &mut many
+        };
+        let mut appended = 0u64;
+        for (i, op) in ops.iter().enumerate() {
+            let mut flags = 0;
+            if op.value.is_none() {
+                flags |= record::FLAG_TOMBSTONE;
+            }
+            if i + 1 < ops.len() {
+                flags |= record::FLAG_BATCH_MORE;
+            }
+            let at = self
+                .append(&mut w, flags, op.key, op.value.unwrap_or(&[]))
+                .inspect_err(|_| shared.poison())?;
+            appended += (HEADER_BYTES + op.key.len() + op.value.map_or(0, |v| v.len())) as u64;
+            ptrs[i] = at;
+        }
+        for (op, ptr) in ops.iter().zip(ptrs.iter()) {
+            self.apply(&mut w, op.key, op.value.is_some(), *ptr)
+                .inspect_err(|_| shared.poison())?;
+        }
+        let ticket = shared.write_ticket.fetch_add(1, Ordering::AcqRel) + 1;
+        drop(w);
+        shared
+            .log_bytes_since_commit
+            .fetch_add(appended, Ordering::Relaxed);
+        shared.maybe_wake_committer();
+        Ok(ticket)
+    }
+
+    /// Applies one logged write to the tree and the byte counts (also used by replay).
+    pub fn apply(&self, w: &mut Writer, key: &[u8], put: bool, ptr: DiskOffset) -> Result<()> {
+        let old = if put {
+            let old = self.tree.insert(self, key, ptr.0)?;
+            if old.is_none() {
+                self.keys.fetch_add(1, Ordering::Relaxed);
+            }
+            old
+        } else {
+            let old = self.tree.remove(self, key)?;
+            if old.is_some() {
+                self.keys.fetch_sub(1, Ordering::Relaxed);
+            }
+            old
+        };
+        if let Some(old) = old {
+            let len = self.record_header(old)?.total_bytes();
+            self.account_dead(w, DiskOffset(old), len);
+        }
+        Ok(())
+    }
+
+    fn account_dead(&self, w: &mut Writer, at: DiskOffset, len: u64) {
+        let (_, seg) = w
+            .segments
+            .range_mut(..=at.0)
+            .next_back()
+            .expect("a live record lies in a segment of its region");
+        assert!(seg.live_bytes >= len, "live bytes of a segment went negative");
+        seg.live_bytes -= len;
+        self.live_bytes.fetch_sub(len, Ordering::Relaxed);
+        self.dead_bytes.fetch_add(len, Ordering::Relaxed);
+    }
+
+    /// Counts a replayed record as written in the segment that holds it.
+    pub fn account_replayed(&self, w: &mut Writer, at: DiskOffset, len: u64, live: bool) {
+        let seg = *w
+            .segments
+            .range(..=at.0)
+            .next_back()
+            .expect("a replayed record lies in a segment of its region")
+            .0;
+        self.account_written(w, DiskOffset(seg), len, live);
+    }
+
+    fn account_written(&self, w: &mut Writer, segment: DiskOffset, len: u64, live: bool) {
+        let seg = w
+            .segments
+            .get_mut(&segment.0)
+            .expect("the tail segment is registered");
+        seg.written_bytes += len;
+        if live {
+            seg.live_bytes += len;
+            self.live_bytes.fetch_add(len, Ordering::Relaxed);
+        } else {
+            self.dead_bytes.fetch_add(len, Ordering::Relaxed);
+        }
+    }
+
+    /// Appends one record; switches to a new segment when it does not fit.
+    fn append(&self, w: &mut Writer, flags: u8, key: &[u8], value: &[u8]) -> Result<DiskOffset> {
+        let len = HEADER_BYTES + key.len() + value.len();
+        let guard = epoch::pin();
+        let mut tail = self.tail.load(Ordering::Acquire, &guard);
+        // SAFETY: the tail is never null after construction and is freed only through
+        // the guard's epoch after being replaced.
+        let mut t = unsafe { tail.deref() };
+        if t.free_bytes() < (len + LINK_RECORD_BYTES) as u64 {
+            self.switch_segment(w, len, &guard)?;
+            tail = self.tail.load(Ordering::Acquire, &guard);
+            // SAFETY: as above.
+            t = unsafe { tail.deref() };
+        }
+        let seq = w.next_seq;
+        // SAFETY: we hold the writer lock: the only appender.
+        let at = unsafe {
+            t.append(len, |buf| {
+                record::encode_into(buf, self.seed, flags, w.generation, seq, key, value)
+            })
+        };
+        w.next_seq = SeqNo(seq.0 + 1);
+        let live = flags & record::FLAG_TOMBSTONE == 0;
+        self.account_written(w, t.base, len as u64, live);
+        Ok(at)
+    }
+
+    fn switch_segment(&self, w: &mut Writer, record_len: usize, guard: &epoch::Guard) -> Result<()> {
+        let shared = &self.shared;
+        let standard = shared.options.log_segment_bytes;
+        let needed = (record_len + LINK_RECORD_BYTES) as u64;
+        let size = standard.max(needed.div_ceil(BLOCK_BYTES) * BLOCK_BYTES);
+        let blocks = size / BLOCK_BYTES;
+        let align = if size == standard { blocks } else { 1 };
+        let storage = shared.volume.storage();
+        let base = shared
+            .allocator
+            .allocate(storage.as_ref(), blocks, align, w.sealed_for_commit)?;
+        let old = self.tail.load(Ordering::Acquire, guard);
+        // SAFETY: non-null, protected by the guard.
+        let old_tail = unsafe { old.deref() };
+        let mut link = [0u8; 16];
+        link[..8].copy_from_slice(&base.0.to_le_bytes());
+        link[8..].copy_from_slice(&size.to_le_bytes());
+        let seq = w.next_seq;
+        // SAFETY: writer lock held; the segment always keeps room for its link record.
+        unsafe {
+            old_tail.append(LINK_RECORD_BYTES, |buf| {
+                record::encode_into(buf, self.seed, record::FLAG_LINK, w.generation, seq, &[], &link)
+            })
+        };
+        w.next_seq = SeqNo(seq.0 + 1);
+        self.account_written(w, old_tail.base, LINK_RECORD_BYTES as u64, false);
+        // The closed segment is read from the volume from now on: write it all first.
+        let written = old_tail.flush(storage.as_ref())?;
+        shared.bytes_written.fetch_add(written, Ordering::Relaxed);
+        w.segments.insert(
+            base.0,
+            SegmentStats {
+                size_bytes: size,
+                written_bytes: 0,
+                live_bytes: 0,
+            },
+        );
+        let prev = self.tail.swap(Owned::new(Tail::new(base, size)), Ordering::AcqRel, guard);
+        // SAFETY: `prev` is unreachable for new readers; in-flight readers hold guards.
+        unsafe { guard.defer_destroy(prev) };
+        Ok(())
+    }
+
+    /// Writes the tail's pending bytes to the volume (not synced).
+    pub fn flush_tail(&self) -> Result<()> {
+        let guard = epoch::pin();
+        let tail = self.tail.load(Ordering::Acquire, &guard);
+        // SAFETY: non-null, protected by the guard.
+        let t = unsafe { tail.deref() };
+        let written = t.flush(self.shared.volume.storage().as_ref())?;
+        self.shared
+            .bytes_written
+            .fetch_add(written, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Seals the region for a commit (writer lock held by the caller).
+    pub fn seal(&self, w: &mut Writer) -> SealedRegion {
+        let sealed = self.tree.seal();
+        w.sealed_for_commit = true;
+        let guard = epoch::pin();
+        // SAFETY: non-null, protected by the guard.
+        let t = unsafe { self.tail.load(Ordering::Acquire, &guard).deref() };
+        SealedRegion {
+            root_word: sealed.root,
+            tree_epoch: sealed.epoch,
+            generation: w.generation,
+            next_seq: w.next_seq,
+            tail: t.base,
+            tail_size_bytes: t.size_bytes,
+            tail_used_bytes: t.published_bytes(),
+            keys: self.keys.load(Ordering::Relaxed),
+            segments: w
+                .segments
+                .iter()
+                .map(|(off, s)| (DiskOffset(*off), *s))
+                .collect(),
+        }
+    }
+
+    // ----- reads ---------------------------------------------------------------------
+
+    /// Calls `f` with the record at `ptr`, from the tail buffer or the volume.
+    pub fn with_record<R>(
+        &self,
+        ptr: u64,
+        verify: bool,
+        f: impl FnOnce(RecordRef<'_>) -> R,
+    ) -> Result<R> {
+        let at = DiskOffset(ptr);
+        let guard = epoch::pin();
+        let tail = self.tail.load(Ordering::Acquire, &guard);
+        // SAFETY: protected by the guard (may be null only during construction: never).
+        if let Some(t) = unsafe { tail.as_ref() } {
+            if t.contains(ptr) {
+                let head = t
+                    .read(ptr, HEADER_BYTES)
+                    .ok_or_else(|| Error::corruption("log record", at, "pointer past the log end"))?;
+                let header = Header::decode(head, at)?;
+                let bytes = t
+                    .read(ptr, header.total_bytes() as usize)
+                    .ok_or_else(|| Error::corruption("log record", at, "record past the log end"))?;
+                return Ok(f(RecordRef::parse(bytes, self.seed, verify, at)?));
+            }
+        }
+        with_scratch(|scratch| {
+            let volume = &self.shared.volume;
+            // SAFETY: records outside the tail belong to closed segments, which are
+            // never written again while the region can reach them.
+            let head = unsafe { volume.view(ptr, HEADER_BYTES, scratch)? };
+            let header = Header::decode(head, at)?;
+            let total = header.total_bytes() as usize;
+            // SAFETY: as above.
+            let bytes = unsafe { volume.view(ptr, total, scratch)? };
+            Ok(f(RecordRef::parse(bytes, self.seed, verify, at)?))
+        })
+    }
+
+    pub fn record_header(&self, ptr: u64) -> Result<Header> {
+        self.with_record(ptr, false, |r| r.header)
+    }
+
+    /// The value of `key` under `root` (the live root or a snapshot's).
+    pub fn get_with<R>(
+        &self,
+        root: Option<u64>,
+        key: &[u8],
+        f: impl FnOnce(&[u8]) -> R,
+    ) -> Result<Option<R>> {
+        self.check_usable()?;
+        let guard = epoch::pin();
+        let root = root.unwrap_or_else(|| self.tree.root_word());
+        let Some(ptr) = self.tree.get(self, root, key, &guard)? else {
+            return Ok(None);
+        };
+        self.with_record(ptr, true, |rec| {
+            if rec.key != key || rec.header.is_tombstone() {
+                return Err(Error::corruption(
+                    "index entry",
+                    DiskOffset(ptr),
+                    "points at a record of another key",
+                ));
+            }
+            Ok(f(rec.value))
+        })?
+        .map(Some)
+    }
+
+    /// Copies the leaf `seek` lands on (for range iteration).
+    pub fn copy_leaf(
+        &self,
+        root: Option<u64>,
+        seek: index::Seek<'_>,
+        out: &mut index::LeafCopy,
+    ) -> Result<()> {
+        self.check_usable()?;
+        let guard = epoch::pin();
+        let root = root.unwrap_or_else(|| self.tree.root_word());
+        self.tree.copy_leaf(self, root, seek, &guard, out)
+    }
+
+    // ----- snapshots -----------------------------------------------------------------
+
+    /// Seals the running tree epoch and pins the sealed root for a snapshot.
+    pub fn open_snapshot(&self) -> (u64, TreeEpoch) {
+        let _w = self.writer.lock();
+        let sealed = self.tree.seal();
+        *self.snapshots.lock().entry(sealed.epoch).or_insert(0) += 1;
+        (sealed.root, sealed.epoch)
+    }
+
+    pub fn close_snapshot(&self, epoch: TreeEpoch) {
+        let mut snaps = self.snapshots.lock();
+        let count = snaps.get_mut(&epoch).expect("snapshot was registered");
+        *count -= 1;
+        if *count == 0 {
+            snaps.remove(&epoch);
+        }
+    }
+
+    pub fn oldest_snapshot(&self) -> Option<TreeEpoch> {
+        self.snapshots.lock().keys().next().copied()
+    }
+
+    pub fn segment_count(&self) -> u64 {
+        self.writer.lock().segments.len() as u64
+    }
+}
+
+impl Ctx for Region {
+    fn key_cmp(&self, ptr: u64, key: &[u8]) -> Result<CmpOrdering> {
+        self.with_record(ptr, false, |r| r.key.cmp(key))
+    }
+
+    fn key_into(&self, ptr: u64, out: &mut Vec<u8>) -> Result<()> {
+        self.with_record(ptr, false, |r| {
+            out.clear();
+            out.extend_from_slice(r.key);
+        })
+    }
+
+    fn with_node<R>(&self, off: DiskOffset, f: impl FnOnce(&[u8]) -> Result<R>) -> Result<R> {
+        with_scratch(|scratch| {
+            // SAFETY: committed nodes are never written again while reachable; their
+            // blocks are released only after every reader that could see them is gone.
+            let bytes = unsafe { self.shared.volume.view(off.0, BLOCK_BYTES as usize, scratch)? };
+            f(bytes)
+        })
+    }
+}
+
+thread_local! {
+    static SCRATCH: std::cell::RefCell<Vec<Vec<u8>>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Runs `f` with a scratch buffer for backends without a mapping. A small per-thread
+/// stack of buffers, so nested calls (a node view that compares a key) each get one.
+fn with_scratch<R>(f: impl FnOnce(&mut Vec<u8>) -> R) -> R {
+    let mut buf = SCRATCH.with(|s| s.borrow_mut().pop()).unwrap_or_default();
+    let out = f(&mut buf);
+    if buf.capacity() <= 1 << 20 {
+        SCRATCH.with(|s| s.borrow_mut().push(buf));
+    }
+    out
+}

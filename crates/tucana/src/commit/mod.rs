@@ -1,1 +1,324 @@
-//! commit
+//! Commits: copy-on-write persistence of every region's index and of the allocator at a
+//! new commit epoch (paper §3.3), made atomic by the superblock slot write.
+//!
+//! Protocol (crash analysis in DESIGN.md):
+//! 1. apply releasable frees to the live bitmap; start recording post-seal allocations;
+//! 2. seal every region under its writer lock (an O(1) epoch bump: writers go on at once,
+//!    copying sealed nodes on write);
+//! 3. flush every log tail (records up to the seal point reach the file);
+//! 4. persist each sealed tree's unpersisted nodes to newly allocated blocks;
+//! 5. write the descriptor (region roots, log positions, segment counts, free log) to a
+//!    new extent and the changed bitmap groups to their spare buddies;
+//! 6. sync; write the superblock slot `epoch % 2`; sync.
+//!
+//! Only one commit runs at a time (`DbInner::commit_state`). Failure at any step poisons
+//! the database: nothing after it is acknowledged, and reopening recovers the previous
+//! commit plus the log.
+
+pub mod descriptor;
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use crate::db::{CommitState, DbInner};
+use crate::error::{Error, Result};
+use crate::index::{Tree, NODE_BYTES};
+use crate::log::tail::Tail;
+use crate::log::SegmentStats;
+use crate::region::{Region, SealedRegion, Writer};
+use crate::types::{CommitEpoch, DiskOffset, RegionId, SeqNo, TreeEpoch, BLOCK_BYTES};
+use crate::volume::superblock::Superblock;
+use descriptor::{Descriptor, RegionDesc};
+
+/// Nodes are allocated in runs of up to this many blocks, so a commit writes them with
+/// few large writes.
+const NODE_RUN_BLOCKS: u64 = 256;
+
+impl DbInner {
+    pub(crate) fn commit_locked(&self, cs: &mut CommitState) -> Result<()> {
+        self.shared.check_writable()?;
+        let result = self.commit_steps(cs);
+        if result.is_err() {
+            self.shared.poison();
+            self.shared.allocator.end_commit(false);
+        }
+        result
+    }
+
+    fn commit_steps(&self, cs: &mut CommitState) -> Result<()> {
+        let shared = &self.shared;
+        let storage = shared.volume.storage().clone();
+        let allocator = &shared.allocator;
+        let epoch = CommitEpoch(cs.epoch.0 + 1);
+
+        // 1. Frees that are safe now become free space in this commit's bitmap.
+        let releasable = std::mem::take(&mut shared.frees.lock().releasable);
+        for (off, blocks) in releasable {
+            allocator.release(off, blocks);
+        }
+        allocator.begin_commit();
+
+        // 2. Seal.
+        let regions = self.region_list();
+        let mut sealed: Vec<SealedRegion> = Vec::with_capacity(regions.len());
+        for region in &regions {
+            let mut w = region.writer.lock();
+            sealed.push(region.seal(&mut w));
+        }
+        shared.log_bytes_since_commit.store(0, Ordering::Relaxed);
+
+        // 3. The log up to every seal point reaches the file.
+        for region in &regions {
+            region.flush_tail()?;
+        }
+
+        // 4. Persist trees.
+        let mut images: Vec<(DiskOffset, Box<[u8; NODE_BYTES]>)> = Vec::new();
+        let mut run = (DiskOffset::NONE, 0u64);
+        let mut roots = Vec::with_capacity(regions.len());
+        {
+            let mut alloc = || -> Result<DiskOffset> {
+                if run.1 == 0 {
+                    run = allocator.allocate_up_to(storage.as_ref(), NODE_RUN_BLOCKS)?;
+                }
+                let at = run.0;
+                run = (at.add(BLOCK_BYTES), run.1 - 1);
+                Ok(at)
+            };
+            for (region, s) in regions.iter().zip(&sealed) {
+                roots.push(region.tree.persist(
+                    region.as_ref(),
+                    s.root_word,
+                    region.id,
+                    &mut alloc,
+                    &mut images,
+                )?);
+            }
+        }
+        if run.1 > 0 {
+            allocator.release(run.0, run.1);
+        }
+        write_coalesced(storage.as_ref(), &mut images, &shared.bytes_written)?;
+
+        // 5. Descriptor and bitmaps.
+        let mut new_deferred: Vec<(DiskOffset, u64)> = std::mem::take(&mut cs.dropped);
+        if let Some(prev) = cs.descriptors[1] {
+            new_deferred.push(prev);
+        }
+        let mut free_log: Vec<(DiskOffset, u64)> = Vec::new();
+        free_log.extend_from_slice(&cs.deferred);
+        free_log.extend_from_slice(&new_deferred);
+        {
+            let frees = shared.frees.lock();
+            free_log.extend_from_slice(&frees.limbo);
+            free_log.extend_from_slice(&frees.releasable);
+        }
+        for (region, s) in regions.iter().zip(&sealed) {
+            for off in region.tree.retired_disk_blocks(s.tree_epoch) {
+                free_log.push((off, 1));
+            }
+        }
+        free_log.sort();
+        free_log.dedup();
+
+        let mut desc = Descriptor {
+            epoch,
+            next_region_id: cs.next_region_id,
+            volume_bytes: 0,
+            bitmap_slots: allocator.slots(),
+            free_log,
+            regions: regions
+                .iter()
+                .zip(&sealed)
+                .zip(&roots)
+                .map(|((region, s), root)| region_desc(region, s, *root))
+                .collect(),
+        };
+        // Room for the descriptor plus slack for groups added by its own allocation.
+        let estimate = desc.encode().len() as u64 + BLOCK_BYTES;
+        let desc_blocks = estimate.div_ceil(BLOCK_BYTES);
+        let desc_at = allocator.allocate(storage.as_ref(), desc_blocks, 1, false)?;
+        let bitmaps = allocator.commit_images(epoch);
+        desc.bitmap_slots = bitmaps.slots.clone();
+        desc.volume_bytes = allocator.volume_bytes();
+        let desc_bytes = desc.encode();
+        assert!(desc_bytes.len() as u64 <= desc_blocks * BLOCK_BYTES);
+        let mut padded = desc_bytes.clone();
+        padded.resize((desc_blocks * BLOCK_BYTES) as usize, 0);
+        storage.write_at(desc_at.0, &padded)?;
+        shared
+            .bytes_written
+            .fetch_add(padded.len() as u64, Ordering::Relaxed);
+        for (at, image) in &bitmaps.writes {
+            storage.write_at(at.0, &image[..])?;
+            shared
+                .bytes_written
+                .fetch_add(image.len() as u64, Ordering::Relaxed);
+        }
+
+        // 6. Make it all durable, then switch the superblock.
+        storage.sync()?;
+        let sb = Superblock {
+            epoch,
+            descriptor: desc_at,
+            descriptor_bytes: desc_bytes.len() as u64,
+            descriptor_crc: crc32c::crc32c(&desc_bytes),
+            volume_bytes: desc.volume_bytes,
+        };
+        storage.write_at(
+            crate::volume::superblock::slot_offset(epoch).0,
+            &sb.encode()[..],
+        )?;
+        storage.sync()?;
+        allocator.end_commit(true);
+
+        // The commit is durable.
+        cs.epoch = epoch;
+        let old_deferred = std::mem::replace(&mut cs.deferred, new_deferred);
+        cs.descriptors = [cs.descriptors[1], Some((desc_at, desc_blocks))];
+        shared.release_after_readers(old_deferred);
+        for (region, s) in regions.iter().zip(&sealed) {
+            let durable = {
+                let mut w = region.writer.lock();
+                w.sealed_for_commit = false;
+                let mut d = region.durable_epochs.lock();
+                *d = [d[1], Some(s.tree_epoch)];
+                d[0]
+            };
+            *region.committed_root.lock() = roots[regions
+                .iter()
+                .position(|r| Arc::ptr_eq(r, region))
+                .expect("region in list")];
+            // Retired nodes unreferenced by both superblock slots' commits can go.
+            if let Some(durable) = durable {
+                let blocks = region.tree.reclaim(durable, region.oldest_snapshot());
+                shared.release_after_readers(blocks.into_iter().map(|b| (b, 1)).collect());
+            }
+        }
+        shared.commits.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Creates a region with its first log segment and commits, so that the region
+    /// and anything written to it later survive a crash.
+    pub(crate) fn create_region(&self, name: &str) -> Result<Arc<Region>> {
+        if name.is_empty() || name.len() > 255 {
+            return Err(Error::InvalidArgument(
+                "a keyspace name is 1 to 255 bytes".into(),
+            ));
+        }
+        let mut cs = self.commit_state.lock();
+        if let Some(region) = self.regions.read().get(name) {
+            return Ok(region.clone());
+        }
+        let shared = &self.shared;
+        shared.check_writable()?;
+        let id = RegionId(cs.next_region_id);
+        let size = shared.options.log_segment_bytes;
+        let blocks = size / BLOCK_BYTES;
+        let storage = shared.volume.storage();
+        let base = shared
+            .allocator
+            .allocate(storage.as_ref(), blocks, blocks, false)?;
+        cs.next_region_id += 1;
+        let mut writer = Writer {
+            generation: 1,
+            next_seq: SeqNo(0),
+            segments: Default::default(),
+            sealed_for_commit: false,
+        };
+        writer.segments.insert(
+            base.0,
+            SegmentStats {
+                size_bytes: size,
+                written_bytes: 0,
+                live_bytes: 0,
+            },
+        );
+        let region = Arc::new(Region::new(
+            shared.clone(),
+            id,
+            name.to_string(),
+            Tree::new(id, TreeEpoch(1)),
+            Tail::new(base, size),
+            writer,
+            0,
+        ));
+        self.regions
+            .write()
+            .insert(name.to_string(), region.clone());
+        self.commit_locked(&mut cs)?;
+        Ok(region)
+    }
+
+    /// Drops a region durably; its blocks are freed once no commit on disk needs them.
+    pub(crate) fn drop_region(&self, name: &str) -> Result<()> {
+        let mut cs = self.commit_state.lock();
+        self.shared.check_writable()?;
+        let region = self
+            .regions
+            .write()
+            .remove(name)
+            .ok_or_else(|| Error::KeyspaceNotFound(name.to_string()))?;
+        region.dropped.store(true, Ordering::Release);
+        // Wait for a write in progress; later ones see `dropped`.
+        let w = region.writer.lock();
+        let mut extents: Vec<(DiskOffset, u64)> = w
+            .segments
+            .iter()
+            .map(|(off, s)| (DiskOffset(*off), s.size_bytes / BLOCK_BYTES))
+            .collect();
+        drop(w);
+        let root = *region.committed_root.lock();
+        crate::check::collect_tree_blocks(region.as_ref(), root, &mut |off| {
+            extents.push((off, 1))
+        })?;
+        for off in region.tree.retired_disk_blocks(TreeEpoch(u64::MAX)) {
+            extents.push((off, 1));
+        }
+        extents.sort();
+        extents.dedup();
+        cs.dropped.extend(extents);
+        self.commit_locked(&mut cs)
+    }
+}
+
+fn region_desc(region: &Region, s: &SealedRegion, root: DiskOffset) -> RegionDesc {
+    RegionDesc {
+        id: region.id,
+        name: region.name.clone(),
+        tree_epoch: s.tree_epoch,
+        root,
+        generation: s.generation,
+        next_seq: s.next_seq,
+        tail: s.tail,
+        tail_size_bytes: s.tail_size_bytes,
+        tail_used_bytes: s.tail_used_bytes,
+        keys: s.keys,
+        segments: s.segments.clone(),
+    }
+}
+
+/// Writes node images with one write per run of adjacent blocks.
+fn write_coalesced(
+    storage: &dyn crate::volume::Storage,
+    images: &mut [(DiskOffset, Box<[u8; NODE_BYTES]>)],
+    bytes_written: &std::sync::atomic::AtomicU64,
+) -> Result<()> {
+    images.sort_by_key(|(off, _)| *off);
+    let mut i = 0;
+    let mut buf = Vec::new();
+    while i < images.len() {
+        let start = images[i].0;
+        buf.clear();
+        let mut j = i;
+        while j < images.len() && images[j].0 .0 == start.0 + (j - i) as u64 * BLOCK_BYTES {
+            buf.extend_from_slice(&images[j].1[..]);
+            j += 1;
+        }
+        storage.write_at(start.0, &buf)?;
+        bytes_written.fetch_add(buf.len() as u64, Ordering::Relaxed);
+        i = j;
+    }
+    Ok(())
+}

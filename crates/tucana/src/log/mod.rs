@@ -1,1 +1,23 @@
-//! log
+//! The key-value log: append-only records in log segments, one log per region.
+//!
+//! Owns: the record format (`record`), the in-memory tail segment (`tail`). The region
+//! (`crate::region`) drives appends, segment switches and replay; live/dead byte counts
+//! per segment are kept there (`SegmentStats`), exact from the first record.
+
+pub mod record;
+pub mod tail;
+
+/// Byte counts of one log segment. `written - live` bytes are dead (overwritten or
+/// deleted records, tombstones, links): what garbage collection would reclaim.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SegmentStats {
+    pub size_bytes: u64,
+    pub written_bytes: u64,
+    pub live_bytes: u64,
+}
+
+impl SegmentStats {
+    pub fn dead_bytes(&self) -> u64 {
+        self.written_bytes - self.live_bytes
+    }
+}

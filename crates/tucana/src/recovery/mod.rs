@@ -1,1 +1,266 @@
-//! recovery
+//! Opening a volume: pick the newest valid superblock slot, load its descriptor and
+//! bitmaps, apply its free log, take each region's committed tree as it is (nothing is
+//! loaded: nodes are read through the mapping when touched), and replay only the log
+//! written since that commit (WiscKey §3.3.3), stopping at the first record that is torn,
+//! invalid, of another life of the log, or out of sequence. Then bump every region's log
+//! generation and commit, so stale records past the replayed end can never be taken for
+//! new ones.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use crate::alloc::Allocator;
+use crate::commit::descriptor::{Descriptor, RegionDesc};
+use crate::db::{CommitState, DbInner, Options, Shared};
+use crate::error::{Error, Result};
+use crate::index::Tree;
+use crate::log::record::{self, Header, RecordRef, GENERATION_MASK, HEADER_BYTES};
+use crate::log::tail::Tail;
+use crate::log::SegmentStats;
+use crate::region::{Region, Writer};
+use crate::types::{CommitEpoch, DiskOffset, SeqNo, TreeEpoch, BLOCK_BYTES};
+use crate::volume::superblock;
+use crate::volume::{Storage, Volume};
+
+/// A fresh volume starts this big (sparse) and grows as needed.
+const INITIAL_VOLUME_BYTES: u64 = 8 << 20;
+
+pub(crate) fn open(options: Options, storage: Arc<dyn Storage>) -> Result<DbInner> {
+    let volume = Volume::new(storage.clone());
+    let Some(sb) = superblock::read_newest(storage.as_ref())? else {
+        return create(options, volume);
+    };
+    let len = storage.len_bytes()?;
+    if len < sb.volume_bytes {
+        return Err(Error::corruption(
+            "volume",
+            DiskOffset(len),
+            format!("file is {len} bytes, the superblock says {}", sb.volume_bytes),
+        ));
+    }
+    let mut desc_bytes = vec![0u8; sb.descriptor_bytes as usize];
+    if sb.descriptor.0.saturating_add(sb.descriptor_bytes) > sb.volume_bytes {
+        return Err(Error::corruption(
+            "superblock",
+            superblock::slot_offset(sb.epoch),
+            "descriptor lies past the volume end",
+        ));
+    }
+    storage.read_at(sb.descriptor.0, &mut desc_bytes)?;
+    if crc32c::crc32c(&desc_bytes) != sb.descriptor_crc {
+        return Err(Error::corruption(
+            "commit descriptor",
+            sb.descriptor,
+            "checksum mismatch",
+        ));
+    }
+    let desc = Descriptor::decode(&desc_bytes, sb.descriptor)?;
+    if desc.epoch != sb.epoch {
+        return Err(Error::corruption(
+            "commit descriptor",
+            sb.descriptor,
+            "epoch differs from the superblock's",
+        ));
+    }
+    let allocator = Allocator::load(storage.as_ref(), sb.volume_bytes, &desc.bitmap_slots, sb.epoch)?;
+    for (off, blocks) in &desc.free_log {
+        if !allocator.is_allocated(*off, *blocks) {
+            return Err(Error::corruption(
+                "free log",
+                *off,
+                "names blocks that are not allocated",
+            ));
+        }
+        allocator.release(*off, *blocks);
+    }
+    let shared = Arc::new(Shared::new(options, volume, allocator));
+    let mut regions = BTreeMap::new();
+    for rd in &desc.regions {
+        let region = recover_region(&shared, rd)?;
+        regions.insert(rd.name.clone(), Arc::new(region));
+    }
+    let desc_blocks = sb.descriptor_bytes.div_ceil(BLOCK_BYTES);
+    let cs = CommitState {
+        epoch: sb.epoch,
+        next_region_id: desc.next_region_id,
+        descriptors: [None, Some((sb.descriptor, desc_blocks))],
+        deferred: Vec::new(),
+        dropped: Vec::new(),
+    };
+    let inner = DbInner::new(shared, regions, cs);
+    inner.commit()?;
+    Ok(inner)
+}
+
+fn create(options: Options, volume: Volume) -> Result<DbInner> {
+    let storage = volume.storage().clone();
+    if storage.len_bytes()? < INITIAL_VOLUME_BYTES {
+        storage.grow(INITIAL_VOLUME_BYTES)?;
+    }
+    let allocator = Allocator::create(storage.len_bytes()? / BLOCK_BYTES * BLOCK_BYTES);
+    let shared = Arc::new(Shared::new(options, volume, allocator));
+    let cs = CommitState {
+        epoch: CommitEpoch(0),
+        next_region_id: 1,
+        descriptors: [None, None],
+        deferred: Vec::new(),
+        dropped: Vec::new(),
+    };
+    let inner = DbInner::new(shared, BTreeMap::new(), cs);
+    inner.commit()?;
+    Ok(inner)
+}
+
+/// What replay found, in log order, for complete units only (batches all or nothing).
+enum Item {
+    Put { at: DiskOffset, len: u64 },
+    Delete { at: DiskOffset, len: u64 },
+    Link { at: DiskOffset, len: u64 },
+}
+
+fn recover_region(shared: &Arc<Shared>, rd: &RegionDesc) -> Result<Region> {
+    let storage = shared.volume.storage().clone();
+    let allocator = &shared.allocator;
+    let mut segments: BTreeMap<u64, SegmentStats> = BTreeMap::new();
+    for (off, s) in &rd.segments {
+        if !off.block_aligned()
+            || s.size_bytes % BLOCK_BYTES != 0
+            || !allocator.is_allocated(*off, s.size_bytes / BLOCK_BYTES)
+        {
+            return Err(Error::corruption(
+                "commit descriptor",
+                *off,
+                format!("log segment of region {:?} is not allocated", rd.name),
+            ));
+        }
+        segments.insert(off.0, *s);
+    }
+    if !segments.contains_key(&rd.tail.0) {
+        return Err(Error::corruption(
+            "commit descriptor",
+            rd.tail,
+            format!("tail of region {:?} is not one of its segments", rd.name),
+        ));
+    }
+
+    // Scan the log from the committed position.
+    let seed = record::region_seed(rd.id);
+    let mut chain: Vec<(DiskOffset, u64)> = vec![(rd.tail, rd.tail_size_bytes)];
+    let mut used = rd.tail_used_bytes;
+    let mut seq = rd.next_seq;
+    let mut items: Vec<Item> = Vec::new();
+    let mut staged: Vec<Item> = Vec::new();
+    // The last complete point: (chain length, used, seq, items).
+    let mut complete = (1usize, used, seq);
+    let mut header_buf = [0u8; HEADER_BYTES];
+    let mut body = Vec::new();
+    loop {
+        let (base, size) = *chain.last().expect("chain is never empty");
+        if used + HEADER_BYTES as u64 > size {
+            break;
+        }
+        let at = base.add(used);
+        if storage.read_at(at.0, &mut header_buf).is_err() {
+            break;
+        }
+        let Ok(header) = Header::decode(&header_buf, at) else { break };
+        let len = header.total_bytes();
+        if len > size - used {
+            break;
+        }
+        body.resize(len as usize, 0);
+        if storage.read_at(at.0, &mut body).is_err() {
+            break;
+        }
+        let Ok(rec) = RecordRef::parse(&body, seed, true, at) else { break };
+        if rec.header.generation != rd.generation & GENERATION_MASK || rec.header.seq != seq {
+            break;
+        }
+        seq = SeqNo(seq.0 + 1);
+        used += len;
+        if rec.header.is_link() {
+            let Ok((next, next_size)) = rec.link_target(at) else { break };
+            if !next.block_aligned()
+                || next_size == 0
+                || next_size % BLOCK_BYTES != 0
+                || next.0.saturating_add(next_size) > allocator.volume_bytes()
+                || segments.contains_key(&next.0)
+                || allocator.is_allocated(next, next_size / BLOCK_BYTES)
+            {
+                break;
+            }
+            allocator.mark_allocated(next, next_size / BLOCK_BYTES);
+            staged.push(Item::Link { at, len });
+            chain.push((next, next_size));
+            used = 0;
+        } else {
+            staged.push(if rec.header.is_tombstone() {
+                Item::Delete { at, len }
+            } else {
+                Item::Put { at, len }
+            });
+        }
+        if !rec.header.batch_more() {
+            items.append(&mut staged);
+            complete = (chain.len(), used, seq);
+        }
+    }
+    // Anything after the last complete unit is gone: a torn batch, and segments that only
+    // its links reached.
+    let (chain_len, used, seq) = complete;
+    for (off, size) in chain.drain(chain_len..) {
+        allocator.release(off, size / BLOCK_BYTES);
+    }
+    for (off, size) in &chain[1..] {
+        segments.insert(
+            off.0,
+            SegmentStats {
+                size_bytes: *size,
+                written_bytes: 0,
+                live_bytes: 0,
+            },
+        );
+    }
+    let (tail_base, tail_size) = *chain.last().expect("chain is never empty");
+    let mut prefix = vec![0u8; used as usize];
+    storage.read_at(tail_base.0, &mut prefix)?;
+    let tail = Tail::with_prefix(tail_base, tail_size, &prefix);
+
+    let writer = Writer {
+        generation: (rd.generation + 1) & GENERATION_MASK,
+        next_seq: seq,
+        segments,
+        sealed_for_commit: false,
+    };
+    let tree = Tree::from_disk(rd.id, rd.root, TreeEpoch(rd.tree_epoch.0 + 1));
+    let region = Region::new(
+        shared.clone(),
+        rd.id,
+        rd.name.clone(),
+        tree,
+        tail,
+        writer,
+        rd.keys,
+    );
+    *region.committed_root.lock() = rd.root;
+
+    // Apply what was replayed, in order.
+    let mut w = region.writer.lock();
+    let mut key = Vec::new();
+    for item in items {
+        match item {
+            Item::Put { at, len } | Item::Delete { at, len } => {
+                let put = matches!(item, Item::Put { .. });
+                region.account_replayed(&mut w, at, len, put);
+                region.with_record(at.0, false, |r| {
+                    key.clear();
+                    key.extend_from_slice(r.key);
+                })?;
+                region.apply(&mut w, &key, put, at)?;
+            }
+            Item::Link { at, len } => region.account_replayed(&mut w, at, len, false),
+        }
+    }
+    drop(w);
+    Ok(region)
+}
