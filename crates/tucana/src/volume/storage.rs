@@ -24,17 +24,22 @@ pub trait Storage: Send + Sync + 'static {
     fn sync(&self) -> Result<()>;
 
     /// A zero-copy view of committed bytes, when the backend has a memory mapping.
+    /// `None` when the backend has no mapping or the range is not (yet) mapped; the
+    /// caller then copies with `read_at`.
     ///
     /// # Safety
-    /// The caller guarantees that no `write_at` overlapping `offset..offset+len` runs
-    /// while the returned slice is alive, and that the range lies inside the volume.
+    /// The caller guarantees that no `write_at` or `punch_hole` overlapping
+    /// `offset..offset+len` runs while the returned slice is alive (rewriting a byte with
+    /// its own value is allowed), and that the range lies inside the volume.
     unsafe fn mapped(&self, offset: u64, len: usize) -> Option<&[u8]> {
         let _ = (offset, len);
         None
     }
 
     /// Gives the bytes of a range back to the file system (hole punch); a no-op where
-    /// unsupported. The range reads as zeros afterwards.
+    /// unsupported. Where supported the range reads as zeros afterwards; callers must not
+    /// rely on that (a backend that cannot punch keeps the old bytes). Counts as a write
+    /// for the `mapped` contract.
     fn punch_hole(&self, offset: u64, len: u64) -> Result<()> {
         let _ = (offset, len);
         Ok(())
@@ -43,5 +48,12 @@ pub trait Storage: Send + Sync + 'static {
     /// Bytes the volume occupies on the device (less than `len_bytes` for sparse files).
     fn space_used_bytes(&self) -> Result<u64> {
         self.len_bytes()
+    }
+
+    /// Bytes moved through this handle since it was opened: `(written, read)`. Counts
+    /// `write_at` and `read_at` payloads only (not `mapped` views, which are not I/O the
+    /// backend sees). Backends that do not count return `(0, 0)`.
+    fn io_bytes(&self) -> (u64, u64) {
+        (0, 0)
     }
 }
