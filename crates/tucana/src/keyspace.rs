@@ -364,9 +364,10 @@ impl Range {
             }
             // Load the next leaf: the one holding the lower bound, then by fences.
             let seek_key = if self.front.started {
+                // Keys of the next leaf are >= this leaf's upper fence.
                 match self.front.leaf.high.take() {
-                    Some(high) => Some(high),
-                    None => {
+                    Some(high) if below_hi(&high, &self.hi) => Some(high),
+                    _ => {
                         self.front.exhausted = true;
                         return Ok(None);
                     }
@@ -385,12 +386,6 @@ impl Range {
                 .copy_leaf(self.root, seek, &mut self.front.leaf)?;
             self.front.started = true;
             self.front.pos = 0;
-            if let Some(k) = &seek_key {
-                // A leaf past the upper bound ends the range.
-                if !below_hi(k, &self.hi) && self.front.leaf.low.as_deref().is_some_and(|l| !below_hi(l, &self.hi)) {
-                    self.front.exhausted = true;
-                }
-            }
         }
     }
 
@@ -413,9 +408,10 @@ impl Range {
                 return Ok(None);
             }
             let seek_key = if self.back.started {
+                // Keys of the previous leaf are < this leaf's lower fence.
                 match self.back.leaf.low.take() {
-                    Some(low) => Some((low, false)),
-                    None => {
+                    Some(low) if above_lo(&low, &self.lo) => Some((low, false)),
+                    _ => {
                         self.back.exhausted = true;
                         return Ok(None);
                     }
