@@ -8,14 +8,13 @@
 //! allocated. Holding the commit lock keeps the committed state still while writers go on.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::Ordering;
 
 use crate::alloc::{Allocator, GROUP_BLOCKS, GROUP_RESERVED_BLOCKS};
 use crate::commit::descriptor::Descriptor;
 use crate::db::DbInner;
 use crate::error::{Error, Result};
 use crate::index::{self, key_hash, key_prefix};
-use crate::log::record::{Header, RecordRef, HEADER_BYTES};
+use crate::log::record::RecordRef;
 use crate::region::Region;
 use crate::types::{DiskOffset, BLOCK_BYTES};
 use crate::volume::superblock;
@@ -154,7 +153,6 @@ pub(crate) fn check(db: &DbInner) -> Result<CheckReport> {
     }
     report.unreferenced_blocks = report.allocated_blocks - refs.owner.len() as u64;
     drop(cs);
-    let _ = db.shared.commits.load(Ordering::Relaxed);
     Ok(report)
 }
 
@@ -257,9 +255,4 @@ pub(crate) fn collect_tree_blocks(region: &Region, root: DiskOffset, f: &mut dyn
         }
     }
     Ok(())
-}
-
-#[allow(dead_code)]
-fn _header_size_is_fixed() {
-    let _ = (HEADER_BYTES, Header::decode);
 }

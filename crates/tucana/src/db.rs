@@ -84,10 +84,12 @@ impl Options {
 
     /// Opens the volume on any storage backend (e.g. a fault-injecting one).
     pub fn open_storage(self, storage: Arc<dyn Storage>) -> Result<Database> {
-        if self.log_segment_bytes < 64 * 1024 || self.log_segment_bytes % BLOCK_BYTES != 0 {
-            return Err(Error::InvalidArgument(format!(
-                "log_segment_bytes must be a multiple of {BLOCK_BYTES} and at least 64 KiB"
-            )));
+        if !self.log_segment_bytes.is_power_of_two()
+            || !(64 << 10..=64 << 20).contains(&self.log_segment_bytes)
+        {
+            return Err(Error::InvalidArgument(
+                "log_segment_bytes must be a power of two from 64 KiB to 64 MiB".into(),
+            ));
         }
         let inner = crate::recovery::open(self, storage)?;
         let inner = Arc::new(inner);

@@ -106,10 +106,6 @@ impl Region {
         }
     }
 
-    pub fn seed(&self) -> u32 {
-        self.seed
-    }
-
     fn check_usable(&self) -> Result<()> {
         if self.dropped.load(Ordering::Acquire) {
             return Err(Error::KeyspaceNotFound(self.name.clone()));

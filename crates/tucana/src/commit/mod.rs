@@ -37,15 +37,18 @@ const NODE_RUN_BLOCKS: u64 = 256;
 impl DbInner {
     pub(crate) fn commit_locked(&self, cs: &mut CommitState) -> Result<()> {
         self.shared.check_writable()?;
-        let result = self.commit_steps(cs);
+        let mut started = false;
+        let result = self.commit_steps(cs, &mut started);
         if result.is_err() {
             self.shared.poison();
-            self.shared.allocator.end_commit(false);
+            if started {
+                self.shared.allocator.end_commit(false);
+            }
         }
         result
     }
 
-    fn commit_steps(&self, cs: &mut CommitState) -> Result<()> {
+    fn commit_steps(&self, cs: &mut CommitState, started: &mut bool) -> Result<()> {
         let shared = &self.shared;
         let storage = shared.volume.storage().clone();
         let allocator = &shared.allocator;
@@ -57,6 +60,7 @@ impl DbInner {
             allocator.release(off, blocks);
         }
         allocator.begin_commit();
+        *started = true;
 
         // 2. Seal.
         let regions = self.region_list();
@@ -140,7 +144,7 @@ impl DbInner {
         let desc_at = allocator.allocate(storage.as_ref(), desc_blocks, 1, false)?;
         let bitmaps = allocator.commit_images(epoch);
         desc.bitmap_slots = bitmaps.slots.clone();
-        desc.volume_bytes = allocator.volume_bytes();
+        desc.volume_bytes = bitmaps.volume_bytes;
         let desc_bytes = desc.encode();
         assert!(desc_bytes.len() as u64 <= desc_blocks * BLOCK_BYTES);
         let mut padded = desc_bytes.clone();
@@ -171,6 +175,7 @@ impl DbInner {
         )?;
         storage.sync()?;
         allocator.end_commit(true);
+        *started = false;
 
         // The commit is durable.
         cs.epoch = epoch;
