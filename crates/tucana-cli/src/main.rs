@@ -197,14 +197,16 @@ fn run(cli: Cli) -> Result<Outcome, CliError> {
     let closed = db.close();
     match (result, closed) {
         (Ok(outcome), Ok(())) => Ok(outcome),
-        (Ok(_), Err(close_error)) => {
+        (Err(error), Ok(())) => Err(error),
+        // Even when nobody reads stdout any more, a failed close must be reported: the
+        // command's changes may not be durable.
+        (Ok(_) | Err(CliError::StdoutClosed), Err(close_error)) => {
             Err(CliError::from(close_error)
                 .context("closing the volume (changes may not be durable)"))
         }
         (Err(CliError::Message(message)), Err(close_error)) => Err(CliError::msg(format!(
             "{message}; closing the volume failed too (changes may not be durable): {close_error}"
         ))),
-        (Err(error), _) => Err(error),
     }
 }
 
