@@ -1,1 +1,285 @@
-fn main() {}
+//! `tucana`: use a Tucana volume from the shell.
+//!
+//! Owns argument parsing, the mapping of outcomes to exit codes, and the one rule every
+//! command follows: open the volume, run, then close it (which commits), also after an
+//! error, so that whatever a command changed is durable when the process exits. It owns
+//! no storage logic: everything goes through the public API of the `tucana` crate.
+//!
+//! Single-threaded; one command per process (the `shell` command runs many against one
+//! open volume). The volume is locked by the engine, so a second process gets a clear
+//! error instead of sharing it.
+
+mod commands;
+mod escape;
+mod load;
+mod output;
+mod shell;
+
+use std::ffi::OsString;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use tucana::Database;
+
+/// Where the volume lives when `--db` is not given.
+const DEFAULT_VOLUME_PATH: &str = "./tucana-data/volume.tucana";
+
+const AFTER_HELP: &str = "\
+Keys and values are bytes written as text: \\\\ is a backslash, \\t a tab, \\n a newline,
+\\xNN any other byte; every other character stands for its own (UTF-8) bytes. `scan`
+prints the same form, so its output can be fed back to `load`. Put `--` before a key
+or value that starts with '-'.
+
+Every command that changes data makes it durable before it exits.
+
+Exit codes:
+  0  success
+  1  the key (get, del) was not present
+  2  error (message on stderr), including a failed `check` and bad usage";
+
+/// Command-line arguments.
+#[derive(Debug, Parser)]
+#[command(
+    name = "tucana",
+    version,
+    about = "Use a Tucana key-value volume from the shell."
+)]
+#[command(after_help = AFTER_HELP)]
+pub struct Cli {
+    /// The volume file; commands that write create it (and its directory) if missing.
+    #[arg(long, global = true, value_name = "PATH", default_value = DEFAULT_VOLUME_PATH)]
+    db: PathBuf,
+
+    /// The keyspace to work in; commands that write create it if missing.
+    #[arg(long, global = true, value_name = "NAME", default_value = "default")]
+    keyspace: String,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Sets KEY to VALUE.
+    Put { key: OsString, value: OsString },
+    /// Prints the value of KEY and a newline; exit 1 when KEY is absent.
+    Get { key: OsString },
+    /// Removes KEY; exit 1 when it was absent.
+    Del { key: OsString },
+    /// Prints `key<TAB>value` lines of a key range, in key order.
+    Scan {
+        /// First key (inclusive).
+        #[arg(long, value_name = "KEY")]
+        from: Option<OsString>,
+        /// End key (exclusive).
+        #[arg(long, value_name = "KEY")]
+        to: Option<OsString>,
+        /// Only keys that start with PREFIX (combines with --from and --to).
+        #[arg(long)]
+        prefix: Option<OsString>,
+        /// In descending key order.
+        #[arg(long)]
+        rev: bool,
+        /// At most N pairs.
+        #[arg(long, value_name = "N")]
+        limit: Option<u64>,
+    },
+    /// Reads `key<TAB>value` lines from stdin, puts them, prints how many.
+    ///
+    /// A malformed line stops the load with an error naming its line number; the
+    /// lines before it stay loaded (and durable), nothing after it is loaded.
+    Load {
+        /// Make each write durable before the next (slow); by default writes are
+        /// buffered and made durable once at the end.
+        #[arg(long)]
+        sync: bool,
+    },
+    /// Prints engine statistics as JSON.
+    Stats,
+    /// Verifies every invariant and checksum of the volume; exit 2 naming what is wrong.
+    Check,
+    /// Lists the keyspaces, one per line.
+    Keyspaces,
+    /// Drops keyspace NAME and all its data.
+    DropKeyspace { name: String },
+    /// Commits: persists the index as a new epoch.
+    Commit,
+    /// Reads commands from stdin, one per line, and prints their results (`help` lists them).
+    Shell,
+}
+
+impl Command {
+    /// Whether the command may create the volume. Commands that only read (or that
+    /// would have nothing to act on in a new volume) report a missing volume instead
+    /// of creating an empty one as a side effect of a typo in `--db`.
+    fn creates_volume(&self) -> bool {
+        matches!(
+            self,
+            Command::Put { .. } | Command::Load { .. } | Command::Shell
+        )
+    }
+}
+
+/// How a command that did not fail ended; decides the exit code.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    Done,
+    /// The key asked for was not there (`get`, `del`).
+    Absent,
+    /// Some commands of a `shell` session failed; each printed its own error already.
+    ShellErrors,
+}
+
+impl Outcome {
+    fn exit_code(self) -> ExitCode {
+        match self {
+            Outcome::Done => ExitCode::from(EXIT_OK),
+            Outcome::Absent => ExitCode::from(EXIT_ABSENT),
+            Outcome::ShellErrors => ExitCode::from(EXIT_ERROR),
+        }
+    }
+}
+
+const EXIT_OK: u8 = 0;
+const EXIT_ABSENT: u8 = 1;
+/// Also what clap uses for usage errors.
+const EXIT_ERROR: u8 = 2;
+
+/// Why a command failed.
+#[derive(Debug)]
+pub enum CliError {
+    /// Printed as `error: <message>`, exit 2.
+    Message(String),
+    /// Whoever read our stdout went away (`tucana scan | head`): stop quietly, since
+    /// nobody is left to read the rest; the volume is still closed properly.
+    StdoutClosed,
+}
+
+impl CliError {
+    pub fn msg(message: impl Into<String>) -> CliError {
+        CliError::Message(message.into())
+    }
+
+    /// Prefixes the message with what was being done.
+    pub fn context(self, what: impl fmt::Display) -> CliError {
+        match self {
+            CliError::Message(message) => CliError::Message(format!("{what}: {message}")),
+            CliError::StdoutClosed => CliError::StdoutClosed,
+        }
+    }
+}
+
+impl From<tucana::Error> for CliError {
+    fn from(error: tucana::Error) -> CliError {
+        CliError::Message(error.to_string())
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(outcome) => outcome.exit_code(),
+        Err(CliError::StdoutClosed) => ExitCode::from(EXIT_OK),
+        Err(CliError::Message(message)) => {
+            eprintln!("error: {message}");
+            ExitCode::from(EXIT_ERROR)
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<Outcome, CliError> {
+    let db = open_volume(&cli.db, cli.command.creates_volume())?;
+    let result = commands::run(&db, &cli.keyspace, cli.command);
+    // Close even when the command failed: `load` promises that the lines before a bad
+    // one are durable, and close is what commits them.
+    let closed = db.close();
+    match (result, closed) {
+        (Ok(outcome), Ok(())) => Ok(outcome),
+        (Err(error), Ok(())) => Err(error),
+        // Even when nobody reads stdout any more, a failed close must be reported: the
+        // command's changes may not be durable.
+        (Ok(_) | Err(CliError::StdoutClosed), Err(close_error)) => {
+            Err(CliError::from(close_error)
+                .context("closing the volume (changes may not be durable)"))
+        }
+        (Err(CliError::Message(message)), Err(close_error)) => Err(CliError::msg(format!(
+            "{message}; closing the volume failed too (changes may not be durable): {close_error}"
+        ))),
+    }
+}
+
+fn open_volume(path: &Path, create: bool) -> Result<Database, CliError> {
+    if create {
+        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::create_dir_all(parent).map_err(|e| {
+                CliError::msg(format!("cannot create directory {}: {e}", parent.display()))
+            })?;
+        }
+    } else if !path.exists() {
+        return Err(CliError::msg(format!(
+            "no volume at {} (put, load and shell create one; --db names another)",
+            path.display()
+        )));
+    }
+    Database::builder()
+        .create_if_missing(create)
+        .open(path)
+        .map_err(|e| CliError::from(e).context(format_args!("cannot open {}", path.display())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn clap_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn global_flags_work_after_the_subcommand_and_defaults_apply() {
+        let cli = Cli::try_parse_from(["tucana", "get", "k", "--keyspace", "users"]).unwrap();
+        assert_eq!(cli.keyspace, "users");
+        assert_eq!(cli.db, PathBuf::from(DEFAULT_VOLUME_PATH));
+        assert!(matches!(cli.command, Command::Get { .. }));
+    }
+
+    #[test]
+    fn a_value_starting_with_a_dash_needs_the_double_dash() {
+        assert!(Cli::try_parse_from(["tucana", "put", "k", "-1"]).is_err());
+        let cli = Cli::try_parse_from(["tucana", "put", "--", "k", "-1"]).unwrap();
+        match cli.command {
+            Command::Put { key, value } => {
+                assert_eq!(key, "k");
+                assert_eq!(value, "-1");
+            }
+            other => panic!("parsed as {other:?}"),
+        }
+    }
+
+    #[test]
+    fn only_writing_commands_create_the_volume() {
+        let creates = |args: &[&str]| {
+            let mut argv = vec!["tucana"];
+            argv.extend_from_slice(args);
+            Cli::try_parse_from(argv).unwrap().command.creates_volume()
+        };
+        assert!(creates(&["put", "k", "v"]));
+        assert!(creates(&["load"]));
+        assert!(creates(&["shell"]));
+        assert!(!creates(&["get", "k"]));
+        assert!(!creates(&["scan"]));
+        assert!(!creates(&["check"]));
+        assert!(!creates(&["del", "k"]));
+    }
+
+    #[test]
+    fn help_documents_the_exit_codes() {
+        let help = Cli::command().render_long_help().to_string();
+        assert!(help.contains("Exit codes:"), "{help}");
+        assert!(help.contains("1  the key"), "{help}");
+    }
+}
