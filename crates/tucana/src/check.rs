@@ -46,7 +46,11 @@ impl Refs<'_> {
             return Err(Error::corruption(what, off, "extent is not block aligned"));
         }
         if !self.allocator.is_allocated(off, blocks) {
-            return Err(Error::corruption(what, off, "referenced but free in the bitmap"));
+            return Err(Error::corruption(
+                what,
+                off,
+                "referenced but free in the bitmap",
+            ));
         }
         for b in 0..blocks {
             let at = off.0 + b * BLOCK_BYTES;
@@ -72,16 +76,28 @@ pub(crate) fn check(db: &DbInner) -> Result<CheckReport> {
         return Err(Error::corruption(
             "superblock",
             superblock::slot_offset(cs.epoch),
-            format!("newest slot has epoch {:?}, the last commit was {:?}", sb.epoch, cs.epoch),
+            format!(
+                "newest slot has epoch {:?}, the last commit was {:?}",
+                sb.epoch, cs.epoch
+            ),
         ));
     }
     let mut desc_bytes = vec![0u8; sb.descriptor_bytes as usize];
     storage.read_at(sb.descriptor.0, &mut desc_bytes)?;
     if crc32c::crc32c(&desc_bytes) != sb.descriptor_crc {
-        return Err(Error::corruption("commit descriptor", sb.descriptor, "checksum mismatch"));
+        return Err(Error::corruption(
+            "commit descriptor",
+            sb.descriptor,
+            "checksum mismatch",
+        ));
     }
     let desc = Descriptor::decode(&desc_bytes, sb.descriptor)?;
-    let allocator = Allocator::load(storage.as_ref(), sb.volume_bytes, &desc.bitmap_slots, sb.epoch)?;
+    let allocator = Allocator::load(
+        storage.as_ref(),
+        sb.volume_bytes,
+        &desc.bitmap_slots,
+        sb.epoch,
+    )?;
     let mut refs = Refs {
         allocator: &allocator,
         owner: BTreeMap::new(),
@@ -90,7 +106,11 @@ pub(crate) fn check(db: &DbInner) -> Result<CheckReport> {
     let mut group_start = 0;
     while group_start < volume_blocks {
         let reserved = GROUP_RESERVED_BLOCKS.min(volume_blocks - group_start);
-        refs.mark(DiskOffset(group_start * BLOCK_BYTES), reserved, "reserved blocks")?;
+        refs.mark(
+            DiskOffset(group_start * BLOCK_BYTES),
+            reserved,
+            "reserved blocks",
+        )?;
         group_start += GROUP_BLOCKS;
     }
     refs.mark(
@@ -110,7 +130,11 @@ pub(crate) fn check(db: &DbInner) -> Result<CheckReport> {
     let regions = db.regions.read().clone();
     for rd in &desc.regions {
         let region = regions.get(&rd.name).ok_or_else(|| {
-            Error::corruption("commit descriptor", sb.descriptor, format!("unknown region {:?}", rd.name))
+            Error::corruption(
+                "commit descriptor",
+                sb.descriptor,
+                format!("unknown region {:?}", rd.name),
+            )
         })?;
         let mut segments: BTreeMap<u64, (u64, u64)> = BTreeMap::new(); // off -> (size, live)
         for (off, s) in &rd.segments {
@@ -135,7 +159,10 @@ pub(crate) fn check(db: &DbInner) -> Result<CheckReport> {
             return Err(Error::corruption(
                 "commit descriptor",
                 sb.descriptor,
-                format!("region {:?} counts {} keys, its tree holds {keys}", rd.name, rd.keys),
+                format!(
+                    "region {:?} counts {} keys, its tree holds {keys}",
+                    rd.name, rd.keys
+                ),
             ));
         }
         for (off, s) in &rd.segments {
@@ -144,7 +171,10 @@ pub(crate) fn check(db: &DbInner) -> Result<CheckReport> {
                 return Err(Error::corruption(
                     "log segment",
                     *off,
-                    format!("recorded {} live bytes, the index reaches {live}", s.live_bytes),
+                    format!(
+                        "recorded {} live bytes, the index reaches {live}",
+                        s.live_bytes
+                    ),
                 ));
             }
         }
@@ -188,12 +218,20 @@ struct Walk<'a, 'r> {
 impl Walk<'_, '_> {
     fn node(&mut self, off: DiskOffset, depth: usize) -> Result<()> {
         if depth > 64 {
-            return Err(Error::corruption("index node", off, "tree deeper than 64 levels"));
+            return Err(Error::corruption(
+                "index node",
+                off,
+                "tree deeper than 64 levels",
+            ));
         }
         self.refs.mark(off, 1, "index node")?;
         self.nodes += 1;
         let mut image = vec![0u8; BLOCK_BYTES as usize];
-        self.region.shared.volume.storage().read_at(off.0, &mut image)?;
+        self.region
+            .shared
+            .volume
+            .storage()
+            .read_at(off.0, &mut image)?;
         let node = index::DiskNode::verify(&image, off, self.region.id)?;
         match node.children()? {
             Some(children) => {
@@ -212,25 +250,47 @@ impl Walk<'_, '_> {
 
     fn entry(&mut self, leaf: DiskOffset, (prefix, hash, ptr): (u64, u32, u64)) -> Result<()> {
         let at = DiskOffset(ptr);
-        let (key, len, tombstone) = self
-            .region
-            .with_record(ptr, true, |r: RecordRef<'_>| {
-                (r.key.to_vec(), r.header.total_bytes(), r.header.is_tombstone() || r.header.is_link())
-            })?;
+        let (key, len, tombstone) = self.region.with_record(ptr, true, |r: RecordRef<'_>| {
+            (
+                r.key.to_vec(),
+                r.header.total_bytes(),
+                r.header.is_tombstone() || r.header.is_link(),
+            )
+        })?;
         if tombstone {
-            return Err(Error::corruption("index node", leaf, format!("entry points at a non-value record {at}")));
+            return Err(Error::corruption(
+                "index node",
+                leaf,
+                format!("entry points at a non-value record {at}"),
+            ));
         }
         if key_prefix(&key) != prefix || key_hash(&key) != hash {
-            return Err(Error::corruption("index node", leaf, "entry's prefix or hash differs from its key"));
+            return Err(Error::corruption(
+                "index node",
+                leaf,
+                "entry's prefix or hash differs from its key",
+            ));
         }
-        if self.prev_key.as_deref().is_some_and(|p| p >= key.as_slice()) {
+        if self
+            .prev_key
+            .as_deref()
+            .is_some_and(|p| p >= key.as_slice())
+        {
             return Err(Error::corruption("index node", leaf, "keys out of order"));
         }
         let Some((base, (size, live))) = self.segments.range_mut(..=ptr).next_back() else {
-            return Err(Error::corruption("index node", leaf, format!("pointer {at} is outside the region's log")));
+            return Err(Error::corruption(
+                "index node",
+                leaf,
+                format!("pointer {at} is outside the region's log"),
+            ));
         };
         if ptr + len > base + *size {
-            return Err(Error::corruption("index node", leaf, format!("pointer {at} is outside the region's log")));
+            return Err(Error::corruption(
+                "index node",
+                leaf,
+                format!("pointer {at} is outside the region's log"),
+            ));
         }
         *live += len;
         self.keys += 1;
@@ -240,7 +300,11 @@ impl Walk<'_, '_> {
 }
 
 /// Calls `f` with the offset of every node of the committed tree at `root`.
-pub(crate) fn collect_tree_blocks(region: &Region, root: DiskOffset, f: &mut dyn FnMut(DiskOffset)) -> Result<()> {
+pub(crate) fn collect_tree_blocks(
+    region: &Region,
+    root: DiskOffset,
+    f: &mut dyn FnMut(DiskOffset),
+) -> Result<()> {
     if root.is_none() {
         return Ok(());
     }

@@ -299,7 +299,11 @@ pub(crate) struct DbInner {
 }
 
 impl DbInner {
-    pub fn new(shared: Arc<Shared>, regions: BTreeMap<String, Arc<Region>>, cs: CommitState) -> DbInner {
+    pub fn new(
+        shared: Arc<Shared>,
+        regions: BTreeMap<String, Arc<Region>>,
+        cs: CommitState,
+    ) -> DbInner {
         DbInner {
             shared,
             regions: RwLock::new(regions),
@@ -478,7 +482,10 @@ fn background_loop(db: std::sync::Weak<DbInner>) {
             let _ = inner.commit();
             last_commit = Instant::now();
             last_flush = last_commit;
-        } else if opts.flush_interval.is_some_and(|i| last_flush.elapsed() >= i) {
+        } else if opts
+            .flush_interval
+            .is_some_and(|i| last_flush.elapsed() >= i)
+        {
             let _ = inner.sync();
             last_flush = Instant::now();
         }

@@ -110,9 +110,7 @@ impl Keyspace {
 
     /// Live keys in the keyspace.
     pub fn len(&self) -> u64 {
-        self.region
-            .keys
-            .load(std::sync::atomic::Ordering::Relaxed)
+        self.region.keys.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     pub fn is_empty(&self) -> bool {
@@ -226,7 +224,10 @@ impl Batch {
                 }
                 BatchOp::Delete(k) => {
                     check_key(k)?;
-                    ops.push(Op { key: k, value: None });
+                    ops.push(Op {
+                        key: k,
+                        value: None,
+                    });
                 }
             }
         }
@@ -266,13 +267,21 @@ impl Snapshot {
     }
 
     pub fn range<K: AsRef<[u8]>, R: RangeBounds<K>>(&self, range: R) -> Range {
-        let mut r = Range::new(self.pin.region.clone(), Some(self.pin.root), owned_bounds(&range));
+        let mut r = Range::new(
+            self.pin.region.clone(),
+            Some(self.pin.root),
+            owned_bounds(&range),
+        );
         r.pin = Some(self.pin.clone());
         r
     }
 
     pub fn prefix(&self, prefix: &[u8]) -> Range {
-        let mut r = Range::new(self.pin.region.clone(), Some(self.pin.root), prefix_bounds(prefix));
+        let mut r = Range::new(
+            self.pin.region.clone(),
+            Some(self.pin.root),
+            prefix_bounds(prefix),
+        );
         r.pin = Some(self.pin.clone());
         r
     }
@@ -318,7 +327,11 @@ fn below_hi(key: &[u8], hi: &Bound<Vec<u8>>) -> bool {
 }
 
 impl Range {
-    fn new(region: Arc<Region>, root: Option<u64>, (lo, hi): (Bound<Vec<u8>>, Bound<Vec<u8>>)) -> Range {
+    fn new(
+        region: Arc<Region>,
+        root: Option<u64>,
+        (lo, hi): (Bound<Vec<u8>>, Bound<Vec<u8>>),
+    ) -> Range {
         let empty = match (&lo, &hi) {
             (Bound::Included(l), Bound::Included(h)) => l > h,
             (Bound::Included(l), Bound::Excluded(h))
@@ -428,7 +441,8 @@ impl Range {
                 Some((k, false)) => Seek::Before(k),
                 None => Seek::Last,
             };
-            self.region.copy_leaf(self.root, seek, &mut self.back.leaf)?;
+            self.region
+                .copy_leaf(self.root, seek, &mut self.back.leaf)?;
             self.back.started = true;
             self.back.pos = self.back.leaf.ptrs.len();
         }
@@ -483,16 +497,25 @@ mod tests {
     fn prefix_bounds_increment_the_last_non_ff_byte() {
         assert_eq!(
             prefix_bounds(b"ab"),
-            (Bound::Included(b"ab".to_vec()), Bound::Excluded(b"ac".to_vec()))
+            (
+                Bound::Included(b"ab".to_vec()),
+                Bound::Excluded(b"ac".to_vec())
+            )
         );
         assert_eq!(
             prefix_bounds(b"a\xff"),
-            (Bound::Included(b"a\xff".to_vec()), Bound::Excluded(b"b".to_vec()))
+            (
+                Bound::Included(b"a\xff".to_vec()),
+                Bound::Excluded(b"b".to_vec())
+            )
         );
         assert_eq!(
             prefix_bounds(b"\xff\xff"),
             (Bound::Included(b"\xff\xff".to_vec()), Bound::Unbounded)
         );
-        assert_eq!(prefix_bounds(b""), (Bound::Included(vec![]), Bound::Unbounded));
+        assert_eq!(
+            prefix_bounds(b""),
+            (Bound::Included(vec![]), Bound::Unbounded)
+        );
     }
 }

@@ -186,7 +186,10 @@ impl Region {
             .range_mut(..=at.0)
             .next_back()
             .expect("a live record lies in a segment of its region");
-        assert!(seg.live_bytes >= len, "live bytes of a segment went negative");
+        assert!(
+            seg.live_bytes >= len,
+            "live bytes of a segment went negative"
+        );
         seg.live_bytes -= len;
         self.live_bytes.fetch_sub(len, Ordering::Relaxed);
         self.dead_bytes.fetch_add(len, Ordering::Relaxed);
@@ -244,7 +247,12 @@ impl Region {
         Ok(at)
     }
 
-    fn switch_segment(&self, w: &mut Writer, record_len: usize, guard: &epoch::Guard) -> Result<()> {
+    fn switch_segment(
+        &self,
+        w: &mut Writer,
+        record_len: usize,
+        guard: &epoch::Guard,
+    ) -> Result<()> {
         let shared = &self.shared;
         let standard = shared.options.log_segment_bytes;
         let needed = (record_len + LINK_RECORD_BYTES) as u64;
@@ -252,9 +260,10 @@ impl Region {
         let blocks = size / BLOCK_BYTES;
         let align = if size == standard { blocks } else { 1 };
         let storage = shared.volume.storage();
-        let base = shared
-            .allocator
-            .allocate(storage.as_ref(), blocks, align, w.sealed_for_commit)?;
+        let base =
+            shared
+                .allocator
+                .allocate(storage.as_ref(), blocks, align, w.sealed_for_commit)?;
         let old = self.tail.load(Ordering::Acquire, guard);
         // SAFETY: non-null, protected by the guard.
         let old_tail = unsafe { old.deref() };
@@ -265,7 +274,15 @@ impl Region {
         // SAFETY: writer lock held; the segment always keeps room for its link record.
         unsafe {
             old_tail.append(LINK_RECORD_BYTES, |buf| {
-                record::encode_into(buf, self.seed, record::FLAG_LINK, w.generation, seq, &[], &link)
+                record::encode_into(
+                    buf,
+                    self.seed,
+                    record::FLAG_LINK,
+                    w.generation,
+                    seq,
+                    &[],
+                    &link,
+                )
             })
         };
         w.next_seq = SeqNo(seq.0 + 1);
@@ -281,7 +298,9 @@ impl Region {
                 live_bytes: 0,
             },
         );
-        let prev = self.tail.swap(Owned::new(Tail::new(base, size)), Ordering::AcqRel, guard);
+        let prev = self
+            .tail
+            .swap(Owned::new(Tail::new(base, size)), Ordering::AcqRel, guard);
         // SAFETY: `prev` is unreachable for new readers; in-flight readers hold guards.
         unsafe { guard.defer_destroy(prev) };
         Ok(())
@@ -339,13 +358,13 @@ impl Region {
         // SAFETY: protected by the guard (may be null only during construction: never).
         if let Some(t) = unsafe { tail.as_ref() } {
             if t.contains(ptr) {
-                let head = t
-                    .read(ptr, HEADER_BYTES)
-                    .ok_or_else(|| Error::corruption("log record", at, "pointer past the log end"))?;
+                let head = t.read(ptr, HEADER_BYTES).ok_or_else(|| {
+                    Error::corruption("log record", at, "pointer past the log end")
+                })?;
                 let header = Header::decode(head, at)?;
-                let bytes = t
-                    .read(ptr, header.total_bytes() as usize)
-                    .ok_or_else(|| Error::corruption("log record", at, "record past the log end"))?;
+                let bytes = t.read(ptr, header.total_bytes() as usize).ok_or_else(|| {
+                    Error::corruption("log record", at, "record past the log end")
+                })?;
                 return Ok(f(RecordRef::parse(bytes, self.seed, verify, at)?));
             }
         }
@@ -449,7 +468,11 @@ impl Ctx for Region {
         with_scratch(|scratch| {
             // SAFETY: committed nodes are never written again while reachable; their
             // blocks are released only after every reader that could see them is gone.
-            let bytes = unsafe { self.shared.volume.view(off.0, BLOCK_BYTES as usize, scratch)? };
+            let bytes = unsafe {
+                self.shared
+                    .volume
+                    .view(off.0, BLOCK_BYTES as usize, scratch)?
+            };
             f(bytes)
         })
     }

@@ -27,10 +27,10 @@ impl DiskOffset {
     }
 
     pub fn block_aligned(self) -> bool {
-        self.0 % BLOCK_BYTES == 0
+        self.0.is_multiple_of(BLOCK_BYTES)
     }
 
-    pub fn add(self, bytes: u64) -> DiskOffset {
+    pub fn plus_bytes(self, bytes: u64) -> DiskOffset {
         DiskOffset(self.0 + bytes)
     }
 }

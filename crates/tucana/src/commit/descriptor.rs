@@ -183,7 +183,11 @@ struct Reader<'a> {
 
 impl<'a> Reader<'a> {
     fn bad(&self, detail: &str) -> Error {
-        Error::corruption("commit descriptor", self.at, format!("{detail} (byte {})", self.pos))
+        Error::corruption(
+            "commit descriptor",
+            self.at,
+            format!("{detail} (byte {})", self.pos),
+        )
     }
 
     fn take(&mut self, n: usize) -> Result<&'a [u8]> {

@@ -86,7 +86,7 @@ impl DbInner {
                     run = allocator.allocate_up_to(storage.as_ref(), NODE_RUN_BLOCKS)?;
                 }
                 let at = run.0;
-                run = (at.add(BLOCK_BYTES), run.1 - 1);
+                run = (at.plus_bytes(BLOCK_BYTES), run.1 - 1);
                 Ok(at)
             };
             for (region, s) in regions.iter().zip(&sealed) {

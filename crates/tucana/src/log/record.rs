@@ -131,7 +131,12 @@ pub struct RecordRef<'a> {
 
 impl<'a> RecordRef<'a> {
     /// Splits `bytes` (exactly one record) into its parts, verifying the crc if asked.
-    pub fn parse(bytes: &'a [u8], seed: u32, verify: bool, at: DiskOffset) -> Result<RecordRef<'a>> {
+    pub fn parse(
+        bytes: &'a [u8],
+        seed: u32,
+        verify: bool,
+        at: DiskOffset,
+    ) -> Result<RecordRef<'a>> {
         let header = Header::decode(bytes, at)?;
         if bytes.len() as u64 != header.total_bytes() {
             return Err(Error::corruption("log record", at, "length does not match"));

@@ -37,7 +37,7 @@ unsafe impl Sync for Tail {}
 impl Tail {
     /// An empty tail for a fresh segment.
     pub fn new(base: DiskOffset, size_bytes: u64) -> Tail {
-        assert!(base.block_aligned() && size_bytes % BLOCK_BYTES == 0 && size_bytes > 0);
+        assert!(base.block_aligned() && size_bytes.is_multiple_of(BLOCK_BYTES) && size_bytes > 0);
         let buf = vec![0u8; size_bytes as usize].into_boxed_slice();
         Tail {
             base,
@@ -78,13 +78,15 @@ impl Tail {
     /// Only the region's writer may append (one appender at a time).
     pub unsafe fn append(&self, len: usize, fill: impl FnOnce(&mut [u8])) -> DiskOffset {
         let start = self.published.load(Ordering::Relaxed);
-        assert!(start + len as u64 <= self.size_bytes, "append past the segment end");
+        assert!(
+            start + len as u64 <= self.size_bytes,
+            "append past the segment end"
+        );
         // SAFETY: [start, start+len) is inside the buffer and above `published`, so no
         // reader looks at it; the caller guarantees we are the only appender.
         let dst = unsafe { std::slice::from_raw_parts_mut(self.buf.add(start as usize), len) };
         fill(dst);
-        self.published
-            .store(start + len as u64, Ordering::Release);
+        self.published.store(start + len as u64, Ordering::Release);
         DiskOffset(self.base.0 + start)
     }
 
@@ -157,7 +159,11 @@ mod tests {
         let at = unsafe { tail.append(5, |b| b.copy_from_slice(b"hello")) };
         assert_eq!(at, DiskOffset(8192));
         assert_eq!(tail.read(8192, 5), Some(&b"hello"[..]));
-        assert_eq!(tail.read(8192, 6), None, "unpublished bytes are not readable");
+        assert_eq!(
+            tail.read(8192, 6),
+            None,
+            "unpublished bytes are not readable"
+        );
         assert_eq!(tail.read(4096, 1), None);
         assert!(tail.contains(8192 + 8191) && !tail.contains(8192 + 8192));
         assert_eq!(tail.free_bytes(), 8192 - 5);

@@ -35,7 +35,10 @@ pub(crate) fn open(options: Options, storage: Arc<dyn Storage>) -> Result<DbInne
         return Err(Error::corruption(
             "volume",
             DiskOffset(len),
-            format!("file is {len} bytes, the superblock says {}", sb.volume_bytes),
+            format!(
+                "file is {len} bytes, the superblock says {}",
+                sb.volume_bytes
+            ),
         ));
     }
     let mut desc_bytes = vec![0u8; sb.descriptor_bytes as usize];
@@ -62,7 +65,12 @@ pub(crate) fn open(options: Options, storage: Arc<dyn Storage>) -> Result<DbInne
             "epoch differs from the superblock's",
         ));
     }
-    let allocator = Allocator::load(storage.as_ref(), sb.volume_bytes, &desc.bitmap_slots, sb.epoch)?;
+    let allocator = Allocator::load(
+        storage.as_ref(),
+        sb.volume_bytes,
+        &desc.bitmap_slots,
+        sb.epoch,
+    )?;
     for (off, blocks) in &desc.free_log {
         if !allocator.is_allocated(*off, *blocks) {
             return Err(Error::corruption(
@@ -159,11 +167,13 @@ fn recover_region(shared: &Arc<Shared>, rd: &RegionDesc) -> Result<Region> {
         if used + HEADER_BYTES as u64 > size {
             break;
         }
-        let at = base.add(used);
+        let at = base.plus_bytes(used);
         if storage.read_at(at.0, &mut header_buf).is_err() {
             break;
         }
-        let Ok(header) = Header::decode(&header_buf, at) else { break };
+        let Ok(header) = Header::decode(&header_buf, at) else {
+            break;
+        };
         let len = header.total_bytes();
         if len > size - used {
             break;
@@ -172,14 +182,18 @@ fn recover_region(shared: &Arc<Shared>, rd: &RegionDesc) -> Result<Region> {
         if storage.read_at(at.0, &mut body).is_err() {
             break;
         }
-        let Ok(rec) = RecordRef::parse(&body, seed, true, at) else { break };
+        let Ok(rec) = RecordRef::parse(&body, seed, true, at) else {
+            break;
+        };
         if rec.header.generation != rd.generation & GENERATION_MASK || rec.header.seq != seq {
             break;
         }
         seq = SeqNo(seq.0 + 1);
         used += len;
         if rec.header.is_link() {
-            let Ok((next, next_size)) = rec.link_target(at) else { break };
+            let Ok((next, next_size)) = rec.link_target(at) else {
+                break;
+            };
             if !next.block_aligned()
                 || next_size == 0
                 || next_size % BLOCK_BYTES != 0
