@@ -1,1 +1,233 @@
-fn main() {}
+//! `tucana-bench`: benchmarks of Tucana, built to grow into the harness that compares it
+//! with its peers (RocksDB, LMDB, fjall, redb) side by side.
+//!
+//! Layout: `workload` generates keys, values and visiting orders from a seed; `measure`
+//! times phases (wall, process CPU, latency histograms); `engine` puts each engine behind
+//! one trait (only Tucana so far); `report` prints the human table and writes JSON;
+//! `micro` and `recovery` are the two commands; `sys` holds the libc calls.
+//!
+//! Every run works in a fresh temporary directory under `--dir`, removed afterwards, so
+//! runs never see each other's files.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+mod engine;
+mod measure;
+mod micro;
+mod recovery;
+mod report;
+mod sys;
+mod workload;
+
+/// Errors of a benchmark run: an engine error, an I/O error or a failed check.
+pub type Result<T, E = Box<dyn std::error::Error + Send + Sync>> = std::result::Result<T, E>;
+
+#[derive(Parser, Debug)]
+#[command(name = "tucana-bench", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// db_bench-style phases on one data set: fillrandom, readrandom, readseq,
+    /// readreverse, overwrite, seekrandom, deleterandom.
+    Micro(MicroArgs),
+    /// Open time after a crash, by committed data set and by uncommitted log tail.
+    Recovery(RecoveryArgs),
+}
+
+#[derive(Args, Debug)]
+struct CommonArgs {
+    /// Engine to run.
+    #[arg(long, value_enum, default_value_t = EngineChoice::Tucana)]
+    engine: EngineChoice,
+    /// Directory in which a temporary directory for the engine's files is created.
+    #[arg(long, default_value_os_t = std::env::temp_dir())]
+    dir: PathBuf,
+    /// Seed of every random choice: keys, values, orders.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Bytes per key.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..=tucana::MAX_KEY_BYTES as u64))]
+    key_bytes: u64,
+    /// Bytes per value.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(0..=tucana::MAX_VALUE_BYTES as u64))]
+    value_bytes: u64,
+    /// Also write the records as JSON to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+struct MicroArgs {
+    #[command(flatten)]
+    common: CommonArgs,
+    /// Keys in the data set.
+    #[arg(long, default_value_t = 1_000_000, value_parser = clap::value_parser!(u64).range(1..))]
+    keys: u64,
+    /// Threads sharing each phase's operations.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=1024))]
+    threads: u64,
+    /// Make every write durable before it returns (default: buffered writes).
+    #[arg(long)]
+    sync: bool,
+}
+
+#[derive(Args, Debug)]
+struct RecoveryArgs {
+    #[command(flatten)]
+    common: CommonArgs,
+    /// Committed data set sizes (comma-separated), each reopened with the first tail.
+    #[arg(long, value_delimiter = ',', default_values_t = [100_000u64, 1_000_000], value_parser = clap::value_parser!(u64).range(1..))]
+    data_sets: Vec<u64>,
+    /// Uncommitted but synced tail lengths (comma-separated), each on the first data set.
+    #[arg(long, value_delimiter = ',', default_values_t = [10_000u64, 100_000, 300_000])]
+    tails: Vec<u64>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum EngineChoice {
+    Tucana,
+}
+
+impl EngineChoice {
+    fn kind(self) -> &'static dyn engine::EngineKind {
+        match self {
+            EngineChoice::Tucana => &engine::Tucana,
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("tucana-bench: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
+    let machine = report::Machine::detect();
+    let mut options = report::RunOptions::default();
+    let mut records = Vec::new();
+    let (command, common) = match &cli.command {
+        Command::Micro(args) => ("micro", &args.common),
+        Command::Recovery(args) => ("recovery", &args.common),
+    };
+    let kind = common.engine.kind();
+    options.set("engine", kind.name());
+    // Checked by clap against the engine's limits, so the casts cannot truncate.
+    let key_bytes = common.key_bytes as usize;
+    let value_bytes = common.value_bytes as usize;
+    options.set("key_bytes", common.key_bytes);
+    options.set("value_bytes", common.value_bytes);
+    options.set("seed", common.seed);
+
+    match &cli.command {
+        Command::Micro(args) => {
+            options.set("keys", args.keys);
+            options.set("threads", args.threads);
+            options.set("sync", args.sync);
+            describe_dir(&common.dir, &mut options);
+            report::print_header(command, &machine, &options);
+            let config = micro::MicroConfig {
+                keys: args.keys,
+                key_bytes,
+                value_bytes,
+                threads: args.threads as usize,
+                seed: common.seed,
+                sync_writes: args.sync,
+                dir: common.dir.clone(),
+            };
+            micro::run(kind, &config, &mut records)?;
+        }
+        Command::Recovery(args) => {
+            options.set("data_sets", args.data_sets.clone());
+            options.set("tails", args.tails.clone());
+            describe_dir(&common.dir, &mut options);
+            report::print_header(command, &machine, &options);
+            let config = recovery::RecoveryConfig {
+                data_sets: args.data_sets.clone(),
+                tails: args.tails.clone(),
+                key_bytes,
+                value_bytes,
+                seed: common.seed,
+                dir: common.dir.clone(),
+            };
+            recovery::run(kind, &config, &mut records)?;
+        }
+    }
+
+    if let Some(path) = &common.json {
+        report::write_json(path, command, &machine, &options, &records)?;
+        println!("\nrecords written to {}", path.display());
+    }
+    Ok(())
+}
+
+/// Records where the data goes and warns when it is not a real device.
+fn describe_dir(dir: &Path, options: &mut report::RunOptions) {
+    options.set("dir", dir.display().to_string());
+    let fs = sys::fs_type(dir);
+    if let Some(fs) = &fs {
+        options.set("fs", fs.clone());
+        if sys::fs_is_memory_backed(fs) {
+            eprintln!(
+                "WARNING: {} is on {fs}; the numbers measure memory, not an SSD (use --dir)",
+                dir.display()
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn micro_defaults_match_the_brief() {
+        let cli = Cli::try_parse_from(["tucana-bench", "micro"]).unwrap();
+        let Command::Micro(args) = cli.command else {
+            panic!("not micro")
+        };
+        assert_eq!(args.keys, 1_000_000);
+        assert_eq!(args.common.key_bytes, 16);
+        assert_eq!(args.common.value_bytes, 100);
+        assert_eq!(args.threads, 1);
+        assert!(!args.sync);
+    }
+
+    #[test]
+    fn recovery_lists_parse_and_zero_keys_is_refused() {
+        let cli = Cli::try_parse_from([
+            "tucana-bench",
+            "recovery",
+            "--tails",
+            "0,5",
+            "--data-sets",
+            "7",
+        ])
+        .unwrap();
+        let Command::Recovery(args) = cli.command else {
+            panic!("not recovery")
+        };
+        assert_eq!(args.tails, vec![0, 5]);
+        assert_eq!(args.data_sets, vec![7]);
+        assert!(Cli::try_parse_from(["tucana-bench", "micro", "--keys", "0"]).is_err());
+        assert!(Cli::try_parse_from(["tucana-bench", "micro", "--key-bytes", "0"]).is_err());
+    }
+}

@@ -1,0 +1,102 @@
+//! The engines under test, behind one small trait so that a workload is written once and
+//! runs on each of them.
+//!
+//! Owns the adapter from each engine's API to [`Engine`]; owns no workload, timing or
+//! printing. Only Tucana is implemented; peers (RocksDB, LMDB, fjall, redb) are added as
+//! one module each behind a cargo feature, so their build cost stays optional.
+//!
+//! Thread-safety: an [`Engine`] is `Send + Sync`; the workload calls it from several
+//! threads at once, and each adapter maps that onto its engine's own rules (Tucana
+//! serialises writers per keyspace internally).
+
+use std::ops::{Bound, ControlFlow};
+use std::path::Path;
+
+use crate::Result;
+
+#[cfg(test)]
+pub mod memory;
+mod tucana;
+
+pub use self::tucana::Tucana;
+
+/// How an engine is opened for a run.
+#[derive(Clone, Copy, Debug)]
+pub struct EngineConfig {
+    /// Every write is durable when it returns (fsync or the engine's equivalent); else
+    /// writes are buffered and made durable by the engine's own background flushing.
+    pub sync_writes: bool,
+    /// Let the engine persist its index (commit, checkpoint, flush memtable) on its own
+    /// schedule. Off for the recovery benchmark, which must control exactly what the
+    /// last durable index covers.
+    pub background_commit: bool,
+}
+
+/// A kind of engine: knows how to open one in a directory the benchmark owns.
+pub trait EngineKind: Sync {
+    /// Short lowercase name, the `engine` field of every JSON record.
+    fn name(&self) -> &'static str;
+
+    /// Opens (creating if needed) an engine whose files all live under `dir`, which the
+    /// benchmark created for it and deletes after the run.
+    fn open(&self, dir: &Path, config: &EngineConfig) -> Result<Box<dyn Engine>>;
+}
+
+/// Called with each `(key, value)` of a scan; `Break` ends the scan.
+pub type Visit<'a> = dyn FnMut(&[u8], &[u8]) -> ControlFlow<()> + 'a;
+
+/// Scan direction.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Direction {
+    Forward,
+    Reverse,
+}
+
+/// What an engine says about its memory and log; `None` where it has no such notion.
+#[derive(Clone, Debug, Default)]
+pub struct Footprint {
+    pub keys: Option<u64>,
+    /// Heap bytes of the index.
+    pub index_bytes: Option<u64>,
+    /// Log bytes still referenced by the index.
+    pub live_log_bytes: Option<u64>,
+    /// Log bytes of overwritten or deleted records not yet reclaimed.
+    pub dead_log_bytes: Option<u64>,
+}
+
+/// One open engine with one key space (table, keyspace, database) for the benchmark.
+pub trait Engine: Send + Sync {
+    fn put(&self, key: &[u8], value: &[u8]) -> Result<()>;
+
+    /// Looks `key` up and calls `check` with its value, in place where the engine allows;
+    /// returns `Ok(None)` when the key is absent, else what `check` returned.
+    fn get(&self, key: &[u8], check: &mut dyn FnMut(&[u8]) -> bool) -> Result<Option<bool>>;
+
+    /// Removes `key`; returns whether it was present.
+    fn delete(&self, key: &[u8]) -> Result<bool>;
+
+    /// Visits the pairs with `lower <= key < upper` in `direction` order until `visit`
+    /// breaks or the range ends.
+    fn scan(
+        &self,
+        lower: Bound<&[u8]>,
+        upper: Bound<&[u8]>,
+        direction: Direction,
+        visit: &mut Visit<'_>,
+    ) -> Result<()>;
+
+    /// Makes every write acknowledged so far durable.
+    fn sync(&self) -> Result<()>;
+
+    /// Persists the index so that reopening does not replay the writes made so far.
+    fn commit(&self) -> Result<()>;
+
+    fn footprint(&self) -> Footprint;
+
+    /// Closes cleanly (the engine's normal shutdown).
+    fn close(self: Box<Self>) -> Result<()>;
+
+    /// Drops the engine as a process crash would: nothing more is flushed, synced or
+    /// committed, but the files may be reopened by this process.
+    fn abandon(self: Box<Self>);
+}

@@ -1,0 +1,130 @@
+//! Tucana behind the [`Engine`] trait: one volume file, one keyspace.
+
+use std::ops::{Bound, ControlFlow};
+use std::path::Path;
+
+use tucana::{Database, Durability, Keyspace};
+
+use super::{Direction, Engine, EngineConfig, EngineKind, Footprint, Visit};
+use crate::Result;
+
+/// File name of the volume inside the engine's directory.
+const VOLUME_FILE: &str = "bench.tucana";
+
+/// Name of the keyspace every workload uses.
+const KEYSPACE: &str = "bench";
+
+pub struct Tucana;
+
+impl EngineKind for Tucana {
+    fn name(&self) -> &'static str {
+        "tucana"
+    }
+
+    fn open(&self, dir: &Path, config: &EngineConfig) -> Result<Box<dyn Engine>> {
+        let mut options = Database::builder();
+        if !config.background_commit {
+            // Only explicit `commit()` calls persist the index; the log tail since then is
+            // what recovery replays.
+            options = options.commit_interval(None).commit_dirty_bytes(u64::MAX);
+        }
+        let db = options.open(dir.join(VOLUME_FILE))?;
+        let keyspace = db.keyspace(KEYSPACE)?;
+        let durability = if config.sync_writes {
+            Durability::Sync
+        } else {
+            Durability::Buffered
+        };
+        Ok(Box::new(TucanaEngine {
+            db,
+            keyspace,
+            durability,
+        }))
+    }
+}
+
+struct TucanaEngine {
+    db: Database,
+    keyspace: Keyspace,
+    durability: Durability,
+}
+
+impl TucanaEngine {
+    /// The database handle alone. The keyspace handle may keep the database alive, so it
+    /// must be gone before `close` or `abandon`, which expect to hold the last handle.
+    fn into_database(self) -> Database {
+        // Moving `db` out drops the other fields, the keyspace among them, right here.
+        self.db
+    }
+}
+
+impl Engine for TucanaEngine {
+    fn put(&self, key: &[u8], value: &[u8]) -> Result<()> {
+        Ok(self.keyspace.put_with(key, value, self.durability)?)
+    }
+
+    fn get(&self, key: &[u8], check: &mut dyn FnMut(&[u8]) -> bool) -> Result<Option<bool>> {
+        Ok(self.keyspace.get_with(key, check)?)
+    }
+
+    fn delete(&self, key: &[u8]) -> Result<bool> {
+        Ok(self.keyspace.delete_with(key, self.durability)?)
+    }
+
+    fn scan(
+        &self,
+        lower: Bound<&[u8]>,
+        upper: Bound<&[u8]>,
+        direction: Direction,
+        visit: &mut Visit<'_>,
+    ) -> Result<()> {
+        let range = self.keyspace.range::<&[u8], _>((lower, upper));
+        let mut step = |item: tucana::Result<(Vec<u8>, Vec<u8>)>| -> Result<ControlFlow<()>> {
+            let (key, value) = item?;
+            Ok(visit(&key, &value))
+        };
+        match direction {
+            Direction::Forward => {
+                for item in range {
+                    if step(item)?.is_break() {
+                        break;
+                    }
+                }
+            }
+            Direction::Reverse => {
+                for item in range.rev() {
+                    if step(item)?.is_break() {
+                        break;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn sync(&self) -> Result<()> {
+        Ok(self.db.sync()?)
+    }
+
+    fn commit(&self) -> Result<()> {
+        Ok(self.db.commit()?)
+    }
+
+    fn footprint(&self) -> Footprint {
+        let stats = self.db.stats();
+        Footprint {
+            keys: Some(stats.keys),
+            index_bytes: Some(stats.index_bytes),
+            live_log_bytes: Some(stats.live_log_bytes),
+            dead_log_bytes: Some(stats.dead_log_bytes),
+        }
+    }
+
+    fn close(self: Box<Self>) -> Result<()> {
+        Ok((*self).into_database().close()?)
+    }
+
+    fn abandon(self: Box<Self>) {
+        (*self).into_database().abandon();
+    }
+}

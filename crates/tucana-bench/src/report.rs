@@ -1,0 +1,294 @@
+//! Reporting: the machine description, result records, the human table on stdout and
+//! the JSON file a later harness (plots, the results document) reads.
+//!
+//! Owns formats only; measures and runs nothing. A [`Record`] is one row: the fields every
+//! record has (`engine`, `workload`, `ops_per_sec`, `cpu_us_per_op`, `p50_us`, `p99_us`,
+//! `p999_us`; `null` where a workload has no such number) plus workload-specific extras.
+//! Single-threaded use only (the main thread prints).
+
+use std::io::Write;
+use std::path::Path;
+
+use serde_json::{json, Map, Value};
+
+use crate::measure::Measurement;
+use crate::sys;
+use crate::Result;
+
+/// The machine a run happened on, printed in every header and saved with the records.
+pub struct Machine {
+    pub cpu_model: Option<String>,
+    pub cores: usize,
+    pub mem_total_bytes: Option<u64>,
+    pub kernel: Option<String>,
+}
+
+impl Machine {
+    pub fn detect() -> Machine {
+        Machine {
+            cpu_model: sys::cpu_model(),
+            cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            mem_total_bytes: sys::mem_total_bytes(),
+            kernel: sys::kernel(),
+        }
+    }
+
+    fn to_json(&self) -> Value {
+        json!({
+            "cpu_model": self.cpu_model,
+            "cores": self.cores,
+            "mem_total_bytes": self.mem_total_bytes,
+            "kernel": self.kernel,
+        })
+    }
+}
+
+/// Options of a run, in the order given: printed in the header and saved as an object.
+#[derive(Default)]
+pub struct RunOptions {
+    entries: Vec<(&'static str, Value)>,
+}
+
+impl RunOptions {
+    pub fn set(&mut self, name: &'static str, value: impl Into<Value>) {
+        self.entries.push((name, value.into()));
+    }
+
+    fn to_json(&self) -> Value {
+        Value::Object(
+            self.entries
+                .iter()
+                .map(|(name, value)| (name.to_string(), value.clone()))
+                .collect(),
+        )
+    }
+}
+
+/// Prints what was run where: the first lines of every report.
+pub fn print_header(command: &str, machine: &Machine, options: &RunOptions) {
+    println!("tucana-bench {} {command}", env!("CARGO_PKG_VERSION"));
+    println!(
+        "machine: {} cores ({}), {} memory, {}",
+        machine.cores,
+        machine.cpu_model.as_deref().unwrap_or("unknown CPU"),
+        machine
+            .mem_total_bytes
+            .map_or_else(|| "unknown".to_string(), fmt_bytes),
+        machine.kernel.as_deref().unwrap_or("unknown kernel"),
+    );
+    let options_text: Vec<String> = options
+        .entries
+        .iter()
+        .map(|(name, value)| match value {
+            Value::String(s) => format!("{name}={s}"),
+            other => format!("{name}={other}"),
+        })
+        .collect();
+    println!("options: {}", options_text.join(" "));
+    if cfg!(debug_assertions) {
+        println!("WARNING: debug build; numbers are meaningless (use --release)");
+    }
+}
+
+/// One result row.
+pub struct Record {
+    pub engine: &'static str,
+    pub workload: String,
+    pub ops_per_sec: Option<f64>,
+    pub cpu_us_per_op: Option<f64>,
+    pub p50_us: Option<f64>,
+    pub p99_us: Option<f64>,
+    pub p999_us: Option<f64>,
+    extras: Map<String, Value>,
+}
+
+impl Record {
+    /// A record of a timed phase; `ops` and `elapsed_s` become extras.
+    pub fn measured(engine: &'static str, workload: &str, m: &Measurement) -> Record {
+        let mut record = Record::unmeasured(engine, workload);
+        record.ops_per_sec = Some(m.ops_per_sec());
+        record.cpu_us_per_op = Some(m.cpu_us_per_op());
+        record.p50_us = Some(m.p50_us());
+        record.p99_us = Some(m.p99_us());
+        record.p999_us = Some(m.p999_us());
+        record.set("ops", m.ops);
+        record.set("elapsed_s", m.elapsed.as_secs_f64());
+        record
+    }
+
+    /// A record without throughput or latency (e.g. one reopen of the recovery run).
+    pub fn unmeasured(engine: &'static str, workload: &str) -> Record {
+        Record {
+            engine,
+            workload: workload.to_string(),
+            ops_per_sec: None,
+            cpu_us_per_op: None,
+            p50_us: None,
+            p99_us: None,
+            p999_us: None,
+            extras: Map::new(),
+        }
+    }
+
+    /// Adds (or replaces) a workload-specific field.
+    pub fn set(&mut self, name: &str, value: impl Into<Value>) {
+        assert!(
+            !matches!(
+                name,
+                "engine"
+                    | "workload"
+                    | "ops_per_sec"
+                    | "cpu_us_per_op"
+                    | "p50_us"
+                    | "p99_us"
+                    | "p999_us"
+            ),
+            "extra {name:?} would shadow a common field"
+        );
+        self.extras.insert(name.to_string(), value.into());
+    }
+
+    pub fn get(&self, name: &str) -> Option<&Value> {
+        self.extras.get(name)
+    }
+
+    fn to_json(&self) -> Value {
+        let mut object = Map::new();
+        object.insert("engine".into(), self.engine.into());
+        object.insert("workload".into(), self.workload.clone().into());
+        object.insert("ops_per_sec".into(), json!(self.ops_per_sec));
+        object.insert("cpu_us_per_op".into(), json!(self.cpu_us_per_op));
+        object.insert("p50_us".into(), json!(self.p50_us));
+        object.insert("p99_us".into(), json!(self.p99_us));
+        object.insert("p999_us".into(), json!(self.p999_us));
+        for (name, value) in &self.extras {
+            object.insert(name.clone(), value.clone());
+        }
+        Value::Object(object)
+    }
+}
+
+/// Column headings of the phase table.
+pub fn print_phase_table_header() {
+    println!();
+    println!(
+        "{:<8} {:<13} {:>10} {:>12} {:>10} {:>9} {:>9} {:>9}",
+        "engine", "phase", "ops", "ops/s", "cpu us/op", "p50 us", "p99 us", "p99.9 us"
+    );
+}
+
+/// One row of the phase table.
+pub fn print_phase_row(record: &Record) {
+    let ops = record.get("ops").and_then(Value::as_u64).unwrap_or(0);
+    println!(
+        "{:<8} {:<13} {:>10} {:>12.0} {:>10.2} {:>9.2} {:>9.2} {:>9.2}",
+        record.engine,
+        record.workload,
+        ops,
+        record.ops_per_sec.unwrap_or(f64::NAN),
+        record.cpu_us_per_op.unwrap_or(f64::NAN),
+        record.p50_us.unwrap_or(f64::NAN),
+        record.p99_us.unwrap_or(f64::NAN),
+        record.p999_us.unwrap_or(f64::NAN),
+    );
+}
+
+/// A line under a row, for what does not fit the columns.
+pub fn print_note(text: &str) {
+    println!("{:<8} {:<13} {text}", "", "");
+}
+
+/// Writes the run as one JSON object: tool, command, machine, options and records.
+pub fn write_json(
+    path: &Path,
+    command: &str,
+    machine: &Machine,
+    options: &RunOptions,
+    records: &[Record],
+) -> Result<()> {
+    let document = json!({
+        "tool": "tucana-bench",
+        "version": env!("CARGO_PKG_VERSION"),
+        "command": command,
+        "debug_build": cfg!(debug_assertions),
+        "machine": machine.to_json(),
+        "options": options.to_json(),
+        "records": records.iter().map(Record::to_json).collect::<Vec<_>>(),
+    });
+    let mut file = std::fs::File::create(path)
+        .map_err(|e| format!("cannot create {}: {e}", path.display()))?;
+    serde_json::to_writer_pretty(&mut file, &document)?;
+    file.write_all(b"\n")?;
+    Ok(())
+}
+
+/// "1.5 KiB", "114.4 MiB": binary units, one decimal.
+pub fn fmt_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::measure::{Latencies, PhaseTimer};
+    use std::time::Duration;
+
+    #[test]
+    fn bytes_are_human() {
+        assert_eq!(fmt_bytes(0), "0 B");
+        assert_eq!(fmt_bytes(1023), "1023 B");
+        assert_eq!(fmt_bytes(1536), "1.5 KiB");
+        assert_eq!(fmt_bytes(120 << 20), "120.0 MiB");
+    }
+
+    #[test]
+    fn json_has_common_fields_and_extras() {
+        let mut lat = Latencies::new();
+        lat.record(Duration::from_micros(3));
+        let m = PhaseTimer::start().finish(1, &[lat]);
+        let mut measured = Record::measured("tucana", "fillrandom", &m);
+        measured.set("index_bytes_per_key", 12.5);
+        let mut recovery = Record::unmeasured("tucana", "recovery");
+        recovery.set("open_ms", 4.0);
+
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("out.json");
+        let mut options = RunOptions::default();
+        options.set("keys", 1u64);
+        write_json(
+            &path,
+            "micro",
+            &Machine::detect(),
+            &options,
+            &[measured, recovery],
+        )
+        .unwrap();
+        let doc: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        let records = doc["records"].as_array().unwrap();
+        assert_eq!(records[0]["engine"], "tucana");
+        assert_eq!(records[0]["workload"], "fillrandom");
+        assert_eq!(records[0]["ops"], 1);
+        assert_eq!(records[0]["index_bytes_per_key"], 12.5);
+        assert!(records[0]["p50_us"].as_f64().unwrap() > 2.9);
+        assert!(records[1]["ops_per_sec"].is_null());
+        assert_eq!(records[1]["open_ms"], 4.0);
+        assert_eq!(doc["options"]["keys"], 1);
+    }
+
+    #[test]
+    #[should_panic(expected = "shadow")]
+    fn extras_cannot_shadow_common_fields() {
+        Record::unmeasured("tucana", "x").set("p99_us", 1.0);
+    }
+}
