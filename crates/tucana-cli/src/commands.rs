@@ -239,20 +239,24 @@ pub fn scan(
 fn print_check_report(report: &CheckReport, out: &mut Output) -> Result<(), CliError> {
     out.line("volume is sound")?;
     let CheckReport {
+        commit_epoch,
         keyspaces,
         index_nodes,
         keys,
         log_segments,
         log_records,
         allocated_blocks,
+        unreferenced_blocks,
     } = report;
     for (name, value) in [
+        ("commit_epoch", commit_epoch),
         ("keyspaces", keyspaces),
         ("index_nodes", index_nodes),
         ("keys", keys),
         ("log_segments", log_segments),
         ("log_records", log_records),
         ("allocated_blocks", allocated_blocks),
+        ("unreferenced_blocks", unreferenced_blocks),
     ] {
         out.line(&format!("{name}: {value}"))?;
     }
