@@ -38,6 +38,9 @@ const CHURN_KEYS: u64 = 64;
 const SNAPSHOT_EVERY_OPS: u64 = 150;
 const SNAPSHOT_CHECK_AFTER_OPS: u64 = 100;
 const READER_SNAPSHOTS_MAX: usize = 16;
+/// A reader takes a snapshot each time this many announcements reached it, which spreads
+/// its snapshots over the writers' progress whatever the relative speed of the threads.
+const READER_SNAPSHOT_EVERY_ANNOUNCEMENTS: u64 = 60;
 /// Only a safety net if writers stall; readers normally stop when writers are done.
 const READER_ITERATIONS_MAX: u64 = 1_000_000;
 
@@ -277,6 +280,8 @@ fn reader(
 ) -> Vec<(usize, Model)> {
     let mut rng = StdRng::seed_from_u64(2000 + index as u64);
     let mut recorded = Vec::new();
+    let mut announced = 0u64;
+    let mut next_snapshot_at = 0u64;
     for iteration in 0..READER_ITERATIONS_MAX {
         let finished = done.load(Ordering::Acquire);
         // Every announcement is checked, including those sent just before the end.
@@ -290,10 +295,14 @@ fn reader(
                 seen >= version,
                 "announced version {version}, read older {seen}"
             );
+            announced += 1;
         }
         if finished {
             break;
         }
+        // Pace the readers: on a small machine they would otherwise take the cores the
+        // writers and the committer need.
+        thread::sleep(Duration::from_micros(50));
 
         let ks_index = rng.random_range(0..keyspaces.len());
         let ks = &keyspaces[ks_index];
@@ -321,7 +330,8 @@ fn reader(
             }
         }
 
-        if iteration % 16 == 0 && recorded.len() < READER_SNAPSHOTS_MAX {
+        if announced >= next_snapshot_at && recorded.len() < READER_SNAPSHOTS_MAX {
+            next_snapshot_at = announced + READER_SNAPSHOT_EVERY_ANNOUNCEMENTS;
             let snap = ks.snapshot();
             let first = read_all("reader snapshot", snap.range::<&[u8], _>(..));
             // Let the writers move on before reading the same snapshot again.

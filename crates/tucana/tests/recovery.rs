@@ -203,16 +203,16 @@ fn writes_after_a_commit_are_replayed_from_the_log() {
         }
     }
     db.sync().unwrap();
+    assert!(
+        db.stats().keyspaces[0].log_segments > 1,
+        "the test spans several segments"
+    );
     drop(ks);
     db.abandon();
 
     let db = reopen(options(), &path, "replay");
     let ks = db.open_keyspace("replay").unwrap();
     assert_contents("after replay", &ks, &model);
-    assert!(
-        db.stats().keyspaces[0].log_segments > 1,
-        "the test spans several segments"
-    );
     // The replayed state commits and reopens like any other.
     drop(ks);
     db.close().unwrap();
