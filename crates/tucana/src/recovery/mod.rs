@@ -28,6 +28,14 @@ const INITIAL_VOLUME_BYTES: u64 = 8 << 20;
 pub(crate) fn open(options: Options, storage: Arc<dyn Storage>) -> Result<DbInner> {
     let volume = Volume::new(storage.clone());
     let Some(sb) = superblock::read_newest(storage.as_ref())? else {
+        // Only an empty file becomes a new volume: a non-empty file without a superblock
+        // is somebody else's data (or a volume whose creation crashed before its first
+        // commit, which holds nothing) and is never overwritten.
+        if storage.len_bytes()? != 0 {
+            return Err(Error::NotAVolume(
+                "the file has data but no superblock (delete it if a creation crashed)".into(),
+            ));
+        }
         return create(options, volume);
     };
     let len = storage.len_bytes()?;
