@@ -416,6 +416,32 @@ fn keys_from_empty_to_64_kib() {
 }
 
 #[test]
+fn sequential_loads_fill_leaves() {
+    let mut rng = StdRng::seed_from_u64(11);
+    for descending in [false, true] {
+        let tree = Tree::new(REGION, TreeEpoch(1));
+        let mut ctx = FakeCtx::default();
+        let mut model = Model::new();
+        let n = 50_000u32;
+        for i in 0..n {
+            let i = if descending { n - 1 - i } else { i };
+            put(
+                &tree,
+                &mut ctx,
+                &mut model,
+                format!("user{i:08}").as_bytes(),
+            );
+        }
+        assert_matches(&tree, &ctx, tree.root_word(), &model, &mut rng);
+        let bytes_per_key = tree.heap_nodes() as f64 * NODE_BYTES as f64 / n as f64;
+        assert!(
+            bytes_per_key <= 24.0,
+            "descending {descending}: {bytes_per_key} bytes per key"
+        );
+    }
+}
+
+#[test]
 fn removing_everything_leaves_empty_leaves_that_walks_skip() {
     let mut rng = StdRng::seed_from_u64(4);
     let tree = Tree::new(REGION, TreeEpoch(1));
