@@ -13,7 +13,7 @@ use crate::alloc::{Allocator, GROUP_BLOCKS, GROUP_RESERVED_BLOCKS};
 use crate::commit::descriptor::Descriptor;
 use crate::db::DbInner;
 use crate::error::{Error, Result};
-use crate::index::{self, key_hash, key_prefix};
+use crate::index::{self, key_hash, key_prefix, ImageContents};
 use crate::log::record::RecordRef;
 use crate::region::Region;
 use crate::types::{DiskOffset, BLOCK_BYTES};
@@ -232,15 +232,14 @@ impl Walk<'_, '_> {
             .volume
             .storage()
             .read_at(off.0, &mut image)?;
-        let node = index::DiskNode::verify(&image, off, self.region.id)?;
-        match node.children()? {
-            Some(children) => {
+        match index::image_contents(&image, off, self.region.id)? {
+            ImageContents::Internal(children) => {
                 for child in children {
                     self.node(child, depth + 1)?;
                 }
             }
-            None => {
-                for entry in node.leaf_entries() {
+            ImageContents::Leaf(entries) => {
+                for entry in entries {
                     self.entry(off, entry)?;
                 }
             }
@@ -313,8 +312,7 @@ pub(crate) fn collect_tree_blocks(
     while let Some(off) = stack.pop() {
         f(off);
         region.shared.volume.storage().read_at(off.0, &mut image)?;
-        let node = index::DiskNode::verify(&image, off, region.id)?;
-        if let Some(children) = node.children()? {
+        if let ImageContents::Internal(children) = index::image_contents(&image, off, region.id)? {
             stack.extend(children);
         }
     }

@@ -90,13 +90,11 @@ impl DbInner {
                 Ok(at)
             };
             for (region, s) in regions.iter().zip(&sealed) {
-                roots.push(region.tree.persist(
-                    region.as_ref(),
-                    s.root_word,
-                    region.id,
-                    &mut alloc,
-                    &mut images,
-                )?);
+                roots.push(
+                    region
+                        .tree
+                        .persist(s.root_word, region.id, &mut alloc, &mut images)?,
+                );
             }
         }
         if run.1 > 0 {

@@ -1,0 +1,266 @@
+//! Search inside one node, generic over heap node and disk image (monomorphised).
+//!
+//! Owns: pivot comparison (prefix first, then inline bytes or the log through `Ctx`), child
+//! choice, leaf lookup by prefix + hash, leaf insert position, and materialising a pivot.
+//! Does not own: descending the tree, restarts, changes (see `tree`).
+//!
+//! Thread safety: functions only read through the view traits. On a reader's heap view any
+//! value may be torn until validated, so every index stays below the (clamped) count, and a
+//! log pointer is validated before it is handed to `Ctx` (a torn pointer could name a
+//! random log offset). The caller validates once more before trusting the result.
+
+use std::cmp::Ordering;
+
+use super::node::{InternalRead, LeafRead, SResult, MAX_INLINE_PIVOT};
+use super::Ctx;
+
+/// Compares pivot `i` of `v` with `key` (`pivot.cmp(key)`); `kp` is `key_prefix(key)`.
+pub(crate) fn cmp_pivot<V: InternalRead, C: Ctx>(
+    v: &V,
+    ctx: &C,
+    i: usize,
+    key: &[u8],
+    kp: u64,
+) -> SResult<Ordering> {
+    let pp = v.pivot_prefix(i);
+    if pp != kp {
+        // Prefixes are monotone in key order, so different prefixes settle it.
+        return Ok(pp.cmp(&kp));
+    }
+    let d = v.pivot_desc(i);
+    if d.is_external() {
+        let mut b = [0u8; 8];
+        v.area_read(d.area_at as usize, &mut b)?;
+        let ptr = u64::from_le_bytes(b);
+        v.validate()?;
+        if ptr == 0 {
+            return Err(v.corrupt("external pivot with a zero log pointer"));
+        }
+        return Ok(ctx.key_cmp(ptr, key)?);
+    }
+    let len = d.len_bytes as usize;
+    if len <= 8 {
+        return Ok(pp.to_be_bytes()[..len].cmp(key));
+    }
+    if len > MAX_INLINE_PIVOT {
+        v.validate()?;
+        return Err(v.corrupt("inline pivot longer than the inline limit"));
+    }
+    let mut buf = [0u8; MAX_INLINE_PIVOT];
+    buf[..8].copy_from_slice(&pp.to_be_bytes());
+    v.area_read(d.area_at as usize, &mut buf[8..len])?;
+    Ok(buf[..len].cmp(key))
+}
+
+/// Child to follow for `key`: the number of pivots `<= key` (`inclusive`, the child whose
+/// range holds `key`) or `< key` (the child holding the largest keys below `key`).
+pub(crate) fn child_index<V: InternalRead, C: Ctx>(
+    v: &V,
+    ctx: &C,
+    key: &[u8],
+    kp: u64,
+    inclusive: bool,
+) -> SResult<usize> {
+    let (mut lo, mut hi) = (0, v.count());
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        let go_right = match cmp_pivot(v, ctx, mid, key, kp)? {
+            Ordering::Less => true,
+            Ordering::Equal => inclusive,
+            Ordering::Greater => false,
+        };
+        if go_right {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    Ok(lo)
+}
+
+/// Copies pivot `i` of `v` into `out` (for EXTERNAL pivots, the full key from the log).
+pub(crate) fn pivot_into<V: InternalRead, C: Ctx>(
+    v: &V,
+    ctx: &C,
+    i: usize,
+    out: &mut Vec<u8>,
+) -> SResult<()> {
+    let pp = v.pivot_prefix(i);
+    let d = v.pivot_desc(i);
+    out.clear();
+    if d.is_external() {
+        let mut b = [0u8; 8];
+        v.area_read(d.area_at as usize, &mut b)?;
+        let ptr = u64::from_le_bytes(b);
+        v.validate()?;
+        if ptr == 0 {
+            return Err(v.corrupt("external pivot with a zero log pointer"));
+        }
+        ctx.key_into(ptr, out)?;
+        return Ok(());
+    }
+    let len = d.len_bytes as usize;
+    if len > MAX_INLINE_PIVOT {
+        v.validate()?;
+        return Err(v.corrupt("inline pivot longer than the inline limit"));
+    }
+    out.extend_from_slice(&pp.to_be_bytes()[..len.min(8)]);
+    if len > 8 {
+        let mut buf = [0u8; MAX_INLINE_PIVOT];
+        v.area_read(d.area_at as usize, &mut buf[..len - 8])?;
+        out.extend_from_slice(&buf[..len - 8]);
+    }
+    Ok(())
+}
+
+/// First entry whose prefix is `>= kp`, searching `[lo, hi)`.
+fn prefix_lower_bound<L: LeafRead>(l: &L, mut lo: usize, mut hi: usize, kp: u64) -> usize {
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if l.prefix(mid) < kp {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    lo
+}
+
+/// First entry whose prefix is `> kp`, searching `[lo, hi)`.
+fn prefix_upper_bound<L: LeafRead>(l: &L, mut lo: usize, mut hi: usize, kp: u64) -> usize {
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if l.prefix(mid) <= kp {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    lo
+}
+
+/// Point lookup in a leaf: binary search on prefixes, then among equal prefixes the hash
+/// picks the candidate and one full-key compare confirms it (the paper's §3.1 lookup).
+pub(crate) fn leaf_get<L: LeafRead, C: Ctx>(
+    l: &L,
+    ctx: &C,
+    key: &[u8],
+    kp: u64,
+    kh: u32,
+) -> SResult<Option<u64>> {
+    let n = l.count();
+    let mut i = prefix_lower_bound(l, 0, n, kp);
+    while i < n && l.prefix(i) == kp {
+        if l.hash(i) == kh {
+            let ptr = l.ptr(i);
+            l.validate()?;
+            if ptr == 0 {
+                return Err(l.corrupt("zero log pointer"));
+            }
+            if ctx.key_cmp(ptr, key)? == Ordering::Equal {
+                return Ok(Some(ptr));
+            }
+        }
+        i += 1;
+    }
+    l.validate()?;
+    Ok(None)
+}
+
+/// Where `key` is or belongs in a leaf: `(index, found)`.
+pub(crate) fn leaf_position<L: LeafRead, C: Ctx>(
+    l: &L,
+    ctx: &C,
+    key: &[u8],
+    kp: u64,
+    kh: u32,
+) -> SResult<(usize, bool)> {
+    let n = l.count();
+    let lo = prefix_lower_bound(l, 0, n, kp);
+    let hi = prefix_upper_bound(l, lo, n, kp);
+    if lo == hi {
+        return Ok((lo, false));
+    }
+    // A prefix tie. The hash finds an existing key with (usually) one log read; a key that
+    // is absent needs a binary search by full key over the tie range.
+    for i in lo..hi {
+        if l.hash(i) == kh {
+            let ptr = l.ptr(i);
+            l.validate()?;
+            if ctx.key_cmp(ptr, key)? == Ordering::Equal {
+                return Ok((i, true));
+            }
+        }
+    }
+    let (mut a, mut b) = (lo, hi);
+    while a < b {
+        let mid = a + (b - a) / 2;
+        let ptr = l.ptr(mid);
+        l.validate()?;
+        match ctx.key_cmp(ptr, key)? {
+            Ordering::Less => a = mid + 1,
+            Ordering::Greater => b = mid,
+            // The hash scan above would have found it; a log that answers differently
+            // now is inconsistent, but the position is still right.
+            Ordering::Equal => return Ok((mid, true)),
+        }
+    }
+    Ok((a, false))
+}
+
+/// Shortest prefix of `right_first` that is greater than `left_last`: the separator a leaf
+/// split pushes up. `None` if `right_first <= left_last` (keys out of order).
+pub(crate) fn separator(left_last: &[u8], right_first: &[u8]) -> Option<usize> {
+    let lcp = left_last
+        .iter()
+        .zip(right_first)
+        .take_while(|(a, b)| a == b)
+        .count();
+    if lcp >= right_first.len() || (lcp < left_last.len() && left_last[lcp] > right_first[lcp]) {
+        return None;
+    }
+    Some(lcp + 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::index::key_prefix;
+
+    #[test]
+    fn separator_is_shortest_greater_prefix() {
+        assert_eq!(separator(b"abc", b"abd"), Some(3));
+        assert_eq!(separator(b"ab", b"abc"), Some(3));
+        assert_eq!(separator(b"a", b"b"), Some(1));
+        assert_eq!(separator(b"", b"\0"), Some(1));
+        assert_eq!(separator(b"abz", b"b"), Some(1));
+        assert_eq!(separator(b"abc", b"abc"), None);
+        assert_eq!(separator(b"abd", b"abc"), None);
+        assert_eq!(separator(b"abc", b"ab"), None);
+    }
+
+    #[test]
+    fn prefix_is_monotone() {
+        let mut keys: Vec<&[u8]> = vec![
+            b"",
+            b"\0",
+            b"\0\0",
+            b"a",
+            b"a\0",
+            b"ab",
+            b"abcdefgh",
+            b"abcdefgh\0",
+            b"abcdefgi",
+            b"b",
+        ];
+        keys.sort();
+        for w in keys.windows(2) {
+            assert!(
+                key_prefix(w[0]) <= key_prefix(w[1]),
+                "{:?} {:?}",
+                w[0],
+                w[1]
+            );
+        }
+    }
+}

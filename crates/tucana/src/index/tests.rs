@@ -1,0 +1,856 @@
+//! Tests of the index against a `BTreeMap` model, with a fake `Ctx`: keys in a vector
+//! (log pointer = index + 1) and node images in a map.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
+use std::sync::Arc;
+
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+
+use super::*;
+use crate::error::Error;
+use crate::types::{RegionId, TreeEpoch};
+
+const REGION: RegionId = RegionId(7);
+
+#[derive(Default)]
+struct FakeCtx {
+    keys: Vec<Vec<u8>>,
+    images: HashMap<u64, Box<[u8; NODE_BYTES]>>,
+    next_block: u64,
+}
+
+impl FakeCtx {
+    /// Appends a "log record" for `key`; returns its pointer.
+    fn add(&mut self, key: &[u8]) -> u64 {
+        self.keys.push(key.to_vec());
+        self.keys.len() as u64
+    }
+
+    fn key(&self, ptr: u64) -> &[u8] {
+        &self.keys[(ptr - 1) as usize]
+    }
+
+    /// Persists `sealed` into `images`; returns the root offset and the number of images.
+    fn persist(&mut self, tree: &Tree, sealed: Sealed) -> (DiskOffset, usize) {
+        let mut next = self.next_block.max(2);
+        let mut out = Vec::new();
+        let root = tree
+            .persist(
+                sealed.root,
+                REGION,
+                &mut || {
+                    next += 1;
+                    Ok(DiskOffset(next * 4096))
+                },
+                &mut out,
+            )
+            .unwrap();
+        self.next_block = next;
+        let n = out.len();
+        for (off, img) in out {
+            assert!(self.images.insert(off.0, img).is_none(), "block reused");
+        }
+        (root, n)
+    }
+}
+
+impl Ctx for FakeCtx {
+    fn key_cmp(&self, ptr: u64, key: &[u8]) -> Result<std::cmp::Ordering> {
+        Ok(self.key(ptr).cmp(key))
+    }
+
+    fn key_into(&self, ptr: u64, out: &mut Vec<u8>) -> Result<()> {
+        out.clear();
+        out.extend_from_slice(self.key(ptr));
+        Ok(())
+    }
+
+    fn with_node<R>(&self, off: DiskOffset, f: impl FnOnce(&[u8]) -> Result<R>) -> Result<R> {
+        match self.images.get(&off.0) {
+            Some(img) => f(&img[..]),
+            None => Err(Error::corruption("index node", off, "no such block")),
+        }
+    }
+}
+
+type Model = BTreeMap<Vec<u8>, u64>;
+
+fn put(tree: &Tree, ctx: &mut FakeCtx, model: &mut Model, key: &[u8]) {
+    let ptr = ctx.add(key);
+    let old = tree.insert(ctx, key, ptr).unwrap();
+    assert_eq!(old, model.insert(key.to_vec(), ptr), "insert {key:?}");
+}
+
+fn del(tree: &Tree, ctx: &FakeCtx, model: &mut Model, key: &[u8]) {
+    let old = tree.remove(ctx, key).unwrap();
+    assert_eq!(old, model.remove(key), "remove {key:?}");
+}
+
+fn get(tree: &Tree, ctx: &FakeCtx, root: u64, key: &[u8]) -> Option<u64> {
+    let guard = crossbeam_epoch::pin();
+    tree.get(ctx, root, key, &guard).unwrap()
+}
+
+/// Keys `>= from` in order, by walking leaves forward; checks every leaf against its fences.
+fn scan_forward(tree: &Tree, ctx: &FakeCtx, root: u64, from: Option<&[u8]>) -> Vec<(Vec<u8>, u64)> {
+    let guard = crossbeam_epoch::pin();
+    let mut out = LeafCopy::default();
+    let mut items = Vec::new();
+    let mut seek_key: Option<Vec<u8>> = from.map(|k| k.to_vec());
+    let mut leaves = 0;
+    loop {
+        let seek = match &seek_key {
+            None => Seek::First,
+            Some(k) => Seek::AtOrAfter(k),
+        };
+        tree.copy_leaf(ctx, root, seek, &guard, &mut out).unwrap();
+        leaves += 1;
+        assert!(leaves < 1_000_000, "forward walk does not end");
+        check_fences(ctx, &out);
+        if let (Some(k), Some(low)) = (&seek_key, &out.low) {
+            assert!(low <= k, "AtOrAfter landed right of its key");
+        }
+        for &p in &out.ptrs {
+            let k = ctx.key(p);
+            if from.is_none_or(|f| k >= f) {
+                items.push((k.to_vec(), p));
+            }
+        }
+        match out.high.clone() {
+            None => return items,
+            Some(h) => {
+                if let Some(k) = &seek_key {
+                    assert!(&h > k, "forward walk does not advance");
+                }
+                seek_key = Some(h);
+            }
+        }
+    }
+}
+
+/// Keys `< before` in descending order, by walking leaves backward.
+fn scan_backward(
+    tree: &Tree,
+    ctx: &FakeCtx,
+    root: u64,
+    before: Option<&[u8]>,
+) -> Vec<(Vec<u8>, u64)> {
+    let guard = crossbeam_epoch::pin();
+    let mut out = LeafCopy::default();
+    let mut items = Vec::new();
+    let mut seek_key: Option<Vec<u8>> = before.map(|k| k.to_vec());
+    let mut leaves = 0;
+    loop {
+        let seek = match &seek_key {
+            None => Seek::Last,
+            Some(k) => Seek::Before(k),
+        };
+        tree.copy_leaf(ctx, root, seek, &guard, &mut out).unwrap();
+        leaves += 1;
+        assert!(leaves < 1_000_000, "backward walk does not end");
+        check_fences(ctx, &out);
+        if let Some(k) = &seek_key {
+            assert!(
+                out.low.as_ref().is_none_or(|l| l < k),
+                "Before landed at or right of its key"
+            );
+        }
+        for &p in out.ptrs.iter().rev() {
+            let k = ctx.key(p);
+            if before.is_none_or(|b| k < b) {
+                items.push((k.to_vec(), p));
+            }
+        }
+        match out.low.clone() {
+            None => return items,
+            Some(l) => seek_key = Some(l),
+        }
+    }
+}
+
+fn check_fences(ctx: &FakeCtx, out: &LeafCopy) {
+    for w in out.ptrs.windows(2) {
+        assert!(ctx.key(w[0]) < ctx.key(w[1]), "leaf not sorted");
+    }
+    for &p in &out.ptrs {
+        let k = ctx.key(p);
+        assert!(
+            out.low.as_deref().is_none_or(|l| l <= k),
+            "key below low fence"
+        );
+        assert!(
+            out.high.as_deref().is_none_or(|h| k < h),
+            "key at or above high fence"
+        );
+    }
+    if let (Some(l), Some(h)) = (&out.low, &out.high) {
+        assert!(l < h, "empty fence range");
+    }
+}
+
+/// Everything the tree at `root` answers equals the model: point gets, both full walks,
+/// partial walks from a few keys, and the structural check.
+fn assert_matches(tree: &Tree, ctx: &FakeCtx, root: u64, model: &Model, rng: &mut StdRng) {
+    for (k, &p) in model {
+        assert_eq!(get(tree, ctx, root, k), Some(p), "get {k:?}");
+    }
+    let all: Vec<(Vec<u8>, u64)> = model.iter().map(|(k, &p)| (k.clone(), p)).collect();
+    assert_eq!(scan_forward(tree, ctx, root, None), all);
+    let mut rev = all.clone();
+    rev.reverse();
+    assert_eq!(scan_backward(tree, ctx, root, None), rev);
+    let keys: Vec<&Vec<u8>> = model.keys().collect();
+    for _ in 0..5 {
+        let probe: Vec<u8> = if !keys.is_empty() && rng.random_bool(0.5) {
+            keys[rng.random_range(0..keys.len())].clone()
+        } else {
+            random_key(rng, 12)
+        };
+        let fwd: Vec<_> = model
+            .range(probe.clone()..)
+            .map(|(k, &p)| (k.clone(), p))
+            .collect();
+        assert_eq!(scan_forward(tree, ctx, root, Some(&probe)), fwd);
+        let bwd: Vec<_> = model
+            .range(..probe.clone())
+            .rev()
+            .map(|(k, &p)| (k.clone(), p))
+            .collect();
+        assert_eq!(scan_backward(tree, ctx, root, Some(&probe)), bwd);
+        if !model.contains_key(&probe) {
+            assert_eq!(get(tree, ctx, root, &probe), None);
+        }
+    }
+    let report = tree.check(ctx, root).unwrap();
+    assert_eq!(report.keys, model.len() as u64);
+}
+
+fn random_key(rng: &mut StdRng, max_len: usize) -> Vec<u8> {
+    let len = rng.random_range(0..=max_len);
+    // A small alphabet makes shared prefixes and prefix ties common.
+    (0..len).map(|_| b"ab\0z"[rng.random_range(0..4)]).collect()
+}
+
+#[test]
+fn empty_tree_answers_nothing() {
+    let tree = Tree::new(REGION, TreeEpoch(1));
+    let mut ctx = FakeCtx::default();
+    assert_eq!(tree.root_word(), 0);
+    assert_eq!(get(&tree, &ctx, 0, b"a"), None);
+    assert_eq!(tree.remove(&ctx, b"a").unwrap(), None);
+    let guard = crossbeam_epoch::pin();
+    let mut out = LeafCopy {
+        ptrs: vec![1, 2],
+        low: Some(vec![1]),
+        high: Some(vec![2]),
+    };
+    tree.copy_leaf(&ctx, 0, Seek::First, &guard, &mut out)
+        .unwrap();
+    assert_eq!(out, LeafCopy::default());
+    let sealed = tree.seal();
+    assert_eq!(
+        sealed,
+        Sealed {
+            root: 0,
+            epoch: TreeEpoch(1)
+        }
+    );
+    assert_eq!(ctx.persist(&tree, sealed), (DiskOffset::NONE, 0));
+    assert_eq!(tree.check(&ctx, 0).unwrap(), TreeCheck::default());
+    assert_eq!(tree.heap_nodes(), 0);
+}
+
+#[test]
+fn replace_returns_the_old_pointer() {
+    let tree = Tree::new(REGION, TreeEpoch(1));
+    let mut ctx = FakeCtx::default();
+    let p1 = ctx.add(b"key");
+    let p2 = ctx.add(b"key");
+    assert_eq!(tree.insert(&ctx, b"key", p1).unwrap(), None);
+    assert_eq!(tree.insert(&ctx, b"key", p2).unwrap(), Some(p1));
+    assert_eq!(get(&tree, &ctx, tree.root_word(), b"key"), Some(p2));
+    assert_eq!(tree.remove(&ctx, b"key").unwrap(), Some(p2));
+    assert_eq!(tree.remove(&ctx, b"key").unwrap(), None);
+    assert_eq!(get(&tree, &ctx, tree.root_word(), b"key"), None);
+}
+
+#[test]
+fn random_operations_match_a_btreemap_to_height_three() {
+    let mut rng = StdRng::seed_from_u64(0x7ca11a);
+    let tree = Tree::new(REGION, TreeEpoch(1));
+    let mut ctx = FakeCtx::default();
+    let mut model = Model::new();
+    let mut inserted: Vec<Vec<u8>> = Vec::new();
+    for round in 0..60_000u32 {
+        let key = if rng.random_bool(0.8) {
+            let mut k = rng.random::<u64>().to_be_bytes().to_vec();
+            k.truncate(rng.random_range(1..=8));
+            k.extend((0..rng.random_range(0..8)).map(|_| rng.random::<u8>()));
+            k
+        } else {
+            random_key(&mut rng, 12)
+        };
+        if rng.random_bool(0.15) && !model.is_empty() {
+            // Remove an existing key half of the time, a random one otherwise.
+            let victim = if rng.random_bool(0.5) {
+                inserted[rng.random_range(0..inserted.len())].clone()
+            } else {
+                key
+            };
+            del(&tree, &ctx, &mut model, &victim);
+        } else {
+            put(&tree, &mut ctx, &mut model, &key);
+            inserted.push(key);
+        }
+        if round % 20_000 == 19_999 {
+            assert_matches(&tree, &ctx, tree.root_word(), &model, &mut rng);
+        }
+    }
+    assert_matches(&tree, &ctx, tree.root_word(), &model, &mut rng);
+    let report = tree.check(&ctx, tree.root_word()).unwrap();
+    assert!(report.height >= 3, "height {}", report.height);
+    assert_eq!(report.heap_nodes, tree.heap_nodes());
+    // The index stays within 32 bytes per key at the fill random inserts leave.
+    let bytes_per_key = tree.heap_nodes() as f64 * NODE_BYTES as f64 / model.len() as f64;
+    assert!(bytes_per_key <= 32.0, "{bytes_per_key} bytes per key");
+}
+
+#[test]
+fn keys_sharing_long_prefixes() {
+    let mut rng = StdRng::seed_from_u64(2);
+    let tree = Tree::new(REGION, TreeEpoch(1));
+    let mut ctx = FakeCtx::default();
+    let mut model = Model::new();
+    // Every key starts with the same 8 bytes (all prefixes tie), zero bytes at the end of
+    // short keys (prefix padding), and a few keys that are prefixes of others.
+    for i in 0..6000u32 {
+        let mut k = b"commonpr".to_vec();
+        match i % 4 {
+            0 => k.extend_from_slice(&rng.random::<u32>().to_be_bytes()),
+            1 => k.extend(std::iter::repeat_n(0u8, rng.random_range(0..4))),
+            2 => k.truncate(rng.random_range(0..9)),
+            _ => k.extend_from_slice(format!("{:06}", rng.random_range(0..100_000)).as_bytes()),
+        }
+        put(&tree, &mut ctx, &mut model, &k);
+    }
+    for _ in 0..1500 {
+        let nth = rng.random_range(0..model.len());
+        let k = model.keys().nth(nth).cloned().unwrap();
+        del(&tree, &ctx, &mut model, &k);
+    }
+    assert_matches(&tree, &ctx, tree.root_word(), &model, &mut rng);
+}
+
+#[test]
+fn long_separators_go_inline_then_external() {
+    // 200-byte shared prefix: separators of ~201 bytes, inline, so the key area (not the
+    // pivot count) fills internal nodes. 300-byte prefix: separators longer than
+    // MAX_INLINE_PIVOT, so pivots are EXTERNAL (full keys compared through the log).
+    for (shared, n) in [(200usize, 4000u32), (300, 30_000)] {
+        let mut rng = StdRng::seed_from_u64(shared as u64);
+        let tree = Tree::new(REGION, TreeEpoch(1));
+        let mut ctx = FakeCtx::default();
+        let mut model = Model::new();
+        let stem: Vec<u8> = (0..shared).map(|i| (i % 251) as u8).collect();
+        for _ in 0..n {
+            let mut k = stem.clone();
+            k.extend_from_slice(&rng.random::<u64>().to_be_bytes());
+            put(&tree, &mut ctx, &mut model, &k);
+        }
+        assert_matches(&tree, &ctx, tree.root_word(), &model, &mut rng);
+        let report = tree.check(&ctx, tree.root_word()).unwrap();
+        assert!(
+            report.height >= 3,
+            "shared {shared}: height {}",
+            report.height
+        );
+        if shared > MAX_INLINE_PIVOT {
+            assert_eq!(report.external_pivots, report.pivots);
+        } else {
+            assert_eq!(report.external_pivots, 0);
+        }
+        // Round trip through disk images as well.
+        let sealed = tree.seal();
+        let (root, _) = ctx.persist(&tree, sealed);
+        let disk = Tree::from_disk(REGION, root, TreeEpoch(2));
+        assert_matches(&disk, &ctx, disk.root_word(), &model, &mut rng);
+    }
+}
+
+#[test]
+fn keys_from_empty_to_64_kib() {
+    let mut rng = StdRng::seed_from_u64(3);
+    let tree = Tree::new(REGION, TreeEpoch(1));
+    let mut ctx = FakeCtx::default();
+    let mut model = Model::new();
+    put(&tree, &mut ctx, &mut model, b"");
+    put(
+        &tree,
+        &mut ctx,
+        &mut model,
+        &vec![0xffu8; crate::types::MAX_KEY_BYTES],
+    );
+    for i in 0..1500u32 {
+        let len = match i % 10 {
+            0 => rng.random_range(4096..=crate::types::MAX_KEY_BYTES),
+            1..=3 => rng.random_range(256..1024),
+            _ => rng.random_range(0..40),
+        };
+        // Long runs of one byte make long shared prefixes between neighbours.
+        let fill = [0u8, b'x', 0xff][rng.random_range(0..3)];
+        let mut k = vec![fill; len];
+        if len > 0 {
+            let at = rng.random_range(0..len);
+            k[at] = rng.random();
+        }
+        put(&tree, &mut ctx, &mut model, &k);
+    }
+    assert_matches(&tree, &ctx, tree.root_word(), &model, &mut rng);
+    let sealed = tree.seal();
+    let (root, _) = ctx.persist(&tree, sealed);
+    let disk = Tree::from_disk(REGION, root, TreeEpoch(2));
+    assert_matches(&disk, &ctx, disk.root_word(), &model, &mut rng);
+}
+
+#[test]
+fn sequential_loads_fill_leaves() {
+    let mut rng = StdRng::seed_from_u64(11);
+    for descending in [false, true] {
+        let tree = Tree::new(REGION, TreeEpoch(1));
+        let mut ctx = FakeCtx::default();
+        let mut model = Model::new();
+        let n = 50_000u32;
+        for i in 0..n {
+            let i = if descending { n - 1 - i } else { i };
+            put(
+                &tree,
+                &mut ctx,
+                &mut model,
+                format!("user{i:08}").as_bytes(),
+            );
+        }
+        assert_matches(&tree, &ctx, tree.root_word(), &model, &mut rng);
+        let bytes_per_key = tree.heap_nodes() as f64 * NODE_BYTES as f64 / n as f64;
+        assert!(
+            bytes_per_key <= 24.0,
+            "descending {descending}: {bytes_per_key} bytes per key"
+        );
+    }
+}
+
+#[test]
+fn removing_everything_leaves_empty_leaves_that_walks_skip() {
+    let mut rng = StdRng::seed_from_u64(4);
+    let tree = Tree::new(REGION, TreeEpoch(1));
+    let mut ctx = FakeCtx::default();
+    let mut model = Model::new();
+    for i in 0..5000u32 {
+        put(&tree, &mut ctx, &mut model, format!("k{i:05}").as_bytes());
+    }
+    // Empty a band in the middle, then everything.
+    for i in 1000..3000u32 {
+        del(&tree, &ctx, &mut model, format!("k{i:05}").as_bytes());
+    }
+    assert_matches(&tree, &ctx, tree.root_word(), &model, &mut rng);
+    let keys: Vec<Vec<u8>> = model.keys().cloned().collect();
+    for k in keys {
+        del(&tree, &ctx, &mut model, &k);
+    }
+    assert_matches(&tree, &ctx, tree.root_word(), &model, &mut rng);
+    assert!(
+        tree.heap_nodes() > 1,
+        "empty leaves are kept (no merges yet)"
+    );
+}
+
+#[test]
+fn a_sealed_root_keeps_reading_the_old_state() {
+    let mut rng = StdRng::seed_from_u64(5);
+    let tree = Tree::new(REGION, TreeEpoch(10));
+    let mut ctx = FakeCtx::default();
+    let mut model = Model::new();
+    for _ in 0..20_000 {
+        let k = random_key(&mut rng, 10);
+        put(&tree, &mut ctx, &mut model, &k);
+    }
+    let sealed = tree.seal();
+    assert_eq!(sealed.epoch, TreeEpoch(10));
+    assert_eq!(tree.running_epoch(), TreeEpoch(11));
+    let old = model.clone();
+    let nodes_before = tree.heap_nodes();
+    // Replace, remove and insert on top: every changed node is copied, not changed.
+    for _ in 0..5000 {
+        let k = random_key(&mut rng, 10);
+        if rng.random_bool(0.3) {
+            del(&tree, &ctx, &mut model, &k);
+        } else {
+            put(&tree, &mut ctx, &mut model, &k);
+        }
+    }
+    assert!(tree.heap_nodes() > nodes_before);
+    assert_matches(&tree, &ctx, sealed.root, &old, &mut rng);
+    assert_matches(&tree, &ctx, tree.root_word(), &model, &mut rng);
+    // A second seal: both older roots still read their states.
+    let sealed2 = tree.seal();
+    let mid = model.clone();
+    for _ in 0..2000 {
+        let k = random_key(&mut rng, 10);
+        put(&tree, &mut ctx, &mut model, &k);
+    }
+    assert_matches(&tree, &ctx, sealed.root, &old, &mut rng);
+    assert_matches(&tree, &ctx, sealed2.root, &mid, &mut rng);
+    assert_matches(&tree, &ctx, tree.root_word(), &model, &mut rng);
+}
+
+#[test]
+fn persist_and_reopen_then_write_on_top_and_persist_again() {
+    let mut rng = StdRng::seed_from_u64(6);
+    let tree = Tree::new(REGION, TreeEpoch(1));
+    let mut ctx = FakeCtx::default();
+    let mut model = Model::new();
+    for _ in 0..30_000 {
+        let k = rng.random::<u64>().to_be_bytes();
+        put(&tree, &mut ctx, &mut model, &k);
+    }
+    let sealed = tree.seal();
+    let (root1, written1) = ctx.persist(&tree, sealed);
+    assert_eq!(written1 as u64, tree.heap_nodes());
+    // Persisting the same sealed root again writes nothing new.
+    assert_eq!(ctx.persist(&tree, sealed), (root1, 0));
+    drop(tree);
+
+    let disk = Tree::from_disk(REGION, root1, TreeEpoch(2));
+    assert_eq!(disk.heap_nodes(), 0);
+    assert_matches(&disk, &ctx, disk.root_word(), &model, &mut rng);
+    let report = disk.check(&ctx, disk.root_word()).unwrap();
+    assert_eq!(report.disk_nodes as usize, written1);
+    let model1 = model.clone();
+
+    // Writes on top copy the touched disk nodes into memory.
+    for _ in 0..300 {
+        let k = rng.random::<u64>().to_be_bytes();
+        put(&disk, &mut ctx, &mut model, &k);
+        let nth = rng.random_range(0..model.len());
+        let victim = model.keys().nth(nth).cloned().unwrap();
+        del(&disk, &ctx, &mut model, &victim);
+    }
+    let replaced = model.keys().next().cloned().unwrap();
+    put(&disk, &mut ctx, &mut model, &replaced);
+    assert!(disk.heap_nodes() > 0);
+    assert_matches(&disk, &ctx, disk.root_word(), &model, &mut rng);
+    let freed = disk.retired_disk_blocks(TreeEpoch(2));
+    // Each copied disk node is retired; splits add heap nodes that replace nothing.
+    assert!(!freed.is_empty() && freed.len() as u64 <= disk.heap_nodes());
+    assert!(freed.iter().all(|b| ctx.images.contains_key(&b.0)));
+
+    let sealed2 = disk.seal();
+    let (root2, written2) = ctx.persist(&disk, sealed2);
+    assert_eq!(
+        written2 as u64,
+        disk.heap_nodes(),
+        "only copied nodes are written"
+    );
+    assert!(written2 < written1);
+    let disk2 = Tree::from_disk(REGION, root2, TreeEpoch(3));
+    assert_matches(&disk2, &ctx, disk2.root_word(), &model, &mut rng);
+    // The first commit's images are untouched: its root still reads the old state.
+    let again = Tree::from_disk(REGION, root1, TreeEpoch(3));
+    assert_matches(&again, &ctx, again.root_word(), &model1, &mut rng);
+    // And the in-memory tree reads the same through its sealed heap root.
+    assert_matches(&disk, &ctx, sealed2.root, &model, &mut rng);
+}
+
+#[test]
+fn corrupt_images_are_errors_not_panics() {
+    let mut rng = StdRng::seed_from_u64(7);
+    let tree = Tree::new(REGION, TreeEpoch(1));
+    let mut ctx = FakeCtx::default();
+    let mut model = Model::new();
+    for _ in 0..20_000 {
+        let k = rng.random::<u64>().to_be_bytes();
+        put(&tree, &mut ctx, &mut model, &k);
+    }
+    let sealed = tree.seal();
+    let (root, _) = ctx.persist(&tree, sealed);
+    let clean = ctx.images.clone();
+    let offsets: Vec<u64> = clean.keys().copied().collect();
+    let probe: Vec<Vec<u8>> = model.keys().step_by(97).cloned().collect();
+    let mut total_errors = 0;
+    for round in 0..60 {
+        ctx.images = clean.clone();
+        let off = offsets[rng.random_range(0..offsets.len())];
+        let what = round % 3;
+        match what {
+            0 => {
+                let bit = rng.random_range(0..NODE_BYTES * 8);
+                ctx.images.get_mut(&off).unwrap()[bit / 8] ^= 1 << (bit % 8);
+            }
+            // A misdirected write: another node's (valid) image at this block.
+            1 => {
+                let other = offsets.iter().find(|&&o| o != off).copied().unwrap();
+                let img = clean[&other].clone();
+                ctx.images.insert(off, img);
+            }
+            _ => {
+                ctx.images.insert(off, Box::new([0u8; NODE_BYTES]));
+            }
+        }
+        let bad_ctx = &ctx;
+        let disk = Tree::from_disk(REGION, root, TreeEpoch(2));
+        let mut errors = 0;
+        for k in &probe {
+            match disk.get(bad_ctx, disk.root_word(), k, &crossbeam_epoch::pin()) {
+                Ok(found) => {
+                    assert_eq!(found, model.get(k).copied(), "wrong answer, round {round}")
+                }
+                Err(Error::Corruption { offset, .. }) => {
+                    assert_eq!(offset.0, off);
+                    errors += 1;
+                }
+                Err(e) => panic!("unexpected error {e}"),
+            }
+        }
+        // Every key written through the damaged node fails to copy it on write.
+        for k in &probe {
+            let ptr = model[k];
+            match disk.insert(bad_ctx, k, ptr) {
+                Ok(old) => assert_eq!(old, Some(ptr)),
+                Err(Error::Corruption { offset, .. }) => {
+                    assert_eq!(offset.0, off);
+                    errors += 1;
+                }
+                Err(e) => panic!("unexpected error {e}"),
+            }
+        }
+        let checked = disk.check(bad_ctx, disk.root_word());
+        assert!(
+            matches!(checked, Err(Error::Corruption { .. })),
+            "check missed round {round}"
+        );
+        // The root is on every path; a leaf is on the path of ~1/100 of the probes.
+        if off == root.0 {
+            assert_eq!(errors, 2 * probe.len());
+        }
+        total_errors += errors;
+    }
+    assert!(total_errors > 0);
+}
+
+#[test]
+fn reclaim_frees_retired_nodes_when_no_one_can_see_them() {
+    let mut rng = StdRng::seed_from_u64(8);
+    let tree = Tree::new(REGION, TreeEpoch(1));
+    let mut ctx = FakeCtx::default();
+    let mut model = Model::new();
+    for _ in 0..10_000 {
+        let k = rng.random::<u64>().to_be_bytes();
+        put(&tree, &mut ctx, &mut model, &k);
+    }
+    let live_before = tree.heap_nodes();
+    let sealed = tree.seal();
+    let (_, written) = ctx.persist(&tree, sealed);
+    // Epoch 2: touch every leaf, so every node is copied and the old one retired.
+    let keys: Vec<Vec<u8>> = model.keys().cloned().collect();
+    for k in &keys {
+        put(&tree, &mut ctx, &mut model, k);
+    }
+    assert_eq!(tree.heap_nodes(), 2 * live_before);
+    assert_eq!(tree.retired_disk_blocks(TreeEpoch(2)).len(), written);
+    assert!(tree.retired_disk_blocks(TreeEpoch(1)).is_empty());
+
+    // Not durable yet, or a snapshot of epoch 1 still open: nothing is freed.
+    assert!(tree.reclaim(TreeEpoch(1), None).is_empty());
+    assert!(tree.reclaim(TreeEpoch(2), Some(TreeEpoch(1))).is_empty());
+    assert_eq!(tree.heap_nodes(), 2 * live_before);
+    // Durable and no older snapshot: the old version goes, with its disk blocks.
+    let released = tree.reclaim(TreeEpoch(2), Some(TreeEpoch(2)));
+    assert_eq!(tree.heap_nodes(), live_before);
+    assert!(tree.retired_disk_blocks(TreeEpoch(9)).is_empty());
+    assert_eq!(released.len(), written);
+    assert_matches(&tree, &ctx, tree.root_word(), &model, &mut rng);
+}
+
+/// A `Ctx` that calls back into the tree's writer: a misuse the writer check must catch.
+struct ReentrantCtx<'a> {
+    inner: FakeCtx,
+    tree: &'a Tree,
+}
+
+impl Ctx for ReentrantCtx<'_> {
+    fn key_cmp(&self, ptr: u64, key: &[u8]) -> Result<std::cmp::Ordering> {
+        self.tree.seal();
+        self.inner.key_cmp(ptr, key)
+    }
+    fn key_into(&self, ptr: u64, out: &mut Vec<u8>) -> Result<()> {
+        self.inner.key_into(ptr, out)
+    }
+    fn with_node<R>(&self, off: DiskOffset, f: impl FnOnce(&[u8]) -> Result<R>) -> Result<R> {
+        self.inner.with_node(off, f)
+    }
+}
+
+#[test]
+#[should_panic(expected = "two writer calls at once")]
+fn overlapping_writers_panic() {
+    let tree = Tree::new(REGION, TreeEpoch(1));
+    let mut inner = FakeCtx::default();
+    let p = inner.add(b"k");
+    let ctx = ReentrantCtx { inner, tree: &tree };
+    tree.insert(&ctx, b"k", p).unwrap();
+    // The second insert of the same key compares full keys, and the compare re-enters.
+    tree.insert(&ctx, b"k", p).unwrap();
+}
+
+#[test]
+fn readers_never_miss_a_key_while_the_writer_splits_and_copies() {
+    const TOTAL: usize = 60_000;
+    let mut rng = StdRng::seed_from_u64(9);
+    let mut ctx = FakeCtx::default();
+    let mut keys: Vec<Vec<u8>> = (0..TOTAL)
+        .map(|_| {
+            let mut k = rng.random::<u64>().to_be_bytes().to_vec();
+            k.truncate(rng.random_range(2..=8));
+            k.extend((0..rng.random_range(0..6)).map(|_| rng.random::<u8>()));
+            k
+        })
+        .collect();
+    keys.sort();
+    keys.dedup();
+    keys.shuffle(&mut rng);
+    for k in &keys {
+        ctx.add(k);
+    }
+    // The commit thread writes images to its own store; keys are shared.
+    let mut commit_ctx = FakeCtx {
+        keys: ctx.keys.clone(),
+        ..FakeCtx::default()
+    };
+    let ptr_of = |i: usize| i as u64 + 1;
+    let before = keys.len() / 3;
+    let tree = Tree::new(REGION, TreeEpoch(1));
+    for (i, k) in keys[..before].iter().enumerate() {
+        tree.insert(&ctx, k, ptr_of(i)).unwrap();
+    }
+    let done = AtomicBool::new(false);
+    let durable = AtomicU64::new(0);
+    let (to_commit, commits) = std::sync::mpsc::channel::<Sealed>();
+    let (ctx, keys, tree, durable) = (&ctx, &keys, &tree, &durable);
+    std::thread::scope(|s| {
+        for r in 0..2u64 {
+            let done = &done;
+            s.spawn(move || {
+                let mut rng = StdRng::seed_from_u64(100 + r);
+                let mut passes = 0;
+                while !done.load(Acquire) || passes < 2 {
+                    passes += 1;
+                    let guard = crossbeam_epoch::pin();
+                    for _ in 0..2000 {
+                        let i = rng.random_range(0..before);
+                        let got = tree.get(ctx, tree.root_word(), &keys[i], &guard).unwrap();
+                        assert_eq!(
+                            got,
+                            Some(ptr_of(i)),
+                            "key inserted before the reader started"
+                        );
+                    }
+                    drop(guard);
+                    let fwd = scan_forward(tree, ctx, tree.root_word(), None);
+                    assert!(
+                        fwd.windows(2).all(|w| w[0].0 < w[1].0),
+                        "forward walk not sorted"
+                    );
+                    assert!(fwd.len() >= before);
+                    let bwd = scan_backward(tree, ctx, tree.root_word(), None);
+                    assert!(
+                        bwd.windows(2).all(|w| w[0].0 > w[1].0),
+                        "backward walk not sorted"
+                    );
+                    assert!(bwd.len() >= before);
+                }
+            });
+        }
+        s.spawn(move || {
+            // Persists each sealed root beside the writer and readers, then proves the
+            // images form a valid tree holding at least the keys inserted first.
+            for sealed in commits {
+                let (root, _) = commit_ctx.persist(tree, sealed);
+                let disk = Tree::from_disk(REGION, root, TreeEpoch(u64::MAX));
+                let report = disk.check(&commit_ctx, disk.root_word()).unwrap();
+                assert!(report.keys as usize >= before);
+                durable.store(sealed.epoch.0, Release);
+            }
+        });
+        for i in before..keys.len() {
+            tree.insert(ctx, &keys[i], ptr_of(i)).unwrap();
+            if i.is_multiple_of(7) && i - 3 >= before {
+                // Remove a key the readers do not check.
+                tree.remove(ctx, &keys[i - 3]).unwrap();
+            }
+            if i.is_multiple_of(4000) {
+                // Later writes copy nodes on write. Old copies are freed as soon as the
+                // commit thread is past them; readers still on them hold guards.
+                to_commit.send(tree.seal()).unwrap();
+                tree.reclaim(TreeEpoch(durable.load(Acquire)), None);
+            }
+        }
+        drop(to_commit);
+        done.store(true, Release);
+    });
+    let report = tree.check(ctx, tree.root_word()).unwrap();
+    assert!(report.height >= 3);
+}
+
+/// `cargo test -p tucana --release --lib index::tests::bench -- --ignored --nocapture`
+#[test]
+#[ignore]
+fn bench_one_million_random_16_byte_keys() {
+    use std::time::Instant;
+    const N: usize = 1_000_000;
+    let mut rng = StdRng::seed_from_u64(10);
+    let mut ctx = FakeCtx::default();
+    let keys: Vec<[u8; 16]> = (0..N).map(|_| rng.random()).collect();
+    for k in &keys {
+        ctx.add(k);
+    }
+    let tree = Tree::new(REGION, TreeEpoch(1));
+    let t = Instant::now();
+    for (i, k) in keys.iter().enumerate() {
+        tree.insert(&ctx, k, i as u64 + 1).unwrap();
+    }
+    let insert_ns = t.elapsed().as_nanos() as f64 / N as f64;
+    let mut order: Vec<usize> = (0..N).collect();
+    order.shuffle(&mut rng);
+    let guard = crossbeam_epoch::pin();
+    let root = tree.root_word();
+    let t = Instant::now();
+    for &i in &order {
+        let got = tree.get(&ctx, root, &keys[i], &guard).unwrap();
+        assert_eq!(got, Some(i as u64 + 1));
+    }
+    let get_ns = t.elapsed().as_nanos() as f64 / N as f64;
+    drop(guard);
+    let sealed = tree.seal();
+    let t = Instant::now();
+    let (disk_root, written) = ctx.persist(&tree, sealed);
+    let persist_ns = t.elapsed().as_nanos() as f64 / written as f64;
+    let disk = Tree::from_disk(REGION, disk_root, TreeEpoch(2));
+    let guard = crossbeam_epoch::pin();
+    let t = Instant::now();
+    for &i in &order {
+        let got = disk.get(&ctx, disk.root_word(), &keys[i], &guard).unwrap();
+        assert_eq!(got, Some(i as u64 + 1));
+    }
+    let disk_get_ns = t.elapsed().as_nanos() as f64 / N as f64;
+    let report = tree.check(&ctx, tree.root_word()).unwrap();
+    println!(
+        "index bench, {N} random 16-byte keys: insert {insert_ns:.0} ns, get {get_ns:.0} ns, \
+         get from disk images {disk_get_ns:.0} ns, persist {persist_ns:.0} ns/node; \
+         height {}, {} nodes, {:.1} index bytes/key",
+        report.height,
+        tree.heap_nodes(),
+        tree.heap_nodes() as f64 * NODE_BYTES as f64 / N as f64
+    );
+}

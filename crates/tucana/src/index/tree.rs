@@ -1,0 +1,1387 @@
+//! The tree of one region: descent, insert/remove with top-down splits, copy-on-write by
+//! tree epoch, sealing, persisting sealed roots as disk images, retirement and reclamation.
+//!
+//! Owns: the root word, the running tree epoch, the writer check, the list of retired nodes,
+//! and every heap node reachable from the root or the list. Does not own: node bytes
+//! (`node`), comparisons inside a node (`search`), log records, blocks, commits.
+//!
+//! Thread safety (see also the module doc of `index`):
+//! - Writer methods (`insert`, `remove`, `seal`) take `&self` and must not overlap; a swap
+//!   on `writer_busy` panics if they do. The writer changes published nodes in place only
+//!   inside the node's seqlock (`write_begin`/`write_end`) and never does I/O inside it.
+//! - Readers (`get`, `copy_leaf`) use optimistic lock coupling: read a node's version, read,
+//!   validate; validate the parent again after reading the child's version; restart from the
+//!   live root when anything moved. Nodes of older epochs and disk nodes never change.
+//! - A reader may start from a stale root word. A stale root of an older epoch or on disk is
+//!   an immutable, consistent older state; a stale root of the running epoch (replaced by a
+//!   root split) is detected: its epoch equals the running one but the root word moved.
+//! - `persist`, `reclaim`, `retired_disk_blocks` may run on another thread beside the writer.
+//!   Calls of `persist` must not overlap each other.
+
+use std::cmp::Ordering;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
+
+use crossbeam_epoch::Guard;
+use parking_lot::Mutex;
+
+use super::node::{
+    alloc_internal, alloc_leaf, as_internal, as_leaf, disk_word, encode_image, free_node,
+    heap_copy, heap_from_image, heap_word, no_restart, DiskNode, Header, HeapInternal, HeapLeaf,
+    InternalNode, InternalRead, LeafNode, LeafRead, Meta, NodeRef, PivotDesc, SResult, SearchErr,
+    AREA_FREE_MIN_BYTES, C_INT, C_LEAF, KEY_AREA_BYTES, KIND_INTERNAL, KIND_LEAF, MAX_INLINE_PIVOT,
+    NODE_BYTES, PIVOT_EXTERNAL, W_DISK,
+};
+use super::search::{child_index, leaf_get, leaf_position, pivot_into, separator};
+use super::{key_hash, key_prefix, Ctx};
+use crate::error::{Error, Result};
+use crate::types::{DiskOffset, RegionId, TreeEpoch};
+
+/// A root made immutable by [`Tree::seal`]: what snapshots read and commits persist.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Sealed {
+    /// Root word (0 = empty tree, heap pointer, or disk offset | 1).
+    pub root: u64,
+    /// The epoch that was running until the seal; every node reachable from `root` was
+    /// created in it or before.
+    pub epoch: TreeEpoch,
+}
+
+/// Where a [`Tree::copy_leaf`] lands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Seek<'a> {
+    First,
+    Last,
+    /// The leaf whose key range contains the key.
+    AtOrAfter(&'a [u8]),
+    /// The leaf whose range holds the largest keys below the key (it may hold larger ones too).
+    Before(&'a [u8]),
+}
+
+/// One leaf copied out of the tree: its log pointers in key order and its fences.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LeafCopy {
+    pub ptrs: Vec<u64>,
+    /// Tightest inclusive lower bound of the leaf's key range (`None` at the left edge).
+    pub low: Option<Vec<u8>>,
+    /// Tightest exclusive upper bound (`None` at the right edge).
+    pub high: Option<Vec<u8>>,
+}
+
+/// An opaque handle on a retired heap node.
+#[derive(Debug)]
+pub struct HeapNode(NonNull<Header>);
+
+// SAFETY: a retired heap node is immutable and is only freed by `reclaim` or the tree's
+// `Drop`, each of which takes it out of the retired list first, so the handle may move
+// between threads.
+unsafe impl Send for HeapNode {}
+// SAFETY: as above; the handle is only read (the disk offset word, an atomic).
+unsafe impl Sync for HeapNode {}
+
+#[derive(Debug)]
+pub enum RetiredNode {
+    Heap(HeapNode),
+    Disk(DiskOffset),
+}
+
+/// A node replaced by copy-on-write. Snapshots older than `epoch`, commits of sealed roots
+/// older than `epoch`, and in-flight readers may still read it.
+#[derive(Debug)]
+pub struct Retired {
+    /// The running epoch when the node was replaced.
+    pub epoch: TreeEpoch,
+    pub node: RetiredNode,
+}
+
+/// What [`Tree::check`] found.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TreeCheck {
+    /// Levels (0 for an empty tree, 1 for a single leaf).
+    pub height: u32,
+    pub heap_nodes: u64,
+    pub disk_nodes: u64,
+    pub leaves: u64,
+    pub keys: u64,
+    pub pivots: u64,
+    /// Pivots longer than `MAX_INLINE_PIVOT`, kept as log pointers.
+    pub external_pivots: u64,
+}
+
+/// The index of one region. See the module docs for the concurrency rules.
+pub struct Tree {
+    region: RegionId,
+    /// Root word: 0, heap pointer, or disk offset | 1.
+    root: AtomicU64,
+    /// Nodes whose epoch equals this are writable in place; older ones are copied first.
+    running: AtomicU64,
+    writer_busy: AtomicBool,
+    retired: Mutex<Vec<Retired>>,
+    /// Heap nodes reachable from the root or retired but not yet reclaimed.
+    heap_nodes: AtomicU64,
+}
+
+/// Marks a writer method as running; two at once is a caller bug (the region's writer lock
+/// must serialise them), caught here cheaply.
+struct WriterGuard<'a>(&'a AtomicBool);
+
+impl Drop for WriterGuard<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Release);
+    }
+}
+
+/// Entries a leaf split leaves on the side a sequential load moves away from.
+const LEAF_SPLIT_EDGE: usize = C_LEAF / 10;
+
+/// A separator on its way into an internal node.
+struct Sep {
+    prefix: u64,
+    body: SepBody,
+}
+
+enum SepBody {
+    Inline(Vec<u8>),
+    /// The full first key of the right node, compared through the log.
+    External {
+        ptr: u64,
+        len_bytes: u32,
+    },
+}
+
+impl Sep {
+    fn inline(bytes: Vec<u8>) -> Sep {
+        assert!(bytes.len() <= MAX_INLINE_PIVOT);
+        Sep {
+            prefix: key_prefix(&bytes),
+            body: SepBody::Inline(bytes),
+        }
+    }
+
+    /// `sep.cmp(key)`.
+    fn cmp_key<C: Ctx>(&self, ctx: &C, key: &[u8]) -> Result<Ordering> {
+        match &self.body {
+            SepBody::Inline(b) => Ok(b.as_slice().cmp(key)),
+            SepBody::External { ptr, .. } => ctx.key_cmp(*ptr, key),
+        }
+    }
+}
+
+/// Writes `sep` as pivot `i` of `node`, appending its bytes to the key area at `*area_used`.
+/// The caller holds the node's write section (or the node is not yet published).
+fn put_pivot(node: &InternalNode, i: usize, sep: &Sep, area_used: &mut usize) {
+    let desc = match &sep.body {
+        SepBody::Inline(b) => {
+            let at = *area_used;
+            if b.len() > 8 {
+                node.area_write(at, &b[8..]);
+                *area_used += b.len() - 8;
+            }
+            PivotDesc {
+                len_bytes: b.len() as u32,
+                area_at: if b.len() > 8 { at as u16 } else { 0 },
+                flags: 0,
+            }
+        }
+        SepBody::External { ptr, len_bytes } => {
+            let at = *area_used;
+            node.area_write(at, &ptr.to_le_bytes());
+            *area_used += 8;
+            PivotDesc {
+                len_bytes: *len_bytes,
+                area_at: at as u16,
+                flags: PIVOT_EXTERNAL,
+            }
+        }
+    };
+    assert!(*area_used <= KEY_AREA_BYTES);
+    node.pivot_prefix[i].store(sep.prefix, Relaxed);
+    node.pivot_desc[i].store(desc.pack(), Relaxed);
+}
+
+/// Pivot `i` of a node the writer owns, as a separator.
+fn sep_of(node: &InternalNode, i: usize) -> Sep {
+    let prefix = node.pivot_prefix[i].load(Relaxed);
+    let d = PivotDesc::unpack(node.pivot_desc[i].load(Relaxed));
+    if d.is_external() {
+        let mut b = [0u8; 8];
+        node.area_read(d.area_at as usize, &mut b);
+        return Sep {
+            prefix,
+            body: SepBody::External {
+                ptr: u64::from_le_bytes(b),
+                len_bytes: d.len_bytes,
+            },
+        };
+    }
+    let len = d.len_bytes as usize;
+    assert!(len <= MAX_INLINE_PIVOT);
+    let mut bytes = Vec::with_capacity(len);
+    bytes.extend_from_slice(&prefix.to_be_bytes()[..len.min(8)]);
+    if len > 8 {
+        bytes.resize(len, 0);
+        node.area_read(d.area_at as usize, &mut bytes[8..]);
+    }
+    Sep {
+        prefix,
+        body: SepBody::Inline(bytes),
+    }
+}
+
+/// Number of pivots the left half of a full internal node keeps; pivot `keep` moves up.
+/// Halves by count, unless that leaves one half's key area still full; then halves by
+/// key-area bytes, which leaves each half at most half of the area (< the full threshold).
+fn internal_split_point(area_bytes: &[usize]) -> usize {
+    let n = area_bytes.len();
+    assert!(n >= 2, "splitting an internal node with {n} pivots");
+    let limit = KEY_AREA_BYTES - AREA_FREE_MIN_BYTES;
+    let m = n / 2;
+    let left: usize = area_bytes[..m].iter().sum();
+    let right: usize = area_bytes[m + 1..].iter().sum();
+    if left <= limit && right <= limit {
+        return m;
+    }
+    let total: usize = area_bytes.iter().sum();
+    let mut acc = 0;
+    for (i, b) in area_bytes.iter().enumerate() {
+        acc += b;
+        if 2 * acc >= total {
+            return i;
+        }
+    }
+    n - 1
+}
+
+/// Strategy for one descent from a root to a leaf (lookups and leaf copies).
+trait Walk {
+    type Out;
+    /// Called before every attempt (an attempt may restart).
+    fn reset(&mut self) {}
+    /// Result for an empty tree.
+    fn empty(&mut self) -> Self::Out;
+    /// Picks the child of `v` to descend into.
+    fn internal<V: InternalRead, C: Ctx>(&mut self, v: &V, ctx: &C) -> SResult<usize>;
+    /// Produces the result at the leaf (the caller validates once more afterwards).
+    fn leaf<L: LeafRead, C: Ctx>(&mut self, l: &L, ctx: &C) -> SResult<Self::Out>;
+}
+
+struct GetWalk<'k> {
+    key: &'k [u8],
+    prefix: u64,
+    hash: u32,
+}
+
+impl Walk for GetWalk<'_> {
+    type Out = Option<u64>;
+    fn empty(&mut self) -> Option<u64> {
+        None
+    }
+    fn internal<V: InternalRead, C: Ctx>(&mut self, v: &V, ctx: &C) -> SResult<usize> {
+        child_index(v, ctx, self.key, self.prefix, true)
+    }
+    fn leaf<L: LeafRead, C: Ctx>(&mut self, l: &L, ctx: &C) -> SResult<Option<u64>> {
+        leaf_get(l, ctx, self.key, self.prefix, self.hash)
+    }
+}
+
+struct LeafWalk<'a, 'o> {
+    seek: Seek<'a>,
+    seek_prefix: u64,
+    out: &'o mut LeafCopy,
+    low: Vec<u8>,
+    high: Vec<u8>,
+    low_set: bool,
+    high_set: bool,
+}
+
+impl Walk for LeafWalk<'_, '_> {
+    type Out = ();
+    fn reset(&mut self) {
+        self.low_set = false;
+        self.high_set = false;
+        self.out.ptrs.clear();
+    }
+    fn empty(&mut self) {}
+    fn internal<V: InternalRead, C: Ctx>(&mut self, v: &V, ctx: &C) -> SResult<usize> {
+        let n = v.count();
+        let idx = match self.seek {
+            Seek::First => 0,
+            Seek::Last => n,
+            Seek::AtOrAfter(k) => child_index(v, ctx, k, self.seek_prefix, true)?,
+            Seek::Before(k) => child_index(v, ctx, k, self.seek_prefix, false)?,
+        };
+        // Pivots deeper on the path lie inside the range of the ones above, so the nearest
+        // pivot on each side is the tightest fence.
+        if idx > 0 {
+            pivot_into(v, ctx, idx - 1, &mut self.low)?;
+            self.low_set = true;
+        }
+        if idx < n {
+            pivot_into(v, ctx, idx, &mut self.high)?;
+            self.high_set = true;
+        }
+        Ok(idx)
+    }
+    fn leaf<L: LeafRead, C: Ctx>(&mut self, l: &L, _ctx: &C) -> SResult<()> {
+        self.out.ptrs.clear();
+        let n = l.count();
+        self.out.ptrs.extend((0..n).map(|i| l.ptr(i)));
+        l.validate()?;
+        if self.out.ptrs.contains(&0) {
+            return Err(l.corrupt("zero log pointer"));
+        }
+        Ok(())
+    }
+}
+
+enum DiskStep<T> {
+    Done(T),
+    Next(u64, u8),
+}
+
+impl Tree {
+    /// An empty tree whose writable epoch is `running`.
+    pub fn new(region: RegionId, running: TreeEpoch) -> Tree {
+        Tree {
+            region,
+            root: AtomicU64::new(0),
+            running: AtomicU64::new(running.0),
+            writer_busy: AtomicBool::new(false),
+            retired: Mutex::new(Vec::new()),
+            heap_nodes: AtomicU64::new(0),
+        }
+    }
+
+    /// A tree over a committed root (`DiskOffset::NONE` = empty). Loads nothing: nodes are
+    /// read through `Ctx::with_node` and copied into memory only when written.
+    pub fn from_disk(region: RegionId, root: DiskOffset, running: TreeEpoch) -> Tree {
+        let tree = Tree::new(region, running);
+        if !root.is_none() {
+            tree.root.store(disk_word(root), Relaxed);
+        }
+        tree
+    }
+
+    pub fn region(&self) -> RegionId {
+        self.region
+    }
+
+    /// The live root word, to pass to `get`/`copy_leaf` for the latest state.
+    pub fn root_word(&self) -> u64 {
+        self.root.load(Acquire)
+    }
+
+    pub fn running_epoch(&self) -> TreeEpoch {
+        TreeEpoch(self.running.load(Acquire))
+    }
+
+    /// Heap nodes held (reachable or retired and not yet reclaimed); each is `NODE_BYTES`.
+    pub fn heap_nodes(&self) -> u64 {
+        self.heap_nodes.load(Relaxed)
+    }
+
+    fn writer(&self) -> WriterGuard<'_> {
+        if self.writer_busy.swap(true, Acquire) {
+            panic!("index::Tree: two writer calls at once (the region writer lock must serialise them)");
+        }
+        WriterGuard(&self.writer_busy)
+    }
+
+    fn new_leaf(&self, running: u64) -> NonNull<Header> {
+        self.heap_nodes.fetch_add(1, Relaxed);
+        alloc_leaf(running, self.region)
+    }
+
+    fn new_internal(&self, running: u64, level: u8) -> NonNull<Header> {
+        self.heap_nodes.fetch_add(1, Relaxed);
+        alloc_internal(running, self.region, level)
+    }
+
+    fn retire(&self, node: RetiredNode, running: u64) {
+        self.retired.lock().push(Retired {
+            epoch: TreeEpoch(running),
+            node,
+        });
+    }
+
+    // -----------------------------------------------------------------------------------
+    // Writer
+
+    /// Maps `key` to the log pointer `ptr` (non-zero). Returns the pointer it replaced.
+    /// Writer only. Allocates only when it copies or splits a node.
+    pub fn insert<C: Ctx>(&self, ctx: &C, key: &[u8], ptr: u64) -> Result<Option<u64>> {
+        assert!(ptr != 0, "log pointer 0 names no record");
+        let _w = self.writer();
+        let running = self.running.load(Relaxed);
+        let kp = key_prefix(key);
+        let kh = key_hash(key);
+        if self.root.load(Relaxed) == 0 {
+            let p = self.new_leaf(running);
+            // SAFETY: just allocated as a leaf, not yet published.
+            let leaf = unsafe { as_leaf(p) };
+            leaf.prefix[0].store(kp, Relaxed);
+            leaf.ptr[0].store(ptr, Relaxed);
+            leaf.hash[0].store(kh, Relaxed);
+            leaf.hdr.set_meta(Meta {
+                count: 1,
+                ..leaf.hdr.meta()
+            });
+            self.root.store(heap_word(p), Release);
+            return Ok(None);
+        }
+        let mut node = self.writable_root(ctx, running)?;
+        // SAFETY (all `as_ref`/`as_leaf`/`as_internal` below): nodes on the writer's path
+        // are reachable from the root, so they are live; kinds are checked before casts.
+        if unsafe { node.as_ref() }.meta().is_full() {
+            node = self.split_root(ctx, node, running, key)?;
+        }
+        loop {
+            if unsafe { node.as_ref() }.meta().is_leaf() {
+                return self.leaf_insert(ctx, unsafe { as_leaf(node) }, key, kp, kh, ptr);
+            }
+            let parent = unsafe { as_internal(node) };
+            let own = HeapInternal {
+                node: parent,
+                version: None,
+            };
+            let mut idx = no_restart(child_index(&own, ctx, key, kp, true))?;
+            let mut child = self.writable_child(ctx, parent, idx, running)?;
+            if unsafe { child.as_ref() }.meta().is_full() {
+                let sep = self.split_child(ctx, parent, idx, child, running, key)?;
+                if sep.cmp_key(ctx, key)? != Ordering::Greater {
+                    idx += 1;
+                    child = match NodeRef::decode(parent.child[idx].load(Relaxed)) {
+                        Some(NodeRef::Heap(p)) => p,
+                        other => unreachable!("new right sibling is not a heap node: {other:?}"),
+                    };
+                }
+                assert!(!unsafe { child.as_ref() }.meta().is_full());
+            }
+            node = child;
+        }
+    }
+
+    /// Removes `key`. Returns the pointer it mapped to. Writer only. Copies nothing when the
+    /// key is absent. Empty leaves stay in the tree (merging is future work).
+    pub fn remove<C: Ctx>(&self, ctx: &C, key: &[u8]) -> Result<Option<u64>> {
+        let _w = self.writer();
+        let kp = key_prefix(key);
+        let kh = key_hash(key);
+        let mut probe = GetWalk {
+            key,
+            prefix: kp,
+            hash: kh,
+        };
+        if self
+            .walk(ctx, self.root.load(Relaxed), &mut probe)?
+            .is_none()
+        {
+            return Ok(None);
+        }
+        let running = self.running.load(Relaxed);
+        let mut node = self.writable_root(ctx, running)?;
+        loop {
+            // SAFETY: as in `insert`.
+            if unsafe { node.as_ref() }.meta().is_leaf() {
+                let leaf = unsafe { as_leaf(node) };
+                let own = HeapLeaf {
+                    node: leaf,
+                    version: None,
+                };
+                let (pos, found) = no_restart(leaf_position(&own, ctx, key, kp, kh))?;
+                if !found {
+                    // The probe found it a moment ago; only a log answering differently
+                    // could get here. Nothing was removed.
+                    return Ok(None);
+                }
+                let m = leaf.hdr.meta();
+                let n = m.count as usize;
+                let old = leaf.ptr[pos].load(Relaxed);
+                leaf.hdr.write_begin();
+                for i in pos..n - 1 {
+                    leaf.prefix[i].store(leaf.prefix[i + 1].load(Relaxed), Relaxed);
+                    leaf.ptr[i].store(leaf.ptr[i + 1].load(Relaxed), Relaxed);
+                    leaf.hash[i].store(leaf.hash[i + 1].load(Relaxed), Relaxed);
+                }
+                leaf.hdr.set_meta(Meta {
+                    count: m.count - 1,
+                    ..m
+                });
+                leaf.hdr.write_end();
+                return Ok(Some(old));
+            }
+            let parent = unsafe { as_internal(node) };
+            let own = HeapInternal {
+                node: parent,
+                version: None,
+            };
+            let idx = no_restart(child_index(&own, ctx, key, kp, true))?;
+            node = self.writable_child(ctx, parent, idx, running)?;
+        }
+    }
+
+    /// Makes everything reachable from the current root immutable and starts the next epoch.
+    /// Writer only. The returned root stays readable until its nodes are reclaimed.
+    pub fn seal(&self) -> Sealed {
+        let _w = self.writer();
+        let epoch = self.running.load(Relaxed);
+        let root = self.root.load(Relaxed);
+        self.running.store(epoch + 1, Release);
+        Sealed {
+            root,
+            epoch: TreeEpoch(epoch),
+        }
+    }
+
+    fn leaf_insert<C: Ctx>(
+        &self,
+        ctx: &C,
+        leaf: &LeafNode,
+        key: &[u8],
+        kp: u64,
+        kh: u32,
+        ptr: u64,
+    ) -> Result<Option<u64>> {
+        let own = HeapLeaf {
+            node: leaf,
+            version: None,
+        };
+        let (pos, found) = no_restart(leaf_position(&own, ctx, key, kp, kh))?;
+        if found {
+            // One atomic word: a reader sees the old or the new pointer, both valid for
+            // this key, so no version bump (readers of this leaf need not restart).
+            // Release publishes the new log record to readers that load this pointer.
+            let old = leaf.ptr[pos].swap(ptr, Release);
+            return Ok(Some(old));
+        }
+        let m = leaf.hdr.meta();
+        let n = m.count as usize;
+        assert!(n < C_LEAF, "insert into a full leaf");
+        leaf.hdr.write_begin();
+        for i in (pos..n).rev() {
+            leaf.prefix[i + 1].store(leaf.prefix[i].load(Relaxed), Relaxed);
+            leaf.ptr[i + 1].store(leaf.ptr[i].load(Relaxed), Relaxed);
+            leaf.hash[i + 1].store(leaf.hash[i].load(Relaxed), Relaxed);
+        }
+        leaf.prefix[pos].store(kp, Relaxed);
+        leaf.ptr[pos].store(ptr, Relaxed);
+        leaf.hash[pos].store(kh, Relaxed);
+        leaf.hdr.set_meta(Meta {
+            count: m.count + 1,
+            ..m
+        });
+        leaf.hdr.write_end();
+        Ok(None)
+    }
+
+    /// Copies a disk node into a new heap node of the running epoch after checking it fully.
+    fn copy_disk<C: Ctx>(
+        &self,
+        ctx: &C,
+        off: DiskOffset,
+        expect_level: Option<u8>,
+        running: u64,
+    ) -> Result<NonNull<Header>> {
+        let p = ctx.with_node(off, |img| {
+            let d = DiskNode::open(img, off, self.region, expect_level)?;
+            d.verify_structure()?;
+            Ok(heap_from_image(&d, running, self.region))
+        })?;
+        self.heap_nodes.fetch_add(1, Relaxed);
+        Ok(p)
+    }
+
+    fn copy_heap(&self, p: NonNull<Header>, running: u64) -> NonNull<Header> {
+        self.heap_nodes.fetch_add(1, Relaxed);
+        heap_copy(p, running, self.region)
+    }
+
+    /// The root as a node the writer may change, copying it first if it is of an older
+    /// epoch or on disk. The root must not be empty.
+    fn writable_root<C: Ctx>(&self, ctx: &C, running: u64) -> Result<NonNull<Header>> {
+        let word = self.root.load(Relaxed);
+        let (copy, old) = match NodeRef::decode(word) {
+            None => unreachable!("writable_root of an empty tree"),
+            // SAFETY: the root is live.
+            Some(NodeRef::Heap(p)) if unsafe { p.as_ref() }.epoch() == running => return Ok(p),
+            Some(NodeRef::Heap(p)) => (self.copy_heap(p, running), RetiredNode::Heap(HeapNode(p))),
+            Some(NodeRef::Disk(off)) => (
+                self.copy_disk(ctx, off, None, running)?,
+                RetiredNode::Disk(off),
+            ),
+        };
+        // Readers holding the old root read an immutable, consistent older state.
+        self.root.store(heap_word(copy), Release);
+        self.retire(old, running);
+        Ok(copy)
+    }
+
+    /// Child `idx` of the writable `parent` as a node the writer may change.
+    fn writable_child<C: Ctx>(
+        &self,
+        ctx: &C,
+        parent: &InternalNode,
+        idx: usize,
+        running: u64,
+    ) -> Result<NonNull<Header>> {
+        let word = parent.child[idx].load(Relaxed);
+        let level = parent.hdr.meta().level - 1;
+        let (copy, old) = match NodeRef::decode(word) {
+            None => panic!("internal node with an empty child slot {idx}"),
+            // SAFETY: the child of a live node on the writer's path is live.
+            Some(NodeRef::Heap(p)) if unsafe { p.as_ref() }.epoch() == running => return Ok(p),
+            Some(NodeRef::Heap(p)) => (self.copy_heap(p, running), RetiredNode::Heap(HeapNode(p))),
+            Some(NodeRef::Disk(off)) => (
+                self.copy_disk(ctx, off, Some(level), running)?,
+                RetiredNode::Disk(off),
+            ),
+        };
+        // SAFETY: `copy` was just allocated.
+        debug_assert_eq!(unsafe { copy.as_ref() }.meta().level, level);
+        parent.hdr.write_begin();
+        parent.child[idx].store(heap_word(copy), Release);
+        parent.hdr.write_end();
+        self.retire(old, running);
+        Ok(copy)
+    }
+
+    /// Builds the right half of the full writable node `p` as a new, unpublished node.
+    /// Returns the separator, the new node, and how many entries/pivots `p` keeps.
+    /// Changes nothing visible, so an error (a failed key read) leaves the tree as it was.
+    /// `key` is the key being inserted.
+    fn split_prepare<C: Ctx>(
+        &self,
+        ctx: &C,
+        p: NonNull<Header>,
+        running: u64,
+        key: &[u8],
+    ) -> Result<(Sep, NonNull<Header>, usize)> {
+        // SAFETY: `p` is a live node on the writer's path; kinds are checked before casts.
+        let m = unsafe { p.as_ref() }.meta();
+        let n = m.count as usize;
+        if m.is_leaf() {
+            let leaf = unsafe { as_leaf(p) };
+            // A key beyond either end of the leaf is what ascending (descending) loads
+            // look like: leave the side they will not come back to nearly full instead of
+            // half full. Random inserts hit this 1 time in ~C_LEAF and lose little.
+            let kp = key_prefix(key);
+            let beyond = |i: usize, side: Ordering| -> Result<bool> {
+                Ok(match leaf.prefix[i].load(Relaxed).cmp(&kp) {
+                    Ordering::Equal => ctx.key_cmp(leaf.ptr[i].load(Relaxed), key)? == side,
+                    o => o == side,
+                })
+            };
+            let keep = if beyond(n - 1, Ordering::Less)? {
+                n - LEAF_SPLIT_EDGE
+            } else if beyond(0, Ordering::Greater)? {
+                LEAF_SPLIT_EDGE
+            } else {
+                n / 2
+            };
+            assert!(keep >= 1 && keep < n);
+            let lp = leaf.ptr[keep - 1].load(Relaxed);
+            let rp = leaf.ptr[keep].load(Relaxed);
+            let mut left_last = Vec::new();
+            let mut right_first = Vec::new();
+            ctx.key_into(lp, &mut left_last)?;
+            ctx.key_into(rp, &mut right_first)?;
+            let Some(len) = separator(&left_last, &right_first) else {
+                return Err(Error::corruption(
+                    "log record key",
+                    DiskOffset(rp),
+                    format!("key is not greater than the key of the record at {lp:#x}, its left neighbour in the index"),
+                ));
+            };
+            let sep = if len <= MAX_INLINE_PIVOT {
+                right_first.truncate(len);
+                Sep::inline(right_first)
+            } else {
+                Sep {
+                    prefix: key_prefix(&right_first),
+                    body: SepBody::External {
+                        ptr: rp,
+                        len_bytes: right_first.len() as u32,
+                    },
+                }
+            };
+            let r = self.new_leaf(running);
+            // SAFETY: just allocated as a leaf.
+            let right = unsafe { as_leaf(r) };
+            for (j, i) in (keep..n).enumerate() {
+                right.prefix[j].store(leaf.prefix[i].load(Relaxed), Relaxed);
+                right.ptr[j].store(leaf.ptr[i].load(Relaxed), Relaxed);
+                right.hash[j].store(leaf.hash[i].load(Relaxed), Relaxed);
+            }
+            right.hdr.set_meta(Meta {
+                count: (n - keep) as u16,
+                ..right.hdr.meta()
+            });
+            Ok((sep, r, keep))
+        } else {
+            let node = unsafe { as_internal(p) };
+            let sizes: Vec<usize> = (0..n)
+                .map(|i| PivotDesc::unpack(node.pivot_desc[i].load(Relaxed)).area_bytes())
+                .collect();
+            let keep = internal_split_point(&sizes);
+            let sep = sep_of(node, keep);
+            let r = self.new_internal(running, m.level);
+            // SAFETY: just allocated as an internal node.
+            let right = unsafe { as_internal(r) };
+            let mut used = 0;
+            for (j, i) in (keep + 1..n).enumerate() {
+                put_pivot(right, j, &sep_of(node, i), &mut used);
+            }
+            for (j, i) in (keep + 1..=n).enumerate() {
+                right.child[j].store(node.child[i].load(Relaxed), Relaxed);
+            }
+            let rm = Meta {
+                count: (n - keep - 1) as u16,
+                area_used: used as u16,
+                ..right.hdr.meta()
+            };
+            assert!(!rm.is_full(), "right half of a split is still full: {rm:?}");
+            right.hdr.set_meta(rm);
+            Ok((sep, r, keep))
+        }
+    }
+
+    /// Cuts the published node `p` down to its first `keep` entries (pivots), after its
+    /// upper half became reachable elsewhere. Compacts the key area of an internal node.
+    fn truncate(&self, p: NonNull<Header>, keep: usize) {
+        // SAFETY: as in `split_prepare`.
+        let hdr = unsafe { p.as_ref() };
+        let m = hdr.meta();
+        if m.is_leaf() {
+            hdr.write_begin();
+            hdr.set_meta(Meta {
+                count: keep as u16,
+                ..m
+            });
+            hdr.write_end();
+            return;
+        }
+        let node = unsafe { as_internal(p) };
+        let mut area = [0u8; KEY_AREA_BYTES];
+        let mut descs = [0u64; C_INT];
+        let mut used = 0usize;
+        for (i, slot) in descs.iter_mut().enumerate().take(keep) {
+            let d = PivotDesc::unpack(node.pivot_desc[i].load(Relaxed));
+            let len = d.area_bytes();
+            if len == 0 {
+                *slot = d.pack();
+                continue;
+            }
+            node.area_read(d.area_at as usize, &mut area[used..used + len]);
+            *slot = PivotDesc {
+                area_at: used as u16,
+                ..d
+            }
+            .pack();
+            used += len;
+        }
+        let lm = Meta {
+            count: keep as u16,
+            area_used: used as u16,
+            ..m
+        };
+        assert!(!lm.is_full(), "left half of a split is still full: {lm:?}");
+        hdr.write_begin();
+        for (i, d) in descs.iter().enumerate().take(keep) {
+            node.pivot_desc[i].store(*d, Relaxed);
+        }
+        node.area_write(0, &area[..used]);
+        hdr.set_meta(lm);
+        hdr.write_end();
+    }
+
+    /// Inserts (`sep`, `right`) as pivot `idx` / child `idx + 1` of the published `node`.
+    fn insert_pivot(node: &InternalNode, idx: usize, sep: &Sep, right: u64) {
+        let m = node.hdr.meta();
+        let n = m.count as usize;
+        assert!(!m.is_full(), "pivot insert into a full internal node");
+        assert!(idx <= n);
+        node.hdr.write_begin();
+        for i in (idx..n).rev() {
+            node.pivot_prefix[i + 1].store(node.pivot_prefix[i].load(Relaxed), Relaxed);
+            node.pivot_desc[i + 1].store(node.pivot_desc[i].load(Relaxed), Relaxed);
+        }
+        for i in (idx + 1..=n).rev() {
+            node.child[i + 1].store(node.child[i].load(Relaxed), Relaxed);
+        }
+        let mut used = m.area_used as usize;
+        put_pivot(node, idx, sep, &mut used);
+        node.child[idx + 1].store(right, Release);
+        node.hdr.set_meta(Meta {
+            count: m.count + 1,
+            area_used: used as u16,
+            ..m
+        });
+        node.hdr.write_end();
+    }
+
+    /// Splits the full child `idx` of `parent`: right half built unseen, then made reachable
+    /// through the parent, then cut from the child (readers never miss a key).
+    fn split_child<C: Ctx>(
+        &self,
+        ctx: &C,
+        parent: &InternalNode,
+        idx: usize,
+        child: NonNull<Header>,
+        running: u64,
+        key: &[u8],
+    ) -> Result<Sep> {
+        let (sep, right, keep) = self.split_prepare(ctx, child, running, key)?;
+        Self::insert_pivot(parent, idx, &sep, heap_word(right));
+        self.truncate(child, keep);
+        Ok(sep)
+    }
+
+    /// Splits the full writable root under a new root; returns the new root.
+    fn split_root<C: Ctx>(
+        &self,
+        ctx: &C,
+        old: NonNull<Header>,
+        running: u64,
+        key: &[u8],
+    ) -> Result<NonNull<Header>> {
+        let (sep, right, keep) = self.split_prepare(ctx, old, running, key)?;
+        // SAFETY: `old` is the live root.
+        let level = unsafe { old.as_ref() }.meta().level + 1;
+        let nr = self.new_internal(running, level);
+        // SAFETY: just allocated as an internal node.
+        let node = unsafe { as_internal(nr) };
+        let mut used = 0;
+        node.child[0].store(heap_word(old), Relaxed);
+        put_pivot(node, 0, &sep, &mut used);
+        node.child[1].store(heap_word(right), Relaxed);
+        node.hdr.set_meta(Meta {
+            kind: KIND_INTERNAL,
+            level,
+            count: 1,
+            area_used: used as u16,
+        });
+        self.root.store(heap_word(nr), Release);
+        self.truncate(old, keep);
+        Ok(nr)
+    }
+
+    // -----------------------------------------------------------------------------------
+    // Readers
+
+    /// The log pointer of `key` in the tree at `root` (`root_word()` for the latest state,
+    /// or a `Sealed::root`). Never blocks; any thread.
+    pub fn get<C: Ctx>(
+        &self,
+        ctx: &C,
+        root: u64,
+        key: &[u8],
+        _guard: &Guard,
+    ) -> Result<Option<u64>> {
+        let mut w = GetWalk {
+            key,
+            prefix: key_prefix(key),
+            hash: key_hash(key),
+        };
+        self.walk(ctx, root, &mut w)
+    }
+
+    /// Copies the leaf chosen by `seek` (pointers in key order, fences) into `out`, reusing
+    /// its buffers. Never blocks; any thread. Forward iteration continues with
+    /// `AtOrAfter(high)`, backward with `Before(low)`; leaves may be empty.
+    pub fn copy_leaf<C: Ctx>(
+        &self,
+        ctx: &C,
+        root: u64,
+        seek: Seek<'_>,
+        _guard: &Guard,
+        out: &mut LeafCopy,
+    ) -> Result<()> {
+        let seek_prefix = match seek {
+            Seek::AtOrAfter(k) | Seek::Before(k) => key_prefix(k),
+            Seek::First | Seek::Last => 0,
+        };
+        let mut w = LeafWalk {
+            seek,
+            seek_prefix,
+            low: out.low.take().unwrap_or_default(),
+            high: out.high.take().unwrap_or_default(),
+            out,
+            low_set: false,
+            high_set: false,
+        };
+        self.walk(ctx, root, &mut w)?;
+        let LeafWalk {
+            low,
+            high,
+            low_set,
+            high_set,
+            out,
+            ..
+        } = w;
+        out.low = low_set.then_some(low);
+        out.high = high_set.then_some(high);
+        Ok(())
+    }
+
+    /// Descends from `root` with `w`, restarting from the live root when a heap node moved.
+    fn walk<C: Ctx, W: Walk>(&self, ctx: &C, root: u64, w: &mut W) -> Result<W::Out> {
+        let mut start = root;
+        loop {
+            w.reset();
+            match self.walk_once(ctx, start, w) {
+                Ok(out) => return Ok(out),
+                Err(SearchErr::Fail(e)) => return Err(e),
+                // Only a node of the running epoch moves, so `root` was the live tree:
+                // continue with its latest root.
+                Err(SearchErr::Restart) => start = self.root.load(Acquire),
+            }
+        }
+    }
+
+    fn walk_once<C: Ctx, W: Walk>(&self, ctx: &C, start: u64, w: &mut W) -> SResult<W::Out> {
+        let mut word = start;
+        let mut parent: Option<(&Header, u64)> = None;
+        let mut expect_level: Option<u8> = None;
+        loop {
+            let p = match NodeRef::decode(word) {
+                None => return Ok(w.empty()),
+                Some(NodeRef::Disk(off)) => return self.walk_disk(ctx, off, expect_level, w),
+                Some(NodeRef::Heap(p)) => p,
+            };
+            // SAFETY: `word` is the start root (live, or sealed and kept alive by the
+            // caller's epoch rules) or a child word read from a node whose version was
+            // validated afterwards, so it named a live child at that moment; the caller's
+            // guard keeps retired nodes from being freed while we read.
+            let hdr = unsafe { p.as_ref() };
+            let v = hdr.read_begin();
+            match parent {
+                // Lock coupling: if the parent moved, this child may have been split or
+                // replaced after we read its word.
+                Some((ph, pv)) => {
+                    if !ph.read_valid(pv) {
+                        return Err(SearchErr::Restart);
+                    }
+                }
+                None => {
+                    // A stale root of the running epoch (a root split published a new one)
+                    // would miss keys moved to the new right half.
+                    if hdr.epoch() >= self.running.load(Acquire) && self.root.load(Acquire) != word
+                    {
+                        return Err(SearchErr::Restart);
+                    }
+                }
+            }
+            let m = hdr.meta();
+            debug_assert!(expect_level.is_none_or(|l| l == m.level));
+            if m.kind == KIND_LEAF {
+                // SAFETY: the kind of a node never changes.
+                let view = HeapLeaf {
+                    node: unsafe { as_leaf(p) },
+                    version: Some(v),
+                };
+                let out = w.leaf(&view, ctx)?;
+                view.validate()?;
+                return Ok(out);
+            }
+            // SAFETY: as above.
+            let view = HeapInternal {
+                node: unsafe { as_internal(p) },
+                version: Some(v),
+            };
+            let idx = w.internal(&view, ctx)?;
+            let child = view.child(idx);
+            view.validate()?;
+            view.check_child(child)?;
+            parent = Some((hdr, v));
+            expect_level = Some(m.level - 1);
+            word = child;
+        }
+    }
+
+    /// Continues a descent below a disk node; everything below is on disk and immutable.
+    fn walk_disk<C: Ctx, W: Walk>(
+        &self,
+        ctx: &C,
+        mut off: DiskOffset,
+        mut expect_level: Option<u8>,
+        w: &mut W,
+    ) -> SResult<W::Out> {
+        loop {
+            let step = ctx.with_node(off, |img| {
+                let d = DiskNode::open(img, off, self.region, expect_level)?;
+                if d.meta().is_leaf() {
+                    return Ok(DiskStep::Done(no_restart(w.leaf(&d, ctx))?));
+                }
+                let idx = no_restart(w.internal(&d, ctx))?;
+                let child = InternalRead::child(&d, idx);
+                no_restart(d.check_child(child))?;
+                Ok(DiskStep::Next(child, d.meta().level - 1))
+            })?;
+            match step {
+                DiskStep::Done(out) => return Ok(out),
+                DiskStep::Next(child, level) => {
+                    off = DiskOffset(child & !1);
+                    expect_level = Some(level);
+                }
+            }
+        }
+    }
+
+    // -----------------------------------------------------------------------------------
+    // Commit support
+
+    /// Builds disk images of every heap node reachable from `sealed_root` that has no disk
+    /// offset yet (post-order, so children get offsets first), allocating each a block with
+    /// `alloc` and recording the offset in the node. Returns the root's offset
+    /// (`DiskOffset::NONE` for an empty tree).
+    ///
+    /// Runs beside the writer and readers; `sealed_root` must come from `seal`, and calls
+    /// must not overlap. Offsets are recorded as images are built, before they are written:
+    /// if the commit then fails, the region must stop (be poisoned) rather than persist again.
+    pub fn persist(
+        &self,
+        sealed_root: u64,
+        region: RegionId,
+        alloc: &mut dyn FnMut() -> Result<DiskOffset>,
+        out: &mut Vec<(DiskOffset, Box<[u8; NODE_BYTES]>)>,
+    ) -> Result<DiskOffset> {
+        assert_eq!(region, self.region, "persist for another region's tree");
+        match NodeRef::decode(sealed_root) {
+            None => Ok(DiskOffset::NONE),
+            Some(NodeRef::Disk(off)) => Ok(off),
+            Some(NodeRef::Heap(p)) => {
+                // SAFETY: a sealed root's nodes are live until reclaimed, which needs a
+                // durable epoch past the commit that is running this.
+                let epoch = unsafe { p.as_ref() }.epoch();
+                assert!(
+                    epoch < self.running.load(Acquire),
+                    "persist of a root that is not sealed"
+                );
+                let _guard = crossbeam_epoch::pin();
+                self.persist_node(p, alloc, out)
+            }
+        }
+    }
+
+    fn persist_node(
+        &self,
+        p: NonNull<Header>,
+        alloc: &mut dyn FnMut() -> Result<DiskOffset>,
+        out: &mut Vec<(DiskOffset, Box<[u8; NODE_BYTES]>)>,
+    ) -> Result<DiskOffset> {
+        // SAFETY: reachable from a sealed root, see `persist`.
+        let hdr = unsafe { p.as_ref() };
+        let done = hdr.disk_offset();
+        if done != 0 {
+            // Persisted by an earlier commit; so is everything below it (it is immutable).
+            return Ok(DiskOffset(done));
+        }
+        let m = hdr.meta();
+        let mut children = [0u64; C_INT + 1];
+        if !m.is_leaf() {
+            // SAFETY: kind checked.
+            let node = unsafe { as_internal(p) };
+            for (i, slot) in children.iter_mut().enumerate().take(m.count as usize + 1) {
+                let w = node.child[i].load(Acquire);
+                *slot = match NodeRef::decode(w) {
+                    None => panic!("internal node with an empty child slot {i}"),
+                    Some(NodeRef::Heap(c)) => disk_word(self.persist_node(c, alloc, out)?),
+                    Some(NodeRef::Disk(_)) => w,
+                };
+            }
+        }
+        let off = alloc()?;
+        assert!(
+            !off.is_none() && off.block_aligned(),
+            "allocator gave {off:?} for an index node"
+        );
+        let img = encode_image(p, off, self.region, |i| children[i]);
+        hdr.w[W_DISK].store(off.0, Release);
+        out.push((off, img));
+        Ok(off)
+    }
+
+    /// Frees every retired node that no commit, snapshot or reader can reach any more:
+    /// retired in an epoch `<= durable`, and no snapshot older than that epoch. Heap memory
+    /// is freed once all current crossbeam-epoch readers are gone; the nodes' disk blocks
+    /// (a disk node's offset, or a heap node's assigned offset) are returned, and the
+    /// caller must likewise wait for readers before reusing them.
+    pub fn reclaim(
+        &self,
+        durable: TreeEpoch,
+        oldest_snapshot: Option<TreeEpoch>,
+    ) -> Vec<DiskOffset> {
+        let free = |r: &Retired| r.epoch <= durable && oldest_snapshot.is_none_or(|s| s >= r.epoch);
+        let taken: Vec<Retired> = {
+            let mut list = self.retired.lock();
+            let (take, keep): (Vec<Retired>, Vec<Retired>) = list.drain(..).partition(free);
+            *list = keep;
+            take
+        };
+        if taken.is_empty() {
+            return Vec::new();
+        }
+        let mut heap = Vec::new();
+        let mut blocks = Vec::new();
+        for r in taken {
+            match r.node {
+                RetiredNode::Heap(h) => {
+                    // SAFETY: retired nodes stay live until freed below.
+                    let off = unsafe { h.0.as_ref() }.disk_offset();
+                    if off != 0 {
+                        blocks.push(DiskOffset(off));
+                    }
+                    heap.push(h);
+                }
+                RetiredNode::Disk(off) => blocks.push(off),
+            }
+        }
+        self.heap_nodes.fetch_sub(heap.len() as u64, Relaxed);
+        let guard = crossbeam_epoch::pin();
+        // SAFETY: the nodes are unreachable from the live root and from every sealed root
+        // anyone may still read (the epoch rules above); readers that found them before are
+        // pinned, and the closure runs only after they unpin. Each node is freed once: it
+        // left the retired list above.
+        unsafe {
+            guard.defer_unchecked(move || {
+                for h in heap {
+                    free_node(h.0);
+                }
+            });
+        }
+        guard.flush();
+        blocks
+    }
+
+    /// Disk blocks of retired nodes retired in an epoch `<= upto` (for the commit's free log).
+    pub fn retired_disk_blocks(&self, upto: TreeEpoch) -> Vec<DiskOffset> {
+        let list = self.retired.lock();
+        list.iter()
+            .filter(|r| r.epoch <= upto)
+            .filter_map(|r| match &r.node {
+                RetiredNode::Disk(off) => Some(*off),
+                // SAFETY: nodes in the retired list are live.
+                RetiredNode::Heap(h) => match unsafe { h.0.as_ref() }.disk_offset() {
+                    0 => None,
+                    off => Some(DiskOffset(off)),
+                },
+            })
+            .collect()
+    }
+
+    // -----------------------------------------------------------------------------------
+    // Checking
+
+    /// Walks the whole tree at `root` and verifies it: disk images completely (checksum,
+    /// bounds), levels, every key's prefix and hash, keys strictly ascending within their
+    /// fences, pivots ascending. Reads every key from the log. `root` must be sealed, or the
+    /// caller must hold the region's writer lock.
+    pub fn check<C: Ctx>(&self, ctx: &C, root: u64) -> Result<TreeCheck> {
+        let mut report = TreeCheck::default();
+        if root != 0 {
+            let level = self.check_node(ctx, root, None, None, None, &mut report)?;
+            report.height = level as u32 + 1;
+        }
+        Ok(report)
+    }
+
+    fn check_node<C: Ctx>(
+        &self,
+        ctx: &C,
+        word: u64,
+        expect_level: Option<u8>,
+        low: Option<&[u8]>,
+        high: Option<&[u8]>,
+        report: &mut TreeCheck,
+    ) -> Result<u8> {
+        let (where_, snap) = match NodeRef::decode(word) {
+            None => {
+                return Err(Error::corruption(
+                    "index",
+                    DiskOffset::NONE,
+                    "empty child slot",
+                ))
+            }
+            Some(NodeRef::Heap(p)) => {
+                report.heap_nodes += 1;
+                // SAFETY: reachable from `root`, which the caller keeps alive.
+                let m = unsafe { p.as_ref() }.meta();
+                let snap = if m.is_leaf() {
+                    snapshot_leaf(&HeapLeaf {
+                        // SAFETY: kind checked.
+                        node: unsafe { as_leaf(p) },
+                        version: None,
+                    })
+                } else {
+                    no_restart(snapshot_internal(
+                        &HeapInternal {
+                            // SAFETY: kind checked.
+                            node: unsafe { as_internal(p) },
+                            version: None,
+                        },
+                        ctx,
+                    ))?
+                };
+                (DiskOffset::NONE, snap)
+            }
+            Some(NodeRef::Disk(off)) => {
+                report.disk_nodes += 1;
+                let snap = ctx.with_node(off, |img| {
+                    let d = DiskNode::open(img, off, self.region, expect_level)?;
+                    d.verify_structure()?;
+                    if d.meta().is_leaf() {
+                        Ok(snapshot_leaf(&d))
+                    } else {
+                        no_restart(snapshot_internal(&d, ctx))
+                    }
+                })?;
+                (off, snap)
+            }
+        };
+        let bad = |detail: String| Error::corruption("index node", where_, detail);
+        if let Some(l) = expect_level {
+            if snap.level != l {
+                return Err(bad(format!("level {} where {l} was expected", snap.level)));
+            }
+        }
+        let in_fences = |k: &[u8]| low.is_none_or(|l| l <= k) && high.is_none_or(|h| k < h);
+        match snap.body {
+            Snap::Leaf(entries) => {
+                report.leaves += 1;
+                report.keys += entries.len() as u64;
+                let mut prev: Option<Vec<u8>> = None;
+                let mut key = Vec::new();
+                for (i, (prefix, hash, ptr)) in entries.into_iter().enumerate() {
+                    ctx.key_into(ptr, &mut key)?;
+                    if prefix != key_prefix(&key) || hash != key_hash(&key) {
+                        return Err(bad(format!(
+                            "entry {i}: prefix or hash does not match its key"
+                        )));
+                    }
+                    if !in_fences(&key) {
+                        return Err(bad(format!("entry {i}: key outside the node's fences")));
+                    }
+                    if prev.as_deref().is_some_and(|p| p >= key.as_slice()) {
+                        return Err(bad(format!("entry {i}: keys not strictly ascending")));
+                    }
+                    prev = Some(std::mem::take(&mut key));
+                }
+            }
+            Snap::Internal {
+                children,
+                pivots,
+                external,
+            } => {
+                report.pivots += pivots.len() as u64;
+                report.external_pivots += external;
+                for (i, p) in pivots.iter().enumerate() {
+                    if i > 0 && pivots[i - 1] >= *p {
+                        return Err(bad(format!("pivot {i}: pivots not strictly ascending")));
+                    }
+                    if low.is_some_and(|l| p.as_slice() < l)
+                        || high.is_some_and(|h| p.as_slice() > h)
+                    {
+                        return Err(bad(format!("pivot {i}: outside the node's fences")));
+                    }
+                }
+                for (i, &child) in children.iter().enumerate() {
+                    let lo = if i == 0 {
+                        low
+                    } else {
+                        Some(pivots[i - 1].as_slice())
+                    };
+                    let hi = if i == pivots.len() {
+                        high
+                    } else {
+                        Some(pivots[i].as_slice())
+                    };
+                    self.check_node(ctx, child, Some(snap.level - 1), lo, hi, report)?;
+                }
+            }
+        }
+        Ok(snap.level)
+    }
+}
+
+/// A node's content copied out for `check`.
+struct NodeSnap {
+    level: u8,
+    body: Snap,
+}
+
+enum Snap {
+    Leaf(Vec<(u64, u32, u64)>),
+    Internal {
+        children: Vec<u64>,
+        pivots: Vec<Vec<u8>>,
+        external: u64,
+    },
+}
+
+fn snapshot_leaf<L: LeafRead>(l: &L) -> NodeSnap {
+    NodeSnap {
+        level: 0,
+        body: Snap::Leaf(
+            (0..l.count())
+                .map(|i| (l.prefix(i), l.hash(i), l.ptr(i)))
+                .collect(),
+        ),
+    }
+}
+
+fn snapshot_internal<V: InternalRead, C: Ctx>(v: &V, ctx: &C) -> SResult<NodeSnap> {
+    let n = v.count();
+    let mut pivots = Vec::with_capacity(n);
+    for i in 0..n {
+        let mut p = Vec::new();
+        pivot_into(v, ctx, i, &mut p)?;
+        pivots.push(p);
+    }
+    let children = (0..=n).map(|i| v.child(i)).collect();
+    let external = (0..n).filter(|&i| v.pivot_desc(i).is_external()).count() as u64;
+    Ok(NodeSnap {
+        level: v.level(),
+        body: Snap::Internal {
+            children,
+            pivots,
+            external,
+        },
+    })
+}
+
+impl Drop for Tree {
+    fn drop(&mut self) {
+        // `&mut self`: no reader or writer is inside the tree. Nodes reachable from the root
+        // form a tree (each reached once); retired nodes are freed alone, since their
+        // children are shared with the live version.
+        fn free_subtree(word: u64) {
+            let Some(NodeRef::Heap(p)) = NodeRef::decode(word) else {
+                return;
+            };
+            // SAFETY: reachable from the root of a tree being dropped; freed once.
+            unsafe {
+                let m = p.as_ref().meta();
+                if !m.is_leaf() {
+                    let node = as_internal(p);
+                    for i in 0..=m.count as usize {
+                        free_subtree(node.child[i].load(Relaxed));
+                    }
+                }
+                free_node(p);
+            }
+        }
+        free_subtree(*self.root.get_mut());
+        for r in self.retired.get_mut().drain(..) {
+            if let RetiredNode::Heap(h) = r.node {
+                // SAFETY: a retired node is not reachable from the root; freed once.
+                unsafe { free_node(h.0) };
+            }
+        }
+    }
+}
+
+// The tree is shared between the writer, readers and the commit thread.
+const _: fn() = || {
+    fn shared<T: Send + Sync>() {}
+    shared::<Tree>();
+};
