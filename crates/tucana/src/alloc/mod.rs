@@ -690,6 +690,21 @@ impl Allocator {
         start >= inside_end || st.count_set(start, inside_end) == inside_end - start
     }
 
+    /// Recovery: covers a file that grew after the last commit (segments allocated since
+    /// live there and replay marks them). Rounds down to whole blocks and keeps a partial
+    /// last group big enough for its reserved blocks; never shrinks.
+    pub fn cover_file(&self, file_len_bytes: u64) {
+        let mut st = self.state.lock();
+        let mut blocks = file_len_bytes / BLOCK_BYTES;
+        let tail_blocks = blocks % GROUP_BLOCKS;
+        if tail_blocks != 0 && tail_blocks < GROUP_RESERVED_BLOCKS {
+            blocks -= tail_blocks;
+        }
+        if blocks > st.volume_blocks {
+            st.extend(blocks);
+        }
+    }
+
     /// Allocated blocks inside the volume, reserved blocks included.
     pub fn allocated_blocks(&self) -> u64 {
         self.state.lock().allocated_blocks

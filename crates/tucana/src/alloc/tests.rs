@@ -418,13 +418,13 @@ fn released_post_seal_blocks_taken_again_before_the_image_are_kept() {
     alloc.begin_commit();
     let run = alloc.allocate(&storage, 16, 1, true).unwrap();
     alloc.release(run, 16);
-    assert!(alloc.mark_allocated(run.add(4 * BLOCK_BYTES), 8));
+    assert!(alloc.mark_allocated(run.plus_bytes(4 * BLOCK_BYTES), 8));
     let images = alloc.commit_images(CommitEpoch(2));
     write_images(&storage, &images);
     alloc.end_commit(true);
     let loaded =
         Allocator::load(&storage, images.volume_bytes, &images.slots, CommitEpoch(2)).unwrap();
-    assert!(loaded.is_allocated(run.add(4 * BLOCK_BYTES), 8));
+    assert!(loaded.is_allocated(run.plus_bytes(4 * BLOCK_BYTES), 8));
     assert!(!loaded.is_allocated(run, 1));
 }
 
@@ -610,7 +610,7 @@ fn allocate_up_to_takes_the_first_free_run() {
     // From the cursor (inside b's hole): the rest of that hole, then around to a's.
     assert_eq!(
         alloc.allocate_up_to(&storage, 50).unwrap(),
-        (b.add(4 * BLOCK_BYTES), 6)
+        (b.plus_bytes(4 * BLOCK_BYTES), 6)
     );
     assert_eq!(alloc.allocate_up_to(&storage, 50).unwrap(), (a, 10));
     assert_eq!(alloc.volume_bytes(), GROUP_BYTES);
@@ -627,7 +627,7 @@ fn mark_allocated_reports_overlaps() {
     let (storage, alloc) = new_volume(GROUP_BYTES - 1000 * BLOCK_BYTES);
     let run = alloc.allocate(&storage, 10, 1, false).unwrap();
     assert!(
-        !alloc.mark_allocated(run.add(5 * BLOCK_BYTES), 10),
+        !alloc.mark_allocated(run.plus_bytes(5 * BLOCK_BYTES), 10),
         "overlaps the run"
     );
     assert!(alloc.is_allocated(run, 15));

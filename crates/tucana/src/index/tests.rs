@@ -3,7 +3,6 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
-use std::sync::Arc;
 
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;

@@ -79,6 +79,8 @@ pub(crate) fn open(options: Options, storage: Arc<dyn Storage>) -> Result<DbInne
         &desc.bitmap_slots,
         sb.epoch,
     )?;
+    // Log segments allocated after the commit may lie past its volume length.
+    allocator.cover_file(len);
     for (off, blocks) in &desc.free_log {
         if !allocator.is_allocated(*off, *blocks) {
             return Err(Error::corruption(
@@ -168,6 +170,7 @@ fn recover_region(shared: &Arc<Shared>, rd: &RegionDesc) -> Result<Region> {
     let mut staged: Vec<Item> = Vec::new();
     // The last complete point: (chain length, used, seq, items).
     let mut complete = (1usize, used, seq);
+    let mut in_batch = false;
     let mut header_buf = [0u8; HEADER_BYTES];
     let mut body = Vec::new();
     loop {
@@ -215,16 +218,23 @@ fn recover_region(shared: &Arc<Shared>, rd: &RegionDesc) -> Result<Region> {
             staged.push(Item::Link { at, len });
             chain.push((next, next_size));
             used = 0;
+            // A link inside a batch belongs to the batch: it counts only if the batch
+            // completes (a segment switch can fall in the middle of a batch).
+            if !in_batch {
+                items.append(&mut staged);
+                complete = (chain.len(), used, seq);
+            }
         } else {
             staged.push(if rec.header.is_tombstone() {
                 Item::Delete { at, len }
             } else {
                 Item::Put { at, len }
             });
-        }
-        if !rec.header.batch_more() {
-            items.append(&mut staged);
-            complete = (chain.len(), used, seq);
+            in_batch = rec.header.batch_more();
+            if !in_batch {
+                items.append(&mut staged);
+                complete = (chain.len(), used, seq);
+            }
         }
     }
     // Anything after the last complete unit is gone: a torn batch, and segments that only
