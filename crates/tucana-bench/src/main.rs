@@ -76,6 +76,9 @@ struct MicroArgs {
     /// Make every write durable before it returns (default: buffered writes).
     #[arg(long)]
     sync: bool,
+    /// Stop after this phase (e.g. `readrandom`, to profile fill and reads alone).
+    #[arg(long)]
+    stop_after: Option<String>,
 }
 
 #[derive(Args, Debug)]
@@ -146,6 +149,7 @@ fn run(cli: Cli) -> Result<()> {
                 seed: common.seed,
                 sync_writes: args.sync,
                 dir: common.dir.clone(),
+                stop_after: args.stop_after.clone(),
             };
             micro::run(kind, &config, &mut records)?;
         }

@@ -43,6 +43,8 @@ pub struct MicroConfig {
     pub sync_writes: bool,
     /// Parent of the run's fresh, temporary engine directory.
     pub dir: PathBuf,
+    /// Skip the phases after this one.
+    pub stop_after: Option<String>,
 }
 
 /// Runs every phase on an engine of `kind`, printing a row per phase as it completes and
@@ -78,26 +80,50 @@ pub fn run(kind: &dyn EngineKind, config: &MicroConfig, records: &mut Vec<Record
     let mut fill = run.record("fillrandom", &fill);
     run.commit_and_describe(&mut fill, "after fill", engine_dir.path())?;
     records.push(fill);
+    if config.stop_after.as_deref() == Some("fillrandom") {
+        return finish(engine, engine_dir);
+    }
 
     let m = run.read_random("readrandom", Generation(0))?;
     records.push(run.record("readrandom", &m));
+    if config.stop_after.as_deref() == Some("readrandom") {
+        return finish(engine, engine_dir);
+    }
     let m = run.scan_all("readseq", Direction::Forward, Generation(0))?;
     records.push(run.record("readseq", &m));
+    if config.stop_after.as_deref() == Some("readseq") {
+        return finish(engine, engine_dir);
+    }
     let m = run.scan_all("readreverse", Direction::Reverse, Generation(0))?;
     records.push(run.record("readreverse", &m));
+    if config.stop_after.as_deref() == Some("readreverse") {
+        return finish(engine, engine_dir);
+    }
 
     let order = Permutation::new(config.keys, phase_seed(config.seed, "overwrite"));
     let m = run.write_each_once("overwrite", Generation(1), Some(&order))?;
     let mut overwrite = run.record("overwrite", &m);
     run.commit_and_describe(&mut overwrite, "after overwrite", engine_dir.path())?;
     records.push(overwrite);
+    if config.stop_after.as_deref() == Some("overwrite") {
+        return finish(engine, engine_dir);
+    }
 
     let m = run.seek_random("seekrandom", Generation(1))?;
     records.push(run.record("seekrandom", &m));
+    if config.stop_after.as_deref() == Some("seekrandom") {
+        return finish(engine, engine_dir);
+    }
     let m = run.delete_each_once("deleterandom")?;
     records.push(run.record("deleterandom", &m));
+    if config.stop_after.as_deref() == Some("deleterandom") {
+        return finish(engine, engine_dir);
+    }
     run.expect_empty()?;
+    finish(engine, engine_dir)
+}
 
+fn finish(engine: Box<dyn Engine>, engine_dir: tempfile::TempDir) -> Result<()> {
     engine.close()?;
     // `engine_dir` is removed here, after the engine let go of its files.
     drop(engine_dir);

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use crate::db::DbInner;
 use crate::error::{Error, Result};
-use crate::index::{LeafCopy, Seek};
+use crate::index::{key_prefix, LeafCopy, Seek};
 use crate::region::{Op, Region};
 use crate::types::{TreeEpoch, MAX_KEY_BYTES, MAX_VALUE_BYTES};
 
@@ -357,6 +357,69 @@ impl Range {
             .with_record(ptr, true, |r| (r.key.to_vec(), r.value.to_vec()))
     }
 
+    /// Index of the first entry of the front leaf that is not below `lo`: a binary search
+    /// on prefixes, then on keys (read from the log) only among equal prefixes.
+    fn first_not_below_lo(&self) -> Result<usize> {
+        let leaf = &self.front.leaf;
+        let (key, inclusive) = match &self.lo {
+            Bound::Unbounded => return Ok(0),
+            Bound::Included(k) => (k, true),
+            Bound::Excluded(k) => (k, false),
+        };
+        let p = key_prefix(key);
+        let (mut lo, mut hi) = (
+            leaf.prefixes.partition_point(|x| *x < p),
+            leaf.prefixes.partition_point(|x| *x <= p),
+        );
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            let below = self.region.with_record(leaf.ptrs[mid], false, |r| {
+                if inclusive {
+                    r.key < key.as_slice()
+                } else {
+                    r.key <= key.as_slice()
+                }
+            })?;
+            if below {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        Ok(lo)
+    }
+
+    /// One past the last entry of the back leaf that is not above `hi`.
+    fn end_not_above_hi(&self) -> Result<usize> {
+        let leaf = &self.back.leaf;
+        let (key, inclusive) = match &self.hi {
+            Bound::Unbounded => return Ok(leaf.ptrs.len()),
+            Bound::Included(k) => (k, true),
+            Bound::Excluded(k) => (k, false),
+        };
+        let p = key_prefix(key);
+        let (mut lo, mut hi) = (
+            leaf.prefixes.partition_point(|x| *x < p),
+            leaf.prefixes.partition_point(|x| *x <= p),
+        );
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            let within = self.region.with_record(leaf.ptrs[mid], false, |r| {
+                if inclusive {
+                    r.key <= key.as_slice()
+                } else {
+                    r.key < key.as_slice()
+                }
+            })?;
+            if within {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        Ok(lo)
+    }
+
     fn next_front(&mut self) -> Result<Option<(Vec<u8>, Vec<u8>)>> {
         loop {
             if self.front.started && self.front.pos < self.front.leaf.ptrs.len() {
@@ -398,7 +461,7 @@ impl Range {
             self.region
                 .copy_leaf(self.root, seek, &mut self.front.leaf)?;
             self.front.started = true;
-            self.front.pos = 0;
+            self.front.pos = self.first_not_below_lo()?;
         }
     }
 
@@ -444,7 +507,7 @@ impl Range {
             self.region
                 .copy_leaf(self.root, seek, &mut self.back.leaf)?;
             self.back.started = true;
-            self.back.pos = self.back.leaf.ptrs.len();
+            self.back.pos = self.end_not_above_hi()?;
         }
     }
 }

@@ -62,6 +62,9 @@ pub enum Seek<'a> {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct LeafCopy {
     pub ptrs: Vec<u64>,
+    /// The entries' key prefixes (`key_prefix`), parallel to `ptrs`: lets an iterator find
+    /// its start in the leaf without reading most keys.
+    pub prefixes: Vec<u64>,
     /// Tightest inclusive lower bound of the leaf's key range (`None` at the left edge).
     pub low: Option<Vec<u8>>,
     /// Tightest exclusive upper bound (`None` at the right edge).
@@ -300,6 +303,7 @@ impl Walk for LeafWalk<'_, '_> {
         self.low_set = false;
         self.high_set = false;
         self.out.ptrs.clear();
+        self.out.prefixes.clear();
     }
     fn empty(&mut self) {}
     fn internal<V: InternalRead, C: Ctx>(&mut self, v: &V, ctx: &C) -> SResult<usize> {
@@ -324,8 +328,10 @@ impl Walk for LeafWalk<'_, '_> {
     }
     fn leaf<L: LeafRead, C: Ctx>(&mut self, l: &L, _ctx: &C) -> SResult<()> {
         self.out.ptrs.clear();
+        self.out.prefixes.clear();
         let n = l.count();
         self.out.ptrs.extend((0..n).map(|i| l.ptr(i)));
+        self.out.prefixes.extend((0..n).map(|i| l.prefix(i)));
         l.validate()?;
         if self.out.ptrs.contains(&0) {
             return Err(l.corrupt("zero log pointer"));
