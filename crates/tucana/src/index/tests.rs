@@ -243,6 +243,7 @@ fn empty_tree_answers_nothing() {
     let guard = crossbeam_epoch::pin();
     let mut out = LeafCopy {
         ptrs: vec![1, 2],
+        prefixes: vec![1, 2],
         low: Some(vec![1]),
         high: Some(vec![2]),
     };
