@@ -479,6 +479,7 @@ mod tests {
             seed: 9,
             sync_writes: false,
             dir: dir.path().to_path_buf(),
+            stop_after: None,
         };
         (dir, config)
     }
