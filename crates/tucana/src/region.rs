@@ -394,7 +394,6 @@ impl Region {
     ) -> Result<Option<R>> {
         self.check_usable()?;
         let guard = epoch::pin();
-        let root = root.unwrap_or_else(|| self.tree.root_word());
         let Some(ptr) = self.tree.get(self, root, key, &guard)? else {
             return Ok(None);
         };
@@ -420,7 +419,6 @@ impl Region {
     ) -> Result<()> {
         self.check_usable()?;
         let guard = epoch::pin();
-        let root = root.unwrap_or_else(|| self.tree.root_word());
         self.tree.copy_leaf(self, root, seek, &guard, out)
     }
 

@@ -88,13 +88,18 @@ fn del(tree: &Tree, ctx: &FakeCtx, model: &mut Model, key: &[u8]) {
     assert_eq!(old, model.remove(key), "remove {key:?}");
 }
 
-fn get(tree: &Tree, ctx: &FakeCtx, root: u64, key: &[u8]) -> Option<u64> {
+fn get(tree: &Tree, ctx: &FakeCtx, root: Option<u64>, key: &[u8]) -> Option<u64> {
     let guard = crossbeam_epoch::pin();
     tree.get(ctx, root, key, &guard).unwrap()
 }
 
 /// Keys `>= from` in order, by walking leaves forward; checks every leaf against its fences.
-fn scan_forward(tree: &Tree, ctx: &FakeCtx, root: u64, from: Option<&[u8]>) -> Vec<(Vec<u8>, u64)> {
+fn scan_forward(
+    tree: &Tree,
+    ctx: &FakeCtx,
+    root: Option<u64>,
+    from: Option<&[u8]>,
+) -> Vec<(Vec<u8>, u64)> {
     let guard = crossbeam_epoch::pin();
     let mut out = LeafCopy::default();
     let mut items = Vec::new();
@@ -134,7 +139,7 @@ fn scan_forward(tree: &Tree, ctx: &FakeCtx, root: u64, from: Option<&[u8]>) -> V
 fn scan_backward(
     tree: &Tree,
     ctx: &FakeCtx,
-    root: u64,
+    root: Option<u64>,
     before: Option<&[u8]>,
 ) -> Vec<(Vec<u8>, u64)> {
     let guard = crossbeam_epoch::pin();
@@ -192,7 +197,7 @@ fn check_fences(ctx: &FakeCtx, out: &LeafCopy) {
 
 /// Everything the tree at `root` answers equals the model: point gets, both full walks,
 /// partial walks from a few keys, and the structural check.
-fn assert_matches(tree: &Tree, ctx: &FakeCtx, root: u64, model: &Model, rng: &mut StdRng) {
+fn assert_matches(tree: &Tree, ctx: &FakeCtx, root: Option<u64>, model: &Model, rng: &mut StdRng) {
     for (k, &p) in model {
         assert_eq!(get(tree, ctx, root, k), Some(p), "get {k:?}");
     }
@@ -223,7 +228,9 @@ fn assert_matches(tree: &Tree, ctx: &FakeCtx, root: u64, model: &Model, rng: &mu
             assert_eq!(get(tree, ctx, root, &probe), None);
         }
     }
-    let report = tree.check(ctx, root).unwrap();
+    let report = tree
+        .check(ctx, root.unwrap_or_else(|| tree.root_word()))
+        .unwrap();
     assert_eq!(report.keys, model.len() as u64);
 }
 
@@ -238,7 +245,7 @@ fn empty_tree_answers_nothing() {
     let tree = Tree::new(REGION, TreeEpoch(1));
     let mut ctx = FakeCtx::default();
     assert_eq!(tree.root_word(), 0);
-    assert_eq!(get(&tree, &ctx, 0, b"a"), None);
+    assert_eq!(get(&tree, &ctx, None, b"a"), None);
     assert_eq!(tree.remove(&ctx, b"a").unwrap(), None);
     let guard = crossbeam_epoch::pin();
     let mut out = LeafCopy {
@@ -247,7 +254,7 @@ fn empty_tree_answers_nothing() {
         low: Some(vec![1]),
         high: Some(vec![2]),
     };
-    tree.copy_leaf(&ctx, 0, Seek::First, &guard, &mut out)
+    tree.copy_leaf(&ctx, None, Seek::First, &guard, &mut out)
         .unwrap();
     assert_eq!(out, LeafCopy::default());
     let sealed = tree.seal();
@@ -271,10 +278,10 @@ fn replace_returns_the_old_pointer() {
     let p2 = ctx.add(b"key");
     assert_eq!(tree.insert(&ctx, b"key", p1).unwrap(), None);
     assert_eq!(tree.insert(&ctx, b"key", p2).unwrap(), Some(p1));
-    assert_eq!(get(&tree, &ctx, tree.root_word(), b"key"), Some(p2));
+    assert_eq!(get(&tree, &ctx, None, b"key"), Some(p2));
     assert_eq!(tree.remove(&ctx, b"key").unwrap(), Some(p2));
     assert_eq!(tree.remove(&ctx, b"key").unwrap(), None);
-    assert_eq!(get(&tree, &ctx, tree.root_word(), b"key"), None);
+    assert_eq!(get(&tree, &ctx, None, b"key"), None);
 }
 
 #[test]
@@ -306,10 +313,10 @@ fn random_operations_match_a_btreemap_to_height_three() {
             inserted.push(key);
         }
         if round % 20_000 == 19_999 {
-            assert_matches(&tree, &ctx, tree.root_word(), &model, &mut rng);
+            assert_matches(&tree, &ctx, None, &model, &mut rng);
         }
     }
-    assert_matches(&tree, &ctx, tree.root_word(), &model, &mut rng);
+    assert_matches(&tree, &ctx, None, &model, &mut rng);
     let report = tree.check(&ctx, tree.root_word()).unwrap();
     assert!(report.height >= 3, "height {}", report.height);
     assert_eq!(report.heap_nodes, tree.heap_nodes());
@@ -341,7 +348,7 @@ fn keys_sharing_long_prefixes() {
         let k = model.keys().nth(nth).cloned().unwrap();
         del(&tree, &ctx, &mut model, &k);
     }
-    assert_matches(&tree, &ctx, tree.root_word(), &model, &mut rng);
+    assert_matches(&tree, &ctx, None, &model, &mut rng);
 }
 
 #[test]
@@ -360,7 +367,7 @@ fn long_separators_go_inline_then_external() {
             k.extend_from_slice(&rng.random::<u64>().to_be_bytes());
             put(&tree, &mut ctx, &mut model, &k);
         }
-        assert_matches(&tree, &ctx, tree.root_word(), &model, &mut rng);
+        assert_matches(&tree, &ctx, None, &model, &mut rng);
         let report = tree.check(&ctx, tree.root_word()).unwrap();
         assert!(
             report.height >= 3,
@@ -376,7 +383,7 @@ fn long_separators_go_inline_then_external() {
         let sealed = tree.seal();
         let (root, _) = ctx.persist(&tree, sealed);
         let disk = Tree::from_disk(REGION, root, TreeEpoch(2));
-        assert_matches(&disk, &ctx, disk.root_word(), &model, &mut rng);
+        assert_matches(&disk, &ctx, None, &model, &mut rng);
     }
 }
 
@@ -408,11 +415,11 @@ fn keys_from_empty_to_64_kib() {
         }
         put(&tree, &mut ctx, &mut model, &k);
     }
-    assert_matches(&tree, &ctx, tree.root_word(), &model, &mut rng);
+    assert_matches(&tree, &ctx, None, &model, &mut rng);
     let sealed = tree.seal();
     let (root, _) = ctx.persist(&tree, sealed);
     let disk = Tree::from_disk(REGION, root, TreeEpoch(2));
-    assert_matches(&disk, &ctx, disk.root_word(), &model, &mut rng);
+    assert_matches(&disk, &ctx, None, &model, &mut rng);
 }
 
 #[test]
@@ -432,7 +439,7 @@ fn sequential_loads_fill_leaves() {
                 format!("user{i:08}").as_bytes(),
             );
         }
-        assert_matches(&tree, &ctx, tree.root_word(), &model, &mut rng);
+        assert_matches(&tree, &ctx, None, &model, &mut rng);
         let bytes_per_key = tree.heap_nodes() as f64 * NODE_BYTES as f64 / n as f64;
         assert!(
             bytes_per_key <= 24.0,
@@ -454,12 +461,12 @@ fn removing_everything_leaves_empty_leaves_that_walks_skip() {
     for i in 1000..3000u32 {
         del(&tree, &ctx, &mut model, format!("k{i:05}").as_bytes());
     }
-    assert_matches(&tree, &ctx, tree.root_word(), &model, &mut rng);
+    assert_matches(&tree, &ctx, None, &model, &mut rng);
     let keys: Vec<Vec<u8>> = model.keys().cloned().collect();
     for k in keys {
         del(&tree, &ctx, &mut model, &k);
     }
-    assert_matches(&tree, &ctx, tree.root_word(), &model, &mut rng);
+    assert_matches(&tree, &ctx, None, &model, &mut rng);
     assert!(
         tree.heap_nodes() > 1,
         "empty leaves are kept (no merges yet)"
@@ -491,8 +498,8 @@ fn a_sealed_root_keeps_reading_the_old_state() {
         }
     }
     assert!(tree.heap_nodes() > nodes_before);
-    assert_matches(&tree, &ctx, sealed.root, &old, &mut rng);
-    assert_matches(&tree, &ctx, tree.root_word(), &model, &mut rng);
+    assert_matches(&tree, &ctx, Some(sealed.root), &old, &mut rng);
+    assert_matches(&tree, &ctx, None, &model, &mut rng);
     // A second seal: both older roots still read their states.
     let sealed2 = tree.seal();
     let mid = model.clone();
@@ -500,9 +507,9 @@ fn a_sealed_root_keeps_reading_the_old_state() {
         let k = random_key(&mut rng, 10);
         put(&tree, &mut ctx, &mut model, &k);
     }
-    assert_matches(&tree, &ctx, sealed.root, &old, &mut rng);
-    assert_matches(&tree, &ctx, sealed2.root, &mid, &mut rng);
-    assert_matches(&tree, &ctx, tree.root_word(), &model, &mut rng);
+    assert_matches(&tree, &ctx, Some(sealed.root), &old, &mut rng);
+    assert_matches(&tree, &ctx, Some(sealed2.root), &mid, &mut rng);
+    assert_matches(&tree, &ctx, None, &model, &mut rng);
 }
 
 #[test]
@@ -524,7 +531,7 @@ fn persist_and_reopen_then_write_on_top_and_persist_again() {
 
     let disk = Tree::from_disk(REGION, root1, TreeEpoch(2));
     assert_eq!(disk.heap_nodes(), 0);
-    assert_matches(&disk, &ctx, disk.root_word(), &model, &mut rng);
+    assert_matches(&disk, &ctx, None, &model, &mut rng);
     let report = disk.check(&ctx, disk.root_word()).unwrap();
     assert_eq!(report.disk_nodes as usize, written1);
     let model1 = model.clone();
@@ -540,7 +547,7 @@ fn persist_and_reopen_then_write_on_top_and_persist_again() {
     let replaced = model.keys().next().cloned().unwrap();
     put(&disk, &mut ctx, &mut model, &replaced);
     assert!(disk.heap_nodes() > 0);
-    assert_matches(&disk, &ctx, disk.root_word(), &model, &mut rng);
+    assert_matches(&disk, &ctx, None, &model, &mut rng);
     let freed = disk.retired_disk_blocks(TreeEpoch(2));
     // Each copied disk node is retired; splits add heap nodes that replace nothing.
     assert!(!freed.is_empty() && freed.len() as u64 <= disk.heap_nodes());
@@ -555,12 +562,12 @@ fn persist_and_reopen_then_write_on_top_and_persist_again() {
     );
     assert!(written2 < written1);
     let disk2 = Tree::from_disk(REGION, root2, TreeEpoch(3));
-    assert_matches(&disk2, &ctx, disk2.root_word(), &model, &mut rng);
+    assert_matches(&disk2, &ctx, None, &model, &mut rng);
     // The first commit's images are untouched: its root still reads the old state.
     let again = Tree::from_disk(REGION, root1, TreeEpoch(3));
-    assert_matches(&again, &ctx, again.root_word(), &model1, &mut rng);
+    assert_matches(&again, &ctx, None, &model1, &mut rng);
     // And the in-memory tree reads the same through its sealed heap root.
-    assert_matches(&disk, &ctx, sealed2.root, &model, &mut rng);
+    assert_matches(&disk, &ctx, Some(sealed2.root), &model, &mut rng);
 }
 
 #[test]
@@ -602,7 +609,7 @@ fn corrupt_images_are_errors_not_panics() {
         let disk = Tree::from_disk(REGION, root, TreeEpoch(2));
         let mut errors = 0;
         for k in &probe {
-            match disk.get(bad_ctx, disk.root_word(), k, &crossbeam_epoch::pin()) {
+            match disk.get(bad_ctx, None, k, &crossbeam_epoch::pin()) {
                 Ok(found) => {
                     assert_eq!(found, model.get(k).copied(), "wrong answer, round {round}")
                 }
@@ -670,7 +677,7 @@ fn reclaim_frees_retired_nodes_when_no_one_can_see_them() {
     assert_eq!(tree.heap_nodes(), live_before);
     assert!(tree.retired_disk_blocks(TreeEpoch(9)).is_empty());
     assert_eq!(released.len(), written);
-    assert_matches(&tree, &ctx, tree.root_word(), &model, &mut rng);
+    assert_matches(&tree, &ctx, None, &model, &mut rng);
 }
 
 /// A `Ctx` that calls back into the tree's writer: a misuse the writer check must catch.
@@ -749,7 +756,7 @@ fn readers_never_miss_a_key_while_the_writer_splits_and_copies() {
                     let guard = crossbeam_epoch::pin();
                     for _ in 0..2000 {
                         let i = rng.random_range(0..before);
-                        let got = tree.get(ctx, tree.root_word(), &keys[i], &guard).unwrap();
+                        let got = tree.get(ctx, None, &keys[i], &guard).unwrap();
                         assert_eq!(
                             got,
                             Some(ptr_of(i)),
@@ -757,13 +764,13 @@ fn readers_never_miss_a_key_while_the_writer_splits_and_copies() {
                         );
                     }
                     drop(guard);
-                    let fwd = scan_forward(tree, ctx, tree.root_word(), None);
+                    let fwd = scan_forward(tree, ctx, None, None);
                     assert!(
                         fwd.windows(2).all(|w| w[0].0 < w[1].0),
                         "forward walk not sorted"
                     );
                     assert!(fwd.len() >= before);
-                    let bwd = scan_backward(tree, ctx, tree.root_word(), None);
+                    let bwd = scan_backward(tree, ctx, None, None);
                     assert!(
                         bwd.windows(2).all(|w| w[0].0 > w[1].0),
                         "backward walk not sorted"
@@ -824,10 +831,9 @@ fn bench_one_million_random_16_byte_keys() {
     let mut order: Vec<usize> = (0..N).collect();
     order.shuffle(&mut rng);
     let guard = crossbeam_epoch::pin();
-    let root = tree.root_word();
     let t = Instant::now();
     for &i in &order {
-        let got = tree.get(&ctx, root, &keys[i], &guard).unwrap();
+        let got = tree.get(&ctx, None, &keys[i], &guard).unwrap();
         assert_eq!(got, Some(i as u64 + 1));
     }
     let get_ns = t.elapsed().as_nanos() as f64 / N as f64;
@@ -840,7 +846,7 @@ fn bench_one_million_random_16_byte_keys() {
     let guard = crossbeam_epoch::pin();
     let t = Instant::now();
     for &i in &order {
-        let got = disk.get(&ctx, disk.root_word(), &keys[i], &guard).unwrap();
+        let got = disk.get(&ctx, None, &keys[i], &guard).unwrap();
         assert_eq!(got, Some(i as u64 + 1));
     }
     let disk_get_ns = t.elapsed().as_nanos() as f64 / N as f64;

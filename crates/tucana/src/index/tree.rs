@@ -12,9 +12,10 @@
 //! - Readers (`get`, `copy_leaf`) use optimistic lock coupling: read a node's version, read,
 //!   validate; validate the parent again after reading the child's version; restart from the
 //!   live root when anything moved. Nodes of older epochs and disk nodes never change.
-//! - A reader may start from a stale root word. A stale root of an older epoch or on disk is
-//!   an immutable, consistent older state; a stale root of the running epoch (replaced by a
-//!   root split) is detected: its epoch equals the running one but the root word moved.
+//! - Readers start from the live root (`root: None`: loaded, and re-checked after the
+//!   root's version is read, like any parent) or from a sealed root a caller captured
+//!   under the writer lock (`Some`: immutable, so never re-checked). A live root word
+//!   loaded earlier is not a snapshot: a root split may truncate it before a seal.
 //! - `persist`, `reclaim`, `retired_disk_blocks` may run on another thread beside the writer.
 //!   Calls of `persist` must not overlap each other.
 
@@ -478,10 +479,7 @@ impl Tree {
             prefix: kp,
             hash: kh,
         };
-        if self
-            .walk(ctx, self.root.load(Relaxed), &mut probe)?
-            .is_none()
-        {
+        if self.walk(ctx, None, &mut probe)?.is_none() {
             return Ok(None);
         }
         let running = self.running.load(Relaxed);
@@ -879,7 +877,7 @@ impl Tree {
     pub fn get<C: Ctx>(
         &self,
         ctx: &C,
-        root: u64,
+        root: Option<u64>,
         key: &[u8],
         _guard: &Guard,
     ) -> Result<Option<u64>> {
@@ -897,7 +895,7 @@ impl Tree {
     pub fn copy_leaf<C: Ctx>(
         &self,
         ctx: &C,
-        root: u64,
+        root: Option<u64>,
         seek: Seek<'_>,
         _guard: &Guard,
         out: &mut LeafCopy,
@@ -929,22 +927,28 @@ impl Tree {
         Ok(())
     }
 
-    /// Descends from `root` with `w`, restarting from the live root when a heap node moved.
-    fn walk<C: Ctx, W: Walk>(&self, ctx: &C, root: u64, w: &mut W) -> Result<W::Out> {
-        let mut start = root;
+    /// Descends with `w` from a sealed root (`Some`: immutable, never restarts) or from the
+    /// live root (`None`: loaded here, and loaded again after any restart).
+    fn walk<C: Ctx, W: Walk>(&self, ctx: &C, root: Option<u64>, w: &mut W) -> Result<W::Out> {
         loop {
             w.reset();
-            match self.walk_once(ctx, start, w) {
+            let start = root.unwrap_or_else(|| self.root.load(Acquire));
+            match self.walk_once(ctx, start, root.is_none(), w) {
                 Ok(out) => return Ok(out),
                 Err(SearchErr::Fail(e)) => return Err(e),
-                // Only a node of the running epoch moves, so `root` was the live tree:
-                // continue with its latest root.
-                Err(SearchErr::Restart) => start = self.root.load(Acquire),
+                // Only a node of the running epoch moves; a sealed root never restarts.
+                Err(SearchErr::Restart) => debug_assert!(root.is_none()),
             }
         }
     }
 
-    fn walk_once<C: Ctx, W: Walk>(&self, ctx: &C, start: u64, w: &mut W) -> SResult<W::Out> {
+    fn walk_once<C: Ctx, W: Walk>(
+        &self,
+        ctx: &C,
+        start: u64,
+        live: bool,
+        w: &mut W,
+    ) -> SResult<W::Out> {
         let mut word = start;
         let mut parent: Option<(&Header, u64)> = None;
         let mut expect_level: Option<u8> = None;
@@ -960,22 +964,17 @@ impl Tree {
             // guard keeps retired nodes from being freed while we read.
             let hdr = unsafe { p.as_ref() };
             let v = hdr.read_begin();
-            match parent {
-                // Lock coupling: if the parent moved, this child may have been split or
-                // replaced after we read its word.
-                Some((ph, pv)) => {
-                    if !ph.read_valid(pv) {
-                        return Err(SearchErr::Restart);
-                    }
-                }
-                None => {
-                    // A stale root of the running epoch (a root split published a new one)
-                    // would miss keys moved to the new right half.
-                    if hdr.epoch() >= self.running.load(Acquire) && self.root.load(Acquire) != word
-                    {
-                        return Err(SearchErr::Restart);
-                    }
-                }
+            // Lock coupling: if the parent moved, this child may have been split or replaced
+            // after we read its word. The root's "parent" is the root word, re-checked the
+            // same way: a live root replaced since we loaded it (split, or copied after a
+            // seal) may already be truncated, and its epoch says nothing reliable about
+            // that, since a seal can follow the split.
+            let moved = match parent {
+                Some((ph, pv)) => !ph.read_valid(pv),
+                None => live && self.root.load(Acquire) != word,
+            };
+            if moved {
+                return Err(SearchErr::Restart);
             }
             let m = hdr.meta();
             debug_assert!(expect_level.is_none_or(|l| l == m.level));
