@@ -185,6 +185,8 @@ pub(crate) struct Shared {
     pub volume: Volume,
     pub allocator: Allocator,
     poisoned: AtomicBool,
+    /// `close` was called: writes are refused (reads go on while handles live).
+    closed: AtomicBool,
     /// Number of the newest write whose records are in a log buffer.
     pub write_ticket: AtomicU64,
     /// Every write with a ticket at or below this is durable.
@@ -215,6 +217,7 @@ impl Shared {
             volume,
             allocator,
             poisoned: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
             write_ticket: AtomicU64::new(0),
             synced_ticket: AtomicU64::new(0),
             sync_lock: Mutex::new(()),
@@ -230,6 +233,9 @@ impl Shared {
     pub fn check_writable(&self) -> Result<()> {
         if self.poisoned.load(Ordering::Acquire) {
             return Err(Error::Poisoned);
+        }
+        if self.closed.load(Ordering::Acquire) {
+            return Err(Error::Closed);
         }
         Ok(())
     }
@@ -392,7 +398,14 @@ impl DbInner {
         if self.shared.is_poisoned() {
             return Err(Error::Poisoned);
         }
-        self.commit()
+        // Refuse new writes, wait for the ones in progress (each holds its region's writer
+        // lock), then make everything durable.
+        let mut cs = self.commit_state.lock();
+        self.shared.closed.store(true, Ordering::Release);
+        for region in self.region_list() {
+            drop(region.writer.lock());
+        }
+        self.commit_locked(&mut cs)
     }
 
     pub fn abandon(&self) {

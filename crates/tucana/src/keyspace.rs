@@ -58,12 +58,13 @@ impl Keyspace {
         &self.region.name
     }
 
-    fn write(&self, ops: &[Op<'_>], durability: Durability) -> Result<()> {
-        let ticket = self.region.write(ops)?;
+    /// Writes atomically; returns how many ops replaced or removed an existing key.
+    fn write(&self, ops: &[Op<'_>], durability: Durability) -> Result<usize> {
+        let (ticket, existed) = self.region.write(ops)?;
         if durability == Durability::Sync {
             self.db.sync_to(ticket)?;
         }
-        Ok(())
+        Ok(existed)
     }
 
     pub fn put(&self, key: &[u8], value: &[u8]) -> Result<()> {
@@ -79,7 +80,8 @@ impl Keyspace {
                 value: Some(value),
             }],
             durability,
-        )
+        )?;
+        Ok(())
     }
 
     pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
@@ -103,9 +105,7 @@ impl Keyspace {
 
     pub fn delete_with(&self, key: &[u8], durability: Durability) -> Result<bool> {
         check_key(key)?;
-        let present = self.contains(key)?;
-        self.write(&[Op { key, value: None }], durability)?;
-        Ok(present)
+        Ok(self.write(&[Op { key, value: None }], durability)? == 1)
     }
 
     /// Live keys in the keyspace.
@@ -231,7 +231,8 @@ impl Batch {
                 }
             }
         }
-        self.keyspace.write(&ops, durability)
+        self.keyspace.write(&ops, durability)?;
+        Ok(())
     }
 }
 

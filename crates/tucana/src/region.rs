@@ -116,12 +116,16 @@ impl Region {
     // ----- writes --------------------------------------------------------------------
 
     /// Appends the ops as one atomic unit and applies them to the tree. Returns the
-    /// write ticket to wait for when the caller wants durability.
-    pub fn write(&self, ops: &[Op<'_>]) -> Result<u64> {
+    /// write ticket to wait for when the caller wants durability, and how many of the
+    /// ops replaced or removed an existing key.
+    pub fn write(&self, ops: &[Op<'_>]) -> Result<(u64, usize)> {
         self.check_usable()?;
         let shared = &self.shared;
         shared.check_writable()?;
         let mut w = self.writer.lock();
+        // Checked again under the lock: a drop or close may have drained writers meanwhile.
+        self.check_usable()?;
+        shared.check_writable()?;
         let mut ptrs = [DiskOffset::NONE; 1];
         let mut many = Vec::new();
         let ptrs: &mut [DiskOffset] = if ops.len() == 1 {
@@ -145,9 +149,14 @@ impl Region {
             appended += (HEADER_BYTES + op.key.len() + op.value.map_or(0, |v| v.len())) as u64;
             ptrs[i] = at;
         }
+        let mut existed = 0;
         for (op, ptr) in ops.iter().zip(ptrs.iter()) {
-            self.apply(&mut w, op.key, op.value.is_some(), *ptr)
-                .inspect_err(|_| shared.poison())?;
+            if self
+                .apply(&mut w, op.key, op.value.is_some(), *ptr)
+                .inspect_err(|_| shared.poison())?
+            {
+                existed += 1;
+            }
         }
         let ticket = shared.write_ticket.fetch_add(1, Ordering::AcqRel) + 1;
         drop(w);
@@ -155,11 +164,12 @@ impl Region {
             .log_bytes_since_commit
             .fetch_add(appended, Ordering::Relaxed);
         shared.maybe_wake_committer();
-        Ok(ticket)
+        Ok((ticket, existed))
     }
 
     /// Applies one logged write to the tree and the byte counts (also used by replay).
-    pub fn apply(&self, w: &mut Writer, key: &[u8], put: bool, ptr: DiskOffset) -> Result<()> {
+    /// Returns whether the key existed.
+    pub fn apply(&self, w: &mut Writer, key: &[u8], put: bool, ptr: DiskOffset) -> Result<bool> {
         let old = if put {
             let old = self.tree.insert(self, key, ptr.0)?;
             if old.is_none() {
@@ -177,7 +187,7 @@ impl Region {
             let len = self.record_header(old)?.total_bytes();
             self.account_dead(w, DiskOffset(old), len);
         }
-        Ok(())
+        Ok(old.is_some())
     }
 
     fn account_dead(&self, w: &mut Writer, at: DiskOffset, len: u64) {

@@ -423,3 +423,41 @@ fn basic_reads_and_writes_in_memory() {
     db.commit().unwrap();
     db.check().expect("check");
 }
+
+#[test]
+fn writes_through_other_handles_after_close_are_refused_and_nothing_before_is_lost() {
+    // `close` makes everything written so far durable and refuses later writes through
+    // clones of the handle (they would otherwise be acknowledged and never committed).
+    let (_dir, path) = temp_volume();
+    let db = quiet_open(&path);
+    let ks = db.keyspace("ks").unwrap();
+    let clone = db.clone();
+    ks.put(b"before", b"1").unwrap();
+    assert!(
+        ks.delete(b"before").unwrap(),
+        "delete reports a present key"
+    );
+    assert!(
+        !ks.delete(b"never").unwrap(),
+        "delete reports an absent key"
+    );
+    ks.put(b"kept", b"2").unwrap();
+    db.close().unwrap();
+    assert!(matches!(
+        expect_err("put after close", ks.put(b"after", b"3")),
+        Error::Closed
+    ));
+    assert!(matches!(
+        expect_err("keyspace after close", clone.keyspace("new")),
+        Error::Closed
+    ));
+    assert_eq!(
+        ks.get(b"kept").unwrap().as_deref(),
+        Some(&b"2"[..]),
+        "reads go on"
+    );
+    drop((ks, clone));
+    let db = quiet_open(&path);
+    let ks = db.open_keyspace("ks").unwrap();
+    assert_eq!(all(&ks), vec![(b"kept".to_vec(), b"2".to_vec())]);
+}

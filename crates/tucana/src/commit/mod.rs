@@ -36,7 +36,10 @@ const NODE_RUN_BLOCKS: u64 = 256;
 
 impl DbInner {
     pub(crate) fn commit_locked(&self, cs: &mut CommitState) -> Result<()> {
-        self.shared.check_writable()?;
+        // A closed database still commits (its final commit); a poisoned one never does.
+        if self.shared.is_poisoned() {
+            return Err(Error::Poisoned);
+        }
         let mut started = false;
         let result = self.commit_steps(cs, &mut started);
         if result.is_err() {
