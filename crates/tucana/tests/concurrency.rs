@@ -28,12 +28,13 @@ type Step = Vec<(Vec<u8>, Option<Vec<u8>>)>;
 
 const WRITERS: usize = 3;
 const READERS: usize = 2;
-const OPS_PER_WRITER: u64 = 2_000;
+const OPS_PER_WRITER: u64 = 10_000;
 /// Keys that are put but never deleted, so a reader told "k was put at version v" must
 /// find k at version v or later.
-const STABLE_KEYS: u64 = 32;
-/// Keys that are put and deleted.
-const CHURN_KEYS: u64 = 64;
+const STABLE_KEYS: u64 = 600;
+/// Keys that are put and deleted. Enough keys (with the stable ones) for a tree of several
+/// levels, so readers race leaf and internal splits and copy-on-write after seals.
+const CHURN_KEYS: u64 = 1_500;
 /// A writer takes a snapshot this often and checks it this many steps later.
 const SNAPSHOT_EVERY_OPS: u64 = 150;
 const SNAPSHOT_CHECK_AFTER_OPS: u64 = 100;
