@@ -328,6 +328,11 @@ impl DbInner {
     /// holds the sync lock flushes for everybody waiting behind it.
     pub fn sync_to(&self, ticket: u64) -> Result<()> {
         let shared = &self.shared;
+        // A poisoned store answers no sync with Ok, even one with nothing left to write:
+        // the caller would take it for a healthy store.
+        if shared.is_poisoned() {
+            return Err(Error::Poisoned);
+        }
         if shared.synced_ticket.load(Ordering::Acquire) >= ticket {
             return Ok(());
         }
