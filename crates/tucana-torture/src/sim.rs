@@ -183,6 +183,8 @@ struct State {
     failing: bool,
     /// I/O numbers and kinds that were failed (or cut short, or misdirected).
     faulted: Vec<(u64, IoKind)>,
+    /// Kind of every I/O so far, by number.
+    kinds: Vec<IoKind>,
     rng: StdRng,
     written_bytes: u64,
     read_bytes: u64,
@@ -219,6 +221,7 @@ impl SimStorage {
                 frozen: None,
                 failing: false,
                 faulted: Vec::new(),
+                kinds: Vec::new(),
                 rng: StdRng::seed_from_u64(seed),
                 written_bytes: 0,
                 read_bytes: 0,
@@ -239,6 +242,11 @@ impl SimStorage {
     /// Number of I/Os issued so far (the next I/O gets this number).
     pub fn io_count(&self) -> u64 {
         self.state.lock().io_count
+    }
+
+    /// The kind of every I/O so far, indexed by I/O number.
+    pub fn io_kinds(&self) -> Vec<IoKind> {
+        self.state.lock().kinds.clone()
     }
 
     /// I/Os that a fault hit, with their kinds.
@@ -328,6 +336,7 @@ impl SimStorage {
     fn begin(s: &mut State, kind: IoKind) -> Result<Option<Fault>> {
         let io = s.io_count;
         s.io_count += 1;
+        s.kinds.push(kind);
         if s.frozen.is_some() {
             return Err(injected("power lost", io));
         }
