@@ -512,9 +512,9 @@ impl Storage for SimStorage {
         match SimStorage::begin(&mut s, IoKind::Write)? {
             None => SimStorage::push_write(&mut s, offset, data),
             Some(Fault::ShortWrite { .. }) => {
-                let sectors = data.len() as u64 / SECTOR_BYTES;
-                let keep = (s.rng.random_range(0..=sectors) * SECTOR_BYTES) as usize;
-                let keep = keep.min(data.len().saturating_sub(1));
+                // Whole sectors, fewer than all of the data: always short.
+                let most = (data.len() as u64).saturating_sub(1) / SECTOR_BYTES;
+                let keep = (s.rng.random_range(0..=most) * SECTOR_BYTES) as usize;
                 SimStorage::push_write(&mut s, offset, &data[..keep]);
                 s.written_bytes += keep as u64;
                 return Err(injected("short write", io));
