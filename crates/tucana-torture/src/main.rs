@@ -21,7 +21,10 @@ enum Suite {
 }
 
 #[derive(Parser, Debug)]
-#[command(name = "tucana-torture", about = "Crash, fault and corruption torture suites")]
+#[command(
+    name = "tucana-torture",
+    about = "Crash, fault and corruption torture suites"
+)]
 struct Cli {
     suite: Suite,
     /// Seed of the whole run; a failure prints the seed and case that replay it.

@@ -168,10 +168,12 @@ impl KeyspaceModel {
                 )
             })
             .or_else(|| {
-                recovered
-                    .keys()
-                    .find(|k| !full.contains_key(*k))
-                    .map(|k| format!("key {:?} recovered but not in the model", String::from_utf8_lossy(k)))
+                recovered.keys().find(|k| !full.contains_key(*k)).map(|k| {
+                    format!(
+                        "key {:?} recovered but not in the model",
+                        String::from_utf8_lossy(k)
+                    )
+                })
             })
             .unwrap_or_default();
         Verdict::NonPrefix {
@@ -267,7 +269,9 @@ mod tests {
         let mut m = KeyspaceModel::new(state(&[("x", "0")]));
         m.record(vec![w("a", Some("1")), w("b", Some("1"))], buffered());
         assert!(m.verify(&state(&[("x", "0")])).is_ok());
-        assert!(m.verify(&state(&[("x", "0"), ("a", "1"), ("b", "1")])).is_ok());
+        assert!(m
+            .verify(&state(&[("x", "0"), ("a", "1"), ("b", "1")]))
+            .is_ok());
         assert!(!m.verify(&state(&[("x", "0"), ("a", "1")])).is_ok());
     }
 
@@ -290,7 +294,9 @@ mod tests {
         m.record(vec![w("c", Some("1"))], buffered());
         assert!(m.verify(&state(&[("a", "1"), ("b", "1")])).is_ok());
         assert!(m.verify(&state(&[("a", "1"), ("c", "1")])).is_ok());
-        assert!(m.verify(&state(&[("a", "1"), ("b", "1"), ("c", "1")])).is_ok());
+        assert!(m
+            .verify(&state(&[("a", "1"), ("b", "1"), ("c", "1")]))
+            .is_ok());
         assert_eq!(m.latest(), state(&[("a", "1"), ("c", "1")]));
     }
 }

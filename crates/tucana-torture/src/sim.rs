@@ -448,7 +448,8 @@ fn tear_one(kept: &mut [Pending], rng: &mut StdRng) {
     let (offset, end) = (*offset, *offset + data.len() as u64);
     let first_cut = (offset / SECTOR_BYTES + 1) * SECTOR_BYTES;
     let last_cut = (end - 1) / SECTOR_BYTES * SECTOR_BYTES;
-    let cut = first_cut + rng.random_range(0..=(last_cut - first_cut) / SECTOR_BYTES) * SECTOR_BYTES;
+    let cut =
+        first_cut + rng.random_range(0..=(last_cut - first_cut) / SECTOR_BYTES) * SECTOR_BYTES;
     let split = (cut - offset) as usize;
     kept[i] = if rng.random_bool(0.5) {
         Pending::Write {

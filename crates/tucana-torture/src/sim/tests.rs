@@ -86,7 +86,11 @@ fn crash_may_apply_overlapping_writes_out_of_order_and_tear_one() {
         let twos = b.iter().filter(|&&x| x == 2).count();
         let zeros = b.iter().filter(|&&x| x == 0).count();
         assert_eq!(ones + twos + zeros, 4096);
-        assert_eq!(ones % 512 + twos % 512 + zeros % 512, 0, "tears fall on sectors");
+        assert_eq!(
+            ones % 512 + twos % 512 + zeros % 512,
+            0,
+            "tears fall on sectors"
+        );
         old_wins |= ones == 4096;
         torn |= ones != 4096 && twos != 4096 && zeros != 4096;
     }
@@ -121,10 +125,17 @@ fn fail_once_fails_exactly_that_io_and_syncs_count() {
     s.arm(Fault::FailOnce { at_io: 2 });
     s.write_at(0, b"a").unwrap(); // 1
     assert!(s.sync().is_err()); // 2
-    assert_eq!(s.durable_image().len_bytes(), 0, "a failed sync makes nothing durable");
+    assert_eq!(
+        s.durable_image().len_bytes(),
+        0,
+        "a failed sync makes nothing durable"
+    );
     s.sync().unwrap(); // 3
     assert_eq!(s.faulted(), vec![(2, IoKind::Sync)]);
-    assert_eq!(s.io_kinds()[..4], [IoKind::Grow, IoKind::Write, IoKind::Sync, IoKind::Sync]);
+    assert_eq!(
+        s.io_kinds()[..4],
+        [IoKind::Grow, IoKind::Write, IoKind::Sync, IoKind::Sync]
+    );
 }
 
 #[test]
@@ -203,9 +214,15 @@ fn corruption_helpers_change_both_images() {
     assert_eq!(read(&s, BLOCK_BYTES, 1), [0xAB]);
     assert_eq!(image_bytes(s.durable_image(), BLOCK_BYTES, 1), [0xAB]);
     s.copy_block(1, 3);
-    assert_eq!(image_bytes(s.durable_image(), 3 * BLOCK_BYTES + 1, 1), [0xAA]);
+    assert_eq!(
+        image_bytes(s.durable_image(), 3 * BLOCK_BYTES + 1, 1),
+        [0xAA]
+    );
     s.zero_block(1);
-    assert_eq!(image_bytes(s.durable_image(), BLOCK_BYTES, 4096), [0u8; 4096]);
+    assert_eq!(
+        image_bytes(s.durable_image(), BLOCK_BYTES, 4096),
+        [0u8; 4096]
+    );
 }
 
 #[test]
@@ -213,7 +230,8 @@ fn the_same_seed_gives_the_same_crash_image() {
     let s = SimStorage::new(1);
     s.grow(8 * BLOCK_BYTES).unwrap();
     for i in 0..8u64 {
-        s.write_at(i * BLOCK_BYTES + 3, &[i as u8 + 1; 3000]).unwrap();
+        s.write_at(i * BLOCK_BYTES + 3, &[i as u8 + 1; 3000])
+            .unwrap();
     }
     let a = image_bytes(s.crash_image(&mut StdRng::seed_from_u64(77)), 0, 8 * 4096);
     let b = image_bytes(s.crash_image(&mut StdRng::seed_from_u64(77)), 0, 8 * 4096);
@@ -231,6 +249,9 @@ fn the_engine_runs_on_it() {
     db.abandon();
     let c: Arc<dyn Storage> = Arc::new(sim.crash(&mut StdRng::seed_from_u64(1)));
     let db = crate::workload::open(crate::workload::options(false), &c).unwrap();
-    assert_eq!(db.open_keyspace("t").unwrap().get(b"k").unwrap().as_deref(), Some(&b"v"[..]));
+    assert_eq!(
+        db.open_keyspace("t").unwrap().get(b"k").unwrap().as_deref(),
+        Some(&b"v"[..])
+    );
     db.check().unwrap();
 }

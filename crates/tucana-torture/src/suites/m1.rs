@@ -41,7 +41,8 @@ pub fn run(args: &RunArgs) -> Report {
         let where_ = format!("m1 seed {} case {case}", args.seed);
         if let Err(p) = catch(|| run_case(args.seed, case, &mut t)) {
             t.panics += 1;
-            t.failures.push(format!("{where_}: panic in the workload: {p}"));
+            t.failures
+                .push(format!("{where_}: panic in the workload: {p}"));
         }
         if args.verbose {
             eprintln!("{where_}: {} crash states", t.crash_states - before);

@@ -132,10 +132,7 @@ fn run_case(args: &RunArgs, case: u64, t: &mut Tally) {
             if matches!(mode, Mode::Short) && kinds[(base_io + n) as usize] != IoKind::Write {
                 continue;
             }
-            let where_ = format!(
-                "m2 seed {} case {case} I/O {n} ({mode:?})",
-                args.seed
-            );
+            let where_ = format!("m2 seed {} case {case} I/O {n} ({mode:?})", args.seed);
             t.runs += 1;
             match catch(|| sweep_one(sim_seed, &ops, &names, base_io + n, mode, &mut crash_rng)) {
                 Err(p) => {
@@ -154,15 +151,18 @@ fn run_case(args: &RunArgs, case: u64, t: &mut Tally) {
                             Recovery::Good(_) => {}
                             Recovery::LostDurable(m) => {
                                 t.lost_durable += 1;
-                                t.failures.push(format!("{where_}, {what}: lost durable writes: {m}"));
+                                t.failures
+                                    .push(format!("{where_}, {what}: lost durable writes: {m}"));
                             }
                             Recovery::NonPrefix(m) => {
                                 t.non_prefix += 1;
-                                t.failures.push(format!("{where_}, {what}: non-prefix state: {m}"));
+                                t.failures
+                                    .push(format!("{where_}, {what}: non-prefix state: {m}"));
                             }
                             Recovery::Failed(e) => {
                                 t.failed_recoveries += 1;
-                                t.failures.push(format!("{where_}, {what}: recovery failed: {e}"));
+                                t.failures
+                                    .push(format!("{where_}, {what}: recovery failed: {e}"));
                             }
                         }
                     }

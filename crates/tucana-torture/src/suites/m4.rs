@@ -188,7 +188,8 @@ fn tally(t: &mut Tally, target: &'static str, where_: String, r: Result<Outcome,
         }
         Ok(Outcome::Wrong(m)) => {
             t.wrong += 1;
-            t.failures.push(format!("{where_}: wrong data returned: {m}"));
+            t.failures
+                .push(format!("{where_}: wrong data returned: {m}"));
         }
         Ok(Outcome::Unnamed(e)) => {
             t.unnamed += 1;
@@ -208,7 +209,10 @@ pub fn run(args: &RunArgs) -> Report {
     let (v, base_io) = match built {
         Ok(b) => b,
         Err(p) => {
-            t.failures.push(format!("m4 seed {}: building the volume panicked: {p}", args.seed));
+            t.failures.push(format!(
+                "m4 seed {}: building the volume panicked: {p}",
+                args.seed
+            ));
             return report(args, t);
         }
     };
@@ -216,7 +220,10 @@ pub fn run(args: &RunArgs) -> Report {
         // A small volume: the sweep opens it 65,536 times.
         match catch(|| build(args.seed, None, SWEEP_OPS)) {
             Ok((small, _)) => superblock_sweep(args, &small, &mut t),
-            Err(p) => t.failures.push(format!("m4 seed {}: building the sweep volume panicked: {p}", args.seed)),
+            Err(p) => t.failures.push(format!(
+                "m4 seed {}: building the sweep volume panicked: {p}",
+                args.seed
+            )),
         }
     }
     let blocks = classify(&v.image);

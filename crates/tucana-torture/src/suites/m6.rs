@@ -74,7 +74,8 @@ struct Live {
 
 fn open_live(sim: Arc<SimStorage>, names: &[String]) -> Result<Live, String> {
     let storage: Arc<dyn Storage> = sim.clone();
-    let db = workload::open(workload::options(false), &storage).map_err(|e| format!("open: {e}"))?;
+    let db =
+        workload::open(workload::options(false), &storage).map_err(|e| format!("open: {e}"))?;
     let keyspaces = names
         .iter()
         .map(|n| db.keyspace(n))
@@ -196,7 +197,9 @@ fn run_case(seed: u64, case: u64, t: &mut Tally) -> Result<(), String> {
             45..60 => {
                 t.reads += 1;
                 let key = workload::random_key(&mut rng);
-                let got = live.keyspaces[ks].get(&key).map_err(|e| at(format!("get: {e}")))?;
+                let got = live.keyspaces[ks]
+                    .get(&key)
+                    .map_err(|e| at(format!("get: {e}")))?;
                 let want = models[ks].latest().get(&key).cloned();
                 if got != want {
                     return Err(at(format!(
@@ -209,8 +212,13 @@ fn run_case(seed: u64, case: u64, t: &mut Tally) -> Result<(), String> {
             }
             60..75 => {
                 t.reads += 1;
-                check_range(&mut rng, &models[ks].latest(), Some(&live.keyspaces[ks]), None)
-                    .map_err(|m| at(format!("ks{ks} {m}")))?;
+                check_range(
+                    &mut rng,
+                    &models[ks].latest(),
+                    Some(&live.keyspaces[ks]),
+                    None,
+                )
+                .map_err(|m| at(format!("ks{ks} {m}")))?;
             }
             75..82 => {
                 if snapshots.len() < 4 {
@@ -242,7 +250,9 @@ fn run_case(seed: u64, case: u64, t: &mut Tally) -> Result<(), String> {
                     let got = workload::read_state(&live.keyspaces[i])
                         .map_err(|e| at(format!("read after reopen: {e}")))?;
                     if got != m.latest() {
-                        return Err(at(format!("ks{i} after a clean reopen differs from the model")));
+                        return Err(at(format!(
+                            "ks{i} after a clean reopen differs from the model"
+                        )));
                     }
                     *m = KeyspaceModel::new(got);
                 }
