@@ -136,8 +136,7 @@ impl KeyspaceModel {
                 if walk.diff == 0 {
                     matched = Some(i + 1);
                     if i + 1 >= durable {
-                        // Keep walking: a longer match is as good; the first one at or
-                        // past `durable` already proves the state allowed.
+                        // The first match at or past `durable` proves the state allowed.
                         return Verdict::Prefix {
                             prefix: i + 1,
                             durable,
