@@ -1,0 +1,260 @@
+//! M2, I/O error sweeps in the style of SQLite: for a fixed workload (drawn from the seed,
+//! no background thread, so I/O numbers are the same on every run), count its I/Os, then
+//! for every I/O number N run it again with I/O N failing once, failing from N on, and cut
+//! short (a write that writes a prefix, then fails). Asserts:
+//!
+//! - once a write or sync failed, no later call acknowledges a write, sync or commit (the
+//!   store is poisoned, RELIABILITY.md promise 5), even when the I/O works again;
+//! - the durable image, and one random post-crash image, reopen, pass `check` and hold a
+//!   prefix of the history that includes everything acknowledged durable.
+//!
+//! Failures during the volume's creation are not swept (an interrupted creation leaves a
+//! file the engine refuses to open, by design). `count` is the number of workloads.
+
+use std::sync::Arc;
+
+use rand::Rng;
+use tucana::volume::Storage;
+use tucana::Keyspace;
+
+use crate::model::KeyspaceModel;
+use crate::sim::{Fault, IoKind, SimStorage};
+use crate::workload::{self, Op, Recovery};
+use crate::{case_rng, catch, Report, RunArgs};
+
+const KEYSPACES: usize = 2;
+const OPS: usize = 150;
+
+#[derive(Default)]
+struct Tally {
+    io_positions: u64,
+    runs: u64,
+    faults_fired: u64,
+    acked_after_failure: u64,
+    ok_syncs_while_poisoned: u64,
+    lost_durable: u64,
+    non_prefix: u64,
+    failed_recoveries: u64,
+    panics: u64,
+    failures: Vec<String>,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Mode {
+    Once,
+    FromThenOn,
+    Short,
+}
+
+pub fn run(args: &RunArgs) -> Report {
+    let mut t = Tally::default();
+    let cases: Vec<u64> = match args.case {
+        Some(c) => vec![c],
+        None => (0..args.count).collect(),
+    };
+    for case in cases {
+        let where_ = format!("m2 seed {} case {case}", args.seed);
+        if let Err(p) = catch(|| run_case(args, case, &mut t)) {
+            t.panics += 1;
+            t.failures.push(format!("{where_}: panic: {p}"));
+        }
+    }
+    Report {
+        figures: format!(
+            "M2 workloads: {}, I/O positions: {}, runs: {}, faults fired: {}, writes acknowledged after a failed write or sync: {}, syncs answered Ok on a poisoned store (nothing unsynced): {}, lost durable writes: {}, non-prefix states: {}, failed recoveries: {}, panics: {}, seed: {}",
+            args.case.map_or(args.count, |_| 1),
+            t.io_positions,
+            t.runs,
+            t.faults_fired,
+            t.acked_after_failure,
+            t.ok_syncs_while_poisoned,
+            t.lost_durable,
+            t.non_prefix,
+            t.failed_recoveries,
+            t.panics,
+            args.seed
+        ),
+        failures: t.failures,
+    }
+}
+
+fn workload_ops(seed: u64, case: u64) -> (u64, Vec<Op>) {
+    let mut rng = case_rng(seed, case);
+    let sim_seed = rng.random();
+    let mut ops: Vec<Op> = (0..OPS as u64)
+        .map(|i| workload::random_op(&mut rng, KEYSPACES, i + 1))
+        .collect();
+    ops.push(Op::Commit);
+    (sim_seed, ops)
+}
+
+/// A fresh volume with the keyspaces created and committed, ready to arm a fault.
+fn setup(sim_seed: u64) -> (Arc<SimStorage>, tucana::Database, Vec<Keyspace>) {
+    let sim = Arc::new(SimStorage::new(sim_seed));
+    let storage: Arc<dyn Storage> = sim.clone();
+    let db = workload::open(workload::options(false), &storage).expect("create a fresh volume");
+    let keyspaces = (0..KEYSPACES)
+        .map(|i| db.keyspace(&format!("ks{i}")).expect("create a keyspace"))
+        .collect();
+    db.commit().expect("first commit");
+    (sim, db, keyspaces)
+}
+
+fn run_case(args: &RunArgs, case: u64, t: &mut Tally) {
+    let (sim_seed, ops) = workload_ops(args.seed, case);
+    let names: Vec<String> = (0..KEYSPACES).map(|i| format!("ks{i}")).collect();
+
+    // Dry run: how many I/Os the workload makes.
+    let (sim, db, keyspaces) = setup(sim_seed);
+    let base_io = sim.io_count();
+    let mut models = vec![KeyspaceModel::default(); KEYSPACES];
+    for (i, op) in ops.iter().enumerate() {
+        if let Err(e) = workload::run_op(op, &db, &keyspaces, &mut models) {
+            t.failures.push(format!(
+                "m2 seed {} case {case} dry run op {i}: {op:?} failed without a fault: {e}",
+                args.seed
+            ));
+            return;
+        }
+    }
+    let total = sim.io_count() - base_io;
+    let kinds = sim.io_kinds();
+    db.abandon();
+    t.io_positions += total;
+    if args.verbose {
+        eprintln!("m2 seed {} case {case}: {total} I/Os", args.seed);
+    }
+
+    let mut crash_rng = case_rng(args.seed ^ 0x4d32, case);
+    for n in 0..total {
+        for mode in [Mode::Once, Mode::FromThenOn, Mode::Short] {
+            // A short "write" of anything but a write is a plain failure: swept already.
+            if matches!(mode, Mode::Short) && kinds[(base_io + n) as usize] != IoKind::Write {
+                continue;
+            }
+            let where_ = format!("m2 seed {} case {case} I/O {n} ({mode:?})", args.seed);
+            t.runs += 1;
+            match catch(|| sweep_one(sim_seed, &ops, &names, base_io + n, mode, &mut crash_rng)) {
+                Err(p) => {
+                    t.panics += 1;
+                    t.failures.push(format!("{where_}: panic: {p}"));
+                }
+                Ok(r) => {
+                    t.faults_fired += u64::from(r.fired);
+                    t.ok_syncs_while_poisoned += r.ok_syncs_while_poisoned;
+                    if let Some(m) = r.acked_after_failure {
+                        t.acked_after_failure += 1;
+                        t.failures.push(format!("{where_}: {m}"));
+                    }
+                    for (what, rec) in r.recoveries {
+                        match rec {
+                            Recovery::Good(_) => {}
+                            Recovery::LostDurable(m) => {
+                                t.lost_durable += 1;
+                                t.failures
+                                    .push(format!("{where_}, {what}: lost durable writes: {m}"));
+                            }
+                            Recovery::NonPrefix(m) => {
+                                t.non_prefix += 1;
+                                t.failures
+                                    .push(format!("{where_}, {what}: non-prefix state: {m}"));
+                            }
+                            Recovery::Failed(e) => {
+                                t.failed_recoveries += 1;
+                                t.failures
+                                    .push(format!("{where_}, {what}: recovery failed: {e}"));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+struct SweepResult {
+    fired: bool,
+    ok_syncs_while_poisoned: u64,
+    acked_after_failure: Option<String>,
+    recoveries: Vec<(&'static str, Recovery)>,
+}
+
+fn sweep_one(
+    sim_seed: u64,
+    ops: &[Op],
+    names: &[String],
+    at_io: u64,
+    mode: Mode,
+    crash_rng: &mut rand::rngs::StdRng,
+) -> SweepResult {
+    let (sim, db, keyspaces) = setup(sim_seed);
+    sim.arm(match mode {
+        Mode::Once => Fault::FailOnce { at_io },
+        Mode::FromThenOn => Fault::FailFrom { at_io },
+        Mode::Short => Fault::ShortWrite { at_io },
+    });
+    let mut models = vec![KeyspaceModel::default(); KEYSPACES];
+    let mut acked_after_failure = None;
+    let mut ok_syncs_while_poisoned = 0;
+    for (i, op) in ops.iter().enumerate() {
+        let r = workload::run_op(op, &db, &keyspaces, &mut models);
+        let write_failed = sim
+            .faulted()
+            .iter()
+            .find(|(_, k)| matches!(k, IoKind::Write | IoKind::Sync))
+            .copied();
+        if let (Ok(()), Some(_), Op::Sync) = (&r, write_failed, op) {
+            // Not a write: `sync` answers whether every *acknowledged* write is durable,
+            // and with nothing acknowledged since the last sync it is (the engine's fast
+            // path answers before looking at the poison flag). Counted, not failed.
+            ok_syncs_while_poisoned += 1;
+            continue;
+        }
+        if let (Ok(()), Some((io, kind)), None) = (&r, write_failed, &acked_after_failure) {
+            acked_after_failure = Some(format!(
+                "op {i} ({}) acknowledged after {kind:?} I/O {io} failed",
+                op_name(op)
+            ));
+        }
+    }
+    let fired = !sim.faulted().is_empty();
+    db.abandon();
+    drop(keyspaces);
+
+    let mut recoveries = Vec::new();
+    let images = [
+        ("durable image", sim.durable_image()),
+        ("random crash image", sim.crash_image(crash_rng)),
+    ];
+    for (what, image) in images {
+        let storage: Arc<dyn Storage> = Arc::new(SimStorage::from_image(image, 0));
+        let rec = match workload::open(workload::options(false), &storage) {
+            Ok(db) => {
+                let r = workload::verify_recovered(&db, names, &models);
+                db.abandon();
+                r
+            }
+            Err(e) => Recovery::Failed(e),
+        };
+        recoveries.push((what, rec));
+    }
+    SweepResult {
+        fired,
+        ok_syncs_while_poisoned,
+        acked_after_failure,
+        recoveries,
+    }
+}
+
+fn op_name(op: &Op) -> &'static str {
+    match op {
+        Op::Put { sync: true, .. } => "sync put",
+        Op::Put { .. } => "put",
+        Op::Delete { sync: true, .. } => "sync delete",
+        Op::Delete { .. } => "delete",
+        Op::Batch { sync: true, .. } => "sync batch",
+        Op::Batch { .. } => "batch",
+        Op::Sync => "sync",
+        Op::Commit => "commit",
+    }
+}

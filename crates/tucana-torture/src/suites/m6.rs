@@ -1,0 +1,284 @@
+//! M6, the model test as a command: random operation sequences against a `BTreeMap` per
+//! keyspace, on the simulated volume, with reads checked after every step: gets, forward
+//! and reverse ranges with random bounds, prefixes, snapshots (checked against the model
+//! as it was when they were taken, after later writes), clean reopens (must hold
+//! everything) and crashes (must hold an allowed prefix; the model then continues from
+//! what was recovered). `count` is the number of cases; each runs `STEPS` operations.
+
+use std::ops::Bound;
+use std::sync::Arc;
+
+use rand::rngs::StdRng;
+use rand::Rng;
+use tucana::volume::Storage;
+use tucana::{Database, Keyspace, Snapshot};
+
+use crate::model::{KeyspaceModel, State};
+use crate::sim::SimStorage;
+use crate::workload::{self, Recovery};
+use crate::{case_rng, catch, Report, RunArgs};
+
+const STEPS: u32 = 300;
+const KEYSPACES: usize = 2;
+
+#[derive(Default)]
+struct Tally {
+    cases: u64,
+    steps: u64,
+    reads: u64,
+    reopens: u64,
+    crashes: u64,
+    failures: Vec<String>,
+    panics: u64,
+}
+
+pub fn run(args: &RunArgs) -> Report {
+    let mut t = Tally::default();
+    let cases: Vec<u64> = match args.case {
+        Some(c) => vec![c],
+        None => (0..args.count).collect(),
+    };
+    for case in cases {
+        t.cases += 1;
+        let where_ = format!("m6 seed {} case {case}", args.seed);
+        match catch(|| run_case(args.seed, case, &mut t)) {
+            Ok(Ok(())) => {}
+            Ok(Err(m)) => t.failures.push(format!("{where_}: {m}")),
+            Err(p) => {
+                t.panics += 1;
+                t.failures.push(format!("{where_}: panic: {p}"));
+            }
+        }
+    }
+    Report {
+        figures: format!(
+            "M6 cases: {}, steps: {}, reads checked: {}, reopens: {}, crashes: {}, failures: {}, panics: {}, seed: {}",
+            t.cases,
+            t.steps,
+            t.reads,
+            t.reopens,
+            t.crashes,
+            t.failures.len() as u64 - t.panics,
+            t.panics,
+            args.seed
+        ),
+        failures: t.failures,
+    }
+}
+
+struct Live {
+    sim: Arc<SimStorage>,
+    db: Database,
+    keyspaces: Vec<Keyspace>,
+}
+
+fn open_live(sim: Arc<SimStorage>, names: &[String]) -> Result<Live, String> {
+    let storage: Arc<dyn Storage> = sim.clone();
+    let db =
+        workload::open(workload::options(false), &storage).map_err(|e| format!("open: {e}"))?;
+    let keyspaces = names
+        .iter()
+        .map(|n| db.keyspace(n))
+        .collect::<tucana::Result<Vec<_>>>()
+        .map_err(|e| format!("keyspace: {e}"))?;
+    Ok(Live { sim, db, keyspaces })
+}
+
+fn random_bound(rng: &mut StdRng) -> Bound<Vec<u8>> {
+    match rng.random_range(0..3) {
+        0 => Bound::Unbounded,
+        1 => Bound::Included(workload::random_key(rng)),
+        _ => Bound::Excluded(workload::random_key(rng)),
+    }
+}
+
+fn in_bounds(k: &[u8], lo: &Bound<Vec<u8>>, hi: &Bound<Vec<u8>>) -> bool {
+    let above = match lo {
+        Bound::Included(l) => k >= l.as_slice(),
+        Bound::Excluded(l) => k > l.as_slice(),
+        Bound::Unbounded => true,
+    };
+    let below = match hi {
+        Bound::Included(h) => k <= h.as_slice(),
+        Bound::Excluded(h) => k < h.as_slice(),
+        Bound::Unbounded => true,
+    };
+    above && below
+}
+
+type Pairs = Vec<(Vec<u8>, Vec<u8>)>;
+
+fn collect(it: tucana::Range, rev: bool) -> tucana::Result<Pairs> {
+    if rev {
+        it.rev().collect()
+    } else {
+        it.collect()
+    }
+}
+
+/// Checks a range over the live keyspace or a snapshot against `want`.
+fn check_range(
+    rng: &mut StdRng,
+    want: &State,
+    live: Option<&Keyspace>,
+    snap: Option<&Snapshot>,
+) -> Result<(), String> {
+    let rev = rng.random_bool(0.5);
+    let (lo, hi, it, what) = if rng.random_bool(0.2) {
+        let p = workload::random_key(rng);
+        let p = p[..rng.random_range(0..=p.len())].to_vec();
+        let it = match (live, snap) {
+            (Some(ks), _) => ks.prefix(&p),
+            (None, Some(s)) => s.prefix(&p),
+            _ => unreachable!("one source"),
+        };
+        let mut end = p.clone();
+        let hi = loop {
+            match end.pop() {
+                Some(0xff) => continue,
+                Some(b) => {
+                    end.push(b + 1);
+                    break Bound::Excluded(end);
+                }
+                None => break Bound::Unbounded,
+            }
+        };
+        (Bound::Included(p.clone()), hi, it, format!("prefix {p:?}"))
+    } else {
+        let (lo, hi) = (random_bound(rng), random_bound(rng));
+        let r = (lo.clone(), hi.clone());
+        let it = match (live, snap) {
+            (Some(ks), _) => ks.range::<Vec<u8>, _>(r),
+            (None, Some(s)) => s.range::<Vec<u8>, _>(r),
+            _ => unreachable!("one source"),
+        };
+        (lo.clone(), hi.clone(), it, format!("range {lo:?}..{hi:?}"))
+    };
+    let got = collect(it, rev).map_err(|e| format!("{what} rev={rev}: {e}"))?;
+    let mut expect: Pairs = want
+        .iter()
+        .filter(|(k, _)| in_bounds(k, &lo, &hi))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    if rev {
+        expect.reverse();
+    }
+    if got != expect {
+        return Err(format!(
+            "{what} rev={rev}: got {} pairs, want {} (first difference at {:?})",
+            got.len(),
+            expect.len(),
+            got.iter()
+                .zip(&expect)
+                .position(|(a, b)| a != b)
+                .unwrap_or(got.len().min(expect.len()))
+        ));
+    }
+    Ok(())
+}
+
+fn run_case(seed: u64, case: u64, t: &mut Tally) -> Result<(), String> {
+    let mut rng = case_rng(seed, case);
+    let names: Vec<String> = (0..KEYSPACES).map(|i| format!("ks{i}")).collect();
+    let mut live = open_live(Arc::new(SimStorage::new(rng.random())), &names)?;
+    live.db.commit().map_err(|e| format!("first commit: {e}"))?;
+    let mut models = vec![KeyspaceModel::default(); KEYSPACES];
+    let mut snapshots: Vec<(usize, Snapshot, State)> = Vec::new();
+    for step in 0..STEPS {
+        t.steps += 1;
+        let at = |m: String| format!("step {step}: {m}");
+        let ks = rng.random_range(0..KEYSPACES);
+        match rng.random_range(0..100) {
+            0..45 => {
+                let op = workload::random_op(&mut rng, KEYSPACES, u64::from(step) + 1);
+                workload::run_op(&op, &live.db, &live.keyspaces, &mut models)
+                    .map_err(|e| at(format!("{op:?}: {e}")))?;
+            }
+            45..60 => {
+                t.reads += 1;
+                let key = workload::random_key(&mut rng);
+                let got = live.keyspaces[ks]
+                    .get(&key)
+                    .map_err(|e| at(format!("get: {e}")))?;
+                let want = models[ks].latest().get(&key).cloned();
+                if got != want {
+                    return Err(at(format!(
+                        "get {:?} in ks{ks}: got {:?} bytes, want {:?}",
+                        String::from_utf8_lossy(&key),
+                        got.map(|g| g.len()),
+                        want.map(|w| w.len())
+                    )));
+                }
+            }
+            60..75 => {
+                t.reads += 1;
+                check_range(
+                    &mut rng,
+                    &models[ks].latest(),
+                    Some(&live.keyspaces[ks]),
+                    None,
+                )
+                .map_err(|m| at(format!("ks{ks} {m}")))?;
+            }
+            75..82 => {
+                if snapshots.len() < 4 {
+                    snapshots.push((ks, live.keyspaces[ks].snapshot(), models[ks].latest()));
+                }
+            }
+            82..90 => {
+                if !snapshots.is_empty() {
+                    t.reads += 1;
+                    let i = rng.random_range(0..snapshots.len());
+                    let (ks, snap, want) = &snapshots[i];
+                    check_range(&mut rng, want, None, Some(snap))
+                        .map_err(|m| at(format!("snapshot of ks{ks}: {m}")))?;
+                    if rng.random_bool(0.5) {
+                        snapshots.swap_remove(i);
+                    }
+                }
+            }
+            90..95 => {
+                // Clean reopen: everything must be there.
+                t.reopens += 1;
+                snapshots.clear();
+                let sim = live.sim.clone();
+                let Live { db, keyspaces, .. } = live;
+                drop(keyspaces);
+                db.close().map_err(|e| at(format!("close: {e}")))?;
+                live = open_live(sim, &names).map_err(at)?;
+                for (i, m) in models.iter_mut().enumerate() {
+                    let got = workload::read_state(&live.keyspaces[i])
+                        .map_err(|e| at(format!("read after reopen: {e}")))?;
+                    if got != m.latest() {
+                        return Err(at(format!(
+                            "ks{i} after a clean reopen differs from the model"
+                        )));
+                    }
+                    *m = KeyspaceModel::new(got);
+                }
+            }
+            _ => {
+                // Crash: a random post-crash image of the unsynced writes.
+                t.crashes += 1;
+                snapshots.clear();
+                let Live { sim, db, keyspaces } = live;
+                drop(keyspaces);
+                db.abandon();
+                let recovered = Arc::new(sim.crash(&mut rng));
+                let storage: Arc<dyn Storage> = recovered.clone();
+                let db = workload::open(workload::options(false), &storage)
+                    .map_err(|e| at(format!("open after a crash: {e}")))?;
+                match workload::verify_recovered(&db, &names, &models) {
+                    Recovery::Good(states) => {
+                        models = states.into_iter().map(KeyspaceModel::new).collect();
+                    }
+                    other => return Err(at(format!("after a crash: {other:?}"))),
+                }
+                drop(db);
+                live = open_live(recovered, &names).map_err(at)?;
+            }
+        }
+    }
+    live.db.close().map_err(|e| format!("final close: {e}"))?;
+    Ok(())
+}
