@@ -38,7 +38,10 @@ fn a_few_kill_cycles_pass_and_print_the_figure_line() {
         .expect("run tucana-crashtest");
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    assert!(
+        output.status.success(),
+        "stdout:\n{stdout}\nstderr:\n{stderr}"
+    );
     assert_eq!(
         stdout.trim(),
         "M3 kill cycles: 12, lost durable writes: 0, non-prefix states: 0, check failures: 0, seed: 7"
