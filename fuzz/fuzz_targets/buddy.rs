@@ -21,8 +21,8 @@ fuzz_target!(|data: &[u8]| {
         bytes
     } else {
         // Group 0's buddy A of the base volume.
-        let volume = &base().volume;
-        let mut bytes = volume[2 * BLOCK_BYTES..2 * BLOCK_BYTES + BUDDY_BYTES].to_vec();
+        let mut bytes = vec![0u8; BUDDY_BYTES];
+        assert!(base().volume.read(2 * BLOCK_BYTES as u64, &mut bytes));
         mutate(&mut bytes, rest);
         fix_buddy_crc(&mut bytes);
         bytes

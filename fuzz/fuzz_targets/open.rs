@@ -6,7 +6,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use tucana_fuzz::{base, fix_volume_crcs, mutate_volume, open_and_read};
+use tucana_fuzz::{base, fix_volume_crcs, mutate_volume, open_and_read, BLOCK_BYTES};
 
 fuzz_target!(|data: &[u8]| {
     let Some((&mode, rest)) = data.split_first() else {
@@ -20,8 +20,8 @@ fuzz_target!(|data: &[u8]| {
     }
     if mode & 2 == 2 {
         // A file cut short after the fact.
-        let keep = volume.len() - (usize::from(mode >> 2) * 4096).min(volume.len());
-        volume.truncate(keep);
+        let cut = u64::from(mode >> 2) * BLOCK_BYTES as u64;
+        volume.truncate(volume.len_bytes.saturating_sub(cut));
     }
-    open_and_read(&volume);
+    open_and_read(volume);
 });
