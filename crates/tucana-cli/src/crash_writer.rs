@@ -55,7 +55,7 @@ pub fn value_bytes(tag: &str, len: usize) -> Vec<u8> {
 struct Rng(u64);
 
 impl Rng {
-    fn next(&mut self) -> u64 {
+    fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
@@ -65,7 +65,7 @@ impl Rng {
 
     /// Uniform in `0..n` (n > 0; the modulo bias is irrelevant here).
     fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
+        self.next_u64() % n
     }
 
     fn pick<T: Copy>(&mut self, items: &[T]) -> T {
@@ -214,10 +214,10 @@ mod tests {
         let a: Vec<u64> = (0..4)
             .map({
                 let mut r = Rng(7);
-                move |_| r.next()
+                move |_| r.next_u64()
             })
             .collect();
         let mut r = Rng(7);
-        assert_eq!(a, (0..4).map(|_| r.next()).collect::<Vec<_>>());
+        assert_eq!(a, (0..4).map(|_| r.next_u64()).collect::<Vec<_>>());
     }
 }

@@ -236,7 +236,7 @@ pub fn run(config: &Config) -> Summary {
     let mut base = State::new();
     let started = Instant::now();
     for cycle in 0..config.cycles {
-        let writer_seed = rng.next();
+        let writer_seed = rng.next_u64();
         let plan = plan(&mut rng);
         let fail = |summary: &mut Summary, what: String| {
             summary.failure = Some(format!(
