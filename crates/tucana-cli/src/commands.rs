@@ -96,6 +96,10 @@ pub fn run(db: &Database, keyspace: &str, command: Command) -> Result<Outcome, C
             let interactive = stdin.is_terminal();
             shell::run(&mut target, stdin.lock(), interactive, &mut out)?
         }
+        // `main` runs it before opening the volume: it opens with options of its own.
+        Command::CrashWriter { .. } => {
+            return Err(CliError::msg("crash-writer runs without an open volume"))
+        }
     };
     out.flush()?;
     Ok(outcome)

@@ -10,6 +10,7 @@
 //! error instead of sharing it.
 
 mod commands;
+mod crash_writer;
 mod escape;
 mod load;
 mod output;
@@ -108,6 +109,13 @@ pub enum Command {
     Commit,
     /// Reads commands from stdin, one per line, and prints their results (`help` lists them).
     Shell,
+    /// Writes a seeded random mix until killed, acknowledging each call on stdout; the
+    /// victim of `tucana-crashtest kill9` (see `crash_writer.rs`).
+    #[command(hide = true)]
+    CrashWriter {
+        #[arg(long)]
+        seed: u64,
+    },
 }
 
 impl Command {
@@ -190,6 +198,10 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: Cli) -> Result<Outcome, CliError> {
+    if let Command::CrashWriter { seed } = cli.command {
+        // Opens with its own options and never closes: it runs until it is killed.
+        return crash_writer::run(&cli.db, seed);
+    }
     let db = open_volume(&cli.db, cli.command.creates_volume())?;
     let result = commands::run(&db, &cli.keyspace, cli.command);
     // Close even when the command failed: `load` promises that the lines before a bad

@@ -33,6 +33,13 @@ mod stats;
 pub mod types;
 pub mod volume;
 
+/// Codecs private to the engine, exposed only for the fuzz targets in `fuzz/` (M5 of
+/// RELIABILITY.md): not part of the API, may change at any time.
+#[doc(hidden)]
+pub mod fuzzing {
+    pub use crate::commit::descriptor::{Descriptor, RegionDesc};
+}
+
 pub use check::CheckReport;
 pub use db::{Database, Options};
 pub use error::{Error, Result};

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# The crash suites of RELIABILITY.md that run outside `cargo test`, as CI runs them:
+#   M3  kill -9 of the real tucana binary on a real file, >= 500 cycles
+#   M5  cargo-fuzz on every decoder and on open of mutated volumes, per target
+# Each prints its figure line(s); the script exits non-zero on any failure.
+# Tunables (environment): M3_CYCLES (default 500), M3_SEED (default: a fresh one, printed),
+# FUZZ_SECONDS per target (default 30: 6 targets x 60 s would push this script past
+# ~10 minutes on the 2-core CI machine; RELIABILITY.md's 60 s is for longer runs).
+# Installs what it needs: the nightly toolchain's presence is checked, cargo-fuzz is
+# installed with `cargo install --locked cargo-fuzz` if missing.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+cycles="${M3_CYCLES:-500}"
+seed="${M3_SEED:-$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')}"
+fuzz_seconds="${FUZZ_SECONDS:-30}"
+
+if ! cargo fuzz --version >/dev/null 2>&1; then
+    echo "==> installing cargo-fuzz"
+    cargo install --locked cargo-fuzz </dev/null
+fi
+if ! cargo +nightly --version >/dev/null 2>&1; then
+    if command -v rustup >/dev/null 2>&1; then
+        echo "==> installing the nightly toolchain (cargo-fuzz needs it)"
+        rustup toolchain install nightly --profile minimal </dev/null
+    else
+        echo "the nightly toolchain is needed for cargo-fuzz" >&2
+        exit 2
+    fi
+fi
+
+status=0
+start=$(date +%s)
+
+echo "==> M3: kill -9 cycles (release build)"
+cargo build --release -p tucana-cli -p tucana-crashtest
+m3_start=$(date +%s)
+if ! ./target/release/tucana-crashtest kill9 --cycles "${cycles}" --seed "${seed}"; then
+    status=1
+fi
+echo "M3 took $(( $(date +%s) - m3_start )) s"
+
+echo "==> M5: fuzzing, ${fuzz_seconds} s per target"
+m5_start=$(date +%s)
+if ! scripts/fuzz.sh "${fuzz_seconds}"; then
+    status=1
+fi
+echo "M5 took $(( $(date +%s) - m5_start )) s"
+
+echo "crash suites took $(( $(date +%s) - start )) s in all"
+exit "${status}"

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# M5 of RELIABILITY.md: runs every fuzz target of fuzz/ for a given time and prints one
+# figure line per target:
+#   M5 <target>: <runs> runs, 0 crashes
+# Usage: scripts/fuzz.sh [seconds-per-target] [target...]   (default 60 s, all targets)
+# Needs the nightly toolchain and cargo-fuzz (installed here if missing). A crash (panic,
+# abort, sanitizer report, leak, timeout of one input) stops that target, leaves its input
+# in fuzz/artifacts/<target>/ (replay: cargo +nightly fuzz run <target> <file>), and makes
+# the script exit 1 after the remaining targets ran. Corpora grow in fuzz/corpus/<target>/
+# (not committed), so later runs start where earlier ones stopped.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+seconds="${1:-60}"
+shift || true
+targets=("$@")
+if [ "${#targets[@]}" -eq 0 ]; then
+    targets=(superblock descriptor node log_record buddy open)
+fi
+
+if ! cargo +nightly --version >/dev/null 2>&1; then
+    echo "the nightly toolchain is needed: rustup toolchain install nightly" >&2
+    exit 2
+fi
+if ! cargo fuzz --version >/dev/null 2>&1; then
+    echo "installing cargo-fuzz" >&2
+    cargo install --locked cargo-fuzz >&2
+fi
+
+cd fuzz
+# One build for all targets (release with debug assertions, address sanitizer).
+cargo +nightly fuzz build -O >&2
+
+failed=0
+for target in "${targets[@]}"; do
+    log="$(mktemp)"
+    # -timeout: one input running this long counts as a crash (a hang on bad bytes).
+    if cargo +nightly fuzz run -O "${target}" -- \
+        -max_total_time="${seconds}" -timeout=20 -print_final_stats=1 >"${log}" 2>&1; then
+        crashes=0
+    else
+        crashes=1
+        failed=1
+    fi
+    runs="$(grep -o 'stat::number_of_executed_units: *[0-9]*' "${log}" | grep -o '[0-9]*$' | tail -1)"
+    echo "M5 ${target}: ${runs:-0} runs, ${crashes} crashes"
+    if [ "${crashes}" -ne 0 ]; then
+        echo "---- ${target} failed; the end of its log:" >&2
+        grep -v '^#[0-9]' "${log}" | tail -40 | cut -c1-400 >&2
+        ls -t "artifacts/${target}/" 2>/dev/null | head -3 | sed "s|^|  artifact: fuzz/artifacts/${target}/|" >&2
+    fi
+    rm -f "${log}"
+done
+exit "${failed}"
