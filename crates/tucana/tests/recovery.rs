@@ -526,3 +526,36 @@ fn reopen_after_committing_10k_keys_and_a_tail() {
 fn reopen_after_committing_100k_keys_and_a_tail() {
     reopen_after_committing(100_000);
 }
+
+#[test]
+fn a_creation_that_crashed_before_its_first_commit_is_created_again() {
+    // Creating a volume first stamps slot 0 with a marker; a crash before anything was
+    // committed leaves a non-empty file without a superblock. That file is ours and
+    // holds nothing: open creates the volume again instead of refusing it. The same
+    // marker with anything in slot 1 is not taken for an interrupted creation.
+    let (_dir, path) = temp_volume();
+    let mut image = vec![0u8; 8 << 20];
+    image[..8].copy_from_slice(b"TUCANAC\0");
+    image[9000] = 0x5a; // bytes the interrupted creation had written elsewhere
+    std::fs::write(&path, &image).unwrap();
+    let db = Database::builder().open(&path).unwrap();
+    let ks = db.keyspace("ks").unwrap();
+    ks.put(b"k", b"v").unwrap();
+    drop(ks);
+    db.close().unwrap();
+    let db = Database::builder().open(&path).unwrap();
+    assert_eq!(
+        db.open_keyspace("ks")
+            .unwrap()
+            .get(b"k")
+            .unwrap()
+            .as_deref(),
+        Some(&b"v"[..])
+    );
+    db.check().unwrap();
+    drop(db);
+
+    image[4096 + 100] = 1;
+    std::fs::write(&path, &image).unwrap();
+    assert!(Database::builder().open(&path).is_err());
+}

@@ -27,13 +27,18 @@ const INITIAL_VOLUME_BYTES: u64 = 8 << 20;
 
 pub(crate) fn open(options: Options, storage: Arc<dyn Storage>) -> Result<DbInner> {
     let volume = Volume::new(storage.clone());
-    let Some(sb) = superblock::read_newest(storage.as_ref())? else {
-        // Only an empty file becomes a new volume: a non-empty file without a superblock
-        // is somebody else's data (or a volume whose creation crashed before its first
-        // commit, which holds nothing) and is never overwritten.
-        if storage.len_bytes()? != 0 {
+    let newest = match superblock::read_newest(storage.as_ref()) {
+        Err(_) if creation_was_interrupted(storage.as_ref())? => None,
+        other => other?,
+    };
+    let Some(sb) = newest else {
+        // Only an empty file (or one whose creation we began and never committed) becomes
+        // a new volume: a non-empty file without a superblock is somebody else's data and
+        // is never overwritten.
+        let len = storage.len_bytes()?;
+        if len != 0 && !creation_was_interrupted(storage.as_ref())? {
             return Err(Error::NotAVolume(
-                "the file has data but no superblock (delete it if a creation crashed)".into(),
+                "the file has data but no superblock".into(),
             ));
         }
         return create(options, volume);
@@ -110,11 +115,36 @@ pub(crate) fn open(options: Options, storage: Arc<dyn Storage>) -> Result<DbInne
     Ok(inner)
 }
 
+/// Written to slot 0 before anything else when a volume is created, and overwritten by
+/// the second commit: a file that starts with it and whose slot 1 was never written is a
+/// creation that crashed before committing anything, safe to create again.
+const CREATING_MAGIC: &[u8; 8] = b"TUCANAC\0";
+
+fn creation_was_interrupted(storage: &dyn Storage) -> Result<bool> {
+    let slot = superblock::SLOT_BYTES;
+    if storage.len_bytes()? < 2 * slot as u64 {
+        return Ok(false);
+    }
+    let mut slots = vec![0u8; 2 * slot];
+    storage.read_at(0, &mut slots)?;
+    Ok(&slots[..8] == CREATING_MAGIC
+        && slots[8..slot].iter().all(|b| *b == 0)
+        && slots[slot..].iter().all(|b| *b == 0))
+}
+
 fn create(options: Options, volume: Volume) -> Result<DbInner> {
     let storage = volume.storage().clone();
     if storage.len_bytes()? < INITIAL_VOLUME_BYTES {
         storage.grow(INITIAL_VOLUME_BYTES)?;
     }
+    let mut marker = vec![0u8; superblock::SLOT_BYTES];
+    marker[..8].copy_from_slice(CREATING_MAGIC);
+    storage.write_at(0, &marker)?;
+    storage.write_at(
+        superblock::SLOT_BYTES as u64,
+        &vec![0u8; superblock::SLOT_BYTES],
+    )?;
+    storage.sync()?;
     let allocator = Allocator::create(storage.len_bytes()? / BLOCK_BYTES * BLOCK_BYTES);
     let shared = Arc::new(Shared::new(options, volume, allocator));
     let cs = CommitState {
@@ -125,6 +155,8 @@ fn create(options: Options, volume: Volume) -> Result<DbInner> {
         dropped: Vec::new(),
     };
     let inner = DbInner::new(shared, BTreeMap::new(), cs);
+    // Two commits: the second overwrites the creation marker in slot 0.
+    inner.commit()?;
     inner.commit()?;
     Ok(inner)
 }
