@@ -56,17 +56,23 @@ fn reopen(options: Options, path: &Path, after: &str) -> Database {
 }
 
 fn contents(ks: &Keyspace) -> Model {
-    ks.range::<&[u8], _>(..)
-        .map(|r| r.expect("scan"))
-        .collect()
+    ks.range::<&[u8], _>(..).map(|r| r.expect("scan")).collect()
 }
 
 fn assert_matches(ks: &Keyspace, model: &Model, when: &str) {
     assert_eq!(ks.len(), model.len() as u64, "key count {when}");
     let got = contents(ks);
     if got != *model {
-        let missing: Vec<_> = model.keys().filter(|k| !got.contains_key(*k)).take(3).collect();
-        let extra: Vec<_> = got.keys().filter(|k| !model.contains_key(*k)).take(3).collect();
+        let missing: Vec<_> = model
+            .keys()
+            .filter(|k| !got.contains_key(*k))
+            .take(3)
+            .collect();
+        let extra: Vec<_> = got
+            .keys()
+            .filter(|k| !model.contains_key(*k))
+            .take(3)
+            .collect();
         panic!(
             "contents differ {when}: {} vs {} keys, missing {missing:?}, extra {extra:?}",
             got.len(),
@@ -76,7 +82,11 @@ fn assert_matches(ks: &Keyspace, model: &Model, when: &str) {
     for (k, v) in model.iter().rev().take(20) {
         assert_eq!(ks.get(k).unwrap().as_ref(), Some(v), "get {when}");
     }
-    let rev: Vec<_> = ks.range::<&[u8], _>(..).rev().map(|r| r.unwrap().0).collect();
+    let rev: Vec<_> = ks
+        .range::<&[u8], _>(..)
+        .rev()
+        .map(|r| r.unwrap().0)
+        .collect();
     assert!(rev.iter().rev().eq(model.keys()), "reverse scan {when}");
 }
 
@@ -165,7 +175,10 @@ fn model_with_gc_in_the_background_and_forced() {
         assert_matches(&ks, &model, &format!("reopened, round {round}"));
     }
     let stats = db.stats();
-    assert!(stats.gc_passes > 0 && stats.gc_relocated_bytes > 0, "{stats:?}");
+    assert!(
+        stats.gc_passes > 0 && stats.gc_relocated_bytes > 0,
+        "{stats:?}"
+    );
     assert!(stats.gc_reclaimed_bytes > 0, "{stats:?}");
 }
 
@@ -228,7 +241,8 @@ fn delete_all_then_gc_returns_the_disk() {
     let ks = db.keyspace("big").unwrap();
     let n = 30_000u32;
     for i in 0..n {
-        ks.put(format!("user{i:08}").as_bytes(), &[7u8; 200]).unwrap();
+        ks.put(format!("user{i:08}").as_bytes(), &[7u8; 200])
+            .unwrap();
         if i % 5000 == 0 {
             db.commit().unwrap();
         }
@@ -251,7 +265,10 @@ fn delete_all_then_gc_returns_the_disk() {
         full,
         empty
     );
-    assert!(full > empty + 4 * slack, "the test wrote too little to show anything");
+    assert!(
+        full > empty + 4 * slack,
+        "the test wrote too little to show anything"
+    );
     db.check().unwrap();
     drop(ks);
     db.close().unwrap();
