@@ -141,7 +141,12 @@ fn collect_segment(
                 .iter()
                 .map(|p| (p.at, &buf[p.key.clone()], &buf[p.value.clone()]))
                 .collect();
-            let appended = region.relocate(&records)?;
+            let appended = match region.relocate(&records) {
+                Ok(n) => n,
+                // Dropped meanwhile: its segments go with it.
+                Err(Error::KeyspaceNotFound(_)) => return Ok(Collected::Kept),
+                Err(e) => return Err(e),
+            };
             *budget_bytes -= appended as f64;
             db.shared
                 .gc_relocated_bytes
@@ -217,7 +222,10 @@ impl DbInner {
         if !opts.gc {
             return Ok(());
         }
-        let mut state = self.gc.lock();
+        // A forced pass is running: it does all there is to do.
+        let Some(mut state) = self.gc.try_lock() else {
+            return Ok(());
+        };
         let now = Instant::now();
         let rate = opts.gc_rate_bytes_per_sec as f64;
         let elapsed = now.duration_since(state.last_refill).as_secs_f64();

@@ -126,6 +126,7 @@ fn model_with_gc_in_the_background_and_forced() {
     let mut model = Model::new();
     let mut db = background().open(&path).unwrap();
     let mut ks = db.keyspace("m").unwrap();
+    let (mut relocated, mut reclaimed) = (0, 0);
     for round in 0..12 {
         for _ in 0..1500 {
             let k = key(&mut rng, 1500);
@@ -155,6 +156,12 @@ fn model_with_gc_in_the_background_and_forced() {
             db.gc().unwrap();
             assert_matches(&ks, &model, &format!("after gc, round {round}"));
         }
+        // Stats count since open: add them up over the opens.
+        let s = db.stats();
+        if round % 2 == 0 {
+            relocated += s.gc_relocated_bytes;
+            reclaimed += s.gc_reclaimed_bytes;
+        }
         match round % 4 {
             0 => {
                 drop(ks);
@@ -174,12 +181,8 @@ fn model_with_gc_in_the_background_and_forced() {
         ks = db.keyspace("m").unwrap();
         assert_matches(&ks, &model, &format!("reopened, round {round}"));
     }
-    let stats = db.stats();
-    assert!(
-        stats.gc_passes > 0 && stats.gc_relocated_bytes > 0,
-        "{stats:?}"
-    );
-    assert!(stats.gc_reclaimed_bytes > 0, "{stats:?}");
+    // Forced passes ran over logs with dead space: they copied and freed something.
+    assert!(relocated > 0 && reclaimed > 0, "{relocated} {reclaimed}");
 }
 
 /// Overwrites a data set many times with background GC on: once the writes stop, the
