@@ -123,8 +123,10 @@ impl Options {
                 "log_segment_bytes must be a power of two from 64 KiB to 64 MiB".into(),
             ));
         }
-        // NaN fails this test too.
-        if !(self.gc_space_amp > 1.0) || self.gc_rate_bytes_per_sec == 0 {
+        // NaN is rejected too (it is not greater than 1.0).
+        if self.gc_space_amp.partial_cmp(&1.0) != Some(std::cmp::Ordering::Greater)
+            || self.gc_rate_bytes_per_sec == 0
+        {
             return Err(Error::InvalidArgument(
                 "gc_space_amp must be more than 1.0 and gc_rate_bytes_per_sec positive".into(),
             ));
