@@ -91,6 +91,19 @@ pub fn run(db: &Database, keyspace: &str, command: Command) -> Result<Outcome, C
             db.commit()?;
             Outcome::Done
         }
+        Command::Gc => {
+            let before = db.stats();
+            db.gc()?;
+            let after = db.stats();
+            out.line(&format!(
+                "{{\"relocated_bytes\":{},\"reclaimed_bytes\":{},\"space_used_bytes_before\":{},\"space_used_bytes_after\":{}}}",
+                after.gc_relocated_bytes - before.gc_relocated_bytes,
+                after.gc_reclaimed_bytes - before.gc_reclaimed_bytes,
+                before.space_used_bytes,
+                after.space_used_bytes
+            ))?;
+            Outcome::Done
+        }
         Command::Shell => {
             let stdin = io::stdin();
             let interactive = stdin.is_terminal();

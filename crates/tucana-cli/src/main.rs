@@ -107,6 +107,10 @@ pub enum Command {
     DropKeyspace { name: String },
     /// Commits: persists the index as a new epoch.
     Commit,
+    /// Garbage-collects the log now (relocates live records out of segments with dead
+    /// space, frees them, gives the bytes back to the file system) and prints what it did
+    /// as JSON.
+    Gc,
     /// Reads commands from stdin, one per line, and prints their results (`help` lists them).
     Shell,
     /// Writes a seeded random mix until killed, acknowledging each call on stdout; the

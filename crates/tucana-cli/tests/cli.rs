@@ -296,6 +296,23 @@ fn commit_succeeds_and_data_stays() {
 }
 
 #[test]
+fn gc_reports_what_it_did_and_data_stays() {
+    let volume = Volume::new();
+    volume.ok(&["put", "a", "1"]);
+    volume.ok(&["put", "a", "2"]);
+    volume.ok(&["put", "b", "3"]);
+    volume.ok(&["del", "b"]);
+    let report = volume.ok(&["gc"]);
+    assert!(
+        report.starts_with("{\"relocated_bytes\":")
+            && report.contains("\"space_used_bytes_after\":"),
+        "{report}"
+    );
+    assert_eq!(volume.ok(&["get", "a"]), "2\n");
+    assert!(volume.ok(&["check"]).starts_with("volume is sound"));
+}
+
+#[test]
 fn the_default_volume_is_created_under_the_working_directory() {
     let dir = tempfile::tempdir().expect("temporary directory");
     let run = |args: &[&str]| {

@@ -1,5 +1,5 @@
 //! The database handle: opens a volume, owns its regions (keyspaces), the background
-//! committer and the group-commit machinery.
+//! thread (flushes, commits, garbage collection) and the group-commit machinery.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -31,6 +31,16 @@ pub struct Options {
     pub log_segment_bytes: u64,
     /// Create the volume if the file does not exist.
     pub create_if_missing: bool,
+    /// Background garbage collection of the log. It runs in the background thread, which
+    /// exists when `commit_interval` or `flush_interval` is set (it needs commits to free
+    /// anything). `Database::gc` works either way.
+    pub gc: bool,
+    /// Background GC starts when a keyspace's log segments take more than this many times
+    /// its live record bytes (space amplification), and works until it is under again.
+    pub gc_space_amp: f64,
+    /// Background GC copies at most this many bytes of live records per second, so
+    /// foreground writers keep most of the device.
+    pub gc_rate_bytes_per_sec: u64,
 }
 
 impl Default for Options {
@@ -41,6 +51,9 @@ impl Default for Options {
             flush_interval: Some(Duration::from_millis(200)),
             log_segment_bytes: 2 << 20,
             create_if_missing: true,
+            gc: true,
+            gc_space_amp: 1.5,
+            gc_rate_bytes_per_sec: 64 << 20,
         }
     }
 }
@@ -71,6 +84,25 @@ impl Options {
         self
     }
 
+    /// Turns background garbage collection on (the default) or off.
+    pub fn gc(mut self, on: bool) -> Options {
+        self.gc = on;
+        self
+    }
+
+    /// Space amplification (log segment bytes / live bytes) above which background GC
+    /// works; more than 1.0 (default 1.5).
+    pub fn gc_space_amp(mut self, target: f64) -> Options {
+        self.gc_space_amp = target;
+        self
+    }
+
+    /// Most bytes of live records background GC copies per second (default 64 MiB/s).
+    pub fn gc_rate_bytes_per_sec(mut self, rate: u64) -> Options {
+        self.gc_rate_bytes_per_sec = rate;
+        self
+    }
+
     /// Opens (or creates) the volume in the file at `path`, locked against other processes.
     pub fn open(self, path: impl AsRef<Path>) -> Result<Database> {
         let storage = crate::volume::FileStorage::open(path.as_ref(), self.create_if_missing)?;
@@ -89,6 +121,14 @@ impl Options {
         {
             return Err(Error::InvalidArgument(
                 "log_segment_bytes must be a power of two from 64 KiB to 64 MiB".into(),
+            ));
+        }
+        // NaN is rejected too (it is not greater than 1.0).
+        if self.gc_space_amp.partial_cmp(&1.0) != Some(std::cmp::Ordering::Greater)
+            || self.gc_rate_bytes_per_sec == 0
+        {
+            return Err(Error::InvalidArgument(
+                "gc_space_amp must be more than 1.0 and gc_rate_bytes_per_sec positive".into(),
             ));
         }
         let inner = crate::recovery::open(self, storage)?;
@@ -152,6 +192,15 @@ impl Database {
         self.inner.commit()
     }
 
+    /// Garbage-collects the log now, fully: relocates the live records of every log
+    /// segment with dead space worth taking back, commits until the emptied segments are
+    /// back in the allocator, and gives their bytes back to the file system. Segments that a
+    /// snapshot or iterator opened before may still read are freed by a commit after it is
+    /// dropped. Readers and writers keep going meanwhile; commits interleave.
+    pub fn gc(&self) -> Result<()> {
+        self.inner.gc_full()
+    }
+
     pub fn stats(&self) -> Stats {
         self.inner.stats()
     }
@@ -196,6 +245,12 @@ pub(crate) struct Shared {
     pub bytes_written: AtomicU64,
     pub commits: AtomicU64,
     pub syncs: AtomicU64,
+    /// Garbage collection passes that did something (background steps and forced passes).
+    pub gc_passes: AtomicU64,
+    /// Bytes of live records garbage collection copied.
+    pub gc_relocated_bytes: AtomicU64,
+    /// Bytes of log segments garbage collection handed back for reuse.
+    pub gc_reclaimed_bytes: AtomicU64,
     /// Wakes the background committer early (dirty-bytes threshold reached).
     wake: (Mutex<bool>, Condvar),
     pub frees: Arc<Mutex<PendingFrees>>,
@@ -225,6 +280,9 @@ impl Shared {
             bytes_written: AtomicU64::new(0),
             commits: AtomicU64::new(0),
             syncs: AtomicU64::new(0),
+            gc_passes: AtomicU64::new(0),
+            gc_relocated_bytes: AtomicU64::new(0),
+            gc_reclaimed_bytes: AtomicU64::new(0),
             wake: (Mutex::new(false), Condvar::new()),
             frees: Arc::new(Mutex::new(PendingFrees::default())),
         }
@@ -299,6 +357,8 @@ pub(crate) struct DbInner {
     pub shared: Arc<Shared>,
     pub regions: RwLock<BTreeMap<String, Arc<Region>>>,
     pub commit_state: Mutex<CommitState>,
+    /// The garbage collector; one pass at a time.
+    pub gc: Mutex<crate::gc::GcState>,
     background: Mutex<Option<std::thread::JoinHandle<()>>>,
     stop: AtomicBool,
     finished: AtomicBool,
@@ -314,6 +374,7 @@ impl DbInner {
             shared,
             regions: RwLock::new(regions),
             commit_state: Mutex::new(cs),
+            gc: Mutex::new(crate::gc::GcState::new()),
             background: Mutex::new(None),
             stop: AtomicBool::new(false),
             finished: AtomicBool::new(false),
@@ -434,6 +495,9 @@ impl DbInner {
             space_used_bytes: storage.space_used_bytes().unwrap_or(0),
             allocated_bytes: shared.allocator.allocated_blocks() * BLOCK_BYTES,
             commit_epoch: self.commit_state.lock().epoch.0,
+            gc_passes: shared.gc_passes.load(Ordering::Relaxed),
+            gc_relocated_bytes: shared.gc_relocated_bytes.load(Ordering::Relaxed),
+            gc_reclaimed_bytes: shared.gc_reclaimed_bytes.load(Ordering::Relaxed),
             ..Stats::default()
         };
         for region in self.region_list() {
@@ -443,11 +507,13 @@ impl DbInner {
                 live_log_bytes: region.live_bytes.load(Ordering::Relaxed),
                 dead_log_bytes: region.dead_bytes.load(Ordering::Relaxed),
                 log_segments: region.segment_count(),
+                log_size_bytes: region.log_size_bytes() + region.retired_segment_bytes(),
                 index_nodes: region.tree.heap_nodes(),
             };
             stats.keys += ks.keys;
             stats.live_log_bytes += ks.live_log_bytes;
             stats.dead_log_bytes += ks.dead_log_bytes;
+            stats.log_size_bytes += ks.log_size_bytes;
             stats.index_nodes += ks.index_nodes;
             stats.keyspaces.push(ks);
         }
@@ -462,8 +528,10 @@ impl Drop for DbInner {
     }
 }
 
-/// Flushes buffered writes every `flush_interval` and commits every `commit_interval`
-/// or when `commit_dirty_bytes` of log were written since the last commit.
+/// Flushes buffered writes every `flush_interval`, commits every `commit_interval` (when
+/// there are changes, or space garbage collection freed waits for a commit) or when
+/// `commit_dirty_bytes` of log were written since the last commit, and runs a rate-limited
+/// step of garbage collection every tick.
 fn background_loop(db: std::sync::Weak<DbInner>) {
     let mut last_commit = Instant::now();
     let mut last_flush = Instant::now();
@@ -491,10 +559,9 @@ fn background_loop(db: std::sync::Weak<DbInner>) {
             return;
         }
         let dirty = inner.shared.log_bytes_since_commit.load(Ordering::Relaxed);
-        let commit_due = opts
-            .commit_interval
-            .is_some_and(|i| last_commit.elapsed() >= i && dirty > 0)
-            || dirty >= opts.commit_dirty_bytes;
+        let commit_due = opts.commit_interval.is_some_and(|i| {
+            last_commit.elapsed() >= i && (dirty > 0 || (opts.gc && inner.gc_wants_commit()))
+        }) || dirty >= opts.commit_dirty_bytes;
         if commit_due {
             // Errors poison the database; the next user call reports them.
             let _ = inner.commit();
@@ -506,6 +573,10 @@ fn background_loop(db: std::sync::Weak<DbInner>) {
         {
             let _ = inner.sync();
             last_flush = Instant::now();
+        }
+        if opts.gc && !inner.stop.load(Ordering::Acquire) {
+            // Errors that matter poison the database; the next user call reports them.
+            let _ = inner.background_gc();
         }
     }
 }

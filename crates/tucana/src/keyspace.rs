@@ -236,6 +236,9 @@ impl Batch {
     }
 }
 
+/// Registration of a reader that holds log pointers between calls: a snapshot (`root` is
+/// its sealed root) or a live-tree range (`root` unused). While it lives, log segments and
+/// nodes retired in `epoch` or later are not freed.
 struct SnapshotPin {
     region: Arc<Region>,
     root: u64,
@@ -299,9 +302,14 @@ struct Side {
 }
 
 /// An iterator over `(key, value)` pairs of a range, both directions.
+///
+/// A range over the live keyspace keeps the log segments garbage collection empties after
+/// its creation from being freed until it is dropped (like a snapshot does): drop
+/// iterators you are done with.
 pub struct Range {
     region: Arc<Region>,
     root: Option<u64>,
+    /// Keeps what the iterator's log pointers name alive (see `SnapshotPin`).
     pin: Option<Arc<SnapshotPin>>,
     /// Remaining bounds: shrink as items are returned from either end.
     lo: Bound<Vec<u8>>,
@@ -340,10 +348,20 @@ impl Range {
             | (Bound::Excluded(l), Bound::Excluded(h)) => l >= h,
             _ => false,
         };
+        // A live range copies log pointers out of leaves and reads the records later,
+        // without an epoch guard in between: register it like a snapshot.
+        let pin = root.is_none().then(|| {
+            let epoch = region.register_live_reader();
+            Arc::new(SnapshotPin {
+                region: region.clone(),
+                root: 0,
+                epoch,
+            })
+        });
         Range {
             region,
             root,
-            pin: None,
+            pin,
             lo,
             hi,
             front: Side::default(),

@@ -24,6 +24,7 @@ mod check;
 mod commit;
 mod db;
 pub mod error;
+mod gc;
 pub mod index;
 mod keyspace;
 pub mod log;

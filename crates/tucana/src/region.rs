@@ -2,7 +2,10 @@
 //!
 //! Owns: appending records to the region's log (segment switches, link records), applying
 //! writes to the tree, exact live/dead byte counts per log segment, resolving log pointers
-//! to records for readers and for the tree (`index::Ctx`), and snapshot registration.
+//! to records for readers and for the tree (`index::Ctx`), snapshot and live-iterator
+//! registration, and the garbage-collection primitives: relocating a victim segment's live
+//! records to the tail and retiring the emptied segment until nothing can read it
+//! (policy and passes live in `crate::gc`).
 //!
 //! Thread-safety: one writer at a time per region (`Region::writer` mutex, held for an
 //! append plus its tree update); readers take no lock: they pin `crossbeam_epoch`, read the
@@ -38,6 +41,8 @@ pub(crate) struct Writer {
     pub next_seq: SeqNo,
     /// Every log segment of the region, by start offset.
     pub segments: BTreeMap<u64, SegmentStats>,
+    /// `order` of the next segment allocated (see `SegmentStats::order`).
+    pub next_order: u64,
     /// The region was sealed by the running commit: segments allocated now must not
     /// appear in that commit's bitmap image.
     pub sealed_for_commit: bool,
@@ -52,8 +57,40 @@ pub(crate) struct SealedRegion {
     pub tail: DiskOffset,
     pub tail_size_bytes: u64,
     pub tail_used_bytes: u64,
+    /// `order` of the tail segment: segments before it lie before this commit's replay window.
+    pub tail_order: u64,
     pub keys: u64,
     pub segments: Vec<(DiskOffset, SegmentStats)>,
+}
+
+/// A log segment garbage collection emptied and took out of the region's segment map in
+/// tree epoch `epoch`. Trees sealed before `epoch` (older commits, snapshots, live
+/// iterators registered before it) may still point into it; it is freed like a node
+/// retired in that epoch (DESIGN.md, "Garbage collection").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct RetiredSegment {
+    pub epoch: TreeEpoch,
+    pub base: DiskOffset,
+    pub size_bytes: u64,
+}
+
+impl RetiredSegment {
+    pub fn extent(&self) -> (DiskOffset, u64) {
+        (self.base, self.size_bytes / BLOCK_BYTES)
+    }
+}
+
+/// What `Region::retire_segment` did with a victim.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Retire {
+    /// Taken out of the region; its size in bytes.
+    Retired(u64),
+    /// Still holds live records (the caller did not relocate them all).
+    Live,
+    /// An external pivot of the live tree reads its key from this segment.
+    PinnedByPivot,
+    /// No longer a segment of the region (already retired, or the region was dropped).
+    Gone,
 }
 
 pub(crate) struct Region {
@@ -71,6 +108,11 @@ pub(crate) struct Region {
     snapshots: Mutex<BTreeMap<TreeEpoch, usize>>,
     /// Sealed tree epochs of the last two durable commits (older first).
     pub durable_epochs: Mutex<[Option<TreeEpoch>; 2]>,
+    /// `order` of the tail segment of the last two durable commits (older first): a
+    /// segment before the older one lies outside both commits' replay windows.
+    pub durable_tail_orders: Mutex<[Option<u64>; 2]>,
+    /// Segments emptied by garbage collection, not yet handed to the allocator.
+    pub retired_segments: Mutex<Vec<RetiredSegment>>,
     /// Root of the tree in the newest durable commit.
     pub committed_root: Mutex<DiskOffset>,
     pub dropped: AtomicBool,
@@ -121,6 +163,8 @@ impl Region {
             dead_bytes: AtomicU64::new(written - live),
             snapshots: Mutex::new(BTreeMap::new()),
             durable_epochs: Mutex::new([None, None]),
+            durable_tail_orders: Mutex::new([None, None]),
+            retired_segments: Mutex::new(Vec::new()),
             committed_root: Mutex::new(DiskOffset::NONE),
             dropped: AtomicBool::new(false),
         }
@@ -326,8 +370,10 @@ impl Region {
                 size_bytes: size,
                 written_bytes: 0,
                 live_bytes: 0,
+                order: w.next_order,
             },
         );
+        w.next_order += 1;
         let prev = self
             .tail
             .swap(Owned::new(Tail::new(base, size)), Ordering::AcqRel, guard);
@@ -356,6 +402,11 @@ impl Region {
         let guard = epoch::pin();
         // SAFETY: non-null, protected by the guard.
         let t = unsafe { self.tail.load(Ordering::Acquire, &guard).deref() };
+        let tail_order = w
+            .segments
+            .get(&t.base.0)
+            .expect("the tail segment is registered")
+            .order;
         SealedRegion {
             root_word: sealed.root,
             tree_epoch: sealed.epoch,
@@ -364,6 +415,7 @@ impl Region {
             tail: t.base,
             tail_size_bytes: t.size_bytes,
             tail_used_bytes: t.published_bytes(),
+            tail_order,
             keys: self.keys.load(Ordering::Relaxed),
             segments: w
                 .segments
@@ -371,6 +423,160 @@ impl Region {
                 .map(|(off, s)| (DiskOffset(*off), *s))
                 .collect(),
         }
+    }
+
+    // ----- garbage collection ----------------------------------------------------------
+
+    /// Closed segments garbage collection may take, with their counts: every segment
+    /// before the tail segment of the older durable commit (so both durable commits can
+    /// still replay their log windows), never the tail. Empty before two commits.
+    pub fn gc_candidates(&self) -> Vec<(DiskOffset, SegmentStats)> {
+        let Some(limit) = self.durable_tail_orders.lock()[0] else {
+            return Vec::new();
+        };
+        let w = self.writer.lock();
+        w.segments
+            .iter()
+            .filter(|(_, s)| s.order < limit)
+            .map(|(off, s)| (DiskOffset(*off), *s))
+            .collect()
+    }
+
+    /// Total size of the region's log segments (what the log occupies in the volume).
+    pub fn log_size_bytes(&self) -> u64 {
+        self.writer
+            .lock()
+            .segments
+            .values()
+            .map(|s| s.size_bytes)
+            .sum()
+    }
+
+    /// Appends again, as ordinary puts, those of `records` (`(offset, key, value)` of put
+    /// records read from one closed segment) that the live index still points at, and
+    /// points the index at the copies. One writer-lock hold: callers pass small chunks so
+    /// foreground writers wait little. Returns the bytes appended.
+    pub fn relocate(&self, records: &[(u64, &[u8], &[u8])]) -> Result<u64> {
+        let shared = &self.shared;
+        let mut w = self.writer.lock();
+        self.check_usable()?;
+        shared.check_writable()?;
+        let guard = epoch::pin();
+        let mut appended = 0u64;
+        for &(at, key, value) in records {
+            // The writer lock keeps the index still between this test and the apply.
+            if self.tree.get(self, None, key, &guard)? != Some(at) {
+                continue;
+            }
+            let new = self
+                .append(&mut w, 0, key, value)
+                .inspect_err(|_| shared.poison())?;
+            let existed = self
+                .apply(&mut w, key, true, new)
+                .inspect_err(|_| shared.poison())?;
+            assert!(existed, "a relocated key vanished under the writer lock");
+            appended += (HEADER_BYTES + key.len() + value.len()) as u64;
+        }
+        if appended > 0 {
+            shared.write_ticket.fetch_add(1, Ordering::AcqRel);
+        }
+        drop(w);
+        if appended > 0 {
+            shared
+                .log_bytes_since_commit
+                .fetch_add(appended, Ordering::Relaxed);
+            shared.maybe_wake_committer();
+        }
+        Ok(appended)
+    }
+
+    /// Takes the segment at `base` out of the region if nothing live is left in it and no
+    /// external pivot reads from it, and lists it as retired in the running tree epoch.
+    pub fn retire_segment(&self, base: DiskOffset) -> Result<Retire> {
+        let mut w = self.writer.lock();
+        if self.dropped.load(Ordering::Acquire) {
+            return Ok(Retire::Gone);
+        }
+        let Some(seg) = w.segments.get(&base.0).copied() else {
+            return Ok(Retire::Gone);
+        };
+        {
+            let guard = epoch::pin();
+            // SAFETY: non-null, protected by the guard.
+            let t = unsafe { self.tail.load(Ordering::Acquire, &guard).deref() };
+            assert!(t.base != base, "garbage collection chose the tail segment");
+        }
+        if seg.live_bytes != 0 {
+            return Ok(Retire::Live);
+        }
+        let end = base.0 + seg.size_bytes;
+        let mut pinned = false;
+        self.tree.external_pivots(self, &mut |ptr| {
+            pinned |= (base.0..end).contains(&ptr);
+        })?;
+        if pinned {
+            return Ok(Retire::PinnedByPivot);
+        }
+        w.segments.remove(&base.0);
+        self.dead_bytes
+            .fetch_sub(seg.written_bytes, Ordering::Relaxed);
+        // Read under the writer lock: a seal (which takes it) cannot slip in between, so
+        // every tree sealed at this epoch or later is free of pointers into the segment.
+        let epoch = self.tree.running_epoch();
+        self.retired_segments.lock().push(RetiredSegment {
+            epoch,
+            base,
+            size_bytes: seg.size_bytes,
+        });
+        Ok(Retire::Retired(seg.size_bytes))
+    }
+
+    /// Bytes of retired segments not yet handed back.
+    pub fn retired_segment_bytes(&self) -> u64 {
+        self.retired_segments
+            .lock()
+            .iter()
+            .map(|r| r.size_bytes)
+            .sum()
+    }
+
+    /// Whether some retired segment waits only for commits (not for a snapshot).
+    pub fn has_reclaimable_segments(&self) -> bool {
+        let oldest = self.oldest_snapshot();
+        self.retired_segments
+            .lock()
+            .iter()
+            .any(|r| oldest.is_none_or(|s| s >= r.epoch))
+    }
+
+    /// Retired segments sealed trees up to `upto` no longer reference (for a commit's
+    /// free log: allocated in its bitmap, referenced by nothing in it).
+    pub fn retired_segment_extents(&self, upto: TreeEpoch) -> Vec<(DiskOffset, u64)> {
+        self.retired_segments
+            .lock()
+            .iter()
+            .filter(|r| r.epoch <= upto)
+            .map(|r| r.extent())
+            .collect()
+    }
+
+    /// Takes out the retired segments neither durable commit (`durable`: the older one's
+    /// sealed tree epoch) nor any snapshot or live iterator can reach, same rule as
+    /// `Tree::reclaim`. The caller still waits for in-flight readers before reuse.
+    pub fn reclaim_segments(&self, durable: TreeEpoch) -> Vec<(DiskOffset, u64)> {
+        // Snapshots first: a reader registering after this reading holds no pointer into
+        // a segment retired before it registered.
+        let oldest = self.oldest_snapshot();
+        let mut list = self.retired_segments.lock();
+        let mut out = Vec::new();
+        list.retain(|r| {
+            let free = r.epoch <= durable && oldest.is_none_or(|s| s >= r.epoch);
+            if free {
+                out.push(r.extent());
+            }
+            !free
+        });
+        out
     }
 
     // ----- reads ---------------------------------------------------------------------
@@ -460,6 +666,19 @@ impl Region {
         let sealed = self.tree.seal();
         *self.snapshots.lock().entry(sealed.epoch).or_insert(0) += 1;
         (sealed.root, sealed.epoch)
+    }
+
+    /// Registers a live-tree iterator: it holds log pointers between calls without an
+    /// epoch guard, so nothing retired from now on may be freed while it lives. It counts
+    /// as a snapshot of the epoch before the running one (anything retired in the running
+    /// epoch or later waits). Returns the epoch to pass to `close_snapshot`.
+    pub fn register_live_reader(&self) -> TreeEpoch {
+        let mut snaps = self.snapshots.lock();
+        // Read under the snapshots lock: a reclaim deciding now sees this registration or
+        // ran before it, when this reader held no pointer yet.
+        let epoch = TreeEpoch(self.tree.running_epoch().0.saturating_sub(1));
+        *snaps.entry(epoch).or_insert(0) += 1;
+        epoch
     }
 
     pub fn close_snapshot(&self, epoch: TreeEpoch) {

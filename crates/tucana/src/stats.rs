@@ -29,6 +29,14 @@ pub struct Stats {
     pub allocated_bytes: u64,
     /// Newest durable commit epoch.
     pub commit_epoch: u64,
+    /// Bytes of log segments over all keyspaces (see `KeyspaceStats::log_size_bytes`).
+    pub log_size_bytes: u64,
+    /// Garbage collection passes that did something since open.
+    pub gc_passes: u64,
+    /// Bytes of live records garbage collection copied since open.
+    pub gc_relocated_bytes: u64,
+    /// Bytes of emptied log segments garbage collection handed back since open.
+    pub gc_reclaimed_bytes: u64,
     pub keyspaces: Vec<KeyspaceStats>,
 }
 
@@ -39,6 +47,10 @@ pub struct KeyspaceStats {
     pub live_log_bytes: u64,
     pub dead_log_bytes: u64,
     pub log_segments: u64,
+    /// Bytes of the keyspace's log segments, including segments garbage collection
+    /// emptied that still wait for readers or commits; `log_size_bytes / live_log_bytes`
+    /// is the space amplification background GC keeps under `Options::gc_space_amp`.
+    pub log_size_bytes: u64,
     pub index_nodes: u64,
 }
 
@@ -47,7 +59,7 @@ impl Stats {
     pub fn to_json(&self) -> String {
         let mut s = String::new();
         s.push('{');
-        let fields: [(&str, u64); 13] = [
+        let fields: [(&str, u64); 17] = [
             ("keys", self.keys),
             ("live_log_bytes", self.live_log_bytes),
             ("dead_log_bytes", self.dead_log_bytes),
@@ -61,6 +73,10 @@ impl Stats {
             ("space_used_bytes", self.space_used_bytes),
             ("allocated_bytes", self.allocated_bytes),
             ("commit_epoch", self.commit_epoch),
+            ("log_size_bytes", self.log_size_bytes),
+            ("gc_passes", self.gc_passes),
+            ("gc_relocated_bytes", self.gc_relocated_bytes),
+            ("gc_reclaimed_bytes", self.gc_reclaimed_bytes),
         ];
         for (name, value) in fields {
             s.push_str(&format!("\"{name}\":{value},"));
@@ -71,12 +87,13 @@ impl Stats {
                 s.push(',');
             }
             s.push_str(&format!(
-                "{{\"name\":{},\"keys\":{},\"live_log_bytes\":{},\"dead_log_bytes\":{},\"log_segments\":{},\"index_nodes\":{}}}",
+                "{{\"name\":{},\"keys\":{},\"live_log_bytes\":{},\"dead_log_bytes\":{},\"log_segments\":{},\"log_size_bytes\":{},\"index_nodes\":{}}}",
                 json_string(&ks.name),
                 ks.keys,
                 ks.live_log_bytes,
                 ks.dead_log_bytes,
                 ks.log_segments,
+                ks.log_size_bytes,
                 ks.index_nodes
             ));
         }

@@ -4,21 +4,22 @@
 //! slot (offset, length, crc32c). Layout (little-endian):
 //!
 //! ```text
-//! "TDESC001" | epoch u64 | next_region_id u64 | volume_bytes u64
+//! "TDESC002" | epoch u64 | next_region_id u64 | volume_bytes u64
 //! group_count u32 | bitmap slot per group u8 × group_count
 //! free_count u32  | (offset u64, blocks u64) × free_count           -- the free log
 //! region_count u32 | region × region_count
 //!
 //! region: id u64 | name_len u16 | name | tree_epoch u64 | root u64
 //!         generation u32 | next_seq u64 | tail u64 | tail_size u64 | tail_used u64
-//!         keys u64 | segment_count u32 | (offset u64, size u64, written u64, live u64) × n
+//!         keys u64 | segment_count u32 | (offset u64, size u64, written u64, live u64,
+//!         order u64) × n
 //! ```
 
 use crate::error::{Error, Result};
 use crate::log::SegmentStats;
 use crate::types::{CommitEpoch, DiskOffset, RegionId, SeqNo, TreeEpoch};
 
-const MAGIC: &[u8; 8] = b"TDESC001";
+const MAGIC: &[u8; 8] = b"TDESC002";
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Descriptor {
@@ -81,6 +82,7 @@ impl Descriptor {
                 put64(&mut out, s.size_bytes);
                 put64(&mut out, s.written_bytes);
                 put64(&mut out, s.live_bytes);
+                put64(&mut out, s.order);
             }
         }
         out
@@ -121,7 +123,7 @@ impl Descriptor {
             let tail_size_bytes = r.u64()?;
             let tail_used_bytes = r.u64()?;
             let keys = r.u64()?;
-            let seg_count = r.count(32)?;
+            let seg_count = r.count(40)?;
             let mut segments = Vec::with_capacity(seg_count);
             for _ in 0..seg_count {
                 let off = DiskOffset(r.u64()?);
@@ -129,6 +131,7 @@ impl Descriptor {
                     size_bytes: r.u64()?,
                     written_bytes: r.u64()?,
                     live_bytes: r.u64()?,
+                    order: r.u64()?,
                 };
                 if s.live_bytes > s.written_bytes || s.written_bytes > s.size_bytes {
                     return Err(r.bad("segment byte counts are inconsistent"));
@@ -245,6 +248,7 @@ mod tests {
                         size_bytes: 2 << 20,
                         written_bytes: 777,
                         live_bytes: 500,
+                        order: 3,
                     },
                 )],
             }],

@@ -2,7 +2,8 @@
 //! new commit epoch (paper §3.3), made atomic by the superblock slot write.
 //!
 //! Protocol (crash analysis in DESIGN.md):
-//! 1. apply releasable frees to the live bitmap; start recording post-seal allocations;
+//! 1. apply releasable frees to the live bitmap (punching holes in large extents, so the
+//!    file system gets the bytes back); start recording post-seal allocations;
 //! 2. seal every region under its writer lock (an O(1) epoch bump: writers go on at once,
 //!    copying sealed nodes on write);
 //! 3. flush every log tail (records up to the seal point reach the file);
@@ -59,6 +60,7 @@ impl DbInner {
 
         // 1. Frees that are safe now become free space in this commit's bitmap.
         let releasable = std::mem::take(&mut shared.frees.lock().releasable);
+        punch_extents(storage.as_ref(), &releasable);
         for (off, blocks) in releasable {
             allocator.release(off, blocks);
         }
@@ -122,6 +124,8 @@ impl DbInner {
             for off in region.tree.retired_disk_blocks(s.tree_epoch) {
                 free_log.push((off, 1));
             }
+            // Segments retired after the seal are still in the sealed segment list.
+            free_log.extend(region.retired_segment_extents(s.tree_epoch));
         }
         free_log.sort();
         free_log.dedup();
@@ -187,6 +191,8 @@ impl DbInner {
             let durable = {
                 let mut w = region.writer.lock();
                 w.sealed_for_commit = false;
+                let mut o = region.durable_tail_orders.lock();
+                *o = [o[1], Some(s.tail_order)];
                 let mut d = region.durable_epochs.lock();
                 *d = [d[1], Some(s.tree_epoch)];
                 d[0]
@@ -199,6 +205,12 @@ impl DbInner {
             if let Some(durable) = durable {
                 let blocks = region.tree.reclaim(durable, region.oldest_snapshot());
                 shared.release_after_readers(blocks.into_iter().map(|b| (b, 1)).collect());
+                let segments = region.reclaim_segments(durable);
+                let bytes: u64 = segments.iter().map(|(_, b)| b * BLOCK_BYTES).sum();
+                shared
+                    .gc_reclaimed_bytes
+                    .fetch_add(bytes, Ordering::Relaxed);
+                shared.release_after_readers(segments);
             }
         }
         shared.commits.fetch_add(1, Ordering::Relaxed);
@@ -231,6 +243,7 @@ impl DbInner {
             generation: 1,
             next_seq: SeqNo(0),
             segments: Default::default(),
+            next_order: 1,
             sealed_for_commit: false,
         };
         writer.segments.insert(
@@ -239,6 +252,7 @@ impl DbInner {
                 size_bytes: size,
                 written_bytes: 0,
                 live_bytes: 0,
+                order: 0,
             },
         );
         let region = Arc::new(Region::new(
@@ -275,6 +289,9 @@ impl DbInner {
             .map(|(off, s)| (DiskOffset(*off), s.size_bytes / BLOCK_BYTES))
             .collect();
         drop(w);
+        // Segments garbage collection retired and that are not yet on their way to the
+        // allocator (those are in `Shared::frees` and stay there).
+        extents.extend(region.retired_segments.lock().drain(..).map(|r| r.extent()));
         let root = *region.committed_root.lock();
         crate::check::collect_tree_blocks(region.as_ref(), root, &mut |off| {
             extents.push((off, 1))
@@ -302,6 +319,37 @@ fn region_desc(region: &Region, s: &SealedRegion, root: DiskOffset) -> RegionDes
         tail_used_bytes: s.tail_used_bytes,
         keys: s.keys,
         segments: s.segments.clone(),
+    }
+}
+
+/// Extents at least this long are punched when they return to the allocator: log
+/// segments (64 KiB at least) and runs of nodes; single blocks are not worth a system call.
+const PUNCH_MIN_BLOCKS: u64 = 16;
+
+/// Gives the bytes of released extents back to the file system, adjacent ones merged.
+/// Only extents no durable commit, snapshot or reader can reach get here. A failed punch
+/// loses nothing (the bytes stay allocated in the file), so it is not an error.
+fn punch_extents(storage: &dyn crate::volume::Storage, extents: &[(DiskOffset, u64)]) {
+    let mut sorted = extents.to_vec();
+    sorted.sort();
+    let mut run: Option<(u64, u64)> = None;
+    let punch = |(start, blocks): (u64, u64)| {
+        if blocks >= PUNCH_MIN_BLOCKS {
+            let _ = storage.punch_hole(start, blocks * BLOCK_BYTES);
+        }
+    };
+    for (off, blocks) in sorted {
+        run = match run {
+            Some((start, n)) if start + n * BLOCK_BYTES == off.0 => Some((start, n + blocks)),
+            Some(r) => {
+                punch(r);
+                Some((off.0, blocks))
+            }
+            None => Some((off.0, blocks)),
+        };
+    }
+    if let Some(r) = run {
+        punch(r);
     }
 }
 

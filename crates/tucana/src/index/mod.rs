@@ -25,8 +25,9 @@
 //! - A reader may use a sealed root while the writer goes on; the nodes stay alive until
 //!   `reclaim` is told that no snapshot and no commit needs that epoch.
 //!
-//! **Not yet.** Nodes never merge: removes delete leaf entries and empty leaves stay in the
-//! tree until a future rebalancing. Disk nodes are checksummed on every read (about 4 KiB of
+//! **Not yet.** Nodes never merge: removes delete leaf entries, and a leaf they empty leaves
+//! the tree (with any ancestor left childless), but half-empty leaves stay until a future
+//! rebalancing. Disk nodes are checksummed on every read (about 4 KiB of
 //! crc32c per disk node visited); a cache of verified blocks would remove that cost.
 
 mod node;

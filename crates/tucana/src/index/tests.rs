@@ -117,9 +117,11 @@ fn scan_forward(
         if let (Some(k), Some(low)) = (&seek_key, &out.low) {
             assert!(low <= k, "AtOrAfter landed right of its key");
         }
+        // A leaf may also hold keys below the seek key: the fence it was reached by can
+        // vanish when an emptied leaf leaves the tree and a neighbour takes its range.
         for &p in &out.ptrs {
             let k = ctx.key(p);
-            if from.is_none_or(|f| k >= f) {
+            if seek_key.as_deref().is_none_or(|f| k >= f) {
                 items.push((k.to_vec(), p));
             }
         }
@@ -162,9 +164,10 @@ fn scan_backward(
                 "Before landed at or right of its key"
             );
         }
+        // As in `scan_forward`: skip keys at or above the seek key.
         for &p in out.ptrs.iter().rev() {
             let k = ctx.key(p);
-            if before.is_none_or(|b| k < b) {
+            if seek_key.as_deref().is_none_or(|b| k < b) {
                 items.push((k.to_vec(), p));
             }
         }
@@ -449,7 +452,7 @@ fn sequential_loads_fill_leaves() {
 }
 
 #[test]
-fn removing_everything_leaves_empty_leaves_that_walks_skip() {
+fn removing_everything_prunes_empty_leaves_and_empties_the_tree() {
     let mut rng = StdRng::seed_from_u64(4);
     let tree = Tree::new(REGION, TreeEpoch(1));
     let mut ctx = FakeCtx::default();
@@ -457,20 +460,144 @@ fn removing_everything_leaves_empty_leaves_that_walks_skip() {
     for i in 0..5000u32 {
         put(&tree, &mut ctx, &mut model, format!("k{i:05}").as_bytes());
     }
-    // Empty a band in the middle, then everything.
+    let leaves_full = tree.check(&ctx, tree.root_word()).unwrap().leaves;
+    // Empty a band in the middle: its leaves leave the tree, the rest still reads right.
     for i in 1000..3000u32 {
         del(&tree, &ctx, &mut model, format!("k{i:05}").as_bytes());
     }
     assert_matches(&tree, &ctx, None, &model, &mut rng);
-    let keys: Vec<Vec<u8>> = model.keys().cloned().collect();
+    let report = tree.check(&ctx, tree.root_word()).unwrap();
+    assert!(
+        report.leaves < leaves_full * 3 / 4,
+        "{} of {leaves_full} leaves left after emptying 40% of the keys",
+        report.leaves
+    );
+    // Writes into the emptied band land in a neighbour.
+    for i in (1000..3000u32).step_by(50) {
+        put(&tree, &mut ctx, &mut model, format!("k{i:05}").as_bytes());
+    }
+    assert_matches(&tree, &ctx, None, &model, &mut rng);
+    let mut keys: Vec<Vec<u8>> = model.keys().cloned().collect();
+    keys.shuffle(&mut rng);
     for k in keys {
         del(&tree, &ctx, &mut model, &k);
     }
     assert_matches(&tree, &ctx, None, &model, &mut rng);
-    assert!(
-        tree.heap_nodes() > 1,
-        "empty leaves are kept (no merges yet)"
-    );
+    assert_eq!(tree.root_word(), 0, "an empty tree has no root");
+    // Every node is retired; with no snapshot and no commit behind, all are freed.
+    tree.reclaim(TreeEpoch(u64::MAX), None);
+    assert_eq!(tree.heap_nodes(), 0);
+    put(&tree, &mut ctx, &mut model, b"again");
+    assert_matches(&tree, &ctx, None, &model, &mut rng);
+}
+
+#[test]
+fn pruning_keeps_sealed_and_persisted_versions_intact() {
+    let mut rng = StdRng::seed_from_u64(5);
+    let tree = Tree::new(REGION, TreeEpoch(1));
+    let mut ctx = FakeCtx::default();
+    let mut model = Model::new();
+    for i in 0..3000u32 {
+        put(&tree, &mut ctx, &mut model, format!("k{i:05}").as_bytes());
+    }
+    let sealed = tree.seal();
+    let (root, _) = ctx.persist(&tree, sealed);
+    let before = model.clone();
+    for i in 500..2500u32 {
+        del(&tree, &ctx, &mut model, format!("k{i:05}").as_bytes());
+    }
+    // The sealed root and its disk copy still hold every key.
+    assert_matches(&tree, &ctx, Some(sealed.root), &before, &mut rng);
+    let disk = Tree::from_disk(REGION, root, TreeEpoch(100));
+    assert_matches(&disk, &ctx, None, &before, &mut rng);
+    assert_matches(&tree, &ctx, None, &model, &mut rng);
+    // Persisting the pruned tree gives a valid tree of the remaining keys.
+    let (root2, _) = ctx.persist(&tree, tree.seal());
+    let disk2 = Tree::from_disk(REGION, root2, TreeEpoch(100));
+    assert_matches(&disk2, &ctx, None, &model, &mut rng);
+    assert_eq!(disk2.check(&ctx, disk2.root_word()).unwrap().keys, 1000);
+}
+
+#[test]
+fn readers_never_miss_a_key_while_the_writer_prunes_empty_leaves() {
+    const BANDS: usize = 40;
+    const BAND_KEYS: usize = 600;
+    let stable: Vec<Vec<u8>> = (0..=BANDS)
+        .map(|b| format!("k{b:03}s").into_bytes())
+        .collect();
+    let band_key = |b: usize, i: usize| format!("k{b:03}v{i:04}").into_bytes();
+    let mut ctx = FakeCtx::default();
+    let stable_ptrs: Vec<u64> = stable.iter().map(|k| ctx.add(k)).collect();
+    let band_ptrs: Vec<Vec<u64>> = (0..BANDS)
+        .map(|b| (0..BAND_KEYS).map(|i| ctx.add(&band_key(b, i))).collect())
+        .collect();
+    let tree = Tree::new(REGION, TreeEpoch(1));
+    for (k, p) in stable.iter().zip(&stable_ptrs) {
+        tree.insert(&ctx, k, *p).unwrap();
+    }
+    let done = AtomicBool::new(false);
+    let (ctx, tree, stable, stable_ptrs) = (&ctx, &tree, &stable, &stable_ptrs);
+    std::thread::scope(|s| {
+        for r in 0..2u64 {
+            let done = &done;
+            s.spawn(move || {
+                let mut rng = StdRng::seed_from_u64(200 + r);
+                while !done.load(Acquire) {
+                    let guard = crossbeam_epoch::pin();
+                    for _ in 0..500 {
+                        let i = rng.random_range(0..stable.len());
+                        let got = tree.get(ctx, None, &stable[i], &guard).unwrap();
+                        assert_eq!(got, Some(stable_ptrs[i]), "stable key {i} missed");
+                    }
+                    drop(guard);
+                    let fwd: Vec<Vec<u8>> = scan_forward(tree, ctx, None, None)
+                        .into_iter()
+                        .map(|(k, _)| k)
+                        .collect();
+                    assert!(
+                        fwd.windows(2).all(|w| w[0] < w[1]),
+                        "forward walk not sorted"
+                    );
+                    let found = fwd.iter().filter(|k| k.ends_with(b"s")).count();
+                    assert_eq!(found, stable.len(), "a forward walk missed a stable key");
+                    let bwd: Vec<Vec<u8>> = scan_backward(tree, ctx, None, None)
+                        .into_iter()
+                        .map(|(k, _)| k)
+                        .collect();
+                    assert!(
+                        bwd.windows(2).all(|w| w[0] > w[1]),
+                        "backward walk not sorted"
+                    );
+                    let found = bwd.iter().filter(|k| k.ends_with(b"s")).count();
+                    assert_eq!(found, stable.len(), "a backward walk missed a stable key");
+                }
+            });
+        }
+        let mut rng = StdRng::seed_from_u64(7);
+        for round in 0..6 {
+            // Fill every band (splits), then empty them in random order (prunes).
+            for (b, ptrs) in band_ptrs.iter().enumerate() {
+                for (i, p) in ptrs.iter().enumerate() {
+                    tree.insert(ctx, &band_key(b, i), *p).unwrap();
+                }
+            }
+            let mut order: Vec<usize> = (0..BANDS).collect();
+            order.shuffle(&mut rng);
+            for b in order {
+                for i in 0..BAND_KEYS {
+                    assert!(tree.remove(ctx, &band_key(b, i)).unwrap().is_some());
+                }
+            }
+            if round % 2 == 1 {
+                tree.seal();
+            }
+            tree.reclaim(TreeEpoch(u64::MAX), None);
+        }
+        done.store(true, Release);
+    });
+    let report = tree.check(ctx, tree.root_word()).unwrap();
+    assert_eq!(report.keys as usize, stable.len());
+    assert!(report.leaves <= stable.len() as u64, "{report:?}");
 }
 
 #[test]

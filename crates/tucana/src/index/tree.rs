@@ -469,7 +469,9 @@ impl Tree {
     }
 
     /// Removes `key`. Returns the pointer it mapped to. Writer only. Copies nothing when the
-    /// key is absent. Empty leaves stay in the tree (merging is future work).
+    /// key is absent. A leaf left empty is taken out of its parent (and an internal node
+    /// left without children out of its own), so deleting every key empties the tree;
+    /// leaves are not merged otherwise (future work).
     pub fn remove<C: Ctx>(&self, ctx: &C, key: &[u8]) -> Result<Option<u64>> {
         let _w = self.writer();
         let kp = key_prefix(key);
@@ -484,6 +486,8 @@ impl Tree {
         }
         let running = self.running.load(Relaxed);
         let mut node = self.writable_root(ctx, running)?;
+        // Internal nodes on the way down and the child index taken in each.
+        let mut path: Vec<(NonNull<Header>, usize)> = Vec::new();
         loop {
             // SAFETY: as in `insert`.
             if unsafe { node.as_ref() }.meta().is_leaf() {
@@ -512,6 +516,9 @@ impl Tree {
                     ..m
                 });
                 leaf.hdr.write_end();
+                if m.count == 1 {
+                    self.prune_empty(&path, node, running);
+                }
                 return Ok(Some(old));
             }
             let parent = unsafe { as_internal(node) };
@@ -520,8 +527,98 @@ impl Tree {
                 version: None,
             };
             let idx = no_restart(child_index(&own, ctx, key, kp, true))?;
+            path.push((node, idx));
             node = self.writable_child(ctx, parent, idx, running)?;
         }
+    }
+
+    /// Takes the empty `leaf` (reached through `path`, all writable nodes of the running
+    /// epoch) out of the tree, with every ancestor it leaves without children. Same reader
+    /// rule as splits: the parent changes inside its seqlock, so readers that read the old
+    /// child word restart when they validate it; readers already inside a detached node see
+    /// its version move and restart too (an empty node answered "absent" correctly anyway).
+    /// The detached nodes are retired: in no sealed tree (they are of the running epoch),
+    /// freed after the readers' grace period.
+    fn prune_empty(&self, path: &[(NonNull<Header>, usize)], leaf: NonNull<Header>, running: u64) {
+        let mut detached = vec![leaf];
+        let mut cut = false;
+        for &(p, idx) in path.iter().rev() {
+            // SAFETY: nodes on the writer's path are live internal nodes.
+            let parent = unsafe { as_internal(p) };
+            if parent.hdr.meta().count == 0 {
+                // Its only child is empty: so is it.
+                detached.push(p);
+                continue;
+            }
+            Self::remove_child(parent, idx);
+            cut = true;
+            break;
+        }
+        if !cut {
+            // Every node on the path is empty: the tree is.
+            self.root.store(0, Release);
+        }
+        for p in detached {
+            // SAFETY: detached, still live (freed only through the retired list).
+            let hdr = unsafe { p.as_ref() };
+            debug_assert_eq!(hdr.epoch(), running);
+            hdr.write_begin();
+            hdr.write_end();
+            self.retire(RetiredNode::Heap(HeapNode(p)), running);
+        }
+    }
+
+    /// Removes child `idx` of the published `node` (which has at least one pivot) and the
+    /// pivot beside it: the left neighbour's pivot when there is one, so that neighbour's
+    /// range grows over the removed one, else pivot 0 (the right neighbour's lower fence).
+    /// Compacts the key area.
+    fn remove_child(node: &InternalNode, idx: usize) {
+        let m = node.hdr.meta();
+        let n = m.count as usize;
+        assert!(
+            n >= 1 && idx <= n,
+            "remove child {idx} of a node with {n} pivots"
+        );
+        let gone = idx.saturating_sub(1);
+        let mut area = [0u8; KEY_AREA_BYTES];
+        let mut descs = [0u64; C_INT];
+        let mut prefixes = [0u64; C_INT];
+        let mut children = [0u64; C_INT + 1];
+        let mut used = 0usize;
+        for (j, i) in (0..n).filter(|&i| i != gone).enumerate() {
+            prefixes[j] = node.pivot_prefix[i].load(Relaxed);
+            let d = PivotDesc::unpack(node.pivot_desc[i].load(Relaxed));
+            let len = d.area_bytes();
+            if len == 0 {
+                descs[j] = d.pack();
+                continue;
+            }
+            node.area_read(d.area_at as usize, &mut area[used..used + len]);
+            descs[j] = PivotDesc {
+                area_at: used as u16,
+                ..d
+            }
+            .pack();
+            used += len;
+        }
+        for (j, i) in (0..=n).filter(|&i| i != idx).enumerate() {
+            children[j] = node.child[i].load(Relaxed);
+        }
+        node.hdr.write_begin();
+        for j in 0..n - 1 {
+            node.pivot_prefix[j].store(prefixes[j], Relaxed);
+            node.pivot_desc[j].store(descs[j], Relaxed);
+        }
+        for (j, c) in children.iter().enumerate().take(n) {
+            node.child[j].store(*c, Release);
+        }
+        node.area_write(0, &area[..used]);
+        node.hdr.set_meta(Meta {
+            count: m.count - 1,
+            area_used: used as u16,
+            ..m
+        });
+        node.hdr.write_end();
     }
 
     /// Makes everything reachable from the current root immutable and starts the next epoch.
@@ -1172,6 +1269,61 @@ impl Tree {
                 },
             })
             .collect()
+    }
+
+    /// Calls `f` with the log pointer of every separator kept by pointer (an EXTERNAL
+    /// pivot, see `MAX_INLINE_PIVOT`) in the live tree's internal nodes. Garbage collection
+    /// asks before it frees a log segment: such a pivot reads its key from the log, and the
+    /// record it names may be dead (its key deleted) yet still needed. Writer only (the
+    /// live tree does not change meanwhile). Visits internal nodes only (~1 in 128 nodes).
+    pub fn external_pivots<C: Ctx>(&self, ctx: &C, f: &mut dyn FnMut(u64)) -> Result<()> {
+        let _w = self.writer();
+        fn visit<V: InternalRead>(
+            v: &V,
+            f: &mut dyn FnMut(u64),
+            below: &mut Vec<u64>,
+        ) -> Result<()> {
+            for i in 0..v.count() {
+                let d = v.pivot_desc(i);
+                if d.is_external() {
+                    let mut b = [0u8; 8];
+                    no_restart(v.area_read(d.area_at as usize, &mut b))?;
+                    f(u64::from_le_bytes(b));
+                }
+            }
+            if v.level() > 1 {
+                below.extend((0..=v.count()).map(|i| v.child(i)));
+            }
+            Ok(())
+        }
+        let mut stack = vec![self.root.load(Acquire)];
+        while let Some(word) = stack.pop() {
+            match NodeRef::decode(word) {
+                None => {}
+                Some(NodeRef::Heap(p)) => {
+                    // SAFETY: reachable from the live root, which only this writer changes.
+                    if unsafe { p.as_ref() }.meta().is_leaf() {
+                        continue;
+                    }
+                    let view = HeapInternal {
+                        // SAFETY: kind checked.
+                        node: unsafe { as_internal(p) },
+                        version: None,
+                    };
+                    visit(&view, f, &mut stack)?;
+                }
+                Some(NodeRef::Disk(off)) => {
+                    ctx.with_node(off, |img| {
+                        let d = DiskNode::open(img, off, self.region, None)?;
+                        if d.meta().is_leaf() {
+                            return Ok(());
+                        }
+                        visit(&d, f, &mut stack)
+                    })?;
+                }
+            }
+        }
+        Ok(())
     }
 
     // -----------------------------------------------------------------------------------

@@ -172,7 +172,18 @@ fn recover_region(shared: &Arc<Shared>, rd: &RegionDesc) -> Result<Region> {
     let storage = shared.volume.storage().clone();
     let allocator = &shared.allocator;
     let mut segments: BTreeMap<u64, SegmentStats> = BTreeMap::new();
+    let mut orders = std::collections::BTreeSet::new();
     for (off, s) in &rd.segments {
+        if !orders.insert(s.order) {
+            return Err(Error::corruption(
+                "commit descriptor",
+                *off,
+                format!(
+                    "two log segments of region {:?} have order {}",
+                    rd.name, s.order
+                ),
+            ));
+        }
         if !off.block_aligned()
             || s.size_bytes % BLOCK_BYTES != 0
             || !allocator.is_allocated(*off, s.size_bytes / BLOCK_BYTES)
@@ -185,11 +196,19 @@ fn recover_region(shared: &Arc<Shared>, rd: &RegionDesc) -> Result<Region> {
         }
         segments.insert(off.0, *s);
     }
-    if !segments.contains_key(&rd.tail.0) {
+    let Some(tail_order) = segments.get(&rd.tail.0).map(|s| s.order) else {
         return Err(Error::corruption(
             "commit descriptor",
             rd.tail,
             format!("tail of region {:?} is not one of its segments", rd.name),
+        ));
+    };
+    // The tail is the newest segment; garbage collection relies on the order.
+    if orders.last() != Some(&tail_order) {
+        return Err(Error::corruption(
+            "commit descriptor",
+            rd.tail,
+            format!("tail of region {:?} is not its newest segment", rd.name),
         ));
     }
 
@@ -275,6 +294,7 @@ fn recover_region(shared: &Arc<Shared>, rd: &RegionDesc) -> Result<Region> {
     for (off, size) in chain.drain(chain_len..) {
         allocator.release(off, size / BLOCK_BYTES);
     }
+    let mut next_order = tail_order + 1;
     for (off, size) in &chain[1..] {
         segments.insert(
             off.0,
@@ -282,8 +302,10 @@ fn recover_region(shared: &Arc<Shared>, rd: &RegionDesc) -> Result<Region> {
                 size_bytes: *size,
                 written_bytes: 0,
                 live_bytes: 0,
+                order: next_order,
             },
         );
+        next_order += 1;
     }
     let (tail_base, tail_size) = *chain.last().expect("chain is never empty");
     let mut prefix = vec![0u8; used as usize];
@@ -294,6 +316,7 @@ fn recover_region(shared: &Arc<Shared>, rd: &RegionDesc) -> Result<Region> {
         generation: (rd.generation + 1) & GENERATION_MASK,
         next_seq: seq,
         segments,
+        next_order,
         sealed_for_commit: false,
     };
     let tree = Tree::from_disk(rd.id, rd.root, TreeEpoch(rd.tree_epoch.0 + 1));
@@ -307,6 +330,9 @@ fn recover_region(shared: &Arc<Shared>, rd: &RegionDesc) -> Result<Region> {
         rd.keys,
     );
     *region.committed_root.lock() = rd.root;
+    // The commit opened from is the newest durable one; the commit that ends the open
+    // makes it the older one.
+    *region.durable_tail_orders.lock() = [None, Some(tail_order)];
 
     // Apply what was replayed, in order.
     let mut w = region.writer.lock();
