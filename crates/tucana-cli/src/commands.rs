@@ -96,6 +96,8 @@ pub fn run(db: &Database, keyspace: &str, command: Command) -> Result<Outcome, C
             let interactive = stdin.is_terminal();
             shell::run(&mut target, stdin.lock(), interactive, &mut out)?
         }
+        // `main` runs the server itself: it opens the volume with its own options.
+        Command::Serve(_) => unreachable!("serve is dispatched by main"),
     };
     out.flush()?;
     Ok(outcome)

@@ -13,6 +13,7 @@ mod commands;
 mod escape;
 mod load;
 mod output;
+mod serve;
 mod shell;
 
 use std::ffi::OsString;
@@ -108,6 +109,11 @@ pub enum Command {
     Commit,
     /// Reads commands from stdin, one per line, and prints their results (`help` lists them).
     Shell,
+    /// Serves the volume over RESP (the Redis protocol) until SIGINT, SIGTERM or SHUTDOWN.
+    ///
+    /// Redis clients, redis-cli and redis-benchmark work against it. SELECT 0 is the
+    /// keyspace `default`, SELECT n the keyspace `dbN`; --keyspace is ignored.
+    Serve(serve::ServeArgs),
 }
 
 impl Command {
@@ -117,7 +123,7 @@ impl Command {
     fn creates_volume(&self) -> bool {
         matches!(
             self,
-            Command::Put { .. } | Command::Load { .. } | Command::Shell
+            Command::Put { .. } | Command::Load { .. } | Command::Shell | Command::Serve(_)
         )
     }
 }
@@ -190,6 +196,10 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: Cli) -> Result<Outcome, CliError> {
+    if let Command::Serve(args) = &cli.command {
+        // The server opens the volume with its own options and closes it itself.
+        return serve::run(&cli.db, args);
+    }
     let db = open_volume(&cli.db, cli.command.creates_volume())?;
     let result = commands::run(&db, &cli.keyspace, cli.command);
     // Close even when the command failed: `load` promises that the lines before a bad
@@ -211,6 +221,14 @@ fn run(cli: Cli) -> Result<Outcome, CliError> {
 }
 
 fn open_volume(path: &Path, create: bool) -> Result<Database, CliError> {
+    open_volume_with(path, create, Database::builder())
+}
+
+fn open_volume_with(
+    path: &Path,
+    create: bool,
+    options: tucana::Options,
+) -> Result<Database, CliError> {
     if create {
         if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
             std::fs::create_dir_all(parent).map_err(|e| {
@@ -223,7 +241,7 @@ fn open_volume(path: &Path, create: bool) -> Result<Database, CliError> {
             path.display()
         )));
     }
-    Database::builder()
+    options
         .create_if_missing(create)
         .open(path)
         .map_err(|e| CliError::from(e).context(format_args!("cannot open {}", path.display())))
