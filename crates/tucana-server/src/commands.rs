@@ -72,6 +72,9 @@ impl Session {
     }
 }
 
+/// Writes for [`Kv::apply`]: a put (`Some(value)`) or a delete (`None`) per key.
+type Ops = Vec<(Vec<u8>, Option<Vec<u8>>)>;
+
 /// Reads and writes of the string commands; see the module doc for the three kinds.
 trait Kv {
     fn get(&mut self, key: &[u8]) -> tucana::Result<Option<Vec<u8>>>;
@@ -80,7 +83,7 @@ trait Kv {
         Ok(self.get(key)?.map(|v| v.len()))
     }
     /// Applies puts (`Some`) and deletes (`None`) atomically.
-    fn apply(&mut self, ops: Vec<(Vec<u8>, Option<Vec<u8>>)>) -> tucana::Result<()>;
+    fn apply(&mut self, ops: Ops) -> tucana::Result<()>;
 
     fn put(&mut self, key: &[u8], value: Vec<u8>) -> tucana::Result<()> {
         self.apply(vec![(key.to_vec(), Some(value))])
@@ -110,7 +113,7 @@ impl Kv for ReadKv<'_> {
         }
     }
 
-    fn apply(&mut self, _ops: Vec<(Vec<u8>, Option<Vec<u8>>)>) -> tucana::Result<()> {
+    fn apply(&mut self, _ops: Ops) -> tucana::Result<()> {
         // The command table marks every command that writes; reaching this is a bug.
         debug_assert!(false, "a read-only command wrote");
         Err(tucana::Error::InvalidArgument(
@@ -136,7 +139,7 @@ impl Kv for LockedKv<'_> {
         Ok(value)
     }
 
-    fn apply(&mut self, ops: Vec<(Vec<u8>, Option<Vec<u8>>)>) -> tucana::Result<()> {
+    fn apply(&mut self, ops: Ops) -> tucana::Result<()> {
         if ops.is_empty() {
             return Ok(());
         }
@@ -181,7 +184,7 @@ impl Kv for TxKv<'_> {
         Ok(value)
     }
 
-    fn apply(&mut self, ops: Vec<(Vec<u8>, Option<Vec<u8>>)>) -> tucana::Result<()> {
+    fn apply(&mut self, ops: Ops) -> tucana::Result<()> {
         for (key, value) in ops {
             self.overlay.insert(key, value);
         }
@@ -598,9 +601,9 @@ fn cmd_getdel(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Reply> {
     Ok(opt_bulk(old))
 }
 
-fn pairs(args: &[Vec<u8>]) -> Option<Vec<(Vec<u8>, Option<Vec<u8>>)>> {
+fn pairs(args: &[Vec<u8>]) -> Option<Ops> {
     let rest = &args[1..];
-    if rest.len() % 2 != 0 {
+    if !rest.len().is_multiple_of(2) {
         return None;
     }
     Some(
@@ -632,7 +635,7 @@ fn cmd_msetnx(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Reply> {
 }
 
 fn cmd_del(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Reply> {
-    let mut ops: Vec<(Vec<u8>, Option<Vec<u8>>)> = Vec::new();
+    let mut ops: Ops = Vec::new();
     for key in &args[1..] {
         if !ops.iter().any(|(k, _)| k == key) && kv.value_len(key)?.is_some() {
             ops.push((key.clone(), None));
@@ -811,6 +814,8 @@ fn cmd_keys(ctx: &mut Ctx<'_>, args: &[Vec<u8>]) -> tucana::Result<Reply> {
     })
 }
 
+type Pair = (Vec<u8>, Vec<u8>);
+
 /// Options shared by TRANGE and TPREFIX: `[REV] [LIMIT count] [WITHVALUES]`.
 struct RangeOptions {
     rev: bool,
@@ -867,7 +872,7 @@ fn collect_range(
         let Some(range) = range_of(ks, lo.clone(), hi.clone()) else {
             return Ok(Reply::Array(items));
         };
-        let iter: Box<dyn Iterator<Item = tucana::Result<(Vec<u8>, Vec<u8>)>>> = if opts.rev {
+        let iter: Box<dyn Iterator<Item = tucana::Result<Pair>>> = if opts.rev {
             Box::new(range.rev())
         } else {
             Box::new(range)

@@ -216,7 +216,7 @@ mod tests {
         let db = Database::builder().open_in_memory().unwrap();
         let store = Store::new(db.clone(), 4, 8);
         let slot = store.slot(2);
-        assert_eq!(slot.read(|ks| Ok(ks.is_some())).unwrap(), false);
+        assert!(!slot.read(|ks| Ok(ks.is_some())).unwrap());
         let guard = slot.lock_writes();
         guard.keyspace(&db).unwrap().put(b"k", b"v").unwrap();
         drop(guard);
@@ -230,7 +230,7 @@ mod tests {
         assert_eq!(got.as_deref(), Some(&b"v"[..]));
         slot.lock_writes().flush(&db).unwrap();
         assert!(!db.keyspace_names().contains(&"db2".to_string()));
-        assert_eq!(slot.read(|ks| Ok(ks.is_some())).unwrap(), false);
+        assert!(!slot.read(|ks| Ok(ks.is_some())).unwrap());
     }
 
     #[test]
