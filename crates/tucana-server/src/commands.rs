@@ -336,14 +336,18 @@ pub fn lookup(name: &[u8]) -> Option<usize> {
 
 /// Whether running this request may wait on I/O: the connection then runs its batch on
 /// a thread that may block, so the async workers keep serving other connections.
-pub fn may_block(args: &Args) -> bool {
+///
+/// Reads never block. Buffered writes only take the keyspace's write lock (held for a
+/// log append by another writer) and append to the log buffer, so they run on the async
+/// worker too: a hop to the blocking pool costs more than they do. In sync mode a write
+/// waits for an fsync, so its batch goes to the blocking pool.
+pub fn may_block(args: &Args, durability: DurabilityMode) -> bool {
     let Some(i) = args.first().and_then(|n| lookup(n)) else {
         return false;
     };
     match table()[i].run {
         Run::Read(_) => false,
-        // Writes wait for the keyspace's write lock, and in sync mode for the sync.
-        Run::Write(_) => true,
+        Run::Write(_) => durability == DurabilityMode::Sync,
         Run::Other { blocks, .. } => blocks,
     }
 }

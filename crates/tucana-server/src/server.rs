@@ -6,10 +6,11 @@
 //!
 //! Execution model: connections are async tasks on a small tokio runtime. A connection
 //! decodes every complete request in its buffer (a pipelined batch) and runs the batch
-//! in one go: batches of reads run on the async worker (engine reads never block on
-//! writers), batches with a write, a commit or a sync run on tokio's blocking pool, so a
-//! connection waiting for its fsync does not stall the others, and concurrent sync
-//! writers reach the engine together and share one fsync (group commit). Before
+//! in one go. Batches of reads, and of buffered writes, run on the async worker (engine
+//! reads never block on writers; a buffered write is a short append). Batches that may
+//! wait on the device (sync-mode writes, EXEC, FLUSHDB, SAVE) run on tokio's blocking
+//! pool, so a connection waiting for its fsync does not stall the others, and concurrent
+//! sync writers reach the engine together and share one fsync (group commit). Before
 //! authentication a connection decodes one request at a time, so the stricter pre-auth
 //! limits apply to every request up to the `AUTH` that lifts them.
 //!
@@ -233,7 +234,7 @@ async fn serve_connection(
             match decode(&buf[start..], &limits) {
                 Ok(Some((args, consumed))) => {
                     start += consumed;
-                    blocks |= may_block(&args);
+                    blocks |= may_block(&args, shared.config.durability);
                     requests.push(args);
                     if !session.authenticated || requests.len() >= MAX_BATCH_REQUESTS {
                         break;
