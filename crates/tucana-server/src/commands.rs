@@ -994,16 +994,10 @@ fn cmd_exec(ctx: &mut Ctx<'_>, _args: &[Vec<u8>]) -> tucana::Result<Reply> {
         shared.metrics.count_command(index);
         let spec = &table()[index];
         let reply = match spec.run {
+            // A failed command leaves no partial writes in the overlay: every handler
+            // writes with one `apply`, after its reads, as its last step.
             Run::Read(f) | Run::Write(f) => {
-                // A failed command leaves no partial writes in the overlay.
-                let before = tx.overlay.clone();
-                match f(&mut tx, args) {
-                    Ok(reply) => reply,
-                    Err(e) => {
-                        tx.overlay = before;
-                        Reply::error(format!("ERR {e}"))
-                    }
-                }
+                f(&mut tx, args).unwrap_or_else(|e| Reply::error(format!("ERR {e}")))
             }
             Run::Other { f, .. } => {
                 let mut inner = Ctx {
