@@ -92,5 +92,14 @@ for server in ${servers}; do
                     printf "| %s | %s | %d | %.0f | %s |\n", server, $1, pipeline, $2, $5
                 }'
     done
+    if [[ "${server}" == tucana-sync ]]; then
+        # Group commit at work: how many acknowledged SETs each fsync covered.
+        syncs="$(redis-cli -p "${port}" info persistence | tr -d '\r' | sed -n 's/^syncs://p')"
+        group_note="tucana-sync: $((2 * requests)) SETs acknowledged durable with ${syncs} log syncs (fsync), $(( 2 * requests / (syncs > 0 ? syncs : 1) )) writes per sync"
+    fi
     stop_server
 done
+if [[ -n "${group_note:-}" ]]; then
+    echo
+    echo "${group_note}"
+fi

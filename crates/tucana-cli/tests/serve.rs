@@ -58,9 +58,10 @@ impl Served {
         con
     }
 
-    fn terminate(&mut self) -> ExitStatus {
+    /// Sends `signal` (`-TERM`, `-INT`) and waits for the exit.
+    fn signal(&mut self, signal: &str) -> ExitStatus {
         let status = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
+            .args([signal, &self.child.id().to_string()])
             .status()
             .expect("run kill");
         assert!(status.success());
@@ -135,26 +136,29 @@ fn acknowledged_sync_writes_survive_kill_9() {
 }
 
 #[test]
-fn sigterm_stops_gracefully_and_keeps_buffered_writes() {
-    let (_dir, path) = volume();
-    let mut served = serve(
-        &path,
-        &["--durability", "buffered", "--flush-interval-ms", "60000"],
-    );
-    let mut con = served.connect();
-    let _: () = con.set("before-term", "kept").unwrap();
-    let _: () = redis::cmd("SELECT").arg(2).query(&mut con).unwrap();
-    let _: () = con.set("in-db2", "kept too").unwrap();
-    let status = served.terminate();
-    assert!(status.success(), "exit status {status:?}");
-    let db = tucana::Database::open(&path).unwrap();
-    let get = |ks: &str, key: &[u8]| db.keyspace(ks).unwrap().get(key).unwrap();
-    assert_eq!(
-        get("default", b"before-term").as_deref(),
-        Some(&b"kept"[..])
-    );
-    assert_eq!(get("db2", b"in-db2").as_deref(), Some(&b"kept too"[..]));
-    db.close().unwrap();
+fn sigterm_and_sigint_stop_gracefully_and_keep_buffered_writes() {
+    for signal in ["-TERM", "-INT"] {
+        let (_dir, path) = volume();
+        // A flush interval far away: only the graceful stop can make the writes durable.
+        let mut served = serve(
+            &path,
+            &["--durability", "buffered", "--flush-interval-ms", "600000"],
+        );
+        let mut con = served.connect();
+        let _: () = con.set("before-stop", "kept").unwrap();
+        let _: () = redis::cmd("SELECT").arg(2).query(&mut con).unwrap();
+        let _: () = con.set("in-db2", "kept too").unwrap();
+        let status = served.signal(signal);
+        assert!(status.success(), "{signal}: exit status {status:?}");
+        let db = tucana::Database::open(&path).unwrap();
+        let get = |ks: &str, key: &[u8]| db.keyspace(ks).unwrap().get(key).unwrap();
+        assert_eq!(
+            get("default", b"before-stop").as_deref(),
+            Some(&b"kept"[..])
+        );
+        assert_eq!(get("db2", b"in-db2").as_deref(), Some(&b"kept too"[..]));
+        db.close().unwrap();
+    }
 }
 
 #[test]
