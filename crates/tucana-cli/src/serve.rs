@@ -6,11 +6,11 @@
 //! closes the volume (exit 0).
 
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::{Args, ValueEnum};
-use tucana_server::{DurabilityMode, RequestLimits, ServerConfig, DEFAULT_PORT};
+use tucana_server::{DurabilityMode, RequestLimits, ServerConfig, TlsFiles, DEFAULT_PORT};
 
 use crate::{CliError, Outcome};
 
@@ -45,6 +45,12 @@ pub struct ServeArgs {
         hide_env_values = true
     )]
     requirepass: Option<String>,
+    /// Speak TLS to clients with this PEM certificate chain (needs --tls-key).
+    #[arg(long, value_name = "PEM", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The PEM private key of --tls-cert.
+    #[arg(long, value_name = "PEM", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
     /// Serve Prometheus metrics at http://ADDR:PORT/metrics on this port (same address).
     #[arg(long, value_name = "PORT")]
     metrics_port: Option<u16>,
@@ -94,6 +100,13 @@ impl ServeArgs {
                 DurabilityArg::Buffered => DurabilityMode::Buffered,
             },
             requirepass: self.requirepass.clone(),
+            tls: match (&self.tls_cert, &self.tls_key) {
+                (Some(cert), Some(key)) => Some(TlsFiles {
+                    cert_chain: cert.clone(),
+                    private_key: key.clone(),
+                }),
+                _ => None,
+            },
             max_clients: self.max_clients,
             request_limits: RequestLimits {
                 max_args: self.max_args,
@@ -123,9 +136,10 @@ pub fn run(path: &Path, args: &ServeArgs) -> Result<Outcome, CliError> {
         .flush_interval(Some(Duration::from_millis(args.flush_interval_ms.max(1))));
     let db = crate::open_volume_with(path, true, options)?;
     let durability = config.durability.name();
+    let tls = if config.tls.is_some() { ", TLS" } else { "" };
     let served = tucana_server::serve_until_signal(db.clone(), config, |addr, metrics| {
         eprintln!(
-            "tucana serve: {} on {addr} ({durability} durability){}",
+            "tucana serve: {} on {addr} ({durability} durability{tls}){}",
             path.display(),
             metrics
                 .map(|m| format!(", metrics at http://{m}/metrics"))

@@ -4,6 +4,7 @@
 //! binds. Owns no behaviour.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::resp::RequestLimits;
@@ -33,6 +34,14 @@ impl DurabilityMode {
     }
 }
 
+/// TLS for the RESP listener: PEM files with the certificate chain (leaf first) and its
+/// private key (PKCS#8, PKCS#1 or SEC1).
+#[derive(Clone, Debug)]
+pub struct TlsFiles {
+    pub cert_chain: PathBuf,
+    pub private_key: PathBuf,
+}
+
 /// Everything the server needs besides the opened database.
 #[derive(Clone, Debug)]
 pub struct ServerConfig {
@@ -43,6 +52,8 @@ pub struct ServerConfig {
     pub durability: DurabilityMode,
     /// `AUTH` is required when set. Listening on a non-loopback address requires it.
     pub requirepass: Option<String>,
+    /// Clients must speak TLS when set (the metrics endpoint stays plain HTTP).
+    pub tls: Option<TlsFiles>,
     /// Connections beyond this are answered with an error and closed.
     pub max_clients: usize,
     /// Limits on requests of authenticated clients (or of all, without a password).
@@ -67,6 +78,7 @@ impl Default for ServerConfig {
             metrics_listen: None,
             durability: DurabilityMode::Sync,
             requirepass: None,
+            tls: None,
             max_clients: 10_000,
             request_limits: RequestLimits::DEFAULT,
             pre_auth_limits: RequestLimits::PRE_AUTH,

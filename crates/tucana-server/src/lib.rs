@@ -4,7 +4,7 @@
 //! Layers, bottom up: [`resp`] (wire format, limits), `glob` (key patterns), `store`
 //! (numbered databases → keyspaces, the per-keyspace write lock, SCAN cursors),
 //! `commands` (what each command does), `metrics` (INFO and Prometheus), [`server`]
-//! (sockets, connections, shutdown). The engine is used only through its public API.
+//! (sockets, connections, shutdown), `tls` (optional TLS with rustls). The engine is used only through its public API.
 //!
 //! ```no_run
 //! let db = tucana::Database::open("data.tucana")?;
@@ -21,9 +21,10 @@ mod metrics;
 pub mod resp;
 pub mod server;
 mod store;
+mod tls;
 
 pub use commands::REDIS_COMPAT_VERSION;
-pub use config::{DurabilityMode, ServerConfig, DEFAULT_PORT};
+pub use config::{DurabilityMode, ServerConfig, TlsFiles, DEFAULT_PORT};
 pub use resp::{Protocol, Reply, RequestLimits};
 pub use server::{serve_until_signal, spawn, RunningServer, Server, ShutdownHandle};
 pub use store::keyspace_name;

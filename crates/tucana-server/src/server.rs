@@ -24,10 +24,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
+use tokio_rustls::TlsAcceptor;
 use tucana::Database;
 
 use crate::commands::{execute_batch, may_block, Session};
@@ -38,6 +39,8 @@ use crate::store::Store;
 
 /// At most this many pipelined requests run as one batch (bounds the reply buffer).
 const MAX_BATCH_REQUESTS: usize = 1024;
+/// A client must finish the TLS handshake within this time.
+const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Read this much at a time at least.
 const READ_CHUNK_BYTES: usize = 16 << 10;
 
@@ -49,6 +52,7 @@ pub struct Shared {
     pub started: Instant,
     /// The port actually bound (the configured one may be 0).
     pub local_port: u16,
+    tls: Option<TlsAcceptor>,
     next_client_id: AtomicU64,
     shutdown: Arc<watch::Sender<bool>>,
 }
@@ -78,6 +82,7 @@ impl Server {
         config
             .validate()
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        let tls = config.tls.as_ref().map(crate::tls::acceptor).transpose()?;
         let listener = TcpListener::bind(config.listen).await?;
         let metrics_listener = match config.metrics_listen {
             Some(addr) => Some(TcpListener::bind(addr).await?),
@@ -91,6 +96,7 @@ impl Server {
             metrics: Metrics::default(),
             started: Instant::now(),
             local_port,
+            tls,
             next_client_id: AtomicU64::new(1),
             shutdown: Arc::new(shutdown),
         });
@@ -187,7 +193,22 @@ fn accept(
     let shutdown = shutdown.clone();
     tasks.spawn(async move {
         let _connected = ConnectedGuard(shared.clone());
-        serve_connection(shared, stream, shutdown).await;
+        match shared.tls.clone() {
+            None => {
+                let mut stream = stream;
+                serve_connection(shared, &mut stream, shutdown).await;
+            }
+            Some(acceptor) => {
+                let handshake =
+                    tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream));
+                if let Ok(Ok(mut tls)) = handshake.await {
+                    serve_connection(shared, &mut tls, shutdown).await;
+                    // Ends the TLS session properly (close_notify), so clients see a
+                    // clean end of stream rather than a truncation.
+                    let _ = tls.shutdown().await;
+                }
+            }
+        }
     });
 }
 
@@ -203,17 +224,23 @@ impl Drop for ConnectedGuard {
     }
 }
 
-async fn write_out(shared: &Shared, stream: &mut TcpStream, out: &[u8]) -> io::Result<()> {
+async fn write_out<S: AsyncWrite + Unpin>(
+    shared: &Shared,
+    stream: &mut S,
+    out: &[u8],
+) -> io::Result<()> {
     shared
         .metrics
         .net_output_bytes
         .fetch_add(out.len() as u64, Ordering::Relaxed);
-    stream.write_all(out).await
+    stream.write_all(out).await?;
+    // TLS buffers what it encrypts; plain TCP's flush does nothing.
+    stream.flush().await
 }
 
-async fn serve_connection(
+async fn serve_connection<S: AsyncRead + AsyncWrite + Unpin>(
     shared: Arc<Shared>,
-    mut stream: TcpStream,
+    stream: &mut S,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let id = shared.next_client_id.fetch_add(1, Ordering::Relaxed);
@@ -273,7 +300,7 @@ async fn serve_connection(
             } else {
                 execute_batch(&shared, &mut session, requests, &mut out);
             }
-            if write_out(&shared, &mut stream, &out).await.is_err() {
+            if write_out(&shared, stream, &out).await.is_err() {
                 return;
             }
             out.clear();
@@ -285,7 +312,7 @@ async fn serve_connection(
                 .fetch_add(1, Ordering::Relaxed);
             let mut reply = Vec::new();
             Reply::error(format!("ERR {e}")).encode(session.protocol, &mut reply);
-            let _ = write_out(&shared, &mut stream, &reply).await;
+            let _ = write_out(&shared, stream, &reply).await;
             return;
         }
         if session.close_after_reply {

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use redis::{Commands, Connection, RedisResult, Value};
 use tucana::Database;
-use tucana_server::{spawn, DurabilityMode, RequestLimits, RunningServer, ServerConfig};
+use tucana_server::{spawn, DurabilityMode, RequestLimits, RunningServer, ServerConfig, TlsFiles};
 
 fn config() -> ServerConfig {
     ServerConfig {
@@ -756,4 +756,65 @@ fn a_public_address_without_a_password_is_refused() {
     .expect("refused");
     assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput);
     assert!(err.to_string().contains("requirepass"), "{err}");
+}
+
+#[test]
+fn tls_clients_are_served_and_plain_ones_are_not() {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, ServerName};
+    use std::sync::Arc;
+
+    // A test CA and a leaf for localhost and 127.0.0.1 (see tests/fixtures/README.md).
+    let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let cert = fixtures.join("tls-cert.pem");
+    let (_db, server) = start_with(ServerConfig {
+        tls: Some(TlsFiles {
+            cert_chain: cert.clone(),
+            private_key: fixtures.join("tls-key.pem"),
+        }),
+        ..config()
+    });
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_file_iter(fixtures.join("tls-ca.pem")).unwrap() {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let client = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let session =
+        rustls::ClientConnection::new(Arc::new(client), ServerName::try_from("localhost").unwrap())
+            .unwrap();
+    let tcp = TcpStream::connect(server.addr).unwrap();
+    tcp.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut tls = rustls::StreamOwned::new(session, tcp);
+    tls.write_all(b"SET k v\r\nGET k\r\nQUIT\r\n").unwrap();
+    let mut reply = Vec::new();
+    tls.read_to_end(&mut reply).unwrap();
+    assert_eq!(reply, b"+OK\r\n$1\r\nv\r\n+OK\r\n");
+
+    // A client without TLS gets no RESP answer; the server goes on serving TLS ones.
+    let reply = raw_exchange(&server, b"PING\r\n");
+    assert!(!reply.contains("PONG"), "{reply}");
+    server.stop().unwrap();
+}
+
+#[test]
+fn bad_tls_files_are_refused_at_bind() {
+    let db = Database::builder().open_in_memory().unwrap();
+    let err = spawn(
+        db,
+        ServerConfig {
+            tls: Some(TlsFiles {
+                cert_chain: "/nonexistent/cert.pem".into(),
+                private_key: "/nonexistent/key.pem".into(),
+            }),
+            ..config()
+        },
+    )
+    .err()
+    .expect("refused");
+    assert!(err.to_string().contains("TLS certificate"), "{err}");
 }
