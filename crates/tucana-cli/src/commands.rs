@@ -113,6 +113,8 @@ pub fn run(db: &Database, keyspace: &str, command: Command) -> Result<Outcome, C
         Command::CrashWriter { .. } => {
             return Err(CliError::msg("crash-writer runs without an open volume"))
         }
+        // `main` runs the server itself: it opens the volume with its own options.
+        Command::Serve(_) => unreachable!("serve is dispatched by main"),
     };
     out.flush()?;
     Ok(outcome)

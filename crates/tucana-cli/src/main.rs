@@ -14,6 +14,7 @@ mod crash_writer;
 mod escape;
 mod load;
 mod output;
+mod serve;
 mod shell;
 
 use std::ffi::OsString;
@@ -120,6 +121,11 @@ pub enum Command {
         #[arg(long)]
         seed: u64,
     },
+    /// Serves the volume over RESP (the Redis protocol) until SIGINT, SIGTERM or SHUTDOWN.
+    ///
+    /// Redis clients, redis-cli and redis-benchmark work against it. SELECT 0 is the
+    /// keyspace `default`, SELECT n the keyspace `dbN`; --keyspace is ignored.
+    Serve(serve::ServeArgs),
 }
 
 impl Command {
@@ -129,7 +135,7 @@ impl Command {
     fn creates_volume(&self) -> bool {
         matches!(
             self,
-            Command::Put { .. } | Command::Load { .. } | Command::Shell
+            Command::Put { .. } | Command::Load { .. } | Command::Shell | Command::Serve(_)
         )
     }
 }
@@ -206,6 +212,10 @@ fn run(cli: Cli) -> Result<Outcome, CliError> {
         // Opens with its own options and never closes: it runs until it is killed.
         return crash_writer::run(&cli.db, seed);
     }
+    if let Command::Serve(args) = &cli.command {
+        // The server opens the volume with its own options and closes it itself.
+        return serve::run(&cli.db, args);
+    }
     let db = open_volume(&cli.db, cli.command.creates_volume())?;
     let result = commands::run(&db, &cli.keyspace, cli.command);
     // Close even when the command failed: `load` promises that the lines before a bad
@@ -227,6 +237,14 @@ fn run(cli: Cli) -> Result<Outcome, CliError> {
 }
 
 fn open_volume(path: &Path, create: bool) -> Result<Database, CliError> {
+    open_volume_with(path, create, Database::builder())
+}
+
+fn open_volume_with(
+    path: &Path,
+    create: bool,
+    options: tucana::Options,
+) -> Result<Database, CliError> {
     if create {
         if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
             std::fs::create_dir_all(parent).map_err(|e| {
@@ -239,7 +257,7 @@ fn open_volume(path: &Path, create: bool) -> Result<Database, CliError> {
             path.display()
         )));
     }
-    Database::builder()
+    options
         .create_if_missing(create)
         .open(path)
         .map_err(|e| CliError::from(e).context(format_args!("cannot open {}", path.display())))

@@ -1,0 +1,161 @@
+//! `tucana serve`: runs the RESP server (crate `tucana-server`) on the volume.
+//!
+//! Owns the command-line flags of the server and their translation into a
+//! `ServerConfig` and engine `Options`; the server itself lives in `tucana-server`.
+//! Runs on the calling thread until SIGINT, SIGTERM or `SHUTDOWN`, then commits and
+//! closes the volume (exit 0).
+
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use clap::{Args, ValueEnum};
+use tucana_server::{DurabilityMode, RequestLimits, ServerConfig, TlsFiles, DEFAULT_PORT};
+
+use crate::{CliError, Outcome};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum DurabilityArg {
+    /// Answer a write only once it is durable (concurrent writers share one fsync).
+    Sync,
+    /// Answer a write once it is in the log buffer; flushed every --flush-interval-ms.
+    Buffered,
+}
+
+/// Flags of `tucana serve`.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Address to listen on; a non-loopback one requires --requirepass.
+    #[arg(long, default_value = "127.0.0.1", value_name = "ADDR")]
+    bind: String,
+    /// TCP port (0: any free port, printed at start).
+    #[arg(long, default_value_t = DEFAULT_PORT, value_name = "N")]
+    port: u16,
+    /// When a write is answered.
+    #[arg(long, value_enum, default_value = "sync")]
+    durability: DurabilityArg,
+    /// With buffered durability, writes are flushed and synced at least this often.
+    #[arg(long, default_value_t = 1000, value_name = "MS")]
+    flush_interval_ms: u64,
+    /// Require `AUTH PASSWORD` (or `HELLO 3 AUTH default PASSWORD`) before other commands.
+    #[arg(
+        long,
+        value_name = "PASSWORD",
+        env = "TUCANA_REQUIREPASS",
+        hide_env_values = true
+    )]
+    requirepass: Option<String>,
+    /// Speak TLS to clients with this PEM certificate chain (needs --tls-key).
+    #[arg(long, value_name = "PEM", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The PEM private key of --tls-cert.
+    #[arg(long, value_name = "PEM", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Serve Prometheus metrics at http://ADDR:PORT/metrics on this port (same address).
+    #[arg(long, value_name = "PORT")]
+    metrics_port: Option<u16>,
+    /// Connections beyond this many are refused with an error.
+    #[arg(long, default_value_t = 10_000, value_name = "N")]
+    max_clients: usize,
+    /// Close a connection idle for this many seconds (0: never).
+    #[arg(long, default_value_t = 0, value_name = "SECS")]
+    idle_timeout: u64,
+    /// Largest argument (key or value) of a request, in bytes.
+    #[arg(long, default_value_t = RequestLimits::DEFAULT.max_bulk_bytes, value_name = "BYTES")]
+    max_bulk_bytes: usize,
+    /// Largest request (all its arguments), in bytes.
+    #[arg(long, default_value_t = RequestLimits::DEFAULT.max_request_bytes, value_name = "BYTES")]
+    max_request_bytes: usize,
+    /// Most arguments in one request.
+    #[arg(long, default_value_t = RequestLimits::DEFAULT.max_args, value_name = "N")]
+    max_args: usize,
+    /// Largest request before AUTH, in bytes (also bounds each argument then).
+    #[arg(long, default_value_t = RequestLimits::PRE_AUTH.max_request_bytes, value_name = "BYTES")]
+    pre_auth_max_request_bytes: usize,
+    /// Number of databases for SELECT (0 is the keyspace `default`, n the keyspace `dbN`).
+    #[arg(long, default_value_t = 16, value_name = "N")]
+    databases: u32,
+}
+
+fn resolve(bind: &str, port: u16) -> Result<SocketAddr, CliError> {
+    if let Ok(ip) = bind.parse::<IpAddr>() {
+        return Ok(SocketAddr::new(ip, port));
+    }
+    (bind, port)
+        .to_socket_addrs()
+        .map_err(|e| CliError::msg(format!("cannot resolve --bind {bind}: {e}")))?
+        .next()
+        .ok_or_else(|| CliError::msg(format!("--bind {bind} resolves to no address")))
+}
+
+impl ServeArgs {
+    fn config(&self) -> Result<ServerConfig, CliError> {
+        let listen = resolve(&self.bind, self.port)?;
+        let pre_auth_bytes = self.pre_auth_max_request_bytes;
+        let config = ServerConfig {
+            listen,
+            metrics_listen: self.metrics_port.map(|p| SocketAddr::new(listen.ip(), p)),
+            durability: match self.durability {
+                DurabilityArg::Sync => DurabilityMode::Sync,
+                DurabilityArg::Buffered => DurabilityMode::Buffered,
+            },
+            requirepass: self.requirepass.clone(),
+            tls: match (&self.tls_cert, &self.tls_key) {
+                (Some(cert), Some(key)) => Some(TlsFiles {
+                    cert_chain: cert.clone(),
+                    private_key: key.clone(),
+                }),
+                _ => None,
+            },
+            max_clients: self.max_clients,
+            request_limits: RequestLimits {
+                max_args: self.max_args,
+                max_bulk_bytes: self.max_bulk_bytes,
+                max_request_bytes: self.max_request_bytes,
+                max_inline_bytes: RequestLimits::DEFAULT.max_inline_bytes,
+            },
+            pre_auth_limits: RequestLimits {
+                max_bulk_bytes: RequestLimits::PRE_AUTH.max_bulk_bytes.min(pre_auth_bytes),
+                max_request_bytes: pre_auth_bytes,
+                max_inline_bytes: RequestLimits::PRE_AUTH.max_inline_bytes.min(pre_auth_bytes),
+                ..RequestLimits::PRE_AUTH
+            },
+            idle_timeout: (self.idle_timeout > 0).then(|| Duration::from_secs(self.idle_timeout)),
+            databases: self.databases,
+            ..ServerConfig::default()
+        };
+        // Refuse before touching the volume: a bad flag should not create one.
+        config.validate().map_err(CliError::msg)?;
+        Ok(config)
+    }
+}
+
+pub fn run(path: &Path, args: &ServeArgs) -> Result<Outcome, CliError> {
+    let config = args.config()?;
+    let options = tucana::Database::builder()
+        .flush_interval(Some(Duration::from_millis(args.flush_interval_ms.max(1))));
+    let db = crate::open_volume_with(path, true, options)?;
+    let durability = config.durability.name();
+    let tls = if config.tls.is_some() { ", TLS" } else { "" };
+    let served = tucana_server::serve_until_signal(db.clone(), config, |addr, metrics| {
+        eprintln!(
+            "tucana serve: {} on {addr} ({durability} durability{tls}){}",
+            path.display(),
+            metrics
+                .map(|m| format!(", metrics at http://{m}/metrics"))
+                .unwrap_or_default()
+        );
+    });
+    let result = match served {
+        Err(e) => Err(CliError::msg(format!("cannot serve: {e}"))),
+        Ok(Err(e)) => Err(CliError::from(e).context("final commit")),
+        Ok(Ok(())) => Ok(Outcome::Done),
+    };
+    let closed = db.close();
+    eprintln!("tucana serve: stopped");
+    match (result, closed) {
+        (Ok(outcome), Ok(())) => Ok(outcome),
+        (Err(e), _) => Err(e),
+        (Ok(_), Err(e)) => Err(CliError::from(e).context("closing the volume")),
+    }
+}

@@ -1,0 +1,222 @@
+//! End-to-end tests of `tucana serve`: the real binary as a separate process, driven by
+//! a Redis client, stopped by SIGTERM, `SHUTDOWN` or kill -9, and the volume checked
+//! afterwards by opening it again.
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::Commands;
+use tempfile::TempDir;
+
+/// A running `tucana serve` child and where it listens.
+struct Served {
+    child: Child,
+    addr: SocketAddr,
+}
+
+fn serve(volume: &Path, args: &[&str]) -> Served {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tucana"))
+        .arg("--db")
+        .arg(volume)
+        .args(["serve", "--port", "0"])
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn tucana serve");
+    let mut stderr = BufReader::new(child.stderr.take().expect("piped stderr"));
+    let mut line = String::new();
+    stderr.read_line(&mut line).expect("read the start line");
+    // "tucana serve: PATH on ADDR (...)"
+    let addr = line
+        .split(" on ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| panic!("no address in {line:?}"));
+    // Keep draining stderr so the child never blocks on a full pipe.
+    std::thread::spawn(move || {
+        let mut sink = String::new();
+        while stderr.read_line(&mut sink).map(|n| n > 0).unwrap_or(false) {
+            sink.clear();
+        }
+    });
+    Served { child, addr }
+}
+
+impl Served {
+    fn connect(&self) -> redis::Connection {
+        let client = redis::Client::open(format!("redis://{}/", self.addr)).unwrap();
+        let con = client.get_connection().unwrap();
+        con.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+        con
+    }
+
+    /// Sends `signal` (`-TERM`, `-INT`) and waits for the exit.
+    fn signal(&mut self, signal: &str) -> ExitStatus {
+        let status = Command::new("kill")
+            .args([signal, &self.child.id().to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success());
+        self.child.wait().expect("wait for tucana serve")
+    }
+}
+
+fn volume() -> (TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("volume.tucana");
+    (dir, path)
+}
+
+#[test]
+fn acknowledged_sync_writes_survive_kill_9() {
+    let (_dir, path) = volume();
+    let mut served = serve(&path, &["--durability", "sync"]);
+    let stop = Arc::new(AtomicBool::new(false));
+    let writers: Vec<_> = (0..4)
+        .map(|t| {
+            let mut con = served.connect();
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut acked = Vec::new();
+                for i in 0.. {
+                    if stop.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    let key = format!("w{t}:{i:06}");
+                    let value = format!("value {t} {i}");
+                    match con.set::<_, _, ()>(&key, &value) {
+                        Ok(()) => acked.push((key, value)),
+                        // The server was killed mid-request: this one was not answered.
+                        Err(_) => break,
+                    }
+                }
+                acked
+            })
+        })
+        .collect();
+    // Let the writers get well into their work, then kill the server under them.
+    let mut watcher = served.connect();
+    loop {
+        let n: i64 = redis::cmd("DBSIZE").query(&mut watcher).unwrap();
+        if n >= 400 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    served.child.kill().expect("kill -9");
+    served.child.wait().unwrap();
+    stop.store(true, Ordering::Relaxed);
+    let acked: Vec<(String, String)> = writers
+        .into_iter()
+        .flat_map(|w| w.join().unwrap())
+        .collect();
+    assert!(acked.len() >= 400, "only {} acknowledged", acked.len());
+
+    let db = tucana::Database::open(&path).expect("reopen after kill -9");
+    let ks = db.keyspace("default").unwrap();
+    for (key, value) in &acked {
+        assert_eq!(
+            ks.get(key.as_bytes()).unwrap().as_deref(),
+            Some(value.as_bytes()),
+            "acknowledged {key} lost"
+        );
+    }
+    // Every invariant and checksum of the recovered volume holds.
+    let report = db.check().expect("check after kill -9");
+    assert!(report.keys >= acked.len() as u64);
+    db.close().unwrap();
+}
+
+#[test]
+fn sigterm_and_sigint_stop_gracefully_and_keep_buffered_writes() {
+    for signal in ["-TERM", "-INT"] {
+        let (_dir, path) = volume();
+        // A flush interval far away: only the graceful stop can make the writes durable.
+        let mut served = serve(
+            &path,
+            &["--durability", "buffered", "--flush-interval-ms", "600000"],
+        );
+        let mut con = served.connect();
+        let _: () = con.set("before-stop", "kept").unwrap();
+        let _: () = redis::cmd("SELECT").arg(2).query(&mut con).unwrap();
+        let _: () = con.set("in-db2", "kept too").unwrap();
+        let status = served.signal(signal);
+        assert!(status.success(), "{signal}: exit status {status:?}");
+        let db = tucana::Database::open(&path).unwrap();
+        let get = |ks: &str, key: &[u8]| db.keyspace(ks).unwrap().get(key).unwrap();
+        assert_eq!(
+            get("default", b"before-stop").as_deref(),
+            Some(&b"kept"[..])
+        );
+        assert_eq!(get("db2", b"in-db2").as_deref(), Some(&b"kept too"[..]));
+        db.close().unwrap();
+    }
+}
+
+#[test]
+fn shutdown_command_exits_zero() {
+    let (_dir, path) = volume();
+    let mut served = serve(&path, &[]);
+    let mut con = served.connect();
+    let _: () = con.set("k", "v").unwrap();
+    let _ = redis::cmd("SHUTDOWN").query::<redis::Value>(&mut con);
+    let status = served.child.wait().unwrap();
+    assert!(status.success(), "exit status {status:?}");
+}
+
+#[test]
+fn a_public_address_without_a_password_is_refused_before_the_volume_is_touched() {
+    let (_dir, path) = volume();
+    let output = Command::new(env!("CARGO_BIN_EXE_tucana"))
+        .arg("--db")
+        .arg(&path)
+        .args(["serve", "--bind", "0.0.0.0", "--port", "0"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("--requirepass"), "{stderr}");
+    assert!(!path.exists(), "no volume created");
+}
+
+/// Runs `scripts/test-redis-cli.sh` (Debian's redis-cli against the binary). CI installs
+/// redis-cli with `scripts/server-deps.sh`; elsewhere the test is skipped when it is
+/// missing.
+#[test]
+fn redis_cli_script() {
+    let have_cli = Command::new("redis-cli")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !have_cli {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "redis-cli missing in CI: scripts/server-deps.sh should have installed it"
+        );
+        eprintln!("skipped: redis-cli not installed (scripts/server-deps.sh installs it)");
+        return;
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let output = Command::new("bash")
+        .arg(root.join("scripts/test-redis-cli.sh"))
+        .env("TUCANA_BIN", env!("CARGO_BIN_EXE_tucana"))
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}

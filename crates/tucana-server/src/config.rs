@@ -1,0 +1,152 @@
+//! Server configuration: where to listen, durability, authentication and limits.
+//!
+//! Plain data with defaults; validated once by [`ServerConfig::validate`] when the server
+//! binds. Owns no behaviour.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::resp::RequestLimits;
+
+/// The port `tucana serve` listens on by default: not Redis's 6379, so both can run side
+/// by side.
+pub const DEFAULT_PORT: u16 = 7379;
+
+/// When a write is answered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DurabilityMode {
+    /// A write is answered only once it is durable (log flushed and synced). Concurrent
+    /// connections share one sync (group commit in the engine), and the writes of one
+    /// pipelined batch share one too.
+    Sync,
+    /// A write is answered once it is in the log buffer; the engine flushes and syncs
+    /// every `flush_interval` (the `Options` of the opened database).
+    Buffered,
+}
+
+impl DurabilityMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            DurabilityMode::Sync => "sync",
+            DurabilityMode::Buffered => "buffered",
+        }
+    }
+}
+
+/// TLS for the RESP listener: PEM files with the certificate chain (leaf first) and its
+/// private key (PKCS#8, PKCS#1 or SEC1).
+#[derive(Clone, Debug)]
+pub struct TlsFiles {
+    pub cert_chain: PathBuf,
+    pub private_key: PathBuf,
+}
+
+/// Everything the server needs besides the opened database.
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    /// Address and port of the RESP listener (port 0: any free port).
+    pub listen: SocketAddr,
+    /// Address and port of the Prometheus `/metrics` endpoint, if any.
+    pub metrics_listen: Option<SocketAddr>,
+    pub durability: DurabilityMode,
+    /// `AUTH` is required when set. Listening on a non-loopback address requires it.
+    pub requirepass: Option<String>,
+    /// Clients must speak TLS when set (the metrics endpoint stays plain HTTP).
+    pub tls: Option<TlsFiles>,
+    /// Connections beyond this are answered with an error and closed.
+    pub max_clients: usize,
+    /// Limits on requests of authenticated clients (or of all, without a password).
+    pub request_limits: RequestLimits,
+    /// Limits on requests before `AUTH` succeeded.
+    pub pre_auth_limits: RequestLimits,
+    /// A connection that sends nothing for this long is closed (`None`: never).
+    pub idle_timeout: Option<Duration>,
+    /// `SELECT` accepts 0..databases.
+    pub databases: u32,
+    /// How long a shutdown waits for connections to finish their requests in flight.
+    pub shutdown_grace: Duration,
+    /// How many `SCAN` cursors the server remembers; older ones are forgotten and answer
+    /// `ERR invalid cursor`.
+    pub max_scan_cursors: usize,
+}
+
+impl Default for ServerConfig {
+    fn default() -> ServerConfig {
+        ServerConfig {
+            listen: SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), DEFAULT_PORT),
+            metrics_listen: None,
+            durability: DurabilityMode::Sync,
+            requirepass: None,
+            tls: None,
+            max_clients: 10_000,
+            request_limits: RequestLimits::DEFAULT,
+            pre_auth_limits: RequestLimits::PRE_AUTH,
+            idle_timeout: None,
+            databases: 16,
+            shutdown_grace: Duration::from_secs(10),
+            max_scan_cursors: 16_384,
+        }
+    }
+}
+
+impl ServerConfig {
+    /// Refuses configurations that would be unsafe or cannot work.
+    pub fn validate(&self) -> Result<(), String> {
+        let exposed = |addr: &SocketAddr| !addr.ip().is_loopback();
+        let has_password = self.requirepass.as_deref().is_some_and(|p| !p.is_empty());
+        if exposed(&self.listen) && !has_password {
+            return Err(format!(
+                "refusing to listen on non-loopback address {} without a password: set --requirepass",
+                self.listen.ip()
+            ));
+        }
+        if self.requirepass.as_deref() == Some("") {
+            return Err("the password must not be empty".into());
+        }
+        if self.max_clients == 0 {
+            return Err("max clients must be at least 1".into());
+        }
+        if self.databases == 0 {
+            return Err("databases must be at least 1".into());
+        }
+        if self.max_scan_cursors == 0 {
+            return Err("max scan cursors must be at least 1".into());
+        }
+        for (name, l) in [
+            ("request", &self.request_limits),
+            ("pre-auth", &self.pre_auth_limits),
+        ] {
+            if l.max_args == 0 || l.max_bulk_bytes == 0 || l.max_request_bytes == 0 {
+                return Err(format!("{name} limits must be positive"));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_listen_on_loopback_off_the_redis_port() {
+        let c = ServerConfig::default();
+        assert!(c.listen.ip().is_loopback());
+        assert_ne!(c.listen.port(), 6379);
+        assert!(c.validate().is_ok());
+    }
+
+    #[test]
+    fn a_public_address_needs_a_password() {
+        let mut c = ServerConfig {
+            listen: "0.0.0.0:7379".parse().unwrap(),
+            ..ServerConfig::default()
+        };
+        assert!(c.validate().unwrap_err().contains("requirepass"));
+        c.requirepass = Some(String::new());
+        assert!(c.validate().is_err());
+        c.requirepass = Some("secret".into());
+        assert!(c.validate().is_ok());
+    }
+}

@@ -1,0 +1,30 @@
+//! `tucana serve`: a server that speaks RESP, the Redis protocol, over a Tucana database,
+//! so existing Redis clients, `redis-cli` and `redis-benchmark` work against it.
+//!
+//! Layers, bottom up: [`resp`] (wire format, limits), `glob` (key patterns), `store`
+//! (numbered databases → keyspaces, the per-keyspace write lock, SCAN cursors),
+//! `commands` (what each command does), `metrics` (INFO and Prometheus), [`server`]
+//! (sockets, connections, shutdown), `tls` (optional TLS with rustls). The engine is used only through its public API.
+//!
+//! ```no_run
+//! let db = tucana::Database::open("data.tucana")?;
+//! let server = tucana_server::spawn(db, tucana_server::ServerConfig::default())?;
+//! println!("listening on {}", server.addr);
+//! server.stop()?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+mod commands;
+pub mod config;
+mod glob;
+mod metrics;
+pub mod resp;
+pub mod server;
+mod store;
+mod tls;
+
+pub use commands::REDIS_COMPAT_VERSION;
+pub use config::{DurabilityMode, ServerConfig, TlsFiles, DEFAULT_PORT};
+pub use resp::{Protocol, Reply, RequestLimits};
+pub use server::{serve_until_signal, spawn, RunningServer, Server, ShutdownHandle};
+pub use store::keyspace_name;

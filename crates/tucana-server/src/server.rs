@@ -1,0 +1,524 @@
+//! The network side: the listener, one task per connection, the Prometheus endpoint and
+//! graceful shutdown.
+//!
+//! Owns sockets, limits on connections (max clients, idle timeout, request sizes through
+//! the decoder) and the execution model; it does not know what commands do.
+//!
+//! Execution model: connections are async tasks on a small tokio runtime. A connection
+//! decodes every complete request in its buffer (a pipelined batch) and runs the batch
+//! in one go. Batches of reads, and of buffered writes, run on the async worker (engine
+//! reads never block on writers; a buffered write is a short append). Batches that may
+//! wait on the device (sync-mode writes, EXEC, FLUSHDB, SAVE) run on tokio's blocking
+//! pool, so a connection waiting for its fsync does not stall the others, and concurrent
+//! sync writers reach the engine together and share one fsync (group commit). Before
+//! authentication a connection decodes one request at a time, so the stricter pre-auth
+//! limits apply to every request up to the `AUTH` that lifts them.
+//!
+//! Shutdown (SIGINT, SIGTERM, `SHUTDOWN`, or [`ShutdownHandle::shutdown`]): the listener
+//! stops accepting, each connection finishes the batch it is running, answers it and
+//! closes; after all are closed (or the grace period ran out) the database commits.
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use tokio_rustls::TlsAcceptor;
+use tucana::Database;
+
+use crate::commands::{execute_batch, may_block, Session};
+use crate::config::ServerConfig;
+use crate::metrics::{prometheus_text, Metrics};
+use crate::resp::{check_incomplete, decode, Reply};
+use crate::store::Store;
+
+/// At most this many pipelined requests run as one batch (bounds the reply buffer).
+const MAX_BATCH_REQUESTS: usize = 1024;
+/// A client must finish the TLS handshake within this time.
+const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Read this much at a time at least.
+const READ_CHUNK_BYTES: usize = 16 << 10;
+
+/// State shared by all connections of a server.
+pub struct Shared {
+    pub store: Store,
+    pub config: ServerConfig,
+    pub metrics: Metrics,
+    pub started: Instant,
+    /// The port actually bound (the configured one may be 0).
+    pub local_port: u16,
+    tls: Option<TlsAcceptor>,
+    next_client_id: AtomicU64,
+    shutdown: Arc<watch::Sender<bool>>,
+}
+
+/// Asks a running server to shut down gracefully. Cheap to clone.
+#[derive(Clone)]
+pub struct ShutdownHandle(Arc<watch::Sender<bool>>);
+
+impl ShutdownHandle {
+    pub fn shutdown(&self) {
+        self.0.send_replace(true);
+    }
+}
+
+/// A bound server, not yet running.
+pub struct Server {
+    listener: TcpListener,
+    metrics_listener: Option<TcpListener>,
+    shared: Arc<Shared>,
+}
+
+impl Server {
+    /// Validates the configuration and binds the listeners. Must be called inside a tokio
+    /// runtime. A configuration that is unsafe (a public address without a password) is
+    /// an `InvalidInput` error.
+    pub async fn bind(db: Database, config: ServerConfig) -> io::Result<Server> {
+        config
+            .validate()
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        let tls = config.tls.as_ref().map(crate::tls::acceptor).transpose()?;
+        let listener = TcpListener::bind(config.listen).await?;
+        let metrics_listener = match config.metrics_listen {
+            Some(addr) => Some(TcpListener::bind(addr).await?),
+            None => None,
+        };
+        let local_port = listener.local_addr()?.port();
+        let (shutdown, _) = watch::channel(false);
+        let shared = Arc::new(Shared {
+            store: Store::new(db, config.databases, config.max_scan_cursors),
+            config,
+            metrics: Metrics::default(),
+            started: Instant::now(),
+            local_port,
+            tls,
+            next_client_id: AtomicU64::new(1),
+            shutdown: Arc::new(shutdown),
+        });
+        Ok(Server {
+            listener,
+            metrics_listener,
+            shared,
+        })
+    }
+
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_listener
+            .as_ref()
+            .and_then(|l| l.local_addr().ok())
+    }
+
+    pub fn shutdown_handle(&self) -> ShutdownHandle {
+        ShutdownHandle(self.shared.shutdown.clone())
+    }
+
+    /// Serves until shut down, then commits the database. The error is the commit's.
+    pub async fn run(self) -> tucana::Result<()> {
+        let Server {
+            listener,
+            metrics_listener,
+            shared,
+        } = self;
+        let mut shutdown = shared.shutdown.subscribe();
+        let mut tasks = JoinSet::new();
+        if let Some(metrics) = metrics_listener {
+            tasks.spawn(serve_metrics(shared.clone(), metrics, shutdown.clone()));
+        }
+        loop {
+            tokio::select! {
+                accepted = listener.accept() => match accepted {
+                    Ok((stream, _)) => accept(&shared, &mut tasks, stream, &shutdown),
+                    Err(e) => {
+                        // Out of file descriptors and the like: back off, keep serving.
+                        eprintln!("tucana serve: accept failed: {e}");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                },
+                _ = stopped(&mut shutdown) => break,
+                // Reap finished connections so the set does not grow without bound.
+                Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+            }
+        }
+        drop(listener);
+        let grace = shared.config.shutdown_grace;
+        let drained =
+            tokio::time::timeout(grace, async { while tasks.join_next().await.is_some() {} }).await;
+        if drained.is_err() {
+            eprintln!("tucana serve: connections still busy after {grace:?}; closing them");
+            tasks.abort_all();
+            while tasks.join_next().await.is_some() {}
+        }
+        let db = shared.store.db.clone();
+        tokio::task::spawn_blocking(move || db.commit())
+            .await
+            .unwrap_or_else(|e| Err(tucana::Error::Io(io::Error::other(e))))
+    }
+}
+
+/// Resolves once shutdown was asked for (the guard `wait_for` returns is not `Send`).
+async fn stopped(shutdown: &mut watch::Receiver<bool>) {
+    let _ = shutdown.wait_for(|stop| *stop).await;
+}
+
+fn accept(
+    shared: &Arc<Shared>,
+    tasks: &mut JoinSet<()>,
+    stream: TcpStream,
+    shutdown: &watch::Receiver<bool>,
+) {
+    let metrics = &shared.metrics;
+    metrics.connections_received.fetch_add(1, Ordering::Relaxed);
+    let _ = stream.set_nodelay(true);
+    if metrics.connected_clients() >= shared.config.max_clients as u64 {
+        metrics.connections_rejected.fetch_add(1, Ordering::Relaxed);
+        tasks.spawn(async move {
+            let mut stream = stream;
+            let _ = stream
+                .write_all(b"-ERR max number of clients reached\r\n")
+                .await;
+        });
+        return;
+    }
+    metrics.connected_clients.fetch_add(1, Ordering::Relaxed);
+    let shared = shared.clone();
+    let shutdown = shutdown.clone();
+    tasks.spawn(async move {
+        let _connected = ConnectedGuard(shared.clone());
+        match shared.tls.clone() {
+            None => {
+                let mut stream = stream;
+                serve_connection(shared, &mut stream, shutdown).await;
+            }
+            Some(acceptor) => {
+                let handshake =
+                    tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream));
+                if let Ok(Ok(mut tls)) = handshake.await {
+                    serve_connection(shared, &mut tls, shutdown).await;
+                    // Ends the TLS session properly (close_notify), so clients see a
+                    // clean end of stream rather than a truncation.
+                    let _ = tls.shutdown().await;
+                }
+            }
+        }
+    });
+}
+
+/// Counts a connection as gone however its task ends (also when aborted).
+struct ConnectedGuard(Arc<Shared>);
+
+impl Drop for ConnectedGuard {
+    fn drop(&mut self) {
+        self.0
+            .metrics
+            .connected_clients
+            .fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+async fn write_out<S: AsyncWrite + Unpin>(
+    shared: &Shared,
+    stream: &mut S,
+    out: &[u8],
+) -> io::Result<()> {
+    shared
+        .metrics
+        .net_output_bytes
+        .fetch_add(out.len() as u64, Ordering::Relaxed);
+    stream.write_all(out).await?;
+    // TLS buffers what it encrypts; plain TCP's flush does nothing.
+    stream.flush().await
+}
+
+async fn serve_connection<S: AsyncRead + AsyncWrite + Unpin>(
+    shared: Arc<Shared>,
+    stream: &mut S,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let id = shared.next_client_id.fetch_add(1, Ordering::Relaxed);
+    let mut session = Session::new(id, shared.config.requirepass.is_none());
+    let mut buf: Vec<u8> = Vec::with_capacity(READ_CHUNK_BYTES);
+    let mut start = 0;
+    let mut out: Vec<u8> = Vec::new();
+    loop {
+        let limits = if session.authenticated {
+            shared.config.request_limits
+        } else {
+            shared.config.pre_auth_limits
+        };
+        let mut requests = Vec::new();
+        let mut blocks = false;
+        let mut protocol_error = None;
+        loop {
+            match decode(&buf[start..], &limits) {
+                Ok(Some((args, consumed))) => {
+                    start += consumed;
+                    blocks |= may_block(&args, shared.config.durability);
+                    requests.push(args);
+                    if !session.authenticated || requests.len() >= MAX_BATCH_REQUESTS {
+                        break;
+                    }
+                }
+                Ok(None) => {
+                    if let Err(e) = check_incomplete(buf.len() - start, &limits) {
+                        protocol_error = Some(e);
+                    }
+                    break;
+                }
+                Err(e) => {
+                    protocol_error = Some(e);
+                    break;
+                }
+            }
+        }
+        let ran = !requests.is_empty();
+        if ran {
+            if blocks {
+                let worker_shared = shared.clone();
+                let mut worker_out = std::mem::take(&mut out);
+                let joined = tokio::task::spawn_blocking(move || {
+                    execute_batch(&worker_shared, &mut session, requests, &mut worker_out);
+                    (session, worker_out)
+                })
+                .await;
+                match joined {
+                    Ok((s, o)) => {
+                        session = s;
+                        out = o;
+                    }
+                    // A panic in a handler is a bug; it ends this connection only.
+                    Err(_) => return,
+                }
+            } else {
+                execute_batch(&shared, &mut session, requests, &mut out);
+            }
+            if write_out(&shared, stream, &out).await.is_err() {
+                return;
+            }
+            out.clear();
+        }
+        if let Some(e) = protocol_error {
+            shared
+                .metrics
+                .protocol_errors
+                .fetch_add(1, Ordering::Relaxed);
+            let mut reply = Vec::new();
+            Reply::error(format!("ERR {e}")).encode(session.protocol, &mut reply);
+            let _ = write_out(&shared, stream, &reply).await;
+            return;
+        }
+        if session.close_after_reply {
+            if session.shutdown_requested {
+                shared.shutdown.send_replace(true);
+            }
+            return;
+        }
+        if *shutdown.borrow() {
+            return;
+        }
+        if ran {
+            // More complete requests may be buffered; decode before reading.
+            continue;
+        }
+        if start > 0 {
+            buf.drain(..start);
+            start = 0;
+        }
+        if buf.capacity() - buf.len() < READ_CHUNK_BYTES {
+            buf.reserve(READ_CHUNK_BYTES);
+        }
+        let read = async {
+            match shared.config.idle_timeout {
+                Some(idle) => tokio::time::timeout(idle, stream.read_buf(&mut buf)).await,
+                None => Ok(stream.read_buf(&mut buf).await),
+            }
+        };
+        tokio::select! {
+            r = read => match r {
+                Ok(Ok(0)) | Ok(Err(_)) => return,
+                Ok(Ok(n)) => {
+                    shared.metrics.net_input_bytes.fetch_add(n as u64, Ordering::Relaxed);
+                }
+                Err(_) => {
+                    shared.metrics.idle_timeouts.fetch_add(1, Ordering::Relaxed);
+                    return;
+                }
+            },
+            _ = stopped(&mut shutdown) => return,
+        }
+    }
+}
+
+/// Serves `GET /metrics` in the Prometheus text format; anything else is a 404.
+async fn serve_metrics(
+    shared: Arc<Shared>,
+    listener: TcpListener,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    loop {
+        let stream = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(_) => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = stopped(&mut shutdown) => return,
+        };
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            let _ = tokio::time::timeout(Duration::from_secs(5), answer_http(shared, stream)).await;
+        });
+    }
+}
+
+async fn answer_http(shared: Arc<Shared>, mut stream: TcpStream) -> io::Result<()> {
+    // The request head must fit in 8 KiB; the body (if any) is ignored.
+    let mut head = Vec::with_capacity(1024);
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 8192 {
+        if stream.read_buf(&mut head).await? == 0 {
+            break;
+        }
+    }
+    let first_line = head.split(|&b| b == b'\n').next().unwrap_or_default();
+    let (status, body) = if first_line.starts_with(b"GET /metrics ") {
+        let text = {
+            let shared = shared.clone();
+            tokio::task::spawn_blocking(move || prometheus_text(&shared))
+                .await
+                .unwrap_or_default()
+        };
+        ("200 OK", text)
+    } else {
+        (
+            "404 Not Found",
+            "only GET /metrics is served here\n".to_string(),
+        )
+    };
+    let response = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(response.as_bytes()).await?;
+    stream.shutdown().await
+}
+
+/// A server running on its own thread and runtime (tests, embedding).
+pub struct RunningServer {
+    pub addr: SocketAddr,
+    pub metrics_addr: Option<SocketAddr>,
+    handle: ShutdownHandle,
+    thread: std::thread::JoinHandle<tucana::Result<()>>,
+}
+
+impl RunningServer {
+    pub fn shutdown_handle(&self) -> ShutdownHandle {
+        self.handle.clone()
+    }
+
+    /// Shuts down gracefully and waits; the result of the final commit.
+    pub fn stop(self) -> tucana::Result<()> {
+        self.handle.shutdown();
+        self.join()
+    }
+
+    /// Waits until the server stopped (e.g. after a `SHUTDOWN` command).
+    pub fn join(self) -> tucana::Result<()> {
+        self.thread.join().unwrap_or_else(|_| {
+            Err(tucana::Error::Io(io::Error::other(
+                "server thread panicked",
+            )))
+        })
+    }
+}
+
+fn runtime() -> io::Result<tokio::runtime::Runtime> {
+    let workers = std::thread::available_parallelism().map_or(2, |n| n.get());
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
+        .thread_name("tucana-serve")
+        .enable_all()
+        .build()
+}
+
+/// Binds and runs a server on a new thread with its own runtime.
+pub fn spawn(db: Database, config: ServerConfig) -> io::Result<RunningServer> {
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let thread = std::thread::Builder::new()
+        .name("tucana-serve-main".into())
+        .spawn(move || {
+            let rt = match runtime() {
+                Ok(rt) => rt,
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e));
+                    return Ok(());
+                }
+            };
+            rt.block_on(async move {
+                let server = match Server::bind(db, config).await {
+                    Ok(s) => s,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                        return Ok(());
+                    }
+                };
+                let addrs = server
+                    .local_addr()
+                    .map(|a| (a, server.metrics_addr(), server.shutdown_handle()));
+                let _ = ready_tx.send(addrs);
+                server.run().await
+            })
+        })?;
+    let (addr, metrics_addr, handle) = ready_rx
+        .recv()
+        .map_err(|_| io::Error::other("server thread ended before binding"))??;
+    Ok(RunningServer {
+        addr,
+        metrics_addr,
+        handle,
+        thread,
+    })
+}
+
+/// Runs a server on this thread until SIGINT, SIGTERM or `SHUTDOWN`; `ready` is called
+/// with the bound addresses once clients can connect. Returns after the final commit.
+pub fn serve_until_signal(
+    db: Database,
+    config: ServerConfig,
+    ready: impl FnOnce(SocketAddr, Option<SocketAddr>),
+) -> io::Result<tucana::Result<()>> {
+    let rt = runtime()?;
+    rt.block_on(async move {
+        let server = Server::bind(db, config).await?;
+        ready(server.local_addr()?, server.metrics_addr());
+        let handle = server.shutdown_handle();
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            let mut interrupt = signal(SignalKind::interrupt())?;
+            let mut terminate = signal(SignalKind::terminate())?;
+            tokio::spawn(async move {
+                tokio::select! {
+                    _ = interrupt.recv() => {}
+                    _ = terminate.recv() => {}
+                }
+                handle.shutdown();
+            });
+        }
+        #[cfg(not(unix))]
+        tokio::spawn(async move {
+            let _ = tokio::signal::ctrl_c().await;
+            handle.shutdown();
+        });
+        Ok(server.run().await)
+    })
+}

@@ -1,0 +1,249 @@
+//! The server's view of the database: the numbered databases of `SELECT` mapped to
+//! Tucana keyspaces, the per-keyspace write lock that makes read-modify-write commands
+//! atomic, and the table of `SCAN` cursors.
+//!
+//! `SELECT 0` is the keyspace `default` (the one the `tucana` CLI uses by default);
+//! `SELECT n` for n > 0 is the keyspace `db<n>`. A keyspace is created on the first
+//! write to it; reading a database that was never written finds nothing.
+//!
+//! Why a write lock in the server: the engine has one writer per keyspace but no
+//! compare-and-swap, so `INCR` (read, add, write) racing with another write to the same
+//! key could lose that write. Every command that writes takes its database's lock for the
+//! duration of its reads and writes to the engine, so writes to one keyspace are applied
+//! in one order and a read-modify-write sees no write between its read and its write.
+//! The lock is released before waiting for durability, so concurrent sync writers still
+//! share one fsync. Reads take no lock (the engine's readers never block).
+//!
+//! Thread-safety: everything here is `Send + Sync`; locks are held only across engine
+//! calls that do not wait for I/O beyond appending to a log buffer.
+
+use std::collections::{HashMap, VecDeque};
+
+use parking_lot::{Mutex, MutexGuard, RwLock};
+use tucana::{Database, Error, Keyspace};
+
+/// One numbered database.
+pub struct Slot {
+    pub index: u32,
+    pub name: String,
+    /// Serialises the writers of this database (see the module doc).
+    write_lock: Mutex<()>,
+    /// `None` until the keyspace exists; replaced by `FLUSHDB`.
+    handle: RwLock<Option<Keyspace>>,
+}
+
+/// All numbered databases of one server.
+pub struct Store {
+    pub db: Database,
+    slots: Vec<Slot>,
+    cursors: Mutex<Cursors>,
+}
+
+/// The keyspace name of database `index`.
+pub fn keyspace_name(index: u32) -> String {
+    if index == 0 {
+        "default".to_string()
+    } else {
+        format!("db{index}")
+    }
+}
+
+impl Store {
+    pub fn new(db: Database, databases: u32, max_cursors: usize) -> Store {
+        assert!(databases > 0 && max_cursors > 0);
+        let existing = db.keyspace_names();
+        let slots = (0..databases)
+            .map(|index| {
+                let name = keyspace_name(index);
+                let handle = if existing.contains(&name) {
+                    db.open_keyspace(&name).ok()
+                } else {
+                    None
+                };
+                Slot {
+                    index,
+                    name,
+                    write_lock: Mutex::new(()),
+                    handle: RwLock::new(handle),
+                }
+            })
+            .collect();
+        Store {
+            db,
+            slots,
+            cursors: Mutex::new(Cursors {
+                next_id: 1,
+                max: max_cursors,
+                positions: HashMap::new(),
+                order: VecDeque::new(),
+            }),
+        }
+    }
+
+    pub fn databases(&self) -> u32 {
+        self.slots.len() as u32
+    }
+
+    pub fn slot(&self, index: u32) -> &Slot {
+        &self.slots[index as usize]
+    }
+
+    pub fn slots(&self) -> &[Slot] {
+        &self.slots
+    }
+
+    /// Remembers where a `SCAN` stopped; the cursor number to hand out.
+    pub fn save_cursor(&self, db_index: u32, last_key: Vec<u8>) -> u64 {
+        self.cursors.lock().save(db_index, last_key)
+    }
+
+    /// Where the `SCAN` with this cursor stopped, if the cursor is known.
+    pub fn cursor(&self, db_index: u32, cursor: u64) -> Option<Vec<u8>> {
+        self.cursors.lock().get(db_index, cursor)
+    }
+}
+
+impl Slot {
+    /// Runs a read on the current keyspace (`None`: it does not exist, so it is empty).
+    /// A `FLUSHDB` that drops the keyspace while the read runs makes the read start over
+    /// on the new state, so a read never reports a dropped keyspace as an error.
+    pub fn read<R>(&self, f: impl Fn(Option<&Keyspace>) -> tucana::Result<R>) -> tucana::Result<R> {
+        // A drop replaces the handle before the keyspace goes away, so one retry sees the
+        // new state; the bound only guards against a keyspace dropped behind our back.
+        let mut tries = 0;
+        loop {
+            let handle = self.handle.read().clone();
+            tries += 1;
+            match f(handle.as_ref()) {
+                Err(Error::KeyspaceNotFound(_)) if handle.is_some() && tries < 4 => continue,
+                other => return other,
+            }
+        }
+    }
+
+    /// Takes the write lock of this database (see the module doc).
+    pub fn lock_writes(&self) -> WriteGuard<'_> {
+        WriteGuard {
+            slot: self,
+            _lock: self.write_lock.lock(),
+        }
+    }
+}
+
+/// Holds a database's write lock; reads and writes through it see every earlier write.
+pub struct WriteGuard<'a> {
+    slot: &'a Slot,
+    _lock: MutexGuard<'a, ()>,
+}
+
+impl WriteGuard<'_> {
+    /// The keyspace, if it exists.
+    pub fn existing(&self) -> Option<Keyspace> {
+        self.slot.handle.read().clone()
+    }
+
+    /// The keyspace, created (durably) if it does not exist yet.
+    pub fn keyspace(&self, db: &Database) -> tucana::Result<Keyspace> {
+        if let Some(ks) = self.existing() {
+            return Ok(ks);
+        }
+        let ks = db.keyspace(&self.slot.name)?;
+        *self.slot.handle.write() = Some(ks.clone());
+        Ok(ks)
+    }
+
+    /// Drops the keyspace and all its data (durably); the next write creates it again.
+    pub fn flush(&self, db: &Database) -> tucana::Result<()> {
+        if self.existing().is_none() {
+            return Ok(());
+        }
+        // Forget the handle first: a reader that still holds the old one gets
+        // `KeyspaceNotFound` once it is dropped and starts over on `None`.
+        let old = self.slot.handle.write().take();
+        match db.drop_keyspace(&self.slot.name) {
+            Ok(()) | Err(Error::KeyspaceNotFound(_)) => Ok(()),
+            Err(e) => {
+                *self.slot.handle.write() = old;
+                Err(e)
+            }
+        }
+    }
+}
+
+/// `SCAN` positions by cursor number, oldest forgotten first.
+struct Cursors {
+    next_id: u64,
+    max: usize,
+    positions: HashMap<u64, (u32, Vec<u8>)>,
+    order: VecDeque<u64>,
+}
+
+impl Cursors {
+    fn save(&mut self, db_index: u32, last_key: Vec<u8>) -> u64 {
+        // Never 0: 0 starts and ends an iteration.
+        let id = self.next_id;
+        self.next_id = self.next_id.wrapping_add(1).max(1);
+        while self.order.len() >= self.max {
+            if let Some(old) = self.order.pop_front() {
+                self.positions.remove(&old);
+            }
+        }
+        self.positions.insert(id, (db_index, last_key));
+        self.order.push_back(id);
+        id
+    }
+
+    fn get(&self, db_index: u32, cursor: u64) -> Option<Vec<u8>> {
+        match self.positions.get(&cursor) {
+            Some((db, key)) if *db == db_index => Some(key.clone()),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn database_numbers_map_to_keyspace_names() {
+        assert_eq!(keyspace_name(0), "default");
+        assert_eq!(keyspace_name(3), "db3");
+    }
+
+    #[test]
+    fn keyspaces_are_created_on_first_write_and_dropped_by_flush() {
+        let db = Database::builder().open_in_memory().unwrap();
+        let store = Store::new(db.clone(), 4, 8);
+        let slot = store.slot(2);
+        assert!(!slot.read(|ks| Ok(ks.is_some())).unwrap());
+        let guard = slot.lock_writes();
+        guard.keyspace(&db).unwrap().put(b"k", b"v").unwrap();
+        drop(guard);
+        assert!(db.keyspace_names().contains(&"db2".to_string()));
+        let got = slot
+            .read(|ks| match ks {
+                Some(ks) => ks.get(b"k"),
+                None => Ok(None),
+            })
+            .unwrap();
+        assert_eq!(got.as_deref(), Some(&b"v"[..]));
+        slot.lock_writes().flush(&db).unwrap();
+        assert!(!db.keyspace_names().contains(&"db2".to_string()));
+        assert!(!slot.read(|ks| Ok(ks.is_some())).unwrap());
+    }
+
+    #[test]
+    fn cursors_are_per_database_and_the_oldest_are_forgotten() {
+        let db = Database::builder().open_in_memory().unwrap();
+        let store = Store::new(db, 2, 2);
+        let a = store.save_cursor(0, b"a".to_vec());
+        let b = store.save_cursor(1, b"b".to_vec());
+        assert_ne!(a, 0);
+        assert_eq!(store.cursor(0, a), Some(b"a".to_vec()));
+        assert_eq!(store.cursor(0, b), None, "cursor of another database");
+        let _c = store.save_cursor(0, b"c".to_vec());
+        assert_eq!(store.cursor(0, a), None, "forgotten");
+        assert_eq!(store.cursor(1, b), Some(b"b".to_vec()));
+    }
+}
