@@ -144,6 +144,16 @@ fn fmt_mib(value: Option<f64>) -> String {
     })
 }
 
+/// `arg` as one shell word.
+fn shell_quote(arg: &str) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "-_./=,:@%+".contains(c);
+    if !arg.is_empty() && arg.chars().all(plain) {
+        arg.to_string()
+    } else {
+        format!("'{}'", arg.replace('\'', "'\\''"))
+    }
+}
+
 fn render(doc: &Value, json_path: &Path, plots: &[(String, PathBuf)]) -> Result<String> {
     let records = records(doc);
     let options = &doc["options"];
@@ -172,10 +182,19 @@ fn render(doc: &Value, json_path: &Path, plots: &[(String, PathBuf)]) -> Result<
     }
 
     md += "## Reproduce\n\n```sh\nscripts/bench-deps.sh   # librocksdb-dev, clang, fonts (Debian/Ubuntu, as root)\n";
-    let argv = options["argv"].as_str().unwrap_or("tucana-bench suite");
-    // The binary's own path is machine-specific; the script builds and runs the same.
-    let args_only = argv.split_once(' ').map_or("", |(_, rest)| rest);
-    let _ = writeln!(md, "scripts/bench.sh {args_only}");
+    // The binary's own path (argv[0]) is machine-specific; the script builds and runs the
+    // same program.
+    let args_only: Vec<String> = options["argv"]
+        .as_array()
+        .map(|argv| {
+            argv.iter()
+                .skip(1)
+                .filter_map(Value::as_str)
+                .map(shell_quote)
+                .collect()
+        })
+        .unwrap_or_default();
+    let _ = writeln!(md, "scripts/bench.sh {}", args_only.join(" "));
     let _ = writeln!(md, "scripts/bench.sh report {}\n```\n", json_path.display());
 
     md += "## Machine\n\n";
@@ -193,7 +212,7 @@ fn render(doc: &Value, json_path: &Path, plots: &[(String, PathBuf)]) -> Result<
         options["fs"].as_str().unwrap_or("?"),
     );
 
-    md += "## Data sets\n\n| data set | records | operations per workload | values | memory limit |\n|---|---|---|---|---|\n";
+    md += "## Data sets\n\n| data set | records | operations per workload | values | load batch | memory limit |\n|---|---|---|---|---|---|\n";
     if let Some(sets) = options["datasets"].as_object() {
         for (name, info) in sets {
             let cgroup = &options["cgroups"][name];
@@ -537,7 +556,7 @@ mod tests {
             "machine": {"cores": 2, "cpu_model": "Test CPU", "mem_total_bytes": 1u64 << 30,
                         "kernel": "Linux test", "disk": "vda"},
             "options": {
-                "argv": "/x/tucana-bench suite --records 10",
+                "argv": ["/x/tucana-bench", "suite", "--records", "10", "--note", "it's shared"],
                 "notes": ["The machine was shared."],
                 "threads": 2, "sync": false, "cache_bytes": 1u64 << 20, "dir": "/tmp", "fs": "ext4",
                 "datasets": {"in-memory": {"records": 10, "operations": 5, "value_layout": "1 field(s) x 100 B", "memory_limit_bytes": null}},
@@ -556,7 +575,10 @@ mod tests {
         assert!(md.contains("| ycsb_c | **2.00** |"), "{md}");
         assert!(md.contains("| ycsb_c | **0.25** |"), "{md}");
         assert!(md.contains("| readrandom t1 | tucana | 50.0 |"), "{md}");
-        assert!(md.contains("scripts/bench.sh suite --records 10"));
+        assert!(
+            md.contains(r"scripts/bench.sh suite --records 10 --note 'it'\''s shared'"),
+            "{md}"
+        );
         assert!(md.contains("`bloom_filter_bits_per_key`: 10"));
         assert!(md.contains("> The machine was shared."));
     }

@@ -126,11 +126,13 @@ impl EngineChoice {
 
     /// The engine, or why this build does not have it.
     pub fn kind(self) -> Result<&'static dyn engine::EngineKind, String> {
-        let missing = |feature: &str| {
+        // Unused when every feature is on.
+        #[allow(dead_code)]
+        fn missing(feature: &str) -> Result<&'static dyn engine::EngineKind, String> {
             Err(format!(
                 "this tucana-bench was built without the `{feature}` feature (scripts/bench.sh builds all)"
             ))
-        };
+        }
         match self {
             EngineChoice::Tucana => Ok(&engine::Tucana),
             #[cfg(feature = "rocksdb")]

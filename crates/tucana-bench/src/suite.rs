@@ -57,6 +57,13 @@ pub struct SuiteArgs {
     /// Operations per YCSB workload on the larger-than-memory data set.
     #[arg(long, default_value_t = 200_000)]
     large_operations: u64,
+    /// Records per write batch when loading the in-memory data set (1: a put per record,
+    /// as YCSB's load does).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    load_batch: u64,
+    /// Records per write batch when loading the larger-than-memory data set.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    large_load_batch: u64,
     /// Fields per record of the larger-than-memory data set.
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=1000))]
     large_fields: u32,
@@ -101,6 +108,7 @@ struct Dataset {
     records: u64,
     operations: u64,
     layout: ValueLayout,
+    load_batch: u64,
     memory_limit_bytes: Option<u64>,
 }
 
@@ -115,6 +123,14 @@ pub fn run(args: &SuiteArgs) -> Result<()> {
     } else {
         args.engines.clone()
     };
+    if args.large_records > 0 && args.cache_bytes > args.memory_limit_bytes / 4 {
+        return Err(format!(
+            "--cache-bytes {} leaves too little of --memory-limit-bytes {} for the engines' \
+             other memory and the page cache (at most a quarter, or the cgroup kills the run)",
+            args.cache_bytes, args.memory_limit_bytes
+        )
+        .into());
+    }
     let kinds = engines
         .iter()
         .map(|e| e.kind())
@@ -123,7 +139,8 @@ pub fn run(args: &SuiteArgs) -> Result<()> {
     let mut machine = Machine::detect();
     machine.disk = measure::watch_device_of(&args.dir);
     let mut options = RunOptions::default();
-    options.set("argv", std::env::args().collect::<Vec<_>>().join(" "));
+    // A list, so that arguments with spaces survive into the reproduce command.
+    options.set("argv", std::env::args().collect::<Vec<_>>());
     options.set(
         "engines",
         kinds.iter().map(|k| k.name()).collect::<Vec<_>>(),
@@ -161,6 +178,7 @@ pub fn run(args: &SuiteArgs) -> Result<()> {
         records: args.records,
         operations: args.operations,
         layout,
+        load_batch: args.load_batch,
         memory_limit_bytes: None,
     }];
     if args.large_records > 0 {
@@ -172,6 +190,7 @@ pub fn run(args: &SuiteArgs) -> Result<()> {
                 fields: args.large_fields,
                 field_bytes: args.field_bytes as usize,
             },
+            load_batch: args.large_load_batch,
             memory_limit_bytes: Some(args.memory_limit_bytes),
         });
     }
@@ -183,6 +202,7 @@ pub fn run(args: &SuiteArgs) -> Result<()> {
                 "records": dataset.records,
                 "operations": dataset.operations,
                 "value_layout": dataset.layout.describe(),
+                "load_batch": dataset.load_batch,
                 "memory_limit_bytes": dataset.memory_limit_bytes,
             }),
         );
@@ -236,6 +256,7 @@ pub fn run(args: &SuiteArgs) -> Result<()> {
                 operations: dataset.operations,
                 threads: args.threads as usize,
                 layout: dataset.layout,
+                load_batch: dataset.load_batch as usize,
                 seed: args.seed,
                 dataset: dataset.name.to_string(),
                 engine: engine_config,

@@ -83,6 +83,15 @@ impl Engine for FjallEngine {
         self.after_write()
     }
 
+    fn put_batch(&self, pairs: &[(Vec<u8>, Vec<u8>)]) -> Result<()> {
+        let mut batch = self.keyspace.batch();
+        for (key, value) in pairs {
+            batch.insert(&self.partition, key.as_slice(), value.as_slice());
+        }
+        batch.commit()?;
+        self.after_write()
+    }
+
     fn get(&self, key: &[u8], check: &mut dyn FnMut(&[u8]) -> bool) -> Result<Option<bool>> {
         Ok(self.partition.get(key)?.map(|value| check(&value)))
     }

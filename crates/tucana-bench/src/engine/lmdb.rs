@@ -93,6 +93,14 @@ impl Engine for LmdbEngine {
         Ok(txn.commit()?)
     }
 
+    fn put_batch(&self, pairs: &[(Vec<u8>, Vec<u8>)]) -> Result<()> {
+        let mut txn = self.env.write_txn()?;
+        for (key, value) in pairs {
+            self.db.put(&mut txn, key, value)?;
+        }
+        Ok(txn.commit()?)
+    }
+
     fn get(&self, key: &[u8], check: &mut dyn FnMut(&[u8]) -> bool) -> Result<Option<bool>> {
         let txn = self.env.read_txn()?;
         Ok(self.db.get(&txn, key)?.map(check))

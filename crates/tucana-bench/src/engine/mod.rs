@@ -161,6 +161,15 @@ pub struct Footprint {
 pub trait Engine: Send + Sync {
     fn put(&self, key: &[u8], value: &[u8]) -> Result<()>;
 
+    /// Writes all `pairs` with the engine's own batch (one transaction, one write batch)
+    /// where it has one; durability as for `put`. Used by bulk loads.
+    fn put_batch(&self, pairs: &[(Vec<u8>, Vec<u8>)]) -> Result<()> {
+        for (key, value) in pairs {
+            self.put(key, value)?;
+        }
+        Ok(())
+    }
+
     /// Looks `key` up and calls `check` with its value, in place where the engine allows;
     /// returns `Ok(None)` when the key is absent, else what `check` returned.
     fn get(&self, key: &[u8], check: &mut dyn FnMut(&[u8]) -> bool) -> Result<Option<bool>>;

@@ -14,7 +14,7 @@ use std::ops::{Bound, ControlFlow};
 use std::path::Path;
 use std::sync::Arc;
 
-use redb::{Database, Durability, ReadableTable, ReadableTableMetadata, TableDefinition};
+use redb::{Database, Durability, ReadableTableMetadata, TableDefinition};
 
 use super::{Direction, Engine, EngineConfig, EngineKind, Flusher, Footprint, Visit};
 use crate::Result;
@@ -85,6 +85,18 @@ impl Engine for RedbEngine {
         let mut txn = self.db.begin_write()?;
         txn.set_durability(self.durability);
         txn.open_table(TABLE)?.insert(key, value)?;
+        Ok(txn.commit()?)
+    }
+
+    fn put_batch(&self, pairs: &[(Vec<u8>, Vec<u8>)]) -> Result<()> {
+        let mut txn = self.db.begin_write()?;
+        txn.set_durability(self.durability);
+        {
+            let mut table = txn.open_table(TABLE)?;
+            for (key, value) in pairs {
+                table.insert(key.as_slice(), value.as_slice())?;
+            }
+        }
         Ok(txn.commit()?)
     }
 

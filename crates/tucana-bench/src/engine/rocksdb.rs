@@ -112,6 +112,14 @@ impl Engine for RocksDbEngine {
         Ok(self.db.put_opt(key, value, &self.write_options)?)
     }
 
+    fn put_batch(&self, pairs: &[(Vec<u8>, Vec<u8>)]) -> Result<()> {
+        let mut batch = rocksdb::WriteBatch::default();
+        for (key, value) in pairs {
+            batch.put(key, value);
+        }
+        Ok(self.db.write_opt(batch, &self.write_options)?)
+    }
+
     fn get(&self, key: &[u8], check: &mut dyn FnMut(&[u8]) -> bool) -> Result<Option<bool>> {
         Ok(self.db.get_pinned(key)?.map(|value| check(&value)))
     }

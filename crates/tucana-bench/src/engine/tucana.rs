@@ -81,6 +81,14 @@ impl Engine for TucanaEngine {
         Ok(self.keyspace.put_with(key, value, self.durability)?)
     }
 
+    fn put_batch(&self, pairs: &[(Vec<u8>, Vec<u8>)]) -> Result<()> {
+        let mut batch = self.keyspace.batch();
+        for (key, value) in pairs {
+            batch.put(key, value);
+        }
+        Ok(batch.commit_with(self.durability)?)
+    }
+
     fn get(&self, key: &[u8], check: &mut dyn FnMut(&[u8]) -> bool) -> Result<Option<bool>> {
         Ok(self.keyspace.get_with(key, check)?)
     }
