@@ -83,8 +83,29 @@ pub fn run(args: &ReportArgs) -> Result<()> {
     Ok(())
 }
 
-fn records(doc: &Value) -> &[Value] {
-    doc["records"].as_array().map_or(&[], Vec::as_slice)
+/// The measured records (runs that failed are listed apart, see [`failures`]).
+fn records(doc: &Value) -> Vec<Value> {
+    doc["records"]
+        .as_array()
+        .map(|all| {
+            all.iter()
+                .filter(|r| r["failed"].is_null())
+                .cloned()
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn failures(doc: &Value) -> Vec<Value> {
+    doc["records"]
+        .as_array()
+        .map(|all| {
+            all.iter()
+                .filter(|r| !r["failed"].is_null())
+                .cloned()
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// Distinct values of `f(record)` in first-seen order.
@@ -155,7 +176,7 @@ fn shell_quote(arg: &str) -> String {
 }
 
 fn render(doc: &Value, json_path: &Path, plots: &[(String, PathBuf)]) -> Result<String> {
-    let records = records(doc);
+    let records = &records(doc)[..];
     let options = &doc["options"];
     let machine = &doc["machine"];
     let engines = distinct(records, |r| r["engine"].as_str().unwrap_or("?").to_string());
@@ -172,6 +193,15 @@ fn render(doc: &Value, json_path: &Path, plots: &[(String, PathBuf)]) -> Result<
          correctly.\n",
         json_path.display()
     );
+    for failure in failures(doc) {
+        let _ = writeln!(
+            md,
+            "**{} did not finish the {} data set: {}.** Its figures for that data set are missing.\n",
+            failure["engine"].as_str().unwrap_or("?"),
+            failure["dataset"].as_str().unwrap_or("?"),
+            failure["failed"].as_str().unwrap_or("?")
+        );
+    }
     if doc["debug_build"].as_bool() == Some(true) {
         md += "**WARNING: a debug build produced these numbers; they are meaningless.**\n\n";
     }
@@ -402,7 +432,7 @@ fn draw_plots(_doc: &Value, _dir: &Path) -> Result<Vec<(String, PathBuf)>> {
 #[cfg(feature = "plots")]
 fn draw_plots(doc: &Value, dir: &Path) -> Result<Vec<(String, PathBuf)>> {
     register_font()?;
-    let records = records(doc);
+    let records = &records(doc)[..];
     let engines = distinct(records, |r| r["engine"].as_str().unwrap_or("?").to_string());
     let mut plots = Vec::new();
     for dataset_name in distinct(records, dataset) {
@@ -411,32 +441,39 @@ fn draw_plots(doc: &Value, dir: &Path) -> Result<Vec<(String, PathBuf)>> {
             .filter(|r| dataset(r) == dataset_name)
             .cloned()
             .collect();
-        let rows = distinct(&in_set, row_name);
-        for (metric, file) in [
-            (THROUGHPUT, "throughput"),
-            (CPU, "cpu"),
-            (WRITE_AMP, "write-amp"),
-        ] {
-            let values: Vec<Vec<Option<f64>>> = rows
-                .iter()
-                .map(|row| {
-                    engines
-                        .iter()
-                        .map(|e| {
-                            find(&in_set, &dataset_name, row, e)
-                                .and_then(|r| number(&r[metric.field]))
-                                .filter(|v| *v > 0.0)
-                        })
-                        .collect()
-                })
-                .collect();
-            if values.iter().flatten().all(Option::is_none) {
+        let all_rows = distinct(&in_set, row_name);
+        let (ycsb_rows, micro_rows): (Vec<String>, Vec<String>) =
+            all_rows.into_iter().partition(|r| r.starts_with("ycsb_"));
+        for (group, rows) in [("ycsb", ycsb_rows), ("micro", micro_rows)] {
+            if rows.is_empty() {
                 continue;
             }
-            let path = dir.join(format!("{dataset_name}-{file}.png"));
-            let title = format!("{dataset_name}: {}", metric.title);
-            bar_chart(&path, &title, &rows, &engines, &values)?;
-            plots.push((title, path));
+            for (metric, file) in [
+                (THROUGHPUT, "throughput"),
+                (CPU, "cpu"),
+                (WRITE_AMP, "write-amp"),
+            ] {
+                let values: Vec<Vec<Option<f64>>> = rows
+                    .iter()
+                    .map(|row| {
+                        engines
+                            .iter()
+                            .map(|e| {
+                                find(&in_set, &dataset_name, row, e)
+                                    .and_then(|r| number(&r[metric.field]))
+                                    .filter(|v| *v > 0.0)
+                            })
+                            .collect()
+                    })
+                    .collect();
+                if values.iter().flatten().all(Option::is_none) {
+                    continue;
+                }
+                let path = dir.join(format!("{dataset_name}-{group}-{file}.png"));
+                let title = format!("{dataset_name}, {group}: {}", metric.title);
+                bar_chart(&path, &title, &rows, &engines, &values)?;
+                plots.push((title, path));
+            }
         }
     }
     Ok(plots)
@@ -461,6 +498,24 @@ fn register_font() -> Result<()> {
     Ok(())
 }
 
+/// 1.5M, 20k, 3.2, 0.05: short labels for a log axis.
+#[cfg(feature = "plots")]
+fn human(value: f64) -> String {
+    if value >= 1e6 {
+        format!("{}M", trim(value / 1e6))
+    } else if value >= 1e3 {
+        format!("{}k", trim(value / 1e3))
+    } else {
+        trim(value)
+    }
+}
+
+#[cfg(feature = "plots")]
+fn trim(value: f64) -> String {
+    let text = format!("{value:.2}");
+    text.trim_end_matches('0').trim_end_matches('.').to_string()
+}
+
 /// Grouped bars on a log scale: one group per row, one bar per engine.
 #[cfg(feature = "plots")]
 fn bar_chart(
@@ -482,7 +537,8 @@ fn bar_chart(
     let positive: Vec<f64> = values.iter().flatten().flatten().copied().collect();
     let max = positive.iter().copied().fold(f64::MIN, f64::max);
     let min = positive.iter().copied().fold(f64::MAX, f64::min);
-    let (low, high) = (min / 2.0, max * 2.0);
+    // Headroom above the tallest bar for the legend.
+    let (low, high) = (min / 2.0, max * 30.0);
     let width = (160 + rows.len() * 28 * (engines.len() + 1)).clamp(900, 2400) as u32;
     let root = BitMapBackend::new(path, (width, 560)).into_drawing_area();
     let fail = |e: &dyn std::fmt::Display| format!("plot {}: {e}", path.display());
@@ -490,7 +546,7 @@ fn bar_chart(
     let mut chart = ChartBuilder::on(&root)
         .caption(title, ("sans-serif", 20))
         .margin(12)
-        .x_label_area_size(110)
+        .x_label_area_size(40)
         .y_label_area_size(80)
         .build_cartesian_2d(0f64..rows.len() as f64, (low..high).log_scale())
         .map_err(|e| fail(&e))?;
@@ -508,12 +564,9 @@ fn bar_chart(
                 String::new()
             }
         })
-        .x_label_style(
-            ("sans-serif", 13)
-                .into_font()
-                .transform(FontTransform::Rotate90),
-        )
+        .x_label_style(("sans-serif", 12))
         .y_label_style(("sans-serif", 13))
+        .y_label_formatter(&|y| human(*y))
         .draw()
         .map_err(|e| fail(&e))?;
     let bar_width = 0.8 / engines.len() as f64;

@@ -291,6 +291,21 @@ pub fn write_json(
     options: &RunOptions,
     records: &[Record],
 ) -> Result<()> {
+    write_json_with(path, command, machine, options, records, &[])
+}
+
+/// As [`write_json`], with `imported` records (already JSON, e.g. from a child process)
+/// after `records`.
+pub fn write_json_with(
+    path: &Path,
+    command: &str,
+    machine: &Machine,
+    options: &RunOptions,
+    records: &[Record],
+    imported: &[Value],
+) -> Result<()> {
+    let mut all: Vec<Value> = records.iter().map(Record::to_json).collect();
+    all.extend(imported.iter().cloned());
     let document = json!({
         "tool": "tucana-bench",
         "version": env!("CARGO_PKG_VERSION"),
@@ -298,7 +313,7 @@ pub fn write_json(
         "debug_build": cfg!(debug_assertions),
         "machine": machine.to_json(),
         "options": options.to_json(),
-        "records": records.iter().map(Record::to_json).collect::<Vec<_>>(),
+        "records": all,
     });
     let mut file = std::fs::File::create(path)
         .map_err(|e| format!("cannot create {}: {e}", path.display()))?;

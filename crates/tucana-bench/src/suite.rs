@@ -88,6 +88,13 @@ pub struct SuiteArgs {
     /// A remark for the results document (repeatable), e.g. that the machine was shared.
     #[arg(long)]
     note: Vec<String>,
+    /// Internal: run only the larger-than-memory data set on this engine (a child process
+    /// of the suite, so that the cgroup's OOM killer can only end that engine's run).
+    #[arg(long, hide = true, requires = "child_json")]
+    child_engine: Option<EngineChoice>,
+    /// Internal: where the child writes its records.
+    #[arg(long, hide = true)]
+    child_json: Option<PathBuf>,
 }
 
 impl SuiteArgs {
@@ -115,6 +122,11 @@ struct Dataset {
 pub fn run(args: &SuiteArgs) -> Result<()> {
     let mut args = args.clone();
     args.apply_quick();
+    let is_child = args.child_engine.is_some();
+    if let (Some(engine), Some(json)) = (args.child_engine, args.child_json.clone()) {
+        args.engines = vec![engine];
+        args.json = json;
+    }
     let engines: Vec<EngineChoice> = if args.engines.is_empty() {
         EngineChoice::ALL
             .into_iter()
@@ -173,14 +185,18 @@ pub fn run(args: &SuiteArgs) -> Result<()> {
             field_bytes: args.field_bytes as usize,
         },
     };
-    let mut datasets = vec![Dataset {
+    let mut datasets = Vec::new();
+    datasets.push(Dataset {
         name: if args.quick { "quick" } else { "in-memory" },
         records: args.records,
         operations: args.operations,
         layout,
         load_batch: args.load_batch,
         memory_limit_bytes: None,
-    }];
+    });
+    if is_child {
+        datasets.clear();
+    }
     if args.large_records > 0 {
         datasets.push(Dataset {
             name: "larger-than-memory",
@@ -213,8 +229,24 @@ pub fn run(args: &SuiteArgs) -> Result<()> {
     }
 
     let mut records: Vec<Record> = Vec::new();
+    // Records of the child processes, already JSON.
+    let mut imported: Vec<Value> = Vec::new();
     let mut cgroup_notes = Map::new();
     for dataset in &datasets {
+        if dataset.memory_limit_bytes.is_some() && !is_child {
+            for kind in &kinds {
+                let child = run_child(kind.name(), &args)?;
+                if let Some(note) = child.cgroup {
+                    cgroup_notes.insert(dataset.name.to_string(), note);
+                }
+                imported.extend(child.records);
+                options.set("cgroups", Value::Object(cgroup_notes.clone()));
+                report::write_json_with(
+                    &args.json, "suite", &machine, &options, &records, &imported,
+                )?;
+            }
+            continue;
+        }
         // The guard keeps the process in the cgroup until the data set is done.
         let _cgroup = match dataset.memory_limit_bytes {
             None => None,
@@ -262,7 +294,13 @@ pub fn run(args: &SuiteArgs) -> Result<()> {
                 engine: engine_config,
                 dir: args.dir.clone(),
             };
-            ycsb::run(*kind, &config, &mut records)?;
+            ycsb::run(*kind, &config, &mut records, &mut |so_far| {
+                // A child saves every phase: the OOM killer gives no warning.
+                if is_child {
+                    report::write_json(&args.json, "suite", &machine, &options, so_far)?;
+                }
+                Ok(())
+            })?;
             if dataset.memory_limit_bytes.is_none() && args.micro_keys > 0 {
                 for &threads in &args.micro_threads {
                     let micro_first = records.len();
@@ -299,9 +337,79 @@ pub fn run(args: &SuiteArgs) -> Result<()> {
             report::write_json(&args.json, "suite", &machine, &options, &records)?;
         }
     }
+    if is_child {
+        return Ok(());
+    }
     println!("\nresults written to {}", args.json.display());
     print_summary(&records);
+    for failure in imported.iter().filter(|r| !r["failed"].is_null()) {
+        println!(
+            "FAILED: {} on {}: {}",
+            failure["engine"], failure["dataset"], failure["failed"]
+        );
+    }
     Ok(())
+}
+
+/// What a child process measured.
+struct ChildResult {
+    records: Vec<Value>,
+    cgroup: Option<Value>,
+}
+
+/// Runs the larger-than-memory data set for one engine in a child process (this program,
+/// same arguments) and reads back its records. A child that dies (the cgroup's OOM
+/// killer, a failed check) becomes one record saying so, and the suite goes on.
+fn run_child(engine: &str, args: &SuiteArgs) -> Result<ChildResult> {
+    let json = args.json.with_extension(format!("{engine}.child.json"));
+    let _ = std::fs::remove_file(&json);
+    let mut argv: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+    argv.push("--child-engine".into());
+    argv.push(engine.into());
+    argv.push("--child-json".into());
+    argv.push(json.clone().into());
+    let status = std::process::Command::new(std::env::current_exe()?)
+        .args(&argv)
+        .status()?;
+    let parsed = std::fs::read_to_string(&json)
+        .ok()
+        .and_then(|text| serde_json::from_str::<Value>(&text).ok());
+    let _ = std::fs::remove_file(&json);
+    let mut records: Vec<Value> = parsed
+        .as_ref()
+        .and_then(|doc| doc["records"].as_array().cloned())
+        .unwrap_or_default();
+    let cgroup = parsed
+        .as_ref()
+        .map(|doc| doc["options"]["cgroups"]["larger-than-memory"].clone())
+        .filter(|v| !v.is_null());
+    if !status.success() {
+        let how = match status.code() {
+            Some(code) => format!("exit status {code}"),
+            None => {
+                use std::os::unix::process::ExitStatusExt;
+                format!(
+                    "killed by signal {} (SIGKILL here is the memory cgroup's OOM killer)",
+                    status.signal().unwrap_or(0)
+                )
+            }
+        };
+        let done: Vec<String> = records
+            .iter()
+            .filter_map(|r| r["workload"].as_str().map(str::to_string))
+            .collect();
+        println!("\nWARNING: {engine} on larger-than-memory: {how}");
+        records.push(json!({
+            "engine": engine,
+            "workload": "failed",
+            "dataset": "larger-than-memory",
+            "failed": format!("{how}; phases completed before: {done:?}"),
+            "ops_per_sec": null, "cpu_us_per_op": null, "io_amp_write": null,
+            "io_amp_read": null, "space_amp": null, "p50_us": null, "p99_us": null,
+            "p999_us": null, "peak_rss_bytes": null,
+        }));
+    }
+    Ok(ChildResult { records, cgroup })
 }
 
 /// Throughput per workload and engine, side by side.

@@ -449,8 +449,14 @@ impl State {
     }
 }
 
-/// Runs the whole sequence on an engine of `kind`, appending one record per phase.
-pub fn run(kind: &dyn EngineKind, config: &YcsbConfig, records: &mut Vec<Record>) -> Result<()> {
+/// Runs the whole sequence on an engine of `kind`, appending one record per phase and
+/// calling `after_phase` with all records after each (to save them as the run goes).
+pub fn run(
+    kind: &dyn EngineKind,
+    config: &YcsbConfig,
+    records: &mut Vec<Record>,
+    after_phase: &mut dyn FnMut(&[Record]) -> Result<()>,
+) -> Result<()> {
     assert!(config.records > 0 && config.threads > 0);
     let data = Records::new(config.layout, config.seed);
     // D and E insert at most 5% of their operations; leave room for all of them anyway.
@@ -468,8 +474,10 @@ pub fn run(kind: &dyn EngineKind, config: &YcsbConfig, records: &mut Vec<Record>
             dir: db.dir.path(),
         };
         records.push(run.load("ycsb_load")?);
+        after_phase(records)?;
         for workload in [A, B, C, F, D] {
             records.push(run.workload(&workload)?);
+            after_phase(records)?;
         }
         db.close()?;
     }
@@ -485,7 +493,9 @@ pub fn run(kind: &dyn EngineKind, config: &YcsbConfig, records: &mut Vec<Record>
         dir: db.dir.path(),
     };
     records.push(run.load("ycsb_reload")?);
+    after_phase(records)?;
     records.push(run.workload(&E)?);
+    after_phase(records)?;
     db.close()
 }
 
@@ -944,7 +954,7 @@ mod tests {
                 dir: dir.path().to_path_buf(),
             };
             let mut records = Vec::new();
-            run(&Memory, &config, &mut records).unwrap();
+            run(&Memory, &config, &mut records, &mut |_| Ok(())).unwrap();
             let phases: Vec<&str> = records.iter().map(|r| r.workload.as_str()).collect();
             assert_eq!(phases, PHASES);
             for record in &records {
@@ -1029,7 +1039,7 @@ mod tests {
             engine: EngineConfig::default(),
             dir: dir.path().to_path_buf(),
         };
-        let error = run(&ConfusedKind, &config, &mut Vec::new())
+        let error = run(&ConfusedKind, &config, &mut Vec::new(), &mut |_| Ok(()))
             .unwrap_err()
             .to_string();
         assert!(error.starts_with("ycsb_a: value under user"), "{error}");
