@@ -145,10 +145,32 @@ fn own_cgroup() -> Result<(PathBuf, Version), String> {
     Err("no memory cgroup controller (v1 or v2) is available to this process".into())
 }
 
+/// Removes the children earlier runs left behind when they were killed (the OOM killer
+/// gives no chance to clean up): `tucana-bench-PID` with no process `PID` and no tasks.
+fn remove_stale_children(parent: &Path) {
+    let Ok(entries) = fs::read_dir(parent) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name.strip_prefix("tucana-bench-") else {
+            continue;
+        };
+        let alive = Path::new("/proc").join(pid).exists();
+        let empty = fs::read_to_string(entry.path().join("cgroup.procs"))
+            .is_ok_and(|procs| procs.trim().is_empty());
+        if !alive && empty {
+            // rmdir of an empty cgroup; a failure only leaves it for next time.
+            let _ = fs::remove_dir(entry.path());
+        }
+    }
+}
+
 /// Creates a child of this process's memory cgroup limited to `limit_bytes` and moves the
 /// process into it.
 pub fn enter(limit_bytes: u64) -> Result<MemoryCgroup, String> {
     let (parent, version) = own_cgroup()?;
+    remove_stale_children(&parent);
     let dir = parent.join(format!("tucana-bench-{}", std::process::id()));
     match fs::create_dir(&dir) {
         Ok(()) => {}
