@@ -26,6 +26,10 @@ pub struct ReportArgs {
     /// Directory of the plots, relative paths in the document are from `--out`'s directory.
     #[arg(long, default_value = "bench/plots")]
     plots_dir: PathBuf,
+    /// A remark added when the report is generated (repeatable), shown apart from the
+    /// run's own notes: what the JSON cannot say (e.g. why a run was stopped).
+    #[arg(long)]
+    note: Vec<String>,
 }
 
 /// The figure a table column or plot shows.
@@ -72,7 +76,17 @@ pub fn run(args: &ReportArgs) -> Result<()> {
             (title, relative)
         })
         .collect();
-    let markdown = render(&doc, &args.json, &relative_plots)?;
+    let mut markdown = render(&doc, &args.json, &relative_plots)?;
+    if !args.note.is_empty() {
+        // After the title and the paragraph under it.
+        let at = markdown.find("\n## ").map_or(markdown.len(), |i| i + 1);
+        let mut notes = String::from("Notes added when this report was generated:\n\n");
+        for note in &args.note {
+            let _ = writeln!(notes, "- {note}");
+        }
+        notes.push('\n');
+        markdown.insert_str(at, &notes);
+    }
     std::fs::write(&args.out, markdown)?;
     println!(
         "wrote {} and {} plot(s) in {}",

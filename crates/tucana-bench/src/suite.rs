@@ -88,6 +88,10 @@ pub struct SuiteArgs {
     /// A remark for the results document (repeatable), e.g. that the machine was shared.
     #[arg(long)]
     note: Vec<String>,
+    /// Stop an engine's larger-than-memory run after this many seconds (0: no limit); the
+    /// phases it finished are kept and the stop is recorded as a failure.
+    #[arg(long, default_value_t = 0)]
+    large_time_limit_secs: u64,
     /// Internal: run only the larger-than-memory data set on this engine (a child process
     /// of the suite, so that the cgroup's OOM killer can only end that engine's run).
     #[arg(long, hide = true, requires = "child_json")]
@@ -368,9 +372,24 @@ fn run_child(engine: &str, args: &SuiteArgs) -> Result<ChildResult> {
     argv.push(engine.into());
     argv.push("--child-json".into());
     argv.push(json.clone().into());
-    let status = std::process::Command::new(std::env::current_exe()?)
+    let mut child = std::process::Command::new(std::env::current_exe()?)
         .args(&argv)
-        .status()?;
+        .spawn()?;
+    let started = std::time::Instant::now();
+    let limit =
+        (args.large_time_limit_secs > 0).then(|| Duration::from_secs(args.large_time_limit_secs));
+    let mut timed_out = false;
+    let status = loop {
+        if let Some(status) = child.try_wait()? {
+            break status;
+        }
+        if limit.is_some_and(|limit| started.elapsed() > limit) && !timed_out {
+            timed_out = true;
+            // SIGKILL: the child is ours, and a stuck engine may not answer anything softer.
+            child.kill()?;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
     let parsed = std::fs::read_to_string(&json)
         .ok()
         .and_then(|text| serde_json::from_str::<Value>(&text).ok());
@@ -385,6 +404,10 @@ fn run_child(engine: &str, args: &SuiteArgs) -> Result<ChildResult> {
         .filter(|v| !v.is_null());
     if !status.success() {
         let how = match status.code() {
+            _ if timed_out => format!(
+                "stopped by the harness after the time limit of {} s",
+                args.large_time_limit_secs
+            ),
             Some(code) => format!("exit status {code}"),
             None => {
                 use std::os::unix::process::ExitStatusExt;
