@@ -1,10 +1,13 @@
-//! `tucana-bench`: benchmarks of Tucana, built to grow into the harness that compares it
-//! with its peers (RocksDB, LMDB, fjall, redb) side by side.
+//! `tucana-bench`: the benchmark harness that runs the same workloads on Tucana and on its
+//! peers (RocksDB, LMDB, fjall, redb; each behind a cargo feature) and writes the results.
 //!
-//! Layout: `workload` generates keys, values and visiting orders from a seed; `measure`
-//! times phases (wall, process CPU, latency histograms); `engine` puts each engine behind
-//! one trait (only Tucana so far); `report` prints the human table and writes JSON;
-//! `micro` and `recovery` are the two commands; `sys` holds the libc calls.
+//! Layout: `workload` generates keys, values and visiting orders from a seed; `ycsb` holds
+//! YCSB's generators and core workloads; `micro` the db_bench-style phases; `recovery` the
+//! open-after-crash benchmark; `suite` runs all of it on every engine and data set (the
+//! larger-than-memory one inside a memory cgroup from `cgroup`); `measure` times phases
+//! (wall, process CPU, I/O, peak RSS, latency histograms); `engine` puts each engine behind
+//! one trait; `report` prints the table and writes JSON; `document` turns the JSON into
+//! BENCHMARKS.md and its plots; `sys` holds the libc calls.
 //!
 //! Every run works in a fresh temporary directory under `--dir`, removed afterwards, so
 //! runs never see each other's files.
@@ -14,13 +17,17 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+mod cgroup;
+mod document;
 mod engine;
 mod measure;
 mod micro;
 mod recovery;
 mod report;
+mod suite;
 mod sys;
 mod workload;
+mod ycsb;
 
 /// Errors of a benchmark run: an engine error, an I/O error or a failed check.
 pub type Result<T, E = Box<dyn std::error::Error + Send + Sync>> = std::result::Result<T, E>;
@@ -39,6 +46,11 @@ enum Command {
     Micro(MicroArgs),
     /// Open time after a crash, by committed data set and by uncommitted log tail.
     Recovery(RecoveryArgs),
+    /// The full comparison: YCSB (in memory and larger than memory) and micro phases on
+    /// every engine, one JSON file of all results.
+    Suite(suite::SuiteArgs),
+    /// Writes BENCHMARKS.md and its plots from a suite's JSON file.
+    Report(document::ReportArgs),
 }
 
 #[derive(Args, Debug)]
@@ -93,15 +105,52 @@ struct RecoveryArgs {
     tails: Vec<u64>,
 }
 
+/// Every engine the harness knows; peers exist only when built with their feature.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-enum EngineChoice {
+pub enum EngineChoice {
     Tucana,
+    Rocksdb,
+    Lmdb,
+    Fjall,
+    Redb,
 }
 
 impl EngineChoice {
-    fn kind(self) -> &'static dyn engine::EngineKind {
+    pub const ALL: [EngineChoice; 5] = [
+        EngineChoice::Tucana,
+        EngineChoice::Rocksdb,
+        EngineChoice::Lmdb,
+        EngineChoice::Fjall,
+        EngineChoice::Redb,
+    ];
+
+    /// The engine, or why this build does not have it.
+    pub fn kind(self) -> Result<&'static dyn engine::EngineKind, String> {
+        // Unused when every feature is on.
+        #[allow(dead_code)]
+        fn missing(feature: &str) -> Result<&'static dyn engine::EngineKind, String> {
+            Err(format!(
+                "this tucana-bench was built without the `{feature}` feature (scripts/bench.sh builds all)"
+            ))
+        }
         match self {
-            EngineChoice::Tucana => &engine::Tucana,
+            EngineChoice::Tucana => Ok(&engine::Tucana),
+            #[cfg(feature = "rocksdb")]
+            EngineChoice::Rocksdb => Ok(&engine::RocksDb),
+            #[cfg(not(feature = "rocksdb"))]
+            EngineChoice::Rocksdb => missing("rocksdb"),
+            #[cfg(feature = "lmdb")]
+            EngineChoice::Lmdb => Ok(&engine::Lmdb),
+            #[cfg(not(feature = "lmdb"))]
+            EngineChoice::Lmdb => missing("lmdb"),
+            #[cfg(feature = "fjall")]
+            EngineChoice::Fjall => Ok(&engine::Fjall),
+            #[cfg(not(feature = "fjall"))]
+            EngineChoice::Fjall => missing("fjall"),
+            #[cfg(feature = "redb")]
+            EngineChoice::Redb => Ok(&engine::Redb),
+            #[cfg(not(feature = "redb"))]
+            EngineChoice::Redb => missing("redb"),
         }
     }
 }
@@ -118,14 +167,17 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: Cli) -> Result<()> {
-    let machine = report::Machine::detect();
+    let mut machine = report::Machine::detect();
     let mut options = report::RunOptions::default();
     let mut records = Vec::new();
     let (command, common) = match &cli.command {
         Command::Micro(args) => ("micro", &args.common),
         Command::Recovery(args) => ("recovery", &args.common),
+        Command::Suite(args) => return suite::run(args),
+        Command::Report(args) => return document::run(args),
     };
-    let kind = common.engine.kind();
+    machine.disk = measure::watch_device_of(&common.dir);
+    let kind = common.engine.kind()?;
     options.set("engine", kind.name());
     // Checked by clap against the engine's limits, so the casts cannot truncate.
     let key_bytes = common.key_bytes as usize;
@@ -150,6 +202,7 @@ fn run(cli: Cli) -> Result<()> {
                 sync_writes: args.sync,
                 dir: common.dir.clone(),
                 stop_after: args.stop_after.clone(),
+                engine: engine::EngineConfig::default(),
             };
             micro::run(kind, &config, &mut records)?;
         }
@@ -168,6 +221,7 @@ fn run(cli: Cli) -> Result<()> {
             };
             recovery::run(kind, &config, &mut records)?;
         }
+        Command::Suite(_) | Command::Report(_) => unreachable!("returned above"),
     }
 
     if let Some(path) = &common.json {
@@ -178,7 +232,7 @@ fn run(cli: Cli) -> Result<()> {
 }
 
 /// Records where the data goes and warns when it is not a real device.
-fn describe_dir(dir: &Path, options: &mut report::RunOptions) {
+pub(crate) fn describe_dir(dir: &Path, options: &mut report::RunOptions) {
     options.set("dir", dir.display().to_string());
     let fs = sys::fs_type(dir);
     if let Some(fs) = &fs {

@@ -7,8 +7,14 @@
 //! What the numbers include: CPU time is the whole process's (engine background threads,
 //! but also the benchmark's own key generation and value checks); latencies are taken
 //! with two `Instant::now()` calls around each operation (a few tens of ns each), which
-//! matters only for the cheapest operations such as one step of a scan.
+//! matters only for the cheapest operations such as one step of a scan. I/O is counted
+//! twice: this process's storage-layer bytes (/proc/self/io, exact but blind to what an
+//! engine's writeback costs the device beyond the page) and the data directory's block
+//! device (every process on it, so other work on the machine shows up). Peak RSS is reset
+//! at the start of each phase, so it is the phase's own peak.
 
+use std::path::PathBuf;
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
@@ -60,15 +66,53 @@ impl Latencies {
     }
 }
 
+/// The block device whose statistics every phase reads: set once, from the data directory.
+static DEVICE_STAT: OnceLock<PathBuf> = OnceLock::new();
+
+/// Makes every later phase also count the I/O of the device holding `dir`; returns the
+/// device's description, or `None` when it has no block-device statistics.
+pub fn watch_device_of(dir: &std::path::Path) -> Option<String> {
+    let (stat, name) = sys::device_stat_path(dir)?;
+    // A second call (tests) keeps the first device; every run uses one data directory.
+    let _ = DEVICE_STAT.set(stat);
+    Some(sys::device_description(&name))
+}
+
+fn device_io() -> Option<sys::ProcessIo> {
+    sys::device_io(DEVICE_STAT.get()?)
+}
+
+/// Bytes moved during a phase, as seen by the process and by the device.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct IoDelta {
+    pub process: Option<sys::ProcessIo>,
+    pub device: Option<sys::ProcessIo>,
+}
+
+fn delta(before: Option<sys::ProcessIo>, after: Option<sys::ProcessIo>) -> Option<sys::ProcessIo> {
+    let (before, after) = (before?, after?);
+    Some(sys::ProcessIo {
+        read_bytes: after.read_bytes.saturating_sub(before.read_bytes),
+        write_bytes: after.write_bytes.saturating_sub(before.write_bytes),
+    })
+}
+
 /// Started just before a phase's first operation.
 pub struct PhaseTimer {
     wall_start: Instant,
     cpu_start: Duration,
+    process_io_start: Option<sys::ProcessIo>,
+    device_io_start: Option<sys::ProcessIo>,
+    peak_rss_reset: bool,
 }
 
 impl PhaseTimer {
     pub fn start() -> PhaseTimer {
+        let peak_rss_reset = sys::reset_peak_rss();
         PhaseTimer {
+            process_io_start: sys::process_io(),
+            device_io_start: device_io(),
+            peak_rss_reset,
             cpu_start: sys::process_cpu_time(),
             wall_start: Instant::now(),
         }
@@ -79,6 +123,17 @@ impl PhaseTimer {
     pub fn finish(self, ops: u64, per_thread: &[Latencies]) -> Measurement {
         let elapsed = self.wall_start.elapsed();
         let cpu = sys::process_cpu_time().saturating_sub(self.cpu_start);
+        let io = IoDelta {
+            process: delta(self.process_io_start, sys::process_io()),
+            device: delta(self.device_io_start, device_io()),
+        };
+        // Without a reset the peak would be the whole process's, possibly an earlier
+        // engine's: better none than a wrong one.
+        let peak_rss_bytes = if self.peak_rss_reset {
+            sys::peak_rss_bytes()
+        } else {
+            None
+        };
         let mut latencies = Latencies::new();
         for thread in per_thread {
             latencies.merge(thread);
@@ -87,6 +142,8 @@ impl PhaseTimer {
             ops,
             elapsed,
             cpu,
+            io,
+            peak_rss_bytes,
             latencies,
         }
     }
@@ -98,6 +155,9 @@ pub struct Measurement {
     pub elapsed: Duration,
     /// User + system time of the whole process during the phase.
     pub cpu: Duration,
+    pub io: IoDelta,
+    /// Peak resident memory of the process during the phase.
+    pub peak_rss_bytes: Option<u64>,
     latencies: Latencies,
 }
 

@@ -45,6 +45,8 @@ pub struct MicroConfig {
     pub dir: PathBuf,
     /// Skip the phases after this one.
     pub stop_after: Option<String>,
+    /// Cache budget and flush interval (`sync_writes` above wins over the one in here).
+    pub engine: EngineConfig,
 }
 
 /// Runs every phase on an engine of `kind`, printing a row per phase as it completes and
@@ -65,7 +67,7 @@ pub fn run(kind: &dyn EngineKind, config: &MicroConfig, records: &mut Vec<Record
         engine_dir.path(),
         &EngineConfig {
             sync_writes: config.sync_writes,
-            background_commit: true,
+            ..config.engine
         },
     )?;
     let run = Run {
@@ -358,7 +360,8 @@ impl Run<'_> {
             }
         }
         let space_used_bytes = sys::dir_space_used_bytes(engine_dir)?;
-        record.set("space_used_bytes", space_used_bytes);
+        let user_bytes = keys * (self.config.key_bytes + self.config.value_bytes) as u64;
+        record.set_space_amp(space_used_bytes, user_bytes);
         let mut note = format!("{when}: commit {commit_ms:.1} ms");
         if let Some(index_bytes) = footprint.index_bytes {
             let per_key = index_bytes as f64 / keys as f64;
@@ -372,7 +375,6 @@ impl Run<'_> {
             record.set("log_bytes", live + dead);
             note += &format!(", log {} live + {} dead", fmt_bytes(live), fmt_bytes(dead));
         }
-        let user_bytes = keys * (self.config.key_bytes + self.config.value_bytes) as u64;
         note += &format!(
             ", space used {} ({:.2}x user data)",
             fmt_bytes(space_used_bytes),
@@ -385,6 +387,15 @@ impl Run<'_> {
     /// A phase's record with the run's parameters, printed as a table row.
     fn record(&self, phase: &str, m: &Measurement) -> Record {
         let mut record = Record::measured(self.engine_name, phase, m);
+        // Every phase moves whole pairs per op, but deletes write keys only.
+        let pair_bytes = (self.config.key_bytes + self.config.value_bytes) as u64;
+        let (read_bytes, write_bytes) = match phase {
+            "fillrandom" | "overwrite" => (0, m.ops * pair_bytes),
+            "deleterandom" => (0, m.ops * self.config.key_bytes as u64),
+            "seekrandom" => (m.ops * (SEEK_NEXT_COUNT as u64 + 1) * pair_bytes, 0),
+            _ => (m.ops * pair_bytes, 0),
+        };
+        record.set_io_amp(m, read_bytes, write_bytes);
         record.set("keys", self.config.keys);
         record.set("key_bytes", self.config.key_bytes as u64);
         record.set("value_bytes", self.config.value_bytes as u64);
@@ -480,6 +491,7 @@ mod tests {
             sync_writes: false,
             dir: dir.path().to_path_buf(),
             stop_after: None,
+            engine: EngineConfig::default(),
         };
         (dir, config)
     }
@@ -565,6 +577,9 @@ mod tests {
         }
         fn open(&self, dir: &std::path::Path, config: &EngineConfig) -> Result<Box<dyn Engine>> {
             Ok(Box::new(Forgetful(Memory.open(dir, config)?)))
+        }
+        fn configuration(&self, _config: &EngineConfig) -> serde_json::Value {
+            serde_json::Value::Null
         }
     }
 

@@ -119,6 +119,7 @@ fn run_case(kind: &dyn EngineKind, config: &RecoveryConfig, case: Case) -> Resul
     let engine_config = EngineConfig {
         sync_writes: false,
         background_commit: false,
+        ..EngineConfig::default()
     };
 
     let load_start = Instant::now();

@@ -2,8 +2,9 @@
 //! the JSON file a later harness (plots, the results document) reads.
 //!
 //! Owns formats only; measures and runs nothing. A [`Record`] is one row: the fields every
-//! record has (`engine`, `workload`, `ops_per_sec`, `cpu_us_per_op`, `p50_us`, `p99_us`,
-//! `p999_us`; `null` where a workload has no such number) plus workload-specific extras.
+//! record has (`engine`, `workload`, `ops_per_sec`, `cpu_us_per_op`, `io_amp_write`,
+//! `io_amp_read`, `space_amp`, `p50_us`, `p99_us`, `p999_us`, `peak_rss_bytes`; `null`
+//! where a workload has no such number) plus workload-specific extras.
 //! Single-threaded use only (the main thread prints).
 
 use std::io::Write;
@@ -21,6 +22,8 @@ pub struct Machine {
     pub cores: usize,
     pub mem_total_bytes: Option<u64>,
     pub kernel: Option<String>,
+    /// The block device under the data directory, set once the directory is known.
+    pub disk: Option<String>,
 }
 
 impl Machine {
@@ -30,6 +33,7 @@ impl Machine {
             cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
             mem_total_bytes: sys::mem_total_bytes(),
             kernel: sys::kernel(),
+            disk: None,
         }
     }
 
@@ -39,6 +43,7 @@ impl Machine {
             "cores": self.cores,
             "mem_total_bytes": self.mem_total_bytes,
             "kernel": self.kernel,
+            "disk": self.disk,
         })
     }
 }
@@ -50,8 +55,13 @@ pub struct RunOptions {
 }
 
 impl RunOptions {
+    /// Sets `name` (replacing an earlier value in place).
     pub fn set(&mut self, name: &'static str, value: impl Into<Value>) {
-        self.entries.push((name, value.into()));
+        let value = value.into();
+        match self.entries.iter_mut().find(|(n, _)| *n == name) {
+            Some(entry) => entry.1 = value,
+            None => self.entries.push((name, value)),
+        }
     }
 
     fn to_json(&self) -> Value {
@@ -99,6 +109,13 @@ pub struct Record {
     pub p50_us: Option<f64>,
     pub p99_us: Option<f64>,
     pub p999_us: Option<f64>,
+    /// Bytes written by the process to storage ÷ bytes of keys and values written.
+    pub io_amp_write: Option<f64>,
+    /// Bytes read by the process from storage ÷ bytes of keys and values read.
+    pub io_amp_read: Option<f64>,
+    /// Space the engine's files take after the phase ÷ bytes of live keys and values.
+    pub space_amp: Option<f64>,
+    pub peak_rss_bytes: Option<u64>,
     extras: Map<String, Value>,
 }
 
@@ -111,9 +128,46 @@ impl Record {
         record.p50_us = Some(m.p50_us());
         record.p99_us = Some(m.p99_us());
         record.p999_us = Some(m.p999_us());
+        record.peak_rss_bytes = m.peak_rss_bytes;
         record.set("ops", m.ops);
         record.set("elapsed_s", m.elapsed.as_secs_f64());
+        if let Some(io) = m.io.process {
+            record.set("process_read_bytes", io.read_bytes);
+            record.set("process_write_bytes", io.write_bytes);
+        }
+        if let Some(io) = m.io.device {
+            record.set("device_read_bytes", io.read_bytes);
+            record.set("device_write_bytes", io.write_bytes);
+        }
         record
+    }
+
+    /// Sets the I/O amplifications from the phase's process I/O and the user bytes it moved
+    /// (keys and values, as the application sees them); `None` where nothing was moved.
+    pub fn set_io_amp(&mut self, m: &Measurement, user_read_bytes: u64, user_write_bytes: u64) {
+        self.set("user_read_bytes", user_read_bytes);
+        self.set("user_write_bytes", user_write_bytes);
+        let ratio = |io: u64, user: u64| (user > 0).then(|| io as f64 / user as f64);
+        if let Some(io) = m.io.process {
+            self.io_amp_read = ratio(io.read_bytes, user_read_bytes);
+            self.io_amp_write = ratio(io.write_bytes, user_write_bytes);
+        }
+        if let Some(io) = m.io.device {
+            if let Some(amp) = ratio(io.read_bytes, user_read_bytes) {
+                self.set("device_io_amp_read", amp);
+            }
+            if let Some(amp) = ratio(io.write_bytes, user_write_bytes) {
+                self.set("device_io_amp_write", amp);
+            }
+        }
+    }
+
+    /// Sets the space amplification: `space_used_bytes` on disk for `live_user_bytes`.
+    pub fn set_space_amp(&mut self, space_used_bytes: u64, live_user_bytes: u64) {
+        self.set("space_used_bytes", space_used_bytes);
+        self.set("live_user_bytes", live_user_bytes);
+        self.space_amp =
+            (live_user_bytes > 0).then(|| space_used_bytes as f64 / live_user_bytes as f64);
     }
 
     /// A record without throughput or latency (e.g. one reopen of the recovery run).
@@ -126,6 +180,10 @@ impl Record {
             p50_us: None,
             p99_us: None,
             p999_us: None,
+            io_amp_write: None,
+            io_amp_read: None,
+            space_amp: None,
+            peak_rss_bytes: None,
             extras: Map::new(),
         }
     }
@@ -142,6 +200,10 @@ impl Record {
                     | "p50_us"
                     | "p99_us"
                     | "p999_us"
+                    | "io_amp_write"
+                    | "io_amp_read"
+                    | "space_amp"
+                    | "peak_rss_bytes"
             ),
             "extra {name:?} would shadow a common field"
         );
@@ -161,6 +223,10 @@ impl Record {
         object.insert("p50_us".into(), json!(self.p50_us));
         object.insert("p99_us".into(), json!(self.p99_us));
         object.insert("p999_us".into(), json!(self.p999_us));
+        object.insert("io_amp_write".into(), json!(self.io_amp_write));
+        object.insert("io_amp_read".into(), json!(self.io_amp_read));
+        object.insert("space_amp".into(), json!(self.space_amp));
+        object.insert("peak_rss_bytes".into(), json!(self.peak_rss_bytes));
         for (name, value) in &self.extras {
             object.insert(name.clone(), value.clone());
         }
@@ -172,8 +238,18 @@ impl Record {
 pub fn print_phase_table_header() {
     println!();
     println!(
-        "{:<8} {:<13} {:>10} {:>12} {:>10} {:>9} {:>9} {:>9}",
-        "engine", "phase", "ops", "ops/s", "cpu us/op", "p50 us", "p99 us", "p99.9 us"
+        "{:<8} {:<13} {:>10} {:>12} {:>10} {:>9} {:>9} {:>9} {:>7} {:>7} {:>9}",
+        "engine",
+        "phase",
+        "ops",
+        "ops/s",
+        "cpu us/op",
+        "p50 us",
+        "p99 us",
+        "p99.9 us",
+        "w-amp",
+        "r-amp",
+        "peak RSS"
     );
 }
 
@@ -181,7 +257,7 @@ pub fn print_phase_table_header() {
 pub fn print_phase_row(record: &Record) {
     let ops = record.get("ops").and_then(Value::as_u64).unwrap_or(0);
     println!(
-        "{:<8} {:<13} {:>10} {:>12.0} {:>10.2} {:>9.2} {:>9.2} {:>9.2}",
+        "{:<8} {:<13} {:>10} {:>12.0} {:>10.2} {:>9.2} {:>9.2} {:>9.2} {:>7} {:>7} {:>9}",
         record.engine,
         record.workload,
         ops,
@@ -190,6 +266,15 @@ pub fn print_phase_row(record: &Record) {
         record.p50_us.unwrap_or(f64::NAN),
         record.p99_us.unwrap_or(f64::NAN),
         record.p999_us.unwrap_or(f64::NAN),
+        record
+            .io_amp_write
+            .map_or_else(|| "-".to_string(), |a| format!("{a:.2}")),
+        record
+            .io_amp_read
+            .map_or_else(|| "-".to_string(), |a| format!("{a:.2}")),
+        record
+            .peak_rss_bytes
+            .map_or_else(|| "-".to_string(), |b| format!("{}M", b >> 20)),
     );
 }
 
@@ -206,6 +291,21 @@ pub fn write_json(
     options: &RunOptions,
     records: &[Record],
 ) -> Result<()> {
+    write_json_with(path, command, machine, options, records, &[])
+}
+
+/// As [`write_json`], with `imported` records (already JSON, e.g. from a child process)
+/// after `records`.
+pub fn write_json_with(
+    path: &Path,
+    command: &str,
+    machine: &Machine,
+    options: &RunOptions,
+    records: &[Record],
+    imported: &[Value],
+) -> Result<()> {
+    let mut all: Vec<Value> = records.iter().map(Record::to_json).collect();
+    all.extend(imported.iter().cloned());
     let document = json!({
         "tool": "tucana-bench",
         "version": env!("CARGO_PKG_VERSION"),
@@ -213,7 +313,7 @@ pub fn write_json(
         "debug_build": cfg!(debug_assertions),
         "machine": machine.to_json(),
         "options": options.to_json(),
-        "records": records.iter().map(Record::to_json).collect::<Vec<_>>(),
+        "records": all,
     });
     let mut file = std::fs::File::create(path)
         .map_err(|e| format!("cannot create {}: {e}", path.display()))?;

@@ -173,6 +173,114 @@ pub fn files_under(dir: &Path) -> io::Result<Vec<std::path::PathBuf>> {
     Ok(files)
 }
 
+/// Bytes this process made the storage layer read and write, from /proc/self/io
+/// (`read_bytes`, `write_bytes`: counted when a page is read from or dirtied for the device,
+/// so page-cache hits do not count and deferred writeback does).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProcessIo {
+    pub read_bytes: u64,
+    pub write_bytes: u64,
+}
+
+pub fn process_io() -> Option<ProcessIo> {
+    let text = std::fs::read_to_string("/proc/self/io").ok()?;
+    let field = |name: &str| -> Option<u64> {
+        let line = text.lines().find(|l| l.starts_with(name))?;
+        line.split_once(':')?.1.trim().parse().ok()
+    };
+    Some(ProcessIo {
+        read_bytes: field("read_bytes:")?,
+        write_bytes: field("write_bytes:")?,
+    })
+}
+
+/// Sectors read and written by a whole block device, from its `stat` file in sysfs, in
+/// bytes. Counts every process using the device, not only this one.
+pub fn device_io(stat_path: &Path) -> Option<ProcessIo> {
+    let text = std::fs::read_to_string(stat_path).ok()?;
+    let fields: Vec<u64> = text
+        .split_whitespace()
+        .map(|w| w.parse().ok())
+        .collect::<Option<Vec<u64>>>()?;
+    // Documented layout (Documentation/block/stat.rst): field 2 is sectors read, field 6
+    // sectors written, both in 512-byte units whatever the device's sector size.
+    Some(ProcessIo {
+        read_bytes: fields.get(2)? * 512,
+        write_bytes: fields.get(6)? * 512,
+    })
+}
+
+/// The sysfs `stat` file of the block device holding `dir` (a partition's own file when
+/// the file system is on a partition), and the device's name.
+#[cfg(target_os = "linux")]
+pub fn device_stat_path(dir: &Path) -> Option<(std::path::PathBuf, String)> {
+    use std::os::unix::fs::MetadataExt;
+    let dev = std::fs::metadata(dir).ok()?.dev();
+    let (major, minor) = (libc::major(dev), libc::minor(dev));
+    let sys_dir = std::path::PathBuf::from(format!("/sys/dev/block/{major}:{minor}"));
+    let stat = sys_dir.join("stat");
+    if !stat.exists() {
+        return None;
+    }
+    let name = std::fs::canonicalize(&sys_dir)
+        .ok()
+        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .unwrap_or_else(|| format!("{major}:{minor}"));
+    Some((stat, name))
+}
+
+#[cfg(not(target_os = "linux"))]
+pub fn device_stat_path(_dir: &Path) -> Option<(std::path::PathBuf, String)> {
+    None
+}
+
+/// Model and rotational flag of a block device by name ("vda": "virtio disk, non-rotational").
+pub fn device_description(name: &str) -> String {
+    // A partition's queue/ lives in its parent disk's directory.
+    let base = std::path::Path::new("/sys/class/block").join(name);
+    let queue = if base.join("queue").exists() {
+        base.join("queue")
+    } else {
+        base.join("../queue")
+    };
+    let rotational = std::fs::read_to_string(queue.join("rotational"))
+        .ok()
+        .map(|s| s.trim() == "1");
+    let model = std::fs::read_to_string(base.join("device/model"))
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty());
+    let mut text = name.to_string();
+    if let Some(model) = model {
+        text += &format!(" ({model})");
+    }
+    match rotational {
+        Some(true) => text += ", rotational",
+        Some(false) => text += ", non-rotational",
+        None => {}
+    }
+    text
+}
+
+/// Resets this process's peak resident set size (VmHWM) to its current size, so that the
+/// next [`peak_rss_bytes`] is the peak of what ran in between. Best effort: returns false
+/// where the kernel does not support it (before Linux 4.0).
+pub fn reset_peak_rss() -> bool {
+    std::fs::write("/proc/self/clear_refs", b"5").is_ok()
+}
+
+/// Peak resident set size (VmHWM) since the process started or the last [`reset_peak_rss`].
+pub fn peak_rss_bytes() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = text.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let mut words = line.split_whitespace().skip(1);
+    let amount: u64 = words.next()?.parse().ok()?;
+    match words.next() {
+        Some("kB") => Some(amount * 1024),
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -207,5 +315,12 @@ mod tests {
         assert!(kernel().unwrap().starts_with("Linux "));
         assert!(mem_total_bytes().unwrap() > 0);
         assert!(fs_type(Path::new("/")).is_some());
+        let io = process_io().unwrap();
+        // Reading a file from the page cache need not count, but the numbers must parse.
+        assert!(io.read_bytes < u64::MAX);
+        assert!(reset_peak_rss());
+        let big = vec![1u8; 64 << 20];
+        std::hint::black_box(&big);
+        assert!(peak_rss_bytes().unwrap() >= 64 << 20);
     }
 }

@@ -169,7 +169,7 @@ pub fn phase_seed(seed: u64, phase: &str) -> u64 {
     hash_bytes(seed, phase.as_bytes())
 }
 
-const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;
+pub const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;
 
 /// A keyed bijection on `0..2^bits`: rounds of xor with a key, multiplication by an odd
 /// key, and xorshift, each invertible modulo `2^bits`.
@@ -226,7 +226,7 @@ fn splitmix64(state: &mut u64) -> u64 {
     z ^ (z >> 31)
 }
 
-fn fill_stream(seed: u64, out: &mut [u8]) {
+pub fn fill_stream(seed: u64, out: &mut [u8]) {
     let mut state = seed;
     for chunk in out.chunks_mut(8) {
         let word = splitmix64(&mut state).to_le_bytes();

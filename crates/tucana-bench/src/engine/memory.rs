@@ -27,6 +27,10 @@ impl EngineKind for Memory {
         "memory"
     }
 
+    fn configuration(&self, _config: &EngineConfig) -> serde_json::Value {
+        serde_json::json!({ "kind": "BTreeMap for tests" })
+    }
+
     fn open(&self, dir: &Path, _config: &EngineConfig) -> Result<Box<dyn Engine>> {
         let map = durable()
             .lock()

@@ -1,9 +1,14 @@
 //! The engines under test, behind one small trait so that a workload is written once and
 //! runs on each of them.
 //!
-//! Owns the adapter from each engine's API to [`Engine`]; owns no workload, timing or
-//! printing. Only Tucana is implemented; peers (RocksDB, LMDB, fjall, redb) are added as
-//! one module each behind a cargo feature, so their build cost stays optional.
+//! Owns the adapter from each engine's API to [`Engine`] and each engine's configuration
+//! (what its tuning guide says for this job, reported by [`EngineKind::configuration`]);
+//! owns no workload, timing or printing. Peers (RocksDB, LMDB, fjall, redb) are one module
+//! each behind a cargo feature, so their build cost stays optional.
+//!
+//! Durability classes, the same for every engine: buffered (nothing synced per operation,
+//! everything synced about once per `flush_interval`, by the engine's own timer where it has
+//! one, else by a [`Flusher`] thread) or sync (durable before each write returns).
 //!
 //! Thread-safety: an [`Engine`] is `Send + Sync`; the workload calls it from several
 //! threads at once, and each adapter maps that onto its engine's own rules (Tucana
@@ -11,13 +16,31 @@
 
 use std::ops::{Bound, ControlFlow};
 use std::path::Path;
+use std::sync::mpsc;
+use std::time::Duration;
 
 use crate::Result;
 
+#[cfg(feature = "fjall")]
+mod fjall;
+#[cfg(feature = "lmdb")]
+mod lmdb;
 #[cfg(test)]
 pub mod memory;
+#[cfg(feature = "redb")]
+mod redb;
+#[cfg(feature = "rocksdb")]
+mod rocksdb;
 mod tucana;
 
+#[cfg(feature = "fjall")]
+pub use self::fjall::Fjall;
+#[cfg(feature = "lmdb")]
+pub use self::lmdb::Lmdb;
+#[cfg(feature = "redb")]
+pub use self::redb::Redb;
+#[cfg(feature = "rocksdb")]
+pub use self::rocksdb::RocksDb;
 pub use self::tucana::Tucana;
 
 /// How an engine is opened for a run.
@@ -30,6 +53,22 @@ pub struct EngineConfig {
     /// schedule. Off for the recovery benchmark, which must control exactly what the
     /// last durable index covers.
     pub background_commit: bool,
+    /// Memory the engine may use for caches of its own (block cache, page cache of its
+    /// own); engines that rely on the kernel's page cache ignore it and say so.
+    pub cache_bytes: u64,
+    /// In buffered mode, how often acknowledged writes are made durable.
+    pub flush_interval: Duration,
+}
+
+impl Default for EngineConfig {
+    fn default() -> EngineConfig {
+        EngineConfig {
+            sync_writes: false,
+            background_commit: true,
+            cache_bytes: 256 << 20,
+            flush_interval: Duration::from_secs(1),
+        }
+    }
 }
 
 /// A kind of engine: knows how to open one in a directory the benchmark owns.
@@ -40,6 +79,60 @@ pub trait EngineKind: Sync {
     /// Opens (creating if needed) an engine whose files all live under `dir`, which the
     /// benchmark created for it and deletes after the run.
     fn open(&self, dir: &Path, config: &EngineConfig) -> Result<Box<dyn Engine>>;
+
+    /// The settings `open` uses for `config`, with the reason for each where it is a
+    /// choice, for the results document.
+    fn configuration(&self, config: &EngineConfig) -> serde_json::Value;
+}
+
+/// A thread that calls `flush` every `interval` until dropped: the once-a-second durability
+/// of engines that have no timer of their own. A failed flush is printed, not fatal: the
+/// next sync or close reports it to the benchmark.
+#[cfg_attr(
+    not(any(feature = "rocksdb", feature = "lmdb", feature = "redb")),
+    allow(dead_code)
+)]
+pub struct Flusher {
+    stop: Option<mpsc::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+#[cfg_attr(
+    not(any(feature = "rocksdb", feature = "lmdb", feature = "redb")),
+    allow(dead_code)
+)]
+impl Flusher {
+    pub fn start(
+        name: &str,
+        interval: Duration,
+        flush: impl Fn() -> Result<()> + Send + 'static,
+    ) -> Flusher {
+        let (stop, stopped) = mpsc::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name(format!("{name}-flusher"))
+            .spawn(move || {
+                // Disconnection (the sender dropped) is the stop signal.
+                while let Err(mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(interval) {
+                    if let Err(error) = flush() {
+                        eprintln!("background flush failed: {error}");
+                    }
+                }
+            })
+            .expect("spawning a thread");
+        Flusher {
+            stop: Some(stop),
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for Flusher {
+    fn drop(&mut self) {
+        drop(self.stop.take());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
 }
 
 /// Called with each `(key, value)` of a scan; `Break` ends the scan.
@@ -67,6 +160,15 @@ pub struct Footprint {
 /// One open engine with one key space (table, keyspace, database) for the benchmark.
 pub trait Engine: Send + Sync {
     fn put(&self, key: &[u8], value: &[u8]) -> Result<()>;
+
+    /// Writes all `pairs` with the engine's own batch (one transaction, one write batch)
+    /// where it has one; durability as for `put`. Used by bulk loads.
+    fn put_batch(&self, pairs: &[(Vec<u8>, Vec<u8>)]) -> Result<()> {
+        for (key, value) in pairs {
+            self.put(key, value)?;
+        }
+        Ok(())
+    }
 
     /// Looks `key` up and calls `check` with its value, in place where the engine allows;
     /// returns `Ok(None)` when the key is absent, else what `check` returned.

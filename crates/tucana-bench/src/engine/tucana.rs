@@ -21,14 +21,21 @@ impl EngineKind for Tucana {
         "tucana"
     }
 
+    fn configuration(&self, config: &EngineConfig) -> serde_json::Value {
+        let options = options(config);
+        serde_json::json!({
+            "version": env!("CARGO_PKG_VERSION"),
+            "durability": if config.sync_writes { "Durability::Sync per write" } else { "Durability::Buffered" },
+            "flush_interval_ms": options.flush_interval.map(|d| d.as_millis() as u64),
+            "commit_interval_ms": options.commit_interval.map(|d| d.as_millis() as u64),
+            "commit_dirty_bytes": options.commit_dirty_bytes,
+            "log_segment_bytes": options.log_segment_bytes,
+            "cache": "none of its own: the index is in memory, values are read through the page cache",
+        })
+    }
+
     fn open(&self, dir: &Path, config: &EngineConfig) -> Result<Box<dyn Engine>> {
-        let mut options = Database::builder();
-        if !config.background_commit {
-            // Only explicit `commit()` calls persist the index; the log tail since then is
-            // what recovery replays.
-            options = options.commit_interval(None).commit_dirty_bytes(u64::MAX);
-        }
-        let db = options.open(dir.join(VOLUME_FILE))?;
+        let db = options(config).open(dir.join(VOLUME_FILE))?;
         let keyspace = db.keyspace(KEYSPACE)?;
         let durability = if config.sync_writes {
             Durability::Sync
@@ -41,6 +48,17 @@ impl EngineKind for Tucana {
             durability,
         }))
     }
+}
+
+/// The builder for `config`: the engine's defaults but the benchmark's flush interval.
+fn options(config: &EngineConfig) -> tucana::Options {
+    let mut options = Database::builder().flush_interval(Some(config.flush_interval));
+    if !config.background_commit {
+        // Only explicit `commit()` calls persist the index; the log tail since then is
+        // what recovery replays.
+        options = options.commit_interval(None).commit_dirty_bytes(u64::MAX);
+    }
+    options
 }
 
 struct TucanaEngine {
@@ -61,6 +79,14 @@ impl TucanaEngine {
 impl Engine for TucanaEngine {
     fn put(&self, key: &[u8], value: &[u8]) -> Result<()> {
         Ok(self.keyspace.put_with(key, value, self.durability)?)
+    }
+
+    fn put_batch(&self, pairs: &[(Vec<u8>, Vec<u8>)]) -> Result<()> {
+        let mut batch = self.keyspace.batch();
+        for (key, value) in pairs {
+            batch.put(key, value);
+        }
+        Ok(batch.commit_with(self.durability)?)
     }
 
     fn get(&self, key: &[u8], check: &mut dyn FnMut(&[u8]) -> bool) -> Result<Option<bool>> {

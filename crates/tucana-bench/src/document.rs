@@ -1,0 +1,652 @@
+//! The `report` command: BENCHMARKS.md and its PNG plots, generated from a suite's JSON
+//! file and nothing else, so the document never says what the run did not measure.
+//!
+//! Contents: how to reproduce, the machine, the data sets and memory limits, the ratios
+//! Tucana/peer per workload (throughput and CPU per operation), every absolute figure,
+//! each engine's configuration, and plots of throughput, CPU/op and write amplification per
+//! workload (with the `plots` feature; without it the document says the plots were not
+//! drawn). Owns the document's layout; reads only the JSON. Single-threaded.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use clap::Args;
+use serde_json::Value;
+
+use crate::Result;
+
+#[derive(Args, Debug)]
+pub struct ReportArgs {
+    /// The suite's JSON file.
+    #[arg(default_value = "bench/results.json")]
+    json: PathBuf,
+    /// The document to write.
+    #[arg(long, default_value = "BENCHMARKS.md")]
+    out: PathBuf,
+    /// Directory of the plots, relative paths in the document are from `--out`'s directory.
+    #[arg(long, default_value = "bench/plots")]
+    plots_dir: PathBuf,
+    /// A remark added when the report is generated (repeatable), shown apart from the
+    /// run's own notes: what the JSON cannot say (e.g. why a run was stopped).
+    #[arg(long)]
+    note: Vec<String>,
+}
+
+/// The figure a table column or plot shows.
+#[derive(Clone, Copy)]
+struct Metric {
+    field: &'static str,
+    title: &'static str,
+    /// Higher is better (throughput) or lower is better (costs).
+    higher_is_better: bool,
+}
+
+const THROUGHPUT: Metric = Metric {
+    field: "ops_per_sec",
+    title: "throughput (ops/s)",
+    higher_is_better: true,
+};
+const CPU: Metric = Metric {
+    field: "cpu_us_per_op",
+    title: "CPU time per operation (µs, user + system, all threads)",
+    higher_is_better: false,
+};
+#[cfg_attr(not(feature = "plots"), allow(dead_code))]
+const WRITE_AMP: Metric = Metric {
+    field: "io_amp_write",
+    title: "write amplification (process bytes written ÷ user bytes written)",
+    higher_is_better: false,
+};
+
+pub fn run(args: &ReportArgs) -> Result<()> {
+    let text = std::fs::read_to_string(&args.json)
+        .map_err(|e| format!("cannot read {}: {e}", args.json.display()))?;
+    let doc: Value = serde_json::from_str(&text)?;
+    let out_dir = args
+        .out
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    std::fs::create_dir_all(&args.plots_dir)?;
+    let plots = draw_plots(&doc, &args.plots_dir)?;
+    let relative_plots: Vec<(String, PathBuf)> = plots
+        .into_iter()
+        .map(|(title, path)| {
+            let relative = path.strip_prefix(out_dir).unwrap_or(&path).to_path_buf();
+            (title, relative)
+        })
+        .collect();
+    let mut markdown = render(&doc, &args.json, &relative_plots)?;
+    if !args.note.is_empty() {
+        // After the title and the paragraph under it.
+        let at = markdown.find("\n## ").map_or(markdown.len(), |i| i + 1);
+        let mut notes = String::from("Notes added when this report was generated:\n\n");
+        for note in &args.note {
+            let _ = writeln!(notes, "- {note}");
+        }
+        notes.push('\n');
+        markdown.insert_str(at, &notes);
+    }
+    std::fs::write(&args.out, markdown)?;
+    println!(
+        "wrote {} and {} plot(s) in {}",
+        args.out.display(),
+        relative_plots.len(),
+        args.plots_dir.display()
+    );
+    Ok(())
+}
+
+/// The measured records (runs that failed are listed apart, see [`failures`]).
+fn records(doc: &Value) -> Vec<Value> {
+    doc["records"]
+        .as_array()
+        .map(|all| {
+            all.iter()
+                .filter(|r| r["failed"].is_null())
+                .cloned()
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn failures(doc: &Value) -> Vec<Value> {
+    doc["records"]
+        .as_array()
+        .map(|all| {
+            all.iter()
+                .filter(|r| !r["failed"].is_null())
+                .cloned()
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Distinct values of `f(record)` in first-seen order.
+fn distinct(records: &[Value], f: impl Fn(&Value) -> String) -> Vec<String> {
+    let mut seen: Vec<String> = Vec::new();
+    for record in records {
+        let value = f(record);
+        if !seen.contains(&value) {
+            seen.push(value);
+        }
+    }
+    seen
+}
+
+fn dataset(record: &Value) -> String {
+    record["dataset"].as_str().unwrap_or("-").to_string()
+}
+
+/// "ycsb_a" for YCSB phases (their thread count is the data set's), "fillrandom t2" for
+/// micro phases, which run at several thread counts.
+fn row_name(record: &Value) -> String {
+    let workload = record["workload"].as_str().unwrap_or("?");
+    if workload.starts_with("ycsb_") {
+        workload.to_string()
+    } else {
+        format!("{workload} t{}", record["threads"].as_u64().unwrap_or(0))
+    }
+}
+
+fn find<'a>(
+    records: &'a [Value],
+    dataset_name: &str,
+    row: &str,
+    engine: &str,
+) -> Option<&'a Value> {
+    records
+        .iter()
+        .find(|r| dataset(r) == dataset_name && row_name(r) == row && r["engine"] == engine)
+}
+
+fn number(value: &Value) -> Option<f64> {
+    value.as_f64().filter(|v| v.is_finite())
+}
+
+fn fmt_number(value: Option<f64>) -> String {
+    match value {
+        None => "–".to_string(),
+        Some(v) if v >= 1000.0 => format!("{v:.0}"),
+        Some(v) if v >= 10.0 => format!("{v:.1}"),
+        Some(v) => format!("{v:.2}"),
+    }
+}
+
+fn fmt_mib(value: Option<f64>) -> String {
+    value.map_or("–".to_string(), |b| {
+        format!("{:.0}", b / (1 << 20) as f64)
+    })
+}
+
+/// `arg` as one shell word.
+fn shell_quote(arg: &str) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "-_./=,:@%+".contains(c);
+    if !arg.is_empty() && arg.chars().all(plain) {
+        arg.to_string()
+    } else {
+        format!("'{}'", arg.replace('\'', "'\\''"))
+    }
+}
+
+fn render(doc: &Value, json_path: &Path, plots: &[(String, PathBuf)]) -> Result<String> {
+    let records = &records(doc)[..];
+    let options = &doc["options"];
+    let machine = &doc["machine"];
+    let engines = distinct(records, |r| r["engine"].as_str().unwrap_or("?").to_string());
+    let peers: Vec<&String> = engines.iter().filter(|e| *e != "tucana").collect();
+    let datasets = distinct(records, dataset);
+    let mut md = String::new();
+
+    md += "# Benchmarks: Tucana and its peers\n\n";
+    let _ = writeln!(
+        md,
+        "Generated by `tucana-bench report {}` from the JSON file of one `tucana-bench suite` \
+         run; never edited by hand. Every read the harness made was checked against the value \
+         it must hold (a wrong or missing answer ends the run), so every engine below answered \
+         correctly.\n",
+        json_path.display()
+    );
+    for failure in failures(doc) {
+        let _ = writeln!(
+            md,
+            "**{} did not finish the {} data set: {}.** Its figures for that data set are missing.\n",
+            failure["engine"].as_str().unwrap_or("?"),
+            failure["dataset"].as_str().unwrap_or("?"),
+            failure["failed"].as_str().unwrap_or("?")
+        );
+    }
+    if doc["debug_build"].as_bool() == Some(true) {
+        md += "**WARNING: a debug build produced these numbers; they are meaningless.**\n\n";
+    }
+    if let Some(notes) = options["notes"].as_array() {
+        for note in notes.iter().filter_map(Value::as_str) {
+            let _ = writeln!(md, "> {note}\n");
+        }
+    }
+
+    md += "## Reproduce\n\n```sh\nscripts/bench-deps.sh   # librocksdb-dev, clang, fonts (Debian/Ubuntu, as root)\n";
+    // The binary's own path (argv[0]) is machine-specific; the script builds and runs the
+    // same program.
+    let args_only: Vec<String> = options["argv"]
+        .as_array()
+        .map(|argv| {
+            argv.iter()
+                .skip(1)
+                .filter_map(Value::as_str)
+                .map(shell_quote)
+                .collect()
+        })
+        .unwrap_or_default();
+    let _ = writeln!(md, "scripts/bench.sh {}", args_only.join(" "));
+    let _ = writeln!(md, "scripts/bench.sh report {}\n```\n", json_path.display());
+
+    md += "## Machine\n\n";
+    let _ = writeln!(
+        md,
+        "- CPU: {} ({} cores)\n- memory: {}\n- kernel: {}\n- disk: {}\n- data directory: {} ({})\n",
+        machine["cpu_model"].as_str().unwrap_or("unknown"),
+        machine["cores"],
+        machine["mem_total_bytes"]
+            .as_u64()
+            .map_or("unknown".into(), crate::report::fmt_bytes),
+        machine["kernel"].as_str().unwrap_or("unknown"),
+        machine["disk"].as_str().unwrap_or("unknown"),
+        options["dir"].as_str().unwrap_or("?"),
+        options["fs"].as_str().unwrap_or("?"),
+    );
+
+    md += "## Data sets\n\n| data set | records | operations per workload | values | load batch | memory limit |\n|---|---|---|---|---|---|\n";
+    if let Some(sets) = options["datasets"].as_object() {
+        for (name, info) in sets {
+            let cgroup = &options["cgroups"][name];
+            let limit = match info["memory_limit_bytes"].as_u64() {
+                None => "none".to_string(),
+                Some(bytes) if cgroup["error"].is_null() => format!(
+                    "{} (cgroup {} `{}`)",
+                    crate::report::fmt_bytes(bytes),
+                    cgroup["version"].as_str().unwrap_or("?"),
+                    cgroup["limit_file"].as_str().unwrap_or("?")
+                ),
+                Some(bytes) => format!(
+                    "**not applied**: {} requested, but {}",
+                    crate::report::fmt_bytes(bytes),
+                    cgroup["error"].as_str().unwrap_or("?")
+                ),
+            };
+            let _ = writeln!(
+                md,
+                "| {name} | {} | {} | {} | {limit} |",
+                info["records"],
+                info["operations"],
+                info["value_layout"].as_str().unwrap_or("?")
+            );
+        }
+    }
+    let _ = writeln!(
+        md,
+        "\nYCSB threads: {}. Durability: {}. Cache budget: {} per engine. Micro phases \
+         (16-byte keys, 100-byte values) ran on the in-memory data set's engines at each \
+         thread count listed.\n",
+        options["threads"],
+        if options["sync"].as_bool() == Some(true) {
+            "every write durable before it returns"
+        } else {
+            "buffered, made durable about once a second, nothing synced per operation"
+        },
+        options["cache_bytes"]
+            .as_u64()
+            .map_or("?".into(), crate::report::fmt_bytes),
+    );
+
+    if !peers.is_empty() {
+        md += "## Tucana ÷ peer\n\n";
+        md += "Throughput ratio: above 1 means Tucana is faster. CPU ratio: below 1 means Tucana \
+                spends less CPU per operation.\n\n";
+        for dataset_name in &datasets {
+            for metric in [THROUGHPUT, CPU] {
+                let _ = writeln!(md, "### {dataset_name}: {}\n", metric.title);
+                md += "| workload |";
+                for peer in &peers {
+                    let _ = write!(md, " vs {peer} |");
+                }
+                md += "\n|---|";
+                md += &"---|".repeat(peers.len());
+                md += "\n";
+                let rows = distinct(
+                    &records
+                        .iter()
+                        .filter(|r| dataset(r) == *dataset_name)
+                        .cloned()
+                        .collect::<Vec<_>>(),
+                    row_name,
+                );
+                for row in &rows {
+                    let _ = write!(md, "| {row} |");
+                    let ours = find(records, dataset_name, row, "tucana")
+                        .and_then(|r| number(&r[metric.field]));
+                    for peer in &peers {
+                        let theirs = find(records, dataset_name, row, peer)
+                            .and_then(|r| number(&r[metric.field]));
+                        let cell = match (ours, theirs) {
+                            (Some(a), Some(b)) if b > 0.0 => {
+                                let ratio = a / b;
+                                let better = if metric.higher_is_better {
+                                    ratio >= 1.0
+                                } else {
+                                    ratio <= 1.0
+                                };
+                                if better {
+                                    format!("**{ratio:.2}**")
+                                } else {
+                                    format!("{ratio:.2}")
+                                }
+                            }
+                            _ => "–".to_string(),
+                        };
+                        let _ = write!(md, " {cell} |");
+                    }
+                    md += "\n";
+                }
+                md += "\n";
+            }
+        }
+    }
+
+    if !plots.is_empty() {
+        md += "## Plots\n\n";
+        for (title, path) in plots {
+            let _ = writeln!(md, "![{title}]({})\n", path.display());
+        }
+    } else {
+        md += "## Plots\n\nNot drawn: this report was generated without the `plots` feature.\n\n";
+    }
+
+    md += "## Absolute figures\n\n";
+    md += "ops/s; CPU µs per operation; write and read amplification (bytes this process made \
+            the storage layer write or read, from /proc/self/io, ÷ bytes of keys and values the \
+            workload wrote or read); device write amplification (the data directory's block \
+            device, every process on it); space amplification (files' allocated bytes after the \
+            phase ÷ live keys and values); latency percentiles in µs; peak resident memory in MiB \
+            during the phase.\n\n";
+    for dataset_name in &datasets {
+        let _ = writeln!(md, "### {dataset_name}\n");
+        md += "| workload | engine | ops/s | CPU µs/op | w-amp | r-amp | device w-amp | space amp | p50 µs | p99 µs | p99.9 µs | peak RSS MiB |\n";
+        md += "|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+        let in_set: Vec<Value> = records
+            .iter()
+            .filter(|r| dataset(r) == *dataset_name)
+            .cloned()
+            .collect();
+        for row in distinct(&in_set, row_name) {
+            for engine in &engines {
+                let Some(r) = find(records, dataset_name, &row, engine) else {
+                    continue;
+                };
+                let _ = writeln!(
+                    md,
+                    "| {row} | {engine} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                    fmt_number(number(&r["ops_per_sec"])),
+                    fmt_number(number(&r["cpu_us_per_op"])),
+                    fmt_number(number(&r["io_amp_write"])),
+                    fmt_number(number(&r["io_amp_read"])),
+                    fmt_number(number(&r["device_io_amp_write"])),
+                    fmt_number(number(&r["space_amp"])),
+                    fmt_number(number(&r["p50_us"])),
+                    fmt_number(number(&r["p99_us"])),
+                    fmt_number(number(&r["p999_us"])),
+                    fmt_mib(number(&r["peak_rss_bytes"])),
+                );
+            }
+        }
+        md += "\n";
+    }
+
+    md += "## Engine configurations\n\n";
+    if let Some(configurations) = options["configurations"].as_object() {
+        for (engine, configuration) in configurations {
+            let _ = writeln!(md, "### {engine}\n");
+            if let Some(fields) = configuration.as_object() {
+                for (name, value) in fields {
+                    let value = match value {
+                        Value::String(s) => s.clone(),
+                        other => other.to_string(),
+                    };
+                    let _ = writeln!(md, "- `{name}`: {value}");
+                }
+            }
+            md += "\n";
+        }
+    }
+
+    md += "## Method\n\n";
+    md += "- YCSB: Load, A (50% read, 50% update), B (95/5), C (read only), F (read-modify-write), \
+            D (95% reads of the latest inserts, 5% inserts), then a fresh database, Load again and \
+            E (95% scans of uniform length 1–100, 5% inserts). Zipfian requests with constant 0.99, \
+            scrambled as YCSB does; hashed insert order; YCSB's key names (`user` + FNV-1a hash). \
+            An update writes the whole record (a blind put).\n";
+    md += "- Micro: db_bench-style fillrandom, readrandom, readseq, readreverse, overwrite, \
+            seekrandom (seek + 10 next), deleterandom.\n";
+    md += "- Larger than memory: the harness moves itself into a child of its own memory cgroup \
+            with the limit above for those runs, so page cache, engine caches and the harness \
+            itself share that limit.\n";
+    md += "- CPU time is the whole process's (engine background threads included, and the \
+            harness's own key generation and checks, the same for every engine).\n";
+    Ok(md)
+}
+
+// ---------------------------------------------------------------------------------------
+// Plots.
+
+#[cfg(not(feature = "plots"))]
+fn draw_plots(_doc: &Value, _dir: &Path) -> Result<Vec<(String, PathBuf)>> {
+    Ok(Vec::new())
+}
+
+#[cfg(feature = "plots")]
+fn draw_plots(doc: &Value, dir: &Path) -> Result<Vec<(String, PathBuf)>> {
+    register_font()?;
+    let records = &records(doc)[..];
+    let engines = distinct(records, |r| r["engine"].as_str().unwrap_or("?").to_string());
+    let mut plots = Vec::new();
+    for dataset_name in distinct(records, dataset) {
+        let in_set: Vec<Value> = records
+            .iter()
+            .filter(|r| dataset(r) == dataset_name)
+            .cloned()
+            .collect();
+        let all_rows = distinct(&in_set, row_name);
+        let (ycsb_rows, micro_rows): (Vec<String>, Vec<String>) =
+            all_rows.into_iter().partition(|r| r.starts_with("ycsb_"));
+        for (group, rows) in [("ycsb", ycsb_rows), ("micro", micro_rows)] {
+            if rows.is_empty() {
+                continue;
+            }
+            for (metric, file) in [
+                (THROUGHPUT, "throughput"),
+                (CPU, "cpu"),
+                (WRITE_AMP, "write-amp"),
+            ] {
+                let values: Vec<Vec<Option<f64>>> = rows
+                    .iter()
+                    .map(|row| {
+                        engines
+                            .iter()
+                            .map(|e| {
+                                find(&in_set, &dataset_name, row, e)
+                                    .and_then(|r| number(&r[metric.field]))
+                                    .filter(|v| *v > 0.0)
+                            })
+                            .collect()
+                    })
+                    .collect();
+                if values.iter().flatten().all(Option::is_none) {
+                    continue;
+                }
+                let path = dir.join(format!("{dataset_name}-{group}-{file}.png"));
+                let title = format!("{dataset_name}, {group}: {}", metric.title);
+                bar_chart(&path, &title, &rows, &engines, &values)?;
+                plots.push((title, path));
+            }
+        }
+    }
+    Ok(plots)
+}
+
+#[cfg(feature = "plots")]
+fn register_font() -> Result<()> {
+    use plotters::style::{register_font, FontStyle};
+    const CANDIDATES: [&str; 3] = [
+        "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+        "/usr/share/fonts/TTF/DejaVuSans.ttf",
+        "/usr/share/fonts/dejavu/DejaVuSans.ttf",
+    ];
+    let bytes = CANDIDATES
+        .iter()
+        .find_map(|p| std::fs::read(p).ok())
+        .ok_or("no DejaVuSans.ttf found: run scripts/bench-deps.sh (fonts-dejavu-core)")?;
+    // plotters keeps fonts for the life of the process; one small leak per run.
+    let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
+    register_font("sans-serif", FontStyle::Normal, bytes)
+        .map_err(|_| "the DejaVu font is not a valid TrueType font")?;
+    Ok(())
+}
+
+/// 1.5M, 20k, 3.2, 0.05: short labels for a log axis.
+#[cfg(feature = "plots")]
+fn human(value: f64) -> String {
+    if value >= 1e6 {
+        format!("{}M", trim(value / 1e6))
+    } else if value >= 1e3 {
+        format!("{}k", trim(value / 1e3))
+    } else {
+        trim(value)
+    }
+}
+
+#[cfg(feature = "plots")]
+fn trim(value: f64) -> String {
+    let text = format!("{value:.2}");
+    text.trim_end_matches('0').trim_end_matches('.').to_string()
+}
+
+/// Grouped bars on a log scale: one group per row, one bar per engine.
+#[cfg(feature = "plots")]
+fn bar_chart(
+    path: &Path,
+    title: &str,
+    rows: &[String],
+    engines: &[String],
+    values: &[Vec<Option<f64>>],
+) -> Result<()> {
+    use plotters::prelude::*;
+    const COLORS: [RGBColor; 6] = [
+        RGBColor(214, 39, 40),
+        RGBColor(31, 119, 180),
+        RGBColor(44, 160, 44),
+        RGBColor(255, 127, 14),
+        RGBColor(148, 103, 189),
+        RGBColor(140, 86, 75),
+    ];
+    let positive: Vec<f64> = values.iter().flatten().flatten().copied().collect();
+    let max = positive.iter().copied().fold(f64::MIN, f64::max);
+    let min = positive.iter().copied().fold(f64::MAX, f64::min);
+    // Headroom above the tallest bar for the legend.
+    let (low, high) = (min / 2.0, max * 30.0);
+    let width = (160 + rows.len() * 28 * (engines.len() + 1)).clamp(900, 2400) as u32;
+    let root = BitMapBackend::new(path, (width, 560)).into_drawing_area();
+    let fail = |e: &dyn std::fmt::Display| format!("plot {}: {e}", path.display());
+    root.fill(&WHITE).map_err(|e| fail(&e))?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 20))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(80)
+        .build_cartesian_2d(0f64..rows.len() as f64, (low..high).log_scale())
+        .map_err(|e| fail(&e))?;
+    let labels = rows.to_vec();
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_labels(rows.len() * 2 + 1)
+        .x_label_formatter(&|x| {
+            // Labels at group centres only.
+            let centre = x - x.floor();
+            if (centre - 0.5).abs() < 0.01 {
+                labels.get(x.floor() as usize).cloned().unwrap_or_default()
+            } else {
+                String::new()
+            }
+        })
+        .x_label_style(("sans-serif", 12))
+        .y_label_style(("sans-serif", 13))
+        .y_label_formatter(&|y| human(*y))
+        .draw()
+        .map_err(|e| fail(&e))?;
+    let bar_width = 0.8 / engines.len() as f64;
+    for (e, engine) in engines.iter().enumerate() {
+        let color = COLORS[e % COLORS.len()];
+        let bars = values.iter().enumerate().filter_map(|(row, per_engine)| {
+            let value = per_engine[e]?;
+            let x0 = row as f64 + 0.1 + e as f64 * bar_width;
+            Some(Rectangle::new(
+                [(x0, low), (x0 + bar_width * 0.9, value)],
+                color.filled(),
+            ))
+        });
+        chart
+            .draw_series(bars)
+            .map_err(|e| fail(&e))?
+            .label(engine.as_str())
+            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], color.filled()));
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .label_font(("sans-serif", 14))
+        .position(SeriesLabelPosition::UpperRight)
+        .draw()
+        .map_err(|e| fail(&e))?;
+    root.present().map_err(|e| fail(&e))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn report_has_ratios_figures_and_configurations() {
+        let doc = serde_json::json!({
+            "debug_build": false,
+            "machine": {"cores": 2, "cpu_model": "Test CPU", "mem_total_bytes": 1u64 << 30,
+                        "kernel": "Linux test", "disk": "vda"},
+            "options": {
+                "argv": ["/x/tucana-bench", "suite", "--records", "10", "--note", "it's shared"],
+                "notes": ["The machine was shared."],
+                "threads": 2, "sync": false, "cache_bytes": 1u64 << 20, "dir": "/tmp", "fs": "ext4",
+                "datasets": {"in-memory": {"records": 10, "operations": 5, "value_layout": "1 field(s) x 100 B", "memory_limit_bytes": null}},
+                "configurations": {"tucana": {"flush_interval_ms": 1000}, "rocksdb": {"bloom_filter_bits_per_key": 10}},
+            },
+            "records": [
+                {"engine": "tucana", "workload": "ycsb_c", "dataset": "in-memory", "threads": 2,
+                 "ops_per_sec": 200.0, "cpu_us_per_op": 1.0, "io_amp_write": null},
+                {"engine": "rocksdb", "workload": "ycsb_c", "dataset": "in-memory", "threads": 2,
+                 "ops_per_sec": 100.0, "cpu_us_per_op": 4.0},
+                {"engine": "tucana", "workload": "readrandom", "dataset": "in-memory", "threads": 1,
+                 "ops_per_sec": 50.0},
+            ],
+        });
+        let md = render(&doc, Path::new("bench/results.json"), &[]).unwrap();
+        assert!(md.contains("| ycsb_c | **2.00** |"), "{md}");
+        assert!(md.contains("| ycsb_c | **0.25** |"), "{md}");
+        assert!(md.contains("| readrandom t1 | tucana | 50.0 |"), "{md}");
+        assert!(
+            md.contains(r"scripts/bench.sh suite --records 10 --note 'it'\''s shared'"),
+            "{md}"
+        );
+        assert!(md.contains("`bloom_filter_bits_per_key`: 10"));
+        assert!(md.contains("> The machine was shared."));
+    }
+}

@@ -1,0 +1,482 @@
+//! The `suite` command: every workload on every engine, in one run, into one JSON file.
+//!
+//! Order: for each data set (in memory, then larger than memory inside a memory cgroup),
+//! for each engine, the YCSB sequence; then, on the in-memory set only, the micro phases
+//! at each thread count. The JSON file is rewritten after every engine, so a run that dies
+//! keeps what it measured. `--quick` shrinks everything to seconds for CI's smoke test.
+//!
+//! Owns the run plan and the run-level options saved in the JSON (engine configurations,
+//! cgroup, reproduce command); phases, engines and formats are other modules'.
+//! Single-threaded (the phases spawn their own workers).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+use serde_json::{json, Map, Value};
+
+use crate::engine::EngineConfig;
+use crate::report::{self, Machine, Record, RunOptions};
+use crate::ycsb::{SizeMix, ValueLayout, YcsbConfig};
+use crate::{cgroup, measure, micro, ycsb, EngineChoice, Result};
+
+#[derive(Args, Debug, Clone)]
+pub struct SuiteArgs {
+    /// Engines to run, in order (default: every engine this build has).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    engines: Vec<EngineChoice>,
+    /// Directory in which each run's temporary engine directory is created.
+    #[arg(long, default_value_os_t = std::env::temp_dir())]
+    dir: PathBuf,
+    /// JSON file of all results (rewritten after every engine).
+    #[arg(long, default_value = "bench/results.json")]
+    json: PathBuf,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// YCSB client threads.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=256))]
+    threads: u64,
+    /// Records of the in-memory YCSB data set (YCSB's recordcount).
+    #[arg(long, default_value_t = 1_000_000, value_parser = clap::value_parser!(u64).range(1..))]
+    records: u64,
+    /// Operations per YCSB workload on the in-memory data set (YCSB's operationcount).
+    #[arg(long, default_value_t = 1_000_000)]
+    operations: u64,
+    /// Fields per record (YCSB's fieldcount; 1 is the paper's Figure 8b mode).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    fields: u32,
+    /// Bytes per field (YCSB's fieldlength).
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(8..=1 << 20))]
+    field_bytes: u64,
+    /// Use one of Talos's key-value size mixes instead of fields.
+    #[arg(long, value_enum)]
+    size_mix: Option<SizeMix>,
+    /// Records of the larger-than-memory data set (0: skip it).
+    #[arg(long, default_value_t = 0)]
+    large_records: u64,
+    /// Operations per YCSB workload on the larger-than-memory data set.
+    #[arg(long, default_value_t = 200_000)]
+    large_operations: u64,
+    /// Records per write batch when loading the in-memory data set (1: a put per record,
+    /// as YCSB's load does).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    load_batch: u64,
+    /// Records per write batch when loading the larger-than-memory data set.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    large_load_batch: u64,
+    /// Fields per record of the larger-than-memory data set.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    large_fields: u32,
+    /// Memory limit (page cache included) of the cgroup the larger-than-memory runs use.
+    #[arg(long, default_value_t = 1 << 30)]
+    memory_limit_bytes: u64,
+    /// Keys of the micro phases (0: skip them).
+    #[arg(long, default_value_t = 1_000_000)]
+    micro_keys: u64,
+    /// Thread counts of the micro phases.
+    #[arg(long, value_delimiter = ',', default_values_t = [1u64, 2])]
+    micro_threads: Vec<u64>,
+    /// Cache budget of every engine that has a cache of its own.
+    #[arg(long, default_value_t = 256 << 20)]
+    cache_bytes: u64,
+    /// Durable before each write returns (default: buffered, synced once a second).
+    #[arg(long)]
+    sync: bool,
+    /// Seconds: tiny data sets for a smoke test of the harness (overrides the sizes).
+    #[arg(long)]
+    quick: bool,
+    /// A remark for the results document (repeatable), e.g. that the machine was shared.
+    #[arg(long)]
+    note: Vec<String>,
+    /// Stop an engine's larger-than-memory run after this many seconds (0: no limit); the
+    /// phases it finished are kept and the stop is recorded as a failure.
+    #[arg(long, default_value_t = 0)]
+    large_time_limit_secs: u64,
+    /// Internal: run only the larger-than-memory data set on this engine (a child process
+    /// of the suite, so that the cgroup's OOM killer can only end that engine's run).
+    #[arg(long, hide = true, requires = "child_json")]
+    child_engine: Option<EngineChoice>,
+    /// Internal: where the child writes its records.
+    #[arg(long, hide = true)]
+    child_json: Option<PathBuf>,
+}
+
+impl SuiteArgs {
+    fn apply_quick(&mut self) {
+        if self.quick {
+            self.records = 2_000;
+            self.operations = 2_000;
+            self.large_records = self.large_records.min(2_000);
+            self.large_operations = 1_000;
+            self.micro_keys = self.micro_keys.min(2_000);
+        }
+    }
+}
+
+/// One data set of the plan.
+struct Dataset {
+    name: &'static str,
+    records: u64,
+    operations: u64,
+    layout: ValueLayout,
+    load_batch: u64,
+    memory_limit_bytes: Option<u64>,
+}
+
+pub fn run(args: &SuiteArgs) -> Result<()> {
+    let mut args = args.clone();
+    args.apply_quick();
+    let is_child = args.child_engine.is_some();
+    if let (Some(engine), Some(json)) = (args.child_engine, args.child_json.clone()) {
+        args.engines = vec![engine];
+        args.json = json;
+    }
+    let engines: Vec<EngineChoice> = if args.engines.is_empty() {
+        EngineChoice::ALL
+            .into_iter()
+            .filter(|e| e.kind().is_ok())
+            .collect()
+    } else {
+        args.engines.clone()
+    };
+    if args.large_records > 0 && args.cache_bytes > args.memory_limit_bytes / 4 {
+        return Err(format!(
+            "--cache-bytes {} leaves too little of --memory-limit-bytes {} for the engines' \
+             other memory and the page cache (at most a quarter, or the cgroup kills the run)",
+            args.cache_bytes, args.memory_limit_bytes
+        )
+        .into());
+    }
+    let kinds = engines
+        .iter()
+        .map(|e| e.kind())
+        .collect::<std::result::Result<Vec<_>, String>>()?;
+
+    let mut machine = Machine::detect();
+    machine.disk = measure::watch_device_of(&args.dir);
+    let mut options = RunOptions::default();
+    // A list, so that arguments with spaces survive into the reproduce command.
+    options.set("argv", std::env::args().collect::<Vec<_>>());
+    options.set(
+        "engines",
+        kinds.iter().map(|k| k.name()).collect::<Vec<_>>(),
+    );
+    options.set("threads", args.threads);
+    options.set("sync", args.sync);
+    options.set("cache_bytes", args.cache_bytes);
+    options.set("seed", args.seed);
+    options.set("quick", args.quick);
+    options.set("notes", args.note.clone());
+    crate::describe_dir(&args.dir, &mut options);
+    report::print_header("suite", &machine, &options);
+
+    let engine_config = EngineConfig {
+        sync_writes: args.sync,
+        background_commit: true,
+        cache_bytes: args.cache_bytes,
+        flush_interval: Duration::from_secs(1),
+    };
+    let configurations: Map<String, Value> = kinds
+        .iter()
+        .map(|k| (k.name().to_string(), k.configuration(&engine_config)))
+        .collect();
+    options.set("configurations", Value::Object(configurations));
+
+    let layout = match args.size_mix {
+        Some(mix) => ValueLayout::Mix(mix),
+        None => ValueLayout::Fields {
+            fields: args.fields,
+            field_bytes: args.field_bytes as usize,
+        },
+    };
+    let mut datasets = Vec::new();
+    datasets.push(Dataset {
+        name: if args.quick { "quick" } else { "in-memory" },
+        records: args.records,
+        operations: args.operations,
+        layout,
+        load_batch: args.load_batch,
+        memory_limit_bytes: None,
+    });
+    if is_child {
+        datasets.clear();
+    }
+    if args.large_records > 0 {
+        datasets.push(Dataset {
+            name: "larger-than-memory",
+            records: args.large_records,
+            operations: args.large_operations,
+            layout: ValueLayout::Fields {
+                fields: args.large_fields,
+                field_bytes: args.field_bytes as usize,
+            },
+            load_batch: args.large_load_batch,
+            memory_limit_bytes: Some(args.memory_limit_bytes),
+        });
+    }
+    let mut dataset_info = Map::new();
+    for dataset in &datasets {
+        dataset_info.insert(
+            dataset.name.to_string(),
+            json!({
+                "records": dataset.records,
+                "operations": dataset.operations,
+                "value_layout": dataset.layout.describe(),
+                "load_batch": dataset.load_batch,
+                "memory_limit_bytes": dataset.memory_limit_bytes,
+            }),
+        );
+    }
+    options.set("datasets", Value::Object(dataset_info));
+    if let Some(parent) = args.json.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent)?;
+    }
+
+    let mut records: Vec<Record> = Vec::new();
+    // Records of the child processes, already JSON.
+    let mut imported: Vec<Value> = Vec::new();
+    let mut cgroup_notes = Map::new();
+    for dataset in &datasets {
+        if dataset.memory_limit_bytes.is_some() && !is_child {
+            for kind in &kinds {
+                let child = run_child(kind.name(), &args)?;
+                if let Some(note) = child.cgroup {
+                    cgroup_notes.insert(dataset.name.to_string(), note);
+                }
+                imported.extend(child.records);
+                options.set("cgroups", Value::Object(cgroup_notes.clone()));
+                report::write_json_with(
+                    &args.json, "suite", &machine, &options, &records, &imported,
+                )?;
+            }
+            continue;
+        }
+        // The guard keeps the process in the cgroup until the data set is done.
+        let _cgroup = match dataset.memory_limit_bytes {
+            None => None,
+            Some(limit_bytes) => match cgroup::enter(limit_bytes) {
+                Ok(cgroup) => {
+                    println!(
+                        "\n{}: inside a memory cgroup limited to {}",
+                        dataset.name,
+                        report::fmt_bytes(limit_bytes)
+                    );
+                    cgroup_notes.insert(dataset.name.to_string(), cgroup.describe());
+                    Some(cgroup)
+                }
+                Err(reason) => {
+                    println!(
+                        "\nWARNING: {}: no memory cgroup ({reason}); the page cache is NOT limited",
+                        dataset.name
+                    );
+                    cgroup_notes.insert(
+                        dataset.name.to_string(),
+                        json!({ "error": reason, "limited": false }),
+                    );
+                    None
+                }
+            },
+        };
+        options.set("cgroups", Value::Object(cgroup_notes.clone()));
+        for kind in &kinds {
+            let first = records.len();
+            println!(
+                "\n== {} on {} ({} records, {})",
+                kind.name(),
+                dataset.name,
+                dataset.records,
+                dataset.layout.describe()
+            );
+            let config = YcsbConfig {
+                records: dataset.records,
+                operations: dataset.operations,
+                threads: args.threads as usize,
+                layout: dataset.layout,
+                load_batch: dataset.load_batch as usize,
+                seed: args.seed,
+                dataset: dataset.name.to_string(),
+                engine: engine_config,
+                dir: args.dir.clone(),
+            };
+            ycsb::run(*kind, &config, &mut records, &mut |so_far| {
+                // A child saves every phase: the OOM killer gives no warning.
+                if is_child {
+                    report::write_json(&args.json, "suite", &machine, &options, so_far)?;
+                }
+                Ok(())
+            })?;
+            if dataset.memory_limit_bytes.is_none() && args.micro_keys > 0 {
+                for &threads in &args.micro_threads {
+                    let micro_first = records.len();
+                    let config = micro::MicroConfig {
+                        keys: args.micro_keys,
+                        key_bytes: 16,
+                        value_bytes: 100,
+                        threads: threads as usize,
+                        seed: args.seed,
+                        sync_writes: args.sync,
+                        dir: args.dir.clone(),
+                        stop_after: None,
+                        engine: engine_config,
+                    };
+                    micro::run(*kind, &config, &mut records)?;
+                    for record in &mut records[micro_first..] {
+                        record.set("dataset", dataset.name);
+                    }
+                }
+            }
+            if let Some(cgroup) = &_cgroup {
+                for record in &mut records[first..] {
+                    if let Some(peak) = cgroup.peak_bytes() {
+                        record.set("cgroup_peak_bytes_so_far", peak);
+                    }
+                }
+                println!(
+                    "cgroup: peak {} of {}, limit hit {} times",
+                    cgroup.peak_bytes().map_or("?".into(), report::fmt_bytes),
+                    report::fmt_bytes(dataset.memory_limit_bytes.unwrap_or(0)),
+                    cgroup.limit_hits().map_or("?".into(), |n| n.to_string())
+                );
+            }
+            report::write_json(&args.json, "suite", &machine, &options, &records)?;
+        }
+    }
+    if is_child {
+        return Ok(());
+    }
+    println!("\nresults written to {}", args.json.display());
+    print_summary(&records);
+    for failure in imported.iter().filter(|r| !r["failed"].is_null()) {
+        println!(
+            "FAILED: {} on {}: {}",
+            failure["engine"], failure["dataset"], failure["failed"]
+        );
+    }
+    Ok(())
+}
+
+/// What a child process measured.
+struct ChildResult {
+    records: Vec<Value>,
+    cgroup: Option<Value>,
+}
+
+/// Runs the larger-than-memory data set for one engine in a child process (this program,
+/// same arguments) and reads back its records. A child that dies (the cgroup's OOM
+/// killer, a failed check) becomes one record saying so, and the suite goes on.
+fn run_child(engine: &str, args: &SuiteArgs) -> Result<ChildResult> {
+    let json = args.json.with_extension(format!("{engine}.child.json"));
+    let _ = std::fs::remove_file(&json);
+    let mut argv: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+    argv.push("--child-engine".into());
+    argv.push(engine.into());
+    argv.push("--child-json".into());
+    argv.push(json.clone().into());
+    let mut child = std::process::Command::new(std::env::current_exe()?)
+        .args(&argv)
+        .spawn()?;
+    let started = std::time::Instant::now();
+    let limit =
+        (args.large_time_limit_secs > 0).then(|| Duration::from_secs(args.large_time_limit_secs));
+    let mut timed_out = false;
+    let status = loop {
+        if let Some(status) = child.try_wait()? {
+            break status;
+        }
+        if limit.is_some_and(|limit| started.elapsed() > limit) && !timed_out {
+            timed_out = true;
+            // SIGKILL: the child is ours, and a stuck engine may not answer anything softer.
+            child.kill()?;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let parsed = std::fs::read_to_string(&json)
+        .ok()
+        .and_then(|text| serde_json::from_str::<Value>(&text).ok());
+    let _ = std::fs::remove_file(&json);
+    let mut records: Vec<Value> = parsed
+        .as_ref()
+        .and_then(|doc| doc["records"].as_array().cloned())
+        .unwrap_or_default();
+    let cgroup = parsed
+        .as_ref()
+        .map(|doc| doc["options"]["cgroups"]["larger-than-memory"].clone())
+        .filter(|v| !v.is_null());
+    if !status.success() {
+        let how = match status.code() {
+            _ if timed_out => format!(
+                "stopped by the harness after the time limit of {} s",
+                args.large_time_limit_secs
+            ),
+            Some(code) => format!("exit status {code}"),
+            None => {
+                use std::os::unix::process::ExitStatusExt;
+                format!(
+                    "killed by signal {} (SIGKILL here is the memory cgroup's OOM killer)",
+                    status.signal().unwrap_or(0)
+                )
+            }
+        };
+        let done: Vec<String> = records
+            .iter()
+            .filter_map(|r| r["workload"].as_str().map(str::to_string))
+            .collect();
+        println!("\nWARNING: {engine} on larger-than-memory: {how}");
+        records.push(json!({
+            "engine": engine,
+            "workload": "failed",
+            "dataset": "larger-than-memory",
+            "failed": format!("{how}; phases completed before: {done:?}"),
+            "ops_per_sec": null, "cpu_us_per_op": null, "io_amp_write": null,
+            "io_amp_read": null, "space_amp": null, "p50_us": null, "p99_us": null,
+            "p999_us": null, "peak_rss_bytes": null,
+        }));
+    }
+    Ok(ChildResult { records, cgroup })
+}
+
+/// Throughput per workload and engine, side by side.
+fn print_summary(records: &[Record]) {
+    let mut engines: Vec<&str> = Vec::new();
+    let mut rows: Vec<(String, String)> = Vec::new();
+    for record in records {
+        if !engines.contains(&record.engine) {
+            engines.push(record.engine);
+        }
+        let dataset = record
+            .get("dataset")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string();
+        let threads = record.get("threads").and_then(Value::as_u64).unwrap_or(0);
+        let row = (dataset, format!("{} t{threads}", record.workload));
+        if !rows.contains(&row) {
+            rows.push(row);
+        }
+    }
+    println!("\nsummary: ops/s");
+    print!("{:<20} {:<20}", "dataset", "workload");
+    for engine in &engines {
+        print!(" {engine:>12}");
+    }
+    println!();
+    for (dataset, workload) in &rows {
+        print!("{dataset:<20} {workload:<20}");
+        for engine in &engines {
+            let value = records.iter().find(|r| {
+                r.engine == *engine
+                    && r.get("dataset").and_then(Value::as_str) == Some(dataset.as_str())
+                    && format!(
+                        "{} t{}",
+                        r.workload,
+                        r.get("threads").and_then(Value::as_u64).unwrap_or(0)
+                    ) == *workload
+            });
+            match value.and_then(|r| r.ops_per_sec) {
+                Some(ops) => print!(" {ops:>12.0}"),
+                None => print!(" {:>12}", "-"),
+            }
+        }
+        println!();
+    }
+}

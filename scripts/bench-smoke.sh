@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Smoke test of the benchmark harness itself, for CI: the whole suite on tiny data sets
+# (seconds), Tucana only (no peer is built), then the report from its JSON. Checks that
+# every phase ran and verified its answers and that the JSON and document have what they
+# must; asserts nothing about speed.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+work="$(mktemp -d)"
+trap 'rm -rf "${work}"' EXIT
+
+cargo build -q -p tucana-bench
+bench=target/debug/tucana-bench
+"${bench}" suite --quick --engines tucana --dir "${work}" --json "${work}/results.json" \
+    --note "smoke test" </dev/null >"${work}/suite.log"
+"${bench}" report "${work}/results.json" --out "${work}/BENCHMARKS.md" \
+    --plots-dir "${work}/plots" >/dev/null
+
+python3 - "${work}/results.json" <<'PY'
+import json, sys
+doc = json.load(open(sys.argv[1]))
+records = doc["records"]
+required = ["engine", "workload", "ops_per_sec", "cpu_us_per_op", "io_amp_write",
+            "io_amp_read", "space_amp", "p50_us", "p99_us", "p999_us", "peak_rss_bytes"]
+for record in records:
+    missing = [f for f in required if f not in record]
+    assert not missing, f"{record['workload']}: missing {missing}"
+workloads = {r["workload"] for r in records}
+for w in ["ycsb_load", "ycsb_a", "ycsb_b", "ycsb_c", "ycsb_f", "ycsb_d", "ycsb_reload",
+          "ycsb_e", "fillrandom", "readrandom", "seekrandom", "deleterandom"]:
+    assert w in workloads, f"no {w} record"
+for key in ["cores", "mem_total_bytes", "kernel", "disk"]:
+    assert key in doc["machine"], f"machine.{key} missing"
+assert all(r["ops_per_sec"] > 0 for r in records)
+print(f"bench smoke: {len(records)} records OK")
+PY
+grep -q "## Absolute figures" "${work}/BENCHMARKS.md"
+grep -q "ycsb_e" "${work}/BENCHMARKS.md"
+echo "bench smoke: passed"
