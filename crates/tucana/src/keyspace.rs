@@ -376,61 +376,45 @@ impl Range {
             .with_record(ptr, true, |r| (r.key.to_vec(), r.value.to_vec()))
     }
 
-    /// Index of the first entry of the front leaf that is not below `lo`: a binary search
-    /// on prefixes, then on keys (read from the log) only among equal prefixes.
+    /// Index of the first entry of the front leaf that is not below `lo`.
     fn first_not_below_lo(&self) -> Result<usize> {
-        let leaf = &self.front.leaf;
-        let (key, inclusive) = match &self.lo {
-            Bound::Unbounded => return Ok(0),
-            Bound::Included(k) => (k, true),
-            Bound::Excluded(k) => (k, false),
-        };
-        let p = key_prefix(key);
-        let (mut lo, mut hi) = (
-            leaf.prefixes.partition_point(|x| *x < p),
-            leaf.prefixes.partition_point(|x| *x <= p),
-        );
-        while lo < hi {
-            let mid = (lo + hi) / 2;
-            let below = self.region.with_record(leaf.ptrs[mid], false, |r| {
-                if inclusive {
-                    r.key < key.as_slice()
-                } else {
-                    r.key <= key.as_slice()
-                }
-            })?;
-            if below {
-                lo = mid + 1;
-            } else {
-                hi = mid;
-            }
+        match &self.lo {
+            Bound::Unbounded => Ok(0),
+            Bound::Included(k) => self.partition(&self.front.leaf, k, |key, k| key < k),
+            Bound::Excluded(k) => self.partition(&self.front.leaf, k, |key, k| key <= k),
         }
-        Ok(lo)
     }
 
     /// One past the last entry of the back leaf that is not above `hi`.
     fn end_not_above_hi(&self) -> Result<usize> {
-        let leaf = &self.back.leaf;
-        let (key, inclusive) = match &self.hi {
-            Bound::Unbounded => return Ok(leaf.ptrs.len()),
-            Bound::Included(k) => (k, true),
-            Bound::Excluded(k) => (k, false),
-        };
-        let p = key_prefix(key);
+        match &self.hi {
+            Bound::Unbounded => Ok(self.back.leaf.ptrs.len()),
+            Bound::Included(k) => self.partition(&self.back.leaf, k, |key, k| key <= k),
+            Bound::Excluded(k) => self.partition(&self.back.leaf, k, |key, k| key < k),
+        }
+    }
+
+    /// The first entry of `leaf` whose key fails `before(key, bound)`, for a predicate
+    /// true on a prefix of the (sorted) entries and settled by the prefix wherever the
+    /// entry's prefix differs from the bound's: a binary search on prefixes, then on keys
+    /// (read from the log) only among prefixes equal to the bound's.
+    fn partition(
+        &self,
+        leaf: &LeafCopy,
+        bound: &[u8],
+        before: impl Fn(&[u8], &[u8]) -> bool,
+    ) -> Result<usize> {
+        let p = key_prefix(bound);
         let (mut lo, mut hi) = (
             leaf.prefixes.partition_point(|x| *x < p),
             leaf.prefixes.partition_point(|x| *x <= p),
         );
         while lo < hi {
             let mid = (lo + hi) / 2;
-            let within = self.region.with_record(leaf.ptrs[mid], false, |r| {
-                if inclusive {
-                    r.key <= key.as_slice()
-                } else {
-                    r.key < key.as_slice()
-                }
-            })?;
-            if within {
+            if self
+                .region
+                .with_record(leaf.ptrs[mid], false, |r| before(r.key, bound))?
+            {
                 lo = mid + 1;
             } else {
                 hi = mid;
