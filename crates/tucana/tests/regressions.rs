@@ -62,3 +62,83 @@ fn sync_on_a_poisoned_store_with_nothing_unsynced_is_an_error() {
         Err(Error::Poisoned)
     ));
 }
+
+/// A committed volume whose descriptor's free log is replaced by `free_log`, with every
+/// checksum re-stamped so only the free log is wrong.
+fn volume_with_free_log(free_log: Vec<(tucana::types::DiskOffset, u64)>) -> Arc<MemStorage> {
+    use tucana::fuzzing::Descriptor;
+    use tucana::volume::superblock;
+    let storage = Arc::new(MemStorage::new());
+    let db = Database::builder()
+        .commit_interval(None)
+        .flush_interval(None)
+        .open_storage(storage.clone())
+        .expect("create");
+    let ks = db.keyspace("k").expect("keyspace");
+    for i in 0..100u32 {
+        ks.put(format!("key{i:04}").as_bytes(), b"value")
+            .expect("put");
+    }
+    db.close().expect("close");
+    let mut sb = superblock::read_newest(storage.as_ref())
+        .expect("read")
+        .expect("a superblock");
+    let mut bytes = vec![0u8; sb.descriptor_bytes as usize];
+    storage.read_at(sb.descriptor.0, &mut bytes).expect("read");
+    let mut desc = Descriptor::decode(&bytes, sb.descriptor).expect("decode");
+    desc.free_log = free_log;
+    let bytes = desc.encode();
+    // A few more bytes than before still fit in the descriptor's block.
+    assert!(bytes.len() <= 4096, "the descriptor fits its block");
+    storage.write_at(sb.descriptor.0, &bytes).expect("write");
+    sb.descriptor_bytes = bytes.len() as u64;
+    sb.descriptor_crc = crc32c::crc32c(&bytes);
+    sb.write_to(storage.as_ref()).expect("write the slot");
+    storage
+}
+
+/// Found by M5 (the `open` fuzz target, in CI). Recovery checked each free-log run with
+/// `is_allocated`, which counts blocks past the volume's end as allocated (the file may
+/// have grown after the commit), then freed it with `release`, whose preconditions are
+/// assertions: a free log naming a run past the end — or one touching a group's reserved
+/// blocks, which are always allocated — panicked at open instead of reporting corruption.
+/// Recovery now frees through `Allocator::try_release`, which checks every precondition
+/// and says which one failed.
+#[test]
+fn a_free_log_naming_impossible_runs_is_corruption_not_a_panic() {
+    use tucana::types::DiskOffset;
+    let past_end = DiskOffset(0xc3_0004_0000);
+    let reserved = DiskOffset(0); // the superblock slots
+    let unaligned = DiskOffset(4096 * 40 + 7);
+    let cases = [
+        (past_end, 2, "past the volume's end"),
+        (reserved, 1, "reserved block"),
+        (unaligned, 1, "unaligned"),
+        (DiskOffset(4096 * 40), 0, "empty run"),
+    ];
+    for (off, blocks, expected) in cases {
+        let storage = volume_with_free_log(vec![(off, blocks)]);
+        match Database::builder()
+            .create_if_missing(false)
+            .open_storage(storage)
+        {
+            Err(Error::Corruption { what, detail, .. }) => {
+                assert_eq!(what, "free log");
+                assert!(detail.contains(expected), "{detail:?} names {expected:?}");
+            }
+            Err(other) => panic!("{off}+{blocks}: wrong error {other}"),
+            Ok(_) => panic!("{off}+{blocks}: opened a volume with an impossible free log"),
+        }
+    }
+    // The same volume with a sane free log still opens: the check is not too strict.
+    let storage = volume_with_free_log(Vec::new());
+    let db = Database::builder()
+        .create_if_missing(false)
+        .open_storage(storage)
+        .expect("open");
+    let ks = db.open_keyspace("k").expect("keyspace");
+    assert_eq!(
+        ks.get(b"key0042").expect("get").as_deref(),
+        Some(&b"value"[..])
+    );
+}

@@ -625,34 +625,51 @@ impl Allocator {
 
     /// Frees a run. Panics (programmer error) unless the run is block-aligned, inside the
     /// volume, clear of reserved blocks and wholly allocated — a double free included.
+    /// Runs named by bytes read from disk go through [`Allocator::try_release`] instead.
     pub fn release(&self, offset: DiskOffset, blocks: u64) {
-        assert!(
-            offset.block_aligned(),
-            "releasing unaligned offset {offset}"
-        );
-        assert!(blocks >= 1, "releasing an empty run at {offset}");
+        if let Err(why) = self.try_release(offset, blocks) {
+            panic!("{why}");
+        }
+    }
+
+    /// Frees a run if it may be freed; otherwise changes nothing and says why. Recovery
+    /// uses it for the free log, whose runs come from disk and may be anything.
+    pub fn try_release(&self, offset: DiskOffset, blocks: u64) -> Result<(), String> {
+        if !offset.block_aligned() {
+            return Err(format!("releasing unaligned offset {offset}"));
+        }
+        if blocks == 0 {
+            return Err(format!("releasing an empty run at {offset}"));
+        }
         let start = offset.0 / BLOCK_BYTES;
         let mut st = self.state.lock();
         let end = start.saturating_add(blocks);
-        assert!(
-            end <= st.volume_blocks,
-            "releasing {blocks} blocks at {offset}, past the volume's end"
-        );
+        if end > st.volume_blocks {
+            return Err(format!(
+                "releasing {blocks} blocks at {offset}, past the volume's end"
+            ));
+        }
+        let mut reserved = None;
         State::for_each_piece(start, end, |g, lo, _| {
-            assert!(
-                lo >= GROUP_RESERVED_BLOCKS,
-                "releasing reserved block {lo} of group {g} (run of {blocks} blocks at {offset})"
-            );
+            if lo < GROUP_RESERVED_BLOCKS && reserved.is_none() {
+                reserved = Some((g, lo));
+            }
         });
+        if let Some((g, lo)) = reserved {
+            return Err(format!(
+                "releasing reserved block {lo} of group {g} (run of {blocks} blocks at {offset})"
+            ));
+        }
         let set = st.count_set(start, end);
-        assert_eq!(
-            set,
-            blocks,
-            "double free: {} of {blocks} blocks at {offset} are free",
-            blocks - set
-        );
+        if set != blocks {
+            return Err(format!(
+                "double free: {} of {blocks} blocks at {offset} are free",
+                blocks - set
+            ));
+        }
         st.clear_run(start, end);
         st.forget_post_seal(start, end);
+        Ok(())
     }
 
     /// Recovery: marks a run allocated (e.g. a replayed log segment). Returns false if some

@@ -87,14 +87,9 @@ pub(crate) fn open(options: Options, storage: Arc<dyn Storage>) -> Result<DbInne
     // Log segments allocated after the commit may lie past its volume length.
     allocator.cover_file(len);
     for (off, blocks) in &desc.free_log {
-        if !allocator.is_allocated(*off, *blocks) {
-            return Err(Error::corruption(
-                "free log",
-                *off,
-                "names blocks that are not allocated",
-            ));
+        if let Err(why) = allocator.try_release(*off, *blocks) {
+            return Err(Error::corruption("free log", *off, why));
         }
-        allocator.release(*off, *blocks);
     }
     let shared = Arc::new(Shared::new(options, volume, allocator));
     let mut regions = BTreeMap::new();
