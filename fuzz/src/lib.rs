@@ -134,7 +134,7 @@ fn build_base() -> Base {
             let img = read(storage.as_ref(), off.0, BLOCK_BYTES);
             match tucana::index::image_contents(&img, off, region.id).expect("node decodes") {
                 ImageContents::Internal(children) => todo.extend(children.into_iter().take(3)),
-                ImageContents::Leaf(_) => {}
+                ImageContents::Leaf { .. } => {}
             }
             nodes.push((img, off, region.id));
         }

@@ -238,16 +238,21 @@ impl Walk<'_, '_> {
                     self.node(child, depth + 1)?;
                 }
             }
-            ImageContents::Leaf(entries) => {
+            ImageContents::Leaf { stem, entries } => {
                 for entry in entries {
-                    self.entry(off, entry)?;
+                    self.entry(off, &stem, entry)?;
                 }
             }
         }
         Ok(())
     }
 
-    fn entry(&mut self, leaf: DiskOffset, (prefix, hash, ptr): (u64, u32, u64)) -> Result<()> {
+    fn entry(
+        &mut self,
+        leaf: DiskOffset,
+        stem: &[u8],
+        (prefix, hash, ptr): (u64, u32, u64),
+    ) -> Result<()> {
         let at = DiskOffset(ptr);
         let (key, len, tombstone) = self.region.with_record(ptr, true, |r: RecordRef<'_>| {
             (
@@ -263,7 +268,10 @@ impl Walk<'_, '_> {
                 format!("entry points at a non-value record {at}"),
             ));
         }
-        if key_prefix(&key) != prefix || key_hash(&key) != hash {
+        if !key.starts_with(stem)
+            || key_prefix(&key[stem.len()..]) != prefix
+            || key_hash(&key) != hash
+        {
             return Err(Error::corruption(
                 "index node",
                 leaf,

@@ -6,9 +6,9 @@ use std::sync::Arc;
 
 use crate::db::DbInner;
 use crate::error::{Error, Result};
-use crate::index::{key_prefix, LeafCopy, Seek};
+use crate::index::{LeafCopy, Seek};
 use crate::region::{Op, Region};
-use crate::types::{TreeEpoch, MAX_KEY_BYTES, MAX_VALUE_BYTES};
+use crate::types::{DiskOffset, TreeEpoch, MAX_KEY_BYTES, MAX_VALUE_BYTES};
 
 /// How durable a write is when the call returns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -319,6 +319,17 @@ pub struct Range {
     done: bool,
 }
 
+/// What a range reports when the fences its path gave a leaf are impossible: the leaf it
+/// moved to does not lie beyond the one before, or holds a key outside them. Only a
+/// damaged index (pivots out of order) does that; going on would loop or skip keys.
+fn fences_broken() -> Error {
+    Error::corruption(
+        "index",
+        DiskOffset::NONE,
+        "leaf fences out of order (damaged pivots)",
+    )
+}
+
 fn above_lo(key: &[u8], lo: &Bound<Vec<u8>>) -> bool {
     match lo {
         Bound::Included(l) => key >= l.as_slice(),
@@ -404,11 +415,10 @@ impl Range {
         bound: &[u8],
         before: impl Fn(&[u8], &[u8]) -> bool,
     ) -> Result<usize> {
-        let p = key_prefix(bound);
-        let (mut lo, mut hi) = (
-            leaf.prefixes.partition_point(|x| *x < p),
-            leaf.prefixes.partition_point(|x| *x <= p),
-        );
+        let std::ops::Range {
+            start: mut lo,
+            end: mut hi,
+        } = leaf.tie_span(bound);
         while lo < hi {
             let mid = (lo + hi) / 2;
             if self
@@ -429,6 +439,9 @@ impl Range {
                 let ptr = self.front.leaf.ptrs[self.front.pos];
                 self.front.pos += 1;
                 let (key, value) = self.item(ptr)?;
+                if !self.front.leaf.holds(&key) {
+                    return Err(fences_broken());
+                }
                 if !above_lo(&key, &self.lo) {
                     continue;
                 }
@@ -463,6 +476,13 @@ impl Range {
             };
             self.region
                 .copy_leaf(self.root, seek, &mut self.front.leaf)?;
+            // The leaf holding `k` ends after `k`: a damaged index whose fences do not
+            // advance would otherwise send this loop round the same leaves for ever.
+            if let (Some(k), Some(high)) = (&seek_key, &self.front.leaf.high) {
+                if high <= k {
+                    return Err(fences_broken());
+                }
+            }
             self.front.started = true;
             self.front.pos = self.first_not_below_lo()?;
         }
@@ -474,6 +494,9 @@ impl Range {
                 self.back.pos -= 1;
                 let ptr = self.back.leaf.ptrs[self.back.pos];
                 let (key, value) = self.item(ptr)?;
+                if !self.back.leaf.holds(&key) {
+                    return Err(fences_broken());
+                }
                 if !below_hi(&key, &self.hi) {
                     continue;
                 }
@@ -509,6 +532,13 @@ impl Range {
             };
             self.region
                 .copy_leaf(self.root, seek, &mut self.back.leaf)?;
+            // The leaf holding `k` starts at or before it, the leaf before `k` before it
+            // (see `next_front`).
+            if let (Some((k, at_or_after)), Some(low)) = (&seek_key, &self.back.leaf.low) {
+                if low > k || (!at_or_after && low == k) {
+                    return Err(fences_broken());
+                }
+            }
             self.back.started = true;
             self.back.pos = self.end_not_above_hi()?;
         }

@@ -63,11 +63,24 @@ fn sync_on_a_poisoned_store_with_nothing_unsynced_is_an_error() {
     ));
 }
 
-/// A committed volume whose descriptor's free log is replaced by `free_log`, with every
-/// checksum re-stamped so only the free log is wrong.
-fn volume_with_free_log(free_log: Vec<(tucana::types::DiskOffset, u64)>) -> Arc<MemStorage> {
-    use tucana::fuzzing::Descriptor;
-    use tucana::volume::superblock;
+/// The newest superblock of `storage` and the descriptor it names.
+fn committed(
+    storage: &MemStorage,
+) -> (
+    tucana::volume::superblock::Superblock,
+    tucana::fuzzing::Descriptor,
+) {
+    let sb = tucana::volume::superblock::read_newest(storage)
+        .expect("read")
+        .expect("a superblock");
+    let mut bytes = vec![0u8; sb.descriptor_bytes as usize];
+    storage.read_at(sb.descriptor.0, &mut bytes).expect("read");
+    let desc = tucana::fuzzing::Descriptor::decode(&bytes, sb.descriptor).expect("decode");
+    (sb, desc)
+}
+
+/// A closed volume with one keyspace "k" holding `keys`, each with the value "value".
+fn volume_with(keys: impl Iterator<Item = Vec<u8>>) -> Arc<MemStorage> {
     let storage = Arc::new(MemStorage::new());
     let db = Database::builder()
         .commit_interval(None)
@@ -75,17 +88,18 @@ fn volume_with_free_log(free_log: Vec<(tucana::types::DiskOffset, u64)>) -> Arc<
         .open_storage(storage.clone())
         .expect("create");
     let ks = db.keyspace("k").expect("keyspace");
-    for i in 0..100u32 {
-        ks.put(format!("key{i:04}").as_bytes(), b"value")
-            .expect("put");
+    for key in keys {
+        ks.put(&key, b"value").expect("put");
     }
     db.close().expect("close");
-    let mut sb = superblock::read_newest(storage.as_ref())
-        .expect("read")
-        .expect("a superblock");
-    let mut bytes = vec![0u8; sb.descriptor_bytes as usize];
-    storage.read_at(sb.descriptor.0, &mut bytes).expect("read");
-    let mut desc = Descriptor::decode(&bytes, sb.descriptor).expect("decode");
+    storage
+}
+
+/// A committed volume whose descriptor's free log is replaced by `free_log`, with every
+/// checksum re-stamped so only the free log is wrong.
+fn volume_with_free_log(free_log: Vec<(tucana::types::DiskOffset, u64)>) -> Arc<MemStorage> {
+    let storage = volume_with((0..100u32).map(|i| format!("key{i:04}").into_bytes()));
+    let (mut sb, mut desc) = committed(&storage);
     desc.free_log = free_log;
     let bytes = desc.encode();
     // A few more bytes than before still fit in the descriptor's block.
@@ -141,4 +155,56 @@ fn a_free_log_naming_impossible_runs_is_corruption_not_a_panic() {
         ks.get(b"key0042").expect("get").as_deref(),
         Some(&b"value"[..])
     );
+}
+
+/// Found by M5 (the `open` fuzz target, a timeout). A zeroed sector in an internal node
+/// (re-stamped checksum) left its pivots' descriptors zero: every pivot read as the empty
+/// key while the prefixes still differed, so the fences a range iterator gets from the
+/// path are not in order. A forward scan moves to the leaf holding the previous leaf's
+/// upper fence; with that fence at or below the position it had, it came back to the same
+/// leaves for ever inside one `next()`; a backward scan ended early and silently skipped
+/// keys. Ranges now check that each leaf they move to lies beyond the last and that every
+/// key they read lies inside its leaf's fences (both hold in a sound tree), and report
+/// corruption otherwise.
+#[test]
+fn a_scan_over_pivots_out_of_order_is_corruption_not_a_hang() {
+    use std::sync::mpsc;
+    use std::time::Duration;
+    // Node layout (index/node.rs): word 1 = kind | level | count, pivot descriptors at 2120.
+    const PIVOT_DESC_AT: usize = 2120;
+    let storage = volume_with((0..3000u32).map(|i| format!("key{i:06}").into_bytes()));
+    let (_, desc) = committed(&storage);
+    let root = desc.regions[0].root;
+    let mut img = vec![0u8; 4096];
+    storage.read_at(root.0, &mut img).expect("read the root");
+    let meta = u64::from_le_bytes(img[8..16].try_into().expect("8 bytes"));
+    assert_eq!(meta & 0xff, 2, "the root is an internal node");
+    let pivots = ((meta >> 16) & 0xffff) as usize;
+    assert!(pivots >= 4, "{pivots} pivots");
+    img[PIVOT_DESC_AT..PIVOT_DESC_AT + 8 * pivots].fill(0);
+    let crc = crc32c::crc32c_append(crc32c::crc32c(&[0u8; 8]), &img[8..]);
+    img[..4].copy_from_slice(&crc.to_le_bytes());
+    storage.write_at(root.0, &img).expect("write the root");
+
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let db = Database::builder()
+            .create_if_missing(false)
+            .open_storage(storage)
+            .expect("open (the damage is below the root's header)");
+        let ks = db.open_keyspace("k").expect("keyspace");
+        let forward: Vec<_> = ks.range::<&[u8], _>(..).collect();
+        let backward: Vec<_> = ks.range::<&[u8], _>(..).rev().collect();
+        let _ = tx.send((forward, backward));
+    });
+    // A liveness guard, not a speed claim: before the fix the scan never returned.
+    let (forward, backward) = rx
+        .recv_timeout(Duration::from_secs(300))
+        .expect("the scans finished");
+    for (name, items) in [("forward", forward), ("backward", backward)] {
+        match items.last() {
+            Some(Err(Error::Corruption { what, .. })) => assert_eq!(*what, "index"),
+            other => panic!("{name} scan ended with {other:?}, not an index corruption"),
+        }
+    }
 }

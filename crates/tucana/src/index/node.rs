@@ -15,16 +15,18 @@
 //! ```text
 //! header (64 bytes, 8 little-endian words)
 //!   w0  heap: seqlock version (even = stable)   disk: crc32c (low 32) | magic "TNOD" (high 32)
-//!   w1  kind u8 | level u8 | count u16 | key_area_used u16 | 0u16
+//!   w1  kind u8 | level u8 | count u16 | key_area_used u16 | stem_len u16
 //!   w2  tree epoch the node was created in
 //!   w3  heap: disk offset assigned by a commit (0 = none)   disk: the node's own offset
 //!   w4  region id          w5..w7 zero
 //! leaf (kind 1, level 0)                       internal (kind 2, level >= 1)
 //!   64    prefix [u64; 200]                      64    child [u64; 129]
 //!   1664  ptr    [u64; 200]                      1096  pivot_prefix [u64; 128]
-//!   3264  hash   [u32; 200]   (ends 4064)        2120  pivot_desc [u64; 128]
-//!                                                3144  key area (952 bytes)
+//!   3264  hash   [u32; 200]                      2120  pivot_desc [u64; 128]
+//!   4064  stem   [u8; 32]     (ends 4096)        3144  key area (952 bytes)
 //! pivot_desc = len u32 | area_offset u16 << 32 | flags u16 << 48   (flag 1 = EXTERNAL)
+//! leaf stem: the first stem_len (<= 32) bytes every key of the leaf starts with; a leaf
+//!   entry's prefix is the 8 key bytes after the stem (internal nodes: stem_len 0)
 //! child / root word: 0 = none, heap pointer (low bit 0), disk offset | 1
 //! ```
 
@@ -41,6 +43,9 @@ pub const NODE_BYTES: usize = 4096;
 pub const C_LEAF: usize = 200;
 /// Pivots an internal node holds (it has one more child).
 pub const C_INT: usize = 128;
+/// Longest stem a leaf keeps (bytes every key of the leaf starts with, left out of the
+/// entries' prefixes so that keys with long common beginnings still differ in them).
+pub const MAX_STEM_BYTES: usize = 32;
 /// Longest separator stored inline; longer ones are EXTERNAL (a log pointer to the full key).
 pub const MAX_INLINE_PIVOT: usize = 256;
 /// Bytes of an internal node's key area (pivot bytes beyond the 8-byte prefix).
@@ -58,6 +63,7 @@ pub const PIVOT_EXTERNAL: u16 = 1;
 const LEAF_PREFIX_AT: usize = 64;
 const LEAF_PTR_AT: usize = 1664;
 const LEAF_HASH_AT: usize = 3264;
+const LEAF_STEM_AT: usize = 4064;
 const INT_CHILD_AT: usize = 64;
 const INT_PIVOT_PREFIX_AT: usize = 1096;
 const INT_PIVOT_DESC_AT: usize = 2120;
@@ -82,7 +88,9 @@ pub(crate) struct LeafNode {
     pub prefix: [AtomicU64; C_LEAF],
     pub ptr: [AtomicU64; C_LEAF],
     pub hash: [AtomicU32; C_LEAF],
-    _pad: [AtomicU32; 8],
+    /// `MAX_STEM_BYTES` bytes in order (word `i` holds bytes `8i..8i+8`, little-endian);
+    /// the first `Meta::stem_len` are the stem, the rest zero.
+    pub stem: [AtomicU64; MAX_STEM_BYTES / 8],
 }
 
 #[repr(C, align(64))]
@@ -102,6 +110,7 @@ const _: () = {
     assert!(offset_of!(LeafNode, prefix) == LEAF_PREFIX_AT);
     assert!(offset_of!(LeafNode, ptr) == LEAF_PTR_AT);
     assert!(offset_of!(LeafNode, hash) == LEAF_HASH_AT);
+    assert!(offset_of!(LeafNode, stem) == LEAF_STEM_AT);
     assert!(offset_of!(InternalNode, child) == INT_CHILD_AT);
     assert!(offset_of!(InternalNode, pivot_prefix) == INT_PIVOT_PREFIX_AT);
     assert!(offset_of!(InternalNode, pivot_desc) == INT_PIVOT_DESC_AT);
@@ -118,6 +127,8 @@ pub(crate) struct Meta {
     pub level: u8,
     pub count: u16,
     pub area_used: u16,
+    /// Leaves: bytes of the stem (see [`MAX_STEM_BYTES`]); internal nodes: 0.
+    pub stem_len: u16,
 }
 
 impl Meta {
@@ -126,6 +137,7 @@ impl Meta {
             | (self.level as u64) << 8
             | (self.count as u64) << 16
             | (self.area_used as u64) << 32
+            | (self.stem_len as u64) << 48
     }
 
     pub fn unpack(w: u64) -> Meta {
@@ -134,6 +146,7 @@ impl Meta {
             level: (w >> 8) as u8,
             count: (w >> 16) as u16,
             area_used: (w >> 32) as u16,
+            stem_len: (w >> 48) as u16,
         }
     }
 
@@ -334,6 +347,7 @@ pub(crate) fn alloc_leaf(epoch: u64, region: RegionId) -> NonNull<Header> {
         level: 0,
         count: 0,
         area_used: 0,
+        stem_len: 0,
     });
     node.hdr.w[W_EPOCH].store(epoch, Relaxed);
     node.hdr.w[W_REGION].store(region.0, Relaxed);
@@ -349,6 +363,7 @@ pub(crate) fn alloc_internal(epoch: u64, region: RegionId, level: u8) -> NonNull
         level,
         count: 0,
         area_used: 0,
+        stem_len: 0,
     });
     node.hdr.w[W_EPOCH].store(epoch, Relaxed);
     node.hdr.w[W_REGION].store(region.0, Relaxed);
@@ -407,6 +422,22 @@ impl InternalNode {
     }
 }
 
+impl LeafNode {
+    /// Writer: stores the stem bytes (zero past `stem.len()`); the caller sets
+    /// `Meta::stem_len` in the same seqlock section.
+    pub fn set_stem(&self, stem: &[u8]) {
+        assert!(stem.len() <= MAX_STEM_BYTES, "stem of {} bytes", stem.len());
+        let mut bytes = [0u8; MAX_STEM_BYTES];
+        bytes[..stem.len()].copy_from_slice(stem);
+        for (w, chunk) in self.stem.iter().zip(bytes.chunks_exact(8)) {
+            w.store(
+                u64::from_le_bytes(chunk.try_into().expect("8 bytes")),
+                Relaxed,
+            );
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // Read views: search code is generic over heap node / disk image.
 
@@ -445,6 +476,10 @@ pub(crate) trait LeafRead {
     fn prefix(&self, i: usize) -> u64;
     fn hash(&self, i: usize) -> u32;
     fn ptr(&self, i: usize) -> u64;
+    /// Bytes of the stem, clamped to `MAX_STEM_BYTES`.
+    fn stem_len(&self) -> usize;
+    /// All `MAX_STEM_BYTES` stem bytes (the first `stem_len` are the stem).
+    fn stem(&self) -> [u8; MAX_STEM_BYTES];
     /// Confirms every load made so far (heap: the version did not move).
     fn validate(&self) -> SResult<()>;
     /// A validated field is impossible: corruption for a disk image, a bug (panic) for a heap node.
@@ -486,6 +521,16 @@ impl LeafRead for HeapLeaf<'_> {
     }
     fn ptr(&self, i: usize) -> u64 {
         self.node.ptr[i].load(Relaxed)
+    }
+    fn stem_len(&self) -> usize {
+        (self.node.hdr.meta().stem_len as usize).min(MAX_STEM_BYTES)
+    }
+    fn stem(&self) -> [u8; MAX_STEM_BYTES] {
+        let mut out = [0u8; MAX_STEM_BYTES];
+        for (chunk, w) in out.chunks_exact_mut(8).zip(&self.node.stem) {
+            chunk.copy_from_slice(&w.load(Relaxed).to_le_bytes());
+        }
+        out
     }
     fn validate(&self) -> SResult<()> {
         match self.version {
@@ -617,7 +662,11 @@ impl<'a> DiskNode<'a> {
         let meta = Meta::unpack(rd64(img, W_META * 8));
         match meta.kind {
             KIND_LEAF => {
-                if meta.level != 0 || meta.count as usize > C_LEAF || meta.area_used != 0 {
+                if meta.level != 0
+                    || meta.count as usize > C_LEAF
+                    || meta.area_used != 0
+                    || meta.stem_len as usize > MAX_STEM_BYTES
+                {
                     return Err(bad(format!("bad leaf header {meta:?}")));
                 }
             }
@@ -625,6 +674,7 @@ impl<'a> DiskNode<'a> {
                 if meta.level == 0
                     || meta.count as usize > C_INT
                     || meta.area_used as usize > KEY_AREA_BYTES
+                    || meta.stem_len != 0
                 {
                     return Err(bad(format!("bad internal node header {meta:?}")));
                 }
@@ -708,6 +758,15 @@ impl LeafRead for DiskNode<'_> {
     fn ptr(&self, i: usize) -> u64 {
         rd64(self.img, LEAF_PTR_AT + 8 * i)
     }
+    fn stem_len(&self) -> usize {
+        // `open` checked it.
+        self.meta.stem_len as usize
+    }
+    fn stem(&self) -> [u8; MAX_STEM_BYTES] {
+        let mut out = [0u8; MAX_STEM_BYTES];
+        out.copy_from_slice(&self.img[LEAF_STEM_AT..LEAF_STEM_AT + MAX_STEM_BYTES]);
+        out
+    }
     fn validate(&self) -> SResult<()> {
         Ok(())
     }
@@ -767,9 +826,13 @@ pub fn verify_image(img: &[u8], off: DiskOffset, region: RegionId) -> Result<()>
 }
 
 /// What a verified committed node holds, for walks over a whole volume (`check`, dropping
-/// a region): a leaf's (prefix, hash, log pointer) entries or an internal node's children.
+/// a region): a leaf's stem and (prefix, hash, log pointer) entries, or an internal node's
+/// children.
 pub enum ImageContents {
-    Leaf(Vec<(u64, u32, u64)>),
+    Leaf {
+        stem: Vec<u8>,
+        entries: Vec<(u64, u32, u64)>,
+    },
     Internal(Vec<DiskOffset>),
 }
 
@@ -779,8 +842,9 @@ pub fn image_contents(img: &[u8], off: DiskOffset, region: RegionId) -> Result<I
     d.verify_structure()?;
     let n = d.meta().count as usize;
     if d.meta().is_leaf() {
-        Ok(ImageContents::Leaf(
-            (0..n)
+        Ok(ImageContents::Leaf {
+            stem: LeafRead::stem(&d)[..LeafRead::stem_len(&d)].to_vec(),
+            entries: (0..n)
                 .map(|i| {
                     (
                         LeafRead::prefix(&d, i),
@@ -789,7 +853,7 @@ pub fn image_contents(img: &[u8], off: DiskOffset, region: RegionId) -> Result<I
                     )
                 })
                 .collect(),
-        ))
+        })
     } else {
         Ok(ImageContents::Internal(
             (0..=n)
@@ -815,6 +879,7 @@ pub(crate) fn heap_from_image(d: &DiskNode<'_>, epoch: u64, region: RegionId) ->
             leaf.ptr[i].store(LeafRead::ptr(d, i), Relaxed);
             leaf.hash[i].store(LeafRead::hash(d, i), Relaxed);
         }
+        leaf.set_stem(&LeafRead::stem(d)[..LeafRead::stem_len(d)]);
         leaf.hdr.set_meta(m);
         p
     } else {
@@ -853,6 +918,9 @@ pub(crate) fn heap_copy(src: NonNull<Header>, epoch: u64, region: RegionId) -> N
             d.prefix[i].store(s.prefix[i].load(Relaxed), Relaxed);
             d.ptr[i].store(s.ptr[i].load(Relaxed), Relaxed);
             d.hash[i].store(s.hash[i].load(Relaxed), Relaxed);
+        }
+        for (dw, sw) in d.stem.iter().zip(&s.stem) {
+            dw.store(sw.load(Relaxed), Relaxed);
         }
         d.hdr.set_meta(m);
         p
@@ -908,6 +976,9 @@ pub(crate) fn encode_image(
                 LEAF_HASH_AT + 4 * i,
                 leaf.hash[i].load(Relaxed),
             );
+        }
+        for (i, w) in leaf.stem.iter().enumerate() {
+            wr64(&mut img[..], LEAF_STEM_AT + 8 * i, w.load(Relaxed));
         }
     } else {
         // SAFETY: kind checked.

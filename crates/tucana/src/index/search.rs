@@ -12,7 +12,35 @@
 use std::cmp::Ordering;
 
 use super::node::{InternalRead, LeafRead, SResult, MAX_INLINE_PIVOT};
-use super::Ctx;
+use super::{key_prefix, Ctx};
+
+/// Where a key stands against a leaf's stem (the bytes every key of the leaf starts with).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum StemPos {
+    /// The key sorts before every key the stem allows (it is smaller, or a proper prefix).
+    Below,
+    /// The key starts with the stem; the entry prefix it would have in this leaf.
+    Inside(u64),
+    /// The key sorts after every key the stem allows.
+    Above,
+}
+
+/// Where `key` stands against `stem`; `Inside` carries `key_prefix(&key[stem.len()..])`.
+pub(crate) fn stem_position(stem: &[u8], key: &[u8]) -> StemPos {
+    let n = stem.len().min(key.len());
+    match key[..n].cmp(&stem[..n]) {
+        Ordering::Less => StemPos::Below,
+        Ordering::Greater => StemPos::Above,
+        Ordering::Equal if key.len() < stem.len() => StemPos::Below,
+        Ordering::Equal => StemPos::Inside(key_prefix(&key[stem.len()..])),
+    }
+}
+
+/// `stem_position` against the stem of leaf `l` (unvalidated on a reader's heap view).
+fn leaf_stem_position<L: LeafRead>(l: &L, key: &[u8]) -> StemPos {
+    let stem = l.stem();
+    stem_position(&stem[..l.stem_len()], key)
+}
 
 /// Compares pivot `i` of `v` with `key` (`pivot.cmp(key)`); `kp` is `key_prefix(key)`.
 pub(crate) fn cmp_pivot<V: InternalRead, C: Ctx>(
@@ -210,13 +238,17 @@ fn prefix_upper_bound<L: LeafRead>(l: &L, lo: usize, hi: usize, kp: u64) -> usiz
 
 /// Point lookup in a leaf: binary search on prefixes, then among equal prefixes the hash
 /// picks the candidate and one full-key compare confirms it (the paper's §3.1 lookup).
+/// Prefixes are taken after the leaf's stem; a key without the stem is not in the leaf.
 pub(crate) fn leaf_get<L: LeafRead, C: Ctx>(
     l: &L,
     ctx: &C,
     key: &[u8],
-    kp: u64,
     kh: u32,
 ) -> SResult<Option<u64>> {
+    let StemPos::Inside(kp) = leaf_stem_position(l, key) else {
+        l.validate()?;
+        return Ok(None);
+    };
     let n = l.count();
     let mut i = prefix_lower_bound(l, 0, n, kp);
     while i < n && l.prefix(i) == kp {
@@ -236,15 +268,20 @@ pub(crate) fn leaf_get<L: LeafRead, C: Ctx>(
     Ok(None)
 }
 
-/// Where `key` is or belongs in a leaf: `(index, found)`.
+/// Where `key` is or belongs in a leaf: `(index, found)`. A key without the leaf's stem
+/// belongs at one end.
 pub(crate) fn leaf_position<L: LeafRead, C: Ctx>(
     l: &L,
     ctx: &C,
     key: &[u8],
-    kp: u64,
     kh: u32,
 ) -> SResult<(usize, bool)> {
     let n = l.count();
+    let kp = match leaf_stem_position(l, key) {
+        StemPos::Inside(kp) => kp,
+        StemPos::Below => return Ok((0, false)),
+        StemPos::Above => return Ok((n, false)),
+    };
     let lo = prefix_lower_bound(l, 0, n, kp);
     let hi = prefix_upper_bound(l, lo, n, kp);
     if lo == hi {
@@ -338,6 +375,25 @@ mod tests {
         assert_eq!(separator(b"abc", b"abc"), None);
         assert_eq!(separator(b"abd", b"abc"), None);
         assert_eq!(separator(b"abc", b"ab"), None);
+    }
+
+    #[test]
+    fn stem_position_orders_keys_around_the_stem() {
+        let stem = b"user12";
+        assert_eq!(stem_position(stem, b"user1"), StemPos::Below);
+        assert_eq!(stem_position(stem, b"user11zzz"), StemPos::Below);
+        assert_eq!(stem_position(stem, b""), StemPos::Below);
+        assert_eq!(stem_position(stem, b"user13"), StemPos::Above);
+        assert_eq!(stem_position(stem, b"v"), StemPos::Above);
+        assert_eq!(stem_position(stem, b"user12"), StemPos::Inside(0));
+        assert_eq!(
+            stem_position(stem, b"user12abcdefghij"),
+            StemPos::Inside(key_prefix(b"abcdefgh"))
+        );
+        assert_eq!(
+            stem_position(b"", b"xy"),
+            StemPos::Inside(key_prefix(b"xy"))
+        );
     }
 
     #[test]

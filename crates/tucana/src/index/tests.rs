@@ -19,6 +19,8 @@ struct FakeCtx {
     keys: Vec<Vec<u8>>,
     images: HashMap<u64, Box<[u8; NODE_BYTES]>>,
     next_block: u64,
+    /// Keys read through `key_cmp`/`key_into` (log reads, for a real region).
+    key_reads: AtomicU64,
 }
 
 impl FakeCtx {
@@ -58,10 +60,12 @@ impl FakeCtx {
 
 impl Ctx for FakeCtx {
     fn key_cmp(&self, ptr: u64, key: &[u8]) -> Result<std::cmp::Ordering> {
+        self.key_reads.fetch_add(1, Relaxed);
         Ok(self.key(ptr).cmp(key))
     }
 
     fn key_into(&self, ptr: u64, out: &mut Vec<u8>) -> Result<()> {
+        self.key_reads.fetch_add(1, Relaxed);
         out.clear();
         out.extend_from_slice(self.key(ptr));
         Ok(())
@@ -254,6 +258,7 @@ fn empty_tree_answers_nothing() {
     let mut out = LeafCopy {
         ptrs: vec![1, 2],
         prefixes: vec![1, 2],
+        stem: vec![7],
         low: Some(vec![1]),
         high: Some(vec![2]),
     };
@@ -986,4 +991,142 @@ fn bench_one_million_random_16_byte_keys() {
         tree.heap_nodes(),
         tree.heap_nodes() as f64 * NODE_BYTES as f64 / N as f64
     );
+}
+
+/// Keys like redis-benchmark's (`key:` and 12 digits, mostly zeros in front): their first
+/// 8 bytes are the same, so without leaf stems every prefix ties and an insert reads about
+/// log2(200) keys from the log to place itself. Stems move the prefixes past the shared
+/// bytes; inserts then read almost nothing.
+#[test]
+fn leaf_stems_keep_shared_beginnings_from_reading_the_log() {
+    let mut rng = StdRng::seed_from_u64(11);
+    let tree = Tree::new(REGION, TreeEpoch(1));
+    let mut ctx = FakeCtx::default();
+    let mut model = Model::new();
+    let key = |n: u64| format!("key:{n:012}").into_bytes();
+    for _ in 0..30_000 {
+        put(
+            &tree,
+            &mut ctx,
+            &mut model,
+            &key(rng.random_range(0..1_000_000)),
+        );
+    }
+    let report = tree.check(&ctx, tree.root_word()).unwrap();
+    assert!(
+        report.stem_bytes >= 8 * report.leaves,
+        "{} stem bytes over {} leaves",
+        report.stem_bytes,
+        report.leaves
+    );
+    let before = ctx.key_reads.load(Relaxed);
+    let mut inserted = 0u64;
+    while inserted < 2000 {
+        let k = key(rng.random_range(0..1_000_000));
+        if !model.contains_key(&k) {
+            put(&tree, &mut ctx, &mut model, &k);
+            inserted += 1;
+        }
+    }
+    let per_insert = (ctx.key_reads.load(Relaxed) - before) as f64 / inserted as f64;
+    // Splits read the keys of a half whose stem grows; everything else settles on prefixes.
+    assert!(per_insert < 2.0, "{per_insert} log reads per new key");
+    assert_matches(&tree, &ctx, None, &model, &mut rng);
+}
+
+/// Stems grow at splits and shrink when a key outside them arrives (a leaf's range is
+/// wider than the keys it holds so far); both, and the round trip through disk images,
+/// must keep every lookup, scan and the structural check right.
+#[test]
+fn leaf_stems_shrink_for_keys_outside_them_and_survive_disk() {
+    let mut rng = StdRng::seed_from_u64(12);
+    let tree = Tree::new(REGION, TreeEpoch(1));
+    let mut ctx = FakeCtx::default();
+    let mut model = Model::new();
+    // Dense groups with long common beginnings, far apart: leaves get long stems.
+    for g in 0..8u32 {
+        for _ in 0..700 {
+            let k = format!(
+                "group{g}-common-beginning-{:08}",
+                rng.random_range(0..1_000_000u32)
+            );
+            put(&tree, &mut ctx, &mut model, k.as_bytes());
+        }
+    }
+    let stems_before = tree.check(&ctx, tree.root_word()).unwrap().stem_bytes;
+    assert!(stems_before > 0);
+    // Persist, continue on the disk tree: its leaves are copied with their stems.
+    let sealed = tree.seal();
+    let (root, _) = ctx.persist(&tree, sealed);
+    let tree = Tree::from_disk(REGION, root, TreeEpoch(2));
+    assert_matches(&tree, &ctx, None, &model, &mut rng);
+    // Keys between the groups and inside them that break the stems: shorter keys,
+    // keys differing inside the common part, prefixes of existing keys.
+    for i in 0..3000u32 {
+        let g = rng.random_range(0..8u32);
+        let k = match i % 5 {
+            0 => format!("group{g}-common-beginning-"),
+            1 => format!("group{g}-common-beginnin{}", rng.random_range(0..10u32)),
+            2 => format!("group{g}-comm"),
+            3 => format!("group{g}{:04}", rng.random_range(0..10_000u32)),
+            _ => format!(
+                "group{g}-common-beginning-{:08}",
+                rng.random_range(0..1_000_000u32)
+            ),
+        };
+        put(&tree, &mut ctx, &mut model, k.as_bytes());
+        if i % 7 == 0 {
+            let nth = rng.random_range(0..model.len());
+            let k = model.keys().nth(nth).cloned().unwrap();
+            del(&tree, &ctx, &mut model, &k);
+        }
+    }
+    assert_matches(&tree, &ctx, None, &model, &mut rng);
+    let sealed = tree.seal();
+    let (root, _) = ctx.persist(&tree, sealed);
+    let disk = Tree::from_disk(REGION, root, TreeEpoch(3));
+    assert_matches(&disk, &ctx, None, &model, &mut rng);
+}
+
+/// `LeafCopy::tie_span` against the keys themselves, for bounds inside, around and far
+/// outside leaves with stems.
+#[test]
+fn tie_span_brackets_the_entries_equal_prefixes_cannot_order() {
+    let mut rng = StdRng::seed_from_u64(13);
+    let tree = Tree::new(REGION, TreeEpoch(1));
+    let mut ctx = FakeCtx::default();
+    let mut model = Model::new();
+    for _ in 0..5000 {
+        let k = format!("user{:010}", rng.random_range(0..100_000u64) * 37);
+        put(&tree, &mut ctx, &mut model, k.as_bytes());
+    }
+    let guard = crossbeam_epoch::pin();
+    let mut leaf = LeafCopy::default();
+    let mut stemmed = 0;
+    for _ in 0..300 {
+        let bound = match rng.random_range(0..4) {
+            0 => format!("user{:010}", rng.random_range(0..4_000_000u64)).into_bytes(),
+            1 => model
+                .keys()
+                .nth(rng.random_range(0..model.len()))
+                .cloned()
+                .unwrap(),
+            2 => format!("user{}", rng.random_range(0..1000u64)).into_bytes(),
+            _ => [&b"a"[..], b"user", b"v", b""][rng.random_range(0..4)].to_vec(),
+        };
+        tree.copy_leaf(&ctx, None, Seek::AtOrAfter(&bound), &guard, &mut leaf)
+            .unwrap();
+        stemmed += usize::from(!leaf.stem.is_empty());
+        let span = leaf.tie_span(&bound);
+        for (i, &ptr) in leaf.ptrs.iter().enumerate() {
+            let key = ctx.key(ptr);
+            assert!(key.starts_with(&leaf.stem));
+            if i < span.start {
+                assert!(key < bound.as_slice(), "entry {i} before {span:?}");
+            } else if i >= span.end {
+                assert!(key > bound.as_slice(), "entry {i} after {span:?}");
+            }
+        }
+    }
+    assert!(stemmed > 0, "no leaf had a stem");
 }

@@ -31,9 +31,11 @@ use super::node::{
     heap_copy, heap_from_image, heap_word, no_restart, DiskNode, Header, HeapInternal, HeapLeaf,
     InternalNode, InternalRead, LeafNode, LeafRead, Meta, NodeRef, PivotDesc, SResult, SearchErr,
     AREA_FREE_MIN_BYTES, C_INT, C_LEAF, KEY_AREA_BYTES, KIND_INTERNAL, KIND_LEAF, MAX_INLINE_PIVOT,
-    NODE_BYTES, PIVOT_EXTERNAL, W_DISK,
+    MAX_STEM_BYTES, NODE_BYTES, PIVOT_EXTERNAL, W_DISK,
 };
-use super::search::{child_index, leaf_get, leaf_position, pivot_into, separator};
+use super::search::{
+    child_index, leaf_get, leaf_position, pivot_into, separator, stem_position, StemPos,
+};
 use super::{key_hash, key_prefix, Ctx};
 use crate::error::{Error, Result};
 use crate::types::{DiskOffset, RegionId, TreeEpoch};
@@ -63,13 +65,62 @@ pub enum Seek<'a> {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct LeafCopy {
     pub ptrs: Vec<u64>,
-    /// The entries' key prefixes (`key_prefix`), parallel to `ptrs`: lets an iterator find
-    /// its start in the leaf without reading most keys.
+    /// The entries' key prefixes (the 8 key bytes after `stem`), parallel to `ptrs`: let an
+    /// iterator find its start in the leaf without reading most keys (see `tie_span`).
     pub prefixes: Vec<u64>,
+    /// The bytes every key of the leaf starts with.
+    pub stem: Vec<u8>,
     /// Tightest inclusive lower bound of the leaf's key range (`None` at the left edge).
     pub low: Option<Vec<u8>>,
     /// Tightest exclusive upper bound (`None` at the right edge).
     pub high: Option<Vec<u8>>,
+}
+
+impl LeafCopy {
+    /// True if `key` lies inside the leaf's fences, as every key of a sound leaf does.
+    pub fn holds(&self, key: &[u8]) -> bool {
+        self.low.as_deref().is_none_or(|l| l <= key) && self.high.as_deref().is_none_or(|h| key < h)
+    }
+
+    /// The entries whose order against `key` their prefixes cannot settle: entries before
+    /// the returned start are below `key`, entries from its end on are above it, and only
+    /// those in between (equal prefixes) need their full keys compared.
+    pub fn tie_span(&self, key: &[u8]) -> std::ops::Range<usize> {
+        match stem_position(&self.stem, key) {
+            StemPos::Below => 0..0,
+            StemPos::Above => self.ptrs.len()..self.ptrs.len(),
+            StemPos::Inside(kp) => {
+                self.prefixes.partition_point(|x| *x < kp)
+                    ..self.prefixes.partition_point(|x| *x <= kp)
+            }
+        }
+    }
+}
+
+/// New prefixes and stem for a leaf whose stem changes (a split that finds the keys of a
+/// half share more bytes): applied inside the leaf's write section.
+struct Restem {
+    stem: Vec<u8>,
+    prefixes: Vec<u64>,
+}
+
+/// Number of leading bytes `a` and `b` share.
+fn common_len(a: &[u8], b: &[u8]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+/// The prefix an entry gets when its leaf's stem shrinks from `old_stem` to its first
+/// `new_len` bytes: the stem bytes given up come first, then the old prefix. Needs no log
+/// read, which is why inserts may shrink a stem freely and only splits grow one.
+fn prefix_after_shrink(old_stem: &[u8], new_len: usize, prefix: u64) -> u64 {
+    let mut b = [0u8; 16];
+    let given_up = &old_stem[new_len..];
+    let n = given_up.len().min(8);
+    b[..n].copy_from_slice(&given_up[..n]);
+    b[n..n + 8].copy_from_slice(&prefix.to_be_bytes());
+    let mut out = [0u8; 8];
+    out.copy_from_slice(&b[..8]);
+    u64::from_be_bytes(out)
 }
 
 /// An opaque handle on a retired heap node.
@@ -110,6 +161,8 @@ pub struct TreeCheck {
     pub pivots: u64,
     /// Pivots longer than `MAX_INLINE_PIVOT`, kept as log pointers.
     pub external_pivots: u64,
+    /// Bytes of leaf stems, summed over leaves.
+    pub stem_bytes: u64,
 }
 
 /// The index of one region. See the module docs for the concurrency rules.
@@ -271,6 +324,7 @@ trait Walk {
 
 struct GetWalk<'k> {
     key: &'k [u8],
+    /// `key_prefix(key)`, for pivots (leaves take their prefixes after their stem).
     prefix: u64,
     hash: u32,
 }
@@ -284,7 +338,7 @@ impl Walk for GetWalk<'_> {
         child_index(v, ctx, self.key, self.prefix, true)
     }
     fn leaf<L: LeafRead, C: Ctx>(&mut self, l: &L, ctx: &C) -> SResult<Option<u64>> {
-        leaf_get(l, ctx, self.key, self.prefix, self.hash)
+        leaf_get(l, ctx, self.key, self.hash)
     }
 }
 
@@ -305,6 +359,7 @@ impl Walk for LeafWalk<'_, '_> {
         self.high_set = false;
         self.out.ptrs.clear();
         self.out.prefixes.clear();
+        self.out.stem.clear();
     }
     fn empty(&mut self) {}
     fn internal<V: InternalRead, C: Ctx>(&mut self, v: &V, ctx: &C) -> SResult<usize> {
@@ -333,6 +388,8 @@ impl Walk for LeafWalk<'_, '_> {
         let n = l.count();
         self.out.ptrs.extend((0..n).map(|i| l.ptr(i)));
         self.out.prefixes.extend((0..n).map(|i| l.prefix(i)));
+        self.out.stem.clear();
+        self.out.stem.extend_from_slice(&l.stem()[..l.stem_len()]);
         l.validate()?;
         if self.out.ptrs.contains(&0) {
             return Err(l.corrupt("zero log pointer"));
@@ -444,7 +501,7 @@ impl Tree {
         }
         loop {
             if unsafe { node.as_ref() }.meta().is_leaf() {
-                return self.leaf_insert(ctx, unsafe { as_leaf(node) }, key, kp, kh, ptr);
+                return self.leaf_insert(ctx, unsafe { as_leaf(node) }, key, kh, ptr);
             }
             let parent = unsafe { as_internal(node) };
             let own = HeapInternal {
@@ -496,7 +553,7 @@ impl Tree {
                     node: leaf,
                     version: None,
                 };
-                let (pos, found) = no_restart(leaf_position(&own, ctx, key, kp, kh))?;
+                let (pos, found) = no_restart(leaf_position(&own, ctx, key, kh))?;
                 if !found {
                     // The probe found it a moment ago; only a log answering differently
                     // could get here. Nothing was removed.
@@ -639,7 +696,6 @@ impl Tree {
         ctx: &C,
         leaf: &LeafNode,
         key: &[u8],
-        kp: u64,
         kh: u32,
         ptr: u64,
     ) -> Result<Option<u64>> {
@@ -647,7 +703,21 @@ impl Tree {
             node: leaf,
             version: None,
         };
-        let (pos, found) = no_restart(leaf_position(&own, ctx, key, kp, kh))?;
+        // A key that does not start with the stem (the leaf's range is wider than its
+        // keys so far) shrinks the stem to what they share.
+        let stem_len = own.stem_len();
+        if stem_len > 0 {
+            let stem = own.stem();
+            let keep = common_len(&stem[..stem_len], key);
+            if keep < stem_len {
+                Self::shrink_stem(leaf, &stem[..stem_len], keep);
+            }
+        }
+        let kp = match stem_position(&own.stem()[..own.stem_len()], key) {
+            StemPos::Inside(kp) => kp,
+            other => unreachable!("key outside the stem after shrinking it: {other:?}"),
+        };
+        let (pos, found) = no_restart(leaf_position(&own, ctx, key, kh))?;
         if found {
             // One atomic word: a reader sees the old or the new pointer, both valid for
             // this key, so no version bump (readers of this leaf need not restart).
@@ -673,6 +743,70 @@ impl Tree {
         });
         leaf.hdr.write_end();
         Ok(None)
+    }
+
+    /// Cuts the stem of the published `leaf` to its first `keep` bytes, rewriting every
+    /// prefix (no log reads: the bytes given up are in the stem).
+    fn shrink_stem(leaf: &LeafNode, stem: &[u8], keep: usize) {
+        let m = leaf.hdr.meta();
+        assert!(keep < stem.len() && stem.len() == m.stem_len as usize);
+        leaf.hdr.write_begin();
+        for slot in &leaf.prefix[..m.count as usize] {
+            slot.store(prefix_after_shrink(stem, keep, slot.load(Relaxed)), Relaxed);
+        }
+        leaf.set_stem(&stem[..keep]);
+        leaf.hdr.set_meta(Meta {
+            stem_len: keep as u16,
+            ..m
+        });
+        leaf.hdr.write_end();
+    }
+
+    /// A longer stem for entries `range` of `leaf` (one half of a split), if they share
+    /// more bytes than its stem and their prefixes tie somewhere (the case a longer stem
+    /// helps: equal prefixes make lookups read keys from the log). Reads every key of the
+    /// half from the log to build the new prefixes; `None` leaves the half as it is.
+    fn grown_stem<C: Ctx>(
+        ctx: &C,
+        leaf: &LeafNode,
+        range: std::ops::Range<usize>,
+    ) -> Result<Option<Restem>> {
+        let stem_len = leaf.hdr.meta().stem_len as usize;
+        let ties = range
+            .clone()
+            .skip(1)
+            .any(|i| leaf.prefix[i - 1].load(Relaxed) == leaf.prefix[i].load(Relaxed));
+        if !ties || stem_len >= MAX_STEM_BYTES {
+            return Ok(None);
+        }
+        let (mut first, mut last) = (Vec::new(), Vec::new());
+        ctx.key_into(leaf.ptr[range.start].load(Relaxed), &mut first)?;
+        ctx.key_into(leaf.ptr[range.end - 1].load(Relaxed), &mut last)?;
+        let new_len = common_len(&first, &last).min(MAX_STEM_BYTES);
+        if new_len <= stem_len {
+            return Ok(None);
+        }
+        first.truncate(new_len);
+        let mut prefixes = Vec::with_capacity(range.len());
+        let mut key = Vec::new();
+        for i in range {
+            let ptr = leaf.ptr[i].load(Relaxed);
+            ctx.key_into(ptr, &mut key)?;
+            // Keys are sorted, so all between the first and the last share their bytes;
+            // a log that says otherwise is corrupt.
+            if !key.starts_with(&first) {
+                return Err(Error::corruption(
+                    "log record key",
+                    DiskOffset(ptr),
+                    "key lies outside the range of its neighbours in the index",
+                ));
+            }
+            prefixes.push(key_prefix(&key[new_len..]));
+        }
+        Ok(Some(Restem {
+            stem: first,
+            prefixes,
+        }))
     }
 
     /// Copies a disk node into a new heap node of the running epoch after checking it fully.
@@ -756,17 +890,26 @@ impl Tree {
         p: NonNull<Header>,
         running: u64,
         key: &[u8],
-    ) -> Result<(Sep, NonNull<Header>, usize)> {
+    ) -> Result<(Sep, NonNull<Header>, usize, Option<Restem>)> {
         // SAFETY: `p` is a live node on the writer's path; kinds are checked before casts.
         let m = unsafe { p.as_ref() }.meta();
         let n = m.count as usize;
         if m.is_leaf() {
             let leaf = unsafe { as_leaf(p) };
+            let own = HeapLeaf {
+                node: leaf,
+                version: None,
+            };
             // A key beyond either end of the leaf is what ascending (descending) loads
             // look like: leave the side they will not come back to nearly full instead of
             // half full. Random inserts hit this 1 time in ~C_LEAF and lose little.
-            let kp = key_prefix(key);
+            let key_pos = stem_position(&own.stem()[..own.stem_len()], key);
             let beyond = |i: usize, side: Ordering| -> Result<bool> {
+                let kp = match key_pos {
+                    StemPos::Below => return Ok(side == Ordering::Greater),
+                    StemPos::Above => return Ok(side == Ordering::Less),
+                    StemPos::Inside(kp) => kp,
+                };
                 Ok(match leaf.prefix[i].load(Relaxed).cmp(&kp) {
                     Ordering::Equal => ctx.key_cmp(leaf.ptr[i].load(Relaxed), key)? == side,
                     o => o == side,
@@ -805,19 +948,32 @@ impl Tree {
                     },
                 }
             };
+            // Each half may share more leading bytes than the whole did.
+            let left_stem = Self::grown_stem(ctx, leaf, 0..keep)?;
+            let right_stem = Self::grown_stem(ctx, leaf, keep..n)?;
             let r = self.new_leaf(running);
             // SAFETY: just allocated as a leaf.
             let right = unsafe { as_leaf(r) };
             for (j, i) in (keep..n).enumerate() {
-                right.prefix[j].store(leaf.prefix[i].load(Relaxed), Relaxed);
+                let prefix = match &right_stem {
+                    Some(rs) => rs.prefixes[j],
+                    None => leaf.prefix[i].load(Relaxed),
+                };
+                right.prefix[j].store(prefix, Relaxed);
                 right.ptr[j].store(leaf.ptr[i].load(Relaxed), Relaxed);
                 right.hash[j].store(leaf.hash[i].load(Relaxed), Relaxed);
             }
+            let stem = match &right_stem {
+                Some(rs) => rs.stem.clone(),
+                None => own.stem()[..own.stem_len()].to_vec(),
+            };
+            right.set_stem(&stem);
             right.hdr.set_meta(Meta {
                 count: (n - keep) as u16,
+                stem_len: stem.len() as u16,
                 ..right.hdr.meta()
             });
-            Ok((sep, r, keep))
+            Ok((sep, r, keep, left_stem))
         } else {
             let node = unsafe { as_internal(p) };
             let sizes: Vec<usize> = (0..n)
@@ -842,25 +998,39 @@ impl Tree {
             };
             assert!(!rm.is_full(), "right half of a split is still full: {rm:?}");
             right.hdr.set_meta(rm);
-            Ok((sep, r, keep))
+            Ok((sep, r, keep, None))
         }
     }
 
     /// Cuts the published node `p` down to its first `keep` entries (pivots), after its
-    /// upper half became reachable elsewhere. Compacts the key area of an internal node.
-    fn truncate(&self, p: NonNull<Header>, keep: usize) {
+    /// upper half became reachable elsewhere, giving a leaf its new stem if it has one.
+    /// Compacts the key area of an internal node.
+    fn truncate(&self, p: NonNull<Header>, keep: usize, restem: Option<Restem>) {
         // SAFETY: as in `split_prepare`.
         let hdr = unsafe { p.as_ref() };
         let m = hdr.meta();
         if m.is_leaf() {
+            // SAFETY: kind checked.
+            let leaf = unsafe { as_leaf(p) };
             hdr.write_begin();
+            let mut stem_len = m.stem_len;
+            if let Some(rs) = restem {
+                assert_eq!(rs.prefixes.len(), keep);
+                for (slot, prefix) in leaf.prefix.iter().zip(rs.prefixes) {
+                    slot.store(prefix, Relaxed);
+                }
+                leaf.set_stem(&rs.stem);
+                stem_len = rs.stem.len() as u16;
+            }
             hdr.set_meta(Meta {
                 count: keep as u16,
+                stem_len,
                 ..m
             });
             hdr.write_end();
             return;
         }
+        debug_assert!(restem.is_none());
         let node = unsafe { as_internal(p) };
         let mut area = [0u8; KEY_AREA_BYTES];
         let mut descs = [0u64; C_INT];
@@ -931,9 +1101,9 @@ impl Tree {
         running: u64,
         key: &[u8],
     ) -> Result<Sep> {
-        let (sep, right, keep) = self.split_prepare(ctx, child, running, key)?;
+        let (sep, right, keep, restem) = self.split_prepare(ctx, child, running, key)?;
         Self::insert_pivot(parent, idx, &sep, heap_word(right));
-        self.truncate(child, keep);
+        self.truncate(child, keep, restem);
         Ok(sep)
     }
 
@@ -945,7 +1115,7 @@ impl Tree {
         running: u64,
         key: &[u8],
     ) -> Result<NonNull<Header>> {
-        let (sep, right, keep) = self.split_prepare(ctx, old, running, key)?;
+        let (sep, right, keep, restem) = self.split_prepare(ctx, old, running, key)?;
         // SAFETY: `old` is the live root.
         let level = unsafe { old.as_ref() }.meta().level + 1;
         let nr = self.new_internal(running, level);
@@ -960,9 +1130,10 @@ impl Tree {
             level,
             count: 1,
             area_used: used as u16,
+            stem_len: 0,
         });
         self.root.store(heap_word(nr), Release);
-        self.truncate(old, keep);
+        self.truncate(old, keep, restem);
         Ok(nr)
     }
 
@@ -1403,14 +1574,18 @@ impl Tree {
         }
         let in_fences = |k: &[u8]| low.is_none_or(|l| l <= k) && high.is_none_or(|h| k < h);
         match snap.body {
-            Snap::Leaf(entries) => {
+            Snap::Leaf { stem, entries } => {
                 report.leaves += 1;
+                report.stem_bytes += stem.len() as u64;
                 report.keys += entries.len() as u64;
                 let mut prev: Option<Vec<u8>> = None;
                 let mut key = Vec::new();
                 for (i, (prefix, hash, ptr)) in entries.into_iter().enumerate() {
                     ctx.key_into(ptr, &mut key)?;
-                    if prefix != key_prefix(&key) || hash != key_hash(&key) {
+                    if !key.starts_with(&stem) {
+                        return Err(bad(format!("entry {i}: key does not start with the stem")));
+                    }
+                    if prefix != key_prefix(&key[stem.len()..]) || hash != key_hash(&key) {
                         return Err(bad(format!(
                             "entry {i}: prefix or hash does not match its key"
                         )));
@@ -1467,7 +1642,10 @@ struct NodeSnap {
 }
 
 enum Snap {
-    Leaf(Vec<(u64, u32, u64)>),
+    Leaf {
+        stem: Vec<u8>,
+        entries: Vec<(u64, u32, u64)>,
+    },
     Internal {
         children: Vec<u64>,
         pivots: Vec<Vec<u8>>,
@@ -1478,11 +1656,12 @@ enum Snap {
 fn snapshot_leaf<L: LeafRead>(l: &L) -> NodeSnap {
     NodeSnap {
         level: 0,
-        body: Snap::Leaf(
-            (0..l.count())
+        body: Snap::Leaf {
+            stem: l.stem()[..l.stem_len()].to_vec(),
+            entries: (0..l.count())
                 .map(|i| (l.prefix(i), l.hash(i), l.ptr(i)))
                 .collect(),
-        ),
+        },
     }
 }
 
