@@ -30,6 +30,7 @@
 //! rebalancing. Disk nodes are checksummed on every read (about 4 KiB of
 //! crc32c per disk node visited); a cache of verified blocks would remove that cost.
 
+mod arena;
 mod node;
 mod search;
 mod tree;

@@ -329,19 +329,18 @@ pub(crate) unsafe fn as_internal<'a>(p: NonNull<Header>) -> &'a InternalNode {
     unsafe { p.cast::<InternalNode>().as_ref() }
 }
 
-/// A zeroed heap node, owned by the caller (freed with `Box::from_raw`).
+/// A zeroed heap node from the node arena, owned by the caller (freed with `free_node`).
 fn alloc_zeroed<T>() -> NonNull<T> {
-    let layout = std::alloc::Layout::new::<T>();
-    // SAFETY: node types have a non-zero size. All-zero bytes are a valid value of a node
-    // (it is only atomics), and memory from the global allocator with `Layout::new::<T>()`
-    // may be owned by a `Box<T>`.
-    let p = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<T>();
-    NonNull::new(p).unwrap_or_else(|| std::alloc::handle_alloc_error(layout))
+    const { assert!(size_of::<T>() == super::arena::SLOT_BYTES) };
+    // A slot is 4096-byte aligned, more than any node type needs (64), and all-zero bytes
+    // are a valid value of a node (it is only atomics).
+    super::arena::alloc_slot().cast::<T>()
 }
 
 pub(crate) fn alloc_leaf(epoch: u64, region: RegionId) -> NonNull<Header> {
-    // SAFETY: see `alloc_zeroed`.
-    let node: Box<LeafNode> = unsafe { Box::from_raw(alloc_zeroed::<LeafNode>().as_ptr()) };
+    let p = alloc_zeroed::<LeafNode>();
+    // SAFETY: a zeroed slot is a valid leaf, owned by us until published.
+    let node = unsafe { p.as_ref() };
     node.hdr.set_meta(Meta {
         kind: KIND_LEAF,
         level: 0,
@@ -351,13 +350,14 @@ pub(crate) fn alloc_leaf(epoch: u64, region: RegionId) -> NonNull<Header> {
     });
     node.hdr.w[W_EPOCH].store(epoch, Relaxed);
     node.hdr.w[W_REGION].store(region.0, Relaxed);
-    NonNull::from(Box::leak(node)).cast()
+    p.cast()
 }
 
 pub(crate) fn alloc_internal(epoch: u64, region: RegionId, level: u8) -> NonNull<Header> {
     assert!(level >= 1);
-    // SAFETY: see `alloc_zeroed`.
-    let node: Box<InternalNode> = unsafe { Box::from_raw(alloc_zeroed::<InternalNode>().as_ptr()) };
+    let p = alloc_zeroed::<InternalNode>();
+    // SAFETY: a zeroed slot is a valid internal node, owned by us until published.
+    let node = unsafe { p.as_ref() };
     node.hdr.set_meta(Meta {
         kind: KIND_INTERNAL,
         level,
@@ -367,7 +367,7 @@ pub(crate) fn alloc_internal(epoch: u64, region: RegionId, level: u8) -> NonNull
     });
     node.hdr.w[W_EPOCH].store(epoch, Relaxed);
     node.hdr.w[W_REGION].store(region.0, Relaxed);
-    NonNull::from(Box::leak(node)).cast()
+    p.cast()
 }
 
 /// Frees one heap node (not its children).
@@ -375,15 +375,9 @@ pub(crate) fn alloc_internal(epoch: u64, region: RegionId, level: u8) -> NonNull
 /// # Safety
 /// `p` came from `alloc_leaf`/`alloc_internal`, is freed once, and nobody can reach it any more.
 pub(crate) unsafe fn free_node(p: NonNull<Header>) {
-    // SAFETY: the caller guarantees `p` is live and unreachable; the kind tells which box
-    // type allocated it.
-    unsafe {
-        if p.as_ref().meta().is_leaf() {
-            drop(Box::from_raw(p.cast::<LeafNode>().as_ptr()));
-        } else {
-            drop(Box::from_raw(p.cast::<InternalNode>().as_ptr()));
-        }
-    }
+    // SAFETY: the caller guarantees `p` is a slot of the arena nobody uses any more. Nodes
+    // are only atomics: nothing to drop.
+    unsafe { super::arena::free_slot(p.cast()) }
 }
 
 impl InternalNode {
