@@ -633,17 +633,109 @@ impl Region {
         let Some(ptr) = self.tree.get(self, root, key, &guard)? else {
             return Ok(None);
         };
+        self.value_at(ptr, key, f).map(Some)
+    }
+
+    /// The log pointer the index holds for `key` under `root` (index only, no record read).
+    /// The caller keeps the pointer valid after the call returns (a snapshot or a
+    /// registered live reader, see `register_live_reader`).
+    pub fn lookup(&self, root: Option<u64>, key: &[u8]) -> Result<Option<u64>> {
+        self.check_usable()?;
+        let guard = epoch::pin();
+        self.tree.get(self, root, key, &guard)
+    }
+
+    /// Looks `key` up without reading any record: the index confirms a key whose prefix and
+    /// hash match by reading its record (`Ctx::key_cmp`), which is exactly the read a
+    /// batch of lookups wants to prefetch first. The leaf's match is taken as a candidate
+    /// the caller confirms when it reads the record; anything else that needed a key
+    /// (a long pivot kept in the log, a restart) makes the answer `Unsure`.
+    pub fn lookup_candidate(&self, root: Option<u64>, key: &[u8]) -> Result<Candidate> {
+        self.check_usable()?;
+        let guard = epoch::pin();
+        let ctx = CandidateCtx {
+            region: self,
+            compares: std::cell::Cell::new(0),
+            last: std::cell::Cell::new(0),
+        };
+        let found = self.tree.get(&ctx, root, key, &guard)?;
+        Ok(match (found, ctx.compares.get()) {
+            (None, 0) => Candidate::Absent,
+            (Some(ptr), 1) if ptr == ctx.last.get() => Candidate::Maybe(ptr),
+            _ => Candidate::Unsure,
+        })
+    }
+
+    /// Calls `f` with the value of the put record at `ptr`, which the index named for `key`
+    /// (verified: a record of another key or a tombstone is corruption).
+    pub fn value_at<R>(&self, ptr: u64, key: &[u8], f: impl FnOnce(&[u8]) -> R) -> Result<R> {
+        self.value_at_if_key(ptr, key, f)?.ok_or_else(|| {
+            Error::corruption(
+                "index entry",
+                DiskOffset(ptr),
+                "points at a record of another key",
+            )
+        })
+    }
+
+    /// As `value_at`, but `None` when the record at `ptr` holds another key (a
+    /// `Candidate::Maybe` that collided); a tombstone of `key` is still corruption.
+    pub fn value_at_if_key<R>(
+        &self,
+        ptr: u64,
+        key: &[u8],
+        f: impl FnOnce(&[u8]) -> R,
+    ) -> Result<Option<R>> {
         self.with_record(ptr, true, |rec| {
-            if rec.key != key || rec.header.is_tombstone() {
+            if rec.key != key {
+                return Ok(None);
+            }
+            if rec.header.is_tombstone() {
                 return Err(Error::corruption(
                     "index entry",
                     DiskOffset(ptr),
-                    "points at a record of another key",
+                    "points at a tombstone",
                 ));
             }
-            Ok(f(rec.value))
+            Ok(Some(f(rec.value)))
         })?
-        .map(Some)
+    }
+
+    /// Asks the volume to start reading the records at `ptrs` (any order, duplicates
+    /// allowed; left sorted, the caller clears it) and returns without waiting. Records in
+    /// the tail buffer are skipped (they are in memory). Each record is asked for from its
+    /// start for about the region's average record size (at least its header's page); a
+    /// longer one reads the rest when it is read. Adjacent pages go in one request.
+    pub fn prefetch_records(&self, ptrs: &mut Vec<u64>) {
+        {
+            let guard = epoch::pin();
+            // SAFETY: protected by the guard; never null after construction. A tail
+            // switched right after this reading only makes us skip records that were just
+            // written out (resident) or ask for bytes not yet written (harmless).
+            if let Some(t) = unsafe { self.tail.load(Ordering::Acquire, &guard).as_ref() } {
+                ptrs.retain(|&ptr| !t.contains(ptr));
+            }
+        }
+        if ptrs.is_empty() {
+            return;
+        }
+        let keys = self.keys.load(Ordering::Relaxed).max(1);
+        let record_bytes = (self.live_bytes.load(Ordering::Relaxed) / keys).clamp(
+            HEADER_BYTES as u64,
+            crate::prefetch::MAX_RECORD_PREFETCH_BYTES,
+        );
+        let storage = self.shared.volume.storage();
+        let mut bytes = 0;
+        let calls = crate::prefetch::page_runs(ptrs, record_bytes, |offset, len_bytes| {
+            storage.prefetch(offset, len_bytes);
+            bytes += len_bytes;
+        });
+        self.shared
+            .prefetch_calls
+            .fetch_add(calls, Ordering::Relaxed);
+        self.shared
+            .prefetch_bytes
+            .fetch_add(bytes, Ordering::Relaxed);
     }
 
     /// Copies the leaf `seek` lands on (for range iteration).
@@ -722,6 +814,42 @@ impl Ctx for Region {
             };
             f(bytes)
         })
+    }
+}
+
+/// What `Region::lookup_candidate` found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Candidate {
+    /// The key is not in the index (no record was needed to tell).
+    Absent,
+    /// The entry whose key prefix and hash match the key's: its record holds the key
+    /// unless two keys collide on both (then look up exactly).
+    Maybe(u64),
+    /// Look up exactly (`Region::lookup`).
+    Unsure,
+}
+
+/// A `Ctx` that answers every key comparison with "equal" without reading the record,
+/// and counts them (see `Region::lookup_candidate`).
+struct CandidateCtx<'a> {
+    region: &'a Region,
+    compares: std::cell::Cell<u32>,
+    last: std::cell::Cell<u64>,
+}
+
+impl Ctx for CandidateCtx<'_> {
+    fn key_cmp(&self, ptr: u64, _key: &[u8]) -> Result<CmpOrdering> {
+        self.compares.set(self.compares.get() + 1);
+        self.last.set(ptr);
+        Ok(CmpOrdering::Equal)
+    }
+
+    fn key_into(&self, ptr: u64, out: &mut Vec<u8>) -> Result<()> {
+        self.region.key_into(ptr, out)
+    }
+
+    fn with_node<R>(&self, off: DiskOffset, f: impl FnOnce(&[u8]) -> Result<R>) -> Result<R> {
+        self.region.with_node(off, f)
     }
 }
 

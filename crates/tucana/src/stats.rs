@@ -37,6 +37,11 @@ pub struct Stats {
     pub gc_relocated_bytes: u64,
     /// Bytes of emptied log segments garbage collection handed back since open.
     pub gc_reclaimed_bytes: u64,
+    /// Prefetch requests (`Storage::prefetch`) range iterators and multi-gets made since
+    /// open: one per run of adjacent pages.
+    pub prefetch_calls: u64,
+    /// Bytes those requests named, page-rounded (resident pages included).
+    pub prefetch_bytes: u64,
     pub keyspaces: Vec<KeyspaceStats>,
 }
 
@@ -59,7 +64,7 @@ impl Stats {
     pub fn to_json(&self) -> String {
         let mut s = String::new();
         s.push('{');
-        let fields: [(&str, u64); 17] = [
+        let fields: [(&str, u64); 19] = [
             ("keys", self.keys),
             ("live_log_bytes", self.live_log_bytes),
             ("dead_log_bytes", self.dead_log_bytes),
@@ -77,6 +82,8 @@ impl Stats {
             ("gc_passes", self.gc_passes),
             ("gc_relocated_bytes", self.gc_relocated_bytes),
             ("gc_reclaimed_bytes", self.gc_reclaimed_bytes),
+            ("prefetch_calls", self.prefetch_calls),
+            ("prefetch_bytes", self.prefetch_bytes),
         ];
         for (name, value) in fields {
             s.push_str(&format!("\"{name}\":{value},"));
