@@ -44,7 +44,8 @@ pub struct Options {
     /// Range iterators keep the log records of this many entries ahead of each end asked
     /// for at once (`Storage::prefetch`), so that a scan of records not in memory has many
     /// reads in flight; `multi_get` prefetches its keys' records in windows of at least
-    /// this many. 0 turns prefetching off.
+    /// this many, and a record longer than two pages is asked for whole before it is read.
+    /// 0 turns all of it off.
     pub scan_prefetch_entries: usize,
 }
 
@@ -264,8 +265,8 @@ pub(crate) struct Shared {
     pub gc_relocated_bytes: AtomicU64,
     /// Bytes of log segments garbage collection handed back for reuse.
     pub gc_reclaimed_bytes: AtomicU64,
-    /// `Storage::prefetch` calls made for range iterators and multi-gets, and the bytes
-    /// they named (page-rounded; pages already resident count too).
+    /// `Storage::prefetch` calls made for range iterators, multi-gets and long records, and
+    /// the bytes they named (page-rounded; pages already resident count too).
     pub prefetch_calls: AtomicU64,
     pub prefetch_bytes: AtomicU64,
     /// Wakes the background committer early (dirty-bytes threshold reached).

@@ -37,8 +37,8 @@ pub struct Stats {
     pub gc_relocated_bytes: u64,
     /// Bytes of emptied log segments garbage collection handed back since open.
     pub gc_reclaimed_bytes: u64,
-    /// Prefetch requests (`Storage::prefetch`) range iterators and multi-gets made since
-    /// open: one per run of adjacent pages.
+    /// Prefetch requests (`Storage::prefetch`) range iterators, multi-gets and reads of
+    /// records longer than two pages made since open: one per run of adjacent pages.
     pub prefetch_calls: u64,
     /// Bytes those requests named, page-rounded (resident pages included).
     pub prefetch_bytes: u64,

@@ -448,3 +448,48 @@ fn multi_get_of_long_keys_with_long_common_prefixes() {
     }
     assert_eq!(got.iter().filter(|v| v.is_some()).count(), 2400);
 }
+
+#[test]
+fn a_long_record_is_asked_for_whole_before_it_is_read() {
+    let (storage, db, ks) = load(200, 100, 64);
+    let long = value(7, 50_000);
+    ks.put(b"long", &long).unwrap();
+    // Push it out of the tail buffer: fill the rest of its segment and the next.
+    for i in 0..1000 {
+        ks.put(&key(100_000 + i), &value(i, 100)).unwrap();
+    }
+    storage.take();
+    let before = db.stats();
+    assert_eq!(ks.get(b"long").unwrap(), Some(long));
+    let events = storage.take();
+    let Some(Event::Prefetch { offset, len_bytes }) = events
+        .iter()
+        .find(|e| matches!(e, Event::Prefetch { .. }))
+        .copied()
+    else {
+        panic!("no prefetch in {events:?}");
+    };
+    assert!(len_bytes >= 50_000 && len_bytes <= 50_000 + 2 * PAGE_BYTES);
+    // Every read of the record's body lies inside that request, after it.
+    let first_prefetch = events
+        .iter()
+        .position(|e| matches!(e, Event::Prefetch { .. }))
+        .unwrap();
+    for e in &events[first_prefetch + 1..] {
+        if let Event::Read {
+            offset: at,
+            len_bytes: len,
+        } = *e
+        {
+            assert!(offset <= at && at + len <= offset + len_bytes, "{e:?}");
+        }
+    }
+    assert_eq!(db.stats().prefetch_calls, before.prefetch_calls + 1);
+
+    // Short records never cost a request when read one at a time.
+    ks.get(&key(3)).unwrap().unwrap();
+    assert!(!storage
+        .take()
+        .iter()
+        .any(|e| matches!(e, Event::Prefetch { .. })));
+}
