@@ -469,7 +469,7 @@ fn a_long_record_is_asked_for_whole_before_it_is_read() {
     else {
         panic!("no prefetch in {events:?}");
     };
-    assert!(len_bytes >= 50_000 && len_bytes <= 50_000 + 2 * PAGE_BYTES);
+    assert!((50_000..=50_000 + 2 * PAGE_BYTES).contains(&len_bytes));
     // Every read of the record's body lies inside that request, after it.
     let first_prefetch = events
         .iter()
