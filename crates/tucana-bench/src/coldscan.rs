@@ -101,6 +101,14 @@ pub fn run(config: &ColdScanConfig) -> Result<()> {
                 print_row(rows.last().expect("just pushed"));
             }
         }
+        // What asking for resident pages costs: the same scan with the file in memory.
+        for &prefetch_entries in &settings {
+            rows.push(hot(&path, prefetch_entries, |ks| {
+                let (_, items, bytes, latencies) = full_scan(ks, true, config)?;
+                Ok(("hot scan fwd", items, bytes, latencies))
+            })?);
+            print_row(rows.last().expect("just pushed"));
+        }
     }
     for &prefetch_entries in &settings {
         rows.push(cold(&path, prefetch_entries, |ks| {
@@ -154,14 +162,33 @@ fn load(path: &Path, keyset: &KeySet, config: &ColdScanConfig) -> Result<Duratio
     Ok(start.elapsed())
 }
 
-/// Drops the closed volume from the page cache, opens it with `prefetch_entries`, runs
-/// `phase` (which returns its name, operations and user bytes) and measures it.
+/// Drops the closed volume from the page cache, then `measure_open`.
 fn cold(
     path: &Path,
     prefetch_entries: usize,
     phase: impl FnOnce(&Keyspace) -> Result<(&'static str, u64, u64, Latencies)>,
 ) -> Result<Row> {
     sys::drop_from_page_cache(path)?;
+    measure_open(path, prefetch_entries, phase)
+}
+
+/// As `cold`, but with the whole volume read into the page cache first.
+fn hot(
+    path: &Path,
+    prefetch_entries: usize,
+    phase: impl FnOnce(&Keyspace) -> Result<(&'static str, u64, u64, Latencies)>,
+) -> Result<Row> {
+    std::io::copy(&mut std::fs::File::open(path)?, &mut std::io::sink())?;
+    measure_open(path, prefetch_entries, phase)
+}
+
+/// Opens the volume with `prefetch_entries`, runs `phase` (which returns its name,
+/// operations and user bytes), measures it and closes.
+fn measure_open(
+    path: &Path,
+    prefetch_entries: usize,
+    phase: impl FnOnce(&Keyspace) -> Result<(&'static str, u64, u64, Latencies)>,
+) -> Result<Row> {
     let db = options(prefetch_entries).open(path)?;
     let ks = db.keyspace(KEYSPACE)?;
     let before = db.stats();

@@ -269,6 +269,8 @@ pub(crate) struct Shared {
     /// the bytes they named (page-rounded; pages already resident count too).
     pub prefetch_calls: AtomicU64,
     pub prefetch_bytes: AtomicU64,
+    /// Records not asked for because a probe found their batch resident.
+    pub prefetch_skipped: AtomicU64,
     /// Wakes the background committer early (dirty-bytes threshold reached).
     wake: (Mutex<bool>, Condvar),
     pub frees: Arc<Mutex<PendingFrees>>,
@@ -303,6 +305,7 @@ impl Shared {
             gc_reclaimed_bytes: AtomicU64::new(0),
             prefetch_calls: AtomicU64::new(0),
             prefetch_bytes: AtomicU64::new(0),
+            prefetch_skipped: AtomicU64::new(0),
             wake: (Mutex::new(false), Condvar::new()),
             frees: Arc::new(Mutex::new(PendingFrees::default())),
         }
@@ -520,6 +523,7 @@ impl DbInner {
             gc_reclaimed_bytes: shared.gc_reclaimed_bytes.load(Ordering::Relaxed),
             prefetch_calls: shared.prefetch_calls.load(Ordering::Relaxed),
             prefetch_bytes: shared.prefetch_bytes.load(Ordering::Relaxed),
+            prefetch_skipped: shared.prefetch_skipped.load(Ordering::Relaxed),
             ..Stats::default()
         };
         for region in self.region_list() {

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use crate::db::DbInner;
 use crate::error::{Error, Result};
 use crate::index::{key_prefix, LeafCopy, Seek};
-use crate::prefetch::MULTI_GET_WINDOW_ENTRIES;
+use crate::prefetch::{ResidencyGate, MULTI_GET_WINDOW_ENTRIES};
 use crate::region::{Candidate, Op, Region};
 use crate::types::{TreeEpoch, MAX_KEY_BYTES, MAX_VALUE_BYTES};
 
@@ -189,6 +189,7 @@ fn multi_get<K: AsRef<[u8]>>(
         .collect::<Result<Vec<_>>>()?;
     let prefetch = region.shared.options.scan_prefetch_entries > 0;
     let mut batch = Vec::new();
+    let mut gate = ResidencyGate::default();
     let mut values = Vec::with_capacity(keys.len());
     // Windows bound how much is asked for before it is read, so the first pages are not
     // evicted by the last ones of a huge call; typical calls fit in one window.
@@ -200,7 +201,10 @@ fn multi_get<K: AsRef<[u8]>>(
                 Candidate::Maybe(ptr) => Some(*ptr),
                 _ => None,
             }));
-            region.prefetch_records(&mut batch);
+            // About one probe per six records: a batch of ~100 cached keys is found
+            // cached within the call (`HOT_STREAK_PROBES`).
+            let probes = (batch.len() / 6).max(2);
+            region.prefetch_records(&mut batch, &mut gate, probes);
         }
         for (key, candidate) in keys.iter().zip(ptrs) {
             let key = key.as_ref();
@@ -368,6 +372,11 @@ impl Snapshot {
     }
 }
 
+/// Records of each prefetch batch of a range probed for residency (see
+/// `prefetch::ResidencyGate`): a cold scan usually stops at the first, a cached one pays two
+/// `mincore` calls per half window.
+const RANGE_PREFETCH_PROBES: usize = 2;
+
 /// One side of a range iterator: a copied leaf and the position in it.
 #[derive(Default)]
 struct Side {
@@ -460,6 +469,8 @@ pub struct Range {
     prefetch_entries: usize,
     /// Log pointers of one prefetch request being gathered; reused.
     prefetch_batch: Vec<u64>,
+    /// Stops the prefetching of a range whose records are found in memory.
+    prefetch_gate: ResidencyGate,
 }
 
 fn above_lo(key: &[u8], lo: &Bound<Vec<u8>>) -> bool {
@@ -513,6 +524,7 @@ impl Range {
             done: empty,
             prefetch_entries,
             prefetch_batch: Vec::new(),
+            prefetch_gate: ResidencyGate::default(),
         }
     }
 
@@ -585,6 +597,7 @@ impl Range {
             back,
             prefetch_entries,
             prefetch_batch: batch,
+            prefetch_gate: gate,
             ..
         } = self;
         let n = *prefetch_entries;
@@ -668,7 +681,7 @@ impl Range {
             }
         }
         if !batch.is_empty() {
-            region.prefetch_records(batch);
+            region.prefetch_records(batch, gate, RANGE_PREFETCH_PROBES);
         }
     }
 

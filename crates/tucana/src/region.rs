@@ -26,6 +26,7 @@ use crate::index::{self, Ctx, Tree};
 use crate::log::record::{self, Header, RecordRef, HEADER_BYTES, LINK_RECORD_BYTES};
 use crate::log::tail::Tail;
 use crate::log::SegmentStats;
+use crate::prefetch::ResidencyGate;
 use crate::types::{DiskOffset, RegionId, SeqNo, TreeEpoch, BLOCK_BYTES};
 
 /// One write of a batch: a put (`Some(value)`) or a delete (`None`).
@@ -730,7 +731,10 @@ impl Region {
     /// the tail buffer are skipped (they are in memory). Each record is asked for from its
     /// start for about the region's average record size (at least its header's page); a
     /// longer one reads the rest when it is read. Adjacent pages go in one request.
-    pub fn prefetch_records(&self, ptrs: &mut Vec<u64>) {
+    ///
+    /// `gate` (the caller's, kept across its batches) probes `probes` records first and
+    /// skips the batch once the data looks resident (see `prefetch::ResidencyGate`).
+    pub fn prefetch_records(&self, ptrs: &mut Vec<u64>, gate: &mut ResidencyGate, probes: usize) {
         {
             let guard = epoch::pin();
             // SAFETY: protected by the guard; never null after construction. A tail
@@ -743,12 +747,18 @@ impl Region {
         if ptrs.is_empty() {
             return;
         }
+        let storage = self.shared.volume.storage();
+        if !gate.issue(ptrs, probes, |ptr| storage.resident(ptr)) {
+            self.shared
+                .prefetch_skipped
+                .fetch_add(ptrs.len() as u64, Ordering::Relaxed);
+            return;
+        }
         let keys = self.keys.load(Ordering::Relaxed).max(1);
         let record_bytes = (self.live_bytes.load(Ordering::Relaxed) / keys).clamp(
             HEADER_BYTES as u64,
             crate::prefetch::MAX_RECORD_PREFETCH_BYTES,
         );
-        let storage = self.shared.volume.storage();
         let mut bytes = 0;
         let calls = crate::prefetch::page_runs(ptrs, record_bytes, |offset, len_bytes| {
             storage.prefetch(offset, len_bytes);

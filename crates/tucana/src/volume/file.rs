@@ -197,6 +197,11 @@ impl Storage for FileStorage {
         }
     }
 
+    fn resident(&self, offset: u64) -> Option<bool> {
+        // mincore through the mapping: for a file we own it reports the page cache.
+        self.map.resident(offset)
+    }
+
     fn space_used_bytes(&self) -> Result<u64> {
         let metadata = self
             .file
@@ -538,6 +543,26 @@ mod tests {
         storage.read_at(len_bytes - 4096, &mut buf).unwrap();
         assert!(buf.iter().all(|&b| b == 0xAB));
         storage.punch_hole(0, 0).unwrap();
+    }
+
+    #[test]
+    fn prefetch_and_residency_hints() {
+        let dir = tempfile::tempdir().unwrap();
+        let storage = FileStorage::open(&volume_path(&dir), true).unwrap();
+        // Nothing mapped yet: residency unknown; prefetch of anything is harmless.
+        assert_eq!(storage.resident(0), None);
+        storage.prefetch(0, 1 << 20);
+        storage.grow(4 * 4096).unwrap();
+        storage.write_at(4096, &[7u8; 4096]).unwrap();
+        // Just written: in the page cache.
+        assert_eq!(storage.resident(4096 + 100), Some(true));
+        assert_eq!(storage.resident(4 * 4096), None, "past the end");
+        storage.prefetch(0, 4 * 4096);
+        storage.prefetch(3 * 4096, 1 << 30);
+        storage.prefetch(u64::MAX - 10, 100);
+        let mut buf = [0u8; 4];
+        storage.read_at(4096, &mut buf).unwrap();
+        assert_eq!(buf, [7; 4]);
     }
 
     #[test]

@@ -54,6 +54,14 @@ pub trait Storage: Send + Sync + 'static {
         let _ = (offset, len_bytes);
     }
 
+    /// Whether the page holding byte `offset` is in memory, when the backend can tell
+    /// cheaply (`None`: it cannot, or `offset` is out of range). A point-in-time hint, used
+    /// to skip prefetching data that is already resident.
+    fn resident(&self, offset: u64) -> Option<bool> {
+        let _ = offset;
+        None
+    }
+
     /// Bytes the volume occupies on the device (less than `len_bytes` for sparse files).
     fn space_used_bytes(&self) -> Result<u64> {
         self.len_bytes()
