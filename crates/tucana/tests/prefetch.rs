@@ -21,10 +21,12 @@ enum Event {
     Read { offset: u64, len_bytes: u64 },
 }
 
-/// A memory volume that logs reads and prefetch requests, in order.
+/// A memory volume that logs reads and prefetch requests, in order. Says every page is
+/// resident when `resident` is set, else that it cannot tell.
 struct Logging {
     inner: MemStorage,
     events: Mutex<Vec<Event>>,
+    resident: std::sync::atomic::AtomicBool,
 }
 
 impl Logging {
@@ -32,6 +34,7 @@ impl Logging {
         Arc::new(Logging {
             inner: MemStorage::new(),
             events: Mutex::new(Vec::new()),
+            resident: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -64,6 +67,11 @@ impl Storage for Logging {
         self.events
             .lock()
             .push(Event::Prefetch { offset, len_bytes });
+    }
+    fn resident(&self, _offset: u64) -> Option<bool> {
+        self.resident
+            .load(std::sync::atomic::Ordering::Relaxed)
+            .then_some(true)
     }
 }
 
@@ -492,4 +500,28 @@ fn a_long_record_is_asked_for_whole_before_it_is_read() {
         .take()
         .iter()
         .any(|e| matches!(e, Event::Prefetch { .. })));
+}
+
+#[test]
+fn records_found_in_memory_stop_being_asked_for() {
+    let (storage, db, ks) = load(3000, 200, 64);
+    storage
+        .resident
+        .store(true, std::sync::atomic::Ordering::Relaxed);
+    let before = db.stats();
+    assert_eq!(ks.range::<&[u8], _>(..).count(), 3000);
+    let after = db.stats();
+    // A few windows are asked for until the probes make a streak, then none.
+    let calls = after.prefetch_calls - before.prefetch_calls;
+    assert!(calls > 0 && calls < 400, "{calls} calls");
+    assert!(after.prefetch_skipped - before.prefetch_skipped > 2000);
+    // A multi-get of 100 cached keys decides within the call.
+    let keys: Vec<_> = (0..100).map(|i| key(i * 7)).collect();
+    let before = db.stats();
+    ks.multi_get(&keys).unwrap();
+    let after = db.stats();
+    assert_eq!(after.prefetch_calls, before.prefetch_calls);
+    // (Records still in the tail buffer are not counted: they are never asked for.)
+    let skipped = after.prefetch_skipped - before.prefetch_skipped;
+    assert!((80..=100).contains(&skipped), "{skipped}");
 }
