@@ -85,6 +85,11 @@ trait Kv {
     /// Applies puts (`Some`) and deletes (`None`) atomically.
     fn apply(&mut self, ops: Ops) -> tucana::Result<()>;
 
+    /// The values of `keys`, in order. Stores override it to read them all at once.
+    fn multi_get(&mut self, keys: &[Vec<u8>]) -> tucana::Result<Vec<Option<Vec<u8>>>> {
+        keys.iter().map(|key| self.get(key)).collect()
+    }
+
     fn put(&mut self, key: &[u8], value: Vec<u8>) -> tucana::Result<()> {
         self.apply(vec![(key.to_vec(), Some(value))])
     }
@@ -111,6 +116,18 @@ impl Kv for ReadKv<'_> {
             Some(ks) => ks.get_with(key, |v| v.len()),
             None => Ok(None),
         }
+    }
+
+    /// One `Keyspace::multi_get`: the records not in memory are read in parallel.
+    fn multi_get(&mut self, keys: &[Vec<u8>]) -> tucana::Result<Vec<Option<Vec<u8>>>> {
+        let values = match self.ks {
+            Some(ks) => ks.multi_get(keys)?,
+            None => vec![None; keys.len()],
+        };
+        for value in &values {
+            self.shared.metrics.count_lookup(value.is_some());
+        }
+        Ok(values)
     }
 
     fn apply(&mut self, _ops: Ops) -> tucana::Result<()> {
@@ -521,11 +538,8 @@ fn cmd_get(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Reply> {
 }
 
 fn cmd_mget(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Reply> {
-    let mut items = Vec::with_capacity(args.len() - 1);
-    for key in &args[1..] {
-        items.push(opt_bulk(kv.get(key)?));
-    }
-    Ok(Reply::Array(items))
+    let values = kv.multi_get(&args[1..])?;
+    Ok(Reply::Array(values.into_iter().map(opt_bulk).collect()))
 }
 
 fn cmd_exists(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Reply> {

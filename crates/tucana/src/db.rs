@@ -41,6 +41,12 @@ pub struct Options {
     /// Background GC copies at most this many bytes of live records per second, so
     /// foreground writers keep most of the device.
     pub gc_rate_bytes_per_sec: u64,
+    /// Range iterators keep the log records of this many entries ahead of each end asked
+    /// for at once (`Storage::prefetch`), so that a scan of records not in memory has many
+    /// reads in flight; `multi_get` prefetches its keys' records in windows of at least
+    /// this many, and a record longer than two pages is asked for whole before it is read.
+    /// 0 turns all of it off.
+    pub scan_prefetch_entries: usize,
 }
 
 impl Default for Options {
@@ -54,6 +60,7 @@ impl Default for Options {
             gc: true,
             gc_space_amp: 1.5,
             gc_rate_bytes_per_sec: 64 << 20,
+            scan_prefetch_entries: 64,
         }
     }
 }
@@ -100,6 +107,13 @@ impl Options {
     /// Most bytes of live records background GC copies per second (default 64 MiB/s).
     pub fn gc_rate_bytes_per_sec(mut self, rate: u64) -> Options {
         self.gc_rate_bytes_per_sec = rate;
+        self
+    }
+
+    /// Log records range iterators ask the device for ahead of where they are (default
+    /// 64; 0: none). See the field.
+    pub fn scan_prefetch_entries(mut self, entries: usize) -> Options {
+        self.scan_prefetch_entries = entries;
         self
     }
 
@@ -251,6 +265,12 @@ pub(crate) struct Shared {
     pub gc_relocated_bytes: AtomicU64,
     /// Bytes of log segments garbage collection handed back for reuse.
     pub gc_reclaimed_bytes: AtomicU64,
+    /// `Storage::prefetch` calls made for range iterators, multi-gets and long records, and
+    /// the bytes they named (page-rounded; pages already resident count too).
+    pub prefetch_calls: AtomicU64,
+    pub prefetch_bytes: AtomicU64,
+    /// Records not asked for because a probe found their batch resident.
+    pub prefetch_skipped: AtomicU64,
     /// Wakes the background committer early (dirty-bytes threshold reached).
     wake: (Mutex<bool>, Condvar),
     pub frees: Arc<Mutex<PendingFrees>>,
@@ -283,6 +303,9 @@ impl Shared {
             gc_passes: AtomicU64::new(0),
             gc_relocated_bytes: AtomicU64::new(0),
             gc_reclaimed_bytes: AtomicU64::new(0),
+            prefetch_calls: AtomicU64::new(0),
+            prefetch_bytes: AtomicU64::new(0),
+            prefetch_skipped: AtomicU64::new(0),
             wake: (Mutex::new(false), Condvar::new()),
             frees: Arc::new(Mutex::new(PendingFrees::default())),
         }
@@ -498,6 +521,9 @@ impl DbInner {
             gc_passes: shared.gc_passes.load(Ordering::Relaxed),
             gc_relocated_bytes: shared.gc_relocated_bytes.load(Ordering::Relaxed),
             gc_reclaimed_bytes: shared.gc_reclaimed_bytes.load(Ordering::Relaxed),
+            prefetch_calls: shared.prefetch_calls.load(Ordering::Relaxed),
+            prefetch_bytes: shared.prefetch_bytes.load(Ordering::Relaxed),
+            prefetch_skipped: shared.prefetch_skipped.load(Ordering::Relaxed),
             ..Stats::default()
         };
         for region in self.region_list() {

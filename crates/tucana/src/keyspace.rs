@@ -1,5 +1,11 @@
 //! Keyspaces (regions): the user-facing handles for reads, writes, batches, snapshots
 //! and ranges.
+//!
+//! Range iterators and `multi_get` read records out of key order from the log; they ask
+//! the volume for a window of the records they will read next before reading them
+//! (`Options::scan_prefetch_entries`, `Region::prefetch_records`), so a cold scan keeps
+//! many reads in flight. Handles are `Send + Sync`; a `Range` is `Send` and used by one
+//! thread at a time.
 
 use std::ops::{Bound, RangeBounds};
 use std::sync::Arc;
@@ -7,7 +13,8 @@ use std::sync::Arc;
 use crate::db::DbInner;
 use crate::error::{Error, Result};
 use crate::index::{LeafCopy, Seek};
-use crate::region::{Op, Region};
+use crate::prefetch::{ResidencyGate, MULTI_GET_WINDOW_ENTRIES};
+use crate::region::{Candidate, Op, Region};
 use crate::types::{DiskOffset, TreeEpoch, MAX_KEY_BYTES, MAX_VALUE_BYTES};
 
 /// How durable a write is when the call returns.
@@ -98,6 +105,21 @@ impl Keyspace {
         Ok(self.get_with(key, |_| ())?.is_some())
     }
 
+    /// The values of `keys`, in their order (`None` for a missing key; a key may repeat).
+    /// Looks every key up in the index first, then asks the volume for all their records
+    /// at once and reads them, so records not in memory are read in parallel. Each value
+    /// is read as by `get` at some instant during the call (use a snapshot's `multi_get`
+    /// for one point in time).
+    pub fn multi_get<K: AsRef<[u8]>>(&self, keys: &[K]) -> Result<Vec<Option<Vec<u8>>>> {
+        // Registered like a live range: the pointers looked up stay readable until read.
+        let pin = SnapshotPin {
+            region: self.region.clone(),
+            root: 0,
+            epoch: self.region.register_live_reader(),
+        };
+        multi_get(&pin.region, None, keys)
+    }
+
     /// Removes `key`; returns whether it was present.
     pub fn delete(&self, key: &[u8]) -> Result<bool> {
         self.delete_with(key, Durability::Buffered)
@@ -148,6 +170,60 @@ impl Keyspace {
             }),
         }
     }
+}
+
+/// `multi_get` under `root` (live: `None`); the caller keeps the pointers it looks up
+/// valid (a snapshot, or a live reader registration).
+fn multi_get<K: AsRef<[u8]>>(
+    region: &Region,
+    root: Option<u64>,
+    keys: &[K],
+) -> Result<Vec<Option<Vec<u8>>>> {
+    for key in keys {
+        check_key(key.as_ref())?;
+    }
+    // Index only: candidates whose records are confirmed when read, after the prefetch.
+    let ptrs = keys
+        .iter()
+        .map(|key| region.lookup_candidate(root, key.as_ref()))
+        .collect::<Result<Vec<_>>>()?;
+    let prefetch = region.shared.options.scan_prefetch_entries > 0;
+    let mut batch = Vec::new();
+    let mut gate = ResidencyGate::default();
+    let mut values = Vec::with_capacity(keys.len());
+    // Windows bound how much is asked for before it is read, so the first pages are not
+    // evicted by the last ones of a huge call; typical calls fit in one window.
+    let window = MULTI_GET_WINDOW_ENTRIES.max(region.shared.options.scan_prefetch_entries);
+    for (keys, ptrs) in keys.chunks(window).zip(ptrs.chunks(window)) {
+        if prefetch {
+            batch.clear();
+            batch.extend(ptrs.iter().filter_map(|c| match c {
+                Candidate::Maybe(ptr) => Some(*ptr),
+                _ => None,
+            }));
+            // About one probe per six records: a batch of ~100 cached keys is found
+            // cached within the call (`HOT_STREAK_PROBES`).
+            let probes = (batch.len() / 6).max(2);
+            region.prefetch_records(&mut batch, &mut gate, probes);
+        }
+        for (key, candidate) in keys.iter().zip(ptrs) {
+            let key = key.as_ref();
+            let exact = |region: &Region| match region.lookup(root, key)? {
+                Some(ptr) => region.value_at(ptr, key, |v| v.to_vec()).map(Some),
+                None => Ok(None),
+            };
+            values.push(match *candidate {
+                Candidate::Absent => None,
+                // The record of another key only on a key prefix and hash collision.
+                Candidate::Maybe(ptr) => match region.value_at_if_key(ptr, key, |v| v.to_vec())? {
+                    Some(value) => Some(value),
+                    None => exact(region)?,
+                },
+                Candidate::Unsure => exact(region)?,
+            });
+        }
+    }
+    Ok(values)
 }
 
 fn owned_bounds<K: AsRef<[u8]>, R: RangeBounds<K>>(range: &R) -> (Bound<Vec<u8>>, Bound<Vec<u8>>) {
@@ -270,6 +346,11 @@ impl Snapshot {
         Ok(self.get(key)?.is_some())
     }
 
+    /// As `Keyspace::multi_get`, all values as of this snapshot.
+    pub fn multi_get<K: AsRef<[u8]>>(&self, keys: &[K]) -> Result<Vec<Option<Vec<u8>>>> {
+        multi_get(&self.pin.region, Some(self.pin.root), keys)
+    }
+
     pub fn range<K: AsRef<[u8]>, R: RangeBounds<K>>(&self, range: R) -> Range {
         let mut r = Range::new(
             self.pin.region.clone(),
@@ -291,6 +372,11 @@ impl Snapshot {
     }
 }
 
+/// Records of each prefetch batch of a range probed for residency (see
+/// `prefetch::ResidencyGate`): a cold scan usually stops at the first, a cached one pays two
+/// `mincore` calls per half window.
+const RANGE_PREFETCH_PROBES: usize = 2;
+
 /// One side of a range iterator: a copied leaf and the position in it.
 #[derive(Default)]
 struct Side {
@@ -299,6 +385,66 @@ struct Side {
     pos: usize,
     started: bool,
     exhausted: bool,
+    /// Prefetch window edge in `leaf` (see `Range::prefetch_ahead`): the entries between
+    /// `pos` and `fetched` (front: `pos..fetched`; back: `fetched..pos`) were asked for.
+    fetched: usize,
+    /// The leaf after `leaf` in this side's direction, copied ahead of time when the window
+    /// reaches past the end of `leaf` (`next_ready`); taken instead of copying it again.
+    next: LeafCopy,
+    next_ready: bool,
+    /// Entries of `next` asked for, counted from the end this side enters it by.
+    next_fetched: usize,
+}
+
+impl Side {
+    /// Makes the leaf `seek` lands on current: the one copied ahead if there is one (it
+    /// only ever is for the fence seek that moves this side on), else a fresh copy.
+    fn load_leaf(
+        &mut self,
+        region: &Region,
+        root: Option<u64>,
+        seek: Seek<'_>,
+        forward: bool,
+    ) -> Result<()> {
+        if self.next_ready {
+            std::mem::swap(&mut self.leaf, &mut self.next);
+            self.next_ready = false;
+            self.fetched = if forward {
+                self.next_fetched
+            } else {
+                self.leaf.ptrs.len() - self.next_fetched
+            };
+        } else {
+            region.copy_leaf(root, seek, &mut self.leaf)?;
+            self.fetched = if forward { 0 } else { self.leaf.ptrs.len() };
+        }
+        self.next_fetched = 0;
+        Ok(())
+    }
+}
+
+/// Where a forward prefetch window in `leaf` stops: one past the first entry certainly
+/// above `hi` (its key prefix is greater than the bound's), which the iterator still
+/// reads to find that the range ended. Prefixes only, no key read; entries whose prefix
+/// equals the bound's may be prefetched needlessly.
+fn prefetch_end_within_hi(leaf: &LeafCopy, hi: &Bound<Vec<u8>>) -> usize {
+    match hi {
+        Bound::Included(k) | Bound::Excluded(k) if leaf.prefixes.len() == leaf.ptrs.len() => {
+            (leaf.tie_span(k).end + 1).min(leaf.ptrs.len())
+        }
+        _ => leaf.ptrs.len(),
+    }
+}
+
+/// Where a backward prefetch window in `leaf` stops: at the last entry certainly below
+/// `lo`, which the iterator reads to find that the range ended.
+fn prefetch_start_within_lo(leaf: &LeafCopy, lo: &Bound<Vec<u8>>) -> usize {
+    match lo {
+        Bound::Included(k) | Bound::Excluded(k) if leaf.prefixes.len() == leaf.ptrs.len() => {
+            leaf.tie_span(k).start.saturating_sub(1)
+        }
+        _ => 0,
+    }
 }
 
 /// An iterator over `(key, value)` pairs of a range, both directions.
@@ -317,6 +463,12 @@ pub struct Range {
     front: Side,
     back: Side,
     done: bool,
+    /// `Options::scan_prefetch_entries`: the prefetch window of each end (0: off).
+    prefetch_entries: usize,
+    /// Log pointers of one prefetch request being gathered; reused.
+    prefetch_batch: Vec<u64>,
+    /// Stops the prefetching of a range whose records are found in memory.
+    prefetch_gate: ResidencyGate,
 }
 
 /// What a range reports when the fences its path gave a leaf are impossible: the leaf it
@@ -369,6 +521,7 @@ impl Range {
                 epoch,
             })
         });
+        let prefetch_entries = region.shared.options.scan_prefetch_entries;
         Range {
             region,
             root,
@@ -378,6 +531,9 @@ impl Range {
             front: Side::default(),
             back: Side::default(),
             done: empty,
+            prefetch_entries,
+            prefetch_batch: Vec::new(),
+            prefetch_gate: ResidencyGate::default(),
         }
     }
 
@@ -433,9 +589,114 @@ impl Range {
         Ok(lo)
     }
 
+    /// Keeps the records of the next `prefetch_entries` entries of one end (in iteration
+    /// order) asked for: once half the window was consumed, tops it up to full in one
+    /// request, reaching into the next leaf (copied ahead for it) when this one ends inside
+    /// the window and the range goes on. Stops at entries certainly out of the range. A
+    /// hint only: a failure to copy the next leaf ahead is not reported here (the move to
+    /// that leaf copies it again and reports it).
+    fn prefetch_ahead(&mut self, forward: bool) {
+        let Range {
+            region,
+            root,
+            lo,
+            hi,
+            front,
+            back,
+            prefetch_entries,
+            prefetch_batch: batch,
+            prefetch_gate: gate,
+            ..
+        } = self;
+        let n = *prefetch_entries;
+        if n == 0 {
+            return;
+        }
+        let side = if forward { front } else { back };
+        let len = side.leaf.ptrs.len();
+        let ahead_in_leaf = if forward {
+            side.fetched.saturating_sub(side.pos)
+        } else {
+            side.pos.saturating_sub(side.fetched)
+        };
+        let ahead = ahead_in_leaf
+            + if side.next_ready {
+                side.next_fetched
+            } else {
+                0
+            };
+        if ahead > n / 2 {
+            return;
+        }
+        let mut want = n - ahead;
+        batch.clear();
+        let leaf_done = if forward {
+            let from = side.fetched.max(side.pos);
+            let to = prefetch_end_within_hi(&side.leaf, hi)
+                .min(from + want)
+                .max(from);
+            batch.extend_from_slice(&side.leaf.ptrs[from..to]);
+            want -= to - from;
+            side.fetched = to;
+            to == len
+        } else {
+            let to = side.fetched.min(side.pos);
+            let from = to
+                .saturating_sub(want)
+                .max(prefetch_start_within_lo(&side.leaf, lo))
+                .min(to);
+            batch.extend_from_slice(&side.leaf.ptrs[from..to]);
+            want -= to - from;
+            side.fetched = from;
+            from == 0
+        };
+        if want > 0 && leaf_done && !side.exhausted {
+            if !side.next_ready {
+                // The same seeks `next_front`/`next_back_inner` make to move on.
+                let seek = if forward {
+                    match &side.leaf.high {
+                        Some(high) if below_hi(high, hi) => Some(Seek::AtOrAfter(high)),
+                        _ => None,
+                    }
+                } else {
+                    match &side.leaf.low {
+                        Some(low) if above_lo(low, lo) => Some(Seek::Before(low)),
+                        _ => None,
+                    }
+                };
+                if let Some(seek) = seek {
+                    side.next_ready = region.copy_leaf(*root, seek, &mut side.next).is_ok();
+                    side.next_fetched = 0;
+                }
+            }
+            if side.next_ready {
+                let next = &side.next;
+                let len = next.ptrs.len();
+                if forward {
+                    let from = side.next_fetched;
+                    let to = prefetch_end_within_hi(next, hi).min(from + want).max(from);
+                    batch.extend_from_slice(&next.ptrs[from..to]);
+                    side.next_fetched = to;
+                } else {
+                    let to = len - side.next_fetched;
+                    let from = to
+                        .saturating_sub(want)
+                        .max(prefetch_start_within_lo(next, lo))
+                        .min(to);
+                    batch.extend_from_slice(&next.ptrs[from..to]);
+                    side.next_fetched = len - from;
+                }
+            }
+        }
+        if !batch.is_empty() {
+            region.prefetch_records(batch, gate, RANGE_PREFETCH_PROBES);
+        }
+    }
+
     fn next_front(&mut self) -> Result<Option<(Vec<u8>, Vec<u8>)>> {
         loop {
             if self.front.started && self.front.pos < self.front.leaf.ptrs.len() {
+                self.prefetch_ahead(true);
                 let ptr = self.front.leaf.ptrs[self.front.pos];
                 self.front.pos += 1;
                 let (key, value) = self.item(ptr)?;
@@ -474,8 +735,7 @@ impl Range {
                 Some(k) => Seek::AtOrAfter(k),
                 None => Seek::First,
             };
-            self.region
-                .copy_leaf(self.root, seek, &mut self.front.leaf)?;
+            self.front.load_leaf(&self.region, self.root, seek, true)?;
             // The leaf holding `k` ends after `k`: a damaged index whose fences do not
             // advance would otherwise send this loop round the same leaves for ever.
             if let (Some(k), Some(high)) = (&seek_key, &self.front.leaf.high) {
@@ -491,6 +751,7 @@ impl Range {
     fn next_back_inner(&mut self) -> Result<Option<(Vec<u8>, Vec<u8>)>> {
         loop {
             if self.back.started && self.back.pos > 0 {
+                self.prefetch_ahead(false);
                 self.back.pos -= 1;
                 let ptr = self.back.leaf.ptrs[self.back.pos];
                 let (key, value) = self.item(ptr)?;
@@ -530,8 +791,7 @@ impl Range {
                 Some((k, false)) => Seek::Before(k),
                 None => Seek::Last,
             };
-            self.region
-                .copy_leaf(self.root, seek, &mut self.back.leaf)?;
+            self.back.load_leaf(&self.region, self.root, seek, false)?;
             // The leaf holding `k` starts at or before it, the leaf before `k` before it
             // (see `next_front`).
             if let (Some((k, at_or_after)), Some(low)) = (&seek_key, &self.back.leaf.low) {

@@ -28,6 +28,7 @@ mod gc;
 pub mod index;
 mod keyspace;
 pub mod log;
+mod prefetch;
 mod recovery;
 mod region;
 mod stats;

@@ -26,6 +26,7 @@ use crate::index::{self, Ctx, Tree};
 use crate::log::record::{self, Header, RecordRef, HEADER_BYTES, LINK_RECORD_BYTES};
 use crate::log::tail::Tail;
 use crate::log::SegmentStats;
+use crate::prefetch::ResidencyGate;
 use crate::types::{DiskOffset, RegionId, SeqNo, TreeEpoch, BLOCK_BYTES};
 
 /// One write of a batch: a put (`Some(value)`) or a delete (`None`).
@@ -611,10 +612,34 @@ impl Region {
             let head = unsafe { volume.view(ptr, HEADER_BYTES, scratch)? };
             let header = Header::decode(head, at)?;
             let total = header.total_bytes() as usize;
+            if verify {
+                self.prefetch_long_record(ptr, total as u64);
+            }
             // SAFETY: as above.
             let bytes = unsafe { volume.view(ptr, total, scratch)? };
             Ok(f(RecordRef::parse(bytes, self.seed, verify, at)?))
         })
+    }
+
+    /// Before a record is read whole (`verify`: its checksum covers every byte) from the
+    /// volume: if it reaches past the page after its first, asks for all of it in one
+    /// request. Through the mapping (MADV_RANDOM, no readahead) each page would otherwise
+    /// be one synchronous fault, and a prefetch window asked only for about an average
+    /// record. Records of one or two pages never pay the extra call. Off with
+    /// `scan_prefetch_entries == 0`, like all prefetching.
+    fn prefetch_long_record(&self, ptr: u64, total_bytes: u64) {
+        if ptr % BLOCK_BYTES + total_bytes <= 2 * BLOCK_BYTES
+            || self.shared.options.scan_prefetch_entries == 0
+        {
+            return;
+        }
+        let start = ptr / BLOCK_BYTES * BLOCK_BYTES;
+        let len_bytes = (ptr + total_bytes).div_ceil(BLOCK_BYTES) * BLOCK_BYTES - start;
+        self.shared.volume.storage().prefetch(start, len_bytes);
+        self.shared.prefetch_calls.fetch_add(1, Ordering::Relaxed);
+        self.shared
+            .prefetch_bytes
+            .fetch_add(len_bytes, Ordering::Relaxed);
     }
 
     pub fn record_header(&self, ptr: u64) -> Result<Header> {
@@ -633,17 +658,118 @@ impl Region {
         let Some(ptr) = self.tree.get(self, root, key, &guard)? else {
             return Ok(None);
         };
+        self.value_at(ptr, key, f).map(Some)
+    }
+
+    /// The log pointer the index holds for `key` under `root` (index only, no record read).
+    /// The caller keeps the pointer valid after the call returns (a snapshot or a
+    /// registered live reader, see `register_live_reader`).
+    pub fn lookup(&self, root: Option<u64>, key: &[u8]) -> Result<Option<u64>> {
+        self.check_usable()?;
+        let guard = epoch::pin();
+        self.tree.get(self, root, key, &guard)
+    }
+
+    /// Looks `key` up without reading any record: the index confirms a key whose prefix and
+    /// hash match by reading its record (`Ctx::key_cmp`), which is exactly the read a
+    /// batch of lookups wants to prefetch first. The leaf's match is taken as a candidate
+    /// the caller confirms when it reads the record; anything else that needed a key
+    /// (a long pivot kept in the log, a restart) makes the answer `Unsure`.
+    pub fn lookup_candidate(&self, root: Option<u64>, key: &[u8]) -> Result<Candidate> {
+        self.check_usable()?;
+        let guard = epoch::pin();
+        let ctx = CandidateCtx {
+            region: self,
+            compares: std::cell::Cell::new(0),
+            last: std::cell::Cell::new(0),
+        };
+        let found = self.tree.get(&ctx, root, key, &guard)?;
+        Ok(match (found, ctx.compares.get()) {
+            (None, 0) => Candidate::Absent,
+            (Some(ptr), 1) if ptr == ctx.last.get() => Candidate::Maybe(ptr),
+            _ => Candidate::Unsure,
+        })
+    }
+
+    /// Calls `f` with the value of the put record at `ptr`, which the index named for `key`
+    /// (verified: a record of another key or a tombstone is corruption).
+    pub fn value_at<R>(&self, ptr: u64, key: &[u8], f: impl FnOnce(&[u8]) -> R) -> Result<R> {
+        self.value_at_if_key(ptr, key, f)?.ok_or_else(|| {
+            Error::corruption(
+                "index entry",
+                DiskOffset(ptr),
+                "points at a record of another key",
+            )
+        })
+    }
+
+    /// As `value_at`, but `None` when the record at `ptr` holds another key (a
+    /// `Candidate::Maybe` that collided); a tombstone of `key` is still corruption.
+    pub fn value_at_if_key<R>(
+        &self,
+        ptr: u64,
+        key: &[u8],
+        f: impl FnOnce(&[u8]) -> R,
+    ) -> Result<Option<R>> {
         self.with_record(ptr, true, |rec| {
-            if rec.key != key || rec.header.is_tombstone() {
+            if rec.key != key {
+                return Ok(None);
+            }
+            if rec.header.is_tombstone() {
                 return Err(Error::corruption(
                     "index entry",
                     DiskOffset(ptr),
-                    "points at a record of another key",
+                    "points at a tombstone",
                 ));
             }
-            Ok(f(rec.value))
+            Ok(Some(f(rec.value)))
         })?
-        .map(Some)
+    }
+
+    /// Asks the volume to start reading the records at `ptrs` (any order, duplicates
+    /// allowed; left sorted, the caller clears it) and returns without waiting. Records in
+    /// the tail buffer are skipped (they are in memory). Each record is asked for from its
+    /// start for about the region's average record size (at least its header's page); a
+    /// longer one reads the rest when it is read. Adjacent pages go in one request.
+    ///
+    /// `gate` (the caller's, kept across its batches) probes `probes` records first and
+    /// skips the batch once the data looks resident (see `prefetch::ResidencyGate`).
+    pub fn prefetch_records(&self, ptrs: &mut Vec<u64>, gate: &mut ResidencyGate, probes: usize) {
+        {
+            let guard = epoch::pin();
+            // SAFETY: protected by the guard; never null after construction. A tail
+            // switched right after this reading only makes us skip records that were just
+            // written out (resident) or ask for bytes not yet written (harmless).
+            if let Some(t) = unsafe { self.tail.load(Ordering::Acquire, &guard).as_ref() } {
+                ptrs.retain(|&ptr| !t.contains(ptr));
+            }
+        }
+        if ptrs.is_empty() {
+            return;
+        }
+        let storage = self.shared.volume.storage();
+        if !gate.issue(ptrs, probes, |ptr| storage.resident(ptr)) {
+            self.shared
+                .prefetch_skipped
+                .fetch_add(ptrs.len() as u64, Ordering::Relaxed);
+            return;
+        }
+        let keys = self.keys.load(Ordering::Relaxed).max(1);
+        let record_bytes = (self.live_bytes.load(Ordering::Relaxed) / keys).clamp(
+            HEADER_BYTES as u64,
+            crate::prefetch::MAX_RECORD_PREFETCH_BYTES,
+        );
+        let mut bytes = 0;
+        let calls = crate::prefetch::page_runs(ptrs, record_bytes, |offset, len_bytes| {
+            storage.prefetch(offset, len_bytes);
+            bytes += len_bytes;
+        });
+        self.shared
+            .prefetch_calls
+            .fetch_add(calls, Ordering::Relaxed);
+        self.shared
+            .prefetch_bytes
+            .fetch_add(bytes, Ordering::Relaxed);
     }
 
     /// Copies the leaf `seek` lands on (for range iteration).
@@ -722,6 +848,42 @@ impl Ctx for Region {
             };
             f(bytes)
         })
+    }
+}
+
+/// What `Region::lookup_candidate` found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Candidate {
+    /// The key is not in the index (no record was needed to tell).
+    Absent,
+    /// The entry whose key prefix and hash match the key's: its record holds the key
+    /// unless two keys collide on both (then look up exactly).
+    Maybe(u64),
+    /// Look up exactly (`Region::lookup`).
+    Unsure,
+}
+
+/// A `Ctx` that answers every key comparison with "equal" without reading the record,
+/// and counts them (see `Region::lookup_candidate`).
+struct CandidateCtx<'a> {
+    region: &'a Region,
+    compares: std::cell::Cell<u32>,
+    last: std::cell::Cell<u64>,
+}
+
+impl Ctx for CandidateCtx<'_> {
+    fn key_cmp(&self, ptr: u64, _key: &[u8]) -> Result<CmpOrdering> {
+        self.compares.set(self.compares.get() + 1);
+        self.last.set(ptr);
+        Ok(CmpOrdering::Equal)
+    }
+
+    fn key_into(&self, ptr: u64, out: &mut Vec<u8>) -> Result<()> {
+        self.region.key_into(ptr, out)
+    }
+
+    fn with_node<R>(&self, off: DiskOffset, f: impl FnOnce(&[u8]) -> Result<R>) -> Result<R> {
+        self.region.with_node(off, f)
     }
 }
 

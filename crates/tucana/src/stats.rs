@@ -37,6 +37,14 @@ pub struct Stats {
     pub gc_relocated_bytes: u64,
     /// Bytes of emptied log segments garbage collection handed back since open.
     pub gc_reclaimed_bytes: u64,
+    /// Prefetch requests (`Storage::prefetch`) range iterators, multi-gets and reads of
+    /// records longer than two pages made since open: one per run of adjacent pages.
+    pub prefetch_calls: u64,
+    /// Bytes those requests named, page-rounded (resident pages included).
+    pub prefetch_bytes: u64,
+    /// Records range iterators and multi-gets did not ask for because the pages of a few
+    /// of their batch were found in memory (`Storage::resident`).
+    pub prefetch_skipped: u64,
     pub keyspaces: Vec<KeyspaceStats>,
 }
 
@@ -59,7 +67,7 @@ impl Stats {
     pub fn to_json(&self) -> String {
         let mut s = String::new();
         s.push('{');
-        let fields: [(&str, u64); 17] = [
+        let fields: [(&str, u64); 20] = [
             ("keys", self.keys),
             ("live_log_bytes", self.live_log_bytes),
             ("dead_log_bytes", self.dead_log_bytes),
@@ -77,6 +85,9 @@ impl Stats {
             ("gc_passes", self.gc_passes),
             ("gc_relocated_bytes", self.gc_relocated_bytes),
             ("gc_reclaimed_bytes", self.gc_reclaimed_bytes),
+            ("prefetch_calls", self.prefetch_calls),
+            ("prefetch_bytes", self.prefetch_bytes),
+            ("prefetch_skipped", self.prefetch_skipped),
         ];
         for (name, value) in fields {
             s.push_str(&format!("\"{name}\":{value},"));

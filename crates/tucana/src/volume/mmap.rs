@@ -177,6 +177,37 @@ impl GrowingMap {
     }
 }
 
+impl GrowingMap {
+    /// Whether the page holding byte `offset` of the file is in the page cache
+    /// (`mincore`), or `None` when the offset is not mapped or the kernel would not say.
+    /// A point-in-time answer: the page may be evicted or read in right after. Used to
+    /// skip prefetch requests for data that is already in memory.
+    pub(crate) fn resident(&self, offset: u64) -> Option<bool> {
+        const PAGE_BYTES: u64 = 4096;
+        // Length first, then mapping, as in `slice`.
+        if offset >= self.readable_bytes.load(Ordering::Acquire) {
+            return None;
+        }
+        let mapping_ptr = self.current.load(Ordering::Acquire);
+        // SAFETY: as in `slice`: `current` points at a mapping owned by `self.mappings`.
+        let mapping = unsafe { &*mapping_ptr };
+        let page_offset = (offset / PAGE_BYTES * PAGE_BYTES) as usize;
+        let mut status = 0u8;
+        // SAFETY: mincore reads no memory of the mapping (it asks the kernel about the page
+        // at that address; `offset` is below the readable length and inside the
+        // reservation, and the mapping is page-aligned, so the address is too) and writes
+        // one status byte per page into `status`, which holds one page's.
+        let rc = unsafe {
+            libc::mincore(
+                mapping.raw.as_ptr().add(page_offset).cast_mut().cast(),
+                PAGE_BYTES as usize,
+                &mut status,
+            )
+        };
+        (rc == 0).then_some(status & 1 == 1)
+    }
+}
+
 /// The reservation for a file of `file_len_bytes`: `max(floor, 2 × length)`.
 fn reservation_for(file_len_bytes: u64, min_reservation_bytes: u64) -> u64 {
     file_len_bytes.saturating_mul(2).max(min_reservation_bytes)

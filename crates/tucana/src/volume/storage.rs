@@ -45,6 +45,23 @@ pub trait Storage: Send + Sync + 'static {
         Ok(())
     }
 
+    /// Asks the backend to start reading `offset..offset+len_bytes` into memory and returns
+    /// without waiting, so that a later `mapped` view or `read_at` of the range finds it
+    /// resident. A hint: a backend may ignore it (the default does), and a failure is not
+    /// reported (the later read does the I/O itself and reports its own errors). Ranges past
+    /// the end of the volume are allowed and ignored.
+    fn prefetch(&self, offset: u64, len_bytes: u64) {
+        let _ = (offset, len_bytes);
+    }
+
+    /// Whether the page holding byte `offset` is in memory, when the backend can tell
+    /// cheaply (`None`: it cannot, or `offset` is out of range). A point-in-time hint, used
+    /// to skip prefetching data that is already resident.
+    fn resident(&self, offset: u64) -> Option<bool> {
+        let _ = offset;
+        None
+    }
+
     /// Bytes the volume occupies on the device (less than `len_bytes` for sparse files).
     fn space_used_bytes(&self) -> Result<u64> {
         self.len_bytes()
