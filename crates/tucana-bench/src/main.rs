@@ -7,7 +7,8 @@
 //! larger-than-memory one inside a memory cgroup from `cgroup`); `measure` times phases
 //! (wall, process CPU, I/O, peak RSS, latency histograms); `engine` puts each engine behind
 //! one trait; `report` prints the table and writes JSON; `document` turns the JSON into
-//! BENCHMARKS.md and its plots; `sys` holds the libc calls.
+//! BENCHMARKS.md and its plots; `sys` holds the libc calls. `server` runs redis-benchmark
+//! against `tucana serve` and redis-server (separate processes) into its own JSON file.
 //!
 //! Every run works in a fresh temporary directory under `--dir`, removed afterwards, so
 //! runs never see each other's files.
@@ -24,6 +25,7 @@ mod measure;
 mod micro;
 mod recovery;
 mod report;
+mod server;
 mod suite;
 mod sys;
 mod workload;
@@ -51,6 +53,9 @@ enum Command {
     Suite(suite::SuiteArgs),
     /// Writes BENCHMARKS.md and its plots from a suite's JSON file.
     Report(document::ReportArgs),
+    /// redis-benchmark against `tucana serve` and redis-server (in memory, and Tucana
+    /// alone larger than memory), one JSON file that `report` adds to BENCHMARKS.md.
+    Server(server::ServerArgs),
 }
 
 #[derive(Args, Debug)]
@@ -175,6 +180,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Recovery(args) => ("recovery", &args.common),
         Command::Suite(args) => return suite::run(args),
         Command::Report(args) => return document::run(args),
+        Command::Server(args) => return server::run(args),
     };
     machine.disk = measure::watch_device_of(&common.dir);
     let kind = common.engine.kind()?;
@@ -221,7 +227,9 @@ fn run(cli: Cli) -> Result<()> {
             };
             recovery::run(kind, &config, &mut records)?;
         }
-        Command::Suite(_) | Command::Report(_) => unreachable!("returned above"),
+        Command::Suite(_) | Command::Report(_) | Command::Server(_) => {
+            unreachable!("returned above")
+        }
     }
 
     if let Some(path) = &common.json {
