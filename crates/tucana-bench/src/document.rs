@@ -32,9 +32,10 @@ pub struct ReportArgs {
     /// run's own notes: what the JSON cannot say (e.g. why a run was stopped).
     #[arg(long)]
     note: Vec<String>,
-    /// The `server` command's JSON file: its section is added when the file exists.
-    #[arg(long, default_value = "bench/server-results.json")]
-    server_json: PathBuf,
+    /// The `server` command's JSON file, whose section is added when the file exists
+    /// (default: `server-results.json` next to the suite's JSON file).
+    #[arg(long)]
+    server_json: Option<PathBuf>,
 }
 
 /// The figure a table column or plot shows.
@@ -92,7 +93,11 @@ pub fn run(args: &ReportArgs) -> Result<()> {
         notes.push('\n');
         markdown.insert_str(at, &notes);
     }
-    append_server_section(&mut markdown, &args.server_json)?;
+    let server_json = args.server_json.clone().unwrap_or_else(|| {
+        args.json
+            .with_file_name(crate::server::DEFAULT_JSON_FILE_NAME)
+    });
+    append_server_section(&mut markdown, &server_json)?;
     std::fs::write(&args.out, markdown)?;
     println!(
         "wrote {} and {} plot(s) in {}",

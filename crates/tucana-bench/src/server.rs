@@ -14,7 +14,8 @@
 //! Owns the server plan, the processes it starts (it stops every one of them, also on
 //! error) and the Markdown section; the record format is `report`'s. Records go to their
 //! own file (default `bench/server-results.json`, same layout as the suite's) so a server
-//! run and a suite run never overwrite each other; `report --server-json` reads it.
+//! run and a suite run never overwrite each other; `report` reads it from next to the
+//! suite's JSON file (or `--server-json`).
 //! Single-threaded except for the loader's connections, which share nothing.
 
 use std::fmt::Write as _;
@@ -83,6 +84,9 @@ pub struct ServerArgs {
     #[arg(long)]
     note: Vec<String>,
 }
+
+/// The results file's name; `report` looks for it next to the suite's JSON file.
+pub const DEFAULT_JSON_FILE_NAME: &str = "server-results.json";
 
 /// redis-benchmark writes `-r` keys as 12 decimal digits.
 const MAX_KEYSPACE: u64 = 1_000_000_000_000;
