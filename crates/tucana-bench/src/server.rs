@@ -85,6 +85,9 @@ pub struct ServerArgs {
     note: Vec<String>,
 }
 
+/// The server of the larger-than-memory variant: buffered, as redis-everysec is.
+const LARGE_SERVER: ServerKind = ServerKind::TucanaBuffered;
+
 /// The results file's name; `report` looks for it next to the suite's JSON file.
 pub const DEFAULT_JSON_FILE_NAME: &str = "server-results.json";
 
@@ -315,7 +318,7 @@ pub fn run(args: &ServerArgs) -> Result<()> {
     options.set("load_average_before", load_average());
     let configurations: Map<String, Value> = ServerKind::ALL
         .iter()
-        .filter(|k| args.servers.contains(k) || (k.is_tucana() && args.large_keys > 0))
+        .filter(|k| args.servers.contains(k) || (**k == LARGE_SERVER && args.large_keys > 0))
         .map(|k| {
             let flags: Vec<String> = k
                 .flags(Path::new("DIR"), 0)
@@ -389,7 +392,7 @@ fn run_large(
     options: &mut RunOptions,
     records: &mut Vec<Record>,
 ) -> Result<()> {
-    let kind = ServerKind::TucanaBuffered;
+    let kind = LARGE_SERVER;
     let data_bytes = args.large_keys * (KEY_BYTES + args.large_value_bytes);
     let mut info = json!({
         "server": kind.name(),
