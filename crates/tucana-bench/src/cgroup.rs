@@ -10,6 +10,11 @@
 //! the child. Where neither can be created (no permission, no controller), [`enter`] says
 //! why, and the caller reports it instead of pretending.
 //!
+//! [`create`] makes the same limited child without moving this process, for another process
+//! (the `server` command's `tucana serve`) that [`MemoryCgroup::add_process`] moves in; the
+//! caller ends that process before dropping the guard, since a cgroup with tasks cannot be
+//! removed.
+//!
 //! Thread-safety: moving the process moves all its threads (`cgroup.procs`); one guard at a
 //! time, owned by the main thread.
 
@@ -22,6 +27,8 @@ pub struct MemoryCgroup {
     parent: PathBuf,
     version: Version,
     limit_bytes: u64,
+    /// This process moved itself in ([`enter`]) and must move back out on drop.
+    holds_self: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -53,6 +60,12 @@ impl MemoryCgroup {
         read_u64(&self.dir.join(file))
     }
 
+    /// Moves process `pid` (all its threads) into the cgroup.
+    pub fn add_process(&self, pid: u32) -> Result<(), String> {
+        fs::write(self.dir.join("cgroup.procs"), pid.to_string())
+            .map_err(|e| format!("cannot move process {pid} into {}: {e}", self.dir.display()))
+    }
+
     /// How often the cgroup hit its limit (v1 `memory.failcnt`, v2 `max` events).
     pub fn limit_hits(&self) -> Option<u64> {
         match self.version {
@@ -68,10 +81,12 @@ impl MemoryCgroup {
 
 impl Drop for MemoryCgroup {
     fn drop(&mut self) {
-        let pid = std::process::id().to_string();
-        if let Err(error) = fs::write(self.parent.join("cgroup.procs"), &pid) {
-            eprintln!("could not move back to {}: {error}", self.parent.display());
-            return;
+        if self.holds_self {
+            let pid = std::process::id().to_string();
+            if let Err(error) = fs::write(self.parent.join("cgroup.procs"), &pid) {
+                eprintln!("could not move back to {}: {error}", self.parent.display());
+                return;
+            }
         }
         // The charges left inside move to the parent when the child goes.
         if let Err(error) = fs::remove_dir(&self.dir) {
@@ -169,6 +184,15 @@ fn remove_stale_children(parent: &Path) {
 /// Creates a child of this process's memory cgroup limited to `limit_bytes` and moves the
 /// process into it.
 pub fn enter(limit_bytes: u64) -> Result<MemoryCgroup, String> {
+    let mut cgroup = create(limit_bytes)?;
+    cgroup.add_process(std::process::id())?;
+    cgroup.holds_self = true;
+    Ok(cgroup)
+}
+
+/// Creates a child of this process's memory cgroup limited to `limit_bytes`, empty: processes
+/// go in with [`MemoryCgroup::add_process`].
+pub fn create(limit_bytes: u64) -> Result<MemoryCgroup, String> {
     let (parent, version) = own_cgroup()?;
     remove_stale_children(&parent);
     let dir = parent.join(format!("tucana-bench-{}", std::process::id()));
@@ -198,13 +222,12 @@ pub fn enter(limit_bytes: u64) -> Result<MemoryCgroup, String> {
             "{limit_file} reads back {written:?}, not {limit_bytes}"
         )));
     }
-    fs::write(dir.join("cgroup.procs"), std::process::id().to_string())
-        .map_err(|e| cleanup(format!("cannot move into {}: {e}", dir.display())))?;
     Ok(MemoryCgroup {
         dir,
         parent,
         version,
         limit_bytes,
+        holds_self: false,
     })
 }
 

@@ -5,7 +5,9 @@
 //! Tucana/peer per workload (throughput and CPU per operation), every absolute figure,
 //! each engine's configuration, and plots of throughput, CPU/op and write amplification per
 //! workload (with the `plots` feature; without it the document says the plots were not
-//! drawn). Owns the document's layout; reads only the JSON. Single-threaded.
+//! drawn); then, when the `server` command's JSON file exists, its redis-benchmark section
+//! (laid out by `server::render_section`). Owns the document's layout; reads only the JSON
+//! files. Single-threaded.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -30,6 +32,10 @@ pub struct ReportArgs {
     /// run's own notes: what the JSON cannot say (e.g. why a run was stopped).
     #[arg(long)]
     note: Vec<String>,
+    /// The `server` command's JSON file, whose section is added when the file exists
+    /// (default: `server-results.json` next to the suite's JSON file).
+    #[arg(long)]
+    server_json: Option<PathBuf>,
 }
 
 /// The figure a table column or plot shows.
@@ -87,6 +93,11 @@ pub fn run(args: &ReportArgs) -> Result<()> {
         notes.push('\n');
         markdown.insert_str(at, &notes);
     }
+    let server_json = args.server_json.clone().unwrap_or_else(|| {
+        args.json
+            .with_file_name(crate::server::DEFAULT_JSON_FILE_NAME)
+    });
+    append_server_section(&mut markdown, &server_json)?;
     std::fs::write(&args.out, markdown)?;
     println!(
         "wrote {} and {} plot(s) in {}",
@@ -94,6 +105,19 @@ pub fn run(args: &ReportArgs) -> Result<()> {
         relative_plots.len(),
         args.plots_dir.display()
     );
+    Ok(())
+}
+
+/// Adds the redis-benchmark section (module `server`) when its JSON file exists.
+fn append_server_section(markdown: &mut String, path: &Path) -> Result<()> {
+    if !path.exists() {
+        return Ok(());
+    }
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let doc: Value = serde_json::from_str(&text)
+        .map_err(|e| format!("{} is not a server run's JSON: {e}", path.display()))?;
+    *markdown += &crate::server::render_section(&doc, path);
     Ok(())
 }
 

@@ -7,7 +7,8 @@
 //! larger-than-memory one inside a memory cgroup from `cgroup`); `measure` times phases
 //! (wall, process CPU, I/O, peak RSS, latency histograms); `engine` puts each engine behind
 //! one trait; `report` prints the table and writes JSON; `document` turns the JSON into
-//! BENCHMARKS.md and its plots; `sys` holds the libc calls.
+//! BENCHMARKS.md and its plots; `sys` holds the libc calls. `server` runs redis-benchmark
+//! against `tucana serve` and redis-server (separate processes) into its own JSON file.
 //!
 //! Every run works in a fresh temporary directory under `--dir`, removed afterwards, so
 //! runs never see each other's files.
@@ -25,6 +26,7 @@ mod measure;
 mod micro;
 mod recovery;
 mod report;
+mod server;
 mod suite;
 mod sys;
 mod workload;
@@ -55,6 +57,9 @@ enum Command {
     /// Tucana only: scans and multi-gets of a data set dropped from the page cache, with
     /// scan prefetch off and on in the same run.
     Coldscan(ColdScanArgs),
+    /// redis-benchmark against `tucana serve` and redis-server (in memory, and Tucana
+    /// alone larger than memory), one JSON file that `report` adds to BENCHMARKS.md.
+    Server(server::ServerArgs),
 }
 
 #[derive(Args, Debug)]
@@ -231,6 +236,7 @@ fn run(cli: Cli) -> Result<()> {
                 skip_full_scans: args.skip_full_scans,
             });
         }
+        Command::Server(args) => return server::run(args),
     };
     machine.disk = measure::watch_device_of(&common.dir);
     let kind = common.engine.kind()?;
@@ -277,7 +283,7 @@ fn run(cli: Cli) -> Result<()> {
             };
             recovery::run(kind, &config, &mut records)?;
         }
-        Command::Suite(_) | Command::Report(_) | Command::Coldscan(_) => {
+        Command::Suite(_) | Command::Report(_) | Command::Coldscan(_) | Command::Server(_) => {
             unreachable!("returned above")
         }
     }

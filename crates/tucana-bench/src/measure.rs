@@ -82,6 +82,12 @@ fn device_io() -> Option<sys::ProcessIo> {
     sys::device_io(DEVICE_STAT.get()?)
 }
 
+/// The watched device's bytes read and written so far (for phases timed elsewhere, such
+/// as another process's work).
+pub fn device_io_now() -> Option<sys::ProcessIo> {
+    device_io()
+}
+
 /// Bytes moved during a phase, as seen by the process and by the device.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct IoDelta {

@@ -281,6 +281,25 @@ pub fn peak_rss_bytes() -> Option<u64> {
     }
 }
 
+/// Clock ticks per second, the unit of utime and stime in /proc/PID/stat.
+pub fn clock_ticks_per_sec() -> u64 {
+    // SAFETY: sysconf reads a constant of the system and touches no memory of ours.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    // POSIX requires a positive value; 100 is what Linux has used everywhere for decades.
+    u64::try_from(ticks).ok().filter(|&t| t > 0).unwrap_or(100)
+}
+
+/// Sends SIGTERM to process `pid` (a server this program started), asking it to stop.
+pub fn send_sigterm(pid: u32) -> io::Result<()> {
+    let pid = libc::pid_t::try_from(pid)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "pid out of range"))?;
+    // SAFETY: kill(2) only sends a signal; it touches no memory of ours.
+    if unsafe { libc::kill(pid, libc::SIGTERM) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
