@@ -653,7 +653,33 @@ impl Region {
         key: &[u8],
         f: impl FnOnce(&[u8]) -> R,
     ) -> Result<Option<R>> {
-        self.check_usable()?;
+        // The index would confirm the key by reading the record, and then the value read
+        // would read it again: take the prefix + hash match as a candidate and confirm it
+        // with the one read that fetches the value. A collision (another key with the same
+        // prefix and hash) or anything unusual falls back to the exact lookup. One epoch
+        // pin spans the lookup and the read, so the record cannot be freed in between.
+        let _guard = epoch::pin();
+        match self.lookup_candidate(root, key)? {
+            Candidate::Absent => return Ok(None),
+            Candidate::Maybe(ptr) => {
+                let mut f = Some(f);
+                if let Some(value) = self.value_at_if_key(ptr, key, |v| f.take().map(|f| f(v)))? {
+                    return Ok(value);
+                }
+                let f = f.expect("a record of another key leaves `f` unused");
+                self.get_exact(root, key, f)
+            }
+            Candidate::Unsure => self.get_exact(root, key, f),
+        }
+    }
+
+    /// `get_with` by the index's own confirmation (a record read per key compare).
+    fn get_exact<R>(
+        &self,
+        root: Option<u64>,
+        key: &[u8],
+        f: impl FnOnce(&[u8]) -> R,
+    ) -> Result<Option<R>> {
         let guard = epoch::pin();
         let Some(ptr) = self.tree.get(self, root, key, &guard)? else {
             return Ok(None);
