@@ -30,6 +30,10 @@ pub struct ReportArgs {
     /// run's own notes: what the JSON cannot say (e.g. why a run was stopped).
     #[arg(long)]
     note: Vec<String>,
+    /// The JSON file of a separate `tucana-bench gc` run: its records fill the "Garbage
+    /// collection" section in place of the suite's own GC records, if any.
+    #[arg(long)]
+    gc_json: Option<PathBuf>,
 }
 
 /// The figure a table column or plot shows.
@@ -61,7 +65,12 @@ const WRITE_AMP: Metric = Metric {
 pub fn run(args: &ReportArgs) -> Result<()> {
     let text = std::fs::read_to_string(&args.json)
         .map_err(|e| format!("cannot read {}: {e}", args.json.display()))?;
-    let doc: Value = serde_json::from_str(&text)?;
+    let mut doc: Value = serde_json::from_str(&text)?;
+    if let Some(gc_path) = &args.gc_json {
+        let text = std::fs::read_to_string(gc_path)
+            .map_err(|e| format!("cannot read {}: {e}", gc_path.display()))?;
+        merge_gc(&mut doc, &serde_json::from_str(&text)?, gc_path);
+    }
     let out_dir = args
         .out
         .parent()
@@ -258,7 +267,21 @@ fn render(doc: &Value, json_path: &Path, plots: &[(String, PathBuf)]) -> Result<
         })
         .unwrap_or_default();
     let _ = writeln!(md, "scripts/bench.sh {}", args_only.join(" "));
-    let _ = writeln!(md, "scripts/bench.sh report {}\n```\n", json_path.display());
+    let gc_run = &options["gc_run"];
+    if let Some(argv) = gc_run["argv"].as_array() {
+        let args: Vec<String> = argv
+            .iter()
+            .skip(1)
+            .filter_map(Value::as_str)
+            .map(shell_quote)
+            .collect();
+        let _ = writeln!(md, "scripts/bench.sh {}", args.join(" "));
+    }
+    let _ = write!(md, "scripts/bench.sh report {}", json_path.display());
+    if let Some(path) = gc_run["json"].as_str() {
+        let _ = write!(md, " --gc-json {}", shell_quote(path));
+    }
+    md += "\n```\n\n";
 
     md += "## Machine\n\n";
     let _ = writeln!(
@@ -461,6 +484,38 @@ fn render(doc: &Value, json_path: &Path, plots: &[(String, PathBuf)]) -> Result<
     Ok(md)
 }
 
+/// Puts the GC records of `gc` (a `tucana-bench gc` run's JSON, read from `path`) in
+/// `doc` in place of its own, with what the section must say about that run.
+fn merge_gc(doc: &mut Value, gc: &Value, path: &Path) {
+    let mut records: Vec<Value> = doc["records"]
+        .as_array()
+        .map(|all| all.iter().filter(|r| !is_gc(r)).cloned().collect())
+        .unwrap_or_default();
+    records.extend(
+        gc["records"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|r| is_gc(r))
+            .cloned(),
+    );
+    doc["records"] = Value::Array(records);
+    let dataset = gc["options"]["datasets"][crate::gc::DATASET].clone();
+    if let Some(datasets) = doc["options"]["datasets"].as_object_mut() {
+        datasets.insert(crate::gc::DATASET.to_string(), dataset);
+    } else {
+        doc["options"]["datasets"] = serde_json::json!({ crate::gc::DATASET: dataset });
+    }
+    doc["options"]["gc_run"] = serde_json::json!({
+        "json": path.display().to_string(),
+        "argv": gc["options"]["argv"],
+        "debug_build": gc["debug_build"],
+        "machine": gc["machine"],
+        "threads": gc["options"]["threads"],
+        "configurations": gc["options"]["configurations"],
+    });
+}
+
 /// The "Garbage collection" section, when the run has GC records.
 fn render_gc(md: &mut String, doc: &Value) {
     let records = gc_records(doc);
@@ -471,6 +526,36 @@ fn render_gc(md: &mut String, doc: &Value) {
     let bytes = |v: &Value| v.as_u64().map_or("–".to_string(), crate::report::fmt_bytes);
     let mib = |v: &Value| fmt_mib(number(v));
     *md += "## Garbage collection\n\n";
+    let gc_run = &doc["options"]["gc_run"];
+    if !gc_run.is_null() {
+        let _ = writeln!(
+            md,
+            "These figures come from a separate `tucana-bench gc` run (`{}`, the second \
+             command under \"Reproduce\"), with {} threads, on {} ({} cores).\n",
+            gc_run["json"].as_str().unwrap_or("?"),
+            gc_run["threads"],
+            gc_run["machine"]["cpu_model"].as_str().unwrap_or("?"),
+            gc_run["machine"]["cores"],
+        );
+        if gc_run["debug_build"].as_bool() == Some(true) {
+            *md += "**WARNING: a debug build produced the GC figures; they are meaningless.**\n\n";
+        }
+        if let Some(configurations) = gc_run["configurations"].as_object() {
+            for (engine, configuration) in configurations {
+                let Some(fields) = configuration.as_object() else {
+                    continue;
+                };
+                let gc_fields: Vec<String> = fields
+                    .iter()
+                    .filter(|(name, _)| name.starts_with("gc"))
+                    .map(|(name, value)| format!("`{name}` {value}"))
+                    .collect();
+                if !gc_fields.is_empty() {
+                    let _ = writeln!(md, "{engine}'s GC settings: {}.\n", gc_fields.join(", "));
+                }
+            }
+        }
+    }
     let _ = writeln!(
         md,
         "What giving back the space of overwritten and deleted data costs, and how much comes \
@@ -760,6 +845,54 @@ fn bar_chart(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_separate_gc_run_replaces_the_suites_gc_records() {
+        let mut suite = serde_json::json!({
+            "options": {"argv": ["/x/tucana-bench", "suite"], "datasets": {"in-memory": {"records": 10}}},
+            "records": [
+                {"engine": "tucana", "workload": "ycsb_a", "dataset": "in-memory", "ops_per_sec": 1.0},
+                {"engine": "tucana", "workload": "gc_ycsb_a", "dataset": "gc", "gc": "on", "ops_per_sec": 2.0},
+            ],
+        });
+        let gc = serde_json::json!({
+            "debug_build": false,
+            "machine": {"cores": 2, "cpu_model": "Test CPU"},
+            "options": {
+                "argv": ["/x/tucana-bench", "gc", "--gc-records", "5"], "threads": 2,
+                "datasets": {"gc": {"records": 5, "operations": 40, "overwrites": 4}},
+                "configurations": {"tucana": {"gc": "background GC on", "gc_space_amp": 1.5, "version": "x"}},
+            },
+            "records": [
+                {"engine": "tucana", "workload": "gc_ycsb_a", "dataset": "gc", "gc": "on", "ops_per_sec": 3.0},
+                {"engine": "tucana", "workload": "gc_ycsb_a", "dataset": "gc", "gc": "off", "ops_per_sec": 4.0},
+            ],
+        });
+        merge_gc(&mut suite, &gc, Path::new("bench/gc.json"));
+        let ops: Vec<f64> = suite["records"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["ops_per_sec"].as_f64().unwrap())
+            .collect();
+        assert_eq!(ops, [1.0, 3.0, 4.0]);
+        assert_eq!(suite["options"]["datasets"]["gc"]["records"], 5);
+        let md = render(&suite, Path::new("bench/results.json"), &[]).unwrap();
+        assert!(md.contains("scripts/bench.sh gc --gc-records 5\n"), "{md}");
+        assert!(
+            md.contains("scripts/bench.sh report bench/results.json --gc-json bench/gc.json\n"),
+            "{md}"
+        );
+        assert!(
+            md.contains("separate `tucana-bench gc` run (`bench/gc.json`"),
+            "{md}"
+        );
+        assert!(
+            md.contains("tucana's GC settings: `gc` \"background GC on\", `gc_space_amp` 1.5."),
+            "{md}"
+        );
+        assert!(md.contains("| tucana | off | 4.00 |"), "{md}");
+    }
 
     #[test]
     fn report_has_ratios_figures_and_configurations() {
