@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Smoke test of the benchmark harness itself, for CI: the whole suite on tiny data sets
-# (seconds), Tucana only (no peer is built), then the report from its JSON. Checks that
-# every phase ran and verified its answers and that the JSON and document have what they
-# must; asserts nothing about speed. Where redis-benchmark and redis-server are installed
-# (scripts/server-deps.sh --bench), also the `server` command on tiny counts; elsewhere that
-# part is skipped with a message, never failed.
+# (seconds), GC runs included, Tucana only (no peer is built), then the report from its
+# JSON. Checks that every phase ran and verified its answers and that the JSON and
+# document have what they must; asserts nothing about speed. Where redis-benchmark and
+# redis-server are installed (scripts/server-deps.sh --bench), also the `server` command on
+# tiny counts; elsewhere that part is skipped with a message, never failed.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -29,8 +29,18 @@ for record in records:
     assert not missing, f"{record['workload']}: missing {missing}"
 workloads = {r["workload"] for r in records}
 for w in ["ycsb_load", "ycsb_a", "ycsb_b", "ycsb_c", "ycsb_f", "ycsb_d", "ycsb_reload",
-          "ycsb_e", "fillrandom", "readrandom", "seekrandom", "deleterandom"]:
+          "ycsb_e", "fillrandom", "readrandom", "seekrandom", "deleterandom",
+          "gc_load", "gc_ycsb_a", "delete_all"]:
     assert w in workloads, f"no {w} record"
+gc_runs = {r["gc"] for r in records if r["workload"] == "gc_ycsb_a"}
+assert gc_runs == {"on", "off"}, f"GC runs: {gc_runs}"
+for r in records:
+    if r["workload"] == "gc_ycsb_a":
+        for f in ["space_amp_max", "space_amp_final", "gc_relocated_bytes"]:
+            assert f in r, f"gc_ycsb_a (GC {r['gc']}): no {f}"
+    if r["workload"] == "delete_all":
+        for f in ["empty_space_bytes", "loaded_space_bytes", "reclaimed_space_bytes"]:
+            assert f in r, f"delete_all: no {f}"
 for key in ["cores", "mem_total_bytes", "kernel", "disk"]:
     assert key in doc["machine"], f"machine.{key} missing"
 assert all(r["ops_per_sec"] > 0 for r in records)
@@ -38,6 +48,8 @@ print(f"bench smoke: {len(records)} records OK")
 PY
 grep -q "## Absolute figures" "${work}/BENCHMARKS.md"
 grep -q "ycsb_e" "${work}/BENCHMARKS.md"
+grep -q "## Garbage collection" "${work}/BENCHMARKS.md"
+grep -q "### Delete all, then reclaim" "${work}/BENCHMARKS.md"
 
 if command -v redis-benchmark >/dev/null 2>&1 && command -v redis-server >/dev/null 2>&1; then
     cargo build -q -p tucana-cli

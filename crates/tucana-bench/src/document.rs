@@ -36,6 +36,10 @@ pub struct ReportArgs {
     /// (default: `server-results.json` next to the suite's JSON file).
     #[arg(long)]
     server_json: Option<PathBuf>,
+    /// The JSON file of a separate `tucana-bench gc` run: its records fill the "Garbage
+    /// collection" section in place of the suite's own GC records, if any.
+    #[arg(long)]
+    gc_json: Option<PathBuf>,
 }
 
 /// The figure a table column or plot shows.
@@ -67,7 +71,12 @@ const WRITE_AMP: Metric = Metric {
 pub fn run(args: &ReportArgs) -> Result<()> {
     let text = std::fs::read_to_string(&args.json)
         .map_err(|e| format!("cannot read {}: {e}", args.json.display()))?;
-    let doc: Value = serde_json::from_str(&text)?;
+    let mut doc: Value = serde_json::from_str(&text)?;
+    if let Some(gc_path) = &args.gc_json {
+        let text = std::fs::read_to_string(gc_path)
+            .map_err(|e| format!("cannot read {}: {e}", gc_path.display()))?;
+        merge_gc(&mut doc, &serde_json::from_str(&text)?, gc_path);
+    }
     let out_dir = args
         .out
         .parent()
@@ -121,13 +130,32 @@ fn append_server_section(markdown: &mut String, path: &Path) -> Result<()> {
     Ok(())
 }
 
-/// The measured records (runs that failed are listed apart, see [`failures`]).
+/// The measured records (runs that failed are listed apart, see [`failures`]; the GC
+/// runs too, see [`gc_records`]).
 fn records(doc: &Value) -> Vec<Value> {
     doc["records"]
         .as_array()
         .map(|all| {
             all.iter()
-                .filter(|r| r["failed"].is_null())
+                .filter(|r| r["failed"].is_null() && !is_gc(r))
+                .cloned()
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Whether `record` is one of the GC runs', which have a section of their own: Tucana runs
+/// them twice (GC on and off), so they do not fit the one-row-per-engine tables.
+fn is_gc(record: &Value) -> bool {
+    record["dataset"] == crate::gc::DATASET
+}
+
+fn gc_records(doc: &Value) -> Vec<Value> {
+    doc["records"]
+        .as_array()
+        .map(|all| {
+            all.iter()
+                .filter(|r| r["failed"].is_null() && is_gc(r))
                 .cloned()
                 .collect()
         })
@@ -263,7 +291,21 @@ fn render(doc: &Value, json_path: &Path, plots: &[(String, PathBuf)]) -> Result<
         })
         .unwrap_or_default();
     let _ = writeln!(md, "scripts/bench.sh {}", args_only.join(" "));
-    let _ = writeln!(md, "scripts/bench.sh report {}\n```\n", json_path.display());
+    let gc_run = &options["gc_run"];
+    if let Some(argv) = gc_run["argv"].as_array() {
+        let args: Vec<String> = argv
+            .iter()
+            .skip(1)
+            .filter_map(Value::as_str)
+            .map(shell_quote)
+            .collect();
+        let _ = writeln!(md, "scripts/bench.sh {}", args.join(" "));
+    }
+    let _ = write!(md, "scripts/bench.sh report {}", json_path.display());
+    if let Some(path) = gc_run["json"].as_str() {
+        let _ = write!(md, " --gc-json {}", shell_quote(path));
+    }
+    md += "\n```\n\n";
 
     md += "## Machine\n\n";
     let _ = writeln!(
@@ -300,10 +342,11 @@ fn render(doc: &Value, json_path: &Path, plots: &[(String, PathBuf)]) -> Result<
             };
             let _ = writeln!(
                 md,
-                "| {name} | {} | {} | {} | {limit} |",
+                "| {name} | {} | {} | {} | {} | {limit} |",
                 info["records"],
                 info["operations"],
-                info["value_layout"].as_str().unwrap_or("?")
+                info["value_layout"].as_str().unwrap_or("?"),
+                info["load_batch"]
             );
         }
     }
@@ -426,6 +469,8 @@ fn render(doc: &Value, json_path: &Path, plots: &[(String, PathBuf)]) -> Result<
         md += "\n";
     }
 
+    render_gc(&mut md, doc);
+
     md += "## Engine configurations\n\n";
     if let Some(configurations) = options["configurations"].as_object() {
         for (engine, configuration) in configurations {
@@ -454,9 +499,207 @@ fn render(doc: &Value, json_path: &Path, plots: &[(String, PathBuf)]) -> Result<
     md += "- Larger than memory: the harness moves itself into a child of its own memory cgroup \
             with the limit above for those runs, so page cache, engine caches and the harness \
             itself share that limit.\n";
+    md += "- Garbage collection (`tucana-bench gc`, and the suite's `gc` data set): YCSB A on a \
+            fresh database long enough for the updates to overwrite the data set several times, \
+            Tucana with its background GC on and off; then load, delete every key and ask each \
+            engine to give the space back the way its documentation says.\n";
     md += "- CPU time is the whole process's (engine background threads included, and the \
             harness's own key generation and checks, the same for every engine).\n";
     Ok(md)
+}
+
+/// Puts the GC records of `gc` (a `tucana-bench gc` run's JSON, read from `path`) in
+/// `doc` in place of its own, with what the section must say about that run.
+fn merge_gc(doc: &mut Value, gc: &Value, path: &Path) {
+    let mut records: Vec<Value> = doc["records"]
+        .as_array()
+        .map(|all| all.iter().filter(|r| !is_gc(r)).cloned().collect())
+        .unwrap_or_default();
+    records.extend(
+        gc["records"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|r| is_gc(r))
+            .cloned(),
+    );
+    doc["records"] = Value::Array(records);
+    let dataset = gc["options"]["datasets"][crate::gc::DATASET].clone();
+    if let Some(datasets) = doc["options"]["datasets"].as_object_mut() {
+        datasets.insert(crate::gc::DATASET.to_string(), dataset);
+    } else {
+        doc["options"]["datasets"] = serde_json::json!({ crate::gc::DATASET: dataset });
+    }
+    doc["options"]["gc_run"] = serde_json::json!({
+        "json": path.display().to_string(),
+        "argv": gc["options"]["argv"],
+        "debug_build": gc["debug_build"],
+        "machine": gc["machine"],
+        "threads": gc["options"]["threads"],
+        "configurations": gc["options"]["configurations"],
+    });
+}
+
+/// The "Garbage collection" section, when the run has GC records.
+fn render_gc(md: &mut String, doc: &Value) {
+    let records = gc_records(doc);
+    if records.is_empty() {
+        return;
+    }
+    let plan = &doc["options"]["datasets"][crate::gc::DATASET];
+    let bytes = |v: &Value| v.as_u64().map_or("–".to_string(), crate::report::fmt_bytes);
+    let mib = |v: &Value| fmt_mib(number(v));
+    *md += "## Garbage collection\n\n";
+    let gc_run = &doc["options"]["gc_run"];
+    if !gc_run.is_null() {
+        let _ = writeln!(
+            md,
+            "These figures come from a separate `tucana-bench gc` run (`{}`, the second \
+             command under \"Reproduce\"), with {} threads, on {} ({} cores).\n",
+            gc_run["json"].as_str().unwrap_or("?"),
+            gc_run["threads"],
+            gc_run["machine"]["cpu_model"].as_str().unwrap_or("?"),
+            gc_run["machine"]["cores"],
+        );
+        if gc_run["debug_build"].as_bool() == Some(true) {
+            *md += "**WARNING: a debug build produced the GC figures; they are meaningless.**\n\n";
+        }
+        if let Some(configurations) = gc_run["configurations"].as_object() {
+            for (engine, configuration) in configurations {
+                let Some(fields) = configuration.as_object() else {
+                    continue;
+                };
+                let gc_fields: Vec<String> = fields
+                    .iter()
+                    .filter(|(name, _)| name.starts_with("gc"))
+                    .map(|(name, value)| format!("`{name}` {value}"))
+                    .collect();
+                if !gc_fields.is_empty() {
+                    let _ = writeln!(md, "{engine}'s GC settings: {}.\n", gc_fields.join(", "));
+                }
+            }
+        }
+    }
+    let _ = writeln!(
+        md,
+        "What giving back the space of overwritten and deleted data costs, and how much comes \
+         back. **Overwrite:** YCSB A (50% reads, 50% updates, scrambled zipfian) for {} \
+         operations on {} records of {}, so the updates write the data set {} times over; \
+         engines that can switch their reclamation off (Tucana) run it with background GC on \
+         (space-amplification target {}) and off. **Space amplification** here is the files' \
+         allocated bytes (st_blocks × 512) ÷ the live keys and values: *max* is the largest of \
+         the readings taken every 250 ms during the run, *final* right after its last \
+         operation, *settled* after {} s more with the engine open and idle. *Log space amp* is \
+         Tucana's own ratio (log segment bytes ÷ live record bytes, headers included), the one \
+         its GC steers. Issue 5's targets: throughput with GC on at least {:.0}% of GC off, and \
+         space amplification at most the target.\n",
+        plan["operations"],
+        plan["records"],
+        plan["value_layout"].as_str().unwrap_or("?"),
+        plan["overwrites"],
+        plan["gc_space_amp_target"],
+        plan["settle_secs"],
+        crate::gc::THROUGHPUT_RATIO_TARGET * 100.0,
+    );
+    *md += "| engine | GC | ops/s | ÷ GC off | CPU µs/op | p50 µs | p99 µs | p99.9 µs | space amp max | final | settled | log space amp | settled | GC relocated MiB | GC reclaimed MiB |\n";
+    *md += "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+    let overwrites: Vec<&Value> = records
+        .iter()
+        .filter(|r| r["workload"] == "gc_ycsb_a")
+        .collect();
+    for r in &overwrites {
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            r["engine"].as_str().unwrap_or("?"),
+            r["gc"].as_str().unwrap_or("?"),
+            fmt_number(number(&r["ops_per_sec"])),
+            fmt_number(number(&r["throughput_vs_gc_off"])),
+            fmt_number(number(&r["cpu_us_per_op"])),
+            fmt_number(number(&r["p50_us"])),
+            fmt_number(number(&r["p99_us"])),
+            fmt_number(number(&r["p999_us"])),
+            fmt_number(number(&r["space_amp_max"])),
+            fmt_number(number(&r["space_amp_final"])),
+            fmt_number(number(&r["space_amp_settled"])),
+            fmt_number(number(&r["log_space_amp"])),
+            fmt_number(number(&r["log_space_amp_settled"])),
+            mib(&r["gc_relocated_bytes"]),
+            mib(&r["gc_reclaimed_bytes"]),
+        );
+    }
+    *md += "\n";
+    for r in overwrites.iter().filter(|r| r["gc"] == "on") {
+        let Some(ratio) = number(&r["throughput_vs_gc_off"]) else {
+            continue;
+        };
+        let verdict = |met: bool| if met { "met" } else { "**missed**" };
+        let target = number(&r["gc_space_amp_target"]);
+        let space = number(&r["space_amp_max"]);
+        let _ = writeln!(
+            md,
+            "- {}: with GC on, {:.0}% of the throughput with GC off (target ≥ {:.0}%: {}); space \
+             amplification at most {} during the run (target ≤ {}: {}), {} after it settled.",
+            r["engine"].as_str().unwrap_or("?"),
+            ratio * 100.0,
+            crate::gc::THROUGHPUT_RATIO_TARGET * 100.0,
+            verdict(ratio >= crate::gc::THROUGHPUT_RATIO_TARGET),
+            fmt_number(space),
+            fmt_number(target),
+            match (space, target) {
+                (Some(s), Some(t)) => verdict(s <= t),
+                _ => "–",
+            },
+            fmt_number(number(&r["space_amp_settled"])),
+        );
+        if let (Some(log), Some(user)) =
+            (number(&r["live_log_bytes"]), number(&r["live_user_bytes"]))
+        {
+            if user > 0.0 {
+                let _ = writeln!(
+                    md,
+                    "  Its live log records take {:.2}× the user bytes (record headers), and its \
+                     files hold the index too, so its disk ÷ user bytes stays above the log \
+                     space amplification its GC steers.",
+                    log / user
+                );
+            }
+        }
+    }
+    *md += "\n";
+
+    let deletes: Vec<&Value> = records
+        .iter()
+        .filter(|r| r["workload"] == "delete_all")
+        .collect();
+    if deletes.is_empty() {
+        return;
+    }
+    *md += "### Delete all, then reclaim\n\n";
+    *md += "A fresh store (its disk bytes: *empty*), loaded, every key deleted, then what the \
+            engine's documentation says gives the space back (*reclaim*); disk bytes (allocated, \
+            st_blocks × 512) after each step and after closing. The store is checked to be empty \
+            afterwards.\n\n";
+    *md += "| engine | records | deletes/s | empty | loaded | after deleting all | after reclaim | above empty | after close | reclaim | reclaim s |\n";
+    *md += "|---|---|---|---|---|---|---|---|---|---|---|\n";
+    for r in deletes {
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            r["engine"].as_str().unwrap_or("?"),
+            r["records"],
+            fmt_number(number(&r["ops_per_sec"])),
+            bytes(&r["empty_space_bytes"]),
+            bytes(&r["loaded_space_bytes"]),
+            bytes(&r["deleted_space_bytes"]),
+            bytes(&r["reclaimed_space_bytes"]),
+            bytes(&r["above_empty_bytes"]),
+            bytes(&r["closed_space_bytes"]),
+            r["reclaim"].as_str().unwrap_or("?"),
+            fmt_number(number(&r["reclaim_seconds"])),
+        );
+    }
+    *md += "\n";
 }
 
 // ---------------------------------------------------------------------------------------
@@ -641,6 +884,54 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_separate_gc_run_replaces_the_suites_gc_records() {
+        let mut suite = serde_json::json!({
+            "options": {"argv": ["/x/tucana-bench", "suite"], "datasets": {"in-memory": {"records": 10}}},
+            "records": [
+                {"engine": "tucana", "workload": "ycsb_a", "dataset": "in-memory", "ops_per_sec": 1.0},
+                {"engine": "tucana", "workload": "gc_ycsb_a", "dataset": "gc", "gc": "on", "ops_per_sec": 2.0},
+            ],
+        });
+        let gc = serde_json::json!({
+            "debug_build": false,
+            "machine": {"cores": 2, "cpu_model": "Test CPU"},
+            "options": {
+                "argv": ["/x/tucana-bench", "gc", "--gc-records", "5"], "threads": 2,
+                "datasets": {"gc": {"records": 5, "operations": 40, "overwrites": 4}},
+                "configurations": {"tucana": {"gc": "background GC on", "gc_space_amp": 1.5, "version": "x"}},
+            },
+            "records": [
+                {"engine": "tucana", "workload": "gc_ycsb_a", "dataset": "gc", "gc": "on", "ops_per_sec": 3.0},
+                {"engine": "tucana", "workload": "gc_ycsb_a", "dataset": "gc", "gc": "off", "ops_per_sec": 4.0},
+            ],
+        });
+        merge_gc(&mut suite, &gc, Path::new("bench/gc.json"));
+        let ops: Vec<f64> = suite["records"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["ops_per_sec"].as_f64().unwrap())
+            .collect();
+        assert_eq!(ops, [1.0, 3.0, 4.0]);
+        assert_eq!(suite["options"]["datasets"]["gc"]["records"], 5);
+        let md = render(&suite, Path::new("bench/results.json"), &[]).unwrap();
+        assert!(md.contains("scripts/bench.sh gc --gc-records 5\n"), "{md}");
+        assert!(
+            md.contains("scripts/bench.sh report bench/results.json --gc-json bench/gc.json\n"),
+            "{md}"
+        );
+        assert!(
+            md.contains("separate `tucana-bench gc` run (`bench/gc.json`"),
+            "{md}"
+        );
+        assert!(
+            md.contains("tucana's GC settings: `gc` \"background GC on\", `gc_space_amp` 1.5."),
+            "{md}"
+        );
+        assert!(md.contains("| tucana | off | 4.00 |"), "{md}");
+    }
+
+    #[test]
     fn report_has_ratios_figures_and_configurations() {
         let doc = serde_json::json!({
             "debug_build": false,
@@ -660,6 +951,19 @@ mod tests {
                  "ops_per_sec": 100.0, "cpu_us_per_op": 4.0},
                 {"engine": "tucana", "workload": "readrandom", "dataset": "in-memory", "threads": 1,
                  "ops_per_sec": 50.0},
+                {"engine": "tucana", "workload": "gc_ycsb_a", "dataset": "gc", "gc": "on",
+                 "threads": 2, "ops_per_sec": 70.0, "throughput_vs_gc_off": 0.7,
+                 "space_amp_max": 1.4, "space_amp_final": 1.3, "space_amp_settled": 1.2,
+                 "gc_space_amp_target": 1.5, "gc_relocated_bytes": 10u64 << 20,
+                 "live_log_bytes": 120u64, "live_user_bytes": 100u64},
+                {"engine": "tucana", "workload": "gc_ycsb_a", "dataset": "gc", "gc": "off",
+                 "threads": 2, "ops_per_sec": 100.0, "space_amp_max": 4.0},
+                {"engine": "rocksdb", "workload": "gc_ycsb_a", "dataset": "gc", "gc": "on",
+                 "threads": 2, "ops_per_sec": 90.0, "space_amp_max": 1.9},
+                {"engine": "tucana", "workload": "delete_all", "dataset": "gc", "gc": "on",
+                 "records": 1000, "ops_per_sec": 500.0, "empty_space_bytes": 57344u64,
+                 "loaded_space_bytes": 1u64 << 20, "reclaimed_space_bytes": 65536u64,
+                 "above_empty_bytes": 8192u64, "reclaim": "Database::gc()"},
             ],
         });
         let md = render(&doc, Path::new("bench/results.json"), &[]).unwrap();
@@ -672,5 +976,22 @@ mod tests {
         );
         assert!(md.contains("`bloom_filter_bits_per_key`: 10"));
         assert!(md.contains("> The machine was shared."));
+        // The GC runs have their own section and stay out of the per-engine tables.
+        assert!(!md.contains("| gc_ycsb_a t2 |"), "{md}");
+        assert!(md.contains("## Garbage collection"), "{md}");
+        assert!(
+            md.contains("| tucana | on | 70.0 | 0.70 | – | – | – | – | 1.40 | 1.30 | 1.20 |"),
+            "{md}"
+        );
+        assert!(md.contains("| rocksdb | on | 90.0 | – |"), "{md}");
+        assert!(
+            md.contains("- tucana: with GC on, 70% of the throughput with GC off (target ≥ 65%: met); space amplification at most 1.40 during the run (target ≤ 1.50: met)"),
+            "{md}"
+        );
+        assert!(md.contains("take 1.20× the user bytes"), "{md}");
+        assert!(
+            md.contains("| tucana | 1000 | 500.0 | 56.0 KiB | 1.0 MiB | – | 64.0 KiB | 8.0 KiB |"),
+            "{md}"
+        );
     }
 }

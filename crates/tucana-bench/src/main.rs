@@ -3,7 +3,8 @@
 //!
 //! Layout: `workload` generates keys, values and visiting orders from a seed; `ycsb` holds
 //! YCSB's generators and core workloads; `micro` the db_bench-style phases; `recovery` the
-//! open-after-crash benchmark; `suite` runs all of it on every engine and data set (the
+//! open-after-crash benchmark; `gc` the garbage-collection runs (overwrite with GC on and
+//! off, delete-all then reclaim); `suite` runs all of it on every engine and data set (the
 //! larger-than-memory one inside a memory cgroup from `cgroup`); `measure` times phases
 //! (wall, process CPU, I/O, peak RSS, latency histograms); `engine` puts each engine behind
 //! one trait; `report` prints the table and writes JSON; `document` turns the JSON into
@@ -22,6 +23,7 @@ mod cgroup;
 mod coldscan;
 mod document;
 mod engine;
+mod gc;
 mod measure;
 mod micro;
 mod recovery;
@@ -49,6 +51,9 @@ enum Command {
     Micro(MicroArgs),
     /// Open time after a crash, by committed data set and by uncommitted log tail.
     Recovery(RecoveryArgs),
+    /// Garbage collection: YCSB A overwriting the data set several times with GC on and
+    /// off (throughput, space amplification), and delete-all then reclaim (disk bytes).
+    Gc(gc::GcArgs),
     /// The full comparison: YCSB (in memory and larger than memory) and micro phases on
     /// every engine, one JSON file of all results.
     Suite(suite::SuiteArgs),
@@ -219,6 +224,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Micro(args) => ("micro", &args.common),
         Command::Recovery(args) => ("recovery", &args.common),
         Command::Suite(args) => return suite::run(args),
+        Command::Gc(args) => return gc::run_command(args),
         Command::Report(args) => return document::run(args),
         Command::Coldscan(args) => {
             describe_dir(&args.dir, &mut options);
@@ -283,7 +289,11 @@ fn run(cli: Cli) -> Result<()> {
             };
             recovery::run(kind, &config, &mut records)?;
         }
-        Command::Suite(_) | Command::Report(_) | Command::Coldscan(_) | Command::Server(_) => {
+        Command::Suite(_)
+        | Command::Report(_)
+        | Command::Coldscan(_)
+        | Command::Server(_)
+        | Command::Gc(_) => {
             unreachable!("returned above")
         }
     }
@@ -354,6 +364,36 @@ mod tests {
         assert!(
             Cli::try_parse_from(["tucana-bench", "coldscan", "--prefetch-entries", "0"]).is_err()
         );
+    }
+
+    #[test]
+    fn gc_defaults_match_the_brief() {
+        let cli = Cli::try_parse_from(["tucana-bench", "gc"]).unwrap();
+        let Command::Gc(args) = cli.command else {
+            panic!("not gc")
+        };
+        let config = args
+            .plan
+            .config(
+                false,
+                gc::RunShape {
+                    threads: 2,
+                    layout: ycsb::ValueLayout::Fields {
+                        fields: 1,
+                        field_bytes: 100,
+                    },
+                    load_batch: 100,
+                    seed: 1,
+                    engine: engine::EngineConfig::default(),
+                    dir: PathBuf::from("/tmp"),
+                },
+            )
+            .unwrap();
+        assert_eq!(config.records, 1_000_000);
+        assert_eq!(config.overwrites, 4);
+        assert_eq!(config.operations(), 8_000_000);
+        assert_eq!(config.delete_records, 1_000_000);
+        assert_eq!(config.gc_space_amp, 1.5);
     }
 
     #[test]

@@ -2,8 +2,9 @@
 //!
 //! Order: for each data set (in memory, then larger than memory inside a memory cgroup),
 //! for each engine, the YCSB sequence; then, on the in-memory set only, the micro phases
-//! at each thread count. The JSON file is rewritten after every engine, so a run that dies
-//! keeps what it measured. `--quick` shrinks everything to seconds for CI's smoke test.
+//! at each thread count and the garbage-collection runs (`gc`, data set "gc"). The JSON
+//! file is rewritten after every engine, so a run that dies keeps what it measured.
+//! `--quick` shrinks everything to seconds for CI's smoke test.
 //!
 //! Owns the run plan and the run-level options saved in the JSON (engine configurations,
 //! cgroup, reproduce command); phases, engines and formats are other modules'.
@@ -18,7 +19,7 @@ use serde_json::{json, Map, Value};
 use crate::engine::EngineConfig;
 use crate::report::{self, Machine, Record, RunOptions};
 use crate::ycsb::{SizeMix, ValueLayout, YcsbConfig};
-use crate::{cgroup, measure, micro, ycsb, EngineChoice, Result};
+use crate::{cgroup, gc, measure, micro, ycsb, EngineChoice, Result};
 
 #[derive(Args, Debug, Clone)]
 pub struct SuiteArgs {
@@ -76,6 +77,10 @@ pub struct SuiteArgs {
     /// Thread counts of the micro phases.
     #[arg(long, value_delimiter = ',', default_values_t = [1u64, 2])]
     micro_threads: Vec<u64>,
+    /// The garbage-collection runs (`tucana-bench gc`), after each engine's micro phases;
+    /// they use --threads, --fields, --field-bytes and --load-batch.
+    #[command(flatten)]
+    gc: gc::GcPlanArgs,
     /// Cache budget of every engine that has a cache of its own.
     #[arg(long, default_value_t = 256 << 20)]
     cache_bytes: u64,
@@ -175,6 +180,7 @@ pub fn run(args: &SuiteArgs) -> Result<()> {
         background_commit: true,
         cache_bytes: args.cache_bytes,
         flush_interval: Duration::from_secs(1),
+        ..EngineConfig::default()
     };
     let configurations: Map<String, Value> = kinds
         .iter()
@@ -214,6 +220,17 @@ pub fn run(args: &SuiteArgs) -> Result<()> {
             memory_limit_bytes: Some(args.memory_limit_bytes),
         });
     }
+    let gc_config = args.gc.config(
+        args.quick,
+        gc::RunShape {
+            threads: args.threads as usize,
+            layout,
+            load_batch: args.load_batch as usize,
+            seed: args.seed,
+            engine: engine_config,
+            dir: args.dir.clone(),
+        },
+    )?;
     let mut dataset_info = Map::new();
     for dataset in &datasets {
         dataset_info.insert(
@@ -226,6 +243,9 @@ pub fn run(args: &SuiteArgs) -> Result<()> {
                 "memory_limit_bytes": dataset.memory_limit_bytes,
             }),
         );
+    }
+    if gc_config.records > 0 && !is_child {
+        dataset_info.insert(gc::DATASET.to_string(), gc_config.describe());
     }
     options.set("datasets", Value::Object(dataset_info));
     if let Some(parent) = args.json.parent().filter(|p| !p.as_os_str().is_empty()) {
@@ -325,6 +345,9 @@ pub fn run(args: &SuiteArgs) -> Result<()> {
                     }
                 }
             }
+            if dataset.memory_limit_bytes.is_none() && gc_config.records > 0 {
+                gc::run(*kind, &gc_config, &mut records)?;
+            }
             if let Some(cgroup) = &_cgroup {
                 for record in &mut records[first..] {
                     if let Some(peak) = cgroup.peak_bytes() {
@@ -346,6 +369,7 @@ pub fn run(args: &SuiteArgs) -> Result<()> {
     }
     println!("\nresults written to {}", args.json.display());
     print_summary(&records);
+    gc::print_summary(&records);
     for failure in imported.iter().filter(|r| !r["failed"].is_null()) {
         println!(
             "FAILED: {} on {}: {}",
@@ -439,7 +463,12 @@ fn run_child(engine: &str, args: &SuiteArgs) -> Result<ChildResult> {
 fn print_summary(records: &[Record]) {
     let mut engines: Vec<&str> = Vec::new();
     let mut rows: Vec<(String, String)> = Vec::new();
-    for record in records {
+    // The GC runs have their own summary (`gc::print_summary`).
+    let records: Vec<&Record> = records
+        .iter()
+        .filter(|r| r.get("dataset").and_then(Value::as_str) != Some(gc::DATASET))
+        .collect();
+    for record in &records {
         if !engines.contains(&record.engine) {
             engines.push(record.engine);
         }

@@ -499,6 +499,52 @@ pub fn run(
     db.close()
 }
 
+/// What a caller of [`load_and_run`] does around the measured workload.
+pub trait PhaseWatch {
+    /// Called after the load, just before the workload's first operation; `dir` holds
+    /// the engine's files, `live_user_bytes` the keys and values loaded.
+    fn start(&mut self, dir: &Path, live_user_bytes: u64) -> Result<()>;
+
+    /// Called after the workload's last operation, the engine still open; may add to the
+    /// workload's record.
+    fn finish(&mut self, engine: &dyn Engine, record: &mut Record) -> Result<()>;
+}
+
+/// Loads a fresh database of `config.records` records (phase `load_phase`) and runs
+/// `workload` on it once, with `watch` around it; returns the load's and the workload's
+/// records. For runs of one workload with their own measurements (garbage collection).
+pub fn load_and_run(
+    kind: &dyn EngineKind,
+    config: &YcsbConfig,
+    load_phase: &str,
+    workload: &Workload,
+    watch: &mut dyn PhaseWatch,
+) -> Result<(Record, Record)> {
+    assert!(config.records > 0 && config.threads > 0);
+    assert!(
+        workload.insert == 0.0,
+        "{}: only workloads without inserts",
+        workload.name
+    );
+    let data = Records::new(config.layout, config.seed);
+    let db = Database::open(kind, config)?;
+    let state = State::new(config.records);
+    let run = Run {
+        engine: db.engine(),
+        engine_name: kind.name(),
+        data: &data,
+        config,
+        state: &state,
+        dir: db.dir.path(),
+    };
+    let load = run.load(load_phase)?;
+    watch.start(db.dir.path(), state.live_user_bytes.load(Ordering::Relaxed))?;
+    let mut record = run.workload(workload)?;
+    watch.finish(db.engine(), &mut record)?;
+    db.close()?;
+    Ok((load, record))
+}
+
 /// An open engine in its own temporary directory, removed after the engine closes.
 struct Database {
     engine: Option<Box<dyn Engine>>,

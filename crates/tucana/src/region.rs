@@ -660,7 +660,7 @@ impl Region {
         // pin spans the lookup and the read, so the record cannot be freed in between.
         let _guard = epoch::pin();
         match self.lookup_candidate(root, key)? {
-            Candidate::Absent => return Ok(None),
+            Candidate::Absent => Ok(None),
             Candidate::Maybe(ptr) => {
                 let mut f = Some(f);
                 if let Some(value) = self.value_at_if_key(ptr, key, |v| f.take().map(|f| f(v)))? {

@@ -147,6 +147,15 @@ impl Engine for FjallEngine {
         Footprint::default()
     }
 
+    fn reclaim_space(&mut self) -> Result<&'static str> {
+        // The memtable's tombstones to a segment, then every segment merged, which drops
+        // the tombstones and what they shadow.
+        self.partition.rotate_memtable_and_wait()?;
+        self.partition.major_compact()?;
+        self.keyspace.persist(PersistMode::SyncAll)?;
+        Ok("rotate_memtable_and_wait, then major_compact")
+    }
+
     fn close(self: Box<Self>) -> Result<()> {
         self.keyspace.persist(PersistMode::SyncAll)?;
         Ok(())

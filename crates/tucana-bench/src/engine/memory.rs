@@ -112,6 +112,7 @@ impl Engine for MemoryEngine {
             index_bytes: Some(map.len() as u64 * 48),
             live_log_bytes: Some(map.iter().map(|(k, v)| (k.len() + v.len()) as u64).sum()),
             dead_log_bytes: Some(0),
+            ..Footprint::default()
         }
     }
 

@@ -58,6 +58,12 @@ pub struct EngineConfig {
     pub cache_bytes: u64,
     /// In buffered mode, how often acknowledged writes are made durable.
     pub flush_interval: Duration,
+    /// Background garbage collection (Tucana's log GC). Peers' compaction is how they
+    /// reclaim space and always runs, as their guides leave it; they ignore this.
+    pub gc: bool,
+    /// Space amplification at which background GC works (`None`: the engine's default).
+    /// Only engines with [`EngineKind::has_gc_switch`] use it.
+    pub gc_space_amp: Option<f64>,
 }
 
 impl Default for EngineConfig {
@@ -67,6 +73,8 @@ impl Default for EngineConfig {
             background_commit: true,
             cache_bytes: 256 << 20,
             flush_interval: Duration::from_secs(1),
+            gc: true,
+            gc_space_amp: None,
         }
     }
 }
@@ -83,6 +91,13 @@ pub trait EngineKind: Sync {
     /// The settings `open` uses for `config`, with the reason for each where it is a
     /// choice, for the results document.
     fn configuration(&self, config: &EngineConfig) -> serde_json::Value;
+
+    /// Whether [`EngineConfig::gc`] turns this engine's space reclamation off, so that a
+    /// run with it and one without can be compared (Tucana; the peers' compaction is part
+    /// of how they work and stays on).
+    fn has_gc_switch(&self) -> bool {
+        false
+    }
 }
 
 /// A thread that calls `flush` every `interval` until dropped: the once-a-second durability
@@ -93,6 +108,7 @@ pub trait EngineKind: Sync {
     allow(dead_code)
 )]
 pub struct Flusher {
+    interval: Duration,
     stop: Option<mpsc::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -120,9 +136,18 @@ impl Flusher {
             })
             .expect("spawning a thread");
         Flusher {
+            interval,
             stop: Some(stop),
             thread: Some(thread),
         }
+    }
+}
+
+#[cfg_attr(not(feature = "redb"), allow(dead_code))]
+impl Flusher {
+    /// How often it flushes.
+    pub fn interval(&self) -> Duration {
+        self.interval
     }
 }
 
@@ -155,6 +180,16 @@ pub struct Footprint {
     pub live_log_bytes: Option<u64>,
     /// Log bytes of overwritten or deleted records not yet reclaimed.
     pub dead_log_bytes: Option<u64>,
+    /// Bytes the log's segments take (live, dead and not yet reclaimed).
+    pub log_size_bytes: Option<u64>,
+    /// Bytes the engine's own allocator has handed out in its files (log, index, metadata).
+    pub allocated_bytes: Option<u64>,
+    /// Garbage collection passes that did something since open.
+    pub gc_passes: Option<u64>,
+    /// Bytes of live records garbage collection copied since open.
+    pub gc_relocated_bytes: Option<u64>,
+    /// Bytes of log segments garbage collection handed back since open.
+    pub gc_reclaimed_bytes: Option<u64>,
 }
 
 /// One open engine with one key space (table, keyspace, database) for the benchmark.
@@ -194,6 +229,14 @@ pub trait Engine: Send + Sync {
     fn commit(&self) -> Result<()>;
 
     fn footprint(&self) -> Footprint;
+
+    /// Does what the engine's documentation says gives the space of deleted and
+    /// overwritten data back (a forced GC, a full compaction), and returns what that was,
+    /// for the results. `&mut`: some engines need exclusive access; the caller holds the
+    /// only handle, so no workload runs meanwhile. Default: nothing to do.
+    fn reclaim_space(&mut self) -> Result<&'static str> {
+        Ok("nothing: the engine has no call that gives space back")
+    }
 
     /// Closes cleanly (the engine's normal shutdown).
     fn close(self: Box<Self>) -> Result<()>;

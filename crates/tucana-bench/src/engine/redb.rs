@@ -168,6 +168,21 @@ impl Engine for RedbEngine {
         }
     }
 
+    fn reclaim_space(&mut self) -> Result<&'static str> {
+        // `compact` needs the only handle: stop the flusher (it holds a clone), compact,
+        // and start it again with the same interval.
+        let interval = self.flusher.as_ref().map(|f| f.interval());
+        drop(self.flusher.take());
+        flush(&self.db)?;
+        let db = Arc::get_mut(&mut self.db).ok_or("redb: another handle is still open")?;
+        db.compact()?;
+        if let Some(interval) = interval {
+            let db = Arc::clone(&self.db);
+            self.flusher = Some(Flusher::start("redb", interval, move || flush(&db)));
+        }
+        Ok("Database::compact")
+    }
+
     fn close(self: Box<Self>) -> Result<()> {
         let RedbEngine { flusher, db, .. } = *self;
         drop(flusher);

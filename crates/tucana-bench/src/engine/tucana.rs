@@ -30,6 +30,9 @@ impl EngineKind for Tucana {
             "commit_interval_ms": options.commit_interval.map(|d| d.as_millis() as u64),
             "commit_dirty_bytes": options.commit_dirty_bytes,
             "log_segment_bytes": options.log_segment_bytes,
+            "gc": if options.gc { "background GC on" } else { "background GC off" },
+            "gc_space_amp": options.gc_space_amp,
+            "gc_rate_bytes_per_sec": options.gc_rate_bytes_per_sec,
             "cache": "none of its own: the index is in memory, values are read through the page cache",
         })
     }
@@ -48,11 +51,21 @@ impl EngineKind for Tucana {
             durability,
         }))
     }
+
+    fn has_gc_switch(&self) -> bool {
+        true
+    }
 }
 
-/// The builder for `config`: the engine's defaults but the benchmark's flush interval.
+/// The builder for `config`: the engine's defaults but the benchmark's flush interval and
+/// GC settings.
 fn options(config: &EngineConfig) -> tucana::Options {
-    let mut options = Database::builder().flush_interval(Some(config.flush_interval));
+    let mut options = Database::builder()
+        .flush_interval(Some(config.flush_interval))
+        .gc(config.gc);
+    if let Some(target) = config.gc_space_amp {
+        options = options.gc_space_amp(target);
+    }
     if !config.background_commit {
         // Only explicit `commit()` calls persist the index; the log tail since then is
         // what recovery replays.
@@ -143,7 +156,19 @@ impl Engine for TucanaEngine {
             index_bytes: Some(stats.index_bytes),
             live_log_bytes: Some(stats.live_log_bytes),
             dead_log_bytes: Some(stats.dead_log_bytes),
+            log_size_bytes: Some(stats.log_size_bytes),
+            allocated_bytes: Some(stats.allocated_bytes),
+            gc_passes: Some(stats.gc_passes),
+            gc_relocated_bytes: Some(stats.gc_relocated_bytes),
+            gc_reclaimed_bytes: Some(stats.gc_reclaimed_bytes),
         }
+    }
+
+    fn reclaim_space(&mut self) -> Result<&'static str> {
+        // A full pass: relocates, commits until the emptied segments are free and punches
+        // them out of the file.
+        self.db.gc()?;
+        Ok("Database::gc() (a forced full GC pass)")
     }
 
     fn close(self: Box<Self>) -> Result<()> {
