@@ -554,6 +554,12 @@ impl Drop for DbInner {
     }
 }
 
+/// How often the background loop commits while garbage collection waits for commits to
+/// make closed log segments collectable (segments after the older durable commit's tail
+/// are still needed to replay either one). With `commit_interval` alone (5 s by default)
+/// an overwrite-heavy load keeps about two intervals of log out of GC's reach.
+const GC_COMMIT_INTERVAL: Duration = Duration::from_secs(1);
+
 /// Flushes buffered writes every `flush_interval`, commits every `commit_interval` (when
 /// there are changes, or space garbage collection freed waits for a commit) or when
 /// `commit_dirty_bytes` of log were written since the last commit, and runs a rate-limited
@@ -584,10 +590,20 @@ fn background_loop(db: std::sync::Weak<DbInner>) {
         if inner.stop.load(Ordering::Acquire) || inner.shared.is_poisoned() {
             return;
         }
+        if !inner.shared.frees.lock().limbo.is_empty() {
+            // Frees wait for readers' grace period, which only moves when threads pin;
+            // an idle store has none, so nudge it.
+            crossbeam_epoch::pin().flush();
+        }
         let dirty = inner.shared.log_bytes_since_commit.load(Ordering::Relaxed);
+        let since_commit = last_commit.elapsed();
         let commit_due = opts.commit_interval.is_some_and(|i| {
-            last_commit.elapsed() >= i && (dirty > 0 || (opts.gc && inner.gc_wants_commit()))
-        }) || dirty >= opts.commit_dirty_bytes;
+            since_commit >= i && (dirty > 0 || (opts.gc && inner.gc_wants_commit()))
+        }) || dirty >= opts.commit_dirty_bytes
+            || (opts.gc
+                && opts.commit_interval.is_some()
+                && since_commit >= GC_COMMIT_INTERVAL
+                && inner.gc_is_held_by_commits());
         if commit_due {
             // Errors poison the database; the next user call reports them.
             let _ = inner.commit();

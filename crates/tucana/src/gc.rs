@@ -40,6 +40,10 @@ const BURST_SECONDS: f64 = 0.5;
 /// them; readers pinned elsewhere may delay them, and then a later commit frees them.
 const GRACE_ATTEMPTS: usize = 64;
 
+/// Blocks of frees in flight that make an otherwise idle store commit to give them back
+/// (64 KiB: more than the descriptors every commit frees, a commit costs two fsyncs).
+const IDLE_COMMIT_MIN_FREE_BLOCKS: u64 = 16;
+
 /// State of the collector, under `DbInner::gc`.
 pub(crate) struct GcState {
     /// Relocation budget of the background collector, bytes.
@@ -310,14 +314,49 @@ impl DbInner {
         Ok(())
     }
 
-    /// Whether a commit would move freed space along: segments retired and not held by a
-    /// snapshot, or frees waiting to be applied to the bitmap.
+    /// Whether a commit would move freed space along. Space comes back only after three
+    /// commits (the one that stops referencing it, the one after, which lets go of the
+    /// older durable commit, and the one that applies the frees to the bitmap) with a
+    /// reader grace period in between, so an idle store that never commits would keep
+    /// it for ever: frees waiting in any of those steps, segments retired by GC, nodes
+    /// replaced by copy-on-write, or a log over its target whose closed segments only
+    /// wait for commits to become collectable ([`DbInner::gc_is_held_by_commits`]).
     pub(crate) fn gc_wants_commit(&self) -> bool {
-        if !self.shared.frees.lock().releasable.is_empty() {
-            return true;
+        {
+            // Every commit frees its predecessor's descriptor (a block or two) through
+            // the same steps: counting those would make an idle store commit for ever.
+            let frees = self.shared.frees.lock();
+            let pending_blocks: u64 = frees
+                .releasable
+                .iter()
+                .chain(&frees.limbo)
+                .map(|(_, blocks)| blocks)
+                .sum();
+            if pending_blocks >= IDLE_COMMIT_MIN_FREE_BLOCKS {
+                return true;
+            }
+        }
+        if let Some(cs) = self.commit_state.try_lock() {
+            // A commit always defers its predecessor's descriptor: that one alone is
+            // the resting state, not work.
+            let resting = cs.descriptors[0];
+            if !cs.dropped.is_empty() || cs.deferred.iter().any(|e| Some(*e) != resting) {
+                return true;
+            }
         }
         self.region_list()
             .iter()
-            .any(|r| r.has_reclaimable_segments())
+            .any(|r| r.has_reclaimable_segments() || r.tree.has_retired())
+            || self.gc_is_held_by_commits()
+    }
+
+    /// True if some log is over the space-amplification target while closed segments of
+    /// it wait only for commits to become candidates: the background loop then commits
+    /// sooner than `commit_interval` (see `GC_COMMIT_INTERVAL`).
+    pub(crate) fn gc_is_held_by_commits(&self) -> bool {
+        let target = self.shared.options.gc_space_amp;
+        self.region_list()
+            .iter()
+            .any(|r| space_amp(r) > target && r.has_segments_awaiting_commits())
     }
 }

@@ -443,6 +443,19 @@ impl Region {
             .collect()
     }
 
+    /// True if closed segments wait only for commits to become candidates (they lie at or
+    /// after the older durable commit's tail): a commit or two would let GC take them.
+    pub fn has_segments_awaiting_commits(&self) -> bool {
+        let limit = self.durable_tail_orders.lock()[0];
+        let w = self.writer.lock();
+        let Some(newest) = w.segments.values().map(|s| s.order).max() else {
+            return false;
+        };
+        w.segments
+            .values()
+            .any(|s| s.order < newest && limit.is_none_or(|l| s.order >= l))
+    }
+
     /// Total size of the region's log segments (what the log occupies in the volume).
     pub fn log_size_bytes(&self) -> u64 {
         self.writer

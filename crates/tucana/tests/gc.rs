@@ -228,6 +228,74 @@ fn overwrites_stay_under_the_space_amplification_target() {
     db.check().unwrap();
 }
 
+/// Found by the harness's GC benchmark: once writes stopped, background GC never ran
+/// again. Segments become collectable only when they lie before the older durable
+/// commit's tail, and an idle store committed only if frees were already waiting, so the
+/// last two commit intervals of log (most of it garbage) stayed for ever, and freed
+/// segments waited for commits that never came. The background loop now commits when
+/// GC is held by commits or frees are on their way back.
+#[test]
+fn an_idle_store_still_collects_and_gives_space_back() {
+    let (_dir, path) = temp_volume();
+    let target = 1.5;
+    let db = Database::builder()
+        .commit_interval(Some(Duration::from_millis(100)))
+        .flush_interval(Some(Duration::from_millis(10)))
+        .log_segment_bytes(SEGMENT_BYTES)
+        .gc_space_amp(target)
+        .open(&path)
+        .unwrap();
+    let ks = db.keyspace("idle").unwrap();
+    // Ten versions of every key, written faster than a commit interval: nearly all of
+    // the log is garbage that only later commits make collectable.
+    for pass in 0..10u8 {
+        for i in 0..500u32 {
+            ks.put(format!("k{i:04}").as_bytes(), &[pass; 1000])
+                .unwrap();
+        }
+    }
+    let written = db.stats();
+    assert!(space_amp(&db) > 5.0, "{written:?}");
+    // No more writes: the background loop alone must bring it back. Poll, do not time.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let settled = |db: &Database| {
+        let s = db.stats();
+        space_amp(db) <= target && s.space_used_bytes * 2 < written.space_used_bytes
+    };
+    while !settled(&db) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let s = db.stats();
+    assert!(
+        settled(&db),
+        "idle store kept its garbage: space amp {:.2}, {} bytes used (was {}): {s:?}",
+        space_amp(&db),
+        s.space_used_bytes,
+        written.space_used_bytes
+    );
+    for i in 0..500u32 {
+        assert_eq!(
+            ks.get(format!("k{i:04}").as_bytes()).unwrap().as_deref(),
+            Some(&[9u8; 1000][..])
+        );
+    }
+    db.check().unwrap();
+    // And then it rests: no commit (two fsyncs each) for ten commit intervals in a row.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let before = db.stats().commits;
+        std::thread::sleep(Duration::from_secs(1));
+        if db.stats().commits == before {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "an idle store keeps committing: {:?}",
+            db.stats()
+        );
+    }
+}
+
 /// Deleting every key and collecting gives the disk back: the volume ends within a
 /// small constant of a volume where the keyspace was only created.
 #[test]

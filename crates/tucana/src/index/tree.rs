@@ -1427,6 +1427,11 @@ impl Tree {
     }
 
     /// Disk blocks of retired nodes retired in an epoch `<= upto` (for the commit's free log).
+    /// True if replaced nodes wait for commits (and readers) before they are freed.
+    pub fn has_retired(&self) -> bool {
+        !self.retired.lock().is_empty()
+    }
+
     pub fn retired_disk_blocks(&self, upto: TreeEpoch) -> Vec<DiskOffset> {
         let list = self.retired.lock();
         list.iter()
