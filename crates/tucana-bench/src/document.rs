@@ -395,22 +395,7 @@ fn render(doc: &Value, json_path: &Path, plots: &[(String, PathBuf)]) -> Result<
                     for peer in &peers {
                         let theirs = find(records, dataset_name, row, peer)
                             .and_then(|r| number(&r[metric.field]));
-                        let cell = match (ours, theirs) {
-                            (Some(a), Some(b)) if b > 0.0 => {
-                                let ratio = a / b;
-                                let better = if metric.higher_is_better {
-                                    ratio >= 1.0
-                                } else {
-                                    ratio <= 1.0
-                                };
-                                if better {
-                                    format!("**{ratio:.2}**")
-                                } else {
-                                    format!("{ratio:.2}")
-                                }
-                            }
-                            _ => "–".to_string(),
-                        };
+                        let cell = ratio_cell(ours, theirs, metric.higher_is_better);
                         let _ = write!(md, " {cell} |");
                     }
                     md += "\n";
@@ -877,6 +862,27 @@ fn bar_chart(
         .map_err(|e| fail(&e))?;
     root.present().map_err(|e| fail(&e))?;
     Ok(())
+}
+
+/// A table cell of `ours / theirs` to two decimals, bold where Tucana is better (a ratio
+/// at or above 1 when higher is better, at or below 1 otherwise); "–" without both.
+pub(crate) fn ratio_cell(ours: Option<f64>, theirs: Option<f64>, higher_is_better: bool) -> String {
+    match (ours, theirs) {
+        (Some(a), Some(b)) if b > 0.0 => {
+            let ratio = a / b;
+            let better = if higher_is_better {
+                ratio >= 1.0
+            } else {
+                ratio <= 1.0
+            };
+            if better {
+                format!("**{ratio:.2}**")
+            } else {
+                format!("{ratio:.2}")
+            }
+        }
+        _ => "–".to_string(),
+    }
 }
 
 #[cfg(test)]

@@ -1073,22 +1073,7 @@ pub fn render_section(doc: &Value, json_path: &Path) -> String {
                 for (field, higher_is_better) in [("ops_per_sec", true), ("cpu_us_per_op", false)] {
                     let a = find("in-memory", s, test).and_then(|r| number(&r[field]));
                     let b = find("in-memory", redis, test).and_then(|r| number(&r[field]));
-                    let cell = match (a, b) {
-                        (Some(a), Some(b)) if b > 0.0 => {
-                            let ratio = a / b;
-                            let better = if higher_is_better {
-                                ratio >= 1.0
-                            } else {
-                                ratio <= 1.0
-                            };
-                            if better {
-                                format!("**{ratio:.2}**")
-                            } else {
-                                format!("{ratio:.2}")
-                            }
-                        }
-                        _ => "–".to_string(),
-                    };
+                    let cell = crate::document::ratio_cell(a, b, higher_is_better);
                     let _ = write!(md, " {cell} |");
                 }
             }
