@@ -48,6 +48,13 @@ print(f"bench smoke: {len(records)} records OK")
 PY
 grep -q "## Absolute figures" "${work}/BENCHMARKS.md"
 grep -q "ycsb_e" "${work}/BENCHMARKS.md"
+
+# The second mode: a sync per write, joined to the same document.
+"${bench}" suite --quick --sync --gc-records 0 --engines tucana --dir "${work}" \
+    --json "${work}/sync.json" --note "smoke test" </dev/null >"${work}/sync.log"
+"${bench}" report "${work}/results.json" --sync-json "${work}/sync.json" \
+    --out "${work}/BENCHMARKS-sync.md" --plots-dir "${work}/plots" >/dev/null
+grep -q ", sync per write |" "${work}/BENCHMARKS-sync.md"
 grep -q "## Garbage collection" "${work}/BENCHMARKS.md"
 grep -q "### Delete all, then reclaim" "${work}/BENCHMARKS.md"
 

@@ -40,7 +40,14 @@ pub struct ReportArgs {
     /// collection" section in place of the suite's own GC records, if any.
     #[arg(long)]
     gc_json: Option<PathBuf>,
+    /// The JSON file of a second suite run made with `--sync` (every write durable before
+    /// it returns): its data sets join the document as "<data set>, sync per write".
+    #[arg(long)]
+    sync_json: Option<PathBuf>,
 }
+
+/// What a data set of a `--sync-json` run is called in the document.
+const SYNC_SUFFIX: &str = ", sync per write";
 
 /// The figure a table column or plot shows.
 #[derive(Clone, Copy)]
@@ -76,6 +83,11 @@ pub fn run(args: &ReportArgs) -> Result<()> {
         let text = std::fs::read_to_string(gc_path)
             .map_err(|e| format!("cannot read {}: {e}", gc_path.display()))?;
         merge_gc(&mut doc, &serde_json::from_str(&text)?, gc_path);
+    }
+    if let Some(sync_path) = &args.sync_json {
+        let text = std::fs::read_to_string(sync_path)
+            .map_err(|e| format!("cannot read {}: {e}", sync_path.display()))?;
+        merge_sync(&mut doc, &serde_json::from_str(&text)?, sync_path)?;
     }
     let out_dir = args
         .out
@@ -301,9 +313,22 @@ fn render(doc: &Value, json_path: &Path, plots: &[(String, PathBuf)]) -> Result<
             .collect();
         let _ = writeln!(md, "scripts/bench.sh {}", args.join(" "));
     }
+    let sync_run = &options["sync_run"];
+    if let Some(argv) = sync_run["argv"].as_array() {
+        let args: Vec<String> = argv
+            .iter()
+            .skip(1)
+            .filter_map(Value::as_str)
+            .map(shell_quote)
+            .collect();
+        let _ = writeln!(md, "scripts/bench.sh {}", args.join(" "));
+    }
     let _ = write!(md, "scripts/bench.sh report {}", json_path.display());
     if let Some(path) = gc_run["json"].as_str() {
         let _ = write!(md, " --gc-json {}", shell_quote(path));
+    }
+    if let Some(path) = sync_run["json"].as_str() {
+        let _ = write!(md, " --sync-json {}", shell_quote(path));
     }
     md += "\n```\n\n";
 
@@ -357,9 +382,18 @@ fn render(doc: &Value, json_path: &Path, plots: &[(String, PathBuf)]) -> Result<
          thread count listed.\n",
         options["threads"],
         if options["sync"].as_bool() == Some(true) {
-            "every write durable before it returns"
-        } else {
+            "every write durable before it returns".to_string()
+        } else if options["sync_run"].is_null() {
             "buffered, made durable about once a second, nothing synced per operation"
+                .to_string()
+        } else {
+            format!(
+                "buffered, made durable about once a second, nothing synced per operation; \
+                 the data sets named \"…{SYNC_SUFFIX}\" come from a second run (YCSB threads: \
+                 {}) in which every write is durable before it returns, where group commit \
+                 matters",
+                options["sync_run"]["threads"]
+            )
         },
         options["cache_bytes"]
             .as_u64()
@@ -491,6 +525,40 @@ fn render(doc: &Value, json_path: &Path, plots: &[(String, PathBuf)]) -> Result<
     md += "- CPU time is the whole process's (engine background threads included, and the \
             harness's own key generation and checks, the same for every engine).\n";
     Ok(md)
+}
+
+/// Adds the records of `sync` (a suite run with `--sync`, read from `path`) to `doc`,
+/// each data set renamed with [`SYNC_SUFFIX`], its GC runs left out (the GC section is
+/// the buffered run's).
+fn merge_sync(doc: &mut Value, sync: &Value, path: &Path) -> Result<()> {
+    if sync["options"]["sync"].as_bool() != Some(true) {
+        return Err(format!("{} is not a suite run made with --sync", path.display()).into());
+    }
+    let renamed = |name: &str| format!("{name}{SYNC_SUFFIX}");
+    let mut records = doc["records"].as_array().cloned().unwrap_or_default();
+    for record in sync["records"].as_array().into_iter().flatten() {
+        if is_gc(record) {
+            continue;
+        }
+        let mut record = record.clone();
+        let name = dataset(&record);
+        record["dataset"] = Value::String(renamed(&name));
+        records.push(record);
+    }
+    doc["records"] = Value::Array(records);
+    if let Some(sets) = sync["options"]["datasets"].as_object() {
+        for (name, info) in sets {
+            if name != crate::gc::DATASET {
+                doc["options"]["datasets"][renamed(name)] = info.clone();
+            }
+        }
+    }
+    doc["options"]["sync_run"] = serde_json::json!({
+        "json": path.display().to_string(),
+        "argv": sync["options"]["argv"],
+        "threads": sync["options"]["threads"],
+    });
+    Ok(())
 }
 
 /// Puts the GC records of `gc` (a `tucana-bench gc` run's JSON, read from `path`) in
