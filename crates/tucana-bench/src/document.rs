@@ -384,8 +384,7 @@ fn render(doc: &Value, json_path: &Path, plots: &[(String, PathBuf)]) -> Result<
         if options["sync"].as_bool() == Some(true) {
             "every write durable before it returns".to_string()
         } else if options["sync_run"].is_null() {
-            "buffered, made durable about once a second, nothing synced per operation"
-                .to_string()
+            "buffered, made durable about once a second, nothing synced per operation".to_string()
         } else {
             format!(
                 "buffered, made durable about once a second, nothing synced per operation; \

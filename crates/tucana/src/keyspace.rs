@@ -189,7 +189,7 @@ fn multi_get<K: AsRef<[u8]>>(
         .collect::<Result<Vec<_>>>()?;
     let prefetch = region.shared.options.scan_prefetch_entries > 0;
     let mut batch = Vec::new();
-    let mut gate = ResidencyGate::default();
+    let mut gate = ResidencyGate::with_streak(region.prefetch_streak());
     let mut values = Vec::with_capacity(keys.len());
     // Windows bound how much is asked for before it is read, so the first pages are not
     // evicted by the last ones of a huge call; typical calls fit in one window.
@@ -423,6 +423,9 @@ impl Side {
     }
 }
 
+/// The first prefetch window of a range (see `Range::prefetch_window`).
+const PREFETCH_FIRST_ENTRIES: usize = 8;
+
 /// Where a forward prefetch window in `leaf` stops: one past the first entry certainly
 /// above `hi` (its key prefix is greater than the bound's), which the iterator still
 /// reads to find that the range ended. Prefixes only, no key read; entries whose prefix
@@ -465,6 +468,12 @@ pub struct Range {
     done: bool,
     /// `Options::scan_prefetch_entries`: the prefetch window of each end (0: off).
     prefetch_entries: usize,
+    /// The window now: starts at `PREFETCH_FIRST_ENTRIES` and doubles with every batch up
+    /// to `prefetch_entries`, so a short scan (YCSB E's, a seek and a few nexts) neither
+    /// asks for records it will not read nor copies the next leaf ahead of time.
+    prefetch_window: usize,
+    /// Windows asked for so far (both ends).
+    prefetch_batches: u32,
     /// Log pointers of one prefetch request being gathered; reused.
     prefetch_batch: Vec<u64>,
     /// Stops the prefetching of a range whose records are found in memory.
@@ -522,6 +531,7 @@ impl Range {
             })
         });
         let prefetch_entries = region.shared.options.scan_prefetch_entries;
+        let prefetch_gate = ResidencyGate::with_streak(region.prefetch_streak());
         Range {
             region,
             root,
@@ -532,8 +542,10 @@ impl Range {
             back: Side::default(),
             done: empty,
             prefetch_entries,
+            prefetch_window: prefetch_entries.min(PREFETCH_FIRST_ENTRIES),
+            prefetch_batches: 0,
             prefetch_batch: Vec::new(),
-            prefetch_gate: ResidencyGate::default(),
+            prefetch_gate,
         }
     }
 
@@ -604,11 +616,13 @@ impl Range {
             front,
             back,
             prefetch_entries,
+            prefetch_window,
+            prefetch_batches,
             prefetch_batch: batch,
             prefetch_gate: gate,
             ..
         } = self;
-        let n = *prefetch_entries;
+        let mut n = *prefetch_window;
         if n == 0 {
             return;
         }
@@ -628,6 +642,14 @@ impl Range {
         if ahead > n / 2 {
             return;
         }
+        // Half the window was read: the scan goes on, so the window grows (not at the
+        // first batch, which is all a short scan needs).
+        if *prefetch_batches > 0 {
+            n = (n * 2).min(*prefetch_entries);
+            *prefetch_window = n;
+        }
+        *prefetch_batches += 1;
+        let full_window = n == *prefetch_entries;
         let mut want = n - ahead;
         batch.clear();
         let leaf_done = if forward {
@@ -650,7 +672,8 @@ impl Range {
             side.fetched = from;
             from == 0
         };
-        if want > 0 && leaf_done && !side.exhausted {
+        // The next leaf is copied early only once the scan has shown it is a long one.
+        if want > 0 && leaf_done && !side.exhausted && (full_window || side.next_ready) {
             if !side.next_ready {
                 // The same seeks `next_front`/`next_back_inner` make to move on.
                 let seek = if forward {

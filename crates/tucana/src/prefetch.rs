@@ -45,6 +45,18 @@ pub(crate) struct ResidencyGate {
 }
 
 impl ResidencyGate {
+    /// A gate that starts where another left off (a region's last reader, see
+    /// `Region::prefetch_streak`): a new range over data known to be in memory does not
+    /// ask for its first batches before its own probes agree.
+    pub(crate) fn with_streak(resident_streak: usize) -> ResidencyGate {
+        ResidencyGate { resident_streak }
+    }
+
+    /// Probes in a row that found their page resident.
+    pub(crate) fn streak(&self) -> usize {
+        self.resident_streak
+    }
+
     /// Probes up to `probes` records of `ptrs`, spread evenly, with `resident` (`None`:
     /// unknown, counts as a miss) and returns whether to ask for the batch: yes at the
     /// first miss (the remaining probes are skipped), no once the streak of resident

@@ -104,6 +104,9 @@ pub(crate) struct Region {
     pub writer: Mutex<Writer>,
     pub keys: AtomicU64,
     pub live_bytes: AtomicU64,
+    /// The residency streak of the last prefetch batch any reader probed (see
+    /// `prefetch::ResidencyGate`); new ranges start from it.
+    prefetch_streak: std::sync::atomic::AtomicUsize,
     pub dead_bytes: AtomicU64,
     /// Tree epochs of live snapshots (with counts).
     snapshots: Mutex<BTreeMap<TreeEpoch, usize>>,
@@ -161,6 +164,7 @@ impl Region {
             writer: Mutex::new(writer),
             keys: AtomicU64::new(keys),
             live_bytes: AtomicU64::new(live),
+            prefetch_streak: std::sync::atomic::AtomicUsize::new(0),
             dead_bytes: AtomicU64::new(written - live),
             snapshots: Mutex::new(BTreeMap::new()),
             durable_epochs: Mutex::new([None, None]),
@@ -787,7 +791,9 @@ impl Region {
             return;
         }
         let storage = self.shared.volume.storage();
-        if !gate.issue(ptrs, probes, |ptr| storage.resident(ptr)) {
+        let issue = gate.issue(ptrs, probes, |ptr| storage.resident(ptr));
+        self.prefetch_streak.store(gate.streak(), Ordering::Relaxed);
+        if !issue {
             self.shared
                 .prefetch_skipped
                 .fetch_add(ptrs.len() as u64, Ordering::Relaxed);
@@ -809,6 +815,11 @@ impl Region {
         self.shared
             .prefetch_bytes
             .fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    /// Where a new reader's `ResidencyGate` starts.
+    pub fn prefetch_streak(&self) -> usize {
+        self.prefetch_streak.load(Ordering::Relaxed)
     }
 
     /// Copies the leaf `seek` lands on (for range iteration).

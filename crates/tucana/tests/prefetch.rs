@@ -256,6 +256,30 @@ fn a_bounded_scan_does_not_ask_for_records_past_its_end() {
     assert!((1..=20).contains(&asked), "{asked} pages asked for");
 }
 
+/// A short scan without a bound (YCSB E's: a seek and a few nexts) asks for a small first
+/// window, not for the whole configured one, and copies no leaf ahead of time: the window
+/// grows only as the scan shows it is a long one.
+#[test]
+fn a_short_scan_starts_with_a_small_window() {
+    let (storage, _db, ks) = load(3000, 200, 64);
+    let got: Vec<_> = ks
+        .range(b"k000100".to_vec()..)
+        .take(3)
+        .map(|r| r.unwrap())
+        .collect();
+    assert_eq!(got.len(), 3);
+    let asked: u64 = storage
+        .take()
+        .iter()
+        .map(|e| match e {
+            Event::Prefetch { len_bytes, .. } => len_bytes / PAGE_BYTES,
+            Event::Read { .. } => 0,
+        })
+        .sum();
+    // The first window is 8 records, each in at most two pages (64 would be ~128 pages).
+    assert!((1..=16).contains(&asked), "{asked} pages asked for");
+}
+
 #[test]
 fn records_in_the_tail_buffer_are_not_prefetched() {
     // 50 small records fit in the first segment: nothing is on the volume yet.
