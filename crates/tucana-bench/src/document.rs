@@ -802,7 +802,16 @@ fn draw_plots(doc: &Value, dir: &Path) -> Result<Vec<(String, PathBuf)>> {
                 if values.iter().flatten().all(Option::is_none) {
                     continue;
                 }
-                let path = dir.join(format!("{dataset_name}-{group}-{file}.png"));
+                // File names without spaces or commas ("in-memory, sync per write").
+                let slug: String = dataset_name
+                    .chars()
+                    .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+                    .collect::<String>()
+                    .split('-')
+                    .filter(|part| !part.is_empty())
+                    .collect::<Vec<_>>()
+                    .join("-");
+                let path = dir.join(format!("{slug}-{group}-{file}.png"));
                 let title = format!("{dataset_name}, {group}: {}", metric.title);
                 bar_chart(&path, &title, &rows, &engines, &values)?;
                 plots.push((title, path));
