@@ -42,6 +42,9 @@ pub(crate) const HOT_STREAK_PROBES: usize = 16;
 pub(crate) struct ResidencyGate {
     /// Probes in a row that found their page resident.
     resident_streak: usize,
+    /// Batches to skip without probing: a gate that starts hot (see `with_streak`) skips
+    /// its first, so a short scan over data in memory makes no system call at all.
+    free_passes: u8,
 }
 
 impl ResidencyGate {
@@ -49,7 +52,10 @@ impl ResidencyGate {
     /// `Region::prefetch_streak`): a new range over data known to be in memory does not
     /// ask for its first batches before its own probes agree.
     pub(crate) fn with_streak(resident_streak: usize) -> ResidencyGate {
-        ResidencyGate { resident_streak }
+        ResidencyGate {
+            resident_streak,
+            free_passes: u8::from(resident_streak >= HOT_STREAK_PROBES),
+        }
     }
 
     /// Probes in a row that found their page resident.
@@ -67,6 +73,10 @@ impl ResidencyGate {
         probes: usize,
         resident: impl Fn(u64) -> Option<bool>,
     ) -> bool {
+        if self.free_passes > 0 {
+            self.free_passes -= 1;
+            return false;
+        }
         let step = ptrs.len().div_ceil(probes.max(1)).max(1);
         for &ptr in ptrs.iter().step_by(step) {
             if resident(ptr) != Some(true) {
@@ -126,6 +136,26 @@ mod tests {
         let n = page_runs(&mut ptrs, record_bytes, |off, len| out.push((off, len)));
         assert_eq!(n as usize, out.len());
         out
+    }
+
+    #[test]
+    fn a_gate_that_starts_hot_skips_its_first_batch_without_probing() {
+        let ptrs: Vec<u64> = (0..8).map(|i| i * 4096).collect();
+        let probes = std::cell::Cell::new(0);
+        let count = |_| {
+            probes.set(probes.get() + 1);
+            Some(false)
+        };
+        let mut hot = ResidencyGate::with_streak(HOT_STREAK_PROBES);
+        assert!(!hot.issue(&ptrs, 2, count));
+        assert_eq!(probes.get(), 0);
+        // From the second batch on it probes again, and a miss opens it.
+        assert!(hot.issue(&ptrs, 2, count));
+        assert_eq!(probes.get(), 1);
+        // A gate that starts cold probes its first batch.
+        let mut cold = ResidencyGate::with_streak(3);
+        assert!(cold.issue(&ptrs, 2, count));
+        assert_eq!(probes.get(), 2);
     }
 
     #[test]
