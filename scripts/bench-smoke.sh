@@ -29,7 +29,7 @@ for record in records:
     assert not missing, f"{record['workload']}: missing {missing}"
 workloads = {r["workload"] for r in records}
 for w in ["ycsb_load", "ycsb_a", "ycsb_b", "ycsb_c", "ycsb_f", "ycsb_d", "ycsb_reload",
-          "ycsb_e", "fillrandom", "readrandom", "seekrandom", "deleterandom",
+          "ycsb_e", "fillseq", "fillrandom", "readrandom", "seekrandom", "deleterandom",
           "gc_load", "gc_ycsb_a", "delete_all"]:
     assert w in workloads, f"no {w} record"
 gc_runs = {r["gc"] for r in records if r["workload"] == "gc_ycsb_a"}

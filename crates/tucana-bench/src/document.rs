@@ -512,8 +512,9 @@ fn render(doc: &Value, json_path: &Path, plots: &[(String, PathBuf)]) -> Result<
             E (95% scans of uniform length 1–100, 5% inserts). Zipfian requests with constant 0.99, \
             scrambled as YCSB does; hashed insert order; YCSB's key names (`user` + FNV-1a hash). \
             An update writes the whole record (a blind put).\n";
-    md += "- Micro: db_bench-style fillrandom, readrandom, readseq, readreverse, overwrite, \
-            seekrandom (seek + 10 next), deleterandom.\n";
+    md += "- Micro: db_bench-style fillseq (ascending key order, into a store of its own; \
+            runs from this version of the harness on), fillrandom, readrandom, readseq, \
+            readreverse, overwrite, seekrandom (seek + 10 next), deleterandom.\n";
     md += "- Larger than memory: the harness moves itself into a child of its own memory cgroup \
             with the limit above for those runs, so page cache, engine caches and the harness \
             itself share that limit.\n";

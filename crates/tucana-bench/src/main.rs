@@ -46,8 +46,8 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// db_bench-style phases on one data set: fillrandom, readrandom, readseq,
-    /// readreverse, overwrite, seekrandom, deleterandom.
+    /// db_bench-style phases: fillseq (a store of its own), then on one data set
+    /// fillrandom, readrandom, readseq, readreverse, overwrite, seekrandom, deleterandom.
     Micro(MicroArgs),
     /// Open time after a crash, by committed data set and by uncommitted log tail.
     Recovery(RecoveryArgs),

@@ -1,7 +1,9 @@
 //! The db_bench-style micro-benchmark: one data set, a fixed sequence of phases, each
 //! timed and verified.
 //!
-//! Phases, in order: `fillrandom` (every key once, in random order), commit, `readrandom`
+//! Phases, in order: `fillseq` (every key once, in ascending key order, into a store of
+//! its own that is then closed and removed), `fillrandom` (every key once, in random
+//! order), commit, `readrandom`
 //! (random keys with replacement), `readseq` (full forward range), `readreverse`,
 //! `overwrite` (every key once more, new value generation, another random order), commit,
 //! `seekrandom` (seek to a random key and read it plus the next 10), `deleterandom`
@@ -78,6 +80,11 @@ pub fn run(kind: &dyn EngineKind, config: &MicroConfig, records: &mut Vec<Record
     };
     report::print_phase_table_header();
 
+    records.push(fill_sequential(kind, config, &set)?);
+    if config.stop_after.as_deref() == Some("fillseq") {
+        return finish(engine, engine_dir);
+    }
+
     let fill = run.write_each_once("fillrandom", Generation(0), None)?;
     let mut fill = run.record("fillrandom", &fill);
     run.commit_and_describe(&mut fill, "after fill", engine_dir.path())?;
@@ -123,6 +130,53 @@ pub fn run(kind: &dyn EngineKind, config: &MicroConfig, records: &mut Vec<Record
     }
     run.expect_empty()?;
     finish(engine, engine_dir)
+}
+
+/// `fillseq`: every key of `set` once, in ascending key order (each thread a contiguous
+/// run of the sorted keys), into a fresh store that is closed and removed afterwards, so
+/// the phases after it run on the random-order data set as before. Sorting the keys
+/// happens before the clock starts.
+fn fill_sequential(kind: &dyn EngineKind, config: &MicroConfig, set: &KeySet) -> Result<Record> {
+    let mut sorted: Vec<Vec<u8>> = (0..config.keys)
+        .map(|index| {
+            let mut key = set.key_buf();
+            set.key_into(index, &mut key);
+            key
+        })
+        .collect();
+    sorted.sort_unstable();
+    let dir = tempfile::Builder::new()
+        .prefix(&format!("tucana-bench-{}-fillseq-", kind.name()))
+        .tempdir_in(&config.dir)
+        .map_err(|e| format!("cannot create a directory in {}: {e}", config.dir.display()))?;
+    let engine = kind.open(
+        dir.path(),
+        &EngineConfig {
+            sync_writes: config.sync_writes,
+            ..config.engine
+        },
+    )?;
+    let run = Run {
+        engine: engine.as_ref(),
+        engine_name: kind.name(),
+        set,
+        config,
+    };
+    let m = run.parallel(|thread, lat| {
+        let mut value = set.value_buf();
+        let share = run.share(thread);
+        for position in share.clone() {
+            let key = &sorted[position as usize];
+            set.value_into(key, Generation(0), &mut value);
+            lat.time(|| run.engine.put(key, &value))?;
+        }
+        Ok(share.end - share.start)
+    })?;
+    assert_eq!(m.ops, config.keys, "fillseq: every key written once");
+    let mut record = run.record("fillseq", &m);
+    run.commit_and_describe(&mut record, "after fillseq", dir.path())?;
+    finish(engine, dir)?;
+    Ok(record)
 }
 
 fn finish(engine: Box<dyn Engine>, engine_dir: tempfile::TempDir) -> Result<()> {
@@ -390,7 +444,7 @@ impl Run<'_> {
         // Every phase moves whole pairs per op, but deletes write keys only.
         let pair_bytes = (self.config.key_bytes + self.config.value_bytes) as u64;
         let (read_bytes, write_bytes) = match phase {
-            "fillrandom" | "overwrite" => (0, m.ops * pair_bytes),
+            "fillseq" | "fillrandom" | "overwrite" => (0, m.ops * pair_bytes),
             "deleterandom" => (0, m.ops * self.config.key_bytes as u64),
             "seekrandom" => (m.ops * (SEEK_NEXT_COUNT as u64 + 1) * pair_bytes, 0),
             _ => (m.ops * pair_bytes, 0),
@@ -506,6 +560,7 @@ mod tests {
             assert_eq!(
                 phases,
                 [
+                    "fillseq",
                     "fillrandom",
                     "readrandom",
                     "readseq",
