@@ -291,37 +291,19 @@ fn render(doc: &Value, json_path: &Path, plots: &[(String, PathBuf)]) -> Result<
 
     md += "## Reproduce\n\n```sh\nscripts/bench-deps.sh   # librocksdb-dev, clang, fonts (Debian/Ubuntu, as root)\n";
     // The binary's own path (argv[0]) is machine-specific; the script builds and runs the
-    // same program.
-    let args_only: Vec<String> = options["argv"]
-        .as_array()
-        .map(|argv| {
-            argv.iter()
+    // same program. The suite's command, then those of the runs merged into it.
+    let gc_run = &options["gc_run"];
+    let sync_run = &options["sync_run"];
+    for argv in [&options["argv"], &gc_run["argv"], &sync_run["argv"]] {
+        if let Some(argv) = argv.as_array() {
+            let args: Vec<String> = argv
+                .iter()
                 .skip(1)
                 .filter_map(Value::as_str)
                 .map(shell_quote)
-                .collect()
-        })
-        .unwrap_or_default();
-    let _ = writeln!(md, "scripts/bench.sh {}", args_only.join(" "));
-    let gc_run = &options["gc_run"];
-    if let Some(argv) = gc_run["argv"].as_array() {
-        let args: Vec<String> = argv
-            .iter()
-            .skip(1)
-            .filter_map(Value::as_str)
-            .map(shell_quote)
-            .collect();
-        let _ = writeln!(md, "scripts/bench.sh {}", args.join(" "));
-    }
-    let sync_run = &options["sync_run"];
-    if let Some(argv) = sync_run["argv"].as_array() {
-        let args: Vec<String> = argv
-            .iter()
-            .skip(1)
-            .filter_map(Value::as_str)
-            .map(shell_quote)
-            .collect();
-        let _ = writeln!(md, "scripts/bench.sh {}", args.join(" "));
+                .collect();
+            let _ = writeln!(md, "scripts/bench.sh {}", args.join(" "));
+        }
     }
     let _ = write!(md, "scripts/bench.sh report {}", json_path.display());
     if let Some(path) = gc_run["json"].as_str() {

@@ -61,17 +61,7 @@ pub fn run(kind: &dyn EngineKind, config: &MicroConfig, records: &mut Vec<Record
         config.key_bytes,
         config.value_bytes,
     )?;
-    let engine_dir = tempfile::Builder::new()
-        .prefix(&format!("tucana-bench-{}-", kind.name()))
-        .tempdir_in(&config.dir)
-        .map_err(|e| format!("cannot create a directory in {}: {e}", config.dir.display()))?;
-    let engine = kind.open(
-        engine_dir.path(),
-        &EngineConfig {
-            sync_writes: config.sync_writes,
-            ..config.engine
-        },
-    )?;
+    let (engine, engine_dir) = open_fresh(kind, config, "")?;
     let run = Run {
         engine: engine.as_ref(),
         engine_name: kind.name(),
@@ -132,6 +122,27 @@ pub fn run(kind: &dyn EngineKind, config: &MicroConfig, records: &mut Vec<Record
     finish(engine, engine_dir)
 }
 
+/// An engine of `kind` on a fresh temporary directory under `config.dir` (named with
+/// `tag`), removed when the returned handle is dropped after the engine closed.
+fn open_fresh(
+    kind: &dyn EngineKind,
+    config: &MicroConfig,
+    tag: &str,
+) -> Result<(Box<dyn Engine>, tempfile::TempDir)> {
+    let dir = tempfile::Builder::new()
+        .prefix(&format!("tucana-bench-{}-{tag}", kind.name()))
+        .tempdir_in(&config.dir)
+        .map_err(|e| format!("cannot create a directory in {}: {e}", config.dir.display()))?;
+    let engine = kind.open(
+        dir.path(),
+        &EngineConfig {
+            sync_writes: config.sync_writes,
+            ..config.engine
+        },
+    )?;
+    Ok((engine, dir))
+}
+
 /// `fillseq`: every key of `set` once, in ascending key order (each thread a contiguous
 /// run of the sorted keys), into a fresh store that is closed and removed afterwards, so
 /// the phases after it run on the random-order data set as before. Sorting the keys
@@ -145,17 +156,7 @@ fn fill_sequential(kind: &dyn EngineKind, config: &MicroConfig, set: &KeySet) ->
         })
         .collect();
     sorted.sort_unstable();
-    let dir = tempfile::Builder::new()
-        .prefix(&format!("tucana-bench-{}-fillseq-", kind.name()))
-        .tempdir_in(&config.dir)
-        .map_err(|e| format!("cannot create a directory in {}: {e}", config.dir.display()))?;
-    let engine = kind.open(
-        dir.path(),
-        &EngineConfig {
-            sync_writes: config.sync_writes,
-            ..config.engine
-        },
-    )?;
+    let (engine, dir) = open_fresh(kind, config, "fillseq-")?;
     let run = Run {
         engine: engine.as_ref(),
         engine_name: kind.name(),

@@ -236,6 +236,18 @@ fn a_cold_scan_asks_for_every_record_before_reading_it_both_directions() {
     assert_reads_prefetched_first(&storage.take(), tail);
 }
 
+/// Pages asked for since the last `take` (and takes the events).
+fn pages_asked(storage: &Logging) -> u64 {
+    storage
+        .take()
+        .iter()
+        .map(|e| match e {
+            Event::Prefetch { len_bytes, .. } => len_bytes / PAGE_BYTES,
+            Event::Read { .. } => 0,
+        })
+        .sum()
+}
+
 #[test]
 fn a_bounded_scan_does_not_ask_for_records_past_its_end() {
     let (storage, _db, ks) = load(3000, 200, 64);
@@ -244,14 +256,7 @@ fn a_bounded_scan_does_not_ask_for_records_past_its_end() {
         .map(|r| r.unwrap())
         .collect();
     assert_eq!(got.len(), 10);
-    let asked: u64 = storage
-        .take()
-        .iter()
-        .map(|e| match e {
-            Event::Prefetch { len_bytes, .. } => len_bytes / PAGE_BYTES,
-            Event::Read { .. } => 0,
-        })
-        .sum();
+    let asked = pages_asked(&storage);
     // Ten records, each in at most two pages; the window (64) stops at the bound.
     assert!((1..=20).contains(&asked), "{asked} pages asked for");
 }
@@ -268,14 +273,7 @@ fn a_short_scan_starts_with_a_small_window() {
         .map(|r| r.unwrap())
         .collect();
     assert_eq!(got.len(), 3);
-    let asked: u64 = storage
-        .take()
-        .iter()
-        .map(|e| match e {
-            Event::Prefetch { len_bytes, .. } => len_bytes / PAGE_BYTES,
-            Event::Read { .. } => 0,
-        })
-        .sum();
+    let asked = pages_asked(&storage);
     // The first window is 8 records, each in at most two pages (64 would be ~128 pages).
     assert!((1..=16).contains(&asked), "{asked} pages asked for");
 }
