@@ -5,10 +5,51 @@
 //! readers; flushes from any thread (serialised by an internal mutex). Bytes below
 //! `published` never change again; the appender only writes above it. Readers keep a
 //! `Tail` alive with a `crossbeam_epoch` guard while they read it.
+//!
+//! Buffers are recycled: a dropped tail's buffer goes to a small process-wide pool
+//! and the next tail of the same size takes it back without zeroing. A fresh 2 MiB
+//! buffer costs 512 page faults, each zeroing a page (about 5% of a random-insert
+//! load's time before the pool). Stale bytes are harmless: nothing reads or writes a
+//! tail above `published` except the appender, which overwrites them first.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
+
+/// Buffers kept for reuse, at most `SPARE_BUFFERS_MAX` (a region holds one tail at a time,
+/// and a closed tail waits for readers' grace period before it is dropped).
+static SPARE_BUFFERS: Mutex<Vec<Box<[u8]>>> = Mutex::new(Vec::new());
+const SPARE_BUFFERS_MAX: usize = 8;
+
+/// A buffer of `size_bytes`: a spare one if there is one, else a fresh zeroed one.
+fn take_buffer(size_bytes: usize) -> Box<[u8]> {
+    let mut spare = SPARE_BUFFERS.lock();
+    if let Some(i) = spare.iter().position(|b| b.len() == size_bytes) {
+        return spare.swap_remove(i);
+    }
+    drop(spare);
+    let buf = vec![0u8; size_bytes].into_boxed_slice();
+    #[cfg(all(target_os = "linux", not(miri)))]
+    if size_bytes >= 2 << 20 {
+        // SAFETY: `buf` is ours; MADV_HUGEPAGE only changes how the kernel backs the
+        // pages (fewer faults and TLB misses for the appender); failure is harmless.
+        unsafe {
+            libc::madvise(
+                buf.as_ptr() as *mut libc::c_void,
+                size_bytes,
+                libc::MADV_HUGEPAGE,
+            )
+        };
+    }
+    buf
+}
+
+fn give_back_buffer(buf: Box<[u8]>) {
+    let mut spare = SPARE_BUFFERS.lock();
+    if spare.len() < SPARE_BUFFERS_MAX {
+        spare.push(buf);
+    }
+}
 
 use crate::error::Result;
 use crate::types::{DiskOffset, BLOCK_BYTES};
@@ -35,10 +76,11 @@ unsafe impl Send for Tail {}
 unsafe impl Sync for Tail {}
 
 impl Tail {
-    /// An empty tail for a fresh segment.
+    /// An empty tail for a fresh segment. Its buffer may hold stale bytes from an earlier
+    /// tail; none of them is ever visible (see the module comment).
     pub fn new(base: DiskOffset, size_bytes: u64) -> Tail {
         assert!(base.block_aligned() && size_bytes.is_multiple_of(BLOCK_BYTES) && size_bytes > 0);
-        let buf = vec![0u8; size_bytes as usize].into_boxed_slice();
+        let buf = take_buffer(size_bytes as usize);
         Tail {
             base,
             size_bytes,
@@ -139,12 +181,13 @@ impl Tail {
 impl Drop for Tail {
     fn drop(&mut self) {
         // SAFETY: `buf` came from `Box::into_raw` of a boxed slice of `size_bytes`.
-        unsafe {
-            drop(Box::from_raw(std::ptr::slice_from_raw_parts_mut(
+        let buf = unsafe {
+            Box::from_raw(std::ptr::slice_from_raw_parts_mut(
                 self.buf,
                 self.size_bytes as usize,
-            )));
-        }
+            ))
+        };
+        give_back_buffer(buf);
     }
 }
 
@@ -167,5 +210,23 @@ mod tests {
         assert_eq!(tail.read(4096, 1), None);
         assert!(tail.contains(8192 + 8191) && !tail.contains(8192 + 8192));
         assert_eq!(tail.free_bytes(), 8192 - 5);
+    }
+
+    #[test]
+    fn a_recycled_buffer_shows_none_of_its_old_bytes() {
+        let size = 64 << 10;
+        for round in 0..3u8 {
+            let tail = Tail::new(DiskOffset(0), size);
+            assert!(tail.published().is_empty(), "round {round}");
+            assert_eq!(tail.read(0, 1), None, "round {round}");
+            // SAFETY: single appender in this test.
+            unsafe { tail.append(4096, |b| b.fill(0xA0 + round)) };
+            assert!(tail
+                .read(0, 4096)
+                .unwrap()
+                .iter()
+                .all(|&b| b == 0xA0 + round));
+            // Dropped here: the buffer goes back to the pool for the next round.
+        }
     }
 }
