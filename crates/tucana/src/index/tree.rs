@@ -28,10 +28,10 @@ use parking_lot::Mutex;
 
 use super::node::{
     alloc_internal, alloc_leaf, as_internal, as_leaf, disk_word, encode_image, free_node,
-    heap_copy, heap_from_image, heap_word, no_restart, DiskNode, Header, HeapInternal, HeapLeaf,
-    InternalNode, InternalRead, LeafNode, LeafRead, Meta, NodeRef, PivotDesc, SResult, SearchErr,
-    AREA_FREE_MIN_BYTES, C_INT, C_LEAF, KEY_AREA_BYTES, KIND_INTERNAL, KIND_LEAF, MAX_INLINE_PIVOT,
-    MAX_STEM_BYTES, NODE_BYTES, PIVOT_EXTERNAL, W_DISK,
+    heap_copy, heap_from_image, heap_word, no_restart, prefetch_leaf_word, DiskNode, Header,
+    HeapInternal, HeapLeaf, InternalNode, InternalRead, LeafNode, LeafRead, Meta, NodeRef,
+    PivotDesc, SResult, SearchErr, AREA_FREE_MIN_BYTES, C_INT, C_LEAF, KEY_AREA_BYTES,
+    KIND_INTERNAL, KIND_LEAF, MAX_INLINE_PIVOT, MAX_STEM_BYTES, NODE_BYTES, PIVOT_EXTERNAL, W_DISK,
 };
 use super::search::{
     child_index, leaf_get, leaf_position, pivot_into, separator, stem_position, StemPos,
@@ -509,6 +509,9 @@ impl Tree {
                 version: None,
             };
             let mut idx = no_restart(child_index(&own, ctx, key, kp, true))?;
+            if parent.hdr.meta().level == 1 {
+                prefetch_leaf_word(parent.child[idx].load(Relaxed));
+            }
             let mut child = self.writable_child(ctx, parent, idx, running)?;
             if unsafe { child.as_ref() }.meta().is_full() {
                 let sep = self.split_child(ctx, parent, idx, child, running, key)?;
@@ -1263,6 +1266,9 @@ impl Tree {
             };
             let idx = w.internal(&view, ctx)?;
             let child = view.child(idx);
+            if m.level == 1 {
+                prefetch_leaf_word(child);
+            }
             view.validate()?;
             view.check_child(child)?;
             parent = Some((hdr, v));
