@@ -423,6 +423,23 @@ impl Side {
     }
 }
 
+/// Makes `bound` exclude exactly `key`, reusing its buffer: a range moves a bound past
+/// every item it returns, and a fresh `Vec` per item was a measurable part of a scan.
+fn exclude_up_to(bound: &mut Bound<Vec<u8>>, key: &[u8]) {
+    match bound {
+        Bound::Excluded(buf) => {
+            buf.clear();
+            buf.extend_from_slice(key);
+        }
+        other => *other = Bound::Excluded(key.to_vec()),
+    }
+}
+
+/// How many items ahead a range asks the CPU for a record's cache lines: enough that
+/// several misses are in flight at once, few enough that the lines are still in cache
+/// when their item comes (the items in between take about 100 ns each).
+const CACHE_AHEAD_ITEMS: usize = 4;
+
 /// The first prefetch window of a range (see `Range::prefetch_window`).
 const PREFETCH_FIRST_ENTRIES: usize = 8;
 
@@ -550,9 +567,11 @@ impl Range {
     }
 
     /// Reads the record at `ptr` as an owned pair.
-    fn item(&self, ptr: u64) -> Result<(Vec<u8>, Vec<u8>)> {
+    /// The record at `ptr`; `ahead` is one the range reads a few items later (see
+    /// `Region::with_record_ahead`), 0 for none.
+    fn item(&self, ptr: u64, ahead: u64) -> Result<(Vec<u8>, Vec<u8>)> {
         self.region
-            .with_record(ptr, true, |r| (r.key.to_vec(), r.value.to_vec()))
+            .with_record_ahead(ptr, ahead, true, |r| (r.key.to_vec(), r.value.to_vec()))
     }
 
     /// Index of the first entry of the front leaf that is not below `lo`.
@@ -721,8 +740,10 @@ impl Range {
             if self.front.started && self.front.pos < self.front.leaf.ptrs.len() {
                 self.prefetch_ahead(true);
                 let ptr = self.front.leaf.ptrs[self.front.pos];
+                let ahead = self.front.pos + CACHE_AHEAD_ITEMS;
+                let ahead = self.front.leaf.ptrs.get(ahead).copied().unwrap_or(0);
                 self.front.pos += 1;
-                let (key, value) = self.item(ptr)?;
+                let (key, value) = self.item(ptr, ahead)?;
                 if !self.front.leaf.holds(&key) {
                     return Err(fences_broken());
                 }
@@ -732,7 +753,7 @@ impl Range {
                 if !below_hi(&key, &self.hi) {
                     return Ok(None);
                 }
-                self.lo = Bound::Excluded(key.clone());
+                exclude_up_to(&mut self.lo, &key);
                 return Ok(Some((key, value)));
             }
             if self.front.exhausted {
@@ -777,7 +798,11 @@ impl Range {
                 self.prefetch_ahead(false);
                 self.back.pos -= 1;
                 let ptr = self.back.leaf.ptrs[self.back.pos];
-                let (key, value) = self.item(ptr)?;
+                let ahead = match self.back.pos.checked_sub(CACHE_AHEAD_ITEMS) {
+                    Some(i) => self.back.leaf.ptrs[i],
+                    None => 0,
+                };
+                let (key, value) = self.item(ptr, ahead)?;
                 if !self.back.leaf.holds(&key) {
                     return Err(fences_broken());
                 }
@@ -787,7 +812,7 @@ impl Range {
                 if !above_lo(&key, &self.lo) {
                     return Ok(None);
                 }
-                self.hi = Bound::Excluded(key.clone());
+                exclude_up_to(&mut self.hi, &key);
                 return Ok(Some((key, value)));
             }
             if self.back.exhausted {

@@ -606,9 +606,27 @@ impl Region {
         verify: bool,
         f: impl FnOnce(RecordRef<'_>) -> R,
     ) -> Result<R> {
+        self.with_record_ahead(ptr, 0, verify, f)
+    }
+
+    /// `with_record`, first asking the CPU for the first cache lines of the record at
+    /// `ahead` (0: none), one an iterator will read a few items later. An in-memory scan
+    /// otherwise waits for one cache and TLB miss per record, one after the other: the
+    /// log is in write order, not key order.
+    pub fn with_record_ahead<R>(
+        &self,
+        ptr: u64,
+        ahead: u64,
+        verify: bool,
+        f: impl FnOnce(RecordRef<'_>) -> R,
+    ) -> Result<R> {
         let at = DiskOffset(ptr);
         let guard = epoch::pin();
         let tail = self.tail.load(Ordering::Acquire, &guard);
+        if ahead != 0 {
+            // SAFETY: protected by the guard.
+            self.hint_record_lines(ahead, unsafe { tail.as_ref() });
+        }
         // SAFETY: protected by the guard (may be null only during construction: never).
         if let Some(t) = unsafe { tail.as_ref() } {
             if t.contains(ptr) {
@@ -636,6 +654,21 @@ impl Region {
             let bytes = unsafe { volume.view(ptr, total, scratch)? };
             Ok(f(RecordRef::parse(bytes, self.seed, verify, at)?))
         })
+    }
+
+    /// Starts loading the header line and the next line of the record at `ptr`, when it
+    /// is in memory without I/O (the tail buffer or the volume's mapping).
+    fn hint_record_lines(&self, ptr: u64, tail: Option<&Tail>) {
+        let bytes = match tail {
+            Some(t) if t.contains(ptr) => t.read(ptr, 1),
+            // SAFETY: `ptr` names a record of a closed segment that the caller's reader
+            // can reach, never written while reachable; the slice is dropped at once
+            // (only its address is used).
+            _ => unsafe { self.shared.volume.storage().mapped(ptr, 1) },
+        };
+        if let Some(bytes) = bytes {
+            crate::prefetch::cache_lines(bytes.as_ptr(), [0, 64]);
+        }
     }
 
     /// Before a record is read whole (`verify`: its checksum covers every byte) from the

@@ -239,28 +239,16 @@ pub(crate) fn heap_word(p: NonNull<Header>) -> u64 {
 /// search reads first: the header (count, version), the stem, and the prefix array. The
 /// search itself would take them one dependent miss at a time (header, then stem, then
 /// the first and last prefixes, then the interpolated guess); started together they
-/// arrive in about one miss's time. A hint only: it reads nothing, cannot fault, and a
-/// torn or stale `word` costs a wasted fetch.
+/// arrive in about one miss's time. A hint: a torn or stale `word` wastes a fetch.
 #[inline(always)]
 pub(crate) fn prefetch_leaf_word(word: u64) {
-    #[cfg(all(target_arch = "x86_64", not(miri)))]
-    {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-        if word == 0 || word & 1 == 1 {
-            return;
-        }
-        let base = std::ptr::without_provenance::<i8>(word as usize);
-        let lines = [0, LEAF_STEM_AT]
-            .into_iter()
-            .chain((LEAF_PREFIX_AT..LEAF_PTR_AT).step_by(64));
-        for at in lines {
-            // SAFETY: prefetch is a hint that never faults or reads into Rust's view of
-            // memory, whatever the address; `wrapping_add` forms no out-of-bounds claim.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(base.wrapping_add(at)) };
-        }
+    if word == 0 || word & 1 == 1 {
+        return;
     }
-    #[cfg(not(all(target_arch = "x86_64", not(miri))))]
-    let _ = word;
+    let lines = [0, LEAF_STEM_AT]
+        .into_iter()
+        .chain((LEAF_PREFIX_AT..LEAF_PTR_AT).step_by(64));
+    crate::prefetch::cache_lines(std::ptr::without_provenance(word as usize), lines);
 }
 
 pub(crate) fn disk_word(off: DiskOffset) -> u64 {
