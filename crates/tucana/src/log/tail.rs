@@ -21,6 +21,15 @@ use parking_lot::Mutex;
 static SPARE_BUFFERS: Mutex<Vec<Box<[u8]>>> = Mutex::new(Vec::new());
 const SPARE_BUFFERS_MAX: usize = 8;
 
+/// Buffers allocated fresh (not taken from the pool) since the process started.
+static FRESH_BUFFERS: AtomicU64 = AtomicU64::new(0);
+
+/// How many tail buffers this process allocated fresh rather than reused: a diagnostic
+/// (and the observable of the regression test for closed tails that were never freed).
+pub fn fresh_buffers_allocated() -> u64 {
+    FRESH_BUFFERS.load(Ordering::Relaxed)
+}
+
 /// A buffer of `size_bytes`: a spare one if there is one, else a fresh zeroed one.
 fn take_buffer(size_bytes: usize) -> Box<[u8]> {
     let mut spare = SPARE_BUFFERS.lock();
@@ -28,6 +37,7 @@ fn take_buffer(size_bytes: usize) -> Box<[u8]> {
         return spare.swap_remove(i);
     }
     drop(spare);
+    FRESH_BUFFERS.fetch_add(1, Ordering::Relaxed);
     let buf = vec![0u8; size_bytes].into_boxed_slice();
     #[cfg(all(target_os = "linux", not(miri)))]
     if size_bytes >= 2 << 20 {
