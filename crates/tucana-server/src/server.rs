@@ -34,7 +34,7 @@ use tucana::Database;
 use crate::commands::{execute_batch, may_block, Session};
 use crate::config::ServerConfig;
 use crate::metrics::{prometheus_text, Metrics};
-use crate::resp::{check_incomplete, decode, Reply};
+use crate::resp::{check_incomplete, decode_into, Reply, Requests};
 use crate::store::Store;
 
 /// At most this many pipelined requests run as one batch (bounds the reply buffer).
@@ -247,22 +247,28 @@ async fn serve_connection<S: AsyncRead + AsyncWrite + Unpin>(
     let mut session = Session::new(id, shared.config.requirepass.is_none());
     let mut buf: Vec<u8> = Vec::with_capacity(READ_CHUNK_BYTES);
     let mut start = 0;
+    // Both reused from batch to batch: a connection allocates when a batch is larger
+    // than any before it, not per request.
     let mut out: Vec<u8> = Vec::new();
+    let mut requests = Requests::default();
     loop {
         let limits = if session.authenticated {
             shared.config.request_limits
         } else {
             shared.config.pre_auth_limits
         };
-        let mut requests = Vec::new();
+        requests.clear();
         let mut blocks = false;
         let mut protocol_error = None;
         loop {
-            match decode(&buf[start..], &limits) {
-                Ok(Some((args, consumed))) => {
+            match decode_into(&buf, start, &limits, &mut requests) {
+                Ok(Some(consumed)) => {
                     start += consumed;
-                    blocks |= may_block(&args, shared.config.durability);
-                    requests.push(args);
+                    let last = requests.len() - 1;
+                    if requests.arg_count(last) > 0 {
+                        let name = requests.arg(last, 0, &buf);
+                        blocks |= may_block(name, shared.config.durability);
+                    }
                     if !session.authenticated || requests.len() >= MAX_BATCH_REQUESTS {
                         break;
                     }
@@ -282,23 +288,34 @@ async fn serve_connection<S: AsyncRead + AsyncWrite + Unpin>(
         let ran = !requests.is_empty();
         if ran {
             if blocks {
+                // The batch's buffers go to the blocking thread and come back with it.
                 let worker_shared = shared.clone();
                 let mut worker_out = std::mem::take(&mut out);
+                let worker_buf = std::mem::take(&mut buf);
+                let worker_requests = std::mem::take(&mut requests);
                 let joined = tokio::task::spawn_blocking(move || {
-                    execute_batch(&worker_shared, &mut session, requests, &mut worker_out);
-                    (session, worker_out)
+                    execute_batch(
+                        &worker_shared,
+                        &mut session,
+                        &worker_buf,
+                        &worker_requests,
+                        &mut worker_out,
+                    );
+                    (session, worker_out, worker_buf, worker_requests)
                 })
                 .await;
                 match joined {
-                    Ok((s, o)) => {
+                    Ok((s, o, b, r)) => {
                         session = s;
                         out = o;
+                        buf = b;
+                        requests = r;
                     }
                     // A panic in a handler is a bug; it ends this connection only.
                     Err(_) => return,
                 }
             } else {
-                execute_batch(&shared, &mut session, requests, &mut out);
+                execute_batch(&shared, &mut session, &buf, &requests, &mut out);
             }
             if write_out(&shared, stream, &out).await.is_err() {
                 return;
