@@ -1623,6 +1623,17 @@ mod tests {
     }
 
     #[test]
+    fn failed_syncs_replace_exactly_the_replies_of_writes() {
+        let mut out = b"old:+OK\r\n$1\r\nv\r\n+OK\r\n".to_vec();
+        let base = 4;
+        replace_replies(&mut out, base, &[4..9, 16..21], "ERR not durable");
+        assert_eq!(
+            out,
+            b"old:-ERR not durable\r\n$1\r\nv\r\n-ERR not durable\r\n"
+        );
+    }
+
+    #[test]
     fn secrets_compare_exactly() {
         assert!(same_secret(b"abc", b"abc"));
         assert!(!same_secret(b"abc", b"abd"));

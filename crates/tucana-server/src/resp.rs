@@ -758,6 +758,55 @@ mod tests {
         }
     }
 
+    #[test]
+    fn decode_into_records_a_pipelined_batch_without_copying_it() {
+        // Garbage before `at` is not looked at; positions are into the whole buffer.
+        let wire = b"junk*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$5\r\nhello\r\nGET \"a b\" c\r\n*0\r\n*1\r\n$4\r\nPI";
+        let mut requests = Requests::default();
+        let mut at = 4;
+        while let Some(n) = decode_into(wire, at, &L, &mut requests).unwrap() {
+            at += n;
+        }
+        assert_eq!(
+            requests.len(),
+            3,
+            "the incomplete PING is not a request yet"
+        );
+        let mut args = Vec::new();
+        requests.args_into(0, wire, &mut args);
+        assert_eq!(args, [&b"SET"[..], b"k", b"hello"]);
+        requests.args_into(1, wire, &mut args);
+        assert_eq!(args, [&b"GET"[..], b"a b", b"c"]);
+        assert_eq!(requests.arg_count(2), 0);
+        assert_eq!(requests.arg(0, 2, wire), b"hello");
+        // The multibulk argument is where it arrived, not a copy.
+        assert!(std::ptr::eq(requests.arg(0, 1, wire), &wire[21..22]));
+        drop(args);
+        let mut args = Vec::new();
+        // A failed or incomplete decode leaves what was decoded before as it was.
+        assert_eq!(
+            decode_into(b"*2\r\n$3\r\nGET\r\n", 0, &L, &mut requests),
+            Ok(None)
+        );
+        assert!(decode_into(b"*2\r\n$3\r\nGET\r\n:1\r\n", 0, &L, &mut requests).is_err());
+        assert_eq!(requests.len(), 3);
+        assert_eq!(requests.spans.len(), 6);
+        requests.args_into(1, wire, &mut args);
+        assert_eq!(args, [&b"GET"[..], b"a b", b"c"]);
+        requests.clear();
+        assert!(requests.is_empty());
+    }
+
+    #[test]
+    fn integer_headers_cover_the_whole_range() {
+        for n in [0, 7, -1, 10, 1234567890, i64::MAX, i64::MIN] {
+            assert_eq!(enc(&Reply::Int(n), Protocol::Resp2), format!(":{n}\r\n"));
+        }
+        let mut out = Vec::new();
+        encode_bulk(&[b'x'; 100], &mut out);
+        assert!(out.starts_with(b"$100\r\nxx"));
+    }
+
     fn enc(reply: &Reply, p: Protocol) -> String {
         let mut out = Vec::new();
         reply.encode(p, &mut out);
