@@ -445,7 +445,7 @@ pub fn execute_batch(
             continue;
         }
         if fast && is_plain(&args, b"set", 3) {
-            let run = run_length(requests, i, wire, b"set", 3);
+            let run = set_run_length(requests, i, wire);
             fast_sets(
                 shared,
                 session,
@@ -516,6 +516,24 @@ fn run_length(requests: &Requests, first: usize, wire: &[u8], name: &[u8], argc:
             requests.arg_count(j) == argc && requests.arg(j, 0, wire).eq_ignore_ascii_case(name)
         })
         .count()
+}
+
+/// A run of SETs goes to the engine as one batch, which copies its keys and values:
+/// past this many bytes a run is cut, so a pipeline of large values is not held twice.
+const SET_RUN_MAX_BYTES: usize = 1 << 20;
+
+/// `run_length` for plain SETs, cut after `SET_RUN_MAX_BYTES` of keys and values.
+fn set_run_length(requests: &Requests, first: usize, wire: &[u8]) -> usize {
+    let mut bytes = 0;
+    let mut run = 0;
+    for j in first..first + run_length(requests, first, wire, b"set", 3) {
+        if run > 0 && bytes >= SET_RUN_MAX_BYTES {
+            break;
+        }
+        bytes += requests.arg(j, 1, wire).len() + requests.arg(j, 2, wire).len();
+        run += 1;
+    }
+    run
 }
 
 fn command_index(name: &[u8]) -> usize {

@@ -983,3 +983,25 @@ fn a_run_of_pipelined_sets_applies_in_order() {
     }
     server.stop().unwrap();
 }
+
+/// Pipelined SETs of large values are cut into several engine batches; every one is
+/// answered and applied.
+#[test]
+fn pipelined_sets_of_large_values_are_all_applied() {
+    let (db, server) = start_with(ServerConfig {
+        durability: DurabilityMode::Buffered,
+        ..config()
+    });
+    let value = |i: u8| vec![b'a' + i; 300 << 10];
+    let mut wire = Vec::new();
+    for i in 0..10u8 {
+        wire.extend(multibulk(&[b"SET", &[b'k', b'0' + i], &value(i)]));
+    }
+    wire.extend(multibulk(&[b"QUIT"]));
+    assert_eq!(raw_exchange(&server, &wire), "+OK\r\n".repeat(11));
+    let ks = db.keyspace("default").unwrap();
+    for i in 0..10u8 {
+        assert_eq!(ks.get(&[b'k', b'0' + i]).unwrap(), Some(value(i)));
+    }
+    server.stop().unwrap();
+}
