@@ -9,7 +9,9 @@
 //! String commands are written once against the small [`Kv`] trait and run three ways:
 //! reads directly on the keyspace (no lock), writes under the database's write lock
 //! (see `store.rs` for why), and inside `EXEC` on an overlay whose writes become one
-//! atomic engine batch.
+//! atomic engine batch. Plain `GET key` and `SET key value`, most of a cache's traffic,
+//! also have a fast path in [`execute_batch`] that answers exactly as the general one
+//! would, without building owned arguments or [`Reply`] values.
 //!
 //! Thread-safety: a `Session` belongs to one connection; `execute_batch` may run on any
 //! thread and may block (engine writes, syncs, commits).

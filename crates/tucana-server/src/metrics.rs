@@ -3,7 +3,8 @@
 //! served over HTTP.
 //!
 //! Counters are relaxed atomics: each is exact, a reading of several is not a consistent
-//! snapshot (as in Redis). Thread-safe.
+//! snapshot (as in Redis). The per-command ones are counted per batch in a [`Tally`]
+//! and added at the batch's end. Thread-safe.
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
