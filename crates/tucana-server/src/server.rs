@@ -5,7 +5,7 @@
 //! the decoder) and the execution model; it does not know what commands do.
 //!
 //! Execution model: connections are async tasks spread round-robin over one
-//! single-threaded tokio runtime per core ([`ConnectionThreads`]); the listener, the
+//! single-threaded tokio runtime per core (`ConnectionThreads`); the listener, the
 //! metrics endpoint and signals run on a separate small runtime. A connection stays on
 //! its thread for its life: each thread waits on its own sockets and runs what became
 //! ready, with no work stealing between threads (in a shared multi-threaded runtime a
