@@ -9,13 +9,16 @@
 //! String commands are written once against the small [`Kv`] trait and run three ways:
 //! reads directly on the keyspace (no lock), writes under the database's write lock
 //! (see `store.rs` for why), and inside `EXEC` on an overlay whose writes become one
-//! atomic engine batch.
+//! atomic engine batch. Plain `GET key` and `SET key value`, most of a cache's traffic,
+//! also have a fast path in [`execute_batch`] that answers exactly as the general one
+//! would, without building owned arguments or [`Reply`] values.
 //!
 //! Thread-safety: a `Session` belongs to one connection; `execute_batch` may run on any
 //! thread and may block (engine writes, syncs, commits).
 
 use std::collections::HashMap;
-use std::ops::Bound;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::ops::{Bound, Range};
 use std::sync::OnceLock;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -23,7 +26,8 @@ use tucana::{Durability, Keyspace};
 
 use crate::config::DurabilityMode;
 use crate::glob::{glob_match, literal_prefix};
-use crate::resp::{Args, Protocol, Reply};
+use crate::metrics::Tally;
+use crate::resp::{encode_bulk, encode_error, encode_nil, Args, Protocol, Reply, Requests};
 use crate::server::Shared;
 use crate::store::{Slot, WriteGuard};
 
@@ -318,8 +322,34 @@ fn table() -> &'static [Spec] {
     })
 }
 
-fn index_by_name() -> &'static HashMap<&'static [u8], usize> {
-    static INDEX: OnceLock<HashMap<&'static [u8], usize>> = OnceLock::new();
+/// FNV-1a: command names are a few bytes and come from the table or a client that can
+/// only pick among them, so the flooding resistance of the default hasher buys nothing
+/// and its cost shows up once per command.
+#[derive(Default)]
+struct NameHasher(u64);
+
+impl Hasher for NameHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        let mut h = if self.0 == 0 {
+            0xcbf2_9ce4_8422_2325
+        } else {
+            self.0
+        };
+        for &b in bytes {
+            h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+        self.0 = h;
+    }
+}
+
+type NameIndex = HashMap<&'static [u8], usize, BuildHasherDefault<NameHasher>>;
+
+fn index_by_name() -> &'static NameIndex {
+    static INDEX: OnceLock<NameIndex> = OnceLock::new();
     INDEX.get_or_init(|| {
         table()
             .iter()
@@ -358,8 +388,8 @@ pub fn lookup(name: &[u8]) -> Option<usize> {
 /// log append by another writer) and append to the log buffer, so they run on the async
 /// worker too: a hop to the blocking pool costs more than they do. In sync mode a write
 /// waits for an fsync, so its batch goes to the blocking pool.
-pub fn may_block(args: &Args, durability: DurabilityMode) -> bool {
-    let Some(i) = args.first().and_then(|n| lookup(n)) else {
+pub fn may_block(name: &[u8], durability: DurabilityMode) -> bool {
+    let Some(i) = lookup(name) else {
         return false;
     };
     match table()[i].run {
@@ -379,49 +409,257 @@ pub struct Ctx<'a> {
 
 /// Runs a pipelined batch of requests and appends their encoded replies to `out`.
 ///
-/// In sync mode the writes of the batch are applied buffered and then made durable by one
-/// sync before any reply is encoded; if that sync fails, the replies of the writes become
-/// errors (the writes are visible but not known to be durable).
+/// `wire` is the buffer the requests were decoded from. Replies are encoded into `out` as
+/// each request runs. In sync mode the writes of the batch are applied buffered and then
+/// made durable by one sync before the caller sends anything; if that sync fails, the
+/// replies of the writes are replaced by errors (the writes are visible but not known to
+/// be durable).
+///
+/// Plain `GET key` and `SET key value` (the bulk of a cache's traffic) take a fast path
+/// when the connection is authenticated and not in `MULTI`: a run of consecutive ones
+/// reads one keyspace handle (GET, values encoded from where they lie) or takes the write
+/// lock once and applies the run as one engine batch (SET). Their replies are what the
+/// general path would answer; anything else goes through [`execute`].
 pub fn execute_batch(
     shared: &Shared,
     session: &mut Session,
-    requests: Vec<Args>,
+    wire: &[u8],
+    requests: &Requests,
     out: &mut Vec<u8>,
 ) {
-    let mut replies: Vec<(Reply, bool, Protocol)> = Vec::with_capacity(requests.len());
-    for args in requests {
+    let base = out.len();
+    let mut tally = Tally::default();
+    // Where in `out` the replies of requests that wrote are (sync mode may replace them).
+    let mut written: Vec<Range<usize>> = Vec::new();
+    let mut args: Vec<&[u8]> = Vec::new();
+    let mut i = 0;
+    while i < requests.len() {
+        requests.args_into(i, wire, &mut args);
         if args.is_empty() {
+            i += 1;
             continue;
         }
+        let fast = session.authenticated && session.multi.is_none();
+        if fast && is_plain(&args, b"get", 2) {
+            let run = run_length(requests, i, wire, b"get", 2);
+            fast_gets(shared, session, wire, requests, i..i + run, out, &mut tally);
+            i += run;
+            continue;
+        }
+        if fast && is_plain(&args, b"set", 3) {
+            let run = set_run_length(requests, i, wire);
+            fast_sets(
+                shared,
+                session,
+                wire,
+                requests,
+                i..i + run,
+                out,
+                &mut tally,
+                &mut written,
+            );
+            i += run;
+            continue;
+        }
+        let owned: Args = args.iter().map(|a| a.to_vec()).collect();
         let mut ctx = Ctx {
             shared,
             session: &mut *session,
             wrote: false,
         };
-        let reply = execute(&mut ctx, &args);
+        let reply = execute(&mut ctx, &owned);
         let wrote = ctx.wrote;
         if reply.is_error() {
-            shared.metrics.count_error();
+            tally.error();
         }
         // The protocol in force when the reply was made (HELLO switches it).
-        replies.push((reply, wrote, session.protocol));
+        let at = out.len();
+        reply.encode(session.protocol, out);
+        if wrote {
+            written.push(at..out.len());
+        }
         if session.close_after_reply {
             break;
         }
+        i += 1;
     }
-    if shared.config.durability == DurabilityMode::Sync && replies.iter().any(|r| r.1) {
+    shared.metrics.add_tally(&tally);
+    if shared.config.durability == DurabilityMode::Sync && !written.is_empty() {
         if let Err(e) = shared.store.db.sync() {
-            for (reply, wrote, _) in &mut replies {
-                if *wrote {
-                    *reply = Reply::error(format!(
-                        "ERR the write was applied but could not be made durable: {e}"
-                    ));
+            let text = format!("ERR the write was applied but could not be made durable: {e}");
+            replace_replies(out, base, &written, &text);
+        }
+    }
+}
+
+/// Replaces the replies at `ranges` (ascending, at or after `base`) with the error `text`.
+fn replace_replies(out: &mut Vec<u8>, base: usize, ranges: &[Range<usize>], text: &str) {
+    let old = out.split_off(base);
+    let mut from = 0;
+    for range in ranges {
+        let (start, end) = (range.start - base, range.end - base);
+        assert!(from <= start && start <= end && end <= old.len());
+        out.extend_from_slice(&old[from..start]);
+        encode_error(text, out);
+        from = end;
+    }
+    out.extend_from_slice(&old[from..]);
+}
+
+/// Whether `args` is `name` (any case) with exactly `argc` arguments, the name included.
+fn is_plain(args: &[&[u8]], name: &[u8], argc: usize) -> bool {
+    args.len() == argc && args[0].eq_ignore_ascii_case(name)
+}
+
+/// How many requests from `first` on are plain `name` requests (at least the first).
+fn run_length(requests: &Requests, first: usize, wire: &[u8], name: &[u8], argc: usize) -> usize {
+    (first..requests.len())
+        .take_while(|&j| {
+            requests.arg_count(j) == argc && requests.arg(j, 0, wire).eq_ignore_ascii_case(name)
+        })
+        .count()
+}
+
+/// A run of SETs goes to the engine as one batch, which copies its keys and values:
+/// past this many bytes a run is cut, so a pipeline of large values is not held twice.
+const SET_RUN_MAX_BYTES: usize = 1 << 20;
+
+/// `run_length` for plain SETs, cut after `SET_RUN_MAX_BYTES` of keys and values.
+fn set_run_length(requests: &Requests, first: usize, wire: &[u8]) -> usize {
+    let mut bytes = 0;
+    let mut run = 0;
+    for j in first..first + run_length(requests, first, wire, b"set", 3) {
+        if run > 0 && bytes >= SET_RUN_MAX_BYTES {
+            break;
+        }
+        bytes += requests.arg(j, 1, wire).len() + requests.arg(j, 2, wire).len();
+        run += 1;
+    }
+    run
+}
+
+fn command_index(name: &[u8]) -> usize {
+    lookup(name).expect("the fast paths' commands are in the table")
+}
+
+/// A run of plain `GET key`: one read of the keyspace handle for the run (which reads as
+/// the database was when the run started, as Redis, which runs a client's pipelined
+/// batch without interleaving others, would), each value encoded from where it lies.
+fn fast_gets(
+    shared: &Shared,
+    session: &Session,
+    wire: &[u8],
+    requests: &Requests,
+    run: Range<usize>,
+    out: &mut Vec<u8>,
+    tally: &mut Tally,
+) {
+    tally.command(command_index(b"get"), run.len() as u64);
+    let protocol = session.protocol;
+    let mark = out.len();
+    let mut local = Tally::default();
+    let read = shared.store.slot(session.db_index).read(|ks| {
+        // A retry (the keyspace was dropped meanwhile) starts the run over.
+        out.truncate(mark);
+        local = Tally::default();
+        for j in run.clone() {
+            let key = requests.arg(j, 1, wire);
+            let at = out.len();
+            let found = match ks {
+                Some(ks) => ks.get_with(key, |value| encode_bulk(value, out)),
+                None => Ok(None),
+            };
+            match found {
+                Ok(Some(())) => local.lookup(true),
+                Ok(None) => {
+                    local.lookup(false);
+                    encode_nil(protocol, out);
+                }
+                Err(e @ tucana::Error::KeyspaceNotFound(_)) => return Err(e),
+                Err(e) => {
+                    out.truncate(at);
+                    local.error();
+                    encode_error(&format!("ERR {e}"), out);
                 }
             }
         }
+        Ok(())
+    });
+    if let Err(e) = read {
+        // Only a keyspace dropped again and again gets here: every GET of the run fails.
+        out.truncate(mark);
+        local = Tally::default();
+        for _ in run {
+            local.error();
+            encode_error(&format!("ERR {e}"), out);
+        }
     }
-    for (reply, _, protocol) in &replies {
-        reply.encode(*protocol, out);
+    tally.merge(&local);
+}
+
+/// A run of plain `SET key value`: the database's write lock taken once and the run
+/// applied as one engine batch (one append of the records, one trip through the engine's
+/// writer lock). Every SET of the run answers `+OK`, as each would alone. If the batch
+/// fails (a value over the engine's limit, say) before anything was applied, each SET is
+/// applied alone so each reply says what happened to it.
+#[allow(clippy::too_many_arguments)]
+fn fast_sets(
+    shared: &Shared,
+    session: &Session,
+    wire: &[u8],
+    requests: &Requests,
+    run: Range<usize>,
+    out: &mut Vec<u8>,
+    tally: &mut Tally,
+    written: &mut Vec<Range<usize>>,
+) {
+    tally.command(command_index(b"set"), run.len() as u64);
+    let pair = |j: usize| (requests.arg(j, 1, wire), requests.arg(j, 2, wire));
+    let guard = shared.store.slot(session.db_index).lock_writes();
+    let applied = guard.keyspace(&shared.store.db).and_then(|ks| {
+        if run.len() == 1 {
+            let (key, value) = pair(run.start);
+            return ks.put_with(key, value, Durability::Buffered).map(|()| ks);
+        }
+        let mut batch = ks.batch();
+        for j in run.clone() {
+            let (key, value) = pair(j);
+            batch.put(key, value);
+        }
+        batch.commit_with(Durability::Buffered).map(|()| ks)
+    });
+    let mut one_by_one = None;
+    match applied {
+        Ok(_) => {}
+        // A failed single SET is its own answer; a failed batch is retried one by one.
+        Err(e) if run.len() == 1 => {
+            tally.error();
+            let at = out.len();
+            encode_error(&format!("ERR {e}"), out);
+            written.push(at..out.len());
+            return;
+        }
+        Err(_) => one_by_one = Some(guard.keyspace(&shared.store.db).map_err(|e| e.to_string())),
+    }
+    for j in run {
+        let at = out.len();
+        let result = match &one_by_one {
+            None => Ok(()),
+            Some(Ok(ks)) => {
+                let (key, value) = pair(j);
+                ks.put_with(key, value, Durability::Buffered)
+                    .map_err(|e| e.to_string())
+            }
+            Some(Err(e)) => Err(e.clone()),
+        };
+        match result {
+            Ok(()) => out.extend_from_slice(b"+OK\r\n"),
+            Err(e) => {
+                tally.error();
+                encode_error(&format!("ERR {e}"), out);
+            }
+        }
+        written.push(at..out.len());
     }
 }
 
@@ -1402,6 +1640,17 @@ mod tests {
         );
         assert_eq!(lex_bound(b"(a", true), Some(Bound::Excluded(b"a".to_vec())));
         assert_eq!(lex_bound(b"a", true), None);
+    }
+
+    #[test]
+    fn failed_syncs_replace_exactly_the_replies_of_writes() {
+        let mut out = b"old:+OK\r\n$1\r\nv\r\n+OK\r\n".to_vec();
+        let base = 4;
+        replace_replies(&mut out, base, &[4..9, 16..21], "ERR not durable");
+        assert_eq!(
+            out,
+            b"old:-ERR not durable\r\n$1\r\nv\r\n-ERR not durable\r\n"
+        );
     }
 
     #[test]

@@ -3,7 +3,8 @@
 //! served over HTTP.
 //!
 //! Counters are relaxed atomics: each is exact, a reading of several is not a consistent
-//! snapshot (as in Redis). Thread-safe.
+//! snapshot (as in Redis). The per-command ones are counted per batch in a [`Tally`]
+//! and added at the batch's end. Thread-safe.
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -60,6 +61,22 @@ impl Metrics {
         add(&self.commands_by_index[index], 1);
     }
 
+    /// Adds what a batch counted locally (see [`Tally`]).
+    pub fn add_tally(&self, tally: &Tally) {
+        for &(index, n) in &tally.commands {
+            add(&self.commands_by_index[index], n);
+        }
+        for (counter, n) in [
+            (&self.error_replies, tally.errors),
+            (&self.keyspace_hits, tally.hits),
+            (&self.keyspace_misses, tally.misses),
+        ] {
+            if n > 0 {
+                add(counter, n);
+            }
+        }
+    }
+
     pub fn count_error(&self) {
         add(&self.error_replies, 1);
     }
@@ -85,6 +102,46 @@ impl Metrics {
 
     pub fn commands_processed(&self) -> u64 {
         self.commands_by_index.iter().map(get).sum()
+    }
+}
+
+/// Counts of one pipelined batch, added to [`Metrics`] once at its end: the counters are
+/// shared by every connection, and an atomic add per command on a cache line that the
+/// other cores also write costs more than the command's own bookkeeping.
+#[derive(Debug, Default)]
+pub struct Tally {
+    /// (command index, count); a batch rarely has more than a couple of kinds.
+    commands: Vec<(usize, u64)>,
+    errors: u64,
+    hits: u64,
+    misses: u64,
+}
+
+impl Tally {
+    pub fn command(&mut self, index: usize, n: u64) {
+        match self.commands.iter_mut().find(|(i, _)| *i == index) {
+            Some((_, count)) => *count += n,
+            None => self.commands.push((index, n)),
+        }
+    }
+
+    pub fn error(&mut self) {
+        self.errors += 1;
+    }
+
+    /// Adds `other`'s counts of errors and lookups (not its commands).
+    pub fn merge(&mut self, other: &Tally) {
+        self.errors += other.errors;
+        self.hits += other.hits;
+        self.misses += other.misses;
+    }
+
+    pub fn lookup(&mut self, hit: bool) {
+        if hit {
+            self.hits += 1;
+        } else {
+            self.misses += 1;
+        }
     }
 }
 

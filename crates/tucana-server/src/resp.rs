@@ -6,6 +6,13 @@
 //! the fuzz target can call it on anything; it never panics and never allocates more
 //! than the limits allow for one request (a bulk length is checked before any buffer is
 //! sized by it). Stateless; safe to use from any thread.
+//!
+//! Two decoding entry points: [`decode_into`] is what connections use: it records where
+//! each argument lies in the read buffer ([`Requests`]), so a pipelined batch is decoded
+//! without an allocation per request or argument (the vectors are reused across
+//! batches). [`decode`] returns owned arguments (tests, the fuzz target) and is a thin
+//! wrapper over it, so both see the same grammar and limits. Reply encoding likewise
+//! writes into the connection's one output buffer, with no allocation per reply.
 
 use std::fmt;
 
@@ -63,16 +70,125 @@ fn protocol_error(what: impl Into<String>) -> ProtocolError {
 /// empty line or `*0`, which Redis ignores and so do we.
 pub type Args = Vec<Vec<u8>>;
 
+/// Where one decoded argument lies: in the buffer that was decoded (the bytes as they
+/// arrived), or in the [`Requests`]' scratch bytes (an inline argument with quotes or
+/// escapes, which is not verbatim on the wire).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Span {
+    start: usize,
+    end: usize,
+    in_scratch: bool,
+}
+
+/// The requests of a pipelined batch as positions in the connection's read buffer.
+///
+/// Filled by [`decode_into`]; the arguments are resolved against the same buffer with
+/// [`Requests::args_into`]. Keeping positions rather than copies is what lets a batch be
+/// decoded without allocating; `clear` keeps the capacity for the next batch.
+#[derive(Debug, Default)]
+pub struct Requests {
+    spans: Vec<Span>,
+    /// Per request, `spans[first..end]` are its arguments (none: an empty request).
+    bounds: Vec<(usize, usize)>,
+    scratch: Vec<u8>,
+}
+
+impl Requests {
+    pub fn clear(&mut self) {
+        self.spans.clear();
+        self.bounds.clear();
+        self.scratch.clear();
+    }
+
+    /// Requests decoded, empty ones included.
+    pub fn len(&self) -> usize {
+        self.bounds.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.bounds.is_empty()
+    }
+
+    /// How many arguments request `i` has, the command name included.
+    pub fn arg_count(&self, i: usize) -> usize {
+        let (first, end) = self.bounds[i];
+        end - first
+    }
+
+    /// Argument `n` of request `i`; `wire` is the buffer that was decoded.
+    pub fn arg<'a>(&'a self, i: usize, n: usize, wire: &'a [u8]) -> &'a [u8] {
+        let (first, end) = self.bounds[i];
+        assert!(
+            first + n < end,
+            "argument {n} of a request with {}",
+            end - first
+        );
+        self.resolve(self.spans[first + n], wire)
+    }
+
+    /// Replaces the contents of `into` with the arguments of request `i`.
+    pub fn args_into<'a>(&'a self, i: usize, wire: &'a [u8], into: &mut Vec<&'a [u8]>) {
+        into.clear();
+        let (first, end) = self.bounds[i];
+        into.extend(
+            self.spans[first..end]
+                .iter()
+                .map(|&s| self.resolve(s, wire)),
+        );
+    }
+
+    fn resolve<'a>(&'a self, span: Span, wire: &'a [u8]) -> &'a [u8] {
+        let from = if span.in_scratch { &self.scratch } else { wire };
+        &from[span.start..span.end]
+    }
+
+    /// Forgets what a decode that did not finish a request pushed.
+    fn truncate(&mut self, spans: usize, scratch: usize) {
+        self.spans.truncate(spans);
+        self.scratch.truncate(scratch);
+    }
+}
+
 /// Decodes one request from the front of `buf`.
 ///
 /// `Ok(Some((args, consumed)))` when a whole request is there, `Ok(None)` when more bytes
 /// are needed (the caller checks `max_request_bytes` against its buffer then, see
 /// [`check_incomplete`]), `Err` when the bytes can never become a valid request.
 pub fn decode(buf: &[u8], limits: &RequestLimits) -> Result<Option<(Args, usize)>, ProtocolError> {
-    match buf.first() {
+    let mut requests = Requests::default();
+    let Some(consumed) = decode_into(buf, 0, limits, &mut requests)? else {
+        return Ok(None);
+    };
+    let mut args = Vec::new();
+    requests.args_into(0, buf, &mut args);
+    Ok(Some((args.iter().map(|a| a.to_vec()).collect(), consumed)))
+}
+
+/// Decodes one request from `buf[at..]` and appends it to `requests` (positions are
+/// indices into `buf`). Returns the bytes consumed as [`decode`] does; on `Ok(None)` and
+/// `Err` nothing is appended.
+pub fn decode_into(
+    buf: &[u8],
+    at: usize,
+    limits: &RequestLimits,
+    requests: &mut Requests,
+) -> Result<Option<usize>, ProtocolError> {
+    let (spans, scratch) = (requests.spans.len(), requests.scratch.len());
+    let rest = &buf[at..];
+    let decoded = match rest.first() {
         None => Ok(None),
-        Some(b'*') => decode_multibulk(buf, limits),
-        Some(_) => decode_inline(buf, limits),
+        Some(b'*') => decode_multibulk(rest, at, limits, requests),
+        Some(_) => decode_inline(rest, limits, requests),
+    };
+    match decoded {
+        Ok(Some(consumed)) => {
+            requests.bounds.push((spans, requests.spans.len()));
+            Ok(Some(consumed))
+        }
+        other => {
+            requests.truncate(spans, scratch);
+            other
+        }
     }
 }
 
@@ -115,10 +231,13 @@ fn parse_len(digits: &[u8]) -> Option<i64> {
     Some(if negative { -n } else { n })
 }
 
+/// `buf` starts at the request; `at` is where it lies in the connection's buffer.
 fn decode_multibulk(
     buf: &[u8],
+    at: usize,
     limits: &RequestLimits,
-) -> Result<Option<(Args, usize)>, ProtocolError> {
+    requests: &mut Requests,
+) -> Result<Option<usize>, ProtocolError> {
     // A header line longer than any valid one is garbage, not a slow client.
     const MAX_HEADER_BYTES: usize = 32;
     let Some(end) = line_end(buf, 1) else {
@@ -131,7 +250,7 @@ fn decode_multibulk(
         parse_len(&buf[1..end]).ok_or_else(|| protocol_error("invalid multibulk length"))?;
     let mut pos = end + 2;
     if count <= 0 {
-        return Ok(Some((Vec::new(), pos)));
+        return Ok(Some(pos));
     }
     let count = usize::try_from(count).map_err(|_| protocol_error("invalid multibulk length"))?;
     if count > limits.max_args {
@@ -141,7 +260,7 @@ fn decode_multibulk(
         )));
     }
     // Reserve for what is already buffered at most: `count` is the client's word.
-    let mut args = Vec::with_capacity(count.min(buf.len() / 4 + 1));
+    requests.spans.reserve(count.min(buf.len() / 4 + 1));
     for _ in 0..count {
         match buf.get(pos) {
             None => return Ok(None),
@@ -182,16 +301,23 @@ fn decode_multibulk(
         if &buf[stop..stop + 2] != b"\r\n" {
             return Err(protocol_error("bulk argument not followed by CRLF"));
         }
-        args.push(buf[start..stop].to_vec());
+        requests.spans.push(Span {
+            start: at + start,
+            end: at + stop,
+            in_scratch: false,
+        });
         pos = stop + 2;
     }
-    Ok(Some((args, pos)))
+    Ok(Some(pos))
 }
 
+/// Inline commands are rare (telnet, scripts): their arguments are copied to the scratch
+/// bytes, since unquoting changes them.
 fn decode_inline(
     buf: &[u8],
     limits: &RequestLimits,
-) -> Result<Option<(Args, usize)>, ProtocolError> {
+    requests: &mut Requests,
+) -> Result<Option<usize>, ProtocolError> {
     // Inline commands end at '\n' (a '\r' before it is optional, as in Redis).
     let Some(nl) = buf.iter().position(|&b| b == b'\n') else {
         if buf.len() > limits.max_inline_bytes {
@@ -218,7 +344,16 @@ fn decode_inline(
             limits.max_args
         )));
     }
-    Ok(Some((args, nl + 1)))
+    for arg in &args {
+        let start = requests.scratch.len();
+        requests.scratch.extend_from_slice(arg);
+        requests.spans.push(Span {
+            start,
+            end: requests.scratch.len(),
+            in_scratch: true,
+        });
+    }
+    Ok(Some(nl + 1))
 }
 
 fn hex_digit(b: u8) -> Option<u8> {
@@ -372,45 +507,29 @@ impl Reply {
         match self {
             Reply::Ok => out.extend_from_slice(b"+OK\r\n"),
             Reply::Status(s) => line(out, b'+', s.as_bytes()),
-            Reply::Error(s) => {
-                // Keep the stream in sync even if a message carries a line break.
-                let clean: Vec<u8> = s
-                    .bytes()
-                    .map(|b| if b == b'\r' || b == b'\n' { b' ' } else { b })
-                    .collect();
-                line(out, b'-', &clean)
-            }
-            Reply::Int(n) => line(out, b':', n.to_string().as_bytes()),
-            Reply::Bulk(b) => {
-                line(out, b'$', b.len().to_string().as_bytes());
-                out.extend_from_slice(b);
-                out.extend_from_slice(b"\r\n");
-            }
-            Reply::Nil if resp3 => out.extend_from_slice(b"_\r\n"),
-            Reply::Nil => out.extend_from_slice(b"$-1\r\n"),
+            Reply::Error(s) => encode_error(s, out),
+            Reply::Int(n) => header(out, b':', *n as i128),
+            Reply::Bulk(b) => encode_bulk(b, out),
+            Reply::Nil => encode_nil(protocol, out),
             Reply::NilArray if resp3 => out.extend_from_slice(b"_\r\n"),
             Reply::NilArray => out.extend_from_slice(b"*-1\r\n"),
             Reply::Array(items) => {
-                line(out, b'*', items.len().to_string().as_bytes());
+                header(out, b'*', items.len() as i128);
                 for item in items {
                     item.encode(protocol, out);
                 }
             }
             Reply::Set(items) => {
-                line(
-                    out,
-                    if resp3 { b'~' } else { b'*' },
-                    items.len().to_string().as_bytes(),
-                );
+                header(out, if resp3 { b'~' } else { b'*' }, items.len() as i128);
                 for item in items {
                     item.encode(protocol, out);
                 }
             }
             Reply::Map(pairs) => {
                 if resp3 {
-                    line(out, b'%', pairs.len().to_string().as_bytes());
+                    header(out, b'%', pairs.len() as i128);
                 } else {
-                    line(out, b'*', (pairs.len() * 2).to_string().as_bytes());
+                    header(out, b'*', pairs.len() as i128 * 2);
                 }
                 for (k, v) in pairs {
                     k.encode(protocol, out);
@@ -423,6 +542,54 @@ impl Reply {
             Reply::Bool(b) => out.extend_from_slice(if *b { b":1\r\n" } else { b":0\r\n" }),
         }
     }
+}
+
+/// Appends a bulk string: the fast path of a `GET` encodes the value where it lies.
+pub fn encode_bulk(bytes: &[u8], out: &mut Vec<u8>) {
+    header(out, b'$', bytes.len() as i128);
+    out.extend_from_slice(bytes);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Appends the null bulk string of `protocol`.
+pub fn encode_nil(protocol: Protocol, out: &mut Vec<u8>) {
+    out.extend_from_slice(match protocol {
+        Protocol::Resp3 => b"_\r\n",
+        Protocol::Resp2 => b"$-1\r\n",
+    });
+}
+
+/// Appends an error line; `text` starts with its code (`ERR ...`).
+pub fn encode_error(text: &str, out: &mut Vec<u8>) {
+    out.push(b'-');
+    // Keep the stream in sync even if a message carries a line break.
+    out.extend(
+        text.bytes()
+            .map(|b| if b == b'\r' || b == b'\n' { b' ' } else { b }),
+    );
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Appends `kind`, `n` in decimal and CRLF, without formatting machinery or allocation
+/// (every bulk and integer reply has such a line). i128 holds every i64 and usize.
+fn header(out: &mut Vec<u8>, kind: u8, n: i128) {
+    let mut digits = [0u8; 40];
+    let mut at = digits.len();
+    let mut rest = n.unsigned_abs();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (rest % 10) as u8;
+        rest /= 10;
+        if rest == 0 {
+            break;
+        }
+    }
+    out.push(kind);
+    if n < 0 {
+        out.push(b'-');
+    }
+    out.extend_from_slice(&digits[at..]);
+    out.extend_from_slice(b"\r\n");
 }
 
 fn line(out: &mut Vec<u8>, kind: u8, body: &[u8]) {
@@ -589,6 +756,55 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn decode_into_records_a_pipelined_batch_without_copying_it() {
+        // Garbage before `at` is not looked at; positions are into the whole buffer.
+        let wire = b"junk*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$5\r\nhello\r\nGET \"a b\" c\r\n*0\r\n*1\r\n$4\r\nPI";
+        let mut requests = Requests::default();
+        let mut at = 4;
+        while let Some(n) = decode_into(wire, at, &L, &mut requests).unwrap() {
+            at += n;
+        }
+        assert_eq!(
+            requests.len(),
+            3,
+            "the incomplete PING is not a request yet"
+        );
+        let mut args = Vec::new();
+        requests.args_into(0, wire, &mut args);
+        assert_eq!(args, [&b"SET"[..], b"k", b"hello"]);
+        requests.args_into(1, wire, &mut args);
+        assert_eq!(args, [&b"GET"[..], b"a b", b"c"]);
+        assert_eq!(requests.arg_count(2), 0);
+        assert_eq!(requests.arg(0, 2, wire), b"hello");
+        // The multibulk argument is where it arrived, not a copy.
+        assert!(std::ptr::eq(requests.arg(0, 1, wire), &wire[21..22]));
+        drop(args);
+        let mut args = Vec::new();
+        // A failed or incomplete decode leaves what was decoded before as it was.
+        assert_eq!(
+            decode_into(b"*2\r\n$3\r\nGET\r\n", 0, &L, &mut requests),
+            Ok(None)
+        );
+        assert!(decode_into(b"*2\r\n$3\r\nGET\r\n:1\r\n", 0, &L, &mut requests).is_err());
+        assert_eq!(requests.len(), 3);
+        assert_eq!(requests.spans.len(), 6);
+        requests.args_into(1, wire, &mut args);
+        assert_eq!(args, [&b"GET"[..], b"a b", b"c"]);
+        requests.clear();
+        assert!(requests.is_empty());
+    }
+
+    #[test]
+    fn integer_headers_cover_the_whole_range() {
+        for n in [0, 7, -1, 10, 1234567890, i64::MAX, i64::MIN] {
+            assert_eq!(enc(&Reply::Int(n), Protocol::Resp2), format!(":{n}\r\n"));
+        }
+        let mut out = Vec::new();
+        encode_bulk(&[b'x'; 100], &mut out);
+        assert!(out.starts_with(b"$100\r\nxx"));
     }
 
     fn enc(reply: &Reply, p: Protocol) -> String {

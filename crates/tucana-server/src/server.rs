@@ -4,9 +4,14 @@
 //! Owns sockets, limits on connections (max clients, idle timeout, request sizes through
 //! the decoder) and the execution model; it does not know what commands do.
 //!
-//! Execution model: connections are async tasks on a small tokio runtime. A connection
-//! decodes every complete request in its buffer (a pipelined batch) and runs the batch
-//! in one go. Batches of reads, and of buffered writes, run on the async worker (engine
+//! Execution model: connections are async tasks spread round-robin over one
+//! single-threaded tokio runtime per core (`ConnectionThreads`); the listener, the
+//! metrics endpoint and signals run on a separate small runtime. A connection stays on
+//! its thread for its life: each thread waits on its own sockets and runs what became
+//! ready, with no work stealing between threads (in a shared multi-threaded runtime a
+//! worker that found work woke another to steal some, a futex wake and a context switch
+//! per request at pipeline depth 1). A connection decodes every complete request in its
+//! buffer (a pipelined batch) and runs the batch in one go. Batches of reads, and of buffered writes, run on the async worker (engine
 //! reads never block on writers; a buffered write is a short append). Batches that may
 //! wait on the device (sync-mode writes, EXEC, FLUSHDB, SAVE) run on tokio's blocking
 //! pool, so a connection waiting for its fsync does not stall the others, and concurrent
@@ -34,7 +39,7 @@ use tucana::Database;
 use crate::commands::{execute_batch, may_block, Session};
 use crate::config::ServerConfig;
 use crate::metrics::{prometheus_text, Metrics};
-use crate::resp::{check_incomplete, decode, Reply};
+use crate::resp::{check_incomplete, decode_into, Reply, Requests};
 use crate::store::Store;
 
 /// At most this many pipelined requests run as one batch (bounds the reply buffer).
@@ -129,6 +134,10 @@ impl Server {
             shared,
         } = self;
         let mut shutdown = shared.shutdown.subscribe();
+        let mut threads = match ConnectionThreads::start(connection_thread_count()) {
+            Ok(t) => t,
+            Err(e) => return Err(tucana::Error::Io(e)),
+        };
         let mut tasks = JoinSet::new();
         if let Some(metrics) = metrics_listener {
             tasks.spawn(serve_metrics(shared.clone(), metrics, shutdown.clone()));
@@ -136,7 +145,7 @@ impl Server {
         loop {
             tokio::select! {
                 accepted = listener.accept() => match accepted {
-                    Ok((stream, _)) => accept(&shared, &mut tasks, stream, &shutdown),
+                    Ok((stream, _)) => accept(&shared, &mut tasks, &mut threads, stream, &shutdown),
                     Err(e) => {
                         // Out of file descriptors and the like: back off, keep serving.
                         eprintln!("tucana serve: accept failed: {e}");
@@ -157,6 +166,8 @@ impl Server {
             tasks.abort_all();
             while tasks.join_next().await.is_some() {}
         }
+        // Every connection has ended: the threads have nothing left to run.
+        let _ = tokio::task::spawn_blocking(move || threads.stop()).await;
         let db = shared.store.db.clone();
         tokio::task::spawn_blocking(move || db.commit())
             .await
@@ -169,9 +180,71 @@ async fn stopped(shutdown: &mut watch::Receiver<bool>) {
     let _ = shutdown.wait_for(|stop| *stop).await;
 }
 
+/// One single-threaded runtime per thread, each running the connections handed to it
+/// (see the module doc for why not one multi-threaded runtime).
+struct ConnectionThreads {
+    handles: Vec<tokio::runtime::Handle>,
+    /// Round-robin position for the next connection.
+    next: usize,
+    stop: Vec<tokio::sync::oneshot::Sender<()>>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+/// One connection thread per core: more would only take turns on the same cores.
+fn connection_thread_count() -> usize {
+    std::thread::available_parallelism().map_or(2, |n| n.get())
+}
+
+impl ConnectionThreads {
+    fn start(count: usize) -> io::Result<ConnectionThreads> {
+        assert!(count > 0);
+        let mut threads = ConnectionThreads {
+            handles: Vec::with_capacity(count),
+            next: 0,
+            stop: Vec::with_capacity(count),
+            threads: Vec::with_capacity(count),
+        };
+        for i in 0..count {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .thread_name("tucana-serve")
+                .enable_all()
+                .build()?;
+            let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+            threads.handles.push(rt.handle().clone());
+            threads.stop.push(stop);
+            // The runtime lives and is dropped on its thread (dropping one inside another
+            // runtime's task would panic).
+            let thread = std::thread::Builder::new()
+                .name(format!("tucana-serve-{i}"))
+                .spawn(move || {
+                    rt.block_on(async move {
+                        let _ = stopped.await;
+                    })
+                })?;
+            threads.threads.push(thread);
+        }
+        Ok(threads)
+    }
+
+    fn pick(&mut self) -> &tokio::runtime::Handle {
+        let i = self.next % self.handles.len();
+        self.next = self.next.wrapping_add(1);
+        &self.handles[i]
+    }
+
+    /// Ends the threads; called once no connection task is left.
+    fn stop(self) {
+        drop(self.stop);
+        for t in self.threads {
+            let _ = t.join();
+        }
+    }
+}
+
 fn accept(
     shared: &Arc<Shared>,
     tasks: &mut JoinSet<()>,
+    threads: &mut ConnectionThreads,
     stream: TcpStream,
     shutdown: &watch::Receiver<bool>,
 ) {
@@ -188,28 +261,50 @@ fn accept(
         });
         return;
     }
+    // The socket is registered with the listener's runtime; it moves to the connection
+    // thread's own event loop, so its readiness wakes that thread and no other.
+    let stream = match stream.into_std() {
+        Ok(s) => s,
+        Err(_) => return,
+    };
     metrics.connected_clients.fetch_add(1, Ordering::Relaxed);
     let shared = shared.clone();
     let shutdown = shutdown.clone();
-    tasks.spawn(async move {
-        let _connected = ConnectedGuard(shared.clone());
-        match shared.tls.clone() {
-            None => {
-                let mut stream = stream;
-                serve_connection(shared, &mut stream, shutdown).await;
-            }
-            Some(acceptor) => {
-                let handshake =
-                    tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream));
-                if let Ok(Ok(mut tls)) = handshake.await {
-                    serve_connection(shared, &mut tls, shutdown).await;
-                    // Ends the TLS session properly (close_notify), so clients see a
-                    // clean end of stream rather than a truncation.
-                    let _ = tls.shutdown().await;
-                }
+    let connected = ConnectedGuard(shared.clone());
+    let runtime = threads.pick().clone();
+    tasks.spawn_on(
+        async move {
+            let _connected = connected;
+            serve_accepted(shared, stream, shutdown).await;
+        },
+        &runtime,
+    );
+}
+
+/// Runs one connection on the connection thread it was handed to.
+async fn serve_accepted(
+    shared: Arc<Shared>,
+    stream: std::net::TcpStream,
+    shutdown: watch::Receiver<bool>,
+) {
+    let Ok(stream) = TcpStream::from_std(stream) else {
+        return;
+    };
+    match shared.tls.clone() {
+        None => {
+            let mut stream = stream;
+            serve_connection(shared, &mut stream, shutdown).await;
+        }
+        Some(acceptor) => {
+            let handshake = tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream));
+            if let Ok(Ok(mut tls)) = handshake.await {
+                serve_connection(shared, &mut tls, shutdown).await;
+                // Ends the TLS session properly (close_notify), so clients see a
+                // clean end of stream rather than a truncation.
+                let _ = tls.shutdown().await;
             }
         }
-    });
+    }
 }
 
 /// Counts a connection as gone however its task ends (also when aborted).
@@ -247,22 +342,28 @@ async fn serve_connection<S: AsyncRead + AsyncWrite + Unpin>(
     let mut session = Session::new(id, shared.config.requirepass.is_none());
     let mut buf: Vec<u8> = Vec::with_capacity(READ_CHUNK_BYTES);
     let mut start = 0;
+    // Both reused from batch to batch: a connection allocates when a batch is larger
+    // than any before it, not per request.
     let mut out: Vec<u8> = Vec::new();
+    let mut requests = Requests::default();
     loop {
         let limits = if session.authenticated {
             shared.config.request_limits
         } else {
             shared.config.pre_auth_limits
         };
-        let mut requests = Vec::new();
+        requests.clear();
         let mut blocks = false;
         let mut protocol_error = None;
         loop {
-            match decode(&buf[start..], &limits) {
-                Ok(Some((args, consumed))) => {
+            match decode_into(&buf, start, &limits, &mut requests) {
+                Ok(Some(consumed)) => {
                     start += consumed;
-                    blocks |= may_block(&args, shared.config.durability);
-                    requests.push(args);
+                    let last = requests.len() - 1;
+                    if requests.arg_count(last) > 0 {
+                        let name = requests.arg(last, 0, &buf);
+                        blocks |= may_block(name, shared.config.durability);
+                    }
                     if !session.authenticated || requests.len() >= MAX_BATCH_REQUESTS {
                         break;
                     }
@@ -282,23 +383,34 @@ async fn serve_connection<S: AsyncRead + AsyncWrite + Unpin>(
         let ran = !requests.is_empty();
         if ran {
             if blocks {
+                // The batch's buffers go to the blocking thread and come back with it.
                 let worker_shared = shared.clone();
                 let mut worker_out = std::mem::take(&mut out);
+                let worker_buf = std::mem::take(&mut buf);
+                let worker_requests = std::mem::take(&mut requests);
                 let joined = tokio::task::spawn_blocking(move || {
-                    execute_batch(&worker_shared, &mut session, requests, &mut worker_out);
-                    (session, worker_out)
+                    execute_batch(
+                        &worker_shared,
+                        &mut session,
+                        &worker_buf,
+                        &worker_requests,
+                        &mut worker_out,
+                    );
+                    (session, worker_out, worker_buf, worker_requests)
                 })
                 .await;
                 match joined {
-                    Ok((s, o)) => {
+                    Ok((s, o, b, r)) => {
                         session = s;
                         out = o;
+                        buf = b;
+                        requests = r;
                     }
                     // A panic in a handler is a bug; it ends this connection only.
                     Err(_) => return,
                 }
             } else {
-                execute_batch(&shared, &mut session, requests, &mut out);
+                execute_batch(&shared, &mut session, &buf, &requests, &mut out);
             }
             if write_out(&shared, stream, &out).await.is_err() {
                 return;
@@ -441,11 +553,12 @@ impl RunningServer {
     }
 }
 
+/// The runtime of the listener, the metrics endpoint and signals (connections run on
+/// [`ConnectionThreads`]): one worker is plenty.
 fn runtime() -> io::Result<tokio::runtime::Runtime> {
-    let workers = std::thread::available_parallelism().map_or(2, |n| n.get());
     tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(workers)
-        .thread_name("tucana-serve")
+        .worker_threads(1)
+        .thread_name("tucana-listen")
         .enable_all()
         .build()
 }

@@ -107,7 +107,12 @@ impl Slot {
     /// Runs a read on the current keyspace (`None`: it does not exist, so it is empty).
     /// A `FLUSHDB` that drops the keyspace while the read runs makes the read start over
     /// on the new state, so a read never reports a dropped keyspace as an error.
-    pub fn read<R>(&self, f: impl Fn(Option<&Keyspace>) -> tucana::Result<R>) -> tucana::Result<R> {
+    /// `f` may run more than once; whatever it does before failing with
+    /// `KeyspaceNotFound` it must be ready to redo.
+    pub fn read<R>(
+        &self,
+        mut f: impl FnMut(Option<&Keyspace>) -> tucana::Result<R>,
+    ) -> tucana::Result<R> {
         // A drop replaces the handle before the keyspace goes away, so one retry sees the
         // new state; the bound only guards against a keyspace dropped behind our back.
         let mut tries = 0;

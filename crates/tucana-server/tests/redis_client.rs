@@ -818,3 +818,190 @@ fn bad_tls_files_are_refused_at_bind() {
     .expect("refused");
     assert!(err.to_string().contains("TLS certificate"), "{err}");
 }
+
+/// One request in RESP multibulk form.
+fn multibulk(args: &[&[u8]]) -> Vec<u8> {
+    let mut out = format!("*{}\r\n", args.len()).into_bytes();
+    for a in args {
+        out.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
+        out.extend_from_slice(a);
+        out.extend_from_slice(b"\r\n");
+    }
+    out
+}
+
+/// Checks that `rest` starts with `want` (a line starting with it when `want` ends with
+/// '…') and moves past it.
+fn expect_reply(rest: &mut &str, want: &str, context: &str) {
+    let len = match want.strip_suffix('…') {
+        Some(prefix) => {
+            assert!(
+                rest.starts_with(prefix),
+                "{context}: want {want:?} at {rest:?}"
+            );
+            rest.find("\r\n").expect("a complete line") + 2
+        }
+        None => {
+            assert!(
+                rest.starts_with(want),
+                "{context}: want {want:?} at {rest:?}"
+            );
+            want.len()
+        }
+    };
+    *rest = &rest[len..];
+}
+
+/// Runs of plain GETs and SETs take a fast path (one engine batch per run of SETs); a
+/// pipelined batch that mixes them with errors, other commands, MULTI and a protocol
+/// switch still answers every request, in order, with what it alone would have answered.
+#[test]
+fn a_pipelined_batch_with_errors_in_the_middle_answers_every_command_in_order() {
+    let huge_key = vec![b'k'; tucana::MAX_KEY_BYTES + 1];
+    for durability in [DurabilityMode::Sync, DurabilityMode::Buffered] {
+        let (db, server) = start_with(ServerConfig {
+            durability,
+            ..config()
+        });
+        let syncs_before = db.stats().syncs;
+        let requests: Vec<Vec<&[u8]>> = vec![
+            vec![b"SET", b"a", b"1"],
+            vec![b"set", b"b", b"2"],
+            // The engine refuses this key: the run's batch fails and each SET is retried
+            // alone, so only this one answers an error.
+            vec![b"SET", &huge_key, b"3"],
+            vec![b"SeT", b"c", b"4"],
+            vec![b"GET", b"a"],
+            vec![b"GET", &huge_key],
+            vec![b"get", b"missing"],
+            vec![b"GET", b"c"],
+            vec![b"INCR", b"a"],
+            vec![b"BOGUS", b"x"],
+            vec![b"GET", b"a", b"extra"],
+            vec![b"SET", b"d", b"5", b"NX"],
+            vec![b"MULTI"],
+            vec![b"SET", b"e", b"6"],
+            vec![b"GET", b"e"],
+            vec![b"EXEC"],
+            vec![b"HELLO", b"3"],
+            vec![b"GET", b"missing"],
+            vec![b"SET", b"f", b"7"],
+            vec![b"GET", b"f"],
+            vec![b"QUIT"],
+        ];
+        let wire: Vec<u8> = requests.iter().flat_map(|r| multibulk(r)).collect();
+        let reply = raw_exchange(&server, &wire);
+        let mut rest = reply.as_str();
+        let context = format!("{durability:?}");
+        for want in [
+            "+OK\r\n",
+            "+OK\r\n",
+            "-ERR key of 65537 bytes is larger than the limit of 65536 bytes\r\n",
+            "+OK\r\n",
+            "$1\r\n1\r\n",
+            "-ERR key of 65537 bytes…",
+            "$-1\r\n",
+            "$1\r\n4\r\n",
+            ":2\r\n",
+            "-ERR unknown command 'BOGUS'…",
+            "-ERR wrong number of arguments for 'get' command\r\n",
+            "+OK\r\n",
+            "+OK\r\n",
+            "+QUEUED\r\n",
+            "+QUEUED\r\n",
+            "*2\r\n+OK\r\n$1\r\n6\r\n",
+            "%7\r\n…",
+        ] {
+            expect_reply(&mut rest, want, &context);
+        }
+        // The HELLO map's other entries, then RESP3's null for the missing key.
+        let null = rest.find("_\r\n").expect("RESP3 null");
+        rest = &rest[null..];
+        for want in ["_\r\n", "+OK\r\n", "$1\r\n7\r\n", "+OK\r\n"] {
+            expect_reply(&mut rest, want, &context);
+        }
+        assert_eq!(rest, "", "{durability:?}: nothing after QUIT's reply");
+        let ks = db.keyspace("default").unwrap();
+        for (key, value) in [
+            ("a", "2"),
+            ("b", "2"),
+            ("c", "4"),
+            ("d", "5"),
+            ("e", "6"),
+            ("f", "7"),
+        ] {
+            assert_eq!(
+                ks.get(key.as_bytes()).unwrap().as_deref(),
+                Some(value.as_bytes()),
+                "{durability:?}: {key}"
+            );
+        }
+        assert_eq!(
+            ks.len(),
+            6,
+            "{durability:?}: the refused key was not written"
+        );
+        if durability == DurabilityMode::Sync {
+            // Replies are sent after the batch's sync.
+            assert!(
+                db.stats().syncs > syncs_before,
+                "sync mode synced before answering"
+            );
+        }
+        server.stop().unwrap();
+    }
+}
+
+/// A long run of pipelined SETs over few keys (repeats included) leaves the last value
+/// of each key, as the SETs one after another would.
+#[test]
+fn a_run_of_pipelined_sets_applies_in_order() {
+    let (db, server) = start_with(ServerConfig {
+        durability: DurabilityMode::Buffered,
+        ..config()
+    });
+    let mut wire = Vec::new();
+    for i in 0..3000u32 {
+        let key = format!("k{}", i % 7);
+        wire.extend(multibulk(&[
+            b"SET",
+            key.as_bytes(),
+            i.to_string().as_bytes(),
+        ]));
+    }
+    wire.extend(multibulk(&[b"QUIT"]));
+    let reply = raw_exchange(&server, &wire);
+    assert_eq!(reply, "+OK\r\n".repeat(3001));
+    let ks = db.keyspace("default").unwrap();
+    assert_eq!(ks.len(), 7);
+    for k in 0..7u32 {
+        let last = (0..3000u32).filter(|i| i % 7 == k).max().unwrap();
+        assert_eq!(
+            ks.get(format!("k{k}").as_bytes()).unwrap(),
+            Some(last.to_string().into_bytes())
+        );
+    }
+    server.stop().unwrap();
+}
+
+/// Pipelined SETs of large values are cut into several engine batches; every one is
+/// answered and applied.
+#[test]
+fn pipelined_sets_of_large_values_are_all_applied() {
+    let (db, server) = start_with(ServerConfig {
+        durability: DurabilityMode::Buffered,
+        ..config()
+    });
+    let value = |i: u8| vec![b'a' + i; 300 << 10];
+    let mut wire = Vec::new();
+    for i in 0..10u8 {
+        wire.extend(multibulk(&[b"SET", &[b'k', b'0' + i], &value(i)]));
+    }
+    wire.extend(multibulk(&[b"QUIT"]));
+    assert_eq!(raw_exchange(&server, &wire), "+OK\r\n".repeat(11));
+    let ks = db.keyspace("default").unwrap();
+    for i in 0..10u8 {
+        assert_eq!(ks.get(&[b'k', b'0' + i]).unwrap(), Some(value(i)));
+    }
+    server.stop().unwrap();
+}
