@@ -105,6 +105,20 @@ struct Restem {
 }
 
 /// Number of leading bytes `a` and `b` share.
+/// The separator of a leaf split whose boundary entries have different prefixes `pl <
+/// pr` (after the leaf's `stem`), with no log read: the stem and the right key's bytes up
+/// to the first byte where the prefixes differ. It is above the left key (equal before
+/// that byte, greater at it) and a prefix of the right key, which really has that byte:
+/// it is greater than the left key's there, so it is not the zero padding of a short key.
+fn prefix_separator(stem: &[u8], pl: u64, pr: u64) -> Sep {
+    assert!(pl < pr, "prefix separator of unordered prefixes");
+    let first_diff = (pl ^ pr).leading_zeros() as usize / 8;
+    let mut bytes = Vec::with_capacity(stem.len() + first_diff + 1);
+    bytes.extend_from_slice(stem);
+    bytes.extend_from_slice(&pr.to_be_bytes()[..=first_diff]);
+    Sep::inline(bytes)
+}
+
 fn common_len(a: &[u8], b: &[u8]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
@@ -748,6 +762,36 @@ impl Tree {
         Ok(None)
     }
 
+    /// The separator of a leaf split between the records at `lp` (last key of the left
+    /// half) and `rp` (first key of the right half), from their full keys: for halves
+    /// whose boundary entries share their prefix.
+    fn separator_from_log<C: Ctx>(ctx: &C, lp: u64, rp: u64) -> Result<Sep> {
+        let mut left_last = Vec::new();
+        let mut right_first = Vec::new();
+        ctx.key_into(lp, &mut left_last)?;
+        ctx.key_into(rp, &mut right_first)?;
+        let Some(len) = separator(&left_last, &right_first) else {
+            return Err(Error::corruption(
+                "log record key",
+                DiskOffset(rp),
+                format!("key is not greater than the key of the record at {lp:#x}, its left neighbour in the index"),
+            ));
+        };
+        let sep = if len <= MAX_INLINE_PIVOT {
+            right_first.truncate(len);
+            Sep::inline(right_first)
+        } else {
+            Sep {
+                prefix: key_prefix(&right_first),
+                body: SepBody::External {
+                    ptr: rp,
+                    len_bytes: right_first.len() as u32,
+                },
+            }
+        };
+        Ok(sep)
+    }
+
     /// Cuts the stem of the published `leaf` to its first `keep` bytes, rewriting every
     /// prefix (no log reads: the bytes given up are in the stem).
     fn shrink_stem(leaf: &LeafNode, stem: &[u8], keep: usize) {
@@ -928,28 +972,21 @@ impl Tree {
             assert!(keep >= 1 && keep < n);
             let lp = leaf.ptr[keep - 1].load(Relaxed);
             let rp = leaf.ptr[keep].load(Relaxed);
-            let mut left_last = Vec::new();
-            let mut right_first = Vec::new();
-            ctx.key_into(lp, &mut left_last)?;
-            ctx.key_into(rp, &mut right_first)?;
-            let Some(len) = separator(&left_last, &right_first) else {
-                return Err(Error::corruption(
-                    "log record key",
-                    DiskOffset(rp),
-                    format!("key is not greater than the key of the record at {lp:#x}, its left neighbour in the index"),
-                ));
-            };
-            let sep = if len <= MAX_INLINE_PIVOT {
-                right_first.truncate(len);
-                Sep::inline(right_first)
+            let stem = &own.stem()[..own.stem_len()];
+            let (pl, pr) = (
+                leaf.prefix[keep - 1].load(Relaxed),
+                leaf.prefix[keep].load(Relaxed),
+            );
+            let sep = if pl == pr {
+                Self::separator_from_log(ctx, lp, rp)?
+            } else if pl < pr {
+                prefix_separator(stem, pl, pr)
             } else {
-                Sep {
-                    prefix: key_prefix(&right_first),
-                    body: SepBody::External {
-                        ptr: rp,
-                        len_bytes: right_first.len() as u32,
-                    },
-                }
+                return Err(Error::corruption(
+                    "index leaf",
+                    DiskOffset(rp),
+                    "entry prefixes out of order at a split".to_string(),
+                ));
             };
             // Each half may share more leading bytes than the whole did.
             let left_stem = Self::grown_stem(ctx, leaf, 0..keep)?;
