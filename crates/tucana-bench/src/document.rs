@@ -808,6 +808,12 @@ fn render_coldscan(doc: &Value, json_path: &Path) -> String {
     if doc["debug_build"].as_bool() == Some(true) {
         md += "**WARNING: a debug build produced these numbers; they are meaningless.**\n\n";
     }
+    // The run's own remarks first: they qualify everything after them.
+    if let Some(notes) = options["notes"].as_array() {
+        for note in notes.iter().filter_map(Value::as_str) {
+            let _ = writeln!(md, "> {note}\n");
+        }
+    }
     let cgroups = options["cgroups"].as_object();
     let limited = cgroups.is_some_and(|all| {
         !all.is_empty() && all.values().all(|c| c["limited"].as_bool() == Some(true))
@@ -881,11 +887,6 @@ fn render_coldscan(doc: &Value, json_path: &Path) -> String {
         options["prefetch_entries"],
         options["loadavg_at_start"].as_str().unwrap_or("?"),
     );
-    if let Some(notes) = options["notes"].as_array() {
-        for note in notes.iter().filter_map(Value::as_str) {
-            let _ = writeln!(md, "> {note}\n");
-        }
-    }
     md += "```sh\n";
     if let Some(argv) = options["argv"].as_array() {
         let args: Vec<String> = argv
