@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Smoke test of the benchmark harness itself, for CI: the whole suite on tiny data sets
 # (seconds), GC runs included, Tucana only (no peer is built), then the report from its
-# JSON. Checks that every phase ran and verified its answers and that the JSON and
-# document have what they must; asserts nothing about speed. Where redis-benchmark and
+# JSON; then the cold-scan command on a tiny data set and the report with its section.
+# Checks that every phase ran and verified its answers and that the JSON and document have
+# what they must; asserts nothing about speed. Where redis-benchmark and
 # redis-server are installed (scripts/server-deps.sh --bench), also the `server` command on
 # tiny counts; elsewhere that part is skipped with a message, never failed.
 set -euo pipefail
@@ -57,6 +58,33 @@ grep -q "ycsb_e" "${work}/BENCHMARKS.md"
 grep -q ", sync per write |" "${work}/BENCHMARKS-sync.md"
 grep -q "## Garbage collection" "${work}/BENCHMARKS.md"
 grep -q "### Delete all, then reclaim" "${work}/BENCHMARKS.md"
+
+# Cold scans (prefetch off and on), joined to the same document. The memory cgroup may not
+# be available where CI runs; the command then says so and runs without the limit.
+"${bench}" coldscan --quick --engines tucana --dir "${work}" --json "${work}/coldscan.json" \
+    --note "smoke test" </dev/null >"${work}/coldscan.log"
+"${bench}" report "${work}/results.json" --coldscan-json "${work}/coldscan.json" \
+    --out "${work}/BENCHMARKS-cold.md" --plots-dir "${work}/plots" >/dev/null
+python3 - "${work}/coldscan.json" <<'PY'
+import json, sys
+doc = json.load(open(sys.argv[1]))
+records = doc["records"]
+for workload in ["cold-scan-forward", "cold-scan-reverse", "cold-seek-next",
+                 "cold-multi-get-batch", "hot-scan-forward"]:
+    settings = [r["prefetch"] for r in records
+                if r["engine"] == "tucana" and r["workload"] == workload]
+    assert settings == ["off", "on"], f"{workload}: prefetch runs {settings}"
+for r in records:
+    for field in ["ops_per_sec", "items_per_sec", "cpu_us_per_op", "io_amp_read", "checksum"]:
+        assert field in r, f"{r['workload']}: no {field}"
+    assert r["ops_per_sec"] > 0
+    if r["workload"] in ("cold-scan-forward", "cold-scan-reverse"):
+        assert r["items"] == doc["options"]["keys"], f"{r['workload']}: {r['items']} items"
+assert "tucana" in doc["options"]["cgroups"]
+print(f"coldscan smoke: {len(records)} records OK")
+PY
+grep -q "## Cold scans" "${work}/BENCHMARKS-cold.md"
+grep -q "report bench/results.json --coldscan-json" "${work}/BENCHMARKS-cold.md"
 
 if command -v redis-benchmark >/dev/null 2>&1 && command -v redis-server >/dev/null 2>&1; then
     cargo build -q -p tucana-cli

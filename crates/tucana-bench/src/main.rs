@@ -59,48 +59,13 @@ enum Command {
     Suite(suite::SuiteArgs),
     /// Writes BENCHMARKS.md and its plots from a suite's JSON file.
     Report(document::ReportArgs),
-    /// Tucana only: scans and multi-gets of a data set dropped from the page cache, with
-    /// scan prefetch off and on in the same run.
-    Coldscan(ColdScanArgs),
+    /// Cold scans (forward, reverse, seek + nexts) of a data set larger than the memory
+    /// limit on every engine, Tucana with scan prefetch off and on; one JSON file that
+    /// `report --coldscan-json` adds to BENCHMARKS.md.
+    Coldscan(coldscan::ColdScanArgs),
     /// redis-benchmark against `tucana serve` and redis-server (in memory, and Tucana
     /// alone larger than memory), one JSON file that `report` adds to BENCHMARKS.md.
     Server(server::ServerArgs),
-}
-
-#[derive(Args, Debug)]
-struct ColdScanArgs {
-    /// Directory in which a temporary directory for the volume is created.
-    #[arg(long, default_value_os_t = std::env::temp_dir())]
-    dir: PathBuf,
-    /// Keys in the data set.
-    #[arg(long, default_value_t = 1_000_000, value_parser = clap::value_parser!(u64).range(1..))]
-    keys: u64,
-    /// Bytes per key.
-    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..=tucana::MAX_KEY_BYTES as u64))]
-    key_bytes: u64,
-    /// Bytes per value.
-    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(0..=tucana::MAX_VALUE_BYTES as u64))]
-    value_bytes: u64,
-    /// Seed of keys, values and the load and read orders.
-    #[arg(long, default_value_t = 1)]
-    seed: u64,
-    /// Short scans (seek + `--short-scan-len` nexts) per measurement.
-    #[arg(long, default_value_t = 500)]
-    short_scans: u64,
-    #[arg(long, default_value_t = 100)]
-    short_scan_len: u64,
-    /// Batches of random keys per measurement.
-    #[arg(long, default_value_t = 500)]
-    batches: u64,
-    /// Keys per batch (one `multi_get`, or that many `get`s).
-    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..))]
-    batch_keys: u64,
-    /// `scan_prefetch_entries` of the runs with prefetch on.
-    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..))]
-    prefetch_entries: u64,
-    /// Leave out the full forward and reverse scans.
-    #[arg(long)]
-    skip_full_scans: bool,
 }
 
 #[derive(Args, Debug)]
@@ -226,22 +191,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Suite(args) => return suite::run(args),
         Command::Gc(args) => return gc::run_command(args),
         Command::Report(args) => return document::run(args),
-        Command::Coldscan(args) => {
-            describe_dir(&args.dir, &mut options);
-            return coldscan::run(&coldscan::ColdScanConfig {
-                keys: args.keys,
-                key_bytes: args.key_bytes as usize,
-                value_bytes: args.value_bytes as usize,
-                seed: args.seed,
-                dir: args.dir.clone(),
-                short_scans: args.short_scans,
-                short_scan_len: args.short_scan_len,
-                batches: args.batches,
-                batch_keys: args.batch_keys,
-                prefetch_entries: args.prefetch_entries as usize,
-                skip_full_scans: args.skip_full_scans,
-            });
-        }
+        Command::Coldscan(args) => return coldscan::run_command(args),
         Command::Server(args) => return server::run(args),
     };
     machine.disk = measure::watch_device_of(&common.dir);
@@ -361,6 +311,17 @@ mod tests {
         };
         assert_eq!((args.keys, args.value_bytes), (1000, 4000));
         assert_eq!(args.prefetch_entries, 64);
+        assert!(
+            args.engines.is_empty(),
+            "default: every engine of the build"
+        );
+        assert_eq!(args.memory_limit_bytes, 512 << 20);
+        let cli =
+            Cli::try_parse_from(["tucana-bench", "coldscan", "--engines", "tucana,lmdb"]).unwrap();
+        let Command::Coldscan(args) = cli.command else {
+            panic!("not coldscan")
+        };
+        assert_eq!(args.engines, [EngineChoice::Tucana, EngineChoice::Lmdb]);
         assert!(
             Cli::try_parse_from(["tucana-bench", "coldscan", "--prefetch-entries", "0"]).is_err()
         );
