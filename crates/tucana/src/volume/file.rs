@@ -197,6 +197,12 @@ impl Storage for FileStorage {
         }
     }
 
+    fn start_writeback(&self, offset: u64, len_bytes: u64) {
+        if len_bytes > 0 {
+            start_writeback(&self.file, offset, len_bytes);
+        }
+    }
+
     fn resident(&self, offset: u64) -> Option<bool> {
         // mincore through the mapping: for a file we own it reports the page cache.
         self.map.resident(offset)
@@ -336,6 +342,28 @@ fn prefetch(file: &File, offset: u64, len_bytes: u64) {
 
 #[cfg(not(target_os = "linux"))]
 fn prefetch(_file: &File, _offset: u64, _len_bytes: u64) {}
+
+#[cfg(target_os = "linux")]
+fn start_writeback(file: &File, offset: u64, len_bytes: u64) {
+    use std::os::fd::AsRawFd;
+
+    let (Ok(offset), Ok(len)) = (
+        libc::off64_t::try_from(offset),
+        libc::off64_t::try_from(len_bytes),
+    ) else {
+        return;
+    };
+    // SAFETY: sync_file_range takes a file descriptor we own for the duration of the call
+    // and plain integers; it touches no memory of ours. SYNC_FILE_RANGE_WRITE only starts
+    // writeback of dirty pages in the range and returns; its result is ignored (a hint:
+    // the `sync` that makes these bytes durable reports any I/O error).
+    let _ = unsafe {
+        libc::sync_file_range(file.as_raw_fd(), offset, len, libc::SYNC_FILE_RANGE_WRITE)
+    };
+}
+
+#[cfg(not(target_os = "linux"))]
+fn start_writeback(_file: &File, _offset: u64, _len_bytes: u64) {}
 
 #[cfg(not(target_os = "linux"))]
 fn punch_hole(_file: &File, _offset: u64, _len: u64) -> io::Result<()> {

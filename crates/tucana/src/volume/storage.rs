@@ -54,6 +54,17 @@ pub trait Storage: Send + Sync + 'static {
         let _ = (offset, len_bytes);
     }
 
+    /// Asks the backend to start writing `offset..offset+len_bytes` (already handed to
+    /// `write_at`) to the device, and returns without waiting. No durability promise: only
+    /// `sync` makes writes durable. What it buys is that written data does not pile up
+    /// dirty in memory until the next sync, where the kernel would otherwise write it in
+    /// one burst, or (inside a memory cgroup) stall the writer in reclaim waiting for it.
+    /// A hint: the default ignores it, and failures are not reported (`sync` reports I/O
+    /// errors).
+    fn start_writeback(&self, offset: u64, len_bytes: u64) {
+        let _ = (offset, len_bytes);
+    }
+
     /// Whether the page holding byte `offset` is in memory, when the backend can tell
     /// cheaply (`None`: it cannot, or `offset` is out of range). A point-in-time hint, used
     /// to skip prefetching data that is already resident.
