@@ -35,11 +35,14 @@ pub struct Options {
     /// exists when `commit_interval` or `flush_interval` is set (it needs commits to free
     /// anything). `Database::gc` works either way.
     pub gc: bool,
-    /// Background GC starts when a keyspace's log segments take more than this many times
-    /// its live record bytes (space amplification), and works until it is under again.
+    /// Background GC starts when a keyspace's log segments (with those it emptied that
+    /// commits have not given back yet) take more than this many times its live record
+    /// bytes (space amplification), and works until it is under again. The disk also holds
+    /// the index, so the volume's own ratio is a little higher.
     pub gc_space_amp: f64,
-    /// Background GC copies at most this many bytes of live records per second, so
-    /// foreground writers keep most of the device.
+    /// Background GC copies live records at this many bytes per second at least while a
+    /// keyspace is over its target; while foreground writers are creating garbage faster,
+    /// it copies what keeps up with them, and more the further over the target it is.
     pub gc_rate_bytes_per_sec: u64,
     /// Range iterators keep the log records of this many entries ahead of each end asked
     /// for at once (`Storage::prefetch`), so that a scan of records not in memory has many
@@ -104,7 +107,8 @@ impl Options {
         self
     }
 
-    /// Most bytes of live records background GC copies per second (default 64 MiB/s).
+    /// Bytes of live records background GC copies per second at least while over the
+    /// target (default 64 MiB/s); it copies more to keep up with a burst of overwrites.
     pub fn gc_rate_bytes_per_sec(mut self, rate: u64) -> Options {
         self.gc_rate_bytes_per_sec = rate;
         self
@@ -554,15 +558,10 @@ impl Drop for DbInner {
     }
 }
 
-/// How often the background loop commits while garbage collection waits for commits to
-/// make closed log segments collectable (segments after the older durable commit's tail
-/// are still needed to replay either one). With `commit_interval` alone (5 s by default)
-/// an overwrite-heavy load keeps about two intervals of log out of GC's reach.
-const GC_COMMIT_INTERVAL: Duration = Duration::from_secs(1);
-
 /// Flushes buffered writes every `flush_interval`, commits every `commit_interval` (when
-/// there are changes, or space garbage collection freed waits for a commit) or when
-/// `commit_dirty_bytes` of log were written since the last commit, and runs a rate-limited
+/// there are changes, or space garbage collection freed waits for a commit), when
+/// `commit_dirty_bytes` of log were written since the last commit, or sooner when GC
+/// holds space only commits give back (`DbInner::gc_commit_due`), and runs a budgeted
 /// step of garbage collection every tick.
 fn background_loop(db: std::sync::Weak<DbInner>) {
     let mut last_commit = Instant::now();
@@ -600,10 +599,7 @@ fn background_loop(db: std::sync::Weak<DbInner>) {
         let commit_due = opts.commit_interval.is_some_and(|i| {
             since_commit >= i && (dirty > 0 || (opts.gc && inner.gc_wants_commit()))
         }) || dirty >= opts.commit_dirty_bytes
-            || (opts.gc
-                && opts.commit_interval.is_some()
-                && since_commit >= GC_COMMIT_INTERVAL
-                && inner.gc_is_held_by_commits());
+            || (opts.gc && opts.commit_interval.is_some() && inner.gc_commit_due(since_commit));
         if commit_due {
             // Errors poison the database; the next user call reports them.
             let _ = inner.commit();
