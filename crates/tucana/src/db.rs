@@ -386,7 +386,8 @@ pub(crate) struct DbInner {
     pub commit_state: Mutex<CommitState>,
     /// The garbage collector; one pass at a time.
     pub gc: Mutex<crate::gc::GcState>,
-    background: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// The background committer and, with `gc`, the garbage collector's thread.
+    background: Mutex<Vec<std::thread::JoinHandle<()>>>,
     stop: AtomicBool,
     finished: AtomicBool,
 }
@@ -402,7 +403,7 @@ impl DbInner {
             regions: RwLock::new(regions),
             commit_state: Mutex::new(cs),
             gc: Mutex::new(crate::gc::GcState::new()),
-            background: Mutex::new(None),
+            background: Mutex::new(Vec::new()),
             stop: AtomicBool::new(false),
             finished: AtomicBool::new(false),
         }
@@ -464,7 +465,19 @@ impl DbInner {
             .name("tucana-committer".into())
             .spawn(move || background_loop(weak))
             .expect("spawn the background committer");
-        *this.background.lock() = Some(handle);
+        let mut threads = this.background.lock();
+        threads.push(handle);
+        if opts.gc {
+            // Its own thread: a GC step and a commit (two fsyncs, often hundreds of
+            // milliseconds under a burst) in one thread each held the other up, and GC
+            // needs those commits to give space back.
+            let weak = Arc::downgrade(this);
+            let handle = std::thread::Builder::new()
+                .name("tucana-gc".into())
+                .spawn(move || gc_loop(weak))
+                .expect("spawn the background garbage collector");
+            threads.push(handle);
+        }
     }
 
     fn stop_background(&self) {
@@ -474,8 +487,11 @@ impl DbInner {
             *lock.lock() = true;
             cv.notify_all();
         }
-        let handle = self.background.lock().take();
-        if let Some(h) = handle {
+        let handles = std::mem::take(&mut *self.background.lock());
+        for h in &handles {
+            h.thread().unpark();
+        }
+        for h in handles {
             if h.thread().id() != std::thread::current().id() {
                 let _ = h.join();
             }
@@ -561,8 +577,8 @@ impl Drop for DbInner {
 /// Flushes buffered writes every `flush_interval`, commits every `commit_interval` (when
 /// there are changes, or space garbage collection freed waits for a commit), when
 /// `commit_dirty_bytes` of log were written since the last commit, or sooner when GC
-/// holds space only commits give back (`DbInner::gc_commit_due`), and runs a budgeted
-/// step of garbage collection every tick.
+/// holds space only commits give back (`DbInner::gc_commit_due`). Garbage collection
+/// runs in a thread of its own (`gc_loop`).
 fn background_loop(db: std::sync::Weak<DbInner>) {
     let mut last_commit = Instant::now();
     let mut last_flush = Instant::now();
@@ -612,9 +628,26 @@ fn background_loop(db: std::sync::Weak<DbInner>) {
             let _ = inner.sync();
             last_flush = Instant::now();
         }
-        if opts.gc && !inner.stop.load(Ordering::Acquire) {
-            // Errors that matter poison the database; the next user call reports them.
-            let _ = inner.background_gc();
+    }
+}
+
+/// Background GC's tick: a step at least this often.
+const GC_TICK: Duration = Duration::from_millis(100);
+
+/// Runs a budgeted step of garbage collection every `GC_TICK`, or at once after a step
+/// that stopped at its cap with work left (`DbInner::background_gc`).
+fn gc_loop(db: std::sync::Weak<DbInner>) {
+    let mut behind = false;
+    loop {
+        if !behind {
+            // `stop_background` unparks: no tick's wait to close.
+            std::thread::park_timeout(GC_TICK);
         }
+        let Some(inner) = db.upgrade() else { return };
+        if inner.stop.load(Ordering::Acquire) || inner.shared.is_poisoned() {
+            return;
+        }
+        // Errors that matter poison the database; the next user call reports them.
+        behind = inner.background_gc().unwrap_or(false);
     }
 }
