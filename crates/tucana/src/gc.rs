@@ -13,9 +13,10 @@
 //! and every snapshot (`Region::reclaim_segments`), goes through the crossbeam grace
 //! period like a node, and is punched when the next commit hands it to the allocator.
 //!
-//! Thread-safety: one pass at a time (`DbInner::gc`'s mutex); a pass holds a region's
-//! writer lock only for a chunk of `RELOCATE_CHUNK_RECORDS` records, so foreground writers
-//! wait little. Readers are never blocked.
+//! Thread-safety: one pass at a time (`DbInner::gc`'s mutex); background steps run in a
+//! thread of their own (`db.rs`, `gc_loop`), beside the committer, whose commits they
+//! need; a pass holds a region's writer lock only for a chunk of `RELOCATE_CHUNK_RECORDS`
+//! records, so foreground writers wait little. Readers are never blocked.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
@@ -52,10 +53,11 @@ const IDLE_COMMIT_MIN_FREE_BLOCKS: u64 = 16;
 /// few steps instead of staying (a fixed factor of 1 would only stop the growth).
 const OVER_TARGET_GAIN: f64 = 4.0;
 
-/// Most bytes one background step relocates. The step runs in the background thread,
-/// between the commits that give retired segments back and make new segments candidates:
-/// a step of seconds (a burst's budget at the rate one thread relocates) left both
-/// waiting, and the disk held hundreds of megabytes of emptied segments. Unspent budget
+/// Most bytes one background step relocates. Under a burst a step's budget takes one
+/// thread seconds to copy; short steps keep the foreground's bytes measured often (the
+/// budget follows the burst, not what it was seconds ago) and let a forced pass, which
+/// waits for the collector's lock, start soon. (When steps ran in the committer's
+/// thread, long ones also kept the commits that give space back waiting.) Unspent budget
 /// stays for the next step, which follows without a tick's wait.
 const STEP_MAX_BYTES: f64 = (8 << 20) as f64;
 
