@@ -313,14 +313,21 @@ pub fn run(kind: &dyn EngineKind, config: &GcConfig, records: &mut Vec<Record>) 
             }
         }
     }
-    let off_ops = runs
-        .iter()
-        .find(|(gc, _)| !gc)
-        .and_then(|(_, r)| r.ops_per_sec);
+    let off = runs.iter().find(|(gc, _)| !gc).map(|(_, r)| r);
+    let off_ops = off.and_then(|r| r.ops_per_sec);
+    let off_cpu = off.and_then(|r| r.cpu_us_per_op);
     for (gc, mut record) in runs {
         if let (true, Some(on), Some(off)) = (gc, record.ops_per_sec, off_ops) {
             if off > 0.0 {
                 record.set("throughput_vs_gc_off", on / off);
+            }
+        }
+        // CPU time per operation (GC's thread included), GC off ÷ on: the throughput
+        // ratio a CPU-bound machine of its own would see. On a shared machine the two
+        // runs' wall-clock rates move with other jobs; this moves much less.
+        if let (true, Some(on), Some(off)) = (gc, record.cpu_us_per_op, off_cpu) {
+            if on > 0.0 {
+                record.set("cpu_per_op_vs_gc_off", off / on);
             }
         }
         print_overwrite_note(&record);
@@ -727,6 +734,12 @@ fn print_overwrite_note(record: &Record) {
         number(record, "throughput_vs_gc_off")
             .map_or_else(String::new, |r| format!("; throughput vs GC off {r:.2}")),
     ));
+    if let Some(r) = number(record, "cpu_per_op_vs_gc_off") {
+        report::print_note(&format!(
+            "CPU per operation, GC off ÷ this run: {r:.2} (the throughput ratio where CPU is \
+             the limit and nothing else runs)"
+        ));
+    }
     report::print_note(&format!(
         "disk {} (engine allocator {}); GC relocated {} reclaimed {} during the run",
         bytes("space_used_bytes"),
@@ -939,6 +952,7 @@ mod tests {
         assert!(records[5].get("throughput_vs_gc_off").is_none());
         let on = &records[3];
         assert!(on.get("throughput_vs_gc_off").unwrap().as_f64().unwrap() > 0.0);
+        assert!(on.get("cpu_per_op_vs_gc_off").unwrap().as_f64().unwrap() > 0.0);
         assert!(on.get("log_space_amp").is_some());
         assert!(on.get("gc_relocated_bytes").is_some());
         assert!(on.get("space_amp_settled").is_some());
