@@ -31,9 +31,9 @@ pub struct Options {
     pub log_segment_bytes: u64,
     /// Create the volume if the file does not exist.
     pub create_if_missing: bool,
-    /// Background garbage collection of the log. It runs in the background thread, which
-    /// exists when `commit_interval` or `flush_interval` is set (it needs commits to free
-    /// anything). `Database::gc` works either way.
+    /// Background garbage collection of the log, in a thread of its own beside the
+    /// background committer; both exist when `commit_interval` or `flush_interval` is set
+    /// (GC needs commits to free anything). `Database::gc` works either way.
     pub gc: bool,
     /// Background GC starts when a keyspace's log segments (with those it emptied that
     /// commits have not given back yet) take more than this many times its live record
