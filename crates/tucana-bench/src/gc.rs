@@ -70,6 +70,11 @@ pub struct GcArgs {
     threads: u64,
     #[command(flatten)]
     pub(crate) plan: GcPlanArgs,
+    /// More space-amplification targets for Tucana's overwrite run with GC on, after
+    /// --gc-space-amp: the trade-off between space and throughput in one run (each
+    /// against the same GC-off run).
+    #[arg(long, value_delimiter = ',')]
+    also_gc_space_amp: Vec<f64>,
     /// Fields per record (YCSB's fieldcount).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1000))]
     fields: u32,
@@ -123,6 +128,9 @@ pub struct GcConfig {
     /// The engine's configuration; `gc` and `gc_space_amp` are set per run here.
     pub engine: EngineConfig,
     pub gc_space_amp: f64,
+    /// More targets the overwrite run with GC on is repeated at (engines with a GC
+    /// switch only).
+    pub more_gc_space_amps: Vec<f64>,
     /// How often the sampler reads the files' allocated bytes.
     pub sample_interval: Duration,
     /// Idle time after the overwrite workload before the settled space reading.
@@ -186,6 +194,7 @@ impl GcPlanArgs {
             seed: shape.seed,
             engine: shape.engine,
             gc_space_amp: self.space_amp,
+            more_gc_space_amps: Vec::new(),
             sample_interval: if quick {
                 Duration::from_millis(10)
             } else {
@@ -218,7 +227,7 @@ pub fn run_command(args: &GcArgs) -> Result<()> {
         fields: args.fields,
         field_bytes: args.field_bytes as usize,
     };
-    let config = args.plan.config(
+    let mut config = args.plan.config(
         args.quick,
         RunShape {
             threads: args.threads as usize,
@@ -229,6 +238,13 @@ pub fn run_command(args: &GcArgs) -> Result<()> {
             dir: args.dir.clone(),
         },
     )?;
+    for &target in &args.also_gc_space_amp {
+        // NaN fails this too.
+        if target.partial_cmp(&1.0) != Some(std::cmp::Ordering::Greater) {
+            return Err(format!("--also-gc-space-amp {target} must be more than 1").into());
+        }
+    }
+    config.more_gc_space_amps = args.also_gc_space_amp.clone();
     let mut options = RunOptions::default();
     options.set("argv", std::env::args().collect::<Vec<_>>());
     options.set(
@@ -274,17 +290,18 @@ pub fn run(kind: &dyn EngineKind, config: &GcConfig, records: &mut Vec<Record>) 
         config.overwrites,
         config.layout.describe()
     );
-    let settings: &[bool] = if kind.has_gc_switch() {
-        &[true, false]
-    } else {
-        &[true]
-    };
+    // (GC on?, target): GC on at each target, then off.
+    let mut settings = vec![(true, config.gc_space_amp)];
+    if kind.has_gc_switch() {
+        settings.extend(config.more_gc_space_amps.iter().map(|&t| (true, t)));
+        settings.push((false, config.gc_space_amp));
+    }
     report::print_phase_table_header();
     let mut runs: Vec<(bool, Record)> = Vec::new();
-    for &gc in settings {
+    for (gc, target) in settings {
         // A failed run (a wrong answer, an engine error) is recorded and the others go on,
         // as the suite does with its larger-than-memory runs.
-        match overwrite_run(kind, config, gc) {
+        match overwrite_run(kind, config, gc, target) {
             Ok((load, overwrite)) => {
                 records.push(load);
                 runs.push((gc, overwrite));
@@ -296,14 +313,21 @@ pub fn run(kind: &dyn EngineKind, config: &GcConfig, records: &mut Vec<Record>) 
             }
         }
     }
-    let off_ops = runs
-        .iter()
-        .find(|(gc, _)| !gc)
-        .and_then(|(_, r)| r.ops_per_sec);
+    let off = runs.iter().find(|(gc, _)| !gc).map(|(_, r)| r);
+    let off_ops = off.and_then(|r| r.ops_per_sec);
+    let off_cpu = off.and_then(|r| r.cpu_us_per_op);
     for (gc, mut record) in runs {
         if let (true, Some(on), Some(off)) = (gc, record.ops_per_sec, off_ops) {
             if off > 0.0 {
                 record.set("throughput_vs_gc_off", on / off);
+            }
+        }
+        // CPU time per operation (GC's thread included), GC off ÷ on: the throughput
+        // ratio a CPU-bound machine of its own would see. On a shared machine the two
+        // runs' wall-clock rates move with other jobs; this moves much less.
+        if let (true, Some(on), Some(off)) = (gc, record.cpu_us_per_op, off_cpu) {
+            if on > 0.0 {
+                record.set("cpu_per_op_vs_gc_off", off / on);
             }
         }
         print_overwrite_note(&record);
@@ -326,12 +350,18 @@ fn gc_label(gc: bool) -> &'static str {
     }
 }
 
-/// One overwrite run: its load's record and its workload's record.
-fn overwrite_run(kind: &dyn EngineKind, config: &GcConfig, gc: bool) -> Result<(Record, Record)> {
+/// One overwrite run, GC at `target` (engines with a GC switch): its load's record and its
+/// workload's record.
+fn overwrite_run(
+    kind: &dyn EngineKind,
+    config: &GcConfig,
+    gc: bool,
+    target: f64,
+) -> Result<(Record, Record)> {
     let switchable = kind.has_gc_switch();
     let engine = EngineConfig {
         gc,
-        gc_space_amp: switchable.then_some(config.gc_space_amp),
+        gc_space_amp: switchable.then_some(target),
         ..config.engine
     };
     let ycsb_config = YcsbConfig {
@@ -358,7 +388,7 @@ fn overwrite_run(kind: &dyn EngineKind, config: &GcConfig, gc: bool) -> Result<(
         r.set("gc", gc_label(gc));
         r.set("overwrites", config.overwrites);
         if switchable {
-            r.set("gc_space_amp_target", config.gc_space_amp);
+            r.set("gc_space_amp_target", target);
         }
     }
     Ok((load, record))
@@ -688,10 +718,14 @@ fn print_overwrite_note(record: &Record) {
             .and_then(Value::as_u64)
             .map_or_else(|| "-".to_string(), report::fmt_bytes)
     };
+    let gc = record.get("gc").and_then(Value::as_str).unwrap_or("?");
+    let target = match number(record, "gc_space_amp_target") {
+        Some(t) if gc == "on" => format!(" (target {t})"),
+        _ => String::new(),
+    };
     report::print_note(&format!(
-        "GC {}: space amp (disk ÷ live user bytes) max {} final {} settled {}; \
+        "GC {gc}{target}: space amp (disk ÷ live user bytes) max {} final {} settled {}; \
          log space amp {} settled {}{}",
-        record.get("gc").and_then(Value::as_str).unwrap_or("?"),
         fmt(number(record, "space_amp_max")),
         fmt(number(record, "space_amp_final")),
         fmt(number(record, "space_amp_settled")),
@@ -700,6 +734,12 @@ fn print_overwrite_note(record: &Record) {
         number(record, "throughput_vs_gc_off")
             .map_or_else(String::new, |r| format!("; throughput vs GC off {r:.2}")),
     ));
+    if let Some(r) = number(record, "cpu_per_op_vs_gc_off") {
+        report::print_note(&format!(
+            "CPU per operation, GC off ÷ this run: {r:.2} (the throughput ratio where CPU is \
+             the limit and nothing else runs)"
+        ));
+    }
     report::print_note(&format!(
         "disk {} (engine allocator {}); GC relocated {} reclaimed {} during the run",
         bytes("space_used_bytes"),
@@ -791,6 +831,7 @@ mod tests {
             seed: 3,
             engine: EngineConfig::default(),
             gc_space_amp: 1.5,
+            more_gc_space_amps: Vec::new(),
             sample_interval: Duration::from_millis(1),
             settle: Duration::from_millis(5),
             dir: dir.to_path_buf(),
@@ -880,6 +921,7 @@ mod tests {
         let mut config = config(dir.path());
         config.records = 2000;
         config.delete_records = 2000;
+        config.more_gc_space_amps = vec![2.0];
         let mut records = Vec::new();
         run(&crate::engine::Tucana, &config, &mut records).unwrap();
         let runs: Vec<(&str, &str)> = records
@@ -895,20 +937,28 @@ mod tests {
             runs,
             [
                 ("gc_load", "on"),
+                ("gc_load", "on"),
                 ("gc_load", "off"),
+                ("gc_ycsb_a", "on"),
                 ("gc_ycsb_a", "on"),
                 ("gc_ycsb_a", "off"),
                 ("delete_all", "on"),
             ]
         );
-        let on = &records[2];
+        // The second target's run is measured against the same GC-off run.
+        let more = &records[4];
+        assert_eq!(more.get("gc_space_amp_target").unwrap(), 2.0);
+        assert!(more.get("throughput_vs_gc_off").unwrap().as_f64().unwrap() > 0.0);
+        assert!(records[5].get("throughput_vs_gc_off").is_none());
+        let on = &records[3];
         assert!(on.get("throughput_vs_gc_off").unwrap().as_f64().unwrap() > 0.0);
+        assert!(on.get("cpu_per_op_vs_gc_off").unwrap().as_f64().unwrap() > 0.0);
         assert!(on.get("log_space_amp").is_some());
         assert!(on.get("gc_relocated_bytes").is_some());
         assert!(on.get("space_amp_settled").is_some());
         assert!(on.get("log_space_amp_settled").is_some());
         assert_eq!(on.get("gc_space_amp_target").unwrap(), 1.5);
-        let delete = &records[4];
+        let delete = &records[6];
         assert!(delete
             .get("reclaim")
             .unwrap()

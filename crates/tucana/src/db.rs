@@ -31,15 +31,18 @@ pub struct Options {
     pub log_segment_bytes: u64,
     /// Create the volume if the file does not exist.
     pub create_if_missing: bool,
-    /// Background garbage collection of the log. It runs in the background thread, which
-    /// exists when `commit_interval` or `flush_interval` is set (it needs commits to free
-    /// anything). `Database::gc` works either way.
+    /// Background garbage collection of the log, in a thread of its own beside the
+    /// background committer; both exist when `commit_interval` or `flush_interval` is set
+    /// (GC needs commits to free anything). `Database::gc` works either way.
     pub gc: bool,
-    /// Background GC starts when a keyspace's log segments take more than this many times
-    /// its live record bytes (space amplification), and works until it is under again.
+    /// Background GC starts when a keyspace's log segments (with those it emptied that
+    /// commits have not given back yet) take more than this many times its live record
+    /// bytes (space amplification), and works until it is under again. The disk also holds
+    /// the index, so the volume's own ratio is a little higher.
     pub gc_space_amp: f64,
-    /// Background GC copies at most this many bytes of live records per second, so
-    /// foreground writers keep most of the device.
+    /// Background GC copies live records at this many bytes per second at least while a
+    /// keyspace is over its target; while foreground writers are creating garbage faster,
+    /// it copies what keeps up with them, and more the further over the target it is.
     pub gc_rate_bytes_per_sec: u64,
     /// Range iterators keep the log records of this many entries ahead of each end asked
     /// for at once (`Storage::prefetch`), so that a scan of records not in memory has many
@@ -104,7 +107,8 @@ impl Options {
         self
     }
 
-    /// Most bytes of live records background GC copies per second (default 64 MiB/s).
+    /// Bytes of live records background GC copies per second at least while over the
+    /// target (default 64 MiB/s); it copies more to keep up with a burst of overwrites.
     pub fn gc_rate_bytes_per_sec(mut self, rate: u64) -> Options {
         self.gc_rate_bytes_per_sec = rate;
         self
@@ -382,7 +386,8 @@ pub(crate) struct DbInner {
     pub commit_state: Mutex<CommitState>,
     /// The garbage collector; one pass at a time.
     pub gc: Mutex<crate::gc::GcState>,
-    background: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// The background committer and, with `gc`, the garbage collector's thread.
+    background: Mutex<Vec<std::thread::JoinHandle<()>>>,
     stop: AtomicBool,
     finished: AtomicBool,
 }
@@ -398,7 +403,7 @@ impl DbInner {
             regions: RwLock::new(regions),
             commit_state: Mutex::new(cs),
             gc: Mutex::new(crate::gc::GcState::new()),
-            background: Mutex::new(None),
+            background: Mutex::new(Vec::new()),
             stop: AtomicBool::new(false),
             finished: AtomicBool::new(false),
         }
@@ -460,7 +465,19 @@ impl DbInner {
             .name("tucana-committer".into())
             .spawn(move || background_loop(weak))
             .expect("spawn the background committer");
-        *this.background.lock() = Some(handle);
+        let mut threads = this.background.lock();
+        threads.push(handle);
+        if opts.gc {
+            // Its own thread: a GC step and a commit (two fsyncs, often hundreds of
+            // milliseconds under a burst) in one thread each held the other up, and GC
+            // needs those commits to give space back.
+            let weak = Arc::downgrade(this);
+            let handle = std::thread::Builder::new()
+                .name("tucana-gc".into())
+                .spawn(move || gc_loop(weak))
+                .expect("spawn the background garbage collector");
+            threads.push(handle);
+        }
     }
 
     fn stop_background(&self) {
@@ -470,8 +487,11 @@ impl DbInner {
             *lock.lock() = true;
             cv.notify_all();
         }
-        let handle = self.background.lock().take();
-        if let Some(h) = handle {
+        let handles = std::mem::take(&mut *self.background.lock());
+        for h in &handles {
+            h.thread().unpark();
+        }
+        for h in handles {
             if h.thread().id() != std::thread::current().id() {
                 let _ = h.join();
             }
@@ -554,16 +574,11 @@ impl Drop for DbInner {
     }
 }
 
-/// How often the background loop commits while garbage collection waits for commits to
-/// make closed log segments collectable (segments after the older durable commit's tail
-/// are still needed to replay either one). With `commit_interval` alone (5 s by default)
-/// an overwrite-heavy load keeps about two intervals of log out of GC's reach.
-const GC_COMMIT_INTERVAL: Duration = Duration::from_secs(1);
-
 /// Flushes buffered writes every `flush_interval`, commits every `commit_interval` (when
-/// there are changes, or space garbage collection freed waits for a commit) or when
-/// `commit_dirty_bytes` of log were written since the last commit, and runs a rate-limited
-/// step of garbage collection every tick.
+/// there are changes, or space garbage collection freed waits for a commit), when
+/// `commit_dirty_bytes` of log were written since the last commit, or sooner when GC
+/// holds space only commits give back (`DbInner::gc_commit_due`). Garbage collection
+/// runs in a thread of its own (`gc_loop`).
 fn background_loop(db: std::sync::Weak<DbInner>) {
     let mut last_commit = Instant::now();
     let mut last_flush = Instant::now();
@@ -600,10 +615,7 @@ fn background_loop(db: std::sync::Weak<DbInner>) {
         let commit_due = opts.commit_interval.is_some_and(|i| {
             since_commit >= i && (dirty > 0 || (opts.gc && inner.gc_wants_commit()))
         }) || dirty >= opts.commit_dirty_bytes
-            || (opts.gc
-                && opts.commit_interval.is_some()
-                && since_commit >= GC_COMMIT_INTERVAL
-                && inner.gc_is_held_by_commits());
+            || (opts.gc && opts.commit_interval.is_some() && inner.gc_commit_due(since_commit));
         if commit_due {
             // Errors poison the database; the next user call reports them.
             let _ = inner.commit();
@@ -616,9 +628,26 @@ fn background_loop(db: std::sync::Weak<DbInner>) {
             let _ = inner.sync();
             last_flush = Instant::now();
         }
-        if opts.gc && !inner.stop.load(Ordering::Acquire) {
-            // Errors that matter poison the database; the next user call reports them.
-            let _ = inner.background_gc();
+    }
+}
+
+/// Background GC's tick: a step at least this often.
+const GC_TICK: Duration = Duration::from_millis(100);
+
+/// Runs a budgeted step of garbage collection every `GC_TICK`, or at once after a step
+/// that stopped at its cap with work left (`DbInner::background_gc`).
+fn gc_loop(db: std::sync::Weak<DbInner>) {
+    let mut behind = false;
+    loop {
+        if !behind {
+            // `stop_background` unparks: no tick's wait to close.
+            std::thread::park_timeout(GC_TICK);
         }
+        let Some(inner) = db.upgrade() else { return };
+        if inner.stop.load(Ordering::Acquire) || inner.shared.is_poisoned() {
+            return;
+        }
+        // Errors that matter poison the database; the next user call reports them.
+        behind = inner.background_gc().unwrap_or(false);
     }
 }
