@@ -48,10 +48,15 @@ const GRACE_ATTEMPTS: usize = 64;
 const IDLE_COMMIT_MIN_FREE_BLOCKS: u64 = 16;
 
 /// Over its target, a region's relocation budget is what keeps its log from growing
-/// times `1 + OVER_TARGET_GAIN × (amp / target - 1)`: at twice the target GC copies five
-/// times what merely holds the log still, so an excess left by a burst shrinks within a
-/// few steps instead of staying (a fixed factor of 1 would only stop the growth).
-const OVER_TARGET_GAIN: f64 = 4.0;
+/// times `1 + OVER_TARGET_GAIN × (amp / target - 1)`: at twice the target GC copies twice
+/// what merely holds the log still, so an excess left by a burst shrinks instead of
+/// staying (a fixed factor of 1 would only stop the growth).
+///
+/// Why not more: `tucana-bench gc --engines tucana --gc-records 300000 --overwrites 8`
+/// (1 KB values, 2 client threads, 2 cores) side by side: a gain of 4 held the peak space
+/// amplification at 2.81 but kept 0.62 of GC-off throughput; a gain of 1 peaked at 3.08
+/// and kept 0.75 (issue 5 asks for >= 0.65). Both settled under the target (1.41, 1.33).
+const OVER_TARGET_GAIN: f64 = 1.0;
 
 /// Most bytes one background step relocates. Under a burst a step's budget takes one
 /// thread seconds to copy; short steps keep the foreground's bytes measured often (the
@@ -642,9 +647,13 @@ mod tests {
             assert!(budget > last, "{amp}: {budget} after {last}");
             last = budget;
         }
-        // Capped at twice the target (five times the keep-up), and so is "no live bytes".
+        // Capped at twice the target, and so is "no live bytes".
         let cap = step_budget_bytes(input(1e6, 3.0));
-        assert!((cap - 5e6).abs() < 5.0, "{cap}");
+        let keep_up = step_budget_bytes(input(1e6, 1.5 + 1e-12));
+        assert!(
+            (cap - (1.0 + OVER_TARGET_GAIN) * keep_up).abs() < 5.0,
+            "{cap} {keep_up}"
+        );
         assert_eq!(step_budget_bytes(input(1e6, 30.0)), cap);
         assert_eq!(step_budget_bytes(input(1e6, f64::INFINITY)), cap);
     }
