@@ -310,12 +310,7 @@ pub fn run_command(args: &ColdScanArgs) -> Result<()> {
 
     let mut machine = Machine::detect();
     machine.disk = measure::watch_device_of(&args.dir);
-    let mut options = RunOptions::default();
-    options.set("argv", std::env::args().collect::<Vec<_>>());
-    options.set(
-        "engines",
-        kinds.iter().map(|k| k.name()).collect::<Vec<_>>(),
-    );
+    let mut options = RunOptions::with_argv_and_engines(kinds.iter().map(|k| k.name()));
     options.set("keys", args.keys);
     options.set("key_bytes", args.key_bytes);
     options.set("value_bytes", args.value_bytes);

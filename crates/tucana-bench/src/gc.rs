@@ -245,12 +245,7 @@ pub fn run_command(args: &GcArgs) -> Result<()> {
         }
     }
     config.more_gc_space_amps = args.also_gc_space_amp.clone();
-    let mut options = RunOptions::default();
-    options.set("argv", std::env::args().collect::<Vec<_>>());
-    options.set(
-        "engines",
-        kinds.iter().map(|k| k.name()).collect::<Vec<_>>(),
-    );
+    let mut options = RunOptions::with_argv_and_engines(kinds.iter().map(|k| k.name()));
     options.set("threads", args.threads);
     options.set("sync", args.sync);
     options.set("cache_bytes", engine.cache_bytes);

@@ -55,6 +55,15 @@ pub struct RunOptions {
 }
 
 impl RunOptions {
+    /// The options every run records first: its command line (a list, so that arguments
+    /// with spaces survive into the reproduce command) and the engines it ran.
+    pub fn with_argv_and_engines<'a>(engines: impl IntoIterator<Item = &'a str>) -> RunOptions {
+        let mut options = RunOptions::default();
+        options.set("argv", std::env::args().collect::<Vec<_>>());
+        options.set("engines", engines.into_iter().collect::<Vec<_>>());
+        options
+    }
+
     /// Sets `name` (replacing an earlier value in place).
     pub fn set(&mut self, name: &'static str, value: impl Into<Value>) {
         let value = value.into();

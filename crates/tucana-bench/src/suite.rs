@@ -159,13 +159,7 @@ pub fn run(args: &SuiteArgs) -> Result<()> {
 
     let mut machine = Machine::detect();
     machine.disk = measure::watch_device_of(&args.dir);
-    let mut options = RunOptions::default();
-    // A list, so that arguments with spaces survive into the reproduce command.
-    options.set("argv", std::env::args().collect::<Vec<_>>());
-    options.set(
-        "engines",
-        kinds.iter().map(|k| k.name()).collect::<Vec<_>>(),
-    );
+    let mut options = RunOptions::with_argv_and_engines(kinds.iter().map(|k| k.name()));
     options.set("threads", args.threads);
     options.set("sync", args.sync);
     options.set("cache_bytes", args.cache_bytes);
