@@ -493,7 +493,7 @@ impl Region {
         let mut appended = 0u64;
         for &(at, key, value) in records {
             // The writer lock keeps the index still between this test and the apply.
-            if self.tree.get(self, None, key, &guard)? != Some(at) {
+            if !self.tree.points_at(self, None, key, at, &guard)? {
                 continue;
             }
             let new = self

@@ -268,6 +268,30 @@ pub(crate) fn leaf_get<L: LeafRead, C: Ctx>(
     Ok(None)
 }
 
+/// Whether the leaf entry for `key` holds log pointer `ptr`, with no log read: among the
+/// entries with the key's prefix and hash, one holding `ptr` is the key's own entry (a
+/// record has one key), and if none does the key maps elsewhere or nowhere. What garbage
+/// collection asks of every record of a victim; most are dead, and confirming a dead
+/// one's key (as `leaf_get` does) read a newer record at a random place in the log.
+pub(crate) fn leaf_points_at<L: LeafRead>(l: &L, key: &[u8], kh: u32, ptr: u64) -> SResult<bool> {
+    let StemPos::Inside(kp) = leaf_stem_position(l, key) else {
+        l.validate()?;
+        return Ok(false);
+    };
+    let n = l.count();
+    let mut i = prefix_lower_bound(l, 0, n, kp);
+    let mut found = false;
+    while i < n && l.prefix(i) == kp {
+        if l.hash(i) == kh && l.ptr(i) == ptr {
+            found = true;
+            break;
+        }
+        i += 1;
+    }
+    l.validate()?;
+    Ok(found)
+}
+
 /// Where `key` is or belongs in a leaf: `(index, found)`. A key without the leaf's stem
 /// belongs at one end.
 pub(crate) fn leaf_position<L: LeafRead, C: Ctx>(

@@ -1160,3 +1160,46 @@ fn splits_of_leaves_with_distinct_prefixes_read_no_keys() {
     assert!(report.leaves > 100, "{} leaves", report.leaves);
     assert_matches(&tree, &ctx, None, &model, &mut rng);
 }
+
+/// `points_at` answers GC's liveness question from the index alone: true for the pointer
+/// the key maps to, false for any other (an older record of the key, another key's record)
+/// and for absent keys, with no log read (a read per dead record was a random cache miss
+/// per record of every victim).
+#[test]
+fn points_at_tells_live_records_from_dead_without_reading_the_log() {
+    let mut rng = StdRng::seed_from_u64(15);
+    let tree = Tree::new(REGION, TreeEpoch(1));
+    let mut ctx = FakeCtx::default();
+    let mut model = Model::new();
+    let mut keys = Vec::new();
+    for i in 0..5_000u32 {
+        // Shared beginnings and equal prefixes too, so ties are searched.
+        let k = format!("key:{:06}:{}", rng.random_range(0..3_000u32), i % 7).into_bytes();
+        put(&tree, &mut ctx, &mut model, &k);
+        keys.push(k);
+    }
+    let guard = crossbeam_epoch::pin();
+    let before = ctx.key_reads.load(Relaxed);
+    let mut live = 0;
+    for k in &keys {
+        let ptr = model[k];
+        assert!(tree.points_at(&ctx, None, k, ptr, &guard).unwrap(), "{k:?}");
+        live += 1;
+        // The pointer of an older record of this key (every put appended a new record)
+        // or of another key is not live for it.
+        let other = model[&keys[rng.random_range(0..keys.len())]];
+        assert_eq!(
+            tree.points_at(&ctx, None, k, other, &guard).unwrap(),
+            other == ptr,
+            "{k:?}"
+        );
+        assert!(!tree.points_at(&ctx, None, k, ptr + 1, &guard).unwrap());
+    }
+    assert!(!tree.points_at(&ctx, None, b"absent", 42, &guard).unwrap());
+    assert_eq!(
+        ctx.key_reads.load(Relaxed),
+        before,
+        "points_at read the log"
+    );
+    assert_eq!(live, keys.len());
+}

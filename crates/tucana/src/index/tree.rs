@@ -34,7 +34,8 @@ use super::node::{
     KIND_INTERNAL, KIND_LEAF, MAX_INLINE_PIVOT, MAX_STEM_BYTES, NODE_BYTES, PIVOT_EXTERNAL, W_DISK,
 };
 use super::search::{
-    child_index, leaf_get, leaf_position, pivot_into, separator, stem_position, StemPos,
+    child_index, leaf_get, leaf_points_at, leaf_position, pivot_into, separator, stem_position,
+    StemPos,
 };
 use super::{key_hash, key_prefix, Ctx};
 use crate::error::{Error, Result};
@@ -353,6 +354,26 @@ impl Walk for GetWalk<'_> {
     }
     fn leaf<L: LeafRead, C: Ctx>(&mut self, l: &L, ctx: &C) -> SResult<Option<u64>> {
         leaf_get(l, ctx, self.key, self.hash)
+    }
+}
+
+struct PointsAtWalk<'k> {
+    key: &'k [u8],
+    prefix: u64,
+    hash: u32,
+    ptr: u64,
+}
+
+impl Walk for PointsAtWalk<'_> {
+    type Out = bool;
+    fn empty(&mut self) -> bool {
+        false
+    }
+    fn internal<V: InternalRead, C: Ctx>(&mut self, v: &V, ctx: &C) -> SResult<usize> {
+        child_index(v, ctx, self.key, self.prefix, true)
+    }
+    fn leaf<L: LeafRead, C: Ctx>(&mut self, l: &L, _ctx: &C) -> SResult<bool> {
+        leaf_points_at(l, self.key, self.hash, self.ptr)
     }
 }
 
@@ -1182,6 +1203,25 @@ impl Tree {
 
     /// The log pointer of `key` in the tree at `root` (`root_word()` for the latest state,
     /// or a `Sealed::root`). Never blocks; any thread.
+    /// Whether `key` maps to log pointer `ptr` in the tree at `root` (`None`: the live
+    /// root), reading no log record (see `search::leaf_points_at`).
+    pub fn points_at<C: Ctx>(
+        &self,
+        ctx: &C,
+        root: Option<u64>,
+        key: &[u8],
+        ptr: u64,
+        _guard: &Guard,
+    ) -> Result<bool> {
+        let mut w = PointsAtWalk {
+            key,
+            prefix: key_prefix(key),
+            hash: key_hash(key),
+            ptr,
+        };
+        self.walk(ctx, root, &mut w)
+    }
+
     pub fn get<C: Ctx>(
         &self,
         ctx: &C,
