@@ -276,14 +276,7 @@ struct PhaseOutput {
 pub fn run_command(args: &ColdScanArgs) -> Result<()> {
     let mut args = args.clone();
     args.apply_quick();
-    let choices: Vec<EngineChoice> = if args.engines.is_empty() {
-        EngineChoice::ALL
-            .into_iter()
-            .filter(|e| e.kind().is_ok())
-            .collect()
-    } else {
-        args.engines.clone()
-    };
+    let choices = EngineChoice::chosen_or_built(&args.engines);
     let kinds = choices
         .iter()
         .map(|e| e.kind())

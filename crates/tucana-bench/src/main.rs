@@ -139,6 +139,18 @@ impl EngineChoice {
         EngineChoice::Redb,
     ];
 
+    /// `chosen`, or every engine this build has when nothing was chosen.
+    pub fn chosen_or_built(chosen: &[EngineChoice]) -> Vec<EngineChoice> {
+        if chosen.is_empty() {
+            EngineChoice::ALL
+                .into_iter()
+                .filter(|e| e.kind().is_ok())
+                .collect()
+        } else {
+            chosen.to_vec()
+        }
+    }
+
     /// The engine, or why this build does not have it.
     pub fn kind(self) -> Result<&'static dyn engine::EngineKind, String> {
         // Unused when every feature is on.

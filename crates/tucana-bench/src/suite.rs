@@ -136,14 +136,7 @@ pub fn run(args: &SuiteArgs) -> Result<()> {
         args.engines = vec![engine];
         args.json = json;
     }
-    let engines: Vec<EngineChoice> = if args.engines.is_empty() {
-        EngineChoice::ALL
-            .into_iter()
-            .filter(|e| e.kind().is_ok())
-            .collect()
-    } else {
-        args.engines.clone()
-    };
+    let engines = EngineChoice::chosen_or_built(&args.engines);
     if args.large_records > 0 && args.cache_bytes > args.memory_limit_bytes / 4 {
         return Err(format!(
             "--cache-bytes {} leaves too little of --memory-limit-bytes {} for the engines' \
