@@ -244,11 +244,11 @@ fn find<'a>(
         .find(|r| dataset(r) == dataset_name && row_name(r) == row && r["engine"] == engine)
 }
 
-fn number(value: &Value) -> Option<f64> {
+pub(crate) fn number(value: &Value) -> Option<f64> {
     value.as_f64().filter(|v| v.is_finite())
 }
 
-fn fmt_number(value: Option<f64>) -> String {
+pub(crate) fn fmt_number(value: Option<f64>) -> String {
     match value {
         None => "–".to_string(),
         Some(v) if v >= 1000.0 => format!("{v:.0}"),

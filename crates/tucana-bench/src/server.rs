@@ -28,6 +28,7 @@ use std::time::{Duration, Instant};
 use clap::{Args, ValueEnum};
 use serde_json::{json, Map, Value};
 
+use crate::document::{fmt_number, number};
 use crate::report::{self, Machine, Record, RunOptions};
 use crate::{cgroup, measure, sys, Result};
 
@@ -950,19 +951,6 @@ fn print_row(record: &Record) {
 
 // ---------------------------------------------------------------------------------------
 // The BENCHMARKS.md section.
-
-fn number(value: &Value) -> Option<f64> {
-    value.as_f64().filter(|v| v.is_finite())
-}
-
-fn fmt_number(value: Option<f64>) -> String {
-    match value {
-        None => "–".to_string(),
-        Some(v) if v >= 1000.0 => format!("{v:.0}"),
-        Some(v) if v >= 10.0 => format!("{v:.1}"),
-        Some(v) => format!("{v:.2}"),
-    }
-}
 
 /// `arg` as one shell word.
 fn shell_quote(arg: &str) -> String {
