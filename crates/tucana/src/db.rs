@@ -336,10 +336,16 @@ impl Shared {
 
     pub fn maybe_wake_committer(&self) {
         if self.log_bytes_since_commit.load(Ordering::Relaxed) >= self.options.commit_dirty_bytes {
-            let (lock, cv) = &self.wake;
-            *lock.lock() = true;
-            cv.notify_one();
+            self.wake_committer();
         }
+    }
+
+    /// Has the background loop look at once at what is due (a commit, a commit pair for
+    /// GC) instead of at its next tick.
+    pub fn wake_committer(&self) {
+        let (lock, cv) = &self.wake;
+        *lock.lock() = true;
+        cv.notify_one();
     }
 
     /// Hands extents to the allocator once no in-flight reader can still see them.
@@ -610,13 +616,21 @@ fn background_loop(db: std::sync::Weak<DbInner>) {
             // an idle store has none, so nudge it.
             crossbeam_epoch::pin().flush();
         }
+        if opts.gc && !inner.shared.frees.lock().releasable.is_empty() {
+            // Give their bytes back now rather than at the next commit.
+            inner.release_frees_now();
+        }
         let dirty = inner.shared.log_bytes_since_commit.load(Ordering::Relaxed);
         let since_commit = last_commit.elapsed();
         let commit_due = opts.commit_interval.is_some_and(|i| {
             since_commit >= i && (dirty > 0 || (opts.gc && inner.gc_wants_commit()))
-        }) || dirty >= opts.commit_dirty_bytes
-            || (opts.gc && opts.commit_interval.is_some() && inner.gc_commit_due(since_commit));
-        if commit_due {
+        }) || dirty >= opts.commit_dirty_bytes;
+        if opts.gc && opts.commit_interval.is_some() && inner.gc_commit_due(since_commit) {
+            // Errors poison the database; the next user call reports them.
+            let _ = inner.gc_commit_pair();
+            last_commit = Instant::now();
+            last_flush = last_commit;
+        } else if commit_due {
             // Errors poison the database; the next user call reports them.
             let _ = inner.commit();
             last_commit = Instant::now();
@@ -649,5 +663,7 @@ fn gc_loop(db: std::sync::Weak<DbInner>) {
         }
         // Errors that matter poison the database; the next user call reports them.
         behind = inner.background_gc().unwrap_or(false);
+        // Segments it retired come back only through commits: let the committer judge now.
+        inner.shared.wake_committer();
     }
 }

@@ -25,7 +25,7 @@ use crate::error::{Error, Result};
 use crate::index::{self, Ctx, Tree};
 use crate::log::record::{self, Header, RecordRef, HEADER_BYTES, LINK_RECORD_BYTES};
 use crate::log::tail::Tail;
-use crate::log::SegmentStats;
+use crate::log::{GcTailPos, SegmentStats};
 use crate::prefetch::ResidencyGate;
 use crate::types::{DiskOffset, RegionId, SeqNo, TreeEpoch, BLOCK_BYTES};
 
@@ -58,8 +58,9 @@ pub(crate) struct SealedRegion {
     pub tail: DiskOffset,
     pub tail_size_bytes: u64,
     pub tail_used_bytes: u64,
-    /// `order` of the tail segment: segments before it lie before this commit's replay window.
-    pub tail_order: u64,
+    /// The relocation tail and its bytes at the seal: every copy the sealed tree points
+    /// at lies below that position.
+    pub gc_tail: Option<GcTailPos>,
     pub keys: u64,
     pub segments: Vec<(DiskOffset, SegmentStats)>,
 }
@@ -101,6 +102,14 @@ pub(crate) struct Region {
     pub shared: Arc<Shared>,
     seed: u32,
     tail: Atomic<Tail>,
+    /// The relocation tail: the segment garbage collection appends the records it
+    /// relocates to, apart from the foreground's tail, so that records which survived a
+    /// collection (mostly cold ones) fill segments of their own instead of diluting the
+    /// foreground's, which then die fast and cheaply. Null until this life's first
+    /// relocation, or the committed one after an open. Never replayed: a crash drops the
+    /// copies made since the last commit and the index keeps pointing at the originals,
+    /// which stay until two commits sealed after their segment's retirement.
+    gc_tail: Atomic<Tail>,
     pub writer: Mutex<Writer>,
     pub keys: AtomicU64,
     pub live_bytes: AtomicU64,
@@ -112,9 +121,6 @@ pub(crate) struct Region {
     snapshots: Mutex<BTreeMap<TreeEpoch, usize>>,
     /// Sealed tree epochs of the last two durable commits (older first).
     pub durable_epochs: Mutex<[Option<TreeEpoch>; 2]>,
-    /// `order` of the tail segment of the last two durable commits (older first): a
-    /// segment before the older one lies outside both commits' replay windows.
-    pub durable_tail_orders: Mutex<[Option<u64>; 2]>,
     /// Segments emptied by garbage collection, not yet handed to the allocator.
     pub retired_segments: Mutex<Vec<RetiredSegment>>,
     /// Root of the tree in the newest durable commit.
@@ -137,6 +143,14 @@ impl Drop for Region {
             );
             if !tail.is_null() {
                 drop(tail.into_owned());
+            }
+            let gc_tail = self.gc_tail.swap(
+                epoch::Shared::null(),
+                Ordering::AcqRel,
+                epoch::unprotected(),
+            );
+            if !gc_tail.is_null() {
+                drop(gc_tail.into_owned());
             }
         }
     }
@@ -161,6 +175,7 @@ impl Region {
             shared,
             seed: record::region_seed(id),
             tail: Atomic::new(tail),
+            gc_tail: Atomic::null(),
             writer: Mutex::new(writer),
             keys: AtomicU64::new(keys),
             live_bytes: AtomicU64::new(live),
@@ -168,11 +183,18 @@ impl Region {
             dead_bytes: AtomicU64::new(written - live),
             snapshots: Mutex::new(BTreeMap::new()),
             durable_epochs: Mutex::new([None, None]),
-            durable_tail_orders: Mutex::new([None, None]),
             retired_segments: Mutex::new(Vec::new()),
             committed_root: Mutex::new(DiskOffset::NONE),
             dropped: AtomicBool::new(false),
         }
+    }
+
+    /// The region with the relocation tail a commit left it (recovery).
+    pub fn with_gc_tail(self, gc_tail: Option<Tail>) -> Region {
+        if let Some(t) = gc_tail {
+            self.gc_tail.store(Owned::new(t), Ordering::Release);
+        }
+        self
     }
 
     fn check_usable(&self) -> Result<()> {
@@ -326,6 +348,88 @@ impl Region {
         Ok(at)
     }
 
+    /// Appends a copy of a live record to the relocation tail (`gc_tail`), opening a
+    /// segment for it when there is none or the record does not fit. The copy carries
+    /// `FLAG_RELOCATED` and sequence number 0: replay never follows the relocation log,
+    /// so nothing there may ever pass for a record of the foreground's chain.
+    fn append_relocated(&self, w: &mut Writer, key: &[u8], value: &[u8]) -> Result<DiskOffset> {
+        let len = HEADER_BYTES + key.len() + value.len();
+        let guard = epoch::pin();
+        let mut tail = self.gc_tail.load(Ordering::Acquire, &guard);
+        // SAFETY: protected by the guard; replaced only under the writer lock, which we hold.
+        let fits = unsafe { tail.as_ref() }.is_some_and(|t| t.free_bytes() >= len as u64);
+        if !fits {
+            self.switch_gc_segment(w, len, &guard)?;
+            tail = self.gc_tail.load(Ordering::Acquire, &guard);
+        }
+        // SAFETY: non-null after the switch, protected by the guard.
+        let t = unsafe { tail.deref() };
+        // SAFETY: we hold the writer lock: the only appender of either tail.
+        let at = unsafe {
+            t.append(len, |buf| {
+                record::encode_into(
+                    buf,
+                    self.seed,
+                    record::FLAG_RELOCATED,
+                    w.generation,
+                    SeqNo(0),
+                    key,
+                    value,
+                )
+            })
+        };
+        self.account_written(w, t.base, len as u64, true);
+        Ok(at)
+    }
+
+    /// Closes the relocation tail (flushed, writeback started, like a foreground segment)
+    /// and opens a fresh segment for it, big enough for a record of `record_len`. Unlike
+    /// the foreground's, its segments end without a LINK: nothing walks them as a chain.
+    fn switch_gc_segment(
+        &self,
+        w: &mut Writer,
+        record_len: usize,
+        guard: &epoch::Guard,
+    ) -> Result<()> {
+        let shared = &self.shared;
+        let standard = shared.options.log_segment_bytes;
+        let size = standard.max((record_len as u64).div_ceil(BLOCK_BYTES) * BLOCK_BYTES);
+        let blocks = size / BLOCK_BYTES;
+        let align = if size == standard { blocks } else { 1 };
+        let storage = shared.volume.storage();
+        let base =
+            shared
+                .allocator
+                .allocate(storage.as_ref(), blocks, align, w.sealed_for_commit)?;
+        let old = self.gc_tail.load(Ordering::Acquire, guard);
+        // SAFETY: protected by the guard.
+        if let Some(old_tail) = unsafe { old.as_ref() } {
+            // Read from the volume once it is no longer the tail: write it all first.
+            let written = old_tail.flush(storage.as_ref())?;
+            shared.bytes_written.fetch_add(written, Ordering::Relaxed);
+            storage.start_writeback(old_tail.base.0, old_tail.size_bytes);
+        }
+        w.segments.insert(
+            base.0,
+            SegmentStats {
+                size_bytes: size,
+                written_bytes: 0,
+                live_bytes: 0,
+                order: w.next_order,
+            },
+        );
+        w.next_order += 1;
+        let prev = self
+            .gc_tail
+            .swap(Owned::new(Tail::new(base, size)), Ordering::AcqRel, guard);
+        if !prev.is_null() {
+            // SAFETY: unreachable for new readers; in-flight readers hold guards.
+            unsafe { guard.defer_destroy(prev) };
+            guard.flush();
+        }
+        Ok(())
+    }
+
     fn switch_segment(
         &self,
         w: &mut Writer,
@@ -397,6 +501,21 @@ impl Region {
         Ok(())
     }
 
+    /// Writes the relocation tail's pending bytes to the volume (not synced): a commit
+    /// does, since the tree it persists may point at them. Syncs need not: no user write
+    /// waits for a relocated copy.
+    pub fn flush_gc_tail(&self) -> Result<()> {
+        let guard = epoch::pin();
+        // SAFETY: protected by the guard.
+        if let Some(t) = unsafe { self.gc_tail.load(Ordering::Acquire, &guard).as_ref() } {
+            let written = t.flush(self.shared.volume.storage().as_ref())?;
+            self.shared
+                .bytes_written
+                .fetch_add(written, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
     /// Writes the tail's pending bytes to the volume (not synced).
     pub fn flush_tail(&self) -> Result<()> {
         let guard = epoch::pin();
@@ -417,11 +536,10 @@ impl Region {
         let guard = epoch::pin();
         // SAFETY: non-null, protected by the guard.
         let t = unsafe { self.tail.load(Ordering::Acquire, &guard).deref() };
-        let tail_order = w
-            .segments
-            .get(&t.base.0)
-            .expect("the tail segment is registered")
-            .order;
+        debug_assert!(
+            w.segments.contains_key(&t.base.0),
+            "the tail segment is registered"
+        );
         SealedRegion {
             root_word: sealed.root,
             tree_epoch: sealed.epoch,
@@ -430,7 +548,14 @@ impl Region {
             tail: t.base,
             tail_size_bytes: t.size_bytes,
             tail_used_bytes: t.published_bytes(),
-            tail_order,
+            // SAFETY: protected by the guard; the writer lock (held) keeps it in place.
+            gc_tail: unsafe { self.gc_tail.load(Ordering::Acquire, &guard).as_ref() }.map(|g| {
+                GcTailPos {
+                    base: g.base,
+                    size_bytes: g.size_bytes,
+                    used_bytes: g.published_bytes(),
+                }
+            }),
             keys: self.keys.load(Ordering::Relaxed),
             segments: w
                 .segments
@@ -442,32 +567,36 @@ impl Region {
 
     // ----- garbage collection ----------------------------------------------------------
 
-    /// Closed segments garbage collection may take, with their counts: every segment
-    /// before the tail segment of the older durable commit (so both durable commits can
-    /// still replay their log windows), never the tail. Empty before two commits.
+    /// Closed segments garbage collection may take, with their counts: every segment but
+    /// the tail.
+    ///
+    /// Segments inside a durable commit's replay window (at or after its tail segment)
+    /// are candidates too: retiring one only takes it out of the segment map; its bytes
+    /// stay until the freeing rule lets it go, two commits sealed after the retirement,
+    /// and both of those have their tails after it (it was closed before it was retired),
+    /// so neither superblock slot replays through a freed segment (DESIGN.md, "Garbage
+    /// collection"). Waiting for segments to leave both windows kept about two commit
+    /// intervals of a fast writer's log out of GC's reach.
     pub fn gc_candidates(&self) -> Vec<(DiskOffset, SegmentStats)> {
-        let Some(limit) = self.durable_tail_orders.lock()[0] else {
-            return Vec::new();
-        };
         let w = self.writer.lock();
+        let (tail_base, gc_tail_base) = {
+            let guard = epoch::pin();
+            // SAFETY: protected by the guard; the tail is non-null.
+            unsafe {
+                (
+                    self.tail.load(Ordering::Acquire, &guard).deref().base,
+                    self.gc_tail
+                        .load(Ordering::Acquire, &guard)
+                        .as_ref()
+                        .map(|t| t.base),
+                )
+            }
+        };
         w.segments
             .iter()
-            .filter(|(_, s)| s.order < limit)
+            .filter(|(off, _)| **off != tail_base.0 && Some(DiskOffset(**off)) != gc_tail_base)
             .map(|(off, s)| (DiskOffset(*off), *s))
             .collect()
-    }
-
-    /// True if closed segments wait only for commits to become candidates (they lie at or
-    /// after the older durable commit's tail): a commit or two would let GC take them.
-    pub fn has_segments_awaiting_commits(&self) -> bool {
-        let limit = self.durable_tail_orders.lock()[0];
-        let w = self.writer.lock();
-        let Some(newest) = w.segments.values().map(|s| s.order).max() else {
-            return false;
-        };
-        w.segments
-            .values()
-            .any(|s| s.order < newest && limit.is_none_or(|l| s.order >= l))
     }
 
     /// Total size of the region's log segments (what the log occupies in the volume).
@@ -497,16 +626,13 @@ impl Region {
                 continue;
             }
             let new = self
-                .append(&mut w, 0, key, value)
+                .append_relocated(&mut w, key, value)
                 .inspect_err(|_| shared.poison())?;
             let existed = self
                 .apply(&mut w, key, true, new)
                 .inspect_err(|_| shared.poison())?;
             assert!(existed, "a relocated key vanished under the writer lock");
             appended += (HEADER_BYTES + key.len() + value.len()) as u64;
-        }
-        if appended > 0 {
-            shared.write_ticket.fetch_add(1, Ordering::AcqRel);
         }
         drop(w);
         if appended > 0 {
@@ -533,6 +659,12 @@ impl Region {
             // SAFETY: non-null, protected by the guard.
             let t = unsafe { self.tail.load(Ordering::Acquire, &guard).deref() };
             assert!(t.base != base, "garbage collection chose the tail segment");
+            // SAFETY: protected by the guard.
+            let gc = unsafe { self.gc_tail.load(Ordering::Acquire, &guard).as_ref() };
+            assert!(
+                gc.is_none_or(|g| g.base != base),
+                "garbage collection chose its own tail segment"
+            );
         }
         if seg.live_bytes != 0 {
             return Ok(Retire::Live);
@@ -632,14 +764,11 @@ impl Region {
     ) -> Result<R> {
         let at = DiskOffset(ptr);
         let guard = epoch::pin();
-        let tail = self.tail.load(Ordering::Acquire, &guard);
         if ahead != 0 {
-            // SAFETY: protected by the guard.
-            self.hint_record_lines(ahead, unsafe { tail.as_ref() });
+            self.hint_record_lines(ahead, self.buffered_tail(ahead, &guard));
         }
-        // SAFETY: protected by the guard (may be null only during construction: never).
-        if let Some(t) = unsafe { tail.as_ref() } {
-            if t.contains(ptr) {
+        {
+            if let Some(t) = self.buffered_tail(ptr, &guard) {
                 let head = t.read(ptr, HEADER_BYTES).ok_or_else(|| {
                     Error::corruption("log record", at, "pointer past the log end")
                 })?;
@@ -666,11 +795,29 @@ impl Region {
         })
     }
 
+    /// The tail buffer, the foreground's or the relocation one, that holds `ptr`: its
+    /// bytes may not be in the volume yet. `None`: read the volume.
+    fn buffered_tail<'g>(&self, ptr: u64, guard: &'g epoch::Guard) -> Option<&'g Tail> {
+        // SAFETY: both are protected by the guard; the tail is never null after
+        // construction, the relocation tail may be.
+        unsafe {
+            if let Some(t) = self.tail.load(Ordering::Acquire, guard).as_ref() {
+                if t.contains(ptr) {
+                    return Some(t);
+                }
+            }
+            self.gc_tail
+                .load(Ordering::Acquire, guard)
+                .as_ref()
+                .filter(|t| t.contains(ptr))
+        }
+    }
+
     /// Starts loading the header line and the next line of the record at `ptr`, when it
     /// is in memory without I/O (the tail buffer or the volume's mapping).
     fn hint_record_lines(&self, ptr: u64, tail: Option<&Tail>) {
         let bytes = match tail {
-            Some(t) if t.contains(ptr) => t.read(ptr, 1),
+            Some(t) => t.read(ptr, 1),
             // SAFETY: `ptr` names a record of a closed segment that the caller's reader
             // can reach, never written while reachable; the slice is dropped at once
             // (only its address is used).
@@ -814,7 +961,7 @@ impl Region {
 
     /// Asks the volume to start reading the records at `ptrs` (any order, duplicates
     /// allowed; left sorted, the caller clears it) and returns without waiting. Records in
-    /// the tail buffer are skipped (they are in memory). Each record is asked for from its
+    /// a tail buffer are skipped (they are in memory). Each record is asked for from its
     /// start for about the region's average record size (at least its header's page); a
     /// longer one reads the rest when it is read. Adjacent pages go in one request.
     ///
@@ -826,9 +973,7 @@ impl Region {
             // SAFETY: protected by the guard; never null after construction. A tail
             // switched right after this reading only makes us skip records that were just
             // written out (resident) or ask for bytes not yet written (harmless).
-            if let Some(t) = unsafe { self.tail.load(Ordering::Acquire, &guard).as_ref() } {
-                ptrs.retain(|&ptr| !t.contains(ptr));
-            }
+            ptrs.retain(|&ptr| self.buffered_tail(ptr, &guard).is_none());
         }
         if ptrs.is_empty() {
             return;

@@ -4,22 +4,28 @@
 //! slot (offset, length, crc32c). Layout (little-endian):
 //!
 //! ```text
-//! "TDESC002" | epoch u64 | next_region_id u64 | volume_bytes u64
+//! "TDESC003" | epoch u64 | next_region_id u64 | volume_bytes u64
 //! group_count u32 | bitmap slot per group u8 × group_count
 //! free_count u32  | (offset u64, blocks u64) × free_count           -- the free log
 //! region_count u32 | region × region_count
 //!
 //! region: id u64 | name_len u16 | name | tree_epoch u64 | root u64
 //!         generation u32 | next_seq u64 | tail u64 | tail_size u64 | tail_used u64
+//!         gc_tail u64 | gc_tail_size u64 | gc_tail_used u64     -- all 0: none
 //!         keys u64 | segment_count u32 | (offset u64, size u64, written u64, live u64,
 //!         order u64) × n
 //! ```
+//!
+//! `TDESC002` (volumes written before the relocation tail) is the same without the three
+//! `gc_tail` words; it still decodes, as a region without a relocation tail.
 
 use crate::error::{Error, Result};
-use crate::log::SegmentStats;
+use crate::log::{GcTailPos, SegmentStats};
 use crate::types::{CommitEpoch, DiskOffset, RegionId, SeqNo, TreeEpoch};
 
-const MAGIC: &[u8; 8] = b"TDESC002";
+const MAGIC: &[u8; 8] = b"TDESC003";
+/// The format before the relocation tail.
+const MAGIC_002: &[u8; 8] = b"TDESC002";
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Descriptor {
@@ -44,6 +50,8 @@ pub struct RegionDesc {
     pub tail: DiskOffset,
     pub tail_size_bytes: u64,
     pub tail_used_bytes: u64,
+    /// The relocation tail (garbage collection's copies); `None` before the first.
+    pub gc_tail: Option<GcTailPos>,
     pub keys: u64,
     pub segments: Vec<(DiskOffset, SegmentStats)>,
 }
@@ -75,6 +83,15 @@ impl Descriptor {
             put64(&mut out, r.tail.0);
             put64(&mut out, r.tail_size_bytes);
             put64(&mut out, r.tail_used_bytes);
+            let gc = r.gc_tail.unwrap_or(GcTailPos {
+                base: DiskOffset(0),
+                size_bytes: 0,
+                used_bytes: 0,
+            });
+            assert!(r.gc_tail.is_none() || !gc.base.is_none());
+            put64(&mut out, gc.base.0);
+            put64(&mut out, gc.size_bytes);
+            put64(&mut out, gc.used_bytes);
             put64(&mut out, r.keys);
             put32(&mut out, r.segments.len() as u32);
             for (off, s) in &r.segments {
@@ -91,9 +108,11 @@ impl Descriptor {
     /// Decodes a descriptor read at `at`; any inconsistency is `Error::Corruption`.
     pub fn decode(bytes: &[u8], at: DiskOffset) -> Result<Descriptor> {
         let mut r = Reader { bytes, pos: 0, at };
-        if r.take(8)? != MAGIC {
-            return Err(r.bad("bad magic"));
-        }
+        let has_gc_tail = match r.take(8)? {
+            m if m == MAGIC => true,
+            m if m == MAGIC_002 => false,
+            _ => return Err(r.bad("bad magic")),
+        };
         let epoch = CommitEpoch(r.u64()?);
         let next_region_id = r.u64()?;
         let volume_bytes = r.u64()?;
@@ -122,6 +141,26 @@ impl Descriptor {
             let tail = DiskOffset(r.u64()?);
             let tail_size_bytes = r.u64()?;
             let tail_used_bytes = r.u64()?;
+            let gc_tail = if has_gc_tail {
+                let pos = GcTailPos {
+                    base: DiskOffset(r.u64()?),
+                    size_bytes: r.u64()?,
+                    used_bytes: r.u64()?,
+                };
+                if pos.base.is_none() {
+                    if pos.size_bytes != 0 || pos.used_bytes != 0 {
+                        return Err(r.bad("relocation tail position without a segment"));
+                    }
+                    None
+                } else {
+                    if pos.used_bytes > pos.size_bytes {
+                        return Err(r.bad("relocation tail position past its segment"));
+                    }
+                    Some(pos)
+                }
+            } else {
+                None
+            };
             let keys = r.u64()?;
             let seg_count = r.count(40)?;
             let mut segments = Vec::with_capacity(seg_count);
@@ -151,6 +190,7 @@ impl Descriptor {
                 tail,
                 tail_size_bytes,
                 tail_used_bytes,
+                gc_tail,
                 keys,
                 segments,
             });
@@ -241,6 +281,11 @@ mod tests {
                 tail: DiskOffset(2 << 20),
                 tail_size_bytes: 2 << 20,
                 tail_used_bytes: 777,
+                gc_tail: Some(GcTailPos {
+                    base: DiskOffset(4 << 20),
+                    size_bytes: 2 << 20,
+                    used_bytes: 4096,
+                }),
                 keys: 12,
                 segments: vec![(
                     DiskOffset(2 << 20),
@@ -259,6 +304,54 @@ mod tests {
     fn round_trip() {
         let d = sample();
         assert_eq!(Descriptor::decode(&d.encode(), DiskOffset(0)).unwrap(), d);
+    }
+
+    #[test]
+    fn a_region_without_a_relocation_tail_round_trips() {
+        let mut d = sample();
+        d.regions[0].gc_tail = None;
+        assert_eq!(Descriptor::decode(&d.encode(), DiskOffset(0)).unwrap(), d);
+    }
+
+    /// Volumes written before the relocation tail carry `TDESC002` descriptors: the same
+    /// bytes without the three `gc_tail` words. They still open.
+    #[test]
+    fn decodes_the_format_before_the_relocation_tail() {
+        let mut d = sample();
+        d.regions[0].gc_tail = None;
+        let mut bytes = d.encode();
+        let region = &d.regions[0];
+        let gc_words_at = 8
+            + 3 * 8
+            + 4
+            + d.bitmap_slots.len()
+            + 4
+            + 16 * d.free_log.len()
+            + 4
+            + 8
+            + 2
+            + region.name.len()
+            + 8
+            + 8
+            + 4
+            + 8
+            + 3 * 8;
+        assert!(bytes[gc_words_at..gc_words_at + 24].iter().all(|b| *b == 0));
+        bytes.drain(gc_words_at..gc_words_at + 24);
+        bytes[..8].copy_from_slice(MAGIC_002);
+        assert_eq!(Descriptor::decode(&bytes, DiskOffset(0)).unwrap(), d);
+        // The same bytes under the new magic are short by the three words.
+        bytes[..8].copy_from_slice(MAGIC);
+        assert!(Descriptor::decode(&bytes, DiskOffset(0)).is_err());
+    }
+
+    #[test]
+    fn a_relocation_tail_position_past_its_segment_is_corruption() {
+        let mut d = sample();
+        if let Some(gc) = &mut d.regions[0].gc_tail {
+            gc.used_bytes = gc.size_bytes + 1;
+        }
+        assert!(Descriptor::decode(&d.encode(), DiskOffset(0)).is_err());
     }
 
     #[test]

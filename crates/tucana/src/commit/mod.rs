@@ -60,10 +60,7 @@ impl DbInner {
 
         // 1. Frees that are safe now become free space in this commit's bitmap.
         let releasable = std::mem::take(&mut shared.frees.lock().releasable);
-        punch_extents(storage.as_ref(), &releasable);
-        for (off, blocks) in releasable {
-            allocator.release(off, blocks);
-        }
+        release_extents(shared, &releasable);
         allocator.begin_commit();
         *started = true;
 
@@ -79,6 +76,7 @@ impl DbInner {
         // 3. The log up to every seal point reaches the file.
         for region in &regions {
             region.flush_tail()?;
+            region.flush_gc_tail()?;
         }
 
         // 4. Persist trees.
@@ -191,8 +189,6 @@ impl DbInner {
             let durable = {
                 let mut w = region.writer.lock();
                 w.sealed_for_commit = false;
-                let mut o = region.durable_tail_orders.lock();
-                *o = [o[1], Some(s.tail_order)];
                 let mut d = region.durable_epochs.lock();
                 *d = [d[1], Some(s.tree_epoch)];
                 d[0]
@@ -317,6 +313,7 @@ fn region_desc(region: &Region, s: &SealedRegion, root: DiskOffset) -> RegionDes
         tail: s.tail,
         tail_size_bytes: s.tail_size_bytes,
         tail_used_bytes: s.tail_used_bytes,
+        gc_tail: s.gc_tail,
         keys: s.keys,
         segments: s.segments.clone(),
     }
@@ -325,6 +322,15 @@ fn region_desc(region: &Region, s: &SealedRegion, root: DiskOffset) -> RegionDes
 /// Extents at least this long are punched when they return to the allocator: log
 /// segments (64 KiB at least) and runs of nodes; single blocks are not worth a system call.
 const PUNCH_MIN_BLOCKS: u64 = 16;
+
+/// Gives extents nothing can reach any more back: holes punched in the file, blocks free
+/// in the live bitmap. Only between commits (the caller holds the commit state).
+pub(crate) fn release_extents(shared: &crate::db::Shared, extents: &[(DiskOffset, u64)]) {
+    punch_extents(shared.volume.storage().as_ref(), extents);
+    for &(off, blocks) in extents {
+        shared.allocator.release(off, blocks);
+    }
+}
 
 /// Gives the bytes of released extents back to the file system, adjacent ones merged.
 /// Only extents no durable commit, snapshot or reader can reach get here. A failed punch

@@ -14,10 +14,20 @@ pub struct SegmentStats {
     pub size_bytes: u64,
     pub written_bytes: u64,
     pub live_bytes: u64,
-    /// Position of the segment in its region's chain: strictly increasing with allocation,
-    /// never reused within a region. Garbage collection compares it with the position of a
-    /// commit's tail to know whether the segment lies before that commit's replay window.
+    /// Position of the segment among its region's segments: strictly increasing with
+    /// allocation (foreground and relocation segments alike), never reused within a
+    /// region. Replay numbers the segments it reaches after the newest one; victims of
+    /// equal liveness are taken oldest first.
     pub order: u64,
+}
+
+/// Where a region's relocation tail stands (the segment garbage collection appends its
+/// copies to): its segment and the bytes written to it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GcTailPos {
+    pub base: crate::types::DiskOffset,
+    pub size_bytes: u64,
+    pub used_bytes: u64,
 }
 
 impl SegmentStats {

@@ -16,6 +16,10 @@
 //!
 //! A LINK record (empty key; value = next segment offset u64 + its size in bytes u64) ends
 //! a segment and names the next one. Records never span segments.
+//!
+//! A RELOCATED record is a copy garbage collection made of a live put record into the
+//! region's relocation log (segments apart from the foreground's chain, without LINKs);
+//! its `seq` is 0 and replay never reads it.
 
 use crate::error::{Error, Result};
 use crate::types::{DiskOffset, RegionId, SeqNo};
@@ -28,7 +32,10 @@ pub const FLAG_TOMBSTONE: u8 = 1;
 pub const FLAG_BATCH_MORE: u8 = 2;
 /// The record links to the next log segment.
 pub const FLAG_LINK: u8 = 4;
-const KNOWN_FLAGS: u8 = FLAG_TOMBSTONE | FLAG_BATCH_MORE | FLAG_LINK;
+/// A copy garbage collection made of a live record, in the region's relocation log
+/// (sequence number 0): never replayed, so replay refuses it outright.
+pub const FLAG_RELOCATED: u8 = 8;
+const KNOWN_FLAGS: u8 = FLAG_TOMBSTONE | FLAG_BATCH_MORE | FLAG_LINK | FLAG_RELOCATED;
 
 /// Bytes a LINK record takes; every segment keeps this much free at its end.
 pub const LINK_RECORD_BYTES: usize = HEADER_BYTES + 16;
@@ -59,6 +66,10 @@ impl Header {
 
     pub fn is_link(&self) -> bool {
         self.flags & FLAG_LINK != 0
+    }
+
+    pub fn is_relocated(&self) -> bool {
+        self.flags & FLAG_RELOCATED != 0
     }
 
     pub fn batch_more(&self) -> bool {

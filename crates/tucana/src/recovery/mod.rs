@@ -156,6 +156,34 @@ fn create(options: Options, volume: Volume) -> Result<DbInner> {
     Ok(inner)
 }
 
+/// The relocation tail of a region as its commit left it: the copies below `pos.used_bytes`
+/// are what the committed tree may point at; anything garbage collection appended after
+/// the commit is dropped (the index goes back to the originals, which a commit keeps
+/// until two commits sealed after their segment's retirement), so nothing is replayed.
+fn recover_gc_tail(
+    shared: &Arc<Shared>,
+    rd: &RegionDesc,
+    segments: &BTreeMap<u64, SegmentStats>,
+    pos: crate::log::GcTailPos,
+) -> Result<Tail> {
+    let fits = segments
+        .get(&pos.base.0)
+        .is_some_and(|s| s.size_bytes == pos.size_bytes && s.written_bytes == pos.used_bytes);
+    if !fits || pos.base == rd.tail {
+        return Err(Error::corruption(
+            "commit descriptor",
+            pos.base,
+            format!(
+                "relocation tail of region {:?} does not match its segment",
+                rd.name
+            ),
+        ));
+    }
+    let mut prefix = vec![0u8; pos.used_bytes as usize];
+    shared.volume.storage().read_at(pos.base.0, &mut prefix)?;
+    Ok(Tail::with_prefix(pos.base, pos.size_bytes, &prefix))
+}
+
 /// What replay found, in log order, for complete units only (batches all or nothing).
 enum Item {
     Put { at: DiskOffset, len: u64 },
@@ -191,21 +219,18 @@ fn recover_region(shared: &Arc<Shared>, rd: &RegionDesc) -> Result<Region> {
         }
         segments.insert(off.0, *s);
     }
-    let Some(tail_order) = segments.get(&rd.tail.0).map(|s| s.order) else {
+    if !segments.contains_key(&rd.tail.0) {
         return Err(Error::corruption(
             "commit descriptor",
             rd.tail,
             format!("tail of region {:?} is not one of its segments", rd.name),
         ));
-    };
-    // The tail is the newest segment; garbage collection relies on the order.
-    if orders.last() != Some(&tail_order) {
-        return Err(Error::corruption(
-            "commit descriptor",
-            rd.tail,
-            format!("tail of region {:?} is not its newest segment", rd.name),
-        ));
     }
+    let newest_order = orders.last().copied().unwrap_or(0);
+    let gc_tail = match rd.gc_tail {
+        None => None,
+        Some(pos) => Some(recover_gc_tail(shared, rd, &segments, pos)?),
+    };
 
     // Scan the log from the committed position.
     let seed = record::region_seed(rd.id);
@@ -242,7 +267,12 @@ fn recover_region(shared: &Arc<Shared>, rd: &RegionDesc) -> Result<Region> {
         let Ok(rec) = RecordRef::parse(&body, seed, true, at) else {
             break;
         };
-        if rec.header.generation != rd.generation & GENERATION_MASK || rec.header.seq != seq {
+        // A relocated copy is never part of the chain (its segments have no links into
+        // the chain; one can only be met here as stale bytes of a reused block).
+        if rec.header.generation != rd.generation & GENERATION_MASK
+            || rec.header.seq != seq
+            || rec.header.is_relocated()
+        {
             break;
         }
         seq = SeqNo(seq.0 + 1);
@@ -289,7 +319,7 @@ fn recover_region(shared: &Arc<Shared>, rd: &RegionDesc) -> Result<Region> {
     for (off, size) in chain.drain(chain_len..) {
         allocator.release(off, size / BLOCK_BYTES);
     }
-    let mut next_order = tail_order + 1;
+    let mut next_order = newest_order + 1;
     for (off, size) in &chain[1..] {
         segments.insert(
             off.0,
@@ -323,11 +353,9 @@ fn recover_region(shared: &Arc<Shared>, rd: &RegionDesc) -> Result<Region> {
         tail,
         writer,
         rd.keys,
-    );
+    )
+    .with_gc_tail(gc_tail);
     *region.committed_root.lock() = rd.root;
-    // The commit opened from is the newest durable one; the commit that ends the open
-    // makes it the older one.
-    *region.durable_tail_orders.lock() = [None, Some(tail_order)];
 
     // Apply what was replayed, in order.
     let mut w = region.writer.lock();
