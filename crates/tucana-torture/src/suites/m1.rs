@@ -5,27 +5,55 @@
 //! A case runs up to three *lives*: after the crash states of one life are verified, the
 //! last recovered database carries on with the next life, so recovery from a recovered
 //! volume (generation bumps, replay after replay) is exercised too. One case in five runs
-//! the background committer and flusher every millisecond; those do not replay exactly.
+//! the background committer, flusher and garbage collector every millisecond; those do
+//! not replay exactly.
+//!
+//! Garbage collection: three cases in five use the overwrite-heavy `Mix::GC` (a few dozen
+//! keys, 64 KiB segments, forced `Database::gc` passes among the operations), so passes
+//! relocate, retire, free and punch segments, and later writes reuse them. In those
+//! cases the crash is aimed, one time in two, inside a forced pass (at a random I/O of
+//! it: relocation reads and appends, its five commits, the punches); in background cases,
+//! one time in two, at a random I/O of the background collector's thread. A crash state
+//! counts as *inside GC* when the power went while a forced pass was running or at an I/O
+//! of the collector's thread; the figures line says how many there were, and how much GC
+//! the cases did (passes, bytes relocated and reclaimed, hole punches).
 //!
 //! `count` is the number of crash states to reach.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use rand::Rng;
 use tucana::volume::Storage;
 use tucana::{Database, Keyspace};
 
 use crate::model::KeyspaceModel;
-use crate::sim::{Fault, SimStorage};
-use crate::workload::{self, Recovery};
+use crate::sim::{Fault, IoKind, SimStorage};
+use crate::workload::{self, Mix, Op, Recovery, GC_THREAD};
 use crate::{case_rng, catch, Report, RunArgs};
 
 const LIVES: u32 = 3;
 const STATES_PER_CRASH: u32 = 3;
 
+/// I/Os a forced GC pass is assumed to make until one was measured in the case (the
+/// crash aimed inside a pass falls at a random one of them).
+const GC_PASS_IOS_GUESS: u64 = 120;
+
+/// How long a background case waits, after its operations, for the collector's thread to
+/// reach the I/O the crash is armed at (it works only while a log is over its target).
+const BACKGROUND_GC_WAIT: Duration = Duration::from_millis(40);
+
 #[derive(Default)]
 struct Tally {
     crash_states: u64,
+    /// Crash states whose power loss fell inside a forced GC pass.
+    gc_forced_states: u64,
+    /// Crash states whose power loss fell at an I/O of the background collector.
+    gc_background_states: u64,
+    gc_passes: u64,
+    gc_relocated_bytes: u64,
+    gc_reclaimed_bytes: u64,
+    punches: u64,
     lost_durable: u64,
     non_prefix: u64,
     failed_recoveries: u64,
@@ -54,8 +82,20 @@ pub fn run(args: &RunArgs) -> Report {
     }
     Report {
         figures: format!(
-            "M1 crash states: {}, lost durable writes: {}, non-prefix states: {}, failed recoveries: {}, panics: {}, seed: {}",
-            t.crash_states, t.lost_durable, t.non_prefix, t.failed_recoveries, t.panics, args.seed
+            "M1 crash states: {}, gc crash states: {} (forced pass {}, background {}), lost durable writes: {}, non-prefix states: {}, failed recoveries: {}, panics: {}, gc passes: {}, gc relocated: {} KiB, gc reclaimed: {} KiB, hole punches: {}, seed: {}",
+            t.crash_states,
+            t.gc_forced_states + t.gc_background_states,
+            t.gc_forced_states,
+            t.gc_background_states,
+            t.lost_durable,
+            t.non_prefix,
+            t.failed_recoveries,
+            t.panics,
+            t.gc_passes,
+            t.gc_relocated_bytes >> 10,
+            t.gc_reclaimed_bytes >> 10,
+            t.punches,
+            args.seed
         ),
         failures: t.failures,
     }
@@ -70,6 +110,11 @@ fn run_case(seed: u64, case: u64, t: &mut Tally) {
         ""
     };
     let options = workload::options(background);
+    let mix = if rng.random_range(0..5) < 3 {
+        Mix::GC
+    } else {
+        Mix::PLAIN
+    };
     let keyspace_count = rng.random_range(1..=3usize);
     let names: Vec<String> = (0..keyspace_count).map(|i| format!("ks{i}")).collect();
 
@@ -82,20 +127,47 @@ fn run_case(seed: u64, case: u64, t: &mut Tally) {
         .collect();
     let mut models: Vec<KeyspaceModel> = names.iter().map(|_| KeyspaceModel::default()).collect();
     let mut tag = 0u64;
+    let mut gc_pass_ios = GC_PASS_IOS_GUESS;
 
     for life in 0..LIVES {
         let where_ = format!("m1 seed {seed} case {case} life {life}");
         let steps = rng.random_range(10..150u32);
         let crash_step = rng.random_range(0..steps);
+        // Where the crash of this life is aimed.
+        let aim = match rng.random_range(0..2) {
+            0 if background => Aim::BackgroundGc,
+            0 if mix == Mix::GC => Aim::ForcedGc,
+            _ => Aim::AnyIo,
+        };
+        let mut crashed_in_forced_gc = false;
+        let punches_before = sim.io_count_of(IoKind::Punch);
         for step in 0..steps {
-            if step == crash_step {
-                let at_io = sim.io_count() + rng.random_range(0..40);
-                sim.arm(Fault::Crash { at_io });
-            }
             tag += 1;
-            let op = workload::random_op(&mut rng, keyspace_count, tag);
+            let mut op = workload::random_op_of(&mut rng, mix, keyspace_count, tag);
+            if step == crash_step {
+                match aim {
+                    Aim::AnyIo => {
+                        let at_io = sim.io_count() + rng.random_range(0..40);
+                        sim.arm(Fault::Crash { at_io });
+                    }
+                    Aim::ForcedGc => {
+                        op = Op::Gc;
+                        let at_io = sim.io_count() + rng.random_range(0..gc_pass_ios);
+                        sim.arm(Fault::Crash { at_io });
+                    }
+                    Aim::BackgroundGc => {
+                        sim.arm_crash_in_thread(GC_THREAD, rng.random_range(0..6));
+                    }
+                }
+            }
+            // A background thread may have lost the power between two operations.
+            if sim.crashed() {
+                break;
+            }
+            let ios_before = sim.io_count();
             let r = workload::run_op(&op, &db, &keyspaces, &mut models);
             if sim.crashed() {
+                crashed_in_forced_gc = matches!(op, Op::Gc);
                 break;
             }
             if let Err(e) = r {
@@ -104,7 +176,25 @@ fn run_case(seed: u64, case: u64, t: &mut Tally) {
                 ));
                 return;
             }
+            if matches!(op, Op::Gc) && !background {
+                // Aim later crashes inside a pass of the size this case's passes have.
+                gc_pass_ios = (sim.io_count() - ios_before).max(1);
+            }
         }
+        if aim == Aim::BackgroundGc {
+            // The collector works only while a log is over its target: give it a moment.
+            let waited = Instant::now();
+            while !sim.crashed() && waited.elapsed() < BACKGROUND_GC_WAIT {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        let stats = db.stats();
+        t.gc_passes += stats.gc_passes;
+        t.gc_relocated_bytes += stats.gc_relocated_bytes;
+        t.gc_reclaimed_bytes += stats.gc_reclaimed_bytes;
+        t.punches += sim.io_count_of(IoKind::Punch) - punches_before;
+        let in_background_gc =
+            sim.crashed() && sim.crash_thread().as_deref() == Some(GC_THREAD);
         db.abandon();
         drop(keyspaces);
 
@@ -114,6 +204,11 @@ fn run_case(seed: u64, case: u64, t: &mut Tally) {
             let recovered = Arc::new(sim.crash(&mut rng));
             let storage: Arc<dyn Storage> = recovered.clone();
             t.crash_states += 1;
+            if in_background_gc {
+                t.gc_background_states += 1;
+            } else if crashed_in_forced_gc {
+                t.gc_forced_states += 1;
+            }
             let outcome = catch(|| match workload::open(options.clone(), &storage) {
                 Ok(db) => {
                     let r = workload::verify_recovered(&db, &names, &models);
@@ -167,4 +262,15 @@ fn run_case(seed: u64, case: u64, t: &mut Tally) {
         models = states.into_iter().map(KeyspaceModel::new).collect();
     }
     db.abandon();
+}
+
+/// Where a life's crash is aimed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Aim {
+    /// A random I/O of the next few, whoever makes it.
+    AnyIo,
+    /// A random I/O of a forced GC pass run at the crash step.
+    ForcedGc,
+    /// One of the next few I/Os of the background collector's thread.
+    BackgroundGc,
 }
