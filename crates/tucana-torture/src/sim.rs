@@ -264,7 +264,12 @@ impl SimStorage {
 
     /// How many I/Os of `kind` were issued so far.
     pub fn io_count_of(&self, kind: IoKind) -> u64 {
-        self.state.lock().kinds.iter().filter(|k| **k == kind).count() as u64
+        self.state
+            .lock()
+            .kinds
+            .iter()
+            .filter(|k| **k == kind)
+            .count() as u64
     }
 
     /// Number of I/Os issued so far (the next I/O gets this number).

@@ -230,7 +230,10 @@ fn a_crash_armed_in_a_thread_fires_at_that_threads_nth_io_only() {
     assert_eq!(worker.join().unwrap(), [true, true, false, false]);
     assert!(s.crashed());
     assert_eq!(s.crash_thread().as_deref(), Some("worker"));
-    assert!(s.write_at(100, b"after").is_err(), "power is gone for everyone");
+    assert!(
+        s.write_at(100, b"after").is_err(),
+        "power is gone for everyone"
+    );
     let mut rng = StdRng::seed_from_u64(3);
     for _ in 0..20 {
         let c = s.crash(&mut rng);

@@ -193,8 +193,7 @@ fn run_case(seed: u64, case: u64, t: &mut Tally) {
         t.gc_relocated_bytes += stats.gc_relocated_bytes;
         t.gc_reclaimed_bytes += stats.gc_reclaimed_bytes;
         t.punches += sim.io_count_of(IoKind::Punch) - punches_before;
-        let in_background_gc =
-            sim.crashed() && sim.crash_thread().as_deref() == Some(GC_THREAD);
+        let in_background_gc = sim.crashed() && sim.crash_thread().as_deref() == Some(GC_THREAD);
         db.abandon();
         drop(keyspaces);
 
