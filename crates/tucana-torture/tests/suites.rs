@@ -58,7 +58,11 @@ fn m2_fails_every_io_of_a_workload_with_gc_passes() {
     // Workload 1 is a GC workload.
     let report = suites::m2::run(&args(7, 2));
     assert_passed(&report);
-    assert!(figure(&report, "inside gc passes") > 50, "{}", report.figures);
+    assert!(
+        figure(&report, "inside gc passes") > 50,
+        "{}",
+        report.figures
+    );
     assert!(figure(&report, "hole punches") > 0, "{}", report.figures);
 }
 

@@ -18,17 +18,25 @@
 //! of the collector's thread; the figures line says how many there were, and how much GC
 //! the cases did (passes, bytes relocated and reclaimed, hole punches).
 //!
+//! One crash state in three is also opened with its newest superblock slot zeroed (when
+//! the other slot is valid): open must fall back to the older commit and replay to an
+//! allowed state, which holds only if freeing keeps everything that commit reaches until
+//! a later commit is durable (GC's retired segments included). The one thing a commit
+//! under way may already have rewritten is the older commit's bitmap buddy; open refuses
+//! that as corrupt, and the figures line counts those states apart.
+//!
 //! `count` is the number of crash states to reach.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rand::Rng;
+use tucana::volume::superblock::Superblock;
 use tucana::volume::Storage;
-use tucana::{Database, Keyspace};
+use tucana::{Database, Error, Keyspace};
 
-use crate::model::KeyspaceModel;
-use crate::sim::{Fault, IoKind, SimStorage};
+use crate::model::{KeyspaceModel, State};
+use crate::sim::{Fault, Image, IoKind, SimStorage, BLOCK_BYTES};
 use crate::workload::{self, Mix, Op, Recovery, GC_THREAD};
 use crate::{case_rng, catch, Report, RunArgs};
 
@@ -48,6 +56,11 @@ struct Tally {
     crash_states: u64,
     /// Crash states whose power loss fell inside a forced GC pass.
     gc_forced_states: u64,
+    /// Crash states also opened with their newest superblock slot lost.
+    older_slot_states: u64,
+    /// Of those, states where a commit in progress had rewritten the older commit's
+    /// bitmap buddy (open rightly refuses it).
+    older_slot_superseded: u64,
     /// Crash states whose power loss fell at an I/O of the background collector.
     gc_background_states: u64,
     gc_passes: u64,
@@ -82,7 +95,7 @@ pub fn run(args: &RunArgs) -> Report {
     }
     Report {
         figures: format!(
-            "M1 crash states: {}, gc crash states: {} (forced pass {}, background {}), lost durable writes: {}, non-prefix states: {}, failed recoveries: {}, panics: {}, gc passes: {}, gc relocated: {} KiB, gc reclaimed: {} KiB, hole punches: {}, seed: {}",
+            "M1 crash states: {}, gc crash states: {} (forced pass {}, background {}), lost durable writes: {}, non-prefix states: {}, failed recoveries: {}, panics: {}, gc passes: {}, gc relocated: {} KiB, gc reclaimed: {} KiB, hole punches: {}, newest superblock slot lost too: {} (older commit superseded by one under way: {}), seed: {}",
             t.crash_states,
             t.gc_forced_states + t.gc_background_states,
             t.gc_forced_states,
@@ -95,6 +108,8 @@ pub fn run(args: &RunArgs) -> Report {
             t.gc_relocated_bytes >> 10,
             t.gc_reclaimed_bytes >> 10,
             t.punches,
+            t.older_slot_states,
+            t.older_slot_superseded,
             args.seed
         ),
         failures: t.failures,
@@ -125,6 +140,9 @@ fn run_case(seed: u64, case: u64, t: &mut Tally) {
         .iter()
         .map(|n| db.keyspace(n).expect("create a keyspace"))
         .collect();
+    // Each creation commits; one more commit and the older superblock slot knows every
+    // keyspace too (a state that falls back to it must still have them).
+    db.commit().expect("commit the keyspaces");
     let mut models: Vec<KeyspaceModel> = names.iter().map(|_| KeyspaceModel::default()).collect();
     let mut tag = 0u64;
     let mut gc_pass_ios = GC_PASS_IOS_GUESS;
@@ -200,7 +218,8 @@ fn run_case(seed: u64, case: u64, t: &mut Tally) {
         let mut next: Option<(Database, Vec<crate::model::State>, Arc<SimStorage>)> = None;
         for state in 0..STATES_PER_CRASH {
             let where_ = format!("{where_} crash state {state}");
-            let recovered = Arc::new(sim.crash(&mut rng));
+            let image = sim.crash_image(&mut rng);
+            let recovered = Arc::new(SimStorage::from_image(image.clone(), rng.random()));
             let storage: Arc<dyn Storage> = recovered.clone();
             t.crash_states += 1;
             if in_background_gc {
@@ -208,40 +227,37 @@ fn run_case(seed: u64, case: u64, t: &mut Tally) {
             } else if crashed_in_forced_gc {
                 t.gc_forced_states += 1;
             }
-            let outcome = catch(|| match workload::open(options.clone(), &storage) {
-                Ok(db) => {
-                    let r = workload::verify_recovered(&db, &names, &models);
-                    (Some(db), r)
-                }
-                Err(e) => (None, Recovery::Failed(e)),
-            });
-            match outcome {
-                Err(p) => {
-                    t.panics += 1;
-                    t.failures.push(format!("{where_}: panic: {p}{replay}"));
-                }
-                Ok((_, Recovery::LostDurable(m))) => {
-                    t.lost_durable += 1;
-                    t.failures
-                        .push(format!("{where_}: lost durable writes: {m}{replay}"));
-                }
-                Ok((_, Recovery::NonPrefix(m))) => {
-                    t.non_prefix += 1;
-                    t.failures
-                        .push(format!("{where_}: non-prefix state: {m}{replay}"));
-                }
-                Ok((_, Recovery::Failed(e))) => {
-                    t.failed_recoveries += 1;
-                    t.failures
-                        .push(format!("{where_}: recovery failed: {e}{replay}"));
-                }
-                Ok((Some(db), Recovery::Good(states))) => {
-                    // Carry on with the last good one; the others are closed as crashes.
-                    if let Some((old, _, _)) = next.replace((db, states, recovered)) {
-                        old.abandon();
+            if rng.random_range(0..3) == 0 {
+                // The newest superblock slot of the crash image goes bad too: open must
+                // fall back to the older slot's commit, and replaying its log from there
+                // must give an allowed state too. This holds only if nothing that commit
+                // reaches (nodes, segments, its replay window) was reused or punched
+                // before the newer commit was durable: the two-commit delay of freeing.
+                if let Some(image) = without_newest_slot(image) {
+                    t.older_slot_states += 1;
+                    let where_ = format!("{where_} (newest superblock slot lost)");
+                    let older: Arc<dyn Storage> = Arc::new(SimStorage::from_image(image, 0));
+                    let options = workload::options(false);
+                    let outcome = catch(|| recover(&options, &older, &names, &models));
+                    if matches!(
+                        &outcome,
+                        Ok((_, Recovery::Failed(Error::Corruption { what, .. }))) if *what == BUDDY
+                    ) {
+                        // A commit after the newest was under way: it writes its bitmap to
+                        // the buddy the older commit uses (then its slot), as the design
+                        // allows; nothing else of the older commit may change.
+                        t.older_slot_superseded += 1;
+                    } else if let Some((db, _)) = judge(t, &where_, replay, outcome) {
+                        db.abandon();
                     }
                 }
-                Ok((None, Recovery::Good(_))) => unreachable!("Good comes with a database"),
+            }
+            let outcome = catch(|| recover(&options, &storage, &names, &models));
+            if let Some((db, states)) = judge(t, &where_, replay, outcome) {
+                // Carry on with the last good one; the others are closed as crashes.
+                if let Some((old, _, _)) = next.replace((db, states, recovered)) {
+                    old.abandon();
+                }
             }
         }
         let Some((new_db, states, new_sim)) = next else {
@@ -272,4 +288,81 @@ enum Aim {
     ForcedGc,
     /// One of the next few I/Os of the background collector's thread.
     BackgroundGc,
+}
+
+/// `what` of the corruption error of a bitmap buddy.
+const BUDDY: &str = "allocator bitmap buddy";
+
+/// Opens a crash image and compares it with the models (`check` included).
+fn recover(
+    options: &tucana::Options,
+    storage: &Arc<dyn Storage>,
+    names: &[String],
+    models: &[KeyspaceModel],
+) -> (Option<Database>, Recovery) {
+    match workload::open(options.clone(), storage) {
+        Ok(db) => {
+            let r = workload::verify_recovered(&db, names, models);
+            (Some(db), r)
+        }
+        Err(e) => (None, Recovery::Failed(e)),
+    }
+}
+
+/// Tallies how a recovery went; returns the database and its states when it was good.
+fn judge(
+    t: &mut Tally,
+    where_: &str,
+    replay: &str,
+    outcome: Result<(Option<Database>, Recovery), String>,
+) -> Option<(Database, Vec<State>)> {
+    match outcome {
+        Err(p) => {
+            t.panics += 1;
+            t.failures.push(format!("{where_}: panic: {p}{replay}"));
+        }
+        Ok((Some(db), Recovery::Good(states))) => return Some((db, states)),
+        Ok((db, failure)) => {
+            if let Some(db) = db {
+                db.abandon();
+            }
+            match failure {
+                Recovery::LostDurable(m) => {
+                    t.lost_durable += 1;
+                    t.failures
+                        .push(format!("{where_}: lost durable writes: {m}{replay}"));
+                }
+                Recovery::NonPrefix(m) => {
+                    t.non_prefix += 1;
+                    t.failures
+                        .push(format!("{where_}: non-prefix state: {m}{replay}"));
+                }
+                Recovery::Failed(e) => {
+                    t.failed_recoveries += 1;
+                    t.failures
+                        .push(format!("{where_}: recovery failed: {e}{replay}"));
+                }
+                Recovery::Good(_) => unreachable!("Good comes with a database"),
+            }
+        }
+    }
+    None
+}
+
+/// `image` with its newest valid superblock slot zeroed, if the other slot is valid too
+/// (else there is no older commit to fall back to: `None`).
+fn without_newest_slot(image: Image) -> Option<Image> {
+    let sim = SimStorage::from_image(image, 0);
+    let mut epochs = [None, None];
+    for (slot, epoch) in epochs.iter_mut().enumerate() {
+        let mut bytes = vec![0u8; BLOCK_BYTES as usize];
+        if sim.read_at(slot as u64 * BLOCK_BYTES, &mut bytes).is_ok() {
+            *epoch = Superblock::decode(&bytes, slot).ok().map(|sb| sb.epoch);
+        }
+    }
+    let [Some(a), Some(b)] = epochs else {
+        return None;
+    };
+    sim.zero_block(if a > b { 0 } else { 1 });
+    Some(sim.current_image())
 }
