@@ -17,7 +17,10 @@
 //! `punch_hole` takes the next number (0-based); `len_bytes` and `io_bytes` do not count.
 //! A scheduled crash *freezes* the storage at an I/O number: the state before that I/O is
 //! kept for `crash`, and that I/O and every later one fail, as for a process whose machine
-//! lost power (nothing after the instant can reach the disk, nor be acknowledged).
+//! lost power (nothing after the instant can reach the disk, nor be acknowledged). A crash
+//! may also be scheduled at the Nth I/O issued by a thread of a given name
+//! (`arm_crash_in_thread`), to lose power while the engine's background garbage collector
+//! is at work; the storage remembers which thread issued the I/O a crash froze at.
 //!
 //! Thread-safety: `Send + Sync`; all state sits behind one mutex, so I/O is serialised and
 //! the I/O numbering is exact when only one thread does I/O (the suites replay exactly
@@ -179,6 +182,10 @@ struct State {
     /// Set by `Fault::Crash`: durable image and pending operations at the instant of the
     /// power loss.
     frozen: Option<(Image, Vec<Pending>)>,
+    /// Name of the thread whose I/O the crash froze at (`None`: unnamed, or no crash).
+    crash_thread: Option<String>,
+    /// `arm_crash_in_thread`: a thread name and how many of its I/Os go ahead first.
+    crash_in_thread: Option<(String, u64)>,
     /// Set once a `FailFrom` fault fired.
     failing: bool,
     /// I/O numbers and kinds that were failed (or cut short, or misdirected).
@@ -219,6 +226,8 @@ impl SimStorage {
                 io_count: 0,
                 faults: Vec::new(),
                 frozen: None,
+                crash_thread: None,
+                crash_in_thread: None,
                 failing: false,
                 faulted: Vec::new(),
                 kinds: Vec::new(),
@@ -234,9 +243,33 @@ impl SimStorage {
         self.state.lock().faults.push(fault);
     }
 
+    /// Schedules power loss just before the I/O that makes `ios_first` I/Os issued by
+    /// threads named `thread` (counted from now) go ahead; I/O of other threads does not
+    /// count. Replaces an earlier such schedule that has not fired.
+    pub fn arm_crash_in_thread(&self, thread: &str, ios_first: u64) {
+        self.state.lock().crash_in_thread = Some((thread.to_string(), ios_first));
+    }
+
     /// Removes every armed fault that has not fired; a `FailFrom` that fired stays.
     pub fn disarm(&self) {
-        self.state.lock().faults.clear();
+        let mut s = self.state.lock();
+        s.faults.clear();
+        s.crash_in_thread = None;
+    }
+
+    /// The name of the thread whose I/O a scheduled crash froze the storage at.
+    pub fn crash_thread(&self) -> Option<String> {
+        self.state.lock().crash_thread.clone()
+    }
+
+    /// How many I/Os of `kind` were issued so far.
+    pub fn io_count_of(&self, kind: IoKind) -> u64 {
+        self.state
+            .lock()
+            .kinds
+            .iter()
+            .filter(|k| **k == kind)
+            .count() as u64
     }
 
     /// Number of I/Os issued so far (the next I/O gets this number).
@@ -340,11 +373,21 @@ impl SimStorage {
         if s.frozen.is_some() {
             return Err(injected("power lost", io));
         }
+        if let Some((name, left)) = &mut s.crash_in_thread {
+            if std::thread::current().name() == Some(name.as_str()) {
+                if *left == 0 {
+                    s.crash_in_thread = None;
+                    SimStorage::freeze(s);
+                    return Err(injected("power lost", io));
+                }
+                *left -= 1;
+            }
+        }
         if let Some(i) = s.faults.iter().position(|f| fault_io(f) == io) {
             let fault = s.faults.swap_remove(i);
             match fault {
                 Fault::Crash { .. } => {
-                    s.frozen = Some((s.durable.clone(), std::mem::take(&mut s.pending)));
+                    SimStorage::freeze(s);
                     return Err(injected("power lost", io));
                 }
                 Fault::FailOnce { .. } => {
@@ -369,6 +412,12 @@ impl SimStorage {
             return Err(injected("failed I/O (persistent)", io));
         }
         Ok(None)
+    }
+
+    /// Power loss now: keeps the durable image and the pending operations of this instant.
+    fn freeze(s: &mut State) {
+        s.frozen = Some((s.durable.clone(), std::mem::take(&mut s.pending)));
+        s.crash_thread = std::thread::current().name().map(str::to_string);
     }
 
     fn push_write(s: &mut State, offset: u64, data: &[u8]) {

@@ -4,8 +4,10 @@
 //!
 //! Owns: the operation mix (keys from a small space so writes overwrite and delete live
 //! keys; some keys share their 8-byte prefix; values from a few bytes to more than a
-//! 64 KiB log segment) and the verification of a recovered database. Does not own: where
-//! crashes or faults happen (the suites decide).
+//! 64 KiB log segment; with `Mix::GC` a space of a few dozen keys, so most writes leave
+//! dead records behind, and forced garbage-collection passes among the operations) and
+//! the verification of a recovered database. Does not own: where crashes or faults happen
+//! (the suites decide).
 //!
 //! Thread-safety: single-threaded use; the database may run its own background thread.
 
@@ -23,9 +25,14 @@ use crate::model::{KeyspaceModel, Outcome, State, Verdict, Write};
 /// Log segment size of every suite: small, so workloads cross segments often.
 pub const SEGMENT_BYTES: u64 = 64 << 10;
 
-/// Options of a torture database. With `background` the committer commits and flushes
-/// every millisecond (runs are then not exactly replayable: the interleaving of its I/O
-/// with the workload's depends on timing).
+/// Name of the engine's background garbage-collector thread (`tucana::Database`'s
+/// `tucana-gc`): I/O issued by it is background GC at work.
+pub const GC_THREAD: &str = "tucana-gc";
+
+/// Options of a torture database. With `background` the committer commits and flushes,
+/// and the garbage collector takes a step, every millisecond (runs are then not exactly
+/// replayable: the interleaving of their I/O with the workload's depends on timing).
+/// Without it no thread but the caller's does I/O.
 pub fn options(background: bool) -> Options {
     let tick = background.then_some(Duration::from_millis(1));
     Database::builder()
@@ -33,6 +40,32 @@ pub fn options(background: bool) -> Options {
         .commit_interval(tick)
         .flush_interval(tick)
         .commit_dirty_bytes(256 << 10)
+        .gc(background)
+        .gc_tick(Duration::from_millis(1))
+}
+
+/// What a workload's operations look like.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Mix {
+    /// Keys are drawn from `2 × keys` (half of them sharing an 8-byte prefix).
+    pub keys: u32,
+    /// Percent of operations that are forced GC passes (`Database::gc`).
+    pub gc_percent: u32,
+}
+
+impl Mix {
+    /// A few hundred keys, no forced GC.
+    pub const PLAIN: Mix = Mix {
+        keys: 160,
+        gc_percent: 0,
+    };
+    /// Overwrite-heavy, with forced GC passes: 24 keys, so most puts and deletes leave
+    /// the previous record dead and segments empty out, and 4% GC passes, each
+    /// relocating the live records of those segments, retiring, freeing and punching them.
+    pub const GC: Mix = Mix {
+        keys: 12,
+        gc_percent: 4,
+    };
 }
 
 /// Opens a database on `storage` with `options`.
@@ -61,11 +94,18 @@ pub enum Op {
     },
     Sync,
     Commit,
+    /// A forced garbage-collection pass (`Database::gc`, which commits five times).
+    Gc,
 }
 
 /// A key from a space of a few hundred, some sharing an 8-byte prefix.
 pub fn random_key(rng: &mut StdRng) -> Vec<u8> {
-    let n = rng.random_range(0..160u32);
+    random_key_of(rng, Mix::PLAIN.keys)
+}
+
+/// A key from a space of `2 × keys`, some sharing an 8-byte prefix.
+pub fn random_key_of(rng: &mut StdRng, keys: u32) -> Vec<u8> {
+    let n = rng.random_range(0..keys);
     if rng.random_bool(0.2) {
         format!("shared-prefix/{n:03}").into_bytes()
     } else {
@@ -87,27 +127,37 @@ pub fn random_value(rng: &mut StdRng, tag: u64) -> Vec<u8> {
     v
 }
 
-/// A random operation on one of `keyspaces` keyspaces; `tag` makes values unique.
+/// A random operation of `Mix::PLAIN` on one of `keyspaces` keyspaces; `tag` makes
+/// values unique.
 pub fn random_op(rng: &mut StdRng, keyspaces: usize, tag: u64) -> Op {
+    random_op_of(rng, Mix::PLAIN, keyspaces, tag)
+}
+
+/// A random operation of `mix` on one of `keyspaces` keyspaces; `tag` makes values unique.
+pub fn random_op_of(rng: &mut StdRng, mix: Mix, keyspaces: usize, tag: u64) -> Op {
+    // No draw for a mix without GC: the plain mix's streams stay as they were.
+    if mix.gc_percent > 0 && rng.random_range(0..100) < mix.gc_percent {
+        return Op::Gc;
+    }
     let ks = rng.random_range(0..keyspaces);
     let sync = rng.random_bool(0.1);
     match rng.random_range(0..100) {
         0..55 => Op::Put {
             ks,
-            key: random_key(rng),
+            key: random_key_of(rng, mix.keys),
             value: random_value(rng, tag),
             sync,
         },
         55..72 => Op::Delete {
             ks,
-            key: random_key(rng),
+            key: random_key_of(rng, mix.keys),
             sync,
         },
         72..90 => {
             let n = rng.random_range(1..8);
             let writes = (0..n)
                 .map(|i| {
-                    let key = random_key(rng);
+                    let key = random_key_of(rng, mix.keys);
                     let value = rng
                         .random_bool(0.8)
                         .then(|| random_value(rng, tag * 16 + i));
@@ -171,11 +221,12 @@ pub fn run_op(
             models[*ks].record(writes.clone(), outcome(&r, *sync));
             r
         }
-        Op::Sync | Op::Commit => {
-            let r = if matches!(op, Op::Sync) {
-                db.sync()
-            } else {
-                db.commit()
+        Op::Sync | Op::Commit | Op::Gc => {
+            let r = match op {
+                Op::Sync => db.sync(),
+                Op::Commit => db.commit(),
+                // A pass commits before it returns: everything before it is durable.
+                _ => db.gc(),
             };
             if r.is_ok() {
                 models.iter_mut().for_each(KeyspaceModel::mark_durable);

@@ -50,6 +50,11 @@ pub struct Options {
     /// this many, and a record longer than two pages is asked for whole before it is read.
     /// 0 turns all of it off.
     pub scan_prefetch_entries: usize,
+    /// How often the background collector wakes to take a step (default 100 ms). For the
+    /// torture suites, which need background GC steps within a few milliseconds of work to
+    /// crash inside them; not a tuning knob (the budget follows the foreground, not the tick).
+    #[doc(hidden)]
+    pub gc_tick: Duration,
 }
 
 impl Default for Options {
@@ -64,6 +69,7 @@ impl Default for Options {
             gc_space_amp: 1.5,
             gc_rate_bytes_per_sec: 64 << 20,
             scan_prefetch_entries: 64,
+            gc_tick: GC_TICK,
         }
     }
 }
@@ -118,6 +124,13 @@ impl Options {
     /// 64; 0: none). See the field.
     pub fn scan_prefetch_entries(mut self, entries: usize) -> Options {
         self.scan_prefetch_entries = entries;
+        self
+    }
+
+    /// See the field; for tests.
+    #[doc(hidden)]
+    pub fn gc_tick(mut self, tick: Duration) -> Options {
+        self.gc_tick = tick;
         self
     }
 
@@ -645,17 +658,21 @@ fn background_loop(db: std::sync::Weak<DbInner>) {
     }
 }
 
-/// Background GC's tick: a step at least this often.
+/// Background GC's tick by default (`Options::gc_tick`): a step at least this often.
 const GC_TICK: Duration = Duration::from_millis(100);
 
 /// Runs a budgeted step of garbage collection every `GC_TICK`, or at once after a step
 /// that stopped at its cap with work left (`DbInner::background_gc`).
 fn gc_loop(db: std::sync::Weak<DbInner>) {
+    let tick = match db.upgrade() {
+        Some(inner) => inner.shared.options.gc_tick,
+        None => return,
+    };
     let mut behind = false;
     loop {
         if !behind {
             // `stop_background` unparks: no tick's wait to close.
-            std::thread::park_timeout(GC_TICK);
+            std::thread::park_timeout(tick);
         }
         let Some(inner) = db.upgrade() else { return };
         if inner.stop.load(Ordering::Acquire) || inner.shared.is_poisoned() {

@@ -36,7 +36,8 @@ pub mod types;
 pub mod volume;
 
 /// Codecs private to the engine, exposed only for the fuzz targets in `fuzz/` (M5 of
-/// RELIABILITY.md): not part of the API, may change at any time.
+/// RELIABILITY.md) and the corruption suite (M4, which aims at the newest commit's
+/// structures): not part of the API, may change at any time.
 #[doc(hidden)]
 pub mod fuzzing {
     pub use crate::commit::descriptor::{Descriptor, RegionDesc};

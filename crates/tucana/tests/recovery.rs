@@ -529,7 +529,9 @@ fn reopen_after_committing_100k_keys_and_a_tail() {
 
 #[test]
 fn a_creation_that_crashed_before_its_first_commit_is_created_again() {
-    // Creating a volume first stamps slot 0 with a marker; a crash before anything was
+    // Found by the kill -9 driver (M3): a kill while creating a volume left a non-empty
+    // file without a superblock, which open refused as NotAVolume. Now
+    // creating a volume first stamps slot 0 with a marker; a crash before anything was
     // committed leaves a non-empty file without a superblock. That file is ours and
     // holds nothing: open creates the volume again instead of refusing it. The same
     // marker with anything in slot 1 is not taken for an interrupted creation.

@@ -205,6 +205,70 @@ fn a_scheduled_crash_freezes_the_state_of_that_instant() {
 }
 
 #[test]
+fn a_crash_armed_in_a_thread_fires_at_that_threads_nth_io_only() {
+    let s = Arc::new(SimStorage::new(1));
+    s.grow(4 * BLOCK_BYTES).unwrap();
+    s.write_at(0, b"durable").unwrap();
+    s.sync().unwrap();
+    s.arm_crash_in_thread("worker", 2);
+    // I/O of other threads does not count.
+    for _ in 0..5 {
+        s.write_at(100, b"main").unwrap();
+    }
+    let worker = {
+        let s = s.clone();
+        std::thread::Builder::new()
+            .name("worker".into())
+            .spawn(move || {
+                let ok: Vec<bool> = (0..4u64)
+                    .map(|i| s.write_at(BLOCK_BYTES + i * 10, b"w").is_ok())
+                    .collect();
+                ok
+            })
+            .unwrap()
+    };
+    assert_eq!(worker.join().unwrap(), [true, true, false, false]);
+    assert!(s.crashed());
+    assert_eq!(s.crash_thread().as_deref(), Some("worker"));
+    assert!(
+        s.write_at(100, b"after").is_err(),
+        "power is gone for everyone"
+    );
+    let mut rng = StdRng::seed_from_u64(3);
+    for _ in 0..20 {
+        let c = s.crash(&mut rng);
+        assert_eq!(read(&c, 0, 7), b"durable");
+        // The worker's third write never happened.
+        assert_eq!(read(&c, BLOCK_BYTES + 20, 1), [0]);
+    }
+}
+
+#[test]
+fn a_punch_is_pending_until_a_sync_and_may_be_lost_in_a_crash() {
+    let s = SimStorage::new(1);
+    s.grow(4 * BLOCK_BYTES).unwrap();
+    s.write_at(BLOCK_BYTES, &[5u8; 4096]).unwrap();
+    s.sync().unwrap();
+    s.punch_hole(BLOCK_BYTES, BLOCK_BYTES).unwrap();
+    assert_eq!(read(&s, BLOCK_BYTES, 4096), [0u8; 4096]);
+    assert_eq!(s.io_count_of(IoKind::Punch), 1);
+    let mut rng = StdRng::seed_from_u64(4);
+    let (mut kept, mut lost) = (false, false);
+    for _ in 0..50 {
+        let b = read(&s.crash(&mut rng), BLOCK_BYTES, 4096);
+        kept |= b == [0u8; 4096];
+        lost |= b == [5u8; 4096];
+        assert!(b == [0u8; 4096] || b == [5u8; 4096]);
+    }
+    assert!(kept && lost);
+    s.sync().unwrap();
+    assert_eq!(
+        image_bytes(s.durable_image(), BLOCK_BYTES, 4096),
+        [0u8; 4096]
+    );
+}
+
+#[test]
 fn corruption_helpers_change_both_images() {
     let s = SimStorage::new(1);
     s.grow(4 * BLOCK_BYTES).unwrap();

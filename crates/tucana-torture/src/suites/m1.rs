@@ -5,27 +5,68 @@
 //! A case runs up to three *lives*: after the crash states of one life are verified, the
 //! last recovered database carries on with the next life, so recovery from a recovered
 //! volume (generation bumps, replay after replay) is exercised too. One case in five runs
-//! the background committer and flusher every millisecond; those do not replay exactly.
+//! the background committer, flusher and garbage collector every millisecond; those do
+//! not replay exactly.
+//!
+//! Garbage collection: three cases in five use the overwrite-heavy `Mix::GC` (a few dozen
+//! keys, 64 KiB segments, forced `Database::gc` passes among the operations), so passes
+//! relocate, retire, free and punch segments, and later writes reuse them. In those
+//! cases the crash is aimed, one time in two, inside a forced pass (at a random I/O of
+//! it: relocation reads and appends, its five commits, the punches); in background cases,
+//! one time in two, at a random I/O of the background collector's thread. A crash state
+//! counts as *inside GC* when the power went while a forced pass was running or at an I/O
+//! of the collector's thread; the figures line says how many there were, and how much GC
+//! the cases did (passes, bytes relocated and reclaimed, hole punches).
+//!
+//! One crash state in three is also opened with its newest superblock slot zeroed (when
+//! the other slot is valid): open must fall back to the older commit and replay to an
+//! allowed state, which holds only if freeing keeps everything that commit reaches until
+//! a later commit is durable (GC's retired segments included). The one thing a commit
+//! under way may already have rewritten is the older commit's bitmap buddy; open refuses
+//! that as corrupt, and the figures line counts those states apart.
 //!
 //! `count` is the number of crash states to reach.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use rand::Rng;
+use tucana::volume::superblock::Superblock;
 use tucana::volume::Storage;
-use tucana::{Database, Keyspace};
+use tucana::{Database, Error, Keyspace};
 
-use crate::model::KeyspaceModel;
-use crate::sim::{Fault, SimStorage};
-use crate::workload::{self, Recovery};
+use crate::model::{KeyspaceModel, State};
+use crate::sim::{Fault, Image, IoKind, SimStorage, BLOCK_BYTES};
+use crate::workload::{self, Mix, Op, Recovery, GC_THREAD};
 use crate::{case_rng, catch, Report, RunArgs};
 
 const LIVES: u32 = 3;
 const STATES_PER_CRASH: u32 = 3;
 
+/// I/Os a forced GC pass is assumed to make until one was measured in the case (the
+/// crash aimed inside a pass falls at a random one of them).
+const GC_PASS_IOS_GUESS: u64 = 120;
+
+/// How long a background case waits, after its operations, for the collector's thread to
+/// reach the I/O the crash is armed at (it works only while a log is over its target).
+const BACKGROUND_GC_WAIT: Duration = Duration::from_millis(40);
+
 #[derive(Default)]
 struct Tally {
     crash_states: u64,
+    /// Crash states whose power loss fell inside a forced GC pass.
+    gc_forced_states: u64,
+    /// Crash states also opened with their newest superblock slot lost.
+    older_slot_states: u64,
+    /// Of those, states where a commit in progress had rewritten the older commit's
+    /// bitmap buddy (open rightly refuses it).
+    older_slot_superseded: u64,
+    /// Crash states whose power loss fell at an I/O of the background collector.
+    gc_background_states: u64,
+    gc_passes: u64,
+    gc_relocated_bytes: u64,
+    gc_reclaimed_bytes: u64,
+    punches: u64,
     lost_durable: u64,
     non_prefix: u64,
     failed_recoveries: u64,
@@ -54,8 +95,22 @@ pub fn run(args: &RunArgs) -> Report {
     }
     Report {
         figures: format!(
-            "M1 crash states: {}, lost durable writes: {}, non-prefix states: {}, failed recoveries: {}, panics: {}, seed: {}",
-            t.crash_states, t.lost_durable, t.non_prefix, t.failed_recoveries, t.panics, args.seed
+            "M1 crash states: {}, gc crash states: {} (forced pass {}, background {}), lost durable writes: {}, non-prefix states: {}, failed recoveries: {}, panics: {}, gc passes: {}, gc relocated: {} KiB, gc reclaimed: {} KiB, hole punches: {}, newest superblock slot lost too: {} (older commit superseded by one under way: {}), seed: {}",
+            t.crash_states,
+            t.gc_forced_states + t.gc_background_states,
+            t.gc_forced_states,
+            t.gc_background_states,
+            t.lost_durable,
+            t.non_prefix,
+            t.failed_recoveries,
+            t.panics,
+            t.gc_passes,
+            t.gc_relocated_bytes >> 10,
+            t.gc_reclaimed_bytes >> 10,
+            t.punches,
+            t.older_slot_states,
+            t.older_slot_superseded,
+            args.seed
         ),
         failures: t.failures,
     }
@@ -70,6 +125,11 @@ fn run_case(seed: u64, case: u64, t: &mut Tally) {
         ""
     };
     let options = workload::options(background);
+    let mix = if rng.random_range(0..5) < 3 {
+        Mix::GC
+    } else {
+        Mix::PLAIN
+    };
     let keyspace_count = rng.random_range(1..=3usize);
     let names: Vec<String> = (0..keyspace_count).map(|i| format!("ks{i}")).collect();
 
@@ -80,22 +140,52 @@ fn run_case(seed: u64, case: u64, t: &mut Tally) {
         .iter()
         .map(|n| db.keyspace(n).expect("create a keyspace"))
         .collect();
+    // Each creation commits; one more commit and the older superblock slot knows every
+    // keyspace too (a state that falls back to it must still have them).
+    db.commit().expect("commit the keyspaces");
     let mut models: Vec<KeyspaceModel> = names.iter().map(|_| KeyspaceModel::default()).collect();
     let mut tag = 0u64;
+    let mut gc_pass_ios = GC_PASS_IOS_GUESS;
 
     for life in 0..LIVES {
         let where_ = format!("m1 seed {seed} case {case} life {life}");
         let steps = rng.random_range(10..150u32);
         let crash_step = rng.random_range(0..steps);
+        // Where the crash of this life is aimed.
+        let aim = match rng.random_range(0..2) {
+            0 if background => Aim::BackgroundGc,
+            0 if mix == Mix::GC => Aim::ForcedGc,
+            _ => Aim::AnyIo,
+        };
+        let mut crashed_in_forced_gc = false;
+        let punches_before = sim.io_count_of(IoKind::Punch);
         for step in 0..steps {
-            if step == crash_step {
-                let at_io = sim.io_count() + rng.random_range(0..40);
-                sim.arm(Fault::Crash { at_io });
-            }
             tag += 1;
-            let op = workload::random_op(&mut rng, keyspace_count, tag);
+            let mut op = workload::random_op_of(&mut rng, mix, keyspace_count, tag);
+            if step == crash_step {
+                match aim {
+                    Aim::AnyIo => {
+                        let at_io = sim.io_count() + rng.random_range(0..40);
+                        sim.arm(Fault::Crash { at_io });
+                    }
+                    Aim::ForcedGc => {
+                        op = Op::Gc;
+                        let at_io = sim.io_count() + rng.random_range(0..gc_pass_ios);
+                        sim.arm(Fault::Crash { at_io });
+                    }
+                    Aim::BackgroundGc => {
+                        sim.arm_crash_in_thread(GC_THREAD, rng.random_range(0..6));
+                    }
+                }
+            }
+            // A background thread may have lost the power between two operations.
+            if sim.crashed() {
+                break;
+            }
+            let ios_before = sim.io_count();
             let r = workload::run_op(&op, &db, &keyspaces, &mut models);
             if sim.crashed() {
+                crashed_in_forced_gc = matches!(op, Op::Gc);
                 break;
             }
             if let Err(e) = r {
@@ -104,50 +194,70 @@ fn run_case(seed: u64, case: u64, t: &mut Tally) {
                 ));
                 return;
             }
+            if matches!(op, Op::Gc) && !background {
+                // Aim later crashes inside a pass of the size this case's passes have.
+                gc_pass_ios = (sim.io_count() - ios_before).max(1);
+            }
         }
+        if aim == Aim::BackgroundGc {
+            // The collector works only while a log is over its target: give it a moment.
+            let waited = Instant::now();
+            while !sim.crashed() && waited.elapsed() < BACKGROUND_GC_WAIT {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        let stats = db.stats();
+        t.gc_passes += stats.gc_passes;
+        t.gc_relocated_bytes += stats.gc_relocated_bytes;
+        t.gc_reclaimed_bytes += stats.gc_reclaimed_bytes;
+        t.punches += sim.io_count_of(IoKind::Punch) - punches_before;
+        let in_background_gc = sim.crashed() && sim.crash_thread().as_deref() == Some(GC_THREAD);
         db.abandon();
         drop(keyspaces);
 
         let mut next: Option<(Database, Vec<crate::model::State>, Arc<SimStorage>)> = None;
         for state in 0..STATES_PER_CRASH {
             let where_ = format!("{where_} crash state {state}");
-            let recovered = Arc::new(sim.crash(&mut rng));
+            let image = sim.crash_image(&mut rng);
+            let recovered = Arc::new(SimStorage::from_image(image.clone(), rng.random()));
             let storage: Arc<dyn Storage> = recovered.clone();
             t.crash_states += 1;
-            let outcome = catch(|| match workload::open(options.clone(), &storage) {
-                Ok(db) => {
-                    let r = workload::verify_recovered(&db, &names, &models);
-                    (Some(db), r)
-                }
-                Err(e) => (None, Recovery::Failed(e)),
-            });
-            match outcome {
-                Err(p) => {
-                    t.panics += 1;
-                    t.failures.push(format!("{where_}: panic: {p}{replay}"));
-                }
-                Ok((_, Recovery::LostDurable(m))) => {
-                    t.lost_durable += 1;
-                    t.failures
-                        .push(format!("{where_}: lost durable writes: {m}{replay}"));
-                }
-                Ok((_, Recovery::NonPrefix(m))) => {
-                    t.non_prefix += 1;
-                    t.failures
-                        .push(format!("{where_}: non-prefix state: {m}{replay}"));
-                }
-                Ok((_, Recovery::Failed(e))) => {
-                    t.failed_recoveries += 1;
-                    t.failures
-                        .push(format!("{where_}: recovery failed: {e}{replay}"));
-                }
-                Ok((Some(db), Recovery::Good(states))) => {
-                    // Carry on with the last good one; the others are closed as crashes.
-                    if let Some((old, _, _)) = next.replace((db, states, recovered)) {
-                        old.abandon();
+            if in_background_gc {
+                t.gc_background_states += 1;
+            } else if crashed_in_forced_gc {
+                t.gc_forced_states += 1;
+            }
+            if rng.random_range(0..3) == 0 {
+                // The newest superblock slot of the crash image goes bad too: open must
+                // fall back to the older slot's commit, and replaying its log from there
+                // must give an allowed state too. This holds only if nothing that commit
+                // reaches (nodes, segments, its replay window) was reused or punched
+                // before the newer commit was durable: the two-commit delay of freeing.
+                if let Some(image) = without_newest_slot(image) {
+                    t.older_slot_states += 1;
+                    let where_ = format!("{where_} (newest superblock slot lost)");
+                    let older: Arc<dyn Storage> = Arc::new(SimStorage::from_image(image, 0));
+                    let options = workload::options(false);
+                    let outcome = catch(|| recover(&options, &older, &names, &models));
+                    if matches!(
+                        &outcome,
+                        Ok((_, Recovery::Failed(Error::Corruption { what, .. }))) if *what == BUDDY
+                    ) {
+                        // A commit after the newest was under way: it writes its bitmap to
+                        // the buddy the older commit uses (then its slot), as the design
+                        // allows; nothing else of the older commit may change.
+                        t.older_slot_superseded += 1;
+                    } else if let Some((db, _)) = judge(t, &where_, replay, outcome) {
+                        db.abandon();
                     }
                 }
-                Ok((None, Recovery::Good(_))) => unreachable!("Good comes with a database"),
+            }
+            let outcome = catch(|| recover(&options, &storage, &names, &models));
+            if let Some((db, states)) = judge(t, &where_, replay, outcome) {
+                // Carry on with the last good one; the others are closed as crashes.
+                if let Some((old, _, _)) = next.replace((db, states, recovered)) {
+                    old.abandon();
+                }
             }
         }
         let Some((new_db, states, new_sim)) = next else {
@@ -167,4 +277,92 @@ fn run_case(seed: u64, case: u64, t: &mut Tally) {
         models = states.into_iter().map(KeyspaceModel::new).collect();
     }
     db.abandon();
+}
+
+/// Where a life's crash is aimed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Aim {
+    /// A random I/O of the next few, whoever makes it.
+    AnyIo,
+    /// A random I/O of a forced GC pass run at the crash step.
+    ForcedGc,
+    /// One of the next few I/Os of the background collector's thread.
+    BackgroundGc,
+}
+
+/// `what` of the corruption error of a bitmap buddy.
+const BUDDY: &str = "allocator bitmap buddy";
+
+/// Opens a crash image and compares it with the models (`check` included).
+fn recover(
+    options: &tucana::Options,
+    storage: &Arc<dyn Storage>,
+    names: &[String],
+    models: &[KeyspaceModel],
+) -> (Option<Database>, Recovery) {
+    match workload::open(options.clone(), storage) {
+        Ok(db) => {
+            let r = workload::verify_recovered(&db, names, models);
+            (Some(db), r)
+        }
+        Err(e) => (None, Recovery::Failed(e)),
+    }
+}
+
+/// Tallies how a recovery went; returns the database and its states when it was good.
+fn judge(
+    t: &mut Tally,
+    where_: &str,
+    replay: &str,
+    outcome: Result<(Option<Database>, Recovery), String>,
+) -> Option<(Database, Vec<State>)> {
+    match outcome {
+        Err(p) => {
+            t.panics += 1;
+            t.failures.push(format!("{where_}: panic: {p}{replay}"));
+        }
+        Ok((Some(db), Recovery::Good(states))) => return Some((db, states)),
+        Ok((db, failure)) => {
+            if let Some(db) = db {
+                db.abandon();
+            }
+            match failure {
+                Recovery::LostDurable(m) => {
+                    t.lost_durable += 1;
+                    t.failures
+                        .push(format!("{where_}: lost durable writes: {m}{replay}"));
+                }
+                Recovery::NonPrefix(m) => {
+                    t.non_prefix += 1;
+                    t.failures
+                        .push(format!("{where_}: non-prefix state: {m}{replay}"));
+                }
+                Recovery::Failed(e) => {
+                    t.failed_recoveries += 1;
+                    t.failures
+                        .push(format!("{where_}: recovery failed: {e}{replay}"));
+                }
+                Recovery::Good(_) => unreachable!("Good comes with a database"),
+            }
+        }
+    }
+    None
+}
+
+/// `image` with its newest valid superblock slot zeroed, if the other slot is valid too
+/// (else there is no older commit to fall back to: `None`).
+fn without_newest_slot(image: Image) -> Option<Image> {
+    let sim = SimStorage::from_image(image, 0);
+    let mut epochs = [None, None];
+    for (slot, epoch) in epochs.iter_mut().enumerate() {
+        let mut bytes = vec![0u8; BLOCK_BYTES as usize];
+        if sim.read_at(slot as u64 * BLOCK_BYTES, &mut bytes).is_ok() {
+            *epoch = Superblock::decode(&bytes, slot).ok().map(|sb| sb.epoch);
+        }
+    }
+    let [Some(a), Some(b)] = epochs else {
+        return None;
+    };
+    sim.zero_block(if a > b { 0 } else { 1 });
+    Some(sim.current_image())
 }

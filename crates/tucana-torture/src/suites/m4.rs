@@ -7,9 +7,11 @@
 //!    older slot's commit, which replays the log to the same contents).
 //! 2. `count` random corruptions: a bit flip, a zeroed block, or another block's bytes
 //!    written over it (a misdirected write at rest), aimed at an index node, a log block,
-//!    a commit descriptor or a bitmap buddy; and misdirected writes while the workload
-//!    runs (the write meant for one block lands on another, the intended one keeps its
-//!    old bytes).
+//!    a commit descriptor or a bitmap buddy, each either one the newest commit references
+//!    (open and `check` read it: it must be detected) or an older one (of an earlier
+//!    commit, or free: a sound volume may never read it); and misdirected writes while
+//!    the workload runs (one of its writes lands on another block, the intended one
+//!    keeps its old bytes). The figures line gives detected/recovered per target.
 //!
 //! Outcomes: *detected* (open, a read or `check` answered `Error::Corruption`, or
 //! `NotAVolume`/`UnsupportedVersion` for a volume with no valid superblock), *recovered*
@@ -17,16 +19,19 @@
 //! prefix has, or a keyspace vanished), *unnamed* (another error, e.g. plain I/O past the
 //! end: not naming the corruption), *panics*. Wrong, unnamed and panics fail the suite.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
 use rand::Rng;
+use tucana::alloc::buddy_offset;
+use tucana::fuzzing::Descriptor;
+use tucana::index::{image_contents, ImageContents};
 use tucana::volume::superblock::Superblock;
 use tucana::volume::Storage;
 use tucana::{Database, Error};
 
 use crate::model::{KeyspaceModel, State, Verdict};
-use crate::sim::{Fault, Image, SimStorage, BLOCK_BYTES};
+use crate::sim::{Fault, Image, IoKind, SimStorage, BLOCK_BYTES};
 use crate::workload::{self, Op};
 use crate::{case_rng, catch, Report, RunArgs};
 
@@ -62,10 +67,11 @@ struct Volume {
     models: Vec<KeyspaceModel>,
     names: Vec<String>,
     sim_seed: u64,
-    ops: Vec<Op>,
 }
 
-fn build(seed: u64, misdirect: Option<Fault>, op_count: u64) -> (Volume, u64) {
+/// Builds the volume; also returns the numbers of the workload's write I/Os (those a
+/// misdirected write can hit: the same on every build of one seed, no background thread).
+fn build(seed: u64, misdirect: Option<Fault>, op_count: u64) -> (Volume, Vec<u64>) {
     let mut rng = case_rng(seed, u64::MAX);
     let sim_seed = rng.random();
     let mut ops: Vec<Op> = (0..op_count)
@@ -97,15 +103,19 @@ fn build(seed: u64, misdirect: Option<Fault>, op_count: u64) -> (Volume, u64) {
     }
     db.abandon();
     let image = sim.durable_image();
+    let writes = (base_io..)
+        .zip(&sim.io_kinds()[base_io as usize..])
+        .filter(|(_, kind)| **kind == IoKind::Write)
+        .map(|(io, _)| io)
+        .collect();
     (
         Volume {
             image,
             models,
             names,
             sim_seed,
-            ops,
         },
-        base_io,
+        writes,
     )
 }
 
@@ -206,7 +216,7 @@ fn tally(t: &mut Tally, target: &'static str, where_: String, r: Result<Outcome,
 pub fn run(args: &RunArgs) -> Report {
     let mut t = Tally::default();
     let built = catch(|| build(args.seed, None, OPS));
-    let (v, base_io) = match built {
+    let (v, write_ios) = match built {
         Ok(b) => b,
         Err(p) => {
             t.failures.push(format!(
@@ -236,9 +246,10 @@ pub fn run(args: &RunArgs) -> Report {
         let where_ = format!("m4 seed {} case {case}", args.seed);
         t.corruptions += 1;
         if rng.random_range(0..10) == 0 {
-            // A write misdirected while the workload runs.
-            let (total, to_block) = (v.ops.len() as u64 * 4, rng.random::<u64>());
-            let at_io = base_io + rng.random_range(0..total);
+            // A write misdirected while the workload runs: one of its writes (a fault
+            // aimed at a read or sync would change nothing and count as recovered).
+            let to_block = rng.random::<u64>();
+            let at_io = write_ios[rng.random_range(0..write_ios.len())];
             let what = format!("{where_}: write at I/O {at_io} misdirected to block ~{to_block}");
             let r = catch(|| {
                 let (bad, _) = build(args.seed, Some(Fault::Misdirect { at_io, to_block }), OPS);
@@ -322,12 +333,17 @@ fn superblock_sweep(args: &RunArgs, v: &Volume, t: &mut Tally) {
     }
 }
 
-/// Written blocks by what they hold: index nodes (magic), log (anything else written
-/// past the reserved blocks), commit descriptors (named by either superblock slot),
-/// bitmap buddies (blocks 2..6 of group 0).
+/// Written blocks by what they hold, split into the structures of the newest commit (what
+/// open reads: corruption there must be detected or, for a superblock slot, fall back)
+/// and everything older (blocks of earlier commits, kept for the older slot or free, whose
+/// corruption a sound volume may simply never read):
+/// index nodes (the magic; newest: reachable from its roots), log (anything else written
+/// past the reserved blocks; newest: inside its segments' written bytes), commit
+/// descriptors (named by either slot), bitmap buddies (blocks 2..6 of group 0; newest:
+/// the buddy its descriptor names).
 fn classify(image: &Image) -> Vec<(&'static str, Vec<u64>)> {
     let sim = SimStorage::from_image(image.clone(), 0);
-    let mut descriptor = Vec::new();
+    let mut descriptors = Vec::new();
     for slot in 0..2u64 {
         let mut buf = vec![0u8; BLOCK_BYTES as usize];
         if sim.read_at(slot * BLOCK_BYTES, &mut buf).is_err() {
@@ -335,28 +351,103 @@ fn classify(image: &Image) -> Vec<(&'static str, Vec<u64>)> {
         }
         if let Ok(sb) = Superblock::decode(&buf, slot as usize) {
             let first = sb.descriptor.0 / BLOCK_BYTES;
-            descriptor.extend(first..first + sb.descriptor_bytes.div_ceil(BLOCK_BYTES));
+            descriptors.extend(first..first + sb.descriptor_bytes.div_ceil(BLOCK_BYTES));
         }
     }
-    let (mut nodes, mut log) = (Vec::new(), Vec::new());
+    let newest = newest_structures(&sim);
+    let (mut descriptor_newest, mut descriptor_older) = (Vec::new(), Vec::new());
+    for b in descriptors {
+        if newest.descriptor.contains(&b) {
+            descriptor_newest.push(b);
+        } else {
+            descriptor_older.push(b);
+        }
+    }
+    let (mut nodes_newest, mut nodes_older) = (Vec::new(), Vec::new());
+    let (mut log_newest, mut log_older) = (Vec::new(), Vec::new());
     for b in image.written_blocks() {
-        if b < 8 || descriptor.contains(&b) {
+        if b < 8 || descriptor_newest.contains(&b) || descriptor_older.contains(&b) {
             continue;
         }
         let mut buf = vec![0u8; BLOCK_BYTES as usize];
         if sim.read_at(b * BLOCK_BYTES, &mut buf).is_err() || buf.iter().all(|&x| x == 0) {
             continue;
         }
-        if &buf[4..8] == b"TNOD" {
-            nodes.push(b);
-        } else {
-            log.push(b);
+        match (
+            &buf[4..8] == b"TNOD",
+            newest.nodes.contains(&b),
+            newest.log.contains(&b),
+        ) {
+            (true, true, _) => nodes_newest.push(b),
+            (true, false, _) => nodes_older.push(b),
+            (false, _, true) => log_newest.push(b),
+            (false, _, false) => log_older.push(b),
         }
     }
+    let (buddy_newest, buddy_older): (Vec<u64>, Vec<u64>) =
+        (2..6).partition(|b| newest.buddy.contains(b));
     vec![
-        ("index node", nodes),
-        ("log", log),
-        ("descriptor", descriptor),
-        ("bitmap buddy", vec![2, 3, 4, 5]),
+        ("index node (newest commit)", nodes_newest),
+        ("index node (older)", nodes_older),
+        ("log (newest commit)", log_newest),
+        ("log (older)", log_older),
+        ("descriptor (newest commit)", descriptor_newest),
+        ("descriptor (older)", descriptor_older),
+        ("bitmap buddy (newest commit)", buddy_newest),
+        ("bitmap buddy (older)", buddy_older),
     ]
+}
+
+/// Blocks of the structures the newest commit references.
+#[derive(Default)]
+struct Newest {
+    descriptor: HashSet<u64>,
+    nodes: HashSet<u64>,
+    log: HashSet<u64>,
+    buddy: HashSet<u64>,
+}
+
+/// Reads the newest commit of a sound volume (the one `build` made; nothing is corrupt
+/// yet): its descriptor, the nodes of its trees, its segments' written blocks and the
+/// group 0 buddy it names.
+fn newest_structures(sim: &SimStorage) -> Newest {
+    let mut n = Newest::default();
+    let Ok(Some(sb)) = tucana::volume::superblock::read_newest(sim) else {
+        return n;
+    };
+    let first = sb.descriptor.0 / BLOCK_BYTES;
+    n.descriptor
+        .extend(first..first + sb.descriptor_bytes.div_ceil(BLOCK_BYTES));
+    let mut bytes = vec![0u8; sb.descriptor_bytes as usize];
+    if sim.read_at(sb.descriptor.0, &mut bytes).is_err() {
+        return n;
+    }
+    let Ok(desc) = Descriptor::decode(&bytes, sb.descriptor) else {
+        return n;
+    };
+    if let Some(&slot) = desc.bitmap_slots.first() {
+        let at = buddy_offset(0, slot).0 / BLOCK_BYTES;
+        n.buddy.extend([at, at + 1]);
+    }
+    let mut image = vec![0u8; BLOCK_BYTES as usize];
+    for region in &desc.regions {
+        for (off, stats) in &region.segments {
+            let first = off.0 / BLOCK_BYTES;
+            n.log
+                .extend(first..first + stats.written_bytes.div_ceil(BLOCK_BYTES));
+        }
+        let mut todo = vec![region.root];
+        while let Some(off) = todo.pop() {
+            if off.is_none() || !n.nodes.insert(off.0 / BLOCK_BYTES) {
+                continue;
+            }
+            if sim.read_at(off.0, &mut image).is_err() {
+                continue;
+            }
+            if let Ok(ImageContents::Internal(children)) = image_contents(&image, off, region.id) {
+                todo.extend(children);
+            }
+        }
+    }
+    n
 }

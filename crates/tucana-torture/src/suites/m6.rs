@@ -2,11 +2,18 @@
 //! keyspace, on the simulated volume, with reads checked after every step: gets, forward
 //! and reverse ranges with random bounds, prefixes, snapshots (checked against the model
 //! as it was when they were taken, after later writes), clean reopens (must hold
-//! everything) and crashes (must hold an allowed prefix; the model then continues from
-//! what was recovered). `count` is the number of cases; each runs `STEPS` operations.
+//! everything and pass `check`) and crashes (must hold an allowed prefix and pass
+//! `check`; the model then continues from what was recovered). `count` is the number of
+//! cases; each runs `STEPS` operations.
+//!
+//! Garbage collection: half the cases use the overwrite-heavy `Mix::GC`, whose forced
+//! passes relocate records under the reads, snapshots and ranges that follow; one case in
+//! four runs the background committer and collector every millisecond (not exactly
+//! replayable), and half of its crashes are aimed at an I/O of the collector's thread.
 
 use std::ops::Bound;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
 use rand::Rng;
@@ -15,11 +22,15 @@ use tucana::{Database, Keyspace, Snapshot};
 
 use crate::model::{KeyspaceModel, State};
 use crate::sim::SimStorage;
-use crate::workload::{self, Recovery};
+use crate::workload::{self, Mix, Op, Recovery, GC_THREAD};
 use crate::{case_rng, catch, Report, RunArgs};
 
 const STEPS: u32 = 300;
 const KEYSPACES: usize = 2;
+
+/// How long a crash aimed at the background collector waits for its I/O (when the
+/// collector has work, its I/O came within 5 ms in measurements).
+const BACKGROUND_GC_WAIT: Duration = Duration::from_millis(6);
 
 #[derive(Default)]
 struct Tally {
@@ -28,6 +39,12 @@ struct Tally {
     reads: u64,
     reopens: u64,
     crashes: u64,
+    background_cases: u64,
+    /// Crashes at an I/O of the background collector's thread.
+    gc_crashes: u64,
+    forced_gc_passes: u64,
+    gc_passes: u64,
+    gc_relocated_bytes: u64,
     failures: Vec<String>,
     panics: u64,
 }
@@ -52,12 +69,18 @@ pub fn run(args: &RunArgs) -> Report {
     }
     Report {
         figures: format!(
-            "M6 cases: {}, steps: {}, reads checked: {}, reopens: {}, crashes: {}, failures: {}, panics: {}, seed: {}",
+            "M6 cases: {} (background {}), steps: {}, reads checked: {}, reopens: {}, crashes: {} (inside background gc: {}), gc passes: {} (forced {}, background {}), gc relocated: {} KiB, failures: {}, panics: {}, seed: {}",
             t.cases,
+            t.background_cases,
             t.steps,
             t.reads,
             t.reopens,
             t.crashes,
+            t.gc_crashes,
+            t.gc_passes,
+            t.forced_gc_passes,
+            t.gc_passes.saturating_sub(t.forced_gc_passes),
+            t.gc_relocated_bytes >> 10,
             t.failures.len() as u64 - t.panics,
             t.panics,
             args.seed
@@ -72,10 +95,10 @@ struct Live {
     keyspaces: Vec<Keyspace>,
 }
 
-fn open_live(sim: Arc<SimStorage>, names: &[String]) -> Result<Live, String> {
+fn open_live(sim: Arc<SimStorage>, names: &[String], background: bool) -> Result<Live, String> {
     let storage: Arc<dyn Storage> = sim.clone();
-    let db =
-        workload::open(workload::options(false), &storage).map_err(|e| format!("open: {e}"))?;
+    let db = workload::open(workload::options(background), &storage)
+        .map_err(|e| format!("open: {e}"))?;
     let keyspaces = names
         .iter()
         .map(|n| db.keyspace(n))
@@ -177,20 +200,49 @@ fn check_range(
     Ok(())
 }
 
+/// Whether background GC has work: some keyspace's log is over its space-amplification
+/// target (else the collector does no I/O, and waiting for one is time lost).
+fn over_gc_target(db: &Database) -> bool {
+    let target = workload::options(true).gc_space_amp;
+    db.stats()
+        .keyspaces
+        .iter()
+        .any(|ks| ks.log_size_bytes as f64 > target * ks.live_log_bytes as f64)
+}
+
+/// Adds what a database's collector did to the tally (before the handle goes).
+fn count_gc(t: &mut Tally, db: &Database) {
+    let stats = db.stats();
+    t.gc_passes += stats.gc_passes;
+    t.gc_relocated_bytes += stats.gc_relocated_bytes;
+}
+
 fn run_case(seed: u64, case: u64, t: &mut Tally) -> Result<(), String> {
     let mut rng = case_rng(seed, case);
     let names: Vec<String> = (0..KEYSPACES).map(|i| format!("ks{i}")).collect();
-    let mut live = open_live(Arc::new(SimStorage::new(rng.random())), &names)?;
+    let mix = if rng.random_bool(0.5) {
+        Mix::GC
+    } else {
+        Mix::PLAIN
+    };
+    let background = rng.random_range(0..4) == 0;
+    t.background_cases += u64::from(background);
+    let mut live = open_live(Arc::new(SimStorage::new(rng.random())), &names, background)?;
     live.db.commit().map_err(|e| format!("first commit: {e}"))?;
     let mut models = vec![KeyspaceModel::default(); KEYSPACES];
     let mut snapshots: Vec<(usize, Snapshot, State)> = Vec::new();
     for step in 0..STEPS {
         t.steps += 1;
         let at = |m: String| format!("step {step}: {m}");
+        if background && rng.random_range(0..20) == 0 {
+            // Steps take microseconds: let the collector and committer take turns too.
+            std::thread::sleep(Duration::from_millis(1));
+        }
         let ks = rng.random_range(0..KEYSPACES);
         match rng.random_range(0..100) {
             0..45 => {
-                let op = workload::random_op(&mut rng, KEYSPACES, u64::from(step) + 1);
+                let op = workload::random_op_of(&mut rng, mix, KEYSPACES, u64::from(step) + 1);
+                t.forced_gc_passes += u64::from(matches!(op, Op::Gc));
                 workload::run_op(&op, &live.db, &live.keyspaces, &mut models)
                     .map_err(|e| at(format!("{op:?}: {e}")))?;
             }
@@ -244,8 +296,9 @@ fn run_case(seed: u64, case: u64, t: &mut Tally) -> Result<(), String> {
                 let sim = live.sim.clone();
                 let Live { db, keyspaces, .. } = live;
                 drop(keyspaces);
+                count_gc(t, &db);
                 db.close().map_err(|e| at(format!("close: {e}")))?;
-                live = open_live(sim, &names).map_err(at)?;
+                live = open_live(sim, &names, background).map_err(at)?;
                 for (i, m) in models.iter_mut().enumerate() {
                     let got = workload::read_state(&live.keyspaces[i])
                         .map_err(|e| at(format!("read after reopen: {e}")))?;
@@ -256,6 +309,9 @@ fn run_case(seed: u64, case: u64, t: &mut Tally) -> Result<(), String> {
                     }
                     *m = KeyspaceModel::new(got);
                 }
+                live.db
+                    .check()
+                    .map_err(|e| at(format!("check after a clean reopen: {e}")))?;
             }
             _ => {
                 // Crash: a random post-crash image of the unsynced writes.
@@ -263,6 +319,16 @@ fn run_case(seed: u64, case: u64, t: &mut Tally) -> Result<(), String> {
                 snapshots.clear();
                 let Live { sim, db, keyspaces } = live;
                 drop(keyspaces);
+                if background && rng.random_bool(0.5) && over_gc_target(&db) {
+                    // Power lost at one of the collector's next I/Os, if it does any soon.
+                    sim.arm_crash_in_thread(GC_THREAD, rng.random_range(0..4));
+                    let waited = Instant::now();
+                    while !sim.crashed() && waited.elapsed() < BACKGROUND_GC_WAIT {
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                    t.gc_crashes += u64::from(sim.crash_thread().as_deref() == Some(GC_THREAD));
+                }
+                count_gc(t, &db);
                 db.abandon();
                 let recovered = Arc::new(sim.crash(&mut rng));
                 let storage: Arc<dyn Storage> = recovered.clone();
@@ -275,10 +341,11 @@ fn run_case(seed: u64, case: u64, t: &mut Tally) -> Result<(), String> {
                     other => return Err(at(format!("after a crash: {other:?}"))),
                 }
                 drop(db);
-                live = open_live(recovered, &names).map_err(at)?;
+                live = open_live(recovered, &names, background).map_err(at)?;
             }
         }
     }
+    count_gc(t, &live.db);
     live.db.close().map_err(|e| format!("final close: {e}"))?;
     Ok(())
 }

@@ -1,0 +1,78 @@
+//! The suites at small counts, as `cargo test` runs them: each passes, and its figures
+//! show that garbage collection was really exercised, so a change that stops the
+//! workloads from collecting (or the crashes from landing inside a pass) fails here
+//! instead of leaving CI a quietly weaker run. CI runs the full counts
+//! (`scripts/torture-ci.sh`).
+
+use tucana_torture::{suites, Report, RunArgs};
+
+fn args(seed: u64, count: u64) -> RunArgs {
+    RunArgs {
+        seed,
+        count,
+        case: None,
+        verbose: false,
+    }
+}
+
+/// The number right after `name` in the figures line ("name: 12" or "name 12").
+fn figure(report: &Report, name: &str) -> u64 {
+    let line = &report.figures;
+    let at = line
+        .find(name)
+        .unwrap_or_else(|| panic!("no {name:?} in {line}"))
+        + name.len();
+    let digits: String = line[at..]
+        .chars()
+        .skip_while(|c| !c.is_ascii_digit())
+        .take_while(char::is_ascii_digit)
+        .collect();
+    digits
+        .parse()
+        .unwrap_or_else(|_| panic!("no number after {name:?} in {line}"))
+}
+
+fn assert_passed(report: &Report) {
+    assert!(
+        report.passed(),
+        "{}\n{}",
+        report.figures,
+        report.failures.join("\n")
+    );
+}
+
+#[test]
+fn m1_loses_power_inside_gc_passes() {
+    let report = suites::m1::run(&args(7, 400));
+    assert_passed(&report);
+    assert!(figure(&report, "M1 crash states") >= 400);
+    // Forced passes replay exactly, so these do not depend on timing.
+    assert!(figure(&report, "forced pass") > 20, "{}", report.figures);
+    assert!(figure(&report, "gc relocated") > 0, "{}", report.figures);
+    assert!(figure(&report, "gc reclaimed") > 0, "{}", report.figures);
+    assert!(figure(&report, "hole punches") > 0, "{}", report.figures);
+}
+
+#[test]
+fn m2_fails_every_io_of_a_workload_with_gc_passes() {
+    // Workload 1 is a GC workload.
+    let report = suites::m2::run(&args(7, 2));
+    assert_passed(&report);
+    assert!(
+        figure(&report, "inside gc passes") > 50,
+        "{}",
+        report.figures
+    );
+    assert!(figure(&report, "hole punches") > 0, "{}", report.figures);
+}
+
+#[test]
+fn m6_checks_reads_across_forced_and_background_gc() {
+    let report = suites::m6::run(&args(7, 40));
+    assert_passed(&report);
+    assert!(figure(&report, "forced") > 0, "{}", report.figures);
+    // Cases with the background collector ("cases: 40 (background N)"); how much it did
+    // depends on timing, so it is not asserted.
+    assert!(figure(&report, "background") > 0, "{}", report.figures);
+    assert!(figure(&report, "gc relocated") > 0, "{}", report.figures);
+}
