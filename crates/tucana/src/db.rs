@@ -282,6 +282,8 @@ pub(crate) struct Shared {
     pub gc_relocated_bytes: AtomicU64,
     /// Bytes of log segments garbage collection handed back for reuse.
     pub gc_reclaimed_bytes: AtomicU64,
+    /// Nanoseconds foreground writers slept for write pacing.
+    pub gc_paced_ns: AtomicU64,
     /// `Storage::prefetch` calls made for range iterators, multi-gets and long records, and
     /// the bytes they named (page-rounded; pages already resident count too).
     pub prefetch_calls: AtomicU64,
@@ -291,6 +293,18 @@ pub(crate) struct Shared {
     /// Wakes the background committer early (dirty-bytes threshold reached).
     wake: (Mutex<bool>, Condvar),
     pub frees: Arc<Mutex<PendingFrees>>,
+    /// Nanoseconds a foreground writer sleeps per KiB it appends; 0 unless garbage
+    /// collection is behind its space target (see `pace_writer`).
+    pub write_delay_ns_per_kib: AtomicU64,
+}
+
+/// A paced writer sleeps once it owes this much (the kernel's timer slack makes shorter
+/// sleeps cost more than they ask for).
+const PACE_SLEEP_MIN_NS: u64 = 500_000;
+
+thread_local! {
+    /// Pacing delay this thread owes but has not slept yet.
+    static PACE_DEBT_NS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
 /// Blocks on their way back to the allocator (see DESIGN.md, "freeing").
@@ -320,11 +334,13 @@ impl Shared {
             gc_passes: AtomicU64::new(0),
             gc_relocated_bytes: AtomicU64::new(0),
             gc_reclaimed_bytes: AtomicU64::new(0),
+            gc_paced_ns: AtomicU64::new(0),
             prefetch_calls: AtomicU64::new(0),
             prefetch_bytes: AtomicU64::new(0),
             prefetch_skipped: AtomicU64::new(0),
             wake: (Mutex::new(false), Condvar::new()),
             frees: Arc::new(Mutex::new(PendingFrees::default())),
+            write_delay_ns_per_kib: AtomicU64::new(0),
         }
     }
 
@@ -351,6 +367,28 @@ impl Shared {
         if self.log_bytes_since_commit.load(Ordering::Relaxed) >= self.options.commit_dirty_bytes {
             self.wake_committer();
         }
+    }
+
+    /// Slows a foreground writer that just appended `bytes` while garbage collection
+    /// cannot keep the disk under its target (`write_delay_ns_per_kib`, set by the
+    /// collector: [`crate::gc::next_write_delay`]). The delay is owed per thread and
+    /// slept in pieces of at least `PACE_SLEEP_MIN_NS`, so a writer sleeps now and then
+    /// instead of at every write.
+    pub fn pace_writer(&self, bytes: u64) {
+        let delay = self.write_delay_ns_per_kib.load(Ordering::Relaxed);
+        if delay == 0 {
+            return;
+        }
+        PACE_DEBT_NS.with(|debt| {
+            let owed = debt.get() + delay * bytes / 1024;
+            if owed >= PACE_SLEEP_MIN_NS {
+                debt.set(0);
+                self.gc_paced_ns.fetch_add(owed, Ordering::Relaxed);
+                std::thread::sleep(Duration::from_nanos(owed));
+            } else {
+                debt.set(owed);
+            }
+        });
     }
 
     /// Has the background loop look at once at what is due (a commit, a commit pair for
@@ -560,6 +598,7 @@ impl DbInner {
             gc_passes: shared.gc_passes.load(Ordering::Relaxed),
             gc_relocated_bytes: shared.gc_relocated_bytes.load(Ordering::Relaxed),
             gc_reclaimed_bytes: shared.gc_reclaimed_bytes.load(Ordering::Relaxed),
+            gc_paced_ns: shared.gc_paced_ns.load(Ordering::Relaxed),
             prefetch_calls: shared.prefetch_calls.load(Ordering::Relaxed),
             prefetch_bytes: shared.prefetch_bytes.load(Ordering::Relaxed),
             prefetch_skipped: shared.prefetch_skipped.load(Ordering::Relaxed),

@@ -255,6 +255,8 @@ impl Region {
             .log_bytes_since_commit
             .fetch_add(appended, Ordering::Relaxed);
         shared.maybe_wake_committer();
+        // Outside every lock: a paced writer holds nobody up but itself.
+        shared.pace_writer(appended);
         Ok((ticket, existed))
     }
 
@@ -380,6 +382,36 @@ impl Region {
         };
         self.account_written(w, t.base, len as u64, true);
         Ok(at)
+    }
+
+    /// Closes the relocation tail if nothing live is left in it (everything it copied was
+    /// overwritten or deleted since), so that a forced pass can give its segment back
+    /// like any other: a store emptied by deletes otherwise kept it for good. The next
+    /// relocation opens a fresh one.
+    pub fn close_dead_gc_tail(&self) -> Result<()> {
+        let w = self.writer.lock();
+        let guard = epoch::pin();
+        let tail = self.gc_tail.load(Ordering::Acquire, &guard);
+        // SAFETY: protected by the guard; replaced only under the writer lock, held.
+        let Some(t) = (unsafe { tail.as_ref() }) else {
+            return Ok(());
+        };
+        if w.segments.get(&t.base.0).is_none_or(|s| s.live_bytes != 0) {
+            return Ok(());
+        }
+        // Read from the volume from now on: write it all first.
+        let written = t.flush(self.shared.volume.storage().as_ref())?;
+        self.shared
+            .bytes_written
+            .fetch_add(written, Ordering::Relaxed);
+        let prev = self
+            .gc_tail
+            .swap(epoch::Shared::null(), Ordering::AcqRel, &guard);
+        // SAFETY: unreachable for new readers; in-flight readers hold guards.
+        unsafe { guard.defer_destroy(prev) };
+        guard.flush();
+        drop(w);
+        Ok(())
     }
 
     /// Closes the relocation tail (flushed, writeback started, like a foreground segment)

@@ -37,6 +37,9 @@ pub struct Stats {
     pub gc_relocated_bytes: u64,
     /// Bytes of emptied log segments garbage collection handed back since open.
     pub gc_reclaimed_bytes: u64,
+    /// Nanoseconds foreground writers slept because garbage collection fell far behind
+    /// its space target (write pacing; 0 unless it did).
+    pub gc_paced_ns: u64,
     /// Prefetch requests (`Storage::prefetch`) range iterators, multi-gets and reads of
     /// records longer than two pages made since open: one per run of adjacent pages.
     pub prefetch_calls: u64,
@@ -67,7 +70,7 @@ impl Stats {
     pub fn to_json(&self) -> String {
         let mut s = String::new();
         s.push('{');
-        let fields: [(&str, u64); 20] = [
+        let fields: [(&str, u64); 21] = [
             ("keys", self.keys),
             ("live_log_bytes", self.live_log_bytes),
             ("dead_log_bytes", self.dead_log_bytes),
@@ -85,6 +88,7 @@ impl Stats {
             ("gc_passes", self.gc_passes),
             ("gc_relocated_bytes", self.gc_relocated_bytes),
             ("gc_reclaimed_bytes", self.gc_reclaimed_bytes),
+            ("gc_paced_ns", self.gc_paced_ns),
             ("prefetch_calls", self.prefetch_calls),
             ("prefetch_bytes", self.prefetch_bytes),
             ("prefetch_skipped", self.prefetch_skipped),

@@ -347,6 +347,105 @@ fn delete_all_then_gc_returns_the_disk() {
     assert_eq!(db.keyspace("big").unwrap().len(), 0);
 }
 
+/// Records a pass relocates go to the relocation tail (segments of their own; the unit
+/// test `gc::tests::relocation_and_foreground_never_share_a_segment` looks inside). After
+/// a pass over a half-overwritten data set every value reads back, before and after a
+/// reopen (the committed relocation tail is picked up again), and `check` accounts for
+/// every byte.
+#[test]
+fn relocated_records_get_segments_of_their_own_and_survive_reopen() {
+    let (_dir, path) = temp_volume();
+    let db = manual().open(&path).unwrap();
+    let ks = db.keyspace("t").unwrap();
+    let mut model = Model::new();
+    let n = 4_000u32;
+    for round in 0..2u8 {
+        for i in 0..n {
+            // The second round overwrites every other key: old segments end half dead.
+            if round == 1 && i % 2 == 1 {
+                continue;
+            }
+            let key = format!("k{i:06}").into_bytes();
+            let value = vec![round; 100 + (i % 50) as usize];
+            ks.put(&key, &value).unwrap();
+            model.insert(key, value);
+        }
+    }
+    db.commit().unwrap();
+    let relocated_before = db.stats().gc_relocated_bytes;
+    db.gc().unwrap();
+    let relocated = db.stats().gc_relocated_bytes - relocated_before;
+    assert!(relocated > 0, "the pass relocated nothing");
+    assert_matches(&ks, &model, "after the pass");
+    let report = db.check().unwrap();
+    assert_eq!(report.keys, n as u64);
+    for i in 0..100u32 {
+        let key = format!("fresh{i:04}").into_bytes();
+        ks.put(&key, b"new").unwrap();
+        model.insert(key, b"new".to_vec());
+    }
+    db.commit().unwrap();
+    db.check().unwrap();
+    drop(ks);
+    db.close().unwrap();
+    let db = reopen(manual(), &path, "relocation");
+    let ks = db.keyspace("t").unwrap();
+    assert_matches(&ks, &model, "after reopen");
+    // The reopened store keeps relocating into its committed relocation tail.
+    for i in 0..n {
+        if i % 3 == 0 {
+            let key = format!("k{i:06}").into_bytes();
+            ks.put(&key, b"third").unwrap();
+            model.insert(key, b"third".to_vec());
+        }
+    }
+    db.gc().unwrap();
+    assert_matches(&ks, &model, "after a pass after reopen");
+    db.check().unwrap();
+}
+
+/// Deleting every key after passes that relocated records gives the disk back too: the
+/// relocation tail, once nothing live is left in it, is closed and collected like any
+/// segment (it was kept for good before).
+#[test]
+fn delete_all_after_relocations_returns_the_relocation_tail_too() {
+    let (dir, path) = temp_volume();
+    let empty = {
+        let p = dir.path().join("empty.tucana");
+        let db = manual().open(&p).unwrap();
+        db.keyspace("big").unwrap();
+        db.commit().unwrap();
+        db.stats().space_used_bytes
+    };
+    let db = manual().open(&path).unwrap();
+    let ks = db.keyspace("big").unwrap();
+    let n = 20_000u32;
+    for round in 0..3 {
+        for i in 0..n {
+            if round > 0 && i % 3 != round % 3 {
+                continue;
+            }
+            ks.put(format!("user{i:08}").as_bytes(), &[round as u8; 200])
+                .unwrap();
+        }
+        db.gc().unwrap();
+    }
+    assert!(db.stats().gc_relocated_bytes > 0, "nothing was relocated");
+    for i in 0..n {
+        assert!(ks.delete(format!("user{i:08}").as_bytes()).unwrap());
+    }
+    db.gc().unwrap();
+    let after = db.stats();
+    let slack = 4 * SEGMENT_BYTES + (256 << 10);
+    assert!(
+        after.space_used_bytes <= empty + slack,
+        "space used {} after delete-all + gc, {} for an empty volume: {after:?}",
+        after.space_used_bytes,
+        empty
+    );
+    db.check().unwrap();
+}
+
 /// A snapshot and a live iterator opened before a GC pass read the values they saw
 /// before it, after it relocated and tried to free their records.
 #[test]
