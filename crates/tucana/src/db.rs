@@ -35,14 +35,15 @@ pub struct Options {
     /// background committer; both exist when `commit_interval` or `flush_interval` is set
     /// (GC needs commits to free anything). `Database::gc` works either way.
     pub gc: bool,
-    /// Background GC starts when a keyspace's log segments (with those it emptied that
-    /// commits have not given back yet) take more than this many times its live record
-    /// bytes (space amplification), and works until it is under again. The disk also holds
-    /// the index, so the volume's own ratio is a little higher.
+    /// The space amplification background GC steers toward: disk bytes over the keys and
+    /// values of live records. A keyspace's log and index (estimated) are collected back
+    /// under `1 + 0.8 × (gc_space_amp - 1)` once they pass it; the rest of the room is for
+    /// segments emptied but not yet given back (two commits away). Writers are paced past
+    /// `1 + 2 × (gc_space_amp - 1)` (DESIGN.md, "Garbage collection").
     pub gc_space_amp: f64,
-    /// Background GC copies live records at this many bytes per second at least while a
-    /// keyspace is over its target; while foreground writers are creating garbage faster,
-    /// it copies what keeps up with them, and more the further over the target it is.
+    /// Most bytes of live records background GC copies per second while a keyspace is
+    /// between its start line and `1 + 0.9 × (gc_space_amp - 1)`; past that it copies what
+    /// it must, at once.
     pub gc_rate_bytes_per_sec: u64,
     /// Range iterators keep the log records of this many entries ahead of each end asked
     /// for at once (`Storage::prefetch`), so that a scan of records not in memory has many
@@ -106,15 +107,15 @@ impl Options {
         self
     }
 
-    /// Space amplification (log segment bytes / live bytes) above which background GC
-    /// works; more than 1.0 (default 1.5).
+    /// Space amplification (disk bytes / live keys and values) background GC steers
+    /// toward; more than 1.0 (default 1.5). See the field.
     pub fn gc_space_amp(mut self, target: f64) -> Options {
         self.gc_space_amp = target;
         self
     }
 
-    /// Bytes of live records background GC copies per second at least while over the
-    /// target (default 64 MiB/s); it copies more to keep up with a burst of overwrites.
+    /// Bytes of live records background GC copies per second while gently collecting
+    /// (default 64 MiB/s); close to the target it copies what it must. See the field.
     pub fn gc_rate_bytes_per_sec(mut self, rate: u64) -> Options {
         self.gc_rate_bytes_per_sec = rate;
         self
