@@ -378,6 +378,44 @@ impl State {
         self.cursor_block = start_block + blocks;
     }
 
+    /// See `Allocator::try_release`.
+    fn try_release(&mut self, offset: DiskOffset, blocks: u64) -> Result<(), String> {
+        if !offset.block_aligned() {
+            return Err(format!("releasing unaligned offset {offset}"));
+        }
+        if blocks == 0 {
+            return Err(format!("releasing an empty run at {offset}"));
+        }
+        let start = offset.0 / BLOCK_BYTES;
+        let end = start.saturating_add(blocks);
+        if end > self.volume_blocks {
+            return Err(format!(
+                "releasing {blocks} blocks at {offset}, past the volume's end"
+            ));
+        }
+        let mut reserved = None;
+        State::for_each_piece(start, end, |g, lo, _| {
+            if lo < GROUP_RESERVED_BLOCKS && reserved.is_none() {
+                reserved = Some((g, lo));
+            }
+        });
+        if let Some((g, lo)) = reserved {
+            return Err(format!(
+                "releasing reserved block {lo} of group {g} (run of {blocks} blocks at {offset})"
+            ));
+        }
+        let set = self.count_set(start, end);
+        if set != blocks {
+            return Err(format!(
+                "double free: {} of {blocks} blocks at {offset} are free",
+                blocks - set
+            ));
+        }
+        self.clear_run(start, end);
+        self.forget_post_seal(start, end);
+        Ok(())
+    }
+
     /// Forgets released blocks `start..end` from the recorded post-seal runs, so that a
     /// later pre-seal allocation of the same blocks is not cut out of the image.
     fn forget_post_seal(&mut self, start: u64, end: u64) {
@@ -635,41 +673,53 @@ impl Allocator {
     /// Frees a run if it may be freed; otherwise changes nothing and says why. Recovery
     /// uses it for the free log, whose runs come from disk and may be anything.
     pub fn try_release(&self, offset: DiskOffset, blocks: u64) -> Result<(), String> {
-        if !offset.block_aligned() {
-            return Err(format!("releasing unaligned offset {offset}"));
-        }
-        if blocks == 0 {
-            return Err(format!("releasing an empty run at {offset}"));
-        }
-        let start = offset.0 / BLOCK_BYTES;
+        self.state.lock().try_release(offset, blocks)
+    }
+
+    /// Frees `extents` (each may be freed: panics otherwise, like `release`) and has
+    /// `punch(offset_bytes, len_bytes)` give back every free run of at least `min_blocks`
+    /// that one of them lies in, merged with the free blocks around it, all under the
+    /// allocator's lock, so no allocation can take a block between its release and its
+    /// punch.
+    ///
+    /// Why the runs around: extents come back a few at a time (commit pairs, frees handed
+    /// back between commits), and index nodes one block at a time; punched only as
+    /// given, a store emptied by deletes kept its whole index in the file (single blocks
+    /// are not worth a system call), where freeing everything in one batch had merged
+    /// neighbours into runs.
+    pub fn release_punching(
+        &self,
+        extents: &[(DiskOffset, u64)],
+        min_blocks: u64,
+        punch: &mut dyn FnMut(u64, u64),
+    ) {
         let mut st = self.state.lock();
-        let end = start.saturating_add(blocks);
-        if end > st.volume_blocks {
-            return Err(format!(
-                "releasing {blocks} blocks at {offset}, past the volume's end"
-            ));
-        }
-        let mut reserved = None;
-        State::for_each_piece(start, end, |g, lo, _| {
-            if lo < GROUP_RESERVED_BLOCKS && reserved.is_none() {
-                reserved = Some((g, lo));
+        let mut runs: Vec<(u64, u64)> = Vec::new();
+        for &(offset, blocks) in extents {
+            if let Err(why) = st.try_release(offset, blocks) {
+                panic!("{why}");
             }
-        });
-        if let Some((g, lo)) = reserved {
-            return Err(format!(
-                "releasing reserved block {lo} of group {g} (run of {blocks} blocks at {offset})"
-            ));
+            let start = offset.0 / BLOCK_BYTES;
+            let g = start / GROUP_BLOCKS;
+            let base = g * GROUP_BLOCKS;
+            let Some(group) = st.groups.get(g as usize) else {
+                continue;
+            };
+            // Within the group: reserved blocks at its start and blocks past the volume's
+            // end are set, so the run stops at them.
+            let lo = bitmap::last_set_below(&group.bits, start - base).map_or(0, |b| b + 1);
+            let end_in = (start + blocks).min(base + GROUP_BLOCKS) - base;
+            let hi = bitmap::first_set(&group.bits, end_in, GROUP_BLOCKS).unwrap_or(GROUP_BLOCKS);
+            if hi - lo >= min_blocks {
+                runs.push((base + lo, base + hi));
+            }
         }
-        let set = st.count_set(start, end);
-        if set != blocks {
-            return Err(format!(
-                "double free: {} of {blocks} blocks at {offset} are free",
-                blocks - set
-            ));
+        runs.sort_unstable();
+        runs.dedup();
+        for (lo, hi) in runs {
+            punch(lo * BLOCK_BYTES, (hi - lo) * BLOCK_BYTES);
         }
-        st.clear_run(start, end);
-        st.forget_post_seal(start, end);
-        Ok(())
+        drop(st);
     }
 
     /// Recovery: marks a run allocated (e.g. a replayed log segment). Returns false if some

@@ -861,3 +861,47 @@ fn run_model(seed: u64, steps: usize) {
         "seed {seed}: the run should have grown past one group"
     );
 }
+
+/// Blocks freed one at a time in separate batches (index nodes come back like that) are
+/// punched once they form a run long enough, merged with the free blocks around them;
+/// an allocated block is never punched.
+#[test]
+fn release_punching_merges_runs_freed_one_block_at_a_time() {
+    let (storage, alloc) = new_volume(256 * BLOCK_BYTES);
+    // 8 reserved blocks, then 40 single-block allocations at blocks 8..48, then a
+    // neighbour that stays allocated.
+    let singles: Vec<DiskOffset> = (0..40)
+        .map(|_| alloc.allocate(&storage, 1, 1, false).unwrap())
+        .collect();
+    let kept = alloc.allocate(&storage, 1, 1, false).unwrap();
+    assert_eq!(block_of(singles[0]), 8);
+    assert_eq!(block_of(kept), 48);
+    let mut punched: Vec<(u64, u64)> = Vec::new();
+    for (i, off) in singles.iter().enumerate() {
+        let mut batch = Vec::new();
+        alloc.release_punching(&[(*off, 1)], 16, &mut |at, len| batch.push((at, len)));
+        if i + 1 < 16 {
+            assert!(
+                batch.is_empty(),
+                "punched {batch:?} with {} blocks free",
+                i + 1
+            );
+        } else {
+            // The whole free run from the reserved blocks to here, in one call.
+            assert_eq!(batch, vec![(8 * BLOCK_BYTES, (i as u64 + 1) * BLOCK_BYTES)]);
+        }
+        punched.extend(batch);
+    }
+    for (at, len) in &punched {
+        let (lo, hi) = (at / BLOCK_BYTES, (at + len) / BLOCK_BYTES);
+        assert!(
+            lo >= GROUP_RESERVED_BLOCKS && hi <= block_of(kept),
+            "{lo}..{hi}"
+        );
+    }
+    // Freeing a block next to a free run that reaches the volume's end punches it all.
+    let mut last = Vec::new();
+    alloc.release_punching(&[(kept, 1)], 16, &mut |at, len| last.push((at, len)));
+    assert_eq!(last, vec![(8 * BLOCK_BYTES, (256 - 8) * BLOCK_BYTES)]);
+    live_set(&alloc);
+}

@@ -323,40 +323,18 @@ fn region_desc(region: &Region, s: &SealedRegion, root: DiskOffset) -> RegionDes
 /// segments (64 KiB at least) and runs of nodes; single blocks are not worth a system call.
 const PUNCH_MIN_BLOCKS: u64 = 16;
 
-/// Gives extents nothing can reach any more back: holes punched in the file, blocks free
-/// in the live bitmap. Only between commits (the caller holds the commit state).
+/// Gives extents nothing can reach any more back: blocks free in the live bitmap, and
+/// the free runs they lie in (merged with free neighbours, at least `PUNCH_MIN_BLOCKS`)
+/// punched out of the file. Only between commits (the caller holds the commit state).
+/// A failed punch loses nothing (the bytes stay allocated in the file), so it is not an
+/// error.
 pub(crate) fn release_extents(shared: &crate::db::Shared, extents: &[(DiskOffset, u64)]) {
-    punch_extents(shared.volume.storage().as_ref(), extents);
-    for &(off, blocks) in extents {
-        shared.allocator.release(off, blocks);
-    }
-}
-
-/// Gives the bytes of released extents back to the file system, adjacent ones merged.
-/// Only extents no durable commit, snapshot or reader can reach get here. A failed punch
-/// loses nothing (the bytes stay allocated in the file), so it is not an error.
-fn punch_extents(storage: &dyn crate::volume::Storage, extents: &[(DiskOffset, u64)]) {
-    let mut sorted = extents.to_vec();
-    sorted.sort();
-    let mut run: Option<(u64, u64)> = None;
-    let punch = |(start, blocks): (u64, u64)| {
-        if blocks >= PUNCH_MIN_BLOCKS {
-            let _ = storage.punch_hole(start, blocks * BLOCK_BYTES);
-        }
-    };
-    for (off, blocks) in sorted {
-        run = match run {
-            Some((start, n)) if start + n * BLOCK_BYTES == off.0 => Some((start, n + blocks)),
-            Some(r) => {
-                punch(r);
-                Some((off.0, blocks))
-            }
-            None => Some((off.0, blocks)),
-        };
-    }
-    if let Some(r) = run {
-        punch(r);
-    }
+    let storage = shared.volume.storage();
+    shared
+        .allocator
+        .release_punching(extents, PUNCH_MIN_BLOCKS, &mut |offset, len_bytes| {
+            let _ = storage.punch_hole(offset, len_bytes);
+        });
 }
 
 /// Writes node images with one write per run of adjacent blocks.
