@@ -283,6 +283,9 @@ pub(crate) struct Shared {
     pub gc_relocated_bytes: AtomicU64,
     /// Bytes of log segments garbage collection handed back for reuse.
     pub gc_reclaimed_bytes: AtomicU64,
+    /// Log bytes foreground writers appended since open (garbage collection's copies not
+    /// included): what background GC's urgent budget follows.
+    pub foreground_bytes: AtomicU64,
     /// Nanoseconds foreground writers slept for write pacing.
     pub gc_paced_ns: AtomicU64,
     /// `Storage::prefetch` calls made for range iterators, multi-gets and long records, and
@@ -335,6 +338,7 @@ impl Shared {
             gc_passes: AtomicU64::new(0),
             gc_relocated_bytes: AtomicU64::new(0),
             gc_reclaimed_bytes: AtomicU64::new(0),
+            foreground_bytes: AtomicU64::new(0),
             gc_paced_ns: AtomicU64::new(0),
             prefetch_calls: AtomicU64::new(0),
             prefetch_bytes: AtomicU64::new(0),

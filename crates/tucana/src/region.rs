@@ -254,6 +254,9 @@ impl Region {
         shared
             .log_bytes_since_commit
             .fetch_add(appended, Ordering::Relaxed);
+        shared
+            .foreground_bytes
+            .fetch_add(appended, Ordering::Relaxed);
         shared.maybe_wake_committer();
         // Outside every lock: a paced writer holds nobody up but itself.
         shared.pace_writer(appended);
