@@ -11,9 +11,9 @@
 //!
 //! A share of the cycles (`Config::gc_percent`, by the writer's seed) runs the writer in
 //! its GC-heavy mode (`--gc`): garbage collection relocates, retires, commits in pairs and
-//! punches all through its life, and a third of those cycles aim the kill into a forced
-//! pass. Their writers report what their collector did (`gcstats`), summed in the figures
-//! as evidence that the kills landed on a collector at work.
+//! punches all through its life, and three in ten of those cycles aim the kill into a
+//! forced pass. Their writers report what their collector did (`gcstats`), summed in the
+//! figures as evidence that the kills landed on a collector at work.
 //!
 //! The driver is single-threaded apart from one thread per cycle that reads the writer's
 //! stdout into a channel, so the kill can be timed while lines arrive.
