@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The crash suites of RELIABILITY.md that run outside `cargo test`, as CI runs them:
-#   M3  kill -9 of the real tucana binary on a real file, >= 500 cycles
+#   M3  kill -9 of the real tucana binary on a real file, >= 500 cycles (half of them with
+#       the writer GC-heavy, so kills land inside garbage collection; about as long as
+#       M3 without them: 30-45 s on the loaded 2-core machine)
 #   M5  cargo-fuzz on every decoder and on open of mutated volumes, per target
 # Each prints its figure line(s); the script exits non-zero on any failure.
 # Tunables (environment): M3_CYCLES (default 500), M3_SEED (default: a fresh one, printed),

@@ -1,10 +1,17 @@
-//! `tucana --db P crash-writer --seed S` (hidden): the victim of the kill -9 test (M3 in
-//! RELIABILITY.md, driven by `tucana-crashtest kill9`).
+//! `tucana --db P crash-writer --seed S [--gc]` (hidden): the victim of the kill -9 test
+//! (M3 in RELIABILITY.md, driven by `tucana-crashtest kill9`).
 //!
 //! Owns: a seeded, endless stream of writes against one volume and the line protocol that
 //! tells the driver, after each call returned, what was acknowledged and how durably. Does
 //! not own: any checking (the driver reopens the volume and compares) nor stopping (it
 //! writes until it is killed, or until stdout is closed).
+//!
+//! With `--gc` the stream is made for garbage collection to run while the kill comes:
+//! 64 KiB log segments, a dozen hot keys per keyspace (most writes leave the previous
+//! record dead, so segments empty out), values of a few KiB, the background collector
+//! stepping every 1 to 5 ms beside a committer every 1 to 20 ms (so commit pairs and
+//! punches happen), and forced passes (`Database::gc`) among the writes. Kills then land
+//! during relocation, retirement, commit pairs and hole punching.
 //!
 //! Protocol, one line per event on stdout, each written with a single flushed write so a
 //! kill leaves at most a torn *last* line (which the driver ignores):
@@ -14,6 +21,10 @@
 //! ks <name>                          keyspace <name> exists (its creation is durable)
 //! begin <id> <op>                    about to call the engine (the op may be in flight)
 //! ack <id> <durability> <op>         the call returned Ok; durability is buffered or sync
+//! gcstats <passes> <relocated> <reclaimed>
+//!                                    this life's GC so far (`Stats::gc_passes`,
+//!                                    `gc_relocated_bytes`, `gc_reclaimed_bytes`); only
+//!                                    between an ack and the next begin, when they changed
 //! ```
 //!
 //! where `<op>` is one of
@@ -24,15 +35,16 @@
 //! batch <ks> <n> (P <key> <tag> <len> | D <key>) × n
 //! sync                                           Database::sync
 //! commit                                         Database::commit
+//! gc                                             Database::gc (only with --gc)
 //! ```
 //!
-//! `sync` and `commit` are always acknowledged with durability `sync`: every write
-//! acknowledged before them is durable. Keys and tags are printable ASCII without spaces.
-//! A value is its tag followed by `/`, repeated and cut to `len` bytes (`value_bytes`;
-//! the driver has the same function). An engine error prints `error <id> <message>` and
-//! exits with status 2.
+//! `sync`, `commit` and `gc` are always acknowledged with durability `sync`: every write
+//! acknowledged before them is durable (a forced pass commits before it collects). Keys
+//! and tags are printable ASCII without spaces. A value is its tag followed by `/`,
+//! repeated and cut to `len` bytes (`value_bytes`; the driver has the same function). An
+//! engine error prints `error <id> <message>` and exits with status 2.
 //!
-//! Single-threaded (the engine runs its own background flusher and committer).
+//! Single-threaded (the engine runs its own background flusher, committer and collector).
 
 use std::io::Write;
 use std::path::Path;
@@ -89,8 +101,18 @@ impl Acks {
     }
 }
 
-fn random_key(rng: &mut Rng) -> String {
-    let n = rng.below(400);
+/// Keys per keyspace the plain mode draws from (some sharing an 8-byte prefix, so twice
+/// as many names).
+const PLAIN_KEYS: u64 = 400;
+/// Keys per keyspace of `--gc`: so few that nearly every write overwrites a live record.
+const GC_KEYS: u64 = 12;
+/// One op in this many is a forced GC pass with `--gc`.
+const GC_PASS_IN: u64 = 60;
+/// With `--gc`, the GC stats are looked at every this many ops (and after every pass).
+const GC_STATS_EVERY: u64 = 16;
+
+fn random_key(rng: &mut Rng, keys: u64) -> String {
+    let n = rng.below(keys);
     // Long keys sharing their first 8 bytes make leaf prefixes tie, which takes the
     // hash-and-compare path of the index.
     if rng.below(4) == 0 {
@@ -100,7 +122,16 @@ fn random_key(rng: &mut Rng) -> String {
     }
 }
 
-fn random_value_len(rng: &mut Rng) -> usize {
+fn random_value_len(rng: &mut Rng, gc: bool) -> usize {
+    if gc {
+        // A 64 KiB segment holds a few dozen of these: segments fill and empty out fast.
+        return match rng.below(100) {
+            // Larger than a segment: a segment of its own, dead at the key's next write.
+            0 => 70_000 + rng.below(30_000) as usize,
+            1..=10 => 8_000 + rng.below(16_000) as usize,
+            _ => rng.below(4_000) as usize,
+        };
+    }
     match rng.below(200) {
         // Larger than the smallest log segment: gets a segment of its own.
         0 => 70_000 + rng.below(60_000) as usize,
@@ -117,48 +148,90 @@ fn durability(rng: &mut Rng, sync_in: u64) -> (Durability, &'static str) {
     }
 }
 
-/// Runs until killed: see the module doc.
-pub fn run(path: &Path, seed: u64) -> Result<Outcome, CliError> {
+/// This life's garbage collection so far: passes, bytes relocated, bytes reclaimed.
+fn gc_stats(db: &Database) -> (u64, u64, u64) {
+    let stats = db.stats();
+    (
+        stats.gc_passes,
+        stats.gc_relocated_bytes,
+        stats.gc_reclaimed_bytes,
+    )
+}
+
+/// Runs until killed: see the module doc. `gc` is the GC-heavy mode.
+pub fn run(path: &Path, seed: u64, gc: bool) -> Result<Outcome, CliError> {
     let mut rng = Rng(seed);
     let mut acks = Acks(std::io::stdout());
-    let segment_bytes = rng.pick(&[64u64 << 10, 128 << 10, 2 << 20]);
-    let flush_ms = rng.pick(&[0u64, 1, 5, 50]);
-    let commit_ms = rng.pick(&[0u64, 3, 20, 200]);
-    let commit_dirty_bytes = rng.pick(&[64u64 << 10, 1 << 20, 256 << 20]);
+    let options = if gc {
+        // The committer must run for the collector's commit pairs (and so for its punches).
+        let segment_bytes = 64u64 << 10;
+        let flush_ms = rng.pick(&[0u64, 1, 5]);
+        let commit_ms = rng.pick(&[1u64, 3, 20]);
+        let commit_dirty_bytes = rng.pick(&[64u64 << 10, 1 << 20]);
+        let gc_tick_ms = rng.pick(&[1u64, 2, 5]);
+        (
+            segment_bytes,
+            flush_ms,
+            commit_ms,
+            commit_dirty_bytes,
+            gc_tick_ms,
+        )
+    } else {
+        let segment_bytes = rng.pick(&[64u64 << 10, 128 << 10, 2 << 20]);
+        let flush_ms = rng.pick(&[0u64, 1, 5, 50]);
+        let commit_ms = rng.pick(&[0u64, 3, 20, 200]);
+        let commit_dirty_bytes = rng.pick(&[64u64 << 10, 1 << 20, 256 << 20]);
+        (segment_bytes, flush_ms, commit_ms, commit_dirty_bytes, 0)
+    };
+    let (segment_bytes, flush_ms, commit_ms, commit_dirty_bytes, gc_tick_ms) = options;
     let ms = |m: u64| (m > 0).then(|| Duration::from_millis(m));
-    let db = Database::builder()
+    let mut builder = Database::builder()
         .log_segment_bytes(segment_bytes)
         .flush_interval(ms(flush_ms))
         .commit_interval(ms(commit_ms))
-        .commit_dirty_bytes(commit_dirty_bytes)
+        .commit_dirty_bytes(commit_dirty_bytes);
+    if gc {
+        // The plain mode keeps the engine's default tick, as users get it.
+        builder = builder.gc_tick(Duration::from_millis(gc_tick_ms));
+    }
+    let db = builder
         .open(path)
         .map_err(|e| CliError::from(e).context(format_args!("cannot open {}", path.display())))?;
+    let gc_text = if gc {
+        format!(" gc_heavy gc_tick_ms={gc_tick_ms}")
+    } else {
+        String::new()
+    };
     acks.line(format!(
         "open segment_bytes={segment_bytes} flush_ms={flush_ms} commit_ms={commit_ms} \
-         commit_dirty_bytes={commit_dirty_bytes}"
+         commit_dirty_bytes={commit_dirty_bytes}{gc_text}"
     ))?;
     let mut keyspaces: Vec<Keyspace> = Vec::new();
     for name in KEYSPACES {
         keyspaces.push(db.keyspace(name)?);
         acks.line(format!("ks {name}"))?;
     }
+    let keys = if gc { GC_KEYS } else { PLAIN_KEYS };
+    let mut reported = (0, 0, 0);
     let mut id = 0u64;
     loop {
         let ks_index = rng.below(keyspaces.len() as u64) as usize;
         let ks = &keyspaces[ks_index];
         let ks_name = KEYSPACES[ks_index];
         let tag = format!("{seed:x}.{id}");
-        let roll = rng.below(100);
+        // No draw in the plain mode: its streams stay what they were before `--gc`.
+        let forced_gc = gc && rng.below(GC_PASS_IN) == 0;
+        let roll = if forced_gc { 100 } else { rng.below(100) };
         let (op_text, result, durability_text) = if roll < 70 {
-            let key = random_key(&mut rng);
-            let len = random_value_len(&mut rng);
+            let key = random_key(&mut rng, keys);
+            let len = random_value_len(&mut rng, gc);
             let (d, d_text) = durability(&mut rng, 8);
             let op = format!("put {ks_name} {key} {tag} {len}");
             acks.line(format!("begin {id} {op}"))?;
             let result = ks.put_with(key.as_bytes(), &value_bytes(&tag, len), d);
             (op, result, d_text)
         } else if roll < 82 {
-            let key = random_key(&mut rng);
+            let key = random_key(&mut rng, keys);
             let (d, d_text) = durability(&mut rng, 8);
             let op = format!("del {ks_name} {key}");
             acks.line(format!("begin {id} {op}"))?;
@@ -170,12 +243,12 @@ pub fn run(path: &Path, seed: u64) -> Result<Outcome, CliError> {
             let mut batch = ks.batch();
             let mut op = format!("batch {ks_name} {n}");
             for i in 0..n {
-                let key = random_key(&mut rng);
+                let key = random_key(&mut rng, keys);
                 if rng.below(5) == 0 {
                     batch.delete(key.as_bytes());
                     op.push_str(&format!(" D {key}"));
                 } else {
-                    let len = random_value_len(&mut rng);
+                    let len = random_value_len(&mut rng, gc);
                     let item_tag = format!("{tag}.{i}");
                     batch.put(key.as_bytes(), &value_bytes(&item_tag, len));
                     op.push_str(&format!(" P {key} {item_tag} {len}"));
@@ -186,9 +259,12 @@ pub fn run(path: &Path, seed: u64) -> Result<Outcome, CliError> {
         } else if roll < 99 {
             acks.line(format!("begin {id} sync"))?;
             ("sync".to_string(), db.sync(), "sync")
-        } else {
+        } else if roll < 100 {
             acks.line(format!("begin {id} commit"))?;
             ("commit".to_string(), db.commit(), "sync")
+        } else {
+            acks.line(format!("begin {id} gc"))?;
+            ("gc".to_string(), db.gc(), "sync")
         };
         if let Err(error) = result {
             acks.line(format!("error {id} {error}"))?;
@@ -196,6 +272,14 @@ pub fn run(path: &Path, seed: u64) -> Result<Outcome, CliError> {
         }
         acks.line(format!("ack {id} {durability_text} {op_text}"))?;
         id += 1;
+        if gc && (forced_gc || id.is_multiple_of(GC_STATS_EVERY)) {
+            let now = gc_stats(&db);
+            if now != reported {
+                reported = now;
+                let (passes, relocated, reclaimed) = now;
+                acks.line(format!("gcstats {passes} {relocated} {reclaimed}"))?;
+            }
+        }
     }
 }
 

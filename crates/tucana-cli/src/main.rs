@@ -120,6 +120,10 @@ pub enum Command {
     CrashWriter {
         #[arg(long)]
         seed: u64,
+        /// Garbage-collection-heavy mode: 64 KiB segments, a dozen hot keys per keyspace,
+        /// background GC stepping every few milliseconds, forced passes among the writes.
+        #[arg(long)]
+        gc: bool,
     },
     /// Serves the volume over RESP (the Redis protocol) until SIGINT, SIGTERM or SHUTDOWN.
     ///
@@ -208,9 +212,9 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: Cli) -> Result<Outcome, CliError> {
-    if let Command::CrashWriter { seed } = cli.command {
+    if let Command::CrashWriter { seed, gc } = cli.command {
         // Opens with its own options and never closes: it runs until it is killed.
-        return crash_writer::run(&cli.db, seed);
+        return crash_writer::run(&cli.db, seed, gc);
     }
     if let Command::Serve(args) = &cli.command {
         // The server opens the volume with its own options and closes it itself.

@@ -1,12 +1,19 @@
 //! M3: kill -9 of the real `tucana` binary on a real file, cycle after cycle.
 //!
-//! Owns: the cycle loop. Each cycle spawns `tucana --db V crash-writer --seed S'`, reads
-//! its acknowledgements, kills it with SIGKILL at a random instant (during its open,
-//! between calls, inside a sync or a commit), reopens the volume with the library, checks
+//! Owns: the cycle loop. Each cycle spawns `tucana --db V crash-writer --seed S' [--gc]`,
+//! reads its acknowledgements, kills it with SIGKILL at a random instant (during its open,
+//! between calls, inside a sync, a commit or a forced GC pass), reopens the volume with
+//! the library, checks
 //! the recovered contents against what was acknowledged (`model::verify`), cross-checks
 //! `get` against the scan, runs `check()`, and closes; the next cycle starts from the
 //! recovered state on the same volume. Does not own: the writer (`tucana-cli`,
 //! `crash_writer.rs`) nor the rules (`model.rs`).
+//!
+//! A share of the cycles (`Config::gc_percent`, by the writer's seed) runs the writer in
+//! its GC-heavy mode (`--gc`): garbage collection relocates, retires, commits in pairs and
+//! punches all through its life, and three in ten of those cycles aim the kill into a
+//! forced pass. Their writers report what their collector did (`gcstats`), summed in the
+//! figures as evidence that the kills landed on a collector at work.
 //!
 //! The driver is single-threaded apart from one thread per cycle that reads the writer's
 //! stdout into a channel, so the kill can be timed while lines arrive.
@@ -19,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use tucana::Database;
 
-use crate::model::{self, Session, State};
+use crate::model::{self, GcStats, Session, State};
 use crate::Rng;
 
 /// What `run` needs.
@@ -32,6 +39,8 @@ pub struct Config {
     pub tucana: PathBuf,
     /// Print a progress line every this many cycles (0: never).
     pub progress_every: u64,
+    /// Percent of the cycles whose writer runs GC-heavy (`crash-writer --gc`).
+    pub gc_percent: u64,
 }
 
 /// The figures of a run.
@@ -48,6 +57,14 @@ pub struct Summary {
     pub kills_during_open: u64,
     /// Cycles whose last write was in flight when the kill came.
     pub kills_in_flight: u64,
+    /// Cycles whose writer ran GC-heavy.
+    pub gc_cycles: u64,
+    /// GC-heavy cycles killed while a forced pass (`Database::gc`) was in flight.
+    pub kills_in_forced_gc: u64,
+    /// GC-heavy cycles whose writer reported relocated bytes before the kill.
+    pub gc_cycles_relocating: u64,
+    /// What the GC-heavy writers reported last before their kill, summed.
+    pub gc: GcStats,
     /// The first failure, described.
     pub failure: Option<String>,
 }
@@ -58,13 +75,34 @@ impl Summary {
             || self.failure.is_some()
     }
 
-    /// The figure line of RELIABILITY.md.
+    /// The figure line of RELIABILITY.md, with how much garbage collection the kills met.
     pub fn figure_line(&self, seed: u64) -> String {
+        let mib = |bytes: u64| bytes as f64 / (1u64 << 20) as f64;
         format!(
-            "M3 kill cycles: {}, lost durable writes: {}, non-prefix states: {}, check failures: {}, seed: {}",
-            self.cycles, self.lost_durable_writes, self.non_prefix_states, self.check_failures, seed
+            "M3 kill cycles: {}, lost durable writes: {}, non-prefix states: {}, check failures: {}, \
+             gc cycles: {} (killed in a forced pass: {}, writers that relocated: {}, relocated {:.1} MiB, \
+             reclaimed {:.1} MiB), seed: {}",
+            self.cycles,
+            self.lost_durable_writes,
+            self.non_prefix_states,
+            self.check_failures,
+            self.gc_cycles,
+            self.kills_in_forced_gc,
+            self.gc_cycles_relocating,
+            mib(self.gc.relocated_bytes),
+            mib(self.gc.reclaimed_bytes),
+            seed
         )
     }
+}
+
+/// How the writer of a cycle runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    /// The plain mix: a few hundred keys per keyspace, segments of 64 KiB to 2 MiB.
+    Plain,
+    /// `crash-writer --gc`: hot keys, 64 KiB segments, a busy collector, forced passes.
+    Gc,
 }
 
 /// When to kill the writer.
@@ -74,22 +112,52 @@ enum KillPlan {
     AfterTime(Duration),
     /// After this many acknowledgements, then this much longer.
     AfterAcks(u64, Duration),
+    /// This long after the writer began its n-th forced GC pass (`Mode::Gc` only).
+    InForcedGc(u64, Duration),
 }
 
-fn plan(rng: &mut Rng) -> KillPlan {
-    match rng.below(10) {
-        0 => KillPlan::AfterTime(Duration::from_micros(rng.below(40_000))),
-        _ => {
-            // Mostly short runs keep cycles fast; a few long ones let commits, segment
-            // switches and large values happen before the kill.
-            let acks = match rng.below(10) {
-                0..=5 => rng.below(30),
-                6..=8 => rng.below(300),
-                _ => rng.below(3_000),
-            };
-            KillPlan::AfterAcks(acks, Duration::from_micros(rng.below(3_000)))
-        }
-    }
+/// What a cycle does: printed with its failure, and replayed by its seed.
+#[derive(Clone, Copy, Debug)]
+struct CyclePlan {
+    mode: Mode,
+    kill: KillPlan,
+}
+
+fn plan(rng: &mut Rng, mode: Mode) -> CyclePlan {
+    let kill = match mode {
+        Mode::Plain => match rng.below(10) {
+            0 => KillPlan::AfterTime(Duration::from_micros(rng.below(40_000))),
+            _ => {
+                // Mostly short runs keep cycles fast; a few long ones let commits, segment
+                // switches and large values happen before the kill.
+                let acks = match rng.below(10) {
+                    0..=5 => rng.below(30),
+                    6..=8 => rng.below(300),
+                    _ => rng.below(3_000),
+                };
+                KillPlan::AfterAcks(acks, Duration::from_micros(rng.below(3_000)))
+            }
+        },
+        // The collector is at work from the writer's open on (the volume it finds has dead
+        // space); a forced pass comes every 60 ops or so and takes a few milliseconds, a
+        // background step or commit pair every few. Runs as long as the plain mode's keep
+        // M3's time where it was.
+        Mode::Gc => match rng.below(20) {
+            0 => KillPlan::AfterTime(Duration::from_micros(rng.below(40_000))),
+            1..=6 => {
+                KillPlan::InForcedGc(1 + rng.below(2), Duration::from_micros(rng.below(10_000)))
+            }
+            _ => {
+                let acks = match rng.below(10) {
+                    0..=5 => rng.below(100),
+                    6..=8 => rng.below(400),
+                    _ => rng.below(2_000),
+                };
+                KillPlan::AfterAcks(acks, Duration::from_micros(rng.below(3_000)))
+            }
+        },
+    };
+    CyclePlan { mode, kill }
 }
 
 /// Reads complete lines until EOF; a torn last line (no newline) is dropped.
@@ -120,10 +188,11 @@ fn wait_for_kill(
     lines: &mut Vec<String>,
 ) -> bool {
     let mut acks = 0u64;
+    let mut passes = 0u64;
     let mut deadline = match plan {
         KillPlan::AfterTime(after) => Some(spawned + after),
         KillPlan::AfterAcks(0, after) => Some(Instant::now() + after),
-        KillPlan::AfterAcks(..) => None,
+        KillPlan::AfterAcks(..) | KillPlan::InForcedGc(..) => None,
     };
     loop {
         let timeout = match deadline {
@@ -141,6 +210,13 @@ fn wait_for_kill(
                     acks += 1;
                     if let KillPlan::AfterAcks(n, after) = plan {
                         if acks == n {
+                            deadline = Some(Instant::now() + after);
+                        }
+                    }
+                } else if line.starts_with("begin ") && line.ends_with(" gc") {
+                    passes += 1;
+                    if let KillPlan::InForcedGc(n, after) = plan {
+                        if passes == n {
                             deadline = Some(Instant::now() + after);
                         }
                     }
@@ -194,15 +270,26 @@ fn stderr_tail(path: &Path) -> String {
     lines[lines.len().saturating_sub(20)..].join("\n")
 }
 
-fn spawn(config: &Config, volume: &Path, seed: u64, stderr: &Path) -> Result<Child, String> {
+fn spawn(
+    config: &Config,
+    volume: &Path,
+    seed: u64,
+    mode: Mode,
+    stderr: &Path,
+) -> Result<Child, String> {
     let stderr_file = std::fs::File::create(stderr)
         .map_err(|e| format!("cannot create {}: {e}", stderr.display()))?;
-    Command::new(&config.tucana)
+    let mut command = Command::new(&config.tucana);
+    command
         .arg("--db")
         .arg(volume)
         .arg("crash-writer")
         .arg("--seed")
-        .arg(seed.to_string())
+        .arg(seed.to_string());
+    if mode == Mode::Gc {
+        command.arg("--gc");
+    }
+    command
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(stderr_file)
@@ -237,13 +324,19 @@ pub fn run(config: &Config) -> Summary {
     let started = Instant::now();
     for cycle in 0..config.cycles {
         let writer_seed = rng.next_u64();
-        let plan = plan(&mut rng);
+        // By the writer's seed, so that a writer seed alone names the whole cycle.
+        let mode = if writer_seed % 100 < config.gc_percent {
+            Mode::Gc
+        } else {
+            Mode::Plain
+        };
+        let plan = plan(&mut rng, mode);
         let fail = |summary: &mut Summary, what: String| {
             summary.failure = Some(format!(
                 "cycle {cycle} (writer seed {writer_seed}, kill plan {plan:?}): {what}"
             ));
         };
-        let mut child = match spawn(config, &volume, writer_seed, &stderr) {
+        let mut child = match spawn(config, &volume, writer_seed, plan.mode, &stderr) {
             Ok(child) => child,
             Err(e) => {
                 fail(&mut summary, e);
@@ -255,7 +348,7 @@ pub fn run(config: &Config) -> Summary {
         let stdout = child.stdout.take().expect("stdout is piped");
         let reader = std::thread::spawn(move || read_lines(stdout, tx));
         let mut lines = Vec::new();
-        let alive = wait_for_kill(plan, spawned, &rx, &mut lines);
+        let alive = wait_for_kill(plan.kill, spawned, &rx, &mut lines);
         // std's Child::kill is SIGKILL on Unix: no handler, no flush, no unwinding.
         let _ = child.kill();
         let status = child.wait();
@@ -287,6 +380,20 @@ pub fn run(config: &Config) -> Summary {
         }
         if session.in_flight.is_some() {
             summary.kills_in_flight += 1;
+        }
+        if plan.mode == Mode::Gc {
+            summary.gc_cycles += 1;
+            if session.in_flight == Some(model::Op::Gc) {
+                summary.kills_in_forced_gc += 1;
+            }
+            if let Some(gc) = session.gc_stats {
+                if gc.relocated_bytes > 0 {
+                    summary.gc_cycles_relocating += 1;
+                }
+                summary.gc.passes += gc.passes;
+                summary.gc.relocated_bytes += gc.relocated_bytes;
+                summary.gc.reclaimed_bytes += gc.reclaimed_bytes;
+            }
         }
         summary.acked_ops += session.acked.len() as u64;
         let db = match Database::builder()

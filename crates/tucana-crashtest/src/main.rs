@@ -1,11 +1,16 @@
 //! `tucana-crashtest`: crash tests against the real `tucana` binary.
 //!
-//! `tucana-crashtest kill9 --cycles N --seed S [--dir D] [--tucana PATH]` runs M3 of
-//! RELIABILITY.md (see `kill9.rs`) and ends with its figure line:
+//! `tucana-crashtest kill9 --cycles N --seed S [--dir D] [--tucana PATH] [--gc-percent P]`
+//! runs M3 of RELIABILITY.md (see `kill9.rs`) and ends with its figure line:
 //!
 //! ```text
-//! M3 kill cycles: N, lost durable writes: 0, non-prefix states: 0, check failures: 0, seed: S
+//! M3 kill cycles: N, lost durable writes: 0, non-prefix states: 0, check failures: 0,
+//! gc cycles: G (killed in a forced pass: F, writers that relocated: W, relocated R MiB,
+//! reclaimed C MiB), seed: S
 //! ```
+//!
+//! (one line), where the GC figures are those of the cycles whose writer ran GC-heavy,
+//! summed from what each writer's engine reported before its kill.
 //!
 //! Exit status 0 when every cycle passed, 1 on any failure (described on stderr; the
 //! volume is kept for inspection), 2 on bad usage. The same seed replays the same writer
@@ -50,6 +55,11 @@ enum Cmd {
         /// Print progress to stderr every N cycles (0: never).
         #[arg(long, value_name = "N", default_value_t = 100)]
         progress: u64,
+        /// Percent of the cycles (chosen by their writer's seed) whose writer runs
+        /// GC-heavy: hot keys, small segments, a busy collector, forced passes.
+        #[arg(long, value_name = "P", default_value_t = 50,
+              value_parser = clap::value_parser!(u64).range(0..=100))]
+        gc_percent: u64,
     },
 }
 
@@ -95,6 +105,7 @@ fn main() -> ExitCode {
         dir,
         tucana,
         progress,
+        gc_percent,
     } = Cli::parse().command;
     let tucana = match tucana.map(Ok).unwrap_or_else(tucana_next_to_me) {
         Ok(path) => path,
@@ -120,15 +131,18 @@ fn main() -> ExitCode {
         dir: dir.clone(),
         tucana,
         progress_every: progress,
+        gc_percent,
     };
     let started = std::time::Instant::now();
     let summary = kill9::run(&config);
     eprintln!(
-        "kill9: {} acknowledged ops, {} had to survive, {} kills during open, {} with a write in flight, {:.1} s",
+        "kill9: {} acknowledged ops, {} had to survive, {} kills during open, {} with a write in flight, \
+         {} GC passes reported, {:.1} s",
         summary.acked_ops,
         summary.durable_writes,
         summary.kills_during_open,
         summary.kills_in_flight,
+        summary.gc.passes,
         started.elapsed().as_secs_f64()
     );
     let failed = summary.failed();

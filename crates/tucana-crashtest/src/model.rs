@@ -11,7 +11,7 @@
 //!   applied (buffered writes are lost only as a suffix; a batch counts as one write, so
 //!   it is all or nothing);
 //! * the prefix must include every write acknowledged `sync`, and every write acknowledged
-//!   before an acknowledged `sync` or `commit` call;
+//!   before an acknowledged `sync`, `commit` or `gc` call (a forced pass commits first);
 //! * the one write that may have been in flight at the kill (announced by `begin`, never
 //!   acknowledged) may be there or not;
 //! * a keyspace whose creation was acknowledged (or that existed before) must exist.
@@ -49,6 +49,9 @@ pub enum Op {
     },
     /// `sync` or `commit`: everything acknowledged before is durable.
     Sync,
+    /// `gc`, a forced garbage-collection pass: it commits first, so everything
+    /// acknowledged before is durable, as after `Sync`.
+    Gc,
 }
 
 /// One line of the protocol.
@@ -64,6 +67,15 @@ pub enum Line {
         op: Op,
     },
     Error(u64, String),
+    GcStats(GcStats),
+}
+
+/// Garbage collection a writer's engine reported for its life so far (`gcstats` lines).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GcStats {
+    pub passes: u64,
+    pub relocated_bytes: u64,
+    pub reclaimed_bytes: u64,
 }
 
 fn parse_op(words: &[&str]) -> Result<Op, String> {
@@ -71,6 +83,7 @@ fn parse_op(words: &[&str]) -> Result<Op, String> {
     let num = |w: &str| w.parse::<usize>().map_err(|_| bad());
     match words {
         ["sync"] | ["commit"] => Ok(Op::Sync),
+        ["gc"] => Ok(Op::Gc),
         ["put", ks, key, tag, len] => Ok(Op::Write {
             keyspace: ks.to_string(),
             changes: vec![Change::Put {
@@ -142,6 +155,17 @@ pub fn parse_line(line: &str) -> Result<Line, String> {
             })
         }
         ["error", n, message @ ..] => Ok(Line::Error(id(n)?, message.join(" "))),
+        ["gcstats", passes, relocated, reclaimed] => {
+            let num = |w: &str| {
+                w.parse::<u64>()
+                    .map_err(|_| format!("bad number in {line:?}"))
+            };
+            Ok(Line::GcStats(GcStats {
+                passes: num(passes)?,
+                relocated_bytes: num(relocated)?,
+                reclaimed_bytes: num(reclaimed)?,
+            }))
+        }
         _ => Err(format!("unknown line {line:?}")),
     }
 }
@@ -157,6 +181,8 @@ pub struct Session {
     /// The op announced but not acknowledged when the writer died.
     pub in_flight: Option<Op>,
     pub last_id: Option<u64>,
+    /// The writer's last report of its garbage collection (none before its first).
+    pub gc_stats: Option<GcStats>,
 }
 
 impl Session {
@@ -190,6 +216,12 @@ impl Session {
                 }
                 Line::Error(id, message) => {
                     return Err(format!("the writer's op {id} failed: {message}"))
+                }
+                Line::GcStats(stats) => {
+                    if s.in_flight.is_some() {
+                        return Err("gcstats while an op was in flight".into());
+                    }
+                    s.gc_stats = Some(stats);
                 }
             }
         }
@@ -283,7 +315,7 @@ pub fn verify(base: &State, session: &Session, recovered: &State) -> Result<Foun
                     durable.insert(keyspace, list.len());
                 }
             }
-            Op::Sync => {
+            Op::Sync | Op::Gc => {
                 for (ks, list) in &writes {
                     durable.insert(ks, list.len());
                 }
@@ -482,5 +514,36 @@ mod tests {
         )
         .unwrap();
         assert!(verify(&base, &s, &state(&[("a", &[]), ("b", &[("y", "t")])])).is_err());
+    }
+
+    #[test]
+    fn a_forced_pass_makes_earlier_writes_durable_and_gc_stats_are_kept() {
+        let s = session(&[
+            "ks a",
+            "begin 0 put a x t 1",
+            "ack 0 buffered put a x t 1",
+            "begin 1 gc",
+            "ack 1 sync gc",
+            "gcstats 2 4096 65536",
+            "begin 2 gc",
+        ]);
+        assert_eq!(s.in_flight, Some(Op::Gc));
+        assert_eq!(
+            s.gc_stats,
+            Some(GcStats {
+                passes: 2,
+                relocated_bytes: 4096,
+                reclaimed_bytes: 65536
+            })
+        );
+        let base = State::new();
+        verify(&base, &s, &state(&[("a", &[("x", "t")])])).unwrap();
+        assert!(matches!(
+            verify(&base, &s, &state(&[("a", &[])])),
+            Err(Violation::LostDurable { lost: 1, .. })
+        ));
+        // Stats belong between an ack and the next begin.
+        assert!(Session::from_lines(["begin 0 gc", "gcstats 1 2 3"]).is_err());
+        assert!(parse_line("gcstats 1 x 3").is_err());
     }
 }
