@@ -37,13 +37,14 @@ pub struct Options {
     pub gc: bool,
     /// The space amplification background GC steers toward: disk bytes over the keys and
     /// values of live records. A keyspace's log and index (estimated) are collected back
-    /// under `1 + 0.8 × (gc_space_amp - 1)` once they pass it; the rest of the room is for
-    /// segments emptied but not yet given back (two commits away). Writers are paced past
-    /// `1 + 2 × (gc_space_amp - 1)` (DESIGN.md, "Garbage collection").
+    /// under `1 + 0.9 × (gc_space_amp - 1)` once they pass it; the rest of the room is for
+    /// segments emptied but not yet given back (two commits away). A burst of overwrites
+    /// runs over it until it ends. Writers are paced past `1 + 2 × (gc_space_amp - 1)`
+    /// (DESIGN.md, "Garbage collection").
     pub gc_space_amp: f64,
-    /// Most bytes of live records background GC copies per second while a keyspace is
-    /// between its start line and `1 + 0.9 × (gc_space_amp - 1)`; past that it copies what
-    /// it must, at once.
+    /// Most bytes of live records background GC copies per second while collecting back
+    /// to its line; past `1 + 1.5 × (gc_space_amp - 1)` it may also copy a quarter byte
+    /// per byte foreground writers append.
     pub gc_rate_bytes_per_sec: u64,
     /// Range iterators keep the log records of this many entries ahead of each end asked
     /// for at once (`Storage::prefetch`), so that a scan of records not in memory has many
@@ -114,8 +115,8 @@ impl Options {
         self
     }
 
-    /// Bytes of live records background GC copies per second while gently collecting
-    /// (default 64 MiB/s); close to the target it copies what it must. See the field.
+    /// Bytes of live records background GC copies per second (default 64 MiB/s); during
+    /// a burst it may copy more. See the field.
     pub fn gc_rate_bytes_per_sec(mut self, rate: u64) -> Options {
         self.gc_rate_bytes_per_sec = rate;
         self

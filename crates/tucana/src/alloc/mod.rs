@@ -475,6 +475,11 @@ impl State {
     }
 }
 
+/// How far either side of a freed index node `Allocator::release_punching` looks for free
+/// neighbours to punch with it (1 MiB): enough to merge a commit's run of nodes, little
+/// enough that the system call under the allocator's lock stays short.
+const SMALL_PUNCH_WINDOW_BLOCKS: u64 = 256;
+
 impl Allocator {
     /// Fresh volume of `volume_bytes`: only the reserved blocks are allocated, and every
     /// group is changed (the first commit writes them all).
@@ -677,25 +682,51 @@ impl Allocator {
     }
 
     /// Frees `extents` (each may be freed: panics otherwise, like `release`) and has
-    /// `punch(offset_bytes, len_bytes)` give back every free run of at least `min_blocks`
-    /// that one of them lies in, merged with the free blocks around it, all under the
-    /// allocator's lock, so no allocation can take a block between its release and its
-    /// punch.
+    /// `punch(offset_bytes, len_bytes)` give their bytes back to the file system.
     ///
-    /// Why the runs around: extents come back a few at a time (commit pairs, frees handed
-    /// back between commits), and index nodes one block at a time; punched only as
-    /// given, a store emptied by deletes kept its whole index in the file (single blocks
-    /// are not worth a system call), where freeing everything in one batch had merged
-    /// neighbours into runs.
+    /// Extents of at least `min_blocks` (log segments, runs of nodes; adjacent ones
+    /// merged) are punched before they are released, outside the allocator's lock:
+    /// nothing else can allocate them yet, and writers switching segments do not wait for
+    /// the system calls. A smaller one (an index node) is released, then the free run it
+    /// lies in, within `SMALL_PUNCH_WINDOW_BLOCKS` either side, is punched if it reaches
+    /// `min_blocks`, with the lock held so no allocation takes a block of that run in
+    /// between. Nodes come back one block at a time and a few per batch (commit pairs,
+    /// frees handed back between commits): punched only as given, a store emptied by
+    /// deletes kept its whole index in the file.
     pub fn release_punching(
         &self,
         extents: &[(DiskOffset, u64)],
         min_blocks: u64,
         punch: &mut dyn FnMut(u64, u64),
     ) {
+        let (mut large, small): (Vec<_>, Vec<_>) = extents
+            .iter()
+            .copied()
+            .partition(|(_, blocks)| *blocks >= min_blocks);
+        large.sort_unstable();
+        let mut run: Option<(u64, u64)> = None;
+        for &(offset, blocks) in &large {
+            let bytes = blocks * BLOCK_BYTES;
+            run = match run {
+                Some((start, len)) if start + len == offset.0 => Some((start, len + bytes)),
+                Some((start, len)) => {
+                    punch(start, len);
+                    Some((offset.0, bytes))
+                }
+                None => Some((offset.0, bytes)),
+            };
+        }
+        if let Some((start, len)) = run {
+            punch(start, len);
+        }
         let mut st = self.state.lock();
+        for &(offset, blocks) in &large {
+            if let Err(why) = st.try_release(offset, blocks) {
+                panic!("{why}");
+            }
+        }
         let mut runs: Vec<(u64, u64)> = Vec::new();
-        for &(offset, blocks) in extents {
+        for &(offset, blocks) in &small {
             if let Err(why) = st.try_release(offset, blocks) {
                 panic!("{why}");
             }
@@ -705,11 +736,16 @@ impl Allocator {
             let Some(group) = st.groups.get(g as usize) else {
                 continue;
             };
-            // Within the group: reserved blocks at its start and blocks past the volume's
-            // end are set, so the run stops at them.
-            let lo = bitmap::last_set_below(&group.bits, start - base).map_or(0, |b| b + 1);
+            // Within the group (reserved blocks at its start and blocks past the volume's
+            // end are set, so the run stops at them) and the window.
+            let start_in = start - base;
             let end_in = (start + blocks).min(base + GROUP_BLOCKS) - base;
-            let hi = bitmap::first_set(&group.bits, end_in, GROUP_BLOCKS).unwrap_or(GROUP_BLOCKS);
+            let floor = start_in.saturating_sub(SMALL_PUNCH_WINDOW_BLOCKS);
+            let ceiling = (end_in + SMALL_PUNCH_WINDOW_BLOCKS).min(GROUP_BLOCKS);
+            let lo = bitmap::last_set_below(&group.bits, start_in)
+                .map_or(0, |b| b + 1)
+                .max(floor);
+            let hi = bitmap::first_set(&group.bits, end_in, ceiling).unwrap_or(ceiling);
             if hi - lo >= min_blocks {
                 runs.push((base + lo, base + hi));
             }

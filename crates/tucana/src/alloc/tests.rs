@@ -905,3 +905,30 @@ fn release_punching_merges_runs_freed_one_block_at_a_time() {
     assert_eq!(last, vec![(8 * BLOCK_BYTES, (256 - 8) * BLOCK_BYTES)]);
     live_set(&alloc);
 }
+
+/// Large extents (log segments) are punched as given, adjacent ones merged, before they
+/// are released: no free neighbour is punched with them.
+#[test]
+fn release_punching_punches_large_extents_as_given() {
+    let (storage, alloc) = new_volume(256 * BLOCK_BYTES);
+    let a = alloc.allocate(&storage, 20, 1, false).unwrap();
+    let b = alloc.allocate(&storage, 20, 1, false).unwrap();
+    let c = alloc.allocate(&storage, 20, 1, false).unwrap();
+    assert_eq!((block_of(a), block_of(b), block_of(c)), (8, 28, 48));
+    let mut punched = Vec::new();
+    alloc.release_punching(&[(c, 20), (a, 20)], 16, &mut |at, len| {
+        punched.push((at, len))
+    });
+    assert_eq!(
+        punched,
+        vec![
+            (8 * BLOCK_BYTES, 20 * BLOCK_BYTES),
+            (48 * BLOCK_BYTES, 20 * BLOCK_BYTES)
+        ]
+    );
+    punched.clear();
+    alloc.release_punching(&[(b, 20)], 16, &mut |at, len| punched.push((at, len)));
+    assert_eq!(punched, vec![(28 * BLOCK_BYTES, 20 * BLOCK_BYTES)]);
+    assert!(!alloc.is_allocated(a, 60));
+    live_set(&alloc);
+}
