@@ -4,8 +4,9 @@
 //! Owns sockets, limits on connections (max clients, idle timeout, request sizes through
 //! the decoder) and the execution model; it does not know what commands do.
 //!
-//! Execution model: connections are async tasks spread round-robin over one
-//! single-threaded tokio runtime per core (`ConnectionThreads`); the listener, the
+//! Execution model: connections are async tasks spread round-robin over the connection
+//! threads (`ConnectionThreads`), each a single-threaded tokio runtime; how many is
+//! `ServerConfig::threads` (default: one per core but one); the listener, the
 //! metrics endpoint and signals run on a separate small runtime. A connection stays on
 //! its thread for its life: each thread waits on its own sockets and runs what became
 //! ready, with no work stealing between threads (in a shared multi-threaded runtime a
@@ -57,6 +58,8 @@ pub struct Shared {
     pub started: Instant,
     /// The port actually bound (the configured one may be 0).
     pub local_port: u16,
+    /// Connection threads (the configured count, or the default for this machine).
+    pub threads: usize,
     tls: Option<TlsAcceptor>,
     next_client_id: AtomicU64,
     shutdown: Arc<watch::Sender<bool>>,
@@ -95,8 +98,10 @@ impl Server {
         };
         let local_port = listener.local_addr()?.port();
         let (shutdown, _) = watch::channel(false);
+        let threads = config.thread_count();
         let shared = Arc::new(Shared {
             store: Store::new(db, config.databases, config.max_scan_cursors),
+            threads,
             config,
             metrics: Metrics::default(),
             started: Instant::now(),
@@ -134,7 +139,7 @@ impl Server {
             shared,
         } = self;
         let mut shutdown = shared.shutdown.subscribe();
-        let mut threads = match ConnectionThreads::start(connection_thread_count()) {
+        let mut threads = match ConnectionThreads::start(shared.threads) {
             Ok(t) => t,
             Err(e) => return Err(tucana::Error::Io(e)),
         };
@@ -188,11 +193,6 @@ struct ConnectionThreads {
     next: usize,
     stop: Vec<tokio::sync::oneshot::Sender<()>>,
     threads: Vec<std::thread::JoinHandle<()>>,
-}
-
-/// One connection thread per core: more would only take turns on the same cores.
-fn connection_thread_count() -> usize {
-    std::thread::available_parallelism().map_or(2, |n| n.get())
 }
 
 impl ConnectionThreads {

@@ -612,6 +612,7 @@ fn info_command_and_prometheus_metrics() {
     for needle in [
         "# Server",
         "redis_version:",
+        "connection_threads:",
         "# Clients",
         "connected_clients:1",
         "# Memory",
@@ -1003,5 +1004,44 @@ fn pipelined_sets_of_large_values_are_all_applied() {
     for i in 0..10u8 {
         assert_eq!(ks.get(&[b'k', b'0' + i]).unwrap(), Some(value(i)));
     }
+    server.stop().unwrap();
+}
+
+/// With one connection thread every connection shares one event loop; many concurrent
+/// clients are all served, and INFO reports the thread count.
+#[test]
+fn one_connection_thread_serves_many_concurrent_clients() {
+    let (db, server) = start_with(ServerConfig {
+        durability: DurabilityMode::Buffered,
+        threads: Some(1),
+        ..config()
+    });
+    let url = format!("redis://{}/", server.addr);
+    let clients: Vec<_> = (0..8)
+        .map(|c| {
+            let url = url.clone();
+            std::thread::spawn(move || {
+                let mut con = connect_url(&url);
+                for i in 0..200 {
+                    let key = format!("c{c}:{i}");
+                    let _: () = con.set(&key, i).unwrap();
+                    assert_eq!(con.get::<_, i64>(&key).unwrap(), i);
+                }
+            })
+        })
+        .collect();
+    for c in clients {
+        c.join().unwrap();
+    }
+    let mut con = connect(&server);
+    let info: String = redis::cmd("INFO").arg("server").query(&mut con).unwrap();
+    assert!(info.contains("connection_threads:1\r\n"), "{info}");
+    let stats = db.stats();
+    let ks = stats
+        .keyspaces
+        .iter()
+        .find(|k| k.name == "default")
+        .unwrap();
+    assert_eq!(ks.keys, 1600);
     server.stop().unwrap();
 }
