@@ -12,7 +12,9 @@
 //! ready, with no work stealing between threads (in a shared multi-threaded runtime a
 //! worker that found work woke another to steal some, a futex wake and a context switch
 //! per request at pipeline depth 1). A connection decodes every complete request in its
-//! buffer (a pipelined batch) and runs the batch in one go. Batches of reads, and of buffered writes, run on the async worker (engine
+//! buffer (a pipelined batch) and runs the batch in one go; a small reply waits in the
+//! connection's outbox until its thread has run every ready connection (see `outbox`).
+//! Batches of reads, and of buffered writes, run on the async worker (engine
 //! reads never block on writers; a buffered write is a short append). Batches that may
 //! wait on the device (sync-mode writes, EXEC, FLUSHDB, SAVE) run on tokio's blocking
 //! pool, so a connection waiting for its fsync does not stall the others, and concurrent
@@ -40,6 +42,7 @@ use tucana::Database;
 use crate::commands::{execute_batch, may_block, Session};
 use crate::config::ServerConfig;
 use crate::metrics::{prometheus_text, Metrics};
+use crate::outbox::Outbox;
 use crate::resp::{check_incomplete, decode_into, Reply, Requests};
 use crate::store::Store;
 
@@ -208,6 +211,7 @@ impl ConnectionThreads {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .thread_name("tucana-serve")
                 .enable_all()
+                .on_thread_park(crate::outbox::flush_queued)
                 .build()?;
             let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
             threads.handles.push(rt.handle().clone());
@@ -293,18 +297,26 @@ async fn serve_accepted(
     match shared.tls.clone() {
         None => {
             let mut stream = stream;
-            serve_connection(shared, &mut stream, shutdown).await;
+            // Declared after the stream, so dropped before it: see `Outbox`'s drop.
+            let outbox = plain_outbox(&stream);
+            serve_connection(shared, &mut stream, outbox.as_ref(), shutdown).await;
         }
         Some(acceptor) => {
             let handshake = tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream));
             if let Ok(Ok(mut tls)) = handshake.await {
-                serve_connection(shared, &mut tls, shutdown).await;
+                serve_connection(shared, &mut tls, None, shutdown).await;
                 // Ends the TLS session properly (close_notify), so clients see a
                 // clean end of stream rather than a truncation.
                 let _ = tls.shutdown().await;
             }
         }
     }
+}
+
+/// The outbox of a plain TCP connection (see `outbox`).
+fn plain_outbox(stream: &TcpStream) -> Option<Outbox> {
+    use std::os::fd::AsRawFd;
+    Some(Outbox::new(stream.as_raw_fd()))
 }
 
 /// Counts a connection as gone however its task ends (also when aborted).
@@ -333,11 +345,50 @@ async fn write_out<S: AsyncWrite + Unpin>(
     stream.flush().await
 }
 
+/// Serves one connection until it ends, then writes what its outbox still holds.
 async fn serve_connection<S: AsyncRead + AsyncWrite + Unpin>(
     shared: Arc<Shared>,
     stream: &mut S,
-    mut shutdown: watch::Receiver<bool>,
+    outbox: Option<&Outbox>,
+    shutdown: watch::Receiver<bool>,
 ) {
+    let mut last = Vec::new();
+    let ended = serve_requests(&shared, stream, outbox, shutdown).await;
+    // Replies queued before the end (the client may have half-closed and still read).
+    if let (Ok(()), Some(outbox)) = (ended, outbox) {
+        if outbox.take_pending(&mut last).is_ok() && !last.is_empty() {
+            let _ = stream.write_all(&last).await;
+            let _ = stream.flush().await;
+        }
+    }
+}
+
+/// Writes `out` now, after the bytes the outbox still holds (so replies keep their order).
+async fn write_now<S: AsyncWrite + Unpin>(
+    shared: &Shared,
+    stream: &mut S,
+    outbox: Option<&Outbox>,
+    out: &[u8],
+) -> io::Result<()> {
+    if let Some(outbox) = outbox {
+        let mut earlier = Vec::new();
+        outbox.take_pending(&mut earlier)?;
+        if !earlier.is_empty() {
+            stream.write_all(&earlier).await?;
+        }
+    }
+    write_out(shared, stream, out).await
+}
+
+/// The connection's request loop. `Err` when the connection broke (nothing more can be
+/// written to it); `Ok` when it ended otherwise.
+async fn serve_requests<S: AsyncRead + AsyncWrite + Unpin>(
+    shared: &Arc<Shared>,
+    stream: &mut S,
+    outbox: Option<&Outbox>,
+    mut shutdown: watch::Receiver<bool>,
+) -> io::Result<()> {
+    let shared = shared.clone();
     let id = shared.next_client_id.fetch_add(1, Ordering::Relaxed);
     let mut session = Session::new(id, shared.config.requirepass.is_none());
     let mut buf: Vec<u8> = Vec::with_capacity(READ_CHUNK_BYTES);
@@ -407,15 +458,28 @@ async fn serve_connection<S: AsyncRead + AsyncWrite + Unpin>(
                         requests = r;
                     }
                     // A panic in a handler is a bug; it ends this connection only.
-                    Err(_) => return,
+                    Err(_) => return Err(io::Error::other("a command handler panicked")),
                 }
             } else {
                 execute_batch(&shared, &mut session, &buf, &requests, &mut out);
             }
-            if write_out(&shared, stream, &out).await.is_err() {
-                return;
+            // Queued for the park hook unless the connection ends here or the reply is
+            // large: then written now, after whatever the outbox holds.
+            let ending =
+                protocol_error.is_some() || session.close_after_reply || *shutdown.borrow();
+            match outbox {
+                Some(outbox) if !ending && outbox.has_room(out.len()) => {
+                    shared
+                        .metrics
+                        .net_output_bytes
+                        .fetch_add(out.len() as u64, Ordering::Relaxed);
+                    outbox.queue(&mut out);
+                }
+                _ => {
+                    write_now(&shared, stream, outbox, &out).await?;
+                    out.clear();
+                }
             }
-            out.clear();
         }
         if let Some(e) = protocol_error {
             shared
@@ -424,17 +488,17 @@ async fn serve_connection<S: AsyncRead + AsyncWrite + Unpin>(
                 .fetch_add(1, Ordering::Relaxed);
             let mut reply = Vec::new();
             Reply::error(format!("ERR {e}")).encode(session.protocol, &mut reply);
-            let _ = write_out(&shared, stream, &reply).await;
-            return;
+            write_now(&shared, stream, outbox, &reply).await?;
+            return Ok(());
         }
         if session.close_after_reply {
             if session.shutdown_requested {
                 shared.shutdown.send_replace(true);
             }
-            return;
+            return Ok(());
         }
         if *shutdown.borrow() {
-            return;
+            return Ok(());
         }
         if ran {
             // More complete requests may be buffered; decode before reading.
@@ -453,18 +517,28 @@ async fn serve_connection<S: AsyncRead + AsyncWrite + Unpin>(
                 None => Ok(stream.read_buf(&mut buf).await),
             }
         };
+        let attention = std::future::poll_fn(|cx| match outbox {
+            Some(outbox) => outbox.poll_attention(cx),
+            None => std::task::Poll::Pending,
+        });
         tokio::select! {
             r = read => match r {
-                Ok(Ok(0)) | Ok(Err(_)) => return,
+                Ok(Ok(0)) => return Ok(()),
+                Ok(Err(e)) => return Err(e),
                 Ok(Ok(n)) => {
                     shared.metrics.net_input_bytes.fetch_add(n as u64, Ordering::Relaxed);
                 }
                 Err(_) => {
                     shared.metrics.idle_timeouts.fetch_add(1, Ordering::Relaxed);
-                    return;
+                    return Ok(());
                 }
             },
-            _ = stopped(&mut shutdown) => return,
+            // The park hook could not send all of the outbox (or failed): write the rest
+            // here, waiting for the socket as any write does.
+            _ = attention => {
+                write_now(&shared, stream, outbox, &[]).await?;
+            }
+            _ = stopped(&mut shutdown) => return Ok(()),
         }
     }
 }
