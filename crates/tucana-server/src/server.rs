@@ -386,9 +386,15 @@ async fn serve_requests<S: AsyncRead + AsyncWrite + Unpin>(
     shared: &Arc<Shared>,
     stream: &mut S,
     outbox: Option<&Outbox>,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
 ) -> io::Result<()> {
     let shared = shared.clone();
+    // One wait for the whole connection, not one per request: a new wait registers with
+    // the channel (a lock shared by every connection) and dropping it unregisters. Between
+    // batches `shutting_down` asks the channel's version, a plain atomic load.
+    let mut waiter = shutdown.clone();
+    let mut stop = std::pin::pin!(stopped(&mut waiter));
+    let shutting_down = || shutdown.has_changed().unwrap_or(true);
     let id = shared.next_client_id.fetch_add(1, Ordering::Relaxed);
     let mut session = Session::new(id, shared.config.requirepass.is_none());
     let mut buf: Vec<u8> = Vec::with_capacity(READ_CHUNK_BYTES);
@@ -465,8 +471,7 @@ async fn serve_requests<S: AsyncRead + AsyncWrite + Unpin>(
             }
             // Queued for the park hook unless the connection ends here or the reply is
             // large: then written now, after whatever the outbox holds.
-            let ending =
-                protocol_error.is_some() || session.close_after_reply || *shutdown.borrow();
+            let ending = protocol_error.is_some() || session.close_after_reply || shutting_down();
             match outbox {
                 Some(outbox) if !ending && outbox.has_room(out.len()) => {
                     shared
@@ -497,7 +502,7 @@ async fn serve_requests<S: AsyncRead + AsyncWrite + Unpin>(
             }
             return Ok(());
         }
-        if *shutdown.borrow() {
+        if shutting_down() {
             return Ok(());
         }
         if ran {
@@ -538,7 +543,7 @@ async fn serve_requests<S: AsyncRead + AsyncWrite + Unpin>(
             _ = attention => {
                 write_now(&shared, stream, outbox, &[]).await?;
             }
-            _ = stopped(&mut shutdown) => return Ok(()),
+            _ = &mut stop => return Ok(()),
         }
     }
 }
