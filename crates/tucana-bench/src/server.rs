@@ -74,6 +74,10 @@ pub struct ServerArgs {
     /// The `tucana` binary (default: next to this program, else on PATH).
     #[arg(long)]
     tucana: Option<PathBuf>,
+    /// Connection threads of `tucana serve` (its --threads; default: the server's own
+    /// default for this machine). The run records the count each server reported.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1024))]
+    tucana_threads: Option<u64>,
     #[arg(long, default_value = "redis-server")]
     redis_server: PathBuf,
     #[arg(long, default_value = "redis-benchmark")]
@@ -216,6 +220,8 @@ impl ServerKind {
 /// The programs the run uses.
 struct Programs {
     tucana: PathBuf,
+    /// `--threads` for `tucana serve`, if given.
+    tucana_threads: Option<u64>,
     redis_server: PathBuf,
     redis_benchmark: PathBuf,
 }
@@ -272,6 +278,7 @@ pub fn run(args: &ServerArgs) -> Result<()> {
     }
     let programs = Programs {
         tucana: args.tucana.clone().unwrap_or_else(default_tucana),
+        tucana_threads: args.tucana_threads,
         redis_server: args.redis_server.clone(),
         redis_benchmark: args.redis_benchmark.clone(),
     };
@@ -316,6 +323,7 @@ pub fn run(args: &ServerArgs) -> Result<()> {
     options.set("redis_server_version", redis_version);
     options.set("tucana_version", tucana_version);
     options.set("tucana_binary", programs.tucana.display().to_string());
+    options.set("tucana_threads", args.tucana_threads);
     options.set("load_average_before", load_average());
     let configurations: Map<String, Value> = ServerKind::ALL
         .iter()
@@ -493,6 +501,12 @@ fn run_plan(
     records: &mut Vec<Record>,
 ) -> Result<()> {
     let name = server.kind.name();
+    // What `tucana serve` reports it runs (its --threads, or its default for the cores).
+    let threads = if server.kind.is_tucana() {
+        info_field(server.port, "server", "connection_threads")
+    } else {
+        None
+    };
     // Load: every key once, so the GETs below all hit and SETs overwrite.
     let before = server.sample();
     let started = Instant::now();
@@ -505,6 +519,7 @@ fn run_plan(
     record.set("elapsed_s", elapsed.as_secs_f64());
     record.set("pipeline", LOAD_PIPELINE);
     record.set("clients", LOAD_CONNECTIONS);
+    record.set("connection_threads", threads);
     print_row(&record);
     records.push(record);
 
@@ -512,7 +527,10 @@ fn run_plan(
         // SET first, as redis-benchmark's own order; both find every key present.
         for test in ["SET", "GET"] {
             let before = server.sample();
+            let client_before = sys::children_cpu_time();
             let result = redis_benchmark(programs, server.port, plan, pipeline, test)?;
+            // redis-benchmark has been waited for: its CPU time is in the children's.
+            let client_cpu = sys::children_cpu_time().saturating_sub(client_before);
             let after = server.sample();
             let mut record = Record::unmeasured(name, &format!("redis-{test}-P{pipeline}"));
             record.ops_per_sec = Some(result.requests_per_sec);
@@ -525,6 +543,11 @@ fn run_plan(
             record.set("avg_latency_us", result.avg_ms * 1000.0);
             record.set("max_latency_us", result.max_ms * 1000.0);
             record.set("elapsed_s", result.elapsed.as_secs_f64());
+            record.set(
+                "client_cpu_us_per_op",
+                client_cpu.as_secs_f64() * 1e6 / plan.requests.max(1) as f64,
+            );
+            record.set("connection_threads", threads);
             print_row(&record);
             records.push(record);
         }
@@ -602,8 +625,12 @@ impl Server {
     ) -> Result<Server> {
         let port = free_port()?;
         let log = std::fs::File::create(data_dir.join("server.stderr"))?;
+        let mut flags = kind.flags(data_dir, port);
+        if let (true, Some(threads)) = (kind.is_tucana(), programs.tucana_threads) {
+            flags.extend(["--threads".to_string(), threads.to_string()]);
+        }
         let child = Command::new(programs.program(kind))
-            .args(kind.flags(data_dir, port))
+            .args(flags)
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)
@@ -913,7 +940,7 @@ fn parse_csv(text: &str, test: &str) -> Option<BenchResult> {
 fn print_table_header() {
     println!();
     println!(
-        "{:<20} {:<16} {:<16} {:>10} {:>9} {:>9} {:>10} {:>9} {:>10}",
+        "{:<20} {:<16} {:<16} {:>10} {:>9} {:>9} {:>10} {:>10} {:>9} {:>10}",
         "dataset",
         "server",
         "test",
@@ -921,6 +948,7 @@ fn print_table_header() {
         "p50 us",
         "p99 us",
         "cpu us/req",
+        "client cpu",
         "peak RSS",
         "log syncs"
     );
@@ -929,7 +957,7 @@ fn print_table_header() {
 fn print_row(record: &Record) {
     let field = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.1}"));
     println!(
-        "{:<20} {:<16} {:<16} {:>10.0} {:>9} {:>9} {:>10} {:>9} {:>10}",
+        "{:<20} {:<16} {:<16} {:>10.0} {:>9} {:>9} {:>10} {:>10} {:>9} {:>10}",
         record.get("dataset").and_then(Value::as_str).unwrap_or("-"),
         record.engine,
         record.workload,
@@ -938,6 +966,10 @@ fn print_row(record: &Record) {
         field(record.p99_us),
         record
             .cpu_us_per_op
+            .map_or("-".to_string(), |v| format!("{v:.2}")),
+        record
+            .get("client_cpu_us_per_op")
+            .and_then(Value::as_f64)
             .map_or("-".to_string(), |v| format!("{v:.2}")),
         record
             .peak_rss_bytes
@@ -1021,6 +1053,24 @@ pub fn render_section(doc: &Value, json_path: &Path) -> String {
         options["load_average_before"].as_str().unwrap_or("?"),
         options["load_average_after"].as_str().unwrap_or("?")
     );
+    let mut threads: Vec<u64> = records
+        .iter()
+        .filter_map(|r| r["connection_threads"].as_u64())
+        .collect();
+    threads.sort_unstable();
+    threads.dedup();
+    if !threads.is_empty() {
+        let list: Vec<String> = threads.iter().map(u64::to_string).collect();
+        let how = match options["tucana_threads"].as_u64() {
+            Some(_) => "as `--tucana-threads` asked",
+            None => "its default for the machine's cores",
+        };
+        let _ = writeln!(
+            md,
+            "`tucana serve` ran {} connection thread(s) ({how}; INFO `connection_threads`).\n",
+            list.join(", ")
+        );
+    }
 
     let servers: Vec<String> = options["servers"]
         .as_array()
@@ -1076,10 +1126,12 @@ pub fn render_section(doc: &Value, json_path: &Path) -> String {
             server process's user + system time (all threads, /proc/PID/stat) during the test ÷ \
             requests; peak RSS is the server's VmHWM during the test (Tucana's includes the pages of its \
             volume file it maps, which the kernel can reclaim; Redis's is its heap); log syncs are Tucana's \
-            fsyncs of its log during the test (INFO persistence). `load` is the harness's own \
-            SET of every key (4 connections, pipeline 256).\n\n";
-    md += "| data set | test | server | requests/s | p50 µs | p99 µs | server CPU µs/request | peak RSS MiB | log syncs | writes per sync |\n";
-    md += "|---|---|---|---|---|---|---|---|---|---|\n";
+            fsyncs of its log during the test (INFO persistence); client CPU is redis-benchmark's \
+            user + system time ÷ requests (the client shares the machine's cores with the server, \
+            and how the server batches its replies changes what the client spends). `load` is the \
+            harness's own SET of every key (4 connections, pipeline 256).\n\n";
+    md += "| data set | test | server | requests/s | p50 µs | p99 µs | server CPU µs/request | client CPU µs/request | peak RSS MiB | log syncs | writes per sync |\n";
+    md += "|---|---|---|---|---|---|---|---|---|---|---|\n";
     for dataset in ["in-memory", "larger-than-memory"] {
         for test in &tests {
             for r in records
@@ -1093,12 +1145,13 @@ pub fn render_section(doc: &Value, json_path: &Path) -> String {
                 };
                 let _ = writeln!(
                     md,
-                    "| {dataset} | {test} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                    "| {dataset} | {test} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                     r["engine"].as_str().unwrap_or("?"),
                     fmt_number(number(&r["ops_per_sec"])),
                     fmt_number(number(&r["p50_us"])),
                     fmt_number(number(&r["p99_us"])),
                     fmt_number(number(&r["cpu_us_per_op"])),
+                    fmt_number(number(&r["client_cpu_us_per_op"])),
                     number(&r["peak_rss_bytes"])
                         .map_or("–".into(), |b| format!("{:.0}", b / (1 << 20) as f64)),
                     syncs.map_or("–".into(), |s| s.to_string()),
@@ -1271,7 +1324,8 @@ mod tests {
                 {"engine": "redis-everysec", "workload": "redis-SET-P1", "dataset": "in-memory",
                  "ops_per_sec": 100.0, "cpu_us_per_op": 10.0, "requests": 100},
                 {"engine": "tucana-buffered", "workload": "redis-SET-P1", "dataset": "in-memory",
-                 "ops_per_sec": 150.0, "cpu_us_per_op": 20.0, "requests": 100, "log_syncs": 4},
+                 "ops_per_sec": 150.0, "cpu_us_per_op": 20.0, "requests": 100, "log_syncs": 4,
+                 "client_cpu_us_per_op": 12.5, "connection_threads": 1},
                 {"engine": "tucana-buffered", "workload": "redis-GET-P1", "dataset": "larger-than-memory",
                  "ops_per_sec": 50.0, "requests": 100, "device_read_bytes": 409600},
             ],
@@ -1283,6 +1337,14 @@ mod tests {
             "{md}"
         );
         assert!(md.contains("| 25.0 |"), "writes per sync: {md}");
+        assert!(
+            md.contains("| 20.0 | 12.5 |"),
+            "server and client CPU: {md}"
+        );
+        assert!(
+            md.contains("ran 1 connection thread(s) (its default"),
+            "{md}"
+        );
         assert!(md.contains("cannot serve a data set"), "{md}");
         assert!(md.contains("| redis-GET-P1 | 0.39 | – | 4096 |"), "{md}");
         assert!(
