@@ -12,8 +12,9 @@
 //! ready, with no work stealing between threads (in a shared multi-threaded runtime a
 //! worker that found work woke another to steal some, a futex wake and a context switch
 //! per request at pipeline depth 1). A connection decodes every complete request in its
-//! buffer (a pipelined batch) and runs the batch in one go; a small reply waits in the
-//! connection's outbox until its thread has run every ready connection (see `outbox`).
+//! buffer (a pipelined batch) and runs the batch in one go; the replies of a pipelined
+//! batch wait in the connection's outbox until its thread has run every ready connection
+//! (see `outbox`), the reply to a lone request goes out at once.
 //! Batches of reads, and of buffered writes, run on the async worker (engine
 //! reads never block on writers; a buffered write is a short append). Batches that may
 //! wait on the device (sync-mode writes, EXEC, FLUSHDB, SAVE) run on tokio's blocking
@@ -469,11 +470,14 @@ async fn serve_requests<S: AsyncRead + AsyncWrite + Unpin>(
             } else {
                 execute_batch(&shared, &mut session, &buf, &requests, &mut out);
             }
-            // Queued for the park hook unless the connection ends here or the reply is
-            // large: then written now, after whatever the outbox holds.
+            // The replies of a pipelined batch are queued for the park hook. A batch of
+            // one request (a client waiting on each reply: sent at once, the client works
+            // on it while this thread serves the next connection), a large reply and the
+            // connection's last are written now, after whatever the outbox holds.
             let ending = protocol_error.is_some() || session.close_after_reply || shutting_down();
+            let pipelined = requests.len() > 1;
             match outbox {
-                Some(outbox) if !ending && outbox.has_room(out.len()) => {
+                Some(outbox) if pipelined && !ending && outbox.has_room(out.len()) => {
                     shared
                         .metrics
                         .net_output_bytes
