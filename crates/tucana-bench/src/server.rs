@@ -82,6 +82,11 @@ pub struct ServerArgs {
     redis_server: PathBuf,
     #[arg(long, default_value = "redis-benchmark")]
     redis_benchmark: PathBuf,
+    /// Rounds of the in-memory tests: each round runs every server once, in order, so the
+    /// servers alternate and a slow spell of a shared machine hits them alike; the
+    /// document shows the median of the rounds and each round's ratios.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=20))]
+    rounds: u64,
     /// Seconds: tiny counts for a smoke test of the harness (overrides the sizes).
     #[arg(long)]
     quick: bool,
@@ -313,6 +318,7 @@ pub fn run(args: &ServerArgs) -> Result<()> {
     options.set("value_bytes", args.value_bytes);
     options.set("keyspace", args.keyspace);
     options.set("pipelines", args.pipelines.clone());
+    options.set("rounds", args.rounds);
     options.set("large_keys", args.large_keys);
     options.set("large_value_bytes", args.large_value_bytes);
     options.set("large_requests", args.large_requests);
@@ -363,7 +369,9 @@ pub fn run(args: &ServerArgs) -> Result<()> {
         .tempdir_in(&args.dir)?;
     let mut records: Vec<Record> = Vec::new();
     print_table_header();
-    for &kind in &args.servers {
+    for (round, &kind) in
+        (0..args.rounds).flat_map(|round| args.servers.iter().map(move |kind| (round, kind)))
+    {
         let plan = Plan {
             dataset: "in-memory",
             requests: args.requests,
@@ -375,7 +383,11 @@ pub fn run(args: &ServerArgs) -> Result<()> {
         let data_dir = work.path().join(kind.name());
         std::fs::create_dir_all(&data_dir)?;
         let mut server = Server::start(kind, &programs, &data_dir, None)?;
+        let first = records.len();
         let result = run_plan(&mut server, &plan, &programs, None, &mut records);
+        for record in &mut records[first..] {
+            record.set("round", round);
+        }
         let stopped = server.stop();
         result?;
         stopped?;
@@ -1032,13 +1044,70 @@ fn shell_quote(arg: &str) -> String {
     }
 }
 
+/// One record per (data set, server, test), in the order first seen, each numeric field
+/// the median over the rounds that have it (a run of one round: its records as they are).
+fn median_records(all: &[&Value]) -> Vec<Value> {
+    let mut keys: Vec<(&Value, &Value, &Value)> = Vec::new();
+    for r in all {
+        let key = (&r["dataset"], &r["engine"], &r["workload"]);
+        if !keys.contains(&key) {
+            keys.push(key);
+        }
+    }
+    keys.into_iter()
+        .map(|(dataset, engine, workload)| {
+            let group: Vec<&Value> = all
+                .iter()
+                .copied()
+                .filter(|r| {
+                    &r["dataset"] == dataset && &r["engine"] == engine && &r["workload"] == workload
+                })
+                .collect();
+            let mut merged = group[0].clone();
+            if let Some(fields) = merged.as_object_mut() {
+                fields.remove("round");
+                for (name, value) in fields.iter_mut() {
+                    if !value.is_number() {
+                        continue;
+                    }
+                    let mut values: Vec<f64> = group
+                        .iter()
+                        .filter_map(|r| number(&r[name.as_str()]))
+                        .collect();
+                    if values.len() != group.len() {
+                        continue;
+                    }
+                    values.sort_by(f64::total_cmp);
+                    let n = values.len();
+                    *value = if value.is_u64() {
+                        // Counts stay whole: the lower median.
+                        json!(values[(n - 1) / 2] as u64)
+                    } else if n % 2 == 1 {
+                        json!(values[n / 2])
+                    } else {
+                        json!((values[n / 2 - 1] + values[n / 2]) / 2.0)
+                    };
+                }
+            }
+            merged
+        })
+        .collect()
+}
+
 /// The Markdown section for BENCHMARKS.md from a `server` run's JSON document.
 pub fn render_section(doc: &Value, json_path: &Path) -> String {
     let options = &doc["options"];
-    let records: Vec<&Value> = doc["records"]
+    let all: Vec<&Value> = doc["records"]
         .as_array()
         .map(|all| all.iter().collect())
         .unwrap_or_default();
+    let rounds = all
+        .iter()
+        .filter_map(|r| r["round"].as_u64())
+        .max()
+        .map_or(1, |last| last + 1);
+    let medians = median_records(&all);
+    let records: Vec<&Value> = medians.iter().collect();
     let find = |dataset: &str, server: &str, workload: &str| -> Option<&Value> {
         records
             .iter()
@@ -1093,6 +1162,14 @@ pub fn render_section(doc: &Value, json_path: &Path) -> String {
         options["load_average_before"].as_str().unwrap_or("?"),
         options["load_average_after"].as_str().unwrap_or("?")
     );
+    if rounds > 1 {
+        let _ = writeln!(
+            md,
+            "{rounds} rounds: each round ran every server once, in the order listed, so the servers \
+             alternated; every figure below is the median of the rounds (each round's own figures \
+             are in the JSON file), and the first table also gives each round's throughput ratio.\n"
+        );
+    }
     let mut threads: Vec<u64> = records
         .iter()
         .filter_map(|r| r["connection_threads"].as_u64())
@@ -1141,10 +1218,28 @@ pub fn render_section(doc: &Value, json_path: &Path) -> String {
         md += "| test |";
         for s in &ours {
             let _ = write!(md, " {s} throughput | {s} server CPU |");
+            if rounds > 1 {
+                let _ = write!(md, " {s} throughput, each round |");
+            }
         }
         md += "\n|---|";
-        md += &"---|---|".repeat(ours.len());
+        md += &(if rounds > 1 {
+            "---|---|---|"
+        } else {
+            "---|---|"
+        })
+        .repeat(ours.len());
         md += "\n";
+        let in_round = |server: &str, workload: &str, round: u64| -> Option<f64> {
+            all.iter()
+                .find(|r| {
+                    r["dataset"] == "in-memory"
+                        && r["engine"] == server
+                        && r["workload"] == workload
+                        && r["round"].as_u64() == Some(round)
+                })
+                .and_then(|r| number(&r["ops_per_sec"]))
+        };
         for test in &tests {
             let _ = write!(md, "| {test} |");
             for s in &ours {
@@ -1153,6 +1248,17 @@ pub fn render_section(doc: &Value, json_path: &Path) -> String {
                     let b = find("in-memory", redis, test).and_then(|r| number(&r[field]));
                     let cell = crate::document::ratio_cell(a, b, higher_is_better);
                     let _ = write!(md, " {cell} |");
+                }
+                if rounds > 1 {
+                    let each: Vec<String> = (0..rounds)
+                        .map(|round| {
+                            match (in_round(s, test, round), in_round(redis, test, round)) {
+                                (Some(a), Some(b)) if b > 0.0 => format!("{:.2}", a / b),
+                                _ => "–".to_string(),
+                            }
+                        })
+                        .collect();
+                    let _ = write!(md, " {} |", each.join(", "));
                 }
             }
             md += "\n";
@@ -1393,5 +1499,38 @@ mod tests {
             "{md}"
         );
         assert!(md.contains("> shared machine"));
+    }
+
+    #[test]
+    fn rounds_are_shown_as_medians_with_each_rounds_ratio() {
+        let rec = |engine: &str, round: u64, ops: f64, cpu: f64| {
+            json!({"engine": engine, "workload": "redis-GET-P16", "dataset": "in-memory",
+                   "ops_per_sec": ops, "cpu_us_per_op": cpu, "requests": 100, "round": round,
+                   "connection_threads": 1})
+        };
+        let doc = json!({
+            "options": {
+                "argv": ["/x/tucana-bench", "server", "--rounds", "3"],
+                "servers": ["redis-everysec", "tucana-buffered"],
+                "rounds": 3,
+            },
+            "records": [
+                rec("redis-everysec", 0, 100.0, 2.0), rec("tucana-buffered", 0, 90.0, 2.0),
+                rec("redis-everysec", 1, 200.0, 1.0), rec("tucana-buffered", 1, 300.0, 1.0),
+                rec("redis-everysec", 2, 150.0, 3.0), rec("tucana-buffered", 2, 165.0, 4.0),
+            ],
+        });
+        let md = render_section(&doc, Path::new("bench/server-results.json"));
+        // Medians: redis 150 and 2.0 us, tucana 165 and 2.0 us.
+        assert!(
+            md.contains("| redis-GET-P16 | **1.10** | **1.00** | 0.90, 1.50, 1.10 |"),
+            "{md}"
+        );
+        assert!(md.contains("3 rounds"), "{md}");
+        assert!(
+            md.contains("| in-memory | redis-GET-P16 | tucana-buffered | 165.0 |"),
+            "{md}"
+        );
+        assert!(md.contains("ran 1 connection thread(s)"), "{md}");
     }
 }
