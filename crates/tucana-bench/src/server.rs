@@ -1166,8 +1166,10 @@ pub fn render_section(doc: &Value, json_path: &Path) -> String {
         let _ = writeln!(
             md,
             "{rounds} rounds: each round ran every server once, in the order listed, so the servers \
-             alternated; every figure below is the median of the rounds (each round's own figures \
-             are in the JSON file), and the first table also gives each round's throughput ratio.\n"
+             alternated. The ratios are the median of each round's own ratio (the two servers of a \
+             round ran minutes apart), and the first table also lists each round's throughput \
+             ratio; the absolute figures are the median of the rounds (each round's own are in \
+             the JSON file).\n"
         );
     }
     let mut threads: Vec<u64> = records
@@ -1230,7 +1232,7 @@ pub fn render_section(doc: &Value, json_path: &Path) -> String {
         })
         .repeat(ours.len());
         md += "\n";
-        let in_round = |server: &str, workload: &str, round: u64| -> Option<f64> {
+        let in_round = |server: &str, workload: &str, round: u64, field: &str| -> Option<f64> {
             all.iter()
                 .find(|r| {
                     r["dataset"] == "in-memory"
@@ -1238,25 +1240,52 @@ pub fn render_section(doc: &Value, json_path: &Path) -> String {
                         && r["workload"] == workload
                         && r["round"].as_u64() == Some(round)
                 })
-                .and_then(|r| number(&r["ops_per_sec"]))
+                .and_then(|r| number(&r[field]))
+        };
+        // Each round's ratio (the two servers ran minutes apart, through the same spell).
+        let round_ratios = |server: &str, workload: &str, field: &str| -> Vec<Option<f64>> {
+            (0..rounds)
+                .map(|round| {
+                    match (
+                        in_round(server, workload, round, field),
+                        in_round(redis, workload, round, field),
+                    ) {
+                        (Some(a), Some(b)) if b > 0.0 => Some(a / b),
+                        _ => None,
+                    }
+                })
+                .collect()
         };
         for test in &tests {
             let _ = write!(md, "| {test} |");
             for s in &ours {
                 for (field, higher_is_better) in [("ops_per_sec", true), ("cpu_us_per_op", false)] {
-                    let a = find("in-memory", s, test).and_then(|r| number(&r[field]));
-                    let b = find("in-memory", redis, test).and_then(|r| number(&r[field]));
+                    let (a, b) = if rounds > 1 {
+                        // The median of the rounds' own ratios, not a ratio of medians
+                        // taken from different rounds.
+                        let mut ratios: Vec<f64> =
+                            round_ratios(s, test, field).into_iter().flatten().collect();
+                        ratios.sort_by(f64::total_cmp);
+                        let n = ratios.len();
+                        let median = match n {
+                            0 => None,
+                            _ if n % 2 == 1 => Some(ratios[n / 2]),
+                            _ => Some((ratios[n / 2 - 1] + ratios[n / 2]) / 2.0),
+                        };
+                        (median, Some(1.0))
+                    } else {
+                        (
+                            find("in-memory", s, test).and_then(|r| number(&r[field])),
+                            find("in-memory", redis, test).and_then(|r| number(&r[field])),
+                        )
+                    };
                     let cell = crate::document::ratio_cell(a, b, higher_is_better);
                     let _ = write!(md, " {cell} |");
                 }
                 if rounds > 1 {
-                    let each: Vec<String> = (0..rounds)
-                        .map(|round| {
-                            match (in_round(s, test, round), in_round(redis, test, round)) {
-                                (Some(a), Some(b)) if b > 0.0 => format!("{:.2}", a / b),
-                                _ => "–".to_string(),
-                            }
-                        })
+                    let each: Vec<String> = round_ratios(s, test, "ops_per_sec")
+                        .into_iter()
+                        .map(|r| r.map_or("–".to_string(), |r| format!("{r:.2}")))
                         .collect();
                     let _ = write!(md, " {} |", each.join(", "));
                 }
