@@ -74,10 +74,19 @@ pub struct ServerArgs {
     /// The `tucana` binary (default: next to this program, else on PATH).
     #[arg(long)]
     tucana: Option<PathBuf>,
+    /// Connection threads of `tucana serve` (its --threads; default: the server's own
+    /// default for this machine). The run records the count each server reported.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1024))]
+    tucana_threads: Option<u64>,
     #[arg(long, default_value = "redis-server")]
     redis_server: PathBuf,
     #[arg(long, default_value = "redis-benchmark")]
     redis_benchmark: PathBuf,
+    /// Rounds of the in-memory tests: each round runs every server once, in order, so the
+    /// servers alternate and a slow spell of a shared machine hits them alike; the
+    /// document shows the median of the rounds and each round's ratios.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=20))]
+    rounds: u64,
     /// Seconds: tiny counts for a smoke test of the harness (overrides the sizes).
     #[arg(long)]
     quick: bool,
@@ -216,6 +225,8 @@ impl ServerKind {
 /// The programs the run uses.
 struct Programs {
     tucana: PathBuf,
+    /// `--threads` for `tucana serve`, if given.
+    tucana_threads: Option<u64>,
     redis_server: PathBuf,
     redis_benchmark: PathBuf,
 }
@@ -272,6 +283,7 @@ pub fn run(args: &ServerArgs) -> Result<()> {
     }
     let programs = Programs {
         tucana: args.tucana.clone().unwrap_or_else(default_tucana),
+        tucana_threads: args.tucana_threads,
         redis_server: args.redis_server.clone(),
         redis_benchmark: args.redis_benchmark.clone(),
     };
@@ -306,6 +318,7 @@ pub fn run(args: &ServerArgs) -> Result<()> {
     options.set("value_bytes", args.value_bytes);
     options.set("keyspace", args.keyspace);
     options.set("pipelines", args.pipelines.clone());
+    options.set("rounds", args.rounds);
     options.set("large_keys", args.large_keys);
     options.set("large_value_bytes", args.large_value_bytes);
     options.set("large_requests", args.large_requests);
@@ -316,6 +329,7 @@ pub fn run(args: &ServerArgs) -> Result<()> {
     options.set("redis_server_version", redis_version);
     options.set("tucana_version", tucana_version);
     options.set("tucana_binary", programs.tucana.display().to_string());
+    options.set("tucana_threads", args.tucana_threads);
     options.set("load_average_before", load_average());
     let configurations: Map<String, Value> = ServerKind::ALL
         .iter()
@@ -355,7 +369,9 @@ pub fn run(args: &ServerArgs) -> Result<()> {
         .tempdir_in(&args.dir)?;
     let mut records: Vec<Record> = Vec::new();
     print_table_header();
-    for &kind in &args.servers {
+    for (round, &kind) in
+        (0..args.rounds).flat_map(|round| args.servers.iter().map(move |kind| (round, kind)))
+    {
         let plan = Plan {
             dataset: "in-memory",
             requests: args.requests,
@@ -367,7 +383,11 @@ pub fn run(args: &ServerArgs) -> Result<()> {
         let data_dir = work.path().join(kind.name());
         std::fs::create_dir_all(&data_dir)?;
         let mut server = Server::start(kind, &programs, &data_dir, None)?;
+        let first = records.len();
         let result = run_plan(&mut server, &plan, &programs, None, &mut records);
+        for record in &mut records[first..] {
+            record.set("round", round);
+        }
         let stopped = server.stop();
         result?;
         stopped?;
@@ -493,18 +513,29 @@ fn run_plan(
     records: &mut Vec<Record>,
 ) -> Result<()> {
     let name = server.kind.name();
+    // What `tucana serve` reports it runs (its --threads, or its default for the cores).
+    let threads = if server.kind.is_tucana() {
+        info_field(server.port, "server", "connection_threads")
+    } else {
+        None
+    };
     // Load: every key once, so the GETs below all hit and SETs overwrite.
     let before = server.sample();
     let started = Instant::now();
     load(server.port, plan.keys, plan.value_bytes)?;
     let elapsed = started.elapsed();
+    // What the load left the server to do is the load's (its CPU is in the load's row),
+    // not the first test's; requests/s counts the SETs' time alone.
+    let settle = settle(server)?;
     let after = server.sample();
     let mut record = Record::unmeasured(name, "load");
     record.ops_per_sec = Some(plan.keys as f64 / elapsed.as_secs_f64().max(1e-9));
     fill(&mut record, plan, &before, &after, plan.keys, group);
+    record.set("settle_s", settle.as_secs_f64());
     record.set("elapsed_s", elapsed.as_secs_f64());
     record.set("pipeline", LOAD_PIPELINE);
     record.set("clients", LOAD_CONNECTIONS);
+    record.set("connection_threads", threads);
     print_row(&record);
     records.push(record);
 
@@ -512,7 +543,10 @@ fn run_plan(
         // SET first, as redis-benchmark's own order; both find every key present.
         for test in ["SET", "GET"] {
             let before = server.sample();
+            let client_before = sys::children_cpu_time();
             let result = redis_benchmark(programs, server.port, plan, pipeline, test)?;
+            // redis-benchmark has been waited for: its CPU time is in the children's.
+            let client_cpu = sys::children_cpu_time().saturating_sub(client_before);
             let after = server.sample();
             let mut record = Record::unmeasured(name, &format!("redis-{test}-P{pipeline}"));
             record.ops_per_sec = Some(result.requests_per_sec);
@@ -525,6 +559,11 @@ fn run_plan(
             record.set("avg_latency_us", result.avg_ms * 1000.0);
             record.set("max_latency_us", result.max_ms * 1000.0);
             record.set("elapsed_s", result.elapsed.as_secs_f64());
+            record.set(
+                "client_cpu_us_per_op",
+                client_cpu.as_secs_f64() * 1e6 / plan.requests.max(1) as f64,
+            );
+            record.set("connection_threads", threads);
             print_row(&record);
             records.push(record);
         }
@@ -602,8 +641,12 @@ impl Server {
     ) -> Result<Server> {
         let port = free_port()?;
         let log = std::fs::File::create(data_dir.join("server.stderr"))?;
+        let mut flags = kind.flags(data_dir, port);
+        if let (true, Some(threads)) = (kind.is_tucana(), programs.tucana_threads) {
+            flags.extend(["--threads".to_string(), threads.to_string()]);
+        }
         let child = Command::new(programs.program(kind))
-            .args(kind.flags(data_dir, port))
+            .args(flags)
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)
@@ -765,6 +808,40 @@ fn ping(port: u16) -> Result<()> {
     Ok(())
 }
 
+/// How long a server may take to finish what the load left it to do.
+const SETTLE_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Waits until the server has finished the work the load left behind, so that the first
+/// test does not pay for it: Tucana's commit of the loaded keys (`SAVE`: commit now; the
+/// committer would otherwise do it during the first test), redis-server's automatic AOF
+/// rewrite if one is running or scheduled. How long it took.
+fn settle(server: &Server) -> Result<Duration> {
+    let started = Instant::now();
+    if server.kind.is_tucana() {
+        let mut stream = connect(server.port)?;
+        stream.set_read_timeout(Some(SETTLE_TIMEOUT))?;
+        stream.write_all(&command(&[b"SAVE"]))?;
+        let mut line = String::new();
+        BufReader::new(stream).read_line(&mut line)?;
+        if line != "+OK\r\n" {
+            return Err(format!("SAVE answered {line:?}").into());
+        }
+        return Ok(started.elapsed());
+    }
+    loop {
+        let busy = ["aof_rewrite_in_progress", "aof_rewrite_scheduled"]
+            .iter()
+            .any(|field| info_field(server.port, "persistence", field) != Some(0));
+        if !busy {
+            return Ok(started.elapsed());
+        }
+        if started.elapsed() > SETTLE_TIMEOUT {
+            return Err("redis-server's AOF rewrite did not finish".into());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// `field` of INFO `section` as a number, or `None` (no such field, no answer).
 fn info_field(port: u16, section: &str, field: &str) -> Option<u64> {
     let mut stream = connect(port).ok()?;
@@ -913,7 +990,7 @@ fn parse_csv(text: &str, test: &str) -> Option<BenchResult> {
 fn print_table_header() {
     println!();
     println!(
-        "{:<20} {:<16} {:<16} {:>10} {:>9} {:>9} {:>10} {:>9} {:>10}",
+        "{:<20} {:<16} {:<16} {:>10} {:>9} {:>9} {:>10} {:>10} {:>9} {:>10}",
         "dataset",
         "server",
         "test",
@@ -921,6 +998,7 @@ fn print_table_header() {
         "p50 us",
         "p99 us",
         "cpu us/req",
+        "client cpu",
         "peak RSS",
         "log syncs"
     );
@@ -929,7 +1007,7 @@ fn print_table_header() {
 fn print_row(record: &Record) {
     let field = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.1}"));
     println!(
-        "{:<20} {:<16} {:<16} {:>10.0} {:>9} {:>9} {:>10} {:>9} {:>10}",
+        "{:<20} {:<16} {:<16} {:>10.0} {:>9} {:>9} {:>10} {:>10} {:>9} {:>10}",
         record.get("dataset").and_then(Value::as_str).unwrap_or("-"),
         record.engine,
         record.workload,
@@ -938,6 +1016,10 @@ fn print_row(record: &Record) {
         field(record.p99_us),
         record
             .cpu_us_per_op
+            .map_or("-".to_string(), |v| format!("{v:.2}")),
+        record
+            .get("client_cpu_us_per_op")
+            .and_then(Value::as_f64)
             .map_or("-".to_string(), |v| format!("{v:.2}")),
         record
             .peak_rss_bytes
@@ -962,13 +1044,70 @@ fn shell_quote(arg: &str) -> String {
     }
 }
 
+/// One record per (data set, server, test), in the order first seen, each numeric field
+/// the median over the rounds that have it (a run of one round: its records as they are).
+fn median_records(all: &[&Value]) -> Vec<Value> {
+    let mut keys: Vec<(&Value, &Value, &Value)> = Vec::new();
+    for r in all {
+        let key = (&r["dataset"], &r["engine"], &r["workload"]);
+        if !keys.contains(&key) {
+            keys.push(key);
+        }
+    }
+    keys.into_iter()
+        .map(|(dataset, engine, workload)| {
+            let group: Vec<&Value> = all
+                .iter()
+                .copied()
+                .filter(|r| {
+                    &r["dataset"] == dataset && &r["engine"] == engine && &r["workload"] == workload
+                })
+                .collect();
+            let mut merged = group[0].clone();
+            if let Some(fields) = merged.as_object_mut() {
+                fields.remove("round");
+                for (name, value) in fields.iter_mut() {
+                    if !value.is_number() {
+                        continue;
+                    }
+                    let mut values: Vec<f64> = group
+                        .iter()
+                        .filter_map(|r| number(&r[name.as_str()]))
+                        .collect();
+                    if values.len() != group.len() {
+                        continue;
+                    }
+                    values.sort_by(f64::total_cmp);
+                    let n = values.len();
+                    *value = if value.is_u64() {
+                        // Counts stay whole: the lower median.
+                        json!(values[(n - 1) / 2] as u64)
+                    } else if n % 2 == 1 {
+                        json!(values[n / 2])
+                    } else {
+                        json!((values[n / 2 - 1] + values[n / 2]) / 2.0)
+                    };
+                }
+            }
+            merged
+        })
+        .collect()
+}
+
 /// The Markdown section for BENCHMARKS.md from a `server` run's JSON document.
 pub fn render_section(doc: &Value, json_path: &Path) -> String {
     let options = &doc["options"];
-    let records: Vec<&Value> = doc["records"]
+    let all: Vec<&Value> = doc["records"]
         .as_array()
         .map(|all| all.iter().collect())
         .unwrap_or_default();
+    let rounds = all
+        .iter()
+        .filter_map(|r| r["round"].as_u64())
+        .max()
+        .map_or(1, |last| last + 1);
+    let medians = median_records(&all);
+    let records: Vec<&Value> = medians.iter().collect();
     let find = |dataset: &str, server: &str, workload: &str| -> Option<&Value> {
         records
             .iter()
@@ -981,7 +1120,9 @@ pub fn render_section(doc: &Value, json_path: &Path) -> String {
         md,
         "From `{}`, written by one `tucana-bench server` run. Each server ran alone on a fresh \
          data directory; the keyspace was first loaded with a pipelined SET of every key (so \
-         every GET finds its key), then `redis-benchmark -t set` and `-t get` ran at each \
+         every GET finds its key), the harness waited for the server to finish what the load \
+         left it to do (Tucana: `SAVE`, the commit of the loaded keys; redis-server: its \
+         automatic AOF rewrite, if one ran), then `redis-benchmark -t set` and `-t get` ran at each \
          pipeline depth, {} connections, {} requests per test, {}-byte values, {} random keys \
          (`-r`). redis-benchmark {}; {}.\n",
         json_path.display(),
@@ -1021,6 +1162,34 @@ pub fn render_section(doc: &Value, json_path: &Path) -> String {
         options["load_average_before"].as_str().unwrap_or("?"),
         options["load_average_after"].as_str().unwrap_or("?")
     );
+    if rounds > 1 {
+        let _ = writeln!(
+            md,
+            "{rounds} rounds: each round ran every server once, in the order listed, so the servers \
+             alternated. The ratios are the median of each round's own ratio (the two servers of a \
+             round ran minutes apart), and the first table also lists each round's throughput \
+             ratio; the absolute figures are the median of the rounds (each round's own are in \
+             the JSON file).\n"
+        );
+    }
+    let mut threads: Vec<u64> = records
+        .iter()
+        .filter_map(|r| r["connection_threads"].as_u64())
+        .collect();
+    threads.sort_unstable();
+    threads.dedup();
+    if !threads.is_empty() {
+        let list: Vec<String> = threads.iter().map(u64::to_string).collect();
+        let how = match options["tucana_threads"].as_u64() {
+            Some(_) => "as `--tucana-threads` asked",
+            None => "its default for the machine's cores",
+        };
+        let _ = writeln!(
+            md,
+            "`tucana serve` ran {} connection thread(s) ({how}; INFO `connection_threads`).\n",
+            list.join(", ")
+        );
+    }
 
     let servers: Vec<String> = options["servers"]
         .as_array()
@@ -1051,18 +1220,74 @@ pub fn render_section(doc: &Value, json_path: &Path) -> String {
         md += "| test |";
         for s in &ours {
             let _ = write!(md, " {s} throughput | {s} server CPU |");
+            if rounds > 1 {
+                let _ = write!(md, " {s} throughput, each round |");
+            }
         }
         md += "\n|---|";
-        md += &"---|---|".repeat(ours.len());
+        md += &(if rounds > 1 {
+            "---|---|---|"
+        } else {
+            "---|---|"
+        })
+        .repeat(ours.len());
         md += "\n";
+        let in_round = |server: &str, workload: &str, round: u64, field: &str| -> Option<f64> {
+            all.iter()
+                .find(|r| {
+                    r["dataset"] == "in-memory"
+                        && r["engine"] == server
+                        && r["workload"] == workload
+                        && r["round"].as_u64() == Some(round)
+                })
+                .and_then(|r| number(&r[field]))
+        };
+        // Each round's ratio (the two servers ran minutes apart, through the same spell).
+        let round_ratios = |server: &str, workload: &str, field: &str| -> Vec<Option<f64>> {
+            (0..rounds)
+                .map(|round| {
+                    match (
+                        in_round(server, workload, round, field),
+                        in_round(redis, workload, round, field),
+                    ) {
+                        (Some(a), Some(b)) if b > 0.0 => Some(a / b),
+                        _ => None,
+                    }
+                })
+                .collect()
+        };
         for test in &tests {
             let _ = write!(md, "| {test} |");
             for s in &ours {
                 for (field, higher_is_better) in [("ops_per_sec", true), ("cpu_us_per_op", false)] {
-                    let a = find("in-memory", s, test).and_then(|r| number(&r[field]));
-                    let b = find("in-memory", redis, test).and_then(|r| number(&r[field]));
+                    let (a, b) = if rounds > 1 {
+                        // The median of the rounds' own ratios, not a ratio of medians
+                        // taken from different rounds.
+                        let mut ratios: Vec<f64> =
+                            round_ratios(s, test, field).into_iter().flatten().collect();
+                        ratios.sort_by(f64::total_cmp);
+                        let n = ratios.len();
+                        let median = match n {
+                            0 => None,
+                            _ if n % 2 == 1 => Some(ratios[n / 2]),
+                            _ => Some((ratios[n / 2 - 1] + ratios[n / 2]) / 2.0),
+                        };
+                        (median, Some(1.0))
+                    } else {
+                        (
+                            find("in-memory", s, test).and_then(|r| number(&r[field])),
+                            find("in-memory", redis, test).and_then(|r| number(&r[field])),
+                        )
+                    };
                     let cell = crate::document::ratio_cell(a, b, higher_is_better);
                     let _ = write!(md, " {cell} |");
+                }
+                if rounds > 1 {
+                    let each: Vec<String> = round_ratios(s, test, "ops_per_sec")
+                        .into_iter()
+                        .map(|r| r.map_or("–".to_string(), |r| format!("{r:.2}")))
+                        .collect();
+                    let _ = write!(md, " {} |", each.join(", "));
                 }
             }
             md += "\n";
@@ -1076,10 +1301,13 @@ pub fn render_section(doc: &Value, json_path: &Path) -> String {
             server process's user + system time (all threads, /proc/PID/stat) during the test ÷ \
             requests; peak RSS is the server's VmHWM during the test (Tucana's includes the pages of its \
             volume file it maps, which the kernel can reclaim; Redis's is its heap); log syncs are Tucana's \
-            fsyncs of its log during the test (INFO persistence). `load` is the harness's own \
-            SET of every key (4 connections, pipeline 256).\n\n";
-    md += "| data set | test | server | requests/s | p50 µs | p99 µs | server CPU µs/request | peak RSS MiB | log syncs | writes per sync |\n";
-    md += "|---|---|---|---|---|---|---|---|---|---|\n";
+            fsyncs of its log during the test (INFO persistence); client CPU is redis-benchmark's \
+            user + system time ÷ requests (the client shares the machine's cores with the server, \
+            and how the server batches its replies changes what the client spends). `load` is the \
+            harness's own SET of every key (4 connections, pipeline 256); its server CPU includes the \
+            wait that followed it (Tucana's commit of the loaded keys).\n\n";
+    md += "| data set | test | server | requests/s | p50 µs | p99 µs | server CPU µs/request | client CPU µs/request | peak RSS MiB | log syncs | writes per sync |\n";
+    md += "|---|---|---|---|---|---|---|---|---|---|---|\n";
     for dataset in ["in-memory", "larger-than-memory"] {
         for test in &tests {
             for r in records
@@ -1093,12 +1321,13 @@ pub fn render_section(doc: &Value, json_path: &Path) -> String {
                 };
                 let _ = writeln!(
                     md,
-                    "| {dataset} | {test} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                    "| {dataset} | {test} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                     r["engine"].as_str().unwrap_or("?"),
                     fmt_number(number(&r["ops_per_sec"])),
                     fmt_number(number(&r["p50_us"])),
                     fmt_number(number(&r["p99_us"])),
                     fmt_number(number(&r["cpu_us_per_op"])),
+                    fmt_number(number(&r["client_cpu_us_per_op"])),
                     number(&r["peak_rss_bytes"])
                         .map_or("–".into(), |b| format!("{:.0}", b / (1 << 20) as f64)),
                     syncs.map_or("–".into(), |s| s.to_string()),
@@ -1271,7 +1500,8 @@ mod tests {
                 {"engine": "redis-everysec", "workload": "redis-SET-P1", "dataset": "in-memory",
                  "ops_per_sec": 100.0, "cpu_us_per_op": 10.0, "requests": 100},
                 {"engine": "tucana-buffered", "workload": "redis-SET-P1", "dataset": "in-memory",
-                 "ops_per_sec": 150.0, "cpu_us_per_op": 20.0, "requests": 100, "log_syncs": 4},
+                 "ops_per_sec": 150.0, "cpu_us_per_op": 20.0, "requests": 100, "log_syncs": 4,
+                 "client_cpu_us_per_op": 12.5, "connection_threads": 1},
                 {"engine": "tucana-buffered", "workload": "redis-GET-P1", "dataset": "larger-than-memory",
                  "ops_per_sec": 50.0, "requests": 100, "device_read_bytes": 409600},
             ],
@@ -1283,6 +1513,14 @@ mod tests {
             "{md}"
         );
         assert!(md.contains("| 25.0 |"), "writes per sync: {md}");
+        assert!(
+            md.contains("| 20.0 | 12.5 |"),
+            "server and client CPU: {md}"
+        );
+        assert!(
+            md.contains("ran 1 connection thread(s) (its default"),
+            "{md}"
+        );
         assert!(md.contains("cannot serve a data set"), "{md}");
         assert!(md.contains("| redis-GET-P1 | 0.39 | – | 4096 |"), "{md}");
         assert!(
@@ -1290,5 +1528,38 @@ mod tests {
             "{md}"
         );
         assert!(md.contains("> shared machine"));
+    }
+
+    #[test]
+    fn rounds_are_shown_as_medians_with_each_rounds_ratio() {
+        let rec = |engine: &str, round: u64, ops: f64, cpu: f64| {
+            json!({"engine": engine, "workload": "redis-GET-P16", "dataset": "in-memory",
+                   "ops_per_sec": ops, "cpu_us_per_op": cpu, "requests": 100, "round": round,
+                   "connection_threads": 1})
+        };
+        let doc = json!({
+            "options": {
+                "argv": ["/x/tucana-bench", "server", "--rounds", "3"],
+                "servers": ["redis-everysec", "tucana-buffered"],
+                "rounds": 3,
+            },
+            "records": [
+                rec("redis-everysec", 0, 100.0, 2.0), rec("tucana-buffered", 0, 90.0, 2.0),
+                rec("redis-everysec", 1, 200.0, 1.0), rec("tucana-buffered", 1, 300.0, 1.0),
+                rec("redis-everysec", 2, 150.0, 3.0), rec("tucana-buffered", 2, 165.0, 4.0),
+            ],
+        });
+        let md = render_section(&doc, Path::new("bench/server-results.json"));
+        // Medians: redis 150 and 2.0 us, tucana 165 and 2.0 us.
+        assert!(
+            md.contains("| redis-GET-P16 | **1.10** | **1.00** | 0.90, 1.50, 1.10 |"),
+            "{md}"
+        );
+        assert!(md.contains("3 rounds"), "{md}");
+        assert!(
+            md.contains("| in-memory | redis-GET-P16 | tucana-buffered | 165.0 |"),
+            "{md}"
+        );
+        assert!(md.contains("ran 1 connection thread(s)"), "{md}");
     }
 }

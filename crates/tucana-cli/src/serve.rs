@@ -72,6 +72,10 @@ pub struct ServeArgs {
     /// Largest request before AUTH, in bytes (also bounds each argument then).
     #[arg(long, default_value_t = RequestLimits::PRE_AUTH.max_request_bytes, value_name = "BYTES")]
     pre_auth_max_request_bytes: usize,
+    /// Connection threads, each an event loop serving its share of the connections
+    /// (default: one per core but one, at least one).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=1024))]
+    threads: Option<u64>,
     /// Number of databases for SELECT (0 is the keyspace `default`, n the keyspace `dbN`).
     #[arg(long, default_value_t = 16, value_name = "N")]
     databases: u32,
@@ -122,6 +126,7 @@ impl ServeArgs {
             },
             idle_timeout: (self.idle_timeout > 0).then(|| Duration::from_secs(self.idle_timeout)),
             databases: self.databases,
+            threads: self.threads.map(|n| n as usize),
             ..ServerConfig::default()
         };
         // Refuse before touching the volume: a bad flag should not create one.

@@ -190,6 +190,30 @@ fn a_public_address_without_a_password_is_refused_before_the_volume_is_touched()
     assert!(!path.exists(), "no volume created");
 }
 
+#[test]
+fn threads_sets_the_connection_threads_and_zero_is_refused() {
+    let (_dir, path) = volume();
+    let mut served = serve(&path, &["--threads", "2", "--durability", "buffered"]);
+    let mut con = served.connect();
+    let _: () = con.set("k", "v").unwrap();
+    let info: String = redis::cmd("INFO").arg("server").query(&mut con).unwrap();
+    assert!(info.contains("connection_threads:2\r\n"), "{info}");
+    assert!(served.signal("-TERM").success());
+
+    let (_dir, path) = volume();
+    let output = Command::new(env!("CARGO_BIN_EXE_tucana"))
+        .arg("--db")
+        .arg(&path)
+        .args(["serve", "--threads", "0", "--port", "0"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("--threads"), "{stderr}");
+    assert!(!path.exists(), "no volume created");
+}
+
 /// Runs `scripts/test-redis-cli.sh` (Debian's redis-cli against the binary). CI installs
 /// redis-cli with `scripts/server-deps.sh`; elsewhere the test is skipped when it is
 /// missing.

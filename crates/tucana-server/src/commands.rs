@@ -520,8 +520,9 @@ fn run_length(requests: &Requests, first: usize, wire: &[u8], name: &[u8], argc:
         .count()
 }
 
-/// A run of SETs goes to the engine as one batch, which copies its keys and values:
-/// past this many bytes a run is cut, so a pipeline of large values is not held twice.
+/// A run of SETs goes to the engine as one atomic write, under the keyspace's writer
+/// lock: past this many bytes a run is cut, so a pipeline of large values does not hold
+/// the lock (and other writers) while megabytes are appended.
 const SET_RUN_MAX_BYTES: usize = 1 << 20;
 
 /// `run_length` for plain SETs, cut after `SET_RUN_MAX_BYTES` of keys and values.
@@ -621,12 +622,9 @@ fn fast_sets(
             let (key, value) = pair(run.start);
             return ks.put_with(key, value, Durability::Buffered).map(|()| ks);
         }
-        let mut batch = ks.batch();
-        for j in run.clone() {
-            let (key, value) = pair(j);
-            batch.put(key, value);
-        }
-        batch.commit_with(Durability::Buffered).map(|()| ks)
+        // Keys and values stay where they lie in the request buffer (no copy per SET).
+        let pairs: Vec<(&[u8], &[u8])> = run.clone().map(pair).collect();
+        ks.put_all(&pairs, Durability::Buffered).map(|()| ks)
     });
     let mut one_by_one = None;
     match applied {

@@ -69,6 +69,9 @@ pub struct ServerConfig {
     /// How many `SCAN` cursors the server remembers; older ones are forgotten and answer
     /// `ERR invalid cursor`.
     pub max_scan_cursors: usize,
+    /// Connection threads, each running its share of the connections on an event loop of
+    /// its own (`None`: [`default_threads`] for this machine's cores).
+    pub threads: Option<usize>,
 }
 
 impl Default for ServerConfig {
@@ -86,11 +89,30 @@ impl Default for ServerConfig {
             databases: 16,
             shutdown_grace: Duration::from_secs(10),
             max_scan_cursors: 16_384,
+            threads: None,
         }
     }
 }
 
+/// Connection threads when not configured, for a machine with `cores` cores: one per
+/// core but one, at least one. The spare core runs what the connection threads hand off
+/// or leave behind: the engine's committer, flusher and garbage collector, sync-mode
+/// writes on the blocking pool, and on a benchmark machine the load generator (on 2
+/// cores, one connection thread beside redis-benchmark served more requests, at less CPU
+/// per request, than two: docs/server-bench.md).
+pub fn default_threads(cores: usize) -> usize {
+    cores.saturating_sub(1).max(1)
+}
+
 impl ServerConfig {
+    /// The connection threads to run: the configured count, else [`default_threads`] of
+    /// the cores this process may use.
+    pub fn thread_count(&self) -> usize {
+        self.threads.unwrap_or_else(|| {
+            default_threads(std::thread::available_parallelism().map_or(1, |n| n.get()))
+        })
+    }
+
     /// Refuses configurations that would be unsafe or cannot work.
     pub fn validate(&self) -> Result<(), String> {
         let exposed = |addr: &SocketAddr| !addr.ip().is_loopback();
@@ -109,6 +131,9 @@ impl ServerConfig {
         }
         if self.databases == 0 {
             return Err("databases must be at least 1".into());
+        }
+        if self.threads == Some(0) {
+            return Err("threads must be at least 1".into());
         }
         if self.max_scan_cursors == 0 {
             return Err("max scan cursors must be at least 1".into());
@@ -135,6 +160,29 @@ mod tests {
         assert!(c.listen.ip().is_loopback());
         assert_ne!(c.listen.port(), 6379);
         assert!(c.validate().is_ok());
+    }
+
+    #[test]
+    fn default_threads_leave_a_core_and_are_at_least_one() {
+        assert_eq!(default_threads(0), 1);
+        assert_eq!(default_threads(1), 1);
+        assert_eq!(default_threads(2), 1);
+        assert_eq!(default_threads(8), 7);
+        assert!(ServerConfig::default().thread_count() >= 1);
+        let c = ServerConfig {
+            threads: Some(3),
+            ..ServerConfig::default()
+        };
+        assert_eq!(c.thread_count(), 3);
+    }
+
+    #[test]
+    fn zero_threads_are_refused() {
+        let c = ServerConfig {
+            threads: Some(0),
+            ..ServerConfig::default()
+        };
+        assert!(c.validate().unwrap_err().contains("threads"));
     }
 
     #[test]

@@ -3,8 +3,8 @@
 //!
 //! Layers, bottom up: [`resp`] (wire format, limits), `glob` (key patterns), `store`
 //! (numbered databases → keyspaces, the per-keyspace write lock, SCAN cursors),
-//! `commands` (what each command does), `metrics` (INFO and Prometheus), [`server`]
-//! (sockets, connections, shutdown), `tls` (optional TLS with rustls). The engine is used only through its public API.
+//! `commands` (what each command does), `metrics` (INFO and Prometheus), `outbox` (replies
+//! sent just before a connection thread sleeps), [`server`] (sockets, connections, shutdown), `tls` (optional TLS with rustls). The engine is used only through its public API.
 //!
 //! ```no_run
 //! let db = tucana::Database::open("data.tucana")?;
@@ -18,6 +18,7 @@ mod commands;
 pub mod config;
 mod glob;
 mod metrics;
+mod outbox;
 pub mod resp;
 pub mod server;
 mod store;

@@ -185,6 +185,7 @@ pub fn info_text(shared: &Shared, sections: &[String], connected: u64) -> String
                 ("arch_bits", (usize::BITS).to_string()),
                 ("process_id", std::process::id().to_string()),
                 ("tcp_port", shared.local_port.to_string()),
+                ("connection_threads", shared.threads.to_string()),
                 ("uptime_in_seconds", uptime.as_secs().to_string()),
                 ("uptime_in_days", (uptime.as_secs() / 86_400).to_string()),
             ],

@@ -4,14 +4,18 @@
 //! Owns sockets, limits on connections (max clients, idle timeout, request sizes through
 //! the decoder) and the execution model; it does not know what commands do.
 //!
-//! Execution model: connections are async tasks spread round-robin over one
-//! single-threaded tokio runtime per core (`ConnectionThreads`); the listener, the
+//! Execution model: connections are async tasks spread round-robin over the connection
+//! threads (`ConnectionThreads`), each a single-threaded tokio runtime; how many is
+//! `ServerConfig::threads` (default: one per core but one); the listener, the
 //! metrics endpoint and signals run on a separate small runtime. A connection stays on
 //! its thread for its life: each thread waits on its own sockets and runs what became
 //! ready, with no work stealing between threads (in a shared multi-threaded runtime a
 //! worker that found work woke another to steal some, a futex wake and a context switch
 //! per request at pipeline depth 1). A connection decodes every complete request in its
-//! buffer (a pipelined batch) and runs the batch in one go. Batches of reads, and of buffered writes, run on the async worker (engine
+//! buffer (a pipelined batch) and runs the batch in one go; the replies of a pipelined
+//! batch wait in the connection's outbox until its thread has run every ready connection
+//! (see `outbox`), the reply to a lone request goes out at once.
+//! Batches of reads, and of buffered writes, run on the async worker (engine
 //! reads never block on writers; a buffered write is a short append). Batches that may
 //! wait on the device (sync-mode writes, EXEC, FLUSHDB, SAVE) run on tokio's blocking
 //! pool, so a connection waiting for its fsync does not stall the others, and concurrent
@@ -39,6 +43,7 @@ use tucana::Database;
 use crate::commands::{execute_batch, may_block, Session};
 use crate::config::ServerConfig;
 use crate::metrics::{prometheus_text, Metrics};
+use crate::outbox::Outbox;
 use crate::resp::{check_incomplete, decode_into, Reply, Requests};
 use crate::store::Store;
 
@@ -57,6 +62,8 @@ pub struct Shared {
     pub started: Instant,
     /// The port actually bound (the configured one may be 0).
     pub local_port: u16,
+    /// Connection threads (the configured count, or the default for this machine).
+    pub threads: usize,
     tls: Option<TlsAcceptor>,
     next_client_id: AtomicU64,
     shutdown: Arc<watch::Sender<bool>>,
@@ -95,8 +102,10 @@ impl Server {
         };
         let local_port = listener.local_addr()?.port();
         let (shutdown, _) = watch::channel(false);
+        let threads = config.thread_count();
         let shared = Arc::new(Shared {
             store: Store::new(db, config.databases, config.max_scan_cursors),
+            threads,
             config,
             metrics: Metrics::default(),
             started: Instant::now(),
@@ -134,7 +143,7 @@ impl Server {
             shared,
         } = self;
         let mut shutdown = shared.shutdown.subscribe();
-        let mut threads = match ConnectionThreads::start(connection_thread_count()) {
+        let mut threads = match ConnectionThreads::start(shared.threads) {
             Ok(t) => t,
             Err(e) => return Err(tucana::Error::Io(e)),
         };
@@ -190,11 +199,6 @@ struct ConnectionThreads {
     threads: Vec<std::thread::JoinHandle<()>>,
 }
 
-/// One connection thread per core: more would only take turns on the same cores.
-fn connection_thread_count() -> usize {
-    std::thread::available_parallelism().map_or(2, |n| n.get())
-}
-
 impl ConnectionThreads {
     fn start(count: usize) -> io::Result<ConnectionThreads> {
         assert!(count > 0);
@@ -208,6 +212,7 @@ impl ConnectionThreads {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .thread_name("tucana-serve")
                 .enable_all()
+                .on_thread_park(crate::outbox::flush_queued)
                 .build()?;
             let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
             threads.handles.push(rt.handle().clone());
@@ -293,18 +298,26 @@ async fn serve_accepted(
     match shared.tls.clone() {
         None => {
             let mut stream = stream;
-            serve_connection(shared, &mut stream, shutdown).await;
+            // Declared after the stream, so dropped before it: see `Outbox`'s drop.
+            let outbox = plain_outbox(&stream);
+            serve_connection(shared, &mut stream, outbox.as_ref(), shutdown).await;
         }
         Some(acceptor) => {
             let handshake = tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream));
             if let Ok(Ok(mut tls)) = handshake.await {
-                serve_connection(shared, &mut tls, shutdown).await;
+                serve_connection(shared, &mut tls, None, shutdown).await;
                 // Ends the TLS session properly (close_notify), so clients see a
                 // clean end of stream rather than a truncation.
                 let _ = tls.shutdown().await;
             }
         }
     }
+}
+
+/// The outbox of a plain TCP connection (see `outbox`).
+fn plain_outbox(stream: &TcpStream) -> Option<Outbox> {
+    use std::os::fd::AsRawFd;
+    Some(Outbox::new(stream.as_raw_fd()))
 }
 
 /// Counts a connection as gone however its task ends (also when aborted).
@@ -333,11 +346,56 @@ async fn write_out<S: AsyncWrite + Unpin>(
     stream.flush().await
 }
 
+/// Serves one connection until it ends, then writes what its outbox still holds.
 async fn serve_connection<S: AsyncRead + AsyncWrite + Unpin>(
     shared: Arc<Shared>,
     stream: &mut S,
-    mut shutdown: watch::Receiver<bool>,
+    outbox: Option<&Outbox>,
+    shutdown: watch::Receiver<bool>,
 ) {
+    let mut last = Vec::new();
+    let ended = serve_requests(&shared, stream, outbox, shutdown).await;
+    // Replies queued before the end (the client may have half-closed and still read).
+    if let (Ok(()), Some(outbox)) = (ended, outbox) {
+        if outbox.take_pending(&mut last).is_ok() && !last.is_empty() {
+            let _ = stream.write_all(&last).await;
+            let _ = stream.flush().await;
+        }
+    }
+}
+
+/// Writes `out` now, after the bytes the outbox still holds (so replies keep their order).
+async fn write_now<S: AsyncWrite + Unpin>(
+    shared: &Shared,
+    stream: &mut S,
+    outbox: Option<&Outbox>,
+    out: &[u8],
+) -> io::Result<()> {
+    if let Some(outbox) = outbox {
+        let mut earlier = Vec::new();
+        outbox.take_pending(&mut earlier)?;
+        if !earlier.is_empty() {
+            stream.write_all(&earlier).await?;
+        }
+    }
+    write_out(shared, stream, out).await
+}
+
+/// The connection's request loop. `Err` when the connection broke (nothing more can be
+/// written to it); `Ok` when it ended otherwise.
+async fn serve_requests<S: AsyncRead + AsyncWrite + Unpin>(
+    shared: &Arc<Shared>,
+    stream: &mut S,
+    outbox: Option<&Outbox>,
+    shutdown: watch::Receiver<bool>,
+) -> io::Result<()> {
+    let shared = shared.clone();
+    // One wait for the whole connection, not one per request: a new wait registers with
+    // the channel (a lock shared by every connection) and dropping it unregisters. Between
+    // batches `shutting_down` asks the channel's version, a plain atomic load.
+    let mut waiter = shutdown.clone();
+    let mut stop = std::pin::pin!(stopped(&mut waiter));
+    let shutting_down = || shutdown.has_changed().unwrap_or(true);
     let id = shared.next_client_id.fetch_add(1, Ordering::Relaxed);
     let mut session = Session::new(id, shared.config.requirepass.is_none());
     let mut buf: Vec<u8> = Vec::with_capacity(READ_CHUNK_BYTES);
@@ -407,15 +465,30 @@ async fn serve_connection<S: AsyncRead + AsyncWrite + Unpin>(
                         requests = r;
                     }
                     // A panic in a handler is a bug; it ends this connection only.
-                    Err(_) => return,
+                    Err(_) => return Err(io::Error::other("a command handler panicked")),
                 }
             } else {
                 execute_batch(&shared, &mut session, &buf, &requests, &mut out);
             }
-            if write_out(&shared, stream, &out).await.is_err() {
-                return;
+            // The replies of a pipelined batch are queued for the park hook. A batch of
+            // one request (a client waiting on each reply: sent at once, the client works
+            // on it while this thread serves the next connection), a large reply and the
+            // connection's last are written now, after whatever the outbox holds.
+            let ending = protocol_error.is_some() || session.close_after_reply || shutting_down();
+            let pipelined = requests.len() > 1;
+            match outbox {
+                Some(outbox) if pipelined && !ending && outbox.has_room(out.len()) => {
+                    shared
+                        .metrics
+                        .net_output_bytes
+                        .fetch_add(out.len() as u64, Ordering::Relaxed);
+                    outbox.queue(&mut out);
+                }
+                _ => {
+                    write_now(&shared, stream, outbox, &out).await?;
+                    out.clear();
+                }
             }
-            out.clear();
         }
         if let Some(e) = protocol_error {
             shared
@@ -424,17 +497,17 @@ async fn serve_connection<S: AsyncRead + AsyncWrite + Unpin>(
                 .fetch_add(1, Ordering::Relaxed);
             let mut reply = Vec::new();
             Reply::error(format!("ERR {e}")).encode(session.protocol, &mut reply);
-            let _ = write_out(&shared, stream, &reply).await;
-            return;
+            write_now(&shared, stream, outbox, &reply).await?;
+            return Ok(());
         }
         if session.close_after_reply {
             if session.shutdown_requested {
                 shared.shutdown.send_replace(true);
             }
-            return;
+            return Ok(());
         }
-        if *shutdown.borrow() {
-            return;
+        if shutting_down() {
+            return Ok(());
         }
         if ran {
             // More complete requests may be buffered; decode before reading.
@@ -453,18 +526,28 @@ async fn serve_connection<S: AsyncRead + AsyncWrite + Unpin>(
                 None => Ok(stream.read_buf(&mut buf).await),
             }
         };
+        let attention = std::future::poll_fn(|cx| match outbox {
+            Some(outbox) => outbox.poll_attention(cx),
+            None => std::task::Poll::Pending,
+        });
         tokio::select! {
             r = read => match r {
-                Ok(Ok(0)) | Ok(Err(_)) => return,
+                Ok(Ok(0)) => return Ok(()),
+                Ok(Err(e)) => return Err(e),
                 Ok(Ok(n)) => {
                     shared.metrics.net_input_bytes.fetch_add(n as u64, Ordering::Relaxed);
                 }
                 Err(_) => {
                     shared.metrics.idle_timeouts.fetch_add(1, Ordering::Relaxed);
-                    return;
+                    return Ok(());
                 }
             },
-            _ = stopped(&mut shutdown) => return,
+            // The park hook could not send all of the outbox (or failed): write the rest
+            // here, waiting for the socket as any write does.
+            _ = attention => {
+                write_now(&shared, stream, outbox, &[]).await?;
+            }
+            _ = &mut stop => return Ok(()),
         }
     }
 }

@@ -612,6 +612,7 @@ fn info_command_and_prometheus_metrics() {
     for needle in [
         "# Server",
         "redis_version:",
+        "connection_threads:",
         "# Clients",
         "connected_clients:1",
         "# Memory",
@@ -1003,5 +1004,123 @@ fn pipelined_sets_of_large_values_are_all_applied() {
     for i in 0..10u8 {
         assert_eq!(ks.get(&[b'k', b'0' + i]).unwrap(), Some(value(i)));
     }
+    server.stop().unwrap();
+}
+
+/// A client that sends its requests and then shuts down its sending side still gets every
+/// reply: replies wait in the connection's outbox until its thread is about to sleep, and
+/// the end of the client's stream must not drop them.
+#[test]
+fn a_client_that_half_closes_after_its_requests_gets_every_reply() {
+    let (_db, server) = start_with(ServerConfig {
+        durability: DurabilityMode::Buffered,
+        ..config()
+    });
+    let mut wire = Vec::new();
+    wire.extend(multibulk(&[b"SET", b"k", b"v"]));
+    wire.extend(multibulk(&[b"GET", b"k"]));
+    wire.extend(multibulk(&[b"PING"]));
+    let mut s = TcpStream::connect(server.addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    s.write_all(&wire).unwrap();
+    s.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut reply = Vec::new();
+    s.read_to_end(&mut reply).unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&reply),
+        "+OK\r\n$1\r\nv\r\n+PONG\r\n"
+    );
+    server.stop().unwrap();
+}
+
+/// A client that pipelines far more than it reads: small replies pile up in the outbox
+/// until the socket cannot take them (the connection's task then writes the rest itself,
+/// waiting for the socket), and large replies, written at once, must come after the small
+/// ones queued before them. Every reply arrives, in request order.
+#[test]
+fn a_slow_reader_gets_every_reply_in_order_small_and_large() {
+    let (_db, server) = start_with(ServerConfig {
+        durability: DurabilityMode::Buffered,
+        threads: Some(1),
+        ..config()
+    });
+    let big = vec![b'b'; 200 << 10];
+    {
+        let mut con = connect(&server);
+        let _: () = con.set("big", &big).unwrap();
+    }
+    const ROUNDS: usize = 60;
+    const SMALL_PER_ROUND: usize = 500;
+    let mut wire = Vec::new();
+    for round in 0..ROUNDS {
+        for i in 0..SMALL_PER_ROUND {
+            wire.extend(multibulk(&[b"ECHO", format!("{round}:{i}").as_bytes()]));
+        }
+        wire.extend(multibulk(&[b"GET", b"big"]));
+    }
+    wire.extend(multibulk(&[b"QUIT"]));
+    let mut s = TcpStream::connect(server.addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let mut writer = s.try_clone().unwrap();
+    // A writer of its own: the server stops reading while the client does not read, so
+    // one thread writing everything before reading would wait forever.
+    let sender = std::thread::spawn(move || writer.write_all(&wire).unwrap());
+    // Let the replies pile up before reading any (the test holds whatever the timing).
+    std::thread::sleep(Duration::from_millis(200));
+    let mut reply = Vec::new();
+    s.read_to_end(&mut reply).unwrap();
+    sender.join().unwrap();
+    let mut want = Vec::new();
+    for round in 0..ROUNDS {
+        for i in 0..SMALL_PER_ROUND {
+            let text = format!("{round}:{i}");
+            want.extend(format!("${}\r\n{text}\r\n", text.len()).into_bytes());
+        }
+        want.extend(format!("${}\r\n", big.len()).into_bytes());
+        want.extend_from_slice(&big);
+        want.extend_from_slice(b"\r\n");
+    }
+    want.extend_from_slice(b"+OK\r\n");
+    assert_eq!(reply.len(), want.len());
+    assert!(reply == want, "replies out of order or corrupted");
+    server.stop().unwrap();
+}
+
+/// With one connection thread every connection shares one event loop; many concurrent
+/// clients are all served, and INFO reports the thread count.
+#[test]
+fn one_connection_thread_serves_many_concurrent_clients() {
+    let (db, server) = start_with(ServerConfig {
+        durability: DurabilityMode::Buffered,
+        threads: Some(1),
+        ..config()
+    });
+    let url = format!("redis://{}/", server.addr);
+    let clients: Vec<_> = (0..8)
+        .map(|c| {
+            let url = url.clone();
+            std::thread::spawn(move || {
+                let mut con = connect_url(&url);
+                for i in 0..200 {
+                    let key = format!("c{c}:{i}");
+                    let _: () = con.set(&key, i).unwrap();
+                    assert_eq!(con.get::<_, i64>(&key).unwrap(), i);
+                }
+            })
+        })
+        .collect();
+    for c in clients {
+        c.join().unwrap();
+    }
+    let mut con = connect(&server);
+    let info: String = redis::cmd("INFO").arg("server").query(&mut con).unwrap();
+    assert!(info.contains("connection_threads:1\r\n"), "{info}");
+    let stats = db.stats();
+    let ks = stats
+        .keyspaces
+        .iter()
+        .find(|k| k.name == "default")
+        .unwrap();
+    assert_eq!(ks.keys, 1600);
     server.stop().unwrap();
 }

@@ -151,6 +151,28 @@ impl Keyspace {
         Range::new(self.region.clone(), None, prefix_bounds(prefix))
     }
 
+    /// Puts every `(key, value)` pair as one atomic batch, exactly as a [`Batch`] of these
+    /// puts would (all or nothing, also across a crash; a later pair of the same key wins;
+    /// a size error changes nothing), but from the caller's slices, without copying each
+    /// key and value into a batch first: for callers that hold them in a buffer already
+    /// (the server's pipelined SETs).
+    pub fn put_all(&self, pairs: &[(&[u8], &[u8])], durability: Durability) -> Result<()> {
+        if pairs.is_empty() {
+            return Ok(());
+        }
+        let mut ops = Vec::with_capacity(pairs.len());
+        for &(key, value) in pairs {
+            check_key(key)?;
+            check_value(value)?;
+            ops.push(Op {
+                key,
+                value: Some(value),
+            });
+        }
+        self.write(&ops, durability)?;
+        Ok(())
+    }
+
     /// An atomic batch of writes to this keyspace: all or nothing, also across a crash.
     pub fn batch(&self) -> Batch {
         Batch {

@@ -145,6 +145,33 @@ fn value_larger_than_the_maximum_is_rejected_and_changes_nothing() {
 }
 
 #[test]
+fn put_all_is_a_batch_of_puts_without_the_copies() {
+    let db = Database::builder().open_in_memory().expect("in-memory db");
+    let ks = db.keyspace("pairs").expect("keyspace");
+    ks.put(b"a", b"old").unwrap();
+    let pairs: [(&[u8], &[u8]); 3] = [(b"a", b"1"), (b"b", b"2"), (b"a", b"3")];
+    ks.put_all(&pairs, Durability::Buffered).unwrap();
+    assert_eq!(
+        ks.get(b"a").unwrap().as_deref(),
+        Some(&b"3"[..]),
+        "the later pair wins"
+    );
+    assert_eq!(ks.get(b"b").unwrap().as_deref(), Some(&b"2"[..]));
+    ks.put_all(&[], Durability::Sync).unwrap();
+
+    // One oversized value: nothing of the call is applied.
+    let too_big = vec![0u8; MAX_VALUE_BYTES + 1];
+    let pairs: [(&[u8], &[u8]); 2] = [(b"c", b"v"), (b"a", &too_big)];
+    assert!(matches!(
+        ks.put_all(&pairs, Durability::Buffered),
+        Err(Error::ValueTooLarge { .. })
+    ));
+    assert_eq!(ks.get(b"c").unwrap(), None);
+    assert_eq!(ks.len(), 2);
+    db.check().expect("check");
+}
+
+#[test]
 fn second_open_of_a_locked_volume_is_refused() {
     // The volume lock keeps a second opener (here in the same process, through a new
     // file handle) out until the first closes.
