@@ -402,11 +402,7 @@ impl Region {
         if w.segments.get(&t.base.0).is_none_or(|s| s.live_bytes != 0) {
             return Ok(());
         }
-        // Read from the volume from now on: write it all first.
-        let written = t.flush(self.shared.volume.storage().as_ref())?;
-        self.shared
-            .bytes_written
-            .fetch_add(written, Ordering::Relaxed);
+        self.close_segment(t)?;
         let prev = self
             .gc_tail
             .swap(epoch::Shared::null(), Ordering::AcqRel, &guard);
@@ -426,42 +422,13 @@ impl Region {
         record_len: usize,
         guard: &epoch::Guard,
     ) -> Result<()> {
-        let shared = &self.shared;
-        let standard = shared.options.log_segment_bytes;
-        let size = standard.max((record_len as u64).div_ceil(BLOCK_BYTES) * BLOCK_BYTES);
-        let blocks = size / BLOCK_BYTES;
-        let align = if size == standard { blocks } else { 1 };
-        let storage = shared.volume.storage();
-        let base =
-            shared
-                .allocator
-                .allocate(storage.as_ref(), blocks, align, w.sealed_for_commit)?;
+        let (base, size) = self.allocate_segment(w, record_len as u64)?;
         let old = self.gc_tail.load(Ordering::Acquire, guard);
         // SAFETY: protected by the guard.
         if let Some(old_tail) = unsafe { old.as_ref() } {
-            // Read from the volume once it is no longer the tail: write it all first.
-            let written = old_tail.flush(storage.as_ref())?;
-            shared.bytes_written.fetch_add(written, Ordering::Relaxed);
-            storage.start_writeback(old_tail.base.0, old_tail.size_bytes);
+            self.close_segment(old_tail)?;
         }
-        w.segments.insert(
-            base.0,
-            SegmentStats {
-                size_bytes: size,
-                written_bytes: 0,
-                live_bytes: 0,
-                order: w.next_order,
-            },
-        );
-        w.next_order += 1;
-        let prev = self
-            .gc_tail
-            .swap(Owned::new(Tail::new(base, size)), Ordering::AcqRel, guard);
-        if !prev.is_null() {
-            // SAFETY: unreachable for new readers; in-flight readers hold guards.
-            unsafe { guard.defer_destroy(prev) };
-            guard.flush();
-        }
+        self.install_tail(&self.gc_tail, w, base, size, guard);
         Ok(())
     }
 
@@ -471,17 +438,7 @@ impl Region {
         record_len: usize,
         guard: &epoch::Guard,
     ) -> Result<()> {
-        let shared = &self.shared;
-        let standard = shared.options.log_segment_bytes;
-        let needed = (record_len + LINK_RECORD_BYTES) as u64;
-        let size = standard.max(needed.div_ceil(BLOCK_BYTES) * BLOCK_BYTES);
-        let blocks = size / BLOCK_BYTES;
-        let align = if size == standard { blocks } else { 1 };
-        let storage = shared.volume.storage();
-        let base =
-            shared
-                .allocator
-                .allocate(storage.as_ref(), blocks, align, w.sealed_for_commit)?;
+        let (base, size) = self.allocate_segment(w, (record_len + LINK_RECORD_BYTES) as u64)?;
         let old = self.tail.load(Ordering::Acquire, guard);
         // SAFETY: non-null, protected by the guard.
         let old_tail = unsafe { old.deref() };
@@ -505,14 +462,53 @@ impl Region {
         };
         w.next_seq = SeqNo(seq.0 + 1);
         self.account_written(w, old_tail.base, LINK_RECORD_BYTES as u64, false);
-        // The closed segment is read from the volume from now on: write it all first.
-        let written = old_tail.flush(storage.as_ref())?;
-        shared.bytes_written.fetch_add(written, Ordering::Relaxed);
-        // And have the kernel start putting it on the device now, as RocksDB's
-        // `bytes_per_sync` does: left dirty until the next commit's sync, a fast writer's
-        // log filled the page cache, and inside a memory cgroup the writer stalled in
-        // reclaim waiting for writeback (a 3 GB load ran at a third of the LSMs' rate).
-        storage.start_writeback(old_tail.base.0, old_tail.size_bytes);
+        self.close_segment(old_tail)?;
+        self.install_tail(&self.tail, w, base, size, guard);
+        Ok(())
+    }
+
+    /// Allocates a log segment of the standard size, or bigger (block-rounded) for
+    /// `needed_bytes`; standard ones are aligned to their size.
+    fn allocate_segment(&self, w: &Writer, needed_bytes: u64) -> Result<(DiskOffset, u64)> {
+        let shared = &self.shared;
+        let standard = shared.options.log_segment_bytes;
+        let size = standard.max(needed_bytes.div_ceil(BLOCK_BYTES) * BLOCK_BYTES);
+        let blocks = size / BLOCK_BYTES;
+        let align = if size == standard { blocks } else { 1 };
+        let storage = shared.volume.storage();
+        let base =
+            shared
+                .allocator
+                .allocate(storage.as_ref(), blocks, align, w.sealed_for_commit)?;
+        Ok((base, size))
+    }
+
+    /// A tail's segment is read from the volume once it is no longer the tail: writes it
+    /// all, and has the kernel start putting it on the device now, as RocksDB's
+    /// `bytes_per_sync` does (left dirty until the next commit's sync, a fast writer's log
+    /// filled the page cache, and inside a memory cgroup the writer stalled in reclaim
+    /// waiting for writeback: a 3 GB load ran at a third of the LSMs' rate).
+    fn close_segment(&self, tail: &Tail) -> Result<()> {
+        let storage = self.shared.volume.storage();
+        let written = tail.flush(storage.as_ref())?;
+        self.shared
+            .bytes_written
+            .fetch_add(written, Ordering::Relaxed);
+        storage.start_writeback(tail.base.0, tail.size_bytes);
+        Ok(())
+    }
+
+    /// Registers the fresh segment at `base` and makes a new tail over it the one `slot`
+    /// (the foreground's or the relocation tail) holds; the old tail is dropped once no
+    /// reader can hold it.
+    fn install_tail(
+        &self,
+        slot: &Atomic<Tail>,
+        w: &mut Writer,
+        base: DiskOffset,
+        size: u64,
+        guard: &epoch::Guard,
+    ) {
         w.segments.insert(
             base.0,
             SegmentStats {
@@ -523,17 +519,16 @@ impl Region {
             },
         );
         w.next_order += 1;
-        let prev = self
-            .tail
-            .swap(Owned::new(Tail::new(base, size)), Ordering::AcqRel, guard);
-        // SAFETY: `prev` is unreachable for new readers; in-flight readers hold guards.
-        unsafe { guard.defer_destroy(prev) };
-        // Hand the deferred drop to the global queue now. Left in this thread's bag it
-        // waits for 63 more deferred items: a bulk load kept up to 64 closed 2 MiB
-        // buffers per writer thread alive (128 MiB of a load's resident memory), and the
-        // buffer pool never saw them come back.
-        guard.flush();
-        Ok(())
+        let prev = slot.swap(Owned::new(Tail::new(base, size)), Ordering::AcqRel, guard);
+        if !prev.is_null() {
+            // SAFETY: `prev` is unreachable for new readers; in-flight readers hold guards.
+            unsafe { guard.defer_destroy(prev) };
+            // Hand the deferred drop to the global queue now. Left in this thread's bag it
+            // waits for 63 more deferred items: a bulk load kept up to 64 closed 2 MiB
+            // buffers per writer thread alive (128 MiB of a load's resident memory), and
+            // the buffer pool never saw them come back.
+            guard.flush();
+        }
     }
 
     /// Writes the relocation tail's pending bytes to the volume (not synced): a commit

@@ -296,18 +296,20 @@ fn an_idle_store_still_collects_and_gives_space_back() {
     }
 }
 
+/// Disk bytes of a volume where the keyspace "big" was only created and committed.
+fn empty_volume_space_bytes(dir: &Path) -> u64 {
+    let db = manual().open(dir.join("empty.tucana")).unwrap();
+    db.keyspace("big").unwrap();
+    db.commit().unwrap();
+    db.stats().space_used_bytes
+}
+
 /// Deleting every key and collecting gives the disk back: the volume ends within a
 /// small constant of a volume where the keyspace was only created.
 #[test]
 fn delete_all_then_gc_returns_the_disk() {
     let (dir, path) = temp_volume();
-    let empty = {
-        let p = dir.path().join("empty.tucana");
-        let db = manual().open(&p).unwrap();
-        db.keyspace("big").unwrap();
-        db.commit().unwrap();
-        db.stats().space_used_bytes
-    };
+    let empty = empty_volume_space_bytes(dir.path());
     let db = manual().open(&path).unwrap();
     let ks = db.keyspace("big").unwrap();
     let n = 30_000u32;
@@ -410,13 +412,7 @@ fn relocated_records_get_segments_of_their_own_and_survive_reopen() {
 #[test]
 fn delete_all_after_relocations_returns_the_relocation_tail_too() {
     let (dir, path) = temp_volume();
-    let empty = {
-        let p = dir.path().join("empty.tucana");
-        let db = manual().open(&p).unwrap();
-        db.keyspace("big").unwrap();
-        db.commit().unwrap();
-        db.stats().space_used_bytes
-    };
+    let empty = empty_volume_space_bytes(dir.path());
     let db = manual().open(&path).unwrap();
     let ks = db.keyspace("big").unwrap();
     let n = 20_000u32;
