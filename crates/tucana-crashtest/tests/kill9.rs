@@ -23,25 +23,34 @@ fn tucana_binary() -> PathBuf {
     tucana
 }
 
-#[test]
-fn a_few_kill_cycles_pass_and_print_the_figure_line() {
+/// Runs `tucana-crashtest kill9` with `args` in `work` against the built `tucana`;
+/// asserts it succeeded and returns its standard output.
+fn run_kill9(work: &std::path::Path, args: &[&str]) -> String {
     let tucana = tucana_binary();
-    let dir = tempfile::tempdir().expect("temporary directory");
-    let work = dir.path().join("run");
     let output = Command::new(env!("CARGO_BIN_EXE_tucana-crashtest"))
-        .args(["kill9", "--cycles", "12", "--seed", "7", "--progress", "0"])
+        .arg("kill9")
+        .args(args)
+        .args(["--progress", "0"])
         .arg("--dir")
-        .arg(&work)
+        .arg(work)
         .arg("--tucana")
         .arg(&tucana)
         .output()
         .expect("run tucana-crashtest");
-    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
         output.status.success(),
         "stdout:\n{stdout}\nstderr:\n{stderr}"
     );
+    stdout
+}
+
+#[test]
+fn a_few_kill_cycles_pass_and_print_the_figure_line() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let work = dir.path().join("run");
+    let stdout = run_kill9(&work, &["--cycles", "12", "--seed", "7"]);
     let line = stdout.trim();
     assert!(
         line.starts_with(
@@ -73,23 +82,10 @@ fn figure(line: &str, label: &str) -> u64 {
 
 #[test]
 fn gc_heavy_cycles_kill_a_collector_at_work() {
-    let tucana = tucana_binary();
     let dir = tempfile::tempdir().expect("temporary directory");
-    let work = dir.path().join("run");
-    let output = Command::new(env!("CARGO_BIN_EXE_tucana-crashtest"))
-        .args(["kill9", "--cycles", "10", "--seed", "11", "--progress", "0"])
-        .args(["--gc-percent", "100"])
-        .arg("--dir")
-        .arg(&work)
-        .arg("--tucana")
-        .arg(&tucana)
-        .output()
-        .expect("run tucana-crashtest");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "stdout:\n{stdout}\nstderr:\n{stderr}"
+    let stdout = run_kill9(
+        &dir.path().join("run"),
+        &["--cycles", "10", "--seed", "11", "--gc-percent", "100"],
     );
     let line = stdout.trim();
     assert_eq!(figure(line, "gc cycles: "), 10, "{line}");

@@ -129,28 +129,23 @@ pub(crate) struct Region {
 }
 
 impl Drop for Region {
-    /// Frees the current tail buffer: an `Atomic` does not own its pointee, so without
-    /// this every region dropped (each close, each failed open) leaked its tail, one log
+    /// Frees the current tail buffers (foreground and relocation): an `Atomic` does not
+    /// own its pointee, so without this every region dropped (each close, each failed open) leaked its tail, one log
     /// segment of memory (regression test `a_closed_region_frees_its_tail_buffer`).
     fn drop(&mut self) {
-        // SAFETY: `&mut self` means no `Arc<Region>` is left, so no reader or writer can
-        // still reach the tail; tails swapped out earlier went to `defer_destroy`.
-        unsafe {
-            let tail = self.tail.swap(
-                epoch::Shared::null(),
-                Ordering::AcqRel,
-                epoch::unprotected(),
-            );
-            if !tail.is_null() {
-                drop(tail.into_owned());
-            }
-            let gc_tail = self.gc_tail.swap(
-                epoch::Shared::null(),
-                Ordering::AcqRel,
-                epoch::unprotected(),
-            );
-            if !gc_tail.is_null() {
-                drop(gc_tail.into_owned());
+        for slot in [&self.tail, &self.gc_tail] {
+            // SAFETY: `&mut self` means no `Arc<Region>` is left, so no reader or writer
+            // can still reach either tail; tails swapped out earlier went to
+            // `defer_destroy`.
+            unsafe {
+                let tail = slot.swap(
+                    epoch::Shared::null(),
+                    Ordering::AcqRel,
+                    epoch::unprotected(),
+                );
+                if !tail.is_null() {
+                    drop(tail.into_owned());
+                }
             }
         }
     }
