@@ -182,6 +182,22 @@ pub(crate) fn check(db: &DbInner) -> Result<CheckReport> {
         report.index_nodes += nodes;
     }
     report.unreferenced_blocks = report.allocated_blocks - refs.owner.len() as u64;
+    // Every allocated block is referenced by the commit just made or listed in its free
+    // log: anything else would stay allocated for ever (a leak), even across reopens.
+    if report.unreferenced_blocks != 0 {
+        let first = (0..volume_blocks)
+            .map(|b| DiskOffset(b * BLOCK_BYTES))
+            .find(|&at| allocator.is_allocated(at, 1) && !refs.owner.contains_key(&at.0))
+            .unwrap_or(DiskOffset::NONE);
+        return Err(Error::corruption(
+            "allocation bitmap",
+            first,
+            format!(
+                "{} allocated blocks are referenced by nothing in the commit nor in its free log",
+                report.unreferenced_blocks
+            ),
+        ));
+    }
     drop(cs);
     Ok(report)
 }

@@ -195,7 +195,9 @@ impl Descriptor {
                 segments,
             });
         }
-        if r.pos != bytes.len() {
+        // A commit pads its descriptor with zeros to the blocks it allocated for it, and
+        // the superblock counts the padding (so the extent freed later is the whole one).
+        if bytes[r.pos..].iter().any(|b| *b != 0) {
             return Err(r.bad("trailing bytes"));
         }
         Ok(Descriptor {
@@ -304,6 +306,22 @@ mod tests {
     fn round_trip() {
         let d = sample();
         assert_eq!(Descriptor::decode(&d.encode(), DiskOffset(0)).unwrap(), d);
+    }
+
+    /// A commit pads its descriptor to whole blocks and the superblock counts the
+    /// padding: zeros after the last region decode; anything else there is corruption.
+    #[test]
+    fn zero_padding_decodes_and_other_trailing_bytes_do_not() {
+        let d = sample();
+        let mut bytes = d.encode();
+        bytes.resize(bytes.len() + 5000, 0);
+        assert_eq!(Descriptor::decode(&bytes, DiskOffset(0)).unwrap(), d);
+        let last = bytes.len() - 1;
+        bytes[last] = 1;
+        assert!(matches!(
+            Descriptor::decode(&bytes, DiskOffset(0)),
+            Err(Error::Corruption { .. })
+        ));
     }
 
     #[test]

@@ -148,9 +148,11 @@ impl DbInner {
         let bitmaps = allocator.commit_images(epoch);
         desc.bitmap_slots = bitmaps.slots.clone();
         desc.volume_bytes = bitmaps.volume_bytes;
-        let desc_bytes = desc.encode();
-        assert!(desc_bytes.len() as u64 <= desc_blocks * BLOCK_BYTES);
-        let mut padded = desc_bytes.clone();
+        let mut padded = desc.encode();
+        assert!(padded.len() as u64 <= desc_blocks * BLOCK_BYTES);
+        // The superblock names the whole padded extent: open frees exactly what was
+        // allocated once this descriptor is superseded (counting only the encoded bytes
+        // leaked the slack block at every reopen).
         padded.resize((desc_blocks * BLOCK_BYTES) as usize, 0);
         storage.write_at(desc_at.0, &padded)?;
         shared
@@ -168,8 +170,8 @@ impl DbInner {
         let sb = Superblock {
             epoch,
             descriptor: desc_at,
-            descriptor_bytes: desc_bytes.len() as u64,
-            descriptor_crc: crc32c::crc32c(&desc_bytes),
+            descriptor_bytes: padded.len() as u64,
+            descriptor_crc: crc32c::crc32c(&padded),
             volume_bytes: desc.volume_bytes,
         };
         storage.write_at(
