@@ -149,6 +149,9 @@ pub(crate) struct GcState {
     pinned: HashSet<(RegionId, u64)>,
     /// The store's smoothed space amplification for write pacing, and when it was taken.
     pace_amp: Option<(f64, Instant)>,
+    /// Holds the victim being collected when the volume has no mapping; kept to spare an
+    /// allocation per victim.
+    buf: Vec<u8>,
 }
 
 impl GcState {
@@ -160,6 +163,7 @@ impl GcState {
             last_foreground_bytes: 0,
             pinned: HashSet::new(),
             pace_amp: None,
+            buf: Vec::new(),
         }
     }
 }
@@ -335,19 +339,41 @@ fn collect_segment(
     state: &mut GcState,
 ) -> Result<Collected> {
     if stats.live_bytes > 0 {
-        // The victim is closed and flushed, and only this pass retires it: its bytes up to
-        // `written` are immutable while we read them.
-        let mut buf = vec![0u8; stats.written_bytes as usize];
-        db.shared.volume.storage().read_at(victim.0, &mut buf)?;
-        let puts = parse_puts(region, victim, &buf)?;
-        for chunk in puts.chunks(RELOCATE_CHUNK_RECORDS) {
+        // Read in place through the volume's mapping when it has one (a copy into the
+        // pass's buffer otherwise). The pin keeps the segment allocated while we read it
+        // even if the region is dropped meanwhile: a dropped region's segments are freed
+        // through the same reader grace period.
+        let _pin = crossbeam_epoch::pin();
+        // SAFETY: the victim is closed and flushed, and only this pass retires it: its
+        // bytes up to `written` are never written again while the region can reach it,
+        // and the pin outlives `buf`.
+        let buf = unsafe {
+            db.shared
+                .volume
+                .view(victim.0, stats.written_bytes as usize, &mut state.buf)?
+        };
+        let puts = parse_puts(region, victim, buf)?;
+        let mut records: Vec<(u64, &[u8], &[u8])> = Vec::with_capacity(RELOCATE_CHUNK_RECORDS);
+        let mut puts = puts.iter();
+        loop {
+            // Dead records are left out without the writer lock, so foreground writers
+            // wait only for the copies.
+            records.clear();
+            for p in puts.by_ref() {
+                let key = &buf[p.key.clone()];
+                if region.is_live(key, p.at)? {
+                    records.push((p.at, key, &buf[p.value.clone()]));
+                    if records.len() == RELOCATE_CHUNK_RECORDS {
+                        break;
+                    }
+                }
+            }
+            if records.is_empty() {
+                break;
+            }
             if *budget_bytes <= 0.0 {
                 return Ok(Collected::OutOfBudget);
             }
-            let records: Vec<(u64, &[u8], &[u8])> = chunk
-                .iter()
-                .map(|p| (p.at, &buf[p.key.clone()], &buf[p.value.clone()]))
-                .collect();
             let appended = match region.relocate(&records) {
                 Ok(n) => n,
                 // Dropped meanwhile: its segments go with it.

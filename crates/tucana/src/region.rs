@@ -634,30 +634,42 @@ impl Region {
             .sum()
     }
 
-    /// Appends again, as ordinary puts, those of `records` (`(offset, key, value)` of put
+    /// Whether the live index still points at the record at `at` holding `key`: a test
+    /// without the writer lock and without reading the log, for garbage collection to
+    /// leave out dead records before `relocate`. A record found dead stays dead (a key
+    /// never points back at an older record), so the answer can only go stale one way.
+    pub fn is_live(&self, key: &[u8], at: u64) -> Result<bool> {
+        let guard = epoch::pin();
+        self.tree.points_at(self, None, key, at, &guard)
+    }
+
+    /// Copies into the relocation log those of `records` (`(offset, key, value)` of put
     /// records read from one closed segment) that the live index still points at, and
-    /// points the index at the copies. One writer-lock hold: callers pass small chunks so
-    /// foreground writers wait little. Returns the bytes appended.
+    /// points the index at the copies. One writer-lock hold: callers pass small chunks,
+    /// already filtered with `is_live`, so foreground writers wait little. Returns the
+    /// bytes appended.
     pub fn relocate(&self, records: &[(u64, &[u8], &[u8])]) -> Result<u64> {
         let shared = &self.shared;
         let mut w = self.writer.lock();
         self.check_usable()?;
         shared.check_writable()?;
-        let guard = epoch::pin();
         let mut appended = 0u64;
         for &(at, key, value) in records {
-            // The writer lock keeps the index still between this test and the apply.
-            if !self.tree.points_at(self, None, key, at, &guard)? {
+            // `is_live` said yes without the lock; a writer may have replaced the key
+            // since, and then nothing is appended.
+            let swapped = self
+                .tree
+                .replace_ptr(self, key, at, || {
+                    self.append_relocated(&mut w, key, value).map(|p| p.0)
+                })
+                .inspect_err(|_| shared.poison())?;
+            if !swapped {
                 continue;
             }
-            let new = self
-                .append_relocated(&mut w, key, value)
-                .inspect_err(|_| shared.poison())?;
-            let existed = self
-                .apply(&mut w, key, true, new)
-                .inspect_err(|_| shared.poison())?;
-            assert!(existed, "a relocated key vanished under the writer lock");
-            appended += (HEADER_BYTES + key.len() + value.len()) as u64;
+            let len = (HEADER_BYTES + key.len() + value.len()) as u64;
+            // The old record's length is the copy's: no need to read its header again.
+            self.account_dead(&mut w, DiskOffset(at), len);
+            appended += len;
         }
         drop(w);
         if appended > 0 {

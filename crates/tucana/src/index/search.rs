@@ -274,16 +274,27 @@ pub(crate) fn leaf_get<L: LeafRead, C: Ctx>(
 /// collection asks of every record of a victim; most are dead, and confirming a dead
 /// one's key (as `leaf_get` does) read a newer record at a random place in the log.
 pub(crate) fn leaf_points_at<L: LeafRead>(l: &L, key: &[u8], kh: u32, ptr: u64) -> SResult<bool> {
+    Ok(leaf_entry_of(l, key, kh, ptr)?.is_some())
+}
+
+/// The index of the leaf entry for `key` holding log pointer `ptr`, by `leaf_points_at`'s
+/// rule (no log read).
+pub(crate) fn leaf_entry_of<L: LeafRead>(
+    l: &L,
+    key: &[u8],
+    kh: u32,
+    ptr: u64,
+) -> SResult<Option<usize>> {
     let StemPos::Inside(kp) = leaf_stem_position(l, key) else {
         l.validate()?;
-        return Ok(false);
+        return Ok(None);
     };
     let n = l.count();
     let mut i = prefix_lower_bound(l, 0, n, kp);
-    let mut found = false;
+    let mut found = None;
     while i < n && l.prefix(i) == kp {
         if l.hash(i) == kh && l.ptr(i) == ptr {
-            found = true;
+            found = Some(i);
             break;
         }
         i += 1;

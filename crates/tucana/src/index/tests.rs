@@ -1203,3 +1203,58 @@ fn points_at_tells_live_records_from_dead_without_reading_the_log() {
     );
     assert_eq!(live, keys.len());
 }
+
+/// `replace_ptr` is GC's swap of a relocated record: it moves the key's entry from the
+/// old record to the copy only if the entry still holds the old record, reads no log
+/// record to find it, and copies on write like any writer change (a sealed root keeps
+/// the old pointer).
+#[test]
+fn replace_ptr_swaps_only_the_entry_holding_the_old_record() {
+    use crate::error::Result;
+    let mut rng = StdRng::seed_from_u64(16);
+    let tree = Tree::new(REGION, TreeEpoch(1));
+    let mut ctx = FakeCtx::default();
+    let mut model = Model::new();
+    let mut keys = Vec::new();
+    for i in 0..5_000u32 {
+        let k = format!("key:{:06}:{}", rng.random_range(0..3_000u32), i % 7).into_bytes();
+        put(&tree, &mut ctx, &mut model, &k);
+        keys.push(k);
+    }
+    keys.sort();
+    keys.dedup();
+    let sealed = tree.seal();
+    let before = model.clone();
+    let reads = ctx.key_reads.load(Relaxed);
+    for (n, k) in keys.iter().enumerate() {
+        let old = model[k];
+        let copy = ctx.add(k);
+        // A stale record of the key (or any other pointer): nothing changes, and no
+        // copy is asked for.
+        let never = || -> Result<u64> { panic!("a copy was asked for a dead record") };
+        assert!(!tree.replace_ptr(&ctx, k, old + 100_000, never).unwrap());
+        if n % 2 == 0 {
+            assert!(
+                tree.replace_ptr(&ctx, k, old, || Ok(copy)).unwrap(),
+                "{k:?}"
+            );
+            model.insert(k.clone(), copy);
+        }
+    }
+    assert!(!tree
+        .replace_ptr(&ctx, b"absent", 1, || -> Result<u64> { panic!("absent") })
+        .unwrap());
+    assert_eq!(
+        ctx.key_reads.load(Relaxed),
+        reads,
+        "replace_ptr read the log"
+    );
+    for k in &keys {
+        assert_eq!(get(&tree, &ctx, None, k), Some(model[k]), "{k:?}");
+        assert_eq!(
+            get(&tree, &ctx, Some(sealed.root), k),
+            Some(before[k]),
+            "the sealed root changed for {k:?}"
+        );
+    }
+}

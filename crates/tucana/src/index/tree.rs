@@ -34,8 +34,8 @@ use super::node::{
     KIND_INTERNAL, KIND_LEAF, MAX_INLINE_PIVOT, MAX_STEM_BYTES, NODE_BYTES, PIVOT_EXTERNAL, W_DISK,
 };
 use super::search::{
-    child_index, leaf_get, leaf_points_at, leaf_position, pivot_into, separator, stem_position,
-    StemPos,
+    child_index, leaf_entry_of, leaf_get, leaf_points_at, leaf_position, pivot_into, separator,
+    stem_position, StemPos,
 };
 use super::{key_hash, key_prefix, Ctx};
 use crate::error::{Error, Result};
@@ -560,6 +560,60 @@ impl Tree {
                 assert!(!unsafe { child.as_ref() }.meta().is_full());
             }
             node = child;
+        }
+    }
+
+    /// Makes the entry of `key` that holds log pointer `old` hold the pointer `new()`
+    /// returns instead; false (and `new` not called) when `key` maps elsewhere or nowhere.
+    /// Writer only. What garbage collection does for a record it relocates, `new`
+    /// appending the copy: like `insert` of an existing key, but the entry is found by
+    /// prefix, hash and pointer (`leaf_points_at`'s rule), so no log record is read to
+    /// confirm the key, and the count of entries never changes, so nothing splits. One
+    /// descent: the path is copied on write before the leaf is searched, so a caller
+    /// that did not check `points_at` first may copy it for nothing.
+    pub fn replace_ptr<C: Ctx>(
+        &self,
+        ctx: &C,
+        key: &[u8],
+        old: u64,
+        new: impl FnOnce() -> Result<u64>,
+    ) -> Result<bool> {
+        let _w = self.writer();
+        if self.root.load(Relaxed) == 0 {
+            return Ok(false);
+        }
+        let kp = key_prefix(key);
+        let kh = key_hash(key);
+        let running = self.running.load(Relaxed);
+        let mut node = self.writable_root(ctx, running)?;
+        loop {
+            // SAFETY: as in `insert`.
+            if unsafe { node.as_ref() }.meta().is_leaf() {
+                let leaf = unsafe { as_leaf(node) };
+                let own = HeapLeaf {
+                    node: leaf,
+                    version: None,
+                };
+                let Some(i) = no_restart(leaf_entry_of(&own, key, kh, old))? else {
+                    return Ok(false);
+                };
+                let new = new()?;
+                assert!(new != 0, "log pointer 0 names no record");
+                // One atomic word, as in `leaf_insert`: readers see the old or the new
+                // record of the same key, both valid.
+                leaf.ptr[i].store(new, Release);
+                return Ok(true);
+            }
+            let parent = unsafe { as_internal(node) };
+            let own = HeapInternal {
+                node: parent,
+                version: None,
+            };
+            let idx = no_restart(child_index(&own, ctx, key, kp, true))?;
+            if parent.hdr.meta().level == 1 {
+                prefetch_leaf_word(parent.child[idx].load(Relaxed));
+            }
+            node = self.writable_child(ctx, parent, idx, running)?;
         }
     }
 
