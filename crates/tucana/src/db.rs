@@ -518,6 +518,13 @@ impl DbInner {
         self.commit_locked(&mut cs)
     }
 
+    /// A commit and its repeat (`commit_pair_locked`): both superblock slots name the
+    /// newest state, and what it stopped referencing is freed at once.
+    pub fn commit_pair(&self) -> Result<()> {
+        let mut cs = self.commit_state.lock();
+        self.commit_pair_locked(&mut cs)
+    }
+
     fn start_background(this: &Arc<DbInner>) {
         let opts = &this.shared.options;
         if opts.commit_interval.is_none() && opts.flush_interval.is_none() {

@@ -59,23 +59,24 @@ const IDLE_COMMIT_MIN_FREE_BLOCKS: u64 = 16;
 /// commits away), index nodes copied on write, a burst between two steps.
 const START_SHARE: f64 = 0.9;
 
-/// Over `1 + URGENT_SHARE × (target - 1)` (1.75 for 1.5), background GC may also copy
+/// Over `1 + URGENT_SHARE × (target - 1)` (1.6 for 1.5), background GC may also copy
 /// `URGENT_COPY_RATIO` bytes for every byte foreground writers append, on top of its rate
 /// limit: it follows a burst of overwrites, at a bounded cost to them.
-const URGENT_SHARE: f64 = 1.5;
+const URGENT_SHARE: f64 = 1.2;
 
 /// Bytes background GC may copy per byte foreground writers append while urgent: what GC
 /// may take from the writers during a burst. Where it is not enough, space runs over the
 /// target until the burst ends, then the rate limit works it back down.
 ///
-/// The trade-off, `tucana-bench gc` (300k x 1 KB, YCSB A, 8 overwrites, 2 threads, 2
-/// shared cores; GC-off throughput swings 450-750k ops/s between runs here, so compare
-/// absolute GC-on figures): with the start line at 0.8 of the room, urgent at 0.9 and
-/// one byte per byte, commit pairs every 100 ms, the disk peaked at 1.82-1.90 at
-/// 150-230k ops/s (2.8 GiB copied); with these values, 2.2-2.3 at 280-310k (1.6 GiB).
-/// The policy before this one (budget following the writers, victims only outside both
-/// commits' replay windows) peaked at 3.2 at 360-410k (1.1 GiB).
-const URGENT_COPY_RATIO: f64 = 0.25;
+/// The trade-off, `tucana-bench gc --gc-records 300000 --overwrites 8 --fields 10
+/// --field-bytes 100` (YCSB A, 2 threads, 2 shared cores; GC-off throughput swings
+/// 450-650k ops/s between runs here, so compare absolute GC-on figures), with one-pass
+/// relocation and repeat commits: urgent at 1.5 of the room, a quarter byte per byte and
+/// pairs every 250 ms peaked at 2.2 at 340-400k ops/s; these values (with pairs every
+/// 50 ms) at 1.95 at 357k; the start line at 0.6 of the room, urgent at 0.7 and one byte
+/// per byte at 1.8 at 160-210k (copies dirty leaves all over the index, and every commit
+/// writes them).
+const URGENT_COPY_RATIO: f64 = 0.4;
 
 /// Unspent urgent budget kept for later steps, at most.
 const URGENT_TOKENS_MAX_BYTES: f64 = (32 << 20) as f64;
@@ -120,15 +121,14 @@ const STEP_MAX_BYTES: f64 = (8 << 20) as f64;
 
 /// Shortest interval between the commit pairs GC asks for to give back the segments it
 /// retired: each is back only after two commits sealed after its retirement, and until
-/// then the disk holds it; a commit costs two fsyncs and writing the dirty index nodes
-/// (under a burst nearly every leaf: pairs every 100 ms put the committer at a fifth of
-/// the process's CPU).
-const RETIRED_COMMIT_INTERVAL: Duration = Duration::from_millis(250);
+/// then the disk holds it. A pair is one full commit (two fsyncs and the dirty index
+/// nodes, under a burst nearly every leaf) and a repeat that writes no node.
+const RETIRED_COMMIT_INTERVAL: Duration = Duration::from_millis(50);
 
 /// Retired segments (and frees ready for the next commit) worth an early commit: this
 /// share of the room the target leaves ((target - 1) × live bytes, all regions), so that
 /// space GC already emptied never takes much of it; at least `RETIRED_COMMIT_MIN_BYTES`.
-const RETIRED_COMMIT_SHARE: f64 = 1.0 / 4.0;
+const RETIRED_COMMIT_SHARE: f64 = 0.1;
 const RETIRED_COMMIT_MIN_BYTES: u64 = 4 << 20;
 
 /// Frees at least this long are punched when a commit applies them (the commit's
@@ -616,15 +616,14 @@ impl DbInner {
         Ok(worked)
     }
 
-    /// A full pass: commits twice (so every closed segment lies before both durable
-    /// commits' replay windows), collects every eligible segment of every region, then
-    /// commits until the emptied segments are back in the allocator and punched (unless
-    /// a snapshot or live iterator still needs them: then a later commit frees them).
+    /// A full pass: a commit pair (everything written before the pass is durable in both
+    /// slots), collects every eligible segment of every region, then commits until the
+    /// emptied segments are back in the allocator and punched (unless a snapshot or live
+    /// iterator still needs them: then a later commit frees them).
     pub(crate) fn gc_full(&self) -> Result<()> {
         let mut state = self.gc.lock();
         let state = &mut *state;
-        self.commit()?;
-        self.commit()?;
+        self.commit_pair()?;
         state.pinned.clear();
         let mut budget = f64::INFINITY;
         for region in self.region_list() {
@@ -632,10 +631,9 @@ impl DbInner {
             let victims = victims(&region, Policy::Forced, &state.pinned);
             self.collect_victims(&region, Policy::Forced, victims, &mut budget, state)?;
         }
-        // The first commit seals the epoch the segments were retired in; the second makes
-        // that seal the older durable one, so its end reclaims them.
-        self.commit()?;
-        self.commit()?;
+        // The first commit seals the epoch the segments were retired in; its repeat makes
+        // that seal the older durable one too, so its end reclaims them.
+        self.commit_pair()?;
         for _ in 0..GRACE_ATTEMPTS {
             if self.shared.frees.lock().limbo.is_empty() {
                 break;
@@ -716,13 +714,12 @@ impl DbInner {
     }
 
     /// A pair of commits for GC's sake, then the space they free given back at once: the
-    /// first commit seals the epoch GC retired segments in, the second makes that seal
+    /// first commit seals the epoch GC retired segments in, its repeat makes that seal
     /// the older durable one, so its end hands them to the reader grace period; the
-    /// second finds little to write (only what changed during the first). Space retired
-    /// just after a lone commit would wait for two more commit intervals instead.
+    /// repeat writes no node. Space retired just after a lone commit would wait for two
+    /// more commit intervals instead.
     pub(crate) fn gc_commit_pair(&self) -> Result<()> {
-        self.commit()?;
-        self.commit()?;
+        self.commit_pair()?;
         // No yield between nudges: on a busy machine each yield gave the core away for a
         // time slice (tens of milliseconds for the eight, with a hundred MiB waiting);
         // what is still in limbo goes at the committer's next wake-up.

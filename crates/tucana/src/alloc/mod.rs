@@ -886,6 +886,24 @@ impl Allocator {
         }
     }
 
+    /// Ends a commit whose superblock is durable, like `end_commit(true)`, and seals again
+    /// at once, still recording the post-seal runs of the commit just ended: the next
+    /// commit is a repeat of it (the same durable state under a new epoch), whose images
+    /// must leave out everything allocated after that seal too. Panics without
+    /// `commit_images`.
+    pub fn end_commit_keep_seal(&self) {
+        let mut st = self.state.lock();
+        match std::mem::replace(&mut st.phase, CommitPhase::Idle) {
+            CommitPhase::Imaged { imaged, post_seal } => {
+                for (g, slot) in imaged {
+                    st.groups[g].slot = slot;
+                }
+                st.phase = CommitPhase::Sealed { post_seal };
+            }
+            _ => panic!("end_commit_keep_seal without commit_images"),
+        }
+    }
+
     /// Ends the commit. `committed`: its superblock is durable, so the images' buddies
     /// become current. Otherwise nothing changes and every imaged group stays changed.
     /// Panics without `begin_commit`, or with `committed` but no `commit_images`.

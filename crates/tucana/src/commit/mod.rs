@@ -37,12 +37,37 @@ const NODE_RUN_BLOCKS: u64 = 256;
 
 impl DbInner {
     pub(crate) fn commit_locked(&self, cs: &mut CommitState) -> Result<()> {
-        // A closed database still commits (its final commit); a poisoned one never does.
+        self.guarded(cs, |db, cs, started| {
+            db.commit_steps(cs, started, false).map(|_| ())
+        })
+    }
+
+    /// Two commits back to back, the second a *repeat* of the first: the same roots, log
+    /// positions and segment lists under a new epoch, in the other superblock slot. It
+    /// writes no node, only a descriptor and bitmap images (and two fsyncs), and leaves
+    /// both slots naming the same state, so whatever the first commit stopped
+    /// referencing (segments garbage collection retired before its seal, copied nodes)
+    /// may be freed at once, not one commit interval later (DESIGN.md, "Commit pairs").
+    pub(crate) fn commit_pair_locked(&self, cs: &mut CommitState) -> Result<()> {
+        self.guarded(cs, |db, cs, started| {
+            let (regions, descs) = db.commit_steps(cs, started, true)?;
+            db.repeat_steps(cs, started, &regions, descs)
+        })
+    }
+
+    /// Runs commit steps; on failure poisons the database and ends a commit left open in
+    /// the allocator. A closed database still commits (its final commit); a poisoned one
+    /// never does.
+    fn guarded(
+        &self,
+        cs: &mut CommitState,
+        steps: impl FnOnce(&Self, &mut CommitState, &mut bool) -> Result<()>,
+    ) -> Result<()> {
         if self.shared.is_poisoned() {
             return Err(Error::Poisoned);
         }
         let mut started = false;
-        let result = self.commit_steps(cs, &mut started);
+        let result = steps(self, cs, &mut started);
         if result.is_err() {
             self.shared.poison();
             if started {
@@ -52,11 +77,18 @@ impl DbInner {
         result
     }
 
-    fn commit_steps(&self, cs: &mut CommitState, started: &mut bool) -> Result<()> {
+    /// A full commit. `keep_seal`: a repeat follows at once, so the allocator goes on
+    /// leaving out of its images what was allocated after this seal, and writers go on
+    /// allocating as after the seal. Returns the regions and their descriptor entries.
+    fn commit_steps(
+        &self,
+        cs: &mut CommitState,
+        started: &mut bool,
+        keep_seal: bool,
+    ) -> Result<(Vec<Arc<Region>>, Vec<RegionDesc>)> {
         let shared = &self.shared;
         let storage = shared.volume.storage().clone();
         let allocator = &shared.allocator;
-        let epoch = CommitEpoch(cs.epoch.0 + 1);
 
         // 1. Frees that are safe now become free space in this commit's bitmap.
         let releasable = std::mem::take(&mut shared.frees.lock().releasable);
@@ -105,7 +137,62 @@ impl DbInner {
         }
         write_coalesced(storage.as_ref(), &mut images, &shared.bytes_written)?;
 
-        // 5. Descriptor and bitmaps.
+        // 5-6. Descriptor, bitmaps, superblock.
+        let descs: Vec<RegionDesc> = regions
+            .iter()
+            .zip(&sealed)
+            .zip(&roots)
+            .map(|((region, s), root)| region_desc(region, s, *root))
+            .collect();
+        let descs = self.write_commit(cs, &regions, descs, keep_seal)?;
+        if !keep_seal {
+            *started = false;
+        }
+        self.commit_durable(&regions, &descs, !keep_seal);
+        Ok((regions, descs))
+    }
+
+    /// The repeat commit of a pair (`commit_pair_locked`): `descs` as the commit just
+    /// made wrote them, under the next epoch. Nothing was sealed or written since that
+    /// commit's seal as far as this one is concerned: the allocator still leaves out
+    /// what was allocated after it, and the log positions are that seal's, so open
+    /// replays the same window either slot is read from.
+    fn repeat_steps(
+        &self,
+        cs: &mut CommitState,
+        started: &mut bool,
+        regions: &[Arc<Region>],
+        descs: Vec<RegionDesc>,
+    ) -> Result<()> {
+        assert!(
+            cs.dropped.is_empty(),
+            "a dropped region's extents wait for a full commit, not a repeat"
+        );
+        // Frees that passed the grace period since the first commit began: reclaimed by
+        // the rule every commit start relies on (neither durable slot references them).
+        let releasable = std::mem::take(&mut self.shared.frees.lock().releasable);
+        release_extents(&self.shared, &releasable);
+        let descs = self.write_commit(cs, regions, descs, false)?;
+        *started = false;
+        self.commit_durable(regions, &descs, true);
+        Ok(())
+    }
+
+    /// Steps 5 and 6 of a commit of `descs` at the next epoch: the free log, the
+    /// descriptor and the changed bitmap groups to new places, sync, the superblock slot,
+    /// sync; then the allocator's images become current (`keep_seal`: and it goes on
+    /// recording post-seal runs, for a repeat). Returns `descs`.
+    fn write_commit(
+        &self,
+        cs: &mut CommitState,
+        regions: &[Arc<Region>],
+        descs: Vec<RegionDesc>,
+        keep_seal: bool,
+    ) -> Result<Vec<RegionDesc>> {
+        let shared = &self.shared;
+        let storage = shared.volume.storage();
+        let allocator = &shared.allocator;
+        let epoch = CommitEpoch(cs.epoch.0 + 1);
         let mut new_deferred: Vec<(DiskOffset, u64)> = std::mem::take(&mut cs.dropped);
         if let Some(prev) = cs.descriptors[1] {
             new_deferred.push(prev);
@@ -118,12 +205,12 @@ impl DbInner {
             free_log.extend_from_slice(&frees.limbo);
             free_log.extend_from_slice(&frees.releasable);
         }
-        for (region, s) in regions.iter().zip(&sealed) {
-            for off in region.tree.retired_disk_blocks(s.tree_epoch) {
+        for (region, d) in regions.iter().zip(&descs) {
+            for off in region.tree.retired_disk_blocks(d.tree_epoch) {
                 free_log.push((off, 1));
             }
             // Segments retired after the seal are still in the sealed segment list.
-            free_log.extend(region.retired_segment_extents(s.tree_epoch));
+            free_log.extend(region.retired_segment_extents(d.tree_epoch));
         }
         free_log.sort();
         free_log.dedup();
@@ -134,12 +221,7 @@ impl DbInner {
             volume_bytes: 0,
             bitmap_slots: allocator.slots(),
             free_log,
-            regions: regions
-                .iter()
-                .zip(&sealed)
-                .zip(&roots)
-                .map(|((region, s), root)| region_desc(region, s, *root))
-                .collect(),
+            regions: descs,
         };
         // Room for the descriptor plus slack for groups added by its own allocation.
         let estimate = desc.encode().len() as u64 + BLOCK_BYTES;
@@ -165,7 +247,7 @@ impl DbInner {
                 .fetch_add(image.len() as u64, Ordering::Relaxed);
         }
 
-        // 6. Make it all durable, then switch the superblock.
+        // Make it all durable, then switch the superblock.
         storage.sync()?;
         let sb = Superblock {
             epoch,
@@ -179,26 +261,37 @@ impl DbInner {
             &sb.encode()[..],
         )?;
         storage.sync()?;
-        allocator.end_commit(true);
-        *started = false;
+        if keep_seal {
+            allocator.end_commit_keep_seal();
+        } else {
+            allocator.end_commit(true);
+        }
 
         // The commit is durable.
         cs.epoch = epoch;
         let old_deferred = std::mem::replace(&mut cs.deferred, new_deferred);
         cs.descriptors = [cs.descriptors[1], Some((desc_at, desc_blocks))];
         shared.release_after_readers(old_deferred);
-        for (region, s) in regions.iter().zip(&sealed) {
+        Ok(desc.regions)
+    }
+
+    /// After a durable commit of `descs`: each region's durable seals and committed root
+    /// move on, and what neither superblock slot references any more (and no snapshot
+    /// reads) goes on its way to the allocator. `end_seal`: writers stop allocating as
+    /// after a seal (no repeat follows).
+    fn commit_durable(&self, regions: &[Arc<Region>], descs: &[RegionDesc], end_seal: bool) {
+        let shared = &self.shared;
+        for (region, d) in regions.iter().zip(descs) {
             let durable = {
                 let mut w = region.writer.lock();
-                w.sealed_for_commit = false;
-                let mut d = region.durable_epochs.lock();
-                *d = [d[1], Some(s.tree_epoch)];
-                d[0]
+                if end_seal {
+                    w.sealed_for_commit = false;
+                }
+                let mut e = region.durable_epochs.lock();
+                *e = [e[1], Some(d.tree_epoch)];
+                e[0]
             };
-            *region.committed_root.lock() = roots[regions
-                .iter()
-                .position(|r| Arc::ptr_eq(r, region))
-                .expect("region in list")];
+            *region.committed_root.lock() = d.root;
             // Retired nodes unreferenced by both superblock slots' commits can go.
             if let Some(durable) = durable {
                 let blocks = region.tree.reclaim(durable, region.oldest_snapshot());
@@ -212,7 +305,6 @@ impl DbInner {
             }
         }
         shared.commits.fetch_add(1, Ordering::Relaxed);
-        Ok(())
     }
 
     /// Creates a region with its first log segment and commits, so that the region
@@ -361,4 +453,115 @@ fn write_coalesced(
         i = j;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::volume::superblock::{slot_offset, Superblock, SLOT_BYTES};
+
+    use super::*;
+
+    /// Both superblock slots' descriptors, oldest first.
+    fn slots(db: &crate::Database) -> [(Superblock, Descriptor); 2] {
+        let storage = db.inner.shared.volume.storage().clone();
+        let read = |slot: usize| {
+            let mut bytes = vec![0u8; SLOT_BYTES];
+            storage
+                .read_at(slot as u64 * BLOCK_BYTES, &mut bytes)
+                .unwrap();
+            let sb = Superblock::decode(&bytes, slot).unwrap();
+            let mut desc = vec![0u8; sb.descriptor_bytes as usize];
+            storage.read_at(sb.descriptor.0, &mut desc).unwrap();
+            assert_eq!(crc32c::crc32c(&desc), sb.descriptor_crc);
+            (sb, Descriptor::decode(&desc, sb.descriptor).unwrap())
+        };
+        let mut both = [read(0), read(1)];
+        both.sort_by_key(|(sb, _)| sb.epoch);
+        both
+    }
+
+    fn store() -> crate::Database {
+        crate::Database::builder()
+            .commit_interval(None)
+            .flush_interval(None)
+            .gc(false)
+            .log_segment_bytes(64 << 10)
+            .open_in_memory()
+            .unwrap()
+    }
+
+    /// A pair leaves both slots naming one state (the repeat writes no node, so the roots
+    /// are the first commit's), and frees at once what the state before it referenced:
+    /// the index nodes copied on write since the previous commit.
+    #[test]
+    fn a_commit_pair_names_one_state_in_both_slots_and_frees_the_old_nodes() {
+        let db = store();
+        let ks = db.keyspace("t").unwrap();
+        for i in 0..5000u32 {
+            ks.put(format!("k{i:05}").as_bytes(), &[1; 40]).unwrap();
+        }
+        db.commit().unwrap();
+        for i in (0..5000u32).step_by(7) {
+            ks.put(format!("k{i:05}").as_bytes(), &[2; 40]).unwrap();
+        }
+        let region = db.inner.regions.read().get("t").cloned().unwrap();
+        db.inner.commit_pair().unwrap();
+        let [(first_sb, first), (repeat_sb, repeat)] = slots(&db);
+        assert_eq!(repeat_sb.epoch.0, first_sb.epoch.0 + 1);
+        assert_eq!(
+            first.regions, repeat.regions,
+            "the repeat names other regions"
+        );
+        assert_eq!(
+            *region.durable_epochs.lock(),
+            [Some(first.regions[0].tree_epoch); 2]
+        );
+        // The nodes the first commit copied on write are unreferenced by both slots now:
+        // taken from the tree at once, not one commit later.
+        assert!(
+            !region.tree.has_retired(),
+            "retired nodes wait for another commit"
+        );
+        let report = db.check().unwrap();
+        assert_eq!(report.unreferenced_blocks, 0);
+        assert_eq!(ks.len(), 5000);
+    }
+
+    /// What a repeat lists as free or allocated must survive a reopen from either slot:
+    /// nothing referenced is freed, nothing unreferenced leaks (`check` fails on both).
+    #[test]
+    fn either_slot_of_a_pair_reopens_to_the_same_data_without_leaks() {
+        for lose_newest in [false, true] {
+            let db = store();
+            let ks = db.keyspace("t").unwrap();
+            for round in 0..3u8 {
+                for i in 0..3000u32 {
+                    ks.put(format!("k{i:05}").as_bytes(), &[round; 60]).unwrap();
+                }
+                db.inner.commit_pair().unwrap();
+            }
+            let storage = db.inner.shared.volume.storage().clone();
+            let newest = slots(&db)[1].0.epoch;
+            drop(ks);
+            db.abandon();
+            if lose_newest {
+                // Bit rot in the newest slot: open falls back to the first commit.
+                let at = slot_offset(newest).0;
+                let mut bytes = vec![0u8; SLOT_BYTES];
+                storage.read_at(at, &mut bytes).unwrap();
+                bytes[100] ^= 0x10;
+                storage.write_at(at, &bytes).unwrap();
+            }
+            let db = crate::Database::builder()
+                .commit_interval(None)
+                .flush_interval(None)
+                .gc(false)
+                .open_storage(storage)
+                .unwrap();
+            let ks = db.keyspace("t").unwrap();
+            assert_eq!(ks.len(), 3000);
+            assert_eq!(ks.get(b"k00042").unwrap().unwrap(), vec![2; 60]);
+            db.check().unwrap();
+        }
+    }
 }
