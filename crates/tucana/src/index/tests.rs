@@ -1161,6 +1161,23 @@ fn splits_of_leaves_with_distinct_prefixes_read_no_keys() {
     assert_matches(&tree, &ctx, None, &model, &mut rng);
 }
 
+/// Puts 5,000 keys with shared beginnings and equal prefixes (so ties are searched),
+/// some more than once; returns them in the order put.
+fn put_tied_keys(
+    tree: &Tree,
+    ctx: &mut FakeCtx,
+    model: &mut Model,
+    rng: &mut StdRng,
+) -> Vec<Vec<u8>> {
+    let mut keys = Vec::new();
+    for i in 0..5_000u32 {
+        let k = format!("key:{:06}:{}", rng.random_range(0..3_000u32), i % 7).into_bytes();
+        put(tree, ctx, model, &k);
+        keys.push(k);
+    }
+    keys
+}
+
 /// `points_at` answers GC's liveness question from the index alone: true for the pointer
 /// the key maps to, false for any other (an older record of the key, another key's record)
 /// and for absent keys, with no log read (a read per dead record was a random cache miss
@@ -1171,13 +1188,7 @@ fn points_at_tells_live_records_from_dead_without_reading_the_log() {
     let tree = Tree::new(REGION, TreeEpoch(1));
     let mut ctx = FakeCtx::default();
     let mut model = Model::new();
-    let mut keys = Vec::new();
-    for i in 0..5_000u32 {
-        // Shared beginnings and equal prefixes too, so ties are searched.
-        let k = format!("key:{:06}:{}", rng.random_range(0..3_000u32), i % 7).into_bytes();
-        put(&tree, &mut ctx, &mut model, &k);
-        keys.push(k);
-    }
+    let keys = put_tied_keys(&tree, &mut ctx, &mut model, &mut rng);
     let guard = crossbeam_epoch::pin();
     let before = ctx.key_reads.load(Relaxed);
     let mut live = 0;
@@ -1215,12 +1226,7 @@ fn replace_ptr_swaps_only_the_entry_holding_the_old_record() {
     let tree = Tree::new(REGION, TreeEpoch(1));
     let mut ctx = FakeCtx::default();
     let mut model = Model::new();
-    let mut keys = Vec::new();
-    for i in 0..5_000u32 {
-        let k = format!("key:{:06}:{}", rng.random_range(0..3_000u32), i % 7).into_bytes();
-        put(&tree, &mut ctx, &mut model, &k);
-        keys.push(k);
-    }
+    let mut keys = put_tied_keys(&tree, &mut ctx, &mut model, &mut rng);
     keys.sort();
     keys.dedup();
     let sealed = tree.seal();

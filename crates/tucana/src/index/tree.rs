@@ -584,25 +584,41 @@ impl Tree {
         }
         let kp = key_prefix(key);
         let kh = key_hash(key);
+        // SAFETY: `writable_leaf` returns a live leaf of the running epoch.
+        let leaf = unsafe { as_leaf(self.writable_leaf(ctx, key, kp, None)?) };
+        let own = HeapLeaf {
+            node: leaf,
+            version: None,
+        };
+        let Some(i) = no_restart(leaf_entry_of(&own, key, kh, old))? else {
+            return Ok(false);
+        };
+        let new = new()?;
+        assert!(new != 0, "log pointer 0 names no record");
+        // One atomic word, as in `leaf_insert`: readers see the old or the new record of
+        // the same key, both valid.
+        leaf.ptr[i].store(new, Release);
+        Ok(true)
+    }
+
+    /// The leaf `key` belongs in, made writable with every node on the way down (copied
+    /// on write where sealed). `path`: also the internal nodes passed and the child index
+    /// taken in each. Writer only; never splits (callers that add an entry split first,
+    /// see `insert`).
+    fn writable_leaf<C: Ctx>(
+        &self,
+        ctx: &C,
+        key: &[u8],
+        kp: u64,
+        mut path: Option<&mut Vec<(NonNull<Header>, usize)>>,
+    ) -> Result<NonNull<Header>> {
         let running = self.running.load(Relaxed);
         let mut node = self.writable_root(ctx, running)?;
         loop {
-            // SAFETY: as in `insert`.
+            // SAFETY: nodes on the writer's path are reachable from the root, so they are
+            // live; the kind is checked before the casts.
             if unsafe { node.as_ref() }.meta().is_leaf() {
-                let leaf = unsafe { as_leaf(node) };
-                let own = HeapLeaf {
-                    node: leaf,
-                    version: None,
-                };
-                let Some(i) = no_restart(leaf_entry_of(&own, key, kh, old))? else {
-                    return Ok(false);
-                };
-                let new = new()?;
-                assert!(new != 0, "log pointer 0 names no record");
-                // One atomic word, as in `leaf_insert`: readers see the old or the new
-                // record of the same key, both valid.
-                leaf.ptr[i].store(new, Release);
-                return Ok(true);
+                return Ok(node);
             }
             let parent = unsafe { as_internal(node) };
             let own = HeapInternal {
@@ -610,6 +626,9 @@ impl Tree {
                 version: None,
             };
             let idx = no_restart(child_index(&own, ctx, key, kp, true))?;
+            if let Some(path) = path.as_deref_mut() {
+                path.push((node, idx));
+            }
             if parent.hdr.meta().level == 1 {
                 prefetch_leaf_word(parent.child[idx].load(Relaxed));
             }
@@ -634,51 +653,39 @@ impl Tree {
             return Ok(None);
         }
         let running = self.running.load(Relaxed);
-        let mut node = self.writable_root(ctx, running)?;
         // Internal nodes on the way down and the child index taken in each.
         let mut path: Vec<(NonNull<Header>, usize)> = Vec::new();
-        loop {
-            // SAFETY: as in `insert`.
-            if unsafe { node.as_ref() }.meta().is_leaf() {
-                let leaf = unsafe { as_leaf(node) };
-                let own = HeapLeaf {
-                    node: leaf,
-                    version: None,
-                };
-                let (pos, found) = no_restart(leaf_position(&own, ctx, key, kh))?;
-                if !found {
-                    // The probe found it a moment ago; only a log answering differently
-                    // could get here. Nothing was removed.
-                    return Ok(None);
-                }
-                let m = leaf.hdr.meta();
-                let n = m.count as usize;
-                let old = leaf.ptr[pos].load(Relaxed);
-                leaf.hdr.write_begin();
-                for i in pos..n - 1 {
-                    leaf.prefix[i].store(leaf.prefix[i + 1].load(Relaxed), Relaxed);
-                    leaf.ptr[i].store(leaf.ptr[i + 1].load(Relaxed), Relaxed);
-                    leaf.hash[i].store(leaf.hash[i + 1].load(Relaxed), Relaxed);
-                }
-                leaf.hdr.set_meta(Meta {
-                    count: m.count - 1,
-                    ..m
-                });
-                leaf.hdr.write_end();
-                if m.count == 1 {
-                    self.prune_empty(&path, node, running);
-                }
-                return Ok(Some(old));
-            }
-            let parent = unsafe { as_internal(node) };
-            let own = HeapInternal {
-                node: parent,
-                version: None,
-            };
-            let idx = no_restart(child_index(&own, ctx, key, kp, true))?;
-            path.push((node, idx));
-            node = self.writable_child(ctx, parent, idx, running)?;
+        let node = self.writable_leaf(ctx, key, kp, Some(&mut path))?;
+        // SAFETY: `writable_leaf` returns a live leaf of the running epoch.
+        let leaf = unsafe { as_leaf(node) };
+        let own = HeapLeaf {
+            node: leaf,
+            version: None,
+        };
+        let (pos, found) = no_restart(leaf_position(&own, ctx, key, kh))?;
+        if !found {
+            // The probe found it a moment ago; only a log answering differently could get
+            // here. Nothing was removed.
+            return Ok(None);
         }
+        let m = leaf.hdr.meta();
+        let n = m.count as usize;
+        let old = leaf.ptr[pos].load(Relaxed);
+        leaf.hdr.write_begin();
+        for i in pos..n - 1 {
+            leaf.prefix[i].store(leaf.prefix[i + 1].load(Relaxed), Relaxed);
+            leaf.ptr[i].store(leaf.ptr[i + 1].load(Relaxed), Relaxed);
+            leaf.hash[i].store(leaf.hash[i + 1].load(Relaxed), Relaxed);
+        }
+        leaf.hdr.set_meta(Meta {
+            count: m.count - 1,
+            ..m
+        });
+        leaf.hdr.write_end();
+        if m.count == 1 {
+            self.prune_empty(&path, node, running);
+        }
+        Ok(Some(old))
     }
 
     /// Takes the empty `leaf` (reached through `path`, all writable nodes of the running
