@@ -36,15 +36,17 @@ pub struct Options {
     /// (GC needs commits to free anything). `Database::gc` works either way.
     pub gc: bool,
     /// The space amplification background GC steers toward: disk bytes over the keys and
-    /// values of live records. A keyspace's log and index (estimated) are collected back
-    /// under `1 + 0.9 × (gc_space_amp - 1)` once they pass it; the rest of the room is for
-    /// segments emptied but not yet given back (two commits away). A burst of overwrites
-    /// runs over it until it ends. Writers are paced past `1 + 2 × (gc_space_amp - 1)`
-    /// (DESIGN.md, "Garbage collection").
+    /// values of live records. A keyspace's dead log bytes are collected back under 0.9
+    /// of the room the target leaves once they pass it (the room: what keeps its log and
+    /// estimated index at the target; for records so small that their headers and index
+    /// entries alone exceed it, a quarter of what they take with no garbage, for a target
+    /// of 1.5); the rest of the room is for segments emptied but not yet given back (two
+    /// commits away). A burst of overwrites runs over it until it ends. Writers are paced
+    /// past twice the room (DESIGN.md, "Garbage collection").
     pub gc_space_amp: f64,
     /// Most bytes of live records background GC copies per second while collecting back
-    /// to its line; past `1 + 1.5 × (gc_space_amp - 1)` it may also copy a quarter byte
-    /// per byte foreground writers append.
+    /// to its line; past 1.2 times the room it may also copy 0.4 byte per byte
+    /// foreground writers append.
     pub gc_rate_bytes_per_sec: u64,
     /// Range iterators keep the log records of this many entries ahead of each end asked
     /// for at once (`Storage::prefetch`), so that a scan of records not in memory has many

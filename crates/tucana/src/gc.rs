@@ -52,14 +52,14 @@ const GRACE_ATTEMPTS: usize = 64;
 /// (64 KiB: more than the descriptors every commit frees, a commit costs two fsyncs).
 const IDLE_COMMIT_MIN_FREE_BLOCKS: u64 = 16;
 
-/// Where background GC starts, as a share of the room the target leaves: a region whose
-/// estimated disk use ([`Footprint`]) exceeds `1 + START_SHARE × (target - 1)` times its
-/// live user bytes is collected back under that line. The rest of the room is for what
-/// the estimate cannot steer at once: segments retired but not yet given back (two
-/// commits away), index nodes copied on write, a burst between two steps.
+/// Where background GC starts, as a share of the room for garbage ([`Footprint::room_bytes`]):
+/// a region whose dead log bytes exceed `START_SHARE` of its room is collected back under
+/// that line. The rest of the room is for what the estimate cannot steer at once:
+/// segments retired but not yet given back (two commits away), index nodes copied on
+/// write, a burst between two steps.
 const START_SHARE: f64 = 0.9;
 
-/// Over `1 + URGENT_SHARE × (target - 1)` (1.6 for 1.5), background GC may also copy
+/// Over `URGENT_SHARE` of the room (1.6 for a target of 1.5 and large records), background GC may also copy
 /// `URGENT_COPY_RATIO` bytes for every byte foreground writers append, on top of its rate
 /// limit: it follows a burst of overwrites, at a bounded cost to them.
 const URGENT_SHARE: f64 = 1.2;
@@ -83,9 +83,9 @@ const URGENT_TOKENS_MAX_BYTES: f64 = (32 << 20) as f64;
 
 /// Write pacing, a brake for when garbage collection falls behind for good (more writer
 /// threads than cores starve the collector's one thread, and the log would grow without
-/// bound): past `1 + PACE_SHARE × (target - 1)` of smoothed space amplification (twice
-/// the room the target leaves), foreground writers sleep `PACE_GAIN_NS_PER_KIB` per KiB
-/// they append for every `target - 1` beyond that line, up to `PACE_MAX_NS_PER_KIB`
+/// bound): once the store's garbage (smoothed, space on its way back included) passes
+/// `PACE_SHARE` times its room, foreground writers sleep `PACE_GAIN_NS_PER_KIB` per KiB
+/// they append for every room beyond that line, up to `PACE_MAX_NS_PER_KIB`
 /// (which slows a writer of 1 KiB records to a few thousand writes a second: a brake,
 /// never a stop). Proportional, so it settles where the collector keeps up instead of
 /// swinging between full speed and a crawl.
@@ -98,18 +98,26 @@ const PACE_SHARE: f64 = 2.0;
 const PACE_GAIN_NS_PER_KIB: f64 = 20_000.0;
 const PACE_MAX_NS_PER_KIB: u64 = 50_000;
 
-/// The store's space amplification is smoothed over about this long before pacing acts on
-/// it: it swings by a tenth of the room with every commit pair that gives space back.
+/// The store's garbage is smoothed over about this long before pacing acts on it: it
+/// swings by a tenth of the room with every commit pair that gives space back.
 const PACE_SMOOTHING_SECONDS: f64 = 0.3;
 
 /// Stores smaller than this on disk are never paced: a few dozen MiB over a ratio is not
 /// worth slowing anybody, and a small store's ratio is dominated by fixed costs (a tail
-/// segment, the index).
+/// segment).
 const PACE_MIN_DISK_BYTES: f64 = (64 << 20) as f64;
 
 /// Estimated bytes of index on disk per key: the committed tree (about 30 bytes per key,
 /// DESIGN.md "Memory per key") counts against the target like the log does.
 const INDEX_BYTES_PER_KEY: u64 = 32;
+
+/// The room for garbage is at least this share of `(target - 1)` times what a region
+/// takes with no garbage at all (its live records, headers included, and its index). The
+/// target counts disk bytes over the keys and values users stored; small records cost
+/// more than that on their own (a record of a 16-byte key and a 100-byte value takes 172
+/// bytes with its header and index entry, 1.48 times its user bytes), and chasing a
+/// line under that floor would copy full segments for ever to win nothing.
+const MIN_ROOM_SHARE: f64 = 0.5;
 
 /// Most bytes one background step relocates. Under a burst a step's budget takes one
 /// thread seconds to copy; short steps keep the foreground's bytes measured often (the
@@ -147,8 +155,9 @@ pub(crate) struct GcState {
     /// Segments emptied but kept because an external pivot reads from them; skipped until
     /// the next forced pass (a later split may have moved the pivot).
     pinned: HashSet<(RegionId, u64)>,
-    /// The store's smoothed space amplification for write pacing, and when it was taken.
-    pace_amp: Option<(f64, Instant)>,
+    /// The store's smoothed garbage over its room, for write pacing, and when it was
+    /// taken.
+    pace_share: Option<(f64, Instant)>,
     /// Holds the victim being collected when the volume has no mapping; kept to spare an
     /// allocation per victim.
     buf: Vec<u8>,
@@ -162,7 +171,7 @@ impl GcState {
             urgent_tokens_bytes: 0.0,
             last_foreground_bytes: 0,
             pinned: HashSet::new(),
-            pace_amp: None,
+            pace_share: None,
             buf: Vec::new(),
         }
     }
@@ -178,6 +187,8 @@ pub(crate) struct Footprint {
     /// out: they come back with the next commit pair whatever GC does, and counting them
     /// made GC collect ever fuller victims during a burst.
     pub disk_bytes: f64,
+    /// The part of `disk_bytes` collecting can give back: dead log bytes.
+    pub garbage_bytes: f64,
     /// Keys and values of its live records (record headers excluded): what the user
     /// stored.
     pub user_bytes: f64,
@@ -190,20 +201,31 @@ impl Footprint {
         let keys = region.keys.load(Ordering::Relaxed);
         Footprint {
             disk_bytes: (live + dead + keys * INDEX_BYTES_PER_KEY) as f64,
+            garbage_bytes: dead as f64,
             user_bytes: live.saturating_sub(keys * HEADER_BYTES as u64) as f64,
         }
     }
 
-    /// Disk bytes over user bytes; infinite for garbage without live data, 1 for nothing.
-    pub fn space_amp(&self) -> f64 {
-        if self.user_bytes <= 0.0 {
-            return if self.disk_bytes <= 0.0 {
-                1.0
-            } else {
-                f64::INFINITY
-            };
+    /// The garbage the space-amplification `target` leaves room for: what keeps disk
+    /// bytes at `target` times user bytes, but never under `MIN_ROOM_SHARE × (target - 1)`
+    /// times the bytes the region takes without garbage (small records alone exceed
+    /// the target).
+    pub fn room_bytes(&self, target: f64) -> f64 {
+        let floor = self.disk_bytes - self.garbage_bytes;
+        (target * self.user_bytes - floor).max(MIN_ROOM_SHARE * (target - 1.0) * floor)
+    }
+
+    /// Garbage over its room: 1 at the target; infinite for garbage without room, 0 for
+    /// no garbage.
+    pub fn garbage_share(&self, target: f64) -> f64 {
+        if self.garbage_bytes <= 0.0 {
+            return 0.0;
         }
-        self.disk_bytes / self.user_bytes
+        let room = self.room_bytes(target);
+        if room <= 0.0 {
+            return f64::INFINITY;
+        }
+        self.garbage_bytes / room
     }
 }
 
@@ -223,15 +245,14 @@ pub(crate) enum Urge {
 /// space-amplification `target`: the bytes over its start line, and whether the rate
 /// limit applies.
 pub(crate) fn urge(footprint: Footprint, target: f64) -> Urge {
-    let start = 1.0 + START_SHARE * (target - 1.0);
-    let urgent = 1.0 + URGENT_SHARE * (target - 1.0);
-    let amp = footprint.space_amp();
+    let share = footprint.garbage_share(target);
     // NaN counts as under: nothing to measure, nothing to chase.
-    if amp.partial_cmp(&start) != Some(std::cmp::Ordering::Greater) {
+    if share.partial_cmp(&START_SHARE) != Some(std::cmp::Ordering::Greater) {
         return Urge::Idle;
     }
-    let excess_bytes = footprint.disk_bytes - start * footprint.user_bytes;
-    if amp > urgent {
+    let start_bytes = START_SHARE * footprint.room_bytes(target).max(0.0);
+    let excess_bytes = footprint.garbage_bytes - start_bytes;
+    if share > URGENT_SHARE {
         Urge::Urgent { excess_bytes }
     } else {
         Urge::Gentle { excess_bytes }
@@ -239,20 +260,15 @@ pub(crate) fn urge(footprint: Footprint, target: f64) -> Urge {
 }
 
 /// The pacing delay (ns per KiB a foreground writer appends) for a store whose smoothed
-/// space amplification (disk over user bytes, everything on its way back included) is
-/// `space_amp`. `gc_can_help`: the collector has victims or space on its way back; when it
-/// has neither (a snapshot holds the garbage, or what is left costs too much to collect),
-/// slowing writers would buy nothing and there is no pacing.
-pub fn write_delay(space_amp: f64, target: f64, gc_can_help: bool) -> u64 {
-    let line = 1.0 + PACE_SHARE * (target - 1.0);
-    if !gc_can_help || space_amp.partial_cmp(&line) != Some(std::cmp::Ordering::Greater) {
+/// garbage (everything on its way back included) is `garbage_share` times its room.
+/// `gc_can_help`: the collector has victims or space on its way back; when it has neither
+/// (a snapshot holds the garbage, or what is left costs too much to collect), slowing
+/// writers would buy nothing and there is no pacing.
+pub fn write_delay(garbage_share: f64, gc_can_help: bool) -> u64 {
+    if !gc_can_help || garbage_share.partial_cmp(&PACE_SHARE) != Some(std::cmp::Ordering::Greater) {
         return 0;
     }
-    let excess = if space_amp.is_finite() {
-        (space_amp - line) / (target - 1.0)
-    } else {
-        f64::INFINITY
-    };
+    let excess = garbage_share - PACE_SHARE;
     (PACE_GAIN_NS_PER_KIB * excess).min(PACE_MAX_NS_PER_KIB as f64) as u64
 }
 
@@ -530,23 +546,26 @@ impl DbInner {
         Ok(cut_short)
     }
 
-    /// Sets the foreground writers' pacing delay from the whole store's footprint: its
+    /// Sets the foreground writers' pacing delay from the whole store's garbage: its
     /// regions' (see [`Footprint`]) plus what is on its way back to the file system
     /// (retired segments waiting only for commits, frees waiting for readers or for
-    /// their punch), over its user bytes.
+    /// their punch), over the room its regions' target leaves.
     fn update_write_pacing(
         &self,
         state: &mut GcState,
         regions: &[std::sync::Arc<Region>],
         victims_found: bool,
     ) {
+        let target = self.shared.options.gc_space_amp;
         let mut disk_bytes = 0.0;
-        let mut user_bytes = 0.0;
+        let mut garbage_bytes = 0.0;
+        let mut room_bytes = 0.0;
         let mut returning_bytes = 0u64;
         for region in regions {
             let f = Footprint::of(region);
             disk_bytes += f.disk_bytes;
-            user_bytes += f.user_bytes;
+            garbage_bytes += f.garbage_bytes;
+            room_bytes += f.room_bytes(target).max(0.0);
             returning_bytes += reclaimable_retired_bytes(region);
         }
         {
@@ -558,25 +577,28 @@ impl DbInner {
                 .map(|(_, blocks)| blocks * BLOCK_BYTES)
                 .sum::<u64>();
         }
-        let store = Footprint {
-            disk_bytes: disk_bytes + returning_bytes as f64,
-            user_bytes,
+        garbage_bytes += returning_bytes as f64;
+        disk_bytes += returning_bytes as f64;
+        let share = if garbage_bytes <= 0.0 {
+            0.0
+        } else if room_bytes <= 0.0 {
+            f64::INFINITY
+        } else {
+            garbage_bytes / room_bytes
         };
-        let amp = store.space_amp();
         let now = Instant::now();
-        let smoothed = match state.pace_amp {
-            Some((last, at)) if amp.is_finite() && last.is_finite() => {
+        let smoothed = match state.pace_share {
+            Some((last, at)) if share.is_finite() && last.is_finite() => {
                 let dt = now.duration_since(at).as_secs_f64();
                 let keep = (-dt / PACE_SMOOTHING_SECONDS).exp();
-                last * keep + amp * (1.0 - keep)
+                last * keep + share * (1.0 - keep)
             }
-            _ => amp,
+            _ => share,
         };
-        state.pace_amp = Some((smoothed, now));
+        state.pace_share = Some((smoothed, now));
         let delay = write_delay(
             smoothed,
-            self.shared.options.gc_space_amp,
-            (victims_found || returning_bytes > 0) && store.disk_bytes >= PACE_MIN_DISK_BYTES,
+            (victims_found || returning_bytes > 0) && disk_bytes >= PACE_MIN_DISK_BYTES,
         );
         self.shared
             .write_delay_ns_per_kib
@@ -696,7 +718,7 @@ impl DbInner {
         let mut room_bytes = 0.0;
         let mut held_bytes = 0u64;
         for region in &regions {
-            room_bytes += (target - 1.0) * region.live_bytes.load(Ordering::Relaxed) as f64;
+            room_bytes += Footprint::of(region).room_bytes(target).max(0.0);
             held_bytes += reclaimable_retired_bytes(region);
         }
         held_bytes += self
@@ -832,36 +854,34 @@ mod tests {
         }
     }
 
+    /// A region of large records (overhead left out) at space amplification `amp`.
     fn footprint(amp: f64) -> Footprint {
         Footprint {
             disk_bytes: amp * 1e8,
+            garbage_bytes: (amp - 1.0) * 1e8,
             user_bytes: 1e8,
         }
     }
 
     #[test]
     fn under_the_start_line_nothing_to_do() {
-        // Start line for a target of 1.5: 1 + 0.9 × 0.5 = 1.45.
+        // Start line for a target of 1.5: 0.9 of the room (0.5 × user bytes) = 1.45.
         for amp in [1.0, 1.2, 1.45] {
             assert_eq!(urge(footprint(amp), 1.5), Urge::Idle, "{amp}");
         }
-        assert_eq!(
-            urge(
-                Footprint {
-                    disk_bytes: 0.0,
-                    user_bytes: 0.0
-                },
-                1.5
-            ),
-            Urge::Idle
-        );
+        let empty = Footprint {
+            disk_bytes: 0.0,
+            garbage_bytes: 0.0,
+            user_bytes: 0.0,
+        };
+        assert_eq!(urge(empty, 1.5), Urge::Idle);
     }
 
     #[test]
     fn between_the_lines_gently_then_urgently_back_to_the_start_line() {
-        // Urgent line for 1.5: 1 + 1.5 × 0.5 = 1.75.
-        match urge(footprint(1.6), 1.5) {
-            Urge::Gentle { excess_bytes } => assert!((excess_bytes - 0.15e8).abs() < 1.0),
+        // Urgent line for 1.5: 1.2 of the room = 1.6.
+        match urge(footprint(1.55), 1.5) {
+            Urge::Gentle { excess_bytes } => assert!((excess_bytes - 0.1e8).abs() < 1.0),
             other => panic!("{other:?}"),
         }
         match urge(footprint(2.0), 1.5) {
@@ -869,22 +889,44 @@ mod tests {
             other => panic!("{other:?}"),
         }
         // Garbage without live data: as urgent as it gets.
-        assert!(matches!(
-            urge(
-                Footprint {
-                    disk_bytes: 1e6,
-                    user_bytes: 0.0
-                },
-                1.5
-            ),
-            Urge::Urgent { .. }
-        ));
+        let garbage_only = Footprint {
+            disk_bytes: 1e6,
+            garbage_bytes: 1e6,
+            user_bytes: 0.0,
+        };
+        assert!(matches!(urge(garbage_only, 1.5), Urge::Urgent { .. }));
     }
 
     #[test]
     fn a_looser_target_starts_later() {
         assert_eq!(urge(footprint(1.8), 2.0), Urge::Idle);
         assert!(matches!(urge(footprint(1.8), 1.5), Urge::Urgent { .. }));
+        assert!(matches!(urge(footprint(1.65), 1.5), Urge::Urgent { .. }));
+    }
+
+    #[test]
+    fn overhead_of_small_records_is_not_garbage() {
+        // 100k keys of 16 bytes with 100-byte values: 172 bytes each on disk with header
+        // and index entry, 1.48 times the 116 user bytes, before any garbage.
+        let keys = 1e5;
+        let small = |garbage_per_key: f64| Footprint {
+            disk_bytes: (172.0 + garbage_per_key) * keys,
+            garbage_bytes: garbage_per_key * keys,
+            user_bytes: 116.0 * keys,
+        };
+        // The target leaves 2 bytes a key; the floor of the room is a quarter of 172.
+        assert!((small(0.0).room_bytes(1.5) - 43.0 * keys).abs() < 1.0);
+        assert_eq!(urge(small(0.0), 1.5), Urge::Idle);
+        assert_eq!(urge(small(38.0), 1.5), Urge::Idle);
+        match urge(small(43.0), 1.5) {
+            Urge::Gentle { excess_bytes } => {
+                assert!((excess_bytes - (43.0 - 0.9 * 43.0) * keys).abs() < 1.0)
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(urge(small(60.0), 1.5), Urge::Urgent { .. }));
+        // Large records: the target decides, the floor does not.
+        assert!((footprint(1.0).room_bytes(1.5) - 0.5e8).abs() < 1.0);
     }
 
     fn segment(live_bytes: u64, order: u64) -> SegmentStats {
@@ -898,26 +940,25 @@ mod tests {
 
     #[test]
     fn no_pacing_below_twice_the_room_or_when_gc_cannot_help() {
-        // Pacing line for 1.5: 1 + 2 × 0.5 = 2.0.
-        for amp in [1.0, 1.5, 1.99, 2.0] {
-            assert_eq!(write_delay(amp, 1.5, true), 0, "{amp}");
+        for share in [0.0, 1.0, 1.99, 2.0] {
+            assert_eq!(write_delay(share, true), 0, "{share}");
         }
-        assert_eq!(write_delay(3.0, 1.5, false), 0);
-        assert_eq!(write_delay(f64::NAN, 1.5, true), 0);
+        assert_eq!(write_delay(3.0, false), 0);
+        assert_eq!(write_delay(f64::NAN, true), 0);
     }
 
     #[test]
     fn pacing_grows_with_the_excess_up_to_a_cap() {
         let mut last = 0;
-        for amp in [2.05, 2.2, 2.5, 2.9] {
-            let delay = write_delay(amp, 1.5, true);
-            assert!(delay > last, "{amp}: {delay} after {last}");
+        for share in [2.1, 2.4, 3.0, 3.8] {
+            let delay = write_delay(share, true);
+            assert!(delay > last, "{share}: {delay} after {last}");
             last = delay;
         }
-        // One room (0.5) past the line: the gain.
-        assert_eq!(write_delay(2.5, 1.5, true), PACE_GAIN_NS_PER_KIB as u64);
-        assert_eq!(write_delay(100.0, 1.5, true), PACE_MAX_NS_PER_KIB);
-        assert_eq!(write_delay(f64::INFINITY, 1.5, true), PACE_MAX_NS_PER_KIB);
+        // One room past the line: the gain.
+        assert_eq!(write_delay(3.0, true), PACE_GAIN_NS_PER_KIB as u64);
+        assert_eq!(write_delay(100.0, true), PACE_MAX_NS_PER_KIB);
+        assert_eq!(write_delay(f64::INFINITY, true), PACE_MAX_NS_PER_KIB);
     }
 
     #[test]

@@ -59,8 +59,8 @@ pub struct KeyspaceStats {
     pub dead_log_bytes: u64,
     pub log_segments: u64,
     /// Bytes of the keyspace's log segments, including segments garbage collection
-    /// emptied that still wait for readers or commits; `log_size_bytes / live_log_bytes`
-    /// is the space amplification background GC keeps under `Options::gc_space_amp`.
+    /// emptied that still wait for readers or commits: against `live_log_bytes`, the
+    /// space garbage collection can give back (`Options::gc_space_amp`).
     pub log_size_bytes: u64,
     pub index_nodes: u64,
 }
