@@ -317,6 +317,13 @@ fn table() -> &'static [Spec] {
             spec!("time", 1, 0, NO_KEYS, other(cmd_time)),
             spec!("save", 1, NOMULTI, NO_KEYS, blocking(cmd_save)),
             spec!("bgsave", -1, NOMULTI, NO_KEYS, blocking(cmd_bgsave)),
+            spec!(
+                "bgrewriteaof",
+                1,
+                NOMULTI,
+                NO_KEYS,
+                blocking(cmd_bgrewriteaof)
+            ),
             spec!("shutdown", -1, NOMULTI, NO_KEYS, other(cmd_shutdown)),
         ]
     })
@@ -1578,6 +1585,15 @@ fn cmd_save(ctx: &mut Ctx<'_>, _args: &[Vec<u8>]) -> tucana::Result<Reply> {
 fn cmd_bgsave(ctx: &mut Ctx<'_>, _args: &[Vec<u8>]) -> tucana::Result<Reply> {
     ctx.shared.store.db.commit()?;
     Ok(Reply::Status("Background saving started".into()))
+}
+
+/// BGREWRITEAOF: a forced garbage collection of the log, Redis's way of compacting its
+/// append-only file; done before answering, and INFO persistence counts what it gave back.
+fn cmd_bgrewriteaof(ctx: &mut Ctx<'_>, _args: &[Vec<u8>]) -> tucana::Result<Reply> {
+    ctx.shared.store.db.gc()?;
+    Ok(Reply::Status(
+        "Background append only file rewriting started".into(),
+    ))
 }
 
 /// SHUTDOWN [NOSAVE|SAVE|NOW|FORCE|ABORT]: stops the server as SIGTERM does (connections

@@ -233,6 +233,10 @@ pub fn info_text(shared: &Shared, sections: &[String], connected: u64) -> String
                 ("space_used_bytes", stats.space_used_bytes.to_string()),
                 ("disk_bytes_written", stats.bytes_written.to_string()),
                 ("disk_bytes_read", stats.bytes_read.to_string()),
+                ("gc_passes", stats.gc_passes.to_string()),
+                ("gc_relocated_bytes", stats.gc_relocated_bytes.to_string()),
+                ("gc_reclaimed_bytes", stats.gc_reclaimed_bytes.to_string()),
+                ("gc_paced_ns", stats.gc_paced_ns.to_string()),
             ],
         );
     }
@@ -388,6 +392,30 @@ pub fn prometheus_text(shared: &Shared) -> String {
         "gauge",
         "Log bytes overwritten or deleted.",
         stats.dead_log_bytes,
+    );
+    metric(
+        "space_used_bytes",
+        "gauge",
+        "Bytes the volume file occupies on disk (holes excluded).",
+        stats.space_used_bytes,
+    );
+    metric(
+        "gc_passes_total",
+        "counter",
+        "Garbage-collection passes that did work since open.",
+        stats.gc_passes,
+    );
+    metric(
+        "gc_relocated_bytes_total",
+        "counter",
+        "Live log bytes garbage collection copied since open.",
+        stats.gc_relocated_bytes,
+    );
+    metric(
+        "gc_reclaimed_bytes_total",
+        "counter",
+        "Log bytes garbage collection gave back since open.",
+        stats.gc_reclaimed_bytes,
     );
     metric(
         "volume_bytes",
