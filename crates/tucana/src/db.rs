@@ -39,8 +39,8 @@ pub struct Options {
     /// values of live records. A keyspace's dead log bytes are collected back under 0.9
     /// of the room the target leaves once they pass it (the room: what keeps its log and
     /// estimated index at the target; for records so small that their headers and index
-    /// entries alone exceed it, a quarter of what they take with no garbage, for a target
-    /// of 1.5); the rest of the room is for segments emptied but not yet given back (two
+    /// entries alone exceed it, 0.4 of what they take with no garbage, for a target of
+    /// 1.5); the rest of the room is for segments emptied but not yet given back (two
     /// commits away). A burst of overwrites runs over it until it ends. Writers are paced
     /// past twice the room (DESIGN.md, "Garbage collection").
     pub gc_space_amp: f64,

@@ -325,7 +325,7 @@ fn small_records_leave_room_for_garbage() {
     wait_until_resting(&db);
     let s = db.stats();
     // About a fifth of the keys were overwritten (some twice): their old records are
-    // garbage under the room (a quarter of 172 bytes a key, 0.9 of it to start).
+    // garbage under the room (0.4 of 172 bytes a key, 0.9 of it to start).
     assert!(
         s.dead_log_bytes > u64::from(keys) * 140 / 6,
         "garbage gone: {s:?}"

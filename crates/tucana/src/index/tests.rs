@@ -615,11 +615,19 @@ fn a_sealed_root_keeps_reading_the_old_state() {
         let k = random_key(&mut rng, 10);
         put(&tree, &mut ctx, &mut model, &k);
     }
+    assert!(tree.dirty_nodes() >= tree.heap_nodes());
     let sealed = tree.seal();
     assert_eq!(sealed.epoch, TreeEpoch(10));
     assert_eq!(tree.running_epoch(), TreeEpoch(11));
+    assert_eq!(tree.dirty_nodes(), 0);
     let old = model.clone();
     let nodes_before = tree.heap_nodes();
+    // One replace copies its path, root to leaf: what the next commit would write.
+    let (k, _) = model.iter().next().map(|(k, v)| (k.clone(), *v)).unwrap();
+    put(&tree, &mut ctx, &mut model, &k);
+    let height = tree.heap_nodes() - nodes_before;
+    assert!(height >= 2, "{height}");
+    assert_eq!(tree.dirty_nodes(), height);
     // Replace, remove and insert on top: every changed node is copied, not changed.
     for _ in 0..5000 {
         let k = random_key(&mut rng, 10);

@@ -191,6 +191,9 @@ pub struct Tree {
     retired: Mutex<Vec<Retired>>,
     /// Heap nodes reachable from the root or retired but not yet reclaimed.
     heap_nodes: AtomicU64,
+    /// Nodes made in the running epoch (new or copied): about what the next commit
+    /// writes (nodes made and retired within the epoch are counted too).
+    dirty_nodes: AtomicU64,
 }
 
 /// Marks a writer method as running; two at once is a caller bug (the region's writer lock
@@ -448,6 +451,7 @@ impl Tree {
             writer_busy: AtomicBool::new(false),
             retired: Mutex::new(Vec::new()),
             heap_nodes: AtomicU64::new(0),
+            dirty_nodes: AtomicU64::new(0),
         }
     }
 
@@ -479,6 +483,17 @@ impl Tree {
         self.heap_nodes.load(Relaxed)
     }
 
+    /// Nodes made since the last seal, at most: what the next commit writes, about.
+    pub fn dirty_nodes(&self) -> u64 {
+        self.dirty_nodes.load(Relaxed)
+    }
+
+    /// Counts a node made in the running epoch.
+    fn made_node(&self) {
+        self.heap_nodes.fetch_add(1, Relaxed);
+        self.dirty_nodes.fetch_add(1, Relaxed);
+    }
+
     fn writer(&self) -> WriterGuard<'_> {
         if self.writer_busy.swap(true, Acquire) {
             panic!("index::Tree: two writer calls at once (the region writer lock must serialise them)");
@@ -487,12 +502,12 @@ impl Tree {
     }
 
     fn new_leaf(&self, running: u64) -> NonNull<Header> {
-        self.heap_nodes.fetch_add(1, Relaxed);
+        self.made_node();
         alloc_leaf(running, self.region)
     }
 
     fn new_internal(&self, running: u64, level: u8) -> NonNull<Header> {
-        self.heap_nodes.fetch_add(1, Relaxed);
+        self.made_node();
         alloc_internal(running, self.region, level)
     }
 
@@ -784,6 +799,7 @@ impl Tree {
         let epoch = self.running.load(Relaxed);
         let root = self.root.load(Relaxed);
         self.running.store(epoch + 1, Release);
+        self.dirty_nodes.store(0, Relaxed);
         Sealed {
             root,
             epoch: TreeEpoch(epoch),
@@ -951,12 +967,12 @@ impl Tree {
             d.verify_structure()?;
             Ok(heap_from_image(&d, running, self.region))
         })?;
-        self.heap_nodes.fetch_add(1, Relaxed);
+        self.made_node();
         Ok(p)
     }
 
     fn copy_heap(&self, p: NonNull<Header>, running: u64) -> NonNull<Header> {
-        self.heap_nodes.fetch_add(1, Relaxed);
+        self.made_node();
         heap_copy(p, running, self.region)
     }
 
