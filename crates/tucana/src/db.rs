@@ -36,16 +36,17 @@ pub struct Options {
     /// (GC needs commits to free anything). `Database::gc` works either way.
     pub gc: bool,
     /// The space amplification background GC steers toward: disk bytes over the keys and
-    /// values of live records. A keyspace's dead log bytes are collected back under 0.9
-    /// of the room the target leaves once they pass it (the room: what keeps its log and
-    /// estimated index at the target; for records so small that their headers and index
-    /// entries alone exceed it, 0.4 of what they take with no garbage, for a target of
-    /// 1.5); the rest of the room is for segments emptied but not yet given back (two
-    /// commits away). A burst of overwrites runs over it until it ends. Writers are paced
-    /// past twice the room (DESIGN.md, "Garbage collection").
+    /// values of live records. A keyspace's dead log bytes are collected back under half
+    /// the room the target leaves once they pass it (the room: what keeps its log,
+    /// estimated index and share of the volume's measured overhead, such as index nodes
+    /// copied on write and segments on their way back, at the target; for records so
+    /// small that their headers and index entries alone exceed it, the line is 0.15 of
+    /// what they take with no garbage, for a target of 1.5). A fast burst of overwrites
+    /// runs a little over it until it ends. Writers are paced past twice the room
+    /// (DESIGN.md, "Garbage collection").
     pub gc_space_amp: f64,
     /// Most bytes of live records background GC copies per second while collecting back
-    /// to its line; past 1.2 times the room it may also copy 0.4 byte per byte
+    /// to its line; past 0.65 of the room it may also copy 2 bytes per byte
     /// foreground writers append.
     pub gc_rate_bytes_per_sec: u64,
     /// Range iterators keep the log records of this many entries ahead of each end asked
@@ -303,6 +304,10 @@ pub(crate) struct Shared {
     /// Nanoseconds a foreground writer sleeps per KiB it appends; 0 unless garbage
     /// collection is behind its space target (see `pace_writer`).
     pub write_delay_ns_per_kib: AtomicU64,
+    /// Disk bytes beyond the regions' logs and estimated index, per byte of their
+    /// floor, its decaying peak (f64 bits): set by each background GC step
+    /// (`DbInner::measure_overhead`).
+    pub gc_overhead_share_bits: AtomicU64,
 }
 
 /// A paced writer sleeps once it owes this much (the kernel's timer slack makes shorter
@@ -349,6 +354,7 @@ impl Shared {
             wake: (Mutex::new(false), Condvar::new()),
             frees: Arc::new(Mutex::new(PendingFrees::default())),
             write_delay_ns_per_kib: AtomicU64::new(0),
+            gc_overhead_share_bits: AtomicU64::new(0),
         }
     }
 
@@ -700,6 +706,11 @@ fn background_loop(db: std::sync::Weak<DbInner>) {
         } else if commit_due {
             // Errors poison the database; the next user call reports them.
             let _ = inner.commit();
+            if opts.gc {
+                // What the commit freed past its readers goes back now, not at the next
+                // wake-up.
+                inner.release_frees_now();
+            }
             last_commit = Instant::now();
             last_flush = last_commit;
         } else if opts

@@ -53,31 +53,36 @@ const GRACE_ATTEMPTS: usize = 64;
 /// (64 KiB: more than the descriptors every commit frees, a commit costs two fsyncs).
 const IDLE_COMMIT_MIN_FREE_BLOCKS: u64 = 16;
 
-/// Where background GC starts, as a share of the room for garbage ([`Footprint::room_bytes`]):
-/// a region whose dead log bytes exceed `START_SHARE` of its room is collected back under
-/// that line. The rest of the room is for what the estimate cannot steer at once:
-/// segments retired but not yet given back (two commits away), index nodes copied on
-/// write, a burst between two steps.
-const START_SHARE: f64 = 0.9;
+/// Where background GC starts, as a share of the room the target leaves for garbage
+/// ([`Footprint::target_room_bytes`]): a region whose dead log bytes exceed it is
+/// collected back under it. The other half of that room is for what the collector
+/// cannot steer at once: segments retired but not given back yet (two commits away),
+/// frees being punched, a burst between two steps.
+const START_SHARE: f64 = 0.5;
 
-/// Over `URGENT_SHARE` of the room (1.6 for a target of 1.5 and large records), background GC may also copy
+/// Over `URGENT_SHARE` of the target's room, background GC may also copy
 /// `URGENT_COPY_RATIO` bytes for every byte foreground writers append, on top of its rate
 /// limit: it follows a burst of overwrites, at a bounded cost to them.
-const URGENT_SHARE: f64 = 1.2;
+const URGENT_SHARE: f64 = 0.65;
+
+/// The start and urgent lines as shares of the floor's room
+/// ([`Footprint::floor_room_bytes`]), for regions whose records are too small for the
+/// target's room to mean anything.
+const FLOOR_START_SHARE: f64 = 0.6;
+const FLOOR_URGENT_SHARE: f64 = 0.8;
 
 /// Bytes background GC may copy per byte foreground writers append while urgent: what GC
 /// may take from the writers during a burst. Where it is not enough, space runs over the
 /// target until the burst ends, then the rate limit works it back down.
 ///
 /// The trade-off, `tucana-bench gc --gc-records 300000 --overwrites 8 --fields 10
-/// --field-bytes 100` (YCSB A, 2 threads, 2 shared cores; GC-off throughput swings
-/// 450-650k ops/s between runs here, so compare absolute GC-on figures), with one-pass
-/// relocation and repeat commits: urgent at 1.5 of the room, a quarter byte per byte and
-/// pairs every 250 ms peaked at 2.2 at 340-400k ops/s; these values (with pairs every
-/// 50 ms) at 1.95 at 357k; the start line at 0.6 of the room, urgent at 0.7 and one byte
-/// per byte at 1.8 at 160-210k (copies dirty leaves all over the index, and every commit
-/// writes them).
-const URGENT_COPY_RATIO: f64 = 0.4;
+/// --field-bytes 100` (YCSB A, 2 threads, 2 quiet cores; the peak is of the file's
+/// allocated bytes over user bytes, the throughput a share of the same run with GC off):
+/// start and urgent lines at 0.9 and 1.2 of the room with 0.4 bytes a byte peaked at 1.98
+/// at 0.87; at 0.5 and 0.65 with 1.5 bytes, 1.61 at 0.70; with 2 bytes, 1.58 at 0.72;
+/// with 2.5 bytes, 1.54 at 0.66. Below 1.5 a burst this fast needs garbage under a fifth
+/// of the live bytes, victims then three quarters full.
+const URGENT_COPY_RATIO: f64 = 2.0;
 
 /// Unspent urgent budget kept for later steps, at most.
 const URGENT_TOKENS_MAX_BYTES: f64 = (32 << 20) as f64;
@@ -117,10 +122,22 @@ const INDEX_BYTES_PER_KEY: u64 = 32;
 /// target counts disk bytes over the keys and values users stored; small records cost
 /// more than that on their own (a record of a 16-byte key and a 100-byte value takes 172
 /// bytes with its header and index entry, 1.48 times its user bytes), and chasing a
-/// line under that floor would copy full segments for ever to win nothing. Large enough
-/// that victims are about half garbage (a copied byte per byte given back), small
-/// enough that records of 1 KB keep the target's own room.
-const MIN_ROOM_SHARE: f64 = 0.8;
+/// line under that floor would copy full segments for ever to win nothing. With
+/// `FLOOR_START_SHARE`, small records start collecting at 0.225 of that floor in
+/// garbage, where victims are still a third garbage or more; records of 1 KB and more
+/// are steered by the target's own room.
+const MIN_ROOM_SHARE: f64 = 0.5;
+
+/// What the volume holds beyond the regions' logs and estimated index is measured at
+/// every background step (`DbInner::measure_overhead`): index nodes copied on write
+/// and not freed yet, retired segments, frees on their way back, tails written ahead.
+/// It swings with every commit pair, so its peak is kept and decays by half every
+/// `OVERHEAD_HALF_LIFE`.
+const OVERHEAD_HALF_LIFE: Duration = Duration::from_secs(1);
+
+/// The measured overhead counts at most this share of the regions' floor: a snapshot
+/// holding a large part of the disk is not something relocation can give back.
+const OVERHEAD_MAX_SHARE: f64 = 0.25;
 
 /// Most bytes one background step relocates. Under a burst a step's budget takes one
 /// thread seconds to copy; short steps keep the foreground's bytes measured often (the
@@ -161,6 +178,8 @@ pub(crate) struct GcState {
     /// The store's smoothed garbage over its room, for write pacing, and when it was
     /// taken.
     pace_share: Option<(f64, Instant)>,
+    /// When the overhead was last measured.
+    overhead_at: Instant,
     /// Holds the victim being collected when the volume has no mapping; kept to spare an
     /// allocation per victim.
     buf: Vec<u8>,
@@ -175,6 +194,7 @@ impl GcState {
             last_foreground_bytes: 0,
             pinned: HashSet::new(),
             pace_share: None,
+            overhead_at: Instant::now(),
             buf: Vec::new(),
         }
     }
@@ -195,40 +215,57 @@ pub(crate) struct Footprint {
     /// Keys and values of its live records (record headers excluded): what the user
     /// stored.
     pub user_bytes: f64,
+    /// Its share (by floor) of what the volume holds beyond every region's log and
+    /// estimated index (`DbInner::measure_overhead`): counted against the target, never
+    /// collectable.
+    pub overhead_bytes: f64,
 }
 
 impl Footprint {
-    fn of(region: &Region) -> Footprint {
+    fn of(region: &Region, overhead_share: f64) -> Footprint {
         let live = region.live_bytes.load(Ordering::Relaxed);
         let dead = region.dead_bytes.load(Ordering::Relaxed);
         let keys = region.keys.load(Ordering::Relaxed);
+        let intrinsic = (live + keys * INDEX_BYTES_PER_KEY) as f64;
         Footprint {
-            disk_bytes: (live + dead + keys * INDEX_BYTES_PER_KEY) as f64,
+            disk_bytes: intrinsic + dead as f64,
             garbage_bytes: dead as f64,
             user_bytes: live.saturating_sub(keys * HEADER_BYTES as u64) as f64,
+            overhead_bytes: intrinsic * overhead_share,
         }
+    }
+
+    /// What the region takes without garbage: live records and estimated index.
+    fn floor_bytes(&self) -> f64 {
+        self.disk_bytes - self.garbage_bytes
     }
 
     /// The garbage the space-amplification `target` leaves room for: what keeps disk
-    /// bytes at `target` times user bytes, but never under `MIN_ROOM_SHARE × (target - 1)`
-    /// times the bytes the region takes without garbage (small records alone exceed
-    /// the target).
-    pub fn room_bytes(&self, target: f64) -> f64 {
-        let floor = self.disk_bytes - self.garbage_bytes;
-        (target * self.user_bytes - floor).max(MIN_ROOM_SHARE * (target - 1.0) * floor)
+    /// bytes, overhead included, at `target` times user bytes (negative when small
+    /// records alone exceed the target).
+    pub fn target_room_bytes(&self, target: f64) -> f64 {
+        target * self.user_bytes - self.floor_bytes() - self.overhead_bytes
     }
 
-    /// Garbage over its room: 1 at the target; infinite for garbage without room, 0 for
-    /// no garbage.
-    pub fn garbage_share(&self, target: f64) -> f64 {
-        if self.garbage_bytes <= 0.0 {
-            return 0.0;
-        }
-        let room = self.room_bytes(target);
-        if room <= 0.0 {
-            return f64::INFINITY;
-        }
-        self.garbage_bytes / room
+    /// The least room for garbage: `MIN_ROOM_SHARE × (target - 1)` times the floor.
+    pub fn floor_room_bytes(&self, target: f64) -> f64 {
+        MIN_ROOM_SHARE * (target - 1.0) * self.floor_bytes()
+    }
+
+    /// The room for garbage: the target's, but never under the floor's.
+    pub fn room_bytes(&self, target: f64) -> f64 {
+        self.target_room_bytes(target)
+            .max(self.floor_room_bytes(target))
+    }
+
+    /// Garbage bytes where background GC starts and where it turns urgent.
+    fn lines_bytes(&self, target: f64) -> (f64, f64) {
+        let room = self.target_room_bytes(target);
+        let floor_room = self.floor_room_bytes(target);
+        (
+            (START_SHARE * room).max(FLOOR_START_SHARE * floor_room),
+            (URGENT_SHARE * room).max(FLOOR_URGENT_SHARE * floor_room),
+        )
     }
 }
 
@@ -248,14 +285,14 @@ pub(crate) enum Urge {
 /// space-amplification `target`: the bytes over its start line, and whether the rate
 /// limit applies.
 pub(crate) fn urge(footprint: Footprint, target: f64) -> Urge {
-    let share = footprint.garbage_share(target);
+    let garbage = footprint.garbage_bytes;
+    let (start_bytes, urgent_bytes) = footprint.lines_bytes(target);
     // NaN counts as under: nothing to measure, nothing to chase.
-    if share.partial_cmp(&START_SHARE) != Some(std::cmp::Ordering::Greater) {
+    if garbage <= 0.0 || garbage.partial_cmp(&start_bytes) != Some(std::cmp::Ordering::Greater) {
         return Urge::Idle;
     }
-    let start_bytes = START_SHARE * footprint.room_bytes(target).max(0.0);
-    let excess_bytes = footprint.garbage_bytes - start_bytes;
-    if share > URGENT_SHARE {
+    let excess_bytes = garbage - start_bytes;
+    if garbage > urgent_bytes {
         Urge::Urgent { excess_bytes }
     } else {
         Urge::Gentle { excess_bytes }
@@ -484,6 +521,7 @@ impl DbInner {
             return Ok(false);
         };
         let state = &mut *state;
+        self.measure_overhead(state);
         let now = Instant::now();
         let rate = opts.gc_rate_bytes_per_sec as f64;
         let elapsed = now.duration_since(state.last_refill).as_secs_f64();
@@ -508,7 +546,7 @@ impl DbInner {
         let regions = self.region_list();
         for region in &regions {
             let region = &**region;
-            let urgent = match urge(Footprint::of(region), target) {
+            let urgent = match urge(Footprint::of(region, self.overhead_share()), target) {
                 Urge::Idle => continue,
                 Urge::Gentle { .. } => false,
                 Urge::Urgent { .. } => true,
@@ -549,6 +587,36 @@ impl DbInner {
         Ok(cut_short)
     }
 
+    /// The measured overhead per byte of floor (`OVERHEAD_HALF_LIFE`).
+    fn overhead_share(&self) -> f64 {
+        f64::from_bits(self.shared.gc_overhead_share_bits.load(Ordering::Relaxed))
+    }
+
+    /// Measures what the volume holds beyond the regions' logs and estimated index, per
+    /// byte of their floor, and keeps its decaying peak for [`Footprint::of`].
+    fn measure_overhead(&self, state: &mut GcState) {
+        let allocated = (self.shared.allocator.allocated_blocks() * BLOCK_BYTES) as f64;
+        let (mut disk, mut floor) = (0.0, 0.0);
+        for region in self.region_list() {
+            let f = Footprint::of(&region, 0.0);
+            disk += f.disk_bytes;
+            floor += f.floor_bytes();
+        }
+        let now = Instant::now();
+        let elapsed = now.duration_since(state.overhead_at).as_secs_f64();
+        state.overhead_at = now;
+        let measured = if floor > 0.0 {
+            ((allocated - disk).max(0.0) / floor).min(OVERHEAD_MAX_SHARE)
+        } else {
+            0.0
+        };
+        let decayed =
+            self.overhead_share() * 0.5f64.powf(elapsed / OVERHEAD_HALF_LIFE.as_secs_f64());
+        self.shared
+            .gc_overhead_share_bits
+            .store(measured.max(decayed).to_bits(), Ordering::Relaxed);
+    }
+
     /// Sets the foreground writers' pacing delay from the whole store's garbage: its
     /// regions' (see [`Footprint`]) plus what is on its way back to the file system
     /// (retired segments waiting only for commits, frees waiting for readers or for
@@ -565,7 +633,7 @@ impl DbInner {
         let mut room_bytes = 0.0;
         let mut returning_bytes = 0u64;
         for region in regions {
-            let f = Footprint::of(region);
+            let f = Footprint::of(region, self.overhead_share());
             disk_bytes += f.disk_bytes;
             garbage_bytes += f.garbage_bytes;
             room_bytes += f.room_bytes(target).max(0.0);
@@ -623,7 +691,7 @@ impl DbInner {
         let mut worked = false;
         for (victim, stats) in victims {
             if matches!(policy, Policy::Background { .. })
-                && urge(Footprint::of(region), target) == Urge::Idle
+                && urge(Footprint::of(region, self.overhead_share()), target) == Urge::Idle
             {
                 break;
             }
@@ -726,7 +794,9 @@ impl DbInner {
         let mut held_bytes = 0u64;
         let mut dirty_bytes = 0u64;
         for region in &regions {
-            room_bytes += Footprint::of(region).room_bytes(target).max(0.0);
+            room_bytes += Footprint::of(region, self.overhead_share())
+                .room_bytes(target)
+                .max(0.0);
             held_bytes += reclaimable_retired_bytes(region);
             dirty_bytes += region.tree.dirty_nodes() * NODE_BYTES as u64;
         }
@@ -754,7 +824,8 @@ impl DbInner {
         self.commit_pair()?;
         // No yield between nudges: on a busy machine each yield gave the core away for a
         // time slice (tens of milliseconds for the eight, with a hundred MiB waiting);
-        // what is still in limbo goes at the committer's next wake-up.
+        // what is still in limbo goes at the committer's next wake-up. Segments rarely
+        // wait here: their grace period began when they were retired.
         for _ in 0..GRACE_NUDGES {
             if self.shared.frees.lock().limbo.is_empty() {
                 break;
@@ -864,38 +935,115 @@ mod tests {
         }
     }
 
-    /// A region of large records (overhead left out) at space amplification `amp`.
-    fn footprint(amp: f64) -> Footprint {
+    /// A segment's reader grace period starts when it is retired: a reader pinned before
+    /// then holds it back (it may still read through a pointer it loaded before the
+    /// relocation), one pinned after does not, and once the early reader is gone the
+    /// segment is free the moment both durable commits are past it.
+    #[test]
+    fn a_retired_segment_waits_only_for_readers_pinned_before_it() -> Result<()> {
+        let db = crate::Database::builder()
+            .commit_interval(None)
+            .flush_interval(None)
+            .log_segment_bytes(64 << 10)
+            .open_in_memory()
+            .unwrap();
+        let ks = db.keyspace("t").unwrap();
+        for round in 0..2u8 {
+            for i in 0..2000u32 {
+                ks.put(format!("k{i:05}").as_bytes(), &[round; 120])
+                    .unwrap();
+            }
+        }
+        let region = db.inner.regions.read().get("t").cloned().unwrap();
+        let dead: Vec<DiskOffset> = region
+            .writer
+            .lock()
+            .segments
+            .iter()
+            .filter(|(_, s)| s.live_bytes == 0 && s.written_bytes > 0)
+            .map(|(off, _)| DiskOffset(*off))
+            .take(2)
+            .collect();
+        assert_eq!(dead.len(), 2, "the first round's segments are all dead");
+        let readers_gone = |base: DiskOffset| {
+            let list = region.retired_segments.lock();
+            let r = list.iter().find(|r| r.base == base).expect("retired");
+            r.readers_gone.load(Ordering::Acquire)
+        };
+        let nudge = || {
+            for _ in 0..256 {
+                crossbeam_epoch::pin().flush();
+            }
+        };
+        // A reader pinned before the retirement holds its grace period open.
+        let early_reader = crossbeam_epoch::pin();
+        assert!(matches!(
+            region.retire_segment(dead[0])?,
+            Retire::Retired(_)
+        ));
+        nudge();
+        assert!(!readers_gone(dead[0]));
+        let (now, after) = region.reclaim_segments(region.tree.running_epoch());
+        assert!(now.is_empty(), "{now:?}");
+        assert_eq!(after, vec![(dead[0], 16)]);
+        drop(early_reader);
+        // Without one, the grace period ends while commits are still due.
+        assert!(matches!(
+            region.retire_segment(dead[1])?,
+            Retire::Retired(_)
+        ));
+        let mut rounds = 0;
+        while !readers_gone(dead[1]) {
+            rounds += 1;
+            assert!(rounds < 1000, "the grace period never ended");
+            nudge();
+        }
+        let (now, after) = region.reclaim_segments(region.tree.running_epoch());
+        assert_eq!(now, vec![(dead[1], 16)]);
+        assert!(after.is_empty(), "{after:?}");
+        Ok(())
+    }
+
+    /// A region of large records (headers and index left out) at space amplification
+    /// `amp`, with `overhead` bytes of the volume's beyond its log.
+    fn footprint_with(amp: f64, overhead: f64) -> Footprint {
         Footprint {
             disk_bytes: amp * 1e8,
             garbage_bytes: (amp - 1.0) * 1e8,
             user_bytes: 1e8,
+            overhead_bytes: overhead,
         }
+    }
+
+    fn footprint(amp: f64) -> Footprint {
+        footprint_with(amp, 0.0)
     }
 
     #[test]
     fn under_the_start_line_nothing_to_do() {
-        // Start line for a target of 1.5: 0.9 of the room (0.5 × user bytes) = 1.45.
-        for amp in [1.0, 1.2, 1.45] {
+        // Start line for a target of 1.5: half the target's room (0.5 × user bytes),
+        // 1.25.
+        for amp in [1.0, 1.2, 1.25] {
             assert_eq!(urge(footprint(amp), 1.5), Urge::Idle, "{amp}");
         }
         let empty = Footprint {
             disk_bytes: 0.0,
             garbage_bytes: 0.0,
             user_bytes: 0.0,
+            overhead_bytes: 0.0,
         };
         assert_eq!(urge(empty, 1.5), Urge::Idle);
     }
 
     #[test]
     fn between_the_lines_gently_then_urgently_back_to_the_start_line() {
-        // Urgent line for 1.5: 1.2 of the room = 1.6.
-        match urge(footprint(1.55), 1.5) {
-            Urge::Gentle { excess_bytes } => assert!((excess_bytes - 0.1e8).abs() < 1.0),
+        // Urgent line for 1.5: 0.65 of the room, 1.325.
+        match urge(footprint(1.3), 1.5) {
+            Urge::Gentle { excess_bytes } => assert!((excess_bytes - 0.05e8).abs() < 1.0),
             other => panic!("{other:?}"),
         }
         match urge(footprint(2.0), 1.5) {
-            Urge::Urgent { excess_bytes } => assert!((excess_bytes - 0.55e8).abs() < 1.0),
+            Urge::Urgent { excess_bytes } => assert!((excess_bytes - 0.75e8).abs() < 1.0),
             other => panic!("{other:?}"),
         }
         // Garbage without live data: as urgent as it gets.
@@ -903,15 +1051,30 @@ mod tests {
             disk_bytes: 1e6,
             garbage_bytes: 1e6,
             user_bytes: 0.0,
+            overhead_bytes: 0.0,
         };
         assert!(matches!(urge(garbage_only, 1.5), Urge::Urgent { .. }));
     }
 
     #[test]
     fn a_looser_target_starts_later() {
-        assert_eq!(urge(footprint(1.8), 2.0), Urge::Idle);
-        assert!(matches!(urge(footprint(1.8), 1.5), Urge::Urgent { .. }));
-        assert!(matches!(urge(footprint(1.65), 1.5), Urge::Urgent { .. }));
+        assert_eq!(urge(footprint(1.45), 2.0), Urge::Idle);
+        assert!(matches!(urge(footprint(1.45), 1.5), Urge::Urgent { .. }));
+        assert!(matches!(urge(footprint(1.3), 1.5), Urge::Gentle { .. }));
+    }
+
+    #[test]
+    fn what_the_disk_holds_beyond_the_log_shrinks_the_room() {
+        // 0.2 of the user bytes in copied index nodes and segments on their way back:
+        // the target's room is 0.3, the start line 0.15 (the floor's line, 0.6 × 0.25).
+        assert_eq!(urge(footprint(1.18), 1.5), Urge::Idle);
+        match urge(footprint_with(1.18, 0.2e8), 1.5) {
+            Urge::Gentle { excess_bytes } => assert!((excess_bytes - 0.03e8).abs() < 1.0),
+            other => panic!("{other:?}"),
+        }
+        assert!((footprint_with(1.0, 0.2e8).room_bytes(1.5) - 0.3e8).abs() < 1.0);
+        // However much it holds, the floor's room stays.
+        assert!((footprint_with(1.0, 1e9).room_bytes(1.5) - 0.25e8).abs() < 1.0);
     }
 
     #[test]
@@ -923,19 +1086,21 @@ mod tests {
             disk_bytes: (172.0 + garbage_per_key) * keys,
             garbage_bytes: garbage_per_key * keys,
             user_bytes: 116.0 * keys,
+            overhead_bytes: 0.0,
         };
-        // The target leaves 2 bytes a key; the floor of the room is 0.4 of 172.
-        let room = 0.8 * 0.5 * 172.0;
+        // The target leaves 2 bytes a key; the floor's room is a quarter of 172, its
+        // lines at 0.6 and 0.8 of that.
+        let room = 0.5 * 0.5 * 172.0;
         assert!((small(0.0).room_bytes(1.5) - room * keys).abs() < 1.0);
         assert_eq!(urge(small(0.0), 1.5), Urge::Idle);
-        assert_eq!(urge(small(0.85 * room), 1.5), Urge::Idle);
-        match urge(small(room), 1.5) {
+        assert_eq!(urge(small(0.55 * room), 1.5), Urge::Idle);
+        match urge(small(0.7 * room), 1.5) {
             Urge::Gentle { excess_bytes } => {
                 assert!((excess_bytes - 0.1 * room * keys).abs() < 1.0)
             }
             other => panic!("{other:?}"),
         }
-        assert!(matches!(urge(small(1.3 * room), 1.5), Urge::Urgent { .. }));
+        assert!(matches!(urge(small(0.85 * room), 1.5), Urge::Urgent { .. }));
         // Large records: the target decides, the floor does not.
         assert!((footprint(1.0).room_bytes(1.5) - 0.5e8).abs() < 1.0);
     }

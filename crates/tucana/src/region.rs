@@ -69,11 +69,21 @@ pub(crate) struct SealedRegion {
 /// tree epoch `epoch`. Trees sealed before `epoch` (older commits, snapshots, live
 /// iterators registered before it) may still point into it; it is freed like a node
 /// retired in that epoch (DESIGN.md, "Garbage collection").
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+///
+/// Its reader grace period starts at retirement, not when the commits let it go: every
+/// pointer into it left the live tree before it was retired (relocation replaced them,
+/// and a segment with live bytes is never retired), so only readers pinned before then
+/// can hold one. By the time two commits have passed (tens of milliseconds at least),
+/// that grace period has nearly always passed too, and the segment's bytes go back to
+/// the file system with the commit pair that frees it instead of waiting for readers
+/// in another round of nudges and wake-ups.
+#[derive(Debug)]
 pub(crate) struct RetiredSegment {
     pub epoch: TreeEpoch,
     pub base: DiskOffset,
     pub size_bytes: u64,
+    /// Set (by crossbeam-epoch) once no reader pinned before the retirement is left.
+    pub readers_gone: Arc<AtomicBool>,
 }
 
 impl RetiredSegment {
@@ -81,6 +91,9 @@ impl RetiredSegment {
         (self.base, self.size_bytes / BLOCK_BYTES)
     }
 }
+
+/// A run of blocks: where it starts and how many.
+pub(crate) type Extent = (DiskOffset, u64);
 
 /// What `Region::retire_segment` did with a victim.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -720,10 +733,18 @@ impl Region {
         // Read under the writer lock: a seal (which takes it) cannot slip in between, so
         // every tree sealed at this epoch or later is free of pointers into the segment.
         let epoch = self.tree.running_epoch();
+        let readers_gone = Arc::new(AtomicBool::new(false));
+        {
+            let flag = Arc::clone(&readers_gone);
+            let guard = crossbeam_epoch::pin();
+            guard.defer(move || flag.store(true, Ordering::Release));
+            guard.flush();
+        }
         self.retired_segments.lock().push(RetiredSegment {
             epoch,
             base,
             size_bytes: seg.size_bytes,
+            readers_gone,
         });
         Ok(Retire::Retired(seg.size_bytes))
     }
@@ -759,21 +780,27 @@ impl Region {
 
     /// Takes out the retired segments neither durable commit (`durable`: the older one's
     /// sealed tree epoch) nor any snapshot or live iterator can reach, same rule as
-    /// `Tree::reclaim`. The caller still waits for in-flight readers before reuse.
-    pub fn reclaim_segments(&self, durable: TreeEpoch) -> Vec<(DiskOffset, u64)> {
+    /// `Tree::reclaim`, as `(free now, after readers)`: the first are past their reader
+    /// grace period (`RetiredSegment::readers_gone`), the caller still waits for in-flight
+    /// readers before reusing the second.
+    pub fn reclaim_segments(&self, durable: TreeEpoch) -> (Vec<Extent>, Vec<Extent>) {
         // Snapshots first: a reader registering after this reading holds no pointer into
         // a segment retired before it registered.
         let oldest = self.oldest_snapshot();
         let mut list = self.retired_segments.lock();
-        let mut out = Vec::new();
+        let (mut now, mut after_readers) = (Vec::new(), Vec::new());
         list.retain(|r| {
             let free = r.epoch <= durable && oldest.is_none_or(|s| s >= r.epoch);
             if free {
-                out.push(r.extent());
+                if r.readers_gone.load(Ordering::Acquire) {
+                    now.push(r.extent());
+                } else {
+                    after_readers.push(r.extent());
+                }
             }
             !free
         });
-        out
+        (now, after_readers)
     }
 
     // ----- reads ---------------------------------------------------------------------

@@ -296,12 +296,17 @@ impl DbInner {
             if let Some(durable) = durable {
                 let blocks = region.tree.reclaim(durable, region.oldest_snapshot());
                 shared.release_after_readers(blocks.into_iter().map(|b| (b, 1)).collect());
-                let segments = region.reclaim_segments(durable);
-                let bytes: u64 = segments.iter().map(|(_, b)| b * BLOCK_BYTES).sum();
+                let (now, after_readers) = region.reclaim_segments(durable);
+                let bytes: u64 = now
+                    .iter()
+                    .chain(&after_readers)
+                    .map(|(_, b)| b * BLOCK_BYTES)
+                    .sum();
                 shared
                     .gc_reclaimed_bytes
                     .fetch_add(bytes, Ordering::Relaxed);
-                shared.release_after_readers(segments);
+                shared.frees.lock().releasable.extend(now);
+                shared.release_after_readers(after_readers);
             }
         }
         shared.commits.fetch_add(1, Ordering::Relaxed);
