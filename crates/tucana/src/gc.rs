@@ -899,17 +899,22 @@ mod tests {
         out
     }
 
+    /// An in-memory store committed only by hand, with 64 KiB log segments.
+    fn manual_small_segments() -> crate::Database {
+        crate::Database::builder()
+            .commit_interval(None)
+            .flush_interval(None)
+            .log_segment_bytes(64 << 10)
+            .open_in_memory()
+            .unwrap()
+    }
+
     /// Relocated copies fill segments of their own: no segment holds both a copy and a
     /// foreground record (the point of the relocation tail: survivors are mostly cold,
     /// and mixed with fresh writes they were copied again at every pass).
     #[test]
     fn relocation_and_foreground_never_share_a_segment() {
-        let db = crate::Database::builder()
-            .commit_interval(None)
-            .flush_interval(None)
-            .log_segment_bytes(64 << 10)
-            .open_in_memory()
-            .unwrap();
+        let db = manual_small_segments();
         let ks = db.keyspace("t").unwrap();
         for round in 0..4u8 {
             for i in 0..3000u32 {
@@ -941,12 +946,7 @@ mod tests {
     /// segment is free the moment both durable commits are past it.
     #[test]
     fn a_retired_segment_waits_only_for_readers_pinned_before_it() -> Result<()> {
-        let db = crate::Database::builder()
-            .commit_interval(None)
-            .flush_interval(None)
-            .log_segment_bytes(64 << 10)
-            .open_in_memory()
-            .unwrap();
+        let db = manual_small_segments();
         let ks = db.keyspace("t").unwrap();
         for round in 0..2u8 {
             for i in 0..2000u32 {
