@@ -40,7 +40,7 @@ pub struct Options {
     /// the room the target leaves once they pass it (the room: what keeps its log,
     /// estimated index and share of the volume's measured overhead, such as index nodes
     /// copied on write and segments on their way back, at the target; for records so
-    /// small that their headers and index entries alone exceed it, the line is 0.15 of
+    /// small that their headers and index entries alone exceed it, the line is 0.36 of
     /// what they take with no garbage, for a target of 1.5). A fast burst of overwrites
     /// runs a little over it until it ends. Writers are paced past twice the room
     /// (DESIGN.md, "Garbage collection").

@@ -67,9 +67,9 @@ const URGENT_SHARE: f64 = 0.65;
 
 /// The start and urgent lines as shares of the floor's room
 /// ([`Footprint::floor_room_bytes`]), for regions whose records are too small for the
-/// target's room to mean anything.
-const FLOOR_START_SHARE: f64 = 0.6;
-const FLOOR_URGENT_SHARE: f64 = 0.8;
+/// target's room to mean much.
+const FLOOR_START_SHARE: f64 = 0.9;
+const FLOOR_URGENT_SHARE: f64 = 1.2;
 
 /// Bytes background GC may copy per byte foreground writers append while urgent: what GC
 /// may take from the writers during a burst. Where it is not enough, space runs over the
@@ -117,16 +117,17 @@ const PACE_MIN_DISK_BYTES: f64 = (64 << 20) as f64;
 /// DESIGN.md "Memory per key") counts against the target like the log does.
 const INDEX_BYTES_PER_KEY: u64 = 32;
 
-/// The room for garbage is at least this share of `(target - 1)` times what a region
-/// takes with no garbage at all (its live records, headers included, and its index). The
-/// target counts disk bytes over the keys and values users stored; small records cost
-/// more than that on their own (a record of a 16-byte key and a 100-byte value takes 172
-/// bytes with its header and index entry, 1.48 times its user bytes), and chasing a
-/// line under that floor would copy full segments for ever to win nothing. With
-/// `FLOOR_START_SHARE`, small records start collecting at 0.225 of that floor in
-/// garbage, where victims are still a third garbage or more; records of 1 KB and more
-/// are steered by the target's own room.
-const MIN_ROOM_SHARE: f64 = 0.5;
+/// The floor's room for garbage: this share of `(target - 1)` times what a region takes
+/// with no garbage at all (its live records, headers included, and its index), less
+/// half of what the target leaves above that floor. The target counts disk bytes over
+/// the keys and values users stored; small records cost more than that on their own (a
+/// record of a 16-byte key and a 100-byte value takes 172 bytes with its header and
+/// index entry, 1.48 times its user bytes), and chasing a line under that floor would
+/// copy full segments for ever to win nothing: with the floor's room, victims of
+/// uniformly overwritten small records are about half garbage. The larger the records,
+/// the more the target leaves and the less the floor's room counts: for 1 KB values
+/// both lines meet, beyond that the target's room decides.
+const MIN_ROOM_SHARE: f64 = 0.8;
 
 /// What the volume holds beyond the regions' logs and estimated index is measured at
 /// every background step (`DbInner::measure_overhead`): index nodes copied on write
@@ -247,9 +248,12 @@ impl Footprint {
         target * self.user_bytes - self.floor_bytes() - self.overhead_bytes
     }
 
-    /// The least room for garbage: `MIN_ROOM_SHARE × (target - 1)` times the floor.
+    /// The least room for garbage: `MIN_ROOM_SHARE × (target - 1)` times the floor,
+    /// less half of what the target leaves above the floor (overhead not counted).
     pub fn floor_room_bytes(&self, target: f64) -> f64 {
-        MIN_ROOM_SHARE * (target - 1.0) * self.floor_bytes()
+        let floor = self.floor_bytes();
+        let above = (target * self.user_bytes - floor).max(0.0);
+        (MIN_ROOM_SHARE * (target - 1.0) * floor - above / 2.0).max(0.0)
     }
 
     /// The room for garbage: the target's, but never under the floor's.
@@ -1066,7 +1070,8 @@ mod tests {
     #[test]
     fn what_the_disk_holds_beyond_the_log_shrinks_the_room() {
         // 0.2 of the user bytes in copied index nodes and segments on their way back:
-        // the target's room is 0.3, the start line 0.15 (the floor's line, 0.6 × 0.25).
+        // the target's room is 0.3, the start line 0.15 (the floor's line: 0.9 × (0.4 -
+        // 0.5 / 2), 0.135).
         assert_eq!(urge(footprint(1.18), 1.5), Urge::Idle);
         match urge(footprint_with(1.18, 0.2e8), 1.5) {
             Urge::Gentle { excess_bytes } => assert!((excess_bytes - 0.03e8).abs() < 1.0),
@@ -1074,7 +1079,7 @@ mod tests {
         }
         assert!((footprint_with(1.0, 0.2e8).room_bytes(1.5) - 0.3e8).abs() < 1.0);
         // However much it holds, the floor's room stays.
-        assert!((footprint_with(1.0, 1e9).room_bytes(1.5) - 0.25e8).abs() < 1.0);
+        assert!((footprint_with(1.0, 1e9).room_bytes(1.5) - 0.15e8).abs() < 1.0);
     }
 
     #[test]
@@ -1088,19 +1093,19 @@ mod tests {
             user_bytes: 116.0 * keys,
             overhead_bytes: 0.0,
         };
-        // The target leaves 2 bytes a key; the floor's room is a quarter of 172, its
-        // lines at 0.6 and 0.8 of that.
-        let room = 0.5 * 0.5 * 172.0;
+        // The target leaves 2 bytes a key; the floor's room is 0.4 of 172 less 1, its
+        // lines at 0.9 and 1.2 of that.
+        let room = 0.8 * 0.5 * 172.0 - 1.0;
         assert!((small(0.0).room_bytes(1.5) - room * keys).abs() < 1.0);
         assert_eq!(urge(small(0.0), 1.5), Urge::Idle);
-        assert_eq!(urge(small(0.55 * room), 1.5), Urge::Idle);
-        match urge(small(0.7 * room), 1.5) {
+        assert_eq!(urge(small(0.85 * room), 1.5), Urge::Idle);
+        match urge(small(room), 1.5) {
             Urge::Gentle { excess_bytes } => {
                 assert!((excess_bytes - 0.1 * room * keys).abs() < 1.0)
             }
             other => panic!("{other:?}"),
         }
-        assert!(matches!(urge(small(0.85 * room), 1.5), Urge::Urgent { .. }));
+        assert!(matches!(urge(small(1.3 * room), 1.5), Urge::Urgent { .. }));
         // Large records: the target decides, the floor does not.
         assert!((footprint(1.0).room_bytes(1.5) - 0.5e8).abs() < 1.0);
     }
