@@ -98,9 +98,15 @@ fn volume_with(keys: impl Iterator<Item = Vec<u8>>) -> Arc<MemStorage> {
 /// A committed volume whose descriptor's free log is replaced by `free_log`, with every
 /// checksum re-stamped so only the free log is wrong.
 fn volume_with_free_log(free_log: Vec<(tucana::types::DiskOffset, u64)>) -> Arc<MemStorage> {
+    volume_with_descriptor(|desc| desc.free_log = free_log)
+}
+
+/// A committed volume of 100 keys whose descriptor `edit` changed, with every checksum
+/// re-stamped so only the edited fields are wrong.
+fn volume_with_descriptor(edit: impl FnOnce(&mut tucana::fuzzing::Descriptor)) -> Arc<MemStorage> {
     let storage = volume_with((0..100u32).map(|i| format!("key{i:04}").into_bytes()));
     let (mut sb, mut desc) = committed(&storage);
-    desc.free_log = free_log;
+    edit(&mut desc);
     let bytes = desc.encode();
     // A few more bytes than before still fit in the descriptor's block.
     assert!(bytes.len() <= 4096, "the descriptor fits its block");
@@ -207,4 +213,60 @@ fn a_scan_over_pivots_out_of_order_is_corruption_not_a_hang() {
             other => panic!("{name} scan ended with {other:?}, not an index corruption"),
         }
     }
+}
+
+/// Found by M5 (the `open` fuzz target, in CI). The descriptor writes a region's tail
+/// segment size twice, in the tail position and in the segment list; recovery checked the
+/// list's entry (aligned, allocated) but built the tail buffer from the position's copy,
+/// whose preconditions are assertions: a position whose size was zero (or not a whole
+/// number of blocks) panicked at open. Recovery now requires the two to agree and every
+/// segment to be at least one block.
+#[test]
+fn a_tail_size_that_disagrees_with_its_segment_is_corruption_not_a_panic() {
+    let tail_size = |size: u64| {
+        move |desc: &mut tucana::fuzzing::Descriptor| {
+            desc.regions[0].tail_size_bytes = size;
+            desc.regions[0].tail_used_bytes = 0;
+        }
+    };
+    let empty_segments = |desc: &mut tucana::fuzzing::Descriptor| {
+        let tail = desc.regions[0].tail;
+        desc.regions[0].tail_size_bytes = 0;
+        desc.regions[0].tail_used_bytes = 0;
+        for (off, s) in &mut desc.regions[0].segments {
+            if *off == tail {
+                s.size_bytes = 0;
+                s.written_bytes = 0;
+                s.live_bytes = 0;
+            }
+        }
+    };
+    let cases: [(&str, Box<dyn FnOnce(&mut tucana::fuzzing::Descriptor)>); 4] = [
+        ("zero", Box::new(tail_size(0))),
+        ("unaligned", Box::new(tail_size(4096 + 40))),
+        ("one block more", Box::new(tail_size((2 << 20) + 4096))),
+        ("empty segment", Box::new(empty_segments)),
+    ];
+    for (name, edit) in cases {
+        let storage = volume_with_descriptor(edit);
+        match Database::builder()
+            .create_if_missing(false)
+            .open_storage(storage)
+        {
+            Err(Error::Corruption { what, .. }) => assert_eq!(what, "commit descriptor", "{name}"),
+            Err(other) => panic!("{name}: wrong error {other}"),
+            Ok(_) => panic!("{name}: opened a volume whose tail disagrees with its segment"),
+        }
+    }
+    // Untouched, the same volume opens and reads.
+    let storage = volume_with_descriptor(|_| {});
+    let db = Database::builder()
+        .create_if_missing(false)
+        .open_storage(storage)
+        .expect("open");
+    let ks = db.open_keyspace("k").expect("keyspace");
+    assert_eq!(
+        ks.get(b"key0042").expect("get").as_deref(),
+        Some(&b"value"[..])
+    );
 }

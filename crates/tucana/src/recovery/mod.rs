@@ -208,6 +208,7 @@ fn recover_region(shared: &Arc<Shared>, rd: &RegionDesc) -> Result<Region> {
             ));
         }
         if !off.block_aligned()
+            || s.size_bytes == 0
             || s.size_bytes % BLOCK_BYTES != 0
             || !allocator.is_allocated(*off, s.size_bytes / BLOCK_BYTES)
         {
@@ -219,12 +220,27 @@ fn recover_region(shared: &Arc<Shared>, rd: &RegionDesc) -> Result<Region> {
         }
         segments.insert(off.0, *s);
     }
-    if !segments.contains_key(&rd.tail.0) {
-        return Err(Error::corruption(
-            "commit descriptor",
-            rd.tail,
-            format!("tail of region {:?} is not one of its segments", rd.name),
-        ));
+    match segments.get(&rd.tail.0) {
+        None => {
+            return Err(Error::corruption(
+                "commit descriptor",
+                rd.tail,
+                format!("tail of region {:?} is not one of its segments", rd.name),
+            ))
+        }
+        // The tail's size is written twice (position and segment list); replay and the
+        // tail buffer trust it, so the two must agree.
+        Some(s) if s.size_bytes != rd.tail_size_bytes => {
+            return Err(Error::corruption(
+                "commit descriptor",
+                rd.tail,
+                format!(
+                    "tail of region {:?} is {} bytes but its segment {}",
+                    rd.name, rd.tail_size_bytes, s.size_bytes
+                ),
+            ))
+        }
+        Some(_) => {}
     }
     let newest_order = orders.last().copied().unwrap_or(0);
     let gc_tail = match rd.gc_tail {
