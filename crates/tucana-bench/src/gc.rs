@@ -420,6 +420,16 @@ impl PhaseWatch for OverwriteWatch {
         let max_bytes = samples.max_bytes.max(final_bytes);
         record.set("space_used_bytes_max", max_bytes);
         record.set("space_samples", samples.count);
+        record.set(
+            "space_series_ms_bytes",
+            Value::Array(
+                samples
+                    .series
+                    .iter()
+                    .map(|&(ms, bytes)| serde_json::json!([ms, bytes]))
+                    .collect(),
+            ),
+        );
         if self.live_user_bytes > 0 {
             let live = self.live_user_bytes as f64;
             record.set("space_amp_max", max_bytes as f64 / live);
@@ -480,10 +490,13 @@ fn set_gc_stats(record: &mut Record, footprint: &crate::engine::Footprint, suffi
 }
 
 /// What the sampler saw.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 struct SpaceSamples {
     max_bytes: u64,
     count: u64,
+    /// Every reading: milliseconds since the sampler started, allocated bytes. Where the
+    /// peak falls (the burst's start, a commit pair, its end) says what set it.
+    series: Vec<(u64, u64)>,
 }
 
 /// A thread reading a directory's allocated bytes every interval until stopped.
@@ -499,12 +512,14 @@ impl SpaceSampler {
             .name("space-sampler".into())
             .spawn(move || {
                 let mut samples = SpaceSamples::default();
+                let started = std::time::Instant::now();
                 loop {
                     // A file removed mid-walk (an engine deleting a segment or table) fails
                     // one reading; the next one sees the directory as it is.
                     if let Ok(bytes) = sys::dir_space_used_bytes(&dir) {
                         samples.max_bytes = samples.max_bytes.max(bytes);
                         samples.count += 1;
+                        samples.series.push((started.elapsed().as_millis() as u64, bytes));
                     }
                     match stopped.recv_timeout(interval) {
                         Err(mpsc::RecvTimeoutError::Timeout) => continue,
