@@ -270,3 +270,26 @@ fn a_tail_size_that_disagrees_with_its_segment_is_corruption_not_a_panic() {
         Some(&b"value"[..])
     );
 }
+
+/// Found by M5 (the `open` fuzz target, a longer local run after the fix above). A region's
+/// index root offset that is not a whole block reached `Tree::from_disk`, whose tagged child
+/// words assert alignment, and panicked at open. The descriptor decoder now rejects it.
+#[test]
+fn an_index_root_that_is_not_a_block_is_corruption_not_a_panic() {
+    let storage = volume_with_descriptor(|desc| {
+        let root = desc.regions[0].root;
+        assert!(!root.is_none(), "100 keys make a tree");
+        desc.regions[0].root = tucana::types::DiskOffset(root.0 + 0x32);
+    });
+    match Database::builder()
+        .create_if_missing(false)
+        .open_storage(storage)
+    {
+        Err(Error::Corruption { what, detail, .. }) => {
+            assert_eq!(what, "commit descriptor");
+            assert!(detail.contains("index root"), "{detail}");
+        }
+        Err(other) => panic!("wrong error {other}"),
+        Ok(_) => panic!("opened a volume whose index root is not a block"),
+    }
+}

@@ -136,6 +136,10 @@ impl Descriptor {
                 .to_string();
             let tree_epoch = TreeEpoch(r.u64()?);
             let root = DiskOffset(r.u64()?);
+            // Trees hold node offsets as tagged words that must be whole blocks.
+            if !root.is_none() && !root.block_aligned() {
+                return Err(r.bad("index root is not a block"));
+            }
             let generation = r.u32()?;
             let next_seq = SeqNo(r.u64()?);
             let tail = DiskOffset(r.u64()?);
