@@ -293,3 +293,37 @@ fn an_index_root_that_is_not_a_block_is_corruption_not_a_panic() {
         Ok(_) => panic!("opened a volume whose index root is not a block"),
     }
 }
+
+/// Found by M5 (the `open` fuzz target, a longer local run): a superblock whose descriptor
+/// length was larger than the extent its commit allocated (the extra bytes zero, so the
+/// descriptor still decoded, and the crc re-stamped over them) opened fine; the commit
+/// that superseded it freed the longer extent, blocks that were never its own, and the
+/// allocator's double-free assertion fired at close. Open now checks the extent: no
+/// longer than the encoded descriptor plus its padding, allocated, and clear of every
+/// log segment.
+#[test]
+fn a_descriptor_length_past_its_extent_is_corruption_not_a_double_free() {
+    for extra_blocks in [3u64, 40] {
+        let storage = volume_with((0..100u32).map(|i| format!("key{i:04}").into_bytes()));
+        let (mut sb, _) = committed(&storage);
+        sb.descriptor_bytes = sb.descriptor_bytes.div_ceil(4096) * 4096 + extra_blocks * 4096;
+        let mut bytes = vec![0u8; sb.descriptor_bytes as usize];
+        storage.read_at(sb.descriptor.0, &mut bytes).expect("read");
+        sb.descriptor_crc = crc32c::crc32c(&bytes);
+        sb.write_to(storage.as_ref()).expect("write the slot");
+        match Database::builder()
+            .create_if_missing(false)
+            .open_storage(storage)
+        {
+            Err(Error::Corruption { what, detail, .. }) => {
+                assert_eq!(what, "superblock", "{extra_blocks}");
+                assert!(detail.contains("descriptor extent"), "{detail}");
+            }
+            Err(other) => panic!("{extra_blocks}: wrong error {other}"),
+            Ok(db) => {
+                let _ = db.close();
+                panic!("{extra_blocks}: opened a volume whose descriptor length is too long");
+            }
+        }
+    }
+}

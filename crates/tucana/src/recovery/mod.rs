@@ -91,13 +91,50 @@ pub(crate) fn open(options: Options, storage: Arc<dyn Storage>) -> Result<DbInne
             return Err(Error::corruption("free log", *off, why));
         }
     }
+    // The descriptor's extent is freed by the commit that supersedes it, so the length
+    // the superblock gives must be the extent its commit allocated: whole blocks, still
+    // allocated after the free log, no more than its padding beyond the encoded bytes
+    // (a commit pads by less than two blocks), and no log segment's (below). A longer
+    // length that decodes (trailing zeros) would later free blocks that are not its own.
+    let desc_blocks = sb.descriptor_bytes.div_ceil(BLOCK_BYTES);
+    let encoded_blocks = (desc.encode().len() as u64).div_ceil(BLOCK_BYTES);
+    if !sb.descriptor.block_aligned()
+        || desc_blocks > encoded_blocks + 2
+        || !allocator.is_allocated(sb.descriptor, desc_blocks)
+    {
+        return Err(Error::corruption(
+            "superblock",
+            superblock::slot_offset(sb.epoch),
+            format!(
+                "descriptor extent of {desc_blocks} blocks at {} is not the one its commit allocated",
+                sb.descriptor
+            ),
+        ));
+    }
     let shared = Arc::new(Shared::new(options, volume, allocator));
     let mut regions = BTreeMap::new();
     for rd in &desc.regions {
         let region = recover_region(&shared, rd)?;
+        let overlaps = {
+            let w = region.writer.lock();
+            let desc_end = sb.descriptor.0 + desc_blocks * BLOCK_BYTES;
+            w.segments
+                .range(..desc_end)
+                .next_back()
+                .is_some_and(|(off, s)| off + s.size_bytes > sb.descriptor.0)
+        };
+        if overlaps {
+            return Err(Error::corruption(
+                "superblock",
+                superblock::slot_offset(sb.epoch),
+                format!(
+                    "descriptor extent at {} overlaps a log segment of region {:?}",
+                    sb.descriptor, rd.name
+                ),
+            ));
+        }
         regions.insert(rd.name.clone(), Arc::new(region));
     }
-    let desc_blocks = sb.descriptor_bytes.div_ceil(BLOCK_BYTES);
     let cs = CommitState {
         epoch: sb.epoch,
         next_region_id: desc.next_region_id,
