@@ -258,6 +258,34 @@ fn pipelines_are_answered_in_order() {
     server.stop().unwrap();
 }
 
+/// Pipelined GETs go to the engine in groups (`Keyspace::get_many_with`): answers stay
+/// in order across groups, missing keys are nil between found ones, and a database whose
+/// keyspace does not exist yet answers nil for all of them.
+#[test]
+fn pipelined_gets_mix_found_and_missing_keys_across_groups() {
+    let (_db, server) = start();
+    let mut con = connect(&server);
+    let mut pipe = redis::pipe();
+    for i in (0..300).step_by(3) {
+        pipe.set(format!("g{i:03}"), i).ignore();
+    }
+    for i in 0..300 {
+        pipe.get(format!("g{i:03}"));
+    }
+    let values: Vec<Option<i64>> = pipe.query(&mut con).unwrap();
+    let want: Vec<Option<i64>> = (0..300).map(|i| (i % 3 == 0).then_some(i)).collect();
+    assert_eq!(values, want);
+
+    redis::cmd("SELECT").arg(5).query::<()>(&mut con).unwrap();
+    let mut pipe = redis::pipe();
+    for i in 0..100 {
+        pipe.get(format!("g{i:03}"));
+    }
+    let values: Vec<Option<i64>> = pipe.query(&mut con).unwrap();
+    assert_eq!(values, vec![None; 100]);
+    server.stop().unwrap();
+}
+
 #[test]
 fn multi_exec_is_one_atomic_batch_that_sees_its_own_writes() {
     let (db, server) = start();

@@ -101,6 +101,27 @@ impl Keyspace {
         self.region.get_with(None, key, f)
     }
 
+    /// Calls `f(i, value)` for each of `keys` in order, the value in place (no copy):
+    /// `get_with` for a group of keys, faster than one call each when the data is in
+    /// memory (their cache misses overlap; `Region::get_many_with`). An error is the
+    /// key's own (a key too long, corruption where its record lies); the other keys are
+    /// still answered. For records on the device, `multi_get` reads them in parallel.
+    pub fn get_many_with(&self, keys: &[&[u8]], mut f: impl FnMut(usize, Result<Option<&[u8]>>)) {
+        if keys.iter().all(|key| check_key(key).is_ok()) {
+            return self.region.get_many_with(None, keys, f);
+        }
+        // Rare (a key too long): key by key, the bad ones answered with their error.
+        for (i, key) in keys.iter().enumerate() {
+            let found = check_key(key)
+                .and_then(|()| self.region.get_with(None, key, |v| f(i, Ok(Some(v)))));
+            match found {
+                Ok(Some(())) => {}
+                Ok(None) => f(i, Ok(None)),
+                Err(e) => f(i, Err(e)),
+            }
+        }
+    }
+
     pub fn contains(&self, key: &[u8]) -> Result<bool> {
         Ok(self.get_with(key, |_| ())?.is_some())
     }

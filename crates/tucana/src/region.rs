@@ -944,6 +944,67 @@ impl Region {
         }
     }
 
+    /// `get_with` for several keys at once, `f(i, value of keys[i])` in order: what a
+    /// pipeline of GETs or a multi-get asks. One key alone waits for each of its cache
+    /// misses in turn (the leaf, then the record, which lies in write order, not key
+    /// order); a group looks every key up in the index first, asks the CPU for every
+    /// record's first lines, and only then reads them, so the records' misses overlap.
+    /// Errors are per key; one does not stop the others. No allocation.
+    pub fn get_many_with(
+        &self,
+        root: Option<u64>,
+        keys: &[&[u8]],
+        mut f: impl FnMut(usize, Result<Option<&[u8]>>),
+    ) {
+        // Enough records in flight to cover a miss; more only lengthens the time the
+        // first record's lines must stay in cache.
+        const GROUP: usize = 16;
+        let guard = epoch::pin();
+        for (g, group) in keys.chunks(GROUP).enumerate() {
+            let mut found = [const { None::<Result<Candidate>> }; GROUP];
+            for (slot, key) in found.iter_mut().zip(group) {
+                *slot = Some(self.lookup_candidate(root, key));
+            }
+            for slot in found.iter().take(group.len()) {
+                if let Some(Ok(Candidate::Maybe(ptr))) = slot {
+                    self.hint_record_lines(*ptr, self.buffered_tail(*ptr, &guard));
+                }
+            }
+            for (j, (slot, key)) in found.iter_mut().zip(group).enumerate() {
+                let i = g * GROUP + j;
+                let result = match slot.take().expect("looked up above") {
+                    Err(e) => Err(e),
+                    Ok(Candidate::Absent) => Ok(None),
+                    Ok(Candidate::Maybe(ptr)) => {
+                        let mut value = None;
+                        match self.value_at_if_key(ptr, key, |v| f(i, Ok(Some(v)))) {
+                            Ok(Some(())) => continue,
+                            Ok(None) => {}
+                            Err(e) => value = Some(Err(e)),
+                        }
+                        // Another key with the same prefix and hash: look up exactly.
+                        match value {
+                            Some(e) => e,
+                            None => match self.get_exact(root, key, |v| f(i, Ok(Some(v)))) {
+                                Ok(Some(())) => continue,
+                                Ok(None) => Ok(None),
+                                Err(e) => Err(e),
+                            },
+                        }
+                    }
+                    Ok(Candidate::Unsure) => {
+                        match self.get_exact(root, key, |v| f(i, Ok(Some(v)))) {
+                            Ok(Some(())) => continue,
+                            Ok(None) => Ok(None),
+                            Err(e) => Err(e),
+                        }
+                    }
+                };
+                f(i, result);
+            }
+        }
+    }
+
     /// `get_with` by the index's own confirmation (a record read per key compare).
     fn get_exact<R>(
         &self,

@@ -456,6 +456,75 @@ fn multi_get_agrees_with_get() {
 }
 
 #[test]
+fn get_many_with_agrees_with_get_key_by_key() {
+    let db = quiet(16).open_in_memory().unwrap();
+    let ks = db.keyspace("ks").unwrap();
+    let mut model = BTreeMap::new();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+    // Short keys and long ones (separators kept in the log make lookups unsure), records
+    // in closed segments, committed, and in the tail buffer.
+    let long = |i: u32| {
+        let mut k = format!("long-{i:05}-").into_bytes();
+        k.resize(400, b'x');
+        k
+    };
+    for step in 0..6000u32 {
+        let i = rng.random_range(0..2000u32);
+        let k = if i % 7 == 0 { long(i) } else { key(i) };
+        if rng.random_bool(0.2) {
+            ks.delete(&k).unwrap();
+            model.remove(&k);
+        } else {
+            let v = value(i, rng.random_range(0..300));
+            ks.put(&k, &v).unwrap();
+            model.insert(k, v);
+        }
+        if step == 3000 {
+            db.commit().unwrap();
+        }
+    }
+    // Present, absent, deleted and repeated keys in a random order, more than one group.
+    let keys: Vec<Vec<u8>> = (0..500)
+        .map(|_| {
+            let i = rng.random_range(0..2200u32);
+            if i % 7 == 0 {
+                long(i)
+            } else {
+                key(i)
+            }
+        })
+        .collect();
+    let slices: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
+    let mut seen = Vec::new();
+    ks.get_many_with(&slices, |i, found| {
+        seen.push((i, found.unwrap().map(<[u8]>::to_vec)));
+    });
+    assert_eq!(seen.len(), keys.len(), "one answer per key");
+    for (n, (i, got)) in seen.iter().enumerate() {
+        assert_eq!(*i, n, "answers in the keys' order");
+        assert_eq!(got.as_ref(), model.get(&keys[n]), "key {:?}", keys[n]);
+        assert_eq!(*got, ks.get(&keys[n]).unwrap());
+    }
+    assert!(seen.iter().any(|(_, v)| v.is_none()) && seen.iter().any(|(_, v)| v.is_some()));
+    ks.get_many_with(&[], |_, _| panic!("no keys, no calls"));
+
+    // A key over the limit gets its error; the keys around it are still answered.
+    let too_long = vec![0u8; tucana::MAX_KEY_BYTES + 1];
+    let mixed: Vec<&[u8]> = vec![&keys[0], &too_long, &keys[1]];
+    let mut answers = Vec::new();
+    ks.get_many_with(&mixed, |i, found| {
+        answers.push((i, found.map(|v| v.map(<[u8]>::to_vec))))
+    });
+    assert_eq!(answers.len(), 3);
+    assert!(matches!(
+        answers[1],
+        (1, Err(tucana::Error::KeyTooLarge { .. }))
+    ));
+    assert_eq!(answers[0].1.as_ref().unwrap().as_ref(), model.get(&keys[0]));
+    assert_eq!(answers[2].1.as_ref().unwrap().as_ref(), model.get(&keys[1]));
+}
+
+#[test]
 fn multi_get_of_long_keys_with_long_common_prefixes() {
     // Separators longer than an inline pivot are kept in the log: the candidate lookup
     // cannot use them and falls back to exact lookups, with the same answers.
