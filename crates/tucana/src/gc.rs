@@ -413,6 +413,11 @@ fn collect_segment(
                 .view(victim.0, stats.written_bytes as usize, &mut state.buf)?
         };
         let puts = parse_puts(region, victim, buf)?;
+        // Where the writers listed the segment's dead records (a segment this process
+        // made), those are skipped and the rest go straight to relocation, which checks
+        // each against the index anyway; otherwise each record is looked up.
+        let dead = region.dead_records_of(victim);
+        let mut dead_next = 0usize;
         let mut records: Vec<(u64, &[u8], &[u8])> = Vec::with_capacity(RELOCATE_CHUNK_RECORDS);
         let mut puts = puts.iter();
         loop {
@@ -421,7 +426,17 @@ fn collect_segment(
             records.clear();
             for p in puts.by_ref() {
                 let key = &buf[p.key.clone()];
-                if region.is_live(key, p.at)? {
+                let live = match &dead {
+                    Some(dead) => {
+                        let offset = p.at - victim.0;
+                        while dead.get(dead_next).is_some_and(|&d| u64::from(d) < offset) {
+                            dead_next += 1;
+                        }
+                        dead.get(dead_next).is_none_or(|&d| u64::from(d) != offset)
+                    }
+                    None => region.is_live(key, p.at)?,
+                };
+                if live {
                     records.push((p.at, key, &buf[p.value.clone()]));
                     if records.len() == RELOCATE_CHUNK_RECORDS {
                         break;
@@ -911,6 +926,112 @@ mod tests {
             .log_segment_bytes(64 << 10)
             .open_in_memory()
             .unwrap()
+    }
+
+    /// The writers' lists of dead records say exactly what the index says: in every
+    /// segment this process made, a put record is listed dead if and only if the index no
+    /// longer points at it (after overwrites, deletes, batches, relocation, commits). A
+    /// reopened store has lists only for segments made since.
+    #[test]
+    fn dead_record_lists_agree_with_the_index() {
+        let check = |db: &crate::Database, expect_tracked: bool| {
+            let region = db.inner.regions.read().get("t").cloned().unwrap();
+            let segments: Vec<(u64, u64)> = region
+                .writer
+                .lock()
+                .segments
+                .iter()
+                .map(|(off, s)| (*off, s.written_bytes))
+                .collect();
+            let (mut tracked, mut untracked, mut dead_seen, mut live_seen) = (0, 0, 0, 0);
+            for (base, written) in segments {
+                let Some(dead) = region.dead_records_of(DiskOffset(base)) else {
+                    untracked += 1;
+                    continue;
+                };
+                tracked += 1;
+                let mut pos = 0;
+                while pos < written {
+                    let at = base + pos;
+                    let (header, key) = region
+                        .with_record(at, true, |r| (r.header, r.key.to_vec()))
+                        .unwrap();
+                    if !header.is_tombstone() && !header.is_link() {
+                        let listed = dead.binary_search(&(pos as u32)).is_ok();
+                        let live = region.is_live(&key, at).unwrap();
+                        assert_eq!(listed, !live, "record at {at} of segment {base}");
+                        if live {
+                            live_seen += 1
+                        } else {
+                            dead_seen += 1
+                        }
+                    }
+                    pos += header.total_bytes();
+                }
+            }
+            assert_eq!(tracked > 0, expect_tracked);
+            (tracked, untracked, dead_seen, live_seen)
+        };
+        let storage = std::sync::Arc::new(crate::volume::MemStorage::new());
+        let open = || {
+            crate::Database::builder()
+                .commit_interval(None)
+                .flush_interval(None)
+                .log_segment_bytes(64 << 10)
+                .open_storage(storage.clone())
+                .unwrap()
+        };
+        let db = open();
+        let ks = db.keyspace("t").unwrap();
+        let mut rng = 7u64;
+        let mut next = || {
+            rng = rng
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (rng >> 33) as u32
+        };
+        for step in 0..12_000u32 {
+            let k = format!("k{:05}", next() % 1500);
+            match next() % 10 {
+                0 => {
+                    ks.delete(k.as_bytes()).unwrap();
+                }
+                1 => {
+                    let mut batch = ks.batch();
+                    batch.put(k.as_bytes(), &[1; 90]);
+                    batch.put(k.as_bytes(), &[2; 90]);
+                    batch.delete(format!("k{:05}", next() % 1500).as_bytes());
+                    batch.commit().unwrap();
+                }
+                _ => ks
+                    .put(
+                        k.as_bytes(),
+                        &vec![step as u8; 60 + (next() % 200) as usize],
+                    )
+                    .unwrap(),
+            }
+            if step % 3000 == 1499 {
+                db.gc().unwrap();
+            }
+        }
+        let (tracked, _, dead, live) = check(&db, true);
+        assert!(
+            tracked > 3 && dead > 100 && live > 100,
+            "{tracked} {dead} {live}"
+        );
+        db.close().unwrap();
+        // After a reopen, the old segments have no list; new ones do.
+        let db = open();
+        let ks = db.keyspace("t").unwrap();
+        check(&db, false);
+        for i in 0..3000u32 {
+            ks.put(format!("k{:05}", i % 1500).as_bytes(), &[9; 100])
+                .unwrap();
+        }
+        let (tracked, untracked, _, _) = check(&db, true);
+        assert!(tracked > 0 && untracked > 0);
+        db.gc().unwrap();
+        check(&db, true);
     }
 
     /// Relocated copies fill segments of their own: no segment holds both a copy and a

@@ -13,7 +13,7 @@
 //! share a lock on the write path except the allocator's, taken once per log segment.
 
 use std::cmp::Ordering as CmpOrdering;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -47,6 +47,28 @@ pub(crate) struct Writer {
     /// The region was sealed by the running commit: segments allocated now must not
     /// appear in that commit's bitmap image.
     pub sealed_for_commit: bool,
+    /// Where the dead put records of segments this process created lie (offsets from the
+    /// segment's start, in the order they died), for garbage collection: a record listed
+    /// is dead for good (no index entry ever points back at an older record), one not
+    /// listed is live, so collecting the segment needs no index walk per record to tell
+    /// (`Region::dead_records_of`). Segments from before the open have no entry: their
+    /// dead records are known only to the index. Kept only with background GC on (with
+    /// it off nothing bounds the garbage, nor these lists); 4 bytes a dead record until
+    /// its segment is retired.
+    pub dead_records: HashMap<u64, Vec<u32>>,
+}
+
+impl Writer {
+    pub fn new(generation: u32, next_seq: SeqNo, next_order: u64) -> Writer {
+        Writer {
+            generation,
+            next_seq,
+            segments: BTreeMap::new(),
+            next_order,
+            sealed_for_commit: false,
+            dead_records: HashMap::new(),
+        }
+    }
 }
 
 /// The sealed state of a region, captured by a commit.
@@ -295,11 +317,14 @@ impl Region {
     }
 
     fn account_dead(&self, w: &mut Writer, at: DiskOffset, len: u64) {
-        let (_, seg) = w
+        let (&base, seg) = w
             .segments
             .range_mut(..=at.0)
             .next_back()
             .expect("a live record lies in a segment of its region");
+        if let Some(dead) = w.dead_records.get_mut(&base) {
+            dead.push(u32::try_from(at.0 - base).expect("segments are under 4 GiB"));
+        }
         assert!(
             seg.live_bytes >= len,
             "live bytes of a segment went negative"
@@ -526,6 +551,9 @@ impl Region {
                 order: w.next_order,
             },
         );
+        if self.shared.options.gc && size <= u64::from(u32::MAX) {
+            w.dead_records.insert(base.0, Vec::new());
+        }
         w.next_order += 1;
         let prev = slot.swap(Owned::new(Tail::new(base, size)), Ordering::AcqRel, guard);
         if !prev.is_null() {
@@ -694,6 +722,15 @@ impl Region {
         Ok(appended)
     }
 
+    /// The dead put records of the segment at `base`, ascending offsets from its start, if
+    /// this process has tracked them since the segment was created (`Writer::dead_records`):
+    /// any other put record of the segment was live at the time of the call.
+    pub fn dead_records_of(&self, base: DiskOffset) -> Option<Vec<u32>> {
+        let mut dead = self.writer.lock().dead_records.get(&base.0)?.clone();
+        dead.sort_unstable();
+        Some(dead)
+    }
+
     /// Takes the segment at `base` out of the region if nothing live is left in it and no
     /// external pivot reads from it, and lists it as retired in the running tree epoch.
     pub fn retire_segment(&self, base: DiskOffset) -> Result<Retire> {
@@ -728,6 +765,7 @@ impl Region {
             return Ok(Retire::PinnedByPivot);
         }
         w.segments.remove(&base.0);
+        w.dead_records.remove(&base.0);
         self.dead_bytes
             .fetch_sub(seg.written_bytes, Ordering::Relaxed);
         // Read under the writer lock: a seal (which takes it) cannot slip in between, so

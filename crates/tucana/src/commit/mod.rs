@@ -334,13 +334,10 @@ impl DbInner {
             .allocator
             .allocate(storage.as_ref(), blocks, blocks, false)?;
         cs.next_region_id += 1;
-        let mut writer = Writer {
-            generation: 1,
-            next_seq: SeqNo(0),
-            segments: Default::default(),
-            next_order: 1,
-            sealed_for_commit: false,
-        };
+        let mut writer = Writer::new(1, SeqNo(0), 1);
+        if shared.options.gc {
+            writer.dead_records.insert(base.0, Vec::new());
+        }
         writer.segments.insert(
             base.0,
             SegmentStats {

@@ -390,13 +390,8 @@ fn recover_region(shared: &Arc<Shared>, rd: &RegionDesc) -> Result<Region> {
     storage.read_at(tail_base.0, &mut prefix)?;
     let tail = Tail::with_prefix(tail_base, tail_size, &prefix);
 
-    let writer = Writer {
-        generation: (rd.generation + 1) & GENERATION_MASK,
-        next_seq: seq,
-        segments,
-        next_order,
-        sealed_for_commit: false,
-    };
+    let mut writer = Writer::new((rd.generation + 1) & GENERATION_MASK, seq, next_order);
+    writer.segments = segments;
     let tree = Tree::from_disk(rd.id, rd.root, TreeEpoch(rd.tree_epoch.0 + 1));
     let region = Region::new(
         shared.clone(),
