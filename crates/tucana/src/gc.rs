@@ -893,14 +893,7 @@ mod tests {
     /// Walks the records of every segment of the region `name`: per segment, how many
     /// are relocated copies and how many are not.
     fn records_by_segment(db: &crate::Database, name: &str) -> Vec<(u64, usize, usize)> {
-        let region = db.inner.regions.read().get(name).cloned().unwrap();
-        let segments: Vec<(u64, u64)> = region
-            .writer
-            .lock()
-            .segments
-            .iter()
-            .map(|(off, s)| (*off, s.written_bytes))
-            .collect();
+        let (region, segments) = written_segments(db, name);
         let mut out = Vec::new();
         for (base, written) in segments {
             let (mut relocated, mut other, mut pos) = (0, 0, 0);
@@ -916,6 +909,22 @@ mod tests {
             out.push((base, relocated, other));
         }
         out
+    }
+
+    /// The region `name` and its segments: start offset and written bytes of each.
+    fn written_segments(
+        db: &crate::Database,
+        name: &str,
+    ) -> (std::sync::Arc<Region>, Vec<(u64, u64)>) {
+        let region = db.inner.regions.read().get(name).cloned().unwrap();
+        let segments = region
+            .writer
+            .lock()
+            .segments
+            .iter()
+            .map(|(off, s)| (*off, s.written_bytes))
+            .collect();
+        (region, segments)
     }
 
     /// An in-memory store committed only by hand, with 64 KiB log segments.
@@ -935,14 +944,7 @@ mod tests {
     #[test]
     fn dead_record_lists_agree_with_the_index() {
         let check = |db: &crate::Database, expect_tracked: bool| {
-            let region = db.inner.regions.read().get("t").cloned().unwrap();
-            let segments: Vec<(u64, u64)> = region
-                .writer
-                .lock()
-                .segments
-                .iter()
-                .map(|(off, s)| (*off, s.written_bytes))
-                .collect();
+            let (region, segments) = written_segments(db, "t");
             let (mut tracked, mut untracked, mut dead_seen, mut live_seen) = (0, 0, 0, 0);
             for (base, written) in segments {
                 let Some(dead) = region.dead_records_of(DiskOffset(base)) else {

@@ -151,7 +151,12 @@ fn a_free_log_naming_impossible_runs_is_corruption_not_a_panic() {
         }
     }
     // The same volume with a sane free log still opens: the check is not too strict.
-    let storage = volume_with_free_log(Vec::new());
+    opens_and_reads(volume_with_free_log(Vec::new()));
+}
+
+/// Opens a volume made by `volume_with` (100 keys) and reads one of its keys: the checks
+/// a test adds are not too strict for a sound volume.
+fn opens_and_reads(storage: Arc<MemStorage>) {
     let db = Database::builder()
         .create_if_missing(false)
         .open_storage(storage)
@@ -260,16 +265,7 @@ fn a_tail_size_that_disagrees_with_its_segment_is_corruption_not_a_panic() {
         }
     }
     // Untouched, the same volume opens and reads.
-    let storage = volume_with_descriptor(|_| {});
-    let db = Database::builder()
-        .create_if_missing(false)
-        .open_storage(storage)
-        .expect("open");
-    let ks = db.open_keyspace("k").expect("keyspace");
-    assert_eq!(
-        ks.get(b"key0042").expect("get").as_deref(),
-        Some(&b"value"[..])
-    );
+    opens_and_reads(volume_with_descriptor(|_| {}));
 }
 
 /// Found by M5 (the `open` fuzz target, a longer local run after the fix above). A region's
