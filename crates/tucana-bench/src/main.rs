@@ -106,6 +106,12 @@ struct MicroArgs {
     /// Stop after this phase (e.g. `readrandom`, to profile fill and reads alone).
     #[arg(long)]
     stop_after: Option<String>,
+    /// Keys shaped like redis-benchmark's: this prefix, then the key's number in decimal,
+    /// zero-padded to --key-bytes (`--key-prefix key:` and 16-byte keys give
+    /// `key:000000123456`). Default: random bytes. Scans split over --threads by the
+    /// first two key bytes, so with a prefix one thread scans everything.
+    #[arg(long)]
+    key_prefix: Option<String>,
 }
 
 #[derive(Args, Debug)]
@@ -221,11 +227,15 @@ fn run(cli: Cli) -> Result<()> {
             options.set("keys", args.keys);
             options.set("threads", args.threads);
             options.set("sync", args.sync);
+            if let Some(prefix) = &args.key_prefix {
+                options.set("key_prefix", prefix.clone());
+            }
             describe_dir(&common.dir, &mut options);
             report::print_header(command, &machine, &options);
             let config = micro::MicroConfig {
                 keys: args.keys,
                 key_bytes,
+                key_prefix: args.key_prefix.as_ref().map(|p| p.as_bytes().to_vec()),
                 value_bytes,
                 threads: args.threads as usize,
                 seed: common.seed,
