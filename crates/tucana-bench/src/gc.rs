@@ -519,7 +519,9 @@ impl SpaceSampler {
                     if let Ok(bytes) = sys::dir_space_used_bytes(&dir) {
                         samples.max_bytes = samples.max_bytes.max(bytes);
                         samples.count += 1;
-                        samples.series.push((started.elapsed().as_millis() as u64, bytes));
+                        samples
+                            .series
+                            .push((started.elapsed().as_millis() as u64, bytes));
                     }
                     match stopped.recv_timeout(interval) {
                         Err(mpsc::RecvTimeoutError::Timeout) => continue,
