@@ -241,7 +241,8 @@ fn a_tail_size_that_disagrees_with_its_segment_is_corruption_not_a_panic() {
             }
         }
     };
-    let cases: [(&str, Box<dyn FnOnce(&mut tucana::fuzzing::Descriptor)>); 4] = [
+    type Edit = Box<dyn FnOnce(&mut tucana::fuzzing::Descriptor)>;
+    let cases: [(&str, Edit); 4] = [
         ("zero", Box::new(tail_size(0))),
         ("unaligned", Box::new(tail_size(4096 + 40))),
         ("one block more", Box::new(tail_size((2 << 20) + 4096))),
