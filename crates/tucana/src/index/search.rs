@@ -11,10 +11,11 @@
 
 use std::cmp::Ordering;
 
-use super::node::{InternalRead, LeafRead, SResult, MAX_INLINE_PIVOT};
+use super::node::{inline_pivot, InternalRead, LeafRead, SResult, MAX_INLINE_PIVOT};
 use super::{key_prefix, Ctx};
 
-/// Where a key stands against a leaf's stem (the bytes every key of the leaf starts with).
+/// Where a key stands against a node's stem (the bytes every key of a leaf, or every pivot
+/// of an internal node, starts with).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum StemPos {
     /// The key sorts before every key the stem allows (it is smaller, or a proper prefix).
@@ -42,17 +43,20 @@ fn leaf_stem_position<L: LeafRead>(l: &L, key: &[u8]) -> StemPos {
     stem_position(&stem[..l.stem_len()], key)
 }
 
-/// Compares pivot `i` of `v` with `key` (`pivot.cmp(key)`); `kp` is `key_prefix(key)`.
+/// Compares pivot `i` of `v` with `key` (`pivot.cmp(key)`), for a key that starts with the
+/// node's stem of `stem_len` bytes; `kp` is `key_prefix(&key[stem_len..])`.
 pub(crate) fn cmp_pivot<V: InternalRead, C: Ctx>(
     v: &V,
     ctx: &C,
     i: usize,
     key: &[u8],
+    stem_len: usize,
     kp: u64,
 ) -> SResult<Ordering> {
     let pp = v.pivot_prefix(i);
     if pp != kp {
-        // Prefixes are monotone in key order, so different prefixes settle it.
+        // Prefixes are monotone in key order among keys with the stem, so different
+        // prefixes settle it.
         return Ok(pp.cmp(&kp));
     }
     let d = v.pivot_desc(i);
@@ -67,33 +71,51 @@ pub(crate) fn cmp_pivot<V: InternalRead, C: Ctx>(
         return Ok(ctx.key_cmp(ptr, key)?);
     }
     let len = d.len_bytes as usize;
-    if len <= 8 {
-        return Ok(pp.to_be_bytes()[..len].cmp(key));
-    }
-    if len > MAX_INLINE_PIVOT {
+    if len > MAX_INLINE_PIVOT || len < stem_len {
         v.validate()?;
-        return Err(v.corrupt("inline pivot longer than the inline limit"));
+        return Err(v.corrupt("inline pivot longer than the inline limit or shorter than the stem"));
+    }
+    // Pivot and key share the stem, so their bytes after it decide: the prefix's 8, then
+    // the pivot's bytes past `stem_len + 8`, which the key area holds `stem_len` bytes
+    // into the pivot's run (the area keeps every byte from the 8th on).
+    let rest = &key[stem_len..];
+    let after_stem = len - stem_len;
+    if after_stem <= 8 {
+        return Ok(pp.to_be_bytes()[..after_stem].cmp(rest));
     }
     let mut buf = [0u8; MAX_INLINE_PIVOT];
     buf[..8].copy_from_slice(&pp.to_be_bytes());
-    v.area_read(d.area_at as usize, &mut buf[8..len])?;
-    Ok(buf[..len].cmp(key))
+    v.area_read(d.area_at as usize + stem_len, &mut buf[8..after_stem])?;
+    Ok(buf[..after_stem].cmp(rest))
 }
 
 /// Child to follow for `key`: the number of pivots `<= key` (`inclusive`, the child whose
 /// range holds `key`) or `< key` (the child holding the largest keys below `key`).
 ///
-/// Pivots whose prefix differs from the key's are settled by the prefix alone (prefixes are
-/// monotone in key order), so the prefix array is searched first (see
-/// `prefix_lower_bound_by`) and full comparisons run only among equal prefixes.
+/// Every pivot starts with the node's stem, so a key below everything the stem allows
+/// goes to the first child and one above it to the last, with no pivot read. Otherwise
+/// pivots whose prefix (their 8 bytes after the stem) differs from the key's are settled
+/// by the prefix alone (prefixes are monotone in key order), so the prefix array is
+/// searched first (see `prefix_lower_bound_by`) and full comparisons run only among
+/// equal prefixes. Keys that share long beginnings (`key:000000123456`) tie in their first
+/// 8 bytes but not after the stem.
 pub(crate) fn child_index<V: InternalRead, C: Ctx>(
     v: &V,
     ctx: &C,
     key: &[u8],
-    kp: u64,
     inclusive: bool,
 ) -> SResult<usize> {
     let n = v.count();
+    let stem_len = v.stem_len();
+    let kp = if stem_len == 0 {
+        key_prefix(key)
+    } else {
+        match stem_position(&v.stem()[..stem_len], key) {
+            StemPos::Below => return Ok(0),
+            StemPos::Above => return Ok(n),
+            StemPos::Inside(kp) => kp,
+        }
+    };
     let mut lo = prefix_lower_bound_by(|i| v.pivot_prefix(i), 0, n, kp);
     let mut hi = match kp.checked_add(1) {
         Some(next) => prefix_lower_bound_by(|i| v.pivot_prefix(i), lo, n, next),
@@ -101,7 +123,7 @@ pub(crate) fn child_index<V: InternalRead, C: Ctx>(
     };
     while lo < hi {
         let mid = lo + (hi - lo) / 2;
-        let go_right = match cmp_pivot(v, ctx, mid, key, kp)? {
+        let go_right = match cmp_pivot(v, ctx, mid, key, stem_len, kp)? {
             Ordering::Less => true,
             Ordering::Equal => inclusive,
             Ordering::Greater => false,
@@ -115,14 +137,14 @@ pub(crate) fn child_index<V: InternalRead, C: Ctx>(
     Ok(lo)
 }
 
-/// Copies pivot `i` of `v` into `out` (for EXTERNAL pivots, the full key from the log).
+/// Copies pivot `i` of `v` into `out` (for EXTERNAL pivots, the full key from the log;
+/// inline ones as `node::inline_pivot` assembles them).
 pub(crate) fn pivot_into<V: InternalRead, C: Ctx>(
     v: &V,
     ctx: &C,
     i: usize,
     out: &mut Vec<u8>,
 ) -> SResult<()> {
-    let pp = v.pivot_prefix(i);
     let d = v.pivot_desc(i);
     out.clear();
     if d.is_external() {
@@ -137,16 +159,13 @@ pub(crate) fn pivot_into<V: InternalRead, C: Ctx>(
         return Ok(());
     }
     let len = d.len_bytes as usize;
-    if len > MAX_INLINE_PIVOT {
+    if len > MAX_INLINE_PIVOT || len < v.stem_len() {
         v.validate()?;
-        return Err(v.corrupt("inline pivot longer than the inline limit"));
+        return Err(v.corrupt("inline pivot longer than the inline limit or shorter than the stem"));
     }
-    out.extend_from_slice(&pp.to_be_bytes()[..len.min(8)]);
-    if len > 8 {
-        let mut buf = [0u8; MAX_INLINE_PIVOT];
-        v.area_read(d.area_at as usize, &mut buf[..len - 8])?;
-        out.extend_from_slice(&buf[..len - 8]);
-    }
+    let mut buf = [0u8; MAX_INLINE_PIVOT];
+    let len = inline_pivot(v, i, d, &mut buf)?;
+    out.extend_from_slice(&buf[..len]);
     Ok(())
 }
 
