@@ -133,7 +133,9 @@ fn build_base() -> Base {
             }
             let img = read(storage.as_ref(), off.0, BLOCK_BYTES);
             match tucana::index::image_contents(&img, off, region.id).expect("node decodes") {
-                ImageContents::Internal(children) => todo.extend(children.into_iter().take(3)),
+                ImageContents::Internal { children, .. } => {
+                    todo.extend(children.into_iter().take(3))
+                }
                 ImageContents::Leaf { .. } => {}
             }
             nodes.push((img, off, region.id));

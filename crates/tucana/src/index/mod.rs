@@ -39,8 +39,8 @@ mod tree;
 mod tests;
 
 pub use node::{
-    image_contents, verify_image, ImageContents, C_INT, C_LEAF, KEY_AREA_BYTES, MAX_INLINE_PIVOT,
-    NODE_BYTES,
+    image_contents, verify_image, ImageContents, ImagePivot, C_INT, C_LEAF, KEY_AREA_BYTES,
+    MAX_INLINE_PIVOT, NODE_BYTES,
 };
 pub use tree::{HeapNode, LeafCopy, Retired, RetiredNode, Sealed, Seek, Tree, TreeCheck};
 

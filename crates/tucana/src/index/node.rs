@@ -965,13 +965,33 @@ pub fn verify_image(img: &[u8], off: DiskOffset, region: RegionId) -> Result<()>
 
 /// What a verified committed node holds, for walks over a whole volume (`check`, dropping
 /// a region): a leaf's stem and (prefix, hash, log pointer) entries, or an internal node's
-/// children.
+/// stem, pivots and children.
 pub enum ImageContents {
     Leaf {
         stem: Vec<u8>,
         entries: Vec<(u64, u32, u64)>,
     },
-    Internal(Vec<DiskOffset>),
+    Internal {
+        stem: Vec<u8>,
+        pivots: Vec<ImagePivot>,
+        /// One more than `pivots`: child `i` holds the keys from pivot `i - 1` (inclusive)
+        /// to pivot `i` (exclusive).
+        children: Vec<DiskOffset>,
+    },
+}
+
+/// A pivot of a verified internal node image.
+pub enum ImagePivot {
+    /// Its bytes; verified to start with the node's stem, with its prefix the 8 bytes after.
+    Inline(Vec<u8>),
+    /// A pivot kept by log pointer: the full key of the record at `ptr`. The image says it
+    /// is `len_bytes` long and `prefix` is its 8 bytes after the node's stem; only the key
+    /// in the log can confirm that (`check` reads it).
+    External {
+        ptr: u64,
+        len_bytes: u32,
+        prefix: u64,
+    },
 }
 
 /// Verifies a committed node image completely and returns its contents.
@@ -993,11 +1013,30 @@ pub fn image_contents(img: &[u8], off: DiskOffset, region: RegionId) -> Result<I
                 .collect(),
         })
     } else {
-        Ok(ImageContents::Internal(
-            (0..=n)
+        let mut pivots = Vec::with_capacity(n);
+        for i in 0..n {
+            let desc = InternalRead::pivot_desc(&d, i);
+            pivots.push(if desc.is_external() {
+                let mut b = [0u8; 8];
+                no_restart(InternalRead::area_read(&d, desc.area_at as usize, &mut b))?;
+                ImagePivot::External {
+                    ptr: u64::from_le_bytes(b),
+                    len_bytes: desc.len_bytes,
+                    prefix: InternalRead::pivot_prefix(&d, i),
+                }
+            } else {
+                let mut buf = [0u8; MAX_INLINE_PIVOT];
+                let len = no_restart(inline_pivot(&d, i, desc, &mut buf))?;
+                ImagePivot::Inline(buf[..len].to_vec())
+            });
+        }
+        Ok(ImageContents::Internal {
+            stem: InternalRead::stem(&d)[..InternalRead::stem_len(&d)].to_vec(),
+            pivots,
+            children: (0..=n)
                 .map(|i| DiskOffset(InternalRead::child(&d, i) & !1))
                 .collect(),
-        ))
+        })
     }
 }
 
