@@ -1200,3 +1200,35 @@ pub(crate) fn encode_image(
     wr64(&mut img[..], 0, crc as u64 | (NODE_MAGIC as u64) << 32);
     img
 }
+
+/// Rewrites a committed internal node image in the layout written before internal nodes
+/// had stems (stem length 0, header words 5..7 zero, each prefix the pivot's first 8
+/// bytes; descriptors and key area are the same in both) and re-stamps its checksum.
+/// `key_of` gives the key of an EXTERNAL pivot's record. Leaves are left as they are.
+#[cfg(test)]
+pub(crate) fn destem_image(img: &mut [u8], mut key_of: impl FnMut(u64) -> Vec<u8>) {
+    let mut m = Meta::unpack(rd64(img, W_META * 8));
+    if m.kind != KIND_INTERNAL {
+        return;
+    }
+    let stem_len = m.stem_len as usize;
+    let stem = img[INT_STEM_AT..INT_STEM_AT + stem_len].to_vec();
+    for i in 0..m.count as usize {
+        let d = PivotDesc::unpack(rd64(img, INT_PIVOT_DESC_AT + 8 * i));
+        let prefix = rd64(img, INT_PIVOT_PREFIX_AT + 8 * i);
+        let first = if d.is_external() {
+            let ptr = rd64(img, INT_AREA_AT + d.area_at as usize);
+            super::key_prefix(&key_of(ptr))
+        } else {
+            let mut head = stem.clone();
+            head.extend_from_slice(&prefix.to_be_bytes());
+            super::key_prefix(&head[..(d.len_bytes as usize).min(8)])
+        };
+        wr64(img, INT_PIVOT_PREFIX_AT + 8 * i, first);
+    }
+    m.stem_len = 0;
+    wr64(img, W_META * 8, m.pack());
+    img[INT_STEM_AT..INT_STEM_AT + MAX_INT_STEM_BYTES].fill(0);
+    let crc = image_crc(img);
+    wr64(img, 0, crc as u64 | (NODE_MAGIC as u64) << 32);
+}

@@ -43,6 +43,12 @@ fn leaf_stem_position<L: LeafRead>(l: &L, key: &[u8]) -> StemPos {
     stem_position(&stem[..l.stem_len()], key)
 }
 
+#[cfg(test)]
+thread_local! {
+    /// Pivot comparisons the prefixes did not settle, on this thread (tests count them).
+    pub(crate) static FULL_PIVOT_COMPARES: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
 /// Compares pivot `i` of `v` with `key` (`pivot.cmp(key)`), for a key that starts with the
 /// node's stem of `stem_len` bytes; `kp` is `key_prefix(&key[stem_len..])`.
 pub(crate) fn cmp_pivot<V: InternalRead, C: Ctx>(
@@ -59,6 +65,8 @@ pub(crate) fn cmp_pivot<V: InternalRead, C: Ctx>(
         // prefixes settle it.
         return Ok(pp.cmp(&kp));
     }
+    #[cfg(test)]
+    FULL_PIVOT_COMPARES.with(|c| c.set(c.get() + 1));
     let d = v.pivot_desc(i);
     if d.is_external() {
         let mut b = [0u8; 8];

@@ -1987,6 +1987,34 @@ fn snapshot_internal<V: InternalRead, C: Ctx>(
     })
 }
 
+#[cfg(test)]
+impl Tree {
+    /// (level, stem) of every heap internal node of the live tree, root first, parents
+    /// before children. Writer only (or nothing else running).
+    pub(crate) fn internal_stems_for_test(&self) -> Vec<(u8, Vec<u8>)> {
+        let mut out = Vec::new();
+        let mut todo = vec![self.root.load(Acquire)];
+        while let Some(word) = todo.pop() {
+            let Some(NodeRef::Heap(p)) = NodeRef::decode(word) else {
+                continue;
+            };
+            // SAFETY: reachable from the live root; nothing changes the tree meanwhile.
+            let m = unsafe { p.as_ref() }.meta();
+            if m.is_leaf() {
+                continue;
+            }
+            let view = HeapInternal {
+                // SAFETY: kind checked.
+                node: unsafe { as_internal(p) },
+                version: None,
+            };
+            out.push((m.level, view.stem()[..view.stem_len()].to_vec()));
+            todo.extend((0..=view.count()).rev().map(|i| view.child(i)));
+        }
+        out
+    }
+}
+
 impl Drop for Tree {
     fn drop(&mut self) {
         // `&mut self`: no reader or writer is inside the tree. Nodes reachable from the root
