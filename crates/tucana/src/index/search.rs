@@ -28,12 +28,37 @@ pub(crate) enum StemPos {
 
 /// Where `key` stands against `stem`; `Inside` carries `key_prefix(&key[stem.len()..])`.
 pub(crate) fn stem_position(stem: &[u8], key: &[u8]) -> StemPos {
+    // Word by word rather than a slice comparison: stems are at most 32 bytes, and the
+    // `memcmp` call a slice comparison makes cost more than the comparison itself at
+    // every node of every descent.
     let n = stem.len().min(key.len());
-    match key[..n].cmp(&stem[..n]) {
-        Ordering::Less => StemPos::Below,
-        Ordering::Greater => StemPos::Above,
-        Ordering::Equal if key.len() < stem.len() => StemPos::Below,
-        Ordering::Equal => StemPos::Inside(key_prefix(&key[stem.len()..])),
+    let mut i = 0;
+    while i + 8 <= n {
+        let k = key_prefix(&key[i..i + 8]);
+        let s = key_prefix(&stem[i..i + 8]);
+        if k != s {
+            return if k < s {
+                StemPos::Below
+            } else {
+                StemPos::Above
+            };
+        }
+        i += 8;
+    }
+    while i < n {
+        if key[i] != stem[i] {
+            return if key[i] < stem[i] {
+                StemPos::Below
+            } else {
+                StemPos::Above
+            };
+        }
+        i += 1;
+    }
+    if key.len() < stem.len() {
+        StemPos::Below
+    } else {
+        StemPos::Inside(key_prefix(&key[stem.len()..]))
     }
 }
 
@@ -456,6 +481,46 @@ mod tests {
             stem_position(b"", b"xy"),
             StemPos::Inside(key_prefix(b"xy"))
         );
+    }
+
+    /// The word-by-word `stem_position` and `key_prefix` against their plain definitions.
+    #[test]
+    fn stem_position_and_key_prefix_match_their_definitions() {
+        use rand::{Rng, SeedableRng};
+        let plain_prefix = |key: &[u8]| {
+            let mut b = [0u8; 8];
+            let n = key.len().min(8);
+            b[..n].copy_from_slice(&key[..n]);
+            u64::from_be_bytes(b)
+        };
+        let plain = |stem: &[u8], key: &[u8]| {
+            let n = stem.len().min(key.len());
+            match key[..n].cmp(&stem[..n]) {
+                Ordering::Less => StemPos::Below,
+                Ordering::Greater => StemPos::Above,
+                Ordering::Equal if key.len() < stem.len() => StemPos::Below,
+                Ordering::Equal => StemPos::Inside(plain_prefix(&key[stem.len()..])),
+            }
+        };
+        let mut rng = rand::rngs::StdRng::seed_from_u64(17);
+        for _ in 0..100_000 {
+            // A small alphabet and a key built from the stem make every branch common.
+            let stem: Vec<u8> = (0..rng.random_range(0..=32))
+                .map(|_| b"a\0z"[rng.random_range(0..3)])
+                .collect();
+            let mut key = stem[..rng.random_range(0..=stem.len())].to_vec();
+            if rng.random_bool(0.7) && !key.is_empty() {
+                let at = rng.random_range(0..key.len());
+                key[at] = b"a\0z"[rng.random_range(0..3)];
+            }
+            key.extend((0..rng.random_range(0..12)).map(|_| b"a\0z"[rng.random_range(0..3)]));
+            assert_eq!(
+                stem_position(&stem, &key),
+                plain(&stem, &key),
+                "{stem:?} {key:?}"
+            );
+            assert_eq!(key_prefix(&key), plain_prefix(&key), "{key:?}");
+        }
     }
 
     #[test]
