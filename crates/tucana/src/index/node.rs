@@ -19,8 +19,8 @@
 //!   w2  tree epoch the node was created in
 //!   w3  heap: disk offset assigned by a commit (0 = none)   disk: the node's own offset
 //!   w4  region id
-//!   w5..w7  leaf: zero   internal: stem bytes 0..24 (word 5 holds bytes 0..8, little-endian;
-//!           bytes past stem_len zero)
+//!   w5..w7  leaf: zero   internal: the stem, node bytes 40..64 in order (each word
+//!           little-endian, so word 5's low byte is stem byte 0); zero past stem_len
 //! leaf (kind 1, level 0)                       internal (kind 2, level >= 1)
 //!   64    prefix [u64; 200]                      64    child [u64; 129]
 //!   1664  ptr    [u64; 200]                      1096  pivot_prefix [u64; 128]
