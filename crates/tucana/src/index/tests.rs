@@ -853,10 +853,8 @@ fn overlapping_writers_panic() {
 
 #[test]
 fn readers_never_miss_a_key_while_the_writer_splits_and_copies() {
-    const TOTAL: usize = 60_000;
     let mut rng = StdRng::seed_from_u64(9);
-    let mut ctx = FakeCtx::default();
-    let mut keys: Vec<Vec<u8>> = (0..TOTAL)
+    let keys: Vec<Vec<u8>> = (0..60_000)
         .map(|_| {
             let mut k = rng.random::<u64>().to_be_bytes().to_vec();
             k.truncate(rng.random_range(2..=8));
@@ -864,6 +862,36 @@ fn readers_never_miss_a_key_while_the_writer_splits_and_copies() {
             k
         })
         .collect();
+    readers_never_miss_a_key_while_writing(keys, rng);
+}
+
+/// As above with keys whose internal nodes get stems (`key:%012d`), and keys among them
+/// that break the stems (other shapes, shorter, outside `key:`): readers descend while
+/// the writer shrinks stems in place and splits give halves new ones, both inside the
+/// node's seqlock.
+#[test]
+fn readers_never_miss_a_key_while_the_writer_changes_internal_stems() {
+    let mut rng = StdRng::seed_from_u64(19);
+    let keys: Vec<Vec<u8>> = (0..60_000)
+        .map(|i| match i % 10 {
+            0 => format!("key:{}", rng.random_range(0..100_000u32)).into_bytes(),
+            1 => format!("kez{}", rng.random_range(0..100_000u32)).into_bytes(),
+            2 => {
+                let mut k = rng.random::<u64>().to_be_bytes().to_vec();
+                k.truncate(rng.random_range(1..=8));
+                k
+            }
+            _ => redis_key(rng.random_range(0..1_000_000)),
+        })
+        .collect();
+    let report = readers_never_miss_a_key_while_writing(keys, rng);
+    assert!(report.internal_stem_bytes > 0);
+}
+
+/// Readers get and scan the first third of `keys` (deduplicated) while the writer inserts
+/// the rest, removes some, seals and a commit thread persists each sealed root.
+fn readers_never_miss_a_key_while_writing(mut keys: Vec<Vec<u8>>, mut rng: StdRng) -> TreeCheck {
+    let mut ctx = FakeCtx::default();
     keys.sort();
     keys.dedup();
     keys.shuffle(&mut rng);
@@ -948,6 +976,7 @@ fn readers_never_miss_a_key_while_the_writer_splits_and_copies() {
     });
     let report = tree.check(ctx, tree.root_word()).unwrap();
     assert!(report.height >= 3);
+    report
 }
 
 /// `cargo test -p tucana --release --lib index::tests::bench -- --ignored --nocapture`
