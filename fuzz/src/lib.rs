@@ -74,6 +74,7 @@ fn build_base() -> Base {
         .expect("create the base volume");
     let a = db.keyspace("a").expect("keyspace a");
     let b = db.keyspace("b").expect("keyspace b");
+    let c = db.keyspace("c").expect("keyspace c");
     // Enough keys for an internal node (a leaf holds 200), long keys for pivots kept by
     // log pointer, and shared 8-byte prefixes for hash ties.
     for i in 0..700u32 {
@@ -91,6 +92,12 @@ fn build_base() -> Base {
     for i in 0..50u32 {
         a.delete(format!("key{:06}", i * 3).as_bytes())
             .expect("delete");
+    }
+    // redis-benchmark's key shape: every pivot starts with `key:000000`, so internal
+    // nodes get stems (header words 5..7).
+    for i in 0..600u32 {
+        c.put(format!("key:{:012}", i * 7919 % 100_000).as_bytes(), b"v")
+            .expect("put");
     }
     let mut batch = b.batch();
     for i in 0..20u32 {
@@ -125,6 +132,7 @@ fn build_base() -> Base {
     );
     let desc = Descriptor::decode(&desc_bytes, sb.descriptor).expect("descriptor decodes");
     let mut nodes = Vec::new();
+    let mut stems = 0;
     for region in &desc.regions {
         let mut todo = vec![region.root];
         while let Some(off) = todo.pop() {
@@ -133,7 +141,12 @@ fn build_base() -> Base {
             }
             let img = read(storage.as_ref(), off.0, BLOCK_BYTES);
             match tucana::index::image_contents(&img, off, region.id).expect("node decodes") {
-                ImageContents::Internal(children) => todo.extend(children.into_iter().take(3)),
+                ImageContents::Internal {
+                    children, stem, ..
+                } => {
+                    stems += usize::from(!stem.is_empty());
+                    todo.extend(children.into_iter().take(3))
+                }
                 ImageContents::Leaf { .. } => {}
             }
             nodes.push((img, off, region.id));
@@ -143,6 +156,7 @@ fn build_base() -> Base {
         nodes.len() >= 2,
         "the base volume has an internal node and leaves"
     );
+    assert!(stems > 0, "the base volume has an internal node with a stem");
     let volume = Sparse::from_bytes(&volume);
     let used_blocks = volume.blocks.keys().copied().collect();
     Base {

@@ -106,6 +106,17 @@ struct MicroArgs {
     /// Stop after this phase (e.g. `readrandom`, to profile fill and reads alone).
     #[arg(long)]
     stop_after: Option<String>,
+    /// Keys shaped like redis-benchmark's: this prefix, then the key's number in decimal,
+    /// zero-padded to --key-bytes (`--key-prefix key:` and 16-byte keys give
+    /// `key:000000123456`). Default: random bytes. Scans split over --threads by the
+    /// first two key bytes, so with a prefix one thread scans everything.
+    #[arg(long)]
+    key_prefix: Option<String>,
+    /// Persist the index only at the phases' own commits, not also on the engine's
+    /// timer: runs under valgrind (instruction counts) are ~50 times slower, so timed
+    /// commits land at other points from run to run and blur the counts.
+    #[arg(long)]
+    manual_commit: bool,
 }
 
 #[derive(Args, Debug)]
@@ -221,18 +232,28 @@ fn run(cli: Cli) -> Result<()> {
             options.set("keys", args.keys);
             options.set("threads", args.threads);
             options.set("sync", args.sync);
+            if let Some(prefix) = &args.key_prefix {
+                options.set("key_prefix", prefix.clone());
+            }
+            if args.manual_commit {
+                options.set("manual_commit", true);
+            }
             describe_dir(&common.dir, &mut options);
             report::print_header(command, &machine, &options);
             let config = micro::MicroConfig {
                 keys: args.keys,
                 key_bytes,
+                key_prefix: args.key_prefix.as_ref().map(|p| p.as_bytes().to_vec()),
                 value_bytes,
                 threads: args.threads as usize,
                 seed: common.seed,
                 sync_writes: args.sync,
                 dir: common.dir.clone(),
                 stop_after: args.stop_after.clone(),
-                engine: engine::EngineConfig::default(),
+                engine: engine::EngineConfig {
+                    background_commit: !args.manual_commit,
+                    ..engine::EngineConfig::default()
+                },
             };
             micro::run(kind, &config, &mut records)?;
         }

@@ -318,6 +318,7 @@ pub fn run(args: &SuiteArgs) -> Result<()> {
                     let config = micro::MicroConfig {
                         keys: args.micro_keys,
                         key_bytes: 16,
+                        key_prefix: None,
                         value_bytes: 100,
                         threads: threads as usize,
                         seed: args.seed,

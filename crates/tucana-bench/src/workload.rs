@@ -8,6 +8,11 @@
 //! a seeded pseudo-random stream. Values are a function of (key, generation), so a read
 //! knows exactly which bytes to expect, and an overwrite is told apart from the fill.
 //!
+//! Decimal keys (`KeySet::decimal`) have the shape redis-benchmark and many applications
+//! use: a fixed prefix and then a number, zero-padded (`key:000000123456`). Every key then
+//! shares its first bytes, which a store's 8-byte key prefixes cannot tell apart; key
+//! number `i` holds a seeded permutation of `i`, so index order is not key order.
+//!
 //! Owns no engine and no timing. Everything here is immutable after construction and
 //! therefore `Send + Sync`.
 
@@ -32,6 +37,8 @@ pub struct KeySet {
     prefix_mix: Bijection,
     tail_seed: u64,
     value_seed: u64,
+    /// Decimal keys: the prefix, and the permutation giving key `i` its number.
+    decimal: Option<(Vec<u8>, Permutation)>,
 }
 
 impl KeySet {
@@ -62,7 +69,32 @@ impl KeySet {
             prefix_mix: Bijection::new(prefix_bits, &mut rng),
             tail_seed: rng.random(),
             value_seed: rng.random(),
+            decimal: None,
         })
+    }
+
+    /// Keys of `key_bytes` bytes made of `prefix` and then a number below `count` in
+    /// decimal, zero-padded to fill the key (`prefix` `key:` and 16-byte keys give
+    /// redis-benchmark's `key:%012d`). Fails when the digits left cannot count to `count`.
+    pub fn decimal(
+        seed: u64,
+        count: u64,
+        key_bytes: usize,
+        value_bytes: usize,
+        prefix: &[u8],
+    ) -> Result<KeySet, String> {
+        let digits = key_bytes.saturating_sub(prefix.len());
+        // 10^19 is the largest power of ten in a u64; 19 digits count past any u64 count.
+        if digits == 0 || (digits < 19 && count > 10u64.pow(digits as u32)) {
+            return Err(format!(
+                "{count} distinct keys do not fit in {digits} decimal digits after a {}-byte prefix in {key_bytes}-byte keys",
+                prefix.len()
+            ));
+        }
+        let mut set = KeySet::new(seed, count, key_bytes, value_bytes)?;
+        let permutation = Permutation::new(count, phase_seed(seed, "decimal keys"));
+        set.decimal = Some((prefix.to_vec(), permutation));
+        Ok(set)
     }
 
     pub fn key_bytes(&self) -> usize {
@@ -73,6 +105,16 @@ impl KeySet {
     pub fn key_into(&self, index: u64, out: &mut [u8]) {
         assert!(index < self.count, "key {index} of {}", self.count);
         assert_eq!(out.len(), self.key_bytes);
+        if let Some((prefix, permutation)) = &self.decimal {
+            let (head, digits) = out.split_at_mut(prefix.len());
+            head.copy_from_slice(prefix);
+            let mut number = permutation.at(index);
+            for digit in digits.iter_mut().rev() {
+                *digit = b'0' + (number % 10) as u8;
+                number /= 10;
+            }
+            return;
+        }
         let prefix = self.prefix_mix.apply(index).to_be_bytes();
         let (head, tail) = out.split_at_mut(self.unique_prefix_bytes);
         // Big-endian low bytes: for short keys the bijection's whole output, in an order
@@ -337,6 +379,32 @@ mod tests {
             assert_ne!(ka, kc);
             assert!(unique.insert(ka.clone()));
         }
+    }
+
+    #[test]
+    fn decimal_keys_are_the_prefix_and_a_padded_number_each_once() {
+        let set = KeySet::decimal(1, 1000, 16, 8, b"key:").unwrap();
+        let mut key = set.key_buf();
+        let mut numbers = HashSet::new();
+        for i in 0..1000 {
+            set.key_into(i, &mut key);
+            let text = std::str::from_utf8(&key).unwrap();
+            assert!(text.starts_with("key:000000000"), "{text}");
+            numbers.insert(text[4..].parse::<u64>().unwrap());
+        }
+        assert_eq!(numbers.len(), 1000);
+        assert!(numbers.iter().all(|&n| n < 1000));
+        // Index order is not key order (fills in index order must not be sequential).
+        let in_index_order: Vec<Vec<u8>> = (0..100)
+            .map(|i| {
+                set.key_into(i, &mut key);
+                key.clone()
+            })
+            .collect();
+        assert!(!in_index_order.is_sorted());
+        assert!(KeySet::decimal(1, 1001, 7, 8, b"key:").is_err());
+        assert!(KeySet::decimal(1, 1000, 7, 8, b"key:").is_ok());
+        assert!(KeySet::decimal(1, 10, 4, 8, b"key:").is_err());
     }
 
     #[test]

@@ -3,9 +3,11 @@
 //! It commits first, then reads the committed state back from the volume as a fresh
 //! open would: superblock, descriptor, bitmap buddies, every index node of every region
 //! (checksum, own offset, kind, key order across the whole tree, each entry's prefix and
-//! hash against its key), every record the index points at, the exact live bytes of every
-//! log segment, and that no two structures share a block and every referenced block is
-//! allocated. Holding the commit lock keeps the committed state still while writers go on.
+//! hash against its key, every pivot against its node's stem and prefix and inside the
+//! pivots above it, every key inside the pivots above its leaf), every record the index
+//! points at, the exact live bytes of every log segment, and that no two structures share
+//! a block and every referenced block is allocated. Holding the commit lock keeps the
+//! committed state still while writers go on.
 
 use std::collections::BTreeMap;
 
@@ -13,7 +15,7 @@ use crate::alloc::{Allocator, GROUP_BLOCKS, GROUP_RESERVED_BLOCKS};
 use crate::commit::descriptor::Descriptor;
 use crate::db::DbInner;
 use crate::error::{Error, Result};
-use crate::index::{self, key_hash, key_prefix, ImageContents};
+use crate::index::{self, key_hash, key_prefix, ImageContents, ImagePivot};
 use crate::log::record::RecordRef;
 use crate::region::Region;
 use crate::types::{DiskOffset, BLOCK_BYTES};
@@ -152,7 +154,7 @@ pub(crate) fn check(db: &DbInner) -> Result<CheckReport> {
             nodes: 0,
         };
         if !rd.root.is_none() {
-            walk.node(rd.root, 0)?;
+            walk.node(rd.root, 0, None, None)?;
         }
         let (keys, nodes) = (walk.keys, walk.nodes);
         if keys != rd.keys {
@@ -232,7 +234,15 @@ struct Walk<'a, 'r> {
 }
 
 impl Walk<'_, '_> {
-    fn node(&mut self, off: DiskOffset, depth: usize) -> Result<()> {
+    /// Verifies the subtree at `off`, whose keys must lie in `[low, high)` (the pivots
+    /// around it in its ancestors; `None` at the tree's edges).
+    fn node(
+        &mut self,
+        off: DiskOffset,
+        depth: usize,
+        low: Option<&[u8]>,
+        high: Option<&[u8]>,
+    ) -> Result<()> {
         if depth > 64 {
             return Err(Error::corruption(
                 "index node",
@@ -249,18 +259,91 @@ impl Walk<'_, '_> {
             .storage()
             .read_at(off.0, &mut image)?;
         match index::image_contents(&image, off, self.region.id)? {
-            ImageContents::Internal(children) => {
-                for child in children {
-                    self.node(child, depth + 1)?;
+            ImageContents::Internal {
+                stem,
+                pivots,
+                children,
+            } => {
+                let pivots = self.pivots(off, &stem, &pivots, low, high)?;
+                for (i, child) in children.into_iter().enumerate() {
+                    let lo = if i == 0 {
+                        low
+                    } else {
+                        Some(&pivots[i - 1][..])
+                    };
+                    let hi = pivots.get(i).map_or(high, |p| Some(&p[..]));
+                    self.node(child, depth + 1, lo, hi)?;
                 }
             }
             ImageContents::Leaf { stem, entries } => {
                 for entry in entries {
-                    self.entry(off, &stem, entry)?;
+                    self.entry(off, &stem, entry, low, high)?;
                 }
             }
         }
         Ok(())
+    }
+
+    /// The bytes of the pivots of the internal node at `off`, checked: an EXTERNAL pivot's
+    /// key (read from the log) against the length, stem and prefix the node keeps for it
+    /// (`image_contents` verified the inline ones), all strictly ascending and inside the
+    /// node's fences. A pivot that breaks any of this would send lookups to the wrong
+    /// child while every key still sorts right.
+    fn pivots(
+        &self,
+        off: DiskOffset,
+        stem: &[u8],
+        pivots: &[ImagePivot],
+        low: Option<&[u8]>,
+        high: Option<&[u8]>,
+    ) -> Result<Vec<Vec<u8>>> {
+        let mut out: Vec<Vec<u8>> = Vec::with_capacity(pivots.len());
+        for (i, p) in pivots.iter().enumerate() {
+            let bytes = match p {
+                ImagePivot::Inline(bytes) => bytes.clone(),
+                &ImagePivot::External {
+                    ptr,
+                    len_bytes,
+                    prefix,
+                } => {
+                    let key = self
+                        .region
+                        .with_record(ptr, true, |r: RecordRef<'_>| r.key.to_vec())?;
+                    if key.len() != len_bytes as usize
+                        || !key.starts_with(stem)
+                        || key_prefix(&key[stem.len()..]) != prefix
+                    {
+                        return Err(Error::corruption(
+                            "index node",
+                            off,
+                            format!(
+                                "pivot {i}: the key at {} differs from its length, stem or prefix in the node",
+                                DiskOffset(ptr)
+                            ),
+                        ));
+                    }
+                    key
+                }
+            };
+            if out.last().is_some_and(|prev| *prev >= bytes) {
+                return Err(Error::corruption(
+                    "index node",
+                    off,
+                    format!("pivot {i}: pivots not strictly ascending"),
+                ));
+            }
+            if low.is_some_and(|l| bytes.as_slice() < l)
+                || high.is_some_and(|h| bytes.as_slice() > h)
+            {
+                return Err(Error::corruption(
+                    "index node",
+                    off,
+                    format!("pivot {i}: outside the node's fences"),
+                ));
+            }
+            out.push(bytes);
+        }
+        Ok(out)
     }
 
     fn entry(
@@ -268,6 +351,8 @@ impl Walk<'_, '_> {
         leaf: DiskOffset,
         stem: &[u8],
         (prefix, hash, ptr): (u64, u32, u64),
+        low: Option<&[u8]>,
+        high: Option<&[u8]>,
     ) -> Result<()> {
         let at = DiskOffset(ptr);
         let (key, len, tombstone) = self.region.with_record(ptr, true, |r: RecordRef<'_>| {
@@ -300,6 +385,13 @@ impl Walk<'_, '_> {
             .is_some_and(|p| p >= key.as_slice())
         {
             return Err(Error::corruption("index node", leaf, "keys out of order"));
+        }
+        if low.is_some_and(|l| key.as_slice() < l) || high.is_some_and(|h| key.as_slice() >= h) {
+            return Err(Error::corruption(
+                "index node",
+                leaf,
+                "key outside the leaf's fences (the pivots above it)",
+            ));
         }
         let Some((base, (size, live))) = self.segments.range_mut(..=ptr).next_back() else {
             return Err(Error::corruption(
@@ -336,7 +428,9 @@ pub(crate) fn collect_tree_blocks(
     while let Some(off) = stack.pop() {
         f(off);
         region.shared.volume.storage().read_at(off.0, &mut image)?;
-        if let ImageContents::Internal(children) = index::image_contents(&image, off, region.id)? {
+        if let ImageContents::Internal { children, .. } =
+            index::image_contents(&image, off, region.id)?
+        {
             stack.extend(children);
         }
     }

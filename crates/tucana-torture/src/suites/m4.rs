@@ -444,7 +444,9 @@ fn newest_structures(sim: &SimStorage) -> Newest {
             if sim.read_at(off.0, &mut image).is_err() {
                 continue;
             }
-            if let Ok(ImageContents::Internal(children)) = image_contents(&image, off, region.id) {
+            if let Ok(ImageContents::Internal { children, .. }) =
+                image_contents(&image, off, region.id)
+            {
                 todo.extend(children);
             }
         }

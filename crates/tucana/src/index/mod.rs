@@ -39,8 +39,8 @@ mod tree;
 mod tests;
 
 pub use node::{
-    image_contents, verify_image, ImageContents, C_INT, C_LEAF, KEY_AREA_BYTES, MAX_INLINE_PIVOT,
-    NODE_BYTES,
+    image_contents, verify_image, ImageContents, ImagePivot, C_INT, C_LEAF, KEY_AREA_BYTES,
+    MAX_INLINE_PIVOT, NODE_BYTES,
 };
 pub use tree::{HeapNode, LeafCopy, Retired, RetiredNode, Sealed, Seek, Tree, TreeCheck};
 
@@ -65,8 +65,12 @@ pub fn key_hash(key: &[u8]) -> u32 {
 /// The 8-byte prefix kept per leaf entry and pivot: the key's first 8 bytes, big-endian,
 /// zero padded. Non-decreasing in key order; equal prefixes need a full compare.
 pub fn key_prefix(key: &[u8]) -> u64 {
+    // Most keys have 8 bytes or more: one load. The copy of a variable length below is a
+    // `memcpy` call, and this runs at every node of every descent.
+    if let Some(head) = key.first_chunk::<8>() {
+        return u64::from_be_bytes(*head);
+    }
     let mut b = [0u8; 8];
-    let n = key.len().min(8);
-    b[..n].copy_from_slice(&key[..n]);
+    b[..key.len()].copy_from_slice(key);
     u64::from_be_bytes(b)
 }

@@ -18,7 +18,9 @@
 //!   w1  kind u8 | level u8 | count u16 | key_area_used u16 | stem_len u16
 //!   w2  tree epoch the node was created in
 //!   w3  heap: disk offset assigned by a commit (0 = none)   disk: the node's own offset
-//!   w4  region id          w5..w7 zero
+//!   w4  region id
+//!   w5..w7  leaf: zero   internal: the stem, node bytes 40..64 in order (each word
+//!           little-endian, so word 5's low byte is stem byte 0); zero past stem_len
 //! leaf (kind 1, level 0)                       internal (kind 2, level >= 1)
 //!   64    prefix [u64; 200]                      64    child [u64; 129]
 //!   1664  ptr    [u64; 200]                      1096  pivot_prefix [u64; 128]
@@ -26,7 +28,11 @@
 //!   4064  stem   [u8; 32]     (ends 4096)        3144  key area (952 bytes)
 //! pivot_desc = len u32 | area_offset u16 << 32 | flags u16 << 48   (flag 1 = EXTERNAL)
 //! leaf stem: the first stem_len (<= 32) bytes every key of the leaf starts with; a leaf
-//!   entry's prefix is the 8 key bytes after the stem (internal nodes: stem_len 0)
+//!   entry's prefix is the 8 key bytes after the stem
+//! internal stem: the first stem_len (<= 24) bytes every pivot of the node starts with; a
+//!   pivot's prefix is its 8 bytes after the stem. The key area and pivot_desc do not
+//!   depend on the stem: they hold the pivot's bytes from its 8th on and its full length,
+//!   so stem_len 0 is the layout of volumes written before internal stems existed.
 //! child / root word: 0 = none, heap pointer (low bit 0), disk offset | 1
 //! ```
 
@@ -46,6 +52,10 @@ pub const C_INT: usize = 128;
 /// Longest stem a leaf keeps (bytes every key of the leaf starts with, left out of the
 /// entries' prefixes so that keys with long common beginnings still differ in them).
 pub const MAX_STEM_BYTES: usize = 32;
+/// Longest stem an internal node keeps (bytes every pivot of the node starts with, left
+/// out of the pivots' prefixes). Three header words, which were zero before internal
+/// nodes had stems: the stem shares the cache line a search reads first anyway.
+pub const MAX_INT_STEM_BYTES: usize = 24;
 /// Longest separator stored inline; longer ones are EXTERNAL (a log pointer to the full key).
 pub const MAX_INLINE_PIVOT: usize = 256;
 /// Bytes of an internal node's key area (pivot bytes beyond the 8-byte prefix).
@@ -76,6 +86,9 @@ pub(crate) const W_META: usize = 1;
 pub(crate) const W_EPOCH: usize = 2;
 pub(crate) const W_DISK: usize = 3;
 pub(crate) const W_REGION: usize = 4;
+/// First of the three words of an internal node's stem.
+const W_STEM: usize = 5;
+const INT_STEM_AT: usize = W_STEM * 8;
 
 #[repr(C, align(64))]
 pub(crate) struct Header {
@@ -118,6 +131,7 @@ const _: () = {
     assert!(NODE_BYTES as u64 == BLOCK_BYTES);
     assert!(KEY_AREA_BYTES.is_multiple_of(8));
     assert!(AREA_FREE_MIN_BYTES >= MAX_INLINE_PIVOT - 8);
+    assert!(INT_STEM_AT + MAX_INT_STEM_BYTES == size_of::<Header>());
 };
 
 /// Word 1 of the header.
@@ -127,7 +141,8 @@ pub(crate) struct Meta {
     pub level: u8,
     pub count: u16,
     pub area_used: u16,
-    /// Leaves: bytes of the stem (see [`MAX_STEM_BYTES`]); internal nodes: 0.
+    /// Bytes of the stem: at most [`MAX_STEM_BYTES`] in a leaf, [`MAX_INT_STEM_BYTES`] in
+    /// an internal node.
     pub stem_len: u16,
 }
 
@@ -430,6 +445,24 @@ impl InternalNode {
             src = &src[n..];
         }
     }
+
+    /// Writer: stores the stem bytes in header words 5..7 (zero past `stem.len()`); the
+    /// caller sets `Meta::stem_len` and the prefixes in the same seqlock section.
+    pub fn set_stem(&self, stem: &[u8]) {
+        assert!(
+            stem.len() <= MAX_INT_STEM_BYTES,
+            "internal stem of {} bytes",
+            stem.len()
+        );
+        let mut bytes = [0u8; MAX_INT_STEM_BYTES];
+        bytes[..stem.len()].copy_from_slice(stem);
+        for (w, chunk) in self.hdr.w[W_STEM..].iter().zip(bytes.chunks_exact(8)) {
+            w.store(
+                u64::from_le_bytes(chunk.try_into().expect("8 bytes")),
+                Relaxed,
+            );
+        }
+    }
 }
 
 impl LeafNode {
@@ -503,6 +536,10 @@ pub(crate) trait InternalRead {
     /// Number of pivots, clamped to capacity.
     fn count(&self) -> usize;
     fn child(&self, i: usize) -> u64;
+    /// Bytes of the stem, clamped to `MAX_INT_STEM_BYTES`.
+    fn stem_len(&self) -> usize;
+    /// All `MAX_INT_STEM_BYTES` stem bytes (the first `stem_len` are the stem).
+    fn stem(&self) -> [u8; MAX_INT_STEM_BYTES];
     fn pivot_prefix(&self, i: usize) -> u64;
     fn pivot_desc(&self, i: usize) -> PivotDesc;
     /// Copies key-area bytes; a disk image with a range outside its used area is corrupt.
@@ -511,6 +548,33 @@ pub(crate) trait InternalRead {
     fn corrupt(&self, detail: &str) -> SearchErr;
     /// Checks a validated child word: non-zero, and for a disk image a disk word.
     fn check_child(&self, word: u64) -> SResult<()>;
+}
+
+/// Copies inline pivot `i` (descriptor `d`, length at most `MAX_INLINE_PIVOT`) into `out`
+/// as the node stores it and returns its length: the first 8 bytes from the stem and the
+/// prefix (the stem's first `min(stem_len, 8)`, then the prefix's), the rest from the key
+/// area. So the stem's bytes past the 8th and the prefix's past `8 - stem_len` are the
+/// key area's too: a pivot that does not start with its stem, or whose prefix is not its
+/// bytes after it, shows as a mismatch (`verify_structure`, `Tree::check`). On a reader's
+/// heap view the bytes may be torn until validated; lengths are clamped.
+pub(crate) fn inline_pivot<V: InternalRead>(
+    v: &V,
+    i: usize,
+    d: PivotDesc,
+    out: &mut [u8; MAX_INLINE_PIVOT],
+) -> SResult<usize> {
+    let len = (d.len_bytes as usize).min(MAX_INLINE_PIVOT);
+    let stem_len = v.stem_len();
+    let from_stem = stem_len.min(8);
+    let mut head = [0u8; 16];
+    head[..from_stem].copy_from_slice(&v.stem()[..from_stem]);
+    head[from_stem..from_stem + 8].copy_from_slice(&v.pivot_prefix(i).to_be_bytes());
+    let n = len.min(8);
+    out[..n].copy_from_slice(&head[..n]);
+    if len > 8 {
+        v.area_read(d.area_at as usize, &mut out[8..len])?;
+    }
+    Ok(len)
 }
 
 /// A heap leaf seen by a reader (`version: Some`) or by the writer that owns it (`None`).
@@ -568,6 +632,17 @@ impl InternalRead for HeapInternal<'_> {
     }
     fn child(&self, i: usize) -> u64 {
         self.node.child[i].load(Acquire)
+    }
+    fn stem_len(&self) -> usize {
+        (self.node.hdr.meta().stem_len as usize).min(MAX_INT_STEM_BYTES)
+    }
+    fn stem(&self) -> [u8; MAX_INT_STEM_BYTES] {
+        // Atomic loads like every field: a reader's copy may be torn until validated.
+        let mut out = [0u8; MAX_INT_STEM_BYTES];
+        for (chunk, w) in out.chunks_exact_mut(8).zip(&self.node.hdr.w[W_STEM..]) {
+            chunk.copy_from_slice(&w.load(Relaxed).to_le_bytes());
+        }
+        out
     }
     fn pivot_prefix(&self, i: usize) -> u64 {
         self.node.pivot_prefix[i].load(Relaxed)
@@ -679,14 +754,31 @@ impl<'a> DiskNode<'a> {
                 {
                     return Err(bad(format!("bad leaf header {meta:?}")));
                 }
+                // A leaf's stem lives at its end; the header words stay zero.
+                if img[INT_STEM_AT..INT_STEM_AT + MAX_INT_STEM_BYTES]
+                    .iter()
+                    .any(|&b| b != 0)
+                {
+                    return Err(bad("leaf with non-zero header words 5..7".to_string()));
+                }
             }
             KIND_INTERNAL => {
                 if meta.level == 0
                     || meta.count as usize > C_INT
                     || meta.area_used as usize > KEY_AREA_BYTES
-                    || meta.stem_len != 0
+                    || meta.stem_len as usize > MAX_INT_STEM_BYTES
                 {
                     return Err(bad(format!("bad internal node header {meta:?}")));
+                }
+                let past_stem = INT_STEM_AT + meta.stem_len as usize;
+                if img[past_stem..INT_STEM_AT + MAX_INT_STEM_BYTES]
+                    .iter()
+                    .any(|&b| b != 0)
+                {
+                    return Err(bad(format!(
+                        "non-zero bytes past the {}-byte stem",
+                        meta.stem_len
+                    )));
                 }
             }
             k => return Err(bad(format!("unknown node kind {k}"))),
@@ -750,6 +842,33 @@ impl<'a> DiskNode<'a> {
             {
                 return Err(self.bad(format!("pivot {i} is out of order")));
             }
+            self.verify_pivot_stem(i, d)?;
+        }
+        Ok(())
+    }
+
+    /// Pivot `i` against the node's stem: at least as long, and an inline pivot starts with
+    /// the stem and its prefix is its 8 bytes after it (an EXTERNAL pivot's bytes are in
+    /// the log: `check` reads them). `d` was checked to lie inside the used key area.
+    fn verify_pivot_stem(&self, i: usize, d: PivotDesc) -> Result<()> {
+        let stem_len = self.meta.stem_len as usize;
+        if (d.len_bytes as usize) < stem_len {
+            return Err(self.bad(format!(
+                "pivot {i} ({} bytes) is shorter than the {stem_len}-byte stem",
+                d.len_bytes
+            )));
+        }
+        if d.is_external() {
+            return Ok(());
+        }
+        let mut buf = [0u8; MAX_INLINE_PIVOT];
+        let len = no_restart(inline_pivot(self, i, d, &mut buf))?;
+        let stem = InternalRead::stem(self);
+        if !buf[..len].starts_with(&stem[..stem_len]) {
+            return Err(self.bad(format!("pivot {i} does not start with the node's stem")));
+        }
+        if super::key_prefix(&buf[stem_len..len]) != InternalRead::pivot_prefix(self, i) {
+            return Err(self.bad(format!("pivot {i}: prefix is not its bytes after the stem")));
         }
         Ok(())
     }
@@ -795,6 +914,15 @@ impl InternalRead for DiskNode<'_> {
     fn child(&self, i: usize) -> u64 {
         rd64(self.img, INT_CHILD_AT + 8 * i)
     }
+    fn stem_len(&self) -> usize {
+        // `open` checked it.
+        self.meta.stem_len as usize
+    }
+    fn stem(&self) -> [u8; MAX_INT_STEM_BYTES] {
+        let mut out = [0u8; MAX_INT_STEM_BYTES];
+        out.copy_from_slice(&self.img[INT_STEM_AT..INT_STEM_AT + MAX_INT_STEM_BYTES]);
+        out
+    }
     fn pivot_prefix(&self, i: usize) -> u64 {
         rd64(self.img, INT_PIVOT_PREFIX_AT + 8 * i)
     }
@@ -837,13 +965,33 @@ pub fn verify_image(img: &[u8], off: DiskOffset, region: RegionId) -> Result<()>
 
 /// What a verified committed node holds, for walks over a whole volume (`check`, dropping
 /// a region): a leaf's stem and (prefix, hash, log pointer) entries, or an internal node's
-/// children.
+/// stem, pivots and children.
 pub enum ImageContents {
     Leaf {
         stem: Vec<u8>,
         entries: Vec<(u64, u32, u64)>,
     },
-    Internal(Vec<DiskOffset>),
+    Internal {
+        stem: Vec<u8>,
+        pivots: Vec<ImagePivot>,
+        /// One more than `pivots`: child `i` holds the keys from pivot `i - 1` (inclusive)
+        /// to pivot `i` (exclusive).
+        children: Vec<DiskOffset>,
+    },
+}
+
+/// A pivot of a verified internal node image.
+pub enum ImagePivot {
+    /// Its bytes; verified to start with the node's stem, with its prefix the 8 bytes after.
+    Inline(Vec<u8>),
+    /// A pivot kept by log pointer: the full key of the record at `ptr`. The image says it
+    /// is `len_bytes` long and `prefix` is its 8 bytes after the node's stem; only the key
+    /// in the log can confirm that (`check` reads it).
+    External {
+        ptr: u64,
+        len_bytes: u32,
+        prefix: u64,
+    },
 }
 
 /// Verifies a committed node image completely and returns its contents.
@@ -865,11 +1013,30 @@ pub fn image_contents(img: &[u8], off: DiskOffset, region: RegionId) -> Result<I
                 .collect(),
         })
     } else {
-        Ok(ImageContents::Internal(
-            (0..=n)
+        let mut pivots = Vec::with_capacity(n);
+        for i in 0..n {
+            let desc = InternalRead::pivot_desc(&d, i);
+            pivots.push(if desc.is_external() {
+                let mut b = [0u8; 8];
+                no_restart(InternalRead::area_read(&d, desc.area_at as usize, &mut b))?;
+                ImagePivot::External {
+                    ptr: u64::from_le_bytes(b),
+                    len_bytes: desc.len_bytes,
+                    prefix: InternalRead::pivot_prefix(&d, i),
+                }
+            } else {
+                let mut buf = [0u8; MAX_INLINE_PIVOT];
+                let len = no_restart(inline_pivot(&d, i, desc, &mut buf))?;
+                ImagePivot::Inline(buf[..len].to_vec())
+            });
+        }
+        Ok(ImageContents::Internal {
+            stem: InternalRead::stem(&d)[..InternalRead::stem_len(&d)].to_vec(),
+            pivots,
+            children: (0..=n)
                 .map(|i| DiskOffset(InternalRead::child(&d, i) & !1))
                 .collect(),
-        ))
+        })
     }
 }
 
@@ -906,6 +1073,7 @@ pub(crate) fn heap_from_image(d: &DiskNode<'_>, epoch: u64, region: RegionId) ->
         for (w, slot) in node.area.iter().enumerate() {
             slot.store(rd64(d.img, INT_AREA_AT + 8 * w), Relaxed);
         }
+        node.set_stem(&InternalRead::stem(d)[..InternalRead::stem_len(d)]);
         node.hdr.set_meta(m);
         p
     }
@@ -948,6 +1116,9 @@ pub(crate) fn heap_copy(src: NonNull<Header>, epoch: u64, region: RegionId) -> N
             d.pivot_desc[i].store(s.pivot_desc[i].load(Relaxed), Relaxed);
         }
         for (dw, sw) in d.area.iter().zip(s.area.iter()) {
+            dw.store(sw.load(Relaxed), Relaxed);
+        }
+        for (dw, sw) in d.hdr.w[W_STEM..].iter().zip(&s.hdr.w[W_STEM..]) {
             dw.store(sw.load(Relaxed), Relaxed);
         }
         d.hdr.set_meta(m);
@@ -1017,6 +1188,9 @@ pub(crate) fn encode_image(
         let mut area = [0u8; KEY_AREA_BYTES];
         node.area_read(0, &mut area[..used]);
         img[INT_AREA_AT..INT_AREA_AT + used].copy_from_slice(&area[..used]);
+        for w in W_STEM..W_STEM + MAX_INT_STEM_BYTES / 8 {
+            wr64(&mut img[..], w * 8, node.hdr.w[w].load(Relaxed));
+        }
     }
     wr64(&mut img[..], W_META * 8, m.pack());
     wr64(&mut img[..], W_EPOCH * 8, hdr.epoch());
@@ -1025,4 +1199,36 @@ pub(crate) fn encode_image(
     let crc = image_crc(&img[..]);
     wr64(&mut img[..], 0, crc as u64 | (NODE_MAGIC as u64) << 32);
     img
+}
+
+/// Rewrites a committed internal node image in the layout written before internal nodes
+/// had stems (stem length 0, header words 5..7 zero, each prefix the pivot's first 8
+/// bytes; descriptors and key area are the same in both) and re-stamps its checksum.
+/// `key_of` gives the key of an EXTERNAL pivot's record. Leaves are left as they are.
+#[cfg(test)]
+pub(crate) fn destem_image(img: &mut [u8], mut key_of: impl FnMut(u64) -> Vec<u8>) {
+    let mut m = Meta::unpack(rd64(img, W_META * 8));
+    if m.kind != KIND_INTERNAL {
+        return;
+    }
+    let stem_len = m.stem_len as usize;
+    let stem = img[INT_STEM_AT..INT_STEM_AT + stem_len].to_vec();
+    for i in 0..m.count as usize {
+        let d = PivotDesc::unpack(rd64(img, INT_PIVOT_DESC_AT + 8 * i));
+        let prefix = rd64(img, INT_PIVOT_PREFIX_AT + 8 * i);
+        let first = if d.is_external() {
+            let ptr = rd64(img, INT_AREA_AT + d.area_at as usize);
+            super::key_prefix(&key_of(ptr))
+        } else {
+            let mut head = stem.clone();
+            head.extend_from_slice(&prefix.to_be_bytes());
+            super::key_prefix(&head[..(d.len_bytes as usize).min(8)])
+        };
+        wr64(img, INT_PIVOT_PREFIX_AT + 8 * i, first);
+    }
+    m.stem_len = 0;
+    wr64(img, W_META * 8, m.pack());
+    img[INT_STEM_AT..INT_STEM_AT + MAX_INT_STEM_BYTES].fill(0);
+    let crc = image_crc(img);
+    wr64(img, 0, crc as u64 | (NODE_MAGIC as u64) << 32);
 }

@@ -11,10 +11,11 @@
 
 use std::cmp::Ordering;
 
-use super::node::{InternalRead, LeafRead, SResult, MAX_INLINE_PIVOT};
+use super::node::{inline_pivot, InternalRead, LeafRead, SResult, MAX_INLINE_PIVOT};
 use super::{key_prefix, Ctx};
 
-/// Where a key stands against a leaf's stem (the bytes every key of the leaf starts with).
+/// Where a key stands against a node's stem (the bytes every key of a leaf, or every pivot
+/// of an internal node, starts with).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum StemPos {
     /// The key sorts before every key the stem allows (it is smaller, or a proper prefix).
@@ -27,12 +28,37 @@ pub(crate) enum StemPos {
 
 /// Where `key` stands against `stem`; `Inside` carries `key_prefix(&key[stem.len()..])`.
 pub(crate) fn stem_position(stem: &[u8], key: &[u8]) -> StemPos {
+    // Word by word rather than a slice comparison: stems are at most 32 bytes, and the
+    // `memcmp` call a slice comparison makes cost more than the comparison itself at
+    // every node of every descent.
     let n = stem.len().min(key.len());
-    match key[..n].cmp(&stem[..n]) {
-        Ordering::Less => StemPos::Below,
-        Ordering::Greater => StemPos::Above,
-        Ordering::Equal if key.len() < stem.len() => StemPos::Below,
-        Ordering::Equal => StemPos::Inside(key_prefix(&key[stem.len()..])),
+    let mut i = 0;
+    while i + 8 <= n {
+        let k = key_prefix(&key[i..i + 8]);
+        let s = key_prefix(&stem[i..i + 8]);
+        if k != s {
+            return if k < s {
+                StemPos::Below
+            } else {
+                StemPos::Above
+            };
+        }
+        i += 8;
+    }
+    while i < n {
+        if key[i] != stem[i] {
+            return if key[i] < stem[i] {
+                StemPos::Below
+            } else {
+                StemPos::Above
+            };
+        }
+        i += 1;
+    }
+    if key.len() < stem.len() {
+        StemPos::Below
+    } else {
+        StemPos::Inside(key_prefix(&key[stem.len()..]))
     }
 }
 
@@ -42,19 +68,30 @@ fn leaf_stem_position<L: LeafRead>(l: &L, key: &[u8]) -> StemPos {
     stem_position(&stem[..l.stem_len()], key)
 }
 
-/// Compares pivot `i` of `v` with `key` (`pivot.cmp(key)`); `kp` is `key_prefix(key)`.
+#[cfg(test)]
+thread_local! {
+    /// Pivot comparisons the prefixes did not settle, on this thread (tests count them).
+    pub(crate) static FULL_PIVOT_COMPARES: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Compares pivot `i` of `v` with `key` (`pivot.cmp(key)`), for a key that starts with the
+/// node's stem of `stem_len` bytes; `kp` is `key_prefix(&key[stem_len..])`.
 pub(crate) fn cmp_pivot<V: InternalRead, C: Ctx>(
     v: &V,
     ctx: &C,
     i: usize,
     key: &[u8],
+    stem_len: usize,
     kp: u64,
 ) -> SResult<Ordering> {
     let pp = v.pivot_prefix(i);
     if pp != kp {
-        // Prefixes are monotone in key order, so different prefixes settle it.
+        // Prefixes are monotone in key order among keys with the stem, so different
+        // prefixes settle it.
         return Ok(pp.cmp(&kp));
     }
+    #[cfg(test)]
+    FULL_PIVOT_COMPARES.with(|c| c.set(c.get() + 1));
     let d = v.pivot_desc(i);
     if d.is_external() {
         let mut b = [0u8; 8];
@@ -67,33 +104,51 @@ pub(crate) fn cmp_pivot<V: InternalRead, C: Ctx>(
         return Ok(ctx.key_cmp(ptr, key)?);
     }
     let len = d.len_bytes as usize;
-    if len <= 8 {
-        return Ok(pp.to_be_bytes()[..len].cmp(key));
-    }
-    if len > MAX_INLINE_PIVOT {
+    if len > MAX_INLINE_PIVOT || len < stem_len {
         v.validate()?;
-        return Err(v.corrupt("inline pivot longer than the inline limit"));
+        return Err(v.corrupt("inline pivot longer than the inline limit or shorter than the stem"));
+    }
+    // Pivot and key share the stem, so their bytes after it decide: the prefix's 8, then
+    // the pivot's bytes past `stem_len + 8`, which the key area holds `stem_len` bytes
+    // into the pivot's run (the area keeps every byte from the 8th on).
+    let rest = &key[stem_len..];
+    let after_stem = len - stem_len;
+    if after_stem <= 8 {
+        return Ok(pp.to_be_bytes()[..after_stem].cmp(rest));
     }
     let mut buf = [0u8; MAX_INLINE_PIVOT];
     buf[..8].copy_from_slice(&pp.to_be_bytes());
-    v.area_read(d.area_at as usize, &mut buf[8..len])?;
-    Ok(buf[..len].cmp(key))
+    v.area_read(d.area_at as usize + stem_len, &mut buf[8..after_stem])?;
+    Ok(buf[..after_stem].cmp(rest))
 }
 
 /// Child to follow for `key`: the number of pivots `<= key` (`inclusive`, the child whose
 /// range holds `key`) or `< key` (the child holding the largest keys below `key`).
 ///
-/// Pivots whose prefix differs from the key's are settled by the prefix alone (prefixes are
-/// monotone in key order), so the prefix array is searched first (see
-/// `prefix_lower_bound_by`) and full comparisons run only among equal prefixes.
+/// Every pivot starts with the node's stem, so a key below everything the stem allows
+/// goes to the first child and one above it to the last, with no pivot read. Otherwise
+/// pivots whose prefix (their 8 bytes after the stem) differs from the key's are settled
+/// by the prefix alone (prefixes are monotone in key order), so the prefix array is
+/// searched first (see `prefix_lower_bound_by`) and full comparisons run only among
+/// equal prefixes. Keys that share long beginnings (`key:000000123456`) tie in their first
+/// 8 bytes but not after the stem.
 pub(crate) fn child_index<V: InternalRead, C: Ctx>(
     v: &V,
     ctx: &C,
     key: &[u8],
-    kp: u64,
     inclusive: bool,
 ) -> SResult<usize> {
     let n = v.count();
+    let stem_len = v.stem_len();
+    let kp = if stem_len == 0 {
+        key_prefix(key)
+    } else {
+        match stem_position(&v.stem()[..stem_len], key) {
+            StemPos::Below => return Ok(0),
+            StemPos::Above => return Ok(n),
+            StemPos::Inside(kp) => kp,
+        }
+    };
     let mut lo = prefix_lower_bound_by(|i| v.pivot_prefix(i), 0, n, kp);
     let mut hi = match kp.checked_add(1) {
         Some(next) => prefix_lower_bound_by(|i| v.pivot_prefix(i), lo, n, next),
@@ -101,7 +156,7 @@ pub(crate) fn child_index<V: InternalRead, C: Ctx>(
     };
     while lo < hi {
         let mid = lo + (hi - lo) / 2;
-        let go_right = match cmp_pivot(v, ctx, mid, key, kp)? {
+        let go_right = match cmp_pivot(v, ctx, mid, key, stem_len, kp)? {
             Ordering::Less => true,
             Ordering::Equal => inclusive,
             Ordering::Greater => false,
@@ -115,14 +170,14 @@ pub(crate) fn child_index<V: InternalRead, C: Ctx>(
     Ok(lo)
 }
 
-/// Copies pivot `i` of `v` into `out` (for EXTERNAL pivots, the full key from the log).
+/// Copies pivot `i` of `v` into `out` (for EXTERNAL pivots, the full key from the log;
+/// inline ones as `node::inline_pivot` assembles them).
 pub(crate) fn pivot_into<V: InternalRead, C: Ctx>(
     v: &V,
     ctx: &C,
     i: usize,
     out: &mut Vec<u8>,
 ) -> SResult<()> {
-    let pp = v.pivot_prefix(i);
     let d = v.pivot_desc(i);
     out.clear();
     if d.is_external() {
@@ -137,16 +192,13 @@ pub(crate) fn pivot_into<V: InternalRead, C: Ctx>(
         return Ok(());
     }
     let len = d.len_bytes as usize;
-    if len > MAX_INLINE_PIVOT {
+    if len > MAX_INLINE_PIVOT || len < v.stem_len() {
         v.validate()?;
-        return Err(v.corrupt("inline pivot longer than the inline limit"));
+        return Err(v.corrupt("inline pivot longer than the inline limit or shorter than the stem"));
     }
-    out.extend_from_slice(&pp.to_be_bytes()[..len.min(8)]);
-    if len > 8 {
-        let mut buf = [0u8; MAX_INLINE_PIVOT];
-        v.area_read(d.area_at as usize, &mut buf[..len - 8])?;
-        out.extend_from_slice(&buf[..len - 8]);
-    }
+    let mut buf = [0u8; MAX_INLINE_PIVOT];
+    let len = inline_pivot(v, i, d, &mut buf)?;
+    out.extend_from_slice(&buf[..len]);
     Ok(())
 }
 
@@ -429,6 +481,46 @@ mod tests {
             stem_position(b"", b"xy"),
             StemPos::Inside(key_prefix(b"xy"))
         );
+    }
+
+    /// The word-by-word `stem_position` and `key_prefix` against their plain definitions.
+    #[test]
+    fn stem_position_and_key_prefix_match_their_definitions() {
+        use rand::{Rng, SeedableRng};
+        let plain_prefix = |key: &[u8]| {
+            let mut b = [0u8; 8];
+            let n = key.len().min(8);
+            b[..n].copy_from_slice(&key[..n]);
+            u64::from_be_bytes(b)
+        };
+        let plain = |stem: &[u8], key: &[u8]| {
+            let n = stem.len().min(key.len());
+            match key[..n].cmp(&stem[..n]) {
+                Ordering::Less => StemPos::Below,
+                Ordering::Greater => StemPos::Above,
+                Ordering::Equal if key.len() < stem.len() => StemPos::Below,
+                Ordering::Equal => StemPos::Inside(plain_prefix(&key[stem.len()..])),
+            }
+        };
+        let mut rng = rand::rngs::StdRng::seed_from_u64(17);
+        for _ in 0..100_000 {
+            // A small alphabet and a key built from the stem make every branch common.
+            let stem: Vec<u8> = (0..rng.random_range(0..=32))
+                .map(|_| b"a\0z"[rng.random_range(0..3)])
+                .collect();
+            let mut key = stem[..rng.random_range(0..=stem.len())].to_vec();
+            if rng.random_bool(0.7) && !key.is_empty() {
+                let at = rng.random_range(0..key.len());
+                key[at] = b"a\0z"[rng.random_range(0..3)];
+            }
+            key.extend((0..rng.random_range(0..12)).map(|_| b"a\0z"[rng.random_range(0..3)]));
+            assert_eq!(
+                stem_position(&stem, &key),
+                plain(&stem, &key),
+                "{stem:?} {key:?}"
+            );
+            assert_eq!(key_prefix(&key), plain_prefix(&key), "{key:?}");
+        }
     }
 
     #[test]

@@ -853,10 +853,8 @@ fn overlapping_writers_panic() {
 
 #[test]
 fn readers_never_miss_a_key_while_the_writer_splits_and_copies() {
-    const TOTAL: usize = 60_000;
     let mut rng = StdRng::seed_from_u64(9);
-    let mut ctx = FakeCtx::default();
-    let mut keys: Vec<Vec<u8>> = (0..TOTAL)
+    let keys: Vec<Vec<u8>> = (0..60_000)
         .map(|_| {
             let mut k = rng.random::<u64>().to_be_bytes().to_vec();
             k.truncate(rng.random_range(2..=8));
@@ -864,6 +862,36 @@ fn readers_never_miss_a_key_while_the_writer_splits_and_copies() {
             k
         })
         .collect();
+    readers_never_miss_a_key_while_writing(keys, rng);
+}
+
+/// As above with keys whose internal nodes get stems (`key:%012d`), and keys among them
+/// that break the stems (other shapes, shorter, outside `key:`): readers descend while
+/// the writer shrinks stems in place and splits give halves new ones, both inside the
+/// node's seqlock.
+#[test]
+fn readers_never_miss_a_key_while_the_writer_changes_internal_stems() {
+    let mut rng = StdRng::seed_from_u64(19);
+    let keys: Vec<Vec<u8>> = (0..60_000)
+        .map(|i| match i % 10 {
+            0 => format!("key:{}", rng.random_range(0..100_000u32)).into_bytes(),
+            1 => format!("kez{}", rng.random_range(0..100_000u32)).into_bytes(),
+            2 => {
+                let mut k = rng.random::<u64>().to_be_bytes().to_vec();
+                k.truncate(rng.random_range(1..=8));
+                k
+            }
+            _ => redis_key(rng.random_range(0..1_000_000)),
+        })
+        .collect();
+    let report = readers_never_miss_a_key_while_writing(keys, rng);
+    assert!(report.internal_stem_bytes > 0);
+}
+
+/// Readers get and scan the first third of `keys` (deduplicated) while the writer inserts
+/// the rest, removes some, seals and a commit thread persists each sealed root.
+fn readers_never_miss_a_key_while_writing(mut keys: Vec<Vec<u8>>, mut rng: StdRng) -> TreeCheck {
+    let mut ctx = FakeCtx::default();
     keys.sort();
     keys.dedup();
     keys.shuffle(&mut rng);
@@ -948,6 +976,7 @@ fn readers_never_miss_a_key_while_the_writer_splits_and_copies() {
     });
     let report = tree.check(ctx, tree.root_word()).unwrap();
     assert!(report.height >= 3);
+    report
 }
 
 /// `cargo test -p tucana --release --lib index::tests::bench -- --ignored --nocapture`
@@ -1270,5 +1299,538 @@ fn replace_ptr_swaps_only_the_entry_holding_the_old_record() {
             Some(before[k]),
             "the sealed root changed for {k:?}"
         );
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Internal stems
+
+/// redis-benchmark's key shape: `key:` and 12 digits, so every key starts with the same
+/// 8 bytes (`key:0000` below 10^8).
+fn redis_key(n: u64) -> Vec<u8> {
+    format!("key:{n:012}").into_bytes()
+}
+
+/// Full pivot comparisons (`search::cmp_pivot` past equal prefixes) made on this thread
+/// while `f` runs.
+fn full_pivot_compares<R>(f: impl FnOnce() -> R) -> (R, u64) {
+    use super::search::FULL_PIVOT_COMPARES;
+    let before = FULL_PIVOT_COMPARES.with(|c| c.get());
+    let out = f();
+    (out, FULL_PIVOT_COMPARES.with(|c| c.get()) - before)
+}
+
+/// Re-stamps a node image's checksum after a test damaged it (`node::image_crc`).
+fn restamp(img: &mut [u8]) {
+    let crc = crc32c::crc32c_append(crc32c::crc32c(&[0u8; 8]), &img[8..]);
+    img[..4].copy_from_slice(&crc.to_le_bytes());
+}
+
+/// Kind byte and stem length of a node image (header word 1, see `node`).
+fn image_kind_and_stem_len(img: &[u8]) -> (u8, usize) {
+    (img[8], u16::from_le_bytes([img[14], img[15]]) as usize)
+}
+
+/// A fresh context over the same log as `ctx`, with `images` as its node blocks.
+fn ctx_with_images(ctx: &FakeCtx, images: HashMap<u64, Box<[u8; NODE_BYTES]>>) -> FakeCtx {
+    FakeCtx {
+        keys: ctx.keys.clone(),
+        images,
+        next_block: ctx.next_block,
+        key_reads: AtomicU64::new(0),
+    }
+}
+
+/// With `key:%012d` keys every pivot of every internal node starts with `key:000000`, so
+/// without internal stems all the pivot prefixes of a node are equal and each step of a
+/// descent's binary search compared full pivots. Splits give each half the bytes its
+/// pivots share (the first and last pivot's common beginning), after which the prefixes
+/// (8 bytes after the stem) settle nearly every step.
+#[test]
+fn internal_stems_form_at_splits_of_tied_pivots() {
+    let mut rng = StdRng::seed_from_u64(21);
+    let tree = Tree::new(REGION, TreeEpoch(1));
+    let mut ctx = FakeCtx::default();
+    let mut model = Model::new();
+    for _ in 0..40_000 {
+        put(
+            &tree,
+            &mut ctx,
+            &mut model,
+            &redis_key(rng.random_range(0..1_000_000)),
+        );
+    }
+    let report = tree.check(&ctx, tree.root_word()).unwrap();
+    assert!(report.height >= 3, "height {}", report.height);
+    let stems = tree.internal_stems_for_test();
+    assert_eq!(stems.len() as u64, report.heap_nodes - report.leaves);
+    // Every separator of these keys starts with `key:000000`; nodes below the root hold
+    // narrower ranges and share more.
+    for (level, stem) in &stems {
+        assert!(
+            stem.starts_with(b"key:000000"),
+            "level {level}: stem {:?}",
+            String::from_utf8_lossy(stem)
+        );
+    }
+    assert_eq!(
+        report.internal_stem_bytes,
+        stems.iter().map(|(_, s)| s.len() as u64).sum::<u64>()
+    );
+    let (_, compares) = full_pivot_compares(|| {
+        for k in model.keys() {
+            assert!(get(&tree, &ctx, None, k).is_some());
+        }
+    });
+    let per_get = compares as f64 / model.len() as f64;
+    assert!(per_get < 0.2, "{per_get} full pivot comparisons per get");
+    assert_matches(&tree, &ctx, None, &model, &mut rng);
+}
+
+/// The same tree in both layouts: as written now, and rewritten the way volumes were
+/// written before internal stems (stem length 0, prefixes the pivots' first 8 bytes).
+/// Both read the same; the old layout compares full pivots at nearly every step of every
+/// internal level, the new one almost never. The old layout also takes writes on top:
+/// its nodes are copied with stem 0 and get stems when they split.
+#[test]
+fn full_pivot_comparisons_drop_with_internal_stems_and_old_layouts_still_read() {
+    let mut rng = StdRng::seed_from_u64(22);
+    let tree = Tree::new(REGION, TreeEpoch(1));
+    let mut ctx = FakeCtx::default();
+    let mut model = Model::new();
+    for _ in 0..40_000 {
+        put(
+            &tree,
+            &mut ctx,
+            &mut model,
+            &redis_key(rng.random_range(0..1_000_000)),
+        );
+    }
+    let sealed = tree.seal();
+    let (root, _) = ctx.persist(&tree, sealed);
+    let mut old_images = ctx.images.clone();
+    let mut internal = 0;
+    for img in old_images.values_mut() {
+        if image_kind_and_stem_len(&img[..]).0 == 2 {
+            internal += 1;
+            super::node::destem_image(&mut img[..], |ptr| ctx.key(ptr).to_vec());
+            assert_eq!(image_kind_and_stem_len(&img[..]).1, 0);
+        }
+    }
+    assert!(internal >= 2);
+    let mut old_ctx = ctx_with_images(&ctx, old_images);
+
+    let count = |t: &Tree, c: &FakeCtx| {
+        full_pivot_compares(|| {
+            for (k, &p) in &model {
+                assert_eq!(get(t, c, None, k), Some(p), "get {k:?}");
+            }
+        })
+        .1 as f64
+            / model.len() as f64
+    };
+    let new_disk = Tree::from_disk(REGION, root, TreeEpoch(2));
+    let old_disk = Tree::from_disk(REGION, root, TreeEpoch(2));
+    let (with, without) = (count(&new_disk, &ctx), count(&old_disk, &old_ctx));
+    eprintln!(
+        "full pivot comparisons per get, {} key:%012d keys: {without:.2} without internal stems, {with:.3} with",
+        model.len()
+    );
+    // Two internal levels of ~log2(fanout) binary-search steps each, all tied.
+    assert!(without > 8.0, "{without} without stems");
+    assert!(with < 0.2, "{with} with stems");
+
+    // The old layout passes every check, scans and seeks right, and takes writes.
+    assert_matches(&old_disk, &old_ctx, None, &model, &mut rng);
+    let report = old_disk.check(&old_ctx, old_disk.root_word()).unwrap();
+    assert_eq!(report.internal_stem_bytes, 0);
+    for _ in 0..20_000 {
+        put(
+            &old_disk,
+            &mut old_ctx,
+            &mut model,
+            &redis_key(rng.random_range(0..1_000_000)),
+        );
+    }
+    assert_matches(&old_disk, &old_ctx, None, &model, &mut rng);
+    let report = old_disk.check(&old_ctx, old_disk.root_word()).unwrap();
+    assert!(report.internal_stem_bytes > 0, "splits gave stems");
+    let sealed = old_disk.seal();
+    let (root2, _) = old_ctx.persist(&old_disk, sealed);
+    let mixed = Tree::from_disk(REGION, root2, TreeEpoch(3));
+    assert_matches(&mixed, &old_ctx, None, &model, &mut rng);
+}
+
+/// A node's stem only shrinks in place: a separator without it (a child at the node's
+/// edge split outside the pivots so far) cuts it to what they share, and every prefix
+/// takes the bytes given up in front. One internal node (the root), so its stem is
+/// exactly what its pivots share: checked after each kind of key that breaks it.
+#[test]
+fn inserting_a_pivot_outside_the_stem_shrinks_it_and_lookups_stay_right() {
+    let mut rng = StdRng::seed_from_u64(23);
+    let tree = Tree::new(REGION, TreeEpoch(1));
+    let mut ctx = FakeCtx::default();
+    let mut model = Model::new();
+    let root_stem = |tree: &Tree| {
+        let stems = tree.internal_stems_for_test();
+        assert_eq!(stems.len(), 1, "one internal node");
+        stems[0].1.clone()
+    };
+    let lcp_of_pivots = |tree: &Tree, ctx: &FakeCtx| {
+        // The root's pivots are the fences of its children: walk them.
+        let guard = crossbeam_epoch::pin();
+        let mut out = LeafCopy::default();
+        let mut fences: Vec<Vec<u8>> = Vec::new();
+        tree.copy_leaf(ctx, None, Seek::First, &guard, &mut out)
+            .unwrap();
+        while let Some(h) = out.high.clone() {
+            fences.push(h.clone());
+            tree.copy_leaf(ctx, None, Seek::AtOrAfter(&h), &guard, &mut out)
+                .unwrap();
+        }
+        let (first, last) = (&fences[0], fences.last().unwrap());
+        let n = first.iter().zip(last).take_while(|(a, b)| a == b).count();
+        first[..n.min(super::node::MAX_INT_STEM_BYTES)].to_vec()
+    };
+    // 3,000 keys in key order: one root over ~17 leaves; its pivots (separators up to the
+    // first byte where neighbours differ) share `key:0000000`.
+    for n in 0..3000u64 {
+        put(&tree, &mut ctx, &mut model, &redis_key(n * 3));
+    }
+    let stem = root_stem(&tree);
+    assert!(stem.starts_with(b"key:0000000"), "{stem:?}");
+    assert_eq!(stem, lcp_of_pivots(&tree, &ctx));
+    assert_matches(&tree, &ctx, None, &model, &mut rng);
+    // Keys above every key so far: the last leaf splits at `key:0000010…`.
+    for n in 0..400u64 {
+        put(&tree, &mut ctx, &mut model, &redis_key(1_000_000 + n));
+    }
+    assert_eq!(root_stem(&tree), b"key:00000");
+    assert_eq!(root_stem(&tree), lcp_of_pivots(&tree, &ctx));
+    assert_matches(&tree, &ctx, None, &model, &mut rng);
+    // Keys below every key so far, sharing only `k`: the first leaf splits there.
+    for n in 0..400u64 {
+        put(&tree, &mut ctx, &mut model, format!("kay{n:04}").as_bytes());
+    }
+    assert_eq!(root_stem(&tree), b"k");
+    assert_matches(&tree, &ctx, None, &model, &mut rng);
+    // And keys sharing nothing: the stem is gone, the layout is the stemless one.
+    for n in 0..400u64 {
+        put(&tree, &mut ctx, &mut model, format!("a{n:04}").as_bytes());
+    }
+    assert_eq!(root_stem(&tree), b"");
+    assert_matches(&tree, &ctx, None, &model, &mut rng);
+    let sealed = tree.seal();
+    let (root, _) = ctx.persist(&tree, sealed);
+    let disk = Tree::from_disk(REGION, root, TreeEpoch(2));
+    assert_matches(&disk, &ctx, None, &model, &mut rng);
+}
+
+/// Keys below, above and inside an internal node's stem: below (smaller, or a proper
+/// prefix of the stem) go to the first child, above to the last, without reading a
+/// pivot; inside, by the prefixes after the stem. Gets, seeks in both directions and the
+/// fences a range walk gets must all agree with the model, in memory and on disk.
+#[test]
+fn lookups_below_above_and_inside_an_internal_stem() {
+    let mut rng = StdRng::seed_from_u64(24);
+    let tree = Tree::new(REGION, TreeEpoch(1));
+    let mut ctx = FakeCtx::default();
+    let mut model = Model::new();
+    for _ in 0..5000 {
+        let k = format!("tenant/table/{:08}", rng.random_range(0..100_000u32) * 7);
+        put(&tree, &mut ctx, &mut model, k.as_bytes());
+    }
+    let stems = tree.internal_stems_for_test();
+    assert_eq!(stems.len(), 1);
+    let stem = stems[0].1.clone();
+    assert!(stem.starts_with(b"tenant/table/00"), "{stem:?}");
+    let mut probes: Vec<Vec<u8>> = [
+        &b""[..],
+        b"t",
+        b"tenant/table",
+        b"tenant/table/",
+        b"tenant/table/0",
+        b"tenant/tabld",
+        b"tenant/table.",
+        b"tenant/table/1",
+        b"tenant/table0",
+        b"tenant/tablf",
+        b"u",
+        b"\xff\xff",
+    ]
+    .iter()
+    .map(|p| p.to_vec())
+    .collect();
+    // The stem itself, with a zero byte, shortened by one, one more byte each way, and
+    // existing keys with their last digit moved.
+    probes.push(stem.clone());
+    let mut with_zero = stem.clone();
+    with_zero.push(0);
+    probes.push(with_zero);
+    probes.push(stem[..stem.len() - 1].to_vec());
+    let mut below = stem.clone();
+    *below.last_mut().unwrap() -= 1;
+    probes.push(below.clone());
+    below.extend_from_slice(b"99999999");
+    probes.push(below);
+    let mut above = stem.clone();
+    *above.last_mut().unwrap() += 1;
+    probes.push(above);
+    let keys: Vec<Vec<u8>> = model.keys().cloned().collect();
+    for _ in 0..40 {
+        let mut k = keys[rng.random_range(0..keys.len())].clone();
+        match rng.random_range(0..3) {
+            0 => *k.last_mut().unwrap() += 1,
+            1 => {
+                k.pop();
+            }
+            _ => k.push(b'5'),
+        }
+        probes.push(k);
+    }
+    let sealed = tree.seal();
+    let (root, _) = ctx.persist(&tree, sealed);
+    let disk = Tree::from_disk(REGION, root, TreeEpoch(2));
+    for t in [&tree, &disk] {
+        for p in &probes {
+            assert_eq!(get(t, &ctx, None, p), model.get(p).copied(), "get {p:?}");
+            let fwd: Vec<_> = model
+                .range(p.clone()..)
+                .map(|(k, &v)| (k.clone(), v))
+                .collect();
+            assert_eq!(scan_forward(t, &ctx, None, Some(p)), fwd, "from {p:?}");
+            let bwd: Vec<_> = model
+                .range(..p.clone())
+                .rev()
+                .map(|(k, &v)| (k.clone(), v))
+                .collect();
+            assert_eq!(scan_backward(t, &ctx, None, Some(p)), bwd, "before {p:?}");
+        }
+        // Keys outside the stem are placed by the stem alone.
+        for p in [&b""[..], b"t", b"tenant/table/", b"u", b"\xff\xff"] {
+            let (_, compares) = full_pivot_compares(|| get(t, &ctx, None, p));
+            assert_eq!(compares, 0, "{p:?}");
+        }
+        assert_matches(t, &ctx, None, &model, &mut rng);
+    }
+}
+
+/// 35,000 `key:%012d` keys interleaved with random keys (binary, short, a small alphabet
+/// that ties often, and keys that share `key:` or `key:0000` only), some removed: the
+/// stems shrink and regrow all the time. Everything must match a `BTreeMap`: gets,
+/// ranges both ways from many seek points, the structural check, in memory and on disk,
+/// and after more writes on the reopened tree.
+#[test]
+fn tied_and_random_keys_interleaved_match_a_btreemap() {
+    let mut rng = StdRng::seed_from_u64(25);
+    let tree = Tree::new(REGION, TreeEpoch(1));
+    let mut ctx = FakeCtx::default();
+    let mut model = Model::new();
+    let mut tied = 0;
+    let random_mix = |rng: &mut StdRng| -> Vec<u8> {
+        match rng.random_range(0..5) {
+            0 => {
+                let mut k = rng.random::<u64>().to_be_bytes().to_vec();
+                k.truncate(rng.random_range(1..=8));
+                k
+            }
+            1 => random_key(rng, 12),
+            2 => {
+                let mut k = b"key:".to_vec();
+                k.extend((0..rng.random_range(0..10)).map(|_| rng.random::<u8>()));
+                k
+            }
+            3 => format!("key:0000{}", rng.random_range(0..100u32)).into_bytes(),
+            _ => format!("key:{:012}", rng.random::<u64>() % 1_000_000_000_000).into_bytes(),
+        }
+    };
+    while tied < 35_000 {
+        if rng.random_bool(0.75) {
+            put(
+                &tree,
+                &mut ctx,
+                &mut model,
+                &redis_key(rng.random_range(0..1_000_000)),
+            );
+            tied += 1;
+        } else {
+            let k = random_mix(&mut rng);
+            put(&tree, &mut ctx, &mut model, &k);
+        }
+        if rng.random_bool(0.05) {
+            let nth = rng.random_range(0..model.len());
+            let k = model.keys().nth(nth).cloned().unwrap();
+            del(&tree, &ctx, &mut model, &k);
+        }
+    }
+    let seeks = |t: &Tree, ctx: &FakeCtx, model: &Model, rng: &mut StdRng| {
+        let keys: Vec<&Vec<u8>> = model.keys().collect();
+        for _ in 0..30 {
+            let mut p = keys[rng.random_range(0..keys.len())].clone();
+            match rng.random_range(0..4) {
+                0 => p = random_mix(rng),
+                1 => {
+                    p.pop();
+                }
+                2 => p.push(0),
+                _ => {}
+            }
+            let fwd: Vec<_> = model
+                .range(p.clone()..)
+                .map(|(k, &v)| (k.clone(), v))
+                .collect();
+            assert_eq!(scan_forward(t, ctx, None, Some(&p)), fwd, "from {p:?}");
+            let bwd: Vec<_> = model
+                .range(..p.clone())
+                .rev()
+                .map(|(k, &v)| (k.clone(), v))
+                .collect();
+            assert_eq!(scan_backward(t, ctx, None, Some(&p)), bwd, "before {p:?}");
+            assert_eq!(get(t, ctx, None, &p), model.get(&p).copied());
+        }
+    };
+    assert_matches(&tree, &ctx, None, &model, &mut rng);
+    seeks(&tree, &ctx, &model, &mut rng);
+    let report = tree.check(&ctx, tree.root_word()).unwrap();
+    assert!(report.height >= 3 && report.internal_stem_bytes > 0);
+    let sealed = tree.seal();
+    let (root, _) = ctx.persist(&tree, sealed);
+    let disk = Tree::from_disk(REGION, root, TreeEpoch(2));
+    assert_matches(&disk, &ctx, None, &model, &mut rng);
+    seeks(&disk, &ctx, &model, &mut rng);
+    for _ in 0..5000 {
+        let k = if rng.random_bool(0.5) {
+            redis_key(rng.random_range(0..1_000_000))
+        } else {
+            random_mix(&mut rng)
+        };
+        put(&disk, &mut ctx, &mut model, &k);
+    }
+    assert_matches(&disk, &ctx, None, &model, &mut rng);
+    seeks(&disk, &ctx, &model, &mut rng);
+}
+
+/// An internal node image whose stem is impossible (longer than 24 bytes, non-zero past
+/// its length) or does not fit its pivots (a pivot not starting with it, or shorter), with
+/// its checksum re-stamped so only the stem is wrong: reading through it is a corruption
+/// error or (for damage a lookup cannot see) an answer, never a panic; copying it on write
+/// and `check` always report it.
+#[test]
+fn damaged_internal_stems_are_corruption_not_a_panic() {
+    let mut rng = StdRng::seed_from_u64(26);
+    let tree = Tree::new(REGION, TreeEpoch(1));
+    let mut ctx = FakeCtx::default();
+    let mut model = Model::new();
+    for _ in 0..30_000 {
+        put(
+            &tree,
+            &mut ctx,
+            &mut model,
+            &redis_key(rng.random_range(0..1_000_000)),
+        );
+    }
+    let sealed = tree.seal();
+    let (root, _) = ctx.persist(&tree, sealed);
+    let clean = ctx.images.clone();
+    let internal: Vec<u64> = clean
+        .iter()
+        .filter(|(_, img)| image_kind_and_stem_len(&img[..]).0 == 2)
+        .map(|(&off, _)| off)
+        .collect();
+    assert!(internal.len() >= 2 && internal.contains(&root.0));
+    let probe: Vec<Vec<u8>> = model.keys().step_by(37).cloned().collect();
+    // Header word 5 starts the stem (byte 40); word 1's top 16 bits are its length.
+    const STEM_AT: usize = 40;
+    type Damage = fn(&mut [u8], usize) -> bool;
+    let damages: [(&str, bool, Damage); 6] = [
+        ("stem of 25 bytes", true, |img, _| {
+            img[14..16].copy_from_slice(&25u16.to_le_bytes());
+            true
+        }),
+        ("stem of 65535 bytes", true, |img, _| {
+            img[14..16].copy_from_slice(&u16::MAX.to_le_bytes());
+            true
+        }),
+        (
+            "stem one byte shorter (a byte left past it)",
+            true,
+            |img, len| {
+                img[14..16].copy_from_slice(&(len as u16 - 1).to_le_bytes());
+                true
+            },
+        ),
+        ("a stem byte past the 8th changed", false, |img, len| {
+            img[STEM_AT + len - 1] ^= 0x40;
+            len > 8
+        }),
+        ("stem one zero byte longer", false, |img, len| {
+            img[14..16].copy_from_slice(&(len as u16 + 1).to_le_bytes());
+            len >= 8
+        }),
+        ("a pivot shorter than the stem", false, |img, len| {
+            // Pivot 0's descriptor (at 2120): length in its low 32 bits.
+            img[2120..2124].copy_from_slice(&(len as u32 - 1).to_le_bytes());
+            true
+        }),
+    ];
+    for (name, header_damage, damage) in damages {
+        let mut damaged = 0;
+        for &off in &internal {
+            let mut img = clean[&off].clone();
+            let (_, len) = image_kind_and_stem_len(&img[..]);
+            if len == 0 || !damage(&mut img[..], len) {
+                continue;
+            }
+            damaged += 1;
+            restamp(&mut img[..]);
+            ctx.images = clean.clone();
+            ctx.images.insert(off, img);
+            let disk = Tree::from_disk(REGION, root, TreeEpoch(2));
+            let mut errors = 0;
+            for k in &probe {
+                match disk.get(&ctx, None, k, &crossbeam_epoch::pin()) {
+                    Ok(found) => {
+                        // A stem the header cannot tell from a sound one may misroute.
+                        assert!(!header_damage || found == model.get(k).copied(), "{name}");
+                    }
+                    Err(Error::Corruption { offset, .. }) => {
+                        assert_eq!(offset.0, off, "{name}");
+                        errors += 1;
+                    }
+                    Err(e) => panic!("{name}: unexpected error {e}"),
+                }
+            }
+            if header_damage && off == root.0 {
+                assert_eq!(errors, probe.len(), "{name}: every lookup passes the root");
+            }
+            assert!(
+                matches!(
+                    disk.check(&ctx, disk.root_word()),
+                    Err(Error::Corruption { .. })
+                ),
+                "{name}: check missed it"
+            );
+            assert!(
+                matches!(
+                    super::verify_image(&ctx.images[&off][..], DiskOffset(off), REGION),
+                    Err(Error::Corruption { .. })
+                ),
+                "{name}: verify_image missed it"
+            );
+            // A write through the node copies it, which verifies it completely.
+            let mut wrote_through = false;
+            for k in &probe {
+                match disk.insert(&ctx, k, model[k]) {
+                    Ok(old) => assert_eq!(old, Some(model[k]), "{name}"),
+                    Err(Error::Corruption { offset, .. }) => {
+                        assert_eq!(offset.0, off, "{name}");
+                        wrote_through = true;
+                    }
+                    Err(e) => panic!("{name}: unexpected error {e}"),
+                }
+            }
+            assert!(wrote_through, "{name}: no write passed the damaged node");
+        }
+        assert!(damaged >= 2, "{name}: damaged {damaged} nodes");
     }
 }

@@ -31,7 +31,8 @@ use super::node::{
     heap_copy, heap_from_image, heap_word, no_restart, prefetch_leaf_word, DiskNode, Header,
     HeapInternal, HeapLeaf, InternalNode, InternalRead, LeafNode, LeafRead, Meta, NodeRef,
     PivotDesc, SResult, SearchErr, AREA_FREE_MIN_BYTES, C_INT, C_LEAF, KEY_AREA_BYTES,
-    KIND_INTERNAL, KIND_LEAF, MAX_INLINE_PIVOT, MAX_STEM_BYTES, NODE_BYTES, PIVOT_EXTERNAL, W_DISK,
+    KIND_INTERNAL, KIND_LEAF, MAX_INLINE_PIVOT, MAX_INT_STEM_BYTES, MAX_STEM_BYTES, NODE_BYTES,
+    PIVOT_EXTERNAL, W_DISK,
 };
 use super::search::{
     child_index, leaf_entry_of, leaf_get, leaf_points_at, leaf_position, pivot_into, separator,
@@ -98,8 +99,8 @@ impl LeafCopy {
     }
 }
 
-/// New prefixes and stem for a leaf whose stem changes (a split that finds the keys of a
-/// half share more bytes): applied inside the leaf's write section.
+/// New prefixes and stem for a node whose stem grows (a split that finds the keys or
+/// pivots of a half share more bytes): applied inside the node's write section.
 struct Restem {
     stem: Vec<u8>,
     prefixes: Vec<u64>,
@@ -178,6 +179,8 @@ pub struct TreeCheck {
     pub external_pivots: u64,
     /// Bytes of leaf stems, summed over leaves.
     pub stem_bytes: u64,
+    /// Bytes of internal node stems, summed over internal nodes.
+    pub internal_stem_bytes: u64,
 }
 
 /// The index of one region. See the module docs for the concurrency rules.
@@ -209,45 +212,41 @@ impl Drop for WriterGuard<'_> {
 /// Entries a leaf split leaves on the side a sequential load moves away from.
 const LEAF_SPLIT_EDGE: usize = C_LEAF / 10;
 
-/// A separator on its way into an internal node.
+/// A separator on its way into an internal node. Its whole bytes are at hand (an EXTERNAL
+/// one's read from the log once), because where it goes decides its prefix: the 8 bytes
+/// after that node's stem, which it may also shrink.
 struct Sep {
-    prefix: u64,
-    body: SepBody,
-}
-
-enum SepBody {
-    Inline(Vec<u8>),
-    /// The full first key of the right node, compared through the log.
-    External {
-        ptr: u64,
-        len_bytes: u32,
-    },
+    /// The separator; for an EXTERNAL one, the full key of the record at `external`.
+    bytes: Vec<u8>,
+    /// Log pointer of an EXTERNAL separator (longer than `MAX_INLINE_PIVOT`).
+    external: Option<u64>,
 }
 
 impl Sep {
     fn inline(bytes: Vec<u8>) -> Sep {
         assert!(bytes.len() <= MAX_INLINE_PIVOT);
         Sep {
-            prefix: key_prefix(&bytes),
-            body: SepBody::Inline(bytes),
+            bytes,
+            external: None,
         }
     }
 
     /// `sep.cmp(key)`.
-    fn cmp_key<C: Ctx>(&self, ctx: &C, key: &[u8]) -> Result<Ordering> {
-        match &self.body {
-            SepBody::Inline(b) => Ok(b.as_slice().cmp(key)),
-            SepBody::External { ptr, .. } => ctx.key_cmp(*ptr, key),
-        }
+    fn cmp_key(&self, key: &[u8]) -> Ordering {
+        self.bytes.as_slice().cmp(key)
     }
 }
 
-/// Writes `sep` as pivot `i` of `node`, appending its bytes to the key area at `*area_used`.
-/// The caller holds the node's write section (or the node is not yet published).
-fn put_pivot(node: &InternalNode, i: usize, sep: &Sep, area_used: &mut usize) {
-    let desc = match &sep.body {
-        SepBody::Inline(b) => {
-            let at = *area_used;
+/// Writes `sep` as pivot `i` of `node`, whose stem is `stem_len` bytes (and a prefix of
+/// `sep`), appending its bytes to the key area at `*area_used`. The caller holds the
+/// node's write section (or the node is not yet published) and sets the stem.
+fn put_pivot(node: &InternalNode, i: usize, sep: &Sep, stem_len: usize, area_used: &mut usize) {
+    let b = &sep.bytes;
+    assert!(b.len() >= stem_len, "separator shorter than the stem");
+    let at = *area_used;
+    let desc = match sep.external {
+        None => {
+            // The key area holds the bytes from the 8th on whatever the stem (see `node`).
             if b.len() > 8 {
                 node.area_write(at, &b[8..]);
                 *area_used += b.len() - 8;
@@ -258,49 +257,65 @@ fn put_pivot(node: &InternalNode, i: usize, sep: &Sep, area_used: &mut usize) {
                 flags: 0,
             }
         }
-        SepBody::External { ptr, len_bytes } => {
-            let at = *area_used;
+        Some(ptr) => {
             node.area_write(at, &ptr.to_le_bytes());
             *area_used += 8;
             PivotDesc {
-                len_bytes: *len_bytes,
+                len_bytes: b.len() as u32,
                 area_at: at as u16,
                 flags: PIVOT_EXTERNAL,
             }
         }
     };
     assert!(*area_used <= KEY_AREA_BYTES);
-    node.pivot_prefix[i].store(sep.prefix, Relaxed);
+    node.pivot_prefix[i].store(key_prefix(&b[stem_len..]), Relaxed);
     node.pivot_desc[i].store(desc.pack(), Relaxed);
 }
 
-/// Pivot `i` of a node the writer owns, as a separator.
-fn sep_of(node: &InternalNode, i: usize) -> Sep {
-    let prefix = node.pivot_prefix[i].load(Relaxed);
-    let d = PivotDesc::unpack(node.pivot_desc[i].load(Relaxed));
-    if d.is_external() {
+/// Copies pivot `i` of `src` as pivot `j` of `dst` with the prefix `prefix` (its 8 bytes
+/// after `dst`'s stem), appending its key-area bytes to `dst`'s area at `*area_used`. No
+/// log read: the area bytes and the length do not depend on the stem.
+fn copy_pivot(
+    src: &InternalNode,
+    i: usize,
+    dst: &InternalNode,
+    j: usize,
+    prefix: u64,
+    area_used: &mut usize,
+) {
+    let d = PivotDesc::unpack(src.pivot_desc[i].load(Relaxed));
+    let len = d.area_bytes();
+    let mut bytes = [0u8; MAX_INLINE_PIVOT];
+    src.area_read(d.area_at as usize, &mut bytes[..len]);
+    let at = *area_used;
+    dst.area_write(at, &bytes[..len]);
+    *area_used += len;
+    let desc = PivotDesc {
+        area_at: if len > 0 { at as u16 } else { 0 },
+        ..d
+    };
+    dst.pivot_prefix[j].store(prefix, Relaxed);
+    dst.pivot_desc[j].store(desc.pack(), Relaxed);
+}
+
+/// Pivot `i` of a node the writer owns, as a separator (an EXTERNAL one's key is read
+/// from the log).
+fn sep_of<C: Ctx>(ctx: &C, node: &InternalNode, i: usize) -> Result<Sep> {
+    let own = HeapInternal {
+        node,
+        version: None,
+    };
+    let mut bytes = Vec::new();
+    no_restart(pivot_into(&own, ctx, i, &mut bytes))?;
+    let d = own.pivot_desc(i);
+    let external = if d.is_external() {
         let mut b = [0u8; 8];
         node.area_read(d.area_at as usize, &mut b);
-        return Sep {
-            prefix,
-            body: SepBody::External {
-                ptr: u64::from_le_bytes(b),
-                len_bytes: d.len_bytes,
-            },
-        };
-    }
-    let len = d.len_bytes as usize;
-    assert!(len <= MAX_INLINE_PIVOT);
-    let mut bytes = Vec::with_capacity(len);
-    bytes.extend_from_slice(&prefix.to_be_bytes()[..len.min(8)]);
-    if len > 8 {
-        bytes.resize(len, 0);
-        node.area_read(d.area_at as usize, &mut bytes[8..]);
-    }
-    Sep {
-        prefix,
-        body: SepBody::Inline(bytes),
-    }
+        Some(u64::from_le_bytes(b))
+    } else {
+        None
+    };
+    Ok(Sep { bytes, external })
 }
 
 /// Number of pivots the left half of a full internal node keeps; pivot `keep` moves up.
@@ -342,8 +357,6 @@ trait Walk {
 
 struct GetWalk<'k> {
     key: &'k [u8],
-    /// `key_prefix(key)`, for pivots (leaves take their prefixes after their stem).
-    prefix: u64,
     hash: u32,
 }
 
@@ -353,7 +366,7 @@ impl Walk for GetWalk<'_> {
         None
     }
     fn internal<V: InternalRead, C: Ctx>(&mut self, v: &V, ctx: &C) -> SResult<usize> {
-        child_index(v, ctx, self.key, self.prefix, true)
+        child_index(v, ctx, self.key, true)
     }
     fn leaf<L: LeafRead, C: Ctx>(&mut self, l: &L, ctx: &C) -> SResult<Option<u64>> {
         leaf_get(l, ctx, self.key, self.hash)
@@ -362,7 +375,6 @@ impl Walk for GetWalk<'_> {
 
 struct PointsAtWalk<'k> {
     key: &'k [u8],
-    prefix: u64,
     hash: u32,
     ptr: u64,
 }
@@ -373,7 +385,7 @@ impl Walk for PointsAtWalk<'_> {
         false
     }
     fn internal<V: InternalRead, C: Ctx>(&mut self, v: &V, ctx: &C) -> SResult<usize> {
-        child_index(v, ctx, self.key, self.prefix, true)
+        child_index(v, ctx, self.key, true)
     }
     fn leaf<L: LeafRead, C: Ctx>(&mut self, l: &L, _ctx: &C) -> SResult<bool> {
         leaf_points_at(l, self.key, self.hash, self.ptr)
@@ -382,7 +394,6 @@ impl Walk for PointsAtWalk<'_> {
 
 struct LeafWalk<'a, 'o> {
     seek: Seek<'a>,
-    seek_prefix: u64,
     out: &'o mut LeafCopy,
     low: Vec<u8>,
     high: Vec<u8>,
@@ -405,8 +416,8 @@ impl Walk for LeafWalk<'_, '_> {
         let idx = match self.seek {
             Seek::First => 0,
             Seek::Last => n,
-            Seek::AtOrAfter(k) => child_index(v, ctx, k, self.seek_prefix, true)?,
-            Seek::Before(k) => child_index(v, ctx, k, self.seek_prefix, false)?,
+            Seek::AtOrAfter(k) => child_index(v, ctx, k, true)?,
+            Seek::Before(k) => child_index(v, ctx, k, false)?,
         };
         // Pivots deeper on the path lie inside the range of the ones above, so the nearest
         // pivot on each side is the tightest fence.
@@ -558,14 +569,14 @@ impl Tree {
                 node: parent,
                 version: None,
             };
-            let mut idx = no_restart(child_index(&own, ctx, key, kp, true))?;
+            let mut idx = no_restart(child_index(&own, ctx, key, true))?;
             if parent.hdr.meta().level == 1 {
                 prefetch_leaf_word(parent.child[idx].load(Relaxed));
             }
             let mut child = self.writable_child(ctx, parent, idx, running)?;
             if unsafe { child.as_ref() }.meta().is_full() {
                 let sep = self.split_child(ctx, parent, idx, child, running, key)?;
-                if sep.cmp_key(ctx, key)? != Ordering::Greater {
+                if sep.cmp_key(key) != Ordering::Greater {
                     idx += 1;
                     child = match NodeRef::decode(parent.child[idx].load(Relaxed)) {
                         Some(NodeRef::Heap(p)) => p,
@@ -597,10 +608,9 @@ impl Tree {
         if self.root.load(Relaxed) == 0 {
             return Ok(false);
         }
-        let kp = key_prefix(key);
         let kh = key_hash(key);
         // SAFETY: `writable_leaf` returns a live leaf of the running epoch.
-        let leaf = unsafe { as_leaf(self.writable_leaf(ctx, key, kp, None)?) };
+        let leaf = unsafe { as_leaf(self.writable_leaf(ctx, key, None)?) };
         let own = HeapLeaf {
             node: leaf,
             version: None,
@@ -624,7 +634,6 @@ impl Tree {
         &self,
         ctx: &C,
         key: &[u8],
-        kp: u64,
         mut path: Option<&mut Vec<(NonNull<Header>, usize)>>,
     ) -> Result<NonNull<Header>> {
         let running = self.running.load(Relaxed);
@@ -640,7 +649,7 @@ impl Tree {
                 node: parent,
                 version: None,
             };
-            let idx = no_restart(child_index(&own, ctx, key, kp, true))?;
+            let idx = no_restart(child_index(&own, ctx, key, true))?;
             if let Some(path) = path.as_deref_mut() {
                 path.push((node, idx));
             }
@@ -657,20 +666,15 @@ impl Tree {
     /// leaves are not merged otherwise (future work).
     pub fn remove<C: Ctx>(&self, ctx: &C, key: &[u8]) -> Result<Option<u64>> {
         let _w = self.writer();
-        let kp = key_prefix(key);
         let kh = key_hash(key);
-        let mut probe = GetWalk {
-            key,
-            prefix: kp,
-            hash: kh,
-        };
+        let mut probe = GetWalk { key, hash: kh };
         if self.walk(ctx, None, &mut probe)?.is_none() {
             return Ok(None);
         }
         let running = self.running.load(Relaxed);
         // Internal nodes on the way down and the child index taken in each.
         let mut path: Vec<(NonNull<Header>, usize)> = Vec::new();
-        let node = self.writable_leaf(ctx, key, kp, Some(&mut path))?;
+        let node = self.writable_leaf(ctx, key, Some(&mut path))?;
         // SAFETY: `writable_leaf` returns a live leaf of the running epoch.
         let leaf = unsafe { as_leaf(node) };
         let own = HeapLeaf {
@@ -880,11 +884,8 @@ impl Tree {
             Sep::inline(right_first)
         } else {
             Sep {
-                prefix: key_prefix(&right_first),
-                body: SepBody::External {
-                    ptr: rp,
-                    len_bytes: right_first.len() as u32,
-                },
+                bytes: right_first,
+                external: Some(rp),
             }
         };
         Ok(sep)
@@ -1114,34 +1115,102 @@ impl Tree {
             Ok((sep, r, keep, left_stem))
         } else {
             let node = unsafe { as_internal(p) };
+            let own = HeapInternal {
+                node,
+                version: None,
+            };
             let sizes: Vec<usize> = (0..n)
                 .map(|i| PivotDesc::unpack(node.pivot_desc[i].load(Relaxed)).area_bytes())
                 .collect();
             let keep = internal_split_point(&sizes);
-            let sep = sep_of(node, keep);
+            let sep = sep_of(ctx, node, keep)?;
+            // Each half may share more leading bytes than the whole did.
+            let left_stem = Self::grown_internal_stem(ctx, &own, 0..keep)?;
+            let right_stem = Self::grown_internal_stem(ctx, &own, keep + 1..n)?;
             let r = self.new_internal(running, m.level);
             // SAFETY: just allocated as an internal node.
             let right = unsafe { as_internal(r) };
             let mut used = 0;
             for (j, i) in (keep + 1..n).enumerate() {
-                put_pivot(right, j, &sep_of(node, i), &mut used);
+                let prefix = match &right_stem {
+                    Some(rs) => rs.prefixes[j],
+                    None => node.pivot_prefix[i].load(Relaxed),
+                };
+                copy_pivot(node, i, right, j, prefix, &mut used);
             }
             for (j, i) in (keep + 1..=n).enumerate() {
                 right.child[j].store(node.child[i].load(Relaxed), Relaxed);
             }
+            let stem = match &right_stem {
+                Some(rs) => rs.stem.clone(),
+                None => own.stem()[..own.stem_len()].to_vec(),
+            };
+            right.set_stem(&stem);
             let rm = Meta {
                 count: (n - keep - 1) as u16,
                 area_used: used as u16,
+                stem_len: stem.len() as u16,
                 ..right.hdr.meta()
             };
             assert!(!rm.is_full(), "right half of a split is still full: {rm:?}");
             right.hdr.set_meta(rm);
-            Ok((sep, r, keep, None))
+            Ok((sep, r, keep, left_stem))
         }
     }
 
+    /// A longer stem for pivots `range` of the writer's internal node `v` (one half of a
+    /// split): what the half's first and last pivots share, up to `MAX_INT_STEM_BYTES`,
+    /// if that is more than the node's stem (every pivot between shares it: they are
+    /// sorted). With the new prefixes, built from the pivots' bytes: inline ones are in
+    /// the node, EXTERNAL ones are read from the log (separators longer than
+    /// `MAX_INLINE_PIVOT`, rare). `None` leaves the half's stem and prefixes as they are.
+    ///
+    /// Why at splits: a stem only shrinks in place (`insert_pivot`), and pivots that
+    /// share their first 8 bytes (`key:000000…`) tie in every prefix without one.
+    fn grown_internal_stem<C: Ctx>(
+        ctx: &C,
+        v: &HeapInternal<'_>,
+        range: std::ops::Range<usize>,
+    ) -> Result<Option<Restem>> {
+        let stem_len = v.stem_len();
+        if range.is_empty() || stem_len >= MAX_INT_STEM_BYTES {
+            return Ok(None);
+        }
+        let (mut first, mut last) = (Vec::new(), Vec::new());
+        no_restart(pivot_into(v, ctx, range.start, &mut first))?;
+        no_restart(pivot_into(v, ctx, range.end - 1, &mut last))?;
+        let new_len = common_len(&first, &last).min(MAX_INT_STEM_BYTES);
+        if new_len <= stem_len {
+            return Ok(None);
+        }
+        first.truncate(new_len);
+        let mut prefixes = Vec::with_capacity(range.len());
+        let mut pivot = Vec::new();
+        for i in range {
+            no_restart(pivot_into(v, ctx, i, &mut pivot))?;
+            if !pivot.starts_with(&first) {
+                // Inline pivots are in order in a heap node; only a log that answers
+                // otherwise for an EXTERNAL pivot's key gets here.
+                let d = v.pivot_desc(i);
+                assert!(d.is_external(), "internal node pivots out of order");
+                let mut b = [0u8; 8];
+                no_restart(v.area_read(d.area_at as usize, &mut b))?;
+                return Err(Error::corruption(
+                    "log record key",
+                    DiskOffset(u64::from_le_bytes(b)),
+                    "key of an index pivot lies outside the range of its neighbours",
+                ));
+            }
+            prefixes.push(key_prefix(&pivot[new_len..]));
+        }
+        Ok(Some(Restem {
+            stem: first,
+            prefixes,
+        }))
+    }
+
     /// Cuts the published node `p` down to its first `keep` entries (pivots), after its
-    /// upper half became reachable elsewhere, giving a leaf its new stem if it has one.
+    /// upper half became reachable elsewhere, giving it its new stem if it has one.
     /// Compacts the key area of an internal node.
     fn truncate(&self, p: NonNull<Header>, keep: usize, restem: Option<Restem>) {
         // SAFETY: as in `split_prepare`.
@@ -1168,7 +1237,6 @@ impl Tree {
             hdr.write_end();
             return;
         }
-        debug_assert!(restem.is_none());
         let node = unsafe { as_internal(p) };
         let mut area = [0u8; KEY_AREA_BYTES];
         let mut descs = [0u64; C_INT];
@@ -1191,6 +1259,9 @@ impl Tree {
         let lm = Meta {
             count: keep as u16,
             area_used: used as u16,
+            stem_len: restem
+                .as_ref()
+                .map_or(m.stem_len, |rs| rs.stem.len() as u16),
             ..m
         };
         assert!(!lm.is_full(), "left half of a split is still full: {lm:?}");
@@ -1198,18 +1269,45 @@ impl Tree {
         for (i, d) in descs.iter().enumerate().take(keep) {
             node.pivot_desc[i].store(*d, Relaxed);
         }
+        if let Some(rs) = restem {
+            assert_eq!(rs.prefixes.len(), keep);
+            for (slot, prefix) in node.pivot_prefix.iter().zip(rs.prefixes) {
+                slot.store(prefix, Relaxed);
+            }
+            node.set_stem(&rs.stem);
+        }
         node.area_write(0, &area[..used]);
         hdr.set_meta(lm);
         hdr.write_end();
     }
 
     /// Inserts (`sep`, `right`) as pivot `idx` / child `idx + 1` of the published `node`.
+    /// A separator without the node's stem (a child at either end split outside the
+    /// pivots so far) first shrinks the stem to what they share; each prefix then starts
+    /// with the stem bytes given up, so no pivot is read.
     fn insert_pivot(node: &InternalNode, idx: usize, sep: &Sep, right: u64) {
         let m = node.hdr.meta();
         let n = m.count as usize;
         assert!(!m.is_full(), "pivot insert into a full internal node");
         assert!(idx <= n);
+        assert!(m.stem_len as usize <= MAX_INT_STEM_BYTES);
+        let own = HeapInternal {
+            node,
+            version: None,
+        };
+        let stem = own.stem();
+        let old_stem = &stem[..m.stem_len as usize];
+        let stem_len = common_len(old_stem, &sep.bytes);
         node.hdr.write_begin();
+        if stem_len < old_stem.len() {
+            for slot in &node.pivot_prefix[..n] {
+                slot.store(
+                    prefix_after_shrink(old_stem, stem_len, slot.load(Relaxed)),
+                    Relaxed,
+                );
+            }
+            node.set_stem(&old_stem[..stem_len]);
+        }
         for i in (idx..n).rev() {
             node.pivot_prefix[i + 1].store(node.pivot_prefix[i].load(Relaxed), Relaxed);
             node.pivot_desc[i + 1].store(node.pivot_desc[i].load(Relaxed), Relaxed);
@@ -1218,11 +1316,12 @@ impl Tree {
             node.child[i + 1].store(node.child[i].load(Relaxed), Relaxed);
         }
         let mut used = m.area_used as usize;
-        put_pivot(node, idx, sep, &mut used);
+        put_pivot(node, idx, sep, stem_len, &mut used);
         node.child[idx + 1].store(right, Release);
         node.hdr.set_meta(Meta {
             count: m.count + 1,
             area_used: used as u16,
+            stem_len: stem_len as u16,
             ..m
         });
         node.hdr.write_end();
@@ -1260,15 +1359,19 @@ impl Tree {
         // SAFETY: just allocated as an internal node.
         let node = unsafe { as_internal(nr) };
         let mut used = 0;
+        // The stem of a node with one pivot is as much of it as fits; the next pivot
+        // shrinks it to what they share.
+        let stem_len = sep.bytes.len().min(MAX_INT_STEM_BYTES);
+        node.set_stem(&sep.bytes[..stem_len]);
         node.child[0].store(heap_word(old), Relaxed);
-        put_pivot(node, 0, &sep, &mut used);
+        put_pivot(node, 0, &sep, stem_len, &mut used);
         node.child[1].store(heap_word(right), Relaxed);
         node.hdr.set_meta(Meta {
             kind: KIND_INTERNAL,
             level,
             count: 1,
             area_used: used as u16,
-            stem_len: 0,
+            stem_len: stem_len as u16,
         });
         self.root.store(heap_word(nr), Release);
         self.truncate(old, keep, restem);
@@ -1292,7 +1395,6 @@ impl Tree {
     ) -> Result<bool> {
         let mut w = PointsAtWalk {
             key,
-            prefix: key_prefix(key),
             hash: key_hash(key),
             ptr,
         };
@@ -1308,7 +1410,6 @@ impl Tree {
     ) -> Result<Option<u64>> {
         let mut w = GetWalk {
             key,
-            prefix: key_prefix(key),
             hash: key_hash(key),
         };
         self.walk(ctx, root, &mut w)
@@ -1325,13 +1426,8 @@ impl Tree {
         _guard: &Guard,
         out: &mut LeafCopy,
     ) -> Result<()> {
-        let seek_prefix = match seek {
-            Seek::AtOrAfter(k) | Seek::Before(k) => key_prefix(k),
-            Seek::First | Seek::Last => 0,
-        };
         let mut w = LeafWalk {
             seek,
-            seek_prefix,
             low: out.low.take().unwrap_or_default(),
             high: out.high.take().unwrap_or_default(),
             out,
@@ -1667,7 +1763,8 @@ impl Tree {
 
     /// Walks the whole tree at `root` and verifies it: disk images completely (checksum,
     /// bounds), levels, every key's prefix and hash, keys strictly ascending within their
-    /// fences, pivots ascending. Reads every key from the log. `root` must be sealed, or the
+    /// fences, pivots ascending, every pivot starting with its node's stem with its prefix
+    /// the 8 bytes after it. Reads every key from the log. `root` must be sealed, or the
     /// caller must hold the region's writer lock.
     pub fn check<C: Ctx>(&self, ctx: &C, root: u64) -> Result<TreeCheck> {
         let mut report = TreeCheck::default();
@@ -1713,6 +1810,7 @@ impl Tree {
                             version: None,
                         },
                         ctx,
+                        m.stem_len as usize,
                     ))?
                 };
                 (DiskOffset::NONE, snap)
@@ -1725,7 +1823,7 @@ impl Tree {
                     if d.meta().is_leaf() {
                         Ok(snapshot_leaf(&d))
                     } else {
-                        no_restart(snapshot_internal(&d, ctx))
+                        no_restart(snapshot_internal(&d, ctx, d.meta().stem_len as usize))
                     }
                 })?;
                 (off, snap)
@@ -1768,10 +1866,35 @@ impl Tree {
                 children,
                 pivots,
                 external,
+                stem,
+                stem_len,
+                prefixes,
+                lens,
             } => {
                 report.pivots += pivots.len() as u64;
                 report.external_pivots += external;
+                if stem_len > MAX_INT_STEM_BYTES {
+                    return Err(bad(format!("stem of {stem_len} bytes")));
+                }
+                report.internal_stem_bytes += stem.len() as u64;
                 for (i, p) in pivots.iter().enumerate() {
+                    if p.len() != lens[i] {
+                        return Err(bad(format!(
+                            "pivot {i}: {} bytes, its descriptor says {}",
+                            p.len(),
+                            lens[i]
+                        )));
+                    }
+                    if !p.starts_with(&stem) {
+                        return Err(bad(format!(
+                            "pivot {i}: does not start with the node's stem"
+                        )));
+                    }
+                    if prefixes[i] != key_prefix(&p[stem.len()..]) {
+                        return Err(bad(format!(
+                            "pivot {i}: prefix is not its 8 bytes after the stem"
+                        )));
+                    }
                     if i > 0 && pivots[i - 1] >= *p {
                         return Err(bad(format!("pivot {i}: pivots not strictly ascending")));
                     }
@@ -1815,6 +1938,12 @@ enum Snap {
         children: Vec<u64>,
         pivots: Vec<Vec<u8>>,
         external: u64,
+        stem: Vec<u8>,
+        /// As the header says, not clamped.
+        stem_len: usize,
+        prefixes: Vec<u64>,
+        /// Descriptor lengths.
+        lens: Vec<usize>,
     },
 }
 
@@ -1830,7 +1959,11 @@ fn snapshot_leaf<L: LeafRead>(l: &L) -> NodeSnap {
     }
 }
 
-fn snapshot_internal<V: InternalRead, C: Ctx>(v: &V, ctx: &C) -> SResult<NodeSnap> {
+fn snapshot_internal<V: InternalRead, C: Ctx>(
+    v: &V,
+    ctx: &C,
+    stem_len: usize,
+) -> SResult<NodeSnap> {
     let n = v.count();
     let mut pivots = Vec::with_capacity(n);
     for i in 0..n {
@@ -1846,8 +1979,40 @@ fn snapshot_internal<V: InternalRead, C: Ctx>(v: &V, ctx: &C) -> SResult<NodeSna
             children,
             pivots,
             external,
+            stem: v.stem()[..v.stem_len()].to_vec(),
+            stem_len,
+            prefixes: (0..n).map(|i| v.pivot_prefix(i)).collect(),
+            lens: (0..n).map(|i| v.pivot_desc(i).len_bytes as usize).collect(),
         },
     })
+}
+
+#[cfg(test)]
+impl Tree {
+    /// (level, stem) of every heap internal node of the live tree, root first, parents
+    /// before children. Writer only (or nothing else running).
+    pub(crate) fn internal_stems_for_test(&self) -> Vec<(u8, Vec<u8>)> {
+        let mut out = Vec::new();
+        let mut todo = vec![self.root.load(Acquire)];
+        while let Some(word) = todo.pop() {
+            let Some(NodeRef::Heap(p)) = NodeRef::decode(word) else {
+                continue;
+            };
+            // SAFETY: reachable from the live root; nothing changes the tree meanwhile.
+            let m = unsafe { p.as_ref() }.meta();
+            if m.is_leaf() {
+                continue;
+            }
+            let view = HeapInternal {
+                // SAFETY: kind checked.
+                node: unsafe { as_internal(p) },
+                version: None,
+            };
+            out.push((m.level, view.stem()[..view.stem_len()].to_vec()));
+            todo.extend((0..=view.count()).rev().map(|i| view.child(i)));
+        }
+        out
+    }
 }
 
 impl Drop for Tree {
