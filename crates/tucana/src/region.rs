@@ -730,7 +730,8 @@ impl Region {
             let tail = self.gc_tail.load(Ordering::Acquire, &guard);
             // SAFETY: protected by the guard; replaced only by this collector (under the
             // writer lock, below) or a forced pass, which holds the collector's lock too.
-            if let Some(t) = unsafe { tail.as_ref() } {
+            let tail = unsafe { tail.as_ref() };
+            if let Some(t) = tail {
                 while let Some(&(at, key, value)) = records.get(next) {
                     let len = HEADER_BYTES + key.len() + value.len();
                     if t.free_bytes() < len as u64 {
@@ -753,6 +754,15 @@ impl Region {
                     copies.push((at, key, copy, len as u64));
                     next += 1;
                 }
+            }
+            if let (Some(t), Some(_)) = (tail, records.get(next)) {
+                // Full: nothing more is appended to it, so its bytes go to the volume
+                // here rather than in the switch below, under the lock (a 2 MiB write
+                // for every segment the collector fills).
+                let written = t
+                    .flush(shared.volume.storage().as_ref())
+                    .inspect_err(|_| shared.poison())?;
+                shared.bytes_written.fetch_add(written, Ordering::Relaxed);
             }
             let mut w = self.lock_warm(copies.iter().map(|c| c.1));
             self.check_usable()?;
