@@ -1085,7 +1085,8 @@ impl Region {
             for (slot, key) in found.iter_mut().zip(group) {
                 *slot = Some(self.lookup_candidate(root, key));
             }
-            for slot in found.iter().take(group.len()) {
+            // A group of one reads its record at once: a hint would only cost.
+            for slot in found.iter().take(group.len()).filter(|_| group.len() > 1) {
                 if let Some(Ok(Candidate::Maybe(ptr))) = slot {
                     self.hint_record_lines(*ptr, self.buffered_tail(*ptr, &guard));
                 }
