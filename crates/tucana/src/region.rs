@@ -130,7 +130,13 @@ pub(crate) enum Retire {
     Gone,
 }
 
-/// Keys of a write whose index path is warmed before the writer lock (`Region::warm`):
+thread_local! {
+    /// The candidate records of a group of gets, for `prefetch_records` (kept per thread so
+    /// a group allocates nothing).
+    static GROUP_PTRS: std::cell::RefCell<Vec<u64>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Keys of a write whose index path is warmed before the writer lock (`Region::lock_warm`):
 /// a large batch holds the lock long anyway, and warming all of it would double its
 /// descents.
 const WARM_OPS_MAX: usize = 32;
@@ -1080,15 +1086,32 @@ impl Region {
         // first record's lines must stay in cache.
         const GROUP: usize = 16;
         let guard = epoch::pin();
+        // Records on the device are asked for as a group too (one `posix_fadvise` per run
+        // of pages, as `multi_get` does), so their reads overlap instead of faulting in one
+        // at a time; the gate keeps data in memory from paying a system call.
+        let device_prefetch = self.shared.options.scan_prefetch_entries > 0;
+        let mut gate = ResidencyGate::with_streak(self.prefetch_streak());
         for (g, group) in keys.chunks(GROUP).enumerate() {
             let mut found = [const { None::<Result<Candidate>> }; GROUP];
             for (slot, key) in found.iter_mut().zip(group) {
                 *slot = Some(self.lookup_candidate(root, key));
             }
             // A group of one reads its record at once: a hint would only cost.
-            for slot in found.iter().take(group.len()).filter(|_| group.len() > 1) {
-                if let Some(Ok(Candidate::Maybe(ptr))) = slot {
-                    self.hint_record_lines(*ptr, self.buffered_tail(*ptr, &guard));
+            if group.len() > 1 {
+                if device_prefetch {
+                    GROUP_PTRS.with_borrow_mut(|ptrs| {
+                        ptrs.clear();
+                        ptrs.extend(found.iter().filter_map(|slot| match slot {
+                            Some(Ok(Candidate::Maybe(ptr))) => Some(*ptr),
+                            _ => None,
+                        }));
+                        self.prefetch_records(ptrs, &mut gate, 2);
+                    });
+                }
+                for slot in found.iter().take(group.len()) {
+                    if let Some(Ok(Candidate::Maybe(ptr))) = slot {
+                        self.hint_record_lines(*ptr, self.buffered_tail(*ptr, &guard));
+                    }
                 }
             }
             for (j, (slot, key)) in found.iter_mut().zip(group).enumerate() {

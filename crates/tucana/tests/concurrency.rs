@@ -518,8 +518,9 @@ fn readers_find_records_of_segments_being_written_out() {
     let ks = db.keyspace("shared").unwrap();
     let done = AtomicBool::new(false);
     // What each writer has acknowledged so far (its next index).
-    let written: Vec<std::sync::atomic::AtomicU64> =
-        (0..WRITERS).map(|_| std::sync::atomic::AtomicU64::new(0)).collect();
+    let written: Vec<std::sync::atomic::AtomicU64> = (0..WRITERS)
+        .map(|_| std::sync::atomic::AtomicU64::new(0))
+        .collect();
     let key = |t: u64, i: u64| format!("w{t}:{i:06}").into_bytes();
     thread::scope(|s| {
         for t in 0..WRITERS {

@@ -233,7 +233,16 @@ fn a_cold_scan_asks_for_every_record_before_reading_it_both_directions() {
     let keys: Vec<Vec<u8>> = (0..200).map(|i| key(i * 13 % n)).collect();
     let values = ks.multi_get(&keys).unwrap();
     assert!(values.iter().all(Option::is_some));
-    assert_reads_prefetched_first(&storage.take(), tail);
+    assert_reads_prefetched_first(&storage.take(), tail.clone());
+
+    // So do groups of gets (the server's pipelined GETs): each group of records is asked
+    // for before any of it is read.
+    let keys: Vec<Vec<u8>> = (0..160).map(|i| key(i * 17 % n)).collect();
+    let slices: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
+    let mut found = 0;
+    ks.get_many_with(&slices, |_, v| found += usize::from(v.unwrap().is_some()));
+    assert_eq!(found, keys.len());
+    assert!(assert_reads_prefetched_first(&storage.take(), tail) > 100);
 }
 
 /// Pages asked for since the last `take` (and takes the events).
@@ -301,6 +310,8 @@ fn prefetch_off_asks_for_nothing() {
     assert_eq!(ks.range::<&[u8], _>(..).rev().count(), 3000);
     let keys: Vec<_> = (0..300).map(key).collect();
     ks.multi_get(&keys).unwrap();
+    let slices: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
+    ks.get_many_with(&slices, |_, v| assert!(v.unwrap().is_some()));
     assert!(!storage
         .take()
         .iter()
