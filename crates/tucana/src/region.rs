@@ -1116,35 +1116,29 @@ impl Region {
             }
             for (j, (slot, key)) in found.iter_mut().zip(group).enumerate() {
                 let i = g * GROUP + j;
-                let result = match slot.take().expect("looked up above") {
+                // Whether `f` was handed the value.
+                let answered = match slot.take().expect("looked up above") {
                     Err(e) => Err(e),
-                    Ok(Candidate::Absent) => Ok(None),
+                    Ok(Candidate::Absent) => Ok(false),
                     Ok(Candidate::Maybe(ptr)) => {
-                        let mut value = None;
                         match self.value_at_if_key(ptr, key, |v| f(i, Ok(Some(v)))) {
-                            Ok(Some(())) => continue,
-                            Ok(None) => {}
-                            Err(e) => value = Some(Err(e)),
-                        }
-                        // Another key with the same prefix and hash: look up exactly.
-                        match value {
-                            Some(e) => e,
-                            None => match self.get_exact(root, key, |v| f(i, Ok(Some(v)))) {
-                                Ok(Some(())) => continue,
-                                Ok(None) => Ok(None),
-                                Err(e) => Err(e),
-                            },
-                        }
-                    }
-                    Ok(Candidate::Unsure) => {
-                        match self.get_exact(root, key, |v| f(i, Ok(Some(v)))) {
-                            Ok(Some(())) => continue,
-                            Ok(None) => Ok(None),
+                            Ok(Some(())) => Ok(true),
+                            // Another key with the same prefix and hash: look up exactly.
+                            Ok(None) => self
+                                .get_exact(root, key, |v| f(i, Ok(Some(v))))
+                                .map(|found| found.is_some()),
                             Err(e) => Err(e),
                         }
                     }
+                    Ok(Candidate::Unsure) => self
+                        .get_exact(root, key, |v| f(i, Ok(Some(v))))
+                        .map(|found| found.is_some()),
                 };
-                f(i, result);
+                match answered {
+                    Ok(true) => {}
+                    Ok(false) => f(i, Ok(None)),
+                    Err(e) => f(i, Err(e)),
+                }
             }
         }
     }
