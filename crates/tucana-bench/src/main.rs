@@ -117,6 +117,10 @@ struct MicroArgs {
     /// commits land at other points from run to run and blur the counts.
     #[arg(long)]
     manual_commit: bool,
+    /// Tucana's address-space reservation for its volume mapping, in MiB (default: the
+    /// engine's, 64 GiB). valgrind refuses the default: e.g. 1024 for callgrind.
+    #[arg(long)]
+    mapping_reservation_mib: Option<u64>,
 }
 
 #[derive(Args, Debug)]
@@ -238,6 +242,9 @@ fn run(cli: Cli) -> Result<()> {
             if args.manual_commit {
                 options.set("manual_commit", true);
             }
+            if let Some(mib) = args.mapping_reservation_mib {
+                options.set("mapping_reservation_mib", mib);
+            }
             describe_dir(&common.dir, &mut options);
             report::print_header(command, &machine, &options);
             let config = micro::MicroConfig {
@@ -252,6 +259,7 @@ fn run(cli: Cli) -> Result<()> {
                 stop_after: args.stop_after.clone(),
                 engine: engine::EngineConfig {
                     background_commit: !args.manual_commit,
+                    mapping_reservation_bytes: args.mapping_reservation_mib.map(|mib| mib << 20),
                     ..engine::EngineConfig::default()
                 },
             };

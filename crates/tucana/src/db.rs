@@ -52,7 +52,8 @@ pub struct Options {
     /// Range iterators keep the log records of this many entries ahead of each end asked
     /// for at once (`Storage::prefetch`), so that a scan of records not in memory has many
     /// reads in flight; `multi_get` prefetches its keys' records in windows of at least
-    /// this many, and a record longer than two pages is asked for whole before it is read.
+    /// this many, `get_many_with` group by group, and a record longer than two pages is
+    /// asked for whole before it is read.
     /// 0 turns all of it off.
     pub scan_prefetch_entries: usize,
     /// How often the background collector wakes to take a step (default 100 ms). For the
@@ -60,6 +61,11 @@ pub struct Options {
     /// crash inside them; not a tuning knob (the budget follows the foreground, not the tick).
     #[doc(hidden)]
     pub gc_tick: Duration,
+    /// Address space reserved for the read mapping of a volume file (default 64 GiB); the
+    /// mapping grows past it with the file, only sooner with a smaller one. Costs no
+    /// memory, but tools that cap a process's address space (valgrind, `ulimit -v`) refuse
+    /// the default.
+    pub mapping_reservation_bytes: u64,
 }
 
 impl Default for Options {
@@ -75,6 +81,7 @@ impl Default for Options {
             gc_rate_bytes_per_sec: 64 << 20,
             scan_prefetch_entries: 64,
             gc_tick: GC_TICK,
+            mapping_reservation_bytes: crate::volume::DEFAULT_MAPPING_RESERVATION_BYTES,
         }
     }
 }
@@ -126,7 +133,7 @@ impl Options {
     }
 
     /// Log records range iterators ask the device for ahead of where they are (default
-    /// 64; 0: none). See the field.
+    /// 64; 0: none, also for `multi_get` and `get_many_with`). See the field.
     pub fn scan_prefetch_entries(mut self, entries: usize) -> Options {
         self.scan_prefetch_entries = entries;
         self
@@ -139,9 +146,19 @@ impl Options {
         self
     }
 
+    /// See the field (at least one block).
+    pub fn mapping_reservation_bytes(mut self, bytes: u64) -> Options {
+        self.mapping_reservation_bytes = bytes.max(crate::types::BLOCK_BYTES);
+        self
+    }
+
     /// Opens (or creates) the volume in the file at `path`, locked against other processes.
     pub fn open(self, path: impl AsRef<Path>) -> Result<Database> {
-        let storage = crate::volume::FileStorage::open(path.as_ref(), self.create_if_missing)?;
+        let storage = crate::volume::FileStorage::open_with_min_reservation(
+            path.as_ref(),
+            self.create_if_missing,
+            self.mapping_reservation_bytes,
+        )?;
         self.open_storage(Arc::new(storage))
     }
 

@@ -488,3 +488,37 @@ fn writes_through_other_handles_after_close_are_refused_and_nothing_before_is_lo
     let ks = db.open_keyspace("ks").unwrap();
     assert_eq!(all(&ks), vec![(b"kept".to_vec(), b"2".to_vec())]);
 }
+
+/// A small mapping reservation (for tools that cap the address space, such as valgrind)
+/// only makes the mapping grow sooner: a volume far larger than it reads and reopens.
+#[test]
+fn a_small_mapping_reservation_still_reads_a_larger_volume() {
+    let (_dir, path) = temp_volume();
+    let open = || {
+        Database::builder()
+            .commit_interval(None)
+            .flush_interval(None)
+            .mapping_reservation_bytes(1 << 20)
+            .open(&path)
+            .unwrap()
+    };
+    let db = open();
+    let ks = db.keyspace("k").unwrap();
+    let value = vec![7u8; 4000];
+    for i in 0..3000u32 {
+        ks.put(format!("key{i:05}").as_bytes(), &value).unwrap();
+    }
+    db.commit().unwrap();
+    for i in (0..3000u32).step_by(97) {
+        assert_eq!(
+            ks.get(format!("key{i:05}").as_bytes()).unwrap().as_deref(),
+            Some(&value[..])
+        );
+    }
+    drop(ks);
+    db.close().unwrap();
+    let db = open();
+    let ks = db.open_keyspace("k").unwrap();
+    assert_eq!(ks.range::<&[u8], _>(..).count(), 3000);
+    db.check().unwrap();
+}

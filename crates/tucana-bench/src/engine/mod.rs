@@ -64,6 +64,9 @@ pub struct EngineConfig {
     /// Space amplification at which background GC works (`None`: the engine's default).
     /// Only engines with [`EngineKind::has_gc_switch`] use it.
     pub gc_space_amp: Option<f64>,
+    /// Tucana's `mapping_reservation_bytes` (`None`: its default); runs under valgrind,
+    /// which refuses the default 64 GiB of address space, set a smaller one.
+    pub mapping_reservation_bytes: Option<u64>,
 }
 
 impl Default for EngineConfig {
@@ -75,6 +78,7 @@ impl Default for EngineConfig {
             flush_interval: Duration::from_secs(1),
             gc: true,
             gc_space_amp: None,
+            mapping_reservation_bytes: None,
         }
     }
 }

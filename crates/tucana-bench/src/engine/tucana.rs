@@ -66,6 +66,9 @@ fn options(config: &EngineConfig) -> tucana::Options {
     if let Some(target) = config.gc_space_amp {
         options = options.gc_space_amp(target);
     }
+    if let Some(bytes) = config.mapping_reservation_bytes {
+        options = options.mapping_reservation_bytes(bytes);
+    }
     if !config.background_commit {
         // Only explicit `commit()` calls persist the index; the log tail since then is
         // what recovery replays.

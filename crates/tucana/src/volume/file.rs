@@ -55,8 +55,9 @@ impl FileStorage {
         FileStorage::open_with_min_reservation(path, create_if_missing, MIN_RESERVATION_BYTES)
     }
 
-    /// As `open`, with a chosen floor for the mapping's reservation (tests use a small one
-    /// to exercise remapping).
+    /// As `open`, with a chosen floor for the mapping's reservation
+    /// (`Options::mapping_reservation_bytes`; tests use a small one to exercise
+    /// remapping).
     pub(crate) fn open_with_min_reservation(
         path: &Path,
         create_if_missing: bool,
