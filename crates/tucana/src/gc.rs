@@ -89,11 +89,11 @@ const URGENT_TOKENS_MAX_BYTES: f64 = (32 << 20) as f64;
 
 /// Write pacing, a brake for when garbage collection falls behind for good (more writer
 /// threads than cores starve the collector's one thread, and the log would grow without
-/// bound): once the store's garbage (smoothed, space on its way back included) passes
-/// `PACE_SHARE` times its room, foreground writers sleep `PACE_GAIN_NS_PER_KIB` per KiB
-/// they append for every room beyond that line, up to `PACE_MAX_NS_PER_KIB`
-/// (which slows a writer of 1 KiB records to a few thousand writes a second: a brake,
-/// never a stop). Proportional, so it settles where the collector keeps up instead of
+/// bound): once the store's garbage (smoothed; space on its way back only beyond a whole
+/// room) passes `PACE_SHARE` times its room, foreground writers sleep
+/// `PACE_GAIN_NS_PER_KIB` per KiB they append for every room beyond that line, up to
+/// `PACE_MAX_NS_PER_KIB` (which slows a writer of 1 KiB records to a few thousand writes
+/// a second: a brake, never a stop). Proportional, so it settles where the collector keeps up instead of
 /// swinging between full speed and a crawl.
 ///
 /// Why not from the target itself: a burst that rewrites the data set every two seconds
@@ -314,6 +314,16 @@ pub fn write_delay(garbage_share: f64, gc_can_help: bool) -> u64 {
     }
     let excess = garbage_share - PACE_SHARE;
     (PACE_GAIN_NS_PER_KIB * excess).min(PACE_MAX_NS_PER_KIB as f64) as u64
+}
+
+/// The garbage pacing weighs: the regions' `garbage_bytes` and, of the `returning_bytes`
+/// on their way back to the file system, what exceeds one `room_bytes`. The returning
+/// space is already in the measured overhead, which shrinks the room; counting all of it
+/// as garbage too paced writers for space a commit pair was about to give back (they
+/// slept a quarter of a burst). A pile beyond a whole room means commits fall behind the
+/// collector, and that does call for the brake.
+pub(crate) fn pacing_garbage_bytes(garbage_bytes: f64, returning_bytes: f64, room_bytes: f64) -> f64 {
+    garbage_bytes + (returning_bytes - room_bytes.max(0.0)).max(0.0)
 }
 
 /// Background victims go best first by LFS's cost-benefit rule: the space a segment gives
@@ -637,9 +647,9 @@ impl DbInner {
     }
 
     /// Sets the foreground writers' pacing delay from the whole store's garbage: its
-    /// regions' (see [`Footprint`]) plus what is on its way back to the file system
-    /// (retired segments waiting only for commits, frees waiting for readers or for
-    /// their punch), over the room its regions' target leaves.
+    /// regions' (see [`Footprint`]) plus, beyond one room, what is on its way back to the
+    /// file system (retired segments waiting only for commits, frees waiting for readers
+    /// or for their punch), over the room its regions' target leaves.
     fn update_write_pacing(
         &self,
         state: &mut GcState,
@@ -667,7 +677,7 @@ impl DbInner {
                 .map(|(_, blocks)| blocks * BLOCK_BYTES)
                 .sum::<u64>();
         }
-        garbage_bytes += returning_bytes as f64;
+        garbage_bytes = pacing_garbage_bytes(garbage_bytes, returning_bytes as f64, room_bytes);
         disk_bytes += returning_bytes as f64;
         let share = if garbage_bytes <= 0.0 {
             0.0
@@ -1321,6 +1331,20 @@ mod tests {
         }
         assert_eq!(write_delay(3.0, false), 0);
         assert_eq!(write_delay(f64::NAN, true), 0);
+    }
+
+    #[test]
+    fn space_on_its_way_back_counts_for_pacing_only_beyond_one_room() {
+        let room = 100.0;
+        assert_eq!(pacing_garbage_bytes(50.0, 0.0, room), 50.0);
+        assert_eq!(pacing_garbage_bytes(50.0, 100.0, room), 50.0);
+        assert_eq!(pacing_garbage_bytes(50.0, 180.0, room), 130.0);
+        // No room at all: everything on its way back weighs.
+        assert_eq!(pacing_garbage_bytes(50.0, 30.0, -20.0), 80.0);
+        // A pile of commits falling behind alone can cross the pacing line.
+        let share = pacing_garbage_bytes(0.0, 400.0, room) / room;
+        assert!(write_delay(share, true) > 0);
+        assert_eq!(write_delay(pacing_garbage_bytes(0.0, 250.0, room) / room, true), 0);
     }
 
     #[test]
