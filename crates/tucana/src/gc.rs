@@ -322,7 +322,11 @@ pub fn write_delay(garbage_share: f64, gc_can_help: bool) -> u64 {
 /// as garbage too paced writers for space a commit pair was about to give back (they
 /// slept a quarter of a burst). A pile beyond a whole room means commits fall behind the
 /// collector, and that does call for the brake.
-pub(crate) fn pacing_garbage_bytes(garbage_bytes: f64, returning_bytes: f64, room_bytes: f64) -> f64 {
+pub(crate) fn pacing_garbage_bytes(
+    garbage_bytes: f64,
+    returning_bytes: f64,
+    room_bytes: f64,
+) -> f64 {
     garbage_bytes + (returning_bytes - room_bytes.max(0.0)).max(0.0)
 }
 
@@ -1344,7 +1348,10 @@ mod tests {
         // A pile of commits falling behind alone can cross the pacing line.
         let share = pacing_garbage_bytes(0.0, 400.0, room) / room;
         assert!(write_delay(share, true) > 0);
-        assert_eq!(write_delay(pacing_garbage_bytes(0.0, 250.0, room) / room, true), 0);
+        assert_eq!(
+            write_delay(pacing_garbage_bytes(0.0, 250.0, room) / room, true),
+            0
+        );
     }
 
     #[test]

@@ -433,7 +433,19 @@ pub(crate) fn release_extents(shared: &crate::db::Shared, extents: &[(DiskOffset
         });
 }
 
-/// Writes node images with one write per run of adjacent blocks.
+/// One block of memory aligned to a block: runs of them are what uncached (`O_DIRECT`)
+/// writes take.
+#[repr(C, align(4096))]
+#[derive(Clone, Copy)]
+struct AlignedBlock([u8; NODE_BYTES]);
+
+const _: () = assert!(std::mem::size_of::<AlignedBlock>() == NODE_BYTES);
+const _: () = assert!(NODE_BYTES as u64 == BLOCK_BYTES);
+
+/// Writes node images with one write per run of adjacent blocks, past the page cache
+/// (`Storage::write_uncached_at`): the index lives in memory and only recovery reads its
+/// images, and a commit pair during GC rewrites every leaf (copying them into the page
+/// cache took 40% of the committer's CPU).
 fn write_coalesced(
     storage: &dyn crate::volume::Storage,
     images: &mut [(DiskOffset, Box<[u8; NODE_BYTES]>)],
@@ -441,17 +453,23 @@ fn write_coalesced(
 ) -> Result<()> {
     images.sort_by_key(|(off, _)| *off);
     let mut i = 0;
-    let mut buf = Vec::new();
+    let mut run: Vec<AlignedBlock> = Vec::new();
     while i < images.len() {
         let start = images[i].0;
-        buf.clear();
+        run.clear();
         let mut j = i;
         while j < images.len() && images[j].0 .0 == start.0 + (j - i) as u64 * BLOCK_BYTES {
-            buf.extend_from_slice(&images[j].1[..]);
+            run.push(AlignedBlock(*images[j].1));
             j += 1;
         }
-        storage.write_at(start.0, &buf)?;
-        bytes_written.fetch_add(buf.len() as u64, Ordering::Relaxed);
+        // SAFETY: `AlignedBlock` is a byte array with no padding (its size is its
+        // alignment, asserted above), so the run's initialized elements are
+        // `run.len() * NODE_BYTES` initialized bytes, borrowed no longer than `run`.
+        let bytes = unsafe {
+            std::slice::from_raw_parts(run.as_ptr().cast::<u8>(), run.len() * NODE_BYTES)
+        };
+        storage.write_uncached_at(start.0, bytes)?;
+        bytes_written.fetch_add(bytes.len() as u64, Ordering::Relaxed);
         i = j;
     }
     Ok(())

@@ -1,5 +1,6 @@
 //! The file backend: a volume in one file, read and written with `pread`/`pwrite`, read
-//! zero-copy through a read-only mapping.
+//! zero-copy through a read-only mapping; index node images go past the page cache through
+//! a second, `O_DIRECT` descriptor of the same file (`Storage::write_uncached_at`).
 //!
 //! Owns: opening (and creating) the volume file, the exclusive lock that makes this handle
 //! the file's only writer, the file's length (it only grows), durability (`sync_data`),
@@ -25,6 +26,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use parking_lot::Mutex;
 
 use crate::error::{Error, Result};
+use crate::types::BLOCK_BYTES;
 use crate::volume::mmap::{GrowingMap, MIN_RESERVATION_BYTES};
 use crate::volume::Storage;
 
@@ -34,6 +36,12 @@ pub struct FileStorage {
     // closed.
     map: GrowingMap,
     file: File,
+    /// The same file opened with `O_DIRECT`, for `write_uncached_at`; `None` where the
+    /// file system refuses it (tmpfs) or after a direct write was refused.
+    direct: Option<File>,
+    /// Cleared when a direct write fails with `EINVAL` (an alignment this file system
+    /// wants and we do not meet): later uncached writes go through the page cache.
+    direct_ok: std::sync::atomic::AtomicBool,
     path: PathBuf,
     /// The file's length; changed only by `grow`, under `grow_lock`, after `set_len`.
     len_bytes: AtomicU64,
@@ -78,9 +86,12 @@ impl FileStorage {
         }
         let len_bytes = metadata.len();
         let map = GrowingMap::with_min_reservation(&file, len_bytes, min_reservation_bytes)?;
+        let direct = open_direct(path);
         Ok(FileStorage {
             map,
             file,
+            direct_ok: std::sync::atomic::AtomicBool::new(direct.is_some()),
+            direct,
             path: path.to_path_buf(),
             len_bytes: AtomicU64::new(len_bytes),
             grow_lock: Mutex::new(()),
@@ -165,6 +176,36 @@ impl Storage for FileStorage {
         self.file
             .write_all_at(data, offset)
             .map_err(|e| with_path(&self.path, "write", e))?;
+        self.written_bytes
+            .fetch_add(data.len() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn write_uncached_at(&self, offset: u64, data: &[u8]) -> Result<()> {
+        let aligned = offset.is_multiple_of(BLOCK_BYTES)
+            && (data.len() as u64).is_multiple_of(BLOCK_BYTES)
+            && (data.as_ptr() as usize).is_multiple_of(BLOCK_BYTES as usize);
+        let direct = self
+            .direct
+            .as_ref()
+            .filter(|_| aligned && self.direct_ok.load(Ordering::Relaxed));
+        let Some(direct) = direct else {
+            return self.write_at(offset, data);
+        };
+        self.assert_inside(offset, data.len());
+        // The kernel writes back and drops any cached page of the range first, so the
+        // mapping and `read_at` see these bytes afterwards; `sync` (fdatasync on the other
+        // descriptor of the same file) makes them durable like any other write.
+        match direct.write_all_at(data, offset) {
+            Ok(()) => {}
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                // Nothing was written (the request was refused before any I/O): this file
+                // system wants another alignment. The page cache from now on.
+                self.direct_ok.store(false, Ordering::Relaxed);
+                return self.write_at(offset, data);
+            }
+            Err(e) => return Err(with_path(&self.path, "write", e)),
+        }
         self.written_bytes
             .fetch_add(data.len() as u64, Ordering::Relaxed);
         Ok(())
@@ -260,6 +301,23 @@ fn open_file(path: &Path, create_if_missing: bool) -> Result<File> {
         sync_dir(parent_or_dot(dir))?;
     }
     Ok(file)
+}
+
+/// The volume file opened a second time with `O_DIRECT`, or `None` where the platform or
+/// file system does not offer it (then uncached writes are ordinary ones).
+#[cfg(target_os = "linux")]
+fn open_direct(path: &Path) -> Option<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(path)
+        .ok()
+}
+
+#[cfg(not(target_os = "linux"))]
+fn open_direct(_path: &Path) -> Option<File> {
+    None
 }
 
 fn parent_or_dot(path: &Path) -> &Path {
@@ -493,6 +551,45 @@ mod tests {
         assert_eq!(unsafe { storage.mapped(3 * 4096 - 2, 3) }, None);
         // Mapped views are not I/O.
         assert_eq!(storage.io_bytes(), (6, 0));
+    }
+
+    #[test]
+    fn uncached_writes_replace_cached_bytes_for_every_reader() {
+        #[repr(C, align(4096))]
+        struct Pages([u8; 2 * 4096]);
+        let dir = tempfile::tempdir().unwrap();
+        let storage = FileStorage::open(&volume_path(&dir), true).unwrap();
+        storage.grow(4 * 4096).unwrap();
+        // Cached (and mapped) first: the uncached write must not leave these behind.
+        storage.write_at(4096, &[1; 2 * 4096]).unwrap();
+        // SAFETY: nothing writes while the view lives.
+        assert!(unsafe { storage.mapped(4096, 2 * 4096) }
+            .unwrap()
+            .iter()
+            .all(|&b| b == 1));
+        let pages = Box::new(Pages([2; 2 * 4096]));
+        storage.write_uncached_at(4096, &pages.0).unwrap();
+        let mut back = vec![0; 2 * 4096];
+        storage.read_at(4096, &mut back).unwrap();
+        assert!(back.iter().all(|&b| b == 2));
+        // SAFETY: as above.
+        let view = unsafe { storage.mapped(4096, 2 * 4096) }.unwrap();
+        assert!(view.iter().all(|&b| b == 2));
+        // Unaligned offset, length or buffer: an ordinary write, same result.
+        storage.write_uncached_at(3 * 4096 + 100, b"tail").unwrap();
+        storage.write_uncached_at(0, &pages.0[1..4097]).unwrap();
+        let mut back = [0u8; 4];
+        storage.read_at(3 * 4096 + 100, &mut back).unwrap();
+        assert_eq!(&back, b"tail");
+        storage.sync().unwrap();
+        drop(storage);
+        // The same bytes after reopening.
+        let storage = FileStorage::open(&volume_path(&dir), false).unwrap();
+        let mut back = vec![0; 4 * 4096];
+        storage.read_at(0, &mut back).unwrap();
+        assert!(back[..4096].iter().all(|&b| b == 2));
+        assert!(back[4096..3 * 4096].iter().all(|&b| b == 2));
+        assert_eq!(&back[3 * 4096 + 100..3 * 4096 + 104], b"tail");
     }
 
     #[test]

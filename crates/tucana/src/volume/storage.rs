@@ -20,6 +20,15 @@ pub trait Storage: Send + Sync + 'static {
     /// Writes all of `data` at `offset` (inside the current length).
     fn write_at(&self, offset: u64, data: &[u8]) -> Result<()>;
 
+    /// As `write_at`, for bytes nobody reads back while the volume is open (index node
+    /// images: the index lives in memory, recovery reads them): the backend may bypass
+    /// its cache, so the write costs no copy into it and evicts nothing readers use. Same
+    /// durability contract as `write_at` (durable after `sync`). The default is
+    /// `write_at`, as is any call whose offset, length or buffer is not block-aligned.
+    fn write_uncached_at(&self, offset: u64, data: &[u8]) -> Result<()> {
+        self.write_at(offset, data)
+    }
+
     /// Makes every completed `write_at` durable.
     fn sync(&self) -> Result<()>;
 
