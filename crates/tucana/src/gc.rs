@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use crate::db::DbInner;
 use crate::error::{Error, Result};
 use crate::index::NODE_BYTES;
-use crate::log::record::{self, Header, RecordRef, HEADER_BYTES};
+use crate::log::record::{Header, RecordRef, HEADER_BYTES};
 use crate::log::SegmentStats;
 use crate::region::{Region, Retire};
 use crate::types::{DiskOffset, RegionId, BLOCK_BYTES};
@@ -426,7 +426,7 @@ fn collect_segment(
                 .volume
                 .view(victim.0, stats.written_bytes as usize, &mut state.buf)?
         };
-        let puts = parse_puts(region, victim, buf)?;
+        let puts = parse_puts(victim, buf)?;
         // Where the writers listed the segment's dead records (a segment this process
         // made), those are skipped and the rest go straight to relocation, which checks
         // each against the index anyway; otherwise each record is looked up.
@@ -451,7 +451,8 @@ fn collect_segment(
                     None => region.is_live(key, p.at)?,
                 };
                 if live {
-                    records.push((p.at, key, &buf[p.value.clone()]));
+                    let (key, value) = verified(region, p, buf)?;
+                    records.push((p.at, key, value));
                     if records.len() == RELOCATE_CHUNK_RECORDS {
                         break;
                     }
@@ -498,9 +499,19 @@ struct PutAt {
     value: std::ops::Range<usize>,
 }
 
-/// The put records of a segment's first `buf.len()` bytes, verified (crc, region seed).
-fn parse_puts(region: &Region, base: DiskOffset, buf: &[u8]) -> Result<Vec<PutAt>> {
-    let seed = record::region_seed(region.id);
+/// The key and value of `put`, once its crc (seeded with `region`'s id) is checked: a
+/// damaged live record is reported, never copied under a fresh crc that would hide it.
+fn verified<'b>(region: &Region, put: &PutAt, buf: &'b [u8]) -> Result<(&'b [u8], &'b [u8])> {
+    let bytes = &buf[put.key.start - HEADER_BYTES..put.value.end];
+    let rec = RecordRef::parse(bytes, region.seed, true, DiskOffset(put.at))?;
+    Ok((rec.key, rec.value))
+}
+
+/// The put records of a segment's first `buf.len()` bytes, their headers checked but not
+/// their crcs: only the records that are copied are verified ([`verified`]), so a
+/// collection reads each dead byte once (to step over it) and a damaged dead record does
+/// not keep its segment's space.
+fn parse_puts(base: DiskOffset, buf: &[u8]) -> Result<Vec<PutAt>> {
     let mut out = Vec::new();
     let mut pos = 0usize;
     while pos < buf.len() {
@@ -521,14 +532,13 @@ fn parse_puts(region: &Region, base: DiskOffset, buf: &[u8]) -> Result<Vec<PutAt
                 "record past the segment's written bytes",
             ));
         }
-        let rec = RecordRef::parse(&buf[pos..pos + len], seed, true, at)?;
-        if !rec.header.is_tombstone() && !rec.header.is_link() {
+        if !header.is_tombstone() && !header.is_link() {
             let key_at = pos + HEADER_BYTES;
-            let value_at = key_at + rec.key.len();
+            let value_at = key_at + header.key_len as usize;
             out.push(PutAt {
                 at: at.0,
                 key: key_at..value_at,
-                value: value_at..value_at + rec.value.len(),
+                value: value_at..pos + len,
             });
         }
         pos += len;
@@ -903,6 +913,7 @@ fn reclaimable_retired_bytes(region: &Region) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::log::record;
 
     /// Walks the records of every segment of the region `name`: per segment, how many
     /// are relocated copies and how many are not.
@@ -949,6 +960,83 @@ mod tests {
             .log_segment_bytes(64 << 10)
             .open_in_memory()
             .unwrap()
+    }
+
+    /// Fills a store with 64 KiB segments, overwrites half the keys, and damages one
+    /// value byte of a put record of the first segment that is `live` (or dead), in the
+    /// volume's bytes. Returns the store and the keys with their expected values.
+    fn store_with_a_damaged_record(live: bool) -> (crate::Database, Vec<(String, Vec<u8>)>) {
+        let db = manual_small_segments();
+        let ks = db.keyspace("t").unwrap();
+        let mut expected = Vec::new();
+        for i in 0..600u32 {
+            let key = format!("k{i:04}");
+            let value = vec![(i % 251) as u8; 200];
+            ks.put(key.as_bytes(), &value).unwrap();
+            expected.push((key, value));
+        }
+        for (i, (key, value)) in expected.iter_mut().enumerate() {
+            if i % 2 == 0 {
+                *value = vec![7; 200];
+                ks.put(key.as_bytes(), value).unwrap();
+            }
+        }
+        db.commit().unwrap();
+        let (region, segments) = written_segments(&db, "t");
+        let (base, written) = segments[0];
+        let mut pos = 0;
+        let target = loop {
+            assert!(pos < written, "no {} record in the first segment", live);
+            let at = base + pos;
+            let (header, key) = region
+                .with_record(at, true, |r| (r.header, r.key.to_vec()))
+                .unwrap();
+            if !header.is_tombstone()
+                && !header.is_link()
+                && region.is_live(&key, at).unwrap() == live
+            {
+                break at;
+            }
+            pos += header.total_bytes();
+        };
+        let storage = db.inner.shared.volume.storage().clone();
+        let byte_at = target + HEADER_BYTES as u64 + 5 + 100;
+        let mut byte = [0u8];
+        storage.read_at(byte_at, &mut byte).unwrap();
+        storage.write_at(byte_at, &[byte[0] ^ 0x10]).unwrap();
+        (db, expected)
+    }
+
+    /// A bit flip in a dead record neither stops a collection nor keeps its segment: only
+    /// the records copied are verified.
+    #[test]
+    fn a_damaged_dead_record_does_not_keep_its_segment() {
+        let (db, expected) = store_with_a_damaged_record(false);
+        let first = written_segments(&db, "t").1[0].0;
+        db.gc().unwrap();
+        assert!(
+            written_segments(&db, "t")
+                .1
+                .iter()
+                .all(|&(base, _)| base != first),
+            "the damaged segment was collected"
+        );
+        let ks = db.keyspace("t").unwrap();
+        for (key, value) in &expected {
+            assert_eq!(ks.get(key.as_bytes()).unwrap().as_deref(), Some(&value[..]));
+        }
+    }
+
+    /// A bit flip in a live record is reported, not copied under a fresh crc that would
+    /// make the damage look like data.
+    #[test]
+    fn a_damaged_live_record_stops_the_collection_with_corruption() {
+        let (db, _) = store_with_a_damaged_record(true);
+        let err = db.gc().unwrap_err();
+        assert!(
+            matches!(err, crate::Error::Corruption { .. }),
+            "expected corruption, got {err:?}"
+        );
     }
 
     /// A commit that seals while the collector has copies in the relocation tail that no

@@ -149,7 +149,7 @@ pub(crate) struct Region {
     pub name: String,
     pub tree: Tree,
     pub shared: Arc<Shared>,
-    seed: u32,
+    pub(crate) seed: u32,
     /// Writes left that warm their index path before taking the writer lock
     /// (`lock_warm`): set when a writer finds the lock taken, 0 for a lone writer.
     warm_writes: std::sync::atomic::AtomicU32,
