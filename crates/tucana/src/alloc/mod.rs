@@ -750,9 +750,22 @@ impl Allocator {
                 runs.push((base + lo, base + hi));
             }
         }
+        // Windows of nodes freed near each other overlap: each free block is punched once
+        // (a commit pair of a GC burst frees thousands of nodes in a few runs, and punching
+        // every node's window made 25k system calls over 7 GiB for 2.4 GiB freed).
         runs.sort_unstable();
-        runs.dedup();
+        let mut merged: Option<(u64, u64)> = None;
         for (lo, hi) in runs {
+            merged = match merged {
+                Some((mlo, mhi)) if lo <= mhi => Some((mlo, mhi.max(hi))),
+                Some((mlo, mhi)) => {
+                    punch(mlo * BLOCK_BYTES, (mhi - mlo) * BLOCK_BYTES);
+                    Some((lo, hi))
+                }
+                None => Some((lo, hi)),
+            };
+        }
+        if let Some((lo, hi)) = merged {
             punch(lo * BLOCK_BYTES, (hi - lo) * BLOCK_BYTES);
         }
         drop(st);

@@ -932,3 +932,30 @@ fn release_punching_punches_large_extents_as_given() {
     assert!(!alloc.is_allocated(a, 60));
     live_set(&alloc);
 }
+
+/// Many small extents freed in one batch (a commit pair hands back thousands of index
+/// nodes) are punched as the union of their free runs: every free block once, in as many
+/// calls as there are separate runs, never an allocated block, even where the runs are
+/// longer than the window searched around each extent.
+#[test]
+fn release_punching_punches_each_free_block_of_a_batch_once() {
+    let (storage, alloc) = new_volume(4096 * BLOCK_BYTES);
+    // Blocks 8..1408 one at a time; every 700th stays allocated and splits the runs.
+    let singles: Vec<DiskOffset> = (0..1400)
+        .map(|_| alloc.allocate(&storage, 1, 1, false).unwrap())
+        .collect();
+    let fence = alloc.allocate(&storage, 1, 1, false).unwrap();
+    assert_eq!(block_of(fence), 1408);
+    let freed: Vec<(DiskOffset, u64)> = singles
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| i % 700 != 699)
+        .map(|(_, off)| (*off, 1))
+        .collect();
+    let mut punched: Vec<(u64, u64)> = Vec::new();
+    alloc.release_punching(&freed, 16, &mut |at, len| punched.push((at, len)));
+    let blocks = |(at, len): (u64, u64)| (at / BLOCK_BYTES, (at + len) / BLOCK_BYTES);
+    let runs: Vec<(u64, u64)> = punched.iter().copied().map(blocks).collect();
+    assert_eq!(runs, vec![(8, 707), (708, 1407)]);
+    live_set(&alloc);
+}
