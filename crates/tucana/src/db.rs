@@ -609,7 +609,10 @@ impl DbInner {
         for region in self.region_list() {
             drop(region.writer.lock());
         }
-        self.commit_locked(&mut cs)
+        let committed = self.commit_locked(&mut cs);
+        // The file keeps no free segment the background collector left unpunched.
+        crate::commit::punch_deferred(&self.shared, std::time::Duration::ZERO);
+        committed
     }
 
     pub fn abandon(&self) {
@@ -762,6 +765,7 @@ fn gc_loop(db: std::sync::Weak<DbInner>) {
         }
         // Errors that matter poison the database; the next user call reports them.
         behind = inner.background_gc().unwrap_or(false);
+        crate::commit::punch_deferred(&inner.shared, crate::commit::DEFERRED_PUNCH_AGE);
         // Segments it retired come back only through commits: let the committer judge now.
         inner.shared.wake_committer();
     }

@@ -638,7 +638,10 @@ impl DbInner {
     /// Measures what the volume holds beyond the regions' logs and estimated index, per
     /// byte of their floor, and keeps its decaying peak for [`Footprint::of`].
     fn measure_overhead(&self, state: &mut GcState) {
-        let allocated = (self.shared.allocator.allocated_blocks() * BLOCK_BYTES) as f64;
+        // Segments released but not punched yet (`release_extents`) are free in the bitmap
+        // and still on the disk.
+        let allocated = (self.shared.allocator.allocated_blocks() * BLOCK_BYTES
+            + self.shared.allocator.deferred_bytes()) as f64;
         let (mut disk, mut floor) = (0.0, 0.0);
         for region in self.region_list() {
             let f = Footprint::of(&region, 0.0);
@@ -777,8 +780,9 @@ impl DbInner {
             crossbeam_epoch::pin().flush();
             std::thread::yield_now();
         }
-        // Hands what is releasable to the allocator, punching holes.
+        // Hands what is releasable to the allocator, punching holes (deferred ones too).
         self.commit()?;
+        crate::commit::punch_deferred(&self.shared, Duration::ZERO);
         self.shared.gc_passes.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }

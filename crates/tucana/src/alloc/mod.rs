@@ -38,6 +38,7 @@ mod bitmap;
 mod buddy;
 
 use std::fmt;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
@@ -162,7 +163,28 @@ struct State {
     /// Set bits inside the volume, reserved blocks included.
     allocated_blocks: u64,
     phase: CommitPhase,
+    /// Runs released without a punch (`release_punching` with `defer`), newest last. Log
+    /// segments are allocated from them first, so in a burst their blocks are written
+    /// again while the file system still holds them; `punch_deferred` gives back what
+    /// stays free. Each lies inside one group; a run may have been allocated since (by a
+    /// search), so its bits are checked at every use.
+    deferred: Vec<DeferredRun>,
 }
+
+/// See `State::deferred`.
+#[derive(Clone, Copy, Debug)]
+struct DeferredRun {
+    start_block: u64,
+    blocks: u64,
+    released_at: Instant,
+}
+
+/// How many of the newest deferred runs an allocation looks at.
+const DEFERRED_SCAN: usize = 64;
+
+/// Allocations shorter than this (index nodes, descriptors) do not take deferred runs:
+/// they would cut segment-sized holes into pieces no segment fits.
+const DEFERRED_MIN_BLOCKS: u64 = 16;
 
 /// The volume's block allocator. See the module documentation.
 pub struct Allocator {
@@ -188,7 +210,39 @@ impl State {
             cursor_block: 0,
             allocated_blocks,
             phase: CommitPhase::Idle,
+            deferred: Vec::new(),
         }
+    }
+
+    /// A free run of `blocks` aligned to `align_blocks` inside one of the newest deferred
+    /// runs, taken out of it (what is left of that run stays listed).
+    fn take_deferred(&mut self, blocks: u64, align_blocks: u64) -> Option<u64> {
+        let n = self.deferred.len();
+        for i in (n.saturating_sub(DEFERRED_SCAN)..n).rev() {
+            let d = self.deferred[i];
+            let start = bitmap::align_up(d.start_block, align_blocks);
+            let end = d.start_block + d.blocks;
+            if start + blocks > end || self.count_set(start, start + blocks) != 0 {
+                continue;
+            }
+            self.deferred.remove(i);
+            for (lo, hi) in [(d.start_block, start), (start + blocks, end)] {
+                if hi > lo {
+                    self.deferred.push(DeferredRun {
+                        start_block: lo,
+                        blocks: hi - lo,
+                        released_at: d.released_at,
+                    });
+                }
+            }
+            return Some(start);
+        }
+        None
+    }
+
+    /// Blocks of the deferred runs (free or not).
+    fn deferred_blocks(&self) -> u64 {
+        self.deferred.iter().map(|d| d.blocks).sum()
     }
 
     /// Blocks of group `g` inside the volume.
@@ -628,6 +682,18 @@ impl Allocator {
             "a run of {blocks} blocks aligned to {align_blocks} never fits in a group"
         );
         let mut st = self.state.lock();
+        let deferred = if blocks >= DEFERRED_MIN_BLOCKS {
+            st.take_deferred(blocks, align_blocks)
+        } else {
+            None
+        };
+        if let Some(start_block) = deferred {
+            // Reuse out of the next-fit sweep: the cursor stays where the sweep is.
+            let cursor = st.cursor_block;
+            st.take(start_block, blocks, post_seal);
+            st.cursor_block = cursor;
+            return Ok(DiskOffset(start_block * BLOCK_BYTES));
+        }
         let start_block = match st.find_run(st.cursor_block, blocks, align_blocks) {
             Some(start) => start,
             None => {
@@ -693,10 +759,14 @@ impl Allocator {
     /// between. Nodes come back one block at a time and a few per batch (commit pairs,
     /// frees handed back between commits): punched only as given, a store emptied by
     /// deletes kept its whole index in the file.
+    ///
+    /// With `defer`, large extents are released unpunched instead and listed for
+    /// `punch_deferred`; until then log segment allocations take them first.
     pub fn release_punching(
         &self,
         extents: &[(DiskOffset, u64)],
         min_blocks: u64,
+        defer: bool,
         punch: &mut dyn FnMut(u64, u64),
     ) {
         let (mut large, small): (Vec<_>, Vec<_>) = extents
@@ -704,6 +774,22 @@ impl Allocator {
             .copied()
             .partition(|(_, blocks)| *blocks >= min_blocks);
         large.sort_unstable();
+        if defer {
+            let now = Instant::now();
+            let mut st = self.state.lock();
+            for &(offset, blocks) in &large {
+                if let Err(why) = st.try_release(offset, blocks) {
+                    panic!("{why}");
+                }
+                st.deferred.push(DeferredRun {
+                    start_block: offset.0 / BLOCK_BYTES,
+                    blocks,
+                    released_at: now,
+                });
+            }
+            drop(st);
+            large.clear();
+        }
         let mut run: Option<(u64, u64)> = None;
         for &(offset, blocks) in &large {
             let bytes = blocks * BLOCK_BYTES;
@@ -769,6 +855,56 @@ impl Allocator {
             punch(lo * BLOCK_BYTES, (hi - lo) * BLOCK_BYTES);
         }
         drop(st);
+    }
+
+    /// Punches what is still free of the deferred runs released at least `min_age` ago,
+    /// and forgets them. The lock is held throughout, so no allocation takes a block of a
+    /// run being punched. Returns the bytes punched.
+    pub fn punch_deferred(&self, min_age: Duration, punch: &mut dyn FnMut(u64, u64)) -> u64 {
+        let mut st = self.state.lock();
+        let now = Instant::now();
+        let mut due: Vec<(u64, u64)> = Vec::new();
+        st.deferred.retain(|d| {
+            let old = now.duration_since(d.released_at) >= min_age;
+            if old {
+                due.push((d.start_block, d.start_block + d.blocks));
+            }
+            !old
+        });
+        due.sort_unstable();
+        let mut runs: Vec<(u64, u64)> = Vec::new();
+        for (lo, hi) in due {
+            let g = lo / GROUP_BLOCKS;
+            let base = g * GROUP_BLOCKS;
+            debug_assert_eq!((hi - 1) / GROUP_BLOCKS, g, "a deferred run spans groups");
+            let Some(group) = st.groups.get(g as usize) else {
+                continue;
+            };
+            let (mut at, end) = (lo - base, hi - base);
+            while let Some(free) = bitmap::first_clear(&group.bits, at, end) {
+                let stop = bitmap::first_set(&group.bits, free, end).unwrap_or(end);
+                // A run released again while an older listing of it waits is listed
+                // twice: overlapping runs merge, so no block is punched twice.
+                match runs.last_mut() {
+                    Some(last) if base + free <= last.1 => last.1 = last.1.max(base + stop),
+                    _ => runs.push((base + free, base + stop)),
+                }
+                at = stop;
+            }
+        }
+        let mut punched = 0;
+        for (lo, hi) in runs {
+            punch(lo * BLOCK_BYTES, (hi - lo) * BLOCK_BYTES);
+            punched += (hi - lo) * BLOCK_BYTES;
+        }
+        drop(st);
+        punched
+    }
+
+    /// Bytes of the runs released unpunched and not yet given to `punch_deferred`: free
+    /// in the bitmap, still held by the file system (unless allocated again since).
+    pub fn deferred_bytes(&self) -> u64 {
+        self.state.lock().deferred_blocks() * BLOCK_BYTES
     }
 
     /// Recovery: marks a run allocated (e.g. a replayed log segment). Returns false if some

@@ -424,13 +424,37 @@ const PUNCH_MIN_BLOCKS: u64 = 16;
 /// punched out of the file. Only between commits (the caller holds the commit state).
 /// A failed punch loses nothing (the bytes stay allocated in the file), so it is not an
 /// error.
+///
+/// With background GC on, log segments (and other large extents) are not punched here:
+/// the next segments are allocated from them, and `punch_deferred` gives back those
+/// still free `DEFERRED_PUNCH_AGE` later (`Allocator::release_punching`). A GC burst
+/// frees and reuses hundreds of MiB a second; punching each segment as it came back, then
+/// allocating it again, held the file's inode lock (every `pwrite` waits for it) for a
+/// quarter of the burst on a file system that discards punched blocks synchronously.
 pub(crate) fn release_extents(shared: &crate::db::Shared, extents: &[(DiskOffset, u64)]) {
+    let storage = shared.volume.storage();
+    shared.allocator.release_punching(
+        extents,
+        PUNCH_MIN_BLOCKS,
+        shared.options.gc,
+        &mut |offset, len_bytes| {
+            let _ = storage.punch_hole(offset, len_bytes);
+        },
+    );
+}
+
+/// How long a released log segment waits, unpunched, for a new segment to reuse it.
+pub(crate) const DEFERRED_PUNCH_AGE: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// Punches the free blocks of the runs `release_extents` deferred at least `min_age`
+/// ago (`Duration::ZERO`: all of them). Returns the bytes punched.
+pub(crate) fn punch_deferred(shared: &crate::db::Shared, min_age: std::time::Duration) -> u64 {
     let storage = shared.volume.storage();
     shared
         .allocator
-        .release_punching(extents, PUNCH_MIN_BLOCKS, &mut |offset, len_bytes| {
+        .punch_deferred(min_age, &mut |offset, len_bytes| {
             let _ = storage.punch_hole(offset, len_bytes);
-        });
+        })
 }
 
 /// One block of memory aligned to a block: runs of them are what uncached (`O_DIRECT`)
