@@ -262,12 +262,10 @@ fn an_idle_store_still_collects_and_gives_space_back() {
         let s = db.stats();
         space_amp(db) <= target && s.space_used_bytes * 2 < written.space_used_bytes
     };
-    while !settled(&db) && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let ok = poll_until(deadline, || settled(&db));
     let s = db.stats();
     assert!(
-        settled(&db),
+        ok,
         "idle store kept its garbage: space amp {:.2}, {} bytes used (was {}): {s:?}",
         space_amp(&db),
         s.space_used_bytes,
@@ -288,18 +286,27 @@ fn an_idle_store_still_collects_and_gives_space_back() {
         let s = db.stats();
         s.space_used_bytes <= s.allocated_bytes + slack_bytes
     };
-    while !punched(&db) && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let ok = poll_until(deadline, || punched(&db));
     let s = db.stats();
     assert!(
-        punched(&db),
+        ok,
         "free segments stayed in the file: {} bytes used, {} allocated",
-        s.space_used_bytes,
-        s.allocated_bytes
+        s.space_used_bytes, s.allocated_bytes
     );
     // And then it rests: no commit (two fsyncs each) for ten commit intervals in a row.
     wait_until_resting(&db);
+}
+
+/// Whether `done` holds before `deadline`, asking every 20 ms (background work is polled
+/// for, never timed).
+fn poll_until(deadline: Instant, mut done: impl FnMut() -> bool) -> bool {
+    while !done() {
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    true
 }
 
 /// Waits until the background loop makes no commit for a second (ten of the tests'
