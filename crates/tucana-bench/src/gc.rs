@@ -481,6 +481,8 @@ fn set_gc_stats(record: &mut Record, footprint: &crate::engine::Footprint, suffi
         ("gc_passes", footprint.gc_passes),
         ("gc_relocated_bytes", footprint.gc_relocated_bytes),
         ("gc_reclaimed_bytes", footprint.gc_reclaimed_bytes),
+        ("gc_paced_ns", footprint.gc_paced_ns),
+        ("commits", footprint.commits),
         ("dead_log_bytes", footprint.dead_log_bytes),
     ] {
         if let Some(value) = value {
@@ -753,11 +755,18 @@ fn print_overwrite_note(record: &Record) {
         ));
     }
     report::print_note(&format!(
-        "disk {} (engine allocator {}); GC relocated {} reclaimed {} during the run",
+        "disk {} (engine allocator {}); GC relocated {} reclaimed {} during the run{}",
         bytes("space_used_bytes"),
         bytes("engine_allocated_bytes"),
         bytes("gc_relocated_bytes"),
         bytes("gc_reclaimed_bytes"),
+        match (number(record, "gc_paced_ns"), number(record, "commits")) {
+            (Some(paced_ns), Some(commits)) => format!(
+                "; writers paced {:.2} s in all, {commits} commits since open",
+                paced_ns / 1e9
+            ),
+            _ => String::new(),
+        },
     ));
 }
 
@@ -967,6 +976,8 @@ mod tests {
         assert!(on.get("cpu_per_op_vs_gc_off").unwrap().as_f64().unwrap() > 0.0);
         assert!(on.get("log_space_amp").is_some());
         assert!(on.get("gc_relocated_bytes").is_some());
+        assert!(on.get("gc_paced_ns").is_some());
+        assert!(on.get("commits").unwrap().as_u64().unwrap() > 0);
         assert!(on.get("space_amp_settled").is_some());
         assert!(on.get("log_space_amp_settled").is_some());
         assert_eq!(on.get("gc_space_amp_target").unwrap(), 1.5);

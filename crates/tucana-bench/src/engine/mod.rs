@@ -194,6 +194,10 @@ pub struct Footprint {
     pub gc_relocated_bytes: Option<u64>,
     /// Bytes of log segments garbage collection handed back since open.
     pub gc_reclaimed_bytes: Option<u64>,
+    /// Nanoseconds writers slept because garbage collection fell behind (write pacing).
+    pub gc_paced_ns: Option<u64>,
+    /// Durable commits of the engine's index since open.
+    pub commits: Option<u64>,
 }
 
 /// One open engine with one key space (table, keyspace, database) for the benchmark.

@@ -164,6 +164,8 @@ impl Engine for TucanaEngine {
             gc_passes: Some(stats.gc_passes),
             gc_relocated_bytes: Some(stats.gc_relocated_bytes),
             gc_reclaimed_bytes: Some(stats.gc_reclaimed_bytes),
+            gc_paced_ns: Some(stats.gc_paced_ns),
+            commits: Some(stats.commits),
         }
     }
 
