@@ -153,6 +153,12 @@ impl Options {
     }
 
     /// Opens (or creates) the volume in the file at `path`, locked against other processes.
+    /// Whether an open store runs the background committer (and, with `gc`, the
+    /// collector's loop): only when something is timed.
+    pub(crate) fn runs_background_threads(&self) -> bool {
+        self.commit_interval.is_some() || self.flush_interval.is_some()
+    }
+
     pub fn open(self, path: impl AsRef<Path>) -> Result<Database> {
         let storage = crate::volume::FileStorage::open_with_min_reservation(
             path.as_ref(),
@@ -552,7 +558,7 @@ impl DbInner {
 
     fn start_background(this: &Arc<DbInner>) {
         let opts = &this.shared.options;
-        if opts.commit_interval.is_none() && opts.flush_interval.is_none() {
+        if !opts.runs_background_threads() {
             return;
         }
         let weak = Arc::downgrade(this);

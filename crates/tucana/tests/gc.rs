@@ -693,3 +693,30 @@ fn crashes_during_gc_lose_nothing_synced() {
     assert_matches(&db.keyspace("c").unwrap(), &model, "at the end");
     assert!(reached_the_end < 16, "no crash fell inside a pass");
 }
+
+/// Without background threads (every commit by hand) no loop would punch deferred runs:
+/// a dropped keyspace's segments go back to the file system at the commits that free
+/// them, not at close.
+#[test]
+fn without_background_threads_freed_segments_are_punched_at_once() {
+    let (_dir, path) = temp_volume();
+    let db = manual().open(&path).unwrap();
+    let ks = db.keyspace("doomed").unwrap();
+    for i in 0..4000u32 {
+        ks.put(format!("k{i:05}").as_bytes(), &[7; 1000]).unwrap();
+    }
+    db.commit().unwrap();
+    let full = db.stats().space_used_bytes;
+    drop(ks);
+    db.drop_keyspace("doomed").unwrap();
+    for _ in 0..3 {
+        db.commit().unwrap();
+    }
+    let s = db.stats();
+    assert!(
+        s.space_used_bytes * 4 < full && s.space_used_bytes <= s.allocated_bytes + (2 << 20),
+        "{} bytes used after the drop (was {full}), {} allocated",
+        s.space_used_bytes,
+        s.allocated_bytes
+    );
+}

@@ -425,7 +425,8 @@ const PUNCH_MIN_BLOCKS: u64 = 16;
 /// A failed punch loses nothing (the bytes stay allocated in the file), so it is not an
 /// error.
 ///
-/// With background GC on, log segments (and other large extents) are not punched here:
+/// With the collector's loop running, log segments (and other large extents) are not
+/// punched here:
 /// the next segments are allocated from them, and `punch_deferred` gives back those
 /// still free `DEFERRED_PUNCH_AGE` later (`Allocator::release_punching`). A GC burst
 /// frees and reuses hundreds of MiB a second; punching each segment as it came back, then
@@ -436,7 +437,8 @@ pub(crate) fn release_extents(shared: &crate::db::Shared, extents: &[(DiskOffset
     shared.allocator.release_punching(
         extents,
         PUNCH_MIN_BLOCKS,
-        shared.options.gc,
+        // Only the loop punches deferred runs between a forced pass and close.
+        shared.options.gc && shared.options.runs_background_threads(),
         &mut |offset, len_bytes| {
             let _ = storage.punch_hole(offset, len_bytes);
         },
