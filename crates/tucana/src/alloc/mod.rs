@@ -529,6 +529,32 @@ impl State {
     }
 }
 
+/// Punches the union of `runs` (block ranges `lo..hi`, sorted by `lo`): overlapping and
+/// adjacent runs become one call, so each block is punched once. Returns the bytes.
+fn punch_union(runs: impl IntoIterator<Item = (u64, u64)>, punch: &mut dyn FnMut(u64, u64)) -> u64 {
+    let mut bytes = 0;
+    let mut emit = |(lo, hi): (u64, u64)| {
+        punch(lo * BLOCK_BYTES, (hi - lo) * BLOCK_BYTES);
+        bytes += (hi - lo) * BLOCK_BYTES;
+    };
+    let mut merged: Option<(u64, u64)> = None;
+    for (lo, hi) in runs {
+        debug_assert!(merged.is_none_or(|(mlo, _)| mlo <= lo), "runs not sorted");
+        merged = match merged {
+            Some((mlo, mhi)) if lo <= mhi => Some((mlo, mhi.max(hi))),
+            Some(done) => {
+                emit(done);
+                Some((lo, hi))
+            }
+            None => Some((lo, hi)),
+        };
+    }
+    if let Some(done) = merged {
+        emit(done);
+    }
+    bytes
+}
+
 /// How far either side of a freed index node `Allocator::release_punching` looks for free
 /// neighbours to punch with it (1 MiB): enough to merge a commit's run of nodes, little
 /// enough that the system call under the allocator's lock stays short.
@@ -790,21 +816,13 @@ impl Allocator {
             drop(st);
             large.clear();
         }
-        let mut run: Option<(u64, u64)> = None;
-        for &(offset, blocks) in &large {
-            let bytes = blocks * BLOCK_BYTES;
-            run = match run {
-                Some((start, len)) if start + len == offset.0 => Some((start, len + bytes)),
-                Some((start, len)) => {
-                    punch(start, len);
-                    Some((offset.0, bytes))
-                }
-                None => Some((offset.0, bytes)),
-            };
-        }
-        if let Some((start, len)) = run {
-            punch(start, len);
-        }
+        punch_union(
+            large.iter().map(|&(offset, blocks)| {
+                let start = offset.0 / BLOCK_BYTES;
+                (start, start + blocks)
+            }),
+            punch,
+        );
         let mut st = self.state.lock();
         for &(offset, blocks) in &large {
             if let Err(why) = st.try_release(offset, blocks) {
@@ -840,20 +858,7 @@ impl Allocator {
         // (a commit pair of a GC burst frees thousands of nodes in a few runs, and punching
         // every node's window made 25k system calls over 7 GiB for 2.4 GiB freed).
         runs.sort_unstable();
-        let mut merged: Option<(u64, u64)> = None;
-        for (lo, hi) in runs {
-            merged = match merged {
-                Some((mlo, mhi)) if lo <= mhi => Some((mlo, mhi.max(hi))),
-                Some((mlo, mhi)) => {
-                    punch(mlo * BLOCK_BYTES, (mhi - mlo) * BLOCK_BYTES);
-                    Some((lo, hi))
-                }
-                None => Some((lo, hi)),
-            };
-        }
-        if let Some((lo, hi)) = merged {
-            punch(lo * BLOCK_BYTES, (hi - lo) * BLOCK_BYTES);
-        }
+        punch_union(runs, punch);
         drop(st);
     }
 
@@ -871,7 +876,6 @@ impl Allocator {
             }
             !old
         });
-        due.sort_unstable();
         let mut runs: Vec<(u64, u64)> = Vec::new();
         for (lo, hi) in due {
             let g = lo / GROUP_BLOCKS;
@@ -883,20 +887,14 @@ impl Allocator {
             let (mut at, end) = (lo - base, hi - base);
             while let Some(free) = bitmap::first_clear(&group.bits, at, end) {
                 let stop = bitmap::first_set(&group.bits, free, end).unwrap_or(end);
-                // A run released again while an older listing of it waits is listed
-                // twice: overlapping runs merge, so no block is punched twice.
-                match runs.last_mut() {
-                    Some(last) if base + free <= last.1 => last.1 = last.1.max(base + stop),
-                    _ => runs.push((base + free, base + stop)),
-                }
+                runs.push((base + free, base + stop));
                 at = stop;
             }
         }
-        let mut punched = 0;
-        for (lo, hi) in runs {
-            punch(lo * BLOCK_BYTES, (hi - lo) * BLOCK_BYTES);
-            punched += (hi - lo) * BLOCK_BYTES;
-        }
+        // A run released again while an older listing of it waits is listed twice: sorted,
+        // the union punches its blocks once.
+        runs.sort_unstable();
+        let punched = punch_union(runs, punch);
         drop(st);
         punched
     }

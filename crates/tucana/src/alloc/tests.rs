@@ -1027,8 +1027,17 @@ fn deferred_runs_wait_their_age_and_are_punched_once() {
     alloc.release_punching(&[(a, 16)], 16, true, &mut |_, _| {
         panic!("punched at release")
     });
+    // And four blocks in its middle taken again: both listings split around them.
+    let middle = DiskOffset(a.0 + 4 * BLOCK_BYTES);
+    assert!(alloc.mark_allocated(middle, 4));
     let mut punched = Vec::new();
     alloc.punch_deferred(Duration::ZERO, &mut |at, len| punched.push((at, len)));
-    assert_eq!(punched, vec![(a.0, 16 * BLOCK_BYTES)]);
+    assert_eq!(
+        punched,
+        vec![
+            (a.0, 4 * BLOCK_BYTES),
+            (middle.0 + 4 * BLOCK_BYTES, 8 * BLOCK_BYTES)
+        ]
+    );
     live_set(&alloc);
 }
