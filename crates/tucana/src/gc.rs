@@ -55,15 +55,44 @@ const IDLE_COMMIT_MIN_FREE_BLOCKS: u64 = 16;
 
 /// Where background GC starts, as a share of the room the target leaves for garbage
 /// ([`Footprint::target_room_bytes`]): a region whose dead log bytes exceed it is
-/// collected back under it. The other half of that room is for what the collector
-/// cannot steer at once: segments retired but not given back yet (two commits away),
-/// frees being punched, a burst between two steps.
-const START_SHARE: f64 = 0.5;
+/// collected back under it. The rest of the room is for what the collector cannot steer
+/// at once: segments retired but not given back yet (two commits away), frees being
+/// punched, a burst between two steps. How much that is depends on how fast the data set
+/// is rewritten, not on its size, so the share is steered from the space the volume
+/// really takes ([`next_start_share`]) between these bounds; a store starts at the
+/// lowest.
+const START_SHARE_MIN: f64 = 0.5;
+const START_SHARE_MAX: f64 = 0.85;
 
-/// Over `URGENT_SHARE` of the target's room, background GC may also copy
-/// `URGENT_COPY_RATIO` bytes for every byte foreground writers append, on top of its rate
-/// limit: it follows a burst of overwrites, at a bounded cost to them.
-const URGENT_SHARE: f64 = 0.65;
+/// Over the start line plus `URGENT_ABOVE_START` of the target's room, background GC
+/// may also copy `URGENT_COPY_RATIO` bytes for every byte foreground writers append, on
+/// top of its rate limit: it follows a burst of overwrites, at a bounded cost to them.
+const URGENT_ABOVE_START: f64 = 0.15;
+
+/// Steering of the start share by the volume's measured space amplification (allocated
+/// bytes, unpunched frees included, over user bytes): over `SHARE_BACK_OFF_ABOVE` of the
+/// target it falls by `SHARE_BACK_OFF_PER_SEC` a second (from the highest share to the
+/// lowest in a third of a second); under `SHARE_GROW_BELOW` of the target, while the
+/// collector is working (its line, not idleness, keeps the space there), it rises by
+/// `SHARE_GROW_PER_SEC`. Fast down and slow up, so a burst that the lowest share cannot
+/// hold under the target keeps the lowest share, and one that leaves room uses it.
+///
+/// The share steers by the recent peak of the measured ratio ([`held_peak`]), since it
+/// swings by several hundredths with every commit pair that gives space back.
+///
+/// Why (`tucana-bench gc --fields 10 --field-bytes 100 --overwrites 8`, 2 quiet cores):
+/// with 300k records the writers rewrite the data set every half second, the space on
+/// its way back takes 0.1-0.3 of the user bytes and the peak is over 1.6 whatever the
+/// line; with 1M records it takes a few hundredths, and the fixed half share held the
+/// peak at 1.44 while relocating 1.9 bytes per byte written, at 0.60 of the throughput
+/// with GC off.
+const SHARE_BACK_OFF_ABOVE: f64 = 0.975;
+const SHARE_GROW_BELOW: f64 = 0.95;
+const SHARE_BACK_OFF_PER_SEC: f64 = 1.0;
+const SHARE_GROW_PER_SEC: f64 = 0.1;
+
+/// The held peak of the measured space amplification falls by this much a second.
+const AMP_PEAK_FALL_PER_SEC: f64 = 0.05;
 
 /// The start and urgent lines as shares of the floor's room
 /// ([`Footprint::floor_room_bytes`]), for regions whose records are too small for the
@@ -181,6 +210,12 @@ pub(crate) struct GcState {
     pace_share: Option<(f64, Instant)>,
     /// When the overhead was last measured.
     overhead_at: Instant,
+    /// The start line's share of the target's room ([`next_start_share`]).
+    start_share: f64,
+    /// Whether the last background step collected anything.
+    collecting: bool,
+    /// The volume's measured space amplification, its recent peak ([`held_peak`]).
+    amp_peak: f64,
     /// Holds the victim being collected when the volume has no mapping; kept to spare an
     /// allocation per victim.
     buf: Vec<u8>,
@@ -196,6 +231,9 @@ impl GcState {
             pinned: HashSet::new(),
             pace_share: None,
             overhead_at: Instant::now(),
+            start_share: START_SHARE_MIN,
+            collecting: false,
+            amp_peak: 0.0,
             buf: Vec::new(),
         }
     }
@@ -262,14 +300,52 @@ impl Footprint {
             .max(self.floor_room_bytes(target))
     }
 
-    /// Garbage bytes where background GC starts and where it turns urgent.
-    fn lines_bytes(&self, target: f64) -> (f64, f64) {
+    /// Garbage bytes where background GC starts and where it turns urgent, with the
+    /// start line at `start_share` of the target's room.
+    fn lines_bytes(&self, target: f64, start_share: f64) -> (f64, f64) {
         let room = self.target_room_bytes(target);
         let floor_room = self.floor_room_bytes(target);
         (
-            (START_SHARE * room).max(FLOOR_START_SHARE * floor_room),
-            (URGENT_SHARE * room).max(FLOOR_URGENT_SHARE * floor_room),
+            (start_share * room).max(FLOOR_START_SHARE * floor_room),
+            ((start_share + URGENT_ABOVE_START) * room).max(FLOOR_URGENT_SHARE * floor_room),
         )
+    }
+}
+
+/// The start line's share of the target's room after `elapsed_secs` at a measured
+/// space amplification of `amp` (the volume's allocated bytes over user bytes), from
+/// `share`; `collecting` tells whether the collector is working (see
+/// `SHARE_BACK_OFF_ABOVE`).
+pub(crate) fn next_start_share(
+    share: f64,
+    amp: f64,
+    target: f64,
+    collecting: bool,
+    elapsed_secs: f64,
+) -> f64 {
+    let elapsed_secs = elapsed_secs.clamp(0.0, 1.0);
+    let next = if amp > SHARE_BACK_OFF_ABOVE * target {
+        share - SHARE_BACK_OFF_PER_SEC * elapsed_secs
+    } else if collecting && amp < SHARE_GROW_BELOW * target {
+        share + SHARE_GROW_PER_SEC * elapsed_secs
+    } else {
+        share
+    };
+    // NaN (an amp of 0/0) keeps the share where it was.
+    if next.is_nan() {
+        return share;
+    }
+    next.clamp(START_SHARE_MIN, START_SHARE_MAX)
+}
+
+/// The recent peak of a ratio measured at `amp` now, `elapsed_secs` after it was `peak`:
+/// the higher of the two, the old one fallen by `AMP_PEAK_FALL_PER_SEC`.
+pub(crate) fn held_peak(peak: f64, amp: f64, elapsed_secs: f64) -> f64 {
+    let fallen = peak - AMP_PEAK_FALL_PER_SEC * elapsed_secs.max(0.0);
+    if amp.is_nan() {
+        fallen
+    } else {
+        amp.max(fallen)
     }
 }
 
@@ -286,11 +362,11 @@ pub(crate) enum Urge {
 }
 
 /// What the background collector should do for a region with `footprint`, given the
-/// space-amplification `target`: the bytes over its start line, and whether the rate
-/// limit applies.
-pub(crate) fn urge(footprint: Footprint, target: f64) -> Urge {
+/// space-amplification `target` and the start line's share of its room: the bytes over
+/// its start line, and whether the rate limit applies.
+pub(crate) fn urge(footprint: Footprint, target: f64, start_share: f64) -> Urge {
     let garbage = footprint.garbage_bytes;
-    let (start_bytes, urgent_bytes) = footprint.lines_bytes(target);
+    let (start_bytes, urgent_bytes) = footprint.lines_bytes(target, start_share);
     // NaN counts as under: nothing to measure, nothing to chase.
     if garbage <= 0.0 || garbage.partial_cmp(&start_bytes) != Some(std::cmp::Ordering::Greater) {
         return Urge::Idle;
@@ -589,7 +665,8 @@ impl DbInner {
         let regions = self.region_list();
         for region in &regions {
             let region = &**region;
-            let urgent = match urge(Footprint::of(region, self.overhead_share()), target) {
+            let footprint = Footprint::of(region, self.overhead_share());
+            let urgent = match urge(footprint, target, state.start_share) {
                 Urge::Idle => continue,
                 Urge::Gentle { .. } => false,
                 Urge::Urgent { .. } => true,
@@ -626,6 +703,7 @@ impl DbInner {
         if worked {
             self.shared.gc_passes.fetch_add(1, Ordering::Relaxed);
         }
+        state.collecting = worked;
         self.update_write_pacing(state, &regions, victims_found);
         Ok(cut_short)
     }
@@ -642,15 +720,27 @@ impl DbInner {
         // and still on the disk.
         let allocated = (self.shared.allocator.allocated_blocks() * BLOCK_BYTES
             + self.shared.allocator.deferred_bytes()) as f64;
-        let (mut disk, mut floor) = (0.0, 0.0);
+        let (mut disk, mut floor, mut user) = (0.0, 0.0, 0.0);
         for region in self.region_list() {
             let f = Footprint::of(&region, 0.0);
             disk += f.disk_bytes;
             floor += f.floor_bytes();
+            user += f.user_bytes;
         }
         let now = Instant::now();
         let elapsed = now.duration_since(state.overhead_at).as_secs_f64();
         state.overhead_at = now;
+        // A small store's ratio is its fixed costs (a tail segment): nothing to steer by.
+        if allocated >= PACE_MIN_DISK_BYTES && user > 0.0 {
+            state.amp_peak = held_peak(state.amp_peak, allocated / user, elapsed);
+            state.start_share = next_start_share(
+                state.start_share,
+                state.amp_peak,
+                self.shared.options.gc_space_amp,
+                state.collecting,
+                elapsed,
+            );
+        }
         let measured = if floor > 0.0 {
             ((allocated - disk).max(0.0) / floor).min(OVERHEAD_MAX_SHARE)
         } else {
@@ -737,7 +827,11 @@ impl DbInner {
         let mut worked = false;
         for (victim, stats) in victims {
             if matches!(policy, Policy::Background { .. })
-                && urge(Footprint::of(region, self.overhead_share()), target) == Urge::Idle
+                && urge(
+                    Footprint::of(region, self.overhead_share()),
+                    target,
+                    state.start_share,
+                ) == Urge::Idle
             {
                 break;
             }
@@ -1324,12 +1418,17 @@ mod tests {
         footprint_with(amp, 0.0)
     }
 
+    /// [`urge`] with the start line where a store starts: the lowest share.
+    fn urge_min(footprint: Footprint, target: f64) -> Urge {
+        urge(footprint, target, START_SHARE_MIN)
+    }
+
     #[test]
     fn under_the_start_line_nothing_to_do() {
         // Start line for a target of 1.5: half the target's room (0.5 × user bytes),
         // 1.25.
         for amp in [1.0, 1.2, 1.25] {
-            assert_eq!(urge(footprint(amp), 1.5), Urge::Idle, "{amp}");
+            assert_eq!(urge_min(footprint(amp), 1.5), Urge::Idle, "{amp}");
         }
         let empty = Footprint {
             disk_bytes: 0.0,
@@ -1337,17 +1436,17 @@ mod tests {
             user_bytes: 0.0,
             overhead_bytes: 0.0,
         };
-        assert_eq!(urge(empty, 1.5), Urge::Idle);
+        assert_eq!(urge_min(empty, 1.5), Urge::Idle);
     }
 
     #[test]
     fn between_the_lines_gently_then_urgently_back_to_the_start_line() {
         // Urgent line for 1.5: 0.65 of the room, 1.325.
-        match urge(footprint(1.3), 1.5) {
+        match urge_min(footprint(1.3), 1.5) {
             Urge::Gentle { excess_bytes } => assert!((excess_bytes - 0.05e8).abs() < 1.0),
             other => panic!("{other:?}"),
         }
-        match urge(footprint(2.0), 1.5) {
+        match urge_min(footprint(2.0), 1.5) {
             Urge::Urgent { excess_bytes } => assert!((excess_bytes - 0.75e8).abs() < 1.0),
             other => panic!("{other:?}"),
         }
@@ -1358,14 +1457,17 @@ mod tests {
             user_bytes: 0.0,
             overhead_bytes: 0.0,
         };
-        assert!(matches!(urge(garbage_only, 1.5), Urge::Urgent { .. }));
+        assert!(matches!(urge_min(garbage_only, 1.5), Urge::Urgent { .. }));
     }
 
     #[test]
     fn a_looser_target_starts_later() {
-        assert_eq!(urge(footprint(1.45), 2.0), Urge::Idle);
-        assert!(matches!(urge(footprint(1.45), 1.5), Urge::Urgent { .. }));
-        assert!(matches!(urge(footprint(1.3), 1.5), Urge::Gentle { .. }));
+        assert_eq!(urge_min(footprint(1.45), 2.0), Urge::Idle);
+        assert!(matches!(
+            urge_min(footprint(1.45), 1.5),
+            Urge::Urgent { .. }
+        ));
+        assert!(matches!(urge_min(footprint(1.3), 1.5), Urge::Gentle { .. }));
     }
 
     #[test]
@@ -1373,14 +1475,77 @@ mod tests {
         // 0.2 of the user bytes in copied index nodes and segments on their way back:
         // the target's room is 0.3, the start line 0.15 (the floor's line: 0.9 × (0.4 -
         // 0.5 / 2), 0.135).
-        assert_eq!(urge(footprint(1.18), 1.5), Urge::Idle);
-        match urge(footprint_with(1.18, 0.2e8), 1.5) {
+        assert_eq!(urge_min(footprint(1.18), 1.5), Urge::Idle);
+        match urge_min(footprint_with(1.18, 0.2e8), 1.5) {
             Urge::Gentle { excess_bytes } => assert!((excess_bytes - 0.03e8).abs() < 1.0),
             other => panic!("{other:?}"),
         }
         assert!((footprint_with(1.0, 0.2e8).room_bytes(1.5) - 0.3e8).abs() < 1.0);
         // However much it holds, the floor's room stays.
         assert!((footprint_with(1.0, 1e9).room_bytes(1.5) - 0.15e8).abs() < 1.0);
+    }
+
+    #[test]
+    fn a_higher_start_share_lets_more_garbage_wait() {
+        // Target 1.5, room 0.5 × user bytes: at the highest share GC starts at 1.425 and
+        // turns urgent past the target's own room.
+        assert!(matches!(urge_min(footprint(1.3), 1.5), Urge::Gentle { .. }));
+        assert_eq!(urge(footprint(1.3), 1.5, START_SHARE_MAX), Urge::Idle);
+        match urge(footprint(1.45), 1.5, START_SHARE_MAX) {
+            Urge::Gentle { excess_bytes } => assert!((excess_bytes - 0.025e8).abs() < 1.0),
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            urge(footprint(1.51), 1.5, START_SHARE_MAX),
+            Urge::Urgent { .. }
+        ));
+    }
+
+    #[test]
+    fn the_start_share_rises_slowly_while_space_is_well_under_the_target() {
+        let mut share = START_SHARE_MIN;
+        // Collecting at 1.3 against 1.5: up by the grow rate, never past the highest.
+        share = next_start_share(share, 1.3, 1.5, true, 1.0);
+        assert!((share - (START_SHARE_MIN + SHARE_GROW_PER_SEC)).abs() < 1e-9);
+        for _ in 0..100 {
+            share = next_start_share(share, 1.3, 1.5, true, 1.0);
+        }
+        assert_eq!(share, START_SHARE_MAX);
+        // Not collecting, or close to the target: no evidence that more would fit.
+        let mid = 0.6;
+        assert_eq!(next_start_share(mid, 1.3, 1.5, false, 1.0), mid);
+        assert_eq!(next_start_share(mid, 1.44, 1.5, true, 1.0), mid);
+        // A long gap counts as one second at most.
+        assert!(
+            (next_start_share(mid, 1.3, 1.5, true, 60.0) - (mid + SHARE_GROW_PER_SEC)).abs() < 1e-9
+        );
+    }
+
+    #[test]
+    fn the_start_share_falls_fast_once_space_nears_the_target() {
+        // Over 0.97 of the target, collecting or not: the lowest share within a second.
+        for collecting in [false, true] {
+            let mut share = START_SHARE_MAX;
+            share = next_start_share(share, 1.47, 1.5, collecting, 0.1);
+            assert!(share < START_SHARE_MAX - 0.05, "{share}");
+            share = next_start_share(share, 1.6, 1.5, collecting, 1.0);
+            assert_eq!(share, START_SHARE_MIN);
+        }
+        // Nothing measurable leaves it where it was.
+        assert_eq!(next_start_share(0.6, f64::NAN, 1.5, true, 1.0), 0.6);
+    }
+
+    #[test]
+    fn the_peak_steered_by_holds_a_swing_and_falls_slowly() {
+        // A commit pair gives space back: 1.46 then 1.40 a tenth of a second later.
+        let peak = held_peak(0.0, 1.46, 0.1);
+        assert_eq!(peak, 1.46);
+        let peak = held_peak(peak, 1.40, 0.1);
+        assert!((peak - (1.46 - AMP_PEAK_FALL_PER_SEC * 0.1)).abs() < 1e-9);
+        // A new high replaces it at once.
+        assert_eq!(held_peak(peak, 1.48, 0.1), 1.48);
+        // Long after, the ratio itself.
+        assert_eq!(held_peak(1.46, 1.40, 10.0), 1.40);
     }
 
     #[test]
@@ -1398,15 +1563,18 @@ mod tests {
         // lines at 0.9 and 1.2 of that.
         let room = 0.8 * 0.5 * 172.0 - 1.0;
         assert!((small(0.0).room_bytes(1.5) - room * keys).abs() < 1.0);
-        assert_eq!(urge(small(0.0), 1.5), Urge::Idle);
-        assert_eq!(urge(small(0.85 * room), 1.5), Urge::Idle);
-        match urge(small(room), 1.5) {
+        assert_eq!(urge_min(small(0.0), 1.5), Urge::Idle);
+        assert_eq!(urge_min(small(0.85 * room), 1.5), Urge::Idle);
+        match urge_min(small(room), 1.5) {
             Urge::Gentle { excess_bytes } => {
                 assert!((excess_bytes - 0.1 * room * keys).abs() < 1.0)
             }
             other => panic!("{other:?}"),
         }
-        assert!(matches!(urge(small(1.3 * room), 1.5), Urge::Urgent { .. }));
+        assert!(matches!(
+            urge_min(small(1.3 * room), 1.5),
+            Urge::Urgent { .. }
+        ));
         // Large records: the target decides, the floor does not.
         assert!((footprint(1.0).room_bytes(1.5) - 0.5e8).abs() < 1.0);
     }
