@@ -41,6 +41,11 @@ pub struct ReportArgs {
     /// collection" section in place of the suite's own GC records, if any.
     #[arg(long)]
     gc_json: Option<PathBuf>,
+    /// The JSON file of another `tucana-bench gc` run (repeatable), e.g. on a data set
+    /// that its writers rewrite faster: its overwrite records get a table of their own at
+    /// the end of the "Garbage collection" section.
+    #[arg(long)]
+    also_gc_json: Vec<PathBuf>,
     /// The JSON file of a second suite run made with `--sync` (every write durable before
     /// it returns): its data sets join the document as "<data set>, sync per write".
     #[arg(long)]
@@ -92,6 +97,11 @@ pub fn run(args: &ReportArgs) -> Result<()> {
         let text = std::fs::read_to_string(gc_path)
             .map_err(|e| format!("cannot read {}: {e}", gc_path.display()))?;
         merge_gc(&mut doc, &serde_json::from_str(&text)?, gc_path);
+    }
+    for path in &args.also_gc_json {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        add_also_gc(&mut doc, &serde_json::from_str(&text)?, path);
     }
     if let Some(sync_path) = &args.sync_json {
         let text = std::fs::read_to_string(sync_path)
@@ -314,7 +324,16 @@ fn render(doc: &Value, json_path: &Path, plots: &[(String, PathBuf)]) -> Result<
     // same program. The suite's command, then those of the runs merged into it.
     let gc_run = &options["gc_run"];
     let sync_run = &options["sync_run"];
-    for argv in [&options["argv"], &gc_run["argv"], &sync_run["argv"]] {
+    let also_gc = options["also_gc_runs"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    let also_gc_argvs = also_gc.iter().map(|run| &run["argv"]);
+    for argv in [&options["argv"], &gc_run["argv"]]
+        .into_iter()
+        .chain(also_gc_argvs)
+        .chain([&sync_run["argv"]])
+    {
         if let Some(argv) = argv.as_array() {
             let args: Vec<String> = argv
                 .iter()
@@ -328,6 +347,9 @@ fn render(doc: &Value, json_path: &Path, plots: &[(String, PathBuf)]) -> Result<
     let _ = write!(md, "scripts/bench.sh report {}", json_path.display());
     if let Some(path) = gc_run["json"].as_str() {
         let _ = write!(md, " --gc-json {}", shell_quote(path));
+    }
+    for path in also_gc.iter().filter_map(|run| run["json"].as_str()) {
+        let _ = write!(md, " --also-gc-json {}", shell_quote(path));
     }
     if let Some(path) = sync_run["json"].as_str() {
         let _ = write!(md, " --sync-json {}", shell_quote(path));
@@ -598,76 +620,49 @@ fn merge_gc(doc: &mut Value, gc: &Value, path: &Path) {
     });
 }
 
-/// The "Garbage collection" section, when the run has GC records.
-fn render_gc(md: &mut String, doc: &Value) {
-    let records = gc_records(doc);
-    if records.is_empty() {
-        return;
+/// Keeps the overwrite records of another `gc` run, with what describes it, in
+/// `options.also_gc_runs` (rendered after the main GC run's figures).
+fn add_also_gc(doc: &mut Value, gc: &Value, path: &Path) {
+    let records: Vec<Value> = gc["records"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|r| is_gc(r) && r["failed"].is_null() && r["workload"] == "gc_ycsb_a")
+        .cloned()
+        .collect();
+    let run = serde_json::json!({
+        "json": path.display().to_string(),
+        "argv": gc["options"]["argv"],
+        "debug_build": gc["debug_build"],
+        "machine": gc["machine"],
+        "threads": gc["options"]["threads"],
+        "plan": gc["options"]["datasets"][crate::gc::DATASET],
+        "records": records,
+    });
+    match doc["options"]["also_gc_runs"].as_array_mut() {
+        Some(runs) => runs.push(run),
+        None => doc["options"]["also_gc_runs"] = Value::Array(vec![run]),
     }
-    let plan = &doc["options"]["datasets"][crate::gc::DATASET];
-    let bytes = |v: &Value| v.as_u64().map_or("–".to_string(), crate::report::fmt_bytes);
-    let mib = |v: &Value| fmt_mib(number(v));
-    *md += "## Garbage collection\n\n";
-    let gc_run = &doc["options"]["gc_run"];
-    if !gc_run.is_null() {
-        let _ = writeln!(
-            md,
-            "These figures come from a separate `tucana-bench gc` run (`{}`, the second \
-             command under \"Reproduce\"), with {} threads, on {} ({} cores).\n",
-            gc_run["json"].as_str().unwrap_or("?"),
-            gc_run["threads"],
-            gc_run["machine"]["cpu_model"].as_str().unwrap_or("?"),
-            gc_run["machine"]["cores"],
-        );
-        if gc_run["debug_build"].as_bool() == Some(true) {
-            *md += "**WARNING: a debug build produced the GC figures; they are meaningless.**\n\n";
-        }
-        if let Some(configurations) = gc_run["configurations"].as_object() {
-            for (engine, configuration) in configurations {
-                let Some(fields) = configuration.as_object() else {
-                    continue;
-                };
-                let gc_fields: Vec<String> = fields
-                    .iter()
-                    .filter(|(name, _)| name.starts_with("gc"))
-                    .map(|(name, value)| format!("`{name}` {value}"))
-                    .collect();
-                if !gc_fields.is_empty() {
-                    let _ = writeln!(md, "{engine}'s GC settings: {}.\n", gc_fields.join(", "));
-                }
-            }
-        }
-    }
-    let _ = writeln!(
-        md,
-        "What giving back the space of overwritten and deleted data costs, and how much comes \
-         back. **Overwrite:** YCSB A (50% reads, 50% updates, scrambled zipfian) for {} \
-         operations on {} records of {}, so the updates write the data set {} times over; \
-         engines that can switch their reclamation off (Tucana) run it with background GC on \
-         (space-amplification target {}) and off. **Space amplification** here is the files' \
-         allocated bytes (st_blocks × 512) ÷ the live keys and values: *max* is the largest of \
-         the readings taken every 250 ms during the run, *final* right after its last \
-         operation, *settled* after {} s more with the engine open and idle. *Log space amp* is \
-         Tucana's own ratio (log segment bytes ÷ live record bytes, headers included), the one \
-         its GC steers. *GC-off CPU ÷ this* is the CPU per operation with GC off over this \
-         run's: the throughput ratio a machine with CPU to spare would see, steadier than \
-         the clock on a shared one. Issue 5's targets: throughput with GC on at least {:.0}% \
-         of GC off, and space amplification at most the target.\n",
+}
+
+/// The sentence that says what an overwrite run did, from its data set's plan.
+fn overwrite_plan_text(plan: &Value) -> String {
+    format!(
+        "YCSB A (50% reads, 50% updates, scrambled zipfian) for {} operations on {} records \
+         of {}, so the updates write the data set {} times over",
         plan["operations"],
         plan["records"],
         plan["value_layout"].as_str().unwrap_or("?"),
         plan["overwrites"],
-        plan["gc_space_amp_target"],
-        plan["settle_secs"],
-        crate::gc::THROUGHPUT_RATIO_TARGET * 100.0,
-    );
+    )
+}
+
+/// The table of overwrite records and a line per GC-on record on the issue's targets.
+fn render_overwrites(md: &mut String, overwrites: &[&Value]) {
+    let mib = |v: &Value| fmt_mib(number(v));
     *md += "| engine | GC | ops/s | ÷ GC off | CPU µs/op | GC-off CPU ÷ this | p50 µs | p99 µs | p99.9 µs | space amp max | final | settled | log space amp | settled | GC relocated MiB | GC reclaimed MiB |\n";
     *md += "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
-    let overwrites: Vec<&Value> = records
-        .iter()
-        .filter(|r| r["workload"] == "gc_ycsb_a")
-        .collect();
-    for r in &overwrites {
+    for r in overwrites {
         let _ = writeln!(
             md,
             "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
@@ -728,6 +723,99 @@ fn render_gc(md: &mut String, doc: &Value) {
         }
     }
     *md += "\n";
+}
+
+/// The overwrite tables of the runs `add_also_gc` kept.
+fn render_also_gc(md: &mut String, doc: &Value) {
+    let Some(runs) = doc["options"]["also_gc_runs"].as_array() else {
+        return;
+    };
+    for run in runs {
+        let plan = &run["plan"];
+        let _ = writeln!(
+            md,
+            "### Overwrite of {} records\n\nFrom another `tucana-bench gc` run (`{}`, under \
+             \"Reproduce\"), with {} threads, on {} ({} cores): {}, space-amplification target {}.\n",
+            plan["records"],
+            run["json"].as_str().unwrap_or("?"),
+            run["threads"],
+            run["machine"]["cpu_model"].as_str().unwrap_or("?"),
+            run["machine"]["cores"],
+            overwrite_plan_text(plan),
+            plan["gc_space_amp_target"],
+        );
+        if run["debug_build"].as_bool() == Some(true) {
+            *md += "**WARNING: a debug build produced these figures; they are meaningless.**\n\n";
+        }
+        let records: Vec<&Value> = run["records"].as_array().into_iter().flatten().collect();
+        render_overwrites(md, &records);
+    }
+}
+
+/// The "Garbage collection" section, when the run has GC records.
+fn render_gc(md: &mut String, doc: &Value) {
+    let records = gc_records(doc);
+    if records.is_empty() {
+        return;
+    }
+    let plan = &doc["options"]["datasets"][crate::gc::DATASET];
+    let bytes = |v: &Value| v.as_u64().map_or("–".to_string(), crate::report::fmt_bytes);
+    *md += "## Garbage collection\n\n";
+    let gc_run = &doc["options"]["gc_run"];
+    if !gc_run.is_null() {
+        let _ = writeln!(
+            md,
+            "These figures come from a separate `tucana-bench gc` run (`{}`, the second \
+             command under \"Reproduce\"), with {} threads, on {} ({} cores).\n",
+            gc_run["json"].as_str().unwrap_or("?"),
+            gc_run["threads"],
+            gc_run["machine"]["cpu_model"].as_str().unwrap_or("?"),
+            gc_run["machine"]["cores"],
+        );
+        if gc_run["debug_build"].as_bool() == Some(true) {
+            *md += "**WARNING: a debug build produced the GC figures; they are meaningless.**\n\n";
+        }
+        if let Some(configurations) = gc_run["configurations"].as_object() {
+            for (engine, configuration) in configurations {
+                let Some(fields) = configuration.as_object() else {
+                    continue;
+                };
+                let gc_fields: Vec<String> = fields
+                    .iter()
+                    .filter(|(name, _)| name.starts_with("gc"))
+                    .map(|(name, value)| format!("`{name}` {value}"))
+                    .collect();
+                if !gc_fields.is_empty() {
+                    let _ = writeln!(md, "{engine}'s GC settings: {}.\n", gc_fields.join(", "));
+                }
+            }
+        }
+    }
+    let _ = writeln!(
+        md,
+        "What giving back the space of overwritten and deleted data costs, and how much comes \
+         back. **Overwrite:** {}; \
+         engines that can switch their reclamation off (Tucana) run it with background GC on \
+         (space-amplification target {}) and off. **Space amplification** here is the files' \
+         allocated bytes (st_blocks × 512) ÷ the live keys and values: *max* is the largest of \
+         the readings taken every 250 ms during the run, *final* right after its last \
+         operation, *settled* after {} s more with the engine open and idle. *Log space amp* is \
+         Tucana's own ratio (log segment bytes ÷ live record bytes, headers included), the one \
+         its GC steers. *GC-off CPU ÷ this* is the CPU per operation with GC off over this \
+         run's: the throughput ratio a machine with CPU to spare would see, steadier than \
+         the clock on a shared one. Issue 5's targets: throughput with GC on at least {:.0}% \
+         of GC off, and space amplification at most the target.\n",
+        overwrite_plan_text(plan),
+        plan["gc_space_amp_target"],
+        plan["settle_secs"],
+        crate::gc::THROUGHPUT_RATIO_TARGET * 100.0,
+    );
+    let overwrites: Vec<&Value> = records
+        .iter()
+        .filter(|r| r["workload"] == "gc_ycsb_a")
+        .collect();
+    render_overwrites(md, &overwrites);
+    render_also_gc(md, doc);
 
     let deletes: Vec<&Value> = records
         .iter()
@@ -1254,6 +1342,83 @@ mod tests {
             "{md}"
         );
         assert!(md.contains("| tucana | off | 4.00 |"), "{md}");
+    }
+
+    #[test]
+    fn another_gc_run_gets_a_table_of_its_own() {
+        let gc_run = |records: u64, on: f64, amp: f64| {
+            serde_json::json!({
+                "debug_build": false,
+                "machine": {"cores": 2, "cpu_model": "Test CPU"},
+                "options": {
+                    "argv": ["/x/tucana-bench", "gc", "--gc-records", records.to_string()],
+                    "threads": 2,
+                    "datasets": {"gc": {"records": records, "operations": records * 16,
+                        "overwrites": 8, "value_layout": "10 field(s) x 100 B",
+                        "gc_space_amp_target": 1.5}},
+                },
+                "records": [
+                    {"engine": "tucana", "workload": "gc_ycsb_a", "dataset": "gc", "gc": "on",
+                     "ops_per_sec": on, "throughput_vs_gc_off": on / 10.0,
+                     "space_amp_max": amp, "gc_space_amp_target": 1.5},
+                    {"engine": "tucana", "workload": "gc_ycsb_a", "dataset": "gc", "gc": "off",
+                     "ops_per_sec": 10.0},
+                    {"engine": "tucana", "workload": "delete_all", "dataset": "gc",
+                     "records": records, "ops_per_sec": 1.0},
+                ],
+            })
+        };
+        let mut suite = serde_json::json!({
+            "options": {"argv": ["/x/tucana-bench", "suite"], "datasets": {}},
+            "records": [],
+        });
+        merge_gc(
+            &mut suite,
+            &gc_run(1000, 7.0, 1.4),
+            Path::new("bench/gc.json"),
+        );
+        add_also_gc(
+            &mut suite,
+            &gc_run(300, 5.0, 1.7),
+            Path::new("bench/gc-small.json"),
+        );
+        let md = render(&suite, Path::new("bench/results.json"), &[]).unwrap();
+        // Both runs' commands, and the report command that merges them.
+        assert!(
+            md.contains("scripts/bench.sh gc --gc-records 1000\n"),
+            "{md}"
+        );
+        assert!(
+            md.contains("scripts/bench.sh gc --gc-records 300\n"),
+            "{md}"
+        );
+        assert!(
+            md.contains("--gc-json bench/gc.json --also-gc-json bench/gc-small.json"),
+            "{md}"
+        );
+        // The other run's table comes after the main one's, with its own verdicts; its
+        // delete-all record is not shown.
+        let main = md
+            .find("70% of the throughput with GC off")
+            .expect("main verdict");
+        let also = md
+            .find("### Overwrite of 300 records")
+            .expect("own heading");
+        assert!(main < also, "{md}");
+        let tail = &md[also..];
+        assert!(
+            tail.contains("on 300 records of 10 field(s) x 100 B"),
+            "{md}"
+        );
+        assert!(tail.contains("| tucana | on | 5.00 | 0.50 |"), "{md}");
+        assert!(
+            tail.contains(
+                "space amplification at most 1.70 during the run (target ≤ 1.50: **missed**)"
+            ),
+            "{md}"
+        );
+        assert_eq!(md.matches("| tucana | 300 |").count(), 0, "{md}");
+        assert_eq!(md.matches("| tucana | 1000 |").count(), 1, "{md}");
     }
 
     #[test]
