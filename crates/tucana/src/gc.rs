@@ -721,7 +721,8 @@ impl DbInner {
     }
 
     /// Measures what the volume holds beyond the regions' logs and estimated index, per
-    /// byte of their floor, and keeps its decaying peak for [`Footprint::of`].
+    /// byte of their floor, and keeps its decaying peak for [`Footprint::of`]; from the
+    /// same reading, steers the start line's share ([`next_start_share`]).
     fn measure_overhead(&self, state: &mut GcState) {
         // Segments released but not punched yet (`release_extents`) are free in the bitmap
         // and still on the disk.
