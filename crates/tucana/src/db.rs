@@ -152,13 +152,13 @@ impl Options {
         self
     }
 
-    /// Opens (or creates) the volume in the file at `path`, locked against other processes.
     /// Whether an open store runs the background committer (and, with `gc`, the
     /// collector's loop): only when something is timed.
     pub(crate) fn runs_background_threads(&self) -> bool {
         self.commit_interval.is_some() || self.flush_interval.is_some()
     }
 
+    /// Opens (or creates) the volume in the file at `path`, locked against other processes.
     pub fn open(self, path: impl AsRef<Path>) -> Result<Database> {
         let storage = crate::volume::FileStorage::open_with_min_reservation(
             path.as_ref(),
