@@ -35,7 +35,7 @@ use crate::{cgroup, measure, sys, Result};
 #[derive(Args, Debug, Clone)]
 pub struct ServerArgs {
     /// Servers to run, in order.
-    #[arg(long, value_enum, value_delimiter = ',', default_values_t = ServerKind::ALL)]
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = ServerKind::DEFAULT)]
     servers: Vec<ServerKind>,
     /// Directory in which each server's temporary data directory is created.
     #[arg(long, default_value_os_t = std::env::temp_dir())]
@@ -136,13 +136,22 @@ pub enum ServerKind {
     TucanaBuffered,
     /// tucana serve --durability sync (answered once durable; group commit).
     TucanaSync,
+    /// tucana-buffered without busy polling (--busy-poll-us 0): what the spin is worth.
+    TucanaBufferedNopoll,
 }
 
 impl ServerKind {
-    const ALL: [ServerKind; 3] = [
+    /// The servers a run compares unless told otherwise.
+    const DEFAULT: [ServerKind; 3] = [
         ServerKind::RedisEverysec,
         ServerKind::TucanaBuffered,
         ServerKind::TucanaSync,
+    ];
+    const ALL: [ServerKind; 4] = [
+        ServerKind::RedisEverysec,
+        ServerKind::TucanaBuffered,
+        ServerKind::TucanaSync,
+        ServerKind::TucanaBufferedNopoll,
     ];
 
     fn name(self) -> &'static str {
@@ -150,6 +159,7 @@ impl ServerKind {
             ServerKind::RedisEverysec => "redis-everysec",
             ServerKind::TucanaBuffered => "tucana-buffered",
             ServerKind::TucanaSync => "tucana-sync",
+            ServerKind::TucanaBufferedNopoll => "tucana-buffered-nopoll",
         }
     }
 
@@ -160,12 +170,12 @@ impl ServerKind {
     /// The flags after the program name; `{dir}` and `{port}` as given.
     fn flags(self, data_dir: &Path, port: u16) -> Vec<String> {
         let dir = data_dir.display().to_string();
-        let port = port.to_string();
+        let port_arg = port.to_string();
         let strings = |flags: &[&str]| flags.iter().map(|s| s.to_string()).collect::<Vec<_>>();
         match self {
             ServerKind::RedisEverysec => strings(&[
                 "--port",
-                &port,
+                &port_arg,
                 "--bind",
                 "127.0.0.1",
                 "--dir",
@@ -186,18 +196,23 @@ impl ServerKind {
                 &format!("{dir}/volume.tucana"),
                 "serve",
                 "--port",
-                &port,
+                &port_arg,
                 "--durability",
                 "buffered",
                 "--flush-interval-ms",
                 "1000",
             ]),
+            ServerKind::TucanaBufferedNopoll => {
+                let mut flags = ServerKind::TucanaBuffered.flags(data_dir, port);
+                flags.extend(strings(&["--busy-poll-us", "0"]));
+                flags
+            }
             ServerKind::TucanaSync => strings(&[
                 "--db",
                 &format!("{dir}/volume.tucana"),
                 "serve",
                 "--port",
-                &port,
+                &port_arg,
                 "--durability",
                 "sync",
             ]),
@@ -213,6 +228,10 @@ impl ServerKind {
             ServerKind::TucanaBuffered => {
                 "every write appended to the log, flushed and synced at least once a second: \
                  the same promise as everysec"
+            }
+            ServerKind::TucanaBufferedNopoll => {
+                "as tucana-buffered; a connection thread sleeps as soon as it has nothing to \
+                 run (no busy polling)"
             }
             ServerKind::TucanaSync => {
                 "a write is answered only once durable (concurrent writers share an fsync); \
@@ -514,10 +533,13 @@ fn run_plan(
 ) -> Result<()> {
     let name = server.kind.name();
     // What `tucana serve` reports it runs (its --threads, or its default for the cores).
-    let threads = if server.kind.is_tucana() {
-        info_field(server.port, "server", "connection_threads")
+    let (threads, busy_poll_us) = if server.kind.is_tucana() {
+        (
+            info_field(server.port, "server", "connection_threads"),
+            info_field(server.port, "server", "busy_poll_us"),
+        )
     } else {
-        None
+        (None, None)
     };
     // Load: every key once, so the GETs below all hit and SETs overwrite.
     let before = server.sample();
@@ -536,6 +558,7 @@ fn run_plan(
     record.set("pipeline", LOAD_PIPELINE);
     record.set("clients", LOAD_CONNECTIONS);
     record.set("connection_threads", threads);
+    record.set("busy_poll_us", busy_poll_us);
     print_row(&record);
     records.push(record);
 
@@ -564,6 +587,7 @@ fn run_plan(
                 client_cpu.as_secs_f64() * 1e6 / plan.requests.max(1) as f64,
             );
             record.set("connection_threads", threads);
+            record.set("busy_poll_us", busy_poll_us);
             print_row(&record);
             records.push(record);
         }
@@ -1190,6 +1214,27 @@ pub fn render_section(doc: &Value, json_path: &Path) -> String {
             list.join(", ")
         );
     }
+    // How long each Tucana server's connection threads polled before sleeping.
+    let mut polls: Vec<String> = Vec::new();
+    for r in &records {
+        if let (Some(server), Some(us)) = (r["engine"].as_str(), r["busy_poll_us"].as_u64()) {
+            let text = match us {
+                0 => format!("{server} off"),
+                us => format!("{server} {us} µs"),
+            };
+            if !polls.contains(&text) {
+                polls.push(text);
+            }
+        }
+    }
+    if !polls.is_empty() {
+        let _ = writeln!(
+            md,
+            "Busy polling before a connection thread sleeps (`--busy-poll-us`, INFO \
+             `busy_poll_us`; docs/server-bench.md): {}.\n",
+            polls.join(", ")
+        );
+    }
 
     let servers: Vec<String> = options["servers"]
         .as_array()
@@ -1485,7 +1530,7 @@ mod tests {
             "debug_build": false,
             "options": {
                 "argv": ["/x/tucana-bench", "server", "--dir", "/var/tmp/sb"],
-                "servers": ["redis-everysec", "tucana-buffered"],
+                "servers": ["redis-everysec", "tucana-buffered", "tucana-buffered-nopoll"],
                 "clients": 50, "requests": 100, "value_bytes": 100, "keyspace": 10,
                 "redis_benchmark_version": "redis-benchmark 7.0.15",
                 "redis_server_version": "Redis server v=7.0.15",
@@ -1501,7 +1546,9 @@ mod tests {
                  "ops_per_sec": 100.0, "cpu_us_per_op": 10.0, "requests": 100},
                 {"engine": "tucana-buffered", "workload": "redis-SET-P1", "dataset": "in-memory",
                  "ops_per_sec": 150.0, "cpu_us_per_op": 20.0, "requests": 100, "log_syncs": 4,
-                 "client_cpu_us_per_op": 12.5, "connection_threads": 1},
+                 "client_cpu_us_per_op": 12.5, "connection_threads": 1, "busy_poll_us": 50},
+                {"engine": "tucana-buffered-nopoll", "workload": "redis-SET-P1", "dataset": "in-memory",
+                 "ops_per_sec": 120.0, "cpu_us_per_op": 20.0, "requests": 100, "busy_poll_us": 0},
                 {"engine": "tucana-buffered", "workload": "redis-GET-P1", "dataset": "larger-than-memory",
                  "ops_per_sec": 50.0, "requests": 100, "device_read_bytes": 409600},
             ],
@@ -1519,6 +1566,14 @@ mod tests {
         );
         assert!(
             md.contains("ran 1 connection thread(s) (its default"),
+            "{md}"
+        );
+        assert!(
+            md.contains("`busy_poll_us`; docs/server-bench.md): tucana-buffered 50 µs, tucana-buffered-nopoll off."),
+            "{md}"
+        );
+        assert!(
+            md.contains("| redis-SET-P1 | **1.50** | 2.00 | **1.20** |"),
             "{md}"
         );
         assert!(md.contains("cannot serve a data set"), "{md}");

@@ -191,13 +191,21 @@ fn a_public_address_without_a_password_is_refused_before_the_volume_is_touched()
 }
 
 #[test]
-fn threads_sets_the_connection_threads_and_zero_is_refused() {
+fn threads_and_busy_poll_are_set_by_flags_and_zero_threads_are_refused() {
     let (_dir, path) = volume();
     let mut served = serve(&path, &["--threads", "2", "--durability", "buffered"]);
     let mut con = served.connect();
     let _: () = con.set("k", "v").unwrap();
     let info: String = redis::cmd("INFO").arg("server").query(&mut con).unwrap();
     assert!(info.contains("connection_threads:2\r\n"), "{info}");
+    assert!(info.contains("busy_poll_us:50\r\n"), "the default: {info}");
+    assert!(served.signal("-TERM").success());
+
+    let mut served = serve(&path, &["--busy-poll-us", "0"]);
+    let mut con = served.connect();
+    assert_eq!(con.get::<_, String>("k").unwrap(), "v");
+    let info: String = redis::cmd("INFO").arg("server").query(&mut con).unwrap();
+    assert!(info.contains("busy_poll_us:0\r\n"), "{info}");
     assert!(served.signal("-TERM").success());
 
     let (_dir, path) = volume();

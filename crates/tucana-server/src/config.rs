@@ -13,6 +13,9 @@ use crate::resp::RequestLimits;
 /// by side.
 pub const DEFAULT_PORT: u16 = 7379;
 
+/// How long a busy connection thread polls before it sleeps, by default.
+pub const DEFAULT_BUSY_POLL: Duration = Duration::from_micros(50);
+
 /// When a write is answered.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DurabilityMode {
@@ -72,6 +75,9 @@ pub struct ServerConfig {
     /// Connection threads, each running its share of the connections on an event loop of
     /// its own (`None`: [`default_threads`] for this machine's cores).
     pub threads: Option<usize>,
+    /// After serving several connections, a connection thread keeps polling its sockets
+    /// this long before it sleeps (see `busy_poll`; zero: sleep at once).
+    pub busy_poll: Duration,
 }
 
 impl Default for ServerConfig {
@@ -90,6 +96,7 @@ impl Default for ServerConfig {
             shutdown_grace: Duration::from_secs(10),
             max_scan_cursors: 16_384,
             threads: None,
+            busy_poll: DEFAULT_BUSY_POLL,
         }
     }
 }

@@ -4,7 +4,8 @@
 //! Layers, bottom up: [`resp`] (wire format, limits), `glob` (key patterns), `store`
 //! (numbered databases → keyspaces, the per-keyspace write lock, SCAN cursors),
 //! `commands` (what each command does), `metrics` (INFO and Prometheus), `outbox` (replies
-//! sent just before a connection thread sleeps), [`server`] (sockets, connections, shutdown), `tls` (optional TLS with rustls). The engine is used only through its public API.
+//! sent just before a connection thread sleeps), `busy_poll` (a busy thread polls a
+//! little longer before it sleeps), [`server`] (sockets, connections, shutdown), `tls` (optional TLS with rustls). The engine is used only through its public API.
 //!
 //! ```no_run
 //! let db = tucana::Database::open("data.tucana")?;
@@ -14,6 +15,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod busy_poll;
 mod commands;
 pub mod config;
 mod glob;

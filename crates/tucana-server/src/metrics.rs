@@ -186,6 +186,10 @@ pub fn info_text(shared: &Shared, sections: &[String], connected: u64) -> String
                 ("process_id", std::process::id().to_string()),
                 ("tcp_port", shared.local_port.to_string()),
                 ("connection_threads", shared.threads.to_string()),
+                (
+                    "busy_poll_us",
+                    shared.config.busy_poll.as_micros().to_string(),
+                ),
                 ("uptime_in_seconds", uptime.as_secs().to_string()),
                 ("uptime_in_days", (uptime.as_secs() / 86_400).to_string()),
             ],

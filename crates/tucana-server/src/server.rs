@@ -14,7 +14,9 @@
 //! per request at pipeline depth 1). A connection decodes every complete request in its
 //! buffer (a pipelined batch) and runs the batch in one go; the replies of a pipelined
 //! batch wait in the connection's outbox until its thread has run every ready connection
-//! (see `outbox`), the reply to a lone request goes out at once.
+//! (see `outbox`), the reply to a lone request goes out at once. A thread that ran
+//! several connections' batches since it last slept polls a little longer before it
+//! sleeps again (see `busy_poll`).
 //! Batches of reads, and of buffered writes, run on the async worker (engine
 //! reads never block on writers; a buffered write is a short append). Batches that may
 //! wait on the device (sync-mode writes, EXEC, FLUSHDB, SAVE) run on tokio's blocking
@@ -143,7 +145,7 @@ impl Server {
             shared,
         } = self;
         let mut shutdown = shared.shutdown.subscribe();
-        let mut threads = match ConnectionThreads::start(shared.threads) {
+        let mut threads = match ConnectionThreads::start(shared.threads, shared.config.busy_poll) {
             Ok(t) => t,
             Err(e) => return Err(tucana::Error::Io(e)),
         };
@@ -200,7 +202,7 @@ struct ConnectionThreads {
 }
 
 impl ConnectionThreads {
-    fn start(count: usize) -> io::Result<ConnectionThreads> {
+    fn start(count: usize, busy_poll: Duration) -> io::Result<ConnectionThreads> {
         assert!(count > 0);
         let mut threads = ConnectionThreads {
             handles: Vec::with_capacity(count),
@@ -212,8 +214,14 @@ impl ConnectionThreads {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .thread_name("tucana-serve")
                 .enable_all()
-                .on_thread_park(crate::outbox::flush_queued)
+                .on_thread_park(|| {
+                    crate::outbox::flush_queued();
+                    crate::busy_poll::before_park();
+                })
                 .build()?;
+            if !busy_poll.is_zero() {
+                rt.spawn(crate::busy_poll::run(busy_poll));
+            }
             let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
             threads.handles.push(rt.handle().clone());
             threads.stop.push(stop);
@@ -470,6 +478,7 @@ async fn serve_requests<S: AsyncRead + AsyncWrite + Unpin>(
             } else {
                 execute_batch(&shared, &mut session, &buf, &requests, &mut out);
             }
+            crate::busy_poll::batch_ran();
             // The replies of a pipelined batch are queued for the park hook. A batch of
             // one request (a client waiting on each reply: sent at once, the client works
             // on it while this thread serves the next connection), a large reply and the

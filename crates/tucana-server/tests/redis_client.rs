@@ -496,9 +496,17 @@ fn ordered_range_and_prefix_commands() {
 
 #[test]
 fn concurrent_increments_lose_nothing() {
-    for durability in [DurabilityMode::Sync, DurabilityMode::Buffered] {
+    // Connection threads that busy-poll before they sleep (the default) and that do not.
+    for (durability, busy_poll) in [
+        (DurabilityMode::Sync, ServerConfig::default().busy_poll),
+        (DurabilityMode::Buffered, ServerConfig::default().busy_poll),
+        (DurabilityMode::Buffered, Duration::ZERO),
+    ] {
+        assert!(!ServerConfig::default().busy_poll.is_zero());
         let (_db, server) = start_with(ServerConfig {
             durability,
+            busy_poll,
+            threads: Some(2),
             ..config()
         });
         let threads: Vec<_> = (0..8)
@@ -517,7 +525,11 @@ fn concurrent_increments_lose_nothing() {
             t.join().unwrap();
         }
         let mut con = connect(&server);
-        assert_eq!(con.get::<_, i64>("counter").unwrap(), 800, "{durability:?}");
+        assert_eq!(
+            con.get::<_, i64>("counter").unwrap(),
+            800,
+            "{durability:?}, busy poll {busy_poll:?}"
+        );
         server.stop().unwrap();
     }
 }
