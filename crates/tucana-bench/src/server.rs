@@ -613,6 +613,12 @@ fn fill(
         record.cpu_us_per_op = Some(cpu_s * 1e6 / requests.max(1) as f64);
         record.set("server_cpu_s", cpu_s);
     }
+    if let (Some(a), Some(b)) = (before.sleeps, after.sleeps) {
+        record.set(
+            "server_sleeps_per_op",
+            b.saturating_sub(a) as f64 / requests.max(1) as f64,
+        );
+    }
     record.peak_rss_bytes = after.peak_rss_bytes;
     if let (Some(a), Some(b)) = (before.syncs, after.syncs) {
         let syncs = b.saturating_sub(a);
@@ -649,6 +655,8 @@ struct Server {
 /// What a server has used so far, read around each test.
 struct Sample {
     cpu_ticks: Option<u64>,
+    /// Voluntary context switches of the server's threads (see `process_sleeps`).
+    sleeps: Option<u64>,
     peak_rss_bytes: Option<u64>,
     syncs: Option<u64>,
     device: Option<sys::ProcessIo>,
@@ -708,6 +716,7 @@ impl Server {
         let pid = self.child.id();
         Sample {
             cpu_ticks: process_cpu_ticks(pid),
+            sleeps: process_sleeps(pid),
             peak_rss_bytes: process_peak_rss_bytes(pid),
             syncs: if self.kind.is_tucana() {
                 info_field(self.port, "persistence", "syncs")
@@ -770,6 +779,30 @@ fn parse_stat_cpu_ticks(text: &str) -> Option<u64> {
     let utime: u64 = fields.get(11)?.parse().ok()?;
     let stime: u64 = fields.get(12)?.parse().ok()?;
     Some(utime + stime)
+}
+
+/// Voluntary context switches of all the threads of `pid`: each is a thread going to
+/// sleep (on `epoll_wait`, a lock, a condition, I/O), and each is woken again by someone,
+/// on loopback often the client's `send`. Threads that ended are not counted.
+fn process_sleeps(pid: u32) -> Option<u64> {
+    let mut total = 0;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).ok()? {
+        let Ok(task) = task else { continue };
+        // A thread may end between the listing and the read.
+        if let Ok(text) = std::fs::read_to_string(task.path().join("status")) {
+            total += parse_voluntary_switches(&text).unwrap_or(0);
+        }
+    }
+    Some(total)
+}
+
+fn parse_voluntary_switches(status: &str) -> Option<u64> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))?
+        .trim()
+        .parse()
+        .ok()
 }
 
 /// Peak RSS of `pid` since the last reset, then resets it so that the next reading is
@@ -1346,13 +1379,16 @@ pub fn render_section(doc: &Value, json_path: &Path) -> String {
             server process's user + system time (all threads, /proc/PID/stat) during the test ÷ \
             requests; peak RSS is the server's VmHWM during the test (Tucana's includes the pages of its \
             volume file it maps, which the kernel can reclaim; Redis's is its heap); log syncs are Tucana's \
-            fsyncs of its log during the test (INFO persistence); client CPU is redis-benchmark's \
+            fsyncs of its log during the test (INFO persistence); server sleeps are the \
+            voluntary context switches of all the server's threads (/proc/PID/task/*/status) \
+            ÷ requests: each is a thread that found nothing to do and had to be woken again, \
+            at pipeline 1 mostly by the client's next request; client CPU is redis-benchmark's \
             user + system time ÷ requests (the client shares the machine's cores with the server, \
             and how the server batches its replies changes what the client spends). `load` is the \
             harness's own SET of every key (4 connections, pipeline 256); its server CPU includes the \
             wait that followed it (Tucana's commit of the loaded keys).\n\n";
-    md += "| data set | test | server | requests/s | p50 µs | p99 µs | server CPU µs/request | client CPU µs/request | peak RSS MiB | log syncs | writes per sync |\n";
-    md += "|---|---|---|---|---|---|---|---|---|---|---|\n";
+    md += "| data set | test | server | requests/s | p50 µs | p99 µs | server CPU µs/request | client CPU µs/request | server sleeps per request | peak RSS MiB | log syncs | writes per sync |\n";
+    md += "|---|---|---|---|---|---|---|---|---|---|---|---|\n";
     for dataset in ["in-memory", "larger-than-memory"] {
         for test in &tests {
             for r in records
@@ -1366,13 +1402,14 @@ pub fn render_section(doc: &Value, json_path: &Path) -> String {
                 };
                 let _ = writeln!(
                     md,
-                    "| {dataset} | {test} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                    "| {dataset} | {test} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                     r["engine"].as_str().unwrap_or("?"),
                     fmt_number(number(&r["ops_per_sec"])),
                     fmt_number(number(&r["p50_us"])),
                     fmt_number(number(&r["p99_us"])),
                     fmt_number(number(&r["cpu_us_per_op"])),
                     fmt_number(number(&r["client_cpu_us_per_op"])),
+                    number(&r["server_sleeps_per_op"]).map_or("–".into(), |s| format!("{s:.3}")),
                     number(&r["peak_rss_bytes"])
                         .map_or("–".into(), |b| format!("{:.0}", b / (1 << 20) as f64)),
                     syncs.map_or("–".into(), |s| s.to_string()),
@@ -1507,9 +1544,23 @@ mod tests {
     }
 
     #[test]
+    fn voluntary_switches_are_not_confused_with_involuntary_ones() {
+        let status = "Name:\tx\nnonvoluntary_ctxt_switches:\t9\nvoluntary_ctxt_switches:\t41\n";
+        assert_eq!(parse_voluntary_switches(status), Some(41));
+        assert_eq!(
+            parse_voluntary_switches("nonvoluntary_ctxt_switches:\t9\n"),
+            None
+        );
+    }
+
+    #[test]
     fn own_process_is_measurable() {
         let pid = std::process::id();
         assert!(process_cpu_ticks(pid).is_some());
+        // A sleep of this thread is counted.
+        let sleeps = process_sleeps(pid).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(1));
+        assert!(process_sleeps(pid).unwrap() > sleeps, "a sleep is counted");
         assert!(process_peak_rss_bytes(pid).unwrap() > 0);
         assert!(load_average().is_some());
     }
@@ -1546,7 +1597,8 @@ mod tests {
                  "ops_per_sec": 100.0, "cpu_us_per_op": 10.0, "requests": 100},
                 {"engine": "tucana-buffered", "workload": "redis-SET-P1", "dataset": "in-memory",
                  "ops_per_sec": 150.0, "cpu_us_per_op": 20.0, "requests": 100, "log_syncs": 4,
-                 "client_cpu_us_per_op": 12.5, "connection_threads": 1, "busy_poll_us": 50},
+                 "client_cpu_us_per_op": 12.5, "connection_threads": 1, "busy_poll_us": 50,
+                 "server_sleeps_per_op": 0.0125},
                 {"engine": "tucana-buffered-nopoll", "workload": "redis-SET-P1", "dataset": "in-memory",
                  "ops_per_sec": 120.0, "cpu_us_per_op": 20.0, "requests": 100, "busy_poll_us": 0},
                 {"engine": "tucana-buffered", "workload": "redis-GET-P1", "dataset": "larger-than-memory",
@@ -1561,7 +1613,7 @@ mod tests {
         );
         assert!(md.contains("| 25.0 |"), "writes per sync: {md}");
         assert!(
-            md.contains("| 20.0 | 12.5 |"),
+            md.contains("| 20.0 | 12.5 | 0.013 |"),
             "server and client CPU: {md}"
         );
         assert!(
