@@ -391,17 +391,17 @@ pub fn lookup(name: &[u8]) -> Option<usize> {
 /// Whether running this request may wait on I/O: the connection then runs its batch on
 /// a thread that may block, so the async workers keep serving other connections.
 ///
-/// Reads never block. Buffered writes only take the keyspace's write lock (held for a
-/// log append by another writer) and append to the log buffer, so they run on the async
-/// worker too: a hop to the blocking pool costs more than they do. In sync mode a write
-/// waits for an fsync, so its batch goes to the blocking pool.
-pub fn may_block(name: &[u8], durability: DurabilityMode) -> bool {
+/// Reads never block. Writes only take the keyspace's write lock (held for a log append
+/// by another writer) and append to the log buffer, so they run on the async worker too:
+/// a hop to the blocking pool costs more than they do. In sync mode the wait for the
+/// fsync that follows is asynchronous (`syncer`).
+pub fn may_block(name: &[u8]) -> bool {
     let Some(i) = lookup(name) else {
         return false;
     };
     match table()[i].run {
         Run::Read(_) => false,
-        Run::Write(_) => durability == DurabilityMode::Sync,
+        Run::Write(_) => false,
         Run::Other { blocks, .. } => blocks,
     }
 }
@@ -417,10 +417,9 @@ pub struct Ctx<'a> {
 /// Runs a pipelined batch of requests and appends their encoded replies to `out`.
 ///
 /// `wire` is the buffer the requests were decoded from. Replies are encoded into `out` as
-/// each request runs. In sync mode the writes of the batch are applied buffered and then
-/// made durable by one sync before the caller sends anything; if that sync fails, the
-/// replies of the writes are replaced by errors (the writes are visible but not known to
-/// be durable).
+/// each request runs. Writes are applied buffered; the returned [`Written`] says where
+/// their replies are, so that in sync mode the caller makes them durable (one sync for
+/// the batch) before it sends anything, and turns them into errors if that sync fails.
 ///
 /// Plain `GET key` and `SET key value` (the bulk of a cache's traffic) take a fast path
 /// when the connection is authenticated and not in `MULTI`: a run of consecutive ones
@@ -433,7 +432,7 @@ pub fn execute_batch(
     wire: &[u8],
     requests: &Requests,
     out: &mut Vec<u8>,
-) {
+) -> Written {
     let base = out.len();
     let mut tally = Tally::default();
     // Where in `out` the replies of requests that wrote are (sync mode may replace them).
@@ -491,11 +490,33 @@ pub fn execute_batch(
         i += 1;
     }
     shared.metrics.add_tally(&tally);
-    if shared.config.durability == DurabilityMode::Sync && !written.is_empty() {
-        if let Err(e) = shared.store.db.sync() {
-            let text = format!("ERR the write was applied but could not be made durable: {e}");
-            replace_replies(out, base, &written, &text);
-        }
+    Written {
+        base,
+        ranges: written,
+    }
+}
+
+/// Where in a batch's output the replies of its writes are: in sync mode they may be
+/// sent only once the writes are durable.
+#[must_use = "in sync mode the writes must be made durable before their replies are sent"]
+pub struct Written {
+    /// `out.len()` when the batch started.
+    base: usize,
+    /// Ascending, at or after `base`.
+    ranges: Vec<Range<usize>>,
+}
+
+impl Written {
+    /// Whether the batch wrote nothing (nothing to make durable).
+    pub fn is_empty(&self) -> bool {
+        self.ranges.is_empty()
+    }
+
+    /// The sync after the batch failed: the writes are applied (and visible) but not
+    /// known to be durable, and their replies now say so.
+    pub fn not_durable(&self, out: &mut Vec<u8>, error: &dyn std::fmt::Display) {
+        let text = format!("ERR the write was applied but could not be made durable: {error}");
+        replace_replies(out, self.base, &self.ranges, &text);
     }
 }
 

@@ -5,7 +5,8 @@
 //! (numbered databases → keyspaces, the per-keyspace write lock, SCAN cursors),
 //! `commands` (what each command does), `metrics` (INFO and Prometheus), `outbox` (replies
 //! sent just before a connection thread sleeps), `busy_poll` (a busy thread polls a
-//! little longer before it sleeps), [`server`] (sockets, connections, shutdown), `tls` (optional TLS with rustls). The engine is used only through its public API.
+//! little longer before it sleeps), `syncer` (sync durability: one thread syncs for all
+//! waiting connections), [`server`] (sockets, connections, shutdown), `tls` (optional TLS with rustls). The engine is used only through its public API.
 //!
 //! ```no_run
 //! let db = tucana::Database::open("data.tucana")?;
@@ -24,6 +25,7 @@ mod outbox;
 pub mod resp;
 pub mod server;
 mod store;
+mod syncer;
 mod tls;
 
 pub use commands::REDIS_COMPAT_VERSION;

@@ -17,11 +17,12 @@
 //! (see `outbox`), the reply to a lone request goes out at once. A thread that ran
 //! several connections' batches since it last slept polls a little longer before it
 //! sleeps again (see `busy_poll`).
-//! Batches of reads, and of buffered writes, run on the async worker (engine
-//! reads never block on writers; a buffered write is a short append). Batches that may
-//! wait on the device (sync-mode writes, EXEC, FLUSHDB, SAVE) run on tokio's blocking
-//! pool, so a connection waiting for its fsync does not stall the others, and concurrent
-//! sync writers reach the engine together and share one fsync (group commit). Before
+//! Batches of reads and writes run on the connection thread (engine reads never block
+//! on writers; a write is a short append to the log's tail). In sync mode the batch's
+//! replies then wait, asynchronously, for the `syncer` thread's next sync, which makes
+//! the writes of every waiting connection durable at once (group commit); the thread
+//! serves other connections meanwhile. Batches that may wait on the device themselves
+//! (EXEC, FLUSHDB, SAVE) run on tokio's blocking pool. Before
 //! authentication a connection decodes one request at a time, so the stricter pre-auth
 //! limits apply to every request up to the `AUTH` that lifts them.
 //!
@@ -43,11 +44,12 @@ use tokio_rustls::TlsAcceptor;
 use tucana::Database;
 
 use crate::commands::{execute_batch, may_block, Session};
-use crate::config::ServerConfig;
+use crate::config::{DurabilityMode, ServerConfig};
 use crate::metrics::{prometheus_text, Metrics};
 use crate::outbox::Outbox;
 use crate::resp::{check_incomplete, decode_into, Reply, Requests};
 use crate::store::Store;
+use crate::syncer::Syncer;
 
 /// At most this many pipelined requests run as one batch (bounds the reply buffer).
 const MAX_BATCH_REQUESTS: usize = 1024;
@@ -67,6 +69,8 @@ pub struct Shared {
     /// Connection threads (the configured count, or the default for this machine).
     pub threads: usize,
     tls: Option<TlsAcceptor>,
+    /// With sync durability: makes the writes of connections durable, many per sync.
+    syncer: Option<Syncer>,
     next_client_id: AtomicU64,
     shutdown: Arc<watch::Sender<bool>>,
 }
@@ -105,7 +109,12 @@ impl Server {
         let local_port = listener.local_addr()?.port();
         let (shutdown, _) = watch::channel(false);
         let threads = config.thread_count();
+        let syncer = match config.durability {
+            DurabilityMode::Sync => Some(Syncer::start(db.clone())?),
+            DurabilityMode::Buffered => None,
+        };
         let shared = Arc::new(Shared {
+            syncer,
             store: Store::new(db, config.databases, config.max_scan_cursors),
             threads,
             config,
@@ -177,8 +186,16 @@ impl Server {
             tasks.abort_all();
             while tasks.join_next().await.is_some() {}
         }
-        // Every connection has ended: the threads have nothing left to run.
-        let _ = tokio::task::spawn_blocking(move || threads.stop()).await;
+        // Every connection has ended: the threads have nothing left to run, and nobody
+        // waits for a sync.
+        let stopping = shared.clone();
+        let _ = tokio::task::spawn_blocking(move || {
+            threads.stop();
+            if let Some(syncer) = &stopping.syncer {
+                syncer.stop();
+            }
+        })
+        .await;
         let db = shared.store.db.clone();
         tokio::task::spawn_blocking(move || db.commit())
             .await
@@ -428,7 +445,7 @@ async fn serve_requests<S: AsyncRead + AsyncWrite + Unpin>(
                     let last = requests.len() - 1;
                     if requests.arg_count(last) > 0 {
                         let name = requests.arg(last, 0, &buf);
-                        blocks |= may_block(name, shared.config.durability);
+                        blocks |= may_block(name);
                     }
                     if !session.authenticated || requests.len() >= MAX_BATCH_REQUESTS {
                         break;
@@ -455,13 +472,22 @@ async fn serve_requests<S: AsyncRead + AsyncWrite + Unpin>(
                 let worker_buf = std::mem::take(&mut buf);
                 let worker_requests = std::mem::take(&mut requests);
                 let joined = tokio::task::spawn_blocking(move || {
-                    execute_batch(
+                    let written = execute_batch(
                         &worker_shared,
                         &mut session,
                         &worker_buf,
                         &worker_requests,
                         &mut worker_out,
                     );
+                    if worker_shared.config.durability == DurabilityMode::Sync
+                        && !written.is_empty()
+                    {
+                        // This thread may block: the sync runs here (shared with whoever
+                        // syncs at the same time).
+                        if let Err(e) = worker_shared.store.db.sync() {
+                            written.not_durable(&mut worker_out, &e);
+                        }
+                    }
                     (session, worker_out, worker_buf, worker_requests)
                 })
                 .await;
@@ -476,7 +502,14 @@ async fn serve_requests<S: AsyncRead + AsyncWrite + Unpin>(
                     Err(_) => return Err(io::Error::other("a command handler panicked")),
                 }
             } else {
-                execute_batch(&shared, &mut session, &buf, &requests, &mut out);
+                let written = execute_batch(&shared, &mut session, &buf, &requests, &mut out);
+                if let (Some(syncer), false) = (&shared.syncer, written.is_empty()) {
+                    // Sync durability: the replies wait for the writes to be durable; the
+                    // thread serves other connections meanwhile.
+                    if let Err(e) = syncer.durable().await {
+                        written.not_durable(&mut out, &e);
+                    }
+                }
             }
             crate::busy_poll::batch_ran();
             // The replies of a pipelined batch are queued for the park hook. A batch of

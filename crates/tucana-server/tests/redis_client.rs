@@ -4,6 +4,8 @@
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use redis::{Commands, Connection, RedisResult, Value};
@@ -1201,4 +1203,77 @@ fn one_connection_thread_serves_many_concurrent_clients() {
         .unwrap();
     assert_eq!(ks.keys, 1600);
     server.stop().unwrap();
+}
+
+/// Memory storage whose `sync` fails on demand.
+struct FailingSync {
+    inner: tucana::volume::MemStorage,
+    fail: Arc<AtomicBool>,
+}
+
+impl tucana::volume::Storage for FailingSync {
+    fn len_bytes(&self) -> tucana::Result<u64> {
+        self.inner.len_bytes()
+    }
+    fn grow(&self, len_bytes: u64) -> tucana::Result<()> {
+        self.inner.grow(len_bytes)
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> tucana::Result<()> {
+        self.inner.read_at(offset, buf)
+    }
+    fn write_at(&self, offset: u64, data: &[u8]) -> tucana::Result<()> {
+        self.inner.write_at(offset, data)
+    }
+    fn sync(&self) -> tucana::Result<()> {
+        if self.fail.load(Ordering::SeqCst) {
+            return Err(tucana::Error::Io(std::io::Error::other(
+                "injected sync failure",
+            )));
+        }
+        self.inner.sync()
+    }
+}
+
+/// In sync mode a reply waits for its write's sync; when that sync fails, the write's
+/// reply says it is not known to be durable (never OK), the other replies of the batch
+/// are unaffected, and the server keeps answering.
+#[test]
+fn a_failed_sync_turns_the_replies_of_its_writes_into_errors() {
+    let fail = Arc::new(AtomicBool::new(false));
+    let storage = FailingSync {
+        inner: tucana::volume::MemStorage::new(),
+        fail: fail.clone(),
+    };
+    // No background flusher: the server's syncs are the only ones.
+    let db = Database::builder()
+        .flush_interval(None)
+        .commit_interval(None)
+        .open_storage(Arc::new(storage))
+        .unwrap();
+    let server = spawn(
+        db,
+        ServerConfig {
+            durability: DurabilityMode::Sync,
+            ..config()
+        },
+    )
+    .unwrap();
+    let mut con = connect(&server);
+    let _: () = con.set("before", "v").unwrap();
+    fail.store(true, Ordering::SeqCst);
+    let error = error_text(con.set::<_, _, ()>("k", "v"));
+    assert!(error.contains("could not be made durable"), "{error}");
+    assert!(error.contains("injected sync failure"), "{error}");
+    // A pipelined batch: the write's reply is an error, the PING after it is answered.
+    let reply = raw_exchange(
+        &server,
+        b"*3\r\n$3\r\nSET\r\n$1\r\na\r\n$1\r\n1\r\n*1\r\n$4\r\nPING\r\n*1\r\n$4\r\nQUIT\r\n",
+    );
+    assert!(reply.starts_with("-ERR "), "{reply}");
+    assert!(!reply.starts_with("+OK"), "{reply}");
+    assert!(reply.contains("\r\n+PONG\r\n"), "{reply}");
+    let pong: String = redis::cmd("PING").query(&mut con).unwrap();
+    assert_eq!(pong, "PONG");
+    // The final commit cannot succeed on a store whose sync failed; stopping says so.
+    assert!(server.stop().is_err());
 }
