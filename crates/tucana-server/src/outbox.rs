@@ -11,11 +11,14 @@
 //! finds many connections ready. Measured with `redis-benchmark -c 50 -P 16 -t set`
 //! (docs/server-bench.md): fewer context switches on both sides and less CPU per request.
 //!
-//! Only the replies of pipelined batches wait: a connection that sent one request waits
-//! on its reply, and sent at once the client works on it while the thread serves the next
-//! connection (at `-P 1`, queueing those too left both sides idle in turn: in the
-//! harness, 0.85 and 1.03 of redis-server's SET throughput against 1.40 and 1.20 with
-//! lone replies sent at once, docs/server-bench.md).
+//! The reply to a lone request waits too when the thread busy-polls (`busy_poll`), and
+//! is sent at once when it does not. A connection that sent one request waits on its
+//! reply: on a thread that sleeps as soon as it runs out of work, queueing those left
+//! both sides idle in turn (at `-P 1` in the harness, 0.85 and 1.03 of redis-server's
+//! SET throughput against 1.40 and 1.20 with lone replies sent at once). On a thread that
+//! polls, the flush comes right after the ready connections have run, and sending the
+//! replies together served `-P 1` SETs faster and more evenly than sending each at once
+//! (docs/server-bench.md, "Busy polling").
 //!
 //! How: a connection whose reply is small appends it to its [`Outbox`] and goes back to
 //! reading; the outbox joins this thread's list of queued outboxes, and the runtime's

@@ -14,9 +14,9 @@
 //! per request at pipeline depth 1). A connection decodes every complete request in its
 //! buffer (a pipelined batch) and runs the batch in one go; the replies of a pipelined
 //! batch wait in the connection's outbox until its thread has run every ready connection
-//! (see `outbox`), the reply to a lone request goes out at once. A thread that ran
-//! several connections' batches since it last slept polls a little longer before it
-//! sleeps again (see `busy_poll`).
+//! (see `outbox`). A thread that ran several connections' batches since it last slept
+//! polls a little longer before it sleeps again (see `busy_poll`); then the reply to a
+//! lone request waits in the outbox too, otherwise it goes out at once.
 //! Batches of reads and writes run on the connection thread (engine reads never block
 //! on writers; a write is a short append to the log's tail). In sync mode the batch's
 //! replies then wait, asynchronously, for the `syncer` thread's next sync, which makes
@@ -512,14 +512,15 @@ async fn serve_requests<S: AsyncRead + AsyncWrite + Unpin>(
                 }
             }
             crate::busy_poll::batch_ran();
-            // The replies of a pipelined batch are queued for the park hook. A batch of
-            // one request (a client waiting on each reply: sent at once, the client works
-            // on it while this thread serves the next connection), a large reply and the
-            // connection's last are written now, after whatever the outbox holds.
+            // Replies are queued for the next flush (see `outbox`): a pipelined batch's
+            // always, a lone request's when the thread busy-polls. Without busy polling a
+            // lone reply is written at once (the client works on it while this thread
+            // serves the next connection, instead of both waiting for the flush). A large
+            // reply and the connection's last are written now, after what the outbox holds.
             let ending = protocol_error.is_some() || session.close_after_reply || shutting_down();
-            let pipelined = requests.len() > 1;
+            let queue = requests.len() > 1 || !shared.config.busy_poll.is_zero();
             match outbox {
-                Some(outbox) if pipelined && !ending && outbox.has_room(out.len()) => {
+                Some(outbox) if queue && !ending && outbox.has_room(out.len()) => {
                     shared
                         .metrics
                         .net_output_bytes
