@@ -4,7 +4,6 @@
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -1205,50 +1204,17 @@ fn one_connection_thread_serves_many_concurrent_clients() {
     server.stop().unwrap();
 }
 
-/// Memory storage whose `sync` fails on demand.
-struct FailingSync {
-    inner: tucana::volume::MemStorage,
-    fail: Arc<AtomicBool>,
-}
-
-impl tucana::volume::Storage for FailingSync {
-    fn len_bytes(&self) -> tucana::Result<u64> {
-        self.inner.len_bytes()
-    }
-    fn grow(&self, len_bytes: u64) -> tucana::Result<()> {
-        self.inner.grow(len_bytes)
-    }
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> tucana::Result<()> {
-        self.inner.read_at(offset, buf)
-    }
-    fn write_at(&self, offset: u64, data: &[u8]) -> tucana::Result<()> {
-        self.inner.write_at(offset, data)
-    }
-    fn sync(&self) -> tucana::Result<()> {
-        if self.fail.load(Ordering::SeqCst) {
-            return Err(tucana::Error::Io(std::io::Error::other(
-                "injected sync failure",
-            )));
-        }
-        self.inner.sync()
-    }
-}
-
 /// In sync mode a reply waits for its write's sync; when that sync fails, the write's
 /// reply says it is not known to be durable (never OK), the other replies of the batch
 /// are unaffected, and the server keeps answering.
 #[test]
 fn a_failed_sync_turns_the_replies_of_its_writes_into_errors() {
-    let fail = Arc::new(AtomicBool::new(false));
-    let storage = FailingSync {
-        inner: tucana::volume::MemStorage::new(),
-        fail: fail.clone(),
-    };
+    let storage = Arc::new(tucana::volume::FailingSync::new());
     // No background flusher: the server's syncs are the only ones.
     let db = Database::builder()
         .flush_interval(None)
         .commit_interval(None)
-        .open_storage(Arc::new(storage))
+        .open_storage(storage.clone())
         .unwrap();
     let server = spawn(
         db,
@@ -1260,7 +1226,7 @@ fn a_failed_sync_turns_the_replies_of_its_writes_into_errors() {
     .unwrap();
     let mut con = connect(&server);
     let _: () = con.set("before", "v").unwrap();
-    fail.store(true, Ordering::SeqCst);
+    storage.set_broken(true);
     let error = error_text(con.set::<_, _, ()>("k", "v"));
     assert!(error.contains("could not be made durable"), "{error}");
     assert!(error.contains("injected sync failure"), "{error}");

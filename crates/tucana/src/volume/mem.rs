@@ -12,7 +12,7 @@
 //! from fresh, lazily zeroed pages for large sizes) and copies the old bytes, so a volume
 //! grown to many allocation groups costs memory only for the pages written.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use parking_lot::RwLock;
 
@@ -133,6 +133,67 @@ impl Storage for MemStorage {
 
     fn io_bytes(&self) -> (u64, u64) {
         MemStorage::io_bytes(self)
+    }
+}
+
+/// Memory storage whose `sync` fails while it is set broken: for tests of what a failed
+/// sync does (the store poisons itself; a server turns the affected replies into errors).
+pub struct FailingSync {
+    inner: MemStorage,
+    broken: AtomicBool,
+}
+
+impl FailingSync {
+    /// An empty volume whose syncs succeed until [`FailingSync::set_broken`].
+    pub fn new() -> FailingSync {
+        FailingSync {
+            inner: MemStorage::new(),
+            broken: AtomicBool::new(false),
+        }
+    }
+
+    /// From now on every `sync` fails (`true`) or works again (`false`).
+    pub fn set_broken(&self, broken: bool) {
+        self.broken.store(broken, Ordering::SeqCst);
+    }
+}
+
+impl Default for FailingSync {
+    fn default() -> FailingSync {
+        FailingSync::new()
+    }
+}
+
+impl Storage for FailingSync {
+    fn len_bytes(&self) -> Result<u64> {
+        self.inner.len_bytes()
+    }
+
+    fn grow(&self, len_bytes: u64) -> Result<()> {
+        self.inner.grow(len_bytes)
+    }
+
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.inner.read_at(offset, buf)
+    }
+
+    fn write_at(&self, offset: u64, data: &[u8]) -> Result<()> {
+        self.inner.write_at(offset, data)
+    }
+
+    fn sync(&self) -> Result<()> {
+        if self.broken.load(Ordering::SeqCst) {
+            return Err(Error::Io(std::io::Error::other("injected sync failure")));
+        }
+        self.inner.sync()
+    }
+
+    fn punch_hole(&self, offset: u64, len: u64) -> Result<()> {
+        self.inner.punch_hole(offset, len)
+    }
+
+    fn io_bytes(&self) -> (u64, u64) {
+        self.inner.io_bytes()
     }
 }
 

@@ -22,7 +22,7 @@ use std::sync::Arc;
 
 use crate::error::Result;
 pub use file::FileStorage;
-pub use mem::MemStorage;
+pub use mem::{FailingSync, MemStorage};
 pub(crate) use mmap::MIN_RESERVATION_BYTES as DEFAULT_MAPPING_RESERVATION_BYTES;
 pub use storage::Storage;
 
