@@ -223,10 +223,14 @@ fn prefix_lower_bound_by(at: impl Fn(usize) -> u64, lo: usize, hi: usize, kp: u6
         return hi;
     }
     // Invariant from here: at(lo) < kp <= at(last).
+    // Read again: on a torn node it may differ from the first reading, so the
+    // subtractions wrap rather than overflow (a guess may be wrong, never a panic).
     let p_lo = at(lo);
-    let span = (p_last - p_lo) as u128;
-    let guess = match ((kp - p_lo) as u128 * (last - lo) as u128).checked_div(span) {
-        Some(off) => (lo + off as usize).clamp(lo, last),
+    let span = p_last.wrapping_sub(p_lo) as u128;
+    let guess = match (kp.wrapping_sub(p_lo) as u128 * (last - lo) as u128).checked_div(span) {
+        Some(off) => lo
+            .saturating_add(usize::try_from(off).unwrap_or(usize::MAX))
+            .clamp(lo, last),
         None => lo,
     };
     // Gallop to a bracket [a, b] with at(a) < kp <= at(b).
@@ -449,6 +453,43 @@ mod tests {
                     "{v:?} {kp}"
                 );
             }
+        }
+    }
+
+    #[test]
+    fn a_torn_or_changing_prefix_array_never_sends_the_search_out_of_its_range() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(6);
+        for _ in 0..2000 {
+            let n = rng.random_range(1..220);
+            // Not sorted: what an unvalidated node torn by a concurrent writer may hold.
+            let v: Vec<u64> = (0..n)
+                .map(|_| match rng.random_range(0..3) {
+                    0 => rng.random(),
+                    1 => u64::MAX - rng.random_range(0..3u64),
+                    _ => rng.random_range(0..3u64),
+                })
+                .collect();
+            let lo = rng.random_range(0..=n);
+            let kp = rng.random();
+            let found = prefix_lower_bound_by(|i| v[i], lo, n, kp);
+            assert!((lo..=n).contains(&found), "{found} outside {lo}..={n}");
+            // A node changing under the search: each reading of an entry may differ.
+            let state = std::cell::Cell::new(rng.random::<u64>() | 1);
+            let changing = |i: usize| {
+                let mut x = state.get();
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                state.set(x);
+                if x.is_multiple_of(3) {
+                    v[i]
+                } else {
+                    x
+                }
+            };
+            let found = prefix_lower_bound_by(changing, lo, n, kp);
+            assert!((lo..=n).contains(&found), "{found} outside {lo}..={n}");
         }
     }
 
