@@ -8,8 +8,8 @@
 //! hypervisor) is paid by the client, and the woken thread pays for the context switch.
 //! A thread that is awake only has the socket marked ready. With `redis-benchmark -c 50
 //! -P 1` on two cores, one connection thread served each batch faster than the client
-//! sent the next ones, slept about once per 8 requests (redis-server, slower per loop,
-//! about once per 40), and the client spent about 1 µs more CPU per request
+//! sent the next ones, slept about once per 8 requests (redis-server: once per 10 to
+//! 100), and the client spent about 1 µs more CPU per request
 //! against it than against redis-server: the client set the pace
 //! (docs/server-bench.md, "Busy polling").
 //!
