@@ -13,11 +13,12 @@ use std::collections::BTreeMap;
 
 use crate::alloc::{Allocator, GROUP_BLOCKS, GROUP_RESERVED_BLOCKS};
 use crate::commit::descriptor::Descriptor;
-use crate::db::DbInner;
+use crate::commit::Committer;
 use crate::error::{Error, Result};
 use crate::index::{self, key_hash, key_prefix, ImageContents, ImagePivot};
 use crate::log::record::RecordRef;
-use crate::region::Region;
+use crate::region::{Region, Regions};
+use crate::shared::Shared;
 use crate::types::{DiskOffset, BLOCK_BYTES};
 use crate::volume::superblock;
 
@@ -68,19 +69,24 @@ impl Refs<'_> {
     }
 }
 
-pub(crate) fn check(db: &DbInner) -> Result<CheckReport> {
-    let mut cs = db.commit_state.lock();
-    db.commit_locked(&mut cs)?;
-    let storage = db.shared.volume.storage().clone();
+pub(crate) fn check(
+    shared: &Shared,
+    regions: &Regions,
+    committer: &Committer,
+) -> Result<CheckReport> {
+    let mut cs = committer.lock();
+    committer.commit_locked(&mut cs, regions)?;
+    let storage = shared.volume.storage().clone();
     let sb = superblock::read_newest(storage.as_ref())?
         .ok_or_else(|| Error::corruption("superblock", DiskOffset(0), "no valid slot"))?;
-    if sb.epoch != cs.epoch {
+    if sb.epoch != cs.epoch() {
         return Err(Error::corruption(
             "superblock",
-            superblock::slot_offset(cs.epoch),
+            superblock::slot_offset(cs.epoch()),
             format!(
                 "newest slot has epoch {:?}, the last commit was {:?}",
-                sb.epoch, cs.epoch
+                sb.epoch,
+                cs.epoch()
             ),
         ));
     }
@@ -129,7 +135,6 @@ pub(crate) fn check(db: &DbInner) -> Result<CheckReport> {
         allocated_blocks: allocator.allocated_blocks(),
         ..CheckReport::default()
     };
-    let regions = db.regions.read().clone();
     for rd in &desc.regions {
         let region = regions.get(&rd.name).ok_or_else(|| {
             Error::corruption(
@@ -142,11 +147,11 @@ pub(crate) fn check(db: &DbInner) -> Result<CheckReport> {
         for (off, s) in &rd.segments {
             refs.mark(*off, s.size_bytes / BLOCK_BYTES, "log segment")?;
             segments.insert(off.0, (s.size_bytes, 0));
-            report.log_records += check_segment(region, *off, s.written_bytes)?;
+            report.log_records += check_segment(&region, *off, s.written_bytes)?;
         }
         report.log_segments += rd.segments.len() as u64;
-        let mut walk = Walk {
-            region,
+        let mut walk = TreeVerifier {
+            region: &region,
             refs: &mut refs,
             segments: &mut segments,
             prev_key: None,
@@ -224,7 +229,7 @@ fn check_segment(region: &Region, base: DiskOffset, written: u64) -> Result<u64>
     Ok(records)
 }
 
-struct Walk<'a, 'r> {
+struct TreeVerifier<'a, 'r> {
     region: &'a Region,
     refs: &'a mut Refs<'r>,
     segments: &'a mut BTreeMap<u64, (u64, u64)>,
@@ -233,7 +238,7 @@ struct Walk<'a, 'r> {
     nodes: u64,
 }
 
-impl Walk<'_, '_> {
+impl TreeVerifier<'_, '_> {
     /// Verifies the subtree at `off`, whose keys must lie in `[low, high)` (the pivots
     /// around it in its ancestors; `None` at the tree's edges).
     fn node(
@@ -254,11 +259,11 @@ impl Walk<'_, '_> {
         self.nodes += 1;
         let mut image = vec![0u8; BLOCK_BYTES as usize];
         self.region
-            .shared
+            .shared()
             .volume
             .storage()
             .read_at(off.0, &mut image)?;
-        match index::image_contents(&image, off, self.region.id)? {
+        match index::image_contents(&image, off, self.region.id())? {
             ImageContents::Internal {
                 stem,
                 pivots,
@@ -412,27 +417,4 @@ impl Walk<'_, '_> {
         self.prev_key = Some(key);
         Ok(())
     }
-}
-
-/// Calls `f` with the offset of every node of the committed tree at `root`.
-pub(crate) fn collect_tree_blocks(
-    region: &Region,
-    root: DiskOffset,
-    f: &mut dyn FnMut(DiskOffset),
-) -> Result<()> {
-    if root.is_none() {
-        return Ok(());
-    }
-    let mut stack = vec![root];
-    let mut image = vec![0u8; BLOCK_BYTES as usize];
-    while let Some(off) = stack.pop() {
-        f(off);
-        region.shared.volume.storage().read_at(off.0, &mut image)?;
-        if let ImageContents::Internal { children, .. } =
-            index::image_contents(&image, off, region.id)?
-        {
-            stack.extend(children);
-        }
-    }
-    Ok(())
 }

@@ -1,21 +1,20 @@
-//! Keyspaces (regions): the user-facing handles for reads, writes, batches, snapshots
-//! and ranges.
+//! Keyspaces (regions): the user-facing handles for reads, writes, batches and
+//! snapshots; ranges are in `crate::range`.
 //!
-//! Range iterators and `multi_get` read records out of key order from the log; they ask
-//! the volume for a window of the records they will read next before reading them
-//! (`Options::scan_prefetch_entries`, `Region::prefetch_records`), so a cold scan keeps
-//! many reads in flight. Handles are `Send + Sync`; a `Range` is `Send` and used by one
-//! thread at a time.
+//! `multi_get` reads records out of key order from the log; it asks the volume for a
+//! window of the records it will read next before reading them
+//! (`Options::scan_prefetch_entries`, `Region::prefetch_records`), so a cold batch keeps
+//! many reads in flight. Handles are `Send + Sync`.
 
 use std::ops::{Bound, RangeBounds};
 use std::sync::Arc;
 
-use crate::db::DbInner;
+use crate::engine::Engine;
 use crate::error::{Error, Result};
-use crate::index::{LeafCopy, Seek};
 use crate::prefetch::{ResidencyGate, MULTI_GET_WINDOW_ENTRIES};
+use crate::range::{Range, SnapshotPin};
 use crate::region::{Candidate, Op, Region};
-use crate::types::{DiskOffset, TreeEpoch, MAX_KEY_BYTES, MAX_VALUE_BYTES};
+use crate::types::{MAX_KEY_BYTES, MAX_VALUE_BYTES};
 
 /// How durable a write is when the call returns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -32,7 +31,7 @@ pub enum Durability {
 /// A named keyspace of a database. Cheap to clone; `Send + Sync`.
 #[derive(Clone)]
 pub struct Keyspace {
-    db: Arc<DbInner>,
+    engine: Arc<Engine>,
     region: Arc<Region>,
 }
 
@@ -57,19 +56,19 @@ fn check_value(value: &[u8]) -> Result<()> {
 }
 
 impl Keyspace {
-    pub(crate) fn new(db: Arc<DbInner>, region: Arc<Region>) -> Keyspace {
-        Keyspace { db, region }
+    pub(crate) fn new(engine: Arc<Engine>, region: Arc<Region>) -> Keyspace {
+        Keyspace { engine, region }
     }
 
     pub fn name(&self) -> &str {
-        &self.region.name
+        self.region.name()
     }
 
     /// Writes atomically; returns how many ops replaced or removed an existing key.
     fn write(&self, ops: &[Op<'_>], durability: Durability) -> Result<usize> {
         let (ticket, existed) = self.region.write(ops)?;
         if durability == Durability::Sync {
-            self.db.sync_to(ticket)?;
+            self.engine.sync_to(ticket)?;
         }
         Ok(existed)
     }
@@ -153,7 +152,7 @@ impl Keyspace {
 
     /// Live keys in the keyspace.
     pub fn len(&self) -> u64 {
-        self.region.keys.load(std::sync::atomic::Ordering::Relaxed)
+        self.region.keys()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -230,13 +229,13 @@ fn multi_get<K: AsRef<[u8]>>(
         .iter()
         .map(|key| region.lookup_candidate(root, key.as_ref()))
         .collect::<Result<Vec<_>>>()?;
-    let prefetch = region.shared.options.scan_prefetch_entries > 0;
+    let prefetch = region.shared().options.scan_prefetch_entries > 0;
     let mut batch = Vec::new();
     let mut gate = ResidencyGate::with_streak(region.prefetch_streak());
     let mut values = Vec::with_capacity(keys.len());
     // Windows bound how much is asked for before it is read, so the first pages are not
     // evicted by the last ones of a huge call; typical calls fit in one window.
-    let window = MULTI_GET_WINDOW_ENTRIES.max(region.shared.options.scan_prefetch_entries);
+    let window = MULTI_GET_WINDOW_ENTRIES.max(region.shared().options.scan_prefetch_entries);
     for (keys, ptrs) in keys.chunks(window).zip(ptrs.chunks(window)) {
         if prefetch {
             batch.clear();
@@ -355,21 +354,6 @@ impl Batch {
     }
 }
 
-/// Registration of a reader that holds log pointers between calls: a snapshot (`root` is
-/// its sealed root) or a live-tree range (`root` unused). While it lives, log segments and
-/// nodes retired in `epoch` or later are not freed.
-struct SnapshotPin {
-    region: Arc<Region>,
-    root: u64,
-    epoch: TreeEpoch,
-}
-
-impl Drop for SnapshotPin {
-    fn drop(&mut self) {
-        self.region.close_snapshot(self.epoch);
-    }
-}
-
 /// A consistent, read-only view of a keyspace at one instant. Cheap to clone; ranges
 /// made from it keep it alive.
 #[derive(Clone)]
@@ -412,527 +396,6 @@ impl Snapshot {
         );
         r.pin = Some(self.pin.clone());
         r
-    }
-}
-
-/// Records of each prefetch batch of a range probed for residency (see
-/// `prefetch::ResidencyGate`): a cold scan usually stops at the first, a cached one pays two
-/// `mincore` calls per half window.
-const RANGE_PREFETCH_PROBES: usize = 2;
-
-/// One side of a range iterator: a copied leaf and the position in it.
-#[derive(Default)]
-struct Side {
-    leaf: LeafCopy,
-    /// Next index to look at (front: counts up; back: counts down, exclusive).
-    pos: usize,
-    started: bool,
-    exhausted: bool,
-    /// Prefetch window edge in `leaf` (see `Range::prefetch_ahead`): the entries between
-    /// `pos` and `fetched` (front: `pos..fetched`; back: `fetched..pos`) were asked for.
-    fetched: usize,
-    /// The leaf after `leaf` in this side's direction, copied ahead of time when the window
-    /// reaches past the end of `leaf` (`next_ready`); taken instead of copying it again.
-    next: LeafCopy,
-    next_ready: bool,
-    /// Entries of `next` asked for, counted from the end this side enters it by.
-    next_fetched: usize,
-}
-
-impl Side {
-    /// Makes the leaf `seek` lands on current: the one copied ahead if there is one (it
-    /// only ever is for the fence seek that moves this side on), else a fresh copy.
-    fn load_leaf(
-        &mut self,
-        region: &Region,
-        root: Option<u64>,
-        seek: Seek<'_>,
-        forward: bool,
-    ) -> Result<()> {
-        if self.next_ready {
-            std::mem::swap(&mut self.leaf, &mut self.next);
-            self.next_ready = false;
-            self.fetched = if forward {
-                self.next_fetched
-            } else {
-                self.leaf.ptrs.len() - self.next_fetched
-            };
-        } else {
-            region.copy_leaf(root, seek, &mut self.leaf)?;
-            self.fetched = if forward { 0 } else { self.leaf.ptrs.len() };
-        }
-        self.next_fetched = 0;
-        Ok(())
-    }
-}
-
-/// Makes `bound` exclude exactly `key`, reusing its buffer: a range moves a bound past
-/// every item it returns, and a fresh `Vec` per item was a measurable part of a scan.
-fn exclude_up_to(bound: &mut Bound<Vec<u8>>, key: &[u8]) {
-    match bound {
-        Bound::Excluded(buf) => {
-            buf.clear();
-            buf.extend_from_slice(key);
-        }
-        other => *other = Bound::Excluded(key.to_vec()),
-    }
-}
-
-/// How many items ahead a range asks the CPU for a record's cache lines: enough that
-/// several misses are in flight at once, few enough that the lines are still in cache
-/// when their item comes (the items in between take about 100 ns each).
-const CACHE_AHEAD_ITEMS: usize = 4;
-
-/// The first prefetch window of a range (see `Range::prefetch_window`).
-const PREFETCH_FIRST_ENTRIES: usize = 8;
-
-/// Where a forward prefetch window in `leaf` stops: one past the first entry certainly
-/// above `hi` (its key prefix is greater than the bound's), which the iterator still
-/// reads to find that the range ended. Prefixes only, no key read; entries whose prefix
-/// equals the bound's may be prefetched needlessly.
-fn prefetch_end_within_hi(leaf: &LeafCopy, hi: &Bound<Vec<u8>>) -> usize {
-    match hi {
-        Bound::Included(k) | Bound::Excluded(k) if leaf.prefixes.len() == leaf.ptrs.len() => {
-            (leaf.tie_span(k).end + 1).min(leaf.ptrs.len())
-        }
-        _ => leaf.ptrs.len(),
-    }
-}
-
-/// Where a backward prefetch window in `leaf` stops: at the last entry certainly below
-/// `lo`, which the iterator reads to find that the range ended.
-fn prefetch_start_within_lo(leaf: &LeafCopy, lo: &Bound<Vec<u8>>) -> usize {
-    match lo {
-        Bound::Included(k) | Bound::Excluded(k) if leaf.prefixes.len() == leaf.ptrs.len() => {
-            leaf.tie_span(k).start.saturating_sub(1)
-        }
-        _ => 0,
-    }
-}
-
-/// An iterator over `(key, value)` pairs of a range, both directions.
-///
-/// A range over the live keyspace keeps the log segments garbage collection empties after
-/// its creation from being freed until it is dropped (like a snapshot does): drop
-/// iterators you are done with.
-pub struct Range {
-    region: Arc<Region>,
-    root: Option<u64>,
-    /// Keeps what the iterator's log pointers name alive (see `SnapshotPin`).
-    pin: Option<Arc<SnapshotPin>>,
-    /// Remaining bounds: shrink as items are returned from either end.
-    lo: Bound<Vec<u8>>,
-    hi: Bound<Vec<u8>>,
-    front: Side,
-    back: Side,
-    done: bool,
-    /// `Options::scan_prefetch_entries`: the prefetch window of each end (0: off).
-    prefetch_entries: usize,
-    /// The window now: starts at `PREFETCH_FIRST_ENTRIES` and doubles with every batch up
-    /// to `prefetch_entries`, so a short scan (YCSB E's, a seek and a few nexts) neither
-    /// asks for records it will not read nor copies the next leaf ahead of time.
-    prefetch_window: usize,
-    /// Windows asked for so far (both ends).
-    prefetch_batches: u32,
-    /// Log pointers of one prefetch request being gathered; reused.
-    prefetch_batch: Vec<u64>,
-    /// Stops the prefetching of a range whose records are found in memory.
-    prefetch_gate: ResidencyGate,
-}
-
-/// What a range reports when the fences its path gave a leaf are impossible: the leaf it
-/// moved to does not lie beyond the one before, or holds a key outside them. Only a
-/// damaged index (pivots out of order) does that; going on would loop or skip keys.
-fn fences_broken() -> Error {
-    Error::corruption(
-        "index",
-        DiskOffset::NONE,
-        "leaf fences out of order (damaged pivots)",
-    )
-}
-
-fn above_lo(key: &[u8], lo: &Bound<Vec<u8>>) -> bool {
-    match lo {
-        Bound::Included(l) => key >= l.as_slice(),
-        Bound::Excluded(l) => key > l.as_slice(),
-        Bound::Unbounded => true,
-    }
-}
-
-fn below_hi(key: &[u8], hi: &Bound<Vec<u8>>) -> bool {
-    match hi {
-        Bound::Included(h) => key <= h.as_slice(),
-        Bound::Excluded(h) => key < h.as_slice(),
-        Bound::Unbounded => true,
-    }
-}
-
-impl Range {
-    fn new(
-        region: Arc<Region>,
-        root: Option<u64>,
-        (lo, hi): (Bound<Vec<u8>>, Bound<Vec<u8>>),
-    ) -> Range {
-        let empty = match (&lo, &hi) {
-            (Bound::Included(l), Bound::Included(h)) => l > h,
-            (Bound::Included(l), Bound::Excluded(h))
-            | (Bound::Excluded(l), Bound::Included(h))
-            | (Bound::Excluded(l), Bound::Excluded(h)) => l >= h,
-            _ => false,
-        };
-        // A live range copies log pointers out of leaves and reads the records later,
-        // without an epoch guard in between: register it like a snapshot.
-        let pin = root.is_none().then(|| {
-            let epoch = region.register_live_reader();
-            Arc::new(SnapshotPin {
-                region: region.clone(),
-                root: 0,
-                epoch,
-            })
-        });
-        let prefetch_entries = region.shared.options.scan_prefetch_entries;
-        let prefetch_gate = ResidencyGate::with_streak(region.prefetch_streak());
-        Range {
-            region,
-            root,
-            pin,
-            lo,
-            hi,
-            front: Side::default(),
-            back: Side::default(),
-            done: empty,
-            prefetch_entries,
-            prefetch_window: prefetch_entries.min(PREFETCH_FIRST_ENTRIES),
-            prefetch_batches: 0,
-            prefetch_batch: Vec::new(),
-            prefetch_gate,
-        }
-    }
-
-    /// Reads the record at `ptr` as an owned pair.
-    /// The record at `ptr`; `ahead` is one the range reads a few items later (see
-    /// `Region::with_record_ahead`), 0 for none.
-    fn item(&self, ptr: u64, ahead: u64) -> Result<(Vec<u8>, Vec<u8>)> {
-        self.region
-            .with_record_ahead(ptr, ahead, true, |r| (r.key.to_vec(), r.value.to_vec()))
-    }
-
-    /// Index of the first entry of the front leaf that is not below `lo`.
-    fn first_not_below_lo(&self) -> Result<usize> {
-        match &self.lo {
-            Bound::Unbounded => Ok(0),
-            Bound::Included(k) => self.partition(&self.front.leaf, k, |key, k| key < k),
-            Bound::Excluded(k) => self.partition(&self.front.leaf, k, |key, k| key <= k),
-        }
-    }
-
-    /// One past the last entry of the back leaf that is not above `hi`.
-    fn end_not_above_hi(&self) -> Result<usize> {
-        match &self.hi {
-            Bound::Unbounded => Ok(self.back.leaf.ptrs.len()),
-            Bound::Included(k) => self.partition(&self.back.leaf, k, |key, k| key <= k),
-            Bound::Excluded(k) => self.partition(&self.back.leaf, k, |key, k| key < k),
-        }
-    }
-
-    /// The first entry of `leaf` whose key fails `before(key, bound)`, for a predicate
-    /// true on a prefix of the (sorted) entries and settled by the prefix wherever the
-    /// entry's prefix differs from the bound's: a binary search on prefixes, then on keys
-    /// (read from the log) only among prefixes equal to the bound's.
-    fn partition(
-        &self,
-        leaf: &LeafCopy,
-        bound: &[u8],
-        before: impl Fn(&[u8], &[u8]) -> bool,
-    ) -> Result<usize> {
-        let std::ops::Range {
-            start: mut lo,
-            end: mut hi,
-        } = leaf.tie_span(bound);
-        while lo < hi {
-            let mid = (lo + hi) / 2;
-            if self
-                .region
-                .with_record(leaf.ptrs[mid], false, |r| before(r.key, bound))?
-            {
-                lo = mid + 1;
-            } else {
-                hi = mid;
-            }
-        }
-        Ok(lo)
-    }
-
-    /// Keeps the records of the next `prefetch_entries` entries of one end (in iteration
-    /// order) asked for: once half the window was consumed, tops it up to full in one
-    /// request, reaching into the next leaf (copied ahead for it) when this one ends inside
-    /// the window and the range goes on. Stops at entries certainly out of the range. A
-    /// hint only: a failure to copy the next leaf ahead is not reported here (the move to
-    /// that leaf copies it again and reports it).
-    fn prefetch_ahead(&mut self, forward: bool) {
-        let Range {
-            region,
-            root,
-            lo,
-            hi,
-            front,
-            back,
-            prefetch_entries,
-            prefetch_window,
-            prefetch_batches,
-            prefetch_batch: batch,
-            prefetch_gate: gate,
-            ..
-        } = self;
-        let mut n = *prefetch_window;
-        if n == 0 {
-            return;
-        }
-        let side = if forward { front } else { back };
-        let len = side.leaf.ptrs.len();
-        let ahead_in_leaf = if forward {
-            side.fetched.saturating_sub(side.pos)
-        } else {
-            side.pos.saturating_sub(side.fetched)
-        };
-        let ahead = ahead_in_leaf
-            + if side.next_ready {
-                side.next_fetched
-            } else {
-                0
-            };
-        if ahead > n / 2 {
-            return;
-        }
-        // Half the window was read: the scan goes on, so the window grows (not at the
-        // first batch, which is all a short scan needs).
-        if *prefetch_batches > 0 {
-            n = (n * 2).min(*prefetch_entries);
-            *prefetch_window = n;
-        }
-        *prefetch_batches += 1;
-        let full_window = n == *prefetch_entries;
-        let mut want = n - ahead;
-        batch.clear();
-        let leaf_done = if forward {
-            let from = side.fetched.max(side.pos);
-            let to = prefetch_end_within_hi(&side.leaf, hi)
-                .min(from + want)
-                .max(from);
-            batch.extend_from_slice(&side.leaf.ptrs[from..to]);
-            want -= to - from;
-            side.fetched = to;
-            to == len
-        } else {
-            let to = side.fetched.min(side.pos);
-            let from = to
-                .saturating_sub(want)
-                .max(prefetch_start_within_lo(&side.leaf, lo))
-                .min(to);
-            batch.extend_from_slice(&side.leaf.ptrs[from..to]);
-            want -= to - from;
-            side.fetched = from;
-            from == 0
-        };
-        // The next leaf is copied early only once the scan has shown it is a long one.
-        if want > 0 && leaf_done && !side.exhausted && (full_window || side.next_ready) {
-            if !side.next_ready {
-                // The same seeks `next_front`/`next_back_inner` make to move on.
-                let seek = if forward {
-                    match &side.leaf.high {
-                        Some(high) if below_hi(high, hi) => Some(Seek::AtOrAfter(high)),
-                        _ => None,
-                    }
-                } else {
-                    match &side.leaf.low {
-                        Some(low) if above_lo(low, lo) => Some(Seek::Before(low)),
-                        _ => None,
-                    }
-                };
-                if let Some(seek) = seek {
-                    side.next_ready = region.copy_leaf(*root, seek, &mut side.next).is_ok();
-                    side.next_fetched = 0;
-                }
-            }
-            if side.next_ready {
-                let next = &side.next;
-                let len = next.ptrs.len();
-                if forward {
-                    let from = side.next_fetched;
-                    let to = prefetch_end_within_hi(next, hi).min(from + want).max(from);
-                    batch.extend_from_slice(&next.ptrs[from..to]);
-                    side.next_fetched = to;
-                } else {
-                    let to = len - side.next_fetched;
-                    let from = to
-                        .saturating_sub(want)
-                        .max(prefetch_start_within_lo(next, lo))
-                        .min(to);
-                    batch.extend_from_slice(&next.ptrs[from..to]);
-                    side.next_fetched = len - from;
-                }
-            }
-        }
-        if !batch.is_empty() {
-            region.prefetch_records(batch, gate, RANGE_PREFETCH_PROBES);
-        }
-    }
-
-    fn next_front(&mut self) -> Result<Option<(Vec<u8>, Vec<u8>)>> {
-        loop {
-            if self.front.started && self.front.pos < self.front.leaf.ptrs.len() {
-                self.prefetch_ahead(true);
-                let ptr = self.front.leaf.ptrs[self.front.pos];
-                let ahead = self.front.pos + CACHE_AHEAD_ITEMS;
-                let ahead = self.front.leaf.ptrs.get(ahead).copied().unwrap_or(0);
-                self.front.pos += 1;
-                let (key, value) = self.item(ptr, ahead)?;
-                if !self.front.leaf.holds(&key) {
-                    return Err(fences_broken());
-                }
-                if !above_lo(&key, &self.lo) {
-                    continue;
-                }
-                if !below_hi(&key, &self.hi) {
-                    return Ok(None);
-                }
-                exclude_up_to(&mut self.lo, &key);
-                return Ok(Some((key, value)));
-            }
-            if self.front.exhausted {
-                return Ok(None);
-            }
-            // Load the next leaf: the one holding the lower bound, then by fences.
-            let seek_key = if self.front.started {
-                // Keys of the next leaf are >= this leaf's upper fence.
-                match self.front.leaf.high.take() {
-                    Some(high) if below_hi(&high, &self.hi) => Some(high),
-                    _ => {
-                        self.front.exhausted = true;
-                        return Ok(None);
-                    }
-                }
-            } else {
-                match &self.lo {
-                    Bound::Included(k) | Bound::Excluded(k) => Some(k.clone()),
-                    Bound::Unbounded => None,
-                }
-            };
-            let seek = match &seek_key {
-                Some(k) => Seek::AtOrAfter(k),
-                None => Seek::First,
-            };
-            self.front.load_leaf(&self.region, self.root, seek, true)?;
-            // The leaf holding `k` ends after `k`: a damaged index whose fences do not
-            // advance would otherwise send this loop round the same leaves for ever.
-            if let (Some(k), Some(high)) = (&seek_key, &self.front.leaf.high) {
-                if high <= k {
-                    return Err(fences_broken());
-                }
-            }
-            self.front.started = true;
-            self.front.pos = self.first_not_below_lo()?;
-        }
-    }
-
-    fn next_back_inner(&mut self) -> Result<Option<(Vec<u8>, Vec<u8>)>> {
-        loop {
-            if self.back.started && self.back.pos > 0 {
-                self.prefetch_ahead(false);
-                self.back.pos -= 1;
-                let ptr = self.back.leaf.ptrs[self.back.pos];
-                let ahead = match self.back.pos.checked_sub(CACHE_AHEAD_ITEMS) {
-                    Some(i) => self.back.leaf.ptrs[i],
-                    None => 0,
-                };
-                let (key, value) = self.item(ptr, ahead)?;
-                if !self.back.leaf.holds(&key) {
-                    return Err(fences_broken());
-                }
-                if !below_hi(&key, &self.hi) {
-                    continue;
-                }
-                if !above_lo(&key, &self.lo) {
-                    return Ok(None);
-                }
-                exclude_up_to(&mut self.hi, &key);
-                return Ok(Some((key, value)));
-            }
-            if self.back.exhausted {
-                return Ok(None);
-            }
-            let seek_key = if self.back.started {
-                // Keys of the previous leaf are < this leaf's lower fence.
-                match self.back.leaf.low.take() {
-                    Some(low) if above_lo(&low, &self.lo) => Some((low, false)),
-                    _ => {
-                        self.back.exhausted = true;
-                        return Ok(None);
-                    }
-                }
-            } else {
-                match &self.hi {
-                    Bound::Included(k) => Some((k.clone(), true)),
-                    Bound::Excluded(k) => Some((k.clone(), false)),
-                    Bound::Unbounded => None,
-                }
-            };
-            let seek = match &seek_key {
-                Some((k, true)) => Seek::AtOrAfter(k),
-                Some((k, false)) => Seek::Before(k),
-                None => Seek::Last,
-            };
-            self.back.load_leaf(&self.region, self.root, seek, false)?;
-            // The leaf holding `k` starts at or before it, the leaf before `k` before it
-            // (see `next_front`).
-            if let (Some((k, at_or_after)), Some(low)) = (&seek_key, &self.back.leaf.low) {
-                if low > k || (!at_or_after && low == k) {
-                    return Err(fences_broken());
-                }
-            }
-            self.back.started = true;
-            self.back.pos = self.end_not_above_hi()?;
-        }
-    }
-}
-
-impl Iterator for Range {
-    type Item = Result<(Vec<u8>, Vec<u8>)>;
-
-    fn next(&mut self) -> Option<Self::Item> {
-        if self.done {
-            return None;
-        }
-        match self.next_front() {
-            Ok(Some(item)) => Some(Ok(item)),
-            Ok(None) => {
-                self.done = true;
-                None
-            }
-            Err(e) => {
-                self.done = true;
-                Some(Err(e))
-            }
-        }
-    }
-}
-
-impl DoubleEndedIterator for Range {
-    fn next_back(&mut self) -> Option<Self::Item> {
-        if self.done {
-            return None;
-        }
-        match self.next_back_inner() {
-            Ok(Some(item)) => Some(Ok(item)),
-            Ok(None) => {
-                self.done = true;
-                None
-            }
-            Err(e) => {
-                self.done = true;
-                Some(Err(e))
-            }
-        }
     }
 }
 

@@ -20,17 +20,22 @@
 //! ```
 
 pub mod alloc;
+mod background;
 mod check;
 mod commit;
 mod db;
+mod engine;
 pub mod error;
 mod gc;
 pub mod index;
 mod keyspace;
 pub mod log;
+mod options;
 mod prefetch;
+mod range;
 mod recovery;
 mod region;
+mod shared;
 mod stats;
 pub mod types;
 pub mod volume;
@@ -44,8 +49,10 @@ pub mod fuzzing {
 }
 
 pub use check::CheckReport;
-pub use db::{Database, Options};
+pub use db::Database;
 pub use error::{Error, Result};
-pub use keyspace::{Batch, Durability, Keyspace, Range, Snapshot};
+pub use keyspace::{Batch, Durability, Keyspace, Snapshot};
+pub use options::Options;
+pub use range::Range;
 pub use stats::{KeyspaceStats, Stats};
 pub use types::{MAX_KEY_BYTES, MAX_VALUE_BYTES};

@@ -12,7 +12,7 @@
 //!    new extent and the changed bitmap groups to their spare buddies;
 //! 6. sync; write the superblock slot `epoch % 2`; sync.
 //!
-//! Only one commit runs at a time (`DbInner::commit_state`). Failure at any step poisons
+//! Only one commit runs at a time (`Committer`, whose lock is the commit lock). Failure at any step poisons
 //! the database: nothing after it is acknowledged, and reopening recovers the previous
 //! commit plus the log.
 
@@ -21,24 +21,109 @@ pub mod descriptor;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use crate::db::{CommitState, DbInner};
+use parking_lot::{Mutex, MutexGuard};
+
 use crate::error::{Error, Result};
-use crate::index::{Tree, NODE_BYTES};
-use crate::log::tail::Tail;
-use crate::log::SegmentStats;
-use crate::region::{Region, SealedRegion, Writer};
-use crate::types::{CommitEpoch, DiskOffset, RegionId, SeqNo, TreeEpoch, BLOCK_BYTES};
+use crate::index::NODE_BYTES;
+use crate::region::{Extent, Region, Regions, SealedRegion};
+use crate::shared::Shared;
+use crate::types::{CommitEpoch, DiskOffset, BLOCK_BYTES};
 use crate::volume::superblock::Superblock;
 use descriptor::{Descriptor, RegionDesc};
+
+/// Commit bookkeeping, under the committer's lock.
+pub(crate) struct CommitState {
+    /// Newest durable commit.
+    epoch: CommitEpoch,
+    /// Descriptor extents of the last two durable commits (older first).
+    descriptors: [Option<Extent>; 2],
+    /// Extents unreferenced by the newest commit but still by the one before it; freed
+    /// after the next commit (so either superblock slot stays a complete state).
+    deferred: Vec<Extent>,
+    /// Extents of dropped regions, unreferenced from the next commit on.
+    dropped: Vec<Extent>,
+}
+
+impl CommitState {
+    /// Newest durable commit.
+    pub fn epoch(&self) -> CommitEpoch {
+        self.epoch
+    }
+
+    /// Extents the next commit stops referencing (a dropped region's), freed like
+    /// anything else it lets go: once no durable commit needs them.
+    pub fn drop_after_next_commit(&mut self, extents: Vec<Extent>) {
+        self.dropped.extend(extents);
+    }
+
+    /// Whether a commit would move freed space along: a dropped region waiting, or
+    /// extents deferred beyond the previous commit's descriptor (every commit defers that
+    /// one: alone, it is the resting state, not work).
+    pub fn has_frees_waiting(&self) -> bool {
+        let resting = self.descriptors[0];
+        !self.dropped.is_empty() || self.deferred.iter().any(|e| Some(*e) != resting)
+    }
+}
+
+/// Makes commits, one at a time (its lock is the commit lock).
+pub(crate) struct Committer {
+    shared: Arc<Shared>,
+    state: Mutex<CommitState>,
+}
 
 /// Nodes are allocated in runs of up to this many blocks, so a commit writes them with
 /// few large writes.
 const NODE_RUN_BLOCKS: u64 = 256;
 
-impl DbInner {
-    pub(crate) fn commit_locked(&self, cs: &mut CommitState) -> Result<()> {
-        self.guarded(cs, |db, cs, started| {
-            db.commit_steps(cs, started, false).map(|_| ())
+impl Committer {
+    /// The committer of a volume whose newest durable commit is `epoch`, with its
+    /// descriptor at `descriptor` (none for a volume being created).
+    pub fn new(shared: Arc<Shared>, epoch: CommitEpoch, descriptor: Option<Extent>) -> Committer {
+        Committer {
+            shared,
+            state: Mutex::new(CommitState {
+                epoch,
+                descriptors: [None, descriptor],
+                deferred: Vec::new(),
+                dropped: Vec::new(),
+            }),
+        }
+    }
+
+    /// The commit lock: held, no commit runs.
+    pub fn lock(&self) -> MutexGuard<'_, CommitState> {
+        self.state.lock()
+    }
+
+    pub fn try_lock(&self) -> Option<MutexGuard<'_, CommitState>> {
+        self.state.try_lock()
+    }
+
+    /// Newest durable commit epoch.
+    pub fn epoch(&self) -> CommitEpoch {
+        self.state.lock().epoch
+    }
+
+    /// A commit of every region of `regions`.
+    pub fn commit(&self, regions: &Regions) -> Result<()> {
+        let mut cs = self.state.lock();
+        self.commit_locked(&mut cs, regions)
+    }
+
+    /// A commit and its repeat (`commit_pair_locked`): both superblock slots name the
+    /// newest state, and what it stopped referencing is freed at once.
+    pub fn commit_pair(&self, regions: &Regions) -> Result<()> {
+        let mut cs = self.state.lock();
+        self.commit_pair_locked(&mut cs, regions)
+    }
+
+    /// A commit, the commit lock held (`cs`): seal, persist, descriptor, superblock.
+    pub fn commit_locked(&self, cs: &mut CommitState, regions: &Regions) -> Result<()> {
+        let next_region_id = regions.next_id();
+        let regions = regions.list();
+        self.guarded(cs, |this, cs, started| {
+            this.commit_steps(cs, started, &regions, next_region_id, false)
+                .map(|_| ())
         })
     }
 
@@ -48,11 +133,29 @@ impl DbInner {
     /// both slots naming the same state, so whatever the first commit stopped
     /// referencing (segments garbage collection retired before its seal, copied nodes)
     /// may be freed at once, not one commit interval later (DESIGN.md, "Commit pairs").
-    pub(crate) fn commit_pair_locked(&self, cs: &mut CommitState) -> Result<()> {
-        self.guarded(cs, |db, cs, started| {
-            let (regions, descs) = db.commit_steps(cs, started, true)?;
-            db.repeat_steps(cs, started, &regions, descs)
+    pub fn commit_pair_locked(&self, cs: &mut CommitState, regions: &Regions) -> Result<()> {
+        let next_region_id = regions.next_id();
+        let regions = regions.list();
+        self.guarded(cs, |this, cs, started| {
+            let descs = this.commit_steps(cs, started, &regions, next_region_id, true)?;
+            this.repeat_steps(cs, started, &regions, next_region_id, descs)
         })
+    }
+
+    /// Hands the frees that passed the reader grace period to the allocator now, punching
+    /// the file's holes, instead of at the start of the next commit: the bytes go back
+    /// to the file system as soon as nothing can read them. Skipped while a commit runs
+    /// (its first step takes them). Equivalent to that first step: both durable commits'
+    /// free logs or bitmaps already count these blocks as unreferenced, and the next
+    /// commit's bitmap image shows them free either way.
+    pub fn release_frees_now(&self) {
+        let Some(_cs) = self.state.try_lock() else {
+            return;
+        };
+        if self.shared.is_poisoned() {
+            return;
+        }
+        self.shared.release_releasable();
     }
 
     /// Runs commit steps; on failure poisons the database and ends a commit left open in
@@ -84,31 +187,26 @@ impl DbInner {
         &self,
         cs: &mut CommitState,
         started: &mut bool,
+        regions: &[Arc<Region>],
+        next_region_id: u64,
         keep_seal: bool,
-    ) -> Result<(Vec<Arc<Region>>, Vec<RegionDesc>)> {
+    ) -> Result<Vec<RegionDesc>> {
         let shared = &self.shared;
         let storage = shared.volume.storage().clone();
         let allocator = &shared.allocator;
 
         // 1. Frees that are safe now become free space in this commit's bitmap.
-        let releasable = std::mem::take(&mut shared.frees.lock().releasable);
-        release_extents(shared, &releasable);
+        shared.release_releasable();
         allocator.begin_commit();
         *started = true;
 
         // 2. Seal.
-        let regions = self.region_list();
-        let mut sealed: Vec<SealedRegion> = Vec::with_capacity(regions.len());
-        for region in &regions {
-            let mut w = region.writer.lock();
-            sealed.push(region.seal(&mut w));
-        }
+        let sealed: Vec<SealedRegion> = regions.iter().map(|r| r.seal_for_commit()).collect();
         shared.log_bytes_since_commit.store(0, Ordering::Relaxed);
 
         // 3. The log up to every seal point reaches the file.
-        for region in &regions {
-            region.flush_tail()?;
-            region.flush_gc_tail()?;
+        for region in regions {
+            region.flush_tails()?;
         }
 
         // 4. Persist trees.
@@ -125,11 +223,7 @@ impl DbInner {
                 Ok(at)
             };
             for (region, s) in regions.iter().zip(&sealed) {
-                roots.push(
-                    region
-                        .tree
-                        .persist(s.root_word, region.id, &mut alloc, &mut images)?,
-                );
+                roots.push(region.persist(s.root_word, &mut alloc, &mut images)?);
             }
         }
         if run.1 > 0 {
@@ -144,12 +238,12 @@ impl DbInner {
             .zip(&roots)
             .map(|((region, s), root)| region_desc(region, s, *root))
             .collect();
-        let descs = self.write_commit(cs, &regions, descs, keep_seal)?;
+        let descs = self.write_commit(cs, regions, next_region_id, descs, keep_seal)?;
         if !keep_seal {
             *started = false;
         }
-        self.commit_durable(&regions, &descs, !keep_seal);
-        Ok((regions, descs))
+        self.commit_durable(regions, &descs, !keep_seal);
+        Ok(descs)
     }
 
     /// The repeat commit of a pair (`commit_pair_locked`): `descs` as the commit just
@@ -162,6 +256,7 @@ impl DbInner {
         cs: &mut CommitState,
         started: &mut bool,
         regions: &[Arc<Region>],
+        next_region_id: u64,
         descs: Vec<RegionDesc>,
     ) -> Result<()> {
         assert!(
@@ -170,9 +265,8 @@ impl DbInner {
         );
         // Frees that passed the grace period since the first commit began: reclaimed by
         // the rule every commit start relies on (neither durable slot references them).
-        let releasable = std::mem::take(&mut self.shared.frees.lock().releasable);
-        release_extents(&self.shared, &releasable);
-        let descs = self.write_commit(cs, regions, descs, false)?;
+        self.shared.release_releasable();
+        let descs = self.write_commit(cs, regions, next_region_id, descs, false)?;
         *started = false;
         self.commit_durable(regions, &descs, true);
         Ok(())
@@ -186,6 +280,7 @@ impl DbInner {
         &self,
         cs: &mut CommitState,
         regions: &[Arc<Region>],
+        next_region_id: u64,
         descs: Vec<RegionDesc>,
         keep_seal: bool,
     ) -> Result<Vec<RegionDesc>> {
@@ -206,18 +301,14 @@ impl DbInner {
             free_log.extend_from_slice(&frees.releasable);
         }
         for (region, d) in regions.iter().zip(&descs) {
-            for off in region.tree.retired_disk_blocks(d.tree_epoch) {
-                free_log.push((off, 1));
-            }
-            // Segments retired after the seal are still in the sealed segment list.
-            free_log.extend(region.retired_segment_extents(d.tree_epoch));
+            free_log.extend(region.retired_extents(d.tree_epoch));
         }
         free_log.sort();
         free_log.dedup();
 
         let mut desc = Descriptor {
             epoch,
-            next_region_id: cs.next_region_id,
+            next_region_id,
             volume_bytes: 0,
             bitmap_slots: allocator.slots(),
             free_log,
@@ -282,181 +373,43 @@ impl DbInner {
     fn commit_durable(&self, regions: &[Arc<Region>], descs: &[RegionDesc], end_seal: bool) {
         let shared = &self.shared;
         for (region, d) in regions.iter().zip(descs) {
-            let durable = {
-                let mut w = region.writer.lock();
-                if end_seal {
-                    w.sealed_for_commit = false;
-                }
-                let mut e = region.durable_epochs.lock();
-                *e = [e[1], Some(d.tree_epoch)];
-                e[0]
-            };
-            *region.committed_root.lock() = d.root;
-            // Retired nodes unreferenced by both superblock slots' commits can go.
-            if let Some(durable) = durable {
-                let blocks = region.tree.reclaim(durable, region.oldest_snapshot());
-                shared.release_after_readers(blocks.into_iter().map(|b| (b, 1)).collect());
-                let (now, after_readers) = region.reclaim_segments(durable);
-                let bytes: u64 = now
-                    .iter()
-                    .chain(&after_readers)
-                    .map(|(_, b)| b * BLOCK_BYTES)
-                    .sum();
-                shared
-                    .gc_reclaimed_bytes
-                    .fetch_add(bytes, Ordering::Relaxed);
-                shared.frees.lock().releasable.extend(now);
-                shared.release_after_readers(after_readers);
-            }
+            let reclaimed = region.commit_durable(d.tree_epoch, d.root, end_seal);
+            shared.release_after_readers(reclaimed.nodes.into_iter().map(|b| (b, 1)).collect());
+            let bytes: u64 = reclaimed
+                .segments_now
+                .iter()
+                .chain(&reclaimed.segments_after_readers)
+                .map(|(_, b)| b * BLOCK_BYTES)
+                .sum();
+            shared
+                .gc_reclaimed_bytes
+                .fetch_add(bytes, Ordering::Relaxed);
+            shared
+                .frees
+                .lock()
+                .releasable
+                .extend(reclaimed.segments_now);
+            shared.release_after_readers(reclaimed.segments_after_readers);
         }
         shared.commits.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// Creates a region with its first log segment and commits, so that the region
-    /// and anything written to it later survive a crash.
-    pub(crate) fn create_region(&self, name: &str) -> Result<Arc<Region>> {
-        if name.is_empty() || name.len() > 255 {
-            return Err(Error::InvalidArgument(
-                "a keyspace name is 1 to 255 bytes".into(),
-            ));
-        }
-        let mut cs = self.commit_state.lock();
-        if let Some(region) = self.regions.read().get(name) {
-            return Ok(region.clone());
-        }
-        let shared = &self.shared;
-        shared.check_writable()?;
-        let id = RegionId(cs.next_region_id);
-        let size = shared.options.log_segment_bytes;
-        let blocks = size / BLOCK_BYTES;
-        let storage = shared.volume.storage();
-        let base = shared
-            .allocator
-            .allocate(storage.as_ref(), blocks, blocks, false)?;
-        cs.next_region_id += 1;
-        let mut writer = Writer::new(1, SeqNo(0), 1);
-        if shared.options.gc {
-            writer.dead_records.insert(base.0, Vec::new());
-        }
-        writer.segments.insert(
-            base.0,
-            SegmentStats {
-                size_bytes: size,
-                written_bytes: 0,
-                live_bytes: 0,
-                order: 0,
-            },
-        );
-        let region = Arc::new(Region::new(
-            shared.clone(),
-            id,
-            name.to_string(),
-            Tree::new(id, TreeEpoch(1)),
-            Tail::new(base, size),
-            writer,
-            0,
-        ));
-        self.regions
-            .write()
-            .insert(name.to_string(), region.clone());
-        self.commit_locked(&mut cs)?;
-        Ok(region)
-    }
-
-    /// Drops a region durably; its blocks are freed once no commit on disk needs them.
-    pub(crate) fn drop_region(&self, name: &str) -> Result<()> {
-        let mut cs = self.commit_state.lock();
-        self.shared.check_writable()?;
-        let region = self
-            .regions
-            .write()
-            .remove(name)
-            .ok_or_else(|| Error::KeyspaceNotFound(name.to_string()))?;
-        region.dropped.store(true, Ordering::Release);
-        // Wait for a write in progress; later ones see `dropped`.
-        let w = region.writer.lock();
-        let mut extents: Vec<(DiskOffset, u64)> = w
-            .segments
-            .iter()
-            .map(|(off, s)| (DiskOffset(*off), s.size_bytes / BLOCK_BYTES))
-            .collect();
-        drop(w);
-        // Segments garbage collection retired and that are not yet on their way to the
-        // allocator (those are in `Shared::frees` and stay there).
-        extents.extend(region.retired_segments.lock().drain(..).map(|r| r.extent()));
-        let root = *region.committed_root.lock();
-        crate::check::collect_tree_blocks(region.as_ref(), root, &mut |off| {
-            extents.push((off, 1))
-        })?;
-        for off in region.tree.retired_disk_blocks(TreeEpoch(u64::MAX)) {
-            extents.push((off, 1));
-        }
-        extents.sort();
-        extents.dedup();
-        cs.dropped.extend(extents);
-        self.commit_locked(&mut cs)
     }
 }
 
 fn region_desc(region: &Region, s: &SealedRegion, root: DiskOffset) -> RegionDesc {
     RegionDesc {
-        id: region.id,
-        name: region.name.clone(),
+        id: region.id(),
+        name: region.name().to_string(),
         tree_epoch: s.tree_epoch,
         root,
         generation: s.generation,
         next_seq: s.next_seq,
-        tail: s.tail,
-        tail_size_bytes: s.tail_size_bytes,
-        tail_used_bytes: s.tail_used_bytes,
-        gc_tail: s.gc_tail,
+        tail: s.tails.tail,
+        tail_size_bytes: s.tails.tail_size_bytes,
+        tail_used_bytes: s.tails.tail_used_bytes,
+        gc_tail: s.tails.gc_tail,
         keys: s.keys,
         segments: s.segments.clone(),
     }
-}
-
-/// Extents at least this long are punched when they return to the allocator: log
-/// segments (64 KiB at least) and runs of nodes; single blocks are not worth a system call.
-const PUNCH_MIN_BLOCKS: u64 = 16;
-
-/// Gives extents nothing can reach any more back: blocks free in the live bitmap, and
-/// the free runs they lie in (merged with free neighbours, at least `PUNCH_MIN_BLOCKS`)
-/// punched out of the file. Only between commits (the caller holds the commit state).
-/// A failed punch loses nothing (the bytes stay allocated in the file), so it is not an
-/// error.
-///
-/// With the collector's loop running, log segments (and other large extents) are not
-/// punched here:
-/// the next segments are allocated from them, and `punch_deferred` gives back those
-/// still free `DEFERRED_PUNCH_AGE` later (`Allocator::release_punching`). A GC burst
-/// frees and reuses hundreds of MiB a second; punching each segment as it came back, then
-/// allocating it again, held the file's inode lock (every `pwrite` waits for it) for a
-/// quarter of the burst on a file system that discards punched blocks synchronously.
-pub(crate) fn release_extents(shared: &crate::db::Shared, extents: &[(DiskOffset, u64)]) {
-    let storage = shared.volume.storage();
-    shared.allocator.release_punching(
-        extents,
-        PUNCH_MIN_BLOCKS,
-        // Only the loop punches deferred runs between a forced pass and close.
-        shared.options.gc && shared.options.runs_background_threads(),
-        &mut |offset, len_bytes| {
-            let _ = storage.punch_hole(offset, len_bytes);
-        },
-    );
-}
-
-/// How long a released log segment waits, unpunched, for a new segment to reuse it.
-pub(crate) const DEFERRED_PUNCH_AGE: std::time::Duration = std::time::Duration::from_millis(500);
-
-/// Punches the free blocks of the runs `release_extents` deferred at least `min_age`
-/// ago (`Duration::ZERO`: all of them). Returns the bytes punched.
-pub(crate) fn punch_deferred(shared: &crate::db::Shared, min_age: std::time::Duration) -> u64 {
-    let storage = shared.volume.storage();
-    shared
-        .allocator
-        .punch_deferred(min_age, &mut |offset, len_bytes| {
-            let _ = storage.punch_hole(offset, len_bytes);
-        })
 }
 
 /// One block of memory aligned to a block: runs of them are what uncached (`O_DIRECT`)
@@ -509,7 +462,7 @@ mod tests {
 
     /// Both superblock slots' descriptors, oldest first.
     fn slots(db: &crate::Database) -> [(Superblock, Descriptor); 2] {
-        let storage = db.inner.shared.volume.storage().clone();
+        let storage = db.engine.shared.volume.storage().clone();
         let read = |slot: usize| {
             let mut bytes = vec![0u8; SLOT_BYTES];
             storage
@@ -550,8 +503,8 @@ mod tests {
         for i in (0..5000u32).step_by(7) {
             ks.put(format!("k{i:05}").as_bytes(), &[2; 40]).unwrap();
         }
-        let region = db.inner.regions.read().get("t").cloned().unwrap();
-        db.inner.commit_pair().unwrap();
+        let region = db.engine.regions.get("t").unwrap();
+        db.engine.commit_pair().unwrap();
         let [(first_sb, first), (repeat_sb, repeat)] = slots(&db);
         assert_eq!(repeat_sb.epoch.0, first_sb.epoch.0 + 1);
         assert_eq!(
@@ -559,13 +512,13 @@ mod tests {
             "the repeat names other regions"
         );
         assert_eq!(
-            *region.durable_epochs.lock(),
+            region.durable_epochs(),
             [Some(first.regions[0].tree_epoch); 2]
         );
         // The nodes the first commit copied on write are unreferenced by both slots now:
         // taken from the tree at once, not one commit later.
         assert!(
-            !region.tree.has_retired(),
+            !region.has_retired_nodes(),
             "retired nodes wait for another commit"
         );
         let report = db.check().unwrap();
@@ -584,9 +537,9 @@ mod tests {
                 for i in 0..3000u32 {
                     ks.put(format!("k{i:05}").as_bytes(), &[round; 60]).unwrap();
                 }
-                db.inner.commit_pair().unwrap();
+                db.engine.commit_pair().unwrap();
             }
-            let storage = db.inner.shared.volume.storage().clone();
+            let storage = db.engine.shared.volume.storage().clone();
             let newest = slots(&db)[1].0.epoch;
             drop(ks);
             db.abandon();

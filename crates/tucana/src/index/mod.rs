@@ -74,3 +74,27 @@ pub fn key_prefix(key: &[u8]) -> u64 {
     b[..key.len()].copy_from_slice(key);
     u64::from_be_bytes(b)
 }
+
+/// Calls `f` with the offset of every node of the committed tree of region `region` at
+/// `root` (none for `DiskOffset::NONE`), reading each internal node's image with `read`
+/// (one block, verified as it is decoded): what a dropped region frees.
+pub fn committed_nodes(
+    root: DiskOffset,
+    region: crate::types::RegionId,
+    read: &mut dyn FnMut(DiskOffset, &mut [u8]) -> Result<()>,
+    f: &mut dyn FnMut(DiskOffset),
+) -> Result<()> {
+    if root.is_none() {
+        return Ok(());
+    }
+    let mut stack = vec![root];
+    let mut image = vec![0u8; NODE_BYTES];
+    while let Some(off) = stack.pop() {
+        f(off);
+        read(off, &mut image)?;
+        if let ImageContents::Internal { children, .. } = image_contents(&image, off, region)? {
+            stack.extend(children);
+        }
+    }
+    Ok(())
+}

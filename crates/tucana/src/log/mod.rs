@@ -1,11 +1,13 @@
 //! The key-value log: append-only records in log segments, one log per region.
 //!
-//! Owns: the record format (`record`), the in-memory tail segment (`tail`). The region
-//! (`crate::region`) drives appends, segment switches and replay; live/dead byte counts
-//! per segment are kept there (`SegmentStats`), exact from the first record.
+//! Owns: the record format (`record`), the in-memory tail segment (`tail`), and appending
+//! to a region's log (`writer`: segment switches, link records, the relocation tail, and
+//! exact live/dead byte counts per segment, `SegmentStats`, from the first record).
+//! Replay is `crate::recovery`'s; the region applies each record to its index.
 
 pub mod record;
 pub mod tail;
+pub(crate) mod writer;
 
 /// Byte counts of one log segment. `written - live` bytes are dead (overwritten or
 /// deleted records, tombstones, links): what garbage collection reclaims.

@@ -11,13 +11,16 @@ use std::sync::Arc;
 
 use crate::alloc::Allocator;
 use crate::commit::descriptor::{Descriptor, RegionDesc};
-use crate::db::{CommitState, DbInner, Options, Shared};
+use crate::commit::Committer;
 use crate::error::{Error, Result};
 use crate::index::Tree;
 use crate::log::record::{self, Header, RecordRef, GENERATION_MASK, HEADER_BYTES};
 use crate::log::tail::Tail;
+use crate::log::writer::Writer;
 use crate::log::SegmentStats;
-use crate::region::{Region, Writer};
+use crate::options::Options;
+use crate::region::{Region, Regions, Replayed};
+use crate::shared::Shared;
 use crate::types::{CommitEpoch, DiskOffset, SeqNo, TreeEpoch, BLOCK_BYTES};
 use crate::volume::superblock;
 use crate::volume::{Storage, Volume};
@@ -25,7 +28,15 @@ use crate::volume::{Storage, Volume};
 /// A fresh volume starts this big (sparse) and grows as needed.
 const INITIAL_VOLUME_BYTES: u64 = 8 << 20;
 
-pub(crate) fn open(options: Options, storage: Arc<dyn Storage>) -> Result<DbInner> {
+/// An opened volume's parts, with a commit made (the replayed log is in it, and every
+/// region's log generation was bumped).
+pub(crate) struct Opened {
+    pub shared: Arc<Shared>,
+    pub regions: Regions,
+    pub committer: Committer,
+}
+
+pub(crate) fn open(options: Options, storage: Arc<dyn Storage>) -> Result<Opened> {
     let volume = Volume::new(storage.clone());
     let newest = match superblock::read_newest(storage.as_ref()) {
         Err(_) if creation_was_interrupted(storage.as_ref())? => None,
@@ -116,12 +127,8 @@ pub(crate) fn open(options: Options, storage: Arc<dyn Storage>) -> Result<DbInne
     for rd in &desc.regions {
         let region = recover_region(&shared, rd)?;
         let overlaps = {
-            let w = region.writer.lock();
             let desc_end = sb.descriptor.0 + desc_blocks * BLOCK_BYTES;
-            w.segments
-                .range(..desc_end)
-                .next_back()
-                .is_some_and(|(off, s)| off + s.size_bytes > sb.descriptor.0)
+            region.overlaps_segment(sb.descriptor.0, desc_end)
         };
         if overlaps {
             return Err(Error::corruption(
@@ -135,16 +142,14 @@ pub(crate) fn open(options: Options, storage: Arc<dyn Storage>) -> Result<DbInne
         }
         regions.insert(rd.name.clone(), Arc::new(region));
     }
-    let cs = CommitState {
-        epoch: sb.epoch,
-        next_region_id: desc.next_region_id,
-        descriptors: [None, Some((sb.descriptor, desc_blocks))],
-        deferred: Vec::new(),
-        dropped: Vec::new(),
-    };
-    let inner = DbInner::new(shared, regions, cs);
-    inner.commit()?;
-    Ok(inner)
+    let regions = Regions::new(regions, desc.next_region_id);
+    let committer = Committer::new(shared.clone(), sb.epoch, Some((sb.descriptor, desc_blocks)));
+    committer.commit(&regions)?;
+    Ok(Opened {
+        shared,
+        regions,
+        committer,
+    })
 }
 
 /// Written to slot 0 before anything else when a volume is created, and overwritten by
@@ -164,7 +169,7 @@ fn creation_was_interrupted(storage: &dyn Storage) -> Result<bool> {
         && slots[slot..].iter().all(|b| *b == 0))
 }
 
-fn create(options: Options, volume: Volume) -> Result<DbInner> {
+fn create(options: Options, volume: Volume) -> Result<Opened> {
     let storage = volume.storage().clone();
     if storage.len_bytes()? < INITIAL_VOLUME_BYTES {
         storage.grow(INITIAL_VOLUME_BYTES)?;
@@ -179,18 +184,16 @@ fn create(options: Options, volume: Volume) -> Result<DbInner> {
     storage.sync()?;
     let allocator = Allocator::create(storage.len_bytes()? / BLOCK_BYTES * BLOCK_BYTES);
     let shared = Arc::new(Shared::new(options, volume, allocator));
-    let cs = CommitState {
-        epoch: CommitEpoch(0),
-        next_region_id: 1,
-        descriptors: [None, None],
-        deferred: Vec::new(),
-        dropped: Vec::new(),
-    };
-    let inner = DbInner::new(shared, BTreeMap::new(), cs);
+    let regions = Regions::new(BTreeMap::new(), 1);
+    let committer = Committer::new(shared.clone(), CommitEpoch(0), None);
     // Two commits: the second overwrites the creation marker in slot 0.
-    inner.commit()?;
-    inner.commit()?;
-    Ok(inner)
+    committer.commit(&regions)?;
+    committer.commit(&regions)?;
+    Ok(Opened {
+        shared,
+        regions,
+        committer,
+    })
 }
 
 /// The relocation tail of a region as its commit left it: the copies below `pos.used_bytes`
@@ -219,13 +222,6 @@ fn recover_gc_tail(
     let mut prefix = vec![0u8; pos.used_bytes as usize];
     shared.volume.storage().read_at(pos.base.0, &mut prefix)?;
     Ok(Tail::with_prefix(pos.base, pos.size_bytes, &prefix))
-}
-
-/// What replay found, in log order, for complete units only (batches all or nothing).
-enum Item {
-    Put { at: DiskOffset, len: u64 },
-    Delete { at: DiskOffset, len: u64 },
-    Link { at: DiskOffset, len: u64 },
 }
 
 fn recover_region(shared: &Arc<Shared>, rd: &RegionDesc) -> Result<Region> {
@@ -290,8 +286,8 @@ fn recover_region(shared: &Arc<Shared>, rd: &RegionDesc) -> Result<Region> {
     let mut chain: Vec<(DiskOffset, u64)> = vec![(rd.tail, rd.tail_size_bytes)];
     let mut used = rd.tail_used_bytes;
     let mut seq = rd.next_seq;
-    let mut items: Vec<Item> = Vec::new();
-    let mut staged: Vec<Item> = Vec::new();
+    let mut items: Vec<Replayed> = Vec::new();
+    let mut staged: Vec<Replayed> = Vec::new();
     // The last complete point: (chain length, used, seq, items).
     let mut complete = (1usize, used, seq);
     let mut in_batch = false;
@@ -344,7 +340,7 @@ fn recover_region(shared: &Arc<Shared>, rd: &RegionDesc) -> Result<Region> {
                 break;
             }
             allocator.mark_allocated(next, next_size / BLOCK_BYTES);
-            staged.push(Item::Link { at, len });
+            staged.push(Replayed::Link { at, len });
             chain.push((next, next_size));
             used = 0;
             // A link inside a batch belongs to the batch: it counts only if the batch
@@ -355,9 +351,9 @@ fn recover_region(shared: &Arc<Shared>, rd: &RegionDesc) -> Result<Region> {
             }
         } else {
             staged.push(if rec.header.is_tombstone() {
-                Item::Delete { at, len }
+                Replayed::Delete { at, len }
             } else {
-                Item::Put { at, len }
+                Replayed::Put { at, len }
             });
             in_batch = rec.header.batch_more();
             if !in_batch {
@@ -399,29 +395,11 @@ fn recover_region(shared: &Arc<Shared>, rd: &RegionDesc) -> Result<Region> {
         rd.name.clone(),
         tree,
         tail,
+        gc_tail,
         writer,
         rd.keys,
-    )
-    .with_gc_tail(gc_tail);
-    *region.committed_root.lock() = rd.root;
-
-    // Apply what was replayed, in order.
-    let mut w = region.writer.lock();
-    let mut key = Vec::new();
-    for item in items {
-        match item {
-            Item::Put { at, len } | Item::Delete { at, len } => {
-                let put = matches!(item, Item::Put { .. });
-                region.account_replayed(&mut w, at, len, put);
-                region.with_record(at.0, false, |r| {
-                    key.clear();
-                    key.extend_from_slice(r.key);
-                })?;
-                region.apply(&mut w, &key, put, at)?;
-            }
-            Item::Link { at, len } => region.account_replayed(&mut w, at, len, false),
-        }
-    }
-    drop(w);
+        rd.root,
+    );
+    region.apply_replayed(items)?;
     Ok(region)
 }

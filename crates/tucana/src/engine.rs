@@ -1,0 +1,216 @@
+//! The engine of an open database: its shared state, its regions, the committer, the
+//! garbage collector and the background threads, and the operations that span regions
+//! (group sync, commits, creating and dropping keyspaces, close, statistics).
+//!
+//! Owns: composing those parts and the order in which the spanning operations take their
+//! locks (the commit lock before a region's writer lock, never the other way). Does not
+//! own: what each part does (`shared`, `region`, `commit`, `gc`, `check`), opening
+//! (`recovery`), the background loops (`background`), the public handles (`db`,
+//! `keyspace`).
+//!
+//! Thread-safety: `Send + Sync`, shared behind an `Arc` by every handle; see each part.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use parking_lot::Mutex;
+
+use crate::check::CheckReport;
+use crate::commit::Committer;
+use crate::error::{Error, Result};
+use crate::gc::Collector;
+use crate::recovery::Opened;
+use crate::region::{Region, Regions};
+use crate::shared::Shared;
+use crate::stats::Stats;
+use crate::types::BLOCK_BYTES;
+
+pub(crate) struct Engine {
+    pub shared: Arc<Shared>,
+    pub regions: Regions,
+    pub committer: Committer,
+    pub collector: Collector,
+    /// The background committer and, with `gc`, the garbage collector's thread
+    /// (`crate::background`).
+    background: Mutex<Vec<JoinHandle<()>>>,
+    stop: AtomicBool,
+    finished: AtomicBool,
+}
+
+impl Engine {
+    pub fn new(opened: Opened) -> Engine {
+        let Opened {
+            shared,
+            regions,
+            committer,
+        } = opened;
+        Engine {
+            collector: Collector::new(shared.clone()),
+            shared,
+            regions,
+            committer,
+            background: Mutex::new(Vec::new()),
+            stop: AtomicBool::new(false),
+            finished: AtomicBool::new(false),
+        }
+    }
+
+    /// Group commit: makes every write with a ticket up to `ticket` durable. Whoever
+    /// holds the sync lock flushes every region's tail for everybody waiting behind it.
+    pub fn sync_to(&self, ticket: u64) -> Result<()> {
+        self.shared.sync_to(ticket, || {
+            for region in self.regions.list() {
+                region.flush_tail()?;
+            }
+            Ok(())
+        })
+    }
+
+    pub fn sync(&self) -> Result<()> {
+        self.sync_to(self.shared.last_write_ticket())
+    }
+
+    pub fn commit(&self) -> Result<()> {
+        self.committer.commit(&self.regions)
+    }
+
+    /// A commit and its repeat: both superblock slots name the newest state, and what it
+    /// stopped referencing is freed at once.
+    #[cfg(test)]
+    pub fn commit_pair(&self) -> Result<()> {
+        self.committer.commit_pair(&self.regions)
+    }
+
+    /// The region `name`, created (durably: a commit follows under the commit lock, so
+    /// that it and anything written to it survive a crash) if it does not exist.
+    pub fn create_region(&self, name: &str) -> Result<Arc<Region>> {
+        if let Some(region) = self.regions.get(name) {
+            return Ok(region);
+        }
+        let mut cs = self.committer.lock();
+        if let Some(region) = self.regions.get(name) {
+            return Ok(region);
+        }
+        let region = self.regions.create(&self.shared, name)?;
+        self.committer.commit_locked(&mut cs, &self.regions)?;
+        Ok(region)
+    }
+
+    /// Drops a region durably; its blocks are freed once no commit on disk needs them.
+    pub fn drop_region(&self, name: &str) -> Result<()> {
+        let mut cs = self.committer.lock();
+        self.shared.check_writable()?;
+        let region = self
+            .regions
+            .remove(name)
+            .ok_or_else(|| Error::KeyspaceNotFound(name.to_string()))?;
+        cs.drop_after_next_commit(region.drop_and_list_extents()?);
+        self.committer.commit_locked(&mut cs, &self.regions)
+    }
+
+    /// Commits, then walks the whole committed volume and verifies it.
+    pub fn check(&self) -> Result<CheckReport> {
+        crate::check::check(&self.shared, &self.regions, &self.committer)
+    }
+
+    /// A full garbage collection pass (`Database::gc`).
+    pub fn gc_full(&self) -> Result<()> {
+        self.collector.full_pass(&self.regions, &self.committer)
+    }
+
+    /// Keeps the background threads' handles, for `finish` to join.
+    pub fn add_background(&self, handle: JoinHandle<()>) {
+        self.background.lock().push(handle);
+    }
+
+    /// Whether the background threads were told to stop.
+    pub fn stopping(&self) -> bool {
+        self.stop.load(Ordering::Acquire)
+    }
+
+    fn stop_background(&self) {
+        self.stop.store(true, Ordering::Release);
+        self.shared.wake_all();
+        let handles = std::mem::take(&mut *self.background.lock());
+        for h in &handles {
+            h.thread().unpark();
+        }
+        for h in handles {
+            if h.thread().id() != std::thread::current().id() {
+                let _ = h.join();
+            }
+        }
+    }
+
+    /// Commits and stops background work; later calls do nothing.
+    pub fn finish(&self) -> Result<()> {
+        if self.finished.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        self.stop_background();
+        if self.shared.is_poisoned() {
+            return Err(Error::Poisoned);
+        }
+        // Refuse new writes, wait for the ones in progress (each holds its region's writer
+        // lock), then make everything durable.
+        let mut cs = self.committer.lock();
+        self.shared.close();
+        for region in self.regions.list() {
+            region.wait_for_writer();
+        }
+        let committed = self.committer.commit_locked(&mut cs, &self.regions);
+        // The file keeps no free segment the background collector left unpunched.
+        self.shared.punch_deferred(std::time::Duration::ZERO);
+        committed
+    }
+
+    pub fn abandon(&self) {
+        if self.finished.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        self.stop_background();
+    }
+
+    pub fn stats(&self) -> Stats {
+        let shared = &self.shared;
+        let storage = shared.volume.storage();
+        let (bytes_written, bytes_read) = storage.io_bytes();
+        let mut stats = Stats {
+            index_nodes: 0,
+            commits: shared.commits.load(Ordering::Relaxed),
+            syncs: shared.syncs.load(Ordering::Relaxed),
+            bytes_written,
+            bytes_read,
+            volume_bytes: storage.len_bytes().unwrap_or(0),
+            space_used_bytes: storage.space_used_bytes().unwrap_or(0),
+            allocated_bytes: shared.allocator.allocated_blocks() * BLOCK_BYTES,
+            commit_epoch: self.committer.epoch().0,
+            gc_passes: shared.gc_passes.load(Ordering::Relaxed),
+            gc_relocated_bytes: shared.gc_relocated_bytes.load(Ordering::Relaxed),
+            gc_reclaimed_bytes: shared.gc_reclaimed_bytes.load(Ordering::Relaxed),
+            gc_paced_ns: shared.gc_paced_ns.load(Ordering::Relaxed),
+            prefetch_calls: shared.prefetch_calls.load(Ordering::Relaxed),
+            prefetch_bytes: shared.prefetch_bytes.load(Ordering::Relaxed),
+            prefetch_skipped: shared.prefetch_skipped.load(Ordering::Relaxed),
+            ..Stats::default()
+        };
+        for region in self.regions.list() {
+            let ks = region.stats();
+            stats.keys += ks.keys;
+            stats.live_log_bytes += ks.live_log_bytes;
+            stats.dead_log_bytes += ks.dead_log_bytes;
+            stats.log_size_bytes += ks.log_size_bytes;
+            stats.index_nodes += ks.index_nodes;
+            stats.keyspaces.push(ks);
+        }
+        stats.index_bytes = stats.index_nodes * crate::index::NODE_BYTES as u64;
+        stats
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        let _ = self.finish();
+    }
+}

@@ -1,0 +1,174 @@
+//! How a database is opened: every option with its default, set through the builder
+//! methods (`Database::builder()`), and their validation.
+//!
+//! Owns: the option values and their meaning. Does not own: opening itself
+//! (`Options::open` and its siblings live with the handle they return, in `crate::db`).
+//! Plain data: `Clone + Send + Sync`, read-only once the database is open.
+
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+
+/// How a database is opened. Built with `Database::builder()`.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Background commit at least this often while there are changes (`None`: never).
+    pub commit_interval: Option<Duration>,
+    /// Background commit once this many log bytes were written since the last commit.
+    pub commit_dirty_bytes: u64,
+    /// Buffered writes are flushed and synced at least this often (`None`: never).
+    pub flush_interval: Option<Duration>,
+    /// Size of a log segment; records larger than this get a segment of their own.
+    pub log_segment_bytes: u64,
+    /// Create the volume if the file does not exist.
+    pub create_if_missing: bool,
+    /// Background garbage collection of the log, in a thread of its own beside the
+    /// background committer; both exist when `commit_interval` or `flush_interval` is set
+    /// (GC needs commits to free anything). `Database::gc` works either way.
+    pub gc: bool,
+    /// The space amplification background GC steers toward: disk bytes over the keys and
+    /// values of live records. A keyspace's dead log bytes are collected back under half
+    /// the room the target leaves once they pass it (the room: what keeps its log,
+    /// estimated index and share of the volume's measured overhead, such as index nodes
+    /// copied on write and segments on their way back, at the target; for records so
+    /// small that their headers and index entries alone exceed it, the line is 0.36 of
+    /// what they take with no garbage, for a target of 1.5). A fast burst of overwrites
+    /// runs a little over it until it ends. Writers are paced past twice the room
+    /// (DESIGN.md, "Garbage collection").
+    pub gc_space_amp: f64,
+    /// Most bytes of live records background GC copies per second while collecting back
+    /// to its line; past 0.65 of the room it may also copy 2 bytes per byte
+    /// foreground writers append.
+    pub gc_rate_bytes_per_sec: u64,
+    /// Range iterators keep the log records of this many entries ahead of each end asked
+    /// for at once (`Storage::prefetch`), so that a scan of records not in memory has many
+    /// reads in flight; `multi_get` prefetches its keys' records in windows of at least
+    /// this many, `get_many_with` group by group, and a record longer than two pages is
+    /// asked for whole before it is read.
+    /// 0 turns all of it off.
+    pub scan_prefetch_entries: usize,
+    /// How often the background collector wakes to take a step (default 100 ms). For the
+    /// torture suites, which need background GC steps within a few milliseconds of work to
+    /// crash inside them; not a tuning knob (the budget follows the foreground, not the tick).
+    #[doc(hidden)]
+    pub gc_tick: Duration,
+    /// Address space reserved for the read mapping of a volume file (default 64 GiB); the
+    /// mapping grows past it with the file, only sooner with a smaller one. Costs no
+    /// memory, but tools that cap a process's address space (valgrind, `ulimit -v`) refuse
+    /// the default.
+    pub mapping_reservation_bytes: u64,
+}
+
+impl Default for Options {
+    fn default() -> Options {
+        Options {
+            commit_interval: Some(Duration::from_secs(5)),
+            commit_dirty_bytes: 256 << 20,
+            flush_interval: Some(Duration::from_millis(200)),
+            log_segment_bytes: 2 << 20,
+            create_if_missing: true,
+            gc: true,
+            gc_space_amp: 1.5,
+            gc_rate_bytes_per_sec: 64 << 20,
+            scan_prefetch_entries: 64,
+            gc_tick: GC_TICK,
+            mapping_reservation_bytes: crate::volume::DEFAULT_MAPPING_RESERVATION_BYTES,
+        }
+    }
+}
+
+impl Options {
+    pub fn commit_interval(mut self, interval: Option<Duration>) -> Options {
+        self.commit_interval = interval;
+        self
+    }
+
+    pub fn commit_dirty_bytes(mut self, bytes: u64) -> Options {
+        self.commit_dirty_bytes = bytes;
+        self
+    }
+
+    pub fn flush_interval(mut self, interval: Option<Duration>) -> Options {
+        self.flush_interval = interval;
+        self
+    }
+
+    pub fn log_segment_bytes(mut self, bytes: u64) -> Options {
+        self.log_segment_bytes = bytes;
+        self
+    }
+
+    pub fn create_if_missing(mut self, create: bool) -> Options {
+        self.create_if_missing = create;
+        self
+    }
+
+    /// Turns background garbage collection on (the default) or off.
+    pub fn gc(mut self, on: bool) -> Options {
+        self.gc = on;
+        self
+    }
+
+    /// Space amplification (disk bytes / live keys and values) background GC steers
+    /// toward; more than 1.0 (default 1.5). See the field.
+    pub fn gc_space_amp(mut self, target: f64) -> Options {
+        self.gc_space_amp = target;
+        self
+    }
+
+    /// Bytes of live records background GC copies per second (default 64 MiB/s); during
+    /// a burst it may copy more. See the field.
+    pub fn gc_rate_bytes_per_sec(mut self, rate: u64) -> Options {
+        self.gc_rate_bytes_per_sec = rate;
+        self
+    }
+
+    /// Log records range iterators ask the device for ahead of where they are (default
+    /// 64; 0: none, also for `multi_get` and `get_many_with`). See the field.
+    pub fn scan_prefetch_entries(mut self, entries: usize) -> Options {
+        self.scan_prefetch_entries = entries;
+        self
+    }
+
+    /// See the field; for tests.
+    #[doc(hidden)]
+    pub fn gc_tick(mut self, tick: Duration) -> Options {
+        self.gc_tick = tick;
+        self
+    }
+
+    /// See the field (at least one block).
+    pub fn mapping_reservation_bytes(mut self, bytes: u64) -> Options {
+        self.mapping_reservation_bytes = bytes.max(crate::types::BLOCK_BYTES);
+        self
+    }
+
+    /// Whether an open store runs the background committer (and, with `gc`, the
+    /// collector's loop): only when something is timed.
+    pub(crate) fn runs_background_threads(&self) -> bool {
+        self.commit_interval.is_some() || self.flush_interval.is_some()
+    }
+
+    /// Refuses values the engine cannot run with (before anything is opened).
+    pub(crate) fn validate(&self) -> Result<()> {
+        if !self.log_segment_bytes.is_power_of_two()
+            || !(64 << 10..=64 << 20).contains(&self.log_segment_bytes)
+        {
+            return Err(Error::InvalidArgument(
+                "log_segment_bytes must be a power of two from 64 KiB to 64 MiB".into(),
+            ));
+        }
+        // NaN is rejected too (it is not greater than 1.0).
+        if self.gc_space_amp.partial_cmp(&1.0) != Some(std::cmp::Ordering::Greater)
+            || self.gc_rate_bytes_per_sec == 0
+        {
+            return Err(Error::InvalidArgument(
+                "gc_space_amp must be more than 1.0 and gc_rate_bytes_per_sec positive".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Background GC's tick by default (`Options::gc_tick`): a step at least this often.
+const GC_TICK: Duration = Duration::from_millis(100);

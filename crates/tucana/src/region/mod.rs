@@ -1,0 +1,612 @@
+//! Regions: one keyspace's tree, log and writer.
+//!
+//! Owns: applying writes to the tree (each record appended to the region's log first,
+//! `crate::log::writer`), sealing the tree for a commit and taking in what a durable commit
+//! lets go, snapshot and live-iterator registration, and the region's share of
+//! freeing (nodes and segments retired until nothing can reach them). Reads live in
+//! `read` (resolving log pointers to records for readers and for the tree, `index::Ctx`),
+//! garbage collection's primitives in `relocate` (relocating a victim segment's live
+//! records and retiring the emptied segment; policy and passes live in `crate::gc`), the
+//! name → region map in `registry`.
+//!
+//! Does not own: the log's bytes and per-segment counts (`log::writer::Log`), commits
+//! (`crate::commit` seals and persists through the methods here), group sync.
+//!
+//! Thread-safety: one writer at a time per region (the `writer` mutex, held for an append
+//! plus its tree update); readers take no lock: they pin `crossbeam_epoch`, read the tree
+//! optimistically and read records from the tail buffer or the volume. Regions never share
+//! a lock on the write path except the allocator's, taken once per log segment.
+
+mod read;
+mod registry;
+mod relocate;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use crossbeam_epoch as epoch;
+use parking_lot::{Mutex, MutexGuard};
+
+use crate::error::{Error, Result};
+use crate::index::{self, Tree, NODE_BYTES};
+use crate::log::record::{self, HEADER_BYTES};
+use crate::log::tail::Tail;
+use crate::log::writer::{Log, TailPositions, Writer};
+use crate::log::SegmentStats;
+use crate::shared::Shared;
+use crate::stats::KeyspaceStats;
+use crate::types::{DiskOffset, RegionId, SeqNo, TreeEpoch, BLOCK_BYTES};
+
+pub(crate) use read::Candidate;
+pub(crate) use registry::Regions;
+pub(crate) use relocate::Retire;
+use relocate::RetiredSegment;
+
+/// A run of blocks: where it starts and how many.
+pub(crate) type Extent = (DiskOffset, u64);
+
+/// One write of a batch: a put (`Some(value)`) or a delete (`None`).
+pub(crate) struct Op<'a> {
+    pub key: &'a [u8],
+    pub value: Option<&'a [u8]>,
+}
+
+/// The sealed state of a region, captured by a commit.
+pub(crate) struct SealedRegion {
+    pub root_word: u64,
+    pub tree_epoch: TreeEpoch,
+    pub generation: u32,
+    pub next_seq: SeqNo,
+    /// Where the tails stood: replay starts at the foreground's position.
+    pub tails: TailPositions,
+    pub keys: u64,
+    pub segments: Vec<(DiskOffset, SegmentStats)>,
+}
+
+/// A record log replay found (`crate::recovery`), applied in log order by
+/// `Region::apply_replayed`.
+pub(crate) enum Replayed {
+    Put { at: DiskOffset, len: u64 },
+    Delete { at: DiskOffset, len: u64 },
+    Link { at: DiskOffset, len: u64 },
+}
+
+/// What a durable commit let go of in a region (`Region::commit_durable`): retired nodes
+/// and segments neither superblock slot nor any snapshot can reach.
+#[derive(Default)]
+pub(crate) struct Reclaimed {
+    /// Index nodes, one block each; still wait for in-flight readers.
+    pub nodes: Vec<DiskOffset>,
+    /// Segments past their reader grace period: free at once.
+    pub segments_now: Vec<Extent>,
+    /// Segments that still wait for in-flight readers.
+    pub segments_after_readers: Vec<Extent>,
+}
+
+/// Keys of a write whose index path is warmed before the writer lock (`Region::lock_warm`):
+/// a large batch holds the lock long anyway, and warming all of it would double its
+/// descents.
+const WARM_OPS_MAX: usize = 32;
+
+/// Writes that warm their index path after a writer found the lock taken (`lock_warm`).
+const WARM_AFTER_CONTENTION: u32 = 64;
+
+pub(crate) struct Region {
+    id: RegionId,
+    name: String,
+    tree: Tree,
+    shared: Arc<Shared>,
+    log: Log,
+    writer: Mutex<Writer>,
+    /// Writes left that warm their index path before taking the writer lock
+    /// (`lock_warm`): set when a writer finds the lock taken, 0 for a lone writer.
+    warm_writes: AtomicU32,
+    keys: AtomicU64,
+    /// The residency streak of the last prefetch batch any reader probed (see
+    /// `prefetch::ResidencyGate`); new ranges start from it.
+    prefetch_streak: AtomicUsize,
+    /// Tree epochs of live snapshots (with counts).
+    snapshots: Mutex<BTreeMap<TreeEpoch, usize>>,
+    /// Sealed tree epochs of the last two durable commits (older first).
+    durable_epochs: Mutex<[Option<TreeEpoch>; 2]>,
+    /// Segments emptied by garbage collection, not yet handed to the allocator.
+    retired_segments: Mutex<Vec<RetiredSegment>>,
+    /// Root of the tree in the newest durable commit.
+    committed_root: Mutex<DiskOffset>,
+    dropped: AtomicBool,
+}
+
+impl Region {
+    /// A region over `tree` and a log appending at `tail` (and, after an open, the
+    /// relocation tail its commit left), whose newest durable commit has `committed_root`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        shared: Arc<Shared>,
+        id: RegionId,
+        name: String,
+        tree: Tree,
+        tail: Tail,
+        gc_tail: Option<Tail>,
+        writer: Writer,
+        keys: u64,
+        committed_root: DiskOffset,
+    ) -> Region {
+        let log = Log::new(shared.clone(), id, tail, gc_tail, &writer);
+        Region {
+            id,
+            name,
+            tree,
+            shared,
+            log,
+            writer: Mutex::new(writer),
+            warm_writes: AtomicU32::new(0),
+            keys: AtomicU64::new(keys),
+            prefetch_streak: AtomicUsize::new(0),
+            snapshots: Mutex::new(BTreeMap::new()),
+            durable_epochs: Mutex::new([None, None]),
+            retired_segments: Mutex::new(Vec::new()),
+            committed_root: Mutex::new(committed_root),
+            dropped: AtomicBool::new(false),
+        }
+    }
+
+    /// A new, empty region whose log starts in the segment at `base` (allocated by the
+    /// caller, `size_bytes` long).
+    pub fn create(
+        shared: &Arc<Shared>,
+        id: RegionId,
+        name: &str,
+        base: DiskOffset,
+        size_bytes: u64,
+    ) -> Region {
+        let mut writer = Writer::new(1, SeqNo(0), 1);
+        if shared.options.gc {
+            writer.dead_records.insert(base.0, Vec::new());
+        }
+        writer.segments.insert(
+            base.0,
+            SegmentStats {
+                size_bytes,
+                written_bytes: 0,
+                live_bytes: 0,
+                order: 0,
+            },
+        );
+        Region::new(
+            shared.clone(),
+            id,
+            name.to_string(),
+            Tree::new(id, TreeEpoch(1)),
+            Tail::new(base, size_bytes),
+            None,
+            writer,
+            0,
+            DiskOffset::NONE,
+        )
+    }
+
+    pub fn id(&self) -> RegionId {
+        self.id
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    /// Live keys.
+    pub fn keys(&self) -> u64 {
+        self.keys.load(Ordering::Relaxed)
+    }
+
+    /// Bytes of the records the index points at.
+    pub fn live_bytes(&self) -> u64 {
+        self.log.live_bytes()
+    }
+
+    /// Bytes of the log written and dead.
+    pub fn dead_bytes(&self) -> u64 {
+        self.log.dead_bytes()
+    }
+
+    /// crc seed of the region's records.
+    pub fn seed(&self) -> u32 {
+        self.log.seed()
+    }
+
+    /// Heap nodes the index holds.
+    pub fn heap_nodes(&self) -> u64 {
+        self.tree.heap_nodes()
+    }
+
+    /// Index nodes changed since the last commit's seal: what a commit would write.
+    pub fn dirty_node_bytes(&self) -> u64 {
+        self.tree.dirty_nodes() * NODE_BYTES as u64
+    }
+
+    /// Whether nodes copied on write wait to be freed.
+    pub fn has_retired_nodes(&self) -> bool {
+        self.tree.has_retired()
+    }
+
+    pub fn is_dropped(&self) -> bool {
+        self.dropped.load(Ordering::Acquire)
+    }
+
+    fn check_usable(&self) -> Result<()> {
+        if self.is_dropped() {
+            return Err(Error::KeyspaceNotFound(self.name.clone()));
+        }
+        Ok(())
+    }
+
+    /// Returns once no write is in progress (each holds the writer lock): a close that
+    /// refused new writes waits for those already past the check.
+    pub fn wait_for_writer(&self) {
+        drop(self.writer.lock());
+    }
+
+    pub fn stats(&self) -> KeyspaceStats {
+        KeyspaceStats {
+            name: self.name.clone(),
+            keys: self.keys(),
+            live_log_bytes: self.live_bytes(),
+            dead_log_bytes: self.dead_bytes(),
+            log_segments: self.segment_count(),
+            log_size_bytes: self.log_size_bytes() + self.retired_segment_bytes(),
+            index_nodes: self.heap_nodes(),
+        }
+    }
+
+    // ----- writes --------------------------------------------------------------------
+
+    /// Appends the ops as one atomic unit and applies them to the tree. Returns the
+    /// write ticket to wait for when the caller wants durability, and how many of the
+    /// ops replaced or removed an existing key.
+    pub fn write(&self, ops: &[Op<'_>]) -> Result<(u64, usize)> {
+        self.check_usable()?;
+        let shared = &self.shared;
+        shared.check_writable()?;
+        let mut w = self.lock_warm(ops.iter().take(WARM_OPS_MAX).map(|op| op.key));
+        // Checked again under the lock: a drop or close may have drained writers meanwhile.
+        self.check_usable()?;
+        shared.check_writable()?;
+        let mut ptrs = [DiskOffset::NONE; 1];
+        let mut many = Vec::new();
+        let ptrs: &mut [DiskOffset] = if ops.len() == 1 {
+            &mut ptrs
+        } else {
+            many.resize(ops.len(), DiskOffset::NONE);
+            &mut many
+        };
+        let mut appended = 0u64;
+        for (i, op) in ops.iter().enumerate() {
+            let mut flags = 0;
+            if op.value.is_none() {
+                flags |= record::FLAG_TOMBSTONE;
+            }
+            if i + 1 < ops.len() {
+                flags |= record::FLAG_BATCH_MORE;
+            }
+            let at = self
+                .log
+                .append(&mut w, flags, op.key, op.value.unwrap_or(&[]))
+                .inspect_err(|_| shared.poison())?;
+            appended += (HEADER_BYTES + op.key.len() + op.value.map_or(0, |v| v.len())) as u64;
+            ptrs[i] = at;
+        }
+        let mut existed = 0;
+        for (op, ptr) in ops.iter().zip(ptrs.iter()) {
+            if self
+                .apply(&mut w, op.key, op.value.is_some(), *ptr)
+                .inspect_err(|_| shared.poison())?
+            {
+                existed += 1;
+            }
+        }
+        let ticket = shared.write_ticket.fetch_add(1, Ordering::AcqRel) + 1;
+        drop(w);
+        shared
+            .log_bytes_since_commit
+            .fetch_add(appended, Ordering::Relaxed);
+        shared
+            .foreground_bytes
+            .fetch_add(appended, Ordering::Relaxed);
+        shared.maybe_wake_committer();
+        // Outside every lock: a paced writer holds nobody up but itself.
+        shared.pace_writer(appended);
+        Ok((ticket, existed))
+    }
+
+    /// The writer lock, for a write of `keys`. When another writer holds it, the index
+    /// nodes these keys go to are first brought into the cache, reading only (a lookup
+    /// that compares no key, `CandidateCtx`; its answer is not used): a region's writers
+    /// take turns under the lock, and a cache miss taken under it (random keys miss on
+    /// their leaf) makes every one of them wait, while one taken here, instead of waiting,
+    /// costs nobody. A lone writer takes the lock at once: warming would only double its
+    /// descents (a single-threaded random fill ran 25% slower). Once a writer found the
+    /// lock taken, the next `WARM_AFTER_CONTENTION` writes warm whether or not they would
+    /// wait: under steady contention the lock is usually free for an instant between two
+    /// holders, and a writer that takes it then still takes its misses under it.
+    fn lock_warm<'k>(&self, keys: impl Iterator<Item = &'k [u8]>) -> MutexGuard<'_, Writer> {
+        let warm_left = self.warm_writes.load(Ordering::Relaxed);
+        if warm_left == 0 {
+            if let Some(w) = self.writer.try_lock() {
+                return w;
+            }
+            self.warm_writes
+                .store(WARM_AFTER_CONTENTION, Ordering::Relaxed);
+        } else {
+            // Racy between writers, and harmless: a count, not an invariant.
+            self.warm_writes.store(warm_left - 1, Ordering::Relaxed);
+        }
+        let guard = epoch::pin();
+        let ctx = read::CandidateCtx::new(self);
+        for key in keys {
+            let _ = self.tree.get(&ctx, None, key, &guard);
+        }
+        self.writer.lock()
+    }
+
+    /// Applies one logged write to the tree and the byte counts (also used by replay).
+    /// Returns whether the key existed.
+    fn apply(&self, w: &mut Writer, key: &[u8], put: bool, ptr: DiskOffset) -> Result<bool> {
+        let old = if put {
+            let old = self.tree.insert(self, key, ptr.0)?;
+            if old.is_none() {
+                self.keys.fetch_add(1, Ordering::Relaxed);
+            }
+            old
+        } else {
+            let old = self.tree.remove(self, key)?;
+            if old.is_some() {
+                self.keys.fetch_sub(1, Ordering::Relaxed);
+            }
+            old
+        };
+        if let Some(old) = old {
+            let len = self.record_header(old)?.total_bytes();
+            self.log.account_dead(w, DiskOffset(old), len);
+        }
+        Ok(old.is_some())
+    }
+
+    /// Applies what replay found after the committed position, in log order: each record
+    /// counted in its segment, each put and delete applied to the tree.
+    pub fn apply_replayed(&self, items: Vec<Replayed>) -> Result<()> {
+        let mut w = self.writer.lock();
+        let mut key = Vec::new();
+        for item in items {
+            match item {
+                Replayed::Put { at, len } | Replayed::Delete { at, len } => {
+                    let put = matches!(item, Replayed::Put { .. });
+                    self.log.account_replayed(&mut w, at, len, put);
+                    self.with_record(at.0, false, |r| {
+                        key.clear();
+                        key.extend_from_slice(r.key);
+                    })?;
+                    self.apply(&mut w, &key, put, at)?;
+                }
+                Replayed::Link { at, len } => self.log.account_replayed(&mut w, at, len, false),
+            }
+        }
+        Ok(())
+    }
+
+    // ----- commits -------------------------------------------------------------------
+
+    /// Seals the region for a commit: an O(1) epoch bump of the tree under the writer
+    /// lock, with the log positions the sealed tree is complete up to. Segments the
+    /// writer allocates from now on must not appear in the commit's bitmap image, until
+    /// `commit_durable` with `end_seal`.
+    pub fn seal_for_commit(&self) -> SealedRegion {
+        let mut w = self.writer.lock();
+        let sealed = self.tree.seal();
+        w.sealed_for_commit = true;
+        SealedRegion {
+            root_word: sealed.root,
+            tree_epoch: sealed.epoch,
+            generation: w.generation,
+            next_seq: w.next_seq,
+            tails: self.log.positions(&w),
+            keys: self.keys(),
+            segments: w
+                .segments
+                .iter()
+                .map(|(off, s)| (DiskOffset(*off), *s))
+                .collect(),
+        }
+    }
+
+    /// Writes the foreground tail's pending bytes to the volume (not synced): what a
+    /// group sync needs.
+    pub fn flush_tail(&self) -> Result<()> {
+        self.log.flush_tail()
+    }
+
+    /// Writes both tails' pending bytes to the volume (not synced): what a commit needs,
+    /// since the tree it persists may point at relocated copies too.
+    pub fn flush_tails(&self) -> Result<()> {
+        self.log.flush_tail()?;
+        self.log.flush_gc_tail()
+    }
+
+    /// Persists the sealed tree at `root_word` (`Tree::persist`): node images to write,
+    /// at blocks from `alloc`. Returns the root's offset.
+    pub fn persist(
+        &self,
+        root_word: u64,
+        alloc: &mut dyn FnMut() -> Result<DiskOffset>,
+        images: &mut Vec<(DiskOffset, Box<[u8; NODE_BYTES]>)>,
+    ) -> Result<DiskOffset> {
+        self.tree.persist(root_word, self.id, alloc, images)
+    }
+
+    /// What a commit sealed at `sealed` lists in its free log for this region: nodes and
+    /// segments retired at or before that seal (allocated in its bitmap, referenced by
+    /// nothing in it).
+    pub fn retired_extents(&self, sealed: TreeEpoch) -> Vec<Extent> {
+        let mut out: Vec<Extent> = self
+            .tree
+            .retired_disk_blocks(sealed)
+            .into_iter()
+            .map(|off| (off, 1))
+            .collect();
+        // Segments retired after the seal are still in the sealed segment list.
+        out.extend(self.retired_segment_extents(sealed));
+        out
+    }
+
+    /// After a durable commit that sealed this region at `tree_epoch` with its tree at
+    /// `root`: the durable seals and committed root move on, and what neither superblock
+    /// slot references any more (and no snapshot reads) is returned for freeing.
+    /// `end_seal`: writers stop allocating as after a seal (no repeat follows).
+    pub fn commit_durable(
+        &self,
+        tree_epoch: TreeEpoch,
+        root: DiskOffset,
+        end_seal: bool,
+    ) -> Reclaimed {
+        let durable = {
+            let mut w = self.writer.lock();
+            if end_seal {
+                w.sealed_for_commit = false;
+            }
+            let mut e = self.durable_epochs.lock();
+            *e = [e[1], Some(tree_epoch)];
+            e[0]
+        };
+        *self.committed_root.lock() = root;
+        // Retired nodes unreferenced by both superblock slots' commits can go.
+        let Some(durable) = durable else {
+            return Reclaimed::default();
+        };
+        let nodes = self.tree.reclaim(durable, self.oldest_snapshot());
+        let (segments_now, segments_after_readers) = self.reclaim_segments(durable);
+        Reclaimed {
+            nodes,
+            segments_now,
+            segments_after_readers,
+        }
+    }
+
+    /// Marks the region dropped (writes and reads answer `KeyspaceNotFound` from now on),
+    /// waits for a write in progress, and lists every extent it owns: its segments,
+    /// retired segments not yet on their way back, the nodes of its committed tree and
+    /// nodes retired from it.
+    pub fn drop_and_list_extents(&self) -> Result<Vec<Extent>> {
+        self.dropped.store(true, Ordering::Release);
+        // Wait for a write in progress; later ones see `dropped`.
+        let w = self.writer.lock();
+        let mut extents: Vec<Extent> = w
+            .segments
+            .iter()
+            .map(|(off, s)| (DiskOffset(*off), s.size_bytes / BLOCK_BYTES))
+            .collect();
+        drop(w);
+        // Segments garbage collection retired and that are not yet on their way to the
+        // allocator (those are in `Shared::frees` and stay there).
+        extents.extend(self.retired_segments.lock().drain(..).map(|r| r.extent()));
+        let root = *self.committed_root.lock();
+        let storage = self.shared.volume.storage();
+        index::committed_nodes(
+            root,
+            self.id,
+            &mut |off, image| storage.read_at(off.0, image),
+            &mut |off| extents.push((off, 1)),
+        )?;
+        for off in self.tree.retired_disk_blocks(TreeEpoch(u64::MAX)) {
+            extents.push((off, 1));
+        }
+        extents.sort();
+        extents.dedup();
+        Ok(extents)
+    }
+
+    /// Sealed tree epochs of the last two durable commits (older first).
+    #[cfg(test)]
+    pub fn durable_epochs(&self) -> [Option<TreeEpoch>; 2] {
+        *self.durable_epochs.lock()
+    }
+
+    #[cfg(test)]
+    pub fn tree(&self) -> &Tree {
+        &self.tree
+    }
+
+    #[cfg(test)]
+    pub fn log(&self) -> &Log {
+        &self.log
+    }
+
+    // ----- snapshots -----------------------------------------------------------------
+
+    /// Seals the running tree epoch and pins the sealed root for a snapshot.
+    pub fn open_snapshot(&self) -> (u64, TreeEpoch) {
+        let _w = self.writer.lock();
+        let sealed = self.tree.seal();
+        *self.snapshots.lock().entry(sealed.epoch).or_insert(0) += 1;
+        (sealed.root, sealed.epoch)
+    }
+
+    /// Registers a live-tree iterator: it holds log pointers between calls without an
+    /// epoch guard, so nothing retired from now on may be freed while it lives. It counts
+    /// as a snapshot of the epoch before the running one (anything retired in the running
+    /// epoch or later waits). Returns the epoch to pass to `close_snapshot`.
+    pub fn register_live_reader(&self) -> TreeEpoch {
+        let mut snaps = self.snapshots.lock();
+        // Read under the snapshots lock: a reclaim deciding now sees this registration or
+        // ran before it, when this reader held no pointer yet.
+        let epoch = TreeEpoch(self.tree.running_epoch().0.saturating_sub(1));
+        *snaps.entry(epoch).or_insert(0) += 1;
+        epoch
+    }
+
+    pub fn close_snapshot(&self, epoch: TreeEpoch) {
+        let mut snaps = self.snapshots.lock();
+        let count = snaps.get_mut(&epoch).expect("snapshot was registered");
+        *count -= 1;
+        if *count == 0 {
+            snaps.remove(&epoch);
+        }
+    }
+
+    pub fn oldest_snapshot(&self) -> Option<TreeEpoch> {
+        self.snapshots.lock().keys().next().copied()
+    }
+
+    // ----- segments ------------------------------------------------------------------
+
+    pub fn segment_count(&self) -> u64 {
+        self.writer.lock().segments.len() as u64
+    }
+
+    /// Total size of the region's log segments (what the log occupies in the volume).
+    pub fn log_size_bytes(&self) -> u64 {
+        self.writer
+            .lock()
+            .segments
+            .values()
+            .map(|s| s.size_bytes)
+            .sum()
+    }
+
+    /// Whether one of the region's segments overlaps the bytes `[start, end)`.
+    pub fn overlaps_segment(&self, start: u64, end: u64) -> bool {
+        let w = self.writer.lock();
+        w.segments
+            .range(..end)
+            .next_back()
+            .is_some_and(|(off, s)| off + s.size_bytes > start)
+    }
+
+    /// The region's segments with their counts (for tests).
+    #[cfg(test)]
+    pub fn segments(&self) -> BTreeMap<u64, SegmentStats> {
+        self.writer.lock().segments.clone()
+    }
+}

@@ -1,0 +1,84 @@
+//! The regions of an open volume by name, and the ids new ones get.
+//!
+//! Owns: the name → region map and id assignment (ids are never reused within a volume;
+//! the next one is recorded in every commit descriptor). Does not own: making a creation
+//! or a drop durable (the caller commits while holding the commit lock, so a commit
+//! never sees a half-registered region).
+//!
+//! Thread-safety: a read-write lock over the map; readers take a clone of what they need.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+
+use super::Region;
+use crate::error::{Error, Result};
+use crate::shared::Shared;
+use crate::types::{RegionId, BLOCK_BYTES};
+
+pub(crate) struct Regions {
+    by_name: RwLock<BTreeMap<String, Arc<Region>>>,
+    next_id: AtomicU64,
+}
+
+impl Regions {
+    pub fn new(by_name: BTreeMap<String, Arc<Region>>, next_id: u64) -> Regions {
+        Regions {
+            by_name: RwLock::new(by_name),
+            next_id: AtomicU64::new(next_id),
+        }
+    }
+
+    pub fn get(&self, name: &str) -> Option<Arc<Region>> {
+        self.by_name.read().get(name).cloned()
+    }
+
+    /// Every region, by name.
+    pub fn list(&self) -> Vec<Arc<Region>> {
+        self.by_name.read().values().cloned().collect()
+    }
+
+    /// Names of every region, sorted.
+    pub fn names(&self) -> Vec<String> {
+        self.by_name.read().keys().cloned().collect()
+    }
+
+    /// The id the next region created gets (what a commit descriptor records).
+    pub fn next_id(&self) -> u64 {
+        self.next_id.load(Ordering::Acquire)
+    }
+
+    /// Creates region `name` with its first log segment and registers it; the one already
+    /// registered under `name` if there is one. The caller holds the commit lock and
+    /// commits next, so that the region and anything written to it survive a crash.
+    pub fn create(&self, shared: &Arc<Shared>, name: &str) -> Result<Arc<Region>> {
+        if name.is_empty() || name.len() > 255 {
+            return Err(Error::InvalidArgument(
+                "a keyspace name is 1 to 255 bytes".into(),
+            ));
+        }
+        if let Some(region) = self.get(name) {
+            return Ok(region);
+        }
+        shared.check_writable()?;
+        let size = shared.options.log_segment_bytes;
+        let blocks = size / BLOCK_BYTES;
+        let storage = shared.volume.storage();
+        let base = shared
+            .allocator
+            .allocate(storage.as_ref(), blocks, blocks, false)?;
+        let id = RegionId(self.next_id.fetch_add(1, Ordering::AcqRel));
+        let region = Arc::new(Region::create(shared, id, name, base, size));
+        self.by_name
+            .write()
+            .insert(name.to_string(), region.clone());
+        Ok(region)
+    }
+
+    /// Takes region `name` out of the map (the caller drops it durably).
+    pub fn remove(&self, name: &str) -> Option<Arc<Region>> {
+        self.by_name.write().remove(name)
+    }
+}

@@ -1,0 +1,312 @@
+//! State shared by an open database and all its regions: the volume and its allocator,
+//! the options, the poisoned and closed flags, the write tickets of group sync, the
+//! counters behind `Stats`, write pacing, and the extents on their way back to the
+//! allocator (DESIGN.md, "Freeing").
+//!
+//! Owns: those fields and the small operations on them (poisoning, group sync's ticket
+//! protocol, waking the background committer, pacing a writer, handing extents back
+//! after the readers' grace period and punching them). Does not own: regions, commits or
+//! garbage collection, which all reach it through an `Arc<Shared>`.
+//!
+//! Thread-safety: `Sync`; counters are relaxed atomics (statistics, not invariants), the
+//! flags acquire/release; `sync_lock` serialises group syncs, `frees` is a short mutex.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::{Condvar, Mutex};
+
+use crate::alloc::Allocator;
+use crate::error::{Error, Result};
+use crate::options::Options;
+use crate::types::DiskOffset;
+use crate::volume::Volume;
+
+/// State shared by the database and its regions.
+pub(crate) struct Shared {
+    pub options: Options,
+    pub volume: Volume,
+    pub allocator: Allocator,
+    poisoned: AtomicBool,
+    /// `close` was called: writes are refused (reads go on while handles live).
+    closed: AtomicBool,
+    /// Number of the newest write whose records are in a log buffer.
+    pub write_ticket: AtomicU64,
+    /// Every write with a ticket at or below this is durable.
+    synced_ticket: AtomicU64,
+    sync_lock: Mutex<()>,
+    pub log_bytes_since_commit: AtomicU64,
+    pub bytes_written: AtomicU64,
+    pub commits: AtomicU64,
+    pub syncs: AtomicU64,
+    /// Garbage collection passes that did something (background steps and forced passes).
+    pub gc_passes: AtomicU64,
+    /// Bytes of live records garbage collection copied.
+    pub gc_relocated_bytes: AtomicU64,
+    /// Bytes of log segments garbage collection handed back for reuse.
+    pub gc_reclaimed_bytes: AtomicU64,
+    /// Log bytes foreground writers appended since open (garbage collection's copies not
+    /// included): what background GC's urgent budget follows.
+    pub foreground_bytes: AtomicU64,
+    /// Nanoseconds foreground writers slept for write pacing.
+    pub gc_paced_ns: AtomicU64,
+    /// `Storage::prefetch` calls made for range iterators, multi-gets and long records, and
+    /// the bytes they named (page-rounded; pages already resident count too).
+    pub prefetch_calls: AtomicU64,
+    pub prefetch_bytes: AtomicU64,
+    /// Records not asked for because a probe found their batch resident.
+    pub prefetch_skipped: AtomicU64,
+    /// Wakes the background committer early (dirty-bytes threshold reached).
+    wake: (Mutex<bool>, Condvar),
+    pub frees: Arc<Mutex<PendingFrees>>,
+    /// Nanoseconds a foreground writer sleeps per KiB it appends; 0 unless garbage
+    /// collection is behind its space target (see `pace_writer`).
+    pub write_delay_ns_per_kib: AtomicU64,
+}
+
+/// A paced writer sleeps once it owes this much (the kernel's timer slack makes shorter
+/// sleeps cost more than they ask for).
+const PACE_SLEEP_MIN_NS: u64 = 500_000;
+
+thread_local! {
+    /// Pacing delay this thread owes but has not slept yet.
+    static PACE_DEBT_NS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Blocks on their way back to the allocator (see DESIGN.md, "freeing").
+#[derive(Default)]
+pub(crate) struct PendingFrees {
+    /// Unreferenced by any durable commit, waiting for in-flight readers (crossbeam epoch).
+    pub limbo: Vec<(DiskOffset, u64)>,
+    /// Safe to reuse; applied to the bitmap at the start of the next commit.
+    pub releasable: Vec<(DiskOffset, u64)>,
+}
+
+impl Shared {
+    pub fn new(options: Options, volume: Volume, allocator: Allocator) -> Shared {
+        Shared {
+            options,
+            volume,
+            allocator,
+            poisoned: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
+            write_ticket: AtomicU64::new(0),
+            synced_ticket: AtomicU64::new(0),
+            sync_lock: Mutex::new(()),
+            log_bytes_since_commit: AtomicU64::new(0),
+            bytes_written: AtomicU64::new(0),
+            commits: AtomicU64::new(0),
+            syncs: AtomicU64::new(0),
+            gc_passes: AtomicU64::new(0),
+            gc_relocated_bytes: AtomicU64::new(0),
+            gc_reclaimed_bytes: AtomicU64::new(0),
+            foreground_bytes: AtomicU64::new(0),
+            gc_paced_ns: AtomicU64::new(0),
+            prefetch_calls: AtomicU64::new(0),
+            prefetch_bytes: AtomicU64::new(0),
+            prefetch_skipped: AtomicU64::new(0),
+            wake: (Mutex::new(false), Condvar::new()),
+            frees: Arc::new(Mutex::new(PendingFrees::default())),
+            write_delay_ns_per_kib: AtomicU64::new(0),
+        }
+    }
+
+    pub fn check_writable(&self) -> Result<()> {
+        if self.poisoned.load(Ordering::Acquire) {
+            return Err(Error::Poisoned);
+        }
+        if self.closed.load(Ordering::Acquire) {
+            return Err(Error::Closed);
+        }
+        Ok(())
+    }
+
+    /// After a failed write or sync nothing more is acknowledged (RELIABILITY.md §5).
+    pub fn poison(&self) {
+        self.poisoned.store(true, Ordering::Release);
+    }
+
+    pub fn is_poisoned(&self) -> bool {
+        self.poisoned.load(Ordering::Acquire)
+    }
+
+    pub fn maybe_wake_committer(&self) {
+        if self.log_bytes_since_commit.load(Ordering::Relaxed) >= self.options.commit_dirty_bytes {
+            self.wake_committer();
+        }
+    }
+
+    /// Slows a foreground writer that just appended `bytes` while garbage collection
+    /// cannot keep the disk under its target (`write_delay_ns_per_kib`, set by the
+    /// collector: [`crate::gc::policy::write_delay`]). The delay is owed per thread and
+    /// slept in pieces of at least `PACE_SLEEP_MIN_NS`, so a writer sleeps now and then
+    /// instead of at every write.
+    pub fn pace_writer(&self, bytes: u64) {
+        let delay = self.write_delay_ns_per_kib.load(Ordering::Relaxed);
+        if delay == 0 {
+            return;
+        }
+        PACE_DEBT_NS.with(|debt| {
+            let owed = debt.get() + delay * bytes / 1024;
+            if owed >= PACE_SLEEP_MIN_NS {
+                debt.set(0);
+                self.gc_paced_ns.fetch_add(owed, Ordering::Relaxed);
+                std::thread::sleep(Duration::from_nanos(owed));
+            } else {
+                debt.set(owed);
+            }
+        });
+    }
+
+    /// Has the background loop look at once at what is due (a commit, a commit pair for
+    /// GC) instead of at its next tick.
+    pub fn wake_committer(&self) {
+        let (lock, cv) = &self.wake;
+        *lock.lock() = true;
+        cv.notify_one();
+    }
+
+    /// Hands extents to the allocator once no in-flight reader can still see them.
+    pub fn release_after_readers(&self, extents: Vec<(DiskOffset, u64)>) {
+        if extents.is_empty() {
+            return;
+        }
+        self.frees.lock().limbo.extend_from_slice(&extents);
+        let frees = Arc::clone(&self.frees);
+        let guard = crossbeam_epoch::pin();
+        guard.defer(move || {
+            let mut f = frees.lock();
+            for e in extents {
+                let i = f
+                    .limbo
+                    .iter()
+                    .position(|x| *x == e)
+                    .expect("extent in limbo");
+                f.limbo.swap_remove(i);
+                f.releasable.push(e);
+            }
+        });
+        guard.flush();
+    }
+    /// Refuses writes from now on (`close`); reads go on while handles live.
+    pub fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+    }
+
+    /// Group commit: makes every write with a ticket up to `ticket` durable. Whoever holds
+    /// the sync lock runs `flush_tails` (every region's tail to the file) and one
+    /// `fdatasync` for everybody waiting behind it. A failure poisons.
+    pub fn sync_to(&self, ticket: u64, flush_tails: impl FnOnce() -> Result<()>) -> Result<()> {
+        // A poisoned store answers no sync with Ok, even one with nothing left to write:
+        // the caller would take it for a healthy store.
+        if self.is_poisoned() {
+            return Err(Error::Poisoned);
+        }
+        if self.synced_ticket.load(Ordering::Acquire) >= ticket {
+            return Ok(());
+        }
+        let _sync = self.sync_lock.lock();
+        if self.synced_ticket.load(Ordering::Acquire) >= ticket {
+            return Ok(());
+        }
+        self.check_writable()?;
+        let target = self.write_ticket.load(Ordering::Acquire);
+        let result = flush_tails().and_then(|()| self.volume.storage().sync());
+        if let Err(e) = result {
+            self.poison();
+            return Err(e);
+        }
+        self.synced_ticket.fetch_max(target, Ordering::AcqRel);
+        self.syncs.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// The newest write ticket handed out: `sync_to` it covers every write so far.
+    pub fn last_write_ticket(&self) -> u64 {
+        self.write_ticket.load(Ordering::Acquire)
+    }
+
+    /// Waits until `wake_committer` is called or `tick` passes, whichever comes first.
+    pub fn wait_for_wake(&self, tick: Duration) {
+        let (lock, cv) = &self.wake;
+        let mut woken = lock.lock();
+        if !*woken {
+            cv.wait_for(&mut woken, tick);
+        }
+        *woken = false;
+    }
+
+    /// Wakes every thread in `wait_for_wake` (the database is closing).
+    pub fn wake_all(&self) {
+        let (lock, cv) = &self.wake;
+        *lock.lock() = true;
+        cv.notify_all();
+    }
+
+    // ----- freeing (DESIGN.md, "Freeing") ---------------------------------------------
+
+    /// Gives extents nothing can reach any more back: blocks free in the live bitmap, and
+    /// the free runs they lie in (merged with free neighbours, at least
+    /// `PUNCH_MIN_BLOCKS`) punched out of the file. Only between commits (the caller
+    /// holds the commit state). A failed punch loses nothing (the bytes stay allocated in
+    /// the file), so it is not an error.
+    ///
+    /// With the collector's loop running, log segments (and other large extents) are not
+    /// punched here: the next segments are allocated from them, and `punch_deferred`
+    /// gives back those still free `DEFERRED_PUNCH_AGE` later
+    /// (`Allocator::release_punching`). A GC burst frees and reuses hundreds of MiB a
+    /// second; punching each segment as it came back, then allocating it again, held the
+    /// file's inode lock (every `pwrite` waits for it) for a quarter of the burst on a
+    /// file system that discards punched blocks synchronously.
+    pub fn release_extents(&self, extents: &[(DiskOffset, u64)]) {
+        let storage = self.volume.storage();
+        self.allocator.release_punching(
+            extents,
+            PUNCH_MIN_BLOCKS,
+            // Only the loop punches deferred runs between a forced pass and close.
+            self.options.gc && self.options.runs_background_threads(),
+            &mut |offset, len_bytes| {
+                let _ = storage.punch_hole(offset, len_bytes);
+            },
+        );
+    }
+
+    /// Hands the extents waiting in `releasable` to the allocator (`release_extents`).
+    pub fn release_releasable(&self) {
+        let releasable = std::mem::take(&mut self.frees.lock().releasable);
+        self.release_extents(&releasable);
+    }
+
+    /// Punches the free blocks of the runs `release_extents` deferred at least `min_age`
+    /// ago (`Duration::ZERO`: all of them). Returns the bytes punched.
+    pub fn punch_deferred(&self, min_age: Duration) -> u64 {
+        let storage = self.volume.storage();
+        self.allocator
+            .punch_deferred(min_age, &mut |offset, len_bytes| {
+                let _ = storage.punch_hole(offset, len_bytes);
+            })
+    }
+
+    /// Nudges the readers' grace period up to `nudges` times while extents wait in limbo
+    /// (`yield_between`: give the core away between nudges). Readers pinned elsewhere may
+    /// delay them; then a later wake-up of the committer hands them back.
+    pub fn nudge_readers_grace(&self, nudges: usize, yield_between: bool) {
+        for _ in 0..nudges {
+            if self.frees.lock().limbo.is_empty() {
+                break;
+            }
+            crossbeam_epoch::pin().flush();
+            if yield_between {
+                std::thread::yield_now();
+            }
+        }
+    }
+}
+
+/// Extents at least this long are punched when they return to the allocator: log
+/// segments (64 KiB at least) and runs of nodes; single blocks are not worth a system call.
+const PUNCH_MIN_BLOCKS: u64 = 16;
+
+/// How long a released log segment waits, unpunched, for a new segment to reuse it.
+pub(crate) const DEFERRED_PUNCH_AGE: Duration = Duration::from_millis(500);
