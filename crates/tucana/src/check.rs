@@ -12,15 +12,16 @@
 use std::collections::BTreeMap;
 
 use crate::alloc::{Allocator, GROUP_BLOCKS, GROUP_RESERVED_BLOCKS};
-use crate::commit::descriptor::Descriptor;
+use crate::commit::descriptor::{Descriptor, RegionDesc};
 use crate::commit::Committer;
 use crate::error::{Error, Result};
 use crate::index::{self, key_hash, key_prefix, ImageContents, ImagePivot};
 use crate::log::record::RecordRef;
 use crate::region::{Region, Regions};
 use crate::shared::Shared;
-use crate::types::{DiskOffset, BLOCK_BYTES};
-use crate::volume::superblock;
+use crate::types::{CommitEpoch, DiskOffset, BLOCK_BYTES};
+use crate::volume::superblock::{self, Superblock};
+use crate::volume::Storage;
 
 /// What `Database::check` found on a sound volume.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -77,16 +78,70 @@ pub(crate) fn check(
     let mut cs = committer.lock();
     committer.commit_locked(&mut cs, regions)?;
     let storage = shared.volume.storage().clone();
-    let sb = superblock::read_newest(storage.as_ref())?
+    let (sb, desc) = read_newest_commit(storage.as_ref(), cs.epoch())?;
+    let allocator = Allocator::load(
+        storage.as_ref(),
+        sb.volume_bytes,
+        &desc.bitmap_slots,
+        sb.epoch,
+    )?;
+    let mut refs = Refs {
+        allocator: &allocator,
+        owner: BTreeMap::new(),
+    };
+    mark_volume_structures(&mut refs, &sb, &desc)?;
+    let mut report = CheckReport {
+        commit_epoch: sb.epoch.0,
+        keyspaces: desc.regions.len() as u64,
+        allocated_blocks: allocator.allocated_blocks(),
+        ..CheckReport::default()
+    };
+    for rd in &desc.regions {
+        let region = regions.get(&rd.name).ok_or_else(|| {
+            Error::corruption(
+                "commit descriptor",
+                sb.descriptor,
+                format!("unknown region {:?}", rd.name),
+            )
+        })?;
+        check_region(&region, rd, sb.descriptor, &mut refs, &mut report)?;
+    }
+    report.unreferenced_blocks = report.allocated_blocks - refs.owner.len() as u64;
+    // Every allocated block is referenced by the commit just made or listed in its free
+    // log: anything else would stay allocated for ever (a leak), even across reopens.
+    if report.unreferenced_blocks != 0 {
+        let first = (0..sb.volume_bytes / BLOCK_BYTES)
+            .map(|b| DiskOffset(b * BLOCK_BYTES))
+            .find(|&at| allocator.is_allocated(at, 1) && !refs.owner.contains_key(&at.0))
+            .unwrap_or(DiskOffset::NONE);
+        return Err(Error::corruption(
+            "allocation bitmap",
+            first,
+            format!(
+                "{} allocated blocks are referenced by nothing in the commit nor in its free log",
+                report.unreferenced_blocks
+            ),
+        ));
+    }
+    drop(cs);
+    Ok(report)
+}
+
+/// The newest superblock slot and its descriptor, read back from the volume as a fresh
+/// open would; the slot must be the commit just made (`epoch`).
+fn read_newest_commit(
+    storage: &dyn Storage,
+    epoch: CommitEpoch,
+) -> Result<(Superblock, Descriptor)> {
+    let sb = superblock::read_newest(storage)?
         .ok_or_else(|| Error::corruption("superblock", DiskOffset(0), "no valid slot"))?;
-    if sb.epoch != cs.epoch() {
+    if sb.epoch != epoch {
         return Err(Error::corruption(
             "superblock",
-            superblock::slot_offset(cs.epoch()),
+            superblock::slot_offset(epoch),
             format!(
                 "newest slot has epoch {:?}, the last commit was {:?}",
-                sb.epoch,
-                cs.epoch()
+                sb.epoch, epoch
             ),
         ));
     }
@@ -100,16 +155,12 @@ pub(crate) fn check(
         ));
     }
     let desc = Descriptor::decode(&desc_bytes, sb.descriptor)?;
-    let allocator = Allocator::load(
-        storage.as_ref(),
-        sb.volume_bytes,
-        &desc.bitmap_slots,
-        sb.epoch,
-    )?;
-    let mut refs = Refs {
-        allocator: &allocator,
-        owner: BTreeMap::new(),
-    };
+    Ok((sb, desc))
+}
+
+/// Marks what every volume holds outside the regions: each group's reserved blocks
+/// (superblocks, bitmap buddies), the descriptor, and the extents its free log lists.
+fn mark_volume_structures(refs: &mut Refs<'_>, sb: &Superblock, desc: &Descriptor) -> Result<()> {
     let volume_blocks = sb.volume_bytes / BLOCK_BYTES;
     let mut group_start = 0;
     while group_start < volume_blocks {
@@ -129,84 +180,64 @@ pub(crate) fn check(
     for (off, blocks) in &desc.free_log {
         refs.mark(*off, *blocks, "free log")?;
     }
-    let mut report = CheckReport {
-        commit_epoch: sb.epoch.0,
-        keyspaces: desc.regions.len() as u64,
-        allocated_blocks: allocator.allocated_blocks(),
-        ..CheckReport::default()
-    };
-    for rd in &desc.regions {
-        let region = regions.get(&rd.name).ok_or_else(|| {
-            Error::corruption(
-                "commit descriptor",
-                sb.descriptor,
-                format!("unknown region {:?}", rd.name),
-            )
-        })?;
-        let mut segments: BTreeMap<u64, (u64, u64)> = BTreeMap::new(); // off -> (size, live)
-        for (off, s) in &rd.segments {
-            refs.mark(*off, s.size_bytes / BLOCK_BYTES, "log segment")?;
-            segments.insert(off.0, (s.size_bytes, 0));
-            report.log_records += check_segment(&region, *off, s.written_bytes)?;
-        }
-        report.log_segments += rd.segments.len() as u64;
-        let mut walk = TreeVerifier {
-            region: &region,
-            refs: &mut refs,
-            segments: &mut segments,
-            prev_key: None,
-            keys: 0,
-            nodes: 0,
-        };
-        if !rd.root.is_none() {
-            walk.node(rd.root, 0, None, None)?;
-        }
-        let (keys, nodes) = (walk.keys, walk.nodes);
-        if keys != rd.keys {
-            return Err(Error::corruption(
-                "commit descriptor",
-                sb.descriptor,
-                format!(
-                    "region {:?} counts {} keys, its tree holds {keys}",
-                    rd.name, rd.keys
-                ),
-            ));
-        }
-        for (off, s) in &rd.segments {
-            let live = segments[&off.0].1;
-            if live != s.live_bytes {
-                return Err(Error::corruption(
-                    "log segment",
-                    *off,
-                    format!(
-                        "recorded {} live bytes, the index reaches {live}",
-                        s.live_bytes
-                    ),
-                ));
-            }
-        }
-        report.keys += keys;
-        report.index_nodes += nodes;
+    Ok(())
+}
+
+/// Verifies one region of the commit (`rd`, in the descriptor at `descriptor`): its
+/// segments' records, its whole tree, its key count, and every segment's live bytes
+/// against what the tree reaches; adds its counts to `report`.
+fn check_region(
+    region: &Region,
+    rd: &RegionDesc,
+    descriptor: DiskOffset,
+    refs: &mut Refs<'_>,
+    report: &mut CheckReport,
+) -> Result<()> {
+    let mut segments: BTreeMap<u64, (u64, u64)> = BTreeMap::new(); // off -> (size, live)
+    for (off, s) in &rd.segments {
+        refs.mark(*off, s.size_bytes / BLOCK_BYTES, "log segment")?;
+        segments.insert(off.0, (s.size_bytes, 0));
+        report.log_records += check_segment(region, *off, s.written_bytes)?;
     }
-    report.unreferenced_blocks = report.allocated_blocks - refs.owner.len() as u64;
-    // Every allocated block is referenced by the commit just made or listed in its free
-    // log: anything else would stay allocated for ever (a leak), even across reopens.
-    if report.unreferenced_blocks != 0 {
-        let first = (0..volume_blocks)
-            .map(|b| DiskOffset(b * BLOCK_BYTES))
-            .find(|&at| allocator.is_allocated(at, 1) && !refs.owner.contains_key(&at.0))
-            .unwrap_or(DiskOffset::NONE);
+    report.log_segments += rd.segments.len() as u64;
+    let mut walk = TreeVerifier {
+        region,
+        refs,
+        segments: &mut segments,
+        prev_key: None,
+        keys: 0,
+        nodes: 0,
+    };
+    if !rd.root.is_none() {
+        walk.node(rd.root, 0, None, None)?;
+    }
+    let (keys, nodes) = (walk.keys, walk.nodes);
+    if keys != rd.keys {
         return Err(Error::corruption(
-            "allocation bitmap",
-            first,
+            "commit descriptor",
+            descriptor,
             format!(
-                "{} allocated blocks are referenced by nothing in the commit nor in its free log",
-                report.unreferenced_blocks
+                "region {:?} counts {} keys, its tree holds {keys}",
+                rd.name, rd.keys
             ),
         ));
     }
-    drop(cs);
-    Ok(report)
+    for (off, s) in &rd.segments {
+        let live = segments[&off.0].1;
+        if live != s.live_bytes {
+            return Err(Error::corruption(
+                "log segment",
+                *off,
+                format!(
+                    "recorded {} live bytes, the index reaches {live}",
+                    s.live_bytes
+                ),
+            ));
+        }
+    }
+    report.keys += keys;
+    report.index_nodes += nodes;
+    Ok(())
 }
 
 /// Verifies the records of a segment's first `written` bytes; returns how many.

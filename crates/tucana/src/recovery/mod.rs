@@ -225,7 +225,59 @@ fn recover_gc_tail(
 }
 
 fn recover_region(shared: &Arc<Shared>, rd: &RegionDesc) -> Result<Region> {
-    let storage = shared.volume.storage().clone();
+    let (mut segments, newest_order) = committed_segments(shared, rd)?;
+    let gc_tail = match rd.gc_tail {
+        None => None,
+        Some(pos) => Some(recover_gc_tail(shared, rd, &segments, pos)?),
+    };
+    let end = replay_scan(shared, rd, &segments);
+    let mut next_order = newest_order + 1;
+    for (off, size) in &end.chain[1..] {
+        segments.insert(
+            off.0,
+            SegmentStats {
+                size_bytes: *size,
+                written_bytes: 0,
+                live_bytes: 0,
+                order: next_order,
+            },
+        );
+        next_order += 1;
+    }
+    let (tail_base, tail_size) = *end.chain.last().expect("chain is never empty");
+    let mut prefix = vec![0u8; end.used_bytes as usize];
+    shared.volume.storage().read_at(tail_base.0, &mut prefix)?;
+    let tail = Tail::with_prefix(tail_base, tail_size, &prefix);
+
+    let mut writer = Writer::new(
+        (rd.generation + 1) & GENERATION_MASK,
+        end.next_seq,
+        next_order,
+    );
+    writer.segments = segments;
+    let tree = Tree::from_disk(rd.id, rd.root, TreeEpoch(rd.tree_epoch.0 + 1));
+    let region = Region::new(
+        shared.clone(),
+        rd.id,
+        rd.name.clone(),
+        tree,
+        tail,
+        gc_tail,
+        writer,
+        rd.keys,
+        rd.root,
+    );
+    region.apply_replayed(end.items)?;
+    Ok(region)
+}
+
+/// The log segments a commit lists for region `rd`, checked (allocated, aligned, one
+/// order each, the tail among them with the size the descriptor gives it twice), and the
+/// newest order among them.
+fn committed_segments(
+    shared: &Shared,
+    rd: &RegionDesc,
+) -> Result<(BTreeMap<u64, SegmentStats>, u64)> {
     let allocator = &shared.allocator;
     let mut segments: BTreeMap<u64, SegmentStats> = BTreeMap::new();
     let mut orders = std::collections::BTreeSet::new();
@@ -275,20 +327,37 @@ fn recover_region(shared: &Arc<Shared>, rd: &RegionDesc) -> Result<Region> {
         }
         Some(_) => {}
     }
-    let newest_order = orders.last().copied().unwrap_or(0);
-    let gc_tail = match rd.gc_tail {
-        None => None,
-        Some(pos) => Some(recover_gc_tail(shared, rd, &segments, pos)?),
-    };
+    Ok((segments, orders.last().copied().unwrap_or(0)))
+}
 
-    // Scan the log from the committed position.
+/// Where replay of a region's log ended: the chain of segments it followed from the
+/// committed tail (the last one is the new tail), the bytes used in the last, the next
+/// sequence number, and the complete units it found, in log order.
+struct ReplayEnd {
+    chain: Vec<(DiskOffset, u64)>,
+    used_bytes: u64,
+    next_seq: SeqNo,
+    items: Vec<Replayed>,
+}
+
+/// Reads region `rd`'s log from its committed position, following LINK records into the
+/// segments they name (marking them allocated), and keeps every complete unit (a batch
+/// all or nothing); stops at the first record that is torn, invalid, of another life of
+/// the log, or out of sequence. Segments only a torn batch's links reached are released.
+fn replay_scan(
+    shared: &Shared,
+    rd: &RegionDesc,
+    segments: &BTreeMap<u64, SegmentStats>,
+) -> ReplayEnd {
+    let storage = shared.volume.storage().clone();
+    let allocator = &shared.allocator;
     let seed = record::region_seed(rd.id);
     let mut chain: Vec<(DiskOffset, u64)> = vec![(rd.tail, rd.tail_size_bytes)];
     let mut used = rd.tail_used_bytes;
     let mut seq = rd.next_seq;
     let mut items: Vec<Replayed> = Vec::new();
     let mut staged: Vec<Replayed> = Vec::new();
-    // The last complete point: (chain length, used, seq, items).
+    // The last complete point: (chain length, used, seq).
     let mut complete = (1usize, used, seq);
     let mut in_batch = false;
     let mut header_buf = [0u8; HEADER_BYTES];
@@ -368,38 +437,10 @@ fn recover_region(shared: &Arc<Shared>, rd: &RegionDesc) -> Result<Region> {
     for (off, size) in chain.drain(chain_len..) {
         allocator.release(off, size / BLOCK_BYTES);
     }
-    let mut next_order = newest_order + 1;
-    for (off, size) in &chain[1..] {
-        segments.insert(
-            off.0,
-            SegmentStats {
-                size_bytes: *size,
-                written_bytes: 0,
-                live_bytes: 0,
-                order: next_order,
-            },
-        );
-        next_order += 1;
+    ReplayEnd {
+        chain,
+        used_bytes: used,
+        next_seq: seq,
+        items,
     }
-    let (tail_base, tail_size) = *chain.last().expect("chain is never empty");
-    let mut prefix = vec![0u8; used as usize];
-    storage.read_at(tail_base.0, &mut prefix)?;
-    let tail = Tail::with_prefix(tail_base, tail_size, &prefix);
-
-    let mut writer = Writer::new((rd.generation + 1) & GENERATION_MASK, seq, next_order);
-    writer.segments = segments;
-    let tree = Tree::from_disk(rd.id, rd.root, TreeEpoch(rd.tree_epoch.0 + 1));
-    let region = Region::new(
-        shared.clone(),
-        rd.id,
-        rd.name.clone(),
-        tree,
-        tail,
-        gc_tail,
-        writer,
-        rd.keys,
-        rd.root,
-    );
-    region.apply_replayed(items)?;
-    Ok(region)
 }
