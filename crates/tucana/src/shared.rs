@@ -139,7 +139,7 @@ impl Shared {
 
     /// Slows a foreground writer that just appended `bytes` while garbage collection
     /// cannot keep the disk under its target (`write_delay_ns_per_kib`, set by the
-    /// collector: [`crate::gc::policy::write_delay`]). The delay is owed per thread and
+    /// collector: `gc::policy::write_delay`). The delay is owed per thread and
     /// slept in pieces of at least `PACE_SLEEP_MIN_NS`, so a writer sleeps now and then
     /// instead of at every write.
     pub fn pace_writer(&self, bytes: u64) {
