@@ -12,8 +12,8 @@
 use std::collections::BTreeMap;
 
 use crate::alloc::{Allocator, GROUP_BLOCKS, GROUP_RESERVED_BLOCKS};
-use crate::commit::descriptor::{Descriptor, RegionDesc};
 use crate::commit::Committer;
+use crate::descriptor::{Descriptor, RegionDesc};
 use crate::error::{Error, Result};
 use crate::index::{self, key_hash, key_prefix, ImageContents, ImagePivot};
 use crate::log::record::RecordRef;

@@ -24,6 +24,7 @@ mod background;
 mod check;
 mod commit;
 mod db;
+mod descriptor;
 mod engine;
 pub mod error;
 mod gc;
@@ -45,7 +46,7 @@ pub mod volume;
 /// structures): not part of the API, may change at any time.
 #[doc(hidden)]
 pub mod fuzzing {
-    pub use crate::commit::descriptor::{Descriptor, RegionDesc};
+    pub use crate::descriptor::{Descriptor, RegionDesc};
 }
 
 pub use check::CheckReport;

@@ -16,20 +16,18 @@
 //! the database: nothing after it is acknowledged, and reopening recovers the previous
 //! commit plus the log.
 
-pub mod descriptor;
-
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use parking_lot::{Mutex, MutexGuard};
 
+use crate::descriptor::{Descriptor, RegionDesc};
 use crate::error::{Error, Result};
 use crate::index::NODE_BYTES;
 use crate::region::{Extent, Region, Regions, SealedRegion};
 use crate::shared::Shared;
 use crate::types::{CommitEpoch, DiskOffset, BLOCK_BYTES};
 use crate::volume::superblock::Superblock;
-use descriptor::{Descriptor, RegionDesc};
 
 /// Commit bookkeeping, under the committer's lock.
 pub(crate) struct CommitState {
@@ -409,6 +407,10 @@ fn region_desc(region: &Region, s: &SealedRegion, root: DiskOffset) -> RegionDes
         gc_tail: s.tails.gc_tail,
         keys: s.keys,
         segments: s.segments.clone(),
+        seed: region.seed(),
+        term: region.term(),
+        replica: None,
+        origins: Vec::new(),
     }
 }
 

@@ -27,7 +27,7 @@ use crate::log::record::{self, HEADER_BYTES, LINK_RECORD_BYTES};
 use crate::log::tail::Tail;
 use crate::log::{GcTailPos, SegmentStats};
 use crate::shared::Shared;
-use crate::types::{DiskOffset, RegionId, SeqNo, BLOCK_BYTES};
+use crate::types::{DiskOffset, SeqNo, BLOCK_BYTES};
 
 /// What the writer owns (under the region's writer lock).
 pub(crate) struct Writer {
@@ -124,11 +124,11 @@ impl Drop for Log {
 }
 
 impl Log {
-    /// The log of region `id` appending at `tail`, with `writer`'s segments (their counts
+    /// The log of a region whose records have crc seed `seed`, appending at `tail`, with `writer`'s segments (their counts
     /// become the totals) and, after an open, the relocation tail its commit left.
     pub fn new(
         shared: Arc<Shared>,
-        id: RegionId,
+        seed: u32,
         tail: Tail,
         gc_tail: Option<Tail>,
         writer: &Writer,
@@ -137,7 +137,7 @@ impl Log {
         let written: u64 = writer.segments.values().map(|s| s.written_bytes).sum();
         Log {
             shared,
-            seed: record::region_seed(id),
+            seed,
             generation: writer.generation,
             tail: Atomic::new(tail),
             gc_tail: gc_tail.map_or_else(Atomic::null, Atomic::new),

@@ -17,6 +17,7 @@
 //! optimistically and read records from the tail buffer or the volume. Regions never share
 //! a lock on the write path except the allocator's, taken once per log segment.
 
+mod open;
 mod read;
 mod registry;
 mod relocate;
@@ -38,6 +39,7 @@ use crate::shared::Shared;
 use crate::stats::KeyspaceStats;
 use crate::types::{DiskOffset, RegionId, SeqNo, TreeEpoch, BLOCK_BYTES};
 
+pub(crate) use open::Links;
 pub(crate) use read::Candidate;
 pub(crate) use registry::Regions;
 pub(crate) use relocate::Retire;
@@ -52,6 +54,16 @@ pub(crate) struct Op<'a> {
     pub value: Option<&'a [u8]>,
 }
 
+/// Who a region is: its id in this volume, its name, the crc seed of its records (derived
+/// from the id, or the primary's for a region that began as a replica) and its
+/// replication term (0: never replicated).
+pub(crate) struct Identity {
+    pub id: RegionId,
+    pub name: String,
+    pub seed: u32,
+    pub term: u64,
+}
+
 /// The sealed state of a region, captured by a commit.
 pub(crate) struct SealedRegion {
     pub root_word: u64,
@@ -62,6 +74,9 @@ pub(crate) struct SealedRegion {
     pub tails: TailPositions,
     pub keys: u64,
     pub segments: Vec<(DiskOffset, SegmentStats)>,
+    /// `order` the next segment allocated gets: every segment allocated before the seal
+    /// has a lower one (what a backup tells retired segments from new ones by).
+    pub next_order: u64,
 }
 
 /// A record log replay found (`crate::recovery`), applied in log order by
@@ -95,6 +110,9 @@ const WARM_AFTER_CONTENTION: u32 = 64;
 pub(crate) struct Region {
     id: RegionId,
     name: String,
+    /// Replication term: raised by every change of primary; writes stop once a higher
+    /// one is known elsewhere (`crate::replication`).
+    term: AtomicU64,
     tree: Tree,
     shared: Arc<Shared>,
     log: Log,
@@ -123,8 +141,7 @@ impl Region {
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         shared: Arc<Shared>,
-        id: RegionId,
-        name: String,
+        identity: Identity,
         tree: Tree,
         tail: Tail,
         gc_tail: Option<Tail>,
@@ -132,10 +149,11 @@ impl Region {
         keys: u64,
         committed_root: DiskOffset,
     ) -> Region {
-        let log = Log::new(shared.clone(), id, tail, gc_tail, &writer);
+        let log = Log::new(shared.clone(), identity.seed, tail, gc_tail, &writer);
         Region {
-            id,
-            name,
+            id: identity.id,
+            name: identity.name,
+            term: AtomicU64::new(identity.term),
             tree,
             shared,
             log,
@@ -175,8 +193,12 @@ impl Region {
         );
         Region::new(
             shared.clone(),
-            id,
-            name.to_string(),
+            Identity {
+                id,
+                name: name.to_string(),
+                seed: record::region_seed(id),
+                term: 0,
+            },
             Tree::new(id, TreeEpoch(1)),
             Tail::new(base, size_bytes),
             None,
@@ -192,6 +214,11 @@ impl Region {
 
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// Replication term (0: never replicated).
+    pub fn term(&self) -> u64 {
+        self.term.load(Ordering::Acquire)
     }
 
     pub fn shared(&self) -> &Arc<Shared> {
@@ -419,6 +446,7 @@ impl Region {
                 .iter()
                 .map(|(off, s)| (DiskOffset(*off), *s))
                 .collect(),
+            next_order: w.next_order,
         }
     }
 

@@ -4,7 +4,7 @@
 //! slot (offset, length, crc32c). Layout (little-endian):
 //!
 //! ```text
-//! "TDESC003" | epoch u64 | next_region_id u64 | volume_bytes u64
+//! "TDESC004" | epoch u64 | next_region_id u64 | volume_bytes u64
 //! group_count u32 | bitmap slot per group u8 × group_count
 //! free_count u32  | (offset u64, blocks u64) × free_count           -- the free log
 //! region_count u32 | region × region_count
@@ -12,18 +12,29 @@
 //! region: id u64 | name_len u16 | name | tree_epoch u64 | root u64
 //!         generation u32 | next_seq u64 | tail u64 | tail_size u64 | tail_used u64
 //!         gc_tail u64 | gc_tail_size u64 | gc_tail_used u64     -- all 0: none
-//!         keys u64 | segment_count u32 | (offset u64, size u64, written u64, live u64,
-//!         order u64) × n
+//!         keys u64 | seed u32 | term u64 | role u8 (0 local, 1 replica)
+//!         [replica: upstream_epoch u64 | upstream_next_order u64]
+//!         segment_count u32 | (offset u64, size u64, written u64, live u64, order u64
+//!         [replica: origin u64]) × n
 //! ```
 //!
-//! `TDESC002` (volumes written before the relocation tail) is the same without the three
-//! `gc_tail` words; it still decodes, as a region without a relocation tail.
+//! `seed` is the crc seed of the region's records (the primary's, for a replica region),
+//! `term` its replication term (0: never replicated). A replica region (DESIGN.md,
+//! "Replication") mirrors commit `upstream_epoch` of its primary, whose `next_order` was
+//! `upstream_next_order` at that seal, and lists each segment's `origin`: the offset of
+//! the primary's segment it copies.
+//!
+//! `TDESC003` is the same without `seed`, `term` and `role` (seed `region_seed(id)`, term
+//! 0, local); `TDESC002` (volumes written before the relocation tail) also lacks the three
+//! `gc_tail` words. Both still decode.
 
 use crate::error::{Error, Result};
 use crate::log::{GcTailPos, SegmentStats};
 use crate::types::{CommitEpoch, DiskOffset, RegionId, SeqNo, TreeEpoch};
 
-const MAGIC: &[u8; 8] = b"TDESC003";
+const MAGIC: &[u8; 8] = b"TDESC004";
+/// The format before replication (no seed, term or role).
+const MAGIC_003: &[u8; 8] = b"TDESC003";
 /// The format before the relocation tail.
 const MAGIC_002: &[u8; 8] = b"TDESC002";
 
@@ -54,6 +65,25 @@ pub struct RegionDesc {
     pub gc_tail: Option<GcTailPos>,
     pub keys: u64,
     pub segments: Vec<(DiskOffset, SegmentStats)>,
+    /// crc seed of the region's records.
+    pub seed: u32,
+    /// Replication term (0: never replicated).
+    pub term: u64,
+    /// Set for a replica region (a backup's copy of a primary's region).
+    pub replica: Option<ReplicaDesc>,
+    /// For a replica region, the origin (the primary's segment offset) of each segment,
+    /// in the order of `segments`; empty for a local region.
+    pub origins: Vec<DiskOffset>,
+}
+
+/// What a replica region records beside a region's fields.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReplicaDesc {
+    /// The primary's commit epoch the region's tree and positions mirror.
+    pub upstream_epoch: u64,
+    /// The primary's `next_order` at that commit's seal: segments of a higher order
+    /// arrived after it.
+    pub upstream_next_order: u64,
 }
 
 impl Descriptor {
@@ -93,13 +123,35 @@ impl Descriptor {
             put64(&mut out, gc.size_bytes);
             put64(&mut out, gc.used_bytes);
             put64(&mut out, r.keys);
+            put32(&mut out, r.seed);
+            put64(&mut out, r.term);
+            match r.replica {
+                None => out.push(0),
+                Some(rep) => {
+                    out.push(1);
+                    put64(&mut out, rep.upstream_epoch);
+                    put64(&mut out, rep.upstream_next_order);
+                }
+            }
+            assert_eq!(
+                r.origins.len(),
+                if r.replica.is_some() {
+                    r.segments.len()
+                } else {
+                    0
+                },
+                "a replica region lists one origin per segment, a local one none"
+            );
             put32(&mut out, r.segments.len() as u32);
-            for (off, s) in &r.segments {
+            for (i, (off, s)) in r.segments.iter().enumerate() {
                 put64(&mut out, off.0);
                 put64(&mut out, s.size_bytes);
                 put64(&mut out, s.written_bytes);
                 put64(&mut out, s.live_bytes);
                 put64(&mut out, s.order);
+                if let Some(origin) = r.origins.get(i) {
+                    put64(&mut out, origin.0);
+                }
             }
         }
         out
@@ -108,9 +160,10 @@ impl Descriptor {
     /// Decodes a descriptor read at `at`; any inconsistency is `Error::Corruption`.
     pub fn decode(bytes: &[u8], at: DiskOffset) -> Result<Descriptor> {
         let mut r = Reader { bytes, pos: 0, at };
-        let has_gc_tail = match r.take(8)? {
-            m if m == MAGIC => true,
-            m if m == MAGIC_002 => false,
+        let (has_gc_tail, has_replication) = match r.take(8)? {
+            m if m == MAGIC => (true, true),
+            m if m == MAGIC_003 => (true, false),
+            m if m == MAGIC_002 => (false, false),
             _ => return Err(r.bad("bad magic")),
         };
         let epoch = CommitEpoch(r.u64()?);
@@ -166,8 +219,24 @@ impl Descriptor {
                 None
             };
             let keys = r.u64()?;
-            let seg_count = r.count(40)?;
+            let (seed, term, replica) = if has_replication {
+                let seed = r.u32()?;
+                let term = r.u64()?;
+                let replica = match r.take(1)?[0] {
+                    0 => None,
+                    1 => Some(ReplicaDesc {
+                        upstream_epoch: r.u64()?,
+                        upstream_next_order: r.u64()?,
+                    }),
+                    _ => return Err(r.bad("region role is neither local nor replica")),
+                };
+                (seed, term, replica)
+            } else {
+                (crate::log::record::region_seed(id), 0, None)
+            };
+            let seg_count = r.count(if replica.is_some() { 48 } else { 40 })?;
             let mut segments = Vec::with_capacity(seg_count);
+            let mut origins = Vec::new();
             for _ in 0..seg_count {
                 let off = DiskOffset(r.u64()?);
                 let s = SegmentStats {
@@ -178,6 +247,9 @@ impl Descriptor {
                 };
                 if s.live_bytes > s.written_bytes || s.written_bytes > s.size_bytes {
                     return Err(r.bad("segment byte counts are inconsistent"));
+                }
+                if replica.is_some() {
+                    origins.push(DiskOffset(r.u64()?));
                 }
                 segments.push((off, s));
             }
@@ -197,6 +269,10 @@ impl Descriptor {
                 gc_tail,
                 keys,
                 segments,
+                seed,
+                term,
+                replica,
+                origins,
             });
         }
         // A commit pads its descriptor with zeros to the blocks it allocated for it, and
@@ -302,6 +378,10 @@ mod tests {
                         order: 3,
                     },
                 )],
+                seed: 0x5eed,
+                term: 2,
+                replica: None,
+                origins: Vec::new(),
             }],
         }
     }
@@ -310,6 +390,32 @@ mod tests {
     fn round_trip() {
         let d = sample();
         assert_eq!(Descriptor::decode(&d.encode(), DiskOffset(0)).unwrap(), d);
+        let mut replica = sample();
+        replica.regions[0].replica = Some(ReplicaDesc {
+            upstream_epoch: 41,
+            upstream_next_order: 4,
+        });
+        replica.regions[0].origins = vec![DiskOffset(6 << 20)];
+        assert_eq!(
+            Descriptor::decode(&replica.encode(), DiskOffset(0)).unwrap(),
+            replica
+        );
+    }
+
+    /// A volume written before replication (`TDESC003`) opens: its regions are local,
+    /// never replicated, and their records' seed is the one derived from their id.
+    #[test]
+    fn a_descriptor_from_before_replication_decodes_as_local_regions() {
+        let mut d = sample();
+        d.regions[0].seed = crate::log::record::region_seed(d.regions[0].id);
+        d.regions[0].term = 0;
+        let v4 = d.encode();
+        // Take out seed (4), term (8) and role (1): they sit just before the segment count.
+        let segments_bytes = 4 + d.regions[0].segments.len() * 40;
+        let cut = v4.len() - segments_bytes - 13;
+        let mut v3 = [&v4[..cut], &v4[cut + 13..]].concat();
+        v3[..8].copy_from_slice(MAGIC_003);
+        assert_eq!(Descriptor::decode(&v3, DiskOffset(0)).unwrap(), d);
     }
 
     /// A commit pads its descriptor to whole blocks and the superblock counts the
@@ -341,7 +447,12 @@ mod tests {
     fn decodes_the_format_before_the_relocation_tail() {
         let mut d = sample();
         d.regions[0].gc_tail = None;
+        d.regions[0].seed = crate::log::record::region_seed(d.regions[0].id);
+        d.regions[0].term = 0;
         let mut bytes = d.encode();
+        // Without seed, term and role (`TDESC003` and older), just before the segments.
+        let role_end = bytes.len() - 4 - d.regions[0].segments.len() * 40;
+        bytes.drain(role_end - 13..role_end);
         let region = &d.regions[0];
         let gc_words_at = 8
             + 3 * 8
@@ -362,8 +473,8 @@ mod tests {
         bytes.drain(gc_words_at..gc_words_at + 24);
         bytes[..8].copy_from_slice(MAGIC_002);
         assert_eq!(Descriptor::decode(&bytes, DiskOffset(0)).unwrap(), d);
-        // The same bytes under the new magic are short by the three words.
-        bytes[..8].copy_from_slice(MAGIC);
+        // The same bytes under the next magic are short by the three words.
+        bytes[..8].copy_from_slice(MAGIC_003);
         assert!(Descriptor::decode(&bytes, DiskOffset(0)).is_err());
     }
 

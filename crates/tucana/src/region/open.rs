@@ -1,0 +1,336 @@
+//! Opening a region from its entry in a commit descriptor: its committed tree as it is
+//! (nothing is loaded: nodes are read through the mapping when touched), its segments
+//! checked against the allocator, and the log written since that commit replayed into the
+//! tree (WiscKey §3.3.3), stopping at the first record that is torn, invalid, of another
+//! life of the log, or out of sequence.
+//!
+//! Owns: replay and the checks of a region's descriptor entry. Does not own: the volume
+//! level of opening (superblock, descriptor, allocator, free log: `crate::recovery`).
+//! Used by recovery for every region and by promotion for a replica region, whose LINK
+//! records name the primary's segments (`Links::Translated`).
+//!
+//! Thread-safety: runs before the region is shared with anyone.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use super::{Identity, Region, Replayed};
+use crate::descriptor::RegionDesc;
+use crate::error::{Error, Result};
+use crate::index::Tree;
+use crate::log::record::{Header, RecordRef, GENERATION_MASK, HEADER_BYTES};
+use crate::log::tail::Tail;
+use crate::log::writer::Writer;
+use crate::log::SegmentStats;
+use crate::shared::Shared;
+use crate::types::{DiskOffset, SeqNo, TreeEpoch, BLOCK_BYTES};
+
+/// How replay follows a LINK record to the segment it names.
+pub(crate) enum Links<'a> {
+    /// Local recovery: the segment was allocated after the commit; it must lie inside the
+    /// volume, free in the commit's bitmap and in no list, and replay marks it allocated.
+    Local,
+    /// Promotion of a replica region: LINKs name the primary's segments; the map gives,
+    /// for each origin received since the commit, the backup's copy `(offset, size)`,
+    /// already allocated.
+    Translated(&'a BTreeMap<u64, (DiskOffset, u64)>),
+}
+
+impl Region {
+    /// The region of descriptor entry `rd`, with the log written since that commit
+    /// replayed. Returns it and the segments replay followed past the committed tail (the
+    /// backup's offsets, for a promotion to free the others it received).
+    pub fn open(
+        shared: &Arc<Shared>,
+        rd: &RegionDesc,
+        links: Links<'_>,
+    ) -> Result<(Region, Vec<DiskOffset>)> {
+        recover_region(shared, rd, links)
+    }
+}
+
+/// The relocation tail of a region as its commit left it: the copies below `pos.used_bytes`
+/// are what the committed tree may point at; anything garbage collection appended after
+/// the commit is dropped (the index goes back to the originals, which a commit keeps
+/// until two commits sealed after their segment's retirement), so nothing is replayed.
+fn recover_gc_tail(
+    shared: &Arc<Shared>,
+    rd: &RegionDesc,
+    segments: &BTreeMap<u64, SegmentStats>,
+    pos: crate::log::GcTailPos,
+) -> Result<Tail> {
+    let fits = segments
+        .get(&pos.base.0)
+        .is_some_and(|s| s.size_bytes == pos.size_bytes && s.written_bytes == pos.used_bytes);
+    if !fits || pos.base == rd.tail {
+        return Err(Error::corruption(
+            "commit descriptor",
+            pos.base,
+            format!(
+                "relocation tail of region {:?} does not match its segment",
+                rd.name
+            ),
+        ));
+    }
+    let mut prefix = vec![0u8; pos.used_bytes as usize];
+    shared.volume.storage().read_at(pos.base.0, &mut prefix)?;
+    Ok(Tail::with_prefix(pos.base, pos.size_bytes, &prefix))
+}
+
+fn recover_region(
+    shared: &Arc<Shared>,
+    rd: &RegionDesc,
+    links: Links<'_>,
+) -> Result<(Region, Vec<DiskOffset>)> {
+    let (mut segments, newest_order) = committed_segments(shared, rd)?;
+    let gc_tail = match rd.gc_tail {
+        None => None,
+        Some(pos) => Some(recover_gc_tail(shared, rd, &segments, pos)?),
+    };
+    let end = replay_scan(shared, rd, &segments, &links);
+    let mut next_order = newest_order + 1;
+    for (off, size) in &end.chain[1..] {
+        segments.insert(
+            off.0,
+            SegmentStats {
+                size_bytes: *size,
+                written_bytes: 0,
+                live_bytes: 0,
+                order: next_order,
+            },
+        );
+        next_order += 1;
+    }
+    let (tail_base, tail_size) = *end.chain.last().expect("chain is never empty");
+    let mut prefix = vec![0u8; end.used_bytes as usize];
+    shared.volume.storage().read_at(tail_base.0, &mut prefix)?;
+    let tail = Tail::with_prefix(tail_base, tail_size, &prefix);
+
+    let mut writer = Writer::new(
+        (rd.generation + 1) & GENERATION_MASK,
+        end.next_seq,
+        next_order,
+    );
+    writer.segments = segments;
+    let tree = Tree::from_disk(rd.id, rd.root, TreeEpoch(rd.tree_epoch.0 + 1));
+    let region = Region::new(
+        shared.clone(),
+        Identity {
+            id: rd.id,
+            name: rd.name.clone(),
+            seed: rd.seed,
+            term: rd.term,
+        },
+        tree,
+        tail,
+        gc_tail,
+        writer,
+        rd.keys,
+        rd.root,
+    );
+    region.apply_replayed(end.items)?;
+    let reached = end.chain[1..].iter().map(|(off, _)| *off).collect();
+    Ok((region, reached))
+}
+
+/// The log segments a commit lists for region `rd`, checked (allocated, aligned, one
+/// order each, the tail among them with the size the descriptor gives it twice), and the
+/// newest order among them.
+fn committed_segments(
+    shared: &Shared,
+    rd: &RegionDesc,
+) -> Result<(BTreeMap<u64, SegmentStats>, u64)> {
+    let allocator = &shared.allocator;
+    let mut segments: BTreeMap<u64, SegmentStats> = BTreeMap::new();
+    let mut orders = std::collections::BTreeSet::new();
+    for (off, s) in &rd.segments {
+        if !orders.insert(s.order) {
+            return Err(Error::corruption(
+                "commit descriptor",
+                *off,
+                format!(
+                    "two log segments of region {:?} have order {}",
+                    rd.name, s.order
+                ),
+            ));
+        }
+        if !off.block_aligned()
+            || s.size_bytes == 0
+            || s.size_bytes % BLOCK_BYTES != 0
+            || !allocator.is_allocated(*off, s.size_bytes / BLOCK_BYTES)
+        {
+            return Err(Error::corruption(
+                "commit descriptor",
+                *off,
+                format!("log segment of region {:?} is not allocated", rd.name),
+            ));
+        }
+        segments.insert(off.0, *s);
+    }
+    match segments.get(&rd.tail.0) {
+        None => {
+            return Err(Error::corruption(
+                "commit descriptor",
+                rd.tail,
+                format!("tail of region {:?} is not one of its segments", rd.name),
+            ))
+        }
+        // The tail's size is written twice (position and segment list); replay and the
+        // tail buffer trust it, so the two must agree.
+        Some(s) if s.size_bytes != rd.tail_size_bytes => {
+            return Err(Error::corruption(
+                "commit descriptor",
+                rd.tail,
+                format!(
+                    "tail of region {:?} is {} bytes but its segment {}",
+                    rd.name, rd.tail_size_bytes, s.size_bytes
+                ),
+            ))
+        }
+        Some(_) => {}
+    }
+    Ok((segments, orders.last().copied().unwrap_or(0)))
+}
+
+/// Where replay of a region's log ended: the chain of segments it followed from the
+/// committed tail (the last one is the new tail), the bytes used in the last, the next
+/// sequence number, and the complete units it found, in log order.
+struct ReplayEnd {
+    chain: Vec<(DiskOffset, u64)>,
+    used_bytes: u64,
+    next_seq: SeqNo,
+    items: Vec<Replayed>,
+}
+
+/// Reads region `rd`'s log from its committed position, following LINK records into the
+/// segments they name (marking them allocated), and keeps every complete unit (a batch
+/// all or nothing); stops at the first record that is torn, invalid, of another life of
+/// the log, or out of sequence. Segments only a torn batch's links reached are released.
+fn replay_scan(
+    shared: &Shared,
+    rd: &RegionDesc,
+    segments: &BTreeMap<u64, SegmentStats>,
+    links: &Links<'_>,
+) -> ReplayEnd {
+    let storage = shared.volume.storage().clone();
+    let allocator = &shared.allocator;
+    let seed = rd.seed;
+    let mut chain: Vec<(DiskOffset, u64)> = vec![(rd.tail, rd.tail_size_bytes)];
+    let mut used = rd.tail_used_bytes;
+    let mut seq = rd.next_seq;
+    let mut items: Vec<Replayed> = Vec::new();
+    let mut staged: Vec<Replayed> = Vec::new();
+    // The last complete point: (chain length, used, seq).
+    let mut complete = (1usize, used, seq);
+    let mut in_batch = false;
+    let mut header_buf = [0u8; HEADER_BYTES];
+    let mut body = Vec::new();
+    loop {
+        let (base, size) = *chain.last().expect("chain is never empty");
+        if used + HEADER_BYTES as u64 > size {
+            break;
+        }
+        let at = base.plus_bytes(used);
+        if storage.read_at(at.0, &mut header_buf).is_err() {
+            break;
+        }
+        let Ok(header) = Header::decode(&header_buf, at) else {
+            break;
+        };
+        let len = header.total_bytes();
+        if len > size - used {
+            break;
+        }
+        body.resize(len as usize, 0);
+        if storage.read_at(at.0, &mut body).is_err() {
+            break;
+        }
+        let Ok(rec) = RecordRef::parse(&body, seed, true, at) else {
+            break;
+        };
+        // A relocated copy is never part of the chain (its segments have no links into
+        // the chain; one can only be met here as stale bytes of a reused block).
+        if rec.header.generation != rd.generation & GENERATION_MASK
+            || rec.header.seq != seq
+            || rec.header.is_relocated()
+        {
+            break;
+        }
+        seq = SeqNo(seq.0 + 1);
+        used += len;
+        if rec.header.is_link() {
+            let Ok((next, next_size)) = rec.link_target(at) else {
+                break;
+            };
+            let Some(next) = follow_link(shared, segments, links, next, next_size) else {
+                break;
+            };
+            staged.push(Replayed::Link { at, len });
+            chain.push((next, next_size));
+            used = 0;
+            // A link inside a batch belongs to the batch: it counts only if the batch
+            // completes (a segment switch can fall in the middle of a batch).
+            if !in_batch {
+                items.append(&mut staged);
+                complete = (chain.len(), used, seq);
+            }
+        } else {
+            staged.push(if rec.header.is_tombstone() {
+                Replayed::Delete { at, len }
+            } else {
+                Replayed::Put { at, len }
+            });
+            in_batch = rec.header.batch_more();
+            if !in_batch {
+                items.append(&mut staged);
+                complete = (chain.len(), used, seq);
+            }
+        }
+    }
+    // Anything after the last complete unit is gone: a torn batch, and segments that only
+    // its links reached (a promotion frees the copies it did not reach itself).
+    let (chain_len, used, seq) = complete;
+    for (off, size) in chain.drain(chain_len..) {
+        if matches!(links, Links::Local) {
+            allocator.release(off, size / BLOCK_BYTES);
+        }
+    }
+    ReplayEnd {
+        chain,
+        used_bytes: used,
+        next_seq: seq,
+        items,
+    }
+}
+
+/// The segment a LINK names (`next`, `next_size` as the record says), as replay will read
+/// it; `None` ends replay (stale bytes of an older life, or a segment the backup never
+/// received).
+fn follow_link(
+    shared: &Shared,
+    segments: &BTreeMap<u64, SegmentStats>,
+    links: &Links<'_>,
+    next: DiskOffset,
+    next_size: u64,
+) -> Option<DiskOffset> {
+    if !next.block_aligned() || next_size == 0 || next_size % BLOCK_BYTES != 0 {
+        return None;
+    }
+    match links {
+        Links::Local => {
+            let allocator = &shared.allocator;
+            if next.0.saturating_add(next_size) > allocator.volume_bytes()
+                || segments.contains_key(&next.0)
+                || allocator.is_allocated(next, next_size / BLOCK_BYTES)
+            {
+                return None;
+            }
+            allocator.mark_allocated(next, next_size / BLOCK_BYTES);
+            Some(next)
+        }
+        Links::Translated(map) => match map.get(&next.0) {
+            Some(&(copy, size)) if size == next_size => Some(copy),
+            _ => None,
+        },
+    }
+}
