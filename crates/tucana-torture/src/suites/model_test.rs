@@ -1,10 +1,10 @@
-//! M6, the model test as a command: random operation sequences against a `BTreeMap` per
-//! keyspace, on the simulated volume, with reads checked after every step: gets, forward
-//! and reverse ranges with random bounds, prefixes, snapshots (checked against the model
-//! as it was when they were taken, after later writes), clean reopens (must hold
-//! everything and pass `check`) and crashes (must hold an allowed prefix and pass
-//! `check`; the model then continues from what was recovered). `count` is the number of
-//! cases; each runs `STEPS` operations.
+//! The model test as a command (row M6 of `docs/reliability.md`): random operation
+//! sequences against a `BTreeMap` per keyspace, on the simulated volume, with reads
+//! checked after every step: gets, forward and reverse ranges with random bounds,
+//! prefixes, snapshots (checked against the model as it was when they were taken, after
+//! later writes), clean reopens (must hold everything and pass `check`) and crashes
+//! (must hold an allowed prefix and pass `check`; the model then continues from what
+//! was recovered). `count` is the number of cases; each runs `STEPS` operations.
 //!
 //! Garbage collection: half the cases use the overwrite-heavy `Mix::GC`, whose forced
 //! passes relocate records under the reads, snapshots and ranges that follow; one case in
@@ -57,7 +57,7 @@ pub fn run(args: &RunArgs) -> Report {
     };
     for case in cases {
         t.cases += 1;
-        let where_ = format!("m6 seed {} case {case}", args.seed);
+        let where_ = format!("model-test seed {} case {case}", args.seed);
         match catch(|| run_case(args.seed, case, &mut t)) {
             Ok(Ok(())) => {}
             Ok(Err(m)) => t.failures.push(format!("{where_}: {m}")),

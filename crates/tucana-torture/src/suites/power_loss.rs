@@ -1,6 +1,7 @@
-//! M1, simulated power loss: random workloads on the simulated volume, power lost at a
-//! random I/O, several post-crash images of that instant (unsynced writes dropped,
-//! reordered, torn), each reopened, compared with the model and `check`ed.
+//! Simulated power loss (row M1 of `docs/reliability.md`): random workloads on the
+//! simulated volume, power lost at a random I/O, several post-crash images of that
+//! instant (unsynced writes dropped, reordered, torn), each reopened, compared with the
+//! model and `check`ed.
 //!
 //! A case runs up to three *lives*: after the crash states of one life are verified, the
 //! last recovered database carries on with the next life, so recovery from a recovered
@@ -79,7 +80,7 @@ pub fn run(args: &RunArgs) -> Report {
     let mut case = args.case.unwrap_or(0);
     loop {
         let before = t.crash_states;
-        let where_ = format!("m1 seed {} case {case}", args.seed);
+        let where_ = format!("power-loss seed {} case {case}", args.seed);
         if let Err(p) = catch(|| run_case(args.seed, case, &mut t)) {
             t.panics += 1;
             t.failures
@@ -148,7 +149,7 @@ fn run_case(seed: u64, case: u64, t: &mut Tally) {
     let mut gc_pass_ios = GC_PASS_IOS_GUESS;
 
     for life in 0..LIVES {
-        let where_ = format!("m1 seed {seed} case {case} life {life}");
+        let where_ = format!("power-loss seed {seed} case {case} life {life}");
         let steps = rng.random_range(10..150u32);
         let crash_step = rng.random_range(0..steps);
         // Where the crash of this life is aimed.
