@@ -1,12 +1,12 @@
-//! M3: kill -9 of the real `tucana` binary on a real file, cycle after cycle.
+//! Kill -9 of the real `tucana` binary on a real file, cycle after cycle (row M3 of
+//! `docs/reliability.md`).
 //!
 //! Owns: the cycle loop. Each cycle spawns `tucana --db V crash-writer --seed S' [--gc]`,
 //! reads its acknowledgements, kills it with SIGKILL at a random instant (during its open,
 //! between calls, inside a sync, a commit or a forced GC pass), reopens the volume with
-//! the library, checks
-//! the recovered contents against what was acknowledged (`model::verify`), cross-checks
-//! `get` against the scan, runs `check()`, and closes; the next cycle starts from the
-//! recovered state on the same volume. Does not own: the writer (`tucana-cli`,
+//! the library, checks the recovered contents against what was acknowledged
+//! (`model::verify`), cross-checks `get` against the scan, runs `check()`, and closes; the
+//! next cycle starts from the recovered state on the same volume. Does not own: the writer (`tucana-cli`,
 //! `crash_writer.rs`) nor the rules (`model.rs`).
 //!
 //! A share of the cycles (`Config::gc_percent`, by the writer's seed) runs the writer in
@@ -75,7 +75,8 @@ impl Summary {
             || self.failure.is_some()
     }
 
-    /// The figure line of RELIABILITY.md, with how much garbage collection the kills met.
+    /// The figure line of row M3 in `docs/reliability.md`, with how much garbage
+    /// collection the kills met.
     pub fn figure_line(&self, seed: u64) -> String {
         let mib = |bytes: u64| bytes as f64 / (1u64 << 20) as f64;
         format!(
@@ -141,7 +142,7 @@ fn plan(rng: &mut Rng, mode: Mode) -> CyclePlan {
         // The collector is at work from the writer's open on (the volume it finds has dead
         // space); a forced pass comes every 60 ops or so and takes a few milliseconds, a
         // background step or commit pair every few. Runs as long as the plain mode's keep
-        // M3's time where it was.
+        // the run's time where it was.
         Mode::Gc => match rng.below(20) {
             0 => KillPlan::AfterTime(Duration::from_micros(rng.below(40_000))),
             1..=6 => {
