@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# The crash suites of RELIABILITY.md that run outside `cargo test`, as CI runs them:
+# The crash suites of docs/reliability.md that run outside `cargo test`, as CI runs them:
 #   M3  kill -9 of the real tucana binary on a real file, >= 500 cycles (half of them with
 #       the writer GC-heavy, so kills land inside garbage collection; about as long as
 #       M3 without them: 30-45 s on the loaded 2-core machine)
 #   M5  cargo-fuzz on every decoder and on open of mutated volumes, per target
 # Each prints its figure line(s); the script exits non-zero on any failure.
 # Tunables (environment): M3_CYCLES (default 500), M3_SEED (default: a fresh one, printed),
-# FUZZ_SECONDS per target (default 60, RELIABILITY.md's figure: 7 targets x 60 s is 7
-# minutes of fuzzing, about 11 minutes for this script on the 2-core CI machine, which
-# keeps all of .ci/run near 15 minutes, well inside its 30).
+# FUZZ_SECONDS per target (default 60, the target of row M5 in docs/reliability.md:
+# 7 targets x 60 s is 7 minutes of fuzzing, about 11 minutes for this script on the
+# 2-core CI machine, which keeps all of .ci/run near 15 minutes, well inside its 30).
 # Installs what it needs: the nightly toolchain's presence is checked, cargo-fuzz is
 # installed with `cargo install --locked cargo-fuzz` if missing.
 set -euo pipefail
@@ -38,7 +38,7 @@ start=$(date +%s)
 echo "==> M3: kill -9 cycles (release build)"
 cargo build --release -p tucana-cli -p tucana-crashtest
 m3_start=$(date +%s)
-if ! ./target/release/tucana-crashtest kill9 --cycles "${cycles}" --seed "${seed}"; then
+if ! "${CARGO_TARGET_DIR:-target}/release/tucana-crashtest" kill9 --cycles "${cycles}" --seed "${seed}"; then
     status=1
 fi
 echo "M3 took $(( $(date +%s) - m3_start )) s"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# M5 of RELIABILITY.md: runs every fuzz target of fuzz/ for a given time and prints one
-# figure line per target:
+# Row M5 of docs/reliability.md: runs every fuzz target of fuzz/ for a given time and
+# prints one figure line per target:
 #   M5 <target>: <runs> runs, 0 crashes
 # Usage: scripts/fuzz.sh [seconds-per-target] [target...]   (default 60 s, all targets)
 # Needs the nightly toolchain and cargo-fuzz (installed here if missing). A crash (panic,

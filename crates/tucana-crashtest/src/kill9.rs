@@ -1,12 +1,12 @@
-//! M3: kill -9 of the real `tucana` binary on a real file, cycle after cycle.
+//! Kill -9 of the real `tucana` binary on a real file, cycle after cycle (row M3 of
+//! `docs/reliability.md`).
 //!
 //! Owns: the cycle loop. Each cycle spawns `tucana --db V crash-writer --seed S' [--gc]`,
 //! reads its acknowledgements, kills it with SIGKILL at a random instant (during its open,
 //! between calls, inside a sync, a commit or a forced GC pass), reopens the volume with
-//! the library, checks
-//! the recovered contents against what was acknowledged (`model::verify`), cross-checks
-//! `get` against the scan, runs `check()`, and closes; the next cycle starts from the
-//! recovered state on the same volume. Does not own: the writer (`tucana-cli`,
+//! the library, checks the recovered contents against what was acknowledged
+//! (`model::verify`), cross-checks `get` against the scan, runs `check()`, and closes; the
+//! next cycle starts from the recovered state on the same volume. Does not own: the writer (`tucana-cli`,
 //! `crash_writer.rs`) nor the rules (`model.rs`).
 //!
 //! A share of the cycles (`Config::gc_percent`, by the writer's seed) runs the writer in
@@ -70,12 +70,39 @@ pub struct Summary {
 }
 
 impl Summary {
+    /// Counts what a killed writer's session shows: where the kill landed, and for a
+    /// GC-heavy writer what its collector had done.
+    fn count_session(&mut self, session: &Session, mode: Mode) {
+        if !session.opened {
+            self.kills_during_open += 1;
+        }
+        if session.in_flight.is_some() {
+            self.kills_in_flight += 1;
+        }
+        if mode == Mode::Gc {
+            self.gc_cycles += 1;
+            if session.in_flight == Some(model::Op::Gc) {
+                self.kills_in_forced_gc += 1;
+            }
+            if let Some(gc) = session.gc_stats {
+                if gc.relocated_bytes > 0 {
+                    self.gc_cycles_relocating += 1;
+                }
+                self.gc.passes += gc.passes;
+                self.gc.relocated_bytes += gc.relocated_bytes;
+                self.gc.reclaimed_bytes += gc.reclaimed_bytes;
+            }
+        }
+        self.acked_ops += session.acked.len() as u64;
+    }
+
     pub fn failed(&self) -> bool {
         self.lost_durable_writes + self.non_prefix_states + self.check_failures > 0
             || self.failure.is_some()
     }
 
-    /// The figure line of RELIABILITY.md, with how much garbage collection the kills met.
+    /// The figure line of row M3 in `docs/reliability.md`, with how much garbage
+    /// collection the kills met.
     pub fn figure_line(&self, seed: u64) -> String {
         let mib = |bytes: u64| bytes as f64 / (1u64 << 20) as f64;
         format!(
@@ -141,7 +168,7 @@ fn plan(rng: &mut Rng, mode: Mode) -> CyclePlan {
         // The collector is at work from the writer's open on (the volume it finds has dead
         // space); a forced pass comes every 60 ops or so and takes a few milliseconds, a
         // background step or commit pair every few. Runs as long as the plain mode's keep
-        // M3's time where it was.
+        // the run's time where it was.
         Mode::Gc => match rng.below(20) {
             0 => KillPlan::AfterTime(Duration::from_micros(rng.below(40_000))),
             1..=6 => {
@@ -300,23 +327,10 @@ fn spawn(
 /// Runs the cycles; stops at the first failure (the volume stays in `config.dir`).
 pub fn run(config: &Config) -> Summary {
     let mut summary = Summary::default();
-    if let Err(e) = std::fs::create_dir_all(&config.dir) {
-        summary.failure = Some(format!("cannot create {}: {e}", config.dir.display()));
-        return summary;
-    }
     let volume = config.dir.join("kill9.tucana");
     let stderr = config.dir.join("writer-stderr.log");
-    if volume.exists() {
-        summary.failure = Some(format!(
-            "{} exists: give a fresh --dir (or delete it)",
-            volume.display()
-        ));
-        return summary;
-    }
-    // The volume is created here, not by a writer that might die while creating it: open
-    // refuses a non-empty file without a superblock (by design, see recovery/mod.rs).
-    if let Err(e) = Database::open(&volume).and_then(Database::close) {
-        summary.failure = Some(format!("cannot create {}: {e}", volume.display()));
+    if let Err(e) = create_volume(&config.dir, &volume) {
+        summary.failure = Some(e);
         return summary;
     }
     let mut rng = Rng::new(config.seed);
@@ -336,126 +350,21 @@ pub fn run(config: &Config) -> Summary {
                 "cycle {cycle} (writer seed {writer_seed}, kill plan {plan:?}): {what}"
             ));
         };
-        let mut child = match spawn(config, &volume, writer_seed, plan.mode, &stderr) {
-            Ok(child) => child,
+        let session = match kill_writer(config, &volume, &stderr, writer_seed, plan) {
+            Ok(session) => session,
             Err(e) => {
                 fail(&mut summary, e);
                 return summary;
             }
         };
-        let spawned = Instant::now();
-        let (tx, rx) = mpsc::channel();
-        let stdout = child.stdout.take().expect("stdout is piped");
-        let reader = std::thread::spawn(move || read_lines(stdout, tx));
-        let mut lines = Vec::new();
-        let alive = wait_for_kill(plan.kill, spawned, &rx, &mut lines);
-        // std's Child::kill is SIGKILL on Unix: no handler, no flush, no unwinding.
-        let _ = child.kill();
-        let status = child.wait();
-        lines.extend(rx.iter());
-        let _ = reader.join();
-        let killed = matches!(&status, Ok(s) if {
-            use std::os::unix::process::ExitStatusExt;
-            s.signal() == Some(libc::SIGKILL)
-        });
-        if !alive || !killed {
-            fail(
-                &mut summary,
-                format!(
-                    "the writer ended by itself ({status:?}); its stderr:\n{}",
-                    stderr_tail(&stderr)
-                ),
-            );
-            return summary;
-        }
-        let session = match Session::from_lines(lines.iter().map(String::as_str)) {
-            Ok(s) => s,
+        summary.count_session(&session, plan.mode);
+        match verify_cycle(&volume, &base, &session, &mut summary) {
+            Ok(recovered) => base = recovered,
             Err(e) => {
-                fail(&mut summary, format!("bad writer output: {e}"));
-                return summary;
-            }
-        };
-        if !session.opened {
-            summary.kills_during_open += 1;
-        }
-        if session.in_flight.is_some() {
-            summary.kills_in_flight += 1;
-        }
-        if plan.mode == Mode::Gc {
-            summary.gc_cycles += 1;
-            if session.in_flight == Some(model::Op::Gc) {
-                summary.kills_in_forced_gc += 1;
-            }
-            if let Some(gc) = session.gc_stats {
-                if gc.relocated_bytes > 0 {
-                    summary.gc_cycles_relocating += 1;
-                }
-                summary.gc.passes += gc.passes;
-                summary.gc.relocated_bytes += gc.relocated_bytes;
-                summary.gc.reclaimed_bytes += gc.reclaimed_bytes;
-            }
-        }
-        summary.acked_ops += session.acked.len() as u64;
-        let db = match Database::builder()
-            .create_if_missing(false)
-            .commit_interval(None)
-            .flush_interval(None)
-            .open(&volume)
-        {
-            Ok(db) => db,
-            Err(e) => {
-                summary.check_failures += 1;
-                fail(
-                    &mut summary,
-                    format!("reopening after the kill failed: {e}"),
-                );
-                return summary;
-            }
-        };
-        let recovered = match read_state(&db) {
-            Ok(state) => state,
-            Err(e) => {
-                summary.check_failures += 1;
-                fail(&mut summary, format!("reading the recovered volume: {e}"));
-                return summary;
-            }
-        };
-        match model::verify(&base, &session, &recovered) {
-            Ok(found) => summary.durable_writes += found.durable as u64,
-            Err(violation) => {
-                match &violation {
-                    model::Violation::LostDurable { lost, .. } => {
-                        summary.lost_durable_writes += *lost as u64
-                    }
-                    model::Violation::NonPrefix { .. } => summary.non_prefix_states += 1,
-                }
-                fail(&mut summary, violation.to_string());
+                fail(&mut summary, e);
                 return summary;
             }
         }
-        let keys: u64 = recovered.values().map(|c| c.len() as u64).sum();
-        match db.check() {
-            Ok(report) if report.keys == keys => {}
-            Ok(report) => {
-                summary.check_failures += 1;
-                fail(
-                    &mut summary,
-                    format!("check counts {} keys, the scans {keys}", report.keys),
-                );
-                return summary;
-            }
-            Err(e) => {
-                summary.check_failures += 1;
-                fail(&mut summary, format!("check failed: {e}"));
-                return summary;
-            }
-        }
-        if let Err(e) = db.close() {
-            summary.check_failures += 1;
-            fail(&mut summary, format!("closing after the check failed: {e}"));
-            return summary;
-        }
-        base = recovered;
         summary.cycles += 1;
         if config.progress_every > 0 && summary.cycles % config.progress_every == 0 {
             eprintln!(
@@ -467,4 +376,111 @@ pub fn run(config: &Config) -> Summary {
         }
     }
     summary
+}
+
+/// Creates `dir` and an empty volume in it, which must not exist yet.
+fn create_volume(dir: &Path, volume: &Path) -> Result<(), String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    if volume.exists() {
+        return Err(format!(
+            "{} exists: give a fresh --dir (or delete it)",
+            volume.display()
+        ));
+    }
+    // The volume is created here, not by a writer that might die while creating it: open
+    // refuses a non-empty file without a superblock (by design, see recovery/mod.rs).
+    Database::open(volume)
+        .and_then(Database::close)
+        .map_err(|e| format!("cannot create {}: {e}", volume.display()))
+}
+
+/// Spawns the writer of one cycle, kills it as `plan` says and returns what it
+/// acknowledged; `Err` if it could not run, ended by itself or printed nonsense.
+fn kill_writer(
+    config: &Config,
+    volume: &Path,
+    stderr: &Path,
+    writer_seed: u64,
+    plan: CyclePlan,
+) -> Result<Session, String> {
+    let mut child = spawn(config, volume, writer_seed, plan.mode, stderr)?;
+    let spawned = Instant::now();
+    let (tx, rx) = mpsc::channel();
+    let stdout = child.stdout.take().expect("stdout is piped");
+    let reader = std::thread::spawn(move || read_lines(stdout, tx));
+    let mut lines = Vec::new();
+    let alive = wait_for_kill(plan.kill, spawned, &rx, &mut lines);
+    // std's Child::kill is SIGKILL on Unix: no handler, no flush, no unwinding.
+    let _ = child.kill();
+    let status = child.wait();
+    lines.extend(rx.iter());
+    let _ = reader.join();
+    let killed = matches!(&status, Ok(s) if {
+        use std::os::unix::process::ExitStatusExt;
+        s.signal() == Some(libc::SIGKILL)
+    });
+    if !alive || !killed {
+        return Err(format!(
+            "the writer ended by itself ({status:?}); its stderr:\n{}",
+            stderr_tail(stderr)
+        ));
+    }
+    Session::from_lines(lines.iter().map(String::as_str))
+        .map_err(|e| format!("bad writer output: {e}"))
+}
+
+/// Reopens the volume after a kill, checks what it holds against `base` and the
+/// writer's `session` (counting violations and check failures in `summary`), runs
+/// `check` and closes it; returns the recovered state, the next cycle's base.
+fn verify_cycle(
+    volume: &Path,
+    base: &State,
+    session: &Session,
+    summary: &mut Summary,
+) -> Result<State, String> {
+    let db = Database::builder()
+        .create_if_missing(false)
+        .commit_interval(None)
+        .flush_interval(None)
+        .open(volume)
+        .map_err(|e| {
+            summary.check_failures += 1;
+            format!("reopening after the kill failed: {e}")
+        })?;
+    let recovered = read_state(&db).map_err(|e| {
+        summary.check_failures += 1;
+        format!("reading the recovered volume: {e}")
+    })?;
+    match model::verify(base, session, &recovered) {
+        Ok(found) => summary.durable_writes += found.durable as u64,
+        Err(violation) => {
+            match &violation {
+                model::Violation::LostDurable { lost, .. } => {
+                    summary.lost_durable_writes += *lost as u64
+                }
+                model::Violation::NonPrefix { .. } => summary.non_prefix_states += 1,
+            }
+            return Err(violation.to_string());
+        }
+    }
+    let keys: u64 = recovered.values().map(|c| c.len() as u64).sum();
+    match db.check() {
+        Ok(report) if report.keys == keys => {}
+        Ok(report) => {
+            summary.check_failures += 1;
+            return Err(format!(
+                "check counts {} keys, the scans {keys}",
+                report.keys
+            ));
+        }
+        Err(e) => {
+            summary.check_failures += 1;
+            return Err(format!("check failed: {e}"));
+        }
+    }
+    if let Err(e) = db.close() {
+        summary.check_failures += 1;
+        return Err(format!("closing after the check failed: {e}"));
+    }
+    Ok(recovered)
 }

@@ -1,7 +1,8 @@
 //! `tucana-crashtest`: crash tests against the real `tucana` binary.
 //!
 //! `tucana-crashtest kill9 --cycles N --seed S [--dir D] [--tucana PATH] [--gc-percent P]`
-//! runs M3 of RELIABILITY.md (see `kill9.rs`) and ends with its figure line:
+//! runs the kill -9 cycles of row M3 in `docs/reliability.md` (see `kill9.rs`) and ends
+//! with its figure line:
 //!
 //! ```text
 //! M3 kill cycles: N, lost durable writes: 0, non-prefix states: 0, check failures: 0,
@@ -37,7 +38,7 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Cmd {
-    /// M3: kill -9 the writer at random instants, reopen, verify, repeat on one volume.
+    /// Kill -9 the writer at random instants, reopen, verify, repeat on one volume (M3).
     Kill9 {
         /// Kill cycles to run.
         #[arg(long, default_value_t = 100)]

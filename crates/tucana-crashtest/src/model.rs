@@ -5,8 +5,8 @@
 //! `crates/tucana-cli/src/crash_writer.rs`; `value_bytes` here must stay equal to the one
 //! there) and the verdict. Does not own: processes or the volume (`kill9.rs`).
 //!
-//! The rules (RELIABILITY.md §1–2), per keyspace, over the writes that keyspace saw in
-//! acknowledgement order:
+//! The rules (promises 1 and 2 of `docs/reliability.md`), per keyspace, over the writes
+//! that keyspace saw in acknowledgement order:
 //! * the recovered contents must equal the base contents with some prefix of those writes
 //!   applied (buffered writes are lost only as a suffix; a batch counts as one write, so
 //!   it is all or nothing);

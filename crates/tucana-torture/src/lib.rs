@@ -1,10 +1,11 @@
-//! Torture suites for Tucana: simulated power loss (M1), I/O error sweeps (M2),
-//! corruption (M4) and the model test (M6) of `RELIABILITY.md`, run by the
-//! `tucana-torture` command.
+//! Torture suites for Tucana, run by the `tucana-torture` command: simulated power loss
+//! (`suites::power_loss`), I/O failure sweeps (`suites::io_failure`), corruption
+//! (`suites::corruption`) and the model test (`suites::model_test`); rows M1, M2, M4 and
+//! M6 of the table in `docs/reliability.md`.
 //!
 //! Owns: the simulated volume (`sim`), the expected-state model (`model`), the shared
-//! workload (`workload`) and the suites (`suites`). Does not own: the kill -9 driver (M3)
-//! and the fuzz targets (M5), which live elsewhere.
+//! workload (`workload`) and the suites (`suites`). Does not own: the kill -9 driver (M3,
+//! `crates/tucana-crashtest`) and the fuzz targets (M5, `fuzz/`).
 //!
 //! Every suite is driven by one seed: case `c` of seed `s` draws from its own generator
 //! (`case_rng`), so `--case c` replays one case exactly (except cases that run the

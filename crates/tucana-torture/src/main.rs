@@ -1,6 +1,12 @@
-//! `tucana-torture <suite> --seed S --count N`: runs one torture suite of RELIABILITY.md
-//! and prints its figures line; exits non-zero (after printing each failure with the seed
-//! and case that replay it) if anything failed.
+//! `tucana-torture <suite> --seed S --count N`: runs one torture suite of
+//! `docs/reliability.md` and prints its figures line; exits non-zero (after printing each
+//! failure with the seed and case that replay it) if anything failed.
+//!
+//! Suites are named for what they do (`power-loss`, `io-failure`, `corruption`,
+//! `model-test`). The ids of their rows in the reliability table (`m1`, `m2`, `m4`, `m6`)
+//! are accepted as aliases: the figures lines start with those ids, so `tucana-torture m1`
+//! reruns the row whose figure it printed, and commands written before the suites had
+//! names keep working.
 
 use std::process::ExitCode;
 
@@ -9,15 +15,20 @@ use tucana_torture::{suites, Report, RunArgs};
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 enum Suite {
-    /// Simulated power loss; count = crash states.
-    M1,
-    /// I/O error sweep (fail I/O N once, then from N on, for every N); count = workload
-    /// variants swept.
-    M2,
-    /// Corruption: every bit of both superblock slots, then count random corruptions.
-    M4,
-    /// Model test against a BTreeMap with reopens, crashes, snapshots; count = cases.
-    M6,
+    /// Simulated power loss (M1); count = crash states.
+    #[value(alias = "m1")]
+    PowerLoss,
+    /// I/O failure sweep (fail I/O N once, then from N on, for every N) (M2); count =
+    /// workload variants swept.
+    #[value(alias = "m2")]
+    IoFailure,
+    /// Corruption: every bit of both superblock slots, then count random corruptions
+    /// (M4).
+    #[value(alias = "m4")]
+    Corruption,
+    /// Model test against a BTreeMap with reopens, crashes, snapshots (M6); count = cases.
+    #[value(alias = "m6")]
+    ModelTest,
 }
 
 #[derive(Parser, Debug)]
@@ -44,10 +55,10 @@ struct Cli {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let default_count = match cli.suite {
-        Suite::M1 => 10_000,
-        Suite::M2 => 2,
-        Suite::M4 => 2_000,
-        Suite::M6 => 200,
+        Suite::PowerLoss => 10_000,
+        Suite::IoFailure => 2,
+        Suite::Corruption => 2_000,
+        Suite::ModelTest => 200,
     };
     let args = RunArgs {
         seed: cli.seed,
@@ -56,10 +67,10 @@ fn main() -> ExitCode {
         verbose: cli.verbose,
     };
     let report: Report = match cli.suite {
-        Suite::M1 => suites::m1::run(&args),
-        Suite::M2 => suites::m2::run(&args),
-        Suite::M4 => suites::m4::run(&args),
-        Suite::M6 => suites::m6::run(&args),
+        Suite::PowerLoss => suites::power_loss::run(&args),
+        Suite::IoFailure => suites::io_failure::run(&args),
+        Suite::Corruption => suites::corruption::run(&args),
+        Suite::ModelTest => suites::model_test::run(&args),
     };
     const SHOWN: usize = 20;
     for f in report.failures.iter().take(SHOWN) {

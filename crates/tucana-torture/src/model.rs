@@ -4,12 +4,12 @@
 //! Owns: histories and their durability marks. Does not own: running operations (that is
 //! `workload`) nor reading the engine (callers hand in the recovered contents).
 //!
-//! The rule (RELIABILITY.md promises 1 and 2): after a crash, each keyspace must equal the
-//! model after some prefix of *its* history, and that prefix must include every entry
-//! acknowledged durable (a sync write, or any write followed by a completed `sync` or
-//! `commit`). A batch is one entry, so it is all-or-nothing. A write whose call failed is
-//! *uncertain*: it may or may not have reached the log, so prefixes are tried both with
-//! and without the uncertain entries.
+//! The rule (promises 1 and 2 of `docs/reliability.md`): after a crash, each keyspace
+//! must equal the model after some prefix of *its* history, and that prefix must include
+//! every entry acknowledged durable (a sync write, or any write followed by a completed
+//! `sync` or `commit`). A batch is one entry, so it is all-or-nothing. A write whose call
+//! failed is *uncertain*: it may or may not have reached the log, so prefixes are tried
+//! both with and without the uncertain entries.
 //!
 //! Thread-safety: plain data; one workload thread owns it.
 

@@ -42,8 +42,8 @@ fn assert_passed(report: &Report) {
 }
 
 #[test]
-fn m1_loses_power_inside_gc_passes() {
-    let report = suites::m1::run(&args(7, 400));
+fn power_loss_lands_inside_gc_passes() {
+    let report = suites::power_loss::run(&args(7, 400));
     assert_passed(&report);
     assert!(figure(&report, "M1 crash states") >= 400);
     // Forced passes replay exactly, so these do not depend on timing.
@@ -54,9 +54,9 @@ fn m1_loses_power_inside_gc_passes() {
 }
 
 #[test]
-fn m2_fails_every_io_of_a_workload_with_gc_passes() {
+fn io_failure_fails_every_io_of_a_workload_with_gc_passes() {
     // Workload 1 is a GC workload.
-    let report = suites::m2::run(&args(7, 2));
+    let report = suites::io_failure::run(&args(7, 2));
     assert_passed(&report);
     assert!(
         figure(&report, "inside gc passes") > 50,
@@ -67,8 +67,8 @@ fn m2_fails_every_io_of_a_workload_with_gc_passes() {
 }
 
 #[test]
-fn m6_checks_reads_across_forced_and_background_gc() {
-    let report = suites::m6::run(&args(7, 40));
+fn model_test_checks_reads_across_forced_and_background_gc() {
+    let report = suites::model_test::run(&args(7, 40));
     assert_passed(&report);
     assert!(figure(&report, "forced") > 0, "{}", report.figures);
     // Cases with the background collector ("cases: 40 (background N)"); how much it did

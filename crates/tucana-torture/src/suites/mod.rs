@@ -1,7 +1,8 @@
-//! The suites, one module each; every `run` returns a `Report` whose figures line ends
+//! The suites, one module each, named for what they do; every `run` returns a `Report`
+//! whose figures line starts with the suite's row id in `docs/reliability.md` and ends
 //! with the seed.
 
-pub mod m1;
-pub mod m2;
-pub mod m4;
-pub mod m6;
+pub mod corruption;
+pub mod io_failure;
+pub mod model_test;
+pub mod power_loss;

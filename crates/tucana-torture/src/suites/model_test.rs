@@ -1,10 +1,10 @@
-//! M6, the model test as a command: random operation sequences against a `BTreeMap` per
-//! keyspace, on the simulated volume, with reads checked after every step: gets, forward
-//! and reverse ranges with random bounds, prefixes, snapshots (checked against the model
-//! as it was when they were taken, after later writes), clean reopens (must hold
-//! everything and pass `check`) and crashes (must hold an allowed prefix and pass
-//! `check`; the model then continues from what was recovered). `count` is the number of
-//! cases; each runs `STEPS` operations.
+//! The model test as a command (row M6 of `docs/reliability.md`): random operation
+//! sequences against a `BTreeMap` per keyspace, on the simulated volume, with reads
+//! checked after every step: gets, forward and reverse ranges with random bounds,
+//! prefixes, snapshots (checked against the model as it was when they were taken, after
+//! later writes), clean reopens (must hold everything and pass `check`) and crashes
+//! (must hold an allowed prefix and pass `check`; the model then continues from what
+//! was recovered). `count` is the number of cases; each runs `STEPS` operations.
 //!
 //! Garbage collection: half the cases use the overwrite-heavy `Mix::GC`, whose forced
 //! passes relocate records under the reads, snapshots and ranges that follow; one case in
@@ -57,7 +57,7 @@ pub fn run(args: &RunArgs) -> Report {
     };
     for case in cases {
         t.cases += 1;
-        let where_ = format!("m6 seed {} case {case}", args.seed);
+        let where_ = format!("model-test seed {} case {case}", args.seed);
         match catch(|| run_case(args.seed, case, &mut t)) {
             Ok(Ok(())) => {}
             Ok(Err(m)) => t.failures.push(format!("{where_}: {m}")),
@@ -217,6 +217,73 @@ fn count_gc(t: &mut Tally, db: &Database) {
     t.gc_relocated_bytes += stats.gc_relocated_bytes;
 }
 
+/// Closes `live` cleanly and opens it again: every keyspace must equal its model, and
+/// `check` must pass. Each model restarts from what was read.
+fn reopen(
+    live: Live,
+    models: &mut [KeyspaceModel],
+    names: &[String],
+    background: bool,
+    t: &mut Tally,
+) -> Result<Live, String> {
+    let sim = live.sim.clone();
+    let Live { db, keyspaces, .. } = live;
+    drop(keyspaces);
+    count_gc(t, &db);
+    db.close().map_err(|e| format!("close: {e}"))?;
+    let live = open_live(sim, names, background)?;
+    for (i, m) in models.iter_mut().enumerate() {
+        let got = workload::read_state(&live.keyspaces[i])
+            .map_err(|e| format!("read after reopen: {e}"))?;
+        if got != m.latest() {
+            return Err(format!("ks{i} after a clean reopen differs from the model"));
+        }
+        *m = KeyspaceModel::new(got);
+    }
+    live.db
+        .check()
+        .map_err(|e| format!("check after a clean reopen: {e}"))?;
+    Ok(live)
+}
+
+/// Loses power under `live` (with a background collector, half the time at one of its
+/// next I/Os), opens a random post-crash image, which must hold an allowed state, and
+/// carries on from it: the models restart from what was recovered.
+fn crash(
+    live: Live,
+    rng: &mut StdRng,
+    models: &mut Vec<KeyspaceModel>,
+    names: &[String],
+    background: bool,
+    t: &mut Tally,
+) -> Result<Live, String> {
+    let Live { sim, db, keyspaces } = live;
+    drop(keyspaces);
+    if background && rng.random_bool(0.5) && over_gc_target(&db) {
+        // Power lost at one of the collector's next I/Os, if it does any soon.
+        sim.arm_crash_in_thread(GC_THREAD, rng.random_range(0..4));
+        let waited = Instant::now();
+        while !sim.crashed() && waited.elapsed() < BACKGROUND_GC_WAIT {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        t.gc_crashes += u64::from(sim.crash_thread().as_deref() == Some(GC_THREAD));
+    }
+    count_gc(t, &db);
+    db.abandon();
+    let recovered = Arc::new(sim.crash(rng));
+    let storage: Arc<dyn Storage> = recovered.clone();
+    let db = workload::open(workload::options(false), &storage)
+        .map_err(|e| format!("open after a crash: {e}"))?;
+    match workload::verify_recovered(&db, names, models) {
+        Recovery::Good(states) => {
+            *models = states.into_iter().map(KeyspaceModel::new).collect();
+        }
+        other => return Err(format!("after a crash: {other:?}")),
+    }
+    drop(db);
+    open_live(recovered, names, background)
+}
+
 fn run_case(seed: u64, case: u64, t: &mut Tally) -> Result<(), String> {
     let mut rng = case_rng(seed, case);
     let names: Vec<String> = (0..KEYSPACES).map(|i| format!("ks{i}")).collect();
@@ -293,55 +360,13 @@ fn run_case(seed: u64, case: u64, t: &mut Tally) -> Result<(), String> {
                 // Clean reopen: everything must be there.
                 t.reopens += 1;
                 snapshots.clear();
-                let sim = live.sim.clone();
-                let Live { db, keyspaces, .. } = live;
-                drop(keyspaces);
-                count_gc(t, &db);
-                db.close().map_err(|e| at(format!("close: {e}")))?;
-                live = open_live(sim, &names, background).map_err(at)?;
-                for (i, m) in models.iter_mut().enumerate() {
-                    let got = workload::read_state(&live.keyspaces[i])
-                        .map_err(|e| at(format!("read after reopen: {e}")))?;
-                    if got != m.latest() {
-                        return Err(at(format!(
-                            "ks{i} after a clean reopen differs from the model"
-                        )));
-                    }
-                    *m = KeyspaceModel::new(got);
-                }
-                live.db
-                    .check()
-                    .map_err(|e| at(format!("check after a clean reopen: {e}")))?;
+                live = reopen(live, &mut models, &names, background, t).map_err(at)?;
             }
             _ => {
                 // Crash: a random post-crash image of the unsynced writes.
                 t.crashes += 1;
                 snapshots.clear();
-                let Live { sim, db, keyspaces } = live;
-                drop(keyspaces);
-                if background && rng.random_bool(0.5) && over_gc_target(&db) {
-                    // Power lost at one of the collector's next I/Os, if it does any soon.
-                    sim.arm_crash_in_thread(GC_THREAD, rng.random_range(0..4));
-                    let waited = Instant::now();
-                    while !sim.crashed() && waited.elapsed() < BACKGROUND_GC_WAIT {
-                        std::thread::sleep(Duration::from_millis(1));
-                    }
-                    t.gc_crashes += u64::from(sim.crash_thread().as_deref() == Some(GC_THREAD));
-                }
-                count_gc(t, &db);
-                db.abandon();
-                let recovered = Arc::new(sim.crash(&mut rng));
-                let storage: Arc<dyn Storage> = recovered.clone();
-                let db = workload::open(workload::options(false), &storage)
-                    .map_err(|e| at(format!("open after a crash: {e}")))?;
-                match workload::verify_recovered(&db, &names, &models) {
-                    Recovery::Good(states) => {
-                        models = states.into_iter().map(KeyspaceModel::new).collect();
-                    }
-                    other => return Err(at(format!("after a crash: {other:?}"))),
-                }
-                drop(db);
-                live = open_live(recovered, &names, background).map_err(at)?;
+                live = crash(live, &mut rng, &mut models, &names, background, t).map_err(at)?;
             }
         }
     }

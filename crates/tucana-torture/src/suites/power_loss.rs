@@ -1,6 +1,7 @@
-//! M1, simulated power loss: random workloads on the simulated volume, power lost at a
-//! random I/O, several post-crash images of that instant (unsynced writes dropped,
-//! reordered, torn), each reopened, compared with the model and `check`ed.
+//! Simulated power loss (row M1 of `docs/reliability.md`): random workloads on the
+//! simulated volume, power lost at a random I/O, several post-crash images of that
+//! instant (unsynced writes dropped, reordered, torn), each reopened, compared with the
+//! model and `check`ed.
 //!
 //! A case runs up to three *lives*: after the crash states of one life are verified, the
 //! last recovered database carries on with the next life, so recovery from a recovered
@@ -30,6 +31,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use rand::rngs::StdRng;
 use rand::Rng;
 use tucana::volume::superblock::Superblock;
 use tucana::volume::Storage;
@@ -79,7 +81,7 @@ pub fn run(args: &RunArgs) -> Report {
     let mut case = args.case.unwrap_or(0);
     loop {
         let before = t.crash_states;
-        let where_ = format!("m1 seed {} case {case}", args.seed);
+        let where_ = format!("power-loss seed {} case {case}", args.seed);
         if let Err(p) = catch(|| run_case(args.seed, case, &mut t)) {
             t.panics += 1;
             t.failures
@@ -116,52 +118,83 @@ pub fn run(args: &RunArgs) -> Report {
     }
 }
 
-fn run_case(seed: u64, case: u64, t: &mut Tally) {
-    let mut rng = case_rng(seed, case);
-    let background = rng.random_bool(0.2);
-    let replay = if background {
-        " (background committer on: replay may differ)"
-    } else {
-        ""
-    };
-    let options = workload::options(background);
-    let mix = if rng.random_range(0..5) < 3 {
-        Mix::GC
-    } else {
-        Mix::PLAIN
-    };
-    let keyspace_count = rng.random_range(1..=3usize);
-    let names: Vec<String> = (0..keyspace_count).map(|i| format!("ks{i}")).collect();
+/// What a case draws at its start and carries through its lives.
+struct Case {
+    rng: StdRng,
+    background: bool,
+    /// Appended to failures: whether the case replays exactly.
+    replay: &'static str,
+    options: tucana::Options,
+    mix: Mix,
+    keyspace_count: usize,
+    names: Vec<String>,
+    /// Operations so far (values are tagged with it).
+    tag: u64,
+    /// I/Os a forced GC pass of this case makes (a crash aimed inside one falls at a
+    /// random one of them).
+    gc_pass_ios: u64,
+}
 
-    let mut sim = Arc::new(SimStorage::new(rng.random()));
-    let storage: Arc<dyn Storage> = sim.clone();
-    let mut db = workload::open(options.clone(), &storage).expect("create a fresh volume");
-    let mut keyspaces: Vec<Keyspace> = names
-        .iter()
-        .map(|n| db.keyspace(n).expect("create a keyspace"))
-        .collect();
-    // Each creation commits; one more commit and the older superblock slot knows every
-    // keyspace too (a state that falls back to it must still have them).
-    db.commit().expect("commit the keyspaces");
-    let mut models: Vec<KeyspaceModel> = names.iter().map(|_| KeyspaceModel::default()).collect();
-    let mut tag = 0u64;
-    let mut gc_pass_ios = GC_PASS_IOS_GUESS;
+/// Where a life's power loss fell.
+#[derive(Clone, Copy, Debug)]
+struct Crash {
+    in_forced_gc: bool,
+    in_background_gc: bool,
+}
 
-    for life in 0..LIVES {
-        let where_ = format!("m1 seed {seed} case {case} life {life}");
+impl Case {
+    fn draw(seed: u64, case: u64) -> Case {
+        let mut rng = case_rng(seed, case);
+        let background = rng.random_bool(0.2);
+        let replay = if background {
+            " (background committer on: replay may differ)"
+        } else {
+            ""
+        };
+        let mix = if rng.random_range(0..5) < 3 {
+            Mix::GC
+        } else {
+            Mix::PLAIN
+        };
+        let keyspace_count = rng.random_range(1..=3usize);
+        Case {
+            rng,
+            background,
+            replay,
+            options: workload::options(background),
+            mix,
+            keyspace_count,
+            names: (0..keyspace_count).map(|i| format!("ks{i}")).collect(),
+            tag: 0,
+            gc_pass_ios: GC_PASS_IOS_GUESS,
+        }
+    }
+
+    /// Runs one life's workload until the power goes (or its steps run out), and counts
+    /// what its collector did; `None` if an operation failed with no fault injected.
+    fn live(
+        &mut self,
+        where_: &str,
+        sim: &SimStorage,
+        db: &Database,
+        keyspaces: &[Keyspace],
+        models: &mut [KeyspaceModel],
+        t: &mut Tally,
+    ) -> Option<Crash> {
+        let rng = &mut self.rng;
         let steps = rng.random_range(10..150u32);
         let crash_step = rng.random_range(0..steps);
         // Where the crash of this life is aimed.
         let aim = match rng.random_range(0..2) {
-            0 if background => Aim::BackgroundGc,
-            0 if mix == Mix::GC => Aim::ForcedGc,
+            0 if self.background => Aim::BackgroundGc,
+            0 if self.mix == Mix::GC => Aim::ForcedGc,
             _ => Aim::AnyIo,
         };
         let mut crashed_in_forced_gc = false;
         let punches_before = sim.io_count_of(IoKind::Punch);
         for step in 0..steps {
-            tag += 1;
-            let mut op = workload::random_op_of(&mut rng, mix, keyspace_count, tag);
+            self.tag += 1;
+            let mut op = workload::random_op_of(rng, self.mix, self.keyspace_count, self.tag);
             if step == crash_step {
                 match aim {
                     Aim::AnyIo => {
@@ -170,7 +203,7 @@ fn run_case(seed: u64, case: u64, t: &mut Tally) {
                     }
                     Aim::ForcedGc => {
                         op = Op::Gc;
-                        let at_io = sim.io_count() + rng.random_range(0..gc_pass_ios);
+                        let at_io = sim.io_count() + rng.random_range(0..self.gc_pass_ios);
                         sim.arm(Fault::Crash { at_io });
                     }
                     Aim::BackgroundGc => {
@@ -183,20 +216,21 @@ fn run_case(seed: u64, case: u64, t: &mut Tally) {
                 break;
             }
             let ios_before = sim.io_count();
-            let r = workload::run_op(&op, &db, &keyspaces, &mut models);
+            let r = workload::run_op(&op, db, keyspaces, models);
             if sim.crashed() {
                 crashed_in_forced_gc = matches!(op, Op::Gc);
                 break;
             }
             if let Err(e) = r {
                 t.failures.push(format!(
-                    "{where_} step {step}: {op:?} failed with no fault injected: {e}{replay}"
+                    "{where_} step {step}: {op:?} failed with no fault injected: {e}{}",
+                    self.replay
                 ));
-                return;
+                return None;
             }
-            if matches!(op, Op::Gc) && !background {
+            if matches!(op, Op::Gc) && !self.background {
                 // Aim later crashes inside a pass of the size this case's passes have.
-                gc_pass_ios = (sim.io_count() - ios_before).max(1);
+                self.gc_pass_ios = (sim.io_count() - ios_before).max(1);
             }
         }
         if aim == Aim::BackgroundGc {
@@ -211,20 +245,35 @@ fn run_case(seed: u64, case: u64, t: &mut Tally) {
         t.gc_relocated_bytes += stats.gc_relocated_bytes;
         t.gc_reclaimed_bytes += stats.gc_reclaimed_bytes;
         t.punches += sim.io_count_of(IoKind::Punch) - punches_before;
-        let in_background_gc = sim.crashed() && sim.crash_thread().as_deref() == Some(GC_THREAD);
-        db.abandon();
-        drop(keyspaces);
+        Some(Crash {
+            in_forced_gc: crashed_in_forced_gc,
+            in_background_gc: sim.crashed() && sim.crash_thread().as_deref() == Some(GC_THREAD),
+        })
+    }
 
-        let mut next: Option<(Database, Vec<crate::model::State>, Arc<SimStorage>)> = None;
+    /// Opens `STATES_PER_CRASH` post-crash images of `sim` (one in three also with its
+    /// newest superblock slot lost) and judges each against the models; returns the last
+    /// good one's database, states and storage, to carry on with.
+    fn recover_crash_states(
+        &mut self,
+        where_: &str,
+        sim: &SimStorage,
+        models: &[KeyspaceModel],
+        crash: Crash,
+        t: &mut Tally,
+    ) -> Option<(Database, Vec<State>, Arc<SimStorage>)> {
+        let rng = &mut self.rng;
+        let (names, replay) = (&self.names, self.replay);
+        let mut next: Option<(Database, Vec<State>, Arc<SimStorage>)> = None;
         for state in 0..STATES_PER_CRASH {
             let where_ = format!("{where_} crash state {state}");
-            let image = sim.crash_image(&mut rng);
+            let image = sim.crash_image(rng);
             let recovered = Arc::new(SimStorage::from_image(image.clone(), rng.random()));
             let storage: Arc<dyn Storage> = recovered.clone();
             t.crash_states += 1;
-            if in_background_gc {
+            if crash.in_background_gc {
                 t.gc_background_states += 1;
-            } else if crashed_in_forced_gc {
+            } else if crash.in_forced_gc {
                 t.gc_forced_states += 1;
             }
             if rng.random_range(0..3) == 0 {
@@ -238,7 +287,7 @@ fn run_case(seed: u64, case: u64, t: &mut Tally) {
                     let where_ = format!("{where_} (newest superblock slot lost)");
                     let older: Arc<dyn Storage> = Arc::new(SimStorage::from_image(image, 0));
                     let options = workload::options(false);
-                    let outcome = catch(|| recover(&options, &older, &names, &models));
+                    let outcome = catch(|| recover(&options, &older, names, models));
                     if matches!(
                         &outcome,
                         Ok((_, Recovery::Failed(Error::Corruption { what, .. }))) if *what == BUDDY
@@ -252,7 +301,7 @@ fn run_case(seed: u64, case: u64, t: &mut Tally) {
                     }
                 }
             }
-            let outcome = catch(|| recover(&options, &storage, &names, &models));
+            let outcome = catch(|| recover(&self.options, &storage, names, models));
             if let Some((db, states)) = judge(t, &where_, replay, outcome) {
                 // Carry on with the last good one; the others are closed as crashes.
                 if let Some((old, _, _)) = next.replace((db, states, recovered)) {
@@ -260,12 +309,40 @@ fn run_case(seed: u64, case: u64, t: &mut Tally) {
                 }
             }
         }
-        let Some((new_db, states, new_sim)) = next else {
+        next
+    }
+}
+
+fn run_case(seed: u64, case: u64, t: &mut Tally) {
+    let mut c = Case::draw(seed, case);
+    let mut sim = Arc::new(SimStorage::new(c.rng.random()));
+    let storage: Arc<dyn Storage> = sim.clone();
+    let mut db = workload::open(c.options.clone(), &storage).expect("create a fresh volume");
+    let mut keyspaces: Vec<Keyspace> = c
+        .names
+        .iter()
+        .map(|n| db.keyspace(n).expect("create a keyspace"))
+        .collect();
+    // Each creation commits; one more commit and the older superblock slot knows every
+    // keyspace too (a state that falls back to it must still have them).
+    db.commit().expect("commit the keyspaces");
+    let mut models: Vec<KeyspaceModel> = c.names.iter().map(|_| KeyspaceModel::default()).collect();
+
+    for life in 0..LIVES {
+        let where_ = format!("power-loss seed {seed} case {case} life {life}");
+        let Some(crash) = c.live(&where_, &sim, &db, &keyspaces, &mut models, t) else {
+            return;
+        };
+        db.abandon();
+        drop(keyspaces);
+        let Some((new_db, states, new_sim)) =
+            c.recover_crash_states(&where_, &sim, &models, crash, t)
+        else {
             return;
         };
         db = new_db;
         sim = new_sim;
-        keyspaces = match names.iter().map(|n| db.open_keyspace(n)).collect() {
+        keyspaces = match c.names.iter().map(|n| db.open_keyspace(n)).collect() {
             Ok(k) => k,
             Err(e) => {
                 t.failures

@@ -1,7 +1,8 @@
-//! M4, corruption: a committed volume (a workload drawn from the seed, ending in a commit
-//! and a synced log tail past it) is corrupted and reopened. Every outcome must be an
-//! `Err` naming what is corrupt, or an open whose reads return a state some prefix of the
-//! history produced; never a wrong value, never a panic.
+//! Corruption (row M4 of `docs/reliability.md`): a committed volume (a workload drawn
+//! from the seed, ending in a commit and a synced log tail past it) is corrupted and
+//! reopened. Every outcome must be an `Err` naming what is corrupt, or an open whose
+//! reads return a state some prefix of the history produced; never a wrong value, never
+//! a panic.
 //!
 //! 1. Every single-bit flip of both superblock slots (the newest must fall back to the
 //!    older slot's commit, which replays the log to the same contents).
@@ -220,7 +221,7 @@ pub fn run(args: &RunArgs) -> Report {
         Ok(b) => b,
         Err(p) => {
             t.failures.push(format!(
-                "m4 seed {}: building the volume panicked: {p}",
+                "corruption seed {}: building the volume panicked: {p}",
                 args.seed
             ));
             return report(args, t);
@@ -231,7 +232,7 @@ pub fn run(args: &RunArgs) -> Report {
         match catch(|| build(args.seed, None, SWEEP_OPS)) {
             Ok((small, _)) => superblock_sweep(args, &small, &mut t),
             Err(p) => t.failures.push(format!(
-                "m4 seed {}: building the sweep volume panicked: {p}",
+                "corruption seed {}: building the sweep volume panicked: {p}",
                 args.seed
             )),
         }
@@ -243,7 +244,7 @@ pub fn run(args: &RunArgs) -> Report {
     };
     for case in cases {
         let mut rng = case_rng(args.seed, case);
-        let where_ = format!("m4 seed {} case {case}", args.seed);
+        let where_ = format!("corruption seed {} case {case}", args.seed);
         t.corruptions += 1;
         if rng.random_range(0..10) == 0 {
             // A write misdirected while the workload runs: one of its writes (a fault
@@ -327,7 +328,10 @@ fn superblock_sweep(args: &RunArgs, v: &Volume, t: &mut Tally) {
             let sim = SimStorage::from_image(v.image.clone(), v.sim_seed);
             sim.flip_bit(slot * BLOCK_BYTES + bit / 8, (bit % 8) as u8);
             let r = catch(|| judge(sim.current_image(), v, bit % 64 == 0));
-            let where_ = format!("m4 seed {} superblock slot {slot} bit {bit}", args.seed);
+            let where_ = format!(
+                "corruption seed {} superblock slot {slot} bit {bit}",
+                args.seed
+            );
             tally(t, "superblock", where_, r);
         }
     }

@@ -1,11 +1,12 @@
-//! M2, I/O error sweeps in the style of SQLite: for a fixed workload (drawn from the seed,
-//! no background thread, so I/O numbers are the same on every run), count its I/Os, then
-//! for every I/O number N run it again with I/O N failing once, failing from N on, and cut
-//! short (a write that writes a prefix, then fails). Asserts:
+//! I/O failure sweeps in the style of SQLite (row M2 of `docs/reliability.md`): for a
+//! fixed workload (drawn from the seed, no background thread, so I/O numbers are the
+//! same on every run), count its I/Os, then for every I/O number N run it again with
+//! I/O N failing once, failing from N on, and cut short (a write that writes a prefix,
+//! then fails). Asserts:
 //!
 //! - once a write or sync failed, no later call acknowledges a write, sync, commit or GC
-//!   pass (the store is poisoned, RELIABILITY.md promise 5), even when the I/O works
-//!   again;
+//!   pass (the store is poisoned, promise 5 of `docs/reliability.md`), even when the I/O
+//!   works again;
 //! - the durable image, and one random post-crash image, reopen, pass `check` and hold a
 //!   prefix of the history that includes everything acknowledged durable.
 //!
@@ -67,7 +68,7 @@ pub fn run(args: &RunArgs) -> Report {
         None => (0..args.count).collect(),
     };
     for case in cases {
-        let where_ = format!("m2 seed {} case {case}", args.seed);
+        let where_ = format!("io-failure seed {} case {case}", args.seed);
         if let Err(p) = catch(|| run_case(args, case, &mut t)) {
             t.panics += 1;
             t.failures.push(format!("{where_}: panic: {p}"));
@@ -137,7 +138,7 @@ fn run_case(args: &RunArgs, case: u64, t: &mut Tally) {
         let before = sim.io_count();
         if let Err(e) = workload::run_op(op, &db, &keyspaces, &mut models) {
             t.failures.push(format!(
-                "m2 seed {} case {case} dry run op {i}: {op:?} failed without a fault: {e}",
+                "io-failure seed {} case {case} dry run op {i}: {op:?} failed without a fault: {e}",
                 args.seed
             ));
             return;
@@ -156,7 +157,7 @@ fn run_case(args: &RunArgs, case: u64, t: &mut Tally) {
         .filter(|k| **k == IoKind::Punch)
         .count() as u64;
     if args.verbose {
-        eprintln!("m2 seed {} case {case}: {total} I/Os", args.seed);
+        eprintln!("io-failure seed {} case {case}: {total} I/Os", args.seed);
     }
 
     let mut crash_rng = case_rng(args.seed ^ 0x4d32, case);
@@ -166,7 +167,10 @@ fn run_case(args: &RunArgs, case: u64, t: &mut Tally) {
             if matches!(mode, Mode::Short) && kinds[(base_io + n) as usize] != IoKind::Write {
                 continue;
             }
-            let where_ = format!("m2 seed {} case {case} I/O {n} ({mode:?})", args.seed);
+            let where_ = format!(
+                "io-failure seed {} case {case} I/O {n} ({mode:?})",
+                args.seed
+            );
             t.runs += 1;
             match catch(|| sweep_one(sim_seed, &ops, &names, base_io + n, mode, &mut crash_rng)) {
                 Err(p) => {
