@@ -38,10 +38,8 @@ mod tree;
 #[cfg(test)]
 mod tests;
 
-pub use node::{
-    image_contents, verify_image, ImageContents, ImagePivot, C_INT, C_LEAF, KEY_AREA_BYTES,
-    MAX_INLINE_PIVOT, NODE_BYTES,
-};
+pub use node::image::{image_contents, verify_image, ImageContents, ImagePivot};
+pub use node::{C_INT, C_LEAF, KEY_AREA_BYTES, MAX_INLINE_PIVOT, NODE_BYTES};
 pub use tree::{HeapNode, LeafCopy, Retired, RetiredNode, Sealed, Seek, Tree, TreeCheck};
 
 use crate::error::Result;

@@ -1413,7 +1413,7 @@ fn full_pivot_comparisons_drop_with_internal_stems_and_old_layouts_still_read() 
     for img in old_images.values_mut() {
         if image_kind_and_stem_len(&img[..]).0 == 2 {
             internal += 1;
-            super::node::destem_image(&mut img[..], |ptr| ctx.key(ptr).to_vec());
+            super::node::image::destem_image(&mut img[..], |ptr| ctx.key(ptr).to_vec());
             assert_eq!(image_kind_and_stem_len(&img[..]).1, 0);
         }
     }

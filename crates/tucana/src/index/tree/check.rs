@@ -13,10 +13,12 @@
 
 use super::Tree;
 use crate::error::{Error, Result};
-use crate::index::node::{
-    as_internal, as_leaf, no_restart, DiskNode, HeapInternal, HeapLeaf, InternalRead, LeafRead,
-    NodeRef, SResult, MAX_INT_STEM_BYTES,
+use crate::index::node::heap::{as_internal, as_leaf};
+use crate::index::node::image::DiskNode;
+use crate::index::node::view::{
+    no_restart, HeapInternal, HeapLeaf, InternalRead, LeafRead, SResult,
 };
+use crate::index::node::{NodeRef, MAX_INT_STEM_BYTES};
 use crate::index::search::pivot_into;
 use crate::index::{key_hash, key_prefix, Ctx};
 use crate::types::DiskOffset;

@@ -45,7 +45,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 
 use parking_lot::Mutex;
 
-use super::node::{alloc_internal, alloc_leaf, as_internal, disk_word, free_node, Header, NodeRef};
+use crate::index::node::heap::{alloc_internal, alloc_leaf, as_internal, free_node};
+use crate::index::node::{disk_word, Header, NodeRef};
 use crate::types::{DiskOffset, RegionId, TreeEpoch};
 
 /// A root made immutable by [`Tree::seal`]: what snapshots read and commits persist.

@@ -19,10 +19,10 @@ use std::sync::atomic::Ordering::*;
 
 use super::{Retired, RetiredNode, Tree};
 use crate::error::Result;
-use crate::index::node::{
-    as_internal, disk_word, encode_image, free_node, no_restart, DiskNode, Header, HeapInternal,
-    InternalRead, NodeRef, C_INT, NODE_BYTES, W_DISK,
-};
+use crate::index::node::heap::{as_internal, free_node};
+use crate::index::node::image::{encode_image, DiskNode};
+use crate::index::node::view::{no_restart, HeapInternal, InternalRead};
+use crate::index::node::{disk_word, Header, NodeRef, C_INT, NODE_BYTES, W_DISK};
 use crate::index::Ctx;
 use crate::types::{DiskOffset, RegionId, TreeEpoch};
 

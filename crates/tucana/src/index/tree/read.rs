@@ -19,10 +19,12 @@ use crossbeam_epoch::Guard;
 
 use super::Tree;
 use crate::error::Result;
-use crate::index::node::{
-    as_internal, as_leaf, no_restart, prefetch_leaf_word, DiskNode, Header, HeapInternal, HeapLeaf,
-    InternalRead, LeafRead, NodeRef, SResult, SearchErr, KIND_LEAF,
+use crate::index::node::heap::{as_internal, as_leaf};
+use crate::index::node::image::DiskNode;
+use crate::index::node::view::{
+    no_restart, HeapInternal, HeapLeaf, InternalRead, LeafRead, SResult, SearchErr,
 };
+use crate::index::node::{prefetch_leaf_word, Header, NodeRef, KIND_LEAF};
 use crate::index::search::{
     child_index, leaf_get, leaf_points_at, pivot_into, stem_position, StemPos,
 };

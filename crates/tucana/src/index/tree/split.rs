@@ -21,9 +21,10 @@ use std::sync::atomic::Ordering::*;
 use super::write::{common_len, prefix_after_shrink};
 use super::Tree;
 use crate::error::{Error, Result};
+use crate::index::node::heap::{as_internal, as_leaf};
+use crate::index::node::view::{no_restart, HeapInternal, HeapLeaf, InternalRead, LeafRead};
 use crate::index::node::{
-    as_internal, as_leaf, heap_word, no_restart, Header, HeapInternal, HeapLeaf, InternalNode,
-    InternalRead, LeafNode, LeafRead, Meta, PivotDesc, AREA_FREE_MIN_BYTES, C_INT, C_LEAF,
+    heap_word, Header, InternalNode, LeafNode, Meta, PivotDesc, AREA_FREE_MIN_BYTES, C_INT, C_LEAF,
     KEY_AREA_BYTES, KIND_INTERNAL, MAX_INLINE_PIVOT, MAX_INT_STEM_BYTES, MAX_STEM_BYTES,
     PIVOT_EXTERNAL,
 };

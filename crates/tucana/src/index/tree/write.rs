@@ -21,10 +21,12 @@ use std::sync::atomic::Ordering::*;
 use super::read::GetDescent;
 use super::{HeapNode, RetiredNode, Sealed, Tree};
 use crate::error::Result;
+use crate::index::node::heap::{as_internal, as_leaf, heap_copy};
+use crate::index::node::image::{heap_from_image, DiskNode};
+use crate::index::node::view::{no_restart, HeapInternal, HeapLeaf, LeafRead};
 use crate::index::node::{
-    as_internal, as_leaf, heap_copy, heap_from_image, heap_word, no_restart, prefetch_leaf_word,
-    DiskNode, Header, HeapInternal, HeapLeaf, InternalNode, LeafNode, LeafRead, Meta, NodeRef,
-    PivotDesc, C_INT, C_LEAF, KEY_AREA_BYTES,
+    heap_word, prefetch_leaf_word, Header, InternalNode, LeafNode, Meta, NodeRef, PivotDesc, C_INT,
+    C_LEAF, KEY_AREA_BYTES,
 };
 use crate::index::search::{child_index, leaf_entry_of, leaf_position, stem_position, StemPos};
 use crate::index::{key_hash, key_prefix, Ctx};
