@@ -264,6 +264,10 @@ impl Tree {
 
 /// What one descent from a root to a leaf does on its way (lookups and leaf copies): the
 /// descent loop (`Tree::descend`) is generic over it, so each kind is compiled on its own.
+///
+/// The implementations are `#[inline]`: the loop calls them at every node. Without it,
+/// once the tree's code was spread over several files, rustc compiled them out of line and
+/// a leaf copy took 4% more instructions (callgrind, `tucana-bench micro --keys 50000`).
 pub(super) trait Descent {
     type Out;
     /// Called before every attempt (an attempt may restart).
@@ -285,12 +289,15 @@ pub(super) struct GetDescent<'k> {
 
 impl Descent for GetDescent<'_> {
     type Out = Option<u64>;
+    #[inline]
     fn empty(&mut self) -> Option<u64> {
         None
     }
+    #[inline]
     fn internal<V: InternalRead, C: Ctx>(&mut self, v: &V, ctx: &C) -> SResult<usize> {
         child_index(v, ctx, self.key, true)
     }
+    #[inline]
     fn leaf<L: LeafRead, C: Ctx>(&mut self, l: &L, ctx: &C) -> SResult<Option<u64>> {
         leaf_get(l, ctx, self.key, self.hash)
     }
@@ -305,12 +312,15 @@ struct PointsAtDescent<'k> {
 
 impl Descent for PointsAtDescent<'_> {
     type Out = bool;
+    #[inline]
     fn empty(&mut self) -> bool {
         false
     }
+    #[inline]
     fn internal<V: InternalRead, C: Ctx>(&mut self, v: &V, ctx: &C) -> SResult<usize> {
         child_index(v, ctx, self.key, true)
     }
+    #[inline]
     fn leaf<L: LeafRead, C: Ctx>(&mut self, l: &L, _ctx: &C) -> SResult<bool> {
         leaf_points_at(l, self.key, self.hash, self.ptr)
     }
@@ -329,6 +339,7 @@ struct LeafCopyDescent<'a, 'o> {
 
 impl Descent for LeafCopyDescent<'_, '_> {
     type Out = ();
+    #[inline]
     fn reset(&mut self) {
         self.low_set = false;
         self.high_set = false;
@@ -336,7 +347,9 @@ impl Descent for LeafCopyDescent<'_, '_> {
         self.out.prefixes.clear();
         self.out.stem.clear();
     }
+    #[inline]
     fn empty(&mut self) {}
+    #[inline]
     fn internal<V: InternalRead, C: Ctx>(&mut self, v: &V, ctx: &C) -> SResult<usize> {
         let n = v.count();
         let idx = match self.seek {
@@ -357,6 +370,7 @@ impl Descent for LeafCopyDescent<'_, '_> {
         }
         Ok(idx)
     }
+    #[inline]
     fn leaf<L: LeafRead, C: Ctx>(&mut self, l: &L, _ctx: &C) -> SResult<()> {
         self.out.ptrs.clear();
         self.out.prefixes.clear();
