@@ -205,8 +205,8 @@ impl Tree {
             let m = hdr.meta();
             debug_assert!(expect_level.is_none_or(|l| l == m.level));
             if m.kind == KIND_LEAF {
-                // SAFETY: the kind of a node never changes.
                 let view = HeapLeaf {
+                    // SAFETY: `p` is live (above), and the kind of a node never changes.
                     node: unsafe { as_leaf(p) },
                     version: Some(v),
                 };
@@ -214,8 +214,8 @@ impl Tree {
                 view.validate()?;
                 return Ok(out);
             }
-            // SAFETY: as above.
             let view = HeapInternal {
+                // SAFETY: as above.
                 node: unsafe { as_internal(p) },
                 version: Some(v),
             };

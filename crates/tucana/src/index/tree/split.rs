@@ -99,10 +99,12 @@ impl Tree {
         running: u64,
         key: &[u8],
     ) -> Result<Split> {
-        // SAFETY: `p` is a live node on the writer's path; kinds are checked before casts.
+        // SAFETY: `p` is a live node on the writer's path.
         if unsafe { p.as_ref() }.meta().is_leaf() {
+            // SAFETY: live, and the kind was checked.
             self.split_leaf_prepare(ctx, unsafe { as_leaf(p) }, running, key)
         } else {
+            // SAFETY: live, and the kind was checked.
             self.split_internal_prepare(ctx, unsafe { as_internal(p) }, running)
         }
     }
@@ -376,6 +378,7 @@ impl Tree {
             hdr.write_end();
             return;
         }
+        // SAFETY: as above; the kind was checked.
         let node = unsafe { as_internal(p) };
         let mut area = [0u8; KEY_AREA_BYTES];
         let mut descs = [0u64; C_INT];

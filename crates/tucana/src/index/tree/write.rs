@@ -56,15 +56,18 @@ impl Tree {
             return Ok(None);
         }
         let mut node = self.writable_root(ctx, running)?;
-        // SAFETY (all `as_ref`/`as_leaf`/`as_internal` below): nodes on the writer's path
-        // are reachable from the root, so they are live; kinds are checked before casts.
+        // SAFETY: nodes on the writer's path are reachable from the root, which only the
+        // writer changes, so they are live (the same for every node of the loop below).
         if unsafe { node.as_ref() }.meta().is_full() {
             node = self.split_root(ctx, node, running, key)?;
         }
         loop {
+            // SAFETY: live (above).
             if unsafe { node.as_ref() }.meta().is_leaf() {
+                // SAFETY: live, and the kind was checked.
                 return self.leaf_insert(ctx, unsafe { as_leaf(node) }, key, kh, ptr);
             }
+            // SAFETY: live, and the kind was checked.
             let parent = unsafe { as_internal(node) };
             let own = HeapInternal {
                 node: parent,
@@ -75,6 +78,7 @@ impl Tree {
                 prefetch_leaf_word(parent.child[idx].load(Relaxed));
             }
             let mut child = self.writable_child(ctx, parent, idx, running)?;
+            // SAFETY: a child of a node on the writer's path is on it too: live.
             if unsafe { child.as_ref() }.meta().is_full() {
                 let sep = self.split_child(ctx, parent, idx, child, running, key)?;
                 if sep.cmp_key(key) != Ordering::Greater {
@@ -84,6 +88,7 @@ impl Tree {
                         other => unreachable!("new right sibling is not a heap node: {other:?}"),
                     };
                 }
+                // SAFETY: live, as above (a new right sibling is on the writer's path now).
                 assert!(!unsafe { child.as_ref() }.meta().is_full());
             }
             node = child;
@@ -370,6 +375,7 @@ impl Tree {
             if unsafe { node.as_ref() }.meta().is_leaf() {
                 return Ok(node);
             }
+            // SAFETY: live (above), and the kind was checked.
             let parent = unsafe { as_internal(node) };
             let own = HeapInternal {
                 node: parent,
