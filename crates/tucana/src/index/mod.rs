@@ -25,6 +25,18 @@
 //! - A reader may use a sealed root while the writer goes on; the nodes stay alive until
 //!   `reclaim` is told that no snapshot and no commit needs that epoch.
 //!
+//! **Files.**
+//! - `node/`: the node format. `mod.rs` the layout and the header, descriptor and child
+//!   words; `heap.rs` heap nodes (seqlock, allocation, field writers, copies); `view.rs`
+//!   read views over heap nodes and disk images; `image.rs` disk images (checks, codec).
+//! - `arena.rs`: 4 KiB slots in huge pages for heap nodes.
+//! - `search.rs`: search inside one node: child choice, leaf lookup, insert position.
+//! - `tree/`: the tree of a region. `mod.rs` its state and shared types; `write.rs` the
+//!   writer's changes and copy-on-write; `split.rs` splits and stems; `read.rs` readers'
+//!   descents; `persist.rs` disk images of sealed trees, retired nodes, reclaim;
+//!   `check.rs` full verification against the log.
+//! - `tests.rs`: the tree against a `BTreeMap` model, with a fake [`Ctx`].
+//!
 //! **Not yet.** Nodes never merge: removes delete leaf entries, and a leaf they empty leaves
 //! the tree (with any ancestor left childless), but half-empty leaves stay until a future
 //! rebalancing. Disk nodes are checksummed on every read (about 4 KiB of
@@ -38,10 +50,8 @@ mod tree;
 #[cfg(test)]
 mod tests;
 
-pub use node::{
-    image_contents, verify_image, ImageContents, ImagePivot, C_INT, C_LEAF, KEY_AREA_BYTES,
-    MAX_INLINE_PIVOT, NODE_BYTES,
-};
+pub use node::image::{image_contents, verify_image, ImageContents, ImagePivot};
+pub use node::{C_INT, C_LEAF, KEY_AREA_BYTES, MAX_INLINE_PIVOT, NODE_BYTES};
 pub use tree::{HeapNode, LeafCopy, Retired, RetiredNode, Sealed, Seek, Tree, TreeCheck};
 
 use crate::error::Result;

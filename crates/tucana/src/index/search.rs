@@ -11,7 +11,8 @@
 
 use std::cmp::Ordering;
 
-use super::node::{inline_pivot, InternalRead, LeafRead, SResult, MAX_INLINE_PIVOT};
+use super::node::view::{inline_pivot, InternalRead, LeafRead, SResult};
+use super::node::MAX_INLINE_PIVOT;
 use super::{key_prefix, Ctx};
 
 /// Where a key stands against a node's stem (the bytes every key of a leaf, or every pivot

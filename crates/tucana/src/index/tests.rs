@@ -1320,7 +1320,7 @@ fn full_pivot_compares<R>(f: impl FnOnce() -> R) -> (R, u64) {
     (out, FULL_PIVOT_COMPARES.with(|c| c.get()) - before)
 }
 
-/// Re-stamps a node image's checksum after a test damaged it (`node::image_crc`).
+/// Re-stamps a node image's checksum after a test damaged it (`node::image::image_crc`).
 fn restamp(img: &mut [u8]) {
     let crc = crc32c::crc32c_append(crc32c::crc32c(&[0u8; 8]), &img[8..]);
     img[..4].copy_from_slice(&crc.to_le_bytes());
@@ -1413,7 +1413,7 @@ fn full_pivot_comparisons_drop_with_internal_stems_and_old_layouts_still_read() 
     for img in old_images.values_mut() {
         if image_kind_and_stem_len(&img[..]).0 == 2 {
             internal += 1;
-            super::node::destem_image(&mut img[..], |ptr| ctx.key(ptr).to_vec());
+            super::node::image::destem_image(&mut img[..], |ptr| ctx.key(ptr).to_vec());
             assert_eq!(image_kind_and_stem_len(&img[..]).1, 0);
         }
     }

@@ -1,0 +1,227 @@
+//! The tree of one region: the root word, the running tree epoch, the writer check, the
+//! list of retired nodes, and every heap node reachable from the root or the list.
+//!
+//! The tree's methods are spread over its files by role, each file holding the `unsafe`
+//! of its role with its argument:
+//! - `write`: the writer's changes (insert, remove, replace a pointer, seal) and
+//!   copy-on-write of sealed and disk nodes on the writer's path;
+//! - `split`: top-down splits of full nodes and the stems they grow or shrink;
+//! - `read`: lock-free descents for readers (get, points-at, leaf copies);
+//! - `persist`: the commit's side: disk images of sealed trees, retired nodes' blocks,
+//!   reclamation, and the log records the tree still names (EXTERNAL pivots);
+//! - `check`: a full verification of a tree against its log;
+//! - here: the tree's state, shared types, node counting, and freeing on drop.
+//!
+//! Does not own: node bytes (`node`), comparisons inside a node (`search`), log records,
+//! blocks, commits.
+//!
+//! Thread safety (see also the module doc of `index`):
+//! - Writer methods (`insert`, `remove`, `replace_ptr`, `seal`, `external_pivots`) take
+//!   `&self` and must not overlap; a swap on `writer_busy` panics if they do. The writer
+//!   changes published nodes in place only inside the node's seqlock
+//!   (`write_begin`/`write_end`) and never does I/O inside it.
+//! - Readers (`get`, `points_at`, `copy_leaf`) use optimistic lock coupling: read a node's
+//!   version, read, validate; validate the parent again after reading the child's version;
+//!   restart from the live root when anything moved. Nodes of older epochs and disk nodes
+//!   never change.
+//! - Readers start from the live root (`root: None`: loaded, and re-checked after the
+//!   root's version is read, like any parent) or from a sealed root a caller captured
+//!   under the writer lock (`Some`: immutable, so never re-checked). A live root word
+//!   loaded earlier is not a snapshot: a root split may truncate it before a seal.
+//! - `persist`, `reclaim`, `retired_disk_blocks` may run on another thread beside the writer.
+//!   Calls of `persist` must not overlap each other.
+
+mod check;
+mod persist;
+mod read;
+mod split;
+mod write;
+
+pub use check::TreeCheck;
+pub use read::{LeafCopy, Seek};
+
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
+
+use parking_lot::Mutex;
+
+use crate::index::node::heap::{alloc_internal, alloc_leaf, as_internal, free_node};
+use crate::index::node::{disk_word, Header, NodeRef};
+use crate::types::{DiskOffset, RegionId, TreeEpoch};
+
+/// A root made immutable by [`Tree::seal`]: what snapshots read and commits persist.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Sealed {
+    /// Root word (0 = empty tree, heap pointer, or disk offset | 1).
+    pub root: u64,
+    /// The epoch that was running until the seal; every node reachable from `root` was
+    /// created in it or before.
+    pub epoch: TreeEpoch,
+}
+
+/// An opaque handle on a retired heap node.
+#[derive(Debug)]
+pub struct HeapNode(NonNull<Header>);
+
+// SAFETY: a retired heap node is immutable and is only freed by `reclaim` or the tree's
+// `Drop`, each of which takes it out of the retired list first, so the handle may move
+// between threads.
+unsafe impl Send for HeapNode {}
+// SAFETY: as above; the handle is only read (the disk offset word, an atomic).
+unsafe impl Sync for HeapNode {}
+
+#[derive(Debug)]
+pub enum RetiredNode {
+    Heap(HeapNode),
+    Disk(DiskOffset),
+}
+
+/// A node replaced by copy-on-write. Snapshots older than `epoch`, commits of sealed roots
+/// older than `epoch`, and in-flight readers may still read it.
+#[derive(Debug)]
+pub struct Retired {
+    /// The running epoch when the node was replaced.
+    pub epoch: TreeEpoch,
+    pub node: RetiredNode,
+}
+
+/// The index of one region. See the module docs for the concurrency rules.
+pub struct Tree {
+    region: RegionId,
+    /// Root word: 0, heap pointer, or disk offset | 1.
+    root: AtomicU64,
+    /// Nodes whose epoch equals this are writable in place; older ones are copied first.
+    running: AtomicU64,
+    writer_busy: AtomicBool,
+    retired: Mutex<Vec<Retired>>,
+    /// Heap nodes reachable from the root or retired but not yet reclaimed.
+    heap_nodes: AtomicU64,
+    /// Nodes made in the running epoch (new or copied): about what the next commit
+    /// writes (nodes made and retired within the epoch are counted too).
+    dirty_nodes: AtomicU64,
+}
+
+/// Marks a writer method as running; two at once is a caller bug (the region's writer lock
+/// must serialise them), caught here cheaply.
+struct WriterGuard<'a>(&'a AtomicBool);
+
+impl Drop for WriterGuard<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Release);
+    }
+}
+
+impl Tree {
+    /// An empty tree whose writable epoch is `running`.
+    pub fn new(region: RegionId, running: TreeEpoch) -> Tree {
+        Tree {
+            region,
+            root: AtomicU64::new(0),
+            running: AtomicU64::new(running.0),
+            writer_busy: AtomicBool::new(false),
+            retired: Mutex::new(Vec::new()),
+            heap_nodes: AtomicU64::new(0),
+            dirty_nodes: AtomicU64::new(0),
+        }
+    }
+
+    /// A tree over a committed root (`DiskOffset::NONE` = empty). Loads nothing: nodes are
+    /// read through `Ctx::with_node` and copied into memory only when written.
+    pub fn from_disk(region: RegionId, root: DiskOffset, running: TreeEpoch) -> Tree {
+        let tree = Tree::new(region, running);
+        if !root.is_none() {
+            tree.root.store(disk_word(root), Relaxed);
+        }
+        tree
+    }
+
+    pub fn region(&self) -> RegionId {
+        self.region
+    }
+
+    /// The live root word, to pass to `get`/`copy_leaf` for the latest state.
+    pub fn root_word(&self) -> u64 {
+        self.root.load(Acquire)
+    }
+
+    pub fn running_epoch(&self) -> TreeEpoch {
+        TreeEpoch(self.running.load(Acquire))
+    }
+
+    /// Heap nodes held (reachable or retired and not yet reclaimed); each is `NODE_BYTES`.
+    pub fn heap_nodes(&self) -> u64 {
+        self.heap_nodes.load(Relaxed)
+    }
+
+    /// Nodes made since the last seal, at most: what the next commit writes, about.
+    pub fn dirty_nodes(&self) -> u64 {
+        self.dirty_nodes.load(Relaxed)
+    }
+
+    /// Counts a node made in the running epoch.
+    fn made_node(&self) {
+        self.heap_nodes.fetch_add(1, Relaxed);
+        self.dirty_nodes.fetch_add(1, Relaxed);
+    }
+
+    fn writer(&self) -> WriterGuard<'_> {
+        if self.writer_busy.swap(true, Acquire) {
+            panic!("index::Tree: two writer calls at once (the region writer lock must serialise them)");
+        }
+        WriterGuard(&self.writer_busy)
+    }
+
+    fn new_leaf(&self, running: u64) -> NonNull<Header> {
+        self.made_node();
+        alloc_leaf(running, self.region)
+    }
+
+    fn new_internal(&self, running: u64, level: u8) -> NonNull<Header> {
+        self.made_node();
+        alloc_internal(running, self.region, level)
+    }
+
+    fn retire(&self, node: RetiredNode, running: u64) {
+        self.retired.lock().push(Retired {
+            epoch: TreeEpoch(running),
+            node,
+        });
+    }
+}
+
+impl Drop for Tree {
+    fn drop(&mut self) {
+        // `&mut self`: no reader or writer is inside the tree. Nodes reachable from the root
+        // form a tree (each reached once); retired nodes are freed alone, since their
+        // children are shared with the live version.
+        fn free_subtree(word: u64) {
+            let Some(NodeRef::Heap(p)) = NodeRef::decode(word) else {
+                return;
+            };
+            // SAFETY: reachable from the root of a tree being dropped; freed once.
+            unsafe {
+                let m = p.as_ref().meta();
+                if !m.is_leaf() {
+                    let node = as_internal(p);
+                    for i in 0..=m.count as usize {
+                        free_subtree(node.child[i].load(Relaxed));
+                    }
+                }
+                free_node(p);
+            }
+        }
+        free_subtree(*self.root.get_mut());
+        for r in self.retired.get_mut().drain(..) {
+            if let RetiredNode::Heap(h) = r.node {
+                // SAFETY: a retired node is not reachable from the root; freed once.
+                unsafe { free_node(h.0) };
+            }
+        }
+    }
+}
+
+// The tree is shared between the writer, readers and the commit thread.
+const _: fn() = || {
+    fn shared<T: Send + Sync>() {}
+    shared::<Tree>();
+};

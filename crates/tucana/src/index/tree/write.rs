@@ -1,0 +1,486 @@
+//! The writer's changes to a tree: insert, remove (pruning the leaves it empties), replace
+//! a record's pointer, seal, and the copy-on-write that makes each node on the writer's
+//! path writable first.
+//!
+//! Owns: in-place changes of nodes of the running tree epoch inside their seqlock, copies
+//! of sealed heap nodes and disk nodes into the running epoch (the old node retired), and
+//! shrinking a leaf's stem for a key without it. Does not own: splits of full nodes and
+//! the stems they grow (`split`), searches inside a node (`search`), reader descents
+//! (`read`).
+//!
+//! Thread safety: every method here is the writer's (`Tree::writer` catches overlaps) or is
+//! called by it. Its `unsafe` is of one kind: turning a node word of the writer's path into
+//! a reference. Such nodes are reachable from the root, which only the writer changes, so
+//! they are live; only nodes of the running epoch are changed, each change of a published
+//! node inside `write_begin`/`write_end`, and never with I/O inside.
+
+use std::cmp::Ordering;
+use std::ptr::NonNull;
+use std::sync::atomic::Ordering::*;
+
+use super::read::GetDescent;
+use super::{HeapNode, RetiredNode, Sealed, Tree};
+use crate::error::Result;
+use crate::index::node::heap::{as_internal, as_leaf, heap_copy};
+use crate::index::node::image::{heap_from_image, DiskNode};
+use crate::index::node::view::{no_restart, HeapInternal, HeapLeaf, LeafRead};
+use crate::index::node::{
+    heap_word, prefetch_leaf_word, Header, InternalNode, LeafNode, Meta, NodeRef, PivotDesc, C_INT,
+    C_LEAF, KEY_AREA_BYTES,
+};
+use crate::index::search::{child_index, leaf_entry_of, leaf_position, stem_position, StemPos};
+use crate::index::{key_hash, key_prefix, Ctx};
+use crate::types::{DiskOffset, TreeEpoch};
+
+impl Tree {
+    /// Maps `key` to the log pointer `ptr` (non-zero). Returns the pointer it replaced.
+    /// Writer only. Allocates only when it copies or splits a node.
+    pub fn insert<C: Ctx>(&self, ctx: &C, key: &[u8], ptr: u64) -> Result<Option<u64>> {
+        assert!(ptr != 0, "log pointer 0 names no record");
+        let _w = self.writer();
+        let running = self.running.load(Relaxed);
+        let kp = key_prefix(key);
+        let kh = key_hash(key);
+        if self.root.load(Relaxed) == 0 {
+            let p = self.new_leaf(running);
+            // SAFETY: just allocated as a leaf, not yet published.
+            let leaf = unsafe { as_leaf(p) };
+            leaf.prefix[0].store(kp, Relaxed);
+            leaf.ptr[0].store(ptr, Relaxed);
+            leaf.hash[0].store(kh, Relaxed);
+            leaf.hdr.set_meta(Meta {
+                count: 1,
+                ..leaf.hdr.meta()
+            });
+            self.root.store(heap_word(p), Release);
+            return Ok(None);
+        }
+        let mut node = self.writable_root(ctx, running)?;
+        // SAFETY: nodes on the writer's path are reachable from the root, which only the
+        // writer changes, so they are live (the same for every node of the loop below).
+        if unsafe { node.as_ref() }.meta().is_full() {
+            node = self.split_root(ctx, node, running, key)?;
+        }
+        loop {
+            // SAFETY: live (above).
+            if unsafe { node.as_ref() }.meta().is_leaf() {
+                // SAFETY: live, and the kind was checked.
+                return self.leaf_insert(ctx, unsafe { as_leaf(node) }, key, kh, ptr);
+            }
+            // SAFETY: live, and the kind was checked.
+            let parent = unsafe { as_internal(node) };
+            let own = HeapInternal {
+                node: parent,
+                version: None,
+            };
+            let mut idx = no_restart(child_index(&own, ctx, key, true))?;
+            if parent.hdr.meta().level == 1 {
+                prefetch_leaf_word(parent.child[idx].load(Relaxed));
+            }
+            let mut child = self.writable_child(ctx, parent, idx, running)?;
+            // SAFETY: a child of a node on the writer's path is on it too: live.
+            if unsafe { child.as_ref() }.meta().is_full() {
+                let sep = self.split_child(ctx, parent, idx, child, running, key)?;
+                if sep.cmp_key(key) != Ordering::Greater {
+                    idx += 1;
+                    child = match NodeRef::decode(parent.child[idx].load(Relaxed)) {
+                        Some(NodeRef::Heap(p)) => p,
+                        other => unreachable!("new right sibling is not a heap node: {other:?}"),
+                    };
+                }
+                // SAFETY: live, as above (a new right sibling is on the writer's path now).
+                assert!(!unsafe { child.as_ref() }.meta().is_full());
+            }
+            node = child;
+        }
+    }
+
+    fn leaf_insert<C: Ctx>(
+        &self,
+        ctx: &C,
+        leaf: &LeafNode,
+        key: &[u8],
+        kh: u32,
+        ptr: u64,
+    ) -> Result<Option<u64>> {
+        let own = HeapLeaf {
+            node: leaf,
+            version: None,
+        };
+        // A key that does not start with the stem (the leaf's range is wider than its
+        // keys so far) shrinks the stem to what they share.
+        let stem_len = own.stem_len();
+        if stem_len > 0 {
+            let stem = own.stem();
+            let keep = common_len(&stem[..stem_len], key);
+            if keep < stem_len {
+                Self::shrink_stem(leaf, &stem[..stem_len], keep);
+            }
+        }
+        let kp = match stem_position(&own.stem()[..own.stem_len()], key) {
+            StemPos::Inside(kp) => kp,
+            other => unreachable!("key outside the stem after shrinking it: {other:?}"),
+        };
+        let (pos, found) = no_restart(leaf_position(&own, ctx, key, kh))?;
+        if found {
+            // One atomic word: a reader sees the old or the new pointer, both valid for
+            // this key, so no version bump (readers of this leaf need not restart).
+            // Release publishes the new log record to readers that load this pointer.
+            let old = leaf.ptr[pos].swap(ptr, Release);
+            return Ok(Some(old));
+        }
+        let m = leaf.hdr.meta();
+        let n = m.count as usize;
+        assert!(n < C_LEAF, "insert into a full leaf");
+        leaf.hdr.write_begin();
+        for i in (pos..n).rev() {
+            leaf.prefix[i + 1].store(leaf.prefix[i].load(Relaxed), Relaxed);
+            leaf.ptr[i + 1].store(leaf.ptr[i].load(Relaxed), Relaxed);
+            leaf.hash[i + 1].store(leaf.hash[i].load(Relaxed), Relaxed);
+        }
+        leaf.prefix[pos].store(kp, Relaxed);
+        leaf.ptr[pos].store(ptr, Relaxed);
+        leaf.hash[pos].store(kh, Relaxed);
+        leaf.hdr.set_meta(Meta {
+            count: m.count + 1,
+            ..m
+        });
+        leaf.hdr.write_end();
+        Ok(None)
+    }
+
+    /// Cuts the stem of the published `leaf` to its first `keep` bytes, rewriting every
+    /// prefix (no log reads: the bytes given up are in the stem).
+    fn shrink_stem(leaf: &LeafNode, stem: &[u8], keep: usize) {
+        let m = leaf.hdr.meta();
+        assert!(keep < stem.len() && stem.len() == m.stem_len as usize);
+        leaf.hdr.write_begin();
+        for slot in &leaf.prefix[..m.count as usize] {
+            slot.store(prefix_after_shrink(stem, keep, slot.load(Relaxed)), Relaxed);
+        }
+        leaf.set_stem(&stem[..keep]);
+        leaf.hdr.set_meta(Meta {
+            stem_len: keep as u16,
+            ..m
+        });
+        leaf.hdr.write_end();
+    }
+
+    /// Makes the entry of `key` that holds log pointer `old` hold the pointer `new()`
+    /// returns instead; false (and `new` not called) when `key` maps elsewhere or nowhere.
+    /// Writer only. What garbage collection does for a record it relocates, `new`
+    /// appending the copy: like `insert` of an existing key, but the entry is found by
+    /// prefix, hash and pointer (`leaf_points_at`'s rule), so no log record is read to
+    /// confirm the key, and the count of entries never changes, so nothing splits. One
+    /// descent: the path is copied on write before the leaf is searched, so a caller
+    /// that did not check `points_at` first may copy it for nothing.
+    pub fn replace_ptr<C: Ctx>(
+        &self,
+        ctx: &C,
+        key: &[u8],
+        old: u64,
+        new: impl FnOnce() -> Result<u64>,
+    ) -> Result<bool> {
+        let _w = self.writer();
+        if self.root.load(Relaxed) == 0 {
+            return Ok(false);
+        }
+        let kh = key_hash(key);
+        // SAFETY: `writable_leaf` returns a live leaf of the running epoch.
+        let leaf = unsafe { as_leaf(self.writable_leaf(ctx, key, None)?) };
+        let own = HeapLeaf {
+            node: leaf,
+            version: None,
+        };
+        let Some(i) = no_restart(leaf_entry_of(&own, key, kh, old))? else {
+            return Ok(false);
+        };
+        let new = new()?;
+        assert!(new != 0, "log pointer 0 names no record");
+        // One atomic word, as in `leaf_insert`: readers see the old or the new record of
+        // the same key, both valid.
+        leaf.ptr[i].store(new, Release);
+        Ok(true)
+    }
+
+    /// Removes `key`. Returns the pointer it mapped to. Writer only. Copies nothing when the
+    /// key is absent. A leaf left empty is taken out of its parent (and an internal node
+    /// left without children out of its own), so deleting every key empties the tree;
+    /// leaves are not merged otherwise (future work).
+    pub fn remove<C: Ctx>(&self, ctx: &C, key: &[u8]) -> Result<Option<u64>> {
+        let _w = self.writer();
+        let kh = key_hash(key);
+        let mut probe = GetDescent { key, hash: kh };
+        if self.descend(ctx, None, &mut probe)?.is_none() {
+            return Ok(None);
+        }
+        let running = self.running.load(Relaxed);
+        // Internal nodes on the way down and the child index taken in each.
+        let mut path: Vec<(NonNull<Header>, usize)> = Vec::new();
+        let node = self.writable_leaf(ctx, key, Some(&mut path))?;
+        // SAFETY: `writable_leaf` returns a live leaf of the running epoch.
+        let leaf = unsafe { as_leaf(node) };
+        let own = HeapLeaf {
+            node: leaf,
+            version: None,
+        };
+        let (pos, found) = no_restart(leaf_position(&own, ctx, key, kh))?;
+        if !found {
+            // The probe found it a moment ago; only a log answering differently could get
+            // here. Nothing was removed.
+            return Ok(None);
+        }
+        let m = leaf.hdr.meta();
+        let n = m.count as usize;
+        let old = leaf.ptr[pos].load(Relaxed);
+        leaf.hdr.write_begin();
+        for i in pos..n - 1 {
+            leaf.prefix[i].store(leaf.prefix[i + 1].load(Relaxed), Relaxed);
+            leaf.ptr[i].store(leaf.ptr[i + 1].load(Relaxed), Relaxed);
+            leaf.hash[i].store(leaf.hash[i + 1].load(Relaxed), Relaxed);
+        }
+        leaf.hdr.set_meta(Meta {
+            count: m.count - 1,
+            ..m
+        });
+        leaf.hdr.write_end();
+        if m.count == 1 {
+            self.prune_empty(&path, node, running);
+        }
+        Ok(Some(old))
+    }
+
+    /// Takes the empty `leaf` (reached through `path`, all writable nodes of the running
+    /// epoch) out of the tree, with every ancestor it leaves without children. Same reader
+    /// rule as splits: the parent changes inside its seqlock, so readers that read the old
+    /// child word restart when they validate it; readers already inside a detached node see
+    /// its version move and restart too (an empty node answered "absent" correctly anyway).
+    /// The detached nodes are retired: in no sealed tree (they are of the running epoch),
+    /// freed after the readers' grace period.
+    fn prune_empty(&self, path: &[(NonNull<Header>, usize)], leaf: NonNull<Header>, running: u64) {
+        let mut detached = vec![leaf];
+        let mut cut = false;
+        for &(p, idx) in path.iter().rev() {
+            // SAFETY: nodes on the writer's path are live internal nodes.
+            let parent = unsafe { as_internal(p) };
+            if parent.hdr.meta().count == 0 {
+                // Its only child is empty: so is it.
+                detached.push(p);
+                continue;
+            }
+            Self::remove_child(parent, idx);
+            cut = true;
+            break;
+        }
+        if !cut {
+            // Every node on the path is empty: the tree is.
+            self.root.store(0, Release);
+        }
+        for p in detached {
+            // SAFETY: detached, still live (freed only through the retired list).
+            let hdr = unsafe { p.as_ref() };
+            debug_assert_eq!(hdr.epoch(), running);
+            hdr.write_begin();
+            hdr.write_end();
+            self.retire(RetiredNode::Heap(HeapNode(p)), running);
+        }
+    }
+
+    /// Removes child `idx` of the published `node` (which has at least one pivot) and the
+    /// pivot beside it: the left neighbour's pivot when there is one, so that neighbour's
+    /// range grows over the removed one, else pivot 0 (the right neighbour's lower fence).
+    /// Compacts the key area.
+    fn remove_child(node: &InternalNode, idx: usize) {
+        let m = node.hdr.meta();
+        let n = m.count as usize;
+        assert!(
+            n >= 1 && idx <= n,
+            "remove child {idx} of a node with {n} pivots"
+        );
+        let gone = idx.saturating_sub(1);
+        let mut area = [0u8; KEY_AREA_BYTES];
+        let mut descs = [0u64; C_INT];
+        let mut prefixes = [0u64; C_INT];
+        let mut children = [0u64; C_INT + 1];
+        let mut used = 0usize;
+        for (j, i) in (0..n).filter(|&i| i != gone).enumerate() {
+            prefixes[j] = node.pivot_prefix[i].load(Relaxed);
+            let d = PivotDesc::unpack(node.pivot_desc[i].load(Relaxed));
+            let len = d.area_bytes();
+            if len == 0 {
+                descs[j] = d.pack();
+                continue;
+            }
+            node.area_read(d.area_at as usize, &mut area[used..used + len]);
+            descs[j] = PivotDesc {
+                area_at: used as u16,
+                ..d
+            }
+            .pack();
+            used += len;
+        }
+        for (j, i) in (0..=n).filter(|&i| i != idx).enumerate() {
+            children[j] = node.child[i].load(Relaxed);
+        }
+        node.hdr.write_begin();
+        for j in 0..n - 1 {
+            node.pivot_prefix[j].store(prefixes[j], Relaxed);
+            node.pivot_desc[j].store(descs[j], Relaxed);
+        }
+        for (j, c) in children.iter().enumerate().take(n) {
+            node.child[j].store(*c, Release);
+        }
+        node.area_write(0, &area[..used]);
+        node.hdr.set_meta(Meta {
+            count: m.count - 1,
+            area_used: used as u16,
+            ..m
+        });
+        node.hdr.write_end();
+    }
+
+    /// Makes everything reachable from the current root immutable and starts the next epoch.
+    /// Writer only. The returned root stays readable until its nodes are reclaimed.
+    pub fn seal(&self) -> Sealed {
+        let _w = self.writer();
+        let epoch = self.running.load(Relaxed);
+        let root = self.root.load(Relaxed);
+        self.running.store(epoch + 1, Release);
+        self.dirty_nodes.store(0, Relaxed);
+        Sealed {
+            root,
+            epoch: TreeEpoch(epoch),
+        }
+    }
+
+    // -----------------------------------------------------------------------------------
+    // Copy-on-write: nodes of older epochs and disk nodes on the writer's path are copied
+    // into the running epoch, and the old ones retired.
+
+    /// The leaf `key` belongs in, made writable with every node on the way down (copied
+    /// on write where sealed). `path`: also the internal nodes passed and the child index
+    /// taken in each. Writer only; never splits (callers that add an entry split first,
+    /// see `insert`).
+    fn writable_leaf<C: Ctx>(
+        &self,
+        ctx: &C,
+        key: &[u8],
+        mut path: Option<&mut Vec<(NonNull<Header>, usize)>>,
+    ) -> Result<NonNull<Header>> {
+        let running = self.running.load(Relaxed);
+        let mut node = self.writable_root(ctx, running)?;
+        loop {
+            // SAFETY: nodes on the writer's path are reachable from the root, so they are
+            // live; the kind is checked before the casts.
+            if unsafe { node.as_ref() }.meta().is_leaf() {
+                return Ok(node);
+            }
+            // SAFETY: live (above), and the kind was checked.
+            let parent = unsafe { as_internal(node) };
+            let own = HeapInternal {
+                node: parent,
+                version: None,
+            };
+            let idx = no_restart(child_index(&own, ctx, key, true))?;
+            if let Some(path) = path.as_deref_mut() {
+                path.push((node, idx));
+            }
+            if parent.hdr.meta().level == 1 {
+                prefetch_leaf_word(parent.child[idx].load(Relaxed));
+            }
+            node = self.writable_child(ctx, parent, idx, running)?;
+        }
+    }
+
+    /// The root as a node the writer may change, copying it first if it is of an older
+    /// epoch or on disk. The root must not be empty.
+    fn writable_root<C: Ctx>(&self, ctx: &C, running: u64) -> Result<NonNull<Header>> {
+        let word = self.root.load(Relaxed);
+        let (copy, old) = match NodeRef::decode(word) {
+            None => unreachable!("writable_root of an empty tree"),
+            // SAFETY: the root is live.
+            Some(NodeRef::Heap(p)) if unsafe { p.as_ref() }.epoch() == running => return Ok(p),
+            Some(NodeRef::Heap(p)) => (self.copy_heap(p, running), RetiredNode::Heap(HeapNode(p))),
+            Some(NodeRef::Disk(off)) => (
+                self.copy_disk(ctx, off, None, running)?,
+                RetiredNode::Disk(off),
+            ),
+        };
+        // Readers holding the old root read an immutable, consistent older state.
+        self.root.store(heap_word(copy), Release);
+        self.retire(old, running);
+        Ok(copy)
+    }
+
+    /// Child `idx` of the writable `parent` as a node the writer may change.
+    fn writable_child<C: Ctx>(
+        &self,
+        ctx: &C,
+        parent: &InternalNode,
+        idx: usize,
+        running: u64,
+    ) -> Result<NonNull<Header>> {
+        let word = parent.child[idx].load(Relaxed);
+        let level = parent.hdr.meta().level - 1;
+        let (copy, old) = match NodeRef::decode(word) {
+            None => panic!("internal node with an empty child slot {idx}"),
+            // SAFETY: the child of a live node on the writer's path is live.
+            Some(NodeRef::Heap(p)) if unsafe { p.as_ref() }.epoch() == running => return Ok(p),
+            Some(NodeRef::Heap(p)) => (self.copy_heap(p, running), RetiredNode::Heap(HeapNode(p))),
+            Some(NodeRef::Disk(off)) => (
+                self.copy_disk(ctx, off, Some(level), running)?,
+                RetiredNode::Disk(off),
+            ),
+        };
+        // SAFETY: `copy` was just allocated.
+        debug_assert_eq!(unsafe { copy.as_ref() }.meta().level, level);
+        parent.hdr.write_begin();
+        parent.child[idx].store(heap_word(copy), Release);
+        parent.hdr.write_end();
+        self.retire(old, running);
+        Ok(copy)
+    }
+
+    /// Copies a disk node into a new heap node of the running epoch after checking it fully.
+    fn copy_disk<C: Ctx>(
+        &self,
+        ctx: &C,
+        off: DiskOffset,
+        expect_level: Option<u8>,
+        running: u64,
+    ) -> Result<NonNull<Header>> {
+        let p = ctx.with_node(off, |img| {
+            let d = DiskNode::open(img, off, self.region, expect_level)?;
+            d.verify_structure()?;
+            Ok(heap_from_image(&d, running, self.region))
+        })?;
+        self.made_node();
+        Ok(p)
+    }
+
+    /// Copies an immutable heap node of an older epoch into a new heap node of the running
+    /// epoch (children shared, not copied).
+    fn copy_heap(&self, p: NonNull<Header>, running: u64) -> NonNull<Header> {
+        self.made_node();
+        heap_copy(p, running, self.region)
+    }
+}
+
+/// Number of leading bytes `a` and `b` share.
+pub(super) fn common_len(a: &[u8], b: &[u8]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+/// The prefix an entry gets when its leaf's stem shrinks from `old_stem` to its first
+/// `new_len` bytes: the stem bytes given up come first, then the old prefix. Needs no log
+/// read, which is why inserts may shrink a stem freely and only splits grow one.
+pub(super) fn prefix_after_shrink(old_stem: &[u8], new_len: usize, prefix: u64) -> u64 {
+    let mut b = [0u8; 16];
+    let given_up = &old_stem[new_len..];
+    let n = given_up.len().min(8);
+    b[..n].copy_from_slice(&given_up[..n]);
+    b[n..n + 8].copy_from_slice(&prefix.to_be_bytes());
+    let mut out = [0u8; 8];
+    out.copy_from_slice(&b[..8]);
+    u64::from_be_bytes(out)
+}
