@@ -38,6 +38,7 @@ use serde_json::{json, Map, Value};
 use tucana::{Database, Keyspace, Options};
 
 use crate::engine::{Direction, Engine, EngineConfig, EngineKind, Visit};
+use crate::format::fmt_bytes;
 use crate::measure::{Latencies, Measurement, PhaseTimer};
 use crate::report::{self, Machine, Record, RunOptions};
 use crate::workload::{thread_rng, Generation, KeySet, Permutation};
@@ -457,7 +458,7 @@ fn run_engine(
         plan.args.key_bytes,
         plan.args.value_bytes,
         load_time.as_secs_f64(),
-        report::fmt_bytes(space_bytes),
+        fmt_bytes(space_bytes),
     );
 
     let first = records.len();
@@ -512,8 +513,8 @@ fn run_engine(
         let hits = cgroup.limit_hits();
         println!(
             "cgroup: peak {} of {}, limit hit {} times",
-            peak.map_or("?".into(), report::fmt_bytes),
-            report::fmt_bytes(plan.args.memory_limit_bytes),
+            peak.map_or("?".into(), fmt_bytes),
+            fmt_bytes(plan.args.memory_limit_bytes),
             hits.map_or("?".into(), |n| n.to_string())
         );
         for record in &mut records[first..] {
@@ -559,7 +560,7 @@ fn enter_cgroup(limit_bytes: u64) -> (Option<cgroup::MemoryCgroup>, Value) {
         Ok(cgroup) => {
             println!(
                 "measuring inside a memory cgroup limited to {}",
-                report::fmt_bytes(limit_bytes)
+                fmt_bytes(limit_bytes)
             );
             let mut note = cgroup.describe();
             note["limited"] = Value::Bool(true);

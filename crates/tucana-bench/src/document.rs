@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 use clap::Args;
 use serde_json::Value;
 
+use crate::format::{fmt_bytes, fmt_mib, fmt_number, number, ratio_cell, shell_quote};
 use crate::Result;
 
 #[derive(Args, Debug)]
@@ -254,35 +255,6 @@ fn find<'a>(
         .find(|r| dataset(r) == dataset_name && row_name(r) == row && r["engine"] == engine)
 }
 
-pub(crate) fn number(value: &Value) -> Option<f64> {
-    value.as_f64().filter(|v| v.is_finite())
-}
-
-pub(crate) fn fmt_number(value: Option<f64>) -> String {
-    match value {
-        None => "–".to_string(),
-        Some(v) if v >= 1000.0 => format!("{v:.0}"),
-        Some(v) if v >= 10.0 => format!("{v:.1}"),
-        Some(v) => format!("{v:.2}"),
-    }
-}
-
-fn fmt_mib(value: Option<f64>) -> String {
-    value.map_or("–".to_string(), |b| {
-        format!("{:.0}", b / (1 << 20) as f64)
-    })
-}
-
-/// `arg` as one shell word.
-fn shell_quote(arg: &str) -> String {
-    let plain = |c: char| c.is_ascii_alphanumeric() || "-_./=,:@%+".contains(c);
-    if !arg.is_empty() && arg.chars().all(plain) {
-        arg.to_string()
-    } else {
-        format!("'{}'", arg.replace('\'', "'\\''"))
-    }
-}
-
 fn render(doc: &Value, json_path: &Path, plots: &[(String, PathBuf)]) -> Result<String> {
     let records = &records(doc)[..];
     let options = &doc["options"];
@@ -367,7 +339,7 @@ fn render(doc: &Value, json_path: &Path, plots: &[(String, PathBuf)]) -> Result<
         machine["cores"],
         machine["mem_total_bytes"]
             .as_u64()
-            .map_or("unknown".into(), crate::report::fmt_bytes),
+            .map_or("unknown".into(), fmt_bytes),
         machine["kernel"].as_str().unwrap_or("unknown"),
         machine["disk"].as_str().unwrap_or("unknown"),
         options["dir"].as_str().unwrap_or("?"),
@@ -382,13 +354,13 @@ fn render(doc: &Value, json_path: &Path, plots: &[(String, PathBuf)]) -> Result<
                 None => "none".to_string(),
                 Some(bytes) if cgroup["error"].is_null() => format!(
                     "{} (cgroup {} `{}`)",
-                    crate::report::fmt_bytes(bytes),
+                    fmt_bytes(bytes),
                     cgroup["version"].as_str().unwrap_or("?"),
                     cgroup["limit_file"].as_str().unwrap_or("?")
                 ),
                 Some(bytes) => format!(
                     "**not applied**: {} requested, but {}",
-                    crate::report::fmt_bytes(bytes),
+                    fmt_bytes(bytes),
                     cgroup["error"].as_str().unwrap_or("?")
                 ),
             };
@@ -423,7 +395,7 @@ fn render(doc: &Value, json_path: &Path, plots: &[(String, PathBuf)]) -> Result<
         },
         options["cache_bytes"]
             .as_u64()
-            .map_or("?".into(), crate::report::fmt_bytes),
+            .map_or("?".into(), fmt_bytes),
     );
 
     if !peers.is_empty() {
@@ -759,7 +731,7 @@ fn render_gc(md: &mut String, doc: &Value) {
         return;
     }
     let plan = &doc["options"]["datasets"][crate::gc::DATASET];
-    let bytes = |v: &Value| v.as_u64().map_or("–".to_string(), crate::report::fmt_bytes);
+    let bytes = |v: &Value| v.as_u64().map_or("–".to_string(), fmt_bytes);
     *md += "## Garbage collection\n\n";
     let gc_run = &doc["options"]["gc_run"];
     if !gc_run.is_null() {
@@ -892,7 +864,7 @@ fn render_coldscan(doc: &Value, json_path: &Path) -> String {
             r["workload"] == workload && r["engine"] == engine && r["prefetch"].as_str() == prefetch
         })
     };
-    let bytes = |v: &Value| v.as_u64().map_or("?".to_string(), crate::report::fmt_bytes);
+    let bytes = |v: &Value| v.as_u64().map_or("?".to_string(), fmt_bytes);
     let mut md = String::new();
 
     md += "## Cold scans: a data set larger than the page cache\n\n";
@@ -1269,27 +1241,6 @@ fn bar_chart(
         .map_err(|e| fail(&e))?;
     root.present().map_err(|e| fail(&e))?;
     Ok(())
-}
-
-/// A table cell of `ours / theirs` to two decimals, bold where Tucana is better (a ratio
-/// at or above 1 when higher is better, at or below 1 otherwise); "–" without both.
-pub(crate) fn ratio_cell(ours: Option<f64>, theirs: Option<f64>, higher_is_better: bool) -> String {
-    match (ours, theirs) {
-        (Some(a), Some(b)) if b > 0.0 => {
-            let ratio = a / b;
-            let better = if higher_is_better {
-                ratio >= 1.0
-            } else {
-                ratio <= 1.0
-            };
-            if better {
-                format!("**{ratio:.2}**")
-            } else {
-                format!("{ratio:.2}")
-            }
-        }
-        _ => "–".to_string(),
-    }
 }
 
 #[cfg(test)]

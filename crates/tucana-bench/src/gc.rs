@@ -30,6 +30,7 @@ use clap::Args;
 use serde_json::{json, Value};
 
 use crate::engine::{Engine, EngineConfig, EngineKind};
+use crate::format::fmt_bytes;
 use crate::measure::{Latencies, PhaseTimer};
 use crate::report::{self, Machine, Record, RunOptions};
 use crate::sys;
@@ -682,12 +683,12 @@ fn delete_all(kind: &dyn EngineKind, config: &GcConfig) -> Result<Record> {
     report::print_note(&format!(
         "disk: empty {}, loaded {}, after deletes {}, after reclaim {} ({} above empty), \
          after close {}; reclaim: {method}, {reclaim_seconds:.1} s",
-        report::fmt_bytes(empty_bytes),
-        report::fmt_bytes(loaded_bytes),
-        report::fmt_bytes(deleted_bytes),
-        report::fmt_bytes(reclaimed_bytes),
-        report::fmt_bytes(reclaimed_bytes.saturating_sub(empty_bytes)),
-        report::fmt_bytes(closed_bytes),
+        fmt_bytes(empty_bytes),
+        fmt_bytes(loaded_bytes),
+        fmt_bytes(deleted_bytes),
+        fmt_bytes(reclaimed_bytes),
+        fmt_bytes(reclaimed_bytes.saturating_sub(empty_bytes)),
+        fmt_bytes(closed_bytes),
     ));
     Ok(record)
 }
@@ -730,7 +731,7 @@ fn print_overwrite_note(record: &Record) {
         record
             .get(name)
             .and_then(Value::as_u64)
-            .map_or_else(|| "-".to_string(), report::fmt_bytes)
+            .map_or_else(|| "-".to_string(), fmt_bytes)
     };
     let gc = record.get("gc").and_then(Value::as_str).unwrap_or("?");
     let target = match number(record, "gc_space_amp_target") {
@@ -821,11 +822,11 @@ pub fn print_summary(records: &[Record]) {
                     "{:<8} delete-all: empty {}, loaded {}, after deletes {}, after reclaim {} \
                      ({} above empty)",
                     record.engine,
-                    report::fmt_bytes(get("empty_space_bytes")),
-                    report::fmt_bytes(get("loaded_space_bytes")),
-                    report::fmt_bytes(get("deleted_space_bytes")),
-                    report::fmt_bytes(get("reclaimed_space_bytes")),
-                    report::fmt_bytes(get("above_empty_bytes")),
+                    fmt_bytes(get("empty_space_bytes")),
+                    fmt_bytes(get("loaded_space_bytes")),
+                    fmt_bytes(get("deleted_space_bytes")),
+                    fmt_bytes(get("reclaimed_space_bytes")),
+                    fmt_bytes(get("above_empty_bytes")),
                 );
             }
             _ => {}

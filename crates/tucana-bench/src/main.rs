@@ -8,7 +8,8 @@
 //! larger-than-memory one inside a memory cgroup from `cgroup`); `measure` times phases
 //! (wall, process CPU, I/O, peak RSS, latency histograms); `engine` puts each engine behind
 //! one trait; `report` prints the table and writes JSON; `document` turns the JSON into
-//! BENCHMARKS.md and its plots; `sys` holds the libc calls. `server` runs redis-benchmark
+//! BENCHMARKS.md and its plots; `format` writes figures the same way for the terminal and
+//! the document; `sys` holds the libc calls. `server` runs redis-benchmark
 //! against `tucana serve` and redis-server (separate processes) into its own JSON file.
 //!
 //! Every run works in a fresh temporary directory under `--dir`, removed afterwards, so
@@ -23,6 +24,7 @@ mod cgroup;
 mod coldscan;
 mod document;
 mod engine;
+mod format;
 mod gc;
 mod measure;
 mod micro;

@@ -24,8 +24,9 @@ use std::time::Instant;
 use rand::Rng;
 
 use crate::engine::{Direction, Engine, EngineConfig, EngineKind};
+use crate::format::fmt_bytes;
 use crate::measure::{Latencies, Measurement, PhaseTimer};
-use crate::report::{self, fmt_bytes, Record};
+use crate::report::{self, Record};
 use crate::sys;
 use crate::workload::{
     phase_seed, scan_bounds, thread_rng, thread_share, Generation, KeySet, Permutation,

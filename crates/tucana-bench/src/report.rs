@@ -12,6 +12,7 @@ use std::path::Path;
 
 use serde_json::{json, Map, Value};
 
+use crate::format::fmt_bytes;
 use crate::measure::Measurement;
 use crate::sys;
 use crate::Result;
@@ -331,35 +332,11 @@ pub fn write_json_with(
     Ok(())
 }
 
-/// "1.5 KiB", "114.4 MiB": binary units, one decimal.
-pub fn fmt_bytes(bytes: u64) -> String {
-    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
-    let mut value = bytes as f64;
-    let mut unit = 0;
-    while value >= 1024.0 && unit + 1 < UNITS.len() {
-        value /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{bytes} B")
-    } else {
-        format!("{value:.1} {}", UNITS[unit])
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::measure::{Latencies, PhaseTimer};
     use std::time::Duration;
-
-    #[test]
-    fn bytes_are_human() {
-        assert_eq!(fmt_bytes(0), "0 B");
-        assert_eq!(fmt_bytes(1023), "1023 B");
-        assert_eq!(fmt_bytes(1536), "1.5 KiB");
-        assert_eq!(fmt_bytes(120 << 20), "120.0 MiB");
-    }
 
     #[test]
     fn json_has_common_fields_and_extras() {

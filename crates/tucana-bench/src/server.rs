@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use clap::{Args, ValueEnum};
 use serde_json::{json, Map, Value};
 
-use crate::document::{fmt_number, number};
+use crate::format::{fmt_bytes, fmt_number, number, ratio_cell, shell_quote};
 use crate::report::{self, Machine, Record, RunOptions};
 use crate::{cgroup, measure, sys, Result};
 
@@ -446,9 +446,9 @@ fn run_large(
         "\nlarger-than-memory: {} keys x {} B values = {} of keys and values; {} in a memory cgroup limited to {}",
         args.large_keys,
         args.large_value_bytes,
-        report::fmt_bytes(data_bytes),
+        fmt_bytes(data_bytes),
         kind.name(),
-        report::fmt_bytes(args.memory_limit_bytes)
+        fmt_bytes(args.memory_limit_bytes)
     );
     let group = match cgroup::create(args.memory_limit_bytes) {
         Ok(group) => {
@@ -1091,16 +1091,6 @@ fn print_row(record: &Record) {
 // ---------------------------------------------------------------------------------------
 // The BENCHMARKS.md section.
 
-/// `arg` as one shell word.
-fn shell_quote(arg: &str) -> String {
-    let plain = |c: char| c.is_ascii_alphanumeric() || "-_./=,:@%+".contains(c);
-    if !arg.is_empty() && arg.chars().all(plain) {
-        arg.to_string()
-    } else {
-        format!("'{}'", arg.replace('\'', "'\\''"))
-    }
-}
-
 /// One record per (data set, server, test), in the order first seen, each numeric field
 /// the median over the rounds that have it (a run of one round: its records as they are).
 fn median_records(all: &[&Value]) -> Vec<Value> {
@@ -1357,7 +1347,7 @@ pub fn render_section(doc: &Value, json_path: &Path) -> String {
                             find("in-memory", redis, test).and_then(|r| number(&r[field])),
                         )
                     };
-                    let cell = crate::document::ratio_cell(a, b, higher_is_better);
+                    let cell = ratio_cell(a, b, higher_is_better);
                     let _ = write!(md, " {cell} |");
                 }
                 if rounds > 1 {
@@ -1437,10 +1427,10 @@ pub fn render_section(doc: &Value, json_path: &Path) -> String {
                     large["cgroup"]["limit_file"].as_str().unwrap_or("?"),
                     large["memory_limit_bytes"]
                         .as_u64()
-                        .map_or("?".into(), report::fmt_bytes),
+                        .map_or("?".into(), fmt_bytes),
                     large["cgroup_peak_bytes"]
                         .as_u64()
-                        .map_or("?".into(), report::fmt_bytes),
+                        .map_or("?".into(), fmt_bytes),
                     large["cgroup_limit_hits"]
                         .as_u64()
                         .map_or("?".into(), |n| n.to_string()),
@@ -1449,9 +1439,7 @@ pub fn render_section(doc: &Value, json_path: &Path) -> String {
             },
             large["keys"],
             large["value_bytes"],
-            large["data_bytes"]
-                .as_u64()
-                .map_or("?".into(), report::fmt_bytes),
+            large["data_bytes"].as_u64().map_or("?".into(), fmt_bytes),
             large["requests"],
         );
         if let Some(failed) = large["failed"].as_str() {

@@ -17,6 +17,7 @@ use clap::Args;
 use serde_json::{json, Map, Value};
 
 use crate::engine::EngineConfig;
+use crate::format::fmt_bytes;
 use crate::report::{self, Machine, Record, RunOptions};
 use crate::ycsb::{SizeMix, ValueLayout, YcsbConfig};
 use crate::{cgroup, gc, measure, micro, ycsb, EngineChoice, Result};
@@ -266,7 +267,7 @@ pub fn run(args: &SuiteArgs) -> Result<()> {
                     println!(
                         "\n{}: inside a memory cgroup limited to {}",
                         dataset.name,
-                        report::fmt_bytes(limit_bytes)
+                        fmt_bytes(limit_bytes)
                     );
                     cgroup_notes.insert(dataset.name.to_string(), cgroup.describe());
                     Some(cgroup)
@@ -344,8 +345,8 @@ pub fn run(args: &SuiteArgs) -> Result<()> {
                 }
                 println!(
                     "cgroup: peak {} of {}, limit hit {} times",
-                    cgroup.peak_bytes().map_or("?".into(), report::fmt_bytes),
-                    report::fmt_bytes(dataset.memory_limit_bytes.unwrap_or(0)),
+                    cgroup.peak_bytes().map_or("?".into(), fmt_bytes),
+                    fmt_bytes(dataset.memory_limit_bytes.unwrap_or(0)),
                     cgroup.limit_hits().map_or("?".into(), |n| n.to_string())
                 );
             }
