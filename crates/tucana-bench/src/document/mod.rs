@@ -7,8 +7,8 @@
 //! workload (with the `plots` feature; without it the document says the plots were not
 //! drawn); then, when the `coldscan` command's JSON file exists, the cold-scan section
 //! (`render_coldscan`), and when the `server` command's does, its redis-benchmark section
-//! (laid out by `server::render_section`). Owns the document's layout; reads only the JSON
-//! files. Single-threaded.
+//! (laid out by `server::render_section`, this module's child). Owns the document's
+//! layout; reads only the JSON files. Single-threaded.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -18,6 +18,8 @@ use serde_json::Value;
 
 use crate::format::{fmt_bytes, fmt_mib, fmt_number, number, ratio_cell, shell_quote};
 use crate::Result;
+
+mod server;
 
 #[derive(Args, Debug)]
 pub struct ReportArgs {
@@ -169,7 +171,7 @@ fn append_server_section(markdown: &mut String, path: &Path) -> Result<()> {
         .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     let doc: Value = serde_json::from_str(&text)
         .map_err(|e| format!("{} is not a server run's JSON: {e}", path.display()))?;
-    *markdown += &crate::server::render_section(&doc, path);
+    *markdown += &server::render_section(&doc, path);
     Ok(())
 }
 
