@@ -1,10 +1,13 @@
-//! How the harness writes a figure: byte counts, numbers in tables, ratio cells, one shell
-//! word. The terminal lines of the runs and every section of BENCHMARKS.md (module
-//! `document`) write their figures through these functions, so the same figure reads the
-//! same everywhere.
+//! How the harness writes a figure: byte counts, numbers in tables, ratio cells, shell
+//! words; and the pieces of Markdown every section of BENCHMARKS.md repeats (a run's notes
+//! as block quotes, its command line, the debug-build warning). The terminal lines of the
+//! runs and every section of the document (module `document`) write through these
+//! functions, so the same figure reads the same everywhere.
 //!
 //! Owns the written form only: what a figure means belongs to the module that measures it,
 //! where it goes to the module that lays out the output. Pure functions; thread-safe.
+
+use std::fmt::Write as _;
 
 use serde_json::Value;
 
@@ -77,6 +80,37 @@ pub fn shell_quote(arg: &str) -> String {
     }
 }
 
+/// A recorded command line (`argv`, a JSON list) without its first `skip` words, each
+/// word quoted for the shell; `None` when `argv` is not a list.
+pub fn shell_args(argv: &Value, skip: usize) -> Option<String> {
+    let args: Vec<String> = argv
+        .as_array()?
+        .iter()
+        .skip(skip)
+        .filter_map(Value::as_str)
+        .map(shell_quote)
+        .collect();
+    Some(args.join(" "))
+}
+
+/// A run's own remarks (`notes`, a JSON list of text) as Markdown block quotes, one
+/// paragraph each.
+pub fn quoted_notes(md: &mut String, notes: &Value) {
+    for note in notes
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+    {
+        let _ = writeln!(md, "> {note}\n");
+    }
+}
+
+/// The paragraph that marks figures a debug build produced: `what` "are meaningless".
+pub fn debug_build_warning(what: &str) -> String {
+    format!("**WARNING: a debug build produced {what}; they are meaningless.**\n\n")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -112,5 +146,21 @@ mod tests {
         assert_eq!(shell_quote("--json=bench/x.json"), "--json=bench/x.json");
         assert_eq!(shell_quote(""), "''");
         assert_eq!(shell_quote("it's"), r"'it'\''s'");
+        let argv = serde_json::json!(["/x/tucana-bench", "suite", "--note", "a b"]);
+        assert_eq!(shell_args(&argv, 1).unwrap(), "suite --note 'a b'");
+        assert_eq!(shell_args(&argv, 9).unwrap(), "");
+        assert_eq!(shell_args(&serde_json::Value::Null, 1), None);
+    }
+
+    #[test]
+    fn notes_are_block_quotes() {
+        let mut md = String::new();
+        quoted_notes(&mut md, &serde_json::json!(["shared machine", 3, "rerun"]));
+        assert_eq!(md, "> shared machine\n\n> rerun\n\n");
+        quoted_notes(&mut md, &serde_json::Value::Null);
+        assert_eq!(
+            md, "> shared machine\n\n> rerun\n\n",
+            "no notes, nothing added"
+        );
     }
 }

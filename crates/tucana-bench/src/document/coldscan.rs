@@ -10,87 +10,42 @@ use std::path::Path;
 use serde_json::Value;
 
 use super::records::distinct;
-use crate::format::{fmt_bytes, fmt_mib, fmt_number, number, ratio_cell, shell_quote};
-
-/// "tucana, prefetch on" / "tucana, prefetch off" / "rocksdb": the column a cold-scan
-/// record belongs to.
-fn coldscan_engine(record: &Value) -> String {
-    let engine = record["engine"].as_str().unwrap_or("?");
-    match record["prefetch"].as_str() {
-        Some(setting) => format!("{engine}, prefetch {setting}"),
-        None => engine.to_string(),
-    }
-}
+use crate::format::{
+    debug_build_warning, fmt_bytes, fmt_mib, fmt_number, number, quoted_notes, ratio_cell,
+    shell_args, shell_quote,
+};
 
 /// The cold-scan section: what was run and how cold it was, Tucana ÷ peer, prefetch on ÷
 /// off, every absolute figure and the stores each engine scanned.
-pub(super) fn render_coldscan(doc: &Value, json_path: &Path) -> String {
-    use crate::coldscan::{FORWARD, REVERSE, SEEK_NEXT};
+pub(super) fn render(doc: &Value, json_path: &Path) -> String {
     let options = &doc["options"];
     let records: Vec<Value> = doc["records"].as_array().cloned().unwrap_or_default();
     let engines = distinct(&records, |r| {
         r["engine"].as_str().unwrap_or("?").to_string()
     });
-    let peers: Vec<&String> = engines.iter().filter(|e| *e != "tucana").collect();
-    let find = |workload: &str, engine: &str, prefetch: Option<&str>| -> Option<&Value> {
-        records.iter().find(|r| {
-            r["workload"] == workload && r["engine"] == engine && r["prefetch"].as_str() == prefetch
-        })
-    };
-    let bytes = |v: &Value| v.as_u64().map_or("?".to_string(), fmt_bytes);
     let mut md = String::new();
-
     md += "## Cold scans: a data set larger than the page cache\n\n";
     if doc["debug_build"].as_bool() == Some(true) {
-        md += "**WARNING: a debug build produced these numbers; they are meaningless.**\n\n";
+        md += &debug_build_warning("these numbers");
     }
     // The run's own remarks first: they qualify everything after them.
-    if let Some(notes) = options["notes"].as_array() {
-        for note in notes.iter().filter_map(Value::as_str) {
-            let _ = writeln!(md, "> {note}\n");
-        }
-    }
-    let cgroups = options["cgroups"].as_object();
-    let limited = cgroups.is_some_and(|all| {
-        !all.is_empty() && all.values().all(|c| c["limited"].as_bool() == Some(true))
-    });
-    let cgroup_text = if limited {
-        let any = cgroups
-            .and_then(|all| all.values().next())
-            .cloned()
-            .unwrap_or_default();
-        let smaller = match (
-            options["memory_limit_bytes"].as_u64(),
-            options["user_bytes"].as_u64(),
-        ) {
-            (Some(limit), Some(data)) if limit < data => {
-                "smaller than the data set, so the scans read the device"
-            }
-            _ => {
-                "**not smaller than the data set**: only the drop from the page cache before \
-                  each measurement makes it cold"
-            }
-        };
-        format!(
-            "inside a memory cgroup limited to {} (cgroup {} `{}`; page cache, engine caches \
-             and the harness share it), {smaller}",
-            bytes(&options["memory_limit_bytes"]),
-            any["version"].as_str().unwrap_or("?"),
-            any["limit_file"].as_str().unwrap_or("?"),
-        )
-    } else {
-        let reasons: Vec<String> = cgroups
-            .into_iter()
-            .flatten()
-            .filter(|(_, c)| c["limited"].as_bool() != Some(true))
-            .map(|(engine, c)| format!("{engine}: {}", c["error"].as_str().unwrap_or("?")))
-            .collect();
-        format!(
-            "**without a memory limit** ({}): only the drop from the page cache before each \
-             measurement makes it cold",
-            reasons.join("; ")
-        )
-    };
+    quoted_notes(&mut md, &options["notes"]);
+    what_ran(&mut md, options, json_path);
+    reproduce(&mut md, options, json_path);
+    ratios(&mut md, &records, &engines);
+    absolute_table(&mut md, &records);
+    stores_table(&mut md, &records, &engines);
+    md
+}
+
+/// A byte count from the run's options or records; "?" when absent.
+fn bytes(value: &Value) -> String {
+    value.as_u64().map_or("?".to_string(), fmt_bytes)
+}
+
+/// The paragraph on the data set, the load, how each measurement was made cold, and the
+/// phases.
+fn what_ran(md: &mut String, options: &Value, json_path: &Path) {
     let _ = writeln!(
         md,
         "From `{}`, written by one `tucana-bench coldscan` run. {} keys of {} B with values of \
@@ -117,77 +72,145 @@ pub(super) fn render_coldscan(doc: &Value, json_path: &Path) -> String {
              during a measurement"
         },
         bytes(&options["cache_bytes"]),
-        cgroup_text,
+        memory_limit(options),
         options["short_scan_len"],
         options["short_scans"],
         options["prefetch_entries"],
         options["loadavg_at_start"].as_str().unwrap_or("?"),
     );
-    md += "```sh\n";
-    if let Some(argv) = options["argv"].as_array() {
-        let args: Vec<String> = argv
-            .iter()
-            .skip(1)
-            .filter_map(Value::as_str)
-            .map(shell_quote)
+}
+
+/// Where the measurements ran: inside a memory cgroup (and whether its limit was below the
+/// data set), or without a limit and why.
+fn memory_limit(options: &Value) -> String {
+    let cgroups = options["cgroups"].as_object();
+    let limited = cgroups.is_some_and(|all| {
+        !all.is_empty() && all.values().all(|c| c["limited"].as_bool() == Some(true))
+    });
+    if !limited {
+        let reasons: Vec<String> = cgroups
+            .into_iter()
+            .flatten()
+            .filter(|(_, c)| c["limited"].as_bool() != Some(true))
+            .map(|(engine, c)| format!("{engine}: {}", c["error"].as_str().unwrap_or("?")))
             .collect();
-        let _ = writeln!(md, "scripts/bench.sh {}", args.join(" "));
+        return format!(
+            "**without a memory limit** ({}): only the drop from the page cache before each \
+             measurement makes it cold",
+            reasons.join("; ")
+        );
+    }
+    let any = cgroups
+        .and_then(|all| all.values().next())
+        .cloned()
+        .unwrap_or_default();
+    let smaller = match (
+        options["memory_limit_bytes"].as_u64(),
+        options["user_bytes"].as_u64(),
+    ) {
+        (Some(limit), Some(data)) if limit < data => {
+            "smaller than the data set, so the scans read the device"
+        }
+        _ => {
+            "**not smaller than the data set**: only the drop from the page cache before \
+              each measurement makes it cold"
+        }
+    };
+    format!(
+        "inside a memory cgroup limited to {} (cgroup {} `{}`; page cache, engine caches \
+         and the harness share it), {smaller}",
+        bytes(&options["memory_limit_bytes"]),
+        any["version"].as_str().unwrap_or("?"),
+        any["limit_file"].as_str().unwrap_or("?"),
+    )
+}
+
+/// The run's command and the report command that adds this section.
+fn reproduce(md: &mut String, options: &Value, json_path: &Path) {
+    *md += "```sh\n";
+    if let Some(args) = shell_args(&options["argv"], 1) {
+        let _ = writeln!(md, "scripts/bench.sh {args}");
     }
     let _ = writeln!(
         md,
         "scripts/bench.sh report bench/results.json --coldscan-json {}\n```\n",
         shell_quote(&json_path.display().to_string())
     );
+}
 
+/// "Tucana ÷ peer, and prefetch on ÷ off": a throughput table and a CPU table.
+fn ratios(md: &mut String, records: &[Value], engines: &[String]) {
+    let peers: Vec<&String> = engines.iter().filter(|e| *e != "tucana").collect();
+    *md += "### Tucana ÷ peer, and prefetch on ÷ off\n\n";
+    *md += "Throughput ratios (items/s for the full scans, scans/s for seek + next); above 1 \
+            means Tucana (with prefetch on) is faster, or prefetch helps. CPU ratios (CPU time \
+            per operation): below 1 means Tucana spends less.\n\n";
+    for (metric, higher_is_better) in [("ops_per_sec", true), ("cpu_us_per_op", false)] {
+        ratio_table(md, records, &peers, metric, higher_is_better);
+    }
+}
+
+/// One metric's ratios: prefetch on ÷ off, then Tucana (prefetch on) ÷ each peer, a row per
+/// phase every engine ran.
+fn ratio_table(
+    md: &mut String,
+    records: &[Value],
+    peers: &[&String],
+    metric: &str,
+    higher_is_better: bool,
+) {
+    use crate::coldscan::{FORWARD, REVERSE, SEEK_NEXT};
     let workloads = [
         (FORWARD, "full forward scan"),
         (REVERSE, "full reverse scan"),
         (SEEK_NEXT, "seek + next"),
     ];
-    md += "### Tucana ÷ peer, and prefetch on ÷ off\n\n";
-    md += "Throughput ratios (items/s for the full scans, scans/s for seek + next); above 1 \
-            means Tucana (with prefetch on) is faster, or prefetch helps. CPU ratios (CPU time \
-            per operation): below 1 means Tucana spends less.\n\n";
-    for (metric, higher_is_better) in [("ops_per_sec", true), ("cpu_us_per_op", false)] {
-        md += "| workload | ";
-        md += if higher_is_better {
-            "throughput: prefetch on ÷ off |"
-        } else {
-            "CPU/op: prefetch on ÷ off |"
-        };
-        for peer in &peers {
-            let _ = write!(md, " vs {peer} |");
-        }
-        md += "\n|---|---|";
-        md += &"---|".repeat(peers.len());
-        md += "\n";
-        for (workload, title) in workloads {
-            let ours = find(workload, "tucana", Some("on")).and_then(|r| number(&r[metric]));
-            let off = find(workload, "tucana", Some("off")).and_then(|r| number(&r[metric]));
-            let _ = write!(
-                md,
-                "| {title} | {} |",
-                ratio_cell(ours, off, higher_is_better)
-            );
-            for peer in &peers {
-                let theirs = find(workload, peer, None).and_then(|r| number(&r[metric]));
-                let _ = write!(md, " {} |", ratio_cell(ours, theirs, higher_is_better));
-            }
-            md += "\n";
-        }
-        md += "\n";
+    let find = |workload: &str, engine: &str, prefetch: Option<&str>| -> Option<&Value> {
+        records.iter().find(|r| {
+            r["workload"] == workload && r["engine"] == engine && r["prefetch"].as_str() == prefetch
+        })
+    };
+    *md += "| workload | ";
+    *md += if higher_is_better {
+        "throughput: prefetch on ÷ off |"
+    } else {
+        "CPU/op: prefetch on ÷ off |"
+    };
+    for peer in peers {
+        let _ = write!(md, " vs {peer} |");
     }
+    *md += "\n|---|---|";
+    *md += &"---|".repeat(peers.len());
+    *md += "\n";
+    for (workload, title) in workloads {
+        let ours = find(workload, "tucana", Some("on")).and_then(|r| number(&r[metric]));
+        let off = find(workload, "tucana", Some("off")).and_then(|r| number(&r[metric]));
+        let _ = write!(
+            md,
+            "| {title} | {} |",
+            ratio_cell(ours, off, higher_is_better)
+        );
+        for peer in peers {
+            let theirs = find(workload, peer, None).and_then(|r| number(&r[metric]));
+            let _ = write!(md, " {} |", ratio_cell(ours, theirs, higher_is_better));
+        }
+        *md += "\n";
+    }
+    *md += "\n";
+}
 
-    md += "### Absolute figures\n\n";
-    md += "Operations are items for the full scans, scans for seek + next, batches for the \
+/// "Absolute figures": a row per phase and engine (Tucana once per prefetch setting).
+fn absolute_table(md: &mut String, records: &[Value]) {
+    *md += "### Absolute figures\n\n";
+    *md += "Operations are items for the full scans, scans for seek + next, batches for the \
             Tucana-only batch phases. Read amplification: bytes this process read from the \
             storage layer (/proc/self/io) ÷ bytes of keys and values returned; device: the data \
             directory's block device (every process on it). *hot-scan-forward* is Tucana's \
             forward scan with its volume already in the page cache and no memory limit: what \
             the scan costs when nothing has to come from the device.\n\n";
-    md += "| workload | engine | ops/s | items/s | MB/s | CPU µs/op | r-amp | device r-amp | p50 µs | p99 µs | read MiB | peak RSS MiB |\n";
-    md += "|---|---|---|---|---|---|---|---|---|---|---|---|\n";
-    for workload in distinct(&records, |r| {
+    *md += "| workload | engine | ops/s | items/s | MB/s | CPU µs/op | r-amp | device r-amp | p50 µs | p99 µs | read MiB | peak RSS MiB |\n";
+    *md += "|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+    for workload in distinct(records, |r| {
         r["workload"].as_str().unwrap_or("?").to_string()
     }) {
         for r in records
@@ -197,7 +220,7 @@ pub(super) fn render_coldscan(doc: &Value, json_path: &Path) -> String {
             let _ = writeln!(
                 md,
                 "| {workload} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
-                coldscan_engine(r),
+                engine_column(r),
                 fmt_number(number(&r["ops_per_sec"])),
                 fmt_number(number(&r["items_per_sec"])),
                 fmt_number(number(&r["mb_per_sec"])),
@@ -211,10 +234,23 @@ pub(super) fn render_coldscan(doc: &Value, json_path: &Path) -> String {
             );
         }
     }
-    md += "\n";
+    *md += "\n";
+}
 
-    md += "### The stores\n\n| engine | files after load | load s | settled by |\n|---|---|---|---|\n";
-    for engine in &engines {
+/// "tucana, prefetch on" / "tucana, prefetch off" / "rocksdb": the column a cold-scan
+/// record belongs to.
+fn engine_column(record: &Value) -> String {
+    let engine = record["engine"].as_str().unwrap_or("?");
+    match record["prefetch"].as_str() {
+        Some(setting) => format!("{engine}, prefetch {setting}"),
+        None => engine.to_string(),
+    }
+}
+
+/// "The stores": each engine's files after the load, the load's time and how it settled.
+fn stores_table(md: &mut String, records: &[Value], engines: &[String]) {
+    *md += "### The stores\n\n| engine | files after load | load s | settled by |\n|---|---|---|---|\n";
+    for engine in engines {
         let Some(r) = records.iter().find(|r| r["engine"] == engine.as_str()) else {
             continue;
         };
@@ -226,8 +262,7 @@ pub(super) fn render_coldscan(doc: &Value, json_path: &Path) -> String {
             r["settle"].as_str().unwrap_or("?"),
         );
     }
-    md += "\n";
-    md
+    *md += "\n";
 }
 
 #[cfg(test)]
@@ -261,7 +296,7 @@ mod tests {
                  "space_used_bytes": 3u64 << 20, "load_s": 2.0, "settle": "compact_range"},
             ],
         });
-        let md = render_coldscan(&doc, Path::new("bench/coldscan.json"));
+        let md = render(&doc, Path::new("bench/coldscan.json"));
         assert!(md.contains("## Cold scans"), "{md}");
         assert!(
             md.contains("smaller than the data set, so the scans read"),

@@ -9,7 +9,7 @@ use std::fmt::Write as _;
 use serde_json::Value;
 
 use super::records::gc_records;
-use crate::format::{fmt_bytes, fmt_mib, fmt_number, number};
+use crate::format::{debug_build_warning, fmt_bytes, fmt_mib, fmt_number, number};
 
 /// The sentence that says what an overwrite run did, from its data set's plan.
 fn overwrite_plan_text(plan: &Value) -> String {
@@ -23,8 +23,90 @@ fn overwrite_plan_text(plan: &Value) -> String {
     )
 }
 
-/// The table of overwrite records and a line per GC-on record on the issue's targets.
-fn render_overwrites(md: &mut String, overwrites: &[&Value]) {
+/// The "Garbage collection" section, when the run has GC records.
+pub(super) fn render(md: &mut String, doc: &Value) {
+    let records = gc_records(doc);
+    if records.is_empty() {
+        return;
+    }
+    *md += "## Garbage collection\n\n";
+    separate_run(md, &doc["options"]["gc_run"]);
+    what_and_how(md, &doc["options"]["datasets"][crate::gc::DATASET]);
+    let overwrites: Vec<&Value> = records
+        .iter()
+        .filter(|r| r["workload"] == "gc_ycsb_a")
+        .collect();
+    overwrite_table(md, &overwrites);
+    verdicts(md, &overwrites);
+    other_runs(md, doc);
+    let deletes: Vec<&Value> = records
+        .iter()
+        .filter(|r| r["workload"] == "delete_all")
+        .collect();
+    delete_all_table(md, &deletes);
+}
+
+/// Where the figures come from when a separate `gc` run (`merge::merge_gc`) supplied
+/// them, with the GC settings of each engine of that run; nothing otherwise.
+fn separate_run(md: &mut String, gc_run: &Value) {
+    if gc_run.is_null() {
+        return;
+    }
+    let _ = writeln!(
+        md,
+        "These figures come from a separate `tucana-bench gc` run (`{}`, the second \
+         command under \"Reproduce\"), with {} threads, on {} ({} cores).\n",
+        gc_run["json"].as_str().unwrap_or("?"),
+        gc_run["threads"],
+        gc_run["machine"]["cpu_model"].as_str().unwrap_or("?"),
+        gc_run["machine"]["cores"],
+    );
+    if gc_run["debug_build"].as_bool() == Some(true) {
+        *md += &debug_build_warning("the GC figures");
+    }
+    let Some(configurations) = gc_run["configurations"].as_object() else {
+        return;
+    };
+    for (engine, configuration) in configurations {
+        let Some(fields) = configuration.as_object() else {
+            continue;
+        };
+        let gc_fields: Vec<String> = fields
+            .iter()
+            .filter(|(name, _)| name.starts_with("gc"))
+            .map(|(name, value)| format!("`{name}` {value}"))
+            .collect();
+        if !gc_fields.is_empty() {
+            let _ = writeln!(md, "{engine}'s GC settings: {}.\n", gc_fields.join(", "));
+        }
+    }
+}
+
+/// The paragraph on what the runs did, what each column means, and the targets.
+fn what_and_how(md: &mut String, plan: &Value) {
+    let _ = writeln!(
+        md,
+        "What giving back the space of overwritten and deleted data costs, and how much comes \
+         back. **Overwrite:** {}; \
+         engines that can switch their reclamation off (Tucana) run it with background GC on \
+         (space-amplification target {}) and off. **Space amplification** here is the files' \
+         allocated bytes (st_blocks × 512) ÷ the live keys and values: *max* is the largest of \
+         the readings taken every 250 ms during the run, *final* right after its last \
+         operation, *settled* after {} s more with the engine open and idle. *Log space amp* is \
+         Tucana's own ratio (log segment bytes ÷ live record bytes, headers included), the one \
+         its GC steers. *GC-off CPU ÷ this* is the CPU per operation with GC off over this \
+         run's: the throughput ratio a machine with CPU to spare would see, steadier than \
+         the clock on a shared one. Issue 5's targets: throughput with GC on at least {:.0}% \
+         of GC off, and space amplification at most the target.\n",
+        overwrite_plan_text(plan),
+        plan["gc_space_amp_target"],
+        plan["settle_secs"],
+        crate::gc::THROUGHPUT_RATIO_TARGET * 100.0,
+    );
+}
+
+/// The table of overwrite records: a row per engine and GC setting.
+fn overwrite_table(md: &mut String, overwrites: &[&Value]) {
     let mib = |v: &Value| fmt_mib(number(v));
     *md += "| engine | GC | ops/s | ÷ GC off | CPU µs/op | GC-off CPU ÷ this | p50 µs | p99 µs | p99.9 µs | space amp max | final | settled | log space amp | settled | GC relocated MiB | GC reclaimed MiB |\n";
     *md += "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
@@ -51,6 +133,10 @@ fn render_overwrites(md: &mut String, overwrites: &[&Value]) {
         );
     }
     *md += "\n";
+}
+
+/// A line per GC-on record (with a ratio to GC off) on issue 5's targets.
+fn verdicts(md: &mut String, overwrites: &[&Value]) {
     for r in overwrites.iter().filter(|r| r["gc"] == "on") {
         let Some(ratio) = number(&r["throughput_vs_gc_off"]) else {
             continue;
@@ -91,8 +177,8 @@ fn render_overwrites(md: &mut String, overwrites: &[&Value]) {
     *md += "\n";
 }
 
-/// The overwrite tables of the runs `add_also_gc` kept.
-fn render_also_gc(md: &mut String, doc: &Value) {
+/// The overwrite tables of the runs `merge::add_also_gc` kept, each under its own heading.
+fn other_runs(md: &mut String, doc: &Value) {
     let Some(runs) = doc["options"]["also_gc_runs"].as_array() else {
         return;
     };
@@ -111,85 +197,20 @@ fn render_also_gc(md: &mut String, doc: &Value) {
             plan["gc_space_amp_target"],
         );
         if run["debug_build"].as_bool() == Some(true) {
-            *md += "**WARNING: a debug build produced these figures; they are meaningless.**\n\n";
+            *md += &debug_build_warning("these figures");
         }
         let records: Vec<&Value> = run["records"].as_array().into_iter().flatten().collect();
-        render_overwrites(md, &records);
+        overwrite_table(md, &records);
+        verdicts(md, &records);
     }
 }
 
-/// The "Garbage collection" section, when the run has GC records.
-pub(super) fn render_gc(md: &mut String, doc: &Value) {
-    let records = gc_records(doc);
-    if records.is_empty() {
-        return;
-    }
-    let plan = &doc["options"]["datasets"][crate::gc::DATASET];
-    let bytes = |v: &Value| v.as_u64().map_or("–".to_string(), fmt_bytes);
-    *md += "## Garbage collection\n\n";
-    let gc_run = &doc["options"]["gc_run"];
-    if !gc_run.is_null() {
-        let _ = writeln!(
-            md,
-            "These figures come from a separate `tucana-bench gc` run (`{}`, the second \
-             command under \"Reproduce\"), with {} threads, on {} ({} cores).\n",
-            gc_run["json"].as_str().unwrap_or("?"),
-            gc_run["threads"],
-            gc_run["machine"]["cpu_model"].as_str().unwrap_or("?"),
-            gc_run["machine"]["cores"],
-        );
-        if gc_run["debug_build"].as_bool() == Some(true) {
-            *md += "**WARNING: a debug build produced the GC figures; they are meaningless.**\n\n";
-        }
-        if let Some(configurations) = gc_run["configurations"].as_object() {
-            for (engine, configuration) in configurations {
-                let Some(fields) = configuration.as_object() else {
-                    continue;
-                };
-                let gc_fields: Vec<String> = fields
-                    .iter()
-                    .filter(|(name, _)| name.starts_with("gc"))
-                    .map(|(name, value)| format!("`{name}` {value}"))
-                    .collect();
-                if !gc_fields.is_empty() {
-                    let _ = writeln!(md, "{engine}'s GC settings: {}.\n", gc_fields.join(", "));
-                }
-            }
-        }
-    }
-    let _ = writeln!(
-        md,
-        "What giving back the space of overwritten and deleted data costs, and how much comes \
-         back. **Overwrite:** {}; \
-         engines that can switch their reclamation off (Tucana) run it with background GC on \
-         (space-amplification target {}) and off. **Space amplification** here is the files' \
-         allocated bytes (st_blocks × 512) ÷ the live keys and values: *max* is the largest of \
-         the readings taken every 250 ms during the run, *final* right after its last \
-         operation, *settled* after {} s more with the engine open and idle. *Log space amp* is \
-         Tucana's own ratio (log segment bytes ÷ live record bytes, headers included), the one \
-         its GC steers. *GC-off CPU ÷ this* is the CPU per operation with GC off over this \
-         run's: the throughput ratio a machine with CPU to spare would see, steadier than \
-         the clock on a shared one. Issue 5's targets: throughput with GC on at least {:.0}% \
-         of GC off, and space amplification at most the target.\n",
-        overwrite_plan_text(plan),
-        plan["gc_space_amp_target"],
-        plan["settle_secs"],
-        crate::gc::THROUGHPUT_RATIO_TARGET * 100.0,
-    );
-    let overwrites: Vec<&Value> = records
-        .iter()
-        .filter(|r| r["workload"] == "gc_ycsb_a")
-        .collect();
-    render_overwrites(md, &overwrites);
-    render_also_gc(md, doc);
-
-    let deletes: Vec<&Value> = records
-        .iter()
-        .filter(|r| r["workload"] == "delete_all")
-        .collect();
+/// "Delete all, then reclaim": the disk bytes after each step, when the run has any.
+fn delete_all_table(md: &mut String, deletes: &[&Value]) {
     if deletes.is_empty() {
         return;
     }
+    let bytes = |v: &Value| v.as_u64().map_or("–".to_string(), fmt_bytes);
     *md += "### Delete all, then reclaim\n\n";
     *md += "A fresh store (its disk bytes: *empty*), loaded, every key deleted, then what the \
             engine's documentation says gives the space back (*reclaim*); disk bytes (allocated, \
@@ -255,7 +276,7 @@ mod tests {
             .collect();
         assert_eq!(ops, [1.0, 3.0, 4.0]);
         assert_eq!(suite["options"]["datasets"]["gc"]["records"], 5);
-        let md = render(&suite, Path::new("bench/results.json"), &[]).unwrap();
+        let md = render(&suite, Path::new("bench/results.json"), &[]);
         assert!(md.contains("scripts/bench.sh gc --gc-records 5\n"), "{md}");
         assert!(
             md.contains("scripts/bench.sh report bench/results.json --gc-json bench/gc.json\n"),
@@ -310,7 +331,7 @@ mod tests {
             &gc_run(300, 5.0, 1.7),
             Path::new("bench/gc-small.json"),
         );
-        let md = render(&suite, Path::new("bench/results.json"), &[]).unwrap();
+        let md = render(&suite, Path::new("bench/results.json"), &[]);
         // Both runs' commands, and the report command that merges them.
         assert!(
             md.contains("scripts/bench.sh gc --gc-records 1000\n"),

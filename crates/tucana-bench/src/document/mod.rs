@@ -73,57 +73,14 @@ pub struct ReportArgs {
 const COLDSCAN_JSON_FILE_NAME: &str = "coldscan.json";
 
 pub fn run(args: &ReportArgs) -> Result<()> {
-    let text = std::fs::read_to_string(&args.json)
-        .map_err(|e| format!("cannot read {}: {e}", args.json.display()))?;
-    let mut doc: Value = serde_json::from_str(&text)?;
-    if let Some(gc_path) = &args.gc_json {
-        let text = std::fs::read_to_string(gc_path)
-            .map_err(|e| format!("cannot read {}: {e}", gc_path.display()))?;
-        merge::merge_gc(&mut doc, &serde_json::from_str(&text)?, gc_path);
-    }
-    for path in &args.also_gc_json {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-        merge::add_also_gc(&mut doc, &serde_json::from_str(&text)?, path);
-    }
-    if let Some(sync_path) = &args.sync_json {
-        let text = std::fs::read_to_string(sync_path)
-            .map_err(|e| format!("cannot read {}: {e}", sync_path.display()))?;
-        merge::merge_sync(&mut doc, &serde_json::from_str(&text)?, sync_path)?;
-    }
-    let out_dir = args
-        .out
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    std::fs::create_dir_all(&args.plots_dir)?;
-    let plots = plots::draw_plots(&doc, &args.plots_dir)?;
-    let relative_plots: Vec<(String, PathBuf)> = plots
-        .into_iter()
-        .map(|(title, path)| {
-            let relative = path.strip_prefix(out_dir).unwrap_or(&path).to_path_buf();
-            (title, relative)
-        })
-        .collect();
+    let mut doc = read_suite_and_merged_runs(args)?;
+    let plots = draw_plots(args, &doc)?;
     if let Some(path) = &args.coldscan_json {
         // Named in the report command under "Reproduce" (the default file needs no flag).
         doc["options"]["coldscan_run"] = serde_json::json!({ "json": path.display().to_string() });
     }
-    let mut markdown = suite::render(&doc, &args.json, &relative_plots)?;
-    if !args.note.is_empty() {
-        // After the title and the paragraph under it.
-        let at = markdown.find("\n## ").map_or(markdown.len(), |i| i + 1);
-        let mut notes = String::from("Notes added when this report was generated:\n\n");
-        for note in &args.note {
-            let _ = writeln!(notes, "- {note}");
-        }
-        notes.push('\n');
-        markdown.insert_str(at, &notes);
-    }
-    let server_json = args.server_json.clone().unwrap_or_else(|| {
-        args.json
-            .with_file_name(crate::server::DEFAULT_JSON_FILE_NAME)
-    });
+    let mut markdown = suite::render(&doc, &args.json, &plots);
+    insert_notes(&mut markdown, &args.note);
     let coldscan_json = match &args.coldscan_json {
         Some(path) => Some(path.clone()),
         None => Some(args.json.with_file_name(COLDSCAN_JSON_FILE_NAME)).filter(|p| p.exists()),
@@ -131,15 +88,79 @@ pub fn run(args: &ReportArgs) -> Result<()> {
     if let Some(path) = coldscan_json {
         append_coldscan_section(&mut markdown, &path)?;
     }
+    let server_json = args.server_json.clone().unwrap_or_else(|| {
+        args.json
+            .with_file_name(crate::server::DEFAULT_JSON_FILE_NAME)
+    });
     append_server_section(&mut markdown, &server_json)?;
     std::fs::write(&args.out, markdown)?;
     println!(
         "wrote {} and {} plot(s) in {}",
         args.out.display(),
-        relative_plots.len(),
+        plots.len(),
         args.plots_dir.display()
     );
     Ok(())
+}
+
+/// The text of the file at `path`, or an error that names it.
+fn read_text(path: &Path) -> Result<String> {
+    Ok(
+        std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read {}: {e}", path.display()))?,
+    )
+}
+
+/// The suite's JSON document with the runs of `--gc-json`, `--also-gc-json` and
+/// `--sync-json` merged into it (module `merge`).
+fn read_suite_and_merged_runs(args: &ReportArgs) -> Result<Value> {
+    let mut doc: Value = serde_json::from_str(&read_text(&args.json)?)?;
+    if let Some(gc_path) = &args.gc_json {
+        let gc = serde_json::from_str(&read_text(gc_path)?)?;
+        merge::merge_gc(&mut doc, &gc, gc_path);
+    }
+    for path in &args.also_gc_json {
+        let gc = serde_json::from_str(&read_text(path)?)?;
+        merge::add_also_gc(&mut doc, &gc, path);
+    }
+    if let Some(sync_path) = &args.sync_json {
+        let sync = serde_json::from_str(&read_text(sync_path)?)?;
+        merge::merge_sync(&mut doc, &sync, sync_path)?;
+    }
+    Ok(doc)
+}
+
+/// Draws the plots into `--plots-dir`; their titles and paths as the document links them
+/// (relative to `--out`'s directory).
+fn draw_plots(args: &ReportArgs, doc: &Value) -> Result<Vec<(String, PathBuf)>> {
+    let out_dir = args
+        .out
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    std::fs::create_dir_all(&args.plots_dir)?;
+    let plots = plots::draw_plots(doc, &args.plots_dir)?;
+    Ok(plots
+        .into_iter()
+        .map(|(title, path)| {
+            let relative = path.strip_prefix(out_dir).unwrap_or(&path).to_path_buf();
+            (title, relative)
+        })
+        .collect())
+}
+
+/// The `--note` remarks as a list after the title and the paragraph under it.
+fn insert_notes(markdown: &mut String, notes: &[String]) {
+    if notes.is_empty() {
+        return;
+    }
+    let at = markdown.find("\n## ").map_or(markdown.len(), |i| i + 1);
+    let mut list = String::from("Notes added when this report was generated:\n\n");
+    for note in notes {
+        let _ = writeln!(list, "- {note}");
+    }
+    list.push('\n');
+    markdown.insert_str(at, &list);
 }
 
 /// Adds the redis-benchmark section (module `server`) when its JSON file exists.
@@ -147,23 +168,19 @@ fn append_server_section(markdown: &mut String, path: &Path) -> Result<()> {
     if !path.exists() {
         return Ok(());
     }
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    let doc: Value = serde_json::from_str(&text)
+    let doc: Value = serde_json::from_str(&read_text(path)?)
         .map_err(|e| format!("{} is not a server run's JSON: {e}", path.display()))?;
-    *markdown += &server::render_section(&doc, path);
+    *markdown += &server::render(&doc, path);
     Ok(())
 }
 
 /// Adds the "Cold scans" section from the `coldscan` command's JSON file at `path`.
 fn append_coldscan_section(markdown: &mut String, path: &Path) -> Result<()> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    let doc: Value = serde_json::from_str(&text)
+    let doc: Value = serde_json::from_str(&read_text(path)?)
         .map_err(|e| format!("{} is not a coldscan run's JSON: {e}", path.display()))?;
     if doc["command"] != "coldscan" {
         return Err(format!("{} is not a coldscan run's JSON", path.display()).into());
     }
-    *markdown += &coldscan::render_coldscan(&doc, path);
+    *markdown += &coldscan::render(&doc, path);
     Ok(())
 }

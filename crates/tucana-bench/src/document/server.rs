@@ -12,7 +12,10 @@ use std::path::Path;
 
 use serde_json::{json, Value};
 
-use crate::format::{fmt_bytes, fmt_number, number, ratio_cell, shell_quote};
+use crate::format::{
+    debug_build_warning, fmt_bytes, fmt_mib, fmt_number, number, quoted_notes, ratio_cell,
+    shell_args,
+};
 
 /// One record per (data set, server, test), in the order first seen, each numeric field
 /// the median over the rounds that have it (a run of one round: its records as they are).
@@ -64,28 +67,115 @@ fn median_records(all: &[&Value]) -> Vec<Value> {
         .collect()
 }
 
-/// The Markdown section for BENCHMARKS.md from a `server` run's JSON document.
-pub fn render_section(doc: &Value, json_path: &Path) -> String {
-    let options = &doc["options"];
-    let all: Vec<&Value> = doc["records"]
-        .as_array()
-        .map(|all| all.iter().collect())
-        .unwrap_or_default();
-    let rounds = all
-        .iter()
-        .filter_map(|r| r["round"].as_u64())
-        .max()
-        .map_or(1, |last| last + 1);
-    let medians = median_records(&all);
-    let records: Vec<&Value> = medians.iter().collect();
-    let find = |dataset: &str, server: &str, workload: &str| -> Option<&Value> {
-        records
+/// A `server` run's records as the section's tables read them.
+struct Run<'a> {
+    /// Every record, each round's own.
+    all: Vec<&'a Value>,
+    /// One record per (data set, server, test): the median of the rounds.
+    medians: Vec<Value>,
+    rounds: u64,
+}
+
+/// The server Tucana's servers are compared with.
+const REDIS: &str = "redis-everysec";
+
+impl<'a> Run<'a> {
+    fn new(doc: &'a Value) -> Run<'a> {
+        let all: Vec<&Value> = doc["records"]
+            .as_array()
+            .map(|all| all.iter().collect())
+            .unwrap_or_default();
+        let rounds = all
             .iter()
-            .copied()
+            .filter_map(|r| r["round"].as_u64())
+            .max()
+            .map_or(1, |last| last + 1);
+        let medians = median_records(&all);
+        Run {
+            all,
+            medians,
+            rounds,
+        }
+    }
+
+    /// The median record of `workload` on `server` in `dataset`.
+    fn find(&self, dataset: &str, server: &str, workload: &str) -> Option<&Value> {
+        self.medians
+            .iter()
             .find(|r| r["dataset"] == dataset && r["engine"] == server && r["workload"] == workload)
-    };
+    }
+
+    /// The tests (workloads) in the order first seen.
+    fn tests(&self) -> Vec<String> {
+        let mut seen: Vec<String> = Vec::new();
+        for r in &self.medians {
+            if let Some(w) = r["workload"].as_str() {
+                if !seen.iter().any(|s| s == w) {
+                    seen.push(w.to_string());
+                }
+            }
+        }
+        seen
+    }
+
+    /// `field` of `server`'s in-memory `workload` record of round `round`.
+    fn in_round(&self, server: &str, workload: &str, round: u64, field: &str) -> Option<f64> {
+        self.all
+            .iter()
+            .find(|r| {
+                r["dataset"] == "in-memory"
+                    && r["engine"] == server
+                    && r["workload"] == workload
+                    && r["round"].as_u64() == Some(round)
+            })
+            .and_then(|r| number(&r[field]))
+    }
+
+    /// Each round's ratio of `field`, `server` ÷ redis-server (the two servers of a round
+    /// ran minutes apart, through the same spell).
+    fn round_ratios(&self, server: &str, workload: &str, field: &str) -> Vec<Option<f64>> {
+        (0..self.rounds)
+            .map(|round| {
+                match (
+                    self.in_round(server, workload, round, field),
+                    self.in_round(REDIS, workload, round, field),
+                ) {
+                    (Some(a), Some(b)) if b > 0.0 => Some(a / b),
+                    _ => None,
+                }
+            })
+            .collect()
+    }
+}
+
+/// The Markdown section for BENCHMARKS.md from a `server` run's JSON document.
+pub(super) fn render(doc: &Value, json_path: &Path) -> String {
+    let options = &doc["options"];
+    let run = Run::new(doc);
     let mut md = String::new();
-    md += "## Redis protocol: `tucana serve` and redis-server under redis-benchmark\n\n";
+    what_ran(&mut md, options, json_path);
+    warnings(&mut md, doc);
+    quoted_notes(&mut md, &options["notes"]);
+    let _ = writeln!(
+        md,
+        "Load average (1, 5, 15 min) before the run: {}; after: {}.\n",
+        options["load_average_before"].as_str().unwrap_or("?"),
+        options["load_average_after"].as_str().unwrap_or("?")
+    );
+    rounds(&mut md, run.rounds);
+    connection_threads(&mut md, &run.medians, options);
+    busy_polling(&mut md, &run.medians);
+    ratio_table(&mut md, &run, options);
+    absolute_table(&mut md, &run);
+    larger_than_memory(&mut md, &run.medians, &options["larger_than_memory"]);
+    configurations(&mut md, options);
+    reproduce(&mut md, options);
+    md
+}
+
+/// The heading, the paragraph on how each server was loaded and measured, and the target.
+fn what_ran(md: &mut String, options: &Value, json_path: &Path) {
+    *md += "## Redis protocol: `tucana serve` and redis-server under redis-benchmark\n\n";
     let _ = writeln!(
         md,
         "From `{}`, written by one `tucana-bench server` run. Each server ran alone on a fresh \
@@ -109,29 +199,27 @@ pub fn render_section(doc: &Value, json_path: &Path) -> String {
             // "Redis server v=7.0.15 sha=00000000:0 malloc=...": the version is enough.
             .map_or("no redis-server", |v| v.split(" sha=").next().unwrap_or(v)),
     );
-    md += "Issue 6's target: Tucana at ≥ 1.0× redis-server's throughput while persisting \
+    *md += "Issue 6's target: Tucana at ≥ 1.0× redis-server's throughput while persisting \
            every write to its log, with the data set allowed to be larger than memory.\n\n";
+}
+
+/// A debug build's warning (of the harness or of the `tucana` it ran), and a quick run's.
+fn warnings(md: &mut String, doc: &Value) {
+    let options = &doc["options"];
     if doc["debug_build"].as_bool() == Some(true)
         || options["tucana_binary"]
             .as_str()
             .is_some_and(|p| p.contains("/debug/"))
     {
-        md += "**WARNING: a debug build produced these numbers; they are meaningless.**\n\n";
+        *md += &debug_build_warning("these numbers");
     }
     if options["quick"].as_bool() == Some(true) {
-        md += "**A `--quick` smoke run: the counts are too small to mean anything.**\n\n";
+        *md += "**A `--quick` smoke run: the counts are too small to mean anything.**\n\n";
     }
-    if let Some(notes) = options["notes"].as_array() {
-        for note in notes.iter().filter_map(Value::as_str) {
-            let _ = writeln!(md, "> {note}\n");
-        }
-    }
-    let _ = writeln!(
-        md,
-        "Load average (1, 5, 15 min) before the run: {}; after: {}.\n",
-        options["load_average_before"].as_str().unwrap_or("?"),
-        options["load_average_after"].as_str().unwrap_or("?")
-    );
+}
+
+/// How the rounds of a run of several are summarised.
+fn rounds(md: &mut String, rounds: u64) {
     if rounds > 1 {
         let _ = writeln!(
             md,
@@ -142,27 +230,35 @@ pub fn render_section(doc: &Value, json_path: &Path) -> String {
              the JSON file).\n"
         );
     }
+}
+
+/// How many connection threads `tucana serve` ran, as it reported them.
+fn connection_threads(md: &mut String, records: &[Value], options: &Value) {
     let mut threads: Vec<u64> = records
         .iter()
         .filter_map(|r| r["connection_threads"].as_u64())
         .collect();
     threads.sort_unstable();
     threads.dedup();
-    if !threads.is_empty() {
-        let list: Vec<String> = threads.iter().map(u64::to_string).collect();
-        let how = match options["tucana_threads"].as_u64() {
-            Some(_) => "as `--tucana-threads` asked",
-            None => "its default for the machine's cores",
-        };
-        let _ = writeln!(
-            md,
-            "`tucana serve` ran {} connection thread(s) ({how}; INFO `connection_threads`).\n",
-            list.join(", ")
-        );
+    if threads.is_empty() {
+        return;
     }
-    // How long each Tucana server's connection threads polled before sleeping.
+    let list: Vec<String> = threads.iter().map(u64::to_string).collect();
+    let how = match options["tucana_threads"].as_u64() {
+        Some(_) => "as `--tucana-threads` asked",
+        None => "its default for the machine's cores",
+    };
+    let _ = writeln!(
+        md,
+        "`tucana serve` ran {} connection thread(s) ({how}; INFO `connection_threads`).\n",
+        list.join(", ")
+    );
+}
+
+/// How long each Tucana server's connection threads polled before sleeping.
+fn busy_polling(md: &mut String, records: &[Value]) {
     let mut polls: Vec<String> = Vec::new();
-    for r in &records {
+    for r in records {
         if let (Some(server), Some(us)) = (r["engine"].as_str(), r["busy_poll_us"].as_u64()) {
             let text = match us {
                 0 => format!("{server} off"),
@@ -181,7 +277,12 @@ pub fn render_section(doc: &Value, json_path: &Path) -> String {
             polls.join(", ")
         );
     }
+}
 
+/// "Tucana ÷ redis-server (in memory)": throughput and server CPU of each Tucana server
+/// over redis-server's, a row per test (and each round's throughput ratio, with several),
+/// when the run had both.
+fn ratio_table(md: &mut String, run: &Run, options: &Value) {
     let servers: Vec<String> = options["servers"]
         .as_array()
         .map(|s| {
@@ -191,103 +292,87 @@ pub fn render_section(doc: &Value, json_path: &Path) -> String {
                 .collect()
         })
         .unwrap_or_default();
-    let tests: Vec<String> = {
-        let mut seen: Vec<String> = Vec::new();
-        for r in &records {
-            if let Some(w) = r["workload"].as_str() {
-                if !seen.iter().any(|s| s == w) {
-                    seen.push(w.to_string());
-                }
-            }
-        }
-        seen
-    };
-    let redis = "redis-everysec";
     let ours: Vec<&String> = servers.iter().filter(|s| s.starts_with("tucana")).collect();
-    if servers.iter().any(|s| s == redis) && !ours.is_empty() {
-        md += "### Tucana ÷ redis-server (in memory)\n\n";
-        md += "Throughput: above 1 means Tucana serves more requests per second. Server CPU: \
-                below 1 means the Tucana server spends less CPU time per request.\n\n";
-        md += "| test |";
-        for s in &ours {
-            let _ = write!(md, " {s} throughput | {s} server CPU |");
-            if rounds > 1 {
-                let _ = write!(md, " {s} throughput, each round |");
-            }
-        }
-        md += "\n|---|";
-        md += &(if rounds > 1 {
-            "---|---|---|"
-        } else {
-            "---|---|"
-        })
-        .repeat(ours.len());
-        md += "\n";
-        let in_round = |server: &str, workload: &str, round: u64, field: &str| -> Option<f64> {
-            all.iter()
-                .find(|r| {
-                    r["dataset"] == "in-memory"
-                        && r["engine"] == server
-                        && r["workload"] == workload
-                        && r["round"].as_u64() == Some(round)
-                })
-                .and_then(|r| number(&r[field]))
-        };
-        // Each round's ratio (the two servers ran minutes apart, through the same spell).
-        let round_ratios = |server: &str, workload: &str, field: &str| -> Vec<Option<f64>> {
-            (0..rounds)
-                .map(|round| {
-                    match (
-                        in_round(server, workload, round, field),
-                        in_round(redis, workload, round, field),
-                    ) {
-                        (Some(a), Some(b)) if b > 0.0 => Some(a / b),
-                        _ => None,
-                    }
-                })
-                .collect()
-        };
-        for test in &tests {
-            let _ = write!(md, "| {test} |");
-            for s in &ours {
-                for (field, higher_is_better) in [("ops_per_sec", true), ("cpu_us_per_op", false)] {
-                    let (a, b) = if rounds > 1 {
-                        // The median of the rounds' own ratios, not a ratio of medians
-                        // taken from different rounds.
-                        let mut ratios: Vec<f64> =
-                            round_ratios(s, test, field).into_iter().flatten().collect();
-                        ratios.sort_by(f64::total_cmp);
-                        let n = ratios.len();
-                        let median = match n {
-                            0 => None,
-                            _ if n % 2 == 1 => Some(ratios[n / 2]),
-                            _ => Some((ratios[n / 2 - 1] + ratios[n / 2]) / 2.0),
-                        };
-                        (median, Some(1.0))
-                    } else {
-                        (
-                            find("in-memory", s, test).and_then(|r| number(&r[field])),
-                            find("in-memory", redis, test).and_then(|r| number(&r[field])),
-                        )
-                    };
-                    let cell = ratio_cell(a, b, higher_is_better);
-                    let _ = write!(md, " {cell} |");
-                }
-                if rounds > 1 {
-                    let each: Vec<String> = round_ratios(s, test, "ops_per_sec")
-                        .into_iter()
-                        .map(|r| r.map_or("–".to_string(), |r| format!("{r:.2}")))
-                        .collect();
-                    let _ = write!(md, " {} |", each.join(", "));
-                }
-            }
-            md += "\n";
-        }
-        md += "\n";
+    if !servers.iter().any(|s| s == REDIS) || ours.is_empty() {
+        return;
     }
+    *md += "### Tucana ÷ redis-server (in memory)\n\n";
+    *md += "Throughput: above 1 means Tucana serves more requests per second. Server CPU: \
+            below 1 means the Tucana server spends less CPU time per request.\n\n";
+    *md += "| test |";
+    for s in &ours {
+        let _ = write!(md, " {s} throughput | {s} server CPU |");
+        if run.rounds > 1 {
+            let _ = write!(md, " {s} throughput, each round |");
+        }
+    }
+    *md += "\n|---|";
+    *md += &(if run.rounds > 1 {
+        "---|---|---|"
+    } else {
+        "---|---|"
+    })
+    .repeat(ours.len());
+    *md += "\n";
+    for test in &run.tests() {
+        let _ = write!(md, "| {test} |");
+        for s in &ours {
+            ratio_cells(md, run, s, test);
+        }
+        *md += "\n";
+    }
+    *md += "\n";
+}
 
-    md += "### Absolute figures\n\n";
-    md += "requests/s and latency percentiles as redis-benchmark reports them (with pipelining \
+/// The cells of one Tucana server in one test's row: throughput and server CPU ratios,
+/// then each round's throughput ratio when there are several rounds.
+fn ratio_cells(md: &mut String, run: &Run, server: &str, test: &str) {
+    for (field, higher_is_better) in [("ops_per_sec", true), ("cpu_us_per_op", false)] {
+        let (a, b) = if run.rounds > 1 {
+            // The median of the rounds' own ratios, not a ratio of medians taken from
+            // different rounds.
+            let ratios: Vec<f64> = run
+                .round_ratios(server, test, field)
+                .into_iter()
+                .flatten()
+                .collect();
+            (median(ratios), Some(1.0))
+        } else {
+            (
+                run.find("in-memory", server, test)
+                    .and_then(|r| number(&r[field])),
+                run.find("in-memory", REDIS, test)
+                    .and_then(|r| number(&r[field])),
+            )
+        };
+        let cell = ratio_cell(a, b, higher_is_better);
+        let _ = write!(md, " {cell} |");
+    }
+    if run.rounds > 1 {
+        let each: Vec<String> = run
+            .round_ratios(server, test, "ops_per_sec")
+            .into_iter()
+            .map(|r| r.map_or("–".to_string(), |r| format!("{r:.2}")))
+            .collect();
+        let _ = write!(md, " {} |", each.join(", "));
+    }
+}
+
+/// The median of `values` (the mean of the middle two for an even count); `None` for none.
+fn median(mut values: Vec<f64>) -> Option<f64> {
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(values[n / 2]),
+        _ => Some((values[n / 2 - 1] + values[n / 2]) / 2.0),
+    }
+}
+
+/// "Absolute figures": what the columns are, then a row per data set, test and server.
+fn absolute_table(md: &mut String, run: &Run) {
+    *md += "### Absolute figures\n\n";
+    *md += "requests/s and latency percentiles as redis-benchmark reports them (with pipelining \
             a request's latency includes waiting for the rest of its batch); server CPU is the \
             server process's user + system time (all threads, /proc/PID/stat) during the test ÷ \
             requests; peak RSS is the server's VmHWM during the test (Tucana's includes the pages of its \
@@ -300,11 +385,13 @@ pub fn render_section(doc: &Value, json_path: &Path) -> String {
             and how the server batches its replies changes what the client spends). `load` is the \
             harness's own SET of every key (4 connections, pipeline 256); its server CPU includes the \
             wait that followed it (Tucana's commit of the loaded keys).\n\n";
-    md += "| data set | test | server | requests/s | p50 µs | p99 µs | server CPU µs/request | client CPU µs/request | server sleeps per request | peak RSS MiB | log syncs | writes per sync |\n";
-    md += "|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+    *md += "| data set | test | server | requests/s | p50 µs | p99 µs | server CPU µs/request | client CPU µs/request | server sleeps per request | peak RSS MiB | log syncs | writes per sync |\n";
+    *md += "|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+    let tests = run.tests();
     for dataset in ["in-memory", "larger-than-memory"] {
         for test in &tests {
-            for r in records
+            for r in run
+                .medians
                 .iter()
                 .filter(|r| r["dataset"] == dataset && r["workload"] == test.as_str())
             {
@@ -323,75 +410,87 @@ pub fn render_section(doc: &Value, json_path: &Path) -> String {
                     fmt_number(number(&r["cpu_us_per_op"])),
                     fmt_number(number(&r["client_cpu_us_per_op"])),
                     number(&r["server_sleeps_per_op"]).map_or("–".into(), |s| format!("{s:.3}")),
-                    number(&r["peak_rss_bytes"])
-                        .map_or("–".into(), |b| format!("{:.0}", b / (1 << 20) as f64)),
+                    fmt_mib(number(&r["peak_rss_bytes"])),
                     syncs.map_or("–".into(), |s| s.to_string()),
                     fmt_number(writes_per_sync),
                 );
             }
         }
     }
-    md += "\n";
+    *md += "\n";
+}
 
-    let large = &options["larger_than_memory"];
-    if large.is_object() {
-        md += "### Larger than memory (Tucana only)\n\n";
+/// "Larger than memory (Tucana only)": the cgroup and the data set, then the device
+/// traffic of each test; nothing when the run skipped the variant.
+fn larger_than_memory(md: &mut String, records: &[Value], large: &Value) {
+    if !large.is_object() {
+        return;
+    }
+    *md += "### Larger than memory (Tucana only)\n\n";
+    let _ = writeln!(
+        md,
+        "redis-server keeps every key and value in memory, so it cannot serve a data set \
+         larger than memory: this variant has no Redis row. `{}` ran inside a memory \
+         cgroup the harness created ({}), {} keys × {}-byte values = {} of keys and values, \
+         {} requests per test over all the keys.\n",
+        large["server"].as_str().unwrap_or("?"),
+        large_cgroup(large),
+        large["keys"],
+        large["value_bytes"],
+        large["data_bytes"].as_u64().map_or("?".into(), fmt_bytes),
+        large["requests"],
+    );
+    if let Some(failed) = large["failed"].as_str() {
+        let _ = writeln!(md, "**The run did not finish: {failed}.**\n");
+    }
+    *md += "Device traffic during each test (the data directory's block device, every \
+            process on it):\n\n| test | device read MiB | device written MiB | device bytes read per request |\n|---|---|---|---|\n";
+    for r in records
+        .iter()
+        .filter(|r| r["dataset"] == "larger-than-memory")
+    {
+        let read = number(&r["device_read_bytes"]);
+        let written = number(&r["device_write_bytes"]);
+        let per_request = read
+            .zip(number(&r["requests"]))
+            .map(|(b, n)| b / n.max(1.0));
         let _ = writeln!(
             md,
-            "redis-server keeps every key and value in memory, so it cannot serve a data set \
-             larger than memory: this variant has no Redis row. `{}` ran inside a memory \
-             cgroup the harness created ({}), {} keys × {}-byte values = {} of keys and values, \
-             {} requests per test over all the keys.\n",
-            large["server"].as_str().unwrap_or("?"),
-            match large["cgroup"]["error"].as_str() {
-                None => format!(
-                    "cgroup {} `{}` = {}, page cache included; peak use {}, limit reached {} times",
-                    large["cgroup"]["version"].as_str().unwrap_or("?"),
-                    large["cgroup"]["limit_file"].as_str().unwrap_or("?"),
-                    large["memory_limit_bytes"]
-                        .as_u64()
-                        .map_or("?".into(), fmt_bytes),
-                    large["cgroup_peak_bytes"]
-                        .as_u64()
-                        .map_or("?".into(), fmt_bytes),
-                    large["cgroup_limit_hits"]
-                        .as_u64()
-                        .map_or("?".into(), |n| n.to_string()),
-                ),
-                Some(reason) => format!("**not applied**: {reason}; memory was NOT limited"),
-            },
-            large["keys"],
-            large["value_bytes"],
-            large["data_bytes"].as_u64().map_or("?".into(), fmt_bytes),
-            large["requests"],
+            "| {} | {} | {} | {} |",
+            r["workload"].as_str().unwrap_or("?"),
+            fmt_number(read.map(|b| b / (1 << 20) as f64)),
+            fmt_number(written.map(|b| b / (1 << 20) as f64)),
+            fmt_number(per_request),
         );
-        if let Some(failed) = large["failed"].as_str() {
-            let _ = writeln!(md, "**The run did not finish: {failed}.**\n");
-        }
-        md += "Device traffic during each test (the data directory's block device, every \
-                process on it):\n\n| test | device read MiB | device written MiB | device bytes read per request |\n|---|---|---|---|\n";
-        for r in records
-            .iter()
-            .filter(|r| r["dataset"] == "larger-than-memory")
-        {
-            let read = number(&r["device_read_bytes"]);
-            let written = number(&r["device_write_bytes"]);
-            let per_request = read
-                .zip(number(&r["requests"]))
-                .map(|(b, n)| b / n.max(1.0));
-            let _ = writeln!(
-                md,
-                "| {} | {} | {} | {} |",
-                r["workload"].as_str().unwrap_or("?"),
-                fmt_number(read.map(|b| b / (1 << 20) as f64)),
-                fmt_number(written.map(|b| b / (1 << 20) as f64)),
-                fmt_number(per_request),
-            );
-        }
-        md += "\n";
     }
+    *md += "\n";
+}
 
-    md += "### Server configurations\n\n";
+/// The larger-than-memory variant's cgroup: its limit and what the server used of it, or
+/// why there was none.
+fn large_cgroup(large: &Value) -> String {
+    match large["cgroup"]["error"].as_str() {
+        None => format!(
+            "cgroup {} `{}` = {}, page cache included; peak use {}, limit reached {} times",
+            large["cgroup"]["version"].as_str().unwrap_or("?"),
+            large["cgroup"]["limit_file"].as_str().unwrap_or("?"),
+            large["memory_limit_bytes"]
+                .as_u64()
+                .map_or("?".into(), fmt_bytes),
+            large["cgroup_peak_bytes"]
+                .as_u64()
+                .map_or("?".into(), fmt_bytes),
+            large["cgroup_limit_hits"]
+                .as_u64()
+                .map_or("?".into(), |n| n.to_string()),
+        ),
+        Some(reason) => format!("**not applied**: {reason}; memory was NOT limited"),
+    }
+}
+
+/// "Server configurations": each server's command line and promise, and Tucana's version.
+fn configurations(md: &mut String, options: &Value) {
+    *md += "### Server configurations\n\n";
     if let Some(configurations) = options["configurations"].as_object() {
         for (name, c) in configurations {
             let _ = writeln!(
@@ -407,24 +506,18 @@ pub fn render_section(doc: &Value, json_path: &Path) -> String {
         "\nTucana: {}.\n",
         options["tucana_version"].as_str().unwrap_or("?")
     );
+}
 
-    md += "### Reproduce\n\n```sh\nscripts/server-deps.sh --bench   # redis-server, redis-benchmark (Debian/Ubuntu, as root)\n";
-    let args_only: Vec<String> = options["argv"]
-        .as_array()
-        .map(|argv| {
-            argv.iter()
-                .skip(2)
-                .filter_map(Value::as_str)
-                .map(shell_quote)
-                .collect()
-        })
-        .unwrap_or_default();
-    let _ = writeln!(md, "scripts/bench-redis.sh {}", args_only.join(" "));
-    md += "```\n\n";
-    md += "redis-benchmark runs on the same cores as the server it measures, so on a small \
+/// "Reproduce": the run's command (through `scripts/bench-redis.sh`), and why the server
+/// CPU column is the fairer one.
+fn reproduce(md: &mut String, options: &Value) {
+    *md += "### Reproduce\n\n```sh\nscripts/server-deps.sh --bench   # redis-server, redis-benchmark (Debian/Ubuntu, as root)\n";
+    let args = shell_args(&options["argv"], 2).unwrap_or_default();
+    let _ = writeln!(md, "scripts/bench-redis.sh {args}");
+    *md += "```\n\n";
+    *md += "redis-benchmark runs on the same cores as the server it measures, so on a small \
             machine the two compete for CPU; the server CPU column is the fairer comparison \
             of what each server costs per request.\n\n";
-    md
 }
 
 #[cfg(test)]
@@ -461,7 +554,7 @@ mod tests {
                  "ops_per_sec": 50.0, "requests": 100, "device_read_bytes": 409600},
             ],
         });
-        let md = render_section(&doc, Path::new("bench/server-results.json"));
+        let md = render(&doc, Path::new("bench/server-results.json"));
         assert!(md.contains("| redis-SET-P1 | **1.50** | 2.00 |"), "{md}");
         assert!(
             md.contains("| in-memory | redis-SET-P1 | tucana-buffered | 150.0 |"),
@@ -512,7 +605,7 @@ mod tests {
                 rec("redis-everysec", 2, 150.0, 3.0), rec("tucana-buffered", 2, 165.0, 4.0),
             ],
         });
-        let md = render_section(&doc, Path::new("bench/server-results.json"));
+        let md = render(&doc, Path::new("bench/server-results.json"));
         // Medians: redis 150 and 2.0 us, tucana 165 and 2.0 us.
         assert!(
             md.contains("| redis-GET-P16 | **1.10** | **1.00** | 0.90, 1.50, 1.10 |"),
