@@ -11,25 +11,37 @@
 //! whose limit is a fraction of the data set. redis-server cannot serve a data set larger
 //! than memory (it keeps every key and value in RAM), so that variant has no Redis row.
 //!
-//! Owns the server plan and the processes it starts (it stops every one of them, also on
-//! error); the record format is `report`'s, the Markdown section `document::server`'s. Records go to their
-//! own file (default `bench/server-results.json`, same layout as the suite's) so a server
-//! run and a suite run never overwrite each other; `report` reads it from next to the
-//! suite's JSON file (or `--server-json`).
+//! Owns the run: its arguments, the plan of each server (`run_plan`) and the records it
+//! writes, in the record format of `report`. The children: `kind` the servers compared and
+//! the programs that run them, `process` a running server (start, settle, sample, stop:
+//! every server started is stopped, also on error), `resp` the harness's own RESP client
+//! (PING, INFO, the loader), `redis_benchmark` one redis-benchmark test and its CSV. The
+//! Markdown section is `document::server`'s. Records go to their own file (default
+//! `bench/server-results.json`, same layout as the suite's) so a server run and a suite
+//! run never overwrite each other; `report` reads it from next to the suite's JSON file
+//! (or `--server-json`).
+//!
 //! Single-threaded except for the loader's connections, which share nothing.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use clap::{Args, ValueEnum};
+use clap::Args;
 use serde_json::{json, Map, Value};
 
 use crate::format::fmt_bytes;
 use crate::report::{self, Machine, Record, RunOptions};
 use crate::{cgroup, measure, sys, Result};
+
+mod kind;
+mod process;
+mod redis_benchmark;
+mod resp;
+
+use kind::{default_tucana, require, version_of, Programs, ServerKind};
+use process::{load_average, Sample, Server};
+use redis_benchmark::redis_benchmark;
+use resp::{info_field, load, KEY_BYTES, LOAD_CONNECTIONS, LOAD_PIPELINE};
 
 #[derive(Args, Debug, Clone)]
 pub struct ServerArgs {
@@ -103,18 +115,6 @@ pub const DEFAULT_JSON_FILE_NAME: &str = "server-results.json";
 /// redis-benchmark writes `-r` keys as 12 decimal digits.
 const MAX_KEYSPACE: u64 = 1_000_000_000_000;
 
-/// How long a server may take to answer its first PING (a large volume's recovery included).
-const START_TIMEOUT: Duration = Duration::from_secs(120);
-
-/// How long a server may take to stop after SIGTERM (it commits first) before SIGKILL.
-const STOP_TIMEOUT: Duration = Duration::from_secs(120);
-
-/// SETs per round trip of the loader: deep enough that the network is not the limit.
-const LOAD_PIPELINE: u64 = 256;
-
-/// Connections of the loader, each loading a contiguous share of the keys.
-const LOAD_CONNECTIONS: u64 = 4;
-
 impl ServerArgs {
     fn apply_quick(&mut self) {
         if self.quick {
@@ -124,173 +124,6 @@ impl ServerArgs {
             self.large_requests = 1_000;
         }
     }
-}
-
-/// The servers compared.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum ServerKind {
-    /// redis-server, appendonly yes, appendfsync everysec, no RDB snapshots.
-    RedisEverysec,
-    /// tucana serve --durability buffered --flush-interval-ms 1000.
-    TucanaBuffered,
-    /// tucana serve --durability sync (answered once durable; group commit).
-    TucanaSync,
-    /// tucana-buffered without busy polling (--busy-poll-us 0): what the spin is worth.
-    TucanaBufferedNopoll,
-}
-
-impl ServerKind {
-    /// The servers a run compares unless told otherwise.
-    const DEFAULT: [ServerKind; 3] = [
-        ServerKind::RedisEverysec,
-        ServerKind::TucanaBuffered,
-        ServerKind::TucanaSync,
-    ];
-    const ALL: [ServerKind; 4] = [
-        ServerKind::RedisEverysec,
-        ServerKind::TucanaBuffered,
-        ServerKind::TucanaSync,
-        ServerKind::TucanaBufferedNopoll,
-    ];
-
-    fn name(self) -> &'static str {
-        match self {
-            ServerKind::RedisEverysec => "redis-everysec",
-            ServerKind::TucanaBuffered => "tucana-buffered",
-            ServerKind::TucanaSync => "tucana-sync",
-            ServerKind::TucanaBufferedNopoll => "tucana-buffered-nopoll",
-        }
-    }
-
-    fn is_tucana(self) -> bool {
-        self != ServerKind::RedisEverysec
-    }
-
-    /// The flags after the program name; `{dir}` and `{port}` as given.
-    fn flags(self, data_dir: &Path, port: u16) -> Vec<String> {
-        let dir = data_dir.display().to_string();
-        let port_arg = port.to_string();
-        let strings = |flags: &[&str]| flags.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-        match self {
-            ServerKind::RedisEverysec => strings(&[
-                "--port",
-                &port_arg,
-                "--bind",
-                "127.0.0.1",
-                "--dir",
-                &dir,
-                "--appendonly",
-                "yes",
-                "--appendfsync",
-                "everysec",
-                "--save",
-                "",
-                "--daemonize",
-                "no",
-                "--logfile",
-                &format!("{dir}/redis.log"),
-            ]),
-            ServerKind::TucanaBuffered => strings(&[
-                "--db",
-                &format!("{dir}/volume.tucana"),
-                "serve",
-                "--port",
-                &port_arg,
-                "--durability",
-                "buffered",
-                "--flush-interval-ms",
-                "1000",
-            ]),
-            ServerKind::TucanaBufferedNopoll => {
-                let mut flags = ServerKind::TucanaBuffered.flags(data_dir, port);
-                flags.extend(strings(&["--busy-poll-us", "0"]));
-                flags
-            }
-            ServerKind::TucanaSync => strings(&[
-                "--db",
-                &format!("{dir}/volume.tucana"),
-                "serve",
-                "--port",
-                &port_arg,
-                "--durability",
-                "sync",
-            ]),
-        }
-    }
-
-    /// What the server promises, for the document.
-    fn promise(self) -> &'static str {
-        match self {
-            ServerKind::RedisEverysec => {
-                "every write appended to the AOF, fsync once a second (no RDB snapshots)"
-            }
-            ServerKind::TucanaBuffered => {
-                "every write appended to the log, flushed and synced at least once a second: \
-                 the same promise as everysec"
-            }
-            ServerKind::TucanaBufferedNopoll => {
-                "as tucana-buffered; a connection thread sleeps as soon as it has nothing to \
-                 run (no busy polling)"
-            }
-            ServerKind::TucanaSync => {
-                "a write is answered only once durable (concurrent writers share an fsync); \
-                 Redis would need appendfsync always for this"
-            }
-        }
-    }
-}
-
-/// The programs the run uses.
-struct Programs {
-    tucana: PathBuf,
-    /// `--threads` for `tucana serve`, if given.
-    tucana_threads: Option<u64>,
-    redis_server: PathBuf,
-    redis_benchmark: PathBuf,
-}
-
-impl Programs {
-    fn program(&self, kind: ServerKind) -> &Path {
-        if kind.is_tucana() {
-            &self.tucana
-        } else {
-            &self.redis_server
-        }
-    }
-}
-
-/// The first line `program --version` prints, or why it cannot run.
-fn version_of(program: &Path) -> std::result::Result<String, String> {
-    let output = Command::new(program)
-        .arg("--version")
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| format!("cannot run {}: {e}", program.display()))?;
-    if !output.status.success() {
-        return Err(format!(
-            "{} --version failed ({})",
-            program.display(),
-            output.status
-        ));
-    }
-    let text = String::from_utf8_lossy(&output.stdout);
-    Ok(text.lines().next().unwrap_or("").trim().to_string())
-}
-
-/// `tucana` next to this program (cargo puts both in the same target directory), else PATH.
-fn default_tucana() -> PathBuf {
-    std::env::current_exe()
-        .ok()
-        .and_then(|exe| exe.parent().map(|dir| dir.join("tucana")))
-        .filter(|path| path.is_file())
-        .unwrap_or_else(|| PathBuf::from("tucana"))
-}
-
-/// Whether redis-benchmark can run here: the smoke test skips the server run when not.
-fn require(program: &Path, what: &str) -> Result<String> {
-    version_of(program).map_err(|reason| {
-        format!("{reason}: {what} (scripts/server-deps.sh --bench installs redis-server and redis-benchmark)").into()
-    })
 }
 
 pub fn run(args: &ServerArgs) -> Result<()> {
@@ -305,26 +138,83 @@ pub fn run(args: &ServerArgs) -> Result<()> {
         redis_server: args.redis_server.clone(),
         redis_benchmark: args.redis_benchmark.clone(),
     };
-    let benchmark_version = require(&programs.redis_benchmark, "redis-benchmark is needed")?;
-    let redis_version = if args.servers.contains(&ServerKind::RedisEverysec) {
-        Some(require(
-            &programs.redis_server,
-            "redis-server is needed for redis-everysec",
-        )?)
-    } else {
-        None
-    };
-    let tucana_needed = args.servers.iter().any(|s| s.is_tucana()) || args.large_keys > 0;
-    let tucana_version = if tucana_needed {
-        Some(version_of(&programs.tucana).map_err(|reason| {
-            format!("{reason} (build it: cargo build --release -p tucana-cli, or pass --tucana)")
-        })?)
-    } else {
-        None
-    };
+    let versions = Versions::of(&args, &programs)?;
 
     let mut machine = Machine::detect();
     machine.disk = measure::watch_device_of(&args.dir);
+    let mut options = run_options(&args, &programs, versions);
+    crate::describe_dir(&args.dir, &mut options);
+    report::print_header("server", &machine, &options);
+    if programs.tucana.to_string_lossy().contains("/debug/") {
+        println!("WARNING: {} is a debug build", programs.tucana.display());
+    }
+    if let Some(parent) = args.json.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent)?;
+    }
+
+    let work = tempfile::Builder::new()
+        .prefix("tucana-server-bench-")
+        .tempdir_in(&args.dir)?;
+    let mut records: Vec<Record> = Vec::new();
+    print_table_header();
+    run_in_memory(
+        &args,
+        &programs,
+        work.path(),
+        &machine,
+        &options,
+        &mut records,
+    )?;
+    if args.large_keys > 0 {
+        run_large(&args, &programs, work.path(), &mut options, &mut records)?;
+    }
+    options.set("load_average_after", load_average());
+    report::write_json(&args.json, "server", &machine, &options, &records)?;
+    println!("\nresults written to {}", args.json.display());
+    Ok(())
+}
+
+/// The versions of the programs the run needs, or why one of them cannot run.
+struct Versions {
+    redis_benchmark: String,
+    /// When redis-everysec is one of the servers.
+    redis_server: Option<String>,
+    /// When a Tucana server is one of them, or the larger-than-memory variant runs.
+    tucana: Option<String>,
+}
+
+impl Versions {
+    fn of(args: &ServerArgs, programs: &Programs) -> Result<Versions> {
+        let redis_benchmark = require(&programs.redis_benchmark, "redis-benchmark is needed")?;
+        let redis_server = if args.servers.contains(&ServerKind::RedisEverysec) {
+            Some(require(
+                &programs.redis_server,
+                "redis-server is needed for redis-everysec",
+            )?)
+        } else {
+            None
+        };
+        let tucana_needed = args.servers.iter().any(|s| s.is_tucana()) || args.large_keys > 0;
+        let tucana = if tucana_needed {
+            Some(version_of(&programs.tucana).map_err(|reason| {
+                format!(
+                    "{reason} (build it: cargo build --release -p tucana-cli, or pass --tucana)"
+                )
+            })?)
+        } else {
+            None
+        };
+        Ok(Versions {
+            redis_benchmark,
+            redis_server,
+            tucana,
+        })
+    }
+}
+
+/// What the results file records of the run before it starts: the arguments, the
+/// programs' versions, the load average, and each server's command line and promise.
+fn run_options(args: &ServerArgs, programs: &Programs, versions: Versions) -> RunOptions {
     let mut options = RunOptions::default();
     options.set("argv", std::env::args().collect::<Vec<_>>());
     options.set(
@@ -343,13 +233,20 @@ pub fn run(args: &ServerArgs) -> Result<()> {
     options.set("memory_limit_bytes", args.memory_limit_bytes);
     options.set("quick", args.quick);
     options.set("notes", args.note.clone());
-    options.set("redis_benchmark_version", benchmark_version);
-    options.set("redis_server_version", redis_version);
-    options.set("tucana_version", tucana_version);
+    options.set("redis_benchmark_version", versions.redis_benchmark);
+    options.set("redis_server_version", versions.redis_server);
+    options.set("tucana_version", versions.tucana);
     options.set("tucana_binary", programs.tucana.display().to_string());
     options.set("tucana_threads", args.tucana_threads);
     options.set("load_average_before", load_average());
-    let configurations: Map<String, Value> = ServerKind::ALL
+    options.set("configurations", Value::Object(configurations(args)));
+    options
+}
+
+/// Each server the run starts: its command line (data directory `DIR`, port `PORT`) and
+/// what it promises.
+fn configurations(args: &ServerArgs) -> Map<String, Value> {
+    ServerKind::ALL
         .iter()
         .filter(|k| args.servers.contains(k) || (**k == LARGE_SERVER && args.large_keys > 0))
         .map(|k| {
@@ -371,22 +268,19 @@ pub fn run(args: &ServerArgs) -> Result<()> {
                 }),
             )
         })
-        .collect();
-    options.set("configurations", Value::Object(configurations));
-    crate::describe_dir(&args.dir, &mut options);
-    report::print_header("server", &machine, &options);
-    if programs.tucana.to_string_lossy().contains("/debug/") {
-        println!("WARNING: {} is a debug build", programs.tucana.display());
-    }
-    if let Some(parent) = args.json.parent().filter(|p| !p.as_os_str().is_empty()) {
-        std::fs::create_dir_all(parent)?;
-    }
+        .collect()
+}
 
-    let work = tempfile::Builder::new()
-        .prefix("tucana-server-bench-")
-        .tempdir_in(&args.dir)?;
-    let mut records: Vec<Record> = Vec::new();
-    print_table_header();
+/// The in-memory tests: each round runs every server once, in order, each on a fresh data
+/// directory under `work`; the results file is rewritten after every server.
+fn run_in_memory(
+    args: &ServerArgs,
+    programs: &Programs,
+    work: &Path,
+    machine: &Machine,
+    options: &RunOptions,
+    records: &mut Vec<Record>,
+) -> Result<()> {
     for (round, &kind) in
         (0..args.rounds).flat_map(|round| args.servers.iter().map(move |kind| (round, kind)))
     {
@@ -398,11 +292,11 @@ pub fn run(args: &ServerArgs) -> Result<()> {
             keys: args.keyspace,
             pipelines: args.pipelines.clone(),
         };
-        let data_dir = work.path().join(kind.name());
+        let data_dir = work.join(kind.name());
         std::fs::create_dir_all(&data_dir)?;
-        let mut server = Server::start(kind, &programs, &data_dir, None)?;
+        let mut server = Server::start(kind, programs, &data_dir, None)?;
         let first = records.len();
-        let result = run_plan(&mut server, &plan, &programs, None, &mut records);
+        let result = run_plan(&mut server, &plan, programs, None, records);
         for record in &mut records[first..] {
             record.set("round", round);
         }
@@ -411,15 +305,8 @@ pub fn run(args: &ServerArgs) -> Result<()> {
         stopped?;
         // The data directory is large; the next server gets the space.
         std::fs::remove_dir_all(&data_dir)?;
-        report::write_json(&args.json, "server", &machine, &options, &records)?;
+        report::write_json(&args.json, "server", machine, options, records)?;
     }
-
-    if args.large_keys > 0 {
-        run_large(&args, &programs, work.path(), &mut options, &mut records)?;
-    }
-    options.set("load_average_after", load_average());
-    report::write_json(&args.json, "server", &machine, &options, &records)?;
-    println!("\nresults written to {}", args.json.display());
     Ok(())
 }
 
@@ -515,14 +402,6 @@ struct Plan {
     keys: u64,
     pipelines: Vec<u64>,
 }
-
-/// `key:` and 12 digits, as redis-benchmark's `-r` writes its keys.
-const KEY_BYTES: u64 = 16;
-
-fn key(index: u64) -> String {
-    format!("key:{index:012}")
-}
-
 fn run_plan(
     server: &mut Server,
     plan: &Plan,
@@ -547,7 +426,7 @@ fn run_plan(
     let elapsed = started.elapsed();
     // What the load left the server to do is the load's (its CPU is in the load's row),
     // not the first test's; requests/s counts the SETs' time alone.
-    let settle = settle(server)?;
+    let settle = server.settle()?;
     let after = server.sample();
     let mut record = Record::unmeasured(name, "load");
     record.ops_per_sec = Some(plan.keys as f64 / elapsed.as_secs_f64().max(1e-9));
@@ -642,404 +521,6 @@ fn fill(
         }
     }
 }
-
-/// A running server: ours to stop.
-struct Server {
-    kind: ServerKind,
-    port: u16,
-    child: Child,
-    stopped: bool,
-}
-
-/// What a server has used so far, read around each test.
-struct Sample {
-    cpu_ticks: Option<u64>,
-    /// Voluntary context switches of the server's threads (see `process_sleeps`).
-    sleeps: Option<u64>,
-    peak_rss_bytes: Option<u64>,
-    syncs: Option<u64>,
-    device: Option<sys::ProcessIo>,
-}
-
-impl Server {
-    /// Starts `kind` on a free port with its data in `data_dir` (inside `group` if given) and
-    /// waits until it answers PING.
-    fn start(
-        kind: ServerKind,
-        programs: &Programs,
-        data_dir: &Path,
-        group: Option<&cgroup::MemoryCgroup>,
-    ) -> Result<Server> {
-        let port = free_port()?;
-        let log = std::fs::File::create(data_dir.join("server.stderr"))?;
-        let mut flags = kind.flags(data_dir, port);
-        if let (true, Some(threads)) = (kind.is_tucana(), programs.tucana_threads) {
-            flags.extend(["--threads".to_string(), threads.to_string()]);
-        }
-        let child = Command::new(programs.program(kind))
-            .args(flags)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .spawn()
-            .map_err(|e| format!("cannot start {}: {e}", programs.program(kind).display()))?;
-        let mut server = Server {
-            kind,
-            port,
-            child,
-            stopped: false,
-        };
-        if let Some(group) = group {
-            // Right after the spawn: the server has done nothing yet worth charging elsewhere.
-            group.add_process(server.child.id())?;
-        }
-        let deadline = Instant::now() + START_TIMEOUT;
-        loop {
-            if let Some(status) = server.child.try_wait()? {
-                server.stopped = true;
-                let log =
-                    std::fs::read_to_string(data_dir.join("server.stderr")).unwrap_or_default();
-                return Err(format!("{} exited at start ({status}): {log}", kind.name()).into());
-            }
-            if ping(port).is_ok() {
-                return Ok(server);
-            }
-            if Instant::now() > deadline {
-                return Err(format!("{} did not answer PING on port {port}", kind.name()).into());
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    fn sample(&self) -> Sample {
-        let pid = self.child.id();
-        Sample {
-            cpu_ticks: process_cpu_ticks(pid),
-            sleeps: process_sleeps(pid),
-            peak_rss_bytes: process_peak_rss_bytes(pid),
-            syncs: if self.kind.is_tucana() {
-                info_field(self.port, "persistence", "syncs")
-            } else {
-                None
-            },
-            device: measure::device_io_now(),
-        }
-    }
-
-    /// SIGTERM, then SIGKILL if the server does not exit in time. Also run on drop.
-    fn stop(&mut self) -> Result<()> {
-        if self.stopped {
-            return Ok(());
-        }
-        self.stopped = true;
-        if self.child.try_wait()?.is_some() {
-            return Ok(());
-        }
-        sys::send_sigterm(self.child.id())?;
-        let deadline = Instant::now() + STOP_TIMEOUT;
-        while self.child.try_wait()?.is_none() {
-            if Instant::now() > deadline {
-                self.child.kill()?;
-                self.child.wait()?;
-                return Err(format!("{} did not stop on SIGTERM", self.kind.name()).into());
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        Ok(())
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        if let Err(error) = self.stop() {
-            eprintln!("stopping {}: {error}", self.kind.name());
-        }
-    }
-}
-
-/// A port nobody listens on now. Another program could take it before the server does;
-/// the server then fails to start and says so.
-fn free_port() -> Result<u16> {
-    let listener = TcpListener::bind("127.0.0.1:0")?;
-    Ok(listener.local_addr()?.port())
-}
-
-/// utime + stime of every thread of `pid` so far, in clock ticks, from /proc/PID/stat.
-fn process_cpu_ticks(pid: u32) -> Option<u64> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    parse_stat_cpu_ticks(&text)
-}
-
-fn parse_stat_cpu_ticks(text: &str) -> Option<u64> {
-    // The command name (field 2) is in parentheses and may hold spaces or ')': the fields
-    // after the last ')' start at field 3 (state); utime and stime are fields 14 and 15.
-    let rest = &text[text.rfind(')')? + 1..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let utime: u64 = fields.get(11)?.parse().ok()?;
-    let stime: u64 = fields.get(12)?.parse().ok()?;
-    Some(utime + stime)
-}
-
-/// Voluntary context switches of all the threads of `pid`: each is a thread going to
-/// sleep (on `epoll_wait`, a lock, a condition, I/O), and each is woken again by someone,
-/// on loopback often the client's `send`. Threads that ended are not counted.
-fn process_sleeps(pid: u32) -> Option<u64> {
-    let mut total = 0;
-    for task in std::fs::read_dir(format!("/proc/{pid}/task")).ok()? {
-        let Ok(task) = task else { continue };
-        // A thread may end between the listing and the read.
-        if let Ok(text) = std::fs::read_to_string(task.path().join("status")) {
-            total += parse_voluntary_switches(&text).unwrap_or(0);
-        }
-    }
-    Some(total)
-}
-
-fn parse_voluntary_switches(status: &str) -> Option<u64> {
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))?
-        .trim()
-        .parse()
-        .ok()
-}
-
-/// Peak RSS of `pid` since the last reset, then resets it so that the next reading is
-/// the next test's own peak (best effort: without the reset it is the peak so far).
-fn process_peak_rss_bytes(pid: u32) -> Option<u64> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = text.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let mut words = line.split_whitespace().skip(1);
-    let amount: u64 = words.next()?.parse().ok()?;
-    let _ = std::fs::write(format!("/proc/{pid}/clear_refs"), b"5");
-    match words.next() {
-        Some("kB") => Some(amount * 1024),
-        _ => None,
-    }
-}
-
-/// The 1, 5 and 15-minute load averages, from /proc/loadavg.
-fn load_average() -> Option<String> {
-    let text = std::fs::read_to_string("/proc/loadavg").ok()?;
-    Some(
-        text.split_whitespace()
-            .take(3)
-            .collect::<Vec<_>>()
-            .join(" "),
-    )
-}
-
-// ---------------------------------------------------------------------------------------
-// A minimal RESP client: PING, INFO and the loader's pipelined SETs.
-
-fn connect(port: u16) -> std::io::Result<TcpStream> {
-    let stream = TcpStream::connect(("127.0.0.1", port))?;
-    stream.set_nodelay(true)?;
-    // A server that stops answering ends the run instead of hanging it.
-    stream.set_read_timeout(Some(Duration::from_secs(300)))?;
-    Ok(stream)
-}
-
-fn command(args: &[&[u8]]) -> Vec<u8> {
-    let mut out = format!("*{}\r\n", args.len()).into_bytes();
-    for arg in args {
-        out.extend_from_slice(format!("${}\r\n", arg.len()).as_bytes());
-        out.extend_from_slice(arg);
-        out.extend_from_slice(b"\r\n");
-    }
-    out
-}
-
-fn ping(port: u16) -> Result<()> {
-    let mut stream = connect(port)?;
-    stream.set_read_timeout(Some(Duration::from_secs(2)))?;
-    stream.write_all(&command(&[b"PING"]))?;
-    let mut reader = BufReader::new(stream);
-    let mut line = String::new();
-    reader.read_line(&mut line)?;
-    // A server still loading answers -LOADING; only +PONG means ready.
-    if line != "+PONG\r\n" {
-        return Err(format!("PING answered {line:?}").into());
-    }
-    Ok(())
-}
-
-/// How long a server may take to finish what the load left it to do.
-const SETTLE_TIMEOUT: Duration = Duration::from_secs(300);
-
-/// Waits until the server has finished the work the load left behind, so that the first
-/// test does not pay for it: Tucana's commit of the loaded keys (`SAVE`: commit now; the
-/// committer would otherwise do it during the first test), redis-server's automatic AOF
-/// rewrite if one is running or scheduled. How long it took.
-fn settle(server: &Server) -> Result<Duration> {
-    let started = Instant::now();
-    if server.kind.is_tucana() {
-        let mut stream = connect(server.port)?;
-        stream.set_read_timeout(Some(SETTLE_TIMEOUT))?;
-        stream.write_all(&command(&[b"SAVE"]))?;
-        let mut line = String::new();
-        BufReader::new(stream).read_line(&mut line)?;
-        if line != "+OK\r\n" {
-            return Err(format!("SAVE answered {line:?}").into());
-        }
-        return Ok(started.elapsed());
-    }
-    loop {
-        let busy = ["aof_rewrite_in_progress", "aof_rewrite_scheduled"]
-            .iter()
-            .any(|field| info_field(server.port, "persistence", field) != Some(0));
-        if !busy {
-            return Ok(started.elapsed());
-        }
-        if started.elapsed() > SETTLE_TIMEOUT {
-            return Err("redis-server's AOF rewrite did not finish".into());
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-/// `field` of INFO `section` as a number, or `None` (no such field, no answer).
-fn info_field(port: u16, section: &str, field: &str) -> Option<u64> {
-    let mut stream = connect(port).ok()?;
-    stream
-        .write_all(&command(&[b"INFO", section.as_bytes()]))
-        .ok()?;
-    let mut reader = BufReader::new(stream);
-    let mut header = String::new();
-    reader.read_line(&mut header).ok()?;
-    // RESP2 bulk string "$LEN\r\n" (RESP3 would be a verbatim string; we never say HELLO 3).
-    let len: usize = header.strip_prefix('$')?.trim_end().parse().ok()?;
-    let mut body = vec![0u8; len];
-    reader.read_exact(&mut body).ok()?;
-    let text = String::from_utf8_lossy(&body);
-    text.lines()
-        .find_map(|line| line.strip_prefix(field)?.strip_prefix(':'))
-        .and_then(|value| value.trim().parse().ok())
-}
-
-/// SETs every key `key:000000000000` .. of the keyspace once with a value of `value_bytes`
-/// bytes ('x', like redis-benchmark's), over a few pipelined connections, checking every
-/// reply.
-fn load(port: u16, keys: u64, value_bytes: u64) -> Result<()> {
-    let value = vec![b'x'; value_bytes as usize];
-    let share = keys.div_ceil(LOAD_CONNECTIONS);
-    std::thread::scope(|scope| {
-        let workers: Vec<_> = (0..LOAD_CONNECTIONS)
-            .map(|c| {
-                let value = &value;
-                let range = (c * share).min(keys)..((c + 1) * share).min(keys);
-                scope.spawn(move || load_range(port, range, value))
-            })
-            .collect();
-        for worker in workers {
-            worker.join().map_err(|_| "a loader thread panicked")??;
-        }
-        Ok(())
-    })
-}
-
-fn load_range(port: u16, range: std::ops::Range<u64>, value: &[u8]) -> Result<()> {
-    let stream = connect(port)?;
-    let mut writer = std::io::BufWriter::with_capacity(1 << 20, stream.try_clone()?);
-    let mut reader = BufReader::new(stream);
-    let mut line = String::new();
-    let mut next = range.start;
-    while next < range.end {
-        let batch_end = (next + LOAD_PIPELINE).min(range.end);
-        for index in next..batch_end {
-            writer.write_all(&command(&[b"SET", key(index).as_bytes(), value]))?;
-        }
-        writer.flush()?;
-        for index in next..batch_end {
-            line.clear();
-            reader.read_line(&mut line)?;
-            if line != "+OK\r\n" {
-                return Err(format!("SET {} answered {line:?}", key(index)).into());
-            }
-        }
-        next = batch_end;
-    }
-    Ok(())
-}
-
-// ---------------------------------------------------------------------------------------
-// redis-benchmark.
-
-/// One test's figures as redis-benchmark reports them (latencies in ms).
-#[derive(Debug, PartialEq)]
-struct BenchResult {
-    requests_per_sec: f64,
-    avg_ms: f64,
-    p50_ms: f64,
-    p99_ms: f64,
-    max_ms: f64,
-    elapsed: Duration,
-}
-
-fn redis_benchmark(
-    programs: &Programs,
-    port: u16,
-    plan: &Plan,
-    pipeline: u64,
-    test: &str,
-) -> Result<BenchResult> {
-    let started = Instant::now();
-    let output = Command::new(&programs.redis_benchmark)
-        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
-        .args(["-c", &plan.clients.to_string()])
-        .args(["-n", &plan.requests.to_string()])
-        .args(["-d", &plan.value_bytes.to_string()])
-        .args(["-r", &plan.keys.to_string()])
-        .args(["-P", &pipeline.to_string()])
-        .args(["-t", &test.to_ascii_lowercase(), "--csv"])
-        .stdin(Stdio::null())
-        .output()?;
-    let elapsed = started.elapsed();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    if !output.status.success() {
-        return Err(format!(
-            "redis-benchmark {test} -P {pipeline} failed ({}): {} {}",
-            output.status,
-            stdout.trim(),
-            String::from_utf8_lossy(&output.stderr).trim()
-        )
-        .into());
-    }
-    let mut result = parse_csv(&stdout, test).ok_or_else(|| {
-        format!("redis-benchmark {test} -P {pipeline}: no {test} row in its CSV: {stdout}")
-    })?;
-    result.elapsed = elapsed;
-    Ok(result)
-}
-
-/// The row of `test` in redis-benchmark 7's `--csv` output:
-/// `"test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms","p95_latency_ms",
-/// "p99_latency_ms","max_latency_ms"`, located by the header's names.
-fn parse_csv(text: &str, test: &str) -> Option<BenchResult> {
-    let split = |line: &str| -> Vec<String> {
-        line.split(',')
-            .map(|cell| cell.trim().trim_matches('"').to_string())
-            .collect()
-    };
-    let mut lines = text.lines().filter(|l| !l.trim().is_empty());
-    let header = split(lines.next()?);
-    let row = lines
-        .map(split)
-        .find(|cells| cells.first().is_some_and(|c| c == test))?;
-    let column = |name: &str| -> Option<f64> {
-        let at = header.iter().position(|h| h == name)?;
-        row.get(at)?.parse().ok()
-    };
-    Some(BenchResult {
-        requests_per_sec: column("rps")?,
-        avg_ms: column("avg_latency_ms")?,
-        p50_ms: column("p50_latency_ms")?,
-        p99_ms: column("p99_latency_ms")?,
-        max_ms: column("max_latency_ms")?,
-        elapsed: Duration::ZERO,
-    })
-}
-
 // ---------------------------------------------------------------------------------------
 // Terminal table.
 
@@ -1085,64 +566,4 @@ fn print_row(record: &Record) {
             .and_then(Value::as_u64)
             .map_or("-".to_string(), |n| n.to_string()),
     );
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn csv_of_redis_benchmark_7_parses() {
-        let text = "\"test\",\"rps\",\"avg_latency_ms\",\"min_latency_ms\",\"p50_latency_ms\",\"p95_latency_ms\",\"p99_latency_ms\",\"max_latency_ms\"\n\
-                    \"SET\",\"18691.59\",\"1.445\",\"0.152\",\"0.743\",\"4.863\",\"7.703\",\"21.519\"\n\
-                    \"GET\",\"29850.75\",\"1.082\",\"0.176\",\"0.703\",\"3.367\",\"4.359\",\"4.583\"\n";
-        let get = parse_csv(text, "GET").unwrap();
-        assert_eq!(get.requests_per_sec, 29850.75);
-        assert_eq!(get.p50_ms, 0.703);
-        assert_eq!(get.p99_ms, 4.359);
-        assert_eq!(get.max_ms, 4.583);
-        assert_eq!(parse_csv(text, "SET").unwrap().avg_ms, 1.445);
-        assert!(parse_csv(text, "INCR").is_none());
-        assert!(parse_csv("", "GET").is_none());
-    }
-
-    #[test]
-    fn stat_cpu_ticks_survive_odd_command_names() {
-        // Fields 14 and 15 (utime 7, stime 5) after a name holding ") (".
-        let stat = "42 (a) (b) S 1 42 42 0 -1 4194304 100 0 0 0 7 5 0 0 20 0 3 0 100 1000 50";
-        assert_eq!(parse_stat_cpu_ticks(stat), Some(12));
-        assert_eq!(parse_stat_cpu_ticks("42 (a) S 1"), None);
-    }
-
-    #[test]
-    fn voluntary_switches_are_not_confused_with_involuntary_ones() {
-        let status = "Name:\tx\nnonvoluntary_ctxt_switches:\t9\nvoluntary_ctxt_switches:\t41\n";
-        assert_eq!(parse_voluntary_switches(status), Some(41));
-        assert_eq!(
-            parse_voluntary_switches("nonvoluntary_ctxt_switches:\t9\n"),
-            None
-        );
-    }
-
-    #[test]
-    fn own_process_is_measurable() {
-        let pid = std::process::id();
-        assert!(process_cpu_ticks(pid).is_some());
-        // A sleep of this thread is counted.
-        let sleeps = process_sleeps(pid).unwrap();
-        std::thread::sleep(std::time::Duration::from_millis(1));
-        assert!(process_sleeps(pid).unwrap() > sleeps, "a sleep is counted");
-        assert!(process_peak_rss_bytes(pid).unwrap() > 0);
-        assert!(load_average().is_some());
-    }
-
-    #[test]
-    fn keys_are_redis_benchmarks() {
-        assert_eq!(key(123_456), "key:000000123456");
-        assert_eq!(key(0).len() as u64, KEY_BYTES);
-        assert_eq!(
-            command(&[b"SET", b"k", b"v"]),
-            b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$1\r\nv\r\n".to_vec()
-        );
-    }
 }
