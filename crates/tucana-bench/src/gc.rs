@@ -31,7 +31,7 @@ use serde_json::{json, Value};
 
 use crate::engine::{Engine, EngineConfig, EngineKind};
 use crate::format::fmt_bytes;
-use crate::measure::{Latencies, PhaseTimer};
+use crate::measure::{Latencies, Measurement, PhaseTimer};
 use crate::report::{self, Machine, Record, RunOptions};
 use crate::sys;
 use crate::workload::thread_share;
@@ -562,69 +562,11 @@ fn delete_all(kind: &dyn EngineKind, config: &GcConfig) -> Result<Record> {
     engine.commit()?;
     let empty_bytes = space()?;
 
-    let data = Records::new(config.layout, config.seed);
-    let progress = ycsb::progress_bar(kind.name(), DATASET, "delete_all load", records);
-    let batch_size = config.load_batch.max(1) as u64;
-    let mut batch: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
-    let mut user_bytes = 0u64;
-    let mut start = 0;
-    while start < records {
-        let end = (start + batch_size).min(records);
-        batch.resize_with((end - start) as usize, Default::default);
-        for (slot, keynum) in batch.iter_mut().zip(start..end) {
-            key_name(keynum, &mut slot.0);
-            data.value_into(keynum, slot.0.len(), 0, &mut slot.1);
-            user_bytes += (slot.0.len() + slot.1.len()) as u64;
-        }
-        engine.put_batch(&batch)?;
-        progress.inc(end - start);
-        start = end;
-    }
-    progress.finish_and_clear();
+    let user_bytes = load_for_delete(engine.as_ref(), kind.name(), config)?;
     engine.commit()?;
     let loaded_bytes = space()?;
 
-    // The deletes, timed: each thread a contiguous share of the record numbers.
-    let progress = ycsb::progress_bar(kind.name(), DATASET, "delete_all", records);
-    let mut latencies: Vec<Latencies> = (0..config.threads).map(|_| Latencies::new()).collect();
-    let shared: &dyn Engine = engine.as_ref();
-    let timer = PhaseTimer::start();
-    let results: Vec<Result<u64>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = latencies
-            .iter_mut()
-            .enumerate()
-            .map(|(thread, lat)| {
-                let progress = &progress;
-                scope.spawn(move || -> Result<u64> {
-                    let mut key = Vec::new();
-                    let mut key_bytes = 0u64;
-                    for keynum in thread_share(records, config.threads, thread) {
-                        key_name(keynum, &mut key);
-                        if !lat.time(|| shared.delete(&key))? {
-                            return Err(format!(
-                                "delete_all: record {keynum} ({}) was missing",
-                                String::from_utf8_lossy(&key)
-                            )
-                            .into());
-                        }
-                        key_bytes += key.len() as u64;
-                        progress.inc(1);
-                    }
-                    Ok(key_bytes)
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
-            .collect()
-    });
-    let mut deleted_key_bytes = 0;
-    for result in results {
-        deleted_key_bytes += result?;
-    }
-    let m = timer.finish(records, &latencies);
-    progress.finish_and_clear();
+    let (m, deleted_key_bytes) = timed_deletes(engine.as_ref(), kind.name(), config)?;
     engine.commit()?;
     let deleted_bytes = space()?;
     let (left, first) = keys_left(engine.as_ref())?;
@@ -691,6 +633,82 @@ fn delete_all(kind: &dyn EngineKind, config: &GcConfig) -> Result<Record> {
         fmt_bytes(closed_bytes),
     ));
     Ok(record)
+}
+
+/// Loads the `delete_records` records of the delete-all run in batches; the user bytes
+/// written.
+fn load_for_delete(engine: &dyn Engine, engine_name: &str, config: &GcConfig) -> Result<u64> {
+    let records = config.delete_records;
+    let data = Records::new(config.layout, config.seed);
+    let progress = ycsb::progress_bar(engine_name, DATASET, "delete_all load", records);
+    let batch_size = config.load_batch.max(1) as u64;
+    let mut batch: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
+    let mut user_bytes = 0u64;
+    let mut start = 0;
+    while start < records {
+        let end = (start + batch_size).min(records);
+        batch.resize_with((end - start) as usize, Default::default);
+        for (slot, keynum) in batch.iter_mut().zip(start..end) {
+            key_name(keynum, &mut slot.0);
+            data.value_into(keynum, slot.0.len(), 0, &mut slot.1);
+            user_bytes += (slot.0.len() + slot.1.len()) as u64;
+        }
+        engine.put_batch(&batch)?;
+        progress.inc(end - start);
+        start = end;
+    }
+    progress.finish_and_clear();
+    Ok(user_bytes)
+}
+
+/// Deletes every record of the delete-all run, timed, each thread a contiguous share of the
+/// record numbers; the measurement and the key bytes deleted.
+fn timed_deletes(
+    engine: &dyn Engine,
+    engine_name: &str,
+    config: &GcConfig,
+) -> Result<(Measurement, u64)> {
+    let records = config.delete_records;
+    let progress = ycsb::progress_bar(engine_name, DATASET, "delete_all", records);
+    let mut latencies: Vec<Latencies> = (0..config.threads).map(|_| Latencies::new()).collect();
+    let timer = PhaseTimer::start();
+    let results: Vec<Result<u64>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = latencies
+            .iter_mut()
+            .enumerate()
+            .map(|(thread, lat)| {
+                let progress = &progress;
+                scope.spawn(move || -> Result<u64> {
+                    let mut key = Vec::new();
+                    let mut key_bytes = 0u64;
+                    for keynum in thread_share(records, config.threads, thread) {
+                        key_name(keynum, &mut key);
+                        if !lat.time(|| engine.delete(&key))? {
+                            return Err(format!(
+                                "delete_all: record {keynum} ({}) was missing",
+                                String::from_utf8_lossy(&key)
+                            )
+                            .into());
+                        }
+                        key_bytes += key.len() as u64;
+                        progress.inc(1);
+                    }
+                    Ok(key_bytes)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect()
+    });
+    let mut deleted_key_bytes = 0;
+    for result in results {
+        deleted_key_bytes += result?;
+    }
+    let m = timer.finish(records, &latencies);
+    progress.finish_and_clear();
+    Ok((m, deleted_key_bytes))
 }
 
 /// Keys a full forward scan finds, and the first of them.
