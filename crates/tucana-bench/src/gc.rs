@@ -32,7 +32,7 @@ use serde_json::{json, Value};
 use crate::engine::{Engine, EngineConfig, EngineKind};
 use crate::format::fmt_bytes;
 use crate::measure::{Latencies, Measurement, PhaseTimer};
-use crate::report::{self, Machine, Record, RunOptions};
+use crate::results::{self, Machine, Record, RunOptions};
 use crate::sys;
 use crate::workload::thread_share;
 use crate::ycsb::{self, key_name, PhaseWatch, Records, ValueLayout, Workload, YcsbConfig};
@@ -259,13 +259,13 @@ pub fn run_command(args: &GcArgs) -> Result<()> {
         .map(|k| (k.name().to_string(), k.configuration(&engine)))
         .collect();
     options.set("configurations", Value::Object(configurations));
-    report::print_header("gc", &machine, &options);
+    results::print_header("gc", &machine, &options);
 
     let mut records = Vec::new();
     for kind in &kinds {
         run(*kind, &config, &mut records)?;
         if let Some(path) = &args.json {
-            report::write_json(path, "gc", &machine, &options, &records)?;
+            results::write_json(path, "gc", &machine, &options, &records)?;
         }
     }
     print_summary(&records);
@@ -292,7 +292,7 @@ pub fn run(kind: &dyn EngineKind, config: &GcConfig, records: &mut Vec<Record>) 
         settings.extend(config.more_gc_space_amps.iter().map(|&t| (true, t)));
         settings.push((false, config.gc_space_amp));
     }
-    report::print_phase_table_header();
+    results::print_phase_table_header();
     let mut runs: Vec<(bool, Record)> = Vec::new();
     for (gc, target) in settings {
         // A failed run (a wrong answer, an engine error) is recorded and the others go on,
@@ -621,8 +621,8 @@ fn delete_all(kind: &dyn EngineKind, config: &GcConfig) -> Result<Record> {
     record.set("reclaim", method);
     record.set("reclaim_seconds", reclaim_seconds);
     set_gc_stats(&mut record, &footprint, "");
-    report::print_phase_row(&record);
-    report::print_note(&format!(
+    results::print_phase_row(&record);
+    results::print_note(&format!(
         "disk: empty {}, loaded {}, after deletes {}, after reclaim {} ({} above empty), \
          after close {}; reclaim: {method}, {reclaim_seconds:.1} s",
         fmt_bytes(empty_bytes),
@@ -672,7 +672,7 @@ fn timed_deletes(
     let progress = ycsb::progress_bar(engine_name, DATASET, "delete_all", records);
     let mut latencies: Vec<Latencies> = (0..config.threads).map(|_| Latencies::new()).collect();
     let timer = PhaseTimer::start();
-    let results: Vec<Result<u64>> = std::thread::scope(|scope| {
+    let shares: Vec<Result<u64>> = std::thread::scope(|scope| {
         let handles: Vec<_> = latencies
             .iter_mut()
             .enumerate()
@@ -703,7 +703,7 @@ fn timed_deletes(
             .collect()
     });
     let mut deleted_key_bytes = 0;
-    for result in results {
+    for result in shares {
         deleted_key_bytes += result?;
     }
     let m = timer.finish(records, &latencies);
@@ -756,7 +756,7 @@ fn print_overwrite_note(record: &Record) {
         Some(t) if gc == "on" => format!(" (target {t})"),
         _ => String::new(),
     };
-    report::print_note(&format!(
+    results::print_note(&format!(
         "GC {gc}{target}: space amp (disk ÷ live user bytes) max {} final {} settled {}; \
          log space amp {} settled {}{}",
         fmt(number(record, "space_amp_max")),
@@ -768,12 +768,12 @@ fn print_overwrite_note(record: &Record) {
             .map_or_else(String::new, |r| format!("; throughput vs GC off {r:.2}")),
     ));
     if let Some(r) = number(record, "cpu_per_op_vs_gc_off") {
-        report::print_note(&format!(
+        results::print_note(&format!(
             "CPU per operation, GC off ÷ this run: {r:.2} (the throughput ratio where CPU is \
              the limit and nothing else runs)"
         ));
     }
-    report::print_note(&format!(
+    results::print_note(&format!(
         "disk {} (engine allocator {}); GC relocated {} reclaimed {} during the run{}",
         bytes("space_used_bytes"),
         bytes("engine_allocated_bytes"),

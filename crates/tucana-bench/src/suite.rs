@@ -18,7 +18,7 @@ use serde_json::{json, Map, Value};
 
 use crate::engine::{EngineConfig, EngineKind};
 use crate::format::fmt_bytes;
-use crate::report::{self, Machine, Record, RunOptions};
+use crate::results::{self, Machine, Record, RunOptions};
 use crate::ycsb::{SizeMix, ValueLayout, YcsbConfig};
 use crate::{cgroup, gc, measure, micro, ycsb, EngineChoice, Result};
 
@@ -161,7 +161,7 @@ pub fn run(args: &SuiteArgs) -> Result<()> {
     options.set("quick", args.quick);
     options.set("notes", args.note.clone());
     crate::describe_dir(&args.dir, &mut options);
-    report::print_header("suite", &machine, &options);
+    results::print_header("suite", &machine, &options);
 
     let engine_config = EngineConfig {
         sync_writes: args.sync,
@@ -210,7 +210,7 @@ pub fn run(args: &SuiteArgs) -> Result<()> {
         engine_config,
         gc_config,
     };
-    let mut results = Results {
+    let mut collected = Collected {
         machine,
         options,
         records: Vec::new(),
@@ -219,18 +219,18 @@ pub fn run(args: &SuiteArgs) -> Result<()> {
     };
     for dataset in &datasets {
         if dataset.memory_limit_bytes.is_some() && !plan.is_child {
-            run_children(&plan, dataset, &mut results)?;
+            run_children(&plan, dataset, &mut collected)?;
         } else {
-            run_in_process(&plan, dataset, &mut results)?;
+            run_in_process(&plan, dataset, &mut collected)?;
         }
     }
     if plan.is_child {
         return Ok(());
     }
     println!("\nresults written to {}", plan.args.json.display());
-    print_summary(&results.records);
-    gc::print_summary(&results.records);
-    for failure in results.imported.iter().filter(|r| !r["failed"].is_null()) {
+    print_summary(&collected.records);
+    gc::print_summary(&collected.records);
+    for failure in collected.imported.iter().filter(|r| !r["failed"].is_null()) {
         println!(
             "FAILED: {} on {}: {}",
             failure["engine"], failure["dataset"], failure["failed"]
@@ -249,8 +249,9 @@ struct Plan {
     gc_config: gc::GcConfig,
 }
 
-/// The results file as the run fills it: the run's description and its records so far.
-struct Results {
+/// What the run has collected so far: its description and its records, as the results
+/// file gets them.
+struct Collected {
     machine: Machine,
     options: RunOptions,
     records: Vec<Record>,
@@ -317,23 +318,25 @@ fn dataset_info(
 
 /// The larger-than-memory data set, one child process per engine (see [`run_child`]); the
 /// results file is rewritten after each.
-fn run_children(plan: &Plan, dataset: &Dataset, results: &mut Results) -> Result<()> {
+fn run_children(plan: &Plan, dataset: &Dataset, collected: &mut Collected) -> Result<()> {
     for kind in &plan.kinds {
         let child = run_child(kind.name(), &plan.args)?;
         if let Some(note) = child.cgroup {
-            results.cgroup_notes.insert(dataset.name.to_string(), note);
+            collected
+                .cgroup_notes
+                .insert(dataset.name.to_string(), note);
         }
-        results.imported.extend(child.records);
-        results
+        collected.imported.extend(child.records);
+        collected
             .options
-            .set("cgroups", Value::Object(results.cgroup_notes.clone()));
-        report::write_json_with(
+            .set("cgroups", Value::Object(collected.cgroup_notes.clone()));
+        results::write_json_with(
             &plan.args.json,
             "suite",
-            &results.machine,
-            &results.options,
-            &results.records,
-            &results.imported,
+            &collected.machine,
+            &collected.options,
+            &collected.records,
+            &collected.imported,
         )?;
     }
     Ok(())
@@ -341,16 +344,16 @@ fn run_children(plan: &Plan, dataset: &Dataset, results: &mut Results) -> Result
 
 /// One data set on every engine in this process (inside the data set's memory cgroup, if
 /// it has a limit); the results file is rewritten after each engine.
-fn run_in_process(plan: &Plan, dataset: &Dataset, results: &mut Results) -> Result<()> {
+fn run_in_process(plan: &Plan, dataset: &Dataset, collected: &mut Collected) -> Result<()> {
     // The guard keeps the process in the cgroup until the data set is done.
-    let cgroup = dataset
-        .memory_limit_bytes
-        .and_then(|limit_bytes| enter_cgroup(dataset.name, limit_bytes, &mut results.cgroup_notes));
-    results
+    let cgroup = dataset.memory_limit_bytes.and_then(|limit_bytes| {
+        enter_cgroup(dataset.name, limit_bytes, &mut collected.cgroup_notes)
+    });
+    collected
         .options
-        .set("cgroups", Value::Object(results.cgroup_notes.clone()));
+        .set("cgroups", Value::Object(collected.cgroup_notes.clone()));
     for &kind in &plan.kinds {
-        let first = results.records.len();
+        let first = collected.records.len();
         println!(
             "\n== {} on {} ({} records, {})",
             kind.name(),
@@ -358,9 +361,9 @@ fn run_in_process(plan: &Plan, dataset: &Dataset, results: &mut Results) -> Resu
             dataset.records,
             dataset.layout.describe()
         );
-        run_engine(plan, kind, dataset, results)?;
+        run_engine(plan, kind, dataset, collected)?;
         if let Some(cgroup) = &cgroup {
-            for record in &mut results.records[first..] {
+            for record in &mut collected.records[first..] {
                 if let Some(peak) = cgroup.peak_bytes() {
                     record.set("cgroup_peak_bytes_so_far", peak);
                 }
@@ -372,12 +375,12 @@ fn run_in_process(plan: &Plan, dataset: &Dataset, results: &mut Results) -> Resu
                 cgroup.limit_hits().map_or("?".into(), |n| n.to_string())
             );
         }
-        report::write_json(
+        results::write_json(
             &plan.args.json,
             "suite",
-            &results.machine,
-            &results.options,
-            &results.records,
+            &collected.machine,
+            &collected.options,
+            &collected.records,
         )?;
     }
     Ok(())
@@ -418,7 +421,7 @@ fn run_engine(
     plan: &Plan,
     kind: &'static dyn EngineKind,
     dataset: &Dataset,
-    results: &mut Results,
+    collected: &mut Collected,
 ) -> Result<()> {
     let args = &plan.args;
     let config = YcsbConfig {
@@ -432,16 +435,16 @@ fn run_engine(
         engine: plan.engine_config,
         dir: args.dir.clone(),
     };
-    let Results {
+    let Collected {
         machine,
         options,
         records,
         ..
-    } = results;
+    } = collected;
     ycsb::run(kind, &config, records, &mut |so_far| {
         // A child saves every phase: the OOM killer gives no warning.
         if plan.is_child {
-            report::write_json(&args.json, "suite", machine, options, so_far)?;
+            results::write_json(&args.json, "suite", machine, options, so_far)?;
         }
         Ok(())
     })?;

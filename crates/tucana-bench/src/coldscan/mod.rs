@@ -37,7 +37,7 @@ use serde_json::{json, Map, Value};
 
 use crate::engine::{Direction, EngineConfig, EngineKind};
 use crate::format::fmt_bytes;
-use crate::report::{self, Machine, Record, RunOptions};
+use crate::results::{self, Machine, Record, RunOptions};
 use crate::workload::KeySet;
 use crate::{cgroup, measure, sys, EngineChoice, Result};
 
@@ -171,7 +171,7 @@ pub fn run_command(args: &ColdScanArgs) -> Result<()> {
     machine.disk = measure::watch_device_of(&args.dir);
     let mut options = run_options(&args, &kinds, &engine_config);
     crate::describe_dir(&args.dir, &mut options);
-    report::print_header("coldscan", &machine, &options);
+    results::print_header("coldscan", &machine, &options);
     if let Some(parent) = args.json.parent().filter(|p| !p.as_os_str().is_empty()) {
         std::fs::create_dir_all(parent)?;
     }
@@ -205,7 +205,7 @@ pub fn run_command(args: &ColdScanArgs) -> Result<()> {
             record.set("value_bytes", plan.args.value_bytes);
             record.set("threads", 1u64);
         }
-        report::write_json(&plan.args.json, "coldscan", &machine, &options, &records)?;
+        results::write_json(&plan.args.json, "coldscan", &machine, &options, &records)?;
     }
     print_summary(&records);
     println!("\nrecords written to {}", plan.args.json.display());

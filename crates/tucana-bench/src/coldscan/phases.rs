@@ -15,7 +15,7 @@ use super::store::{Store, Variant};
 use super::{Plan, GET_BATCH, MULTI_GET_BATCH, SEEK_NEXT};
 use crate::engine::Direction;
 use crate::measure::{Latencies, Measurement, PhaseTimer};
-use crate::report::Record;
+use crate::results::Record;
 use crate::workload::{thread_rng, Generation, KeySet};
 use crate::Result;
 

@@ -12,7 +12,7 @@
 //! than memory (it keeps every key and value in RAM), so that variant has no Redis row.
 //!
 //! Owns the run: its arguments, the plan of each server (`run_plan`) and the records it
-//! writes, in the record format of `report`. The children: `kind` the servers compared and
+//! writes, in the record format of `results`. The children: `kind` the servers compared and
 //! the programs that run them, `process` a running server (start, settle, sample, stop:
 //! every server started is stopped, also on error), `resp` the harness's own RESP client
 //! (PING, INFO, the loader), `redis_benchmark` one redis-benchmark test and its CSV. The
@@ -30,7 +30,7 @@ use clap::Args;
 use serde_json::{json, Map, Value};
 
 use crate::format::fmt_bytes;
-use crate::report::{self, Machine, Record, RunOptions};
+use crate::results::{self, Machine, Record, RunOptions};
 use crate::{cgroup, measure, sys, Result};
 
 mod kind;
@@ -144,7 +144,7 @@ pub fn run(args: &ServerArgs) -> Result<()> {
     machine.disk = measure::watch_device_of(&args.dir);
     let mut options = run_options(&args, &programs, versions);
     crate::describe_dir(&args.dir, &mut options);
-    report::print_header("server", &machine, &options);
+    results::print_header("server", &machine, &options);
     if programs.tucana.to_string_lossy().contains("/debug/") {
         println!("WARNING: {} is a debug build", programs.tucana.display());
     }
@@ -169,7 +169,7 @@ pub fn run(args: &ServerArgs) -> Result<()> {
         run_large(&args, &programs, work.path(), &mut options, &mut records)?;
     }
     options.set("load_average_after", load_average());
-    report::write_json(&args.json, "server", &machine, &options, &records)?;
+    results::write_json(&args.json, "server", &machine, &options, &records)?;
     println!("\nresults written to {}", args.json.display());
     Ok(())
 }
@@ -305,7 +305,7 @@ fn run_in_memory(
         stopped?;
         // The data directory is large; the next server gets the space.
         std::fs::remove_dir_all(&data_dir)?;
-        report::write_json(&args.json, "server", machine, options, records)?;
+        results::write_json(&args.json, "server", machine, options, records)?;
     }
     Ok(())
 }

@@ -1,7 +1,9 @@
-//! Reporting: the machine description, result records, the human table on stdout and
-//! the JSON file a later harness (plots, the results document) reads.
+//! The results of a run: the machine description, the run's options, the result
+//! records; the human table on stdout and the JSON results file that the `report` command
+//! (module `document`) turns into BENCHMARKS.md.
 //!
-//! Owns formats only; measures and runs nothing. A [`Record`] is one row: the fields every
+//! Owns the record format and the results file; measures and runs nothing (figures are
+//! written by `format`). A [`Record`] is one row: the fields every
 //! record has (`engine`, `workload`, `ops_per_sec`, `cpu_us_per_op`, `io_amp_write`,
 //! `io_amp_read`, `space_amp`, `p50_us`, `p99_us`, `p999_us`, `peak_rss_bytes`; `null`
 //! where a workload has no such number) plus workload-specific extras.
