@@ -139,7 +139,7 @@ fn draw_plots(args: &ReportArgs, doc: &Value) -> Result<Vec<(String, PathBuf)>> 
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
     std::fs::create_dir_all(&args.plots_dir)?;
-    let plots = plots::draw_plots(doc, &args.plots_dir)?;
+    let plots = plots::draw(doc, &args.plots_dir)?;
     Ok(plots
         .into_iter()
         .map(|(title, path)| {

@@ -17,12 +17,12 @@ use crate::format::number;
 use crate::Result;
 
 #[cfg(not(feature = "plots"))]
-pub(super) fn draw_plots(_doc: &Value, _dir: &Path) -> Result<Vec<(String, PathBuf)>> {
+pub(super) fn draw(_doc: &Value, _dir: &Path) -> Result<Vec<(String, PathBuf)>> {
     Ok(Vec::new())
 }
 
 #[cfg(feature = "plots")]
-pub(super) fn draw_plots(doc: &Value, dir: &Path) -> Result<Vec<(String, PathBuf)>> {
+pub(super) fn draw(doc: &Value, dir: &Path) -> Result<Vec<(String, PathBuf)>> {
     register_font()?;
     let records = &records(doc)[..];
     let engines = distinct(records, |r| r["engine"].as_str().unwrap_or("?").to_string());

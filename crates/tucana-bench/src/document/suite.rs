@@ -68,7 +68,7 @@ fn title(md: &mut String, doc: &Value, json_path: &Path) {
 }
 
 /// "Reproduce": the suite's command, those of the runs merged into it, and the report
-/// command that joins them. The binary's own path (argv[0]) is machine-specific; the
+/// command that joins them. The binary's own path (`argv[0]`) is machine-specific; the
 /// script builds and runs the same program.
 fn reproduce(md: &mut String, options: &Value, json_path: &Path) {
     *md += "## Reproduce\n\n```sh\nscripts/bench-deps.sh   # librocksdb-dev, clang, fonts (Debian/Ubuntu, as root)\n";
