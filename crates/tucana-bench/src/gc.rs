@@ -30,8 +30,9 @@ use clap::Args;
 use serde_json::{json, Value};
 
 use crate::engine::{Engine, EngineConfig, EngineKind};
-use crate::measure::{Latencies, PhaseTimer};
-use crate::report::{self, Machine, Record, RunOptions};
+use crate::format::fmt_bytes;
+use crate::measure::{Latencies, Measurement, PhaseTimer};
+use crate::results::{self, Machine, Record, RunOptions};
 use crate::sys;
 use crate::workload::thread_share;
 use crate::ycsb::{self, key_name, PhaseWatch, Records, ValueLayout, Workload, YcsbConfig};
@@ -258,13 +259,13 @@ pub fn run_command(args: &GcArgs) -> Result<()> {
         .map(|k| (k.name().to_string(), k.configuration(&engine)))
         .collect();
     options.set("configurations", Value::Object(configurations));
-    report::print_header("gc", &machine, &options);
+    results::print_header("gc", &machine, &options);
 
     let mut records = Vec::new();
     for kind in &kinds {
         run(*kind, &config, &mut records)?;
         if let Some(path) = &args.json {
-            report::write_json(path, "gc", &machine, &options, &records)?;
+            results::write_json(path, "gc", &machine, &options, &records)?;
         }
     }
     print_summary(&records);
@@ -291,7 +292,7 @@ pub fn run(kind: &dyn EngineKind, config: &GcConfig, records: &mut Vec<Record>) 
         settings.extend(config.more_gc_space_amps.iter().map(|&t| (true, t)));
         settings.push((false, config.gc_space_amp));
     }
-    report::print_phase_table_header();
+    results::print_phase_table_header();
     let mut runs: Vec<(bool, Record)> = Vec::new();
     for (gc, target) in settings {
         // A failed run (a wrong answer, an engine error) is recorded and the others go on,
@@ -561,69 +562,11 @@ fn delete_all(kind: &dyn EngineKind, config: &GcConfig) -> Result<Record> {
     engine.commit()?;
     let empty_bytes = space()?;
 
-    let data = Records::new(config.layout, config.seed);
-    let progress = ycsb::progress_bar(kind.name(), DATASET, "delete_all load", records);
-    let batch_size = config.load_batch.max(1) as u64;
-    let mut batch: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
-    let mut user_bytes = 0u64;
-    let mut start = 0;
-    while start < records {
-        let end = (start + batch_size).min(records);
-        batch.resize_with((end - start) as usize, Default::default);
-        for (slot, keynum) in batch.iter_mut().zip(start..end) {
-            key_name(keynum, &mut slot.0);
-            data.value_into(keynum, slot.0.len(), 0, &mut slot.1);
-            user_bytes += (slot.0.len() + slot.1.len()) as u64;
-        }
-        engine.put_batch(&batch)?;
-        progress.inc(end - start);
-        start = end;
-    }
-    progress.finish_and_clear();
+    let user_bytes = load_for_delete(engine.as_ref(), kind.name(), config)?;
     engine.commit()?;
     let loaded_bytes = space()?;
 
-    // The deletes, timed: each thread a contiguous share of the record numbers.
-    let progress = ycsb::progress_bar(kind.name(), DATASET, "delete_all", records);
-    let mut latencies: Vec<Latencies> = (0..config.threads).map(|_| Latencies::new()).collect();
-    let shared: &dyn Engine = engine.as_ref();
-    let timer = PhaseTimer::start();
-    let results: Vec<Result<u64>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = latencies
-            .iter_mut()
-            .enumerate()
-            .map(|(thread, lat)| {
-                let progress = &progress;
-                scope.spawn(move || -> Result<u64> {
-                    let mut key = Vec::new();
-                    let mut key_bytes = 0u64;
-                    for keynum in thread_share(records, config.threads, thread) {
-                        key_name(keynum, &mut key);
-                        if !lat.time(|| shared.delete(&key))? {
-                            return Err(format!(
-                                "delete_all: record {keynum} ({}) was missing",
-                                String::from_utf8_lossy(&key)
-                            )
-                            .into());
-                        }
-                        key_bytes += key.len() as u64;
-                        progress.inc(1);
-                    }
-                    Ok(key_bytes)
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
-            .collect()
-    });
-    let mut deleted_key_bytes = 0;
-    for result in results {
-        deleted_key_bytes += result?;
-    }
-    let m = timer.finish(records, &latencies);
-    progress.finish_and_clear();
+    let (m, deleted_key_bytes) = timed_deletes(engine.as_ref(), kind.name(), config)?;
     engine.commit()?;
     let deleted_bytes = space()?;
     let (left, first) = keys_left(engine.as_ref())?;
@@ -678,18 +621,94 @@ fn delete_all(kind: &dyn EngineKind, config: &GcConfig) -> Result<Record> {
     record.set("reclaim", method);
     record.set("reclaim_seconds", reclaim_seconds);
     set_gc_stats(&mut record, &footprint, "");
-    report::print_phase_row(&record);
-    report::print_note(&format!(
+    results::print_phase_row(&record);
+    results::print_note(&format!(
         "disk: empty {}, loaded {}, after deletes {}, after reclaim {} ({} above empty), \
          after close {}; reclaim: {method}, {reclaim_seconds:.1} s",
-        report::fmt_bytes(empty_bytes),
-        report::fmt_bytes(loaded_bytes),
-        report::fmt_bytes(deleted_bytes),
-        report::fmt_bytes(reclaimed_bytes),
-        report::fmt_bytes(reclaimed_bytes.saturating_sub(empty_bytes)),
-        report::fmt_bytes(closed_bytes),
+        fmt_bytes(empty_bytes),
+        fmt_bytes(loaded_bytes),
+        fmt_bytes(deleted_bytes),
+        fmt_bytes(reclaimed_bytes),
+        fmt_bytes(reclaimed_bytes.saturating_sub(empty_bytes)),
+        fmt_bytes(closed_bytes),
     ));
     Ok(record)
+}
+
+/// Loads the `delete_records` records of the delete-all run in batches; the user bytes
+/// written.
+fn load_for_delete(engine: &dyn Engine, engine_name: &str, config: &GcConfig) -> Result<u64> {
+    let records = config.delete_records;
+    let data = Records::new(config.layout, config.seed);
+    let progress = ycsb::progress_bar(engine_name, DATASET, "delete_all load", records);
+    let batch_size = config.load_batch.max(1) as u64;
+    let mut batch: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
+    let mut user_bytes = 0u64;
+    let mut start = 0;
+    while start < records {
+        let end = (start + batch_size).min(records);
+        batch.resize_with((end - start) as usize, Default::default);
+        for (slot, keynum) in batch.iter_mut().zip(start..end) {
+            key_name(keynum, &mut slot.0);
+            data.value_into(keynum, slot.0.len(), 0, &mut slot.1);
+            user_bytes += (slot.0.len() + slot.1.len()) as u64;
+        }
+        engine.put_batch(&batch)?;
+        progress.inc(end - start);
+        start = end;
+    }
+    progress.finish_and_clear();
+    Ok(user_bytes)
+}
+
+/// Deletes every record of the delete-all run, timed, each thread a contiguous share of the
+/// record numbers; the measurement and the key bytes deleted.
+fn timed_deletes(
+    engine: &dyn Engine,
+    engine_name: &str,
+    config: &GcConfig,
+) -> Result<(Measurement, u64)> {
+    let records = config.delete_records;
+    let progress = ycsb::progress_bar(engine_name, DATASET, "delete_all", records);
+    let mut latencies: Vec<Latencies> = (0..config.threads).map(|_| Latencies::new()).collect();
+    let timer = PhaseTimer::start();
+    let shares: Vec<Result<u64>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = latencies
+            .iter_mut()
+            .enumerate()
+            .map(|(thread, lat)| {
+                let progress = &progress;
+                scope.spawn(move || -> Result<u64> {
+                    let mut key = Vec::new();
+                    let mut key_bytes = 0u64;
+                    for keynum in thread_share(records, config.threads, thread) {
+                        key_name(keynum, &mut key);
+                        if !lat.time(|| engine.delete(&key))? {
+                            return Err(format!(
+                                "delete_all: record {keynum} ({}) was missing",
+                                String::from_utf8_lossy(&key)
+                            )
+                            .into());
+                        }
+                        key_bytes += key.len() as u64;
+                        progress.inc(1);
+                    }
+                    Ok(key_bytes)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect()
+    });
+    let mut deleted_key_bytes = 0;
+    for result in shares {
+        deleted_key_bytes += result?;
+    }
+    let m = timer.finish(records, &latencies);
+    progress.finish_and_clear();
+    Ok((m, deleted_key_bytes))
 }
 
 /// Keys a full forward scan finds, and the first of them.
@@ -730,14 +749,14 @@ fn print_overwrite_note(record: &Record) {
         record
             .get(name)
             .and_then(Value::as_u64)
-            .map_or_else(|| "-".to_string(), report::fmt_bytes)
+            .map_or_else(|| "-".to_string(), fmt_bytes)
     };
     let gc = record.get("gc").and_then(Value::as_str).unwrap_or("?");
     let target = match number(record, "gc_space_amp_target") {
         Some(t) if gc == "on" => format!(" (target {t})"),
         _ => String::new(),
     };
-    report::print_note(&format!(
+    results::print_note(&format!(
         "GC {gc}{target}: space amp (disk ÷ live user bytes) max {} final {} settled {}; \
          log space amp {} settled {}{}",
         fmt(number(record, "space_amp_max")),
@@ -749,12 +768,12 @@ fn print_overwrite_note(record: &Record) {
             .map_or_else(String::new, |r| format!("; throughput vs GC off {r:.2}")),
     ));
     if let Some(r) = number(record, "cpu_per_op_vs_gc_off") {
-        report::print_note(&format!(
+        results::print_note(&format!(
             "CPU per operation, GC off ÷ this run: {r:.2} (the throughput ratio where CPU is \
              the limit and nothing else runs)"
         ));
     }
-    report::print_note(&format!(
+    results::print_note(&format!(
         "disk {} (engine allocator {}); GC relocated {} reclaimed {} during the run{}",
         bytes("space_used_bytes"),
         bytes("engine_allocated_bytes"),
@@ -821,11 +840,11 @@ pub fn print_summary(records: &[Record]) {
                     "{:<8} delete-all: empty {}, loaded {}, after deletes {}, after reclaim {} \
                      ({} above empty)",
                     record.engine,
-                    report::fmt_bytes(get("empty_space_bytes")),
-                    report::fmt_bytes(get("loaded_space_bytes")),
-                    report::fmt_bytes(get("deleted_space_bytes")),
-                    report::fmt_bytes(get("reclaimed_space_bytes")),
-                    report::fmt_bytes(get("above_empty_bytes")),
+                    fmt_bytes(get("empty_space_bytes")),
+                    fmt_bytes(get("loaded_space_bytes")),
+                    fmt_bytes(get("deleted_space_bytes")),
+                    fmt_bytes(get("reclaimed_space_bytes")),
+                    fmt_bytes(get("above_empty_bytes")),
                 );
             }
             _ => {}

@@ -5,11 +5,14 @@
 //! YCSB's generators and core workloads; `micro` the db_bench-style phases; `recovery` the
 //! open-after-crash benchmark; `gc` the garbage-collection runs (overwrite with GC on and
 //! off, delete-all then reclaim); `suite` runs all of it on every engine and data set (the
-//! larger-than-memory one inside a memory cgroup from `cgroup`); `measure` times phases
-//! (wall, process CPU, I/O, peak RSS, latency histograms); `engine` puts each engine behind
-//! one trait; `report` prints the table and writes JSON; `document` turns the JSON into
-//! BENCHMARKS.md and its plots; `sys` holds the libc calls. `server` runs redis-benchmark
-//! against `tucana serve` and redis-server (separate processes) into its own JSON file.
+//! larger-than-memory one inside a memory cgroup from `cgroup`); `coldscan` the scans of a
+//! data set the page cache cannot hold; `server` runs redis-benchmark against `tucana
+//! serve` and redis-server (separate processes). `measure` times phases (wall, process
+//! CPU, I/O, peak RSS, latency histograms); `engine` puts each engine behind one trait;
+//! `results` holds the records, prints the table and writes the JSON results file;
+//! `document` is the `report` command, which turns the results files into BENCHMARKS.md
+//! and its plots; `format` writes figures the same way for the terminal and the document;
+//! `sys` holds the libc calls.
 //!
 //! Every run works in a fresh temporary directory under `--dir`, removed afterwards, so
 //! runs never see each other's files.
@@ -23,11 +26,12 @@ mod cgroup;
 mod coldscan;
 mod document;
 mod engine;
+mod format;
 mod gc;
 mod measure;
 mod micro;
 mod recovery;
-mod report;
+mod results;
 mod server;
 mod suite;
 mod sys;
@@ -209,8 +213,8 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: Cli) -> Result<()> {
-    let mut machine = report::Machine::detect();
-    let mut options = report::RunOptions::default();
+    let mut machine = results::Machine::detect();
+    let mut options = results::RunOptions::default();
     let mut records = Vec::new();
     let (command, common) = match &cli.command {
         Command::Micro(args) => ("micro", &args.common),
@@ -246,7 +250,7 @@ fn run(cli: Cli) -> Result<()> {
                 options.set("mapping_reservation_mib", mib);
             }
             describe_dir(&common.dir, &mut options);
-            report::print_header(command, &machine, &options);
+            results::print_header(command, &machine, &options);
             let config = micro::MicroConfig {
                 keys: args.keys,
                 key_bytes,
@@ -269,7 +273,7 @@ fn run(cli: Cli) -> Result<()> {
             options.set("data_sets", args.data_sets.clone());
             options.set("tails", args.tails.clone());
             describe_dir(&common.dir, &mut options);
-            report::print_header(command, &machine, &options);
+            results::print_header(command, &machine, &options);
             let config = recovery::RecoveryConfig {
                 data_sets: args.data_sets.clone(),
                 tails: args.tails.clone(),
@@ -290,14 +294,14 @@ fn run(cli: Cli) -> Result<()> {
     }
 
     if let Some(path) = &common.json {
-        report::write_json(path, command, &machine, &options, &records)?;
+        results::write_json(path, command, &machine, &options, &records)?;
         println!("\nrecords written to {}", path.display());
     }
     Ok(())
 }
 
 /// Records where the data goes and warns when it is not a real device.
-pub(crate) fn describe_dir(dir: &Path, options: &mut report::RunOptions) {
+pub(crate) fn describe_dir(dir: &Path, options: &mut results::RunOptions) {
     options.set("dir", dir.display().to_string());
     let fs = sys::fs_type(dir);
     if let Some(fs) = &fs {

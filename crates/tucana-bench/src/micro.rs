@@ -24,8 +24,9 @@ use std::time::Instant;
 use rand::Rng;
 
 use crate::engine::{Direction, Engine, EngineConfig, EngineKind};
+use crate::format::fmt_bytes;
 use crate::measure::{Latencies, Measurement, PhaseTimer};
-use crate::report::{self, fmt_bytes, Record};
+use crate::results::{self, Record};
 use crate::sys;
 use crate::workload::{
     phase_seed, scan_bounds, thread_rng, thread_share, Generation, KeySet, Permutation,
@@ -79,7 +80,7 @@ pub fn run(kind: &dyn EngineKind, config: &MicroConfig, records: &mut Vec<Record
         set: &set,
         config,
     };
-    report::print_phase_table_header();
+    results::print_phase_table_header();
 
     records.push(fill_sequential(kind, config, &set)?);
     if config.stop_after.as_deref() == Some("fillseq") {
@@ -446,7 +447,7 @@ impl Run<'_> {
             fmt_bytes(space_used_bytes),
             space_used_bytes as f64 / user_bytes as f64
         );
-        report::print_note(&note);
+        results::print_note(&note);
         Ok(())
     }
 
@@ -467,7 +468,7 @@ impl Run<'_> {
         record.set("value_bytes", self.config.value_bytes as u64);
         record.set("threads", self.config.threads as u64);
         record.set("sync", self.config.sync_writes);
-        report::print_phase_row(&record);
+        results::print_phase_row(&record);
         record
     }
 }

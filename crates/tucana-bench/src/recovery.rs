@@ -17,7 +17,7 @@ use std::time::Instant;
 use rand::Rng;
 
 use crate::engine::{EngineConfig, EngineKind};
-use crate::report::{self, Record};
+use crate::results::{self, Record};
 use crate::sys;
 use crate::workload::{phase_seed, thread_rng, Generation, KeySet};
 use crate::Result;
@@ -97,7 +97,7 @@ pub fn run(
                 .unwrap_or(f64::NAN),
         );
         if record.get("page_cache_dropped") == Some(&false.into()) {
-            report::print_note("(the page cache could not be dropped: a warm open)");
+            results::print_note("(the page cache could not be dropped: a warm open)");
         }
         records.push(record);
     }

@@ -16,8 +16,9 @@ use std::time::Duration;
 use clap::Args;
 use serde_json::{json, Map, Value};
 
-use crate::engine::EngineConfig;
-use crate::report::{self, Machine, Record, RunOptions};
+use crate::engine::{EngineConfig, EngineKind};
+use crate::format::fmt_bytes;
+use crate::results::{self, Machine, Record, RunOptions};
 use crate::ycsb::{SizeMix, ValueLayout, YcsbConfig};
 use crate::{cgroup, gc, measure, micro, ycsb, EngineChoice, Result};
 
@@ -160,7 +161,7 @@ pub fn run(args: &SuiteArgs) -> Result<()> {
     options.set("quick", args.quick);
     options.set("notes", args.note.clone());
     crate::describe_dir(&args.dir, &mut options);
-    report::print_header("suite", &machine, &options);
+    results::print_header("suite", &machine, &options);
 
     let engine_config = EngineConfig {
         sync_writes: args.sync,
@@ -182,17 +183,97 @@ pub fn run(args: &SuiteArgs) -> Result<()> {
             field_bytes: args.field_bytes as usize,
         },
     };
+    let datasets = datasets(&args, layout, is_child);
+    let gc_config = args.gc.config(
+        args.quick,
+        gc::RunShape {
+            threads: args.threads as usize,
+            layout,
+            load_batch: args.load_batch as usize,
+            seed: args.seed,
+            engine: engine_config,
+            dir: args.dir.clone(),
+        },
+    )?;
+    options.set(
+        "datasets",
+        Value::Object(dataset_info(&datasets, &gc_config, is_child)),
+    );
+    if let Some(parent) = args.json.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent)?;
+    }
+
+    let plan = Plan {
+        args,
+        is_child,
+        kinds,
+        engine_config,
+        gc_config,
+    };
+    let mut collected = Collected {
+        machine,
+        options,
+        records: Vec::new(),
+        imported: Vec::new(),
+        cgroup_notes: Map::new(),
+    };
+    for dataset in &datasets {
+        if dataset.memory_limit_bytes.is_some() && !plan.is_child {
+            run_children(&plan, dataset, &mut collected)?;
+        } else {
+            run_in_process(&plan, dataset, &mut collected)?;
+        }
+    }
+    if plan.is_child {
+        return Ok(());
+    }
+    println!("\nresults written to {}", plan.args.json.display());
+    print_summary(&collected.records);
+    gc::print_summary(&collected.records);
+    for failure in collected.imported.iter().filter(|r| !r["failed"].is_null()) {
+        println!(
+            "FAILED: {} on {}: {}",
+            failure["engine"], failure["dataset"], failure["failed"]
+        );
+    }
+    Ok(())
+}
+
+/// What every data set and engine of the run shares.
+struct Plan {
+    args: SuiteArgs,
+    /// This process is a child that runs one engine on the larger-than-memory data set.
+    is_child: bool,
+    kinds: Vec<&'static dyn EngineKind>,
+    engine_config: EngineConfig,
+    gc_config: gc::GcConfig,
+}
+
+/// What the run has collected so far: its description and its records, as the results
+/// file gets them.
+struct Collected {
+    machine: Machine,
+    options: RunOptions,
+    records: Vec<Record>,
+    /// Records of the child processes, already JSON.
+    imported: Vec<Value>,
+    /// What each data set's memory cgroup was (`options.cgroups`).
+    cgroup_notes: Map<String, Value>,
+}
+
+/// The data sets of the run, in order: in memory (unless this is a child), then larger
+/// than memory when asked for.
+fn datasets(args: &SuiteArgs, layout: ValueLayout, is_child: bool) -> Vec<Dataset> {
     let mut datasets = Vec::new();
-    datasets.push(Dataset {
-        name: if args.quick { "quick" } else { "in-memory" },
-        records: args.records,
-        operations: args.operations,
-        layout,
-        load_batch: args.load_batch,
-        memory_limit_bytes: None,
-    });
-    if is_child {
-        datasets.clear();
+    if !is_child {
+        datasets.push(Dataset {
+            name: if args.quick { "quick" } else { "in-memory" },
+            records: args.records,
+            operations: args.operations,
+            layout,
+            load_batch: args.load_batch,
+            memory_limit_bytes: None,
+        });
     }
     if args.large_records > 0 {
         datasets.push(Dataset {
@@ -207,20 +288,18 @@ pub fn run(args: &SuiteArgs) -> Result<()> {
             memory_limit_bytes: Some(args.memory_limit_bytes),
         });
     }
-    let gc_config = args.gc.config(
-        args.quick,
-        gc::RunShape {
-            threads: args.threads as usize,
-            layout,
-            load_batch: args.load_batch as usize,
-            seed: args.seed,
-            engine: engine_config,
-            dir: args.dir.clone(),
-        },
-    )?;
-    let mut dataset_info = Map::new();
-    for dataset in &datasets {
-        dataset_info.insert(
+    datasets
+}
+
+/// What the results file says of each data set (`options.datasets`), the GC runs' included.
+fn dataset_info(
+    datasets: &[Dataset],
+    gc_config: &gc::GcConfig,
+    is_child: bool,
+) -> Map<String, Value> {
+    let mut info = Map::new();
+    for dataset in datasets {
+        info.insert(
             dataset.name.to_string(),
             json!({
                 "records": dataset.records,
@@ -232,137 +311,166 @@ pub fn run(args: &SuiteArgs) -> Result<()> {
         );
     }
     if gc_config.records > 0 && !is_child {
-        dataset_info.insert(gc::DATASET.to_string(), gc_config.describe());
+        info.insert(gc::DATASET.to_string(), gc_config.describe());
     }
-    options.set("datasets", Value::Object(dataset_info));
-    if let Some(parent) = args.json.parent().filter(|p| !p.as_os_str().is_empty()) {
-        std::fs::create_dir_all(parent)?;
-    }
+    info
+}
 
-    let mut records: Vec<Record> = Vec::new();
-    // Records of the child processes, already JSON.
-    let mut imported: Vec<Value> = Vec::new();
-    let mut cgroup_notes = Map::new();
-    for dataset in &datasets {
-        if dataset.memory_limit_bytes.is_some() && !is_child {
-            for kind in &kinds {
-                let child = run_child(kind.name(), &args)?;
-                if let Some(note) = child.cgroup {
-                    cgroup_notes.insert(dataset.name.to_string(), note);
-                }
-                imported.extend(child.records);
-                options.set("cgroups", Value::Object(cgroup_notes.clone()));
-                report::write_json_with(
-                    &args.json, "suite", &machine, &options, &records, &imported,
-                )?;
-            }
-            continue;
+/// The larger-than-memory data set, one child process per engine (see [`run_child`]); the
+/// results file is rewritten after each.
+fn run_children(plan: &Plan, dataset: &Dataset, collected: &mut Collected) -> Result<()> {
+    for kind in &plan.kinds {
+        let child = run_child(kind.name(), &plan.args)?;
+        if let Some(note) = child.cgroup {
+            collected
+                .cgroup_notes
+                .insert(dataset.name.to_string(), note);
         }
-        // The guard keeps the process in the cgroup until the data set is done.
-        let _cgroup = match dataset.memory_limit_bytes {
-            None => None,
-            Some(limit_bytes) => match cgroup::enter(limit_bytes) {
-                Ok(cgroup) => {
-                    println!(
-                        "\n{}: inside a memory cgroup limited to {}",
-                        dataset.name,
-                        report::fmt_bytes(limit_bytes)
-                    );
-                    cgroup_notes.insert(dataset.name.to_string(), cgroup.describe());
-                    Some(cgroup)
-                }
-                Err(reason) => {
-                    println!(
-                        "\nWARNING: {}: no memory cgroup ({reason}); the page cache is NOT limited",
-                        dataset.name
-                    );
-                    cgroup_notes.insert(
-                        dataset.name.to_string(),
-                        json!({ "error": reason, "limited": false }),
-                    );
-                    None
-                }
-            },
-        };
-        options.set("cgroups", Value::Object(cgroup_notes.clone()));
-        for kind in &kinds {
-            let first = records.len();
-            println!(
-                "\n== {} on {} ({} records, {})",
-                kind.name(),
-                dataset.name,
-                dataset.records,
-                dataset.layout.describe()
-            );
-            let config = YcsbConfig {
-                records: dataset.records,
-                operations: dataset.operations,
-                threads: args.threads as usize,
-                layout: dataset.layout,
-                load_batch: dataset.load_batch as usize,
-                seed: args.seed,
-                dataset: dataset.name.to_string(),
-                engine: engine_config,
-                dir: args.dir.clone(),
-            };
-            ycsb::run(*kind, &config, &mut records, &mut |so_far| {
-                // A child saves every phase: the OOM killer gives no warning.
-                if is_child {
-                    report::write_json(&args.json, "suite", &machine, &options, so_far)?;
-                }
-                Ok(())
-            })?;
-            if dataset.memory_limit_bytes.is_none() && args.micro_keys > 0 {
-                for &threads in &args.micro_threads {
-                    let micro_first = records.len();
-                    let config = micro::MicroConfig {
-                        keys: args.micro_keys,
-                        key_bytes: 16,
-                        key_prefix: None,
-                        value_bytes: 100,
-                        threads: threads as usize,
-                        seed: args.seed,
-                        sync_writes: args.sync,
-                        dir: args.dir.clone(),
-                        stop_after: None,
-                        engine: engine_config,
-                    };
-                    micro::run(*kind, &config, &mut records)?;
-                    for record in &mut records[micro_first..] {
-                        record.set("dataset", dataset.name);
-                    }
-                }
-            }
-            if dataset.memory_limit_bytes.is_none() && gc_config.records > 0 {
-                gc::run(*kind, &gc_config, &mut records)?;
-            }
-            if let Some(cgroup) = &_cgroup {
-                for record in &mut records[first..] {
-                    if let Some(peak) = cgroup.peak_bytes() {
-                        record.set("cgroup_peak_bytes_so_far", peak);
-                    }
-                }
-                println!(
-                    "cgroup: peak {} of {}, limit hit {} times",
-                    cgroup.peak_bytes().map_or("?".into(), report::fmt_bytes),
-                    report::fmt_bytes(dataset.memory_limit_bytes.unwrap_or(0)),
-                    cgroup.limit_hits().map_or("?".into(), |n| n.to_string())
-                );
-            }
-            report::write_json(&args.json, "suite", &machine, &options, &records)?;
-        }
+        collected.imported.extend(child.records);
+        collected
+            .options
+            .set("cgroups", Value::Object(collected.cgroup_notes.clone()));
+        results::write_json_with(
+            &plan.args.json,
+            "suite",
+            &collected.machine,
+            &collected.options,
+            &collected.records,
+            &collected.imported,
+        )?;
     }
-    if is_child {
-        return Ok(());
-    }
-    println!("\nresults written to {}", args.json.display());
-    print_summary(&records);
-    gc::print_summary(&records);
-    for failure in imported.iter().filter(|r| !r["failed"].is_null()) {
+    Ok(())
+}
+
+/// One data set on every engine in this process (inside the data set's memory cgroup, if
+/// it has a limit); the results file is rewritten after each engine.
+fn run_in_process(plan: &Plan, dataset: &Dataset, collected: &mut Collected) -> Result<()> {
+    // The guard keeps the process in the cgroup until the data set is done.
+    let cgroup = dataset.memory_limit_bytes.and_then(|limit_bytes| {
+        enter_cgroup(dataset.name, limit_bytes, &mut collected.cgroup_notes)
+    });
+    collected
+        .options
+        .set("cgroups", Value::Object(collected.cgroup_notes.clone()));
+    for &kind in &plan.kinds {
+        let first = collected.records.len();
         println!(
-            "FAILED: {} on {}: {}",
-            failure["engine"], failure["dataset"], failure["failed"]
+            "\n== {} on {} ({} records, {})",
+            kind.name(),
+            dataset.name,
+            dataset.records,
+            dataset.layout.describe()
         );
+        run_engine(plan, kind, dataset, collected)?;
+        if let Some(cgroup) = &cgroup {
+            for record in &mut collected.records[first..] {
+                if let Some(peak) = cgroup.peak_bytes() {
+                    record.set("cgroup_peak_bytes_so_far", peak);
+                }
+            }
+            println!(
+                "cgroup: peak {} of {}, limit hit {} times",
+                cgroup.peak_bytes().map_or("?".into(), fmt_bytes),
+                fmt_bytes(dataset.memory_limit_bytes.unwrap_or(0)),
+                cgroup.limit_hits().map_or("?".into(), |n| n.to_string())
+            );
+        }
+        results::write_json(
+            &plan.args.json,
+            "suite",
+            &collected.machine,
+            &collected.options,
+            &collected.records,
+        )?;
+    }
+    Ok(())
+}
+
+/// Moves this process into a memory cgroup limited to `limit_bytes` for data set `name`,
+/// noting in `cgroup_notes` what it is, or why there is none.
+fn enter_cgroup(
+    name: &str,
+    limit_bytes: u64,
+    cgroup_notes: &mut Map<String, Value>,
+) -> Option<cgroup::MemoryCgroup> {
+    match cgroup::enter(limit_bytes) {
+        Ok(cgroup) => {
+            println!(
+                "\n{name}: inside a memory cgroup limited to {}",
+                fmt_bytes(limit_bytes)
+            );
+            cgroup_notes.insert(name.to_string(), cgroup.describe());
+            Some(cgroup)
+        }
+        Err(reason) => {
+            println!(
+                "\nWARNING: {name}: no memory cgroup ({reason}); the page cache is NOT limited"
+            );
+            cgroup_notes.insert(
+                name.to_string(),
+                json!({ "error": reason, "limited": false }),
+            );
+            None
+        }
+    }
+}
+
+/// One engine on one data set: the YCSB sequence, then on a data set without a memory
+/// limit the micro phases at each thread count and the GC runs.
+fn run_engine(
+    plan: &Plan,
+    kind: &'static dyn EngineKind,
+    dataset: &Dataset,
+    collected: &mut Collected,
+) -> Result<()> {
+    let args = &plan.args;
+    let config = YcsbConfig {
+        records: dataset.records,
+        operations: dataset.operations,
+        threads: args.threads as usize,
+        layout: dataset.layout,
+        load_batch: dataset.load_batch as usize,
+        seed: args.seed,
+        dataset: dataset.name.to_string(),
+        engine: plan.engine_config,
+        dir: args.dir.clone(),
+    };
+    let Collected {
+        machine,
+        options,
+        records,
+        ..
+    } = collected;
+    ycsb::run(kind, &config, records, &mut |so_far| {
+        // A child saves every phase: the OOM killer gives no warning.
+        if plan.is_child {
+            results::write_json(&args.json, "suite", machine, options, so_far)?;
+        }
+        Ok(())
+    })?;
+    if dataset.memory_limit_bytes.is_none() && args.micro_keys > 0 {
+        for &threads in &args.micro_threads {
+            let micro_first = records.len();
+            let config = micro::MicroConfig {
+                keys: args.micro_keys,
+                key_bytes: 16,
+                key_prefix: None,
+                value_bytes: 100,
+                threads: threads as usize,
+                seed: args.seed,
+                sync_writes: args.sync,
+                dir: args.dir.clone(),
+                stop_after: None,
+                engine: plan.engine_config,
+            };
+            micro::run(kind, &config, records)?;
+            for record in &mut records[micro_first..] {
+                record.set("dataset", dataset.name);
+            }
+        }
+    }
+    if dataset.memory_limit_bytes.is_none() && plan.gc_config.records > 0 {
+        gc::run(kind, &plan.gc_config, records)?;
     }
     Ok(())
 }

@@ -33,7 +33,7 @@ use rand::Rng;
 
 use crate::engine::{Direction, Engine, EngineConfig, EngineKind};
 use crate::measure::{Latencies, Measurement, PhaseTimer};
-use crate::report::{self, Record};
+use crate::results::{self, Record};
 use crate::sys;
 use crate::workload::{fill_stream, thread_rng, thread_share, GOLDEN};
 use crate::Result;
@@ -461,7 +461,7 @@ pub fn run(
     let data = Records::new(config.layout, config.seed);
     // D and E insert at most 5% of their operations; leave room for all of them anyway.
     let capacity = config.records + config.operations;
-    report::print_phase_table_header();
+    results::print_phase_table_header();
     {
         let db = Database::open(kind, config)?;
         let state = State::new(capacity);
@@ -893,7 +893,7 @@ impl Run<'_> {
         record.set("operations", self.config.operations);
         record.set("value_layout", self.config.layout.describe());
         record.set("sync", self.config.engine.sync_writes);
-        report::print_phase_row(&record);
+        results::print_phase_row(&record);
         Ok(record)
     }
 }

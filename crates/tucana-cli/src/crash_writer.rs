@@ -158,10 +158,9 @@ fn gc_stats(db: &Database) -> (u64, u64, u64) {
     )
 }
 
-/// Runs until killed: see the module doc. `gc` is the GC-heavy mode.
-pub fn run(path: &Path, seed: u64, gc: bool) -> Result<Outcome, CliError> {
-    let mut rng = Rng(seed);
-    let mut acks = Acks(std::io::stdout());
+/// Opens the volume with options drawn from `rng` (the GC-heavy ones with `gc`) and
+/// announces them with the `open` line.
+fn open(path: &Path, gc: bool, rng: &mut Rng, acks: &mut Acks) -> Result<Database, CliError> {
     let options = if gc {
         // The committer must run for the collector's commit pairs (and so for its punches).
         let segment_bytes = 64u64 << 10;
@@ -206,6 +205,14 @@ pub fn run(path: &Path, seed: u64, gc: bool) -> Result<Outcome, CliError> {
         "open segment_bytes={segment_bytes} flush_ms={flush_ms} commit_ms={commit_ms} \
          commit_dirty_bytes={commit_dirty_bytes}{gc_text}"
     ))?;
+    Ok(db)
+}
+
+/// Runs until killed: see the module doc. `gc` is the GC-heavy mode.
+pub fn run(path: &Path, seed: u64, gc: bool) -> Result<Outcome, CliError> {
+    let mut rng = Rng(seed);
+    let mut acks = Acks(std::io::stdout());
+    let db = open(path, gc, &mut rng, &mut acks)?;
     let mut keyspaces: Vec<Keyspace> = Vec::new();
     for name in KEYSPACES {
         keyspaces.push(db.keyspace(name)?);

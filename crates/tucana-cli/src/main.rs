@@ -16,6 +16,7 @@ mod load;
 mod output;
 mod serve;
 mod shell;
+mod target;
 
 use std::ffi::OsString;
 use std::fmt;

@@ -13,8 +13,8 @@
 
 use std::io::BufRead;
 
-use crate::commands::{self, ScanBounds, Target};
 use crate::output::Output;
+use crate::target::{delete, get, scan, ScanBounds, Target};
 use crate::{escape, CliError, Outcome};
 
 const PROMPT: &str = "tucana> ";
@@ -101,12 +101,12 @@ fn execute(
             target.for_write()?.put(&key, &value)?;
             out.line("ok")
         }
-        ShellCommand::Get(key) => match commands::get(target, &key)? {
+        ShellCommand::Get(key) => match get(target, &key)? {
             Some(value) => out.escaped_line(&value),
             None => out.line("(not found)"),
         },
         ShellCommand::Del(key) => {
-            if commands::delete(target, &key)? {
+            if delete(target, &key)? {
                 out.line("deleted")
             } else {
                 out.line("(not found)")
@@ -114,7 +114,7 @@ fn execute(
         }
         ShellCommand::Scan(from, to) => {
             let bounds = ScanBounds::new(from, to, None);
-            commands::scan(target, &bounds, false, None, out)
+            scan(target, &bounds, false, None, out)
         }
         ShellCommand::Stats => out.line(&target.db().stats().to_json()),
         ShellCommand::Commit => {

@@ -1,7 +1,9 @@
-//! Reporting: the machine description, result records, the human table on stdout and
-//! the JSON file a later harness (plots, the results document) reads.
+//! The results of a run: the machine description, the run's options, the result
+//! records; the human table on stdout and the JSON results file that the `report` command
+//! (module `document`) turns into BENCHMARKS.md.
 //!
-//! Owns formats only; measures and runs nothing. A [`Record`] is one row: the fields every
+//! Owns the record format and the results file; measures and runs nothing (figures are
+//! written by `format`). A [`Record`] is one row: the fields every
 //! record has (`engine`, `workload`, `ops_per_sec`, `cpu_us_per_op`, `io_amp_write`,
 //! `io_amp_read`, `space_amp`, `p50_us`, `p99_us`, `p999_us`, `peak_rss_bytes`; `null`
 //! where a workload has no such number) plus workload-specific extras.
@@ -12,6 +14,7 @@ use std::path::Path;
 
 use serde_json::{json, Map, Value};
 
+use crate::format::fmt_bytes;
 use crate::measure::Measurement;
 use crate::sys;
 use crate::Result;
@@ -331,35 +334,11 @@ pub fn write_json_with(
     Ok(())
 }
 
-/// "1.5 KiB", "114.4 MiB": binary units, one decimal.
-pub fn fmt_bytes(bytes: u64) -> String {
-    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
-    let mut value = bytes as f64;
-    let mut unit = 0;
-    while value >= 1024.0 && unit + 1 < UNITS.len() {
-        value /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{bytes} B")
-    } else {
-        format!("{value:.1} {}", UNITS[unit])
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::measure::{Latencies, PhaseTimer};
     use std::time::Duration;
-
-    #[test]
-    fn bytes_are_human() {
-        assert_eq!(fmt_bytes(0), "0 B");
-        assert_eq!(fmt_bytes(1023), "1023 B");
-        assert_eq!(fmt_bytes(1536), "1.5 KiB");
-        assert_eq!(fmt_bytes(120 << 20), "120.0 MiB");
-    }
 
     #[test]
     fn json_has_common_fields_and_extras() {

@@ -1,0 +1,186 @@
+//! The `report` command: BENCHMARKS.md and its PNG plots, generated from the harness's
+//! JSON files and nothing else, so the document never says what a run did not measure.
+//!
+//! The document, in order: the suite's sections (`suite`: title, reproduce, machine, data
+//! sets, Tucana ÷ peer, plots, absolute figures, then `gc`'s Garbage collection section,
+//! engine configurations, method), the notes given with `--note` inserted after the
+//! title's paragraph, the cold-scan section (`coldscan`) when the `coldscan` command's JSON
+//! file exists, and the redis-benchmark section (`server`) when the `server` command's
+//! does. The runs given with `--gc-json`, `--also-gc-json` and `--sync-json` join the
+//! suite's document first (`merge`); `records` picks the records each table shows;
+//! `plots` draws the PNG files (with the `plots` feature). Every figure is written by
+//! `crate::format`.
+//!
+//! Owns the command, the reading of the files and the order of the sections; each child
+//! owns the layout of its sections. Single-threaded.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use clap::Args;
+use serde_json::Value;
+
+use crate::Result;
+
+mod coldscan;
+mod gc;
+mod merge;
+mod plots;
+mod records;
+mod server;
+mod suite;
+
+#[derive(Args, Debug)]
+pub struct ReportArgs {
+    /// The suite's JSON file.
+    #[arg(default_value = "bench/results.json")]
+    json: PathBuf,
+    /// The document to write.
+    #[arg(long, default_value = "BENCHMARKS.md")]
+    out: PathBuf,
+    /// Directory of the plots, relative paths in the document are from `--out`'s directory.
+    #[arg(long, default_value = "bench/plots")]
+    plots_dir: PathBuf,
+    /// A remark added when the report is generated (repeatable), shown apart from the
+    /// run's own notes: what the JSON cannot say (e.g. why a run was stopped).
+    #[arg(long)]
+    note: Vec<String>,
+    /// The `server` command's JSON file, whose section is added when the file exists
+    /// (default: `server-results.json` next to the suite's JSON file).
+    #[arg(long)]
+    server_json: Option<PathBuf>,
+    /// The JSON file of a separate `tucana-bench gc` run: its records fill the "Garbage
+    /// collection" section in place of the suite's own GC records, if any.
+    #[arg(long)]
+    gc_json: Option<PathBuf>,
+    /// The JSON file of another `tucana-bench gc` run (repeatable), e.g. on a data set
+    /// that its writers rewrite faster: its overwrite records get a table of their own at
+    /// the end of the "Garbage collection" section.
+    #[arg(long)]
+    also_gc_json: Vec<PathBuf>,
+    /// The JSON file of a second suite run made with `--sync` (every write durable before
+    /// it returns): its data sets join the document as "<data set>, sync per write".
+    #[arg(long)]
+    sync_json: Option<PathBuf>,
+    /// The JSON file of a `tucana-bench coldscan` run, whose "Cold scans" section is added
+    /// (default: `coldscan.json` next to the suite's JSON file, when it exists).
+    #[arg(long)]
+    coldscan_json: Option<PathBuf>,
+}
+
+/// The `coldscan` command's JSON file when `--coldscan-json` is not given, next to the
+/// suite's.
+const COLDSCAN_JSON_FILE_NAME: &str = "coldscan.json";
+
+pub fn run(args: &ReportArgs) -> Result<()> {
+    let mut doc = read_suite_and_merged_runs(args)?;
+    let plots = draw_plots(args, &doc)?;
+    if let Some(path) = &args.coldscan_json {
+        // Named in the report command under "Reproduce" (the default file needs no flag).
+        doc["options"]["coldscan_run"] = serde_json::json!({ "json": path.display().to_string() });
+    }
+    let mut markdown = suite::render(&doc, &args.json, &plots);
+    insert_notes(&mut markdown, &args.note);
+    let coldscan_json = match &args.coldscan_json {
+        Some(path) => Some(path.clone()),
+        None => Some(args.json.with_file_name(COLDSCAN_JSON_FILE_NAME)).filter(|p| p.exists()),
+    };
+    if let Some(path) = coldscan_json {
+        append_coldscan_section(&mut markdown, &path)?;
+    }
+    let server_json = args.server_json.clone().unwrap_or_else(|| {
+        args.json
+            .with_file_name(crate::server::DEFAULT_JSON_FILE_NAME)
+    });
+    append_server_section(&mut markdown, &server_json)?;
+    std::fs::write(&args.out, markdown)?;
+    println!(
+        "wrote {} and {} plot(s) in {}",
+        args.out.display(),
+        plots.len(),
+        args.plots_dir.display()
+    );
+    Ok(())
+}
+
+/// The text of the file at `path`, or an error that names it.
+fn read_text(path: &Path) -> Result<String> {
+    Ok(
+        std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read {}: {e}", path.display()))?,
+    )
+}
+
+/// The suite's JSON document with the runs of `--gc-json`, `--also-gc-json` and
+/// `--sync-json` merged into it (module `merge`).
+fn read_suite_and_merged_runs(args: &ReportArgs) -> Result<Value> {
+    let mut doc: Value = serde_json::from_str(&read_text(&args.json)?)?;
+    if let Some(gc_path) = &args.gc_json {
+        let gc = serde_json::from_str(&read_text(gc_path)?)?;
+        merge::merge_gc(&mut doc, &gc, gc_path);
+    }
+    for path in &args.also_gc_json {
+        let gc = serde_json::from_str(&read_text(path)?)?;
+        merge::add_also_gc(&mut doc, &gc, path);
+    }
+    if let Some(sync_path) = &args.sync_json {
+        let sync = serde_json::from_str(&read_text(sync_path)?)?;
+        merge::merge_sync(&mut doc, &sync, sync_path)?;
+    }
+    Ok(doc)
+}
+
+/// Draws the plots into `--plots-dir`; their titles and paths as the document links them
+/// (relative to `--out`'s directory).
+fn draw_plots(args: &ReportArgs, doc: &Value) -> Result<Vec<(String, PathBuf)>> {
+    let out_dir = args
+        .out
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    std::fs::create_dir_all(&args.plots_dir)?;
+    let plots = plots::draw(doc, &args.plots_dir)?;
+    Ok(plots
+        .into_iter()
+        .map(|(title, path)| {
+            let relative = path.strip_prefix(out_dir).unwrap_or(&path).to_path_buf();
+            (title, relative)
+        })
+        .collect())
+}
+
+/// The `--note` remarks as a list after the title and the paragraph under it.
+fn insert_notes(markdown: &mut String, notes: &[String]) {
+    if notes.is_empty() {
+        return;
+    }
+    let at = markdown.find("\n## ").map_or(markdown.len(), |i| i + 1);
+    let mut list = String::from("Notes added when this report was generated:\n\n");
+    for note in notes {
+        let _ = writeln!(list, "- {note}");
+    }
+    list.push('\n');
+    markdown.insert_str(at, &list);
+}
+
+/// Adds the redis-benchmark section (module `server`) when its JSON file exists.
+fn append_server_section(markdown: &mut String, path: &Path) -> Result<()> {
+    if !path.exists() {
+        return Ok(());
+    }
+    let doc: Value = serde_json::from_str(&read_text(path)?)
+        .map_err(|e| format!("{} is not a server run's JSON: {e}", path.display()))?;
+    *markdown += &server::render(&doc, path);
+    Ok(())
+}
+
+/// Adds the "Cold scans" section from the `coldscan` command's JSON file at `path`.
+fn append_coldscan_section(markdown: &mut String, path: &Path) -> Result<()> {
+    let doc: Value = serde_json::from_str(&read_text(path)?)
+        .map_err(|e| format!("{} is not a coldscan run's JSON: {e}", path.display()))?;
+    if doc["command"] != "coldscan" {
+        return Err(format!("{} is not a coldscan run's JSON", path.display()).into());
+    }
+    *markdown += &coldscan::render(&doc, path);
+    Ok(())
+}

@@ -1,0 +1,106 @@
+//! One `redis-benchmark` test (a kind of request at a pipeline depth) against a server,
+//! and its figures from the `--csv` output.
+//!
+//! Owns the invocation and the parsing; the record is `super::run_plan`'s. Single-threaded.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::kind::Programs;
+use super::Plan;
+use crate::Result;
+
+/// One test's figures as redis-benchmark reports them (latencies in ms).
+#[derive(Debug, PartialEq)]
+pub(super) struct BenchResult {
+    pub(super) requests_per_sec: f64,
+    pub(super) avg_ms: f64,
+    pub(super) p50_ms: f64,
+    pub(super) p99_ms: f64,
+    pub(super) max_ms: f64,
+    pub(super) elapsed: Duration,
+}
+
+pub(super) fn redis_benchmark(
+    programs: &Programs,
+    port: u16,
+    plan: &Plan,
+    pipeline: u64,
+    test: &str,
+) -> Result<BenchResult> {
+    let started = Instant::now();
+    let output = Command::new(&programs.redis_benchmark)
+        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+        .args(["-c", &plan.clients.to_string()])
+        .args(["-n", &plan.requests.to_string()])
+        .args(["-d", &plan.value_bytes.to_string()])
+        .args(["-r", &plan.keys.to_string()])
+        .args(["-P", &pipeline.to_string()])
+        .args(["-t", &test.to_ascii_lowercase(), "--csv"])
+        .stdin(Stdio::null())
+        .output()?;
+    let elapsed = started.elapsed();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    if !output.status.success() {
+        return Err(format!(
+            "redis-benchmark {test} -P {pipeline} failed ({}): {} {}",
+            output.status,
+            stdout.trim(),
+            String::from_utf8_lossy(&output.stderr).trim()
+        )
+        .into());
+    }
+    let mut result = parse_csv(&stdout, test).ok_or_else(|| {
+        format!("redis-benchmark {test} -P {pipeline}: no {test} row in its CSV: {stdout}")
+    })?;
+    result.elapsed = elapsed;
+    Ok(result)
+}
+
+/// The row of `test` in redis-benchmark 7's `--csv` output:
+/// `"test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms","p95_latency_ms",
+/// "p99_latency_ms","max_latency_ms"`, located by the header's names.
+fn parse_csv(text: &str, test: &str) -> Option<BenchResult> {
+    let split = |line: &str| -> Vec<String> {
+        line.split(',')
+            .map(|cell| cell.trim().trim_matches('"').to_string())
+            .collect()
+    };
+    let mut lines = text.lines().filter(|l| !l.trim().is_empty());
+    let header = split(lines.next()?);
+    let row = lines
+        .map(split)
+        .find(|cells| cells.first().is_some_and(|c| c == test))?;
+    let column = |name: &str| -> Option<f64> {
+        let at = header.iter().position(|h| h == name)?;
+        row.get(at)?.parse().ok()
+    };
+    Some(BenchResult {
+        requests_per_sec: column("rps")?,
+        avg_ms: column("avg_latency_ms")?,
+        p50_ms: column("p50_latency_ms")?,
+        p99_ms: column("p99_latency_ms")?,
+        max_ms: column("max_latency_ms")?,
+        elapsed: Duration::ZERO,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn csv_of_redis_benchmark_7_parses() {
+        let text = "\"test\",\"rps\",\"avg_latency_ms\",\"min_latency_ms\",\"p50_latency_ms\",\"p95_latency_ms\",\"p99_latency_ms\",\"max_latency_ms\"\n\
+                    \"SET\",\"18691.59\",\"1.445\",\"0.152\",\"0.743\",\"4.863\",\"7.703\",\"21.519\"\n\
+                    \"GET\",\"29850.75\",\"1.082\",\"0.176\",\"0.703\",\"3.367\",\"4.359\",\"4.583\"\n";
+        let get = parse_csv(text, "GET").unwrap();
+        assert_eq!(get.requests_per_sec, 29850.75);
+        assert_eq!(get.p50_ms, 0.703);
+        assert_eq!(get.p99_ms, 4.359);
+        assert_eq!(get.max_ms, 4.583);
+        assert_eq!(parse_csv(text, "SET").unwrap().avg_ms, 1.445);
+        assert!(parse_csv(text, "INCR").is_none());
+        assert!(parse_csv("", "GET").is_none());
+    }
+}

@@ -1,0 +1,136 @@
+//! A minimal RESP (Redis protocol) client: PING, INFO fields and the loader's pipelined
+//! SETs of every key, in redis-benchmark's key names.
+//!
+//! Owns the wire format of what the harness itself sends; redis-benchmark speaks for
+//! itself. The loader's connections run on scoped threads that share nothing but the
+//! value.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+use crate::Result;
+
+/// SETs per round trip of the loader: deep enough that the network is not the limit.
+pub(super) const LOAD_PIPELINE: u64 = 256;
+
+/// Connections of the loader, each loading a contiguous share of the keys.
+pub(super) const LOAD_CONNECTIONS: u64 = 4;
+
+/// `key:` and 12 digits, as redis-benchmark's `-r` writes its keys.
+pub(super) const KEY_BYTES: u64 = 16;
+
+fn key(index: u64) -> String {
+    format!("key:{index:012}")
+}
+
+pub(super) fn connect(port: u16) -> std::io::Result<TcpStream> {
+    let stream = TcpStream::connect(("127.0.0.1", port))?;
+    stream.set_nodelay(true)?;
+    // A server that stops answering ends the run instead of hanging it.
+    stream.set_read_timeout(Some(Duration::from_secs(300)))?;
+    Ok(stream)
+}
+
+pub(super) fn command(args: &[&[u8]]) -> Vec<u8> {
+    let mut out = format!("*{}\r\n", args.len()).into_bytes();
+    for arg in args {
+        out.extend_from_slice(format!("${}\r\n", arg.len()).as_bytes());
+        out.extend_from_slice(arg);
+        out.extend_from_slice(b"\r\n");
+    }
+    out
+}
+
+pub(super) fn ping(port: u16) -> Result<()> {
+    let mut stream = connect(port)?;
+    stream.set_read_timeout(Some(Duration::from_secs(2)))?;
+    stream.write_all(&command(&[b"PING"]))?;
+    let mut reader = BufReader::new(stream);
+    let mut line = String::new();
+    reader.read_line(&mut line)?;
+    // A server still loading answers -LOADING; only +PONG means ready.
+    if line != "+PONG\r\n" {
+        return Err(format!("PING answered {line:?}").into());
+    }
+    Ok(())
+}
+
+/// `field` of INFO `section` as a number, or `None` (no such field, no answer).
+pub(super) fn info_field(port: u16, section: &str, field: &str) -> Option<u64> {
+    let mut stream = connect(port).ok()?;
+    stream
+        .write_all(&command(&[b"INFO", section.as_bytes()]))
+        .ok()?;
+    let mut reader = BufReader::new(stream);
+    let mut header = String::new();
+    reader.read_line(&mut header).ok()?;
+    // RESP2 bulk string "$LEN\r\n" (RESP3 would be a verbatim string; we never say HELLO 3).
+    let len: usize = header.strip_prefix('$')?.trim_end().parse().ok()?;
+    let mut body = vec![0u8; len];
+    reader.read_exact(&mut body).ok()?;
+    let text = String::from_utf8_lossy(&body);
+    text.lines()
+        .find_map(|line| line.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|value| value.trim().parse().ok())
+}
+
+/// SETs every key `key:000000000000` .. of the keyspace once with a value of `value_bytes`
+/// bytes ('x', like redis-benchmark's), over a few pipelined connections, checking every
+/// reply.
+pub(super) fn load(port: u16, keys: u64, value_bytes: u64) -> Result<()> {
+    let value = vec![b'x'; value_bytes as usize];
+    let share = keys.div_ceil(LOAD_CONNECTIONS);
+    std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..LOAD_CONNECTIONS)
+            .map(|c| {
+                let value = &value;
+                let range = (c * share).min(keys)..((c + 1) * share).min(keys);
+                scope.spawn(move || load_range(port, range, value))
+            })
+            .collect();
+        for worker in workers {
+            worker.join().map_err(|_| "a loader thread panicked")??;
+        }
+        Ok(())
+    })
+}
+
+fn load_range(port: u16, range: std::ops::Range<u64>, value: &[u8]) -> Result<()> {
+    let stream = connect(port)?;
+    let mut writer = std::io::BufWriter::with_capacity(1 << 20, stream.try_clone()?);
+    let mut reader = BufReader::new(stream);
+    let mut line = String::new();
+    let mut next = range.start;
+    while next < range.end {
+        let batch_end = (next + LOAD_PIPELINE).min(range.end);
+        for index in next..batch_end {
+            writer.write_all(&command(&[b"SET", key(index).as_bytes(), value]))?;
+        }
+        writer.flush()?;
+        for index in next..batch_end {
+            line.clear();
+            reader.read_line(&mut line)?;
+            if line != "+OK\r\n" {
+                return Err(format!("SET {} answered {line:?}", key(index)).into());
+            }
+        }
+        next = batch_end;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_redis_benchmarks() {
+        assert_eq!(key(123_456), "key:000000123456");
+        assert_eq!(key(0).len() as u64, KEY_BYTES);
+        assert_eq!(
+            command(&[b"SET", b"k", b"v"]),
+            b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$1\r\nv\r\n".to_vec()
+        );
+    }
+}
