@@ -16,10 +16,10 @@ use crate::commit::Committer;
 use crate::descriptor::{Descriptor, RegionDesc};
 use crate::error::{Error, Result};
 use crate::index::{self, key_hash, key_prefix, ImageContents, ImagePivot};
-use crate::log::record::RecordRef;
+use crate::log::record::{Header, RecordRef, HEADER_BYTES};
 use crate::region::{Region, Regions};
 use crate::shared::Shared;
-use crate::types::{CommitEpoch, DiskOffset, BLOCK_BYTES};
+use crate::types::{CommitEpoch, DiskOffset, RegionId, BLOCK_BYTES};
 use crate::volume::superblock::{self, Superblock};
 use crate::volume::Storage;
 
@@ -97,14 +97,31 @@ pub(crate) fn check(
         ..CheckReport::default()
     };
     for rd in &desc.regions {
-        let region = regions.get(&rd.name).ok_or_else(|| {
+        let unknown = || {
             Error::corruption(
                 "commit descriptor",
                 sb.descriptor,
                 format!("unknown region {:?}", rd.name),
             )
-        })?;
-        check_region(&region, rd, sb.descriptor, &mut refs, &mut report)?;
+        };
+        if rd.replica.is_some() {
+            regions.replica(&rd.name).ok_or_else(unknown)?;
+            let records = Records::Replica {
+                id: rd.id,
+                seed: rd.seed,
+                storage: storage.as_ref(),
+            };
+            check_region(&records, rd, sb.descriptor, &mut refs, &mut report)?;
+        } else {
+            let region = regions.get(&rd.name).ok_or_else(unknown)?;
+            check_region(
+                &Records::Local(&region),
+                rd,
+                sb.descriptor,
+                &mut refs,
+                &mut report,
+            )?;
+        }
     }
     report.unreferenced_blocks = report.allocated_blocks - refs.owner.len() as u64;
     // Every allocated block is referenced by the commit just made or listed in its free
@@ -158,6 +175,22 @@ fn read_newest_commit(
     Ok((sb, desc))
 }
 
+/// The entry of region `name` in the newest commit on the volume, and that commit's epoch
+/// (`None` if it lists no such region). The caller holds the commit lock.
+pub(crate) fn newest_region_entry(
+    storage: &dyn Storage,
+    name: &str,
+) -> Result<Option<(RegionDesc, u64)>> {
+    let sb = superblock::read_newest(storage)?
+        .ok_or_else(|| Error::corruption("superblock", DiskOffset(0), "no valid slot"))?;
+    let (_, desc) = read_newest_commit(storage, sb.epoch)?;
+    Ok(desc
+        .regions
+        .into_iter()
+        .find(|rd| rd.name == name)
+        .map(|rd| (rd, sb.epoch.0)))
+}
+
 /// Marks what every volume holds outside the regions: each group's reserved blocks
 /// (superblocks, bitmap buddies), the descriptor, and the extents its free log lists.
 fn mark_volume_structures(refs: &mut Refs<'_>, sb: &Superblock, desc: &Descriptor) -> Result<()> {
@@ -187,7 +220,7 @@ fn mark_volume_structures(refs: &mut Refs<'_>, sb: &Superblock, desc: &Descripto
 /// segments' records, its whole tree, its key count, and every segment's live bytes
 /// against what the tree reaches; adds its counts to `report`.
 fn check_region(
-    region: &Region,
+    region: &Records<'_>,
     rd: &RegionDesc,
     descriptor: DiskOffset,
     refs: &mut Refs<'_>,
@@ -241,12 +274,12 @@ fn check_region(
 }
 
 /// Verifies the records of a segment's first `written` bytes; returns how many.
-fn check_segment(region: &Region, base: DiskOffset, written: u64) -> Result<u64> {
+fn check_segment(region: &Records<'_>, base: DiskOffset, written: u64) -> Result<u64> {
     let mut pos = 0;
     let mut records = 0;
     while pos < written {
         let at = base.0 + pos;
-        let len = region.with_record(at, true, |r| r.header.total_bytes())?;
+        let len = region.with_record(at, |r| r.header.total_bytes())?;
         pos += len;
         records += 1;
     }
@@ -260,8 +293,52 @@ fn check_segment(region: &Region, base: DiskOffset, written: u64) -> Result<u64>
     Ok(records)
 }
 
+/// Where `check` reads a region's records from.
+enum Records<'a> {
+    /// A local region: records may still be in one of its tail buffers.
+    Local(&'a Region),
+    /// A replica (a backup's copy of another server's region): all of it on the volume.
+    Replica {
+        id: RegionId,
+        seed: u32,
+        storage: &'a dyn Storage,
+    },
+}
+
+impl Records<'_> {
+    fn id(&self) -> RegionId {
+        match self {
+            Records::Local(region) => region.id(),
+            Records::Replica { id, .. } => *id,
+        }
+    }
+
+    fn storage(&self) -> &dyn Storage {
+        match self {
+            Records::Local(region) => region.shared().volume.storage().as_ref(),
+            Records::Replica { storage, .. } => *storage,
+        }
+    }
+
+    /// Calls `f` with the record at `ptr`, its checksum verified.
+    fn with_record<R>(&self, ptr: u64, f: impl FnOnce(RecordRef<'_>) -> R) -> Result<R> {
+        match self {
+            Records::Local(region) => region.with_record(ptr, true, f),
+            Records::Replica { seed, storage, .. } => {
+                let at = DiskOffset(ptr);
+                let mut head = [0u8; HEADER_BYTES];
+                storage.read_at(ptr, &mut head)?;
+                let len = Header::decode(&head, at)?.total_bytes() as usize;
+                let mut bytes = vec![0u8; len];
+                storage.read_at(ptr, &mut bytes)?;
+                Ok(f(RecordRef::parse(&bytes, *seed, true, at)?))
+            }
+        }
+    }
+}
+
 struct TreeVerifier<'a, 'r> {
-    region: &'a Region,
+    region: &'a Records<'a>,
     refs: &'a mut Refs<'r>,
     segments: &'a mut BTreeMap<u64, (u64, u64)>,
     prev_key: Option<Vec<u8>>,
@@ -289,11 +366,7 @@ impl TreeVerifier<'_, '_> {
         self.refs.mark(off, 1, "index node")?;
         self.nodes += 1;
         let mut image = vec![0u8; BLOCK_BYTES as usize];
-        self.region
-            .shared()
-            .volume
-            .storage()
-            .read_at(off.0, &mut image)?;
+        self.region.storage().read_at(off.0, &mut image)?;
         match index::image_contents(&image, off, self.region.id())? {
             ImageContents::Internal {
                 stem,
@@ -344,7 +417,7 @@ impl TreeVerifier<'_, '_> {
                 } => {
                     let key = self
                         .region
-                        .with_record(ptr, true, |r: RecordRef<'_>| r.key.to_vec())?;
+                        .with_record(ptr, |r: RecordRef<'_>| r.key.to_vec())?;
                     if key.len() != len_bytes as usize
                         || !key.starts_with(stem)
                         || key_prefix(&key[stem.len()..]) != prefix
@@ -391,7 +464,7 @@ impl TreeVerifier<'_, '_> {
         high: Option<&[u8]>,
     ) -> Result<()> {
         let at = DiskOffset(ptr);
-        let (key, len, tombstone) = self.region.with_record(ptr, true, |r: RecordRef<'_>| {
+        let (key, len, tombstone) = self.region.with_record(ptr, |r: RecordRef<'_>| {
             (
                 r.key.to_vec(),
                 r.header.total_bytes(),

@@ -15,14 +15,16 @@
 //!         keys u64 | seed u32 | term u64 | role u8 (0 local, 1 replica)
 //!         [replica: upstream_epoch u64 | upstream_next_order u64]
 //!         segment_count u32 | (offset u64, size u64, written u64, live u64, order u64
-//!         [replica: origin u64]) × n
+//!         [replica: origin u64 | received u64]) × n
 //! ```
 //!
 //! `seed` is the crc seed of the region's records (the primary's, for a replica region),
 //! `term` its replication term (0: never replicated). A replica region (DESIGN.md,
 //! "Replication") mirrors commit `upstream_epoch` of its primary, whose `next_order` was
-//! `upstream_next_order` at that seal, and lists each segment's `origin`: the offset of
-//! the primary's segment it copies.
+//! `upstream_next_order` at that seal, and lists for each segment its `origin` (the offset
+//! of the primary's segment it copies) and the bytes of it received and synced. A replica's
+//! segment counts (`written`, `live`) are the primary's at that commit; segments of a
+//! higher order than `upstream_next_order` arrived after it (counts 0).
 //!
 //! `TDESC003` is the same without `seed`, `term` and `role` (seed `region_seed(id)`, term
 //! 0, local); `TDESC002` (volumes written before the relocation tail) also lacks the three
@@ -71,9 +73,18 @@ pub struct RegionDesc {
     pub term: u64,
     /// Set for a replica region (a backup's copy of a primary's region).
     pub replica: Option<ReplicaDesc>,
-    /// For a replica region, the origin (the primary's segment offset) of each segment,
-    /// in the order of `segments`; empty for a local region.
-    pub origins: Vec<DiskOffset>,
+    /// For a replica region, what it received of each segment, in the order of
+    /// `segments`; empty for a local region.
+    pub received: Vec<ReceivedSegment>,
+}
+
+/// A replica region's copy of one of its primary's segments.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReceivedSegment {
+    /// Where the primary's segment starts in the primary's volume.
+    pub origin: DiskOffset,
+    /// Bytes of it received (from its start) and made durable by this commit.
+    pub received_bytes: u64,
 }
 
 /// What a replica region records beside a region's fields.
@@ -102,57 +113,7 @@ impl Descriptor {
         }
         put32(&mut out, self.regions.len() as u32);
         for r in &self.regions {
-            put64(&mut out, r.id.0);
-            assert!(r.name.len() <= u16::MAX as usize);
-            out.extend_from_slice(&(r.name.len() as u16).to_le_bytes());
-            out.extend_from_slice(r.name.as_bytes());
-            put64(&mut out, r.tree_epoch.0);
-            put64(&mut out, r.root.0);
-            put32(&mut out, r.generation);
-            put64(&mut out, r.next_seq.0);
-            put64(&mut out, r.tail.0);
-            put64(&mut out, r.tail_size_bytes);
-            put64(&mut out, r.tail_used_bytes);
-            let gc = r.gc_tail.unwrap_or(GcTailPos {
-                base: DiskOffset(0),
-                size_bytes: 0,
-                used_bytes: 0,
-            });
-            assert!(r.gc_tail.is_none() || !gc.base.is_none());
-            put64(&mut out, gc.base.0);
-            put64(&mut out, gc.size_bytes);
-            put64(&mut out, gc.used_bytes);
-            put64(&mut out, r.keys);
-            put32(&mut out, r.seed);
-            put64(&mut out, r.term);
-            match r.replica {
-                None => out.push(0),
-                Some(rep) => {
-                    out.push(1);
-                    put64(&mut out, rep.upstream_epoch);
-                    put64(&mut out, rep.upstream_next_order);
-                }
-            }
-            assert_eq!(
-                r.origins.len(),
-                if r.replica.is_some() {
-                    r.segments.len()
-                } else {
-                    0
-                },
-                "a replica region lists one origin per segment, a local one none"
-            );
-            put32(&mut out, r.segments.len() as u32);
-            for (i, (off, s)) in r.segments.iter().enumerate() {
-                put64(&mut out, off.0);
-                put64(&mut out, s.size_bytes);
-                put64(&mut out, s.written_bytes);
-                put64(&mut out, s.live_bytes);
-                put64(&mut out, s.order);
-                if let Some(origin) = r.origins.get(i) {
-                    put64(&mut out, origin.0);
-                }
-            }
+            r.encode_into(&mut out);
         }
         out
     }
@@ -182,98 +143,7 @@ impl Descriptor {
         let region_count = r.count(8)?;
         let mut regions = Vec::with_capacity(region_count);
         for _ in 0..region_count {
-            let id = RegionId(r.u64()?);
-            let name_len = u16::from_le_bytes(r.take(2)?.try_into().unwrap()) as usize;
-            let name = std::str::from_utf8(r.take(name_len)?)
-                .map_err(|_| r.bad("region name is not UTF-8"))?
-                .to_string();
-            let tree_epoch = TreeEpoch(r.u64()?);
-            let root = DiskOffset(r.u64()?);
-            // Trees hold node offsets as tagged words that must be whole blocks.
-            if !root.is_none() && !root.block_aligned() {
-                return Err(r.bad("index root is not a block"));
-            }
-            let generation = r.u32()?;
-            let next_seq = SeqNo(r.u64()?);
-            let tail = DiskOffset(r.u64()?);
-            let tail_size_bytes = r.u64()?;
-            let tail_used_bytes = r.u64()?;
-            let gc_tail = if has_gc_tail {
-                let pos = GcTailPos {
-                    base: DiskOffset(r.u64()?),
-                    size_bytes: r.u64()?,
-                    used_bytes: r.u64()?,
-                };
-                if pos.base.is_none() {
-                    if pos.size_bytes != 0 || pos.used_bytes != 0 {
-                        return Err(r.bad("relocation tail position without a segment"));
-                    }
-                    None
-                } else {
-                    if pos.used_bytes > pos.size_bytes {
-                        return Err(r.bad("relocation tail position past its segment"));
-                    }
-                    Some(pos)
-                }
-            } else {
-                None
-            };
-            let keys = r.u64()?;
-            let (seed, term, replica) = if has_replication {
-                let seed = r.u32()?;
-                let term = r.u64()?;
-                let replica = match r.take(1)?[0] {
-                    0 => None,
-                    1 => Some(ReplicaDesc {
-                        upstream_epoch: r.u64()?,
-                        upstream_next_order: r.u64()?,
-                    }),
-                    _ => return Err(r.bad("region role is neither local nor replica")),
-                };
-                (seed, term, replica)
-            } else {
-                (crate::log::record::region_seed(id), 0, None)
-            };
-            let seg_count = r.count(if replica.is_some() { 48 } else { 40 })?;
-            let mut segments = Vec::with_capacity(seg_count);
-            let mut origins = Vec::new();
-            for _ in 0..seg_count {
-                let off = DiskOffset(r.u64()?);
-                let s = SegmentStats {
-                    size_bytes: r.u64()?,
-                    written_bytes: r.u64()?,
-                    live_bytes: r.u64()?,
-                    order: r.u64()?,
-                };
-                if s.live_bytes > s.written_bytes || s.written_bytes > s.size_bytes {
-                    return Err(r.bad("segment byte counts are inconsistent"));
-                }
-                if replica.is_some() {
-                    origins.push(DiskOffset(r.u64()?));
-                }
-                segments.push((off, s));
-            }
-            if tail_used_bytes > tail_size_bytes {
-                return Err(r.bad("tail position past the tail segment"));
-            }
-            regions.push(RegionDesc {
-                id,
-                name,
-                tree_epoch,
-                root,
-                generation,
-                next_seq,
-                tail,
-                tail_size_bytes,
-                tail_used_bytes,
-                gc_tail,
-                keys,
-                segments,
-                seed,
-                term,
-                replica,
-                origins,
-            });
+            regions.push(decode_region(&mut r, has_gc_tail, has_replication)?);
         }
         // A commit pads its descriptor with zeros to the blocks it allocated for it, and
         // the superblock counts the padding (so the extent freed later is the whole one).
@@ -289,6 +159,184 @@ impl Descriptor {
             regions,
         })
     }
+}
+
+impl RegionDesc {
+    /// Appends the entry's bytes (the layout in the module doc) to `out`: how a commit
+    /// writes it, and how a primary ships it to a backup.
+    pub fn encode_into(&self, out: &mut Vec<u8>) {
+        let r = self;
+        put64(out, r.id.0);
+        assert!(r.name.len() <= u16::MAX as usize);
+        out.extend_from_slice(&(r.name.len() as u16).to_le_bytes());
+        out.extend_from_slice(r.name.as_bytes());
+        put64(out, r.tree_epoch.0);
+        put64(out, r.root.0);
+        put32(out, r.generation);
+        put64(out, r.next_seq.0);
+        put64(out, r.tail.0);
+        put64(out, r.tail_size_bytes);
+        put64(out, r.tail_used_bytes);
+        let gc = r.gc_tail.unwrap_or(GcTailPos {
+            base: DiskOffset(0),
+            size_bytes: 0,
+            used_bytes: 0,
+        });
+        assert!(r.gc_tail.is_none() || !gc.base.is_none());
+        put64(out, gc.base.0);
+        put64(out, gc.size_bytes);
+        put64(out, gc.used_bytes);
+        put64(out, r.keys);
+        put32(out, r.seed);
+        put64(out, r.term);
+        match r.replica {
+            None => out.push(0),
+            Some(rep) => {
+                out.push(1);
+                put64(out, rep.upstream_epoch);
+                put64(out, rep.upstream_next_order);
+            }
+        }
+        assert_eq!(
+            r.received.len(),
+            if r.replica.is_some() {
+                r.segments.len()
+            } else {
+                0
+            },
+            "a replica region lists one origin per segment, a local one none"
+        );
+        put32(out, r.segments.len() as u32);
+        for (i, (off, s)) in r.segments.iter().enumerate() {
+            put64(out, off.0);
+            put64(out, s.size_bytes);
+            put64(out, s.written_bytes);
+            put64(out, s.live_bytes);
+            put64(out, s.order);
+            if let Some(got) = r.received.get(i) {
+                put64(out, got.origin.0);
+                put64(out, got.received_bytes);
+            }
+        }
+    }
+
+    /// Decodes one entry (`TDESC004` layout) that fills `bytes` exactly; any
+    /// inconsistency is `Error::Corruption` at `at`.
+    pub fn decode(bytes: &[u8], at: DiskOffset) -> Result<RegionDesc> {
+        let mut r = Reader { bytes, pos: 0, at };
+        let rd = decode_region(&mut r, true, true)?;
+        if r.pos != bytes.len() {
+            return Err(r.bad("trailing bytes after a region entry"));
+        }
+        Ok(rd)
+    }
+}
+
+/// Decodes one region entry of a descriptor of the format the flags say.
+fn decode_region(
+    r: &mut Reader<'_>,
+    has_gc_tail: bool,
+    has_replication: bool,
+) -> Result<RegionDesc> {
+    let id = RegionId(r.u64()?);
+    let name_len = u16::from_le_bytes(r.take(2)?.try_into().unwrap()) as usize;
+    let name = std::str::from_utf8(r.take(name_len)?)
+        .map_err(|_| r.bad("region name is not UTF-8"))?
+        .to_string();
+    let tree_epoch = TreeEpoch(r.u64()?);
+    let root = DiskOffset(r.u64()?);
+    // Trees hold node offsets as tagged words that must be whole blocks.
+    if !root.is_none() && !root.block_aligned() {
+        return Err(r.bad("index root is not a block"));
+    }
+    let generation = r.u32()?;
+    let next_seq = SeqNo(r.u64()?);
+    let tail = DiskOffset(r.u64()?);
+    let tail_size_bytes = r.u64()?;
+    let tail_used_bytes = r.u64()?;
+    let gc_tail = if has_gc_tail {
+        let pos = GcTailPos {
+            base: DiskOffset(r.u64()?),
+            size_bytes: r.u64()?,
+            used_bytes: r.u64()?,
+        };
+        if pos.base.is_none() {
+            if pos.size_bytes != 0 || pos.used_bytes != 0 {
+                return Err(r.bad("relocation tail position without a segment"));
+            }
+            None
+        } else {
+            if pos.used_bytes > pos.size_bytes {
+                return Err(r.bad("relocation tail position past its segment"));
+            }
+            Some(pos)
+        }
+    } else {
+        None
+    };
+    let keys = r.u64()?;
+    let (seed, term, replica) = if has_replication {
+        let seed = r.u32()?;
+        let term = r.u64()?;
+        let replica = match r.take(1)?[0] {
+            0 => None,
+            1 => Some(ReplicaDesc {
+                upstream_epoch: r.u64()?,
+                upstream_next_order: r.u64()?,
+            }),
+            _ => return Err(r.bad("region role is neither local nor replica")),
+        };
+        (seed, term, replica)
+    } else {
+        (crate::log::record::region_seed(id), 0, None)
+    };
+    let seg_count = r.count(if replica.is_some() { 56 } else { 40 })?;
+    let mut segments = Vec::with_capacity(seg_count);
+    let mut received = Vec::new();
+    for _ in 0..seg_count {
+        let off = DiskOffset(r.u64()?);
+        let s = SegmentStats {
+            size_bytes: r.u64()?,
+            written_bytes: r.u64()?,
+            live_bytes: r.u64()?,
+            order: r.u64()?,
+        };
+        if s.live_bytes > s.written_bytes || s.written_bytes > s.size_bytes {
+            return Err(r.bad("segment byte counts are inconsistent"));
+        }
+        if replica.is_some() {
+            let got = ReceivedSegment {
+                origin: DiskOffset(r.u64()?),
+                received_bytes: r.u64()?,
+            };
+            if got.received_bytes > s.size_bytes {
+                return Err(r.bad("received bytes past the segment's size"));
+            }
+            received.push(got);
+        }
+        segments.push((off, s));
+    }
+    if tail_used_bytes > tail_size_bytes {
+        return Err(r.bad("tail position past the tail segment"));
+    }
+    Ok(RegionDesc {
+        id,
+        name,
+        tree_epoch,
+        root,
+        generation,
+        next_seq,
+        tail,
+        tail_size_bytes,
+        tail_used_bytes,
+        gc_tail,
+        keys,
+        segments,
+        seed,
+        term,
+        replica,
+        received,
+    })
 }
 
 fn put64(out: &mut Vec<u8>, v: u64) {
@@ -381,7 +429,7 @@ mod tests {
                 seed: 0x5eed,
                 term: 2,
                 replica: None,
-                origins: Vec::new(),
+                received: Vec::new(),
             }],
         }
     }
@@ -395,7 +443,10 @@ mod tests {
             upstream_epoch: 41,
             upstream_next_order: 4,
         });
-        replica.regions[0].origins = vec![DiskOffset(6 << 20)];
+        replica.regions[0].received = vec![ReceivedSegment {
+            origin: DiskOffset(6 << 20),
+            received_bytes: 900,
+        }];
         assert_eq!(
             Descriptor::decode(&replica.encode(), DiskOffset(0)).unwrap(),
             replica

@@ -21,7 +21,8 @@ use crate::commit::Committer;
 use crate::error::{Error, Result};
 use crate::gc::Collector;
 use crate::recovery::Opened;
-use crate::region::{Region, Regions};
+use crate::region::{Links, Region, Regions};
+use crate::replica::{Delta, Replica};
 use crate::shared::Shared;
 use crate::stats::Stats;
 use crate::types::BLOCK_BYTES;
@@ -106,6 +107,84 @@ impl Engine {
             .remove(name)
             .ok_or_else(|| Error::KeyspaceNotFound(name.to_string()))?;
         cs.drop_after_next_commit(region.drop_and_list_extents()?);
+        self.committer.commit_locked(&mut cs, &self.regions)
+    }
+
+    /// The replica `name` of a region whose records have crc seed `seed`, created
+    /// (durably) at `term` if it does not exist.
+    pub fn create_replica(&self, name: &str, seed: u32, term: u64) -> Result<Arc<Replica>> {
+        if let Some(replica) = self.regions.replica(name) {
+            return Ok(replica);
+        }
+        let mut cs = self.committer.lock();
+        if let Some(replica) = self.regions.replica(name) {
+            return Ok(replica);
+        }
+        let replica = self
+            .regions
+            .create_replica(&self.shared, name, seed, term)?;
+        self.committer.commit_locked(&mut cs, &self.regions)?;
+        Ok(replica)
+    }
+
+    /// Applies a primary's commit to replica `name` and makes the result durable: when
+    /// this returns, the replica mirrors that commit across a crash.
+    pub fn apply_replica(&self, name: &str, delta: Delta) -> Result<()> {
+        let mut cs = self.committer.lock();
+        self.shared.check_writable()?;
+        let replica = self
+            .regions
+            .replica(name)
+            .ok_or_else(|| Error::KeyspaceNotFound(name.to_string()))?;
+        let released = replica.apply(delta)?;
+        cs.drop_after_next_commit(released);
+        self.committer.commit_locked(&mut cs, &self.regions)
+    }
+
+    /// Turns replica `name` into a writable region at `term`: its last applied commit as
+    /// it is, then the log it received since replayed, LINK records followed through its
+    /// segment map; the copies replay did not reach are freed. Durable when it returns.
+    pub fn promote_replica(&self, name: &str, term: u64) -> Result<Arc<Region>> {
+        let mut cs = self.committer.lock();
+        self.shared.check_writable()?;
+        let replica = self
+            .regions
+            .replica(name)
+            .ok_or_else(|| Error::KeyspaceNotFound(name.to_string()))?;
+        if term <= replica.term() {
+            return Err(Error::InvalidArgument(format!(
+                "promotion of {name:?} needs a term above its {}",
+                replica.term()
+            )));
+        }
+        let crate::replica::PromotionStart {
+            desc,
+            later,
+            later_extents,
+        } = replica.promotion_start(term)?;
+        let (region, reached) = Region::open(&self.shared, &desc, Links::Translated(&later))?;
+        let unreached = later_extents
+            .into_iter()
+            .filter(|(at, _)| !reached.contains(at))
+            .collect();
+        cs.drop_after_next_commit(unreached);
+        let region = Arc::new(region);
+        self.regions.remove_replica(name);
+        self.regions.insert(region.clone());
+        self.committer.commit_locked(&mut cs, &self.regions)?;
+        Ok(region)
+    }
+
+    /// Drops replica `name` durably (its primary dropped the region, or replication of it
+    /// stopped); its blocks are freed once no commit on disk needs them.
+    pub fn drop_replica(&self, name: &str) -> Result<()> {
+        let mut cs = self.committer.lock();
+        self.shared.check_writable()?;
+        let replica = self
+            .regions
+            .remove_replica(name)
+            .ok_or_else(|| Error::KeyspaceNotFound(name.to_string()))?;
+        cs.drop_after_next_commit(replica.extents()?);
         self.committer.commit_locked(&mut cs, &self.regions)
     }
 

@@ -43,6 +43,9 @@ pub enum Error {
 
     #[error("the database is closed")]
     Closed,
+
+    #[error("keyspace {keyspace:?} is at replication term {term} elsewhere: this server no longer takes writes for it")]
+    Fenced { keyspace: String, term: u64 },
 }
 
 impl Error {

@@ -60,6 +60,10 @@ impl Keyspace {
         Keyspace { engine, region }
     }
 
+    pub(crate) fn region(&self) -> &Region {
+        &self.region
+    }
+
     pub fn name(&self) -> &str {
         self.region.name()
     }

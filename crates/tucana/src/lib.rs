@@ -36,6 +36,8 @@ mod prefetch;
 mod range;
 mod recovery;
 mod region;
+mod replica;
+pub mod replication;
 mod shared;
 mod stats;
 pub mod types;

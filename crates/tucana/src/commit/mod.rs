@@ -25,6 +25,7 @@ use crate::descriptor::{Descriptor, RegionDesc};
 use crate::error::{Error, Result};
 use crate::index::NODE_BYTES;
 use crate::region::{Extent, Region, Regions, SealedRegion};
+use crate::replica::Replica;
 use crate::shared::Shared;
 use crate::types::{CommitEpoch, DiskOffset, BLOCK_BYTES};
 use crate::volume::superblock::Superblock;
@@ -63,10 +64,47 @@ impl CommitState {
     }
 }
 
+/// What one commit did to one region, for a replication shipper (DESIGN.md,
+/// "Replication"): its descriptor entry as written (the primary's offsets), the node
+/// images the commit wrote for it, and the nodes retired at or before its seal (no longer
+/// in its tree; the commit's free log lists them).
+pub struct RegionDelta {
+    pub desc: RegionDesc,
+    /// `order` the region's next segment gets: every segment allocated before the seal
+    /// has a lower one.
+    pub next_order: u64,
+    pub nodes: Vec<(DiskOffset, Box<[u8; NODE_BYTES]>)>,
+    pub released_nodes: Vec<DiskOffset>,
+}
+
+/// A durable commit, as a `CommitObserver` is told of it.
+pub struct CommitDelta {
+    pub epoch: CommitEpoch,
+    /// Whether this is the repeat of a pair: the same state under the next epoch, with
+    /// no node written.
+    pub repeat: bool,
+    pub regions: Vec<RegionDelta>,
+}
+
+/// Told of every commit once it is durable, under the commit lock (so it must only hand
+/// the delta on, never wait).
+pub trait CommitObserver: Send + Sync {
+    fn committed(&self, delta: CommitDelta);
+}
+
+/// What the first commit of a pair hands its repeat: the local regions' entries and their
+/// `next_order`, and the replicas' entries as that commit captured them.
+struct FirstOfPair {
+    descs: Vec<RegionDesc>,
+    next_orders: Vec<u64>,
+    replica_descs: Vec<RegionDesc>,
+}
+
 /// Makes commits, one at a time (its lock is the commit lock).
 pub(crate) struct Committer {
     shared: Arc<Shared>,
     state: Mutex<CommitState>,
+    observer: parking_lot::RwLock<Option<Arc<dyn CommitObserver>>>,
 }
 
 /// Nodes are allocated in runs of up to this many blocks, so a commit writes them with
@@ -85,7 +123,13 @@ impl Committer {
                 deferred: Vec::new(),
                 dropped: Vec::new(),
             }),
+            observer: parking_lot::RwLock::new(None),
         }
+    }
+
+    /// Has `observer` told of every commit from now on (`None`: nobody).
+    pub fn set_observer(&self, observer: Option<Arc<dyn CommitObserver>>) {
+        *self.observer.write() = observer;
     }
 
     /// The commit lock: held, no commit runs.
@@ -116,11 +160,11 @@ impl Committer {
     }
 
     /// A commit, the commit lock held (`cs`): seal, persist, descriptor, superblock.
-    pub fn commit_locked(&self, cs: &mut CommitState, regions: &Regions) -> Result<()> {
-        let next_region_id = regions.next_id();
-        let regions = regions.list();
-        self.guarded(cs, |this, cs, started| {
-            this.commit_steps(cs, started, &regions, next_region_id, false)
+    pub fn commit_locked(&self, cs: &mut CommitState, registry: &Regions) -> Result<()> {
+        let next_region_id = registry.next_id();
+        let (regions, replicas) = (registry.list(), registry.replicas());
+        self.guarded(cs, &replicas, |this, cs, started| {
+            this.commit_steps(cs, started, &regions, &replicas, next_region_id, false)
                 .map(|_| ())
         })
     }
@@ -131,12 +175,13 @@ impl Committer {
     /// both slots naming the same state, so whatever the first commit stopped
     /// referencing (segments garbage collection retired before its seal, copied nodes)
     /// may be freed at once, not one commit interval later (DESIGN.md, "Commit pairs").
-    pub fn commit_pair_locked(&self, cs: &mut CommitState, regions: &Regions) -> Result<()> {
-        let next_region_id = regions.next_id();
-        let regions = regions.list();
-        self.guarded(cs, |this, cs, started| {
-            let descs = this.commit_steps(cs, started, &regions, next_region_id, true)?;
-            this.repeat_steps(cs, started, &regions, next_region_id, descs)
+    pub fn commit_pair_locked(&self, cs: &mut CommitState, registry: &Regions) -> Result<()> {
+        let next_region_id = registry.next_id();
+        let (regions, replicas) = (registry.list(), registry.replicas());
+        self.guarded(cs, &replicas, |this, cs, started| {
+            let first =
+                this.commit_steps(cs, started, &regions, &replicas, next_region_id, true)?;
+            this.repeat_steps(cs, started, &regions, &replicas, next_region_id, first)
         })
     }
 
@@ -162,6 +207,7 @@ impl Committer {
     fn guarded(
         &self,
         cs: &mut CommitState,
+        replicas: &[Arc<Replica>],
         steps: impl FnOnce(&Self, &mut CommitState, &mut bool) -> Result<()>,
     ) -> Result<()> {
         if self.shared.is_poisoned() {
@@ -175,6 +221,11 @@ impl Committer {
                 self.shared.allocator.end_commit(false);
             }
         }
+        // Replicas allocate as after no seal again, committed or not (a failed commit
+        // poisons: nothing more is committed).
+        for replica in replicas {
+            replica.commit_durable();
+        }
         result
     }
 
@@ -186,9 +237,10 @@ impl Committer {
         cs: &mut CommitState,
         started: &mut bool,
         regions: &[Arc<Region>],
+        replicas: &[Arc<Replica>],
         next_region_id: u64,
         keep_seal: bool,
-    ) -> Result<Vec<RegionDesc>> {
+    ) -> Result<FirstOfPair> {
         let shared = &self.shared;
         let storage = shared.volume.storage().clone();
         let allocator = &shared.allocator;
@@ -200,6 +252,7 @@ impl Committer {
 
         // 2. Seal.
         let sealed: Vec<SealedRegion> = regions.iter().map(|r| r.seal_for_commit()).collect();
+        let replica_descs: Vec<RegionDesc> = replicas.iter().map(|r| r.seal_for_commit()).collect();
         shared.log_bytes_since_commit.store(0, Ordering::Relaxed);
 
         // 3. The log up to every seal point reaches the file.
@@ -208,7 +261,8 @@ impl Committer {
         }
 
         // 4. Persist trees.
-        let mut images: Vec<(DiskOffset, Box<[u8; NODE_BYTES]>)> = Vec::new();
+        let mut images: Vec<Vec<(DiskOffset, Box<[u8; NODE_BYTES]>)>> =
+            Vec::with_capacity(regions.len());
         let mut run = (DiskOffset::NONE, 0u64);
         let mut roots = Vec::with_capacity(regions.len());
         {
@@ -221,13 +275,19 @@ impl Committer {
                 Ok(at)
             };
             for (region, s) in regions.iter().zip(&sealed) {
-                roots.push(region.persist(s.root_word, &mut alloc, &mut images)?);
+                let mut written = Vec::new();
+                roots.push(region.persist(s.root_word, &mut alloc, &mut written)?);
+                images.push(written);
             }
         }
         if run.1 > 0 {
             allocator.release(run.0, run.1);
         }
-        write_coalesced(storage.as_ref(), &mut images, &shared.bytes_written)?;
+        write_node_images(
+            storage.as_ref(),
+            images.iter().flatten().map(|(off, image)| (*off, &**image)),
+            &shared.bytes_written,
+        )?;
 
         // 5-6. Descriptor, bitmaps, superblock.
         let descs: Vec<RegionDesc> = regions
@@ -236,12 +296,41 @@ impl Committer {
             .zip(&roots)
             .map(|((region, s), root)| region_desc(region, s, *root))
             .collect();
-        let descs = self.write_commit(cs, regions, next_region_id, descs, keep_seal)?;
+        let descs = self.write_commit(
+            cs,
+            regions,
+            next_region_id,
+            descs,
+            &replica_descs,
+            keep_seal,
+        )?;
         if !keep_seal {
             *started = false;
         }
         self.commit_durable(regions, &descs, !keep_seal);
-        Ok(descs)
+        if let Some(observer) = self.observer.read().clone() {
+            let deltas = regions
+                .iter()
+                .zip(&descs)
+                .zip(sealed.iter().zip(images))
+                .map(|((region, d), (s, nodes))| RegionDelta {
+                    desc: d.clone(),
+                    next_order: s.next_order,
+                    nodes,
+                    released_nodes: region.retired_nodes(d.tree_epoch),
+                })
+                .collect();
+            observer.committed(CommitDelta {
+                epoch: cs.epoch,
+                repeat: false,
+                regions: deltas,
+            });
+        }
+        Ok(FirstOfPair {
+            descs,
+            next_orders: sealed.iter().map(|s| s.next_order).collect(),
+            replica_descs,
+        })
     }
 
     /// The repeat commit of a pair (`commit_pair_locked`): `descs` as the commit just
@@ -254,9 +343,18 @@ impl Committer {
         cs: &mut CommitState,
         started: &mut bool,
         regions: &[Arc<Region>],
+        replicas: &[Arc<Replica>],
         next_region_id: u64,
-        descs: Vec<RegionDesc>,
+        first: FirstOfPair,
     ) -> Result<()> {
+        let FirstOfPair {
+            descs,
+            next_orders,
+            replica_descs,
+        } = first;
+        // The replicas as the first commit saw them: what they received since stays out
+        // of this image as well (they still allocate as after that seal).
+        debug_assert_eq!(replicas.len(), replica_descs.len());
         assert!(
             cs.dropped.is_empty(),
             "a dropped region's extents wait for a full commit, not a repeat"
@@ -264,9 +362,26 @@ impl Committer {
         // Frees that passed the grace period since the first commit began: reclaimed by
         // the rule every commit start relies on (neither durable slot references them).
         self.shared.release_releasable();
-        let descs = self.write_commit(cs, regions, next_region_id, descs, false)?;
+        let descs = self.write_commit(cs, regions, next_region_id, descs, &replica_descs, false)?;
         *started = false;
         self.commit_durable(regions, &descs, true);
+        if let Some(observer) = self.observer.read().clone() {
+            let deltas = descs
+                .into_iter()
+                .zip(next_orders)
+                .map(|(desc, next_order)| RegionDelta {
+                    desc,
+                    next_order,
+                    nodes: Vec::new(),
+                    released_nodes: Vec::new(),
+                })
+                .collect();
+            observer.committed(CommitDelta {
+                epoch: cs.epoch,
+                repeat: true,
+                regions: deltas,
+            });
+        }
         Ok(())
     }
 
@@ -280,6 +395,7 @@ impl Committer {
         regions: &[Arc<Region>],
         next_region_id: u64,
         descs: Vec<RegionDesc>,
+        replica_descs: &[RegionDesc],
         keep_seal: bool,
     ) -> Result<Vec<RegionDesc>> {
         let shared = &self.shared;
@@ -304,13 +420,16 @@ impl Committer {
         free_log.sort();
         free_log.dedup();
 
+        let local_regions = descs.len();
+        let mut all = descs;
+        all.extend_from_slice(replica_descs);
         let mut desc = Descriptor {
             epoch,
             next_region_id,
             volume_bytes: 0,
             bitmap_slots: allocator.slots(),
             free_log,
-            regions: descs,
+            regions: all,
         };
         // Room for the descriptor plus slack for groups added by its own allocation.
         let estimate = desc.encode().len() as u64 + BLOCK_BYTES;
@@ -361,6 +480,7 @@ impl Committer {
         let old_deferred = std::mem::replace(&mut cs.deferred, new_deferred);
         cs.descriptors = [cs.descriptors[1], Some((desc_at, desc_blocks))];
         shared.release_after_readers(old_deferred);
+        desc.regions.truncate(local_regions);
         Ok(desc.regions)
     }
 
@@ -410,7 +530,7 @@ fn region_desc(region: &Region, s: &SealedRegion, root: DiskOffset) -> RegionDes
         seed: region.seed(),
         term: region.term(),
         replica: None,
-        origins: Vec::new(),
+        received: Vec::new(),
     }
 }
 
@@ -423,15 +543,17 @@ struct AlignedBlock([u8; NODE_BYTES]);
 const _: () = assert!(std::mem::size_of::<AlignedBlock>() == NODE_BYTES);
 const _: () = assert!(NODE_BYTES as u64 == BLOCK_BYTES);
 
-/// Writes node images with one write per run of adjacent blocks, past the page cache
-/// (`Storage::write_uncached_at`): the index lives in memory and only recovery reads its
-/// images, and a commit pair during GC rewrites every leaf (copying them into the page
-/// cache took 40% of the committer's CPU).
-fn write_coalesced(
+/// Writes node images (any order) with one write per run of adjacent blocks, past the
+/// page cache (`Storage::write_uncached_at`): the index lives in memory and only recovery
+/// reads its images, and a commit pair during GC rewrites every leaf (copying them into
+/// the page cache took 40% of the committer's CPU). A backup writes the nodes it is
+/// shipped the same way.
+pub(crate) fn write_node_images<'a>(
     storage: &dyn crate::volume::Storage,
-    images: &mut [(DiskOffset, Box<[u8; NODE_BYTES]>)],
+    images: impl Iterator<Item = (DiskOffset, &'a [u8; NODE_BYTES])>,
     bytes_written: &std::sync::atomic::AtomicU64,
 ) -> Result<()> {
+    let mut images: Vec<(DiskOffset, &[u8; NODE_BYTES])> = images.collect();
     images.sort_by_key(|(off, _)| *off);
     let mut i = 0;
     let mut run: Vec<AlignedBlock> = Vec::new();

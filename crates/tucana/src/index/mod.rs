@@ -50,7 +50,7 @@ mod tree;
 #[cfg(test)]
 mod tests;
 
-pub use node::image::{image_contents, verify_image, ImageContents, ImagePivot};
+pub use node::image::{image_contents, rewrite_image, verify_image, ImageContents, ImagePivot};
 pub use node::{C_INT, C_LEAF, KEY_AREA_BYTES, MAX_INLINE_PIVOT, NODE_BYTES};
 pub use tree::{HeapNode, LeafCopy, Retired, RetiredNode, Sealed, Seek, Tree, TreeCheck};
 

@@ -70,6 +70,8 @@ pub struct Tail {
     pub base: DiskOffset,
     /// Size of the segment (and of the buffer).
     pub size_bytes: u64,
+    /// The segment's position among its region's segments (`SegmentStats::order`).
+    pub order: u64,
     /// Start of the buffer: `size_bytes` bytes owned by this struct (from a `Box<[u8]>`).
     buf: *mut u8,
     /// Bytes appended and visible to readers.
@@ -88,12 +90,13 @@ unsafe impl Sync for Tail {}
 impl Tail {
     /// An empty tail for a fresh segment. Its buffer may hold stale bytes from an earlier
     /// tail; none of them is ever visible (see the module comment).
-    pub fn new(base: DiskOffset, size_bytes: u64) -> Tail {
+    pub fn new(base: DiskOffset, size_bytes: u64, order: u64) -> Tail {
         assert!(base.block_aligned() && size_bytes.is_multiple_of(BLOCK_BYTES) && size_bytes > 0);
         let buf = take_buffer(size_bytes as usize);
         Tail {
             base,
             size_bytes,
+            order,
             buf: Box::into_raw(buf) as *mut u8,
             published: AtomicU64::new(0),
             flushed: Mutex::new(0),
@@ -101,8 +104,8 @@ impl Tail {
     }
 
     /// A tail whose first bytes are already in storage (recovery).
-    pub fn with_prefix(base: DiskOffset, size_bytes: u64, prefix: &[u8]) -> Tail {
-        let tail = Tail::new(base, size_bytes);
+    pub fn with_prefix(base: DiskOffset, size_bytes: u64, order: u64, prefix: &[u8]) -> Tail {
+        let tail = Tail::new(base, size_bytes, order);
         assert!(prefix.len() as u64 <= size_bytes);
         // SAFETY: fresh buffer of `size_bytes`, nobody else can see it yet.
         unsafe { std::ptr::copy_nonoverlapping(prefix.as_ptr(), tail.buf, prefix.len()) };
@@ -207,7 +210,7 @@ mod tests {
 
     #[test]
     fn append_read_and_bounds() {
-        let tail = Tail::new(DiskOffset(8192), 8192);
+        let tail = Tail::new(DiskOffset(8192), 8192, 0);
         // SAFETY: single appender in this test.
         let at = unsafe { tail.append(5, |b| b.copy_from_slice(b"hello")) };
         assert_eq!(at, DiskOffset(8192));
@@ -226,7 +229,7 @@ mod tests {
     fn a_recycled_buffer_shows_none_of_its_old_bytes() {
         let size = 64 << 10;
         for round in 0..3u8 {
-            let tail = Tail::new(DiskOffset(0), size);
+            let tail = Tail::new(DiskOffset(0), size, 0);
             assert!(tail.published().is_empty(), "round {round}");
             assert_eq!(tail.read(0, 1), None, "round {round}");
             // SAFETY: single appender in this test.

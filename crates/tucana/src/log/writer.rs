@@ -50,6 +50,12 @@ pub(crate) struct Writer {
     /// it off nothing bounds the garbage, nor these lists); 4 bytes a dead record until
     /// its segment is retired.
     pub dead_records: HashMap<u64, Vec<u32>>,
+    /// The segments by `order` (start offset, and whether it was opened as a relocation
+    /// segment): what a replication shipper walks (`Region::ship_segments`). Segments
+    /// from before the open count as foreground ones, except the committed relocation
+    /// tail; only the ordering of foreground bytes matters to it, and every segment from
+    /// before the open lies below any position written since.
+    by_order: BTreeMap<u64, (u64, bool)>,
 }
 
 impl Writer {
@@ -61,7 +67,39 @@ impl Writer {
             next_order,
             sealed_for_commit: false,
             dead_records: HashMap::new(),
+            by_order: BTreeMap::new(),
         }
+    }
+
+    /// Registers a segment of the region (`relocation`: opened for garbage collection's
+    /// copies).
+    pub fn add_segment(&mut self, base: DiskOffset, stats: SegmentStats, relocation: bool) {
+        self.segments.insert(base.0, stats);
+        self.by_order.insert(stats.order, (base.0, relocation));
+    }
+
+    /// Takes a segment out of the region; its counts.
+    pub fn remove_segment(&mut self, base: DiskOffset) -> Option<SegmentStats> {
+        let stats = self.segments.remove(&base.0)?;
+        self.by_order.remove(&stats.order);
+        self.dead_records.remove(&base.0);
+        Some(stats)
+    }
+
+    /// The segments whose order is at least `order`, in order: `(order, start, stats,
+    /// relocation)`, at most `max` of them.
+    pub fn segments_from(
+        &self,
+        order: u64,
+        max: usize,
+    ) -> Vec<(u64, DiskOffset, SegmentStats, bool)> {
+        self.by_order
+            .range(order..)
+            .take(max)
+            .map(|(&o, &(base, relocation))| {
+                (o, DiskOffset(base), self.segments[&base], relocation)
+            })
+            .collect()
     }
 }
 
@@ -331,20 +369,23 @@ impl Log {
         size: u64,
         guard: &epoch::Guard,
     ) {
-        w.segments.insert(
-            base.0,
+        let relocation = std::ptr::eq(slot, &self.gc_tail);
+        w.add_segment(
+            base,
             SegmentStats {
                 size_bytes: size,
                 written_bytes: 0,
                 live_bytes: 0,
                 order: w.next_order,
             },
+            relocation,
         );
         if self.shared.options.gc && size <= u64::from(u32::MAX) {
             w.dead_records.insert(base.0, Vec::new());
         }
         w.next_order += 1;
-        let prev = slot.swap(Owned::new(Tail::new(base, size)), Ordering::AcqRel, guard);
+        let tail = Tail::new(base, size, w.next_order - 1);
+        let prev = slot.swap(Owned::new(tail), Ordering::AcqRel, guard);
         if !prev.is_null() {
             // SAFETY: `prev` is unreachable for new readers; in-flight readers hold guards.
             unsafe { guard.defer_destroy(prev) };
@@ -454,6 +495,18 @@ impl Log {
         }
     }
 
+    /// The foreground tail and the relocation tail (if any), as long as `guard` lives.
+    pub fn tails<'g>(&self, guard: &'g epoch::Guard) -> (Option<&'g Tail>, Option<&'g Tail>) {
+        // SAFETY: both are protected by the guard (a replaced tail is destroyed only
+        // after every guard pinned before its replacement is gone).
+        unsafe {
+            (
+                self.tail.load(Ordering::Acquire, guard).as_ref(),
+                self.gc_tail.load(Ordering::Acquire, guard).as_ref(),
+            )
+        }
+    }
+
     /// The segments of the foreground tail and of the relocation tail (if any): never
     /// garbage collection's victims.
     pub fn tail_segments(&self) -> (DiskOffset, Option<DiskOffset>) {
@@ -558,8 +611,7 @@ impl Log {
 
     /// Takes a retired segment's bytes out of the totals (writer lock held).
     pub fn forget_segment(&self, w: &mut Writer, base: DiskOffset) -> Option<SegmentStats> {
-        let seg = w.segments.remove(&base.0)?;
-        w.dead_records.remove(&base.0);
+        let seg = w.remove_segment(base)?;
         self.dead_bytes
             .fetch_sub(seg.written_bytes, Ordering::Relaxed);
         Some(seg)

@@ -15,6 +15,7 @@ use crate::descriptor::Descriptor;
 use crate::error::{Error, Result};
 use crate::options::Options;
 use crate::region::{Links, Region, Regions};
+use crate::replica::Replica;
 use crate::shared::Shared;
 use crate::types::{CommitEpoch, DiskOffset, BLOCK_BYTES};
 use crate::volume::superblock;
@@ -118,13 +119,13 @@ pub(crate) fn open(options: Options, storage: Arc<dyn Storage>) -> Result<Opened
         ));
     }
     let shared = Arc::new(Shared::new(options, volume, allocator));
-    let mut regions = BTreeMap::new();
+    let (mut regions, mut replicas) = (BTreeMap::new(), BTreeMap::new());
+    let desc_end = sb.descriptor.0 + desc_blocks * BLOCK_BYTES;
     for rd in &desc.regions {
-        let (region, _) = Region::open(&shared, rd, Links::Local)?;
-        let overlaps = {
-            let desc_end = sb.descriptor.0 + desc_blocks * BLOCK_BYTES;
-            region.overlaps_segment(sb.descriptor.0, desc_end)
-        };
+        let overlaps = rd
+            .segments
+            .iter()
+            .any(|(at, s)| at.0 < desc_end && at.0 + s.size_bytes > sb.descriptor.0);
         if overlaps {
             return Err(Error::corruption(
                 "superblock",
@@ -135,9 +136,15 @@ pub(crate) fn open(options: Options, storage: Arc<dyn Storage>) -> Result<Opened
                 ),
             ));
         }
-        regions.insert(rd.name.clone(), Arc::new(region));
+        if rd.replica.is_some() {
+            let replica = Replica::open(shared.clone(), rd)?;
+            replicas.insert(rd.name.clone(), Arc::new(replica));
+        } else {
+            let (region, _) = Region::open(&shared, rd, Links::Local)?;
+            regions.insert(rd.name.clone(), Arc::new(region));
+        }
     }
-    let regions = Regions::new(regions, desc.next_region_id);
+    let regions = Regions::new(regions, replicas, desc.next_region_id);
     let committer = Committer::new(shared.clone(), sb.epoch, Some((sb.descriptor, desc_blocks)));
     committer.commit(&regions)?;
     Ok(Opened {
@@ -179,7 +186,7 @@ fn create(options: Options, volume: Volume) -> Result<Opened> {
     storage.sync()?;
     let allocator = Allocator::create(storage.len_bytes()? / BLOCK_BYTES * BLOCK_BYTES);
     let shared = Arc::new(Shared::new(options, volume, allocator));
-    let regions = Regions::new(BTreeMap::new(), 1);
+    let regions = Regions::new(BTreeMap::new(), BTreeMap::new(), 1);
     let committer = Committer::new(shared.clone(), CommitEpoch(0), None);
     // Two commits: the second overwrites the creation marker in slot 0.
     committer.commit(&regions)?;

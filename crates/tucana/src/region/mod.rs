@@ -21,6 +21,7 @@ mod open;
 mod read;
 mod registry;
 mod relocate;
+mod ship;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -44,6 +45,7 @@ pub(crate) use read::Candidate;
 pub(crate) use registry::Regions;
 pub(crate) use relocate::Retire;
 use relocate::RetiredSegment;
+pub use ship::{LogPosition, ShipSegment};
 
 /// A run of blocks: where it starts and how many.
 pub(crate) type Extent = (DiskOffset, u64);
@@ -133,6 +135,12 @@ pub(crate) struct Region {
     /// Root of the tree in the newest durable commit.
     committed_root: Mutex<DiskOffset>,
     dropped: AtomicBool,
+    /// Garbage collection retires no segment of this order or more
+    /// (`Region::set_ship_horizon`).
+    ship_horizon: AtomicU64,
+    /// A higher replication term is known elsewhere: writes are refused
+    /// (`Region::fence`); 0 while none is.
+    fenced_by: AtomicU64,
 }
 
 impl Region {
@@ -166,6 +174,8 @@ impl Region {
             retired_segments: Mutex::new(Vec::new()),
             committed_root: Mutex::new(committed_root),
             dropped: AtomicBool::new(false),
+            ship_horizon: AtomicU64::new(u64::MAX),
+            fenced_by: AtomicU64::new(0),
         }
     }
 
@@ -182,14 +192,15 @@ impl Region {
         if shared.options.gc {
             writer.dead_records.insert(base.0, Vec::new());
         }
-        writer.segments.insert(
-            base.0,
+        writer.add_segment(
+            base,
             SegmentStats {
                 size_bytes,
                 written_bytes: 0,
                 live_bytes: 0,
                 order: 0,
             },
+            false,
         );
         Region::new(
             shared.clone(),
@@ -200,7 +211,7 @@ impl Region {
                 term: 0,
             },
             Tree::new(id, TreeEpoch(1)),
-            Tail::new(base, size_bytes),
+            Tail::new(base, size_bytes, 0),
             None,
             writer,
             0,
@@ -271,6 +282,36 @@ impl Region {
         Ok(())
     }
 
+    /// Refuses writes from now on: another server holds the region at `term`, higher than
+    /// this one's (a backup was promoted). Reads go on.
+    pub fn fence(&self, term: u64) {
+        self.fenced_by.fetch_max(term, Ordering::AcqRel);
+    }
+
+    /// The term of the server the region was fenced by, if it was.
+    pub fn fenced_by(&self) -> Option<u64> {
+        match self.fenced_by.load(Ordering::Acquire) {
+            0 => None,
+            term => Some(term),
+        }
+    }
+
+    /// Sets the replication term (a region becoming replicated, or a reconfiguration);
+    /// persisted by the next commit. Never lowers it.
+    pub fn raise_term(&self, term: u64) {
+        self.term.fetch_max(term, Ordering::AcqRel);
+    }
+
+    fn check_writable(&self) -> Result<()> {
+        if let Some(term) = self.fenced_by() {
+            return Err(Error::Fenced {
+                keyspace: self.name.clone(),
+                term,
+            });
+        }
+        self.shared.check_writable()
+    }
+
     /// Returns once no write is in progress (each holds the writer lock): a close that
     /// refused new writes waits for those already past the check.
     pub fn wait_for_writer(&self) {
@@ -297,11 +338,12 @@ impl Region {
     pub fn write(&self, ops: &[Op<'_>]) -> Result<(u64, usize)> {
         self.check_usable()?;
         let shared = &self.shared;
-        shared.check_writable()?;
+        self.check_writable()?;
         let mut w = self.lock_warm(ops.iter().take(WARM_OPS_MAX).map(|op| op.key));
-        // Checked again under the lock: a drop or close may have drained writers meanwhile.
+        // Checked again under the lock: a drop, close or fence may have drained writers
+        // meanwhile.
         self.check_usable()?;
-        shared.check_writable()?;
+        self.check_writable()?;
         let mut ptrs = [DiskOffset::NONE; 1];
         let mut many = Vec::new();
         let ptrs: &mut [DiskOffset] = if ops.len() == 1 {
@@ -474,6 +516,12 @@ impl Region {
         self.tree.persist(root_word, self.id, alloc, images)
     }
 
+    /// Nodes retired at or before `sealed` whose blocks are not free yet: not in the tree
+    /// sealed then.
+    pub fn retired_nodes(&self, sealed: TreeEpoch) -> Vec<DiskOffset> {
+        self.tree.retired_disk_blocks(sealed)
+    }
+
     /// What a commit sealed at `sealed` lists in its free log for this region: nodes and
     /// segments retired at or before that seal (allocated in its bitmap, referenced by
     /// nothing in it).
@@ -594,6 +642,14 @@ impl Region {
         epoch
     }
 
+    /// Registers a reader of the tree sealed at `epoch` (a committed one): nothing retired
+    /// after it is freed until `close_snapshot(epoch)`. The caller holds the commit lock,
+    /// so that a commit does not free the tree between reading `epoch` and this call.
+    pub fn register_snapshot_at(&self, epoch: TreeEpoch) -> TreeEpoch {
+        *self.snapshots.lock().entry(epoch).or_insert(0) += 1;
+        epoch
+    }
+
     pub fn close_snapshot(&self, epoch: TreeEpoch) {
         let mut snaps = self.snapshots.lock();
         let count = snaps.get_mut(&epoch).expect("snapshot was registered");
@@ -621,15 +677,6 @@ impl Region {
             .values()
             .map(|s| s.size_bytes)
             .sum()
-    }
-
-    /// Whether one of the region's segments overlaps the bytes `[start, end)`.
-    pub fn overlaps_segment(&self, start: u64, end: u64) -> bool {
-        let w = self.writer.lock();
-        w.segments
-            .range(..end)
-            .next_back()
-            .is_some_and(|(off, s)| off + s.size_bytes > start)
     }
 
     /// The region's segments with their counts (for tests).

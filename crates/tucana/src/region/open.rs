@@ -74,7 +74,8 @@ fn recover_gc_tail(
     }
     let mut prefix = vec![0u8; pos.used_bytes as usize];
     shared.volume.storage().read_at(pos.base.0, &mut prefix)?;
-    Ok(Tail::with_prefix(pos.base, pos.size_bytes, &prefix))
+    let order = segments[&pos.base.0].order;
+    Ok(Tail::with_prefix(pos.base, pos.size_bytes, order, &prefix))
 }
 
 fn recover_region(
@@ -104,14 +105,18 @@ fn recover_region(
     let (tail_base, tail_size) = *end.chain.last().expect("chain is never empty");
     let mut prefix = vec![0u8; end.used_bytes as usize];
     shared.volume.storage().read_at(tail_base.0, &mut prefix)?;
-    let tail = Tail::with_prefix(tail_base, tail_size, &prefix);
+    let tail_order = segments[&tail_base.0].order;
+    let tail = Tail::with_prefix(tail_base, tail_size, tail_order, &prefix);
 
     let mut writer = Writer::new(
         (rd.generation + 1) & GENERATION_MASK,
         end.next_seq,
         next_order,
     );
-    writer.segments = segments;
+    let relocation_tail = rd.gc_tail.map(|pos| pos.base.0);
+    for (off, stats) in segments {
+        writer.add_segment(DiskOffset(off), stats, Some(off) == relocation_tail);
+    }
     let tree = Tree::from_disk(rd.id, rd.root, TreeEpoch(rd.tree_epoch.0 + 1));
     let region = Region::new(
         shared.clone(),
@@ -313,7 +318,7 @@ fn follow_link(
     next: DiskOffset,
     next_size: u64,
 ) -> Option<DiskOffset> {
-    if !next.block_aligned() || next_size == 0 || next_size % BLOCK_BYTES != 0 {
+    if !next.block_aligned() || next_size == 0 || !next_size.is_multiple_of(BLOCK_BYTES) {
         return None;
     }
     match links {

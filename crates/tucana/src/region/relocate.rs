@@ -61,6 +61,8 @@ pub(crate) enum Retire {
     PinnedByPivot,
     /// No longer a segment of the region (already retired, or the region was dropped).
     Gone,
+    /// A backup has not received all of it yet (`Region::set_ship_horizon`).
+    NotShipped,
 }
 
 impl Region {
@@ -72,7 +74,7 @@ impl Region {
     }
 
     /// Closed segments garbage collection may take, with their counts: every segment but
-    /// the tail.
+    /// the tails and those a backup has not received entirely.
     ///
     /// Segments inside a durable commit's replay window (at or after its tail segment)
     /// are candidates too: retiring one only takes it out of the segment map; its bytes
@@ -84,9 +86,13 @@ impl Region {
     pub fn gc_candidates(&self) -> Vec<(DiskOffset, SegmentStats)> {
         let w = self.writer.lock();
         let (tail, gc_tail) = self.log.tail_segments();
+        // Segments a backup has not received entirely are kept until it has.
+        let horizon = self.ship_horizon.load(Ordering::Acquire);
         w.segments
             .iter()
-            .filter(|(off, _)| **off != tail.0 && Some(DiskOffset(**off)) != gc_tail)
+            .filter(|(off, s)| {
+                **off != tail.0 && Some(DiskOffset(**off)) != gc_tail && s.order < horizon
+            })
             .map(|(off, s)| (DiskOffset(*off), *s))
             .collect()
     }
@@ -188,6 +194,9 @@ impl Region {
         );
         if seg.live_bytes != 0 {
             return Ok(Retire::Live);
+        }
+        if seg.order >= self.ship_horizon.load(Ordering::Acquire) {
+            return Ok(Retire::NotShipped);
         }
         let end = base.0 + seg.size_bytes;
         let mut pinned = false;

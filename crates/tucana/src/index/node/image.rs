@@ -510,6 +510,75 @@ pub(crate) fn encode_image(
     img
 }
 
+/// Rewrites the committed image `src` of the node at `from` (offset and region: a
+/// primary's) into `dst` for the node at `to` (a backup's copy of it, DESIGN.md
+/// "Replication"): every log pointer (leaf entries, EXTERNAL pivots) through `log`, every
+/// child through `node`, then its own offset, its region and its checksum. `src` is
+/// verified completely before and `dst` after; a pointer a map does not know is an error,
+/// so a damaged or misdirected image never becomes a wrong node.
+pub fn rewrite_image(
+    src: &[u8],
+    from: (DiskOffset, RegionId),
+    dst: &mut [u8],
+    to: (DiskOffset, RegionId),
+    log: &dyn Fn(u64) -> Option<u64>,
+    node: &dyn Fn(u64) -> Option<u64>,
+) -> Result<()> {
+    let d = DiskNode::open(src, from.0, from.1, None)?;
+    d.verify_structure()?;
+    if dst.len() != NODE_BYTES || to.0.is_none() || !to.0.block_aligned() {
+        return Err(Error::InvalidArgument(format!(
+            "a node rewritten to {} must be one block at a block",
+            to.0
+        )));
+    }
+    let unknown = |what: &str, value: u64| {
+        Error::corruption(
+            "shipped index node",
+            from.0,
+            format!("{what} {value:#x} is not among what its commit lists"),
+        )
+    };
+    dst.copy_from_slice(src);
+    let m = d.meta();
+    let n = m.count as usize;
+    if m.is_leaf() {
+        for i in 0..n {
+            let at = LEAF_PTR_AT + 8 * i;
+            let ptr = rd64(src, at);
+            wr64(
+                dst,
+                at,
+                log(ptr).ok_or_else(|| unknown("log pointer", ptr))?,
+            );
+        }
+    } else {
+        for i in 0..=n {
+            let at = INT_CHILD_AT + 8 * i;
+            let child = rd64(src, at) & !1;
+            let copy = node(child).ok_or_else(|| unknown("child", child))?;
+            wr64(dst, at, copy | 1);
+        }
+        for i in 0..n {
+            let desc = PivotDesc::unpack(rd64(src, INT_PIVOT_DESC_AT + 8 * i));
+            if desc.is_external() {
+                let at = INT_AREA_AT + desc.area_at as usize;
+                let ptr = rd64(src, at);
+                wr64(
+                    dst,
+                    at,
+                    log(ptr).ok_or_else(|| unknown("pivot's log pointer", ptr))?,
+                );
+            }
+        }
+    }
+    wr64(dst, W_DISK * 8, to.0 .0);
+    wr64(dst, W_REGION * 8, to.1 .0);
+    let crc = image_crc(dst);
+    wr64(dst, 0, crc as u64 | (NODE_MAGIC as u64) << 32);
+    verify_image(dst, to.0, to.1)
+}
+
 /// Rewrites a committed internal node image in the layout written before internal nodes
 /// had stems (stem length 0, header words 5..7 zero, each prefix the pivot's first 8
 /// bytes; descriptors and key area are the same in both) and re-stamps its checksum.

@@ -1,0 +1,439 @@
+//! Replica regions: a backup's copy of a region its primary replicates to it (DESIGN.md,
+//! "Replication"). It holds the primary's log segments byte for byte, each in a segment of
+//! its own, and the index of the last primary commit it applied, rewritten into its own
+//! blocks; it never builds an index and never collects garbage of its own.
+//!
+//! Owns: the segment map (primary segment → copy, persisted as each segment's origin in
+//! the descriptor), receiving log bytes, the node map (primary node → copy, in memory
+//! only), applying a commit's delta (`apply`), and what the replica contributes to the
+//! backup's own commits. Does not own: the protocol and connections (the
+//! `tucana-replication` crate), committing (`crate::commit`), turning the replica into a
+//! writable region (`crate::engine`, with `Region::open`).
+//!
+//! Thread-safety: one receiver per replica (the connection of its primary) calls
+//! `write_log` and `apply`; the committer reads it for every commit. Everything is under
+//! one mutex, held for a chunk of log bytes or the install of a delta, never for I/O of a
+//! whole delta.
+
+mod apply;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use crate::descriptor::{ReceivedSegment, RegionDesc, ReplicaDesc};
+use crate::error::{Error, Result};
+use crate::log::SegmentStats;
+use crate::region::Extent;
+use crate::shared::Shared;
+use crate::types::{DiskOffset, RegionId, BLOCK_BYTES};
+
+pub use apply::Delta;
+
+/// A replica's copy of one of its primary's segments.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Copy {
+    /// Where the primary's segment starts in the primary's volume. Not unique over time:
+    /// the primary reuses the space of a segment it freed, so copies are known by order.
+    origin: DiskOffset,
+    /// Where the copy starts in this volume.
+    at: DiskOffset,
+    size_bytes: u64,
+    /// Bytes received from the segment's start (written to the copy, not synced).
+    received_bytes: u64,
+}
+
+/// What a replica region reports of itself (to a primary, in `Hello`; to `INFO`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReplicaState {
+    pub name: String,
+    /// crc seed of its records (the primary's).
+    pub seed: u32,
+    pub term: u64,
+    /// The primary's commit it last applied (0: none yet).
+    pub upstream_epoch: u64,
+    /// Whether its node map matches that commit (else the next commit must come in full).
+    pub node_map_current: bool,
+    /// Per segment it holds: the primary's order and offset, and the bytes received.
+    pub segments: Vec<(u64, DiskOffset, u64)>,
+}
+
+/// What promotion starts from (`Replica::promotion_start`).
+pub(crate) struct PromotionStart {
+    /// The last applied commit's entry, translated, at the promotion's term.
+    pub desc: RegionDesc,
+    /// Copies received since that commit: origin → (copy, size).
+    pub later: BTreeMap<u64, (DiskOffset, u64)>,
+    /// The same copies as extents (those replay does not reach are freed).
+    pub later_extents: Vec<Extent>,
+}
+
+pub(crate) struct Replica {
+    id: RegionId,
+    name: String,
+    seed: u32,
+    shared: Arc<Shared>,
+    state: Mutex<State>,
+}
+
+struct State {
+    term: u64,
+    /// The last applied commit's descriptor entry, translated (this volume's offsets,
+    /// this volume's region id), with the primary's `next_order` at its seal; `None`
+    /// before the first.
+    committed: Option<(RegionDesc, ReplicaDesc)>,
+    /// The segment map, by the primary's order for each segment (unique in a region; its
+    /// offset is not, over time): order → copy.
+    copies: BTreeMap<u64, Copy>,
+    /// The node map: the primary's node → its copy, for the nodes of `committed`.
+    nodes: HashMap<u64, u64>,
+    /// Whether `nodes` holds every node of `committed` (false after an open: the map is
+    /// not persisted).
+    nodes_current: bool,
+    /// A commit of the volume is running and captured this replica: segments allocated
+    /// now must stay out of its bitmap image (as for a sealed region's writer).
+    sealed_for_commit: bool,
+}
+
+impl Replica {
+    /// A new, empty replica of a region whose records have crc seed `seed`, at `term`.
+    pub fn create(shared: Arc<Shared>, id: RegionId, name: &str, seed: u32, term: u64) -> Replica {
+        Replica {
+            id,
+            name: name.to_string(),
+            seed,
+            shared,
+            state: Mutex::new(State {
+                term,
+                committed: None,
+                copies: BTreeMap::new(),
+                nodes: HashMap::new(),
+                nodes_current: true,
+                sealed_for_commit: false,
+            }),
+        }
+    }
+
+    /// The replica a commit recorded (`rd`, whose `replica` is set), checked against the
+    /// allocator: every copy allocated and inside the volume.
+    pub fn open(shared: Arc<Shared>, rd: &RegionDesc) -> Result<Replica> {
+        let rep = rd.replica.expect("a replica region's entry");
+        let bad =
+            |at: DiskOffset, detail: String| Error::corruption("commit descriptor", at, detail);
+        let mut copies = BTreeMap::new();
+        let mut committed_segments = Vec::new();
+        for ((at, stats), got) in rd.segments.iter().zip(&rd.received) {
+            if !at.block_aligned()
+                || stats.size_bytes == 0
+                || !stats.size_bytes.is_multiple_of(BLOCK_BYTES)
+                || !shared
+                    .allocator
+                    .is_allocated(*at, stats.size_bytes / BLOCK_BYTES)
+            {
+                return Err(bad(
+                    *at,
+                    format!("segment of replica {:?} is not allocated", rd.name),
+                ));
+            }
+            let copy = Copy {
+                origin: got.origin,
+                at: *at,
+                size_bytes: stats.size_bytes,
+                received_bytes: got.received_bytes,
+            };
+            if copies.insert(stats.order, copy).is_some() {
+                return Err(bad(
+                    *at,
+                    format!("two segments of replica {:?} have one order", rd.name),
+                ));
+            }
+            if stats.order < rep.upstream_next_order {
+                committed_segments.push((*at, *stats));
+            }
+        }
+        let committed = (rep.upstream_epoch != 0).then(|| {
+            let mut desc = rd.clone();
+            desc.segments = committed_segments;
+            desc.received = Vec::new();
+            (desc, rep)
+        });
+        Ok(Replica {
+            id: rd.id,
+            name: rd.name.clone(),
+            seed: rd.seed,
+            shared,
+            state: Mutex::new(State {
+                term: rd.term,
+                committed,
+                copies,
+                nodes: HashMap::new(),
+                nodes_current: rep.upstream_epoch == 0,
+                sealed_for_commit: false,
+            }),
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn term(&self) -> u64 {
+        self.state.lock().term
+    }
+
+    /// Raises the term (a promotion elsewhere, or a reconfiguration); never lowers it.
+    pub fn raise_term(&self, term: u64) {
+        let mut st = self.state.lock();
+        st.term = st.term.max(term);
+    }
+
+    pub fn state(&self) -> ReplicaState {
+        let st = self.state.lock();
+        ReplicaState {
+            name: self.name.clone(),
+            seed: self.seed,
+            term: st.term,
+            upstream_epoch: st
+                .committed
+                .as_ref()
+                .map_or(0, |(_, rep)| rep.upstream_epoch),
+            node_map_current: st.nodes_current,
+            segments: st
+                .copies
+                .iter()
+                .map(|(order, c)| (*order, c.origin, c.received_bytes))
+                .collect(),
+        }
+    }
+
+    /// Writes `bytes` at `offset` of the copy of the primary's segment at `origin` (of
+    /// `size_bytes`, order `order`), allocating the copy at its first bytes. Bytes must
+    /// arrive in order: a chunk that starts past what was received is refused; one that
+    /// overlaps it is written from the first new byte. Not synced (`sync_log`).
+    pub fn write_log(
+        &self,
+        origin: DiskOffset,
+        size_bytes: u64,
+        order: u64,
+        offset: u64,
+        bytes: &[u8],
+    ) -> Result<()> {
+        let bad =
+            |detail: String| Error::InvalidArgument(format!("replica {:?}: {detail}", self.name));
+        if offset
+            .checked_add(bytes.len() as u64)
+            .is_none_or(|end| end > size_bytes)
+        {
+            return Err(bad(format!("log bytes past the end of segment {origin}")));
+        }
+        let mut st = self.state.lock();
+        let copy = self.copy_of(&mut st, order, origin, size_bytes)?;
+        if offset > copy.received_bytes {
+            return Err(bad(format!(
+                "segment {origin}: bytes from {offset} but only {} received",
+                copy.received_bytes
+            )));
+        }
+        let skip = (copy.received_bytes - offset) as usize;
+        if skip >= bytes.len() {
+            return Ok(());
+        }
+        let new = &bytes[skip..];
+        let storage = self.shared.volume.storage();
+        storage.write_at(copy.at.0 + copy.received_bytes, new)?;
+        self.shared
+            .bytes_written
+            .fetch_add(new.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        st.copies
+            .get_mut(&order)
+            .expect("registered above")
+            .received_bytes += new.len() as u64;
+        Ok(())
+    }
+
+    /// The copy of the primary's segment of order `order` (at `origin`, `size_bytes`
+    /// long), allocated when it is first heard of.
+    fn copy_of(
+        &self,
+        st: &mut State,
+        order: u64,
+        origin: DiskOffset,
+        size_bytes: u64,
+    ) -> Result<Copy> {
+        let bad =
+            |detail: String| Error::InvalidArgument(format!("replica {:?}: {detail}", self.name));
+        match st.copies.get(&order) {
+            Some(c) if c.size_bytes != size_bytes || c.origin != origin => {
+                Err(bad(format!("segment {order} changed size or place")))
+            }
+            Some(c) => Ok(*c),
+            None => {
+                if !size_bytes.is_multiple_of(BLOCK_BYTES) || size_bytes == 0 {
+                    return Err(bad(format!("segment {origin} of {size_bytes} bytes")));
+                }
+                let blocks = size_bytes / BLOCK_BYTES;
+                let at = self.shared.allocator.allocate(
+                    self.shared.volume.storage().as_ref(),
+                    blocks,
+                    1,
+                    st.sealed_for_commit,
+                )?;
+                let c = Copy {
+                    origin,
+                    at,
+                    size_bytes,
+                    received_bytes: 0,
+                };
+                st.copies.insert(order, c);
+                Ok(c)
+            }
+        }
+    }
+
+    /// The replica's entry for a commit of the volume, and from now until
+    /// `commit_durable` segments it allocates stay out of that commit's image.
+    pub fn seal_for_commit(&self) -> RegionDesc {
+        let mut st = self.state.lock();
+        st.sealed_for_commit = true;
+        let (mut desc, rep) = match &st.committed {
+            Some((desc, rep)) => (desc.clone(), *rep),
+            None => (
+                RegionDesc {
+                    id: self.id,
+                    name: self.name.clone(),
+                    tree_epoch: crate::types::TreeEpoch(0),
+                    root: DiskOffset::NONE,
+                    generation: 0,
+                    next_seq: crate::types::SeqNo(0),
+                    tail: DiskOffset::NONE,
+                    tail_size_bytes: 0,
+                    tail_used_bytes: 0,
+                    gc_tail: None,
+                    keys: 0,
+                    segments: Vec::new(),
+                    seed: self.seed,
+                    term: 0,
+                    replica: None,
+                    received: Vec::new(),
+                },
+                ReplicaDesc {
+                    upstream_epoch: 0,
+                    upstream_next_order: 0,
+                },
+            ),
+        };
+        desc.term = st.term;
+        desc.replica = Some(rep);
+        let committed: BTreeMap<u64, SegmentStats> =
+            desc.segments.iter().map(|(at, s)| (at.0, *s)).collect();
+        desc.segments.clear();
+        for (order, c) in &st.copies {
+            let stats = committed.get(&c.at.0).copied().unwrap_or(SegmentStats {
+                size_bytes: c.size_bytes,
+                written_bytes: 0,
+                live_bytes: 0,
+                order: *order,
+            });
+            desc.segments.push((c.at, stats));
+            desc.received.push(ReceivedSegment {
+                origin: c.origin,
+                received_bytes: c.received_bytes,
+            });
+        }
+        desc
+    }
+
+    /// The commit that captured the replica is durable (or failed).
+    pub fn commit_durable(&self) {
+        self.state.lock().sealed_for_commit = false;
+    }
+
+    /// Every extent the replica holds: its copies and the nodes of its committed tree
+    /// (what dropping it frees).
+    pub fn extents(&self) -> Result<Vec<Extent>> {
+        let st = self.state.lock();
+        let mut out: Vec<Extent> = st
+            .copies
+            .values()
+            .map(|c| (c.at, c.size_bytes / BLOCK_BYTES))
+            .collect();
+        if let Some((desc, _)) = &st.committed {
+            let storage = self.shared.volume.storage();
+            crate::index::committed_nodes(
+                desc.root,
+                self.id,
+                &mut |off, image| storage.read_at(off.0, image),
+                &mut |off| out.push((off, 1)),
+            )?;
+        }
+        out.sort();
+        out.dedup();
+        Ok(out)
+    }
+
+    /// Calls `f` with every key and value of the last applied commit, in key order, read
+    /// from this volume (records verified): what the backup would serve.
+    pub fn for_each(&self, f: &mut dyn FnMut(&[u8], &[u8])) -> Result<()> {
+        let root = match &self.state.lock().committed {
+            Some((desc, _)) => desc.root,
+            None => return Ok(()),
+        };
+        let storage = self.shared.volume.storage();
+        let mut image = vec![0u8; crate::index::NODE_BYTES];
+        // Children pushed last-first, so nodes come off the stack in key order.
+        let mut stack = if root.is_none() { vec![] } else { vec![root] };
+        while let Some(off) = stack.pop() {
+            storage.read_at(off.0, &mut image)?;
+            match crate::index::image_contents(&image, off, self.id)? {
+                crate::index::ImageContents::Internal { children, .. } => {
+                    stack.extend(children.into_iter().rev());
+                }
+                crate::index::ImageContents::Leaf { entries, .. } => {
+                    for (_, _, ptr) in entries {
+                        let at = DiskOffset(ptr);
+                        let mut head = [0u8; crate::log::record::HEADER_BYTES];
+                        storage.read_at(ptr, &mut head)?;
+                        let len = crate::log::record::Header::decode(&head, at)?.total_bytes();
+                        let mut bytes = vec![0u8; len as usize];
+                        storage.read_at(ptr, &mut bytes)?;
+                        let rec =
+                            crate::log::record::RecordRef::parse(&bytes, self.seed, true, at)?;
+                        f(rec.key, rec.value);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// What promotion starts from: the last applied commit's entry (translated, with the
+    /// term to promote at), and the copies received since it, origin → (copy, size) (for
+    /// an origin the primary reused within that window, the newest).
+    pub fn promotion_start(&self, term: u64) -> Result<PromotionStart> {
+        let st = self.state.lock();
+        let Some((desc, rep)) = &st.committed else {
+            return Err(Error::InvalidArgument(format!(
+                "replica {:?} has applied no commit of its primary yet: nothing to promote",
+                self.name
+            )));
+        };
+        let mut desc = desc.clone();
+        desc.term = term;
+        desc.replica = None;
+        desc.received = Vec::new();
+        let mut later = BTreeMap::new();
+        let mut later_extents = Vec::new();
+        for (order, c) in &st.copies {
+            if *order >= rep.upstream_next_order {
+                later.insert(c.origin.0, (c.at, c.size_bytes));
+                later_extents.push((c.at, c.size_bytes / BLOCK_BYTES));
+            }
+        }
+        Ok(PromotionStart {
+            desc,
+            later,
+            later_extents,
+        })
+    }
+}

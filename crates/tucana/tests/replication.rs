@@ -1,0 +1,347 @@
+//! Replication at the engine level (DESIGN.md, "Replication"): a primary database and a
+//! backup database in one process, joined by a test link that does what the network
+//! shipper does (log bytes by segment order, then each commit's delta) without a network.
+//! At every shipped commit the backup's replica holds exactly what the primary held at
+//! that commit, and passes `check`; a promoted replica holds everything shipped, commits
+//! and replays included.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use proptest::prelude::*;
+use tucana::replication::{CommitDelta, CommitObserver, Delta, ReplicaHandle};
+use tucana::volume::MemStorage;
+use tucana::{Database, Options};
+
+/// Collects every commit's delta, as a shipper's observer does.
+#[derive(Default)]
+struct Deltas(Mutex<Vec<CommitDelta>>);
+
+impl CommitObserver for Deltas {
+    fn committed(&self, delta: CommitDelta) {
+        self.0.lock().push(delta);
+    }
+}
+
+fn options() -> Options {
+    Database::builder()
+        .commit_interval(None)
+        .flush_interval(None)
+        .log_segment_bytes(64 << 10)
+}
+
+/// A primary and a backup of its keyspace `NAME`, and what has been shipped.
+struct Link {
+    primary: Database,
+    deltas: Arc<Deltas>,
+    backup_storage: Arc<MemStorage>,
+    backup: Database,
+    /// The primary's commit epochs the backup applied, in order.
+    applied: Vec<u64>,
+}
+
+const NAME: &str = "t";
+
+impl Link {
+    fn new() -> Link {
+        let primary = options().open_in_memory().unwrap();
+        primary.keyspace(NAME).unwrap();
+        let deltas = Arc::new(Deltas::default());
+        primary.set_commit_observer(Some(deltas.clone()));
+        let source = primary.ship_source(NAME).unwrap();
+        source.raise_term(1);
+        let backup_storage = Arc::new(MemStorage::new());
+        let backup = options().open_storage(backup_storage.clone()).unwrap();
+        backup.replica(NAME, source.seed(), 1).unwrap();
+        Link {
+            primary,
+            deltas,
+            backup_storage,
+            backup,
+            applied: Vec::new(),
+        }
+    }
+
+    fn replica(&self) -> ReplicaHandle {
+        self.backup.open_replica(NAME).unwrap()
+    }
+
+    /// Ships every log byte the backup lacks, then sets the primary's ship horizon: the
+    /// lowest order of a segment still open or not shipped entirely, or any new one.
+    fn ship_log(&self) {
+        let source = self.primary.ship_source(NAME).unwrap();
+        let replica = self.replica();
+        let have: HashMap<u64, u64> = replica
+            .state()
+            .segments
+            .iter()
+            .map(|(_, origin, got)| (origin.0, *got))
+            .collect();
+        let segments = source.segments(0, usize::MAX);
+        let mut horizon = segments.iter().map(|s| s.order + 1).max().unwrap_or(0);
+        for seg in &segments {
+            let from = have.get(&seg.base.0).copied().unwrap_or(0);
+            if seg.ready_bytes > from {
+                let mut bytes = vec![0u8; (seg.ready_bytes - from) as usize];
+                source.read(seg.base, from, &mut bytes).unwrap();
+                replica
+                    .write_log(seg.base, seg.size_bytes, seg.order, from, &bytes)
+                    .unwrap();
+            }
+            if seg.open {
+                horizon = horizon.min(seg.order);
+            }
+        }
+        source.set_horizon(horizon);
+    }
+
+    /// Applies every commit the primary made since the last call (a full index first
+    /// when the backup's node map is not current).
+    fn apply_commits(&mut self) {
+        self.ship_log();
+        let replica = self.replica();
+        let deltas = std::mem::take(&mut *self.deltas.0.lock());
+        for commit in deltas {
+            let Some(region) = commit.regions.into_iter().find(|r| r.desc.name == NAME) else {
+                continue;
+            };
+            if !replica.state().node_map_current {
+                self.apply_full();
+                continue;
+            }
+            if self.applied.last().is_some_and(|e| commit.epoch.0 <= *e) {
+                continue;
+            }
+            replica
+                .apply(Delta {
+                    upstream_epoch: commit.epoch.0,
+                    full: false,
+                    desc: region.desc,
+                    next_order: region.next_order,
+                    nodes: region.nodes,
+                    released_nodes: region.released_nodes,
+                })
+                .unwrap();
+            self.applied.push(commit.epoch.0);
+        }
+    }
+
+    /// Ships the primary's newest commit in full.
+    fn apply_full(&mut self) {
+        let source = self.primary.ship_source(NAME).unwrap();
+        let pinned = source
+            .pin_newest_commit()
+            .unwrap()
+            .expect("a commit lists the keyspace");
+        let mut nodes = Vec::new();
+        pinned
+            .for_each_node(&mut |off, image| {
+                nodes.push((off, image));
+                Ok(())
+            })
+            .unwrap();
+        self.ship_log();
+        self.replica()
+            .apply(Delta {
+                upstream_epoch: pinned.epoch,
+                full: true,
+                desc: pinned.desc.clone(),
+                next_order: pinned.next_order,
+                nodes,
+                released_nodes: Vec::new(),
+            })
+            .unwrap();
+        self.applied.push(pinned.epoch);
+    }
+
+    fn primary_contents(&self) -> BTreeMap<Vec<u8>, Vec<u8>> {
+        let ks = self.primary.keyspace(NAME).unwrap();
+        ks.range::<&[u8], _>(..).map(|kv| kv.unwrap()).collect()
+    }
+
+    fn replica_contents(&self) -> BTreeMap<Vec<u8>, Vec<u8>> {
+        let mut out = BTreeMap::new();
+        self.replica()
+            .for_each(&mut |k, v| {
+                out.insert(k.to_vec(), v.to_vec());
+            })
+            .unwrap();
+        out
+    }
+
+    /// Commits the primary, ships and applies: the replica must now hold what the
+    /// primary holds, and both volumes pass `check`.
+    fn commit_and_compare(&mut self) {
+        self.primary.commit().unwrap();
+        let expected = self.primary_contents();
+        self.apply_commits();
+        assert_eq!(
+            self.replica_contents(),
+            expected,
+            "replica after commit {:?}",
+            self.applied.last()
+        );
+        self.backup.check().unwrap();
+        self.primary.check().unwrap();
+    }
+
+    /// Reopens the backup as after a crash of its process (nothing it did not commit).
+    fn crash_backup(&mut self) {
+        let backup = std::mem::replace(&mut self.backup, options().open_in_memory().unwrap());
+        backup.abandon();
+        self.backup = options().open_storage(self.backup_storage.clone()).unwrap();
+    }
+}
+
+fn key(i: u32) -> Vec<u8> {
+    format!("key{i:06}").into_bytes()
+}
+
+#[test]
+fn a_backup_mirrors_every_shipped_commit_and_a_promoted_one_has_every_shipped_write() {
+    let mut link = Link::new();
+    let ks = link.primary.keyspace(NAME).unwrap();
+    for round in 0..6u32 {
+        for i in 0..3000u32 {
+            if (i + round) % 7 == 0 {
+                ks.delete(&key(i)).unwrap();
+            } else {
+                ks.put(&key(i), format!("value {round} {i}").repeat(3).as_bytes())
+                    .unwrap();
+            }
+        }
+        link.commit_and_compare();
+        if round == 3 {
+            link.primary.gc().unwrap();
+            link.commit_and_compare();
+        }
+    }
+    // Writes after the last commit reach the backup as log only; promotion replays them.
+    for i in 0..500u32 {
+        ks.put(&key(i), b"after the last commit").unwrap();
+    }
+    link.ship_log();
+    let expected = link.primary_contents();
+    let promoted = link.replica().promote(2).unwrap();
+    let got: BTreeMap<Vec<u8>, Vec<u8>> = promoted
+        .range::<&[u8], _>(..)
+        .map(|kv| kv.unwrap())
+        .collect();
+    assert_eq!(got, expected);
+    assert_eq!(promoted.term(), 2);
+    promoted.put(b"written on the new primary", b"x").unwrap();
+    link.backup.check().unwrap();
+    // The promoted keyspace is an ordinary one across a reopen.
+    drop(promoted);
+    link.backup.close().unwrap();
+    let reopened = options().open_storage(link.backup_storage.clone()).unwrap();
+    let ks = reopened.open_keyspace(NAME).unwrap();
+    assert_eq!(
+        ks.get(b"written on the new primary").unwrap().as_deref(),
+        Some(&b"x"[..])
+    );
+    assert_eq!(ks.len(), expected.len() as u64 + 1);
+    reopened.check().unwrap();
+}
+
+#[test]
+fn a_restarted_backup_takes_a_full_index_and_carries_on() {
+    let mut link = Link::new();
+    let ks = link.primary.keyspace(NAME).unwrap();
+    for i in 0..4000u32 {
+        ks.put(&key(i), &[1; 100]).unwrap();
+    }
+    link.commit_and_compare();
+    link.crash_backup();
+    assert!(!link.replica().state().node_map_current);
+    for i in (0..4000u32).step_by(3) {
+        ks.put(&key(i), &[2; 100]).unwrap();
+    }
+    link.commit_and_compare();
+    assert!(link.replica().state().node_map_current);
+    for i in (0..4000u32).step_by(5) {
+        ks.delete(&key(i)).unwrap();
+    }
+    link.commit_and_compare();
+}
+
+/// One step of a random workload.
+#[derive(Clone, Debug)]
+enum Step {
+    Put(u16, u8),
+    Delete(u16),
+    Batch(Vec<(u16, Option<u8>)>),
+    Commit,
+    Gc,
+    CrashBackup,
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        20 => (any::<u16>(), any::<u8>()).prop_map(|(k, v)| Step::Put(k % 2000, v)),
+        6 => any::<u16>().prop_map(|k| Step::Delete(k % 2000)),
+        3 => proptest::collection::vec((any::<u16>(), proptest::option::of(any::<u8>())), 1..20)
+            .prop_map(|ops| Step::Batch(ops.into_iter().map(|(k, v)| (k % 2000, v)).collect())),
+        2 => Just(Step::Commit),
+        1 => Just(Step::Gc),
+        1 => Just(Step::CrashBackup),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, .. ProptestConfig::default() })]
+
+    /// Random operations with random commit points, garbage collection and backup
+    /// restarts: at every shipped commit the replica equals the primary and both pass
+    /// `check`; promoted at the end, it holds everything shipped.
+    #[test]
+    fn replicas_equal_their_primary_at_every_shipped_commit(steps in proptest::collection::vec(step(), 1..120)) {
+        let mut link = Link::new();
+        let ks = link.primary.keyspace(NAME).unwrap();
+        let value = |k: u16, v: u8| vec![v; 20 + (k as usize * 7) % 300];
+        for (n, step) in steps.into_iter().enumerate() {
+            match step {
+                Step::Put(k, v) => ks.put(&key(k.into()), &value(k, v)).unwrap(),
+                Step::Delete(k) => {
+                    ks.delete(&key(k.into())).unwrap();
+                }
+                Step::Batch(ops) => {
+                    let mut batch = ks.batch();
+                    for (k, v) in ops {
+                        match v {
+                            Some(v) => batch.put(&key(k.into()), &value(k, v)),
+                            None => batch.delete(&key(k.into())),
+                        };
+                    }
+                    batch.commit().unwrap();
+                }
+                Step::Commit => link.commit_and_compare(),
+                Step::Gc => {
+                    link.ship_log();
+                    link.primary.gc().unwrap();
+                    link.commit_and_compare();
+                }
+                Step::CrashBackup => link.crash_backup(),
+            }
+            if n % 16 == 15 {
+                // Bulk so that segments fill and switch between commits.
+                for i in 0..300u32 {
+                    ks.put(&key(i * 7 % 2000), &[n as u8; 150]).unwrap();
+                }
+                link.ship_log();
+            }
+        }
+        link.commit_and_compare();
+        for i in 0..50u32 {
+            ks.put(&key(i), b"shipped as log only").unwrap();
+        }
+        link.ship_log();
+        let expected = link.primary_contents();
+        let promoted = link.replica().promote(2).unwrap();
+        let got: BTreeMap<Vec<u8>, Vec<u8>> =
+            promoted.range::<&[u8], _>(..).map(|kv| kv.unwrap()).collect();
+        prop_assert_eq!(got, expected);
+        link.backup.check().unwrap();
+    }
+}
