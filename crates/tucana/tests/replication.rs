@@ -115,6 +115,7 @@ impl Link {
             }
             replica
                 .apply(Delta {
+                    term: 1,
                     upstream_epoch: commit.epoch.0,
                     full: false,
                     desc: region.desc,
@@ -144,6 +145,7 @@ impl Link {
         self.ship_log();
         self.replica()
             .apply(Delta {
+                term: 1,
                 upstream_epoch: pinned.epoch,
                 full: true,
                 desc: pinned.desc.clone(),

@@ -21,6 +21,9 @@ use crate::types::{DiskOffset, BLOCK_BYTES};
 
 /// A primary's commit of one region, as a backup applies it.
 pub struct Delta {
+    /// The term the primary ships at (the commit's entry may carry an older one: the
+    /// term is raised in memory and persisted by the primary's next commit).
+    pub term: u64,
     /// The primary's commit epoch.
     pub upstream_epoch: u64,
     /// Every node of the commit's tree, not only the ones it wrote: the backup's node
@@ -46,10 +49,10 @@ impl Replica {
     /// from its next commit on. The caller holds the commit lock and commits next.
     pub fn apply(&self, delta: Delta) -> Result<Vec<Extent>> {
         let mut st = self.state.lock();
-        if delta.desc.term < st.term {
+        if delta.term < st.term {
             return Err(Error::InvalidArgument(format!(
                 "replica {:?} is at term {}; a commit of term {} is refused",
-                self.name, st.term, delta.desc.term
+                self.name, st.term, delta.term
             )));
         }
         if delta.desc.seed != self.seed {
@@ -97,7 +100,7 @@ impl Replica {
         released.extend(self.retire_segments(&mut st, &delta));
         st.nodes = nodes;
         st.nodes_current = true;
-        st.term = delta.desc.term;
+        st.term = delta.term;
         st.committed = Some((
             translated,
             ReplicaDesc {

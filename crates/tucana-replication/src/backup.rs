@@ -1,0 +1,559 @@
+//! The backup's side: a listener that takes primaries' connections and turns each
+//! stream into replica regions (log bytes into their copies, each commit's nodes rewritten
+//! and applied), acknowledging what it holds (DESIGN.md, "Replication").
+//!
+//! Owns: the handshake (password, terms: a region this server holds at a higher term is
+//! answered `Superseded`), acknowledgements (coalesced: one per region per batch of frames
+//! read, after a group sync in durable mode), and the build-index baseline, which applies
+//! every shipped foreground record to a keyspace of its own instead. Does not own: what a
+//! replica does with bytes and commits (the engine's `ReplicaHandle`).
+//!
+//! Thread-safety: one tokio task per connection; applying a commit and syncing run on the
+//! blocking pool.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use tokio::io::{AsyncWriteExt, BufReader};
+use tokio::net::TcpListener;
+use tucana::log::record::{Header, RecordRef, HEADER_BYTES};
+use tucana::replication::{Delta, NODE_BYTES};
+use tucana::types::DiskOffset;
+use tucana::{Database, Error, Keyspace};
+
+use crate::frame::{Frame, RegionInfo, RegionState, PROTOCOL_VERSION};
+use crate::transport::{self, Acceptor, BoxStream};
+
+/// How a backup takes replication.
+#[derive(Clone)]
+pub struct BackupConfig {
+    /// This server's name, as it tells primaries.
+    pub id: String,
+    /// A primary must present it in `Open`.
+    pub password: String,
+    /// The baseline: build an index of its own from every shipped record (as Redis,
+    /// Kvrocks and Pika replicas do) instead of applying the primary's. For benchmarks: it
+    /// must be attached before the data is written.
+    pub build_index: bool,
+    pub acceptor: Acceptor,
+}
+
+/// Replication figures of a backup, for `INFO` and metrics.
+#[derive(Clone, Debug, Default)]
+pub struct BackupCounters {
+    pub connections: u64,
+    pub received_log_bytes: u64,
+    pub received_index_bytes: u64,
+    pub commits_applied: u64,
+    /// The primary of the last connection.
+    pub primary: String,
+    pub connected: bool,
+    /// Why the last connection ended, if it failed.
+    pub last_error: Option<String>,
+}
+
+struct Shared {
+    db: Database,
+    config: BackupConfig,
+    stop: AtomicBool,
+    counters: Mutex<BackupCounters>,
+    /// Commits applied, for tests and metrics without the lock.
+    applied: AtomicU64,
+}
+
+/// A running replication listener.
+pub struct Backup {
+    shared: Arc<Shared>,
+    addr: SocketAddr,
+    runtime: Option<tokio::runtime::Runtime>,
+}
+
+impl Backup {
+    /// Listens on `listen` (`host:port`; port 0 picks one) for primaries.
+    pub fn start(db: Database, listen: &str, config: BackupConfig) -> std::io::Result<Backup> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("tucana-repl-backup")
+            .enable_all()
+            .build()?;
+        let listener = runtime.block_on(TcpListener::bind(listen))?;
+        let addr = listener.local_addr()?;
+        let shared = Arc::new(Shared {
+            db,
+            config,
+            stop: AtomicBool::new(false),
+            counters: Mutex::new(BackupCounters::default()),
+            applied: AtomicU64::new(0),
+        });
+        runtime.spawn(accept_loop(shared.clone(), listener));
+        Ok(Backup {
+            shared,
+            addr,
+            runtime: Some(runtime),
+        })
+    }
+
+    /// Where it listens.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    pub fn counters(&self) -> BackupCounters {
+        self.shared.counters.lock().clone()
+    }
+
+    /// Stops listening and closes every connection.
+    pub fn stop(mut self) {
+        self.shutdown();
+    }
+
+    fn shutdown(&mut self) {
+        self.shared.stop.store(true, Ordering::Release);
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_timeout(Duration::from_secs(2));
+        }
+    }
+}
+
+impl Drop for Backup {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+async fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
+    loop {
+        let Ok((tcp, _)) = listener.accept().await else {
+            continue;
+        };
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            let Ok(stream) = shared.config.acceptor.accept(tcp).await else {
+                return;
+            };
+            shared.counters.lock().connections += 1;
+            let result = serve_primary(&shared, stream).await;
+            let mut c = shared.counters.lock();
+            c.connected = false;
+            if let Err(e) = result {
+                c.last_error = Some(e.to_string());
+            }
+        });
+    }
+}
+
+fn other(e: Error) -> std::io::Error {
+    std::io::Error::other(e.to_string())
+}
+
+/// What a connection keeps per region.
+#[derive(Default)]
+struct Incoming {
+    term: u64,
+    seed: u32,
+    /// Node images of the commit being shipped.
+    nodes: Vec<(DiskOffset, Box<[u8; NODE_BYTES]>)>,
+    /// The foreground position received and not acknowledged yet.
+    unacked: Option<(u64, u64)>,
+    /// Build-index baseline: bytes received per segment order, a record cut by the end of
+    /// a frame, and a batch whose last record has not come.
+    held: HashMap<u64, u64>,
+    partial: HashMap<u64, Vec<u8>>,
+    batch: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+}
+
+async fn serve_primary(shared: &Arc<Shared>, stream: BoxStream) -> std::io::Result<()> {
+    let (reader, mut writer) = tokio::io::split(stream);
+    let mut reader = BufReader::with_capacity(1 << 20, reader);
+    let mut scratch = Vec::new();
+    let mut out = Vec::new();
+    let Some(Frame::Open {
+        version,
+        primary,
+        password,
+        ack_durable,
+        regions,
+    }) = transport::read_frame(&mut reader, &mut scratch).await?
+    else {
+        return Ok(());
+    };
+    let refuse = |reason: String| Frame::Refused { reason };
+    if version != PROTOCOL_VERSION {
+        let frame = refuse(format!(
+            "protocol version {version}, this server speaks {PROTOCOL_VERSION}"
+        ));
+        return transport::write_frame(&mut writer, &frame, &mut out).await;
+    }
+    if password != shared.config.password {
+        return transport::write_frame(&mut writer, &refuse("wrong password".into()), &mut out)
+            .await;
+    }
+    {
+        let mut c = shared.counters.lock();
+        c.primary = primary;
+        c.connected = true;
+    }
+    let mut incoming: HashMap<String, Incoming> = HashMap::new();
+    let hello = open_regions(shared, &regions, &mut incoming, &mut writer, &mut out).await?;
+    transport::write_frame(&mut writer, &hello, &mut out).await?;
+    writer.flush().await?;
+    loop {
+        if shared.stop.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let Some(frame) = transport::read_frame(&mut reader, &mut scratch).await? else {
+            return Ok(());
+        };
+        on_frame(shared, frame, &mut incoming, &mut writer, &mut out).await?;
+        if reader.buffer().is_empty() {
+            send_acks(shared, ack_durable, &mut incoming, &mut writer, &mut out).await?;
+            writer.flush().await?;
+        }
+    }
+}
+
+/// Takes the regions a primary replicates: each becomes (or already is) a replica, or a
+/// keyspace of its own for the baseline; one this server holds at a higher term is
+/// answered `Superseded`. Returns the `Hello` that says what it holds of each.
+async fn open_regions<W: tokio::io::AsyncWrite + Unpin>(
+    shared: &Arc<Shared>,
+    regions: &[RegionInfo],
+    incoming: &mut HashMap<String, Incoming>,
+    writer: &mut W,
+    out: &mut Vec<u8>,
+) -> std::io::Result<Frame> {
+    let mut states = Vec::new();
+    for info in regions {
+        let db = shared.db.clone();
+        let build_index = shared.config.build_index;
+        let info2 = info.clone();
+        let state = tokio::task::spawn_blocking(move || open_region(&db, &info2, build_index))
+            .await
+            .map_err(std::io::Error::other)?;
+        match state {
+            Ok(state) => {
+                incoming.insert(
+                    info.name.clone(),
+                    Incoming {
+                        term: info.term,
+                        seed: info.seed,
+                        ..Incoming::default()
+                    },
+                );
+                states.push(state);
+            }
+            Err(Opened::Superseded(term)) => {
+                let frame = Frame::Superseded {
+                    region: info.name.clone(),
+                    term,
+                };
+                transport::write_frame(writer, &frame, out).await?;
+            }
+            Err(Opened::Refused(reason)) => {
+                transport::write_frame(writer, &Frame::Refused { reason }, out).await?;
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::PermissionDenied,
+                    "refused",
+                ));
+            }
+        }
+    }
+    Ok(Frame::Hello {
+        backup: shared.config.id.clone(),
+        wants_index: !shared.config.build_index,
+        regions: states,
+    })
+}
+
+enum Opened {
+    Superseded(u64),
+    Refused(String),
+}
+
+fn open_region(db: &Database, info: &RegionInfo, build_index: bool) -> Result<RegionState, Opened> {
+    let empty = |term| RegionState {
+        name: info.name.clone(),
+        term,
+        upstream_epoch: 0,
+        node_map_current: true,
+        segments: Vec::new(),
+    };
+    if build_index {
+        let ks = db
+            .keyspace(&info.name)
+            .map_err(|e| Opened::Refused(e.to_string()))?;
+        if ks.term() > info.term {
+            return Err(Opened::Superseded(ks.term()));
+        }
+        return Ok(empty(info.term));
+    }
+    if let Ok(ks) = db.open_keyspace(&info.name) {
+        // A keyspace of this server: a promoted replica (a higher term) or a clash.
+        if ks.term() > info.term {
+            return Err(Opened::Superseded(ks.term()));
+        }
+        return Err(Opened::Refused(format!(
+            "keyspace {:?} is this server's own (term {}), not a replica",
+            info.name,
+            ks.term()
+        )));
+    }
+    let replica = db
+        .replica(&info.name, info.seed, info.term)
+        .map_err(|e| Opened::Refused(e.to_string()))?;
+    let state = replica.state();
+    if state.term > info.term {
+        return Err(Opened::Superseded(state.term));
+    }
+    if state.seed != info.seed {
+        return Err(Opened::Refused(format!(
+            "replica {:?} holds records of another seed: not this primary's region",
+            info.name
+        )));
+    }
+    replica.raise_term(info.term);
+    Ok(RegionState {
+        name: state.name,
+        term: info.term,
+        upstream_epoch: state.upstream_epoch,
+        node_map_current: state.node_map_current,
+        segments: state
+            .segments
+            .iter()
+            .map(|(order, origin, held)| (*order, origin.0, *held))
+            .collect(),
+    })
+}
+
+async fn on_frame<W: tokio::io::AsyncWrite + Unpin>(
+    shared: &Arc<Shared>,
+    frame: Frame,
+    incoming: &mut HashMap<String, Incoming>,
+    writer: &mut W,
+    out: &mut Vec<u8>,
+) -> std::io::Result<()> {
+    match frame {
+        Frame::Regions(regions) => {
+            let hello = open_regions(shared, &regions, incoming, writer, out).await?;
+            transport::write_frame(writer, &hello, out).await?;
+        }
+        Frame::Log {
+            region,
+            term,
+            order,
+            origin,
+            size_bytes,
+            offset,
+            relocation,
+            bytes,
+        } => {
+            let Some(inc) = incoming.get_mut(&region) else {
+                return Ok(());
+            };
+            if term < inc.term {
+                return Ok(());
+            }
+            let end = offset + bytes.len() as u64;
+            shared.counters.lock().received_log_bytes += bytes.len() as u64;
+            if shared.config.build_index {
+                build_index_apply(&shared.db, &region, inc, order, offset, relocation, bytes)?;
+            } else {
+                let replica = shared
+                    .db
+                    .open_replica(&region)
+                    .ok_or_else(|| other(Error::KeyspaceNotFound(region.clone())))?;
+                replica
+                    .write_log(DiskOffset(origin), size_bytes, order, offset, &bytes)
+                    .map_err(other)?;
+            }
+            if !relocation {
+                inc.unacked = Some((order, end).max(inc.unacked.unwrap_or((0, 0))));
+            }
+        }
+        Frame::Nodes { region, nodes, .. } => {
+            if let Some(inc) = incoming.get_mut(&region) {
+                shared.counters.lock().received_index_bytes += (nodes.len() * NODE_BYTES) as u64;
+                inc.nodes.extend(
+                    nodes
+                        .into_iter()
+                        .map(|(off, image)| (DiskOffset(off), image)),
+                );
+            }
+        }
+        Frame::Commit {
+            region,
+            term,
+            upstream_epoch,
+            full,
+            next_order,
+            node_count,
+            released,
+            desc,
+        } => {
+            let Some(inc) = incoming.get_mut(&region) else {
+                return Ok(());
+            };
+            let nodes = std::mem::take(&mut inc.nodes);
+            if shared.config.build_index {
+                // The baseline builds its own index and commits on its own.
+            } else {
+                if nodes.len() as u64 != node_count {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::InvalidData,
+                        format!("commit {upstream_epoch} of {region:?}: {} nodes, {node_count} announced", nodes.len()),
+                    ));
+                }
+                let delta = Delta {
+                    term,
+                    upstream_epoch,
+                    full,
+                    desc: *desc,
+                    next_order,
+                    nodes,
+                    released_nodes: released.into_iter().map(DiskOffset).collect(),
+                };
+                apply_commit(shared, &region, delta).await?;
+            }
+            let frame = Frame::Applied {
+                region,
+                term,
+                upstream_epoch,
+            };
+            transport::write_frame(writer, &frame, out).await?;
+        }
+        Frame::Dropped { region, .. } => {
+            incoming.remove(&region);
+            let db = shared.db.clone();
+            let build_index = shared.config.build_index;
+            tokio::task::spawn_blocking(move || {
+                if build_index {
+                    db.drop_keyspace(&region)
+                } else {
+                    db.open_replica(&region)
+                        .map_or(Ok(()), |r| r.drop_replica())
+                }
+            })
+            .await
+            .map_err(std::io::Error::other)?
+            .map_err(other)?;
+        }
+        other_frame => {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("a primary sent {other_frame:?}"),
+            ))
+        }
+    }
+    Ok(())
+}
+
+async fn apply_commit(shared: &Arc<Shared>, region: &str, delta: Delta) -> std::io::Result<()> {
+    let replica = shared
+        .db
+        .open_replica(region)
+        .ok_or_else(|| other(Error::KeyspaceNotFound(region.to_string())))?;
+    tokio::task::spawn_blocking(move || replica.apply(delta))
+        .await
+        .map_err(std::io::Error::other)?
+        .map_err(other)?;
+    shared.applied.fetch_add(1, Ordering::Relaxed);
+    shared.counters.lock().commits_applied += 1;
+    Ok(())
+}
+
+/// Acknowledges every region's foreground position received since the last
+/// acknowledgement, after one sync of the volume in durable mode.
+async fn send_acks<W: tokio::io::AsyncWrite + Unpin>(
+    shared: &Arc<Shared>,
+    durable: bool,
+    incoming: &mut HashMap<String, Incoming>,
+    writer: &mut W,
+    out: &mut Vec<u8>,
+) -> std::io::Result<()> {
+    if !incoming.values().any(|inc| inc.unacked.is_some()) {
+        return Ok(());
+    }
+    if durable {
+        let db = shared.db.clone();
+        tokio::task::spawn_blocking(move || db.sync())
+            .await
+            .map_err(std::io::Error::other)?
+            .map_err(other)?;
+    }
+    for (name, inc) in incoming.iter_mut() {
+        if let Some((order, offset)) = inc.unacked.take() {
+            let frame = Frame::Ack {
+                region: name.clone(),
+                term: inc.term,
+                order,
+                offset,
+                durable,
+            };
+            transport::write_frame(writer, &frame, out).await?;
+        }
+    }
+    Ok(())
+}
+
+/// The baseline: parses the shipped foreground records and applies each as a write to
+/// keyspace `region` (batches whole). Relocated copies are skipped: they carry no new
+/// write, and a backup attached before the data was written has every original.
+fn build_index_apply(
+    db: &Database,
+    region: &str,
+    inc: &mut Incoming,
+    order: u64,
+    offset: u64,
+    relocation: bool,
+    bytes: Vec<u8>,
+) -> std::io::Result<()> {
+    let held = inc.held.entry(order).or_insert(0);
+    if offset != *held {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("segment {order}: bytes from {offset}, {held} received"),
+        ));
+    }
+    *held += bytes.len() as u64;
+    if relocation {
+        return Ok(());
+    }
+    let ks: Keyspace = db.keyspace(region).map_err(other)?;
+    let mut data = inc.partial.remove(&order).unwrap_or_default();
+    data.extend_from_slice(&bytes);
+    let mut pos = 0;
+    while data.len() - pos >= HEADER_BYTES {
+        let at = DiskOffset(pos as u64);
+        let header = Header::decode(&data[pos..pos + HEADER_BYTES], at).map_err(other)?;
+        let len = header.total_bytes() as usize;
+        if data.len() - pos < len {
+            break;
+        }
+        let rec = RecordRef::parse(&data[pos..pos + len], inc.seed, true, at).map_err(other)?;
+        pos += len;
+        if rec.header.is_link() || rec.header.is_relocated() {
+            continue;
+        }
+        let value = (!rec.header.is_tombstone()).then(|| rec.value.to_vec());
+        inc.batch.push((rec.key.to_vec(), value));
+        if rec.header.batch_more() {
+            continue;
+        }
+        let mut batch = ks.batch();
+        for (key, value) in inc.batch.drain(..) {
+            match value {
+                Some(v) => batch.put(&key, &v),
+                None => batch.delete(&key),
+            };
+        }
+        batch.commit().map_err(other)?;
+    }
+    if pos < data.len() {
+        inc.partial.insert(order, data[pos..].to_vec());
+    }
+    Ok(())
+}

@@ -1,0 +1,240 @@
+//! A primary and a backup joined by a real TCP connection on loopback, in one process:
+//! shipping, acknowledgements, commits applied, promotion, and fencing of the old primary.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use tucana::replication::LogPosition;
+use tucana::{Database, Durability, Options};
+use tucana_replication::{Acceptor, Dialer};
+use tucana_replication::{AckError, Backup, BackupConfig, Primary, PrimaryConfig};
+
+fn options() -> Options {
+    Database::builder()
+        .commit_interval(None)
+        .flush_interval(None)
+        .log_segment_bytes(64 << 10)
+}
+
+fn start_backup(db: &Database, build_index: bool) -> Backup {
+    Backup::start(
+        db.clone(),
+        "127.0.0.1:0",
+        BackupConfig {
+            id: "backup".into(),
+            password: "secret".into(),
+            build_index,
+            acceptor: Acceptor::Tcp,
+        },
+    )
+    .unwrap()
+}
+
+fn start_primary(db: &Database, backup: &Backup, ack_timeout: Duration) -> Primary {
+    Primary::start(
+        db.clone(),
+        PrimaryConfig {
+            id: "primary".into(),
+            backups: vec![backup.local_addr().to_string()],
+            password: "secret".into(),
+            ack_durable: false,
+            ack_timeout,
+            catchup_bytes_per_sec: 0,
+            dialer: Dialer::Tcp,
+        },
+    )
+    .unwrap()
+}
+
+fn contents(db: &Database, name: &str) -> BTreeMap<Vec<u8>, Vec<u8>> {
+    db.open_keyspace(name)
+        .unwrap()
+        .range::<&[u8], _>(..)
+        .map(|kv| kv.unwrap())
+        .collect()
+}
+
+fn replica_contents(db: &Database, name: &str) -> BTreeMap<Vec<u8>, Vec<u8>> {
+    let mut out = BTreeMap::new();
+    db.open_replica(name)
+        .unwrap()
+        .for_each(&mut |k, v| {
+            out.insert(k.to_vec(), v.to_vec());
+        })
+        .unwrap();
+    out
+}
+
+/// Waits until `done` holds, for at most 20 s.
+fn eventually(what: &str, mut done: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !done() {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "{what} never happened"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Writes `n` keys as a client of a replicated keyspace would: each synced locally and
+/// acknowledged by the backup before the next.
+fn acknowledged_writes(db: &Database, primary: &Primary, name: &str, from: u32, n: u32) {
+    acknowledged_writes_to(db, primary, None, name, from, n)
+}
+
+fn acknowledged_writes_to(
+    db: &Database,
+    primary: &Primary,
+    backup: Option<&Backup>,
+    name: &str,
+    from: u32,
+    n: u32,
+) {
+    let ks = db.keyspace(name).unwrap();
+    for i in from..from + n {
+        ks.put_with(
+            format!("key{i:06}").as_bytes(),
+            format!("value {i}").as_bytes(),
+            Durability::Sync,
+        )
+        .unwrap();
+        if let Err(e) = primary.wait_acked(name, ks.log_position()) {
+            panic!(
+                "write {i}: {e:?}; {:?}; {:?}",
+                primary.status(),
+                backup.map(|b| b.counters())
+            );
+        }
+    }
+}
+
+#[test]
+fn a_backup_over_tcp_mirrors_commits_and_promotes_with_every_acknowledged_write() {
+    let primary_db = options().open_in_memory().unwrap();
+    primary_db.keyspace("db0").unwrap();
+    let backup_db = options().open_in_memory().unwrap();
+    let backup = start_backup(&backup_db, false);
+    let primary = start_primary(&primary_db, &backup, Duration::from_secs(10));
+    acknowledged_writes_to(&primary_db, &primary, Some(&backup), "db0", 0, 2000);
+    primary_db.commit().unwrap();
+    let epoch = primary_db.stats().commit_epoch;
+    eventually("the backup applying the commit", || {
+        backup_db
+            .open_replica("db0")
+            .is_some_and(|r| r.state().upstream_epoch >= epoch)
+    });
+    assert_eq!(
+        replica_contents(&backup_db, "db0"),
+        contents(&primary_db, "db0")
+    );
+    backup_db.check().unwrap();
+    // More acknowledged writes, shipped as log only; then the primary is gone.
+    acknowledged_writes(&primary_db, &primary, "db0", 2000, 500);
+    let expected = contents(&primary_db, "db0");
+    primary.stop();
+    primary_db.abandon();
+    backup.stop();
+    let promoted = backup_db.open_replica("db0").unwrap().promote(2).unwrap();
+    let got: BTreeMap<Vec<u8>, Vec<u8>> = promoted
+        .range::<&[u8], _>(..)
+        .map(|kv| kv.unwrap())
+        .collect();
+    assert_eq!(
+        got, expected,
+        "every acknowledged write survives the primary"
+    );
+    backup_db.check().unwrap();
+}
+
+#[test]
+fn an_old_primary_is_fenced_by_its_promoted_backup() {
+    let primary_db = options().open_in_memory().unwrap();
+    primary_db.keyspace("db0").unwrap();
+    let backup_db = options().open_in_memory().unwrap();
+    let backup = start_backup(&backup_db, false);
+    let primary = start_primary(&primary_db, &backup, Duration::from_millis(500));
+    acknowledged_writes(&primary_db, &primary, "db0", 0, 100);
+    primary_db.commit().unwrap();
+    let epoch = primary_db.stats().commit_epoch;
+    eventually("the backup applying the commit", || {
+        backup_db
+            .open_replica("db0")
+            .is_some_and(|r| r.state().upstream_epoch >= epoch)
+    });
+    // The operator promotes the backup while the primary still runs (as if it were
+    // paused and resumed): the old primary's next connection is answered Superseded.
+    backup.stop();
+    backup_db.open_replica("db0").unwrap().promote(2).unwrap();
+    let backup = start_backup_at(&backup_db, &primary);
+    let ks = primary_db.open_keyspace("db0").unwrap();
+    eventually("the old primary being fenced", || {
+        ks.put(b"late", b"x")
+            .is_err_and(|e| matches!(e, tucana::Error::Fenced { term: 2, .. }))
+    });
+    assert!(matches!(
+        primary.wait_acked("db0", LogPosition::default()),
+        Err(AckError::Fenced { term: 2 })
+    ));
+    drop(backup);
+}
+
+/// A backup listening where `primary` dials (its first backup's address).
+fn start_backup_at(db: &Database, primary: &Primary) -> Backup {
+    let addr = primary.status()[0].addr.clone();
+    let mut tries = 0;
+    loop {
+        match Backup::start(
+            db.clone(),
+            &addr,
+            BackupConfig {
+                id: "backup".into(),
+                password: "secret".into(),
+                build_index: false,
+                acceptor: Acceptor::Tcp,
+            },
+        ) {
+            Ok(b) => return b,
+            Err(e) if tries < 50 => {
+                tries += 1;
+                let _ = e;
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            Err(e) => panic!("listening again on {addr}: {e}"),
+        }
+    }
+}
+
+#[test]
+fn without_its_backup_a_primary_acknowledges_nothing() {
+    let primary_db = options().open_in_memory().unwrap();
+    let ks = primary_db.keyspace("db0").unwrap();
+    let backup_db = options().open_in_memory().unwrap();
+    let backup = start_backup(&backup_db, false);
+    let primary = start_primary(&primary_db, &backup, Duration::from_millis(300));
+    backup.stop();
+    ks.put(b"k", b"v").unwrap();
+    assert!(matches!(
+        primary.wait_acked("db0", ks.log_position()),
+        Err(AckError::NoReplicas {
+            acked: 0,
+            needed: 1
+        })
+    ));
+}
+
+#[test]
+fn a_build_index_backup_applies_every_record_to_its_own_keyspace() {
+    let primary_db = options().open_in_memory().unwrap();
+    primary_db.keyspace("db0").unwrap();
+    let backup_db = options().open_in_memory().unwrap();
+    let backup = start_backup(&backup_db, true);
+    let primary = start_primary(&primary_db, &backup, Duration::from_secs(10));
+    acknowledged_writes(&primary_db, &primary, "db0", 0, 1500);
+    let ks = primary_db.keyspace("db0").unwrap();
+    let mut batch = ks.batch();
+    batch.delete(b"key000003").put(b"batched", b"yes");
+    batch.commit().unwrap();
+    primary.wait_acked("db0", ks.log_position()).unwrap();
+    assert_eq!(contents(&backup_db, "db0"), contents(&primary_db, "db0"));
+}
