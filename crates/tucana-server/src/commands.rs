@@ -28,7 +28,7 @@ use crate::config::DurabilityMode;
 use crate::glob::{glob_match, literal_prefix};
 use crate::metrics::Tally;
 use crate::resp::{encode_bulk, encode_error, encode_nil, Args, Protocol, Reply, Requests};
-use crate::server::Shared;
+use crate::state::ServerState;
 use crate::store::{Slot, WriteGuard};
 
 /// The Redis version whose commands and replies we follow, reported to clients that ask
@@ -102,7 +102,7 @@ trait Kv {
 /// Reads on the keyspace as it is; no writes.
 struct ReadKv<'a> {
     ks: Option<&'a Keyspace>,
-    shared: &'a Shared,
+    state: &'a ServerState,
 }
 
 impl Kv for ReadKv<'_> {
@@ -111,7 +111,7 @@ impl Kv for ReadKv<'_> {
             Some(ks) => ks.get(key)?,
             None => None,
         };
-        self.shared.metrics.count_lookup(value.is_some());
+        self.state.metrics.count_lookup(value.is_some());
         Ok(value)
     }
 
@@ -129,7 +129,7 @@ impl Kv for ReadKv<'_> {
             None => vec![None; keys.len()],
         };
         for value in &values {
-            self.shared.metrics.count_lookup(value.is_some());
+            self.state.metrics.count_lookup(value.is_some());
         }
         Ok(values)
     }
@@ -146,7 +146,7 @@ impl Kv for ReadKv<'_> {
 /// Reads and writes under the database's write lock.
 struct LockedKv<'a> {
     guard: WriteGuard<'a>,
-    shared: &'a Shared,
+    state: &'a ServerState,
     wrote: bool,
 }
 
@@ -156,7 +156,7 @@ impl Kv for LockedKv<'_> {
             Some(ks) => ks.get(key)?,
             None => None,
         };
-        self.shared.metrics.count_lookup(value.is_some());
+        self.state.metrics.count_lookup(value.is_some());
         Ok(value)
     }
 
@@ -164,7 +164,7 @@ impl Kv for LockedKv<'_> {
         if ops.is_empty() {
             return Ok(());
         }
-        let ks = self.guard.keyspace(&self.shared.store.db)?;
+        let ks = self.guard.keyspace(&self.state.store.db)?;
         self.wrote = true;
         // Durability is handled per batch by `execute_batch` (one sync for the batch).
         if let [(key, value)] = ops.as_slice() {
@@ -188,7 +188,7 @@ impl Kv for LockedKv<'_> {
 /// becomes one atomic batch at the end.
 struct TxKv<'a> {
     guard: WriteGuard<'a>,
-    shared: &'a Shared,
+    state: &'a ServerState,
     overlay: HashMap<Vec<u8>, Option<Vec<u8>>>,
 }
 
@@ -201,7 +201,7 @@ impl Kv for TxKv<'_> {
             Some(ks) => ks.get(key)?,
             None => None,
         };
-        self.shared.metrics.count_lookup(value.is_some());
+        self.state.metrics.count_lookup(value.is_some());
         Ok(value)
     }
 
@@ -408,7 +408,7 @@ pub fn may_block(name: &[u8]) -> bool {
 
 /// What a handler sees besides its arguments.
 pub struct Ctx<'a> {
-    shared: &'a Shared,
+    state: &'a ServerState,
     session: &'a mut Session,
     /// Set when the request wrote: in sync mode its reply waits for a sync.
     wrote: bool,
@@ -427,7 +427,7 @@ pub struct Ctx<'a> {
 /// lock once and applies the run as one engine batch (SET). Their replies are what the
 /// general path would answer; anything else goes through [`execute`].
 pub fn execute_batch(
-    shared: &Shared,
+    state: &ServerState,
     session: &mut Session,
     wire: &[u8],
     requests: &Requests,
@@ -448,14 +448,14 @@ pub fn execute_batch(
         let fast = session.authenticated && session.multi.is_none();
         if fast && is_plain(&args, b"get", 2) {
             let run = run_length(requests, i, wire, b"get", 2);
-            fast_gets(shared, session, wire, requests, i..i + run, out, &mut tally);
+            fast_gets(state, session, wire, requests, i..i + run, out, &mut tally);
             i += run;
             continue;
         }
         if fast && is_plain(&args, b"set", 3) {
             let run = set_run_length(requests, i, wire);
             fast_sets(
-                shared,
+                state,
                 session,
                 wire,
                 requests,
@@ -469,7 +469,7 @@ pub fn execute_batch(
         }
         let owned: Args = args.iter().map(|a| a.to_vec()).collect();
         let mut ctx = Ctx {
-            shared,
+            state,
             session: &mut *session,
             wrote: false,
         };
@@ -489,7 +489,7 @@ pub fn execute_batch(
         }
         i += 1;
     }
-    shared.metrics.add_tally(&tally);
+    state.metrics.add_tally(&tally);
     Written {
         base,
         ranges: written,
@@ -575,7 +575,7 @@ fn command_index(name: &[u8]) -> usize {
 /// the database was when the run started, as Redis, which runs a client's pipelined
 /// batch without interleaving others, would), each value encoded from where it lies.
 fn fast_gets(
-    shared: &Shared,
+    state: &ServerState,
     session: &Session,
     wire: &[u8],
     requests: &Requests,
@@ -590,7 +590,7 @@ fn fast_gets(
     // Keys go to the engine in groups (`Keyspace::get_many_with`), whose lookups overlap
     // their cache misses; a group of pipelined GETs is what redis-benchmark -P sends.
     const GROUP: usize = 32;
-    let read = shared.store.slot(session.db_index).read(|ks| {
+    let read = state.store.slot(session.db_index).read(|ks| {
         // A retry (the keyspace was dropped meanwhile) starts the run over.
         out.truncate(mark);
         local = Tally::default();
@@ -648,7 +648,7 @@ fn fast_gets(
 /// applied alone so each reply says what happened to it.
 #[allow(clippy::too_many_arguments)]
 fn fast_sets(
-    shared: &Shared,
+    state: &ServerState,
     session: &Session,
     wire: &[u8],
     requests: &Requests,
@@ -659,8 +659,8 @@ fn fast_sets(
 ) {
     tally.command(command_index(b"set"), run.len() as u64);
     let pair = |j: usize| (requests.arg(j, 1, wire), requests.arg(j, 2, wire));
-    let guard = shared.store.slot(session.db_index).lock_writes();
-    let applied = guard.keyspace(&shared.store.db).and_then(|ks| {
+    let guard = state.store.slot(session.db_index).lock_writes();
+    let applied = guard.keyspace(&state.store.db).and_then(|ks| {
         if run.len() == 1 {
             let (key, value) = pair(run.start);
             return ks.put_with(key, value, Durability::Buffered).map(|()| ks);
@@ -680,7 +680,7 @@ fn fast_sets(
             written.push(at..out.len());
             return;
         }
-        Err(_) => one_by_one = Some(guard.keyspace(&shared.store.db).map_err(|e| e.to_string())),
+        Err(_) => one_by_one = Some(guard.keyspace(&state.store.db).map_err(|e| e.to_string())),
     }
     for j in run {
         let at = out.len();
@@ -765,23 +765,23 @@ fn execute(ctx: &mut Ctx<'_>, args: &Args) -> Reply {
             return Reply::Status("QUEUED".into());
         }
     }
-    ctx.shared.metrics.count_command(index);
+    ctx.state.metrics.count_command(index);
     let result = run_spec(ctx, spec, args);
     result.unwrap_or_else(|e| Reply::error(format!("ERR {e}")))
 }
 
 fn run_spec(ctx: &mut Ctx<'_>, spec: &Spec, args: &Args) -> tucana::Result<Reply> {
-    let shared = ctx.shared;
+    let state = ctx.state;
     match spec.run {
         Run::Read(f) => {
-            let slot = shared.store.slot(ctx.session.db_index);
-            slot.read(|ks| f(&mut ReadKv { ks, shared }, args))
+            let slot = state.store.slot(ctx.session.db_index);
+            slot.read(|ks| f(&mut ReadKv { ks, state }, args))
         }
         Run::Write(f) => {
-            let slot = shared.store.slot(ctx.session.db_index);
+            let slot = state.store.slot(ctx.session.db_index);
             let mut kv = LockedKv {
                 guard: slot.lock_writes(),
-                shared,
+                state,
                 wrote: false,
             };
             let reply = f(&mut kv, args);
@@ -991,7 +991,7 @@ fn cmd_decrby(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Reply> {
 // ---- keyspace commands --------------------------------------------------------------
 
 fn slot<'a>(ctx: &Ctx<'a>) -> &'a Slot {
-    ctx.shared.store.slot(ctx.session.db_index)
+    ctx.state.store.slot(ctx.session.db_index)
 }
 
 /// Keys of a keyspace in order from `lo` (or the first) to `hi` (or the last).
@@ -1050,7 +1050,7 @@ fn cmd_scan(ctx: &mut Ctx<'_>, args: &[Vec<u8>]) -> tucana::Result<Reply> {
     let after = if cursor == 0 {
         None
     } else {
-        match ctx.shared.store.cursor(db_index, cursor) {
+        match ctx.state.store.cursor(db_index, cursor) {
             Some(key) => Some(key),
             None => return Ok(Reply::error("ERR invalid cursor")),
         }
@@ -1084,7 +1084,7 @@ fn cmd_scan(ctx: &mut Ctx<'_>, args: &[Vec<u8>]) -> tucana::Result<Reply> {
         Ok((keys, last))
     })?;
     let next = match last {
-        Some(key) => ctx.shared.store.save_cursor(db_index, key),
+        Some(key) => ctx.state.store.save_cursor(db_index, key),
         None => 0,
     };
     Ok(Reply::Array(vec![
@@ -1113,7 +1113,7 @@ fn cmd_keys(ctx: &mut Ctx<'_>, args: &[Vec<u8>]) -> tucana::Result<Reply> {
 
 type Pair = (Vec<u8>, Vec<u8>);
 
-/// Options shared by TRANGE and TPREFIX: `[REV] [LIMIT count] [WITHVALUES]`.
+/// Options state by TRANGE and TPREFIX: `[REV] [LIMIT count] [WITHVALUES]`.
 struct RangeOptions {
     rev: bool,
     limit: Option<usize>,
@@ -1227,7 +1227,7 @@ fn cmd_flushdb(ctx: &mut Ctx<'_>, args: &[Vec<u8>]) -> tucana::Result<Reply> {
     if !flush_option_ok(args) {
         return Ok(syntax_error());
     }
-    slot(ctx).lock_writes().flush(&ctx.shared.store.db)?;
+    slot(ctx).lock_writes().flush(&ctx.state.store.db)?;
     Ok(Reply::Ok)
 }
 
@@ -1235,8 +1235,8 @@ fn cmd_flushall(ctx: &mut Ctx<'_>, args: &[Vec<u8>]) -> tucana::Result<Reply> {
     if !flush_option_ok(args) {
         return Ok(syntax_error());
     }
-    for slot in ctx.shared.store.slots() {
-        slot.lock_writes().flush(&ctx.shared.store.db)?;
+    for slot in ctx.state.store.slots() {
+        slot.lock_writes().flush(&ctx.state.store.db)?;
     }
     Ok(Reply::Ok)
 }
@@ -1271,11 +1271,11 @@ fn cmd_exec(ctx: &mut Ctx<'_>, _args: &[Vec<u8>]) -> tucana::Result<Reply> {
             "EXECABORT Transaction discarded because of previous errors.",
         ));
     }
-    let shared = ctx.shared;
+    let state = ctx.state;
     let slot = slot(ctx);
     let mut tx = TxKv {
         guard: slot.lock_writes(),
-        shared,
+        state,
         overlay: HashMap::new(),
     };
     let mut replies = Vec::with_capacity(multi.queued.len());
@@ -1284,7 +1284,7 @@ fn cmd_exec(ctx: &mut Ctx<'_>, _args: &[Vec<u8>]) -> tucana::Result<Reply> {
             replies.push(unknown_command(args));
             continue;
         };
-        shared.metrics.count_command(index);
+        state.metrics.count_command(index);
         let spec = &table()[index];
         let reply = match spec.run {
             // A failed command leaves no partial writes in the overlay: every handler
@@ -1294,7 +1294,7 @@ fn cmd_exec(ctx: &mut Ctx<'_>, _args: &[Vec<u8>]) -> tucana::Result<Reply> {
             }
             Run::Other { f, .. } => {
                 let mut inner = Ctx {
-                    shared,
+                    state,
                     session: &mut *ctx.session,
                     wrote: false,
                 };
@@ -1304,7 +1304,7 @@ fn cmd_exec(ctx: &mut Ctx<'_>, _args: &[Vec<u8>]) -> tucana::Result<Reply> {
         replies.push(reply);
     }
     if !tx.overlay.is_empty() {
-        let ks = tx.guard.keyspace(&shared.store.db)?;
+        let ks = tx.guard.keyspace(&state.store.db)?;
         let mut batch = ks.batch();
         for (key, value) in &tx.overlay {
             match value {
@@ -1343,7 +1343,7 @@ fn cmd_quit(ctx: &mut Ctx<'_>, _args: &[Vec<u8>]) -> tucana::Result<Reply> {
 
 fn cmd_select(ctx: &mut Ctx<'_>, args: &[Vec<u8>]) -> tucana::Result<Reply> {
     match parse_i64(&args[1]) {
-        Some(n) if n >= 0 && n < i64::from(ctx.shared.store.databases()) => {
+        Some(n) if n >= 0 && n < i64::from(ctx.state.store.databases()) => {
             ctx.session.db_index = n as u32;
             Ok(Reply::Ok)
         }
@@ -1363,7 +1363,7 @@ fn same_secret(a: &[u8], b: &[u8]) -> bool {
 
 /// Checks a user name and password; `Err` is the reply when they are wrong.
 fn authenticate(ctx: &mut Ctx<'_>, user: Option<&[u8]>, password: &[u8]) -> Result<(), Reply> {
-    let Some(expected) = ctx.shared.config.requirepass.as_deref() else {
+    let Some(expected) = ctx.state.config.requirepass.as_deref() else {
         return Err(Reply::error(
             "ERR AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?",
         ));
@@ -1373,7 +1373,7 @@ fn authenticate(ctx: &mut Ctx<'_>, user: Option<&[u8]>, password: &[u8]) -> Resu
         ctx.session.authenticated = true;
         Ok(())
     } else {
-        ctx.shared.metrics.count_auth_failure();
+        ctx.state.metrics.count_auth_failure();
         Err(Reply::error(
             "WRONGPASS invalid username-password pair or user is disabled.",
         ))
@@ -1553,7 +1553,7 @@ fn cmd_config(ctx: &mut Ctx<'_>, args: &[Vec<u8>]) -> tucana::Result<Reply> {
     if args.len() < 3 {
         return Ok(wrong_args("config|get"));
     }
-    let config = &ctx.shared.config;
+    let config = &ctx.state.config;
     let idle = config.idle_timeout.map_or(0, |d| d.as_secs());
     let params: Vec<(&str, String)> = vec![
         ("bind", config.listen.ip().to_string()),
@@ -1595,9 +1595,9 @@ fn cmd_info(ctx: &mut Ctx<'_>, args: &[Vec<u8>]) -> tucana::Result<Reply> {
         .iter()
         .map(|s| String::from_utf8_lossy(s).to_ascii_lowercase())
         .collect();
-    let connected = ctx.shared.metrics.connected_clients();
+    let connected = ctx.state.metrics.connected_clients();
     Ok(Reply::Bulk(
-        crate::metrics::info_text(ctx.shared, &sections, connected).into_bytes(),
+        crate::metrics::info_text(ctx.state, &sections, connected).into_bytes(),
     ))
 }
 
@@ -1613,20 +1613,20 @@ fn cmd_time(_ctx: &mut Ctx<'_>, _args: &[Vec<u8>]) -> tucana::Result<Reply> {
 
 /// SAVE: a commit (the index is persisted as a new epoch; the data was in the log).
 fn cmd_save(ctx: &mut Ctx<'_>, _args: &[Vec<u8>]) -> tucana::Result<Reply> {
-    ctx.shared.store.db.commit()?;
+    ctx.state.store.db.commit()?;
     Ok(Reply::Ok)
 }
 
 /// BGSAVE: the same commit, done before answering (it is quick: only the index changes).
 fn cmd_bgsave(ctx: &mut Ctx<'_>, _args: &[Vec<u8>]) -> tucana::Result<Reply> {
-    ctx.shared.store.db.commit()?;
+    ctx.state.store.db.commit()?;
     Ok(Reply::Status("Background saving started".into()))
 }
 
 /// BGREWRITEAOF: a forced garbage collection of the log, Redis's way of compacting its
 /// append-only file; done before answering, and INFO persistence counts what it gave back.
 fn cmd_bgrewriteaof(ctx: &mut Ctx<'_>, _args: &[Vec<u8>]) -> tucana::Result<Reply> {
-    ctx.shared.store.db.gc()?;
+    ctx.state.store.db.gc()?;
     Ok(Reply::Status(
         "Background append only file rewriting started".into(),
     ))

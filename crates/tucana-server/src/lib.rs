@@ -24,6 +24,7 @@ mod metrics;
 mod outbox;
 pub mod resp;
 pub mod server;
+mod state;
 mod store;
 mod syncer;
 mod tls;

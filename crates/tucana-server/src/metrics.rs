@@ -9,8 +9,8 @@
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::commands::{command_count, command_name, REDIS_COMPAT_VERSION};
-use crate::server::Shared;
+use crate::commands::{command_name, REDIS_COMPAT_VERSION};
+use crate::state::ServerState;
 use crate::store::keyspace_name;
 
 /// Everything the server counts.
@@ -29,13 +29,14 @@ pub struct Metrics {
     pub net_output_bytes: AtomicU64,
 }
 
-impl Default for Metrics {
-    fn default() -> Metrics {
+impl Metrics {
+    /// Counters for a server whose command table has `commands` entries.
+    pub fn new(commands: usize) -> Metrics {
         Metrics {
             connections_received: AtomicU64::new(0),
             connections_rejected: AtomicU64::new(0),
             connected_clients: AtomicU64::new(0),
-            commands_by_index: (0..command_count()).map(|_| AtomicU64::new(0)).collect(),
+            commands_by_index: (0..commands).map(|_| AtomicU64::new(0)).collect(),
             error_replies: AtomicU64::new(0),
             protocol_errors: AtomicU64::new(0),
             idle_timeouts: AtomicU64::new(0),
@@ -77,10 +78,6 @@ impl Metrics {
         }
     }
 
-    pub fn count_error(&self) {
-        add(&self.error_replies, 1);
-    }
-
     pub fn count_lookup(&self, hit: bool) {
         add(
             if hit {
@@ -106,7 +103,7 @@ impl Metrics {
 }
 
 /// Counts of one pipelined batch, added to [`Metrics`] once at its end: the counters are
-/// shared by every connection, and an atomic add per command on a cache line that the
+/// state by every connection, and an atomic add per command on a cache line that the
 /// other cores also write costs more than the command's own bookkeeping.
 #[derive(Debug, Default)]
 pub struct Tally {
@@ -153,17 +150,17 @@ fn resident_bytes() -> Option<u64> {
 }
 
 /// The `INFO` text: the sections asked for (all when none, or `all`/`everything`).
-pub fn info_text(shared: &Shared, sections: &[String], connected: u64) -> String {
+pub fn info_text(state: &ServerState, sections: &[String], connected: u64) -> String {
     let want = |name: &str| {
         sections.is_empty()
             || sections
                 .iter()
                 .any(|s| s == name || s == "all" || s == "everything" || s == "default")
     };
-    let m = &shared.metrics;
-    let stats = shared.store.db.stats();
-    let config = &shared.config;
-    let uptime = shared.started.elapsed();
+    let m = &state.metrics;
+    let stats = state.store.db.stats();
+    let config = &state.config;
+    let uptime = state.started.elapsed();
     let mut out = String::new();
     let mut section = |title: &str, lines: Vec<(&str, String)>| {
         if !out.is_empty() {
@@ -184,11 +181,11 @@ pub fn info_text(shared: &Shared, sections: &[String], connected: u64) -> String
                 ("os", std::env::consts::OS.into()),
                 ("arch_bits", (usize::BITS).to_string()),
                 ("process_id", std::process::id().to_string()),
-                ("tcp_port", shared.local_port.to_string()),
-                ("connection_threads", shared.threads.to_string()),
+                ("tcp_port", state.local_port.to_string()),
+                ("connection_threads", state.threads.to_string()),
                 (
                     "busy_poll_us",
-                    shared.config.busy_poll.as_micros().to_string(),
+                    state.config.busy_poll.as_micros().to_string(),
                 ),
                 ("uptime_in_seconds", uptime.as_secs().to_string()),
                 ("uptime_in_days", (uptime.as_secs() / 86_400).to_string()),
@@ -278,7 +275,7 @@ pub fn info_text(shared: &Shared, sections: &[String], connected: u64) -> String
     }
     if want("keyspace") {
         let mut lines = Vec::new();
-        let names: Vec<String> = (0..shared.store.databases()).map(keyspace_name).collect();
+        let names: Vec<String> = (0..state.store.databases()).map(keyspace_name).collect();
         let mut labels = Vec::new();
         for ks in &stats.keyspaces {
             if let Some(index) = names.iter().position(|n| *n == ks.name) {
@@ -296,9 +293,9 @@ pub fn info_text(shared: &Shared, sections: &[String], connected: u64) -> String
 }
 
 /// The Prometheus text exposition of the server's counters and the engine's stats.
-pub fn prometheus_text(shared: &Shared) -> String {
-    let m = &shared.metrics;
-    let stats = shared.store.db.stats();
+pub fn prometheus_text(state: &ServerState) -> String {
+    let m = &state.metrics;
+    let stats = state.store.db.stats();
     let mut out = String::new();
     let mut metric = |name: &str, kind: &str, help: &str, value: u64| {
         let _ = write!(
@@ -310,7 +307,7 @@ pub fn prometheus_text(shared: &Shared) -> String {
         "uptime_seconds",
         "gauge",
         "Seconds since the server started.",
-        shared.started.elapsed().as_secs(),
+        state.started.elapsed().as_secs(),
     );
     metric(
         "connected_clients",

@@ -9,7 +9,7 @@
 //! `ServerConfig::threads` (default: one per core but one); the listener, the
 //! metrics endpoint and signals run on a separate small runtime. A connection stays on
 //! its thread for its life: each thread waits on its own sockets and runs what became
-//! ready, with no work stealing between threads (in a shared multi-threaded runtime a
+//! ready, with no work stealing between threads (in a state multi-threaded runtime a
 //! worker that found work woke another to steal some, a futex wake and a context switch
 //! per request at pipeline depth 1). A connection decodes every complete request in its
 //! buffer (a pipelined batch) and runs the batch in one go; the replies of a pipelined
@@ -32,24 +32,22 @@
 
 use std::io;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
-use tokio_rustls::TlsAcceptor;
 use tucana::Database;
 
-use crate::commands::{execute_batch, may_block, Session};
+use crate::commands::{command_count, execute_batch, may_block, Session};
 use crate::config::{DurabilityMode, ServerConfig};
 use crate::metrics::{prometheus_text, Metrics};
 use crate::outbox::Outbox;
 use crate::resp::{check_incomplete, decode_into, Reply, Requests};
-use crate::store::Store;
-use crate::syncer::Syncer;
+use crate::state::ServerState;
 
 /// At most this many pipelined requests run as one batch (bounds the reply buffer).
 const MAX_BATCH_REQUESTS: usize = 1024;
@@ -57,23 +55,6 @@ const MAX_BATCH_REQUESTS: usize = 1024;
 const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Read this much at a time at least.
 const READ_CHUNK_BYTES: usize = 16 << 10;
-
-/// State shared by all connections of a server.
-pub struct Shared {
-    pub store: Store,
-    pub config: ServerConfig,
-    pub metrics: Metrics,
-    pub started: Instant,
-    /// The port actually bound (the configured one may be 0).
-    pub local_port: u16,
-    /// Connection threads (the configured count, or the default for this machine).
-    pub threads: usize,
-    tls: Option<TlsAcceptor>,
-    /// With sync durability: makes the writes of connections durable, many per sync.
-    syncer: Option<Syncer>,
-    next_client_id: AtomicU64,
-    shutdown: Arc<watch::Sender<bool>>,
-}
 
 /// Asks a running server to shut down gracefully. Cheap to clone.
 #[derive(Clone)]
@@ -89,7 +70,7 @@ impl ShutdownHandle {
 pub struct Server {
     listener: TcpListener,
     metrics_listener: Option<TcpListener>,
-    shared: Arc<Shared>,
+    state: Arc<ServerState>,
 }
 
 impl Server {
@@ -107,28 +88,12 @@ impl Server {
             None => None,
         };
         let local_port = listener.local_addr()?.port();
-        let (shutdown, _) = watch::channel(false);
-        let threads = config.thread_count();
-        let syncer = match config.durability {
-            DurabilityMode::Sync => Some(Syncer::start(db.clone())?),
-            DurabilityMode::Buffered => None,
-        };
-        let shared = Arc::new(Shared {
-            syncer,
-            store: Store::new(db, config.databases, config.max_scan_cursors),
-            threads,
-            config,
-            metrics: Metrics::default(),
-            started: Instant::now(),
-            local_port,
-            tls,
-            next_client_id: AtomicU64::new(1),
-            shutdown: Arc::new(shutdown),
-        });
+        let metrics = Metrics::new(command_count());
+        let state = Arc::new(ServerState::new(db, config, metrics, local_port, tls)?);
         Ok(Server {
             listener,
             metrics_listener,
-            shared,
+            state,
         })
     }
 
@@ -143,7 +108,7 @@ impl Server {
     }
 
     pub fn shutdown_handle(&self) -> ShutdownHandle {
-        ShutdownHandle(self.shared.shutdown.clone())
+        ShutdownHandle(self.state.shutdown.clone())
     }
 
     /// Serves until shut down, then commits the database. The error is the commit's.
@@ -151,21 +116,21 @@ impl Server {
         let Server {
             listener,
             metrics_listener,
-            shared,
+            state,
         } = self;
-        let mut shutdown = shared.shutdown.subscribe();
-        let mut threads = match ConnectionThreads::start(shared.threads, shared.config.busy_poll) {
+        let mut shutdown = state.shutdown.subscribe();
+        let mut threads = match ConnectionThreads::start(state.threads, state.config.busy_poll) {
             Ok(t) => t,
             Err(e) => return Err(tucana::Error::Io(e)),
         };
         let mut tasks = JoinSet::new();
         if let Some(metrics) = metrics_listener {
-            tasks.spawn(serve_metrics(shared.clone(), metrics, shutdown.clone()));
+            tasks.spawn(serve_metrics(state.clone(), metrics, shutdown.clone()));
         }
         loop {
             tokio::select! {
                 accepted = listener.accept() => match accepted {
-                    Ok((stream, _)) => accept(&shared, &mut tasks, &mut threads, stream, &shutdown),
+                    Ok((stream, _)) => accept(&state, &mut tasks, &mut threads, stream, &shutdown),
                     Err(e) => {
                         // Out of file descriptors and the like: back off, keep serving.
                         eprintln!("tucana serve: accept failed: {e}");
@@ -178,7 +143,7 @@ impl Server {
             }
         }
         drop(listener);
-        let grace = shared.config.shutdown_grace;
+        let grace = state.config.shutdown_grace;
         let drained =
             tokio::time::timeout(grace, async { while tasks.join_next().await.is_some() {} }).await;
         if drained.is_err() {
@@ -188,7 +153,7 @@ impl Server {
         }
         // Every connection has ended: the threads have nothing left to run, and nobody
         // waits for a sync.
-        let stopping = shared.clone();
+        let stopping = state.clone();
         let _ = tokio::task::spawn_blocking(move || {
             threads.stop();
             if let Some(syncer) = &stopping.syncer {
@@ -196,7 +161,7 @@ impl Server {
             }
         })
         .await;
-        let db = shared.store.db.clone();
+        let db = state.store.db.clone();
         tokio::task::spawn_blocking(move || db.commit())
             .await
             .unwrap_or_else(|e| Err(tucana::Error::Io(io::Error::other(e))))
@@ -272,16 +237,16 @@ impl ConnectionThreads {
 }
 
 fn accept(
-    shared: &Arc<Shared>,
+    state: &Arc<ServerState>,
     tasks: &mut JoinSet<()>,
     threads: &mut ConnectionThreads,
     stream: TcpStream,
     shutdown: &watch::Receiver<bool>,
 ) {
-    let metrics = &shared.metrics;
+    let metrics = &state.metrics;
     metrics.connections_received.fetch_add(1, Ordering::Relaxed);
     let _ = stream.set_nodelay(true);
-    if metrics.connected_clients() >= shared.config.max_clients as u64 {
+    if metrics.connected_clients() >= state.config.max_clients as u64 {
         metrics.connections_rejected.fetch_add(1, Ordering::Relaxed);
         tasks.spawn(async move {
             let mut stream = stream;
@@ -298,14 +263,14 @@ fn accept(
         Err(_) => return,
     };
     metrics.connected_clients.fetch_add(1, Ordering::Relaxed);
-    let shared = shared.clone();
+    let state = state.clone();
     let shutdown = shutdown.clone();
-    let connected = ConnectedGuard(shared.clone());
+    let connected = ConnectedGuard(state.clone());
     let runtime = threads.pick().clone();
     tasks.spawn_on(
         async move {
             let _connected = connected;
-            serve_accepted(shared, stream, shutdown).await;
+            serve_accepted(state, stream, shutdown).await;
         },
         &runtime,
     );
@@ -313,24 +278,24 @@ fn accept(
 
 /// Runs one connection on the connection thread it was handed to.
 async fn serve_accepted(
-    shared: Arc<Shared>,
+    state: Arc<ServerState>,
     stream: std::net::TcpStream,
     shutdown: watch::Receiver<bool>,
 ) {
     let Ok(stream) = TcpStream::from_std(stream) else {
         return;
     };
-    match shared.tls.clone() {
+    match state.tls.clone() {
         None => {
             let mut stream = stream;
             // Declared after the stream, so dropped before it: see `Outbox`'s drop.
             let outbox = plain_outbox(&stream);
-            serve_connection(shared, &mut stream, outbox.as_ref(), shutdown).await;
+            serve_connection(state, &mut stream, outbox.as_ref(), shutdown).await;
         }
         Some(acceptor) => {
             let handshake = tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream));
             if let Ok(Ok(mut tls)) = handshake.await {
-                serve_connection(shared, &mut tls, None, shutdown).await;
+                serve_connection(state, &mut tls, None, shutdown).await;
                 // Ends the TLS session properly (close_notify), so clients see a
                 // clean end of stream rather than a truncation.
                 let _ = tls.shutdown().await;
@@ -346,7 +311,7 @@ fn plain_outbox(stream: &TcpStream) -> Option<Outbox> {
 }
 
 /// Counts a connection as gone however its task ends (also when aborted).
-struct ConnectedGuard(Arc<Shared>);
+struct ConnectedGuard(Arc<ServerState>);
 
 impl Drop for ConnectedGuard {
     fn drop(&mut self) {
@@ -358,11 +323,11 @@ impl Drop for ConnectedGuard {
 }
 
 async fn write_out<S: AsyncWrite + Unpin>(
-    shared: &Shared,
+    state: &ServerState,
     stream: &mut S,
     out: &[u8],
 ) -> io::Result<()> {
-    shared
+    state
         .metrics
         .net_output_bytes
         .fetch_add(out.len() as u64, Ordering::Relaxed);
@@ -373,13 +338,13 @@ async fn write_out<S: AsyncWrite + Unpin>(
 
 /// Serves one connection until it ends, then writes what its outbox still holds.
 async fn serve_connection<S: AsyncRead + AsyncWrite + Unpin>(
-    shared: Arc<Shared>,
+    state: Arc<ServerState>,
     stream: &mut S,
     outbox: Option<&Outbox>,
     shutdown: watch::Receiver<bool>,
 ) {
     let mut last = Vec::new();
-    let ended = serve_requests(&shared, stream, outbox, shutdown).await;
+    let ended = serve_requests(&state, stream, outbox, shutdown).await;
     // Replies queued before the end (the client may have half-closed and still read).
     if let (Ok(()), Some(outbox)) = (ended, outbox) {
         if outbox.take_pending(&mut last).is_ok() && !last.is_empty() {
@@ -391,7 +356,7 @@ async fn serve_connection<S: AsyncRead + AsyncWrite + Unpin>(
 
 /// Writes `out` now, after the bytes the outbox still holds (so replies keep their order).
 async fn write_now<S: AsyncWrite + Unpin>(
-    shared: &Shared,
+    state: &ServerState,
     stream: &mut S,
     outbox: Option<&Outbox>,
     out: &[u8],
@@ -403,26 +368,26 @@ async fn write_now<S: AsyncWrite + Unpin>(
             stream.write_all(&earlier).await?;
         }
     }
-    write_out(shared, stream, out).await
+    write_out(state, stream, out).await
 }
 
 /// The connection's request loop. `Err` when the connection broke (nothing more can be
 /// written to it); `Ok` when it ended otherwise.
 async fn serve_requests<S: AsyncRead + AsyncWrite + Unpin>(
-    shared: &Arc<Shared>,
+    state: &Arc<ServerState>,
     stream: &mut S,
     outbox: Option<&Outbox>,
     shutdown: watch::Receiver<bool>,
 ) -> io::Result<()> {
-    let shared = shared.clone();
+    let state = state.clone();
     // One wait for the whole connection, not one per request: a new wait registers with
-    // the channel (a lock shared by every connection) and dropping it unregisters. Between
+    // the channel (a lock state by every connection) and dropping it unregisters. Between
     // batches `shutting_down` asks the channel's version, a plain atomic load.
     let mut waiter = shutdown.clone();
     let mut stop = std::pin::pin!(stopped(&mut waiter));
     let shutting_down = || shutdown.has_changed().unwrap_or(true);
-    let id = shared.next_client_id.fetch_add(1, Ordering::Relaxed);
-    let mut session = Session::new(id, shared.config.requirepass.is_none());
+    let id = state.new_client_id();
+    let mut session = Session::new(id, state.config.requirepass.is_none());
     let mut buf: Vec<u8> = Vec::with_capacity(READ_CHUNK_BYTES);
     let mut start = 0;
     // Both reused from batch to batch: a connection allocates when a batch is larger
@@ -431,9 +396,9 @@ async fn serve_requests<S: AsyncRead + AsyncWrite + Unpin>(
     let mut requests = Requests::default();
     loop {
         let limits = if session.authenticated {
-            shared.config.request_limits
+            state.config.request_limits
         } else {
-            shared.config.pre_auth_limits
+            state.config.pre_auth_limits
         };
         requests.clear();
         let mut blocks = false;
@@ -467,24 +432,23 @@ async fn serve_requests<S: AsyncRead + AsyncWrite + Unpin>(
         if ran {
             if blocks {
                 // The batch's buffers go to the blocking thread and come back with it.
-                let worker_shared = shared.clone();
+                let worker_state = state.clone();
                 let mut worker_out = std::mem::take(&mut out);
                 let worker_buf = std::mem::take(&mut buf);
                 let worker_requests = std::mem::take(&mut requests);
                 let joined = tokio::task::spawn_blocking(move || {
                     let written = execute_batch(
-                        &worker_shared,
+                        &worker_state,
                         &mut session,
                         &worker_buf,
                         &worker_requests,
                         &mut worker_out,
                     );
-                    if worker_shared.config.durability == DurabilityMode::Sync
-                        && !written.is_empty()
+                    if worker_state.config.durability == DurabilityMode::Sync && !written.is_empty()
                     {
-                        // This thread may block: the sync runs here (shared with whoever
+                        // This thread may block: the sync runs here (state with whoever
                         // syncs at the same time).
-                        if let Err(e) = worker_shared.store.db.sync() {
+                        if let Err(e) = worker_state.store.db.sync() {
                             written.not_durable(&mut worker_out, &e);
                         }
                     }
@@ -502,8 +466,8 @@ async fn serve_requests<S: AsyncRead + AsyncWrite + Unpin>(
                     Err(_) => return Err(io::Error::other("a command handler panicked")),
                 }
             } else {
-                let written = execute_batch(&shared, &mut session, &buf, &requests, &mut out);
-                if let (Some(syncer), false) = (&shared.syncer, written.is_empty()) {
+                let written = execute_batch(&state, &mut session, &buf, &requests, &mut out);
+                if let (Some(syncer), false) = (&state.syncer, written.is_empty()) {
                     // Sync durability: the replies wait for the writes to be durable; the
                     // thread serves other connections meanwhile.
                     if let Err(e) = syncer.durable().await {
@@ -518,34 +482,34 @@ async fn serve_requests<S: AsyncRead + AsyncWrite + Unpin>(
             // serves the next connection, instead of both waiting for the flush). A large
             // reply and the connection's last are written now, after what the outbox holds.
             let ending = protocol_error.is_some() || session.close_after_reply || shutting_down();
-            let queue = requests.len() > 1 || !shared.config.busy_poll.is_zero();
+            let queue = requests.len() > 1 || !state.config.busy_poll.is_zero();
             match outbox {
                 Some(outbox) if queue && !ending && outbox.has_room(out.len()) => {
-                    shared
+                    state
                         .metrics
                         .net_output_bytes
                         .fetch_add(out.len() as u64, Ordering::Relaxed);
                     outbox.queue(&mut out);
                 }
                 _ => {
-                    write_now(&shared, stream, outbox, &out).await?;
+                    write_now(&state, stream, outbox, &out).await?;
                     out.clear();
                 }
             }
         }
         if let Some(e) = protocol_error {
-            shared
+            state
                 .metrics
                 .protocol_errors
                 .fetch_add(1, Ordering::Relaxed);
             let mut reply = Vec::new();
             Reply::error(format!("ERR {e}")).encode(session.protocol, &mut reply);
-            write_now(&shared, stream, outbox, &reply).await?;
+            write_now(&state, stream, outbox, &reply).await?;
             return Ok(());
         }
         if session.close_after_reply {
             if session.shutdown_requested {
-                shared.shutdown.send_replace(true);
+                state.shutdown.send_replace(true);
             }
             return Ok(());
         }
@@ -564,7 +528,7 @@ async fn serve_requests<S: AsyncRead + AsyncWrite + Unpin>(
             buf.reserve(READ_CHUNK_BYTES);
         }
         let read = async {
-            match shared.config.idle_timeout {
+            match state.config.idle_timeout {
                 Some(idle) => tokio::time::timeout(idle, stream.read_buf(&mut buf)).await,
                 None => Ok(stream.read_buf(&mut buf).await),
             }
@@ -578,17 +542,17 @@ async fn serve_requests<S: AsyncRead + AsyncWrite + Unpin>(
                 Ok(Ok(0)) => return Ok(()),
                 Ok(Err(e)) => return Err(e),
                 Ok(Ok(n)) => {
-                    shared.metrics.net_input_bytes.fetch_add(n as u64, Ordering::Relaxed);
+                    state.metrics.net_input_bytes.fetch_add(n as u64, Ordering::Relaxed);
                 }
                 Err(_) => {
-                    shared.metrics.idle_timeouts.fetch_add(1, Ordering::Relaxed);
+                    state.metrics.idle_timeouts.fetch_add(1, Ordering::Relaxed);
                     return Ok(());
                 }
             },
             // The park hook could not send all of the outbox (or failed): write the rest
             // here, waiting for the socket as any write does.
             _ = attention => {
-                write_now(&shared, stream, outbox, &[]).await?;
+                write_now(&state, stream, outbox, &[]).await?;
             }
             _ = &mut stop => return Ok(()),
         }
@@ -597,7 +561,7 @@ async fn serve_requests<S: AsyncRead + AsyncWrite + Unpin>(
 
 /// Serves `GET /metrics` in the Prometheus text format; anything else is a 404.
 async fn serve_metrics(
-    shared: Arc<Shared>,
+    state: Arc<ServerState>,
     listener: TcpListener,
     mut shutdown: watch::Receiver<bool>,
 ) {
@@ -612,14 +576,14 @@ async fn serve_metrics(
             },
             _ = stopped(&mut shutdown) => return,
         };
-        let shared = shared.clone();
+        let state = state.clone();
         tokio::spawn(async move {
-            let _ = tokio::time::timeout(Duration::from_secs(5), answer_http(shared, stream)).await;
+            let _ = tokio::time::timeout(Duration::from_secs(5), answer_http(state, stream)).await;
         });
     }
 }
 
-async fn answer_http(shared: Arc<Shared>, mut stream: TcpStream) -> io::Result<()> {
+async fn answer_http(state: Arc<ServerState>, mut stream: TcpStream) -> io::Result<()> {
     // The request head must fit in 8 KiB; the body (if any) is ignored.
     let mut head = Vec::with_capacity(1024);
     while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 8192 {
@@ -630,8 +594,8 @@ async fn answer_http(shared: Arc<Shared>, mut stream: TcpStream) -> io::Result<(
     let first_line = head.split(|&b| b == b'\n').next().unwrap_or_default();
     let (status, body) = if first_line.starts_with(b"GET /metrics ") {
         let text = {
-            let shared = shared.clone();
-            tokio::task::spawn_blocking(move || prometheus_text(&shared))
+            let state = state.clone();
+            tokio::task::spawn_blocking(move || prometheus_text(&state))
                 .await
                 .unwrap_or_default()
         };
