@@ -416,7 +416,7 @@ pub struct Ctx<'a> {
 
 /// Runs a pipelined batch of requests and appends their encoded replies to `out`.
 ///
-/// `wire` is the buffer the requests were decoded from. Replies are encoded into `out` as
+/// Replies are encoded into `out` as
 /// each request runs. Writes are applied buffered; the returned [`Written`] says where
 /// their replies are, so that in sync mode the caller makes them durable (one sync for
 /// the batch) before it sends anything, and turns them into errors if that sync fails.
@@ -429,8 +429,7 @@ pub struct Ctx<'a> {
 pub fn execute_batch(
     state: &ServerState,
     session: &mut Session,
-    wire: &[u8],
-    requests: &Requests,
+    requests: Requests<'_>,
     out: &mut Vec<u8>,
 ) -> Written {
     let base = out.len();
@@ -440,24 +439,23 @@ pub fn execute_batch(
     let mut args: Vec<&[u8]> = Vec::new();
     let mut i = 0;
     while i < requests.len() {
-        requests.args_into(i, wire, &mut args);
+        requests.args_into(i, &mut args);
         if args.is_empty() {
             i += 1;
             continue;
         }
         let fast = session.authenticated && session.multi.is_none();
         if fast && is_plain(&args, b"get", 2) {
-            let run = run_length(requests, i, wire, b"get", 2);
-            fast_gets(state, session, wire, requests, i..i + run, out, &mut tally);
+            let run = run_length(requests, i, b"get", 2);
+            fast_gets(state, session, requests, i..i + run, out, &mut tally);
             i += run;
             continue;
         }
         if fast && is_plain(&args, b"set", 3) {
-            let run = set_run_length(requests, i, wire);
+            let run = set_run_length(requests, i);
             fast_sets(
                 state,
                 session,
-                wire,
                 requests,
                 i..i + run,
                 out,
@@ -540,10 +538,10 @@ fn is_plain(args: &[&[u8]], name: &[u8], argc: usize) -> bool {
 }
 
 /// How many requests from `first` on are plain `name` requests (at least the first).
-fn run_length(requests: &Requests, first: usize, wire: &[u8], name: &[u8], argc: usize) -> usize {
+fn run_length(requests: Requests<'_>, first: usize, name: &[u8], argc: usize) -> usize {
     (first..requests.len())
         .take_while(|&j| {
-            requests.arg_count(j) == argc && requests.arg(j, 0, wire).eq_ignore_ascii_case(name)
+            requests.arg_count(j) == argc && requests.arg(j, 0).eq_ignore_ascii_case(name)
         })
         .count()
 }
@@ -554,14 +552,14 @@ fn run_length(requests: &Requests, first: usize, wire: &[u8], name: &[u8], argc:
 const SET_RUN_MAX_BYTES: usize = 1 << 20;
 
 /// `run_length` for plain SETs, cut after `SET_RUN_MAX_BYTES` of keys and values.
-fn set_run_length(requests: &Requests, first: usize, wire: &[u8]) -> usize {
+fn set_run_length(requests: Requests<'_>, first: usize) -> usize {
     let mut bytes = 0;
     let mut run = 0;
-    for j in first..first + run_length(requests, first, wire, b"set", 3) {
+    for j in first..first + run_length(requests, first, b"set", 3) {
         if run > 0 && bytes >= SET_RUN_MAX_BYTES {
             break;
         }
-        bytes += requests.arg(j, 1, wire).len() + requests.arg(j, 2, wire).len();
+        bytes += requests.arg(j, 1).len() + requests.arg(j, 2).len();
         run += 1;
     }
     run
@@ -577,8 +575,7 @@ fn command_index(name: &[u8]) -> usize {
 fn fast_gets(
     state: &ServerState,
     session: &Session,
-    wire: &[u8],
-    requests: &Requests,
+    requests: Requests<'_>,
     run: Range<usize>,
     out: &mut Vec<u8>,
     tally: &mut Tally,
@@ -606,7 +603,7 @@ fn fast_gets(
         for first in run.clone().step_by(GROUP) {
             let group = first..(first + GROUP).min(run.end);
             for (slot, j) in keys.iter_mut().zip(group.clone()) {
-                *slot = requests.arg(j, 1, wire);
+                *slot = requests.arg(j, 1);
             }
             ks.get_many_with(&keys[..group.len()], |_, found| match found {
                 Ok(Some(value)) => {
@@ -650,15 +647,14 @@ fn fast_gets(
 fn fast_sets(
     state: &ServerState,
     session: &Session,
-    wire: &[u8],
-    requests: &Requests,
+    requests: Requests<'_>,
     run: Range<usize>,
     out: &mut Vec<u8>,
     tally: &mut Tally,
     written: &mut Vec<Range<usize>>,
 ) {
     tally.command(command_index(b"set"), run.len() as u64);
-    let pair = |j: usize| (requests.arg(j, 1, wire), requests.arg(j, 2, wire));
+    let pair = |j: usize| (requests.arg(j, 1), requests.arg(j, 2));
     let guard = state.store.slot(session.db_index).lock_writes();
     let applied = guard.keyspace(&state.store.db).and_then(|ks| {
         if run.len() == 1 {

@@ -46,7 +46,7 @@ use crate::commands::{command_count, execute_batch, may_block, Session};
 use crate::config::{DurabilityMode, ServerConfig};
 use crate::metrics::{prometheus_text, Metrics};
 use crate::outbox::Outbox;
-use crate::resp::{check_incomplete, decode_into, Reply, Requests};
+use crate::resp::{check_incomplete, decode_into, Reply, RequestSpans};
 use crate::state::ServerState;
 
 /// At most this many pipelined requests run as one batch (bounds the reply buffer).
@@ -393,26 +393,25 @@ async fn serve_requests<S: AsyncRead + AsyncWrite + Unpin>(
     // Both reused from batch to batch: a connection allocates when a batch is larger
     // than any before it, not per request.
     let mut out: Vec<u8> = Vec::new();
-    let mut requests = Requests::default();
+    let mut spans = RequestSpans::default();
     loop {
         let limits = if session.authenticated {
             state.config.request_limits
         } else {
             state.config.pre_auth_limits
         };
-        requests.clear();
+        spans.clear();
         let mut blocks = false;
         let mut protocol_error = None;
         loop {
-            match decode_into(&buf, start, &limits, &mut requests) {
+            match decode_into(&buf, start, &limits, &mut spans) {
                 Ok(Some(consumed)) => {
                     start += consumed;
-                    let last = requests.len() - 1;
+                    let (requests, last) = (spans.in_buffer(&buf), spans.len() - 1);
                     if requests.arg_count(last) > 0 {
-                        let name = requests.arg(last, 0, &buf);
-                        blocks |= may_block(name);
+                        blocks |= may_block(requests.arg(last, 0));
                     }
-                    if !session.authenticated || requests.len() >= MAX_BATCH_REQUESTS {
+                    if !session.authenticated || spans.len() >= MAX_BATCH_REQUESTS {
                         break;
                     }
                 }
@@ -428,20 +427,19 @@ async fn serve_requests<S: AsyncRead + AsyncWrite + Unpin>(
                 }
             }
         }
-        let ran = !requests.is_empty();
+        let ran = !spans.is_empty();
         if ran {
             if blocks {
                 // The batch's buffers go to the blocking thread and come back with it.
                 let worker_state = state.clone();
                 let mut worker_out = std::mem::take(&mut out);
                 let worker_buf = std::mem::take(&mut buf);
-                let worker_requests = std::mem::take(&mut requests);
+                let worker_spans = std::mem::take(&mut spans);
                 let joined = tokio::task::spawn_blocking(move || {
                     let written = execute_batch(
                         &worker_state,
                         &mut session,
-                        &worker_buf,
-                        &worker_requests,
+                        worker_spans.in_buffer(&worker_buf),
                         &mut worker_out,
                     );
                     if worker_state.config.durability == DurabilityMode::Sync && !written.is_empty()
@@ -452,7 +450,7 @@ async fn serve_requests<S: AsyncRead + AsyncWrite + Unpin>(
                             written.not_durable(&mut worker_out, &e);
                         }
                     }
-                    (session, worker_out, worker_buf, worker_requests)
+                    (session, worker_out, worker_buf, worker_spans)
                 })
                 .await;
                 match joined {
@@ -460,13 +458,13 @@ async fn serve_requests<S: AsyncRead + AsyncWrite + Unpin>(
                         session = s;
                         out = o;
                         buf = b;
-                        requests = r;
+                        spans = r;
                     }
                     // A panic in a handler is a bug; it ends this connection only.
                     Err(_) => return Err(io::Error::other("a command handler panicked")),
                 }
             } else {
-                let written = execute_batch(&state, &mut session, &buf, &requests, &mut out);
+                let written = execute_batch(&state, &mut session, spans.in_buffer(&buf), &mut out);
                 if let (Some(syncer), false) = (&state.syncer, written.is_empty()) {
                     // Sync durability: the replies wait for the writes to be durable; the
                     // thread serves other connections meanwhile.
@@ -482,7 +480,7 @@ async fn serve_requests<S: AsyncRead + AsyncWrite + Unpin>(
             // serves the next connection, instead of both waiting for the flush). A large
             // reply and the connection's last are written now, after what the outbox holds.
             let ending = protocol_error.is_some() || session.close_after_reply || shutting_down();
-            let queue = requests.len() > 1 || !state.config.busy_poll.is_zero();
+            let queue = spans.len() > 1 || !state.config.busy_poll.is_zero();
             match outbox {
                 Some(outbox) if queue && !ending && outbox.has_room(out.len()) => {
                     state
@@ -517,7 +515,7 @@ async fn serve_requests<S: AsyncRead + AsyncWrite + Unpin>(
             return Ok(());
         }
         if ran {
-            // More complete requests may be buffered; decode before reading.
+            // More complete spans may be buffered; decode before reading.
             continue;
         }
         if start > 0 {
