@@ -22,6 +22,7 @@ pub mod config;
 mod glob;
 mod metrics;
 mod outbox;
+mod prometheus;
 pub mod resp;
 pub mod server;
 mod state;

@@ -44,10 +44,11 @@ use tucana::Database;
 
 use crate::commands::{command_count, execute_batch, may_block, Session};
 use crate::config::{DurabilityMode, ServerConfig};
-use crate::metrics::{prometheus_text, Metrics};
+use crate::metrics::Metrics;
 use crate::outbox::Outbox;
+use crate::prometheus::serve_metrics;
 use crate::resp::{check_incomplete, decode_into, Reply, RequestSpans};
-use crate::state::ServerState;
+use crate::state::{stopped, ServerState};
 
 /// At most this many pipelined requests run as one batch (bounds the reply buffer).
 const MAX_BATCH_REQUESTS: usize = 1024;
@@ -166,11 +167,6 @@ impl Server {
             .await
             .unwrap_or_else(|e| Err(tucana::Error::Io(io::Error::other(e))))
     }
-}
-
-/// Resolves once shutdown was asked for (the guard `wait_for` returns is not `Send`).
-async fn stopped(shutdown: &mut watch::Receiver<bool>) {
-    let _ = shutdown.wait_for(|stop| *stop).await;
 }
 
 /// One single-threaded runtime per thread, each running the connections handed to it
@@ -555,61 +551,6 @@ async fn serve_requests<S: AsyncRead + AsyncWrite + Unpin>(
             _ = &mut stop => return Ok(()),
         }
     }
-}
-
-/// Serves `GET /metrics` in the Prometheus text format; anything else is a 404.
-async fn serve_metrics(
-    state: Arc<ServerState>,
-    listener: TcpListener,
-    mut shutdown: watch::Receiver<bool>,
-) {
-    loop {
-        let stream = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
-                Err(_) => {
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-            _ = stopped(&mut shutdown) => return,
-        };
-        let state = state.clone();
-        tokio::spawn(async move {
-            let _ = tokio::time::timeout(Duration::from_secs(5), answer_http(state, stream)).await;
-        });
-    }
-}
-
-async fn answer_http(state: Arc<ServerState>, mut stream: TcpStream) -> io::Result<()> {
-    // The request head must fit in 8 KiB; the body (if any) is ignored.
-    let mut head = Vec::with_capacity(1024);
-    while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 8192 {
-        if stream.read_buf(&mut head).await? == 0 {
-            break;
-        }
-    }
-    let first_line = head.split(|&b| b == b'\n').next().unwrap_or_default();
-    let (status, body) = if first_line.starts_with(b"GET /metrics ") {
-        let text = {
-            let state = state.clone();
-            tokio::task::spawn_blocking(move || prometheus_text(&state))
-                .await
-                .unwrap_or_default()
-        };
-        ("200 OK", text)
-    } else {
-        (
-            "404 Not Found",
-            "only GET /metrics is served here\n".to_string(),
-        )
-    };
-    let response = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    stream.write_all(response.as_bytes()).await?;
-    stream.shutdown().await
 }
 
 /// A server running on its own thread and runtime (tests, embedding).

@@ -76,3 +76,10 @@ impl ServerState {
         self.next_client_id.fetch_add(1, Ordering::Relaxed)
     }
 }
+
+/// Resolves once shutdown was asked for on `shutdown` (a receiver of
+/// [`ServerState::shutdown`]). A function rather than `wait_for` in place: the guard
+/// `wait_for` returns is not `Send`.
+pub async fn stopped(shutdown: &mut watch::Receiver<bool>) {
+    let _ = shutdown.wait_for(|stop| *stop).await;
+}

@@ -1,5 +1,6 @@
 //! Commands about the server rather than the data: COMMAND (the table as clients read
-//! it), CONFIG GET, INFO, TIME, SAVE, BGSAVE, BGREWRITEAOF, SHUTDOWN.
+//! it), CONFIG GET, TIME, SAVE, BGSAVE, BGREWRITEAOF, SHUTDOWN (INFO has its own file,
+//! `info`).
 //!
 //! Owns how the command table, the configuration and the engine's maintenance (commit,
 //! garbage collection) are shown to Redis clients. SHUTDOWN only asks: the connection
@@ -109,17 +110,6 @@ pub(super) fn cmd_config(call: &mut Call<'_>, args: &[Vec<u8>]) -> tucana::Resul
         }
     }
     Ok(Reply::Map(out))
-}
-
-pub(super) fn cmd_info(call: &mut Call<'_>, args: &[Vec<u8>]) -> tucana::Result<Reply> {
-    let sections: Vec<String> = args[1..]
-        .iter()
-        .map(|s| String::from_utf8_lossy(s).to_ascii_lowercase())
-        .collect();
-    let connected = call.state.metrics.connected_clients();
-    Ok(Reply::Bulk(
-        crate::metrics::info_text(call.state, &sections, connected).into_bytes(),
-    ))
 }
 
 pub(super) fn cmd_time(_call: &mut Call<'_>, _args: &[Vec<u8>]) -> tucana::Result<Reply> {

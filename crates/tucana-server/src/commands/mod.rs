@@ -22,8 +22,9 @@
 //! - the handlers, by Redis's command groups: `strings` (GET, SET, INCR, ...), `keys`
 //!   (SCAN, KEYS, TRANGE, TPREFIX, DBSIZE, FLUSHDB), `transaction` (MULTI, EXEC,
 //!   DISCARD), `session` (the `Session` and the commands that read or change it: AUTH,
-//!   HELLO, SELECT, CLIENT, QUIT, PING, ECHO), `admin` (COMMAND, CONFIG, INFO, TIME,
-//!   SAVE, BGSAVE, BGREWRITEAOF, SHUTDOWN).
+//!   HELLO, SELECT, CLIENT, QUIT, PING, ECHO), `admin` (COMMAND, CONFIG, TIME, SAVE,
+//!   BGSAVE, BGREWRITEAOF, SHUTDOWN), `info` (INFO's text, from `metrics`' counters
+//!   and the engine's `Stats`).
 //!
 //! Thread-safety: a `Session` belongs to one connection; `execute_batch` may run on any
 //! thread and may block (engine writes take the database's write lock; `EXEC`, `FLUSHDB`
@@ -32,6 +33,7 @@
 
 mod admin;
 mod batch;
+mod info;
 mod keys;
 mod kv;
 mod session;

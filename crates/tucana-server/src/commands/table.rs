@@ -15,9 +15,9 @@ use std::sync::OnceLock;
 use crate::resp::Reply;
 
 use super::admin::{
-    cmd_bgrewriteaof, cmd_bgsave, cmd_command, cmd_config, cmd_info, cmd_save, cmd_shutdown,
-    cmd_time,
+    cmd_bgrewriteaof, cmd_bgsave, cmd_command, cmd_config, cmd_save, cmd_shutdown, cmd_time,
 };
+use super::info::cmd_info;
 use super::keys::{
     cmd_dbsize, cmd_flushall, cmd_flushdb, cmd_keys, cmd_scan, cmd_tprefix, cmd_trange,
 };
