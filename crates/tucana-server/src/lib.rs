@@ -19,6 +19,7 @@
 mod busy_poll;
 mod commands;
 pub mod config;
+mod connection;
 mod glob;
 mod metrics;
 mod outbox;

@@ -107,7 +107,7 @@ impl Metrics {
 }
 
 /// Counts of one pipelined batch, added to [`Metrics`] once at its end: the counters are
-/// state by every connection, and an atomic add per command on a cache line that the
+/// shared by every connection, and an atomic add per command on a cache line that the
 /// other cores also write costs more than the command's own bookkeeping.
 #[derive(Debug, Default)]
 pub struct Tally {

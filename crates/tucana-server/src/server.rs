@@ -1,34 +1,31 @@
-//! The network side: the listener, one task per connection, the Prometheus endpoint and
-//! graceful shutdown.
+//! The server's frame: binding the listeners, the connection threads, accepting a
+//! connection and handing it to a thread, graceful shutdown, and the public entry points
+//! ([`Server`], [`spawn`], [`serve_until_signal`]).
 //!
-//! Owns sockets, limits on connections (max clients, idle timeout, request sizes through
-//! the decoder) and the execution model; it does not know what commands do.
+//! Owns the listening socket, the max-clients limit, the threads and which runtime runs
+//! what. One connection's life is `connection`'s, what commands do is `commands`', the
+//! state every connection shares is `state`'s, the `/metrics` endpoint `prometheus`'.
 //!
 //! Execution model: connections are async tasks spread round-robin over the connection
 //! threads (`ConnectionThreads`), each a single-threaded tokio runtime; how many is
 //! `ServerConfig::threads` (default: one per core but one); the listener, the
 //! metrics endpoint and signals run on a separate small runtime. A connection stays on
 //! its thread for its life: each thread waits on its own sockets and runs what became
-//! ready, with no work stealing between threads (in a state multi-threaded runtime a
+//! ready, with no work stealing between threads (in a shared multi-threaded runtime a
 //! worker that found work woke another to steal some, a futex wake and a context switch
-//! per request at pipeline depth 1). A connection decodes every complete request in its
-//! buffer (a pipelined batch) and runs the batch in one go; the replies of a pipelined
-//! batch wait in the connection's outbox until its thread has run every ready connection
-//! (see `outbox`). A thread that ran several connections' batches since it last slept
-//! polls a little longer before it sleeps again (see `busy_poll`); then the reply to a
-//! lone request waits in the outbox too, otherwise it goes out at once.
-//! Batches of reads and writes run on the connection thread (engine reads never block
-//! on writers; a write is a short append to the log's tail). In sync mode the batch's
-//! replies then wait, asynchronously, for the `syncer` thread's next sync, which makes
-//! the writes of every waiting connection durable at once (group commit); the thread
-//! serves other connections meanwhile. Batches that may wait on the device themselves
-//! (EXEC, FLUSHDB, SAVE) run on tokio's blocking pool. Before
-//! authentication a connection decodes one request at a time, so the stricter pre-auth
-//! limits apply to every request up to the `AUTH` that lifts them.
+//! per request at pipeline depth 1). Before a thread sleeps, its park hook sends the
+//! replies its connections queued (`outbox`), and a thread that ran several
+//! connections' batches since it last slept polls a little longer first (`busy_poll`).
+//! Batches that may wait on the device run on tokio's blocking pool; in sync mode one
+//! `syncer` thread makes the writes of all waiting connections durable at once.
 //!
 //! Shutdown (SIGINT, SIGTERM, `SHUTDOWN`, or [`ShutdownHandle::shutdown`]): the listener
 //! stops accepting, each connection finishes the batch it is running, answers it and
-//! closes; after all are closed (or the grace period ran out) the database commits.
+//! closes; after all are closed (or the grace period ran out) the threads and the
+//! syncer stop and the database commits.
+//!
+//! Thread-safety: `Server::run` runs on the listener's runtime; everything it shares
+//! with the connections is in the `Arc<ServerState>`.
 
 use std::io;
 use std::net::SocketAddr;
@@ -36,26 +33,18 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tucana::Database;
 
-use crate::commands::{command_count, execute_batch, may_block, Session};
-use crate::config::{DurabilityMode, ServerConfig};
+use crate::commands::command_count;
+use crate::config::ServerConfig;
+use crate::connection::serve_accepted;
 use crate::metrics::Metrics;
-use crate::outbox::Outbox;
 use crate::prometheus::serve_metrics;
-use crate::resp::{check_incomplete, decode_into, Reply, RequestSpans};
 use crate::state::{stopped, ServerState};
-
-/// At most this many pipelined requests run as one batch (bounds the reply buffer).
-const MAX_BATCH_REQUESTS: usize = 1024;
-/// A client must finish the TLS handshake within this time.
-const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// Read this much at a time at least.
-const READ_CHUNK_BYTES: usize = 16 << 10;
 
 /// Asks a running server to shut down gracefully. Cheap to clone.
 #[derive(Clone)]
@@ -272,40 +261,6 @@ fn accept(
     );
 }
 
-/// Runs one connection on the connection thread it was handed to.
-async fn serve_accepted(
-    state: Arc<ServerState>,
-    stream: std::net::TcpStream,
-    shutdown: watch::Receiver<bool>,
-) {
-    let Ok(stream) = TcpStream::from_std(stream) else {
-        return;
-    };
-    match state.tls.clone() {
-        None => {
-            let mut stream = stream;
-            // Declared after the stream, so dropped before it: see `Outbox`'s drop.
-            let outbox = plain_outbox(&stream);
-            serve_connection(state, &mut stream, outbox.as_ref(), shutdown).await;
-        }
-        Some(acceptor) => {
-            let handshake = tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream));
-            if let Ok(Ok(mut tls)) = handshake.await {
-                serve_connection(state, &mut tls, None, shutdown).await;
-                // Ends the TLS session properly (close_notify), so clients see a
-                // clean end of stream rather than a truncation.
-                let _ = tls.shutdown().await;
-            }
-        }
-    }
-}
-
-/// The outbox of a plain TCP connection (see `outbox`).
-fn plain_outbox(stream: &TcpStream) -> Option<Outbox> {
-    use std::os::fd::AsRawFd;
-    Some(Outbox::new(stream.as_raw_fd()))
-}
-
 /// Counts a connection as gone however its task ends (also when aborted).
 struct ConnectedGuard(Arc<ServerState>);
 
@@ -315,241 +270,6 @@ impl Drop for ConnectedGuard {
             .metrics
             .connected_clients
             .fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
-async fn write_out<S: AsyncWrite + Unpin>(
-    state: &ServerState,
-    stream: &mut S,
-    out: &[u8],
-) -> io::Result<()> {
-    state
-        .metrics
-        .net_output_bytes
-        .fetch_add(out.len() as u64, Ordering::Relaxed);
-    stream.write_all(out).await?;
-    // TLS buffers what it encrypts; plain TCP's flush does nothing.
-    stream.flush().await
-}
-
-/// Serves one connection until it ends, then writes what its outbox still holds.
-async fn serve_connection<S: AsyncRead + AsyncWrite + Unpin>(
-    state: Arc<ServerState>,
-    stream: &mut S,
-    outbox: Option<&Outbox>,
-    shutdown: watch::Receiver<bool>,
-) {
-    let mut last = Vec::new();
-    let ended = serve_requests(&state, stream, outbox, shutdown).await;
-    // Replies queued before the end (the client may have half-closed and still read).
-    if let (Ok(()), Some(outbox)) = (ended, outbox) {
-        if outbox.take_pending(&mut last).is_ok() && !last.is_empty() {
-            let _ = stream.write_all(&last).await;
-            let _ = stream.flush().await;
-        }
-    }
-}
-
-/// Writes `out` now, after the bytes the outbox still holds (so replies keep their order).
-async fn write_now<S: AsyncWrite + Unpin>(
-    state: &ServerState,
-    stream: &mut S,
-    outbox: Option<&Outbox>,
-    out: &[u8],
-) -> io::Result<()> {
-    if let Some(outbox) = outbox {
-        let mut earlier = Vec::new();
-        outbox.take_pending(&mut earlier)?;
-        if !earlier.is_empty() {
-            stream.write_all(&earlier).await?;
-        }
-    }
-    write_out(state, stream, out).await
-}
-
-/// The connection's request loop. `Err` when the connection broke (nothing more can be
-/// written to it); `Ok` when it ended otherwise.
-async fn serve_requests<S: AsyncRead + AsyncWrite + Unpin>(
-    state: &Arc<ServerState>,
-    stream: &mut S,
-    outbox: Option<&Outbox>,
-    shutdown: watch::Receiver<bool>,
-) -> io::Result<()> {
-    let state = state.clone();
-    // One wait for the whole connection, not one per request: a new wait registers with
-    // the channel (a lock state by every connection) and dropping it unregisters. Between
-    // batches `shutting_down` asks the channel's version, a plain atomic load.
-    let mut waiter = shutdown.clone();
-    let mut stop = std::pin::pin!(stopped(&mut waiter));
-    let shutting_down = || shutdown.has_changed().unwrap_or(true);
-    let id = state.new_client_id();
-    let mut session = Session::new(id, state.config.requirepass.is_none());
-    let mut buf: Vec<u8> = Vec::with_capacity(READ_CHUNK_BYTES);
-    let mut start = 0;
-    // Both reused from batch to batch: a connection allocates when a batch is larger
-    // than any before it, not per request.
-    let mut out: Vec<u8> = Vec::new();
-    let mut spans = RequestSpans::default();
-    loop {
-        let limits = if session.authenticated {
-            state.config.request_limits
-        } else {
-            state.config.pre_auth_limits
-        };
-        spans.clear();
-        let mut blocks = false;
-        let mut protocol_error = None;
-        loop {
-            match decode_into(&buf, start, &limits, &mut spans) {
-                Ok(Some(consumed)) => {
-                    start += consumed;
-                    let (requests, last) = (spans.in_buffer(&buf), spans.len() - 1);
-                    if requests.arg_count(last) > 0 {
-                        blocks |= may_block(requests.arg(last, 0));
-                    }
-                    if !session.authenticated || spans.len() >= MAX_BATCH_REQUESTS {
-                        break;
-                    }
-                }
-                Ok(None) => {
-                    if let Err(e) = check_incomplete(buf.len() - start, &limits) {
-                        protocol_error = Some(e);
-                    }
-                    break;
-                }
-                Err(e) => {
-                    protocol_error = Some(e);
-                    break;
-                }
-            }
-        }
-        let ran = !spans.is_empty();
-        if ran {
-            if blocks {
-                // The batch's buffers go to the blocking thread and come back with it.
-                let worker_state = state.clone();
-                let mut worker_out = std::mem::take(&mut out);
-                let worker_buf = std::mem::take(&mut buf);
-                let worker_spans = std::mem::take(&mut spans);
-                let joined = tokio::task::spawn_blocking(move || {
-                    let written = execute_batch(
-                        &worker_state,
-                        &mut session,
-                        worker_spans.in_buffer(&worker_buf),
-                        &mut worker_out,
-                    );
-                    if worker_state.config.durability == DurabilityMode::Sync && !written.is_empty()
-                    {
-                        // This thread may block: the sync runs here (state with whoever
-                        // syncs at the same time).
-                        if let Err(e) = worker_state.store.db.sync() {
-                            written.not_durable(&mut worker_out, &e);
-                        }
-                    }
-                    (session, worker_out, worker_buf, worker_spans)
-                })
-                .await;
-                match joined {
-                    Ok((s, o, b, r)) => {
-                        session = s;
-                        out = o;
-                        buf = b;
-                        spans = r;
-                    }
-                    // A panic in a handler is a bug; it ends this connection only.
-                    Err(_) => return Err(io::Error::other("a command handler panicked")),
-                }
-            } else {
-                let written = execute_batch(&state, &mut session, spans.in_buffer(&buf), &mut out);
-                if let (Some(syncer), false) = (&state.syncer, written.is_empty()) {
-                    // Sync durability: the replies wait for the writes to be durable; the
-                    // thread serves other connections meanwhile.
-                    if let Err(e) = syncer.durable().await {
-                        written.not_durable(&mut out, &e);
-                    }
-                }
-            }
-            crate::busy_poll::batch_ran();
-            // Replies are queued for the next flush (see `outbox`): a pipelined batch's
-            // always, a lone request's when the thread busy-polls. Without busy polling a
-            // lone reply is written at once (the client works on it while this thread
-            // serves the next connection, instead of both waiting for the flush). A large
-            // reply and the connection's last are written now, after what the outbox holds.
-            let ending = protocol_error.is_some() || session.close_after_reply || shutting_down();
-            let queue = spans.len() > 1 || !state.config.busy_poll.is_zero();
-            match outbox {
-                Some(outbox) if queue && !ending && outbox.has_room(out.len()) => {
-                    state
-                        .metrics
-                        .net_output_bytes
-                        .fetch_add(out.len() as u64, Ordering::Relaxed);
-                    outbox.queue(&mut out);
-                }
-                _ => {
-                    write_now(&state, stream, outbox, &out).await?;
-                    out.clear();
-                }
-            }
-        }
-        if let Some(e) = protocol_error {
-            state
-                .metrics
-                .protocol_errors
-                .fetch_add(1, Ordering::Relaxed);
-            let mut reply = Vec::new();
-            Reply::error(format!("ERR {e}")).encode(session.protocol, &mut reply);
-            write_now(&state, stream, outbox, &reply).await?;
-            return Ok(());
-        }
-        if session.close_after_reply {
-            if session.shutdown_requested {
-                state.shutdown.send_replace(true);
-            }
-            return Ok(());
-        }
-        if shutting_down() {
-            return Ok(());
-        }
-        if ran {
-            // More complete spans may be buffered; decode before reading.
-            continue;
-        }
-        if start > 0 {
-            buf.drain(..start);
-            start = 0;
-        }
-        if buf.capacity() - buf.len() < READ_CHUNK_BYTES {
-            buf.reserve(READ_CHUNK_BYTES);
-        }
-        let read = async {
-            match state.config.idle_timeout {
-                Some(idle) => tokio::time::timeout(idle, stream.read_buf(&mut buf)).await,
-                None => Ok(stream.read_buf(&mut buf).await),
-            }
-        };
-        let attention = std::future::poll_fn(|cx| match outbox {
-            Some(outbox) => outbox.poll_attention(cx),
-            None => std::task::Poll::Pending,
-        });
-        tokio::select! {
-            r = read => match r {
-                Ok(Ok(0)) => return Ok(()),
-                Ok(Err(e)) => return Err(e),
-                Ok(Ok(n)) => {
-                    state.metrics.net_input_bytes.fetch_add(n as u64, Ordering::Relaxed);
-                }
-                Err(_) => {
-                    state.metrics.idle_timeouts.fetch_add(1, Ordering::Relaxed);
-                    return Ok(());
-                }
-            },
-            // The park hook could not send all of the outbox (or failed): write the rest
-            // here, waiting for the socket as any write does.
-            _ = attention => {
-                write_now(&state, stream, outbox, &[]).await?;
-            }
-            _ = &mut stop => return Ok(()),
-        }
     }
 }
 

@@ -136,7 +136,7 @@ pub(super) fn cmd_keys(call: &mut Call<'_>, args: &[Vec<u8>]) -> tucana::Result<
 
 type Pair = (Vec<u8>, Vec<u8>);
 
-/// Options state by TRANGE and TPREFIX: `[REV] [LIMIT count] [WITHVALUES]`.
+/// Options shared by TRANGE and TPREFIX: `[REV] [LIMIT count] [WITHVALUES]`.
 struct RangeOptions {
     rev: bool,
     limit: Option<usize>,

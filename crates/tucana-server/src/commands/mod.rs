@@ -45,7 +45,7 @@ use crate::resp::{Args, Reply};
 use crate::state::ServerState;
 use crate::store::Slot;
 
-pub use batch::execute_batch;
+pub use batch::{execute_batch, Written};
 pub use session::Session;
 pub use table::{command_count, command_name, may_block};
 
