@@ -143,7 +143,7 @@ pub(super) fn cmd_bgrewriteaof(call: &mut Call<'_>, _args: &[Vec<u8>]) -> tucana
     ))
 }
 
-/// SHUTDOWN [NOSAVE|SAVE|NOW|FORCE|ABORT]: stops the server as SIGTERM does (connections
+/// `SHUTDOWN [NOSAVE|SAVE|NOW|FORCE|ABORT]`: stops the server as SIGTERM does (connections
 /// finish their requests in flight, then a commit). NOSAVE is treated as SAVE: writes
 /// were already acknowledged, and we never drop them.
 pub(super) fn cmd_shutdown(call: &mut Call<'_>, args: &[Vec<u8>]) -> tucana::Result<Reply> {

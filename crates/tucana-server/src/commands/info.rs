@@ -18,7 +18,7 @@ use crate::store::keyspace_name;
 
 use super::{Call, REDIS_COMPAT_VERSION};
 
-/// INFO [section ...]
+/// `INFO [section ...]`
 pub(super) fn cmd_info(call: &mut Call<'_>, args: &[Vec<u8>]) -> tucana::Result<Reply> {
     let sections: Vec<String> = args[1..]
         .iter()

@@ -38,7 +38,7 @@ fn prefix_end(prefix: &[u8]) -> Bound<Vec<u8>> {
     Bound::Unbounded
 }
 
-/// SCAN cursor [MATCH pattern] [COUNT n] [TYPE type]
+/// `SCAN cursor [MATCH pattern] [COUNT n] [TYPE type]`
 ///
 /// The cursor contract of Redis holds: a full iteration (from cursor 0 until 0 comes
 /// back) returns every key present from start to end, once, in key order. A cursor is a
@@ -208,7 +208,7 @@ fn collect_range(
     })
 }
 
-/// TRANGE start end [REV] [LIMIT count] [WITHVALUES]: keys from `start` to `end` in key
+/// `TRANGE start end [REV] [LIMIT count] [WITHVALUES]`: keys from `start` to `end` in key
 /// order (`REV`: descending), bounds written as in ZRANGEBYLEX (`-`, `+`, `[k`, `(k`).
 pub(super) fn cmd_trange(call: &mut Call<'_>, args: &[Vec<u8>]) -> tucana::Result<Reply> {
     let (Some(lo), Some(hi)) = (lex_bound(&args[1], true), lex_bound(&args[2], false)) else {
@@ -222,7 +222,7 @@ pub(super) fn cmd_trange(call: &mut Call<'_>, args: &[Vec<u8>]) -> tucana::Resul
     }
 }
 
-/// TPREFIX prefix [REV] [LIMIT count] [WITHVALUES]: the keys that start with `prefix`.
+/// `TPREFIX prefix [REV] [LIMIT count] [WITHVALUES]`: the keys that start with `prefix`.
 pub(super) fn cmd_tprefix(call: &mut Call<'_>, args: &[Vec<u8>]) -> tucana::Result<Reply> {
     let prefix = args[1].clone();
     let hi = prefix_end(&prefix);

@@ -120,7 +120,7 @@ pub(super) fn cmd_auth(call: &mut Call<'_>, args: &[Vec<u8>]) -> tucana::Result<
     Ok(result.map_or_else(|e| e, |()| Reply::Ok))
 }
 
-/// HELLO [protover [AUTH username password] [SETNAME clientname]]
+/// `HELLO [protover [AUTH username password] [SETNAME clientname]]`
 pub(super) fn cmd_hello(call: &mut Call<'_>, args: &[Vec<u8>]) -> tucana::Result<Reply> {
     let mut protocol = call.session.protocol;
     if let Some(version) = args.get(1) {
