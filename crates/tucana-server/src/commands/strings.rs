@@ -2,7 +2,7 @@
 //! against [`Kv`] so that it runs the same on the keyspace, under the write lock or
 //! inside `EXEC`.
 //!
-//! Owns the commands' semantics (options, integer parsing, replies). A handler writes
+//! Owns the commands' semantics (options, arithmetic, replies). A handler writes
 //! with one `Kv::apply` (or `put`) after its reads, as its last step, so a command that
 //! fails leaves no partial writes in an `EXEC` overlay. It owns no locks or engine
 //! handles: the store it is given does.
