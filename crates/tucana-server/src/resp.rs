@@ -113,6 +113,7 @@ impl RequestSpans {
     }
 
     /// The requests, read from `wire`, the buffer they were decoded from.
+    #[inline]
     pub fn in_buffer<'a>(&'a self, wire: &'a [u8]) -> Requests<'a> {
         Requests { spans: self, wire }
     }
@@ -143,12 +144,14 @@ impl<'a> Requests<'a> {
     }
 
     /// How many arguments request `i` has, the command name included.
+    #[inline]
     pub fn arg_count(&self, i: usize) -> usize {
         let (first, end) = self.spans.bounds[i];
         end - first
     }
 
     /// Argument `n` of request `i`.
+    #[inline]
     pub fn arg(&self, i: usize, n: usize) -> &'a [u8] {
         let (first, end) = self.spans.bounds[i];
         assert!(
@@ -160,12 +163,14 @@ impl<'a> Requests<'a> {
     }
 
     /// Replaces the contents of `into` with the arguments of request `i`.
+    #[inline]
     pub fn args_into(&self, i: usize, into: &mut Vec<&'a [u8]>) {
         into.clear();
         let (first, end) = self.spans.bounds[i];
         into.extend(self.spans.args[first..end].iter().map(|&s| self.resolve(s)));
     }
 
+    #[inline]
     fn resolve(&self, span: Span) -> &'a [u8] {
         let from = if span.in_scratch {
             &self.spans.scratch
