@@ -1,12 +1,22 @@
 //! `tucana serve`: a server that speaks RESP, the Redis protocol, over a Tucana database,
 //! so existing Redis clients, `redis-cli` and `redis-benchmark` work against it.
 //!
-//! Layers, bottom up: [`resp`] (wire format, limits), `glob` (key patterns), `store`
-//! (numbered databases → keyspaces, the per-keyspace write lock, SCAN cursors),
-//! `commands` (what each command does), `metrics` (INFO and Prometheus), `outbox` (replies
-//! sent just before a connection thread sleeps), `busy_poll` (a busy thread polls a
-//! little longer before it sleeps), `syncer` (sync durability: one thread syncs for all
-//! waiting connections), [`server`] (sockets, connections, shutdown), `tls` (optional TLS with rustls). The engine is used only through its public API.
+//! Modules, bottom up (each uses only modules above it in this list, so there is no
+//! import cycle; DESIGN.md, "The server", follows a request through them):
+//! - [`resp`] (the wire format: requests decoded under limits, replies encoded),
+//!   [`config`] (`ServerConfig`), `glob` (key patterns), `tls` (the rustls acceptor);
+//! - `metrics` (the counters), `store` (numbered databases → keyspaces, the
+//!   per-database write lock, SCAN cursors), `syncer` (sync durability: one thread
+//!   syncs for all waiting connections), `outbox` (replies sent together just before a
+//!   connection thread sleeps), `busy_poll` (a busy thread polls a little longer before
+//!   it sleeps);
+//! - `state` (`ServerState`: what every connection shares);
+//! - `commands` (what each command does; running a pipelined batch);
+//! - `connection` (one connection's request loop), `prometheus` (the `/metrics`
+//!   endpoint);
+//! - [`server`] (listeners, connection threads, shutdown, the entry points).
+//!
+//! The engine is used only through its public API.
 //!
 //! ```no_run
 //! let db = tucana::Database::open("data.tucana")?;
@@ -19,11 +29,14 @@
 mod busy_poll;
 mod commands;
 pub mod config;
+mod connection;
 mod glob;
 mod metrics;
 mod outbox;
+mod prometheus;
 pub mod resp;
 pub mod server;
+mod state;
 mod store;
 mod syncer;
 mod tls;

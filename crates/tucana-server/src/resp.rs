@@ -8,8 +8,9 @@
 //! sized by it). Stateless; safe to use from any thread.
 //!
 //! Two decoding entry points: [`decode_into`] is what connections use: it records where
-//! each argument lies in the read buffer ([`Requests`]), so a pipelined batch is decoded
-//! without an allocation per request or argument (the vectors are reused across
+//! each argument lies in the read buffer ([`RequestSpans`]; the commands read them
+//! through [`Requests`], the positions paired with that buffer), so a pipelined batch is
+//! decoded without an allocation per request or argument (the vectors are reused across
 //! batches). [`decode`] returns owned arguments (tests, the fuzz target) and is a thin
 //! wrapper over it, so both see the same grammar and limits. Reply encoding likewise
 //! writes into the connection's one output buffer, with no allocation per reply.
@@ -71,7 +72,7 @@ fn protocol_error(what: impl Into<String>) -> ProtocolError {
 pub type Args = Vec<Vec<u8>>;
 
 /// Where one decoded argument lies: in the buffer that was decoded (the bytes as they
-/// arrived), or in the [`Requests`]' scratch bytes (an inline argument with quotes or
+/// arrived), or in the [`RequestSpans`]' scratch bytes (an inline argument with quotes or
 /// escapes, which is not verbatim on the wire).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Span {
@@ -80,22 +81,24 @@ struct Span {
     in_scratch: bool,
 }
 
-/// The requests of a pipelined batch as positions in the connection's read buffer.
+/// Where the requests of a pipelined batch lie in the connection's read buffer.
 ///
-/// Filled by [`decode_into`]; the arguments are resolved against the same buffer with
-/// [`Requests::args_into`]. Keeping positions rather than copies is what lets a batch be
-/// decoded without allocating; `clear` keeps the capacity for the next batch.
+/// Filled by [`decode_into`]; read through [`RequestSpans::in_buffer`], which pairs the
+/// positions with the buffer they point into. Keeping positions rather than copies is
+/// what lets a batch be decoded without allocating; `clear` keeps the capacity for the
+/// next batch.
 #[derive(Debug, Default)]
-pub struct Requests {
-    spans: Vec<Span>,
-    /// Per request, `spans[first..end]` are its arguments (none: an empty request).
+pub struct RequestSpans {
+    /// Per argument of every request, where it lies.
+    args: Vec<Span>,
+    /// Per request, `args[first..end]` are its arguments (none: an empty request).
     bounds: Vec<(usize, usize)>,
     scratch: Vec<u8>,
 }
 
-impl Requests {
+impl RequestSpans {
     pub fn clear(&mut self) {
-        self.spans.clear();
+        self.args.clear();
         self.bounds.clear();
         self.scratch.clear();
     }
@@ -109,43 +112,72 @@ impl Requests {
         self.bounds.is_empty()
     }
 
+    /// The requests, read from `wire`, the buffer they were decoded from.
+    #[inline]
+    pub fn in_buffer<'a>(&'a self, wire: &'a [u8]) -> Requests<'a> {
+        Requests { spans: self, wire }
+    }
+
+    /// Forgets what a decode that did not finish a request pushed.
+    fn truncate(&mut self, args: usize, scratch: usize) {
+        self.args.truncate(args);
+        self.scratch.truncate(scratch);
+    }
+}
+
+/// The decoded requests of a pipelined batch together with the buffer they lie in: what
+/// the commands read their arguments from. Cheap to copy (two references).
+#[derive(Clone, Copy, Debug)]
+pub struct Requests<'a> {
+    spans: &'a RequestSpans,
+    wire: &'a [u8],
+}
+
+impl<'a> Requests<'a> {
+    /// Requests decoded, empty ones included.
+    pub fn len(&self) -> usize {
+        self.spans.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.spans.is_empty()
+    }
+
     /// How many arguments request `i` has, the command name included.
+    #[inline]
     pub fn arg_count(&self, i: usize) -> usize {
-        let (first, end) = self.bounds[i];
+        let (first, end) = self.spans.bounds[i];
         end - first
     }
 
-    /// Argument `n` of request `i`; `wire` is the buffer that was decoded.
-    pub fn arg<'a>(&'a self, i: usize, n: usize, wire: &'a [u8]) -> &'a [u8] {
-        let (first, end) = self.bounds[i];
+    /// Argument `n` of request `i`.
+    #[inline]
+    pub fn arg(&self, i: usize, n: usize) -> &'a [u8] {
+        let (first, end) = self.spans.bounds[i];
         assert!(
             first + n < end,
             "argument {n} of a request with {}",
             end - first
         );
-        self.resolve(self.spans[first + n], wire)
+        self.resolve(self.spans.args[first + n])
     }
 
     /// Replaces the contents of `into` with the arguments of request `i`.
-    pub fn args_into<'a>(&'a self, i: usize, wire: &'a [u8], into: &mut Vec<&'a [u8]>) {
+    #[inline]
+    pub fn args_into(&self, i: usize, into: &mut Vec<&'a [u8]>) {
         into.clear();
-        let (first, end) = self.bounds[i];
-        into.extend(
-            self.spans[first..end]
-                .iter()
-                .map(|&s| self.resolve(s, wire)),
-        );
+        let (first, end) = self.spans.bounds[i];
+        into.extend(self.spans.args[first..end].iter().map(|&s| self.resolve(s)));
     }
 
-    fn resolve<'a>(&'a self, span: Span, wire: &'a [u8]) -> &'a [u8] {
-        let from = if span.in_scratch { &self.scratch } else { wire };
+    #[inline]
+    fn resolve(&self, span: Span) -> &'a [u8] {
+        let from = if span.in_scratch {
+            &self.spans.scratch
+        } else {
+            self.wire
+        };
         &from[span.start..span.end]
-    }
-
-    /// Forgets what a decode that did not finish a request pushed.
-    fn truncate(&mut self, spans: usize, scratch: usize) {
-        self.spans.truncate(spans);
-        self.scratch.truncate(scratch);
     }
 }
 
@@ -155,38 +187,38 @@ impl Requests {
 /// are needed (the caller checks `max_request_bytes` against its buffer then, see
 /// [`check_incomplete`]), `Err` when the bytes can never become a valid request.
 pub fn decode(buf: &[u8], limits: &RequestLimits) -> Result<Option<(Args, usize)>, ProtocolError> {
-    let mut requests = Requests::default();
-    let Some(consumed) = decode_into(buf, 0, limits, &mut requests)? else {
+    let mut spans = RequestSpans::default();
+    let Some(consumed) = decode_into(buf, 0, limits, &mut spans)? else {
         return Ok(None);
     };
     let mut args = Vec::new();
-    requests.args_into(0, buf, &mut args);
+    spans.in_buffer(buf).args_into(0, &mut args);
     Ok(Some((args.iter().map(|a| a.to_vec()).collect(), consumed)))
 }
 
-/// Decodes one request from `buf[at..]` and appends it to `requests` (positions are
+/// Decodes one request from `buf[at..]` and appends it to `spans` (positions are
 /// indices into `buf`). Returns the bytes consumed as [`decode`] does; on `Ok(None)` and
 /// `Err` nothing is appended.
 pub fn decode_into(
     buf: &[u8],
     at: usize,
     limits: &RequestLimits,
-    requests: &mut Requests,
+    spans: &mut RequestSpans,
 ) -> Result<Option<usize>, ProtocolError> {
-    let (spans, scratch) = (requests.spans.len(), requests.scratch.len());
+    let (args, scratch) = (spans.args.len(), spans.scratch.len());
     let rest = &buf[at..];
     let decoded = match rest.first() {
         None => Ok(None),
-        Some(b'*') => decode_multibulk(rest, at, limits, requests),
-        Some(_) => decode_inline(rest, limits, requests),
+        Some(b'*') => decode_multibulk(rest, at, limits, spans),
+        Some(_) => decode_inline(rest, limits, spans),
     };
     match decoded {
         Ok(Some(consumed)) => {
-            requests.bounds.push((spans, requests.spans.len()));
+            spans.bounds.push((args, spans.args.len()));
             Ok(Some(consumed))
         }
         other => {
-            requests.truncate(spans, scratch);
+            spans.truncate(args, scratch);
             other
         }
     }
@@ -236,7 +268,7 @@ fn decode_multibulk(
     buf: &[u8],
     at: usize,
     limits: &RequestLimits,
-    requests: &mut Requests,
+    spans: &mut RequestSpans,
 ) -> Result<Option<usize>, ProtocolError> {
     // A header line longer than any valid one is garbage, not a slow client.
     const MAX_HEADER_BYTES: usize = 32;
@@ -260,7 +292,7 @@ fn decode_multibulk(
         )));
     }
     // Reserve for what is already buffered at most: `count` is the client's word.
-    requests.spans.reserve(count.min(buf.len() / 4 + 1));
+    spans.args.reserve(count.min(buf.len() / 4 + 1));
     for _ in 0..count {
         match buf.get(pos) {
             None => return Ok(None),
@@ -301,7 +333,7 @@ fn decode_multibulk(
         if &buf[stop..stop + 2] != b"\r\n" {
             return Err(protocol_error("bulk argument not followed by CRLF"));
         }
-        requests.spans.push(Span {
+        spans.args.push(Span {
             start: at + start,
             end: at + stop,
             in_scratch: false,
@@ -316,7 +348,7 @@ fn decode_multibulk(
 fn decode_inline(
     buf: &[u8],
     limits: &RequestLimits,
-    requests: &mut Requests,
+    spans: &mut RequestSpans,
 ) -> Result<Option<usize>, ProtocolError> {
     // Inline commands end at '\n' (a '\r' before it is optional, as in Redis).
     let Some(nl) = buf.iter().position(|&b| b == b'\n') else {
@@ -345,11 +377,11 @@ fn decode_inline(
         )));
     }
     for arg in &args {
-        let start = requests.scratch.len();
-        requests.scratch.extend_from_slice(arg);
-        requests.spans.push(Span {
+        let start = spans.scratch.len();
+        spans.scratch.extend_from_slice(arg);
+        spans.args.push(Span {
             start,
-            end: requests.scratch.len(),
+            end: spans.scratch.len(),
             in_scratch: true,
         });
     }
@@ -762,39 +794,40 @@ mod tests {
     fn decode_into_records_a_pipelined_batch_without_copying_it() {
         // Garbage before `at` is not looked at; positions are into the whole buffer.
         let wire = b"junk*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$5\r\nhello\r\nGET \"a b\" c\r\n*0\r\n*1\r\n$4\r\nPI";
-        let mut requests = Requests::default();
+        let mut spans = RequestSpans::default();
         let mut at = 4;
-        while let Some(n) = decode_into(wire, at, &L, &mut requests).unwrap() {
+        while let Some(n) = decode_into(wire, at, &L, &mut spans).unwrap() {
             at += n;
         }
+        let requests = spans.in_buffer(wire);
         assert_eq!(
             requests.len(),
             3,
             "the incomplete PING is not a request yet"
         );
         let mut args = Vec::new();
-        requests.args_into(0, wire, &mut args);
+        requests.args_into(0, &mut args);
         assert_eq!(args, [&b"SET"[..], b"k", b"hello"]);
-        requests.args_into(1, wire, &mut args);
+        requests.args_into(1, &mut args);
         assert_eq!(args, [&b"GET"[..], b"a b", b"c"]);
         assert_eq!(requests.arg_count(2), 0);
-        assert_eq!(requests.arg(0, 2, wire), b"hello");
+        assert_eq!(requests.arg(0, 2), b"hello");
         // The multibulk argument is where it arrived, not a copy.
-        assert!(std::ptr::eq(requests.arg(0, 1, wire), &wire[21..22]));
+        assert!(std::ptr::eq(requests.arg(0, 1), &wire[21..22]));
         drop(args);
         let mut args = Vec::new();
         // A failed or incomplete decode leaves what was decoded before as it was.
         assert_eq!(
-            decode_into(b"*2\r\n$3\r\nGET\r\n", 0, &L, &mut requests),
+            decode_into(b"*2\r\n$3\r\nGET\r\n", 0, &L, &mut spans),
             Ok(None)
         );
-        assert!(decode_into(b"*2\r\n$3\r\nGET\r\n:1\r\n", 0, &L, &mut requests).is_err());
-        assert_eq!(requests.len(), 3);
-        assert_eq!(requests.spans.len(), 6);
-        requests.args_into(1, wire, &mut args);
+        assert!(decode_into(b"*2\r\n$3\r\nGET\r\n:1\r\n", 0, &L, &mut spans).is_err());
+        assert_eq!(spans.len(), 3);
+        assert_eq!(spans.args.len(), 6);
+        spans.in_buffer(wire).args_into(1, &mut args);
         assert_eq!(args, [&b"GET"[..], b"a b", b"c"]);
-        requests.clear();
-        assert!(requests.is_empty());
+        spans.clear();
+        assert!(spans.is_empty());
     }
 
     #[test]

@@ -1,8 +1,10 @@
-//! The network side: the listener, one task per connection, the Prometheus endpoint and
-//! graceful shutdown.
+//! The server's frame: binding the listeners, the connection threads, accepting a
+//! connection and handing it to a thread, graceful shutdown, and the public entry points
+//! ([`Server`], [`spawn`], [`serve_until_signal`]).
 //!
-//! Owns sockets, limits on connections (max clients, idle timeout, request sizes through
-//! the decoder) and the execution model; it does not know what commands do.
+//! Owns the listening socket, the max-clients limit, the threads and which runtime runs
+//! what. One connection's life is `connection`'s, what commands do is `commands`', the
+//! state every connection shares is `state`'s, the `/metrics` endpoint `prometheus`'.
 //!
 //! Execution model: connections are async tasks spread round-robin over the connection
 //! threads (`ConnectionThreads`), each a single-threaded tokio runtime; how many is
@@ -11,69 +13,38 @@
 //! its thread for its life: each thread waits on its own sockets and runs what became
 //! ready, with no work stealing between threads (in a shared multi-threaded runtime a
 //! worker that found work woke another to steal some, a futex wake and a context switch
-//! per request at pipeline depth 1). A connection decodes every complete request in its
-//! buffer (a pipelined batch) and runs the batch in one go; the replies of a pipelined
-//! batch wait in the connection's outbox until its thread has run every ready connection
-//! (see `outbox`). A thread that ran several connections' batches since it last slept
-//! polls a little longer before it sleeps again (see `busy_poll`); then the reply to a
-//! lone request waits in the outbox too, otherwise it goes out at once.
-//! Batches of reads and writes run on the connection thread (engine reads never block
-//! on writers; a write is a short append to the log's tail). In sync mode the batch's
-//! replies then wait, asynchronously, for the `syncer` thread's next sync, which makes
-//! the writes of every waiting connection durable at once (group commit); the thread
-//! serves other connections meanwhile. Batches that may wait on the device themselves
-//! (EXEC, FLUSHDB, SAVE) run on tokio's blocking pool. Before
-//! authentication a connection decodes one request at a time, so the stricter pre-auth
-//! limits apply to every request up to the `AUTH` that lifts them.
+//! per request at pipeline depth 1). Before a thread sleeps, its park hook sends the
+//! replies its connections queued (`outbox`), and a thread that ran several
+//! connections' batches since it last slept polls a little longer first (`busy_poll`).
+//! Batches that may wait on the device run on tokio's blocking pool; in sync mode one
+//! `syncer` thread makes the writes of all waiting connections durable at once.
 //!
 //! Shutdown (SIGINT, SIGTERM, `SHUTDOWN`, or [`ShutdownHandle::shutdown`]): the listener
 //! stops accepting, each connection finishes the batch it is running, answers it and
-//! closes; after all are closed (or the grace period ran out) the database commits.
+//! closes; after all are closed (or the grace period ran out) the threads and the
+//! syncer stop and the database commits.
+//!
+//! Thread-safety: `Server::run` runs on the listener's runtime; everything it shares
+//! with the connections is in the `Arc<ServerState>`.
 
 use std::io;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
-use tokio_rustls::TlsAcceptor;
 use tucana::Database;
 
-use crate::commands::{execute_batch, may_block, Session};
-use crate::config::{DurabilityMode, ServerConfig};
-use crate::metrics::{prometheus_text, Metrics};
-use crate::outbox::Outbox;
-use crate::resp::{check_incomplete, decode_into, Reply, Requests};
-use crate::store::Store;
-use crate::syncer::Syncer;
-
-/// At most this many pipelined requests run as one batch (bounds the reply buffer).
-const MAX_BATCH_REQUESTS: usize = 1024;
-/// A client must finish the TLS handshake within this time.
-const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// Read this much at a time at least.
-const READ_CHUNK_BYTES: usize = 16 << 10;
-
-/// State shared by all connections of a server.
-pub struct Shared {
-    pub store: Store,
-    pub config: ServerConfig,
-    pub metrics: Metrics,
-    pub started: Instant,
-    /// The port actually bound (the configured one may be 0).
-    pub local_port: u16,
-    /// Connection threads (the configured count, or the default for this machine).
-    pub threads: usize,
-    tls: Option<TlsAcceptor>,
-    /// With sync durability: makes the writes of connections durable, many per sync.
-    syncer: Option<Syncer>,
-    next_client_id: AtomicU64,
-    shutdown: Arc<watch::Sender<bool>>,
-}
+use crate::commands::command_count;
+use crate::config::ServerConfig;
+use crate::connection::serve_accepted;
+use crate::metrics::Metrics;
+use crate::prometheus::serve_metrics;
+use crate::state::{stopped, ServerState};
 
 /// Asks a running server to shut down gracefully. Cheap to clone.
 #[derive(Clone)]
@@ -89,7 +60,7 @@ impl ShutdownHandle {
 pub struct Server {
     listener: TcpListener,
     metrics_listener: Option<TcpListener>,
-    shared: Arc<Shared>,
+    state: Arc<ServerState>,
 }
 
 impl Server {
@@ -107,28 +78,12 @@ impl Server {
             None => None,
         };
         let local_port = listener.local_addr()?.port();
-        let (shutdown, _) = watch::channel(false);
-        let threads = config.thread_count();
-        let syncer = match config.durability {
-            DurabilityMode::Sync => Some(Syncer::start(db.clone())?),
-            DurabilityMode::Buffered => None,
-        };
-        let shared = Arc::new(Shared {
-            syncer,
-            store: Store::new(db, config.databases, config.max_scan_cursors),
-            threads,
-            config,
-            metrics: Metrics::default(),
-            started: Instant::now(),
-            local_port,
-            tls,
-            next_client_id: AtomicU64::new(1),
-            shutdown: Arc::new(shutdown),
-        });
+        let metrics = Metrics::new(command_count());
+        let state = Arc::new(ServerState::new(db, config, metrics, local_port, tls)?);
         Ok(Server {
             listener,
             metrics_listener,
-            shared,
+            state,
         })
     }
 
@@ -143,7 +98,7 @@ impl Server {
     }
 
     pub fn shutdown_handle(&self) -> ShutdownHandle {
-        ShutdownHandle(self.shared.shutdown.clone())
+        ShutdownHandle(self.state.shutdown.clone())
     }
 
     /// Serves until shut down, then commits the database. The error is the commit's.
@@ -151,21 +106,21 @@ impl Server {
         let Server {
             listener,
             metrics_listener,
-            shared,
+            state,
         } = self;
-        let mut shutdown = shared.shutdown.subscribe();
-        let mut threads = match ConnectionThreads::start(shared.threads, shared.config.busy_poll) {
+        let mut shutdown = state.shutdown.subscribe();
+        let mut threads = match ConnectionThreads::start(state.threads, state.config.busy_poll) {
             Ok(t) => t,
             Err(e) => return Err(tucana::Error::Io(e)),
         };
         let mut tasks = JoinSet::new();
         if let Some(metrics) = metrics_listener {
-            tasks.spawn(serve_metrics(shared.clone(), metrics, shutdown.clone()));
+            tasks.spawn(serve_metrics(state.clone(), metrics, shutdown.clone()));
         }
         loop {
             tokio::select! {
                 accepted = listener.accept() => match accepted {
-                    Ok((stream, _)) => accept(&shared, &mut tasks, &mut threads, stream, &shutdown),
+                    Ok((stream, _)) => accept(&state, &mut tasks, &mut threads, stream, &shutdown),
                     Err(e) => {
                         // Out of file descriptors and the like: back off, keep serving.
                         eprintln!("tucana serve: accept failed: {e}");
@@ -178,7 +133,7 @@ impl Server {
             }
         }
         drop(listener);
-        let grace = shared.config.shutdown_grace;
+        let grace = state.config.shutdown_grace;
         let drained =
             tokio::time::timeout(grace, async { while tasks.join_next().await.is_some() {} }).await;
         if drained.is_err() {
@@ -188,7 +143,7 @@ impl Server {
         }
         // Every connection has ended: the threads have nothing left to run, and nobody
         // waits for a sync.
-        let stopping = shared.clone();
+        let stopping = state.clone();
         let _ = tokio::task::spawn_blocking(move || {
             threads.stop();
             if let Some(syncer) = &stopping.syncer {
@@ -196,16 +151,11 @@ impl Server {
             }
         })
         .await;
-        let db = shared.store.db.clone();
+        let db = state.store.db.clone();
         tokio::task::spawn_blocking(move || db.commit())
             .await
             .unwrap_or_else(|e| Err(tucana::Error::Io(io::Error::other(e))))
     }
-}
-
-/// Resolves once shutdown was asked for (the guard `wait_for` returns is not `Send`).
-async fn stopped(shutdown: &mut watch::Receiver<bool>) {
-    let _ = shutdown.wait_for(|stop| *stop).await;
 }
 
 /// One single-threaded runtime per thread, each running the connections handed to it
@@ -272,16 +222,16 @@ impl ConnectionThreads {
 }
 
 fn accept(
-    shared: &Arc<Shared>,
+    state: &Arc<ServerState>,
     tasks: &mut JoinSet<()>,
     threads: &mut ConnectionThreads,
     stream: TcpStream,
     shutdown: &watch::Receiver<bool>,
 ) {
-    let metrics = &shared.metrics;
+    let metrics = &state.metrics;
     metrics.connections_received.fetch_add(1, Ordering::Relaxed);
     let _ = stream.set_nodelay(true);
-    if metrics.connected_clients() >= shared.config.max_clients as u64 {
+    if metrics.connected_clients() >= state.config.max_clients as u64 {
         metrics.connections_rejected.fetch_add(1, Ordering::Relaxed);
         tasks.spawn(async move {
             let mut stream = stream;
@@ -298,55 +248,21 @@ fn accept(
         Err(_) => return,
     };
     metrics.connected_clients.fetch_add(1, Ordering::Relaxed);
-    let shared = shared.clone();
+    let state = state.clone();
     let shutdown = shutdown.clone();
-    let connected = ConnectedGuard(shared.clone());
+    let connected = ConnectedGuard(state.clone());
     let runtime = threads.pick().clone();
     tasks.spawn_on(
         async move {
             let _connected = connected;
-            serve_accepted(shared, stream, shutdown).await;
+            serve_accepted(state, stream, shutdown).await;
         },
         &runtime,
     );
 }
 
-/// Runs one connection on the connection thread it was handed to.
-async fn serve_accepted(
-    shared: Arc<Shared>,
-    stream: std::net::TcpStream,
-    shutdown: watch::Receiver<bool>,
-) {
-    let Ok(stream) = TcpStream::from_std(stream) else {
-        return;
-    };
-    match shared.tls.clone() {
-        None => {
-            let mut stream = stream;
-            // Declared after the stream, so dropped before it: see `Outbox`'s drop.
-            let outbox = plain_outbox(&stream);
-            serve_connection(shared, &mut stream, outbox.as_ref(), shutdown).await;
-        }
-        Some(acceptor) => {
-            let handshake = tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream));
-            if let Ok(Ok(mut tls)) = handshake.await {
-                serve_connection(shared, &mut tls, None, shutdown).await;
-                // Ends the TLS session properly (close_notify), so clients see a
-                // clean end of stream rather than a truncation.
-                let _ = tls.shutdown().await;
-            }
-        }
-    }
-}
-
-/// The outbox of a plain TCP connection (see `outbox`).
-fn plain_outbox(stream: &TcpStream) -> Option<Outbox> {
-    use std::os::fd::AsRawFd;
-    Some(Outbox::new(stream.as_raw_fd()))
-}
-
 /// Counts a connection as gone however its task ends (also when aborted).
-struct ConnectedGuard(Arc<Shared>);
+struct ConnectedGuard(Arc<ServerState>);
 
 impl Drop for ConnectedGuard {
     fn drop(&mut self) {
@@ -355,299 +271,6 @@ impl Drop for ConnectedGuard {
             .connected_clients
             .fetch_sub(1, Ordering::Relaxed);
     }
-}
-
-async fn write_out<S: AsyncWrite + Unpin>(
-    shared: &Shared,
-    stream: &mut S,
-    out: &[u8],
-) -> io::Result<()> {
-    shared
-        .metrics
-        .net_output_bytes
-        .fetch_add(out.len() as u64, Ordering::Relaxed);
-    stream.write_all(out).await?;
-    // TLS buffers what it encrypts; plain TCP's flush does nothing.
-    stream.flush().await
-}
-
-/// Serves one connection until it ends, then writes what its outbox still holds.
-async fn serve_connection<S: AsyncRead + AsyncWrite + Unpin>(
-    shared: Arc<Shared>,
-    stream: &mut S,
-    outbox: Option<&Outbox>,
-    shutdown: watch::Receiver<bool>,
-) {
-    let mut last = Vec::new();
-    let ended = serve_requests(&shared, stream, outbox, shutdown).await;
-    // Replies queued before the end (the client may have half-closed and still read).
-    if let (Ok(()), Some(outbox)) = (ended, outbox) {
-        if outbox.take_pending(&mut last).is_ok() && !last.is_empty() {
-            let _ = stream.write_all(&last).await;
-            let _ = stream.flush().await;
-        }
-    }
-}
-
-/// Writes `out` now, after the bytes the outbox still holds (so replies keep their order).
-async fn write_now<S: AsyncWrite + Unpin>(
-    shared: &Shared,
-    stream: &mut S,
-    outbox: Option<&Outbox>,
-    out: &[u8],
-) -> io::Result<()> {
-    if let Some(outbox) = outbox {
-        let mut earlier = Vec::new();
-        outbox.take_pending(&mut earlier)?;
-        if !earlier.is_empty() {
-            stream.write_all(&earlier).await?;
-        }
-    }
-    write_out(shared, stream, out).await
-}
-
-/// The connection's request loop. `Err` when the connection broke (nothing more can be
-/// written to it); `Ok` when it ended otherwise.
-async fn serve_requests<S: AsyncRead + AsyncWrite + Unpin>(
-    shared: &Arc<Shared>,
-    stream: &mut S,
-    outbox: Option<&Outbox>,
-    shutdown: watch::Receiver<bool>,
-) -> io::Result<()> {
-    let shared = shared.clone();
-    // One wait for the whole connection, not one per request: a new wait registers with
-    // the channel (a lock shared by every connection) and dropping it unregisters. Between
-    // batches `shutting_down` asks the channel's version, a plain atomic load.
-    let mut waiter = shutdown.clone();
-    let mut stop = std::pin::pin!(stopped(&mut waiter));
-    let shutting_down = || shutdown.has_changed().unwrap_or(true);
-    let id = shared.next_client_id.fetch_add(1, Ordering::Relaxed);
-    let mut session = Session::new(id, shared.config.requirepass.is_none());
-    let mut buf: Vec<u8> = Vec::with_capacity(READ_CHUNK_BYTES);
-    let mut start = 0;
-    // Both reused from batch to batch: a connection allocates when a batch is larger
-    // than any before it, not per request.
-    let mut out: Vec<u8> = Vec::new();
-    let mut requests = Requests::default();
-    loop {
-        let limits = if session.authenticated {
-            shared.config.request_limits
-        } else {
-            shared.config.pre_auth_limits
-        };
-        requests.clear();
-        let mut blocks = false;
-        let mut protocol_error = None;
-        loop {
-            match decode_into(&buf, start, &limits, &mut requests) {
-                Ok(Some(consumed)) => {
-                    start += consumed;
-                    let last = requests.len() - 1;
-                    if requests.arg_count(last) > 0 {
-                        let name = requests.arg(last, 0, &buf);
-                        blocks |= may_block(name);
-                    }
-                    if !session.authenticated || requests.len() >= MAX_BATCH_REQUESTS {
-                        break;
-                    }
-                }
-                Ok(None) => {
-                    if let Err(e) = check_incomplete(buf.len() - start, &limits) {
-                        protocol_error = Some(e);
-                    }
-                    break;
-                }
-                Err(e) => {
-                    protocol_error = Some(e);
-                    break;
-                }
-            }
-        }
-        let ran = !requests.is_empty();
-        if ran {
-            if blocks {
-                // The batch's buffers go to the blocking thread and come back with it.
-                let worker_shared = shared.clone();
-                let mut worker_out = std::mem::take(&mut out);
-                let worker_buf = std::mem::take(&mut buf);
-                let worker_requests = std::mem::take(&mut requests);
-                let joined = tokio::task::spawn_blocking(move || {
-                    let written = execute_batch(
-                        &worker_shared,
-                        &mut session,
-                        &worker_buf,
-                        &worker_requests,
-                        &mut worker_out,
-                    );
-                    if worker_shared.config.durability == DurabilityMode::Sync
-                        && !written.is_empty()
-                    {
-                        // This thread may block: the sync runs here (shared with whoever
-                        // syncs at the same time).
-                        if let Err(e) = worker_shared.store.db.sync() {
-                            written.not_durable(&mut worker_out, &e);
-                        }
-                    }
-                    (session, worker_out, worker_buf, worker_requests)
-                })
-                .await;
-                match joined {
-                    Ok((s, o, b, r)) => {
-                        session = s;
-                        out = o;
-                        buf = b;
-                        requests = r;
-                    }
-                    // A panic in a handler is a bug; it ends this connection only.
-                    Err(_) => return Err(io::Error::other("a command handler panicked")),
-                }
-            } else {
-                let written = execute_batch(&shared, &mut session, &buf, &requests, &mut out);
-                if let (Some(syncer), false) = (&shared.syncer, written.is_empty()) {
-                    // Sync durability: the replies wait for the writes to be durable; the
-                    // thread serves other connections meanwhile.
-                    if let Err(e) = syncer.durable().await {
-                        written.not_durable(&mut out, &e);
-                    }
-                }
-            }
-            crate::busy_poll::batch_ran();
-            // Replies are queued for the next flush (see `outbox`): a pipelined batch's
-            // always, a lone request's when the thread busy-polls. Without busy polling a
-            // lone reply is written at once (the client works on it while this thread
-            // serves the next connection, instead of both waiting for the flush). A large
-            // reply and the connection's last are written now, after what the outbox holds.
-            let ending = protocol_error.is_some() || session.close_after_reply || shutting_down();
-            let queue = requests.len() > 1 || !shared.config.busy_poll.is_zero();
-            match outbox {
-                Some(outbox) if queue && !ending && outbox.has_room(out.len()) => {
-                    shared
-                        .metrics
-                        .net_output_bytes
-                        .fetch_add(out.len() as u64, Ordering::Relaxed);
-                    outbox.queue(&mut out);
-                }
-                _ => {
-                    write_now(&shared, stream, outbox, &out).await?;
-                    out.clear();
-                }
-            }
-        }
-        if let Some(e) = protocol_error {
-            shared
-                .metrics
-                .protocol_errors
-                .fetch_add(1, Ordering::Relaxed);
-            let mut reply = Vec::new();
-            Reply::error(format!("ERR {e}")).encode(session.protocol, &mut reply);
-            write_now(&shared, stream, outbox, &reply).await?;
-            return Ok(());
-        }
-        if session.close_after_reply {
-            if session.shutdown_requested {
-                shared.shutdown.send_replace(true);
-            }
-            return Ok(());
-        }
-        if shutting_down() {
-            return Ok(());
-        }
-        if ran {
-            // More complete requests may be buffered; decode before reading.
-            continue;
-        }
-        if start > 0 {
-            buf.drain(..start);
-            start = 0;
-        }
-        if buf.capacity() - buf.len() < READ_CHUNK_BYTES {
-            buf.reserve(READ_CHUNK_BYTES);
-        }
-        let read = async {
-            match shared.config.idle_timeout {
-                Some(idle) => tokio::time::timeout(idle, stream.read_buf(&mut buf)).await,
-                None => Ok(stream.read_buf(&mut buf).await),
-            }
-        };
-        let attention = std::future::poll_fn(|cx| match outbox {
-            Some(outbox) => outbox.poll_attention(cx),
-            None => std::task::Poll::Pending,
-        });
-        tokio::select! {
-            r = read => match r {
-                Ok(Ok(0)) => return Ok(()),
-                Ok(Err(e)) => return Err(e),
-                Ok(Ok(n)) => {
-                    shared.metrics.net_input_bytes.fetch_add(n as u64, Ordering::Relaxed);
-                }
-                Err(_) => {
-                    shared.metrics.idle_timeouts.fetch_add(1, Ordering::Relaxed);
-                    return Ok(());
-                }
-            },
-            // The park hook could not send all of the outbox (or failed): write the rest
-            // here, waiting for the socket as any write does.
-            _ = attention => {
-                write_now(&shared, stream, outbox, &[]).await?;
-            }
-            _ = &mut stop => return Ok(()),
-        }
-    }
-}
-
-/// Serves `GET /metrics` in the Prometheus text format; anything else is a 404.
-async fn serve_metrics(
-    shared: Arc<Shared>,
-    listener: TcpListener,
-    mut shutdown: watch::Receiver<bool>,
-) {
-    loop {
-        let stream = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
-                Err(_) => {
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-            _ = stopped(&mut shutdown) => return,
-        };
-        let shared = shared.clone();
-        tokio::spawn(async move {
-            let _ = tokio::time::timeout(Duration::from_secs(5), answer_http(shared, stream)).await;
-        });
-    }
-}
-
-async fn answer_http(shared: Arc<Shared>, mut stream: TcpStream) -> io::Result<()> {
-    // The request head must fit in 8 KiB; the body (if any) is ignored.
-    let mut head = Vec::with_capacity(1024);
-    while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 8192 {
-        if stream.read_buf(&mut head).await? == 0 {
-            break;
-        }
-    }
-    let first_line = head.split(|&b| b == b'\n').next().unwrap_or_default();
-    let (status, body) = if first_line.starts_with(b"GET /metrics ") {
-        let text = {
-            let shared = shared.clone();
-            tokio::task::spawn_blocking(move || prometheus_text(&shared))
-                .await
-                .unwrap_or_default()
-        };
-        ("200 OK", text)
-    } else {
-        (
-            "404 Not Found",
-            "only GET /metrics is served here\n".to_string(),
-        )
-    };
-    let response = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    stream.write_all(response.as_bytes()).await?;
-    stream.shutdown().await
 }
 
 /// A server running on its own thread and runtime (tests, embedding).

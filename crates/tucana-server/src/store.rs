@@ -24,8 +24,7 @@ use tucana::{Database, Error, Keyspace};
 
 /// One numbered database.
 pub struct Slot {
-    pub index: u32,
-    pub name: String,
+    name: String,
     /// Serialises the writers of this database (see the module doc).
     write_lock: Mutex<()>,
     /// `None` until the keyspace exists; replaced by `FLUSHDB`.
@@ -61,7 +60,6 @@ impl Store {
                     None
                 };
                 Slot {
-                    index,
                     name,
                     write_lock: Mutex::new(()),
                     handle: RwLock::new(handle),

@@ -19,7 +19,7 @@
 //! A reply is still sent only once its write is durable: the connection awaits the
 //! future before it queues or writes the batch's replies. When the sync fails the writes
 //! are applied but not known to be durable, and their replies say so
-//! (`commands::Written::not_durable`).
+//! (`Written::not_durable` in `commands/batch.rs`).
 
 use std::io;
 use std::sync::Arc;

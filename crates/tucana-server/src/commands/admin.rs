@@ -1,0 +1,160 @@
+//! Commands about the server rather than the data: COMMAND (the table as clients read
+//! it), CONFIG GET, TIME, SAVE, BGSAVE, BGREWRITEAOF, SHUTDOWN (INFO has its own file,
+//! `info`).
+//!
+//! Owns how the command table, the configuration and the engine's maintenance (commit,
+//! garbage collection) are shown to Redis clients. SHUTDOWN only asks: the connection
+//! stops the server once its reply is written.
+//!
+//! Thread-safety: handlers are plain functions; SAVE, BGSAVE and BGREWRITEAOF wait on
+//! the device (the connection runs them on a thread that may block).
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use crate::config::DurabilityMode;
+use crate::glob::glob_match;
+use crate::resp::{Protocol, Reply};
+
+use super::table::{lookup, table, Run, Spec};
+use super::{printable, syntax_error, wrong_args, Call};
+
+/// One command as `COMMAND` describes it: name, arity, flags, first key, last key, step.
+fn command_entry(spec: &Spec, protocol: Protocol) -> Reply {
+    let write = matches!(spec.run, Run::Write(_)) || matches!(spec.name, "flushdb" | "flushall");
+    let flag = if write { "write" } else { "readonly" };
+    let flags = vec![Reply::Status(flag.into())];
+    Reply::Array(vec![
+        Reply::bulk(spec.name),
+        Reply::Int(i64::from(spec.arity)),
+        if protocol == Protocol::Resp3 {
+            Reply::Set(flags)
+        } else {
+            Reply::Array(flags)
+        },
+        Reply::Int(i64::from(spec.keys.0)),
+        Reply::Int(i64::from(spec.keys.1)),
+        Reply::Int(i64::from(spec.keys.2)),
+    ])
+}
+
+pub(super) fn cmd_command(call: &mut Call<'_>, args: &[Vec<u8>]) -> tucana::Result<Reply> {
+    let protocol = call.session.protocol;
+    let Some(sub) = args.get(1) else {
+        return Ok(Reply::Array(
+            table().iter().map(|s| command_entry(s, protocol)).collect(),
+        ));
+    };
+    Ok(match sub.to_ascii_uppercase().as_slice() {
+        b"COUNT" => Reply::Int(table().len() as i64),
+        b"INFO" => Reply::Array(
+            args[2..]
+                .iter()
+                .map(|n| lookup(n).map_or(Reply::Nil, |i| command_entry(&table()[i], protocol)))
+                .collect(),
+        ),
+        // redis-cli asks for documentation to show hints; we have none to give.
+        b"DOCS" => Reply::Map(vec![]),
+        b"LIST" => Reply::Array(table().iter().map(|s| Reply::bulk(s.name)).collect()),
+        _ => Reply::error(format!(
+            "ERR unknown subcommand '{}'. Supported: COUNT INFO DOCS LIST",
+            printable(sub, 32)
+        )),
+    })
+}
+
+/// CONFIG GET answers the parameters clients and tools ask about; CONFIG SET is refused
+/// (the server is configured by its command line).
+pub(super) fn cmd_config(call: &mut Call<'_>, args: &[Vec<u8>]) -> tucana::Result<Reply> {
+    let sub = args[1].to_ascii_uppercase();
+    if sub.as_slice() != b"GET" {
+        return Ok(Reply::error(format!(
+            "ERR CONFIG {} is not supported: tucana serve is configured by its command line",
+            printable(&args[1], 32)
+        )));
+    }
+    if args.len() < 3 {
+        return Ok(wrong_args("config|get"));
+    }
+    let config = &call.state.config;
+    let idle = config.idle_timeout.map_or(0, |d| d.as_secs());
+    let params: Vec<(&str, String)> = vec![
+        ("bind", config.listen.ip().to_string()),
+        ("port", config.listen.port().to_string()),
+        ("databases", config.databases.to_string()),
+        ("maxclients", config.max_clients.to_string()),
+        ("timeout", idle.to_string()),
+        // Every write goes to the log; there are no RDB snapshots.
+        ("appendonly", "yes".into()),
+        (
+            "appendfsync",
+            match config.durability {
+                DurabilityMode::Sync => "always".into(),
+                DurabilityMode::Buffered => "everysec".into(),
+            },
+        ),
+        ("save", String::new()),
+        ("maxmemory", "0".into()),
+        ("maxmemory-policy", "noeviction".into()),
+        (
+            "proto-max-bulk-len",
+            config.request_limits.max_bulk_bytes.to_string(),
+        ),
+    ];
+    let mut out = Vec::new();
+    for (name, value) in &params {
+        if args[2..]
+            .iter()
+            .any(|p| glob_match(&p.to_ascii_lowercase(), name.as_bytes()))
+        {
+            out.push((Reply::bulk(*name), Reply::bulk(value.as_str())));
+        }
+    }
+    Ok(Reply::Map(out))
+}
+
+pub(super) fn cmd_time(_call: &mut Call<'_>, _args: &[Vec<u8>]) -> tucana::Result<Reply> {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    Ok(Reply::Array(vec![
+        Reply::Bulk(now.as_secs().to_string().into_bytes()),
+        Reply::Bulk(now.subsec_micros().to_string().into_bytes()),
+    ]))
+}
+
+/// SAVE: a commit (the index is persisted as a new epoch; the data was in the log).
+pub(super) fn cmd_save(call: &mut Call<'_>, _args: &[Vec<u8>]) -> tucana::Result<Reply> {
+    call.state.store.db.commit()?;
+    Ok(Reply::Ok)
+}
+
+/// BGSAVE: the same commit, done before answering (it is quick: only the index changes).
+pub(super) fn cmd_bgsave(call: &mut Call<'_>, _args: &[Vec<u8>]) -> tucana::Result<Reply> {
+    call.state.store.db.commit()?;
+    Ok(Reply::Status("Background saving started".into()))
+}
+
+/// BGREWRITEAOF: a forced garbage collection of the log, Redis's way of compacting its
+/// append-only file; done before answering, and INFO persistence counts what it gave back.
+pub(super) fn cmd_bgrewriteaof(call: &mut Call<'_>, _args: &[Vec<u8>]) -> tucana::Result<Reply> {
+    call.state.store.db.gc()?;
+    Ok(Reply::Status(
+        "Background append only file rewriting started".into(),
+    ))
+}
+
+/// `SHUTDOWN [NOSAVE|SAVE|NOW|FORCE|ABORT]`: stops the server as SIGTERM does (connections
+/// finish their requests in flight, then a commit). NOSAVE is treated as SAVE: writes
+/// were already acknowledged, and we never drop them.
+pub(super) fn cmd_shutdown(call: &mut Call<'_>, args: &[Vec<u8>]) -> tucana::Result<Reply> {
+    for arg in &args[1..] {
+        match arg.to_ascii_uppercase().as_slice() {
+            b"NOSAVE" | b"SAVE" | b"NOW" | b"FORCE" => {}
+            b"ABORT" => return Ok(Reply::error("ERR No shutdown in progress.")),
+            _ => return Ok(syntax_error()),
+        }
+    }
+    call.session.shutdown_requested = true;
+    call.session.close_after_reply = true;
+    Ok(Reply::Ok)
+}

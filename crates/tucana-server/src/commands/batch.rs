@@ -1,0 +1,330 @@
+//! Running a pipelined batch of requests: [`execute_batch`] and the fast paths of plain
+//! `GET key` and `SET key value` runs, and [`Written`], where in the batch's output the
+//! replies of its writes are.
+//!
+//! Owns the order requests run in and the encoding of their replies into the
+//! connection's output buffer, and the batch's [`Tally`] of counts. It does not own
+//! durability's wait (the connection awaits the syncer, or syncs on a blocking thread,
+//! before any reply is sent) nor what the commands do (handlers, through `execute`).
+//!
+//! Thread-safety: a batch runs on one thread, the connection's or a blocking one, and
+//! may block on the database's write lock.
+
+use std::ops::Range;
+
+use tucana::Durability;
+
+use crate::metrics::Tally;
+use crate::resp::{encode_bulk, encode_error, encode_nil, Args, Requests};
+use crate::state::ServerState;
+
+use super::table::lookup;
+use super::{execute, Call, Session};
+
+/// Runs a pipelined batch of requests and appends their encoded replies to `out`.
+///
+/// Replies are encoded into `out` as each request runs. Writes are applied buffered; the returned [`Written`] says where
+/// their replies are, so that in sync mode the caller makes them durable (one sync for
+/// the batch) before it sends anything, and turns them into errors if that sync fails.
+///
+/// Plain `GET key` and `SET key value` (the bulk of a cache's traffic) take a fast path
+/// when the connection is authenticated and not in `MULTI`: a run of consecutive ones
+/// reads one keyspace handle (GET, values encoded from where they lie) or takes the write
+/// lock once and applies the run as one engine batch (SET). Their replies are what the
+/// general path would answer; anything else goes through [`execute`].
+pub fn execute_batch(
+    state: &ServerState,
+    session: &mut Session,
+    requests: Requests<'_>,
+    out: &mut Vec<u8>,
+) -> Written {
+    let base = out.len();
+    let mut replies = Replies {
+        out,
+        tally: Tally::default(),
+        written: Vec::new(),
+    };
+    let mut args: Vec<&[u8]> = Vec::new();
+    let mut i = 0;
+    while i < requests.len() {
+        requests.args_into(i, &mut args);
+        if args.is_empty() {
+            i += 1;
+            continue;
+        }
+        let fast = session.authenticated && session.multi.is_none();
+        if fast && is_plain(&args, b"get", 2) {
+            let run = run_length(requests, i, b"get", 2);
+            fast_gets(state, session, requests, i..i + run, &mut replies);
+            i += run;
+            continue;
+        }
+        if fast && is_plain(&args, b"set", 3) {
+            let run = set_run_length(requests, i);
+            fast_sets(state, session, requests, i..i + run, &mut replies);
+            i += run;
+            continue;
+        }
+        let owned: Args = args.iter().map(|a| a.to_vec()).collect();
+        let mut call = Call {
+            state,
+            session: &mut *session,
+            wrote: false,
+        };
+        let reply = execute(&mut call, &owned);
+        let wrote = call.wrote;
+        if reply.is_error() {
+            replies.tally.error();
+        }
+        // The protocol in force when the reply was made (HELLO switches it).
+        let at = replies.out.len();
+        reply.encode(session.protocol, replies.out);
+        if wrote {
+            replies.written.push(at..replies.out.len());
+        }
+        if session.close_after_reply {
+            break;
+        }
+        i += 1;
+    }
+    state.metrics.add_tally(&replies.tally);
+    Written {
+        base,
+        ranges: replies.written,
+    }
+}
+
+/// A batch's replies as they are encoded, with what the batch counted and where the
+/// replies of its writes are.
+struct Replies<'o> {
+    out: &'o mut Vec<u8>,
+    tally: Tally,
+    /// Where in `out` the replies of requests that wrote are (sync mode may replace them).
+    written: Vec<Range<usize>>,
+}
+
+/// Where in a batch's output the replies of its writes are: in sync mode they may be
+/// sent only once the writes are durable.
+#[must_use = "in sync mode the writes must be made durable before their replies are sent"]
+pub struct Written {
+    /// `out.len()` when the batch started.
+    base: usize,
+    /// Ascending, at or after `base`.
+    ranges: Vec<Range<usize>>,
+}
+
+impl Written {
+    /// Whether the batch wrote nothing (nothing to make durable).
+    pub fn is_empty(&self) -> bool {
+        self.ranges.is_empty()
+    }
+
+    /// The sync after the batch failed: the writes are applied (and visible) but not
+    /// known to be durable, and their replies now say so.
+    pub fn not_durable(&self, out: &mut Vec<u8>, error: &dyn std::fmt::Display) {
+        let text = format!("ERR the write was applied but could not be made durable: {error}");
+        replace_replies(out, self.base, &self.ranges, &text);
+    }
+}
+
+/// Replaces the replies at `ranges` (ascending, at or after `base`) with the error `text`.
+fn replace_replies(out: &mut Vec<u8>, base: usize, ranges: &[Range<usize>], text: &str) {
+    let old = out.split_off(base);
+    let mut from = 0;
+    for range in ranges {
+        let (start, end) = (range.start - base, range.end - base);
+        assert!(from <= start && start <= end && end <= old.len());
+        out.extend_from_slice(&old[from..start]);
+        encode_error(text, out);
+        from = end;
+    }
+    out.extend_from_slice(&old[from..]);
+}
+
+/// Whether `args` is `name` (any case) with exactly `argc` arguments, the name included.
+fn is_plain(args: &[&[u8]], name: &[u8], argc: usize) -> bool {
+    args.len() == argc && args[0].eq_ignore_ascii_case(name)
+}
+
+/// How many requests from `first` on are plain `name` requests (at least the first).
+fn run_length(requests: Requests<'_>, first: usize, name: &[u8], argc: usize) -> usize {
+    (first..requests.len())
+        .take_while(|&j| {
+            requests.arg_count(j) == argc && requests.arg(j, 0).eq_ignore_ascii_case(name)
+        })
+        .count()
+}
+
+/// A run of SETs goes to the engine as one atomic write, under the keyspace's writer
+/// lock: past this many bytes a run is cut, so a pipeline of large values does not hold
+/// the lock (and other writers) while megabytes are appended.
+const SET_RUN_MAX_BYTES: usize = 1 << 20;
+
+/// `run_length` for plain SETs, cut after `SET_RUN_MAX_BYTES` of keys and values.
+fn set_run_length(requests: Requests<'_>, first: usize) -> usize {
+    let mut bytes = 0;
+    let mut run = 0;
+    for j in first..first + run_length(requests, first, b"set", 3) {
+        if run > 0 && bytes >= SET_RUN_MAX_BYTES {
+            break;
+        }
+        bytes += requests.arg(j, 1).len() + requests.arg(j, 2).len();
+        run += 1;
+    }
+    run
+}
+
+fn command_index(name: &[u8]) -> usize {
+    lookup(name).expect("the fast paths' commands are in the table")
+}
+
+/// A run of plain `GET key`: one read of the keyspace handle for the run (which reads as
+/// the database was when the run started, as Redis, which runs a client's pipelined
+/// batch without interleaving others, would), each value encoded from where it lies.
+fn fast_gets(
+    state: &ServerState,
+    session: &Session,
+    requests: Requests<'_>,
+    run: Range<usize>,
+    replies: &mut Replies<'_>,
+) {
+    replies
+        .tally
+        .command(command_index(b"get"), run.len() as u64);
+    let out = &mut *replies.out;
+    let protocol = session.protocol;
+    let mark = out.len();
+    let mut local = Tally::default();
+    // Keys go to the engine in groups (`Keyspace::get_many_with`), whose lookups overlap
+    // their cache misses; a group of pipelined GETs is what redis-benchmark -P sends.
+    const GROUP: usize = 32;
+    let read = state.store.slot(session.db_index).read(|ks| {
+        // A retry (the keyspace was dropped meanwhile) starts the run over.
+        out.truncate(mark);
+        local = Tally::default();
+        let Some(ks) = ks else {
+            for _ in run.clone() {
+                local.lookup(false);
+                encode_nil(protocol, out);
+            }
+            return Ok(());
+        };
+        let mut keys: [&[u8]; GROUP] = [&[]; GROUP];
+        let mut dropped = None;
+        for first in run.clone().step_by(GROUP) {
+            let group = first..(first + GROUP).min(run.end);
+            for (slot, j) in keys.iter_mut().zip(group.clone()) {
+                *slot = requests.arg(j, 1);
+            }
+            ks.get_many_with(&keys[..group.len()], |_, found| match found {
+                Ok(Some(value)) => {
+                    local.lookup(true);
+                    encode_bulk(value, out);
+                }
+                Ok(None) => {
+                    local.lookup(false);
+                    encode_nil(protocol, out);
+                }
+                Err(e @ tucana::Error::KeyspaceNotFound(_)) => dropped = Some(e),
+                Err(e) => {
+                    local.error();
+                    encode_error(&format!("ERR {e}"), out);
+                }
+            });
+            if let Some(e) = dropped.take() {
+                return Err(e);
+            }
+        }
+        Ok(())
+    });
+    if let Err(e) = read {
+        // Only a keyspace dropped again and again gets here: every GET of the run fails.
+        out.truncate(mark);
+        local = Tally::default();
+        for _ in run {
+            local.error();
+            encode_error(&format!("ERR {e}"), out);
+        }
+    }
+    replies.tally.merge(&local);
+}
+
+/// A run of plain `SET key value`: the database's write lock taken once and the run
+/// applied as one engine batch (one append of the records, one trip through the engine's
+/// writer lock). Every SET of the run answers `+OK`, as each would alone. If the batch
+/// fails (a value over the engine's limit, say) before anything was applied, each SET is
+/// applied alone so each reply says what happened to it.
+fn fast_sets(
+    state: &ServerState,
+    session: &Session,
+    requests: Requests<'_>,
+    run: Range<usize>,
+    replies: &mut Replies<'_>,
+) {
+    let Replies {
+        out,
+        tally,
+        written,
+    } = replies;
+    tally.command(command_index(b"set"), run.len() as u64);
+    let pair = |j: usize| (requests.arg(j, 1), requests.arg(j, 2));
+    let guard = state.store.slot(session.db_index).lock_writes();
+    let applied = guard.keyspace(&state.store.db).and_then(|ks| {
+        if run.len() == 1 {
+            let (key, value) = pair(run.start);
+            return ks.put_with(key, value, Durability::Buffered).map(|()| ks);
+        }
+        // Keys and values stay where they lie in the request buffer (no copy per SET).
+        let pairs: Vec<(&[u8], &[u8])> = run.clone().map(pair).collect();
+        ks.put_all(&pairs, Durability::Buffered).map(|()| ks)
+    });
+    let mut one_by_one = None;
+    match applied {
+        Ok(_) => {}
+        // A failed single SET is its own answer; a failed batch is retried one by one.
+        Err(e) if run.len() == 1 => {
+            tally.error();
+            let at = out.len();
+            encode_error(&format!("ERR {e}"), out);
+            written.push(at..out.len());
+            return;
+        }
+        Err(_) => one_by_one = Some(guard.keyspace(&state.store.db).map_err(|e| e.to_string())),
+    }
+    for j in run {
+        let at = out.len();
+        let result = match &one_by_one {
+            None => Ok(()),
+            Some(Ok(ks)) => {
+                let (key, value) = pair(j);
+                ks.put_with(key, value, Durability::Buffered)
+                    .map_err(|e| e.to_string())
+            }
+            Some(Err(e)) => Err(e.clone()),
+        };
+        match result {
+            Ok(()) => out.extend_from_slice(b"+OK\r\n"),
+            Err(e) => {
+                tally.error();
+                encode_error(&format!("ERR {e}"), out);
+            }
+        }
+        written.push(at..out.len());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failed_syncs_replace_exactly_the_replies_of_writes() {
+        let mut out = b"old:+OK\r\n$1\r\nv\r\n+OK\r\n".to_vec();
+        let base = 4;
+        replace_replies(&mut out, base, &[4..9, 16..21], "ERR not durable");
+        assert_eq!(
+            out,
+            b"old:-ERR not durable\r\n$1\r\nv\r\n-ERR not durable\r\n"
+        );
+    }
+}

@@ -1,0 +1,193 @@
+//! The `INFO` command's text: Redis's sections (Server, Clients, Memory, Persistence,
+//! Stats, Keyspace), filled from the server's counters and the engine's `Stats`.
+//!
+//! Owns which fields each section shows and their Redis names; the counters themselves
+//! are `metrics`'. The Prometheus text is the other reader of the same counters
+//! (`prometheus`).
+//!
+//! Thread-safety: reads relaxed atomics and one `Database::stats` call; any thread.
+
+use std::fmt::Write as _;
+
+use tucana::Stats;
+
+use crate::metrics::get;
+use crate::resp::Reply;
+use crate::state::ServerState;
+use crate::store::keyspace_name;
+
+use super::{Call, REDIS_COMPAT_VERSION};
+
+/// `INFO [section ...]`
+pub(super) fn cmd_info(call: &mut Call<'_>, args: &[Vec<u8>]) -> tucana::Result<Reply> {
+    let sections: Vec<String> = args[1..]
+        .iter()
+        .map(|s| String::from_utf8_lossy(s).to_ascii_lowercase())
+        .collect();
+    let connected = call.state.metrics.connected_clients();
+    Ok(Reply::Bulk(
+        info_text(call.state, &sections, connected).into_bytes(),
+    ))
+}
+
+/// Fields of one section, in order.
+type Lines<'a> = Vec<(&'a str, String)>;
+
+/// The `INFO` text: the sections asked for (all when none, or `all`/`everything`).
+fn info_text(state: &ServerState, sections: &[String], connected: u64) -> String {
+    let want = |name: &str| {
+        sections.is_empty()
+            || sections
+                .iter()
+                .any(|s| s == name || s == "all" || s == "everything" || s == "default")
+    };
+    let stats = state.store.db.stats();
+    let mut out = String::new();
+    if want("server") {
+        section(&mut out, "Server", server_lines(state));
+    }
+    if want("clients") {
+        let lines = vec![
+            ("connected_clients", connected.to_string()),
+            ("maxclients", state.config.max_clients.to_string()),
+            ("blocked_clients", "0".into()),
+        ];
+        section(&mut out, "Clients", lines);
+    }
+    if want("memory") {
+        section(&mut out, "Memory", memory_lines(&stats));
+    }
+    if want("persistence") {
+        section(&mut out, "Persistence", persistence_lines(state, &stats));
+    }
+    if want("stats") {
+        section(&mut out, "Stats", stats_lines(state));
+    }
+    if want("keyspace") {
+        let labels = keyspace_labels(state, &stats);
+        let lines = labels
+            .iter()
+            .map(|(label, keys)| (label.as_str(), format!("keys={keys},expires=0,avg_ttl=0")))
+            .collect();
+        section(&mut out, "Keyspace", lines);
+    }
+    out
+}
+
+/// Appends a section: its title line, then `name:value` lines (CRLF, as Redis).
+fn section(out: &mut String, title: &str, lines: Lines<'_>) {
+    if !out.is_empty() {
+        out.push_str("\r\n");
+    }
+    let _ = write!(out, "# {title}\r\n");
+    for (k, v) in lines {
+        let _ = write!(out, "{k}:{v}\r\n");
+    }
+}
+
+fn server_lines(state: &ServerState) -> Lines<'static> {
+    let uptime = state.started.elapsed();
+    vec![
+        ("redis_version", REDIS_COMPAT_VERSION.into()),
+        ("tucana_version", env!("CARGO_PKG_VERSION").into()),
+        ("redis_mode", "standalone".into()),
+        ("os", std::env::consts::OS.into()),
+        ("arch_bits", (usize::BITS).to_string()),
+        ("process_id", std::process::id().to_string()),
+        ("tcp_port", state.local_port.to_string()),
+        ("connection_threads", state.threads.to_string()),
+        (
+            "busy_poll_us",
+            state.config.busy_poll.as_micros().to_string(),
+        ),
+        ("uptime_in_seconds", uptime.as_secs().to_string()),
+        ("uptime_in_days", (uptime.as_secs() / 86_400).to_string()),
+    ]
+}
+
+/// Resident set size of this process in bytes, where the OS tells it.
+fn resident_bytes() -> Option<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    Some(pages * 4096)
+}
+
+fn memory_lines(stats: &Stats) -> Lines<'static> {
+    let rss = resident_bytes().unwrap_or(0);
+    vec![
+        // The index is what the store keeps in memory; values live on the device.
+        ("used_memory", stats.index_bytes.to_string()),
+        ("used_memory_rss", rss.to_string()),
+        ("index_bytes", stats.index_bytes.to_string()),
+        ("index_nodes", stats.index_nodes.to_string()),
+        ("maxmemory", "0".into()),
+        ("maxmemory_policy", "noeviction".into()),
+    ]
+}
+
+fn persistence_lines(state: &ServerState, stats: &Stats) -> Lines<'static> {
+    vec![
+        ("loading", "0".into()),
+        ("durability", state.config.durability.name().into()),
+        ("aof_enabled", "1".into()),
+        ("rdb_bgsave_in_progress", "0".into()),
+        ("commits", stats.commits.to_string()),
+        ("commit_epoch", stats.commit_epoch.to_string()),
+        ("syncs", stats.syncs.to_string()),
+        ("live_log_bytes", stats.live_log_bytes.to_string()),
+        ("dead_log_bytes", stats.dead_log_bytes.to_string()),
+        ("volume_bytes", stats.volume_bytes.to_string()),
+        ("space_used_bytes", stats.space_used_bytes.to_string()),
+        ("disk_bytes_written", stats.bytes_written.to_string()),
+        ("disk_bytes_read", stats.bytes_read.to_string()),
+        ("gc_passes", stats.gc_passes.to_string()),
+        ("gc_relocated_bytes", stats.gc_relocated_bytes.to_string()),
+        ("gc_reclaimed_bytes", stats.gc_reclaimed_bytes.to_string()),
+        ("gc_paced_ns", stats.gc_paced_ns.to_string()),
+    ]
+}
+
+fn stats_lines(state: &ServerState) -> Lines<'static> {
+    let m = &state.metrics;
+    vec![
+        (
+            "total_connections_received",
+            get(&m.connections_received).to_string(),
+        ),
+        (
+            "total_commands_processed",
+            m.commands_processed().to_string(),
+        ),
+        ("total_net_input_bytes", get(&m.net_input_bytes).to_string()),
+        (
+            "total_net_output_bytes",
+            get(&m.net_output_bytes).to_string(),
+        ),
+        (
+            "rejected_connections",
+            get(&m.connections_rejected).to_string(),
+        ),
+        ("keyspace_hits", get(&m.keyspace_hits).to_string()),
+        ("keyspace_misses", get(&m.keyspace_misses).to_string()),
+        ("total_error_replies", get(&m.error_replies).to_string()),
+        ("protocol_errors", get(&m.protocol_errors).to_string()),
+        ("idle_timeouts", get(&m.idle_timeouts).to_string()),
+        ("auth_failures", get(&m.auth_failures).to_string()),
+        ("expired_keys", "0".into()),
+        ("evicted_keys", "0".into()),
+    ]
+}
+
+/// `db<n>` and its key count, for every numbered database that has keys.
+fn keyspace_labels(state: &ServerState, stats: &Stats) -> Vec<(String, u64)> {
+    let names: Vec<String> = (0..state.store.databases()).map(keyspace_name).collect();
+    let mut labels = Vec::new();
+    for ks in &stats.keyspaces {
+        if let Some(index) = names.iter().position(|n| *n == ks.name) {
+            if ks.keys > 0 {
+                labels.push((format!("db{index}"), ks.keys));
+            }
+        }
+    }
+    labels
+}

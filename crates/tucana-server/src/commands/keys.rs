@@ -1,0 +1,282 @@
+//! Commands on the whole keyspace of the selected database: SCAN, KEYS, the ordered
+//! TRANGE and TPREFIX, DBSIZE, FLUSHDB and FLUSHALL.
+//!
+//! Owns the iteration bounds (literal prefixes, ZRANGEBYLEX-style bounds) and SCAN's
+//! cursor contract; the cursors themselves are kept by `store`. Reads take no lock and
+//! start over if a `FLUSHDB` drops the keyspace under them (`store::Slot::read`).
+//!
+//! Thread-safety: handlers are plain functions; FLUSHDB and FLUSHALL take the write lock
+//! of each database they drop and wait on the device.
+
+use std::ops::Bound;
+
+use tucana::Keyspace;
+
+use crate::glob::{glob_match, literal_prefix};
+use crate::resp::Reply;
+
+use super::{not_an_integer, parse_i64, syntax_error, Call};
+
+/// Keys of a keyspace in order from `lo` (or the first) to `hi` (or the last).
+fn range_of(
+    ks: Option<&Keyspace>,
+    lo: Bound<Vec<u8>>,
+    hi: Bound<Vec<u8>>,
+) -> Option<tucana::Range> {
+    ks.map(|ks| ks.range::<Vec<u8>, _>((lo, hi)))
+}
+
+/// `[prefix, next(prefix))` as bounds; `Unbounded` end when the prefix is all 0xff.
+fn prefix_end(prefix: &[u8]) -> Bound<Vec<u8>> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return Bound::Excluded(end);
+        }
+    }
+    Bound::Unbounded
+}
+
+/// `SCAN cursor [MATCH pattern] [COUNT n] [TYPE type]`
+///
+/// The cursor contract of Redis holds: a full iteration (from cursor 0 until 0 comes
+/// back) returns every key present from start to end, once, in key order. A cursor is a
+/// number naming where the last call stopped, kept by the server (`max_scan_cursors`,
+/// oldest forgotten first; a forgotten one answers `ERR invalid cursor`).
+pub(super) fn cmd_scan(call: &mut Call<'_>, args: &[Vec<u8>]) -> tucana::Result<Reply> {
+    let Some(cursor) = std::str::from_utf8(&args[1])
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok())
+    else {
+        return Ok(Reply::error("ERR invalid cursor"));
+    };
+    let mut pattern: Option<&[u8]> = None;
+    let mut count: usize = 10;
+    let mut strings = true;
+    let mut i = 2;
+    while i < args.len() {
+        let value = args.get(i + 1);
+        match (args[i].to_ascii_uppercase().as_slice(), value) {
+            (b"MATCH", Some(p)) => pattern = Some(p),
+            (b"COUNT", Some(n)) => match parse_i64(n) {
+                Some(n) if n >= 1 => count = n as usize,
+                Some(_) => return Ok(syntax_error()),
+                None => return Ok(not_an_integer()),
+            },
+            (b"TYPE", Some(t)) => strings = t.eq_ignore_ascii_case(b"string"),
+            _ => return Ok(syntax_error()),
+        }
+        i += 2;
+    }
+    let db_index = call.session.db_index;
+    let after = if cursor == 0 {
+        None
+    } else {
+        match call.state.store.cursor(db_index, cursor) {
+            Some(key) => Some(key),
+            None => return Ok(Reply::error("ERR invalid cursor")),
+        }
+    };
+    let prefix = pattern.map(literal_prefix).unwrap_or_default();
+    let lo = match &after {
+        Some(k) if k.as_slice() >= prefix.as_slice() => Bound::Excluded(k.clone()),
+        _ => Bound::Included(prefix.clone()),
+    };
+    let hi = prefix_end(&prefix);
+    let (keys, last) = call.slot().read(|ks| {
+        let mut keys = Vec::new();
+        let mut last: Option<Vec<u8>> = None;
+        if let Some(range) = range_of(ks, lo.clone(), hi.clone()) {
+            let mut range = range.peekable();
+            let mut examined = 0;
+            while examined < count {
+                let Some(item) = range.next() else { break };
+                let (key, _) = item?;
+                examined += 1;
+                if strings && pattern.is_none_or(|p| glob_match(p, &key)) {
+                    keys.push(Reply::Bulk(key.clone()));
+                }
+                last = Some(key);
+            }
+            // Only hand out a cursor when something follows.
+            if range.peek().is_none() {
+                last = None;
+            }
+        }
+        Ok((keys, last))
+    })?;
+    let next = match last {
+        Some(key) => call.state.store.save_cursor(db_index, key),
+        None => 0,
+    };
+    Ok(Reply::Array(vec![
+        Reply::Bulk(next.to_string().into_bytes()),
+        Reply::Array(keys),
+    ]))
+}
+
+pub(super) fn cmd_keys(call: &mut Call<'_>, args: &[Vec<u8>]) -> tucana::Result<Reply> {
+    let pattern = &args[1];
+    let prefix = literal_prefix(pattern);
+    let hi = prefix_end(&prefix);
+    call.slot().read(|ks| {
+        let mut keys = Vec::new();
+        if let Some(range) = range_of(ks, Bound::Included(prefix.clone()), hi.clone()) {
+            for item in range {
+                let (key, _) = item?;
+                if glob_match(pattern, &key) {
+                    keys.push(Reply::Bulk(key));
+                }
+            }
+        }
+        Ok(Reply::Array(keys))
+    })
+}
+
+type Pair = (Vec<u8>, Vec<u8>);
+
+/// Options shared by TRANGE and TPREFIX: `[REV] [LIMIT count] [WITHVALUES]`.
+struct RangeOptions {
+    rev: bool,
+    limit: Option<usize>,
+    with_values: bool,
+}
+
+fn range_options(args: &[Vec<u8>]) -> Result<RangeOptions, Reply> {
+    let mut opts = RangeOptions {
+        rev: false,
+        limit: None,
+        with_values: false,
+    };
+    let mut i = 0;
+    while i < args.len() {
+        match args[i].to_ascii_uppercase().as_slice() {
+            b"REV" => opts.rev = true,
+            b"WITHVALUES" => opts.with_values = true,
+            b"LIMIT" => {
+                let n = args.get(i + 1).ok_or_else(syntax_error)?;
+                match parse_i64(n) {
+                    Some(n) if n >= 0 => opts.limit = Some(n as usize),
+                    _ => return Err(not_an_integer()),
+                }
+                i += 1;
+            }
+            _ => return Err(syntax_error()),
+        }
+        i += 1;
+    }
+    Ok(opts)
+}
+
+/// A range bound as ZRANGEBYLEX writes it: `-`, `+`, `[key` (inclusive), `(key`.
+fn lex_bound(arg: &[u8], low: bool) -> Option<Bound<Vec<u8>>> {
+    match arg {
+        b"-" if low => Some(Bound::Unbounded),
+        b"+" if !low => Some(Bound::Unbounded),
+        [b'[', key @ ..] => Some(Bound::Included(key.to_vec())),
+        [b'(', key @ ..] => Some(Bound::Excluded(key.to_vec())),
+        _ => None,
+    }
+}
+
+fn collect_range(
+    call: &Call<'_>,
+    lo: Bound<Vec<u8>>,
+    hi: Bound<Vec<u8>>,
+    opts: &RangeOptions,
+) -> tucana::Result<Reply> {
+    let limit = opts.limit.unwrap_or(usize::MAX);
+    call.slot().read(|ks| {
+        let mut items = Vec::new();
+        let Some(range) = range_of(ks, lo.clone(), hi.clone()) else {
+            return Ok(Reply::Array(items));
+        };
+        let iter: Box<dyn Iterator<Item = tucana::Result<Pair>>> = if opts.rev {
+            Box::new(range.rev())
+        } else {
+            Box::new(range)
+        };
+        for item in iter.take(limit) {
+            let (key, value) = item?;
+            items.push(Reply::Bulk(key));
+            if opts.with_values {
+                items.push(Reply::Bulk(value));
+            }
+        }
+        Ok(Reply::Array(items))
+    })
+}
+
+/// `TRANGE start end [REV] [LIMIT count] [WITHVALUES]`: keys from `start` to `end` in key
+/// order (`REV`: descending), bounds written as in ZRANGEBYLEX (`-`, `+`, `[k`, `(k`).
+pub(super) fn cmd_trange(call: &mut Call<'_>, args: &[Vec<u8>]) -> tucana::Result<Reply> {
+    let (Some(lo), Some(hi)) = (lex_bound(&args[1], true), lex_bound(&args[2], false)) else {
+        return Ok(Reply::error(
+            "ERR start and end must be '-', '+', '[key' (inclusive) or '(key' (exclusive)",
+        ));
+    };
+    match range_options(&args[3..]) {
+        Ok(opts) => collect_range(call, lo, hi, &opts),
+        Err(reply) => Ok(reply),
+    }
+}
+
+/// `TPREFIX prefix [REV] [LIMIT count] [WITHVALUES]`: the keys that start with `prefix`.
+pub(super) fn cmd_tprefix(call: &mut Call<'_>, args: &[Vec<u8>]) -> tucana::Result<Reply> {
+    let prefix = args[1].clone();
+    let hi = prefix_end(&prefix);
+    match range_options(&args[2..]) {
+        Ok(opts) => collect_range(call, Bound::Included(prefix), hi, &opts),
+        Err(reply) => Ok(reply),
+    }
+}
+
+pub(super) fn cmd_dbsize(call: &mut Call<'_>, _args: &[Vec<u8>]) -> tucana::Result<Reply> {
+    let n = call.slot().read(|ks| Ok(ks.map_or(0, |ks| ks.len())))?;
+    Ok(Reply::Int(n as i64))
+}
+
+fn flush_option_ok(args: &[Vec<u8>]) -> bool {
+    match args {
+        [_] => true,
+        [_, mode] => mode.eq_ignore_ascii_case(b"SYNC") || mode.eq_ignore_ascii_case(b"ASYNC"),
+        _ => false,
+    }
+}
+
+/// Drops the keyspace (durably, O(1)); the next write creates it again.
+pub(super) fn cmd_flushdb(call: &mut Call<'_>, args: &[Vec<u8>]) -> tucana::Result<Reply> {
+    if !flush_option_ok(args) {
+        return Ok(syntax_error());
+    }
+    call.slot().lock_writes().flush(&call.state.store.db)?;
+    Ok(Reply::Ok)
+}
+
+pub(super) fn cmd_flushall(call: &mut Call<'_>, args: &[Vec<u8>]) -> tucana::Result<Reply> {
+    if !flush_option_ok(args) {
+        return Ok(syntax_error());
+    }
+    for slot in call.state.store.slots() {
+        slot.lock_writes().flush(&call.state.store.db)?;
+    }
+    Ok(Reply::Ok)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lex_bounds_follow_zrangebylex() {
+        assert_eq!(lex_bound(b"-", true), Some(Bound::Unbounded));
+        assert_eq!(lex_bound(b"+", true), None);
+        assert_eq!(
+            lex_bound(b"[a", false),
+            Some(Bound::Included(b"a".to_vec()))
+        );
+        assert_eq!(lex_bound(b"(a", true), Some(Bound::Excluded(b"a".to_vec())));
+        assert_eq!(lex_bound(b"a", true), None);
+    }
+}

@@ -1,0 +1,155 @@
+//! The [`Kv`] trait the string commands are written against, and its three stores: one
+//! that reads the keyspace as it is ([`ReadKv`]), one that reads and writes under the
+//! database's write lock ([`LockedKv`]), and the overlay of `EXEC` ([`TxKv`]), whose
+//! writes become one atomic engine batch when the transaction ends.
+//!
+//! Owns how a handler's reads and writes reach the engine (buffered: durability is the
+//! batch's business, `batch::Written`) and the keyspace hit and miss counts of those
+//! reads. It does not own the locks (`store`) or the handlers (`strings`).
+//!
+//! Thread-safety: a store lives for one command (or one `EXEC`) on one thread; the write
+//! lock it may hold is released when it is dropped.
+
+use std::collections::HashMap;
+
+use tucana::{Durability, Keyspace};
+
+use crate::state::ServerState;
+use crate::store::WriteGuard;
+
+/// Writes for [`Kv::apply`]: a put (`Some(value)`) or a delete (`None`) per key.
+pub(super) type Ops = Vec<(Vec<u8>, Option<Vec<u8>>)>;
+
+/// Reads and writes of the string commands; see the module doc for the three kinds.
+pub(super) trait Kv {
+    fn get(&mut self, key: &[u8]) -> tucana::Result<Option<Vec<u8>>>;
+    /// Length of the value, without copying it.
+    fn value_len(&mut self, key: &[u8]) -> tucana::Result<Option<usize>> {
+        Ok(self.get(key)?.map(|v| v.len()))
+    }
+    /// Applies puts (`Some`) and deletes (`None`) atomically.
+    fn apply(&mut self, ops: Ops) -> tucana::Result<()>;
+
+    /// The values of `keys`, in order. Stores override it to read them all at once.
+    fn multi_get(&mut self, keys: &[Vec<u8>]) -> tucana::Result<Vec<Option<Vec<u8>>>> {
+        keys.iter().map(|key| self.get(key)).collect()
+    }
+
+    fn put(&mut self, key: &[u8], value: Vec<u8>) -> tucana::Result<()> {
+        self.apply(vec![(key.to_vec(), Some(value))])
+    }
+}
+
+/// Reads on the keyspace as it is; no writes.
+pub(super) struct ReadKv<'a> {
+    pub(super) ks: Option<&'a Keyspace>,
+    pub(super) state: &'a ServerState,
+}
+
+impl Kv for ReadKv<'_> {
+    fn get(&mut self, key: &[u8]) -> tucana::Result<Option<Vec<u8>>> {
+        let value = match self.ks {
+            Some(ks) => ks.get(key)?,
+            None => None,
+        };
+        self.state.metrics.count_lookup(value.is_some());
+        Ok(value)
+    }
+
+    fn value_len(&mut self, key: &[u8]) -> tucana::Result<Option<usize>> {
+        match self.ks {
+            Some(ks) => ks.get_with(key, |v| v.len()),
+            None => Ok(None),
+        }
+    }
+
+    /// One `Keyspace::multi_get`: the records not in memory are read in parallel.
+    fn multi_get(&mut self, keys: &[Vec<u8>]) -> tucana::Result<Vec<Option<Vec<u8>>>> {
+        let values = match self.ks {
+            Some(ks) => ks.multi_get(keys)?,
+            None => vec![None; keys.len()],
+        };
+        for value in &values {
+            self.state.metrics.count_lookup(value.is_some());
+        }
+        Ok(values)
+    }
+
+    fn apply(&mut self, _ops: Ops) -> tucana::Result<()> {
+        // The command table marks every command that writes; reaching this is a bug.
+        debug_assert!(false, "a read-only command wrote");
+        Err(tucana::Error::InvalidArgument(
+            "internal error: write in a read-only command".into(),
+        ))
+    }
+}
+
+/// Reads and writes under the database's write lock.
+pub(super) struct LockedKv<'a> {
+    pub(super) guard: WriteGuard<'a>,
+    pub(super) state: &'a ServerState,
+    pub(super) wrote: bool,
+}
+
+impl Kv for LockedKv<'_> {
+    fn get(&mut self, key: &[u8]) -> tucana::Result<Option<Vec<u8>>> {
+        let value = match self.guard.existing() {
+            Some(ks) => ks.get(key)?,
+            None => None,
+        };
+        self.state.metrics.count_lookup(value.is_some());
+        Ok(value)
+    }
+
+    fn apply(&mut self, ops: Ops) -> tucana::Result<()> {
+        if ops.is_empty() {
+            return Ok(());
+        }
+        let ks = self.guard.keyspace(&self.state.store.db)?;
+        self.wrote = true;
+        // Durability is handled per batch by `execute_batch` (one sync for the batch).
+        if let [(key, value)] = ops.as_slice() {
+            return match value {
+                Some(v) => ks.put_with(key, v, Durability::Buffered),
+                None => ks.delete_with(key, Durability::Buffered).map(|_| ()),
+            };
+        }
+        let mut batch = ks.batch();
+        for (key, value) in &ops {
+            match value {
+                Some(v) => batch.put(key, v),
+                None => batch.delete(key),
+            };
+        }
+        batch.commit_with(Durability::Buffered)
+    }
+}
+
+/// Inside `EXEC`: reads see the transaction's own writes, writes wait in an overlay that
+/// becomes one atomic batch at the end.
+pub(super) struct TxKv<'a> {
+    pub(super) guard: WriteGuard<'a>,
+    pub(super) state: &'a ServerState,
+    pub(super) overlay: HashMap<Vec<u8>, Option<Vec<u8>>>,
+}
+
+impl Kv for TxKv<'_> {
+    fn get(&mut self, key: &[u8]) -> tucana::Result<Option<Vec<u8>>> {
+        if let Some(v) = self.overlay.get(key) {
+            return Ok(v.clone());
+        }
+        let value = match self.guard.existing() {
+            Some(ks) => ks.get(key)?,
+            None => None,
+        };
+        self.state.metrics.count_lookup(value.is_some());
+        Ok(value)
+    }
+
+    fn apply(&mut self, ops: Ops) -> tucana::Result<()> {
+        for (key, value) in ops {
+            self.overlay.insert(key, value);
+        }
+        Ok(())
+    }
+}

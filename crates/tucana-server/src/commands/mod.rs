@@ -1,0 +1,201 @@
+//! Command handlers: what each supported command does, on top of the engine's public API.
+//!
+//! Owns the command table (names, arities, flags), the per-connection [`Session`]
+//! (protocol, selected database, authentication, `MULTI` queue) and the execution of a
+//! pipelined batch of requests, including where the replies of its writes are, so that
+//! in sync mode none is sent before the writes are durable. It owns no sockets and no
+//! wire format beyond encoding replies (`resp`); when a batch is run and how its replies
+//! reach the client is the connection's business (`connection`).
+//!
+//! Files, in the order a request meets them:
+//! - `batch`: [`execute_batch`] runs a pipelined batch; runs of plain `GET key` and
+//!   `SET key value` (most of a cache's traffic) take fast paths that answer exactly as
+//!   the general path would, without building owned arguments or [`Reply`] values;
+//!   everything else goes through [`execute`] here (authentication, arity, `MULTI`
+//!   queueing), which finds the handler in
+//! - `table`: the command table ([`table::Spec`]), lookup by name, and which commands
+//!   may block;
+//! - `kv`: the [`kv::Kv`] trait the string commands are written against, and its three
+//!   stores: reads directly on the keyspace (no lock), writes under the database's write
+//!   lock (see `store` for why), and inside `EXEC` an overlay whose writes become one
+//!   atomic engine batch;
+//! - the handlers, by Redis's command groups: `strings` (GET, SET, INCR, ...), `keys`
+//!   (SCAN, KEYS, TRANGE, TPREFIX, DBSIZE, FLUSHDB), `transaction` (MULTI, EXEC,
+//!   DISCARD), `session` (the `Session` and the commands that read or change it: AUTH,
+//!   HELLO, SELECT, CLIENT, QUIT, PING, ECHO), `admin` (COMMAND, CONFIG, TIME, SAVE,
+//!   BGSAVE, BGREWRITEAOF, SHUTDOWN), `info` (INFO's text, from `metrics`' counters
+//!   and the engine's `Stats`).
+//!
+//! Thread-safety: a `Session` belongs to one connection; `execute_batch` may run on any
+//! thread and may block (engine writes take the database's write lock; `EXEC`, `FLUSHDB`
+//! and `SAVE` wait on the device, which is why the connection runs batches holding them
+//! on a thread that may block, see [`may_block`]).
+
+mod admin;
+mod batch;
+mod info;
+mod keys;
+mod kv;
+mod session;
+mod strings;
+mod table;
+mod transaction;
+
+use crate::resp::{Args, Reply};
+use crate::state::ServerState;
+use crate::store::Slot;
+
+pub use batch::{execute_batch, Written};
+pub use session::Session;
+pub use table::{command_count, command_name, may_block};
+
+use kv::{LockedKv, ReadKv};
+use table::{lookup, table, Run, Spec, NOAUTH, NOMULTI, TXCTL};
+
+/// The Redis version whose commands and replies we follow, reported to clients that ask
+/// (`HELLO`, `INFO`); some clients pick features by it.
+pub const REDIS_COMPAT_VERSION: &str = "7.2.0";
+
+/// What a handler sees besides its arguments.
+struct Call<'a> {
+    state: &'a ServerState,
+    session: &'a mut Session,
+    /// Set when the request wrote: in sync mode its reply waits for a sync.
+    wrote: bool,
+}
+
+impl<'a> Call<'a> {
+    /// The selected database.
+    fn slot(&self) -> &'a Slot {
+        self.state.store.slot(self.session.db_index)
+    }
+}
+
+/// Runs one request on the general path: checks authentication and arity, queues it
+/// inside `MULTI`, else finds its handler in the table and runs it on the store its kind
+/// needs. Errors become error replies.
+fn execute(call: &mut Call<'_>, args: &Args) -> Reply {
+    let Some(index) = lookup(&args[0]) else {
+        if let Some(multi) = &mut call.session.multi {
+            multi.failed = true;
+        }
+        return unknown_command(args);
+    };
+    let spec = &table()[index];
+    if !call.session.authenticated && spec.flags & NOAUTH == 0 {
+        return Reply::error("NOAUTH Authentication required.");
+    }
+    let n = args.len() as i32;
+    if (spec.arity > 0 && n != spec.arity) || (spec.arity < 0 && n < -spec.arity) {
+        if let Some(multi) = &mut call.session.multi {
+            multi.failed = true;
+        }
+        return wrong_args(spec.name);
+    }
+    if let Some(multi) = &mut call.session.multi {
+        if spec.flags & TXCTL == 0 {
+            if spec.flags & NOMULTI != 0 {
+                multi.failed = true;
+                return Reply::error(format!(
+                    "ERR '{}' is not allowed inside a transaction (a transaction is one atomic batch of string commands on the selected database)",
+                    spec.name
+                ));
+            }
+            multi.queued.push(args.clone());
+            return Reply::Status("QUEUED".into());
+        }
+    }
+    call.state.metrics.count_command(index);
+    let result = run_spec(call, spec, args);
+    result.unwrap_or_else(|e| Reply::error(format!("ERR {e}")))
+}
+
+fn run_spec(call: &mut Call<'_>, spec: &Spec, args: &Args) -> tucana::Result<Reply> {
+    let state = call.state;
+    match spec.run {
+        Run::Read(f) => call.slot().read(|ks| f(&mut ReadKv { ks, state }, args)),
+        Run::Write(f) => {
+            let mut kv = LockedKv {
+                guard: call.slot().lock_writes(),
+                state,
+                wrote: false,
+            };
+            let reply = f(&mut kv, args);
+            call.wrote |= kv.wrote;
+            reply
+        }
+        Run::Other { f, .. } => f(call, args),
+    }
+}
+
+// ---- shared by the handlers ---------------------------------------------------------
+
+fn unknown_command(args: &Args) -> Reply {
+    let mut text = format!(
+        "ERR unknown command '{}', with args beginning with:",
+        printable(&args[0], 64)
+    );
+    for a in args.iter().skip(1).take(8) {
+        text.push_str(&format!(" '{}'", printable(a, 64)));
+    }
+    Reply::error(text)
+}
+
+/// Text for an error message: lossy UTF-8 without control characters, cut at `max` chars.
+fn printable(bytes: &[u8], max: usize) -> String {
+    String::from_utf8_lossy(bytes)
+        .chars()
+        .filter(|c| !c.is_control())
+        .take(max)
+        .collect()
+}
+
+fn wrong_args(name: &str) -> Reply {
+    Reply::error(format!(
+        "ERR wrong number of arguments for '{name}' command"
+    ))
+}
+
+fn syntax_error() -> Reply {
+    Reply::error("ERR syntax error")
+}
+
+/// Parses an integer the way Redis does: the canonical decimal form of an `i64`.
+fn parse_i64(bytes: &[u8]) -> Option<i64> {
+    if bytes.is_empty() || bytes.len() > 20 {
+        return None;
+    }
+    let s = std::str::from_utf8(bytes).ok()?;
+    let n: i64 = s.parse().ok()?;
+    (n.to_string() == s).then_some(n)
+}
+
+fn not_an_integer() -> Reply {
+    Reply::error("ERR value is not an integer or out of range")
+}
+
+fn opt_bulk(value: Option<Vec<u8>>) -> Reply {
+    value.map_or(Reply::Nil, Reply::Bulk)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn integers_parse_only_in_canonical_form() {
+        assert_eq!(parse_i64(b"42"), Some(42));
+        assert_eq!(parse_i64(b"-9223372036854775808"), Some(i64::MIN));
+        for bad in [
+            &b""[..],
+            b"+1",
+            b" 1",
+            b"01",
+            b"-0",
+            b"1.0",
+            b"9223372036854775808",
+        ] {
+            assert_eq!(parse_i64(bad), None, "{:?}", String::from_utf8_lossy(bad));
+        }
+    }
+}

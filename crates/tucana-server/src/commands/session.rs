@@ -1,0 +1,242 @@
+//! The per-connection [`Session`] and the commands of Redis's `connection` group, which
+//! read or change it: AUTH, HELLO, SELECT, CLIENT, QUIT, PING, ECHO.
+//!
+//! Owns the session's fields and the password check. It does not own the connection's
+//! socket or its lifetime: `close_after_reply` and `shutdown_requested` only ask the
+//! connection (`connection`) to end it, or the server to stop.
+//!
+//! Thread-safety: a `Session` belongs to one connection and moves with its batch when
+//! that runs on a blocking thread; it is never shared.
+
+use crate::resp::{Protocol, Reply};
+
+use super::transaction::Multi;
+use super::{
+    not_an_integer, opt_bulk, parse_i64, printable, syntax_error, wrong_args, Call,
+    REDIS_COMPAT_VERSION,
+};
+
+/// Per-connection state.
+#[derive(Debug)]
+pub struct Session {
+    /// `CLIENT ID`.
+    pub(super) id: u64,
+    pub protocol: Protocol,
+    /// The database `SELECT` chose.
+    pub(super) db_index: u32,
+    pub authenticated: bool,
+    /// `CLIENT SETNAME`, `HELLO ... SETNAME`.
+    pub(super) name: Option<Vec<u8>>,
+    /// `CLIENT SETINFO LIB-NAME`, `LIB-VER`.
+    pub(super) lib_name: Option<Vec<u8>>,
+    pub(super) lib_version: Option<Vec<u8>>,
+    /// Between `MULTI` and `EXEC` or `DISCARD`: the queued commands.
+    pub(super) multi: Option<Multi>,
+    /// Close the connection once the replies so far are written (`QUIT`, `SHUTDOWN`).
+    pub close_after_reply: bool,
+    /// The client asked the server to shut down.
+    pub shutdown_requested: bool,
+}
+
+impl Session {
+    pub fn new(id: u64, authenticated: bool) -> Session {
+        Session {
+            id,
+            protocol: Protocol::Resp2,
+            db_index: 0,
+            authenticated,
+            name: None,
+            lib_name: None,
+            lib_version: None,
+            multi: None,
+            close_after_reply: false,
+            shutdown_requested: false,
+        }
+    }
+}
+
+pub(super) fn cmd_ping(_call: &mut Call<'_>, args: &[Vec<u8>]) -> tucana::Result<Reply> {
+    Ok(match args {
+        [_] => Reply::Status("PONG".into()),
+        [_, msg] => Reply::Bulk(msg.clone()),
+        _ => wrong_args("ping"),
+    })
+}
+
+pub(super) fn cmd_echo(_call: &mut Call<'_>, args: &[Vec<u8>]) -> tucana::Result<Reply> {
+    Ok(Reply::Bulk(args[1].clone()))
+}
+
+pub(super) fn cmd_quit(call: &mut Call<'_>, _args: &[Vec<u8>]) -> tucana::Result<Reply> {
+    call.session.close_after_reply = true;
+    Ok(Reply::Ok)
+}
+
+pub(super) fn cmd_select(call: &mut Call<'_>, args: &[Vec<u8>]) -> tucana::Result<Reply> {
+    match parse_i64(&args[1]) {
+        Some(n) if n >= 0 && n < i64::from(call.state.store.databases()) => {
+            call.session.db_index = n as u32;
+            Ok(Reply::Ok)
+        }
+        Some(_) => Ok(Reply::error("ERR DB index is out of range")),
+        None => Ok(not_an_integer()),
+    }
+}
+
+/// Compares in time independent of where the first difference is.
+fn same_secret(a: &[u8], b: &[u8]) -> bool {
+    let mut diff = a.len() ^ b.len();
+    for (i, x) in a.iter().enumerate() {
+        diff |= usize::from(x ^ b.get(i).copied().unwrap_or(0));
+    }
+    diff == 0
+}
+
+/// Checks a user name and password; `Err` is the reply when they are wrong.
+fn authenticate(call: &mut Call<'_>, user: Option<&[u8]>, password: &[u8]) -> Result<(), Reply> {
+    let Some(expected) = call.state.config.requirepass.as_deref() else {
+        return Err(Reply::error(
+            "ERR AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?",
+        ));
+    };
+    let user_ok = user.is_none_or(|u| u == b"default");
+    if user_ok && same_secret(password, expected.as_bytes()) {
+        call.session.authenticated = true;
+        Ok(())
+    } else {
+        call.state.metrics.count_auth_failure();
+        Err(Reply::error(
+            "WRONGPASS invalid username-password pair or user is disabled.",
+        ))
+    }
+}
+
+pub(super) fn cmd_auth(call: &mut Call<'_>, args: &[Vec<u8>]) -> tucana::Result<Reply> {
+    let result = match args {
+        [_, password] => authenticate(call, None, password),
+        [_, user, password] => authenticate(call, Some(user), password),
+        _ => return Ok(syntax_error()),
+    };
+    Ok(result.map_or_else(|e| e, |()| Reply::Ok))
+}
+
+/// `HELLO [protover [AUTH username password] [SETNAME clientname]]`
+pub(super) fn cmd_hello(call: &mut Call<'_>, args: &[Vec<u8>]) -> tucana::Result<Reply> {
+    let mut protocol = call.session.protocol;
+    if let Some(version) = args.get(1) {
+        protocol = match parse_i64(version) {
+            Some(2) => Protocol::Resp2,
+            Some(3) => Protocol::Resp3,
+            Some(_) => return Ok(Reply::error("NOPROTO unsupported protocol version")),
+            None => {
+                return Ok(Reply::error(
+                    "ERR Protocol version is not an integer or out of range",
+                ))
+            }
+        };
+    }
+    let mut name = None;
+    let mut i = 2;
+    while i < args.len() {
+        match args[i].to_ascii_uppercase().as_slice() {
+            b"AUTH" if i + 2 < args.len() => {
+                if let Err(reply) = authenticate(call, Some(&args[i + 1]), &args[i + 2]) {
+                    return Ok(reply);
+                }
+                i += 3;
+            }
+            b"SETNAME" if i + 1 < args.len() => {
+                name = Some(args[i + 1].clone());
+                i += 2;
+            }
+            _ => return Ok(syntax_error()),
+        }
+    }
+    if !call.session.authenticated {
+        return Ok(Reply::error(
+            "NOAUTH HELLO must be called with the client already authenticated, otherwise the HELLO <proto> AUTH <user> <pass> option can be used to authenticate the client and select the RESP protocol version at the same time",
+        ));
+    }
+    if let Some(name) = name {
+        call.session.name = Some(name);
+    }
+    call.session.protocol = protocol;
+    let proto = if protocol == Protocol::Resp3 { 3 } else { 2 };
+    let s = |t: &str| Reply::bulk(t);
+    Ok(Reply::Map(vec![
+        (s("server"), s("tucana")),
+        (s("version"), s(REDIS_COMPAT_VERSION)),
+        (s("proto"), Reply::Int(proto)),
+        (s("id"), Reply::Int(call.session.id as i64)),
+        (s("mode"), s("standalone")),
+        (s("role"), s("master")),
+        (s("modules"), Reply::Array(vec![])),
+    ]))
+}
+
+fn client_info_line(call: &Call<'_>) -> String {
+    let text = |v: &Option<Vec<u8>>| v.as_deref().map(|b| printable(b, 64)).unwrap_or_default();
+    format!(
+        "id={} name={} db={} resp={} lib-name={} lib-ver={}",
+        call.session.id,
+        text(&call.session.name),
+        call.session.db_index,
+        if call.session.protocol == Protocol::Resp3 {
+            3
+        } else {
+            2
+        },
+        text(&call.session.lib_name),
+        text(&call.session.lib_version),
+    )
+}
+
+pub(super) fn cmd_client(call: &mut Call<'_>, args: &[Vec<u8>]) -> tucana::Result<Reply> {
+    let sub = args[1].to_ascii_uppercase();
+    Ok(match (sub.as_slice(), &args[2..]) {
+        (b"SETNAME", [name]) => {
+            if name.iter().any(|&b| b <= b' ' || b > b'~') {
+                Reply::error("ERR Client names cannot contain spaces, newlines or special characters.")
+            } else {
+                call.session.name = (!name.is_empty()).then(|| name.clone());
+                Reply::Ok
+            }
+        }
+        (b"GETNAME", []) => opt_bulk(call.session.name.clone()),
+        (b"ID", []) => Reply::Int(call.session.id as i64),
+        (b"SETINFO", [attr, value]) => match attr.to_ascii_uppercase().as_slice() {
+            b"LIB-NAME" => {
+                call.session.lib_name = Some(value.clone());
+                Reply::Ok
+            }
+            b"LIB-VER" => {
+                call.session.lib_version = Some(value.clone());
+                Reply::Ok
+            }
+            _ => Reply::error(format!(
+                "ERR Unrecognized option '{}'",
+                printable(attr, 32)
+            )),
+        },
+        (b"INFO", []) => Reply::Bulk(format!("{}\n", client_info_line(call)).into_bytes()),
+        // Eviction and LRU do not exist here, so opting out of them changes nothing.
+        (b"NO-EVICT" | b"NO-TOUCH", [_]) => Reply::Ok,
+        _ => Reply::error(format!(
+            "ERR unknown subcommand or wrong number of arguments for '{}'. Supported: SETNAME GETNAME ID SETINFO INFO",
+            printable(&args[1], 32)
+        )),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secrets_compare_exactly() {
+        assert!(same_secret(b"abc", b"abc"));
+        assert!(!same_secret(b"abc", b"abd"));
+        assert!(!same_secret(b"abc", b"abcd"));
+        assert!(!same_secret(b"", b"a"));
+    }
+}

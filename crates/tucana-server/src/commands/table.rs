@@ -1,0 +1,244 @@
+//! The command table: every supported command's name, arity, flags, key positions and
+//! handler ([`Spec`]), and lookup by name.
+//!
+//! Owns what is known about a command before it runs: whether it is allowed before
+//! `AUTH` or inside `MULTI`, whether it may block on I/O ([`may_block`]), and its index
+//! (metrics count commands by it). It does not run commands (`batch`, `execute` in
+//! `commands`) and holds no state beyond the table, built once.
+//!
+//! Thread-safety: the table and its name index are immutable statics, built on first use.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::OnceLock;
+
+use crate::resp::Reply;
+
+use super::admin::{
+    cmd_bgrewriteaof, cmd_bgsave, cmd_command, cmd_config, cmd_save, cmd_shutdown, cmd_time,
+};
+use super::info::cmd_info;
+use super::keys::{
+    cmd_dbsize, cmd_flushall, cmd_flushdb, cmd_keys, cmd_scan, cmd_tprefix, cmd_trange,
+};
+use super::kv::Kv;
+use super::session::{cmd_auth, cmd_client, cmd_echo, cmd_hello, cmd_ping, cmd_quit, cmd_select};
+use super::strings::{
+    cmd_append, cmd_decr, cmd_decrby, cmd_del, cmd_exists, cmd_get, cmd_getdel, cmd_getset,
+    cmd_incr, cmd_incrby, cmd_mget, cmd_mset, cmd_msetnx, cmd_set, cmd_setnx, cmd_strlen, cmd_ttl,
+    cmd_type,
+};
+use super::transaction::{cmd_discard, cmd_exec, cmd_multi};
+use super::Call;
+
+/// A string command's handler: runs on whichever [`Kv`] store the caller gives it.
+pub(super) type KvFn = fn(&mut dyn Kv, &[Vec<u8>]) -> tucana::Result<Reply>;
+/// Any other command's handler.
+pub(super) type CallFn = fn(&mut Call<'_>, &[Vec<u8>]) -> tucana::Result<Reply>;
+
+/// How a command runs, which decides the store its handler gets.
+#[derive(Clone, Copy)]
+pub(super) enum Run {
+    /// A string command that only reads.
+    Read(KvFn),
+    /// A string command that writes (under the write lock).
+    Write(KvFn),
+    /// Anything else; `blocks` when it may wait on I/O (commit, drop, sync).
+    Other { f: CallFn, blocks: bool },
+}
+
+/// Allowed before `AUTH`.
+pub(super) const NOAUTH: u8 = 1;
+/// Not allowed inside `MULTI` (works on the whole keyspace or on the connection).
+pub(super) const NOMULTI: u8 = 2;
+/// Runs at once inside `MULTI` instead of being queued (`EXEC`, `DISCARD`, `QUIT`, ...).
+pub(super) const TXCTL: u8 = 4;
+
+/// One command of the table.
+pub(super) struct Spec {
+    /// Lower case, as `COMMAND` reports it.
+    pub(super) name: &'static str,
+    /// Redis convention: n > 0 exactly n arguments (with the name), n < 0 at least -n.
+    pub(super) arity: i32,
+    pub(super) flags: u8,
+    /// Key positions, for `COMMAND` (cluster-aware clients read them).
+    pub(super) keys: (i32, i32, i32),
+    pub(super) run: Run,
+}
+
+macro_rules! spec {
+    ($name:literal, $arity:expr, $flags:expr, $keys:expr, $run:expr) => {
+        Spec {
+            name: $name,
+            arity: $arity,
+            flags: $flags,
+            keys: $keys,
+            run: $run,
+        }
+    };
+}
+
+const NO_KEYS: (i32, i32, i32) = (0, 0, 0);
+const KEY1: (i32, i32, i32) = (1, 1, 1);
+const ALL_KEYS: (i32, i32, i32) = (1, -1, 1);
+
+fn other(f: CallFn) -> Run {
+    Run::Other { f, blocks: false }
+}
+
+fn blocking(f: CallFn) -> Run {
+    Run::Other { f, blocks: true }
+}
+
+/// Every supported command.
+pub(super) fn table() -> &'static [Spec] {
+    static TABLE: OnceLock<Vec<Spec>> = OnceLock::new();
+    TABLE.get_or_init(|| {
+        vec![
+            spec!("get", 2, 0, KEY1, Run::Read(cmd_get)),
+            spec!("mget", -2, 0, ALL_KEYS, Run::Read(cmd_mget)),
+            spec!("exists", -2, 0, ALL_KEYS, Run::Read(cmd_exists)),
+            spec!("strlen", 2, 0, KEY1, Run::Read(cmd_strlen)),
+            spec!("type", 2, 0, KEY1, Run::Read(cmd_type)),
+            spec!("ttl", 2, 0, KEY1, Run::Read(cmd_ttl)),
+            spec!("pttl", 2, 0, KEY1, Run::Read(cmd_ttl)),
+            spec!("set", -3, 0, KEY1, Run::Write(cmd_set)),
+            spec!("setnx", 3, 0, KEY1, Run::Write(cmd_setnx)),
+            spec!("getset", 3, 0, KEY1, Run::Write(cmd_getset)),
+            spec!("getdel", 2, 0, KEY1, Run::Write(cmd_getdel)),
+            spec!("mset", -3, 0, (1, -1, 2), Run::Write(cmd_mset)),
+            spec!("msetnx", -3, 0, (1, -1, 2), Run::Write(cmd_msetnx)),
+            spec!("del", -2, 0, ALL_KEYS, Run::Write(cmd_del)),
+            spec!("unlink", -2, 0, ALL_KEYS, Run::Write(cmd_del)),
+            spec!("append", 3, 0, KEY1, Run::Write(cmd_append)),
+            spec!("incr", 2, 0, KEY1, Run::Write(cmd_incr)),
+            spec!("decr", 2, 0, KEY1, Run::Write(cmd_decr)),
+            spec!("incrby", 3, 0, KEY1, Run::Write(cmd_incrby)),
+            spec!("decrby", 3, 0, KEY1, Run::Write(cmd_decrby)),
+            spec!("scan", -2, NOMULTI, NO_KEYS, other(cmd_scan)),
+            spec!("keys", 2, NOMULTI, NO_KEYS, other(cmd_keys)),
+            spec!("trange", -3, NOMULTI, NO_KEYS, other(cmd_trange)),
+            spec!("tprefix", -2, NOMULTI, NO_KEYS, other(cmd_tprefix)),
+            spec!("dbsize", 1, NOMULTI, NO_KEYS, other(cmd_dbsize)),
+            spec!("flushdb", -1, NOMULTI, NO_KEYS, blocking(cmd_flushdb)),
+            spec!("flushall", -1, NOMULTI, NO_KEYS, blocking(cmd_flushall)),
+            spec!("select", 2, NOMULTI, NO_KEYS, other(cmd_select)),
+            spec!("multi", 1, TXCTL, NO_KEYS, other(cmd_multi)),
+            spec!("exec", 1, TXCTL, NO_KEYS, blocking(cmd_exec)),
+            spec!("discard", 1, TXCTL, NO_KEYS, other(cmd_discard)),
+            spec!("ping", -1, 0, NO_KEYS, other(cmd_ping)),
+            spec!("echo", 2, 0, NO_KEYS, other(cmd_echo)),
+            spec!("quit", -1, NOAUTH | TXCTL, NO_KEYS, other(cmd_quit)),
+            spec!("auth", -2, NOAUTH | NOMULTI, NO_KEYS, other(cmd_auth)),
+            spec!("hello", -1, NOAUTH | NOMULTI, NO_KEYS, other(cmd_hello)),
+            spec!("client", -2, NOMULTI, NO_KEYS, other(cmd_client)),
+            spec!("command", -1, NOMULTI, NO_KEYS, other(cmd_command)),
+            spec!("config", -2, NOMULTI, NO_KEYS, other(cmd_config)),
+            spec!("info", -1, NOMULTI, NO_KEYS, other(cmd_info)),
+            spec!("time", 1, 0, NO_KEYS, other(cmd_time)),
+            spec!("save", 1, NOMULTI, NO_KEYS, blocking(cmd_save)),
+            spec!("bgsave", -1, NOMULTI, NO_KEYS, blocking(cmd_bgsave)),
+            spec!(
+                "bgrewriteaof",
+                1,
+                NOMULTI,
+                NO_KEYS,
+                blocking(cmd_bgrewriteaof)
+            ),
+            spec!("shutdown", -1, NOMULTI, NO_KEYS, other(cmd_shutdown)),
+        ]
+    })
+}
+
+/// FNV-1a: command names are a few bytes and come from the table or a client that can
+/// only pick among them, so the flooding resistance of the default hasher buys nothing
+/// and its cost shows up once per command.
+#[derive(Default)]
+struct NameHasher(u64);
+
+impl Hasher for NameHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        let mut h = if self.0 == 0 {
+            0xcbf2_9ce4_8422_2325
+        } else {
+            self.0
+        };
+        for &b in bytes {
+            h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+        self.0 = h;
+    }
+}
+
+type NameIndex = HashMap<&'static [u8], usize, BuildHasherDefault<NameHasher>>;
+
+fn index_by_name() -> &'static NameIndex {
+    static INDEX: OnceLock<NameIndex> = OnceLock::new();
+    INDEX.get_or_init(|| {
+        table()
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (s.name.as_bytes(), i))
+            .collect()
+    })
+}
+
+/// Number of commands in the table (metrics keep one counter per command).
+pub fn command_count() -> usize {
+    table().len()
+}
+
+/// Name of command `index` of the table.
+pub fn command_name(index: usize) -> &'static str {
+    table()[index].name
+}
+
+/// The table index of a command name, any case.
+pub(super) fn lookup(name: &[u8]) -> Option<usize> {
+    let mut lower = [0u8; 16];
+    if name.len() > lower.len() {
+        return None;
+    }
+    for (l, n) in lower.iter_mut().zip(name) {
+        *l = n.to_ascii_lowercase();
+    }
+    index_by_name().get(&lower[..name.len()]).copied()
+}
+
+/// Whether running this request may wait on I/O: the connection then runs its batch on
+/// a thread that may block, so the async workers keep serving other connections.
+///
+/// Reads never block. Writes only take the keyspace's write lock (held for a log append
+/// by another writer) and append to the log buffer, so they run on the async worker too:
+/// a hop to the blocking pool costs more than they do. In sync mode the wait for the
+/// fsync that follows is asynchronous (`syncer`).
+pub fn may_block(name: &[u8]) -> bool {
+    let Some(i) = lookup(name) else {
+        return false;
+    };
+    match table()[i].run {
+        Run::Read(_) => false,
+        Run::Write(_) => false,
+        Run::Other { blocks, .. } => blocks,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lookup_ignores_case_and_every_command_is_found() {
+        assert!(lookup(b"gEt").is_some());
+        assert!(lookup(b"expire").is_none());
+        assert!(lookup(b"averyveryverylongcommandname").is_none());
+        for (i, spec) in table().iter().enumerate() {
+            assert_eq!(lookup(spec.name.to_ascii_uppercase().as_bytes()), Some(i));
+            assert_eq!(spec.name, spec.name.to_ascii_lowercase());
+        }
+    }
+}

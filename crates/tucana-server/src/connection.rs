@@ -1,0 +1,381 @@
+//! One client connection, from the accepted socket to its close: the TLS handshake, the
+//! request loop (read, decode a batch, run it, reply), and the end of the connection.
+//!
+//! Owns the connection's buffers (what was read, the decoded batch, the replies), the
+//! decision where a batch runs and when its replies go out, and the per-connection limits
+//! (idle timeout, request sizes through the decoder, pre-auth limits). It does not know
+//! what commands do (`commands`) nor which thread it runs on (`server` hands it to one).
+//!
+//! A connection decodes every complete request in its buffer (a pipelined batch, at most
+//! [`MAX_BATCH_REQUESTS`]) and runs the batch in one go. Batches of reads and writes run
+//! on the connection thread (engine reads never block on writers; a write is a short
+//! append to the log's tail). In sync mode the batch's replies then wait, asynchronously,
+//! for the `syncer` thread's next sync, which makes the writes of every waiting
+//! connection durable at once (group commit); the thread serves other connections
+//! meanwhile. Batches that may wait on the device themselves (EXEC, FLUSHDB, SAVE) run on
+//! tokio's blocking pool, the connection's buffers moving there and back with them. The
+//! replies of a pipelined batch wait in the connection's outbox until its thread has run
+//! every ready connection (see `outbox`); a lone request's reply waits there too when
+//! the thread busy-polls (see `busy_poll`), otherwise it goes out at once. Before
+//! authentication a connection decodes one request at a time, so the stricter pre-auth
+//! limits apply to every request up to the `AUTH` that lifts them.
+//!
+//! Shutdown: between batches the connection checks the server's shutdown signal; it
+//! finishes the batch it is running, answers it and closes.
+//!
+//! Thread-safety: a connection is one async task on one connection thread; only a batch
+//! that may block leaves it, for the duration of the batch, to a blocking-pool thread.
+
+use std::io;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+
+use crate::commands::{execute_batch, may_block, Session, Written};
+use crate::config::DurabilityMode;
+use crate::outbox::Outbox;
+use crate::resp::{
+    check_incomplete, decode_into, ProtocolError, Reply, RequestLimits, RequestSpans,
+};
+use crate::state::{stopped, ServerState};
+
+/// At most this many pipelined requests run as one batch (bounds the reply buffer).
+const MAX_BATCH_REQUESTS: usize = 1024;
+/// A client must finish the TLS handshake within this time.
+const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Read this much at a time at least.
+const READ_CHUNK_BYTES: usize = 16 << 10;
+
+/// Runs one connection on the connection thread it was handed to.
+pub async fn serve_accepted(
+    state: Arc<ServerState>,
+    stream: std::net::TcpStream,
+    shutdown: watch::Receiver<bool>,
+) {
+    let Ok(stream) = TcpStream::from_std(stream) else {
+        return;
+    };
+    match state.tls.clone() {
+        None => {
+            let mut stream = stream;
+            // Declared after the stream, so dropped before it: see `Outbox`'s drop.
+            let outbox = plain_outbox(&stream);
+            serve_connection(state, &mut stream, outbox.as_ref(), shutdown).await;
+        }
+        Some(acceptor) => {
+            let handshake = tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream));
+            if let Ok(Ok(mut tls)) = handshake.await {
+                serve_connection(state, &mut tls, None, shutdown).await;
+                // Ends the TLS session properly (close_notify), so clients see a
+                // clean end of stream rather than a truncation.
+                let _ = tls.shutdown().await;
+            }
+        }
+    }
+}
+
+/// The outbox of a plain TCP connection (see `outbox`).
+fn plain_outbox(stream: &TcpStream) -> Option<Outbox> {
+    use std::os::fd::AsRawFd;
+    Some(Outbox::new(stream.as_raw_fd()))
+}
+
+/// Serves one connection until it ends, then writes what its outbox still holds.
+async fn serve_connection<S: AsyncRead + AsyncWrite + Unpin>(
+    state: Arc<ServerState>,
+    stream: &mut S,
+    outbox: Option<&Outbox>,
+    shutdown: watch::Receiver<bool>,
+) {
+    let mut last = Vec::new();
+    let ended = serve_requests(&state, stream, outbox, shutdown).await;
+    // Replies queued before the end (the client may have half-closed and still read).
+    if let (Ok(()), Some(outbox)) = (ended, outbox) {
+        if outbox.take_pending(&mut last).is_ok() && !last.is_empty() {
+            let _ = stream.write_all(&last).await;
+            let _ = stream.flush().await;
+        }
+    }
+}
+
+/// What a connection keeps from batch to batch. All of it is reused, so a connection
+/// allocates when a batch is larger than any before it, not per request; it moves to a
+/// blocking thread and back with a batch that may block.
+struct Connection {
+    session: Session,
+    /// Bytes read: consumed up to `start`, then requests not decoded yet (the last
+    /// perhaps incomplete).
+    buf: Vec<u8>,
+    start: usize,
+    /// The batch decoded from `buf`.
+    spans: RequestSpans,
+    /// The batch's encoded replies.
+    out: Vec<u8>,
+}
+
+/// What decoding a batch found besides its requests.
+struct Decoded {
+    /// A request of the batch may wait on the device (`commands::may_block`).
+    blocks: bool,
+    /// The bytes after the batch can never become a request: the connection answers the
+    /// error after the batch's replies, and closes.
+    error: Option<ProtocolError>,
+}
+
+impl Connection {
+    fn new(session: Session) -> Connection {
+        Connection {
+            session,
+            buf: Vec::with_capacity(READ_CHUNK_BYTES),
+            start: 0,
+            out: Vec::new(),
+            spans: RequestSpans::default(),
+        }
+    }
+
+    /// Decodes the complete requests buffered from `start` on, as one batch: all of them
+    /// (up to [`MAX_BATCH_REQUESTS`]) once the session is authenticated, one before.
+    fn decode_batch(&mut self, limits: &RequestLimits) -> Decoded {
+        self.spans.clear();
+        let mut decoded = Decoded {
+            blocks: false,
+            error: None,
+        };
+        loop {
+            match decode_into(&self.buf, self.start, limits, &mut self.spans) {
+                Ok(Some(consumed)) => {
+                    self.start += consumed;
+                    let (requests, last) = (self.spans.in_buffer(&self.buf), self.spans.len() - 1);
+                    if requests.arg_count(last) > 0 {
+                        decoded.blocks |= may_block(requests.arg(last, 0));
+                    }
+                    if !self.session.authenticated || self.spans.len() >= MAX_BATCH_REQUESTS {
+                        break;
+                    }
+                }
+                Ok(None) => {
+                    if let Err(e) = check_incomplete(self.buf.len() - self.start, limits) {
+                        decoded.error = Some(e);
+                    }
+                    break;
+                }
+                Err(e) => {
+                    decoded.error = Some(e);
+                    break;
+                }
+            }
+        }
+        decoded
+    }
+
+    /// Runs the decoded batch; its replies are appended to `out`.
+    fn execute(&mut self, state: &ServerState) -> Written {
+        execute_batch(
+            state,
+            &mut self.session,
+            self.spans.in_buffer(&self.buf),
+            &mut self.out,
+        )
+    }
+
+    /// Drops the consumed bytes and makes room to read at least `READ_CHUNK_BYTES`.
+    fn make_room(&mut self) {
+        if self.start > 0 {
+            self.buf.drain(..self.start);
+            self.start = 0;
+        }
+        if self.buf.capacity() - self.buf.len() < READ_CHUNK_BYTES {
+            self.buf.reserve(READ_CHUNK_BYTES);
+        }
+    }
+}
+
+/// Runs the batch on this thread. Sync durability: the replies then wait for the writes
+/// to be durable; the thread serves other connections meanwhile.
+async fn run_here(state: &ServerState, conn: &mut Connection) {
+    let written = conn.execute(state);
+    if let (Some(syncer), false) = (&state.syncer, written.is_empty()) {
+        if let Err(e) = syncer.durable().await {
+            written.not_durable(&mut conn.out, &e);
+        }
+    }
+}
+
+/// Runs a batch that may block on tokio's blocking pool; the connection's buffers go
+/// there and come back with it. `Err` if a handler panicked (a bug; it ends this
+/// connection only).
+async fn run_blocking(state: &Arc<ServerState>, mut conn: Connection) -> io::Result<Connection> {
+    let state = state.clone();
+    tokio::task::spawn_blocking(move || {
+        let written = conn.execute(&state);
+        if state.config.durability == DurabilityMode::Sync && !written.is_empty() {
+            // This thread may block: the sync runs here (shared with whoever syncs at
+            // the same time).
+            if let Err(e) = state.store.db.sync() {
+                written.not_durable(&mut conn.out, &e);
+            }
+        }
+        conn
+    })
+    .await
+    .map_err(|_| io::Error::other("a command handler panicked"))
+}
+
+/// The connection's request loop. `Err` when the connection broke (nothing more can be
+/// written to it); `Ok` when it ended otherwise.
+async fn serve_requests<S: AsyncRead + AsyncWrite + Unpin>(
+    state: &Arc<ServerState>,
+    stream: &mut S,
+    outbox: Option<&Outbox>,
+    shutdown: watch::Receiver<bool>,
+) -> io::Result<()> {
+    // One wait for the whole connection, not one per request: a new wait registers with
+    // the channel (a lock shared by every connection) and dropping it unregisters. Between
+    // batches `shutting_down` asks the channel's version, a plain atomic load.
+    let mut waiter = shutdown.clone();
+    let mut stop = std::pin::pin!(stopped(&mut waiter));
+    let shutting_down = || shutdown.has_changed().unwrap_or(true);
+    let id = state.new_client_id();
+    let mut conn = Connection::new(Session::new(id, state.config.requirepass.is_none()));
+    loop {
+        let limits = if conn.session.authenticated {
+            state.config.request_limits
+        } else {
+            state.config.pre_auth_limits
+        };
+        let decoded = conn.decode_batch(&limits);
+        let ran = !conn.spans.is_empty();
+        if ran {
+            if decoded.blocks {
+                conn = run_blocking(state, conn).await?;
+            } else {
+                run_here(state, &mut conn).await;
+            }
+            crate::busy_poll::batch_ran();
+            let ending =
+                decoded.error.is_some() || conn.session.close_after_reply || shutting_down();
+            // A pipelined batch's replies are queued, and a lone request's when the thread
+            // busy-polls (see `send_replies`); the connection's last are written now.
+            let queue = conn.spans.len() > 1 || !state.config.busy_poll.is_zero();
+            send_replies(state, stream, outbox, &mut conn.out, queue && !ending).await?;
+        }
+        if let Some(e) = decoded.error {
+            state
+                .metrics
+                .protocol_errors
+                .fetch_add(1, Ordering::Relaxed);
+            let mut reply = Vec::new();
+            Reply::error(format!("ERR {e}")).encode(conn.session.protocol, &mut reply);
+            write_now(state, stream, outbox, &reply).await?;
+            return Ok(());
+        }
+        if conn.session.close_after_reply {
+            if conn.session.shutdown_requested {
+                state.shutdown.send_replace(true);
+            }
+            return Ok(());
+        }
+        if shutting_down() {
+            return Ok(());
+        }
+        if ran {
+            // More complete requests may be buffered; decode before reading.
+            continue;
+        }
+        conn.make_room();
+        let read = async {
+            match state.config.idle_timeout {
+                Some(idle) => tokio::time::timeout(idle, stream.read_buf(&mut conn.buf)).await,
+                None => Ok(stream.read_buf(&mut conn.buf).await),
+            }
+        };
+        let attention = std::future::poll_fn(|cx| match outbox {
+            Some(outbox) => outbox.poll_attention(cx),
+            None => std::task::Poll::Pending,
+        });
+        tokio::select! {
+            r = read => match r {
+                Ok(Ok(0)) => return Ok(()),
+                Ok(Err(e)) => return Err(e),
+                Ok(Ok(n)) => {
+                    state.metrics.net_input_bytes.fetch_add(n as u64, Ordering::Relaxed);
+                }
+                Err(_) => {
+                    state.metrics.idle_timeouts.fetch_add(1, Ordering::Relaxed);
+                    return Ok(());
+                }
+            },
+            // The park hook could not send all of the outbox (or failed): write the rest
+            // here, waiting for the socket as any write does.
+            _ = attention => {
+                write_now(state, stream, outbox, &[]).await?;
+            }
+            _ = &mut stop => return Ok(()),
+        }
+    }
+}
+
+/// Sends a batch's replies (`out`, left empty), or queues them for the thread's next
+/// flush when `may_queue` and the outbox has room (see `outbox`).
+///
+/// Without busy polling a lone reply is written at once (the client works on it while
+/// this thread serves the next connection, instead of both waiting for the flush); a
+/// large reply and the connection's last are written now too, after what the outbox
+/// holds.
+async fn send_replies<S: AsyncWrite + Unpin>(
+    state: &ServerState,
+    stream: &mut S,
+    outbox: Option<&Outbox>,
+    out: &mut Vec<u8>,
+    may_queue: bool,
+) -> io::Result<()> {
+    match outbox {
+        Some(outbox) if may_queue && outbox.has_room(out.len()) => {
+            state
+                .metrics
+                .net_output_bytes
+                .fetch_add(out.len() as u64, Ordering::Relaxed);
+            outbox.queue(out);
+        }
+        _ => {
+            write_now(state, stream, outbox, out).await?;
+            out.clear();
+        }
+    }
+    Ok(())
+}
+
+/// Writes `out` now, after the bytes the outbox still holds (so replies keep their order).
+async fn write_now<S: AsyncWrite + Unpin>(
+    state: &ServerState,
+    stream: &mut S,
+    outbox: Option<&Outbox>,
+    out: &[u8],
+) -> io::Result<()> {
+    if let Some(outbox) = outbox {
+        let mut earlier = Vec::new();
+        outbox.take_pending(&mut earlier)?;
+        if !earlier.is_empty() {
+            stream.write_all(&earlier).await?;
+        }
+    }
+    write_out(state, stream, out).await
+}
+
+async fn write_out<S: AsyncWrite + Unpin>(
+    state: &ServerState,
+    stream: &mut S,
+    out: &[u8],
+) -> io::Result<()> {
+    state
+        .metrics
+        .net_output_bytes
+        .fetch_add(out.len() as u64, Ordering::Relaxed);
+    stream.write_all(out).await?;
+    // TLS buffers what it encrypts; plain TCP's flush does nothing.
+    stream.flush().await
+}

@@ -1,0 +1,260 @@
+//! The Prometheus endpoint: `GET /metrics` over plain HTTP on its own port, answered with
+//! the server's counters and the engine's stats in the Prometheus text format.
+//!
+//! Owns the endpoint's listener loop, its minimal HTTP (one request per connection,
+//! anything but `GET /metrics` is a 404) and the metric names and help texts. The
+//! counters are `metrics`'; the `INFO` command reads the same ones (`commands/info.rs`).
+//!
+//! Thread-safety: runs on the listener's runtime, one task per HTTP connection; the
+//! text is built on tokio's blocking pool (`Database::stats` may take locks).
+
+use std::fmt::Write as _;
+use std::io;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tucana::Stats;
+
+use crate::commands::command_name;
+use crate::metrics::get;
+use crate::state::{stopped, ServerState};
+
+/// Serves `GET /metrics` in the Prometheus text format until shutdown; anything else is
+/// a 404.
+pub async fn serve_metrics(
+    state: Arc<ServerState>,
+    listener: TcpListener,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    loop {
+        let stream = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(_) => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = stopped(&mut shutdown) => return,
+        };
+        let state = state.clone();
+        tokio::spawn(async move {
+            let _ = tokio::time::timeout(Duration::from_secs(5), answer_http(state, stream)).await;
+        });
+    }
+}
+
+async fn answer_http(state: Arc<ServerState>, mut stream: TcpStream) -> io::Result<()> {
+    // The request head must fit in 8 KiB; the body (if any) is ignored.
+    let mut head = Vec::with_capacity(1024);
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 8192 {
+        if stream.read_buf(&mut head).await? == 0 {
+            break;
+        }
+    }
+    let first_line = head.split(|&b| b == b'\n').next().unwrap_or_default();
+    let (status, body) = if first_line.starts_with(b"GET /metrics ") {
+        let text = {
+            let state = state.clone();
+            tokio::task::spawn_blocking(move || prometheus_text(&state))
+                .await
+                .unwrap_or_default()
+        };
+        ("200 OK", text)
+    } else {
+        (
+            "404 Not Found",
+            "only GET /metrics is served here\n".to_string(),
+        )
+    };
+    let response = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(response.as_bytes()).await?;
+    stream.shutdown().await
+}
+
+const GAUGE: &str = "gauge";
+const COUNTER: &str = "counter";
+
+/// One metric: name (after `tucana_`), type, help text, value.
+type Metric = (&'static str, &'static str, &'static str, u64);
+
+/// The Prometheus text exposition of the server's counters and the engine's stats.
+fn prometheus_text(state: &ServerState) -> String {
+    let stats = state.store.db.stats();
+    let mut out = String::new();
+    for (name, kind, help, value) in server_metrics(state)
+        .into_iter()
+        .chain(engine_metrics(&stats))
+    {
+        let _ = write!(
+            out,
+            "# HELP tucana_{name} {help}\n# TYPE tucana_{name} {kind}\ntucana_{name} {value}\n"
+        );
+    }
+    out.push_str("# HELP tucana_commands_total Commands processed, by command.\n# TYPE tucana_commands_total counter\n");
+    for (i, count) in state.metrics.commands_by_index().enumerate() {
+        let _ = writeln!(
+            out,
+            "tucana_commands_total{{cmd=\"{}\"}} {}",
+            command_name(i),
+            count
+        );
+    }
+    out
+}
+
+fn server_metrics(state: &ServerState) -> Vec<Metric> {
+    let m = &state.metrics;
+    vec![
+        (
+            "uptime_seconds",
+            GAUGE,
+            "Seconds since the server started.",
+            state.started.elapsed().as_secs(),
+        ),
+        (
+            "connected_clients",
+            GAUGE,
+            "Open client connections.",
+            m.connected_clients(),
+        ),
+        (
+            "connections_received_total",
+            COUNTER,
+            "Connections accepted.",
+            get(&m.connections_received),
+        ),
+        (
+            "connections_rejected_total",
+            COUNTER,
+            "Connections refused at the max clients limit.",
+            get(&m.connections_rejected),
+        ),
+        (
+            "error_replies_total",
+            COUNTER,
+            "Error replies sent.",
+            get(&m.error_replies),
+        ),
+        (
+            "protocol_errors_total",
+            COUNTER,
+            "Connections closed for a malformed or oversized request.",
+            get(&m.protocol_errors),
+        ),
+        (
+            "idle_timeouts_total",
+            COUNTER,
+            "Connections closed for being idle.",
+            get(&m.idle_timeouts),
+        ),
+        (
+            "auth_failures_total",
+            COUNTER,
+            "Failed AUTH attempts.",
+            get(&m.auth_failures),
+        ),
+        (
+            "keyspace_hits_total",
+            COUNTER,
+            "Key lookups that found the key.",
+            get(&m.keyspace_hits),
+        ),
+        (
+            "keyspace_misses_total",
+            COUNTER,
+            "Key lookups that did not find the key.",
+            get(&m.keyspace_misses),
+        ),
+        (
+            "net_input_bytes_total",
+            COUNTER,
+            "Bytes read from clients.",
+            get(&m.net_input_bytes),
+        ),
+        (
+            "net_output_bytes_total",
+            COUNTER,
+            "Bytes written to clients.",
+            get(&m.net_output_bytes),
+        ),
+    ]
+}
+
+fn engine_metrics(stats: &Stats) -> Vec<Metric> {
+    vec![
+        ("keys", GAUGE, "Live keys over all keyspaces.", stats.keys),
+        (
+            "index_bytes",
+            GAUGE,
+            "Heap bytes of index nodes.",
+            stats.index_bytes,
+        ),
+        (
+            "live_log_bytes",
+            GAUGE,
+            "Log bytes reachable from an index.",
+            stats.live_log_bytes,
+        ),
+        (
+            "dead_log_bytes",
+            GAUGE,
+            "Log bytes overwritten or deleted.",
+            stats.dead_log_bytes,
+        ),
+        (
+            "space_used_bytes",
+            GAUGE,
+            "Bytes the volume file occupies on disk (holes excluded).",
+            stats.space_used_bytes,
+        ),
+        (
+            "gc_passes_total",
+            COUNTER,
+            "Garbage-collection passes that did work since open.",
+            stats.gc_passes,
+        ),
+        (
+            "gc_relocated_bytes_total",
+            COUNTER,
+            "Live log bytes garbage collection copied since open.",
+            stats.gc_relocated_bytes,
+        ),
+        (
+            "gc_reclaimed_bytes_total",
+            COUNTER,
+            "Log bytes garbage collection gave back since open.",
+            stats.gc_reclaimed_bytes,
+        ),
+        (
+            "volume_bytes",
+            GAUGE,
+            "Length of the volume file.",
+            stats.volume_bytes,
+        ),
+        (
+            "commits_total",
+            COUNTER,
+            "Volume commits since open.",
+            stats.commits,
+        ),
+        (
+            "syncs_total",
+            COUNTER,
+            "Log flushes with fsync since open.",
+            stats.syncs,
+        ),
+        (
+            "disk_written_bytes_total",
+            COUNTER,
+            "Bytes written to the volume since open.",
+            stats.bytes_written,
+        ),
+    ]
+}

@@ -1,0 +1,85 @@
+//! [`ServerState`]: what every connection of one server shares (the store, the
+//! configuration, the counters, the syncer, the shutdown signal).
+//!
+//! Owns the construction of that state (starting the syncer in sync mode) and the
+//! numbering of clients. It does not own sockets, threads or the execution model
+//! (`server`, `connection`) and knows nothing of commands (`commands`).
+//!
+//! Thread-safety: `ServerState` is `Send + Sync` and shared behind an `Arc` by the
+//! listener and every connection; its parts are either immutable after start or
+//! synchronise themselves (atomics, the store's locks, the watch channel).
+
+use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio::sync::watch;
+use tokio_rustls::TlsAcceptor;
+use tucana::Database;
+
+use crate::config::{DurabilityMode, ServerConfig};
+use crate::metrics::Metrics;
+use crate::store::Store;
+use crate::syncer::Syncer;
+
+/// State shared by all connections of a server.
+pub struct ServerState {
+    pub store: Store,
+    pub config: ServerConfig,
+    pub metrics: Metrics,
+    pub started: Instant,
+    /// The port actually bound (the configured one may be 0).
+    pub local_port: u16,
+    /// Connection threads (the configured count, or the default for this machine).
+    pub threads: usize,
+    /// Present when the server speaks TLS.
+    pub tls: Option<TlsAcceptor>,
+    /// With sync durability: makes the writes of connections durable, many per sync.
+    pub syncer: Option<Syncer>,
+    /// Set to `true` once to stop the server (signals, `SHUTDOWN`, `ShutdownHandle`).
+    pub shutdown: Arc<watch::Sender<bool>>,
+    next_client_id: AtomicU64,
+}
+
+impl ServerState {
+    /// The state of a server bound to `local_port`; starts the syncer thread when the
+    /// configuration asks for sync durability.
+    pub fn new(
+        db: Database,
+        config: ServerConfig,
+        metrics: Metrics,
+        local_port: u16,
+        tls: Option<TlsAcceptor>,
+    ) -> io::Result<ServerState> {
+        let syncer = match config.durability {
+            DurabilityMode::Sync => Some(Syncer::start(db.clone())?),
+            DurabilityMode::Buffered => None,
+        };
+        let (shutdown, _) = watch::channel(false);
+        Ok(ServerState {
+            syncer,
+            store: Store::new(db, config.databases, config.max_scan_cursors),
+            threads: config.thread_count(),
+            config,
+            metrics,
+            started: Instant::now(),
+            local_port,
+            tls,
+            shutdown: Arc::new(shutdown),
+            next_client_id: AtomicU64::new(1),
+        })
+    }
+
+    /// A number for a new connection (`CLIENT ID`), never handed out before.
+    pub fn new_client_id(&self) -> u64 {
+        self.next_client_id.fetch_add(1, Ordering::Relaxed)
+    }
+}
+
+/// Resolves once shutdown was asked for on `shutdown` (a receiver of
+/// [`ServerState::shutdown`]). A function rather than `wait_for` in place: the guard
+/// `wait_for` returns is not `Send`.
+pub async fn stopped(shutdown: &mut watch::Receiver<bool>) {
+    let _ = shutdown.wait_for(|stop| *stop).await;
+}
