@@ -64,3 +64,6 @@ pub struct RegionId(pub u64);
 /// numbers, which is how replay tells the log's end from stale bytes.
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug, Default)]
 pub struct SeqNo(pub u64);
+
+/// A run of blocks: where it starts and how many.
+pub type Extent = (DiskOffset, u64);

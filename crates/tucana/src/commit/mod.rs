@@ -283,7 +283,7 @@ impl Committer {
         if run.1 > 0 {
             allocator.release(run.0, run.1);
         }
-        write_node_images(
+        crate::volume::write_block_runs(
             storage.as_ref(),
             images.iter().flatten().map(|(off, image)| (*off, &**image)),
             &shared.bytes_written,
@@ -532,50 +532,6 @@ fn region_desc(region: &Region, s: &SealedRegion, root: DiskOffset) -> RegionDes
         replica: None,
         received: Vec::new(),
     }
-}
-
-/// One block of memory aligned to a block: runs of them are what uncached (`O_DIRECT`)
-/// writes take.
-#[repr(C, align(4096))]
-#[derive(Clone, Copy)]
-struct AlignedBlock([u8; NODE_BYTES]);
-
-const _: () = assert!(std::mem::size_of::<AlignedBlock>() == NODE_BYTES);
-const _: () = assert!(NODE_BYTES as u64 == BLOCK_BYTES);
-
-/// Writes node images (any order) with one write per run of adjacent blocks, past the
-/// page cache (`Storage::write_uncached_at`): the index lives in memory and only recovery
-/// reads its images, and a commit pair during GC rewrites every leaf (copying them into
-/// the page cache took 40% of the committer's CPU). A backup writes the nodes it is
-/// shipped the same way.
-pub(crate) fn write_node_images<'a>(
-    storage: &dyn crate::volume::Storage,
-    images: impl Iterator<Item = (DiskOffset, &'a [u8; NODE_BYTES])>,
-    bytes_written: &std::sync::atomic::AtomicU64,
-) -> Result<()> {
-    let mut images: Vec<(DiskOffset, &[u8; NODE_BYTES])> = images.collect();
-    images.sort_by_key(|(off, _)| *off);
-    let mut i = 0;
-    let mut run: Vec<AlignedBlock> = Vec::new();
-    while i < images.len() {
-        let start = images[i].0;
-        run.clear();
-        let mut j = i;
-        while j < images.len() && images[j].0 .0 == start.0 + (j - i) as u64 * BLOCK_BYTES {
-            run.push(AlignedBlock(*images[j].1));
-            j += 1;
-        }
-        // SAFETY: `AlignedBlock` is a byte array with no padding (its size is its
-        // alignment, asserted above), so the run's initialized elements are
-        // `run.len() * NODE_BYTES` initialized bytes, borrowed no longer than `run`.
-        let bytes = unsafe {
-            std::slice::from_raw_parts(run.as_ptr().cast::<u8>(), run.len() * NODE_BYTES)
-        };
-        storage.write_uncached_at(start.0, bytes)?;
-        bytes_written.fetch_add(bytes.len() as u64, Ordering::Relaxed);
-        i = j;
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -47,8 +47,7 @@ pub(crate) use relocate::Retire;
 use relocate::RetiredSegment;
 pub use ship::{LogPosition, ShipSegment};
 
-/// A run of blocks: where it starts and how many.
-pub(crate) type Extent = (DiskOffset, u64);
+pub(crate) use crate::types::Extent;
 
 /// One write of a batch: a put (`Some(value)`) or a delete (`None`).
 pub(crate) struct Op<'a> {

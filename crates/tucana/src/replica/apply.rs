@@ -16,8 +16,7 @@ use crate::descriptor::{RegionDesc, ReplicaDesc};
 use crate::error::{Error, Result};
 use crate::index::{self, NODE_BYTES};
 use crate::log::GcTailPos;
-use crate::region::Extent;
-use crate::types::{DiskOffset, BLOCK_BYTES};
+use crate::types::{DiskOffset, Extent, BLOCK_BYTES};
 
 /// A primary's commit of one region, as a backup applies it.
 pub struct Delta {
@@ -211,7 +210,7 @@ impl Replica {
                 return Err(e);
             }
         };
-        crate::commit::write_node_images(
+        crate::volume::write_block_runs(
             storage.as_ref(),
             images.iter().map(|(off, image)| (*off, &**image)),
             &shared.bytes_written,

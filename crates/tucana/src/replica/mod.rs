@@ -25,9 +25,8 @@ use parking_lot::Mutex;
 use crate::descriptor::{ReceivedSegment, RegionDesc, ReplicaDesc};
 use crate::error::{Error, Result};
 use crate::log::SegmentStats;
-use crate::region::Extent;
 use crate::shared::Shared;
-use crate::types::{DiskOffset, RegionId, BLOCK_BYTES};
+use crate::types::{DiskOffset, Extent, RegionId, BLOCK_BYTES};
 
 pub use apply::Delta;
 

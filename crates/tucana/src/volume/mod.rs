@@ -21,9 +21,11 @@ pub mod superblock;
 use std::sync::Arc;
 
 use crate::error::Result;
+use crate::types::{DiskOffset, BLOCK_BYTES};
 pub use file::FileStorage;
 pub use mem::{FailingSync, MemStorage};
 pub(crate) use mmap::MIN_RESERVATION_BYTES as DEFAULT_MAPPING_RESERVATION_BYTES;
+use std::sync::atomic::Ordering;
 pub use storage::Storage;
 
 /// Shared handle to the volume's storage with the engine's read helpers.
@@ -62,4 +64,47 @@ impl Volume {
         self.storage.read_at(offset, scratch)?;
         Ok(&scratch[..])
     }
+}
+
+/// One block of memory aligned to a block: runs of them are what uncached (`O_DIRECT`)
+/// writes take.
+#[repr(C, align(4096))]
+#[derive(Clone, Copy)]
+struct AlignedBlock([u8; BLOCK_BYTES as usize]);
+
+const _: () = assert!(std::mem::size_of::<AlignedBlock>() == BLOCK_BYTES as usize);
+
+/// Writes whole blocks (any order; index node images) with one write per run of adjacent
+/// blocks, past the page cache (`Storage::write_uncached_at`): the index lives in memory
+/// and only recovery reads its images, and a commit pair during GC rewrites every leaf
+/// (copying them into the page cache took 40% of the committer's CPU). A backup writes
+/// the nodes it is shipped the same way.
+pub(crate) fn write_block_runs<'a>(
+    storage: &dyn crate::volume::Storage,
+    images: impl Iterator<Item = (DiskOffset, &'a [u8; BLOCK_BYTES as usize])>,
+    bytes_written: &std::sync::atomic::AtomicU64,
+) -> crate::error::Result<()> {
+    let mut images: Vec<(DiskOffset, &[u8; BLOCK_BYTES as usize])> = images.collect();
+    images.sort_by_key(|(off, _)| *off);
+    let mut i = 0;
+    let mut run: Vec<AlignedBlock> = Vec::new();
+    while i < images.len() {
+        let start = images[i].0;
+        run.clear();
+        let mut j = i;
+        while j < images.len() && images[j].0 .0 == start.0 + (j - i) as u64 * BLOCK_BYTES {
+            run.push(AlignedBlock(*images[j].1));
+            j += 1;
+        }
+        // SAFETY: `AlignedBlock` is a byte array with no padding (its size is its
+        // alignment, asserted above), so the run's initialized elements are
+        // `run.len() * { BLOCK_BYTES as usize }` initialized bytes, borrowed no longer than `run`.
+        let bytes = unsafe {
+            std::slice::from_raw_parts(run.as_ptr().cast::<u8>(), run.len() * BLOCK_BYTES as usize)
+        };
+        storage.write_uncached_at(start.0, bytes)?;
+        bytes_written.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+        i = j;
+    }
+    Ok(())
 }
