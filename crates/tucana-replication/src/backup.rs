@@ -341,39 +341,7 @@ async fn on_frame<W: tokio::io::AsyncWrite + Unpin>(
             let hello = open_regions(shared, &regions, incoming, writer, out).await?;
             transport::write_frame(writer, &hello, out).await?;
         }
-        Frame::Log {
-            region,
-            term,
-            order,
-            origin,
-            size_bytes,
-            offset,
-            relocation,
-            bytes,
-        } => {
-            let Some(inc) = incoming.get_mut(&region) else {
-                return Ok(());
-            };
-            if term < inc.term {
-                return Ok(());
-            }
-            let end = offset + bytes.len() as u64;
-            shared.counters.lock().received_log_bytes += bytes.len() as u64;
-            if shared.config.build_index {
-                build_index_apply(&shared.db, &region, inc, order, offset, relocation, bytes)?;
-            } else {
-                let replica = shared
-                    .db
-                    .open_replica(&region)
-                    .ok_or_else(|| other(Error::KeyspaceNotFound(region.clone())))?;
-                replica
-                    .write_log(DiskOffset(origin), size_bytes, order, offset, &bytes)
-                    .map_err(other)?;
-            }
-            if !relocation {
-                inc.unacked = Some((order, end).max(inc.unacked.unwrap_or((0, 0))));
-            }
-        }
+        Frame::Log { .. } => on_log(shared, frame, incoming)?,
         Frame::Nodes { region, nodes, .. } => {
             if let Some(inc) = incoming.get_mut(&region) {
                 shared.counters.lock().received_index_bytes += (nodes.len() * NODE_BYTES) as u64;
@@ -384,47 +352,7 @@ async fn on_frame<W: tokio::io::AsyncWrite + Unpin>(
                 );
             }
         }
-        Frame::Commit {
-            region,
-            term,
-            upstream_epoch,
-            full,
-            next_order,
-            node_count,
-            released,
-            desc,
-        } => {
-            let Some(inc) = incoming.get_mut(&region) else {
-                return Ok(());
-            };
-            let nodes = std::mem::take(&mut inc.nodes);
-            if shared.config.build_index {
-                // The baseline builds its own index and commits on its own.
-            } else {
-                if nodes.len() as u64 != node_count {
-                    return Err(std::io::Error::new(
-                        std::io::ErrorKind::InvalidData,
-                        format!("commit {upstream_epoch} of {region:?}: {} nodes, {node_count} announced", nodes.len()),
-                    ));
-                }
-                let delta = Delta {
-                    term,
-                    upstream_epoch,
-                    full,
-                    desc: *desc,
-                    next_order,
-                    nodes,
-                    released_nodes: released.into_iter().map(DiskOffset).collect(),
-                };
-                apply_commit(shared, &region, delta).await?;
-            }
-            let frame = Frame::Applied {
-                region,
-                term,
-                upstream_epoch,
-            };
-            transport::write_frame(writer, &frame, out).await?;
-        }
+        Frame::Commit { .. } => on_commit(shared, frame, incoming, writer, out).await?,
         Frame::Dropped { region, .. } => {
             incoming.remove(&region);
             let db = shared.db.clone();
@@ -449,6 +377,106 @@ async fn on_frame<W: tokio::io::AsyncWrite + Unpin>(
         }
     }
     Ok(())
+}
+
+/// Log bytes: into the replica's copy of their segment (or, for the baseline, applied as
+/// writes); a foreground chunk moves the position to acknowledge.
+fn on_log(
+    shared: &Arc<Shared>,
+    frame: Frame,
+    incoming: &mut HashMap<String, Incoming>,
+) -> std::io::Result<()> {
+    let Frame::Log {
+        region,
+        term,
+        order,
+        origin,
+        size_bytes,
+        offset,
+        relocation,
+        bytes,
+    } = frame
+    else {
+        return Ok(());
+    };
+    let Some(inc) = incoming.get_mut(&region) else {
+        return Ok(());
+    };
+    if term < inc.term {
+        return Ok(());
+    }
+    let end = offset + bytes.len() as u64;
+    shared.counters.lock().received_log_bytes += bytes.len() as u64;
+    if shared.config.build_index {
+        build_index_apply(&shared.db, &region, inc, order, offset, relocation, bytes)?;
+    } else {
+        let replica = shared
+            .db
+            .open_replica(&region)
+            .ok_or_else(|| other(Error::KeyspaceNotFound(region.clone())))?;
+        replica
+            .write_log(DiskOffset(origin), size_bytes, order, offset, &bytes)
+            .map_err(other)?;
+    }
+    if !relocation {
+        inc.unacked = Some((order, end).max(inc.unacked.unwrap_or((0, 0))));
+    }
+    Ok(())
+}
+
+/// A commit, after its nodes: applied and made durable (the baseline commits on its own),
+/// then answered `Applied`.
+async fn on_commit<W: tokio::io::AsyncWrite + Unpin>(
+    shared: &Arc<Shared>,
+    frame: Frame,
+    incoming: &mut HashMap<String, Incoming>,
+    writer: &mut W,
+    out: &mut Vec<u8>,
+) -> std::io::Result<()> {
+    let Frame::Commit {
+        region,
+        term,
+        upstream_epoch,
+        full,
+        next_order,
+        node_count,
+        released,
+        desc,
+    } = frame
+    else {
+        return Ok(());
+    };
+    let Some(inc) = incoming.get_mut(&region) else {
+        return Ok(());
+    };
+    let nodes = std::mem::take(&mut inc.nodes);
+    if !shared.config.build_index {
+        if nodes.len() as u64 != node_count {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!(
+                    "commit {upstream_epoch} of {region:?}: {} nodes, {node_count} announced",
+                    nodes.len()
+                ),
+            ));
+        }
+        let delta = Delta {
+            term,
+            upstream_epoch,
+            full,
+            desc: *desc,
+            next_order,
+            nodes,
+            released_nodes: released.into_iter().map(DiskOffset).collect(),
+        };
+        apply_commit(shared, &region, delta).await?;
+    }
+    let frame = Frame::Applied {
+        region,
+        term,
+        upstream_epoch,
+    };
+    transport::write_frame(writer, &frame, out).await
 }
 
 async fn apply_commit(shared: &Arc<Shared>, region: &str, delta: Delta) -> std::io::Result<()> {

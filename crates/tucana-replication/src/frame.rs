@@ -186,21 +186,7 @@ fn encode_payload(frame: &Frame, out: &mut Vec<u8>) -> u8 {
             wants_index,
             regions,
         } => {
-            w.str(backup);
-            w.bool(*wants_index);
-            w.u32(regions.len() as u32);
-            for r in regions {
-                w.str(&r.name);
-                w.u64(r.term);
-                w.u64(r.upstream_epoch);
-                w.bool(r.node_map_current);
-                w.u32(r.segments.len() as u32);
-                for (order, origin, held) in &r.segments {
-                    w.u64(*order);
-                    w.u64(*origin);
-                    w.u64(*held);
-                }
-            }
+            encode_hello(&mut w, backup, *wants_index, regions);
             K_HELLO
         }
         Frame::Regions(regions) => {
@@ -243,29 +229,8 @@ fn encode_payload(frame: &Frame, out: &mut Vec<u8>) -> u8 {
             }
             K_NODES
         }
-        Frame::Commit {
-            region,
-            term,
-            upstream_epoch,
-            full,
-            next_order,
-            node_count,
-            released,
-            desc,
-        } => {
-            w.str(region);
-            w.u64(*term);
-            w.u64(*upstream_epoch);
-            w.bool(*full);
-            w.u64(*next_order);
-            w.u64(*node_count);
-            w.u32(released.len() as u32);
-            for off in released {
-                w.u64(*off);
-            }
-            let mut entry = Vec::new();
-            desc.encode_into(&mut entry);
-            w.bytes(&entry);
+        Frame::Commit { .. } => {
+            encode_commit(&mut w, frame);
             K_COMMIT
         }
         Frame::Dropped { region, term } => {
@@ -328,35 +293,7 @@ pub fn decode(kind: u8, crc: u32, payload: &[u8]) -> Result<Frame, FrameError> {
             ack_durable: r.bool()?,
             regions: r.regions()?,
         },
-        K_HELLO => {
-            let backup = r.str()?;
-            let wants_index = r.bool()?;
-            let n = r.count(2 + 8 + 8 + 1 + 4)?;
-            let mut regions = Vec::with_capacity(n);
-            for _ in 0..n {
-                let name = r.str()?;
-                let term = r.u64()?;
-                let upstream_epoch = r.u64()?;
-                let node_map_current = r.bool()?;
-                let segs = r.count(24)?;
-                let mut segments = Vec::with_capacity(segs);
-                for _ in 0..segs {
-                    segments.push((r.u64()?, r.u64()?, r.u64()?));
-                }
-                regions.push(RegionState {
-                    name,
-                    term,
-                    upstream_epoch,
-                    node_map_current,
-                    segments,
-                });
-            }
-            Frame::Hello {
-                backup,
-                wants_index,
-                regions,
-            }
-        }
+        K_HELLO => decode_hello(&mut r)?,
         K_REGIONS => Frame::Regions(r.regions()?),
         K_LOG => Frame::Log {
             region: r.str()?,
@@ -368,51 +305,8 @@ pub fn decode(kind: u8, crc: u32, payload: &[u8]) -> Result<Frame, FrameError> {
             relocation: r.bool()?,
             bytes: r.bytes()?.to_vec(),
         },
-        K_NODES => {
-            let region = r.str()?;
-            let term = r.u64()?;
-            let upstream_epoch = r.u64()?;
-            let n = r.count(8 + NODE_BYTES)?;
-            let mut nodes = Vec::with_capacity(n);
-            for _ in 0..n {
-                let off = r.u64()?;
-                let mut image = Box::new([0u8; NODE_BYTES]);
-                image.copy_from_slice(r.take(NODE_BYTES)?);
-                nodes.push((off, image));
-            }
-            Frame::Nodes {
-                region,
-                term,
-                upstream_epoch,
-                nodes,
-            }
-        }
-        K_COMMIT => {
-            let region = r.str()?;
-            let term = r.u64()?;
-            let upstream_epoch = r.u64()?;
-            let full = r.bool()?;
-            let next_order = r.u64()?;
-            let node_count = r.u64()?;
-            let n = r.count(8)?;
-            let mut released = Vec::with_capacity(n);
-            for _ in 0..n {
-                released.push(r.u64()?);
-            }
-            let entry = r.bytes()?;
-            let desc = RegionDesc::decode(entry, DiskOffset::NONE)
-                .map_err(|e| FrameError(format!("commit's region entry: {e}")))?;
-            Frame::Commit {
-                region,
-                term,
-                upstream_epoch,
-                full,
-                next_order,
-                node_count,
-                released,
-                desc: Box::new(desc),
-            }
-        }
+        K_NODES => decode_nodes(&mut r)?,
+        K_COMMIT => decode_commit(&mut r)?,
         K_DROPPED => Frame::Dropped {
             region: r.str()?,
             term: r.u64()?,
@@ -443,6 +337,130 @@ pub fn decode(kind: u8, crc: u32, payload: &[u8]) -> Result<Frame, FrameError> {
         )));
     }
     Ok(frame)
+}
+
+fn encode_hello(w: &mut Writer<'_>, backup: &str, wants_index: bool, regions: &[RegionState]) {
+    w.str(backup);
+    w.bool(wants_index);
+    w.u32(regions.len() as u32);
+    for r in regions {
+        w.str(&r.name);
+        w.u64(r.term);
+        w.u64(r.upstream_epoch);
+        w.bool(r.node_map_current);
+        w.u32(r.segments.len() as u32);
+        for (order, origin, held) in &r.segments {
+            w.u64(*order);
+            w.u64(*origin);
+            w.u64(*held);
+        }
+    }
+}
+
+fn encode_commit(w: &mut Writer<'_>, frame: &Frame) {
+    let Frame::Commit {
+        region,
+        term,
+        upstream_epoch,
+        full,
+        next_order,
+        node_count,
+        released,
+        desc,
+    } = frame
+    else {
+        unreachable!("encode_commit of another frame");
+    };
+    w.str(region);
+    w.u64(*term);
+    w.u64(*upstream_epoch);
+    w.bool(*full);
+    w.u64(*next_order);
+    w.u64(*node_count);
+    w.u32(released.len() as u32);
+    for off in released {
+        w.u64(*off);
+    }
+    let mut entry = Vec::new();
+    desc.encode_into(&mut entry);
+    w.bytes(&entry);
+}
+
+fn decode_hello(r: &mut Reader<'_>) -> Result<Frame, FrameError> {
+    let backup = r.str()?;
+    let wants_index = r.bool()?;
+    let n = r.count(2 + 8 + 8 + 1 + 4)?;
+    let mut regions = Vec::with_capacity(n);
+    for _ in 0..n {
+        let name = r.str()?;
+        let term = r.u64()?;
+        let upstream_epoch = r.u64()?;
+        let node_map_current = r.bool()?;
+        let segs = r.count(24)?;
+        let mut segments = Vec::with_capacity(segs);
+        for _ in 0..segs {
+            segments.push((r.u64()?, r.u64()?, r.u64()?));
+        }
+        regions.push(RegionState {
+            name,
+            term,
+            upstream_epoch,
+            node_map_current,
+            segments,
+        });
+    }
+    Ok(Frame::Hello {
+        backup,
+        wants_index,
+        regions,
+    })
+}
+
+fn decode_nodes(r: &mut Reader<'_>) -> Result<Frame, FrameError> {
+    let region = r.str()?;
+    let term = r.u64()?;
+    let upstream_epoch = r.u64()?;
+    let n = r.count(8 + NODE_BYTES)?;
+    let mut nodes = Vec::with_capacity(n);
+    for _ in 0..n {
+        let off = r.u64()?;
+        let mut image = Box::new([0u8; NODE_BYTES]);
+        image.copy_from_slice(r.take(NODE_BYTES)?);
+        nodes.push((off, image));
+    }
+    Ok(Frame::Nodes {
+        region,
+        term,
+        upstream_epoch,
+        nodes,
+    })
+}
+
+fn decode_commit(r: &mut Reader<'_>) -> Result<Frame, FrameError> {
+    let region = r.str()?;
+    let term = r.u64()?;
+    let upstream_epoch = r.u64()?;
+    let full = r.bool()?;
+    let next_order = r.u64()?;
+    let node_count = r.u64()?;
+    let n = r.count(8)?;
+    let mut released = Vec::with_capacity(n);
+    for _ in 0..n {
+        released.push(r.u64()?);
+    }
+    let entry = r.bytes()?;
+    let desc = RegionDesc::decode(entry, DiskOffset::NONE)
+        .map_err(|e| FrameError(format!("commit's region entry: {e}")))?;
+    Ok(Frame::Commit {
+        region,
+        term,
+        upstream_epoch,
+        full,
+        next_order,
+        node_count,
+        released,
+        desc: Box::new(desc),
+    })
 }
 
 struct Writer<'a>(&'a mut Vec<u8>);

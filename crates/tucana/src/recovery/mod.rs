@@ -61,30 +61,7 @@ pub(crate) fn open(options: Options, storage: Arc<dyn Storage>) -> Result<Opened
             ),
         ));
     }
-    let mut desc_bytes = vec![0u8; sb.descriptor_bytes as usize];
-    if sb.descriptor.0.saturating_add(sb.descriptor_bytes) > sb.volume_bytes {
-        return Err(Error::corruption(
-            "superblock",
-            superblock::slot_offset(sb.epoch),
-            "descriptor lies past the volume end",
-        ));
-    }
-    storage.read_at(sb.descriptor.0, &mut desc_bytes)?;
-    if crc32c::crc32c(&desc_bytes) != sb.descriptor_crc {
-        return Err(Error::corruption(
-            "commit descriptor",
-            sb.descriptor,
-            "checksum mismatch",
-        ));
-    }
-    let desc = Descriptor::decode(&desc_bytes, sb.descriptor)?;
-    if desc.epoch != sb.epoch {
-        return Err(Error::corruption(
-            "commit descriptor",
-            sb.descriptor,
-            "epoch differs from the superblock's",
-        ));
-    }
+    let desc = read_descriptor(storage.as_ref(), &sb)?;
     let allocator = Allocator::load(
         storage.as_ref(),
         sb.volume_bytes,
@@ -119,6 +96,60 @@ pub(crate) fn open(options: Options, storage: Arc<dyn Storage>) -> Result<Opened
         ));
     }
     let shared = Arc::new(Shared::new(options, volume, allocator));
+    let (regions, replicas) = open_regions(&shared, &sb, desc_blocks, &desc)?;
+    let regions = Regions::new(regions, replicas, desc.next_region_id);
+    let committer = Committer::new(shared.clone(), sb.epoch, Some((sb.descriptor, desc_blocks)));
+    committer.commit(&regions)?;
+    Ok(Opened {
+        shared,
+        regions,
+        committer,
+    })
+}
+
+/// The descriptor the superblock `sb` names, read and checked (inside the volume, crc,
+/// epoch).
+fn read_descriptor(storage: &dyn Storage, sb: &superblock::Superblock) -> Result<Descriptor> {
+    if sb.descriptor.0.saturating_add(sb.descriptor_bytes) > sb.volume_bytes {
+        return Err(Error::corruption(
+            "superblock",
+            superblock::slot_offset(sb.epoch),
+            "descriptor lies past the volume end",
+        ));
+    }
+    let mut desc_bytes = vec![0u8; sb.descriptor_bytes as usize];
+    storage.read_at(sb.descriptor.0, &mut desc_bytes)?;
+    if crc32c::crc32c(&desc_bytes) != sb.descriptor_crc {
+        return Err(Error::corruption(
+            "commit descriptor",
+            sb.descriptor,
+            "checksum mismatch",
+        ));
+    }
+    let desc = Descriptor::decode(&desc_bytes, sb.descriptor)?;
+    if desc.epoch != sb.epoch {
+        return Err(Error::corruption(
+            "commit descriptor",
+            sb.descriptor,
+            "epoch differs from the superblock's",
+        ));
+    }
+    Ok(desc)
+}
+
+type Opens = (
+    BTreeMap<String, Arc<Region>>,
+    BTreeMap<String, Arc<Replica>>,
+);
+
+/// Every region and replica of the commit `desc` (whose descriptor takes `desc_blocks`
+/// at `sb.descriptor`), opened: regions with their log replayed, replicas as they are.
+fn open_regions(
+    shared: &Arc<Shared>,
+    sb: &superblock::Superblock,
+    desc_blocks: u64,
+    desc: &Descriptor,
+) -> Result<Opens> {
     let (mut regions, mut replicas) = (BTreeMap::new(), BTreeMap::new());
     let desc_end = sb.descriptor.0 + desc_blocks * BLOCK_BYTES;
     for rd in &desc.regions {
@@ -140,18 +171,11 @@ pub(crate) fn open(options: Options, storage: Arc<dyn Storage>) -> Result<Opened
             let replica = Replica::open(shared.clone(), rd)?;
             replicas.insert(rd.name.clone(), Arc::new(replica));
         } else {
-            let (region, _) = Region::open(&shared, rd, Links::Local)?;
+            let (region, _) = Region::open(shared, rd, Links::Local)?;
             regions.insert(rd.name.clone(), Arc::new(region));
         }
     }
-    let regions = Regions::new(regions, replicas, desc.next_region_id);
-    let committer = Committer::new(shared.clone(), sb.epoch, Some((sb.descriptor, desc_blocks)));
-    committer.commit(&regions)?;
-    Ok(Opened {
-        shared,
-        regions,
-        committer,
-    })
+    Ok((regions, replicas))
 }
 
 /// Written to slot 0 before anything else when a volume is created, and overwritten by

@@ -1,0 +1,253 @@
+//! One link's connection to its backup: dialing, `Open` and the backup's `Hello`, then a
+//! sender (announcements and shipping rounds) and a receiver (acknowledgements, applied
+//! commits, `Superseded`, refusals) running side by side until either fails.
+//!
+//! Owns: the life of a connection and what each answer of the backup changes in the
+//! link's state. Does not own: what a shipping round sends (`ship`).
+//!
+//! Thread-safety: one task per link on the primary's runtime; the link state is behind a
+//! short mutex shared with the observer and with writers waiting on the board.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use tokio::io::AsyncWriteExt;
+use tucana::replication::LogPosition;
+use tucana::Database;
+
+use super::ship::ship_round;
+use super::{update_horizons, Link, Shared, IDLE_TICK, REDIAL};
+use crate::frame::{Frame, RegionInfo, PROTOCOL_VERSION};
+use crate::transport;
+
+/// Dials the backup again and again, and runs a connection while it lasts.
+pub(super) async fn run_link(shared: Arc<Shared>, link: Arc<Link>) {
+    while !shared.stop.load(Ordering::Acquire) {
+        let result = run_connection(&shared, &link).await;
+        {
+            let mut st = link.state.lock();
+            st.connected = false;
+            for r in st.regions.values_mut() {
+                r.ready = false;
+                r.deltas.clear();
+            }
+            if let Err(e) = result {
+                st.last_error = Some(e.to_string());
+            }
+        }
+        shared.board.1.notify_all();
+        tokio::time::sleep(REDIAL).await;
+    }
+}
+
+/// The regions to replicate now: every keyspace, each raised to term 1 at least.
+fn replicated_regions(db: &Database) -> Vec<RegionInfo> {
+    db.keyspace_names()
+        .into_iter()
+        .filter_map(|name| {
+            let source = db.ship_source(&name).ok()?;
+            if source.term() == 0 {
+                source.raise_term(1);
+            }
+            Some(RegionInfo {
+                name,
+                seed: source.seed(),
+                term: source.term(),
+            })
+        })
+        .collect()
+}
+
+async fn run_connection(shared: &Arc<Shared>, link: &Arc<Link>) -> std::io::Result<()> {
+    let stream = shared.config.dialer.dial(&link.addr).await?;
+    let (mut reader, mut writer) = tokio::io::split(stream);
+    let mut scratch = Vec::new();
+    let regions = replicated_regions(&shared.db);
+    transport::write_frame(
+        &mut writer,
+        &Frame::Open {
+            version: PROTOCOL_VERSION,
+            primary: shared.config.id.clone(),
+            password: shared.config.password.clone(),
+            ack_durable: shared.config.ack_durable,
+            regions: regions.clone(),
+        },
+        &mut scratch,
+    )
+    .await?;
+    {
+        let mut st = link.state.lock();
+        st.connected = true;
+        st.last_error = None;
+        st.regions
+            .retain(|name, _| regions.iter().any(|r| &r.name == name));
+        for r in &regions {
+            let entry = st.regions.entry(r.name.clone()).or_default();
+            entry.term = r.term;
+            entry.ready = false;
+        }
+    }
+    let receiver = {
+        let shared = shared.clone();
+        let link = link.clone();
+        async move {
+            let mut scratch = Vec::new();
+            while let Some(frame) = transport::read_frame(&mut reader, &mut scratch).await? {
+                on_backup_frame(&shared, &link, frame)?;
+            }
+            Err::<(), _>(std::io::Error::new(
+                std::io::ErrorKind::ConnectionAborted,
+                "the backup closed the connection",
+            ))
+        }
+    };
+    let sender = async {
+        let mut announced: Vec<String> = regions.into_iter().map(|r| r.name).collect();
+        loop {
+            if shared.stop.load(Ordering::Acquire) {
+                writer.shutdown().await.ok();
+                return Ok(());
+            }
+            announce_new_regions(shared, link, &mut announced, &mut writer, &mut scratch).await?;
+            let busy = ship_round(shared, link, &mut writer, &mut scratch).await?;
+            writer.flush().await?;
+            update_horizons(shared);
+            if !busy {
+                tokio::select! {
+                    _ = link.wake.notified() => {}
+                    _ = tokio::time::sleep(IDLE_TICK) => {}
+                }
+            }
+        }
+    };
+    tokio::select! {
+        r = receiver => r,
+        r = sender => r,
+    }
+}
+
+/// Announces keyspaces created since the connection opened, and drops those that are gone.
+async fn announce_new_regions<W: tokio::io::AsyncWrite + Unpin>(
+    shared: &Shared,
+    link: &Link,
+    announced: &mut Vec<String>,
+    writer: &mut W,
+    scratch: &mut Vec<u8>,
+) -> std::io::Result<()> {
+    let now = replicated_regions(&shared.db);
+    let new: Vec<RegionInfo> = now
+        .iter()
+        .filter(|r| !announced.contains(&r.name))
+        .cloned()
+        .collect();
+    let gone: Vec<String> = announced
+        .iter()
+        .filter(|name| !now.iter().any(|r| &r.name == *name))
+        .cloned()
+        .collect();
+    for name in &gone {
+        let term = link.state.lock().regions.remove(name).map_or(0, |r| r.term);
+        transport::write_frame(
+            writer,
+            &Frame::Dropped {
+                region: name.clone(),
+                term,
+            },
+            scratch,
+        )
+        .await?;
+    }
+    announced.retain(|name| !gone.contains(name));
+    if !new.is_empty() {
+        {
+            let mut st = link.state.lock();
+            for r in &new {
+                let entry = st.regions.entry(r.name.clone()).or_default();
+                entry.term = r.term;
+                entry.ready = false;
+            }
+        }
+        announced.extend(new.iter().map(|r| r.name.clone()));
+        transport::write_frame(writer, &Frame::Regions(new), scratch).await?;
+    }
+    Ok(())
+}
+
+fn on_backup_frame(shared: &Shared, link: &Link, frame: Frame) -> std::io::Result<()> {
+    let newest = shared.newest_epoch.load(Ordering::Acquire);
+    match frame {
+        Frame::Hello {
+            backup,
+            wants_index,
+            regions,
+        } => {
+            let mut st = link.state.lock();
+            st.backup_id = backup;
+            st.wants_index = wants_index;
+            for state in regions {
+                let Some(r) = st.regions.get_mut(&state.name) else {
+                    continue;
+                };
+                r.held = state
+                    .segments
+                    .iter()
+                    .map(|(order, _, held)| (*order, *held))
+                    .collect();
+                r.lowest_open = 0;
+                r.deltas.clear();
+                r.applied_epoch = state.upstream_epoch;
+                r.need_full = wants_index
+                    && !(state.node_map_current
+                        && state.upstream_epoch != 0
+                        && state.upstream_epoch == newest);
+                r.ready = true;
+            }
+            drop(st);
+            link.wake.notify_one();
+        }
+        Frame::Ack {
+            region,
+            term,
+            order,
+            offset,
+            ..
+        } => {
+            let mut st = link.state.lock();
+            if let Some(r) = st.regions.get_mut(&region) {
+                if term == r.term {
+                    r.acked = r.acked.max(LogPosition { order, offset });
+                }
+            }
+            drop(st);
+            shared.board.1.notify_all();
+        }
+        Frame::Applied {
+            region,
+            upstream_epoch,
+            ..
+        } => {
+            if let Some(r) = link.state.lock().regions.get_mut(&region) {
+                r.applied_epoch = r.applied_epoch.max(upstream_epoch);
+            }
+        }
+        Frame::Superseded { region, term } => {
+            if let Ok(source) = shared.db.ship_source(&region) {
+                source.fence(term);
+            }
+            shared.board.1.notify_all();
+        }
+        Frame::Refused { reason } => {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::PermissionDenied,
+                format!("the backup refused: {reason}"),
+            ));
+        }
+        other => {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("a backup sent {other:?}"),
+            ))
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,395 @@
+//! The primary's side: for each configured backup, a link that dials it, says which
+//! regions it replicates, ships their logs as they grow and each commit's index delta, and
+//! takes the backup's acknowledgements (DESIGN.md, "Replication").
+//!
+//! Owns: the shipping cursor of each (backup, region) pair, the queue of commit deltas,
+//! the ship horizon garbage collection must respect, and the acknowledgement board that
+//! writers wait on. Does not own: reading the log or pinning commits (the engine's
+//! `ShipSource`), the bytes on the wire (`frame`, `transport`).
+//!
+//! Thread-safety: each link is one tokio task (its sender and its receiver are two halves
+//! of it); the shared state is behind short `parking_lot` mutexes. Writers wait on the
+//! board from any thread (`Primary::wait_acked`), woken by a condition variable.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+use tokio::sync::Notify;
+use tucana::replication::{
+    CommitDelta, CommitObserver, LogPosition, RegionDesc, ShipSource, NODE_BYTES,
+};
+use tucana::types::DiskOffset;
+use tucana::Database;
+
+use crate::transport::Dialer;
+
+mod link;
+mod ship;
+
+/// How a primary replicates.
+#[derive(Clone)]
+pub struct PrimaryConfig {
+    /// This server's name, as backups report it.
+    pub id: String,
+    /// The backups' replication addresses (`host:port`).
+    pub backups: Vec<String>,
+    /// Sent in `Open`; the backup refuses a wrong one.
+    pub password: String,
+    /// Backups acknowledge only what they synced.
+    pub ack_durable: bool,
+    /// How long a write waits for its acknowledgements before it fails.
+    pub ack_timeout: Duration,
+    /// Bytes per second at most for log the backup lacks when it (re)connects.
+    pub catchup_bytes_per_sec: u64,
+    pub dialer: Dialer,
+}
+
+/// Log bytes per `Log` frame.
+const CHUNK_BYTES: usize = 256 << 10;
+/// Log bytes a link ships per round before it looks at the other regions again.
+const ROUND_BYTES: u64 = 8 << 20;
+/// Node images per `Nodes` frame.
+const NODES_PER_FRAME: usize = 256;
+/// Deltas a backup may fall behind before its next commit comes in full.
+const MAX_QUEUED_DELTAS: usize = 3;
+/// A link with nothing to do looks again this often (for new keyspaces, drops).
+const IDLE_TICK: Duration = Duration::from_millis(50);
+/// A link that lost its backup dials again after this long.
+const REDIAL: Duration = Duration::from_millis(500);
+
+/// A commit's delta for one region, shared by every link that ships it.
+struct QueuedDelta {
+    epoch: u64,
+    desc: RegionDesc,
+    next_order: u64,
+    nodes: Vec<(DiskOffset, Box<[u8; NODE_BYTES]>)>,
+    released: Vec<u64>,
+}
+
+/// What one link knows of one region.
+#[derive(Default)]
+struct RegionLink {
+    /// The backup answered for it (its `Hello` lists it): shipping may start.
+    ready: bool,
+    term: u64,
+    /// Bytes the backup holds of each segment, by the segment's order.
+    held: BTreeMap<u64, u64>,
+    /// Lowest order that may still have bytes to ship.
+    lowest_open: u64,
+    deltas: VecDeque<Arc<QueuedDelta>>,
+    /// The next commit goes in full (a new or restarted backup, or one too far behind).
+    need_full: bool,
+    /// The backup's newest applied commit.
+    applied_epoch: u64,
+    /// The foreground position the backup acknowledged.
+    acked: LogPosition,
+}
+
+/// One backup, as the primary sees it.
+struct Link {
+    addr: String,
+    state: Mutex<LinkState>,
+    wake: Notify,
+}
+
+#[derive(Default)]
+struct LinkState {
+    connected: bool,
+    backup_id: String,
+    wants_index: bool,
+    regions: HashMap<String, RegionLink>,
+    last_error: Option<String>,
+    shipped_log_bytes: u64,
+    shipped_index_bytes: u64,
+}
+
+/// Replication figures of one backup, for `INFO` and metrics.
+#[derive(Clone, Debug, Default)]
+pub struct BackupStatus {
+    pub addr: String,
+    pub backup_id: String,
+    pub connected: bool,
+    pub last_error: Option<String>,
+    pub shipped_log_bytes: u64,
+    pub shipped_index_bytes: u64,
+    /// Per region: (name, acknowledged position, lag in bytes behind the log's end,
+    /// applied commit).
+    pub regions: Vec<(String, LogPosition, u64, u64)>,
+}
+
+/// Why a write's acknowledgements did not come.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AckError {
+    /// Not every backup acknowledged within the timeout.
+    NoReplicas { acked: usize, needed: usize },
+    /// A backup holds the region at a higher term: this server is not its primary.
+    Fenced { term: u64 },
+}
+
+struct Shared {
+    db: Database,
+    config: PrimaryConfig,
+    links: Vec<Arc<Link>>,
+    stop: AtomicBool,
+    /// The newest commit epoch the observer saw.
+    newest_epoch: AtomicU64,
+    /// Writers waiting for acknowledgements sleep here.
+    board: (Mutex<()>, Condvar),
+}
+
+/// The replication of a primary's keyspaces to its configured backups.
+pub struct Primary {
+    shared: Arc<Shared>,
+    runtime: Option<tokio::runtime::Runtime>,
+}
+
+impl Primary {
+    /// Starts a link to every backup of `config`. Every keyspace of `db` is replicated;
+    /// one at term 0 is raised to term 1.
+    pub fn start(db: Database, config: PrimaryConfig) -> std::io::Result<Primary> {
+        let links = config
+            .backups
+            .iter()
+            .map(|addr| {
+                Arc::new(Link {
+                    addr: addr.clone(),
+                    state: Mutex::new(LinkState::default()),
+                    wake: Notify::new(),
+                })
+            })
+            .collect();
+        let shared = Arc::new(Shared {
+            db: db.clone(),
+            config,
+            links,
+            stop: AtomicBool::new(false),
+            newest_epoch: AtomicU64::new(0),
+            board: (Mutex::new(()), Condvar::new()),
+        });
+        db.set_commit_observer(Some(Arc::new(Observer(Arc::downgrade(&shared)))));
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("tucana-repl-primary")
+            .enable_all()
+            .build()?;
+        for link in &shared.links {
+            runtime.spawn(link::run_link(shared.clone(), link.clone()));
+        }
+        Ok(Primary {
+            shared,
+            runtime: Some(runtime),
+        })
+    }
+
+    /// Whether any backup is configured (a primary without backups acknowledges alone).
+    pub fn has_backups(&self) -> bool {
+        !self.shared.links.is_empty()
+    }
+
+    /// Wakes the links: a write was made (they ship it).
+    pub fn notify_write(&self) {
+        for link in &self.shared.links {
+            link.wake.notify_one();
+        }
+    }
+
+    /// Blocks until every backup acknowledged keyspace `region`'s log up to `position`,
+    /// or the timeout passes, or the region is found fenced.
+    pub fn wait_acked(&self, region: &str, position: LogPosition) -> Result<(), AckError> {
+        self.notify_write();
+        let deadline = Instant::now() + self.shared.config.ack_timeout;
+        let (lock, cv) = &self.shared.board;
+        let mut guard = lock.lock();
+        loop {
+            if let Some(term) = self.fenced(region) {
+                return Err(AckError::Fenced { term });
+            }
+            let acked = self.acked_count(region, position);
+            let needed = self.shared.links.len();
+            if acked >= needed {
+                return Ok(());
+            }
+            if cv.wait_until(&mut guard, deadline).timed_out() {
+                let acked = self.acked_count(region, position);
+                if acked >= needed {
+                    return Ok(());
+                }
+                return Err(AckError::NoReplicas { acked, needed });
+            }
+        }
+    }
+
+    /// Backups that acknowledged keyspace `region`'s log up to `position`.
+    pub fn acked_count(&self, region: &str, position: LogPosition) -> usize {
+        self.shared
+            .links
+            .iter()
+            .filter(|link| {
+                let st = link.state.lock();
+                st.connected
+                    && st
+                        .regions
+                        .get(region)
+                        .is_some_and(|r| r.ready && r.acked >= position)
+            })
+            .count()
+    }
+
+    /// Blocks until `needed` backups acknowledged `position` or `timeout` passes; returns
+    /// how many did (Redis's `WAIT`).
+    pub fn wait_count(
+        &self,
+        region: &str,
+        position: LogPosition,
+        needed: usize,
+        timeout: Duration,
+    ) -> usize {
+        self.notify_write();
+        let deadline = Instant::now() + timeout;
+        let (lock, cv) = &self.shared.board;
+        let mut guard = lock.lock();
+        loop {
+            let acked = self.acked_count(region, position);
+            if acked >= needed || cv.wait_until(&mut guard, deadline).timed_out() {
+                return self.acked_count(region, position);
+            }
+        }
+    }
+
+    fn fenced(&self, region: &str) -> Option<u64> {
+        self.shared
+            .db
+            .ship_source(region)
+            .ok()
+            .and_then(|s| s.fenced_by())
+    }
+
+    pub fn status(&self) -> Vec<BackupStatus> {
+        self.shared
+            .links
+            .iter()
+            .map(|link| {
+                let st = link.state.lock();
+                let mut regions: Vec<_> = st
+                    .regions
+                    .iter()
+                    .map(|(name, r)| {
+                        let lag = self
+                            .shared
+                            .db
+                            .ship_source(name)
+                            .map(|s| lag_bytes(&s, r.acked))
+                            .unwrap_or(0);
+                        (name.clone(), r.acked, lag, r.applied_epoch)
+                    })
+                    .collect();
+                regions.sort_by(|a, b| a.0.cmp(&b.0));
+                BackupStatus {
+                    addr: link.addr.clone(),
+                    backup_id: st.backup_id.clone(),
+                    connected: st.connected,
+                    last_error: st.last_error.clone(),
+                    shipped_log_bytes: st.shipped_log_bytes,
+                    shipped_index_bytes: st.shipped_index_bytes,
+                    regions,
+                }
+            })
+            .collect()
+    }
+
+    /// Stops every link (the backups see their connections close).
+    pub fn stop(mut self) {
+        self.shutdown();
+    }
+
+    fn shutdown(&mut self) {
+        self.shared.stop.store(true, Ordering::Release);
+        self.shared.db.set_commit_observer(None);
+        for link in &self.shared.links {
+            link.wake.notify_one();
+        }
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_timeout(Duration::from_secs(2));
+        }
+        let (_, cv) = &self.shared.board;
+        cv.notify_all();
+    }
+}
+
+impl Drop for Primary {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+/// Bytes of the foreground log past `acked` (an estimate when they lie in different
+/// segments: the tail's offset).
+fn lag_bytes(source: &ShipSource, acked: LogPosition) -> u64 {
+    let end = source.log_position();
+    if end.order == acked.order {
+        end.offset.saturating_sub(acked.offset)
+    } else {
+        end.offset
+    }
+}
+
+/// The commit observer: queues each replicated region's delta on every link.
+struct Observer(std::sync::Weak<Shared>);
+
+impl CommitObserver for Observer {
+    fn committed(&self, delta: CommitDelta) {
+        let Some(shared) = self.0.upgrade() else {
+            return;
+        };
+        shared.newest_epoch.store(delta.epoch.0, Ordering::Release);
+        for region in delta.regions {
+            let queued = Arc::new(QueuedDelta {
+                epoch: delta.epoch.0,
+                released: region.released_nodes.iter().map(|o| o.0).collect(),
+                desc: region.desc,
+                next_order: region.next_order,
+                nodes: region.nodes,
+            });
+            for link in &shared.links {
+                let mut st = link.state.lock();
+                if !st.connected || !st.wants_index {
+                    continue;
+                }
+                if let Some(r) = st.regions.get_mut(&queued.desc.name) {
+                    if r.deltas.len() >= MAX_QUEUED_DELTAS {
+                        r.deltas.clear();
+                        r.need_full = true;
+                    } else if !r.need_full {
+                        r.deltas.push_back(queued.clone());
+                    }
+                }
+                drop(st);
+                link.wake.notify_one();
+            }
+        }
+    }
+}
+
+/// Sets every region's ship horizon: the lowest order any connected backup may still lack.
+fn update_horizons(shared: &Shared) {
+    let mut horizons: HashMap<String, u64> = HashMap::new();
+    for link in &shared.links {
+        let st = link.state.lock();
+        if !st.connected {
+            continue;
+        }
+        for (name, r) in &st.regions {
+            let h = if r.ready { r.lowest_open } else { 0 };
+            let e = horizons.entry(name.clone()).or_insert(u64::MAX);
+            *e = (*e).min(h);
+        }
+    }
+    for name in shared.db.keyspace_names() {
+        if let Ok(source) = shared.db.ship_source(&name) {
+            source.set_horizon(horizons.get(&name).copied().unwrap_or(u64::MAX));
+        }
+    }
+}
