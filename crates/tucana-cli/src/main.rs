@@ -130,7 +130,7 @@ pub enum Command {
     ///
     /// Redis clients, redis-cli and redis-benchmark work against it. SELECT 0 is the
     /// keyspace `default`, SELECT n the keyspace `dbN`; --keyspace is ignored.
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
 }
 
 impl Command {

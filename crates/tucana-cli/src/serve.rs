@@ -10,7 +10,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::{Args, ValueEnum};
-use tucana_server::{DurabilityMode, RequestLimits, ServerConfig, TlsFiles, DEFAULT_PORT};
+use tucana_server::{
+    DurabilityMode, ReplicationConfig, RequestLimits, ServerConfig, TlsFiles, DEFAULT_PORT,
+};
 
 use crate::{CliError, Outcome};
 
@@ -84,6 +86,50 @@ pub struct ServeArgs {
     /// Number of databases for SELECT (0 is the keyspace `default`, n the keyspace `dbN`).
     #[arg(long, default_value_t = 16, value_name = "N")]
     databases: u32,
+    /// Replicate every keyspace of this server to a backup at this replication address
+    /// (another `tucana serve --repl-port`); repeat for more backups. Writes are then
+    /// answered only once every backup has them (see --repl-ack).
+    #[arg(long = "backup", value_name = "HOST:PORT")]
+    backups: Vec<String>,
+    /// Take replicas of other servers' keyspaces (their `--backup`) on this port.
+    #[arg(long, value_name = "PORT")]
+    repl_port: Option<u16>,
+    /// What a backup acknowledges: a write it received (survives the death of either
+    /// server) or one it synced (survives both at once).
+    #[arg(long, value_enum, default_value = "received")]
+    repl_ack: ReplAckArg,
+    /// A write fails with NOREPLICAS after waiting this long for its backups.
+    #[arg(long, default_value_t = 5000, value_name = "MS")]
+    repl_timeout_ms: u64,
+    /// Shared by a primary and its backups (default: --requirepass).
+    #[arg(
+        long,
+        value_name = "PASSWORD",
+        env = "TUCANA_REPL_PASSWORD",
+        hide_env_values = true
+    )]
+    repl_password: Option<String>,
+    /// This server's name in replication (default: its address).
+    #[arg(long, value_name = "NAME")]
+    server_id: Option<String>,
+    /// With TLS: the PEM roots a primary trusts for its backups' certificates.
+    #[arg(long, value_name = "PEM")]
+    tls_ca_cert: Option<PathBuf>,
+    /// Bytes per second at most for the log a backup lacks when it connects (0: no limit).
+    #[arg(long, default_value_t = 0, value_name = "BYTES")]
+    repl_catchup_bytes_per_sec: u64,
+    /// Benchmark baseline: as a backup, build an index from the shipped records (as Redis
+    /// replicas do) instead of taking the primary's.
+    #[arg(long)]
+    repl_build_index: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ReplAckArg {
+    /// A backup acknowledges what it received (in its page cache).
+    Received,
+    /// A backup acknowledges only what it synced.
+    Durable,
 }
 
 fn resolve(bind: &str, port: u16) -> Result<SocketAddr, CliError> {
@@ -133,12 +179,36 @@ impl ServeArgs {
             databases: self.databases,
             threads: self.threads.map(|n| n as usize),
             busy_poll: Duration::from_micros(self.busy_poll_us),
+            replication: ReplicationConfig {
+                server_id: self.server_id.clone(),
+                backups: self.backups.clone(),
+                listen_port: self.repl_port,
+                ack_durable: self.repl_ack == ReplAckArg::Durable,
+                ack_timeout: Duration::from_millis(self.repl_timeout_ms.max(1)),
+                build_index: self.repl_build_index,
+                password: self.repl_password.clone(),
+                tls_ca: self.tls_ca_cert.clone(),
+                catchup_bytes_per_sec: self.repl_catchup_bytes_per_sec,
+            },
             ..ServerConfig::default()
         };
         // Refuse before touching the volume: a bad flag should not create one.
         config.validate().map_err(CliError::msg)?;
         Ok(config)
     }
+}
+
+/// What the start line says of replication.
+fn describe_replication(config: &ServerConfig) -> String {
+    let r = &config.replication;
+    let mut out = String::new();
+    if !r.backups.is_empty() {
+        out.push_str(&format!(", replicating to {}", r.backups.join(", ")));
+    }
+    if let Some(port) = r.listen_port {
+        out.push_str(&format!(", taking replicas on port {port}"));
+    }
+    out
 }
 
 pub fn run(path: &Path, args: &ServeArgs) -> Result<Outcome, CliError> {
@@ -148,9 +218,10 @@ pub fn run(path: &Path, args: &ServeArgs) -> Result<Outcome, CliError> {
     let db = crate::open_volume_with(path, true, options)?;
     let durability = config.durability.name();
     let tls = if config.tls.is_some() { ", TLS" } else { "" };
+    let replication = describe_replication(&config);
     let served = tucana_server::serve_until_signal(db.clone(), config, |addr, metrics| {
         eprintln!(
-            "tucana serve: {} on {addr} ({durability} durability{tls}){}",
+            "tucana serve: {} on {addr} ({durability} durability{tls}){replication}{}",
             path.display(),
             metrics
                 .map(|m| format!(", metrics at http://{m}/metrics"))

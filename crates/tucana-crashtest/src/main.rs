@@ -18,6 +18,7 @@
 //! seeds and kill plans (the exact kill instants depend on timing, so a failure is
 //! reproduced by running its seed, not guaranteed to recur at the same cycle).
 
+mod failover;
 mod kill9;
 mod model;
 
@@ -62,6 +63,24 @@ enum Cmd {
               value_parser = clap::value_parser!(u64).range(0..=100))]
         gc_percent: u64,
     },
+    /// Replicated `tucana serve` pairs: kill -9 the primary (then promote the backup),
+    /// kill -9 the backup (then let it catch up), or pause the primary past a promotion;
+    /// every acknowledged write must survive (M7).
+    Failover {
+        /// Cycles to run, each on fresh volumes.
+        #[arg(long, default_value_t = 20)]
+        cycles: u64,
+        /// Seed of the cycles' plans and timings.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Directory for the volumes; default: a temporary one, removed after a passing
+        /// run.
+        #[arg(long, value_name = "D")]
+        dir: Option<PathBuf>,
+        /// The tucana binary; default: `tucana` next to this executable.
+        #[arg(long, value_name = "PATH")]
+        tucana: Option<PathBuf>,
+    },
 }
 
 /// SplitMix64: seedable and the same everywhere, so a seed names a run.
@@ -100,31 +119,92 @@ fn tucana_next_to_me() -> Result<PathBuf, String> {
 }
 
 fn main() -> ExitCode {
-    let Cmd::Kill9 {
-        cycles,
-        seed,
-        dir,
-        tucana,
-        progress,
-        gc_percent,
-    } = Cli::parse().command;
-    let tucana = match tucana.map(Ok).unwrap_or_else(tucana_next_to_me) {
-        Ok(path) => path,
+    match Cli::parse().command {
+        Cmd::Kill9 {
+            cycles,
+            seed,
+            dir,
+            tucana,
+            progress,
+            gc_percent,
+        } => run_kill9(cycles, seed, dir, tucana, progress, gc_percent),
+        Cmd::Failover {
+            cycles,
+            seed,
+            dir,
+            tucana,
+        } => run_failover(cycles, seed, dir, tucana),
+    }
+}
+
+/// The tucana binary and the run's directory (a temporary one unless named, kept when
+/// the run fails).
+fn binary_and_dir(
+    tucana: Option<PathBuf>,
+    dir: Option<PathBuf>,
+    prefix: &str,
+) -> Result<(PathBuf, PathBuf, Option<tempfile::TempDir>), String> {
+    let tucana = tucana.map(Ok).unwrap_or_else(tucana_next_to_me)?;
+    match dir {
+        Some(dir) => Ok((tucana, dir, None)),
+        None => {
+            let t = tempfile::Builder::new()
+                .prefix(prefix)
+                .tempdir()
+                .map_err(|e| format!("cannot create a temporary directory: {e}"))?;
+            Ok((tucana, t.path().to_path_buf(), Some(t)))
+        }
+    }
+}
+
+fn run_failover(cycles: u64, seed: u64, dir: Option<PathBuf>, tucana: Option<PathBuf>) -> ExitCode {
+    let (tucana, dir, temp) = match binary_and_dir(tucana, dir, "tucana-failover-") {
+        Ok(found) => found,
         Err(e) => {
             eprintln!("error: {e}");
             return ExitCode::from(2);
         }
     };
-    // A temporary directory unless one was named; kept when the run fails.
-    let (dir, temp) = match dir {
-        Some(dir) => (dir, None),
-        None => match tempfile::Builder::new().prefix("tucana-kill9-").tempdir() {
-            Ok(t) => (t.path().to_path_buf(), Some(t)),
-            Err(e) => {
-                eprintln!("error: cannot create a temporary directory: {e}");
-                return ExitCode::from(2);
-            }
-        },
+    let started = std::time::Instant::now();
+    let summary = failover::run(&failover::Config {
+        cycles,
+        seed,
+        dir: dir.clone(),
+        tucana,
+    });
+    eprintln!("failover: {:.1} s", started.elapsed().as_secs_f64());
+    if let Some(failure) = &summary.failure {
+        eprintln!("FAILED: {failure}");
+        eprintln!(
+            "the volumes and the servers' log are kept in {}",
+            dir.display()
+        );
+        if let Some(t) = temp {
+            let _ = t.keep();
+        }
+    }
+    println!("{}", summary.figure_line(seed));
+    if summary.failed() {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+fn run_kill9(
+    cycles: u64,
+    seed: u64,
+    dir: Option<PathBuf>,
+    tucana: Option<PathBuf>,
+    progress: u64,
+    gc_percent: u64,
+) -> ExitCode {
+    let (tucana, dir, temp) = match binary_and_dir(tucana, dir, "tucana-kill9-") {
+        Ok(found) => found,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
     };
     let config = kill9::Config {
         cycles,

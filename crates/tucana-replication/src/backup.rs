@@ -69,7 +69,7 @@ struct Shared {
 pub struct Backup {
     shared: Arc<Shared>,
     addr: SocketAddr,
-    runtime: Option<tokio::runtime::Runtime>,
+    runtime: parking_lot::Mutex<Option<tokio::runtime::Runtime>>,
 }
 
 impl Backup {
@@ -80,8 +80,15 @@ impl Backup {
             .thread_name("tucana-repl-backup")
             .enable_all()
             .build()?;
-        let listener = runtime.block_on(TcpListener::bind(listen))?;
-        let addr = listener.local_addr()?;
+        // Bound here, not on the runtime: the caller may be inside another runtime (the
+        // server binds its listeners in one), where `block_on` is not allowed.
+        let std_listener = std::net::TcpListener::bind(listen)?;
+        std_listener.set_nonblocking(true)?;
+        let addr = std_listener.local_addr()?;
+        let listener = {
+            let _entered = runtime.enter();
+            TcpListener::from_std(std_listener)?
+        };
         let shared = Arc::new(Shared {
             db,
             config,
@@ -93,7 +100,7 @@ impl Backup {
         Ok(Backup {
             shared,
             addr,
-            runtime: Some(runtime),
+            runtime: parking_lot::Mutex::new(Some(runtime)),
         })
     }
 
@@ -106,14 +113,11 @@ impl Backup {
         self.shared.counters.lock().clone()
     }
 
-    /// Stops listening and closes every connection.
-    pub fn stop(mut self) {
-        self.shutdown();
-    }
-
-    fn shutdown(&mut self) {
+    /// Stops listening and closes every connection, waiting for them a little. Blocks:
+    /// not from an async context (`Drop` is safe there).
+    pub fn stop(&self) {
         self.shared.stop.store(true, Ordering::Release);
-        if let Some(runtime) = self.runtime.take() {
+        if let Some(runtime) = self.runtime.lock().take() {
             runtime.shutdown_timeout(Duration::from_secs(2));
         }
     }
@@ -121,7 +125,11 @@ impl Backup {
 
 impl Drop for Backup {
     fn drop(&mut self) {
-        self.shutdown();
+        // Without waiting: a drop may happen inside an async context.
+        self.shared.stop.store(true, Ordering::Release);
+        if let Some(runtime) = self.runtime.lock().take() {
+            runtime.shutdown_background();
+        }
     }
 }
 
@@ -513,6 +521,16 @@ async fn send_acks<W: tokio::io::AsyncWrite + Unpin>(
             .map_err(other)?;
     }
     for (name, inc) in incoming.iter_mut() {
+        if !shared.config.build_index
+            && shared
+                .db
+                .open_replica(name)
+                .is_none_or(|r| r.state().upstream_epoch == 0)
+        {
+            // No commit applied yet: nothing to promote from, so nothing is acknowledged
+            // (the position waits for the primary's first commit, which comes in full).
+            continue;
+        }
         if let Some((order, offset)) = inc.unacked.take() {
             let frame = Frame::Ack {
                 region: name.clone(),

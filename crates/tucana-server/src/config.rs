@@ -45,6 +45,41 @@ pub struct TlsFiles {
     pub private_key: PathBuf,
 }
 
+/// Replication of this server's keyspaces to backups, and of other servers' to this one
+/// (DESIGN.md, "Replication").
+#[derive(Clone, Debug, Default)]
+pub struct ReplicationConfig {
+    /// This server's name in replication (default: its RESP address).
+    pub server_id: Option<String>,
+    /// Backups' replication addresses (`host:port`): this server is the primary of every
+    /// keyspace it holds and ships each to all of them.
+    pub backups: Vec<String>,
+    /// Listen for primaries on this port (same address as the RESP listener): keyspaces
+    /// they ship become replicas here.
+    pub listen_port: Option<u16>,
+    /// Backups acknowledge a write only once it is durable on them (default: once they
+    /// received it).
+    pub ack_durable: bool,
+    /// A write waits at most this long for its backups' acknowledgements.
+    pub ack_timeout: Duration,
+    /// The baseline for benchmarks: as a backup, build an index of its own from the
+    /// shipped records instead of taking the primary's.
+    pub build_index: bool,
+    /// Shared by a primary and its backups (default: `requirepass`).
+    pub password: Option<String>,
+    /// With TLS: the roots a primary trusts for its backups' certificates (PEM).
+    pub tls_ca: Option<PathBuf>,
+    /// Bytes per second at most for the log a backup lacks when it connects (0: no limit).
+    pub catchup_bytes_per_sec: u64,
+}
+
+impl ReplicationConfig {
+    /// Whether this server replicates anything (as a primary or as a backup).
+    pub fn enabled(&self) -> bool {
+        !self.backups.is_empty() || self.listen_port.is_some()
+    }
+}
+
 /// Everything the server needs besides the opened database.
 #[derive(Clone, Debug)]
 pub struct ServerConfig {
@@ -78,6 +113,7 @@ pub struct ServerConfig {
     /// After serving several connections, a connection thread keeps polling its sockets
     /// this long before it sleeps (see `busy_poll`; zero: sleep at once).
     pub busy_poll: Duration,
+    pub replication: ReplicationConfig,
 }
 
 impl Default for ServerConfig {
@@ -97,6 +133,10 @@ impl Default for ServerConfig {
             max_scan_cursors: 16_384,
             threads: None,
             busy_poll: DEFAULT_BUSY_POLL,
+            replication: ReplicationConfig {
+                ack_timeout: Duration::from_secs(5),
+                ..ReplicationConfig::default()
+            },
         }
     }
 }
@@ -144,6 +184,15 @@ impl ServerConfig {
         }
         if self.max_scan_cursors == 0 {
             return Err("max scan cursors must be at least 1".into());
+        }
+        if self.tls.is_some()
+            && !self.replication.backups.is_empty()
+            && self.replication.tls_ca.is_none()
+        {
+            return Err("with TLS, a primary needs --tls-ca-cert to trust its backups".into());
+        }
+        if self.replication.listen_port.is_some() && exposed(&self.listen) && !has_password {
+            return Err("a replication listener on a public address needs a password".into());
         }
         for (name, l) in [
             ("request", &self.request_limits),

@@ -38,10 +38,13 @@ use tokio::sync::watch;
 use crate::commands::{execute_batch, may_block, Session, Written};
 use crate::config::DurabilityMode;
 use crate::outbox::Outbox;
+use crate::replication::ack_error_text;
 use crate::resp::{
     check_incomplete, decode_into, ProtocolError, Reply, RequestLimits, RequestSpans,
 };
 use crate::state::{stopped, ServerState};
+use crate::syncer::NotDurable;
+use tucana::replication::LogPosition;
 
 /// At most this many pipelined requests run as one batch (bounds the reply buffer).
 const MAX_BATCH_REQUESTS: usize = 1024;
@@ -194,12 +197,29 @@ impl Connection {
     }
 }
 
+/// After a batch that wrote, with replication: wakes the shippers, and returns (and
+/// keeps for `WAIT`) the keyspace and log position the backups must acknowledge.
+fn replicated_write(state: &ServerState, conn: &mut Connection) -> Option<(String, LogPosition)> {
+    let replication = state.replication.as_ref()?;
+    replication.notify_write();
+    let slot = state.store.slot(conn.session.db_index());
+    let ks = slot.existing()?;
+    let target = (ks.name().to_string(), ks.log_position());
+    conn.session.last_write = Some(target.clone());
+    replication.has_backups().then_some(target)
+}
+
 /// Runs the batch on this thread. Sync durability: the replies then wait for the writes
-/// to be durable; the thread serves other connections meanwhile.
+/// to be durable, and acknowledged by the backups; the thread serves other connections
+/// meanwhile.
 async fn run_here(state: &ServerState, conn: &mut Connection) {
     let written = conn.execute(state);
-    if let (Some(syncer), false) = (&state.syncer, written.is_empty()) {
-        if let Err(e) = syncer.durable().await {
+    if written.is_empty() {
+        return;
+    }
+    let acked = replicated_write(state, conn);
+    if let Some(syncer) = &state.syncer {
+        if let Err(e) = syncer.durable(acked).await {
             written.not_durable(&mut conn.out, &e);
         }
     }
@@ -212,11 +232,25 @@ async fn run_blocking(state: &Arc<ServerState>, mut conn: Connection) -> io::Res
     let state = state.clone();
     tokio::task::spawn_blocking(move || {
         let written = conn.execute(&state);
-        if state.config.durability == DurabilityMode::Sync && !written.is_empty() {
-            // This thread may block: the sync runs here (shared with whoever syncs at
-            // the same time).
-            if let Err(e) = state.store.db.sync() {
-                written.not_durable(&mut conn.out, &e);
+        if !written.is_empty() {
+            let acked = replicated_write(&state, &mut conn);
+            if state.config.durability == DurabilityMode::Sync {
+                // This thread may block: the sync runs here (shared with whoever syncs
+                // at the same time), then the wait for the backups.
+                let result = state
+                    .store
+                    .db
+                    .sync()
+                    .map_err(|e| NotDurable::Sync(e.to_string()))
+                    .and_then(|()| match (&state.replication, acked) {
+                        (Some(r), Some((name, position))) => r
+                            .wait_acked(&name, position)
+                            .map_err(|e| NotDurable::Acks(ack_error_text(&e))),
+                        _ => Ok(()),
+                    });
+                if let Err(e) = result {
+                    written.not_durable(&mut conn.out, &e);
+                }
             }
         }
         conn

@@ -10,6 +10,8 @@
 //!   syncs for all waiting connections), `outbox` (replies sent together just before a
 //!   connection thread sleeps), `busy_poll` (a busy thread polls a little longer before
 //!   it sleeps);
+//! - `replication` (this server's keyspaces shipped to backups, others' taken as
+//!   replicas: `tucana-replication` started from the configuration);
 //! - `state` (`ServerState`: what every connection shares);
 //! - `commands` (what each command does; running a pipelined batch);
 //! - `connection` (one connection's request loop), `prometheus` (the `/metrics`
@@ -34,6 +36,7 @@ mod glob;
 mod metrics;
 mod outbox;
 mod prometheus;
+mod replication;
 pub mod resp;
 pub mod server;
 mod state;
@@ -42,7 +45,7 @@ mod syncer;
 mod tls;
 
 pub use commands::REDIS_COMPAT_VERSION;
-pub use config::{DurabilityMode, ServerConfig, TlsFiles, DEFAULT_PORT};
+pub use config::{DurabilityMode, ReplicationConfig, ServerConfig, TlsFiles, DEFAULT_PORT};
 pub use resp::{Protocol, Reply, RequestLimits};
 pub use server::{serve_until_signal, spawn, RunningServer, Server, ShutdownHandle};
 pub use store::keyspace_name;

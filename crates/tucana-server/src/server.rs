@@ -149,6 +149,9 @@ impl Server {
             if let Some(syncer) = &stopping.syncer {
                 syncer.stop();
             }
+            if let Some(replication) = &stopping.replication {
+                replication.stop();
+            }
         })
         .await;
         let db = state.store.db.clone();

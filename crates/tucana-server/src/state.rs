@@ -20,6 +20,7 @@ use tucana::Database;
 
 use crate::config::{DurabilityMode, ServerConfig};
 use crate::metrics::Metrics;
+use crate::replication::Replication;
 use crate::store::Store;
 use crate::syncer::Syncer;
 
@@ -37,6 +38,8 @@ pub struct ServerState {
     pub tls: Option<TlsAcceptor>,
     /// With sync durability: makes the writes of connections durable, many per sync.
     pub syncer: Option<Syncer>,
+    /// Replication to backups and from primaries, when configured.
+    pub replication: Option<Arc<Replication>>,
     /// Set to `true` once to stop the server (signals, `SHUTDOWN`, `ShutdownHandle`).
     pub shutdown: Arc<watch::Sender<bool>>,
     next_client_id: AtomicU64,
@@ -52,13 +55,16 @@ impl ServerState {
         local_port: u16,
         tls: Option<TlsAcceptor>,
     ) -> io::Result<ServerState> {
+        let resp_addr = std::net::SocketAddr::new(config.listen.ip(), local_port);
+        let replication = Replication::start(&db, &config, resp_addr)?.map(Arc::new);
         let syncer = match config.durability {
-            DurabilityMode::Sync => Some(Syncer::start(db.clone())?),
+            DurabilityMode::Sync => Some(Syncer::start(db.clone(), replication.clone())?),
             DurabilityMode::Buffered => None,
         };
         let (shutdown, _) = watch::channel(false);
         Ok(ServerState {
             syncer,
+            replication,
             store: Store::new(db, config.databases, config.max_scan_cursors),
             threads: config.thread_count(),
             config,

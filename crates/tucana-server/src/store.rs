@@ -124,6 +124,23 @@ impl Slot {
         }
     }
 
+    /// The keyspace's name (`keyspace_name` of the database's index).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The keyspace, if it exists (no lock: what a reader would see).
+    pub fn existing(&self) -> Option<Keyspace> {
+        self.handle.read().clone()
+    }
+
+    /// Takes the keyspace of this database as the engine has it now: one a promotion
+    /// turned from a replica into a keyspace of this server becomes readable.
+    pub fn reload(&self, db: &Database) {
+        let _lock = self.write_lock.lock();
+        *self.handle.write() = db.open_keyspace(&self.name).ok();
+    }
+
     /// Takes the write lock of this database (see the module doc).
     pub fn lock_writes(&self) -> WriteGuard<'_> {
         WriteGuard {

@@ -21,37 +21,71 @@
 //! are applied but not known to be durable, and their replies say so
 //! (`Written::not_durable` in `commands/batch.rs`).
 
+use std::collections::HashMap;
 use std::io;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use parking_lot::{Condvar, Mutex};
 use tokio::sync::oneshot;
+use tucana::replication::LogPosition;
 use tucana::Database;
 
-/// What a waiter learns: the sync's error, as text (an engine error is not `Clone`).
-pub type SyncResult = Result<(), String>;
+use crate::replication::{ack_error_text, Replication};
+
+/// Why a write was applied but not answered as durable.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NotDurable {
+    /// The sync failed (the engine's error, as text: it is not `Clone`).
+    Sync(String),
+    /// The backups did not acknowledge it: the whole reply text (`NOREPLICAS ...`,
+    /// `READONLY ...`).
+    Acks(String),
+}
+
+impl NotDurable {
+    /// The error reply a write answers with.
+    pub fn reply_text(&self) -> String {
+        match self {
+            NotDurable::Sync(e) => {
+                format!("ERR the write was applied but could not be made durable: {e}")
+            }
+            NotDurable::Acks(text) => text.clone(),
+        }
+    }
+}
+
+/// What a waiter learns.
+pub type SyncResult = Result<(), NotDurable>;
+
+/// A registered connection: its answer, and the keyspace position its backups must
+/// acknowledge (with replication).
+type Waiter = (oneshot::Sender<SyncResult>, Option<(String, LogPosition)>);
 
 struct Queue {
     /// Registered since the syncer last took the queue.
-    waiting: Vec<oneshot::Sender<SyncResult>>,
+    waiting: Vec<Waiter>,
     stop: bool,
 }
 
+/// A queue and the condition variable its thread sleeps on.
 struct Inner {
     queue: Mutex<Queue>,
     /// Signalled when the queue gets its first waiter, or on stop.
     work: Condvar,
 }
 
-/// The syncer thread of a server running with sync durability.
+/// The syncer thread of a server running with sync durability, and, with replication,
+/// its acker thread: synced writes wait there for their backups' acknowledgements while
+/// the syncer goes on to the next sync.
 pub struct Syncer {
     inner: Arc<Inner>,
-    thread: Mutex<Option<JoinHandle<()>>>,
+    acks: Arc<Inner>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
 }
 
 impl Syncer {
-    pub fn start(db: Database) -> io::Result<Syncer> {
+    pub fn start(db: Database, replication: Option<Arc<Replication>>) -> io::Result<Syncer> {
         let inner = Arc::new(Inner {
             queue: Mutex::new(Queue {
                 waiting: Vec::new(),
@@ -59,30 +93,55 @@ impl Syncer {
             }),
             work: Condvar::new(),
         });
-        let thread = {
+        let acks = Arc::new(Inner {
+            queue: Mutex::new(Queue {
+                waiting: Vec::new(),
+                stop: false,
+            }),
+            work: Condvar::new(),
+        });
+        let mut threads = Vec::new();
+        let replication = replication.filter(|r| r.has_backups());
+        if let Some(replication) = replication.clone() {
+            let acks = acks.clone();
+            threads.push(
+                std::thread::Builder::new()
+                    .name("tucana-acker".into())
+                    .spawn(move || run_acker(&replication, &acks))?,
+            );
+        }
+        {
             let inner = inner.clone();
-            std::thread::Builder::new()
-                .name("tucana-syncer".into())
-                .spawn(move || run(&db, &inner))?
-        };
+            let acks = replication.is_some().then(|| acks.clone());
+            threads.push(
+                std::thread::Builder::new()
+                    .name("tucana-syncer".into())
+                    .spawn(move || run(&db, &inner, acks.as_deref()))?,
+            );
+        }
         Ok(Syncer {
             inner,
-            thread: Mutex::new(Some(thread)),
+            acks,
+            threads: Mutex::new(threads),
         })
     }
 
     /// Registers now; resolves once a sync that started after this call has finished
-    /// (every write applied before the call is then durable), with its result.
-    pub fn durable(&self) -> impl std::future::Future<Output = SyncResult> {
+    /// (every write applied before the call is then durable), and, with `acked` (a
+    /// keyspace and a position in its log), once every backup acknowledged it too.
+    pub fn durable(
+        &self,
+        acked: Option<(String, LogPosition)>,
+    ) -> impl std::future::Future<Output = SyncResult> {
         let (tx, rx) = oneshot::channel();
         {
             let mut queue = self.inner.queue.lock();
             if queue.stop {
                 // Not reached while connections run: the server stops the syncer after
                 // the last one ended.
-                let _ = tx.send(Err("the server is shutting down".into()));
+                let _ = tx.send(Err(NotDurable::Sync("the server is shutting down".into())));
             } else {
-                queue.waiting.push(tx);
+                queue.waiting.push((tx, acked));
                 if queue.waiting.len() == 1 {
                     self.inner.work.notify_one();
                 }
@@ -90,15 +149,17 @@ impl Syncer {
         }
         async move {
             rx.await
-                .unwrap_or_else(|_| Err("the syncer thread ended".into()))
+                .unwrap_or_else(|_| Err(NotDurable::Sync("the syncer thread ended".into())))
         }
     }
 
-    /// Answers whoever is still registered, then ends the thread.
+    /// Answers whoever is still registered, then ends the threads.
     pub fn stop(&self) {
-        self.inner.queue.lock().stop = true;
-        self.inner.work.notify_one();
-        if let Some(thread) = self.thread.lock().take() {
+        for inner in [&self.inner, &self.acks] {
+            inner.queue.lock().stop = true;
+            inner.work.notify_one();
+        }
+        for thread in self.threads.lock().drain(..) {
             let _ = thread.join();
         }
     }
@@ -110,24 +171,68 @@ impl Drop for Syncer {
     }
 }
 
-fn run(db: &Database, inner: &Inner) {
+/// Takes the waiters registered on `inner` once there are some; `None` once stopped and
+/// empty.
+fn take_batch(inner: &Inner, batch: &mut Vec<Waiter>) -> Option<()> {
+    let mut queue = inner.queue.lock();
+    while queue.waiting.is_empty() && !queue.stop {
+        inner.work.wait(&mut queue);
+    }
+    if queue.waiting.is_empty() {
+        return None; // stopped, nobody left to answer
+    }
+    // The vectors trade places: no allocation per sync once both have grown.
+    std::mem::swap(batch, &mut queue.waiting);
+    Some(())
+}
+
+fn run(db: &Database, inner: &Inner, acks: Option<&Inner>) {
     let mut batch = Vec::new();
-    loop {
-        {
-            let mut queue = inner.queue.lock();
-            while queue.waiting.is_empty() && !queue.stop {
-                inner.work.wait(&mut queue);
+    while take_batch(inner, &mut batch).is_some() {
+        let result = db.sync().map_err(|e| NotDurable::Sync(e.to_string()));
+        let mut handed = false;
+        for (tx, acked) in batch.drain(..) {
+            match (&result, acked, acks) {
+                (Ok(()), Some(acked), Some(acks)) => {
+                    acks.queue.lock().waiting.push((tx, Some(acked)));
+                    handed = true;
+                }
+                // A waiter that went away (its connection was aborted) needs no answer.
+                _ => {
+                    let _ = tx.send(result.clone());
+                }
             }
-            if queue.waiting.is_empty() {
-                return; // stopped, nobody left to answer
-            }
-            // The vectors trade places: no allocation per sync once both have grown.
-            std::mem::swap(&mut batch, &mut queue.waiting);
         }
-        let result = db.sync().map_err(|e| e.to_string());
-        for waiter in batch.drain(..) {
-            // A waiter that went away (its connection was aborted) needs no answer.
-            let _ = waiter.send(result.clone());
+        if let (true, Some(acks)) = (handed, acks) {
+            acks.work.notify_one();
+        }
+    }
+}
+
+/// Answers synced writes once their backups acknowledged them: one wait per keyspace for
+/// the highest position of the batch covers every write in it.
+fn run_acker(replication: &Replication, inner: &Inner) {
+    let mut batch = Vec::new();
+    while take_batch(inner, &mut batch).is_some() {
+        let mut highest: HashMap<String, LogPosition> = HashMap::new();
+        for (_, acked) in &batch {
+            if let Some((name, position)) = acked {
+                let e = highest.entry(name.clone()).or_default();
+                *e = (*e).max(*position);
+            }
+        }
+        let results: HashMap<String, SyncResult> = highest
+            .into_iter()
+            .map(|(name, position)| {
+                let result = replication
+                    .wait_acked(&name, position)
+                    .map_err(|e| NotDurable::Acks(ack_error_text(&e)));
+                (name, result)
+            })
+            .collect();
+        for (tx, acked) in batch.drain(..) {
+            let result = acked.map_or(Ok(()), |(name, _)| results[&name].clone());
+            let _ = tx.send(result);
         }
     }
 }
@@ -144,7 +249,7 @@ mod tests {
             .commit_interval(None)
             .open_in_memory()
             .unwrap();
-        let syncer = Syncer::start(db.clone()).unwrap();
+        let syncer = Syncer::start(db.clone(), None).unwrap();
         let ks = db.keyspace("k").unwrap();
         let rt = tokio::runtime::Builder::new_current_thread()
             .build()
@@ -153,7 +258,7 @@ mod tests {
             let mut waits = Vec::new();
             for i in 0..100u32 {
                 ks.put(&i.to_be_bytes(), b"v").unwrap();
-                waits.push(syncer.durable());
+                waits.push(syncer.durable(None));
             }
             for w in waits {
                 assert_eq!(w.await, Ok(()));
@@ -175,7 +280,7 @@ mod tests {
 
         syncer.stop();
         // After stop, a registration is answered at once with an error, never left hanging.
-        let late = rt.block_on(syncer.durable());
-        assert!(late.unwrap_err().contains("shutting down"));
+        let late = rt.block_on(syncer.durable(None));
+        assert!(late.unwrap_err().reply_text().contains("shutting down"));
     }
 }

@@ -44,3 +44,24 @@ pub fn acceptor(files: &TlsFiles) -> io::Result<TlsAcceptor> {
         .map_err(|e| invalid(format!("TLS certificate and key do not fit: {e}")))?;
     Ok(TlsAcceptor::from(Arc::new(config)))
 }
+
+/// A client configuration trusting the certificates in the PEM file `ca` (how a primary
+/// dials its backups when the servers speak TLS).
+pub fn client_config(ca: &std::path::Path) -> io::Result<Arc<rustls::ClientConfig>> {
+    let mut roots = rustls::RootCertStore::empty();
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(ca)
+        .and_then(|certs| certs.collect::<Result<_, _>>())
+        .map_err(|e| invalid(format!("TLS CA certificate {}: {e}", ca.display())))?;
+    for cert in certs {
+        roots
+            .add(cert)
+            .map_err(|e| invalid(format!("TLS CA certificate {}: {e}", ca.display())))?;
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| invalid(format!("TLS: {e}")))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(Arc::new(config))
+}

@@ -143,7 +143,7 @@ struct Shared {
 /// The replication of a primary's keyspaces to its configured backups.
 pub struct Primary {
     shared: Arc<Shared>,
-    runtime: Option<tokio::runtime::Runtime>,
+    runtime: Mutex<Option<tokio::runtime::Runtime>>,
 }
 
 impl Primary {
@@ -180,7 +180,7 @@ impl Primary {
         }
         Ok(Primary {
             shared,
-            runtime: Some(runtime),
+            runtime: Mutex::new(Some(runtime)),
         })
     }
 
@@ -300,28 +300,33 @@ impl Primary {
             .collect()
     }
 
-    /// Stops every link (the backups see their connections close).
-    pub fn stop(mut self) {
-        self.shutdown();
+    /// Stops every link (the backups see their connections close) and waits for them,
+    /// a little. Blocks: not from an async context (`Drop` is safe there).
+    pub fn stop(&self) {
+        if let Some(runtime) = self.halt() {
+            runtime.shutdown_timeout(Duration::from_secs(2));
+        }
     }
 
-    fn shutdown(&mut self) {
+    /// Tells the links to stop; the runtime they run on, if still there.
+    fn halt(&self) -> Option<tokio::runtime::Runtime> {
         self.shared.stop.store(true, Ordering::Release);
         self.shared.db.set_commit_observer(None);
         for link in &self.shared.links {
             link.wake.notify_one();
         }
-        if let Some(runtime) = self.runtime.take() {
-            runtime.shutdown_timeout(Duration::from_secs(2));
-        }
         let (_, cv) = &self.shared.board;
         cv.notify_all();
+        self.runtime.lock().take()
     }
 }
 
 impl Drop for Primary {
     fn drop(&mut self) {
-        self.shutdown();
+        // Without waiting: a drop may happen inside an async context.
+        if let Some(runtime) = self.halt() {
+            runtime.shutdown_background();
+        }
     }
 }
 

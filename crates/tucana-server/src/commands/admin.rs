@@ -158,3 +158,51 @@ pub(super) fn cmd_shutdown(call: &mut Call<'_>, args: &[Vec<u8>]) -> tucana::Res
     call.session.close_after_reply = true;
     Ok(Reply::Ok)
 }
+
+/// `WAIT numreplicas timeout`: blocks until `numreplicas` backups acknowledged this
+/// connection's last write, or `timeout` milliseconds passed (0: no limit); answers how
+/// many did. Without replication, or before any write, answers at once.
+pub(super) fn cmd_wait(call: &mut Call<'_>, args: &[Vec<u8>]) -> tucana::Result<Reply> {
+    let (Some(needed), Some(timeout_ms)) = (super::parse_i64(&args[1]), super::parse_i64(&args[2]))
+    else {
+        return Ok(super::not_an_integer());
+    };
+    if needed < 0 || timeout_ms < 0 {
+        return Ok(Reply::error("ERR timeout is negative"));
+    }
+    let (Some(replication), Some((name, position))) =
+        (&call.state.replication, call.session.last_write.clone())
+    else {
+        return Ok(Reply::Int(0));
+    };
+    let timeout = if timeout_ms == 0 {
+        std::time::Duration::from_secs(365 * 24 * 3600)
+    } else {
+        std::time::Duration::from_millis(timeout_ms as u64)
+    };
+    let acked = replication.wait_count(&name, position, needed as usize, timeout);
+    Ok(Reply::Int(acked as i64))
+}
+
+/// `REPLICAOF NO ONE` (and `SLAVEOF NO ONE`): every replica this server holds becomes a
+/// keyspace of its own at a higher term (a promotion; its old primary is refused from
+/// then on). Replication here is set up from the primary's side (`--backup`), so
+/// `REPLICAOF host port` is refused with that explanation.
+pub(super) fn cmd_replicaof(call: &mut Call<'_>, args: &[Vec<u8>]) -> tucana::Result<Reply> {
+    let no_one = args[1].eq_ignore_ascii_case(b"no") && args[2].eq_ignore_ascii_case(b"one");
+    if !no_one {
+        return Ok(Reply::error(
+            "ERR a primary ships to its backups here: start the primary with --backup HOST:PORT of this server's --repl-port",
+        ));
+    }
+    let Some(replication) = &call.state.replication else {
+        return Ok(Reply::Ok);
+    };
+    let promoted = replication.promote_all()?;
+    for slot in call.state.store.slots() {
+        if promoted.iter().any(|name| name == slot.name()) {
+            slot.reload(&call.state.store.db);
+        }
+    }
+    Ok(Reply::Ok)
+}

@@ -17,6 +17,7 @@ use tucana::Durability;
 use crate::metrics::Tally;
 use crate::resp::{encode_bulk, encode_error, encode_nil, Args, Requests};
 use crate::state::ServerState;
+use crate::syncer::NotDurable;
 
 use super::table::lookup;
 use super::{execute, Call, Session};
@@ -119,11 +120,11 @@ impl Written {
         self.ranges.is_empty()
     }
 
-    /// The sync after the batch failed: the writes are applied (and visible) but not
-    /// known to be durable, and their replies now say so.
-    pub fn not_durable(&self, out: &mut Vec<u8>, error: &dyn std::fmt::Display) {
-        let text = format!("ERR the write was applied but could not be made durable: {error}");
-        replace_replies(out, self.base, &self.ranges, &text);
+    /// The sync after the batch failed, or its backups did not acknowledge it: the
+    /// writes are applied (and visible) but not known to be durable, and their replies
+    /// now say so.
+    pub fn not_durable(&self, out: &mut Vec<u8>, why: &NotDurable) {
+        replace_replies(out, self.base, &self.ranges, &why.reply_text());
     }
 }
 
@@ -228,7 +229,7 @@ fn fast_gets(
                 Err(e @ tucana::Error::KeyspaceNotFound(_)) => dropped = Some(e),
                 Err(e) => {
                     local.error();
-                    encode_error(&format!("ERR {e}"), out);
+                    encode_error(&super::error_text(&e), out);
                 }
             });
             if let Some(e) = dropped.take() {
@@ -243,7 +244,7 @@ fn fast_gets(
         local = Tally::default();
         for _ in run {
             local.error();
-            encode_error(&format!("ERR {e}"), out);
+            encode_error(&super::error_text(&e), out);
         }
     }
     replies.tally.merge(&local);
@@ -285,11 +286,17 @@ fn fast_sets(
         Err(e) if run.len() == 1 => {
             tally.error();
             let at = out.len();
-            encode_error(&format!("ERR {e}"), out);
+            encode_error(&super::error_text(&e), out);
             written.push(at..out.len());
             return;
         }
-        Err(_) => one_by_one = Some(guard.keyspace(&state.store.db).map_err(|e| e.to_string())),
+        Err(_) => {
+            one_by_one = Some(
+                guard
+                    .keyspace(&state.store.db)
+                    .map_err(|e| super::error_text(&e)),
+            )
+        }
     }
     for j in run {
         let at = out.len();
@@ -298,7 +305,7 @@ fn fast_sets(
             Some(Ok(ks)) => {
                 let (key, value) = pair(j);
                 ks.put_with(key, value, Durability::Buffered)
-                    .map_err(|e| e.to_string())
+                    .map_err(|e| super::error_text(&e))
             }
             Some(Err(e)) => Err(e.clone()),
         };
@@ -306,7 +313,7 @@ fn fast_sets(
             Ok(()) => out.extend_from_slice(b"+OK\r\n"),
             Err(e) => {
                 tally.error();
-                encode_error(&format!("ERR {e}"), out);
+                encode_error(&e, out);
             }
         }
         written.push(at..out.len());

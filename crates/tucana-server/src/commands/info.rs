@@ -1,5 +1,6 @@
 //! The `INFO` command's text: Redis's sections (Server, Clients, Memory, Persistence,
-//! Stats, Keyspace), filled from the server's counters and the engine's `Stats`.
+//! Stats, Replication, Keyspace), filled from the server's counters, the engine's
+//! `Stats` and the replication's state.
 //!
 //! Owns which fields each section shows and their Redis names; the counters themselves
 //! are `metrics`'. The Prometheus text is the other reader of the same counters
@@ -62,6 +63,17 @@ fn info_text(state: &ServerState, sections: &[String], connected: u64) -> String
     }
     if want("stats") {
         section(&mut out, "Stats", stats_lines(state));
+    }
+    if want("replication") {
+        let owned = match &state.replication {
+            Some(r) => r.info_lines(),
+            None => vec![
+                ("role".to_string(), "master".to_string()),
+                ("connected_slaves".to_string(), "0".to_string()),
+            ],
+        };
+        let lines = owned.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+        section(&mut out, "Replication", lines);
     }
     if want("keyspace") {
         let labels = keyspace_labels(state, &stats);

@@ -107,7 +107,16 @@ fn execute(call: &mut Call<'_>, args: &Args) -> Reply {
     }
     call.state.metrics.count_command(index);
     let result = run_spec(call, spec, args);
-    result.unwrap_or_else(|e| Reply::error(format!("ERR {e}")))
+    result.unwrap_or_else(|e| Reply::error(error_text(&e)))
+}
+
+/// The error reply of an engine error: `READONLY` for a keyspace this server is no longer
+/// the primary of (clients take it as "write elsewhere"), `ERR` otherwise.
+fn error_text(e: &tucana::Error) -> String {
+    match e {
+        tucana::Error::Fenced { .. } => format!("READONLY {e}"),
+        _ => format!("ERR {e}"),
+    }
 }
 
 fn run_spec(call: &mut Call<'_>, spec: &Spec, args: &Args) -> tucana::Result<Reply> {

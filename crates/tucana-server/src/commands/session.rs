@@ -36,9 +36,17 @@ pub struct Session {
     pub close_after_reply: bool,
     /// The client asked the server to shut down.
     pub shutdown_requested: bool,
+    /// The keyspace and log position of this connection's last write, for `WAIT` (kept
+    /// only with replication).
+    pub last_write: Option<(String, tucana::replication::LogPosition)>,
 }
 
 impl Session {
+    /// The selected database's index (`SELECT`).
+    pub fn db_index(&self) -> u32 {
+        self.db_index
+    }
+
     pub fn new(id: u64, authenticated: bool) -> Session {
         Session {
             id,
@@ -51,6 +59,7 @@ impl Session {
             multi: None,
             close_after_reply: false,
             shutdown_requested: false,
+            last_write: None,
         }
     }
 }

@@ -15,7 +15,8 @@ use std::sync::OnceLock;
 use crate::resp::Reply;
 
 use super::admin::{
-    cmd_bgrewriteaof, cmd_bgsave, cmd_command, cmd_config, cmd_save, cmd_shutdown, cmd_time,
+    cmd_bgrewriteaof, cmd_bgsave, cmd_command, cmd_config, cmd_replicaof, cmd_save, cmd_shutdown,
+    cmd_time, cmd_wait,
 };
 use super::info::cmd_info;
 use super::keys::{
@@ -137,6 +138,9 @@ pub(super) fn table() -> &'static [Spec] {
             spec!("info", -1, NOMULTI, NO_KEYS, other(cmd_info)),
             spec!("time", 1, 0, NO_KEYS, other(cmd_time)),
             spec!("save", 1, NOMULTI, NO_KEYS, blocking(cmd_save)),
+            spec!("wait", 3, NOMULTI, NO_KEYS, blocking(cmd_wait)),
+            spec!("replicaof", 3, NOMULTI, NO_KEYS, blocking(cmd_replicaof)),
+            spec!("slaveof", 3, NOMULTI, NO_KEYS, blocking(cmd_replicaof)),
             spec!("bgsave", -1, NOMULTI, NO_KEYS, blocking(cmd_bgsave)),
             spec!(
                 "bgrewriteaof",

@@ -1,0 +1,550 @@
+//! Failover cycles of replicated `tucana serve` processes (row M7 of docs/reliability.md).
+//!
+//! Each cycle starts a backup (`--repl-port`) and a primary that ships to it (`--backup`),
+//! both real processes on fresh volumes, and has Redis clients (the `redis` crate) write
+//! unique keys with sync durability, recording every `OK`. Then, by the cycle's plan:
+//!
+//! - **kill the primary**: `kill -9` at a random instant (commits and GC passes are
+//!   forced now and then so the kill can land inside a segment ship, an index ship, a
+//!   commit or a GC pass); the backup is promoted (`REPLICAOF NO ONE`) and must hold every
+//!   acknowledged write; the time from the kill to the first write acknowledged by the
+//!   promoted backup is the failover time;
+//! - **kill the backup**: `kill -9` of the backup while writes go on (they fail with
+//!   `NOREPLICAS` meanwhile, never `OK`), restart, catch-up; then the primary is shut down
+//!   and the promoted backup must equal it key for key;
+//! - **fence the primary**: `SIGSTOP` the primary, promote the backup, `SIGCONT` the
+//!   primary: it must acknowledge no write afterwards.
+//!
+//! Every cycle ends with `tucana check` on the backup's volume. Owns only the cycle's
+//! plan, processes and verdict; the servers are the real binary.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::Rng;
+
+pub struct Config {
+    pub cycles: u64,
+    pub seed: u64,
+    pub dir: PathBuf,
+    pub tucana: PathBuf,
+}
+
+/// What a run of cycles found.
+#[derive(Default)]
+pub struct Summary {
+    pub cycles: u64,
+    pub primary_kills: u64,
+    pub backup_kills: u64,
+    pub fences: u64,
+    pub acked_writes: u64,
+    pub lost_writes: u64,
+    /// Writes an old primary acknowledged after its backup was promoted.
+    pub acked_after_fence: u64,
+    pub check_failures: u64,
+    /// Kill of the primary → first write acknowledged by the promoted backup, ms.
+    pub failover_ms: Vec<f64>,
+    pub failure: Option<String>,
+}
+
+impl Summary {
+    pub fn failed(&self) -> bool {
+        self.failure.is_some()
+            || self.lost_writes > 0
+            || self.acked_after_fence > 0
+            || self.check_failures > 0
+    }
+
+    pub fn figure_line(&self, seed: u64) -> String {
+        let mut ms = self.failover_ms.clone();
+        ms.sort_by(f64::total_cmp);
+        let pct = |p: f64| {
+            if ms.is_empty() {
+                0.0
+            } else {
+                ms[((ms.len() - 1) as f64 * p).round() as usize]
+            }
+        };
+        format!(
+            "M7 failover cycles: {}, primary kills: {}, backup kills: {}, fenced primaries: {}, \
+             acknowledged writes: {}, lost: {}, acknowledged after the fence: {}, check failures: {}, \
+             failover p50: {:.0} ms, p99: {:.0} ms, seed: {seed}",
+            self.cycles,
+            self.primary_kills,
+            self.backup_kills,
+            self.fences,
+            self.acked_writes,
+            self.lost_writes,
+            self.acked_after_fence,
+            self.check_failures,
+            pct(0.5),
+            pct(0.99),
+        )
+    }
+}
+
+/// A `tucana serve` process.
+struct Server {
+    child: Child,
+    port: u16,
+    args: Vec<String>,
+    db: PathBuf,
+}
+
+fn free_port() -> std::io::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+impl Server {
+    fn start(
+        tucana: &Path,
+        db: &Path,
+        port: u16,
+        extra: &[String],
+        log: &Path,
+    ) -> Result<Server, String> {
+        let mut args = vec!["serve".to_string(), "--port".into(), port.to_string()];
+        args.extend_from_slice(extra);
+        let mut server = Server {
+            child: spawn(tucana, db, &args, log)?,
+            port,
+            args,
+            db: db.to_path_buf(),
+        };
+        server.wait_ready()?;
+        Ok(server)
+    }
+
+    fn restart(&mut self, tucana: &Path, log: &Path) -> Result<(), String> {
+        self.child = spawn(tucana, &self.db, &self.args, log)?;
+        self.wait_ready()
+    }
+
+    fn wait_ready(&mut self) -> Result<(), String> {
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(30) {
+            if let Ok(mut c) = self.connect() {
+                if redis::cmd("PING").query::<String>(&mut c).is_ok() {
+                    return Ok(());
+                }
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Err(format!(
+                    "tucana serve on port {} exited: {status}",
+                    self.port
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Err(format!(
+            "tucana serve on port {} never answered PING",
+            self.port
+        ))
+    }
+
+    fn connect(&self) -> redis::RedisResult<redis::Connection> {
+        let client = redis::Client::open(format!("redis://127.0.0.1:{}/", self.port))?;
+        let c = client.get_connection_with_timeout(Duration::from_secs(5))?;
+        c.set_read_timeout(Some(Duration::from_secs(20)))?;
+        Ok(c)
+    }
+
+    fn signal(&self, signal: i32) {
+        // SAFETY: kill(2) on a pid we started and have not reaped; no memory is touched.
+        unsafe {
+            libc::kill(self.child.id() as libc::pid_t, signal);
+        }
+    }
+
+    fn kill9(&mut self) {
+        self.signal(libc::SIGKILL);
+        let _ = self.child.wait();
+    }
+
+    /// `SHUTDOWN` and wait for the process to end (it commits first).
+    fn shutdown(&mut self) {
+        if let Ok(mut c) = self.connect() {
+            let _ = redis::cmd("SHUTDOWN").query::<()>(&mut c);
+        }
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(30) {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.kill9();
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            self.kill9();
+        }
+    }
+}
+
+fn spawn(tucana: &Path, db: &Path, args: &[String], log: &Path) -> Result<Child, String> {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .map_err(|e| format!("{}: {e}", log.display()))?;
+    Command::new(tucana)
+        .arg("--db")
+        .arg(db)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .map_err(|e| format!("starting {}: {e}", tucana.display()))
+}
+
+/// Writers: each writes unique keys with `SET` until stopped or its connection breaks,
+/// keeping the keys the server answered `OK`.
+struct Writers {
+    stop: Arc<AtomicBool>,
+    acked: Arc<Mutex<BTreeMap<String, String>>>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Writers {
+    fn start(server: &Server, cycle: u64, count: usize) -> Writers {
+        let stop = Arc::new(AtomicBool::new(false));
+        let acked = Arc::new(Mutex::new(BTreeMap::new()));
+        let threads = (0..count)
+            .map(|w| {
+                let (stop, acked) = (stop.clone(), acked.clone());
+                let conn = server.connect();
+                std::thread::spawn(move || {
+                    let Ok(mut conn) = conn else { return };
+                    let mut i = 0u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        let key = format!("c{cycle}-w{w}-{i}");
+                        let value = format!("v{i}-{}", "x".repeat((i % 200) as usize));
+                        match redis::cmd("SET")
+                            .arg(&key)
+                            .arg(&value)
+                            .query::<String>(&mut conn)
+                        {
+                            Ok(ok) if ok == "OK" => {
+                                acked.lock().expect("not poisoned").insert(key, value);
+                            }
+                            // NOREPLICAS, READONLY: applied or not, never acknowledged.
+                            Ok(_) | Err(_) if stop.load(Ordering::Relaxed) => break,
+                            Ok(_) => {}
+                            Err(e) if e.is_io_error() || e.is_connection_dropped() => break,
+                            Err(_) => {}
+                        }
+                        i += 1;
+                    }
+                })
+            })
+            .collect();
+        Writers {
+            stop,
+            acked,
+            threads,
+        }
+    }
+
+    fn stop(self) -> BTreeMap<String, String> {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads {
+            let _ = t.join();
+        }
+        Arc::try_unwrap(self.acked)
+            .map(|m| m.into_inner().expect("not poisoned"))
+            .unwrap_or_default()
+    }
+}
+
+/// Every key and value of a server's database 0, through `SCAN` and `MGET`.
+fn contents(server: &Server) -> Result<BTreeMap<String, String>, String> {
+    let mut c = server.connect().map_err(|e| e.to_string())?;
+    let mut out = BTreeMap::new();
+    let mut cursor = 0u64;
+    loop {
+        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("COUNT")
+            .arg(1000)
+            .query(&mut c)
+            .map_err(|e| e.to_string())?;
+        if !keys.is_empty() {
+            let values: Vec<Option<String>> = redis::cmd("MGET")
+                .arg(&keys)
+                .query(&mut c)
+                .map_err(|e| e.to_string())?;
+            for (k, v) in keys.into_iter().zip(values) {
+                if let Some(v) = v {
+                    out.insert(k, v);
+                }
+            }
+        }
+        if next == 0 {
+            return Ok(out);
+        }
+        cursor = next;
+    }
+}
+
+fn promote(server: &Server) -> Result<(), String> {
+    let mut c = server.connect().map_err(|e| e.to_string())?;
+    redis::cmd("REPLICAOF")
+        .arg("NO")
+        .arg("ONE")
+        .query::<String>(&mut c)
+        .map(|_| ())
+        .map_err(|e| format!("REPLICAOF NO ONE: {e}"))
+}
+
+/// Counts the acknowledged writes `acked` that `server` lacks or holds another value of.
+fn lost(server: &Server, acked: &BTreeMap<String, String>) -> Result<u64, String> {
+    let mut c = server.connect().map_err(|e| e.to_string())?;
+    let keys: Vec<&String> = acked.keys().collect();
+    let mut lost = 0;
+    for chunk in keys.chunks(500) {
+        let values: Vec<Option<String>> = redis::cmd("MGET")
+            .arg(chunk)
+            .query(&mut c)
+            .map_err(|e| e.to_string())?;
+        for (k, v) in chunk.iter().zip(values) {
+            if v.as_ref() != acked.get(*k) {
+                if lost < 5 {
+                    eprintln!("failover: acknowledged {k} is {v:?} on the promoted backup");
+                }
+                lost += 1;
+            }
+        }
+    }
+    Ok(lost)
+}
+
+fn check(tucana: &Path, db: &Path) -> bool {
+    Command::new(tucana)
+        .arg("--db")
+        .arg(db)
+        .arg("check")
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// Forces a commit (`SAVE`) or a GC pass (`BGREWRITEAOF`) on the primary now and then, so
+/// kills land inside index ships and GC passes too.
+fn stir(server: &Server, rng: &mut Rng) {
+    if let Ok(mut c) = server.connect() {
+        let cmd = if rng.below(3) == 0 {
+            "BGREWRITEAOF"
+        } else {
+            "SAVE"
+        };
+        let _ = redis::cmd(cmd).query::<String>(&mut c);
+    }
+}
+
+pub fn run(config: &Config) -> Summary {
+    let mut summary = Summary::default();
+    let mut rng = Rng::new(config.seed);
+    for cycle in 0..config.cycles {
+        let plan = rng.below(10);
+        let result = match plan {
+            0..=5 => kill_primary(config, cycle, &mut rng, &mut summary),
+            6..=7 => kill_backup(config, cycle, &mut rng, &mut summary),
+            _ => fence_primary(config, cycle, &mut rng, &mut summary),
+        };
+        summary.cycles += 1;
+        if let Err(e) = result {
+            summary.failure = Some(format!("cycle {cycle}: {e}"));
+            return summary;
+        }
+        if summary.failed() {
+            summary.failure = Some(format!("cycle {cycle} (see above)"));
+            return summary;
+        }
+    }
+    summary
+}
+
+/// A backup and a primary shipping to it, on fresh volumes of cycle `cycle`.
+fn pair(config: &Config, cycle: u64) -> Result<(Server, Server, PathBuf), String> {
+    let dir = config.dir.join(format!("cycle-{cycle}"));
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let log = dir.join("servers.log");
+    let (bp, rp, pp) = (
+        free_port().map_err(|e| e.to_string())?,
+        free_port().map_err(|e| e.to_string())?,
+        free_port().map_err(|e| e.to_string())?,
+    );
+    let backup = Server::start(
+        &config.tucana,
+        &dir.join("backup.tucana"),
+        bp,
+        &["--repl-port".into(), rp.to_string()],
+        &log,
+    )?;
+    let primary = Server::start(
+        &config.tucana,
+        &dir.join("primary.tucana"),
+        pp,
+        &[
+            "--backup".into(),
+            format!("127.0.0.1:{rp}"),
+            "--repl-timeout-ms".into(),
+            "2000".into(),
+        ],
+        &log,
+    )?;
+    Ok((primary, backup, dir))
+}
+
+fn kill_primary(
+    config: &Config,
+    cycle: u64,
+    rng: &mut Rng,
+    summary: &mut Summary,
+) -> Result<(), String> {
+    let (mut primary, mut backup, dir) = pair(config, cycle)?;
+    let writers = Writers::start(&primary, cycle, 2);
+    let run_ms = 100 + rng.below(900);
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_millis(run_ms) {
+        std::thread::sleep(Duration::from_millis(20 + rng.below(100)));
+        if rng.below(4) == 0 {
+            stir(&primary, rng);
+        }
+    }
+    let killed = Instant::now();
+    primary.kill9();
+    let acked = writers.stop();
+    promote(&backup)?;
+    let mut c = backup.connect().map_err(|e| e.to_string())?;
+    redis::cmd("SET")
+        .arg(format!("c{cycle}-after-failover"))
+        .arg("x")
+        .query::<String>(&mut c)
+        .map_err(|e| format!("the promoted backup refused a write: {e}"))?;
+    summary
+        .failover_ms
+        .push(killed.elapsed().as_secs_f64() * 1000.0);
+    summary.primary_kills += 1;
+    summary.acked_writes += acked.len() as u64;
+    summary.lost_writes += lost(&backup, &acked)?;
+    backup.shutdown();
+    if !check(&config.tucana, &backup.db) {
+        summary.check_failures += 1;
+        return Ok(());
+    }
+    let _ = std::fs::remove_dir_all(dir);
+    Ok(())
+}
+
+fn kill_backup(
+    config: &Config,
+    cycle: u64,
+    rng: &mut Rng,
+    summary: &mut Summary,
+) -> Result<(), String> {
+    let (mut primary, mut backup, dir) = pair(config, cycle)?;
+    let log = dir.join("servers.log");
+    let writers = Writers::start(&primary, cycle, 2);
+    std::thread::sleep(Duration::from_millis(100 + rng.below(500)));
+    if rng.below(2) == 0 {
+        stir(&primary, rng);
+    }
+    backup.kill9();
+    std::thread::sleep(Duration::from_millis(rng.below(300)));
+    backup.restart(&config.tucana, &log)?;
+    std::thread::sleep(Duration::from_millis(100 + rng.below(500)));
+    let acked = writers.stop();
+    // Everything the primary holds must reach the restarted backup: a commit, then wait
+    // until a write made after it is acknowledged (the backup caught up).
+    {
+        let mut c = primary.connect().map_err(|e| e.to_string())?;
+        let _ = redis::cmd("SAVE").query::<String>(&mut c);
+        let start = Instant::now();
+        loop {
+            match redis::cmd("SET")
+                .arg(format!("c{cycle}-caught-up"))
+                .arg("x")
+                .query::<String>(&mut c)
+            {
+                Ok(ok) if ok == "OK" => break,
+                _ if start.elapsed() > Duration::from_secs(60) => {
+                    return Err("the restarted backup never caught up".into());
+                }
+                _ => std::thread::sleep(Duration::from_millis(50)),
+            }
+        }
+    }
+    let expected = contents(&primary)?;
+    primary.shutdown();
+    promote(&backup)?;
+    let got = contents(&backup)?;
+    summary.backup_kills += 1;
+    summary.acked_writes += acked.len() as u64;
+    summary.lost_writes += lost(&backup, &acked)?;
+    if got != expected {
+        let missing = expected.keys().filter(|k| !got.contains_key(*k)).count();
+        let extra = got.keys().filter(|k| !expected.contains_key(*k)).count();
+        return Err(format!(
+            "after catching up, the backup differs from its primary: {missing} keys missing, {extra} extra, {} in all",
+            expected.len()
+        ));
+    }
+    backup.shutdown();
+    if !check(&config.tucana, &backup.db) {
+        summary.check_failures += 1;
+        return Ok(());
+    }
+    let _ = std::fs::remove_dir_all(dir);
+    Ok(())
+}
+
+fn fence_primary(
+    config: &Config,
+    cycle: u64,
+    rng: &mut Rng,
+    summary: &mut Summary,
+) -> Result<(), String> {
+    let (primary, mut backup, dir) = pair(config, cycle)?;
+    let writers = Writers::start(&primary, cycle, 1);
+    std::thread::sleep(Duration::from_millis(100 + rng.below(300)));
+    let acked = writers.stop();
+    primary.signal(libc::SIGSTOP);
+    promote(&backup)?;
+    primary.signal(libc::SIGCONT);
+    // Writes to the old primary now: none may be acknowledged.
+    let late = Writers::start(&primary, cycle + 1_000_000, 2);
+    std::thread::sleep(Duration::from_millis(2500 + rng.below(1000)));
+    let late_acked = late.stop();
+    summary.acked_after_fence += late_acked.len() as u64;
+    if !late_acked.is_empty() {
+        eprintln!(
+            "failover: the fenced primary acknowledged {} writes, e.g. {:?}",
+            late_acked.len(),
+            late_acked.keys().next()
+        );
+    }
+    summary.fences += 1;
+    summary.acked_writes += acked.len() as u64;
+    summary.lost_writes += lost(&backup, &acked)?;
+    drop(primary);
+    backup.shutdown();
+    if !check(&config.tucana, &backup.db) {
+        summary.check_failures += 1;
+        return Ok(());
+    }
+    let _ = std::fs::remove_dir_all(dir);
+    Ok(())
+}

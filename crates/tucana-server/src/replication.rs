@@ -1,0 +1,245 @@
+//! The server's replication: the primary side (this server's keyspaces shipped to its
+//! backups, writes waiting for their acknowledgements) and the backup side (other
+//! servers' keyspaces taken as replicas), both from `tucana-replication`, and what the
+//! server's commands ask of them (`WAIT`, `REPLICAOF NO ONE`, `INFO replication`).
+//!
+//! Owns: starting and stopping them from the configuration, TLS for them (the server's
+//! certificate; the configured roots to trust backups), the promotion of every replica.
+//! Does not own: the protocol or the shipping (`tucana-replication`), when a write
+//! waits (`syncer`, `connection`).
+//!
+//! Thread-safety: `Replication` is `Send + Sync`; waiting for acknowledgements blocks,
+//! so it is called only from threads that may block (the syncer's acker, the blocking
+//! pool).
+
+use std::io;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use tucana::replication::LogPosition;
+use tucana::Database;
+use tucana_replication::{
+    Acceptor, AckError, Backup, BackupConfig, Dialer, Primary, PrimaryConfig,
+};
+
+use crate::config::ServerConfig;
+
+/// Why a write's acknowledgement by the backups did not come, as its reply says.
+pub fn ack_error_text(e: &AckError) -> String {
+    match e {
+        AckError::NoReplicas { acked, needed } => format!(
+            "NOREPLICAS Not enough good replicas to write. ({acked} of {needed} backups acknowledged the write in time; it is applied here)"
+        ),
+        AckError::Fenced { term } => format!(
+            "READONLY this server is no longer the primary of this keyspace (a backup was promoted at term {term})"
+        ),
+    }
+}
+
+pub struct Replication {
+    pub primary: Option<Primary>,
+    pub backup: Option<Backup>,
+    db: Database,
+}
+
+impl Replication {
+    /// Starts what `config.replication` asks for; `None` when it asks for nothing.
+    pub fn start(
+        db: &Database,
+        config: &ServerConfig,
+        resp_addr: SocketAddr,
+    ) -> io::Result<Option<Replication>> {
+        let rc = &config.replication;
+        if !rc.enabled() {
+            return Ok(None);
+        }
+        let id = rc
+            .server_id
+            .clone()
+            .unwrap_or_else(|| resp_addr.to_string());
+        let password = rc
+            .password
+            .clone()
+            .or_else(|| config.requirepass.clone())
+            .unwrap_or_default();
+        let backup = match rc.listen_port {
+            None => None,
+            Some(port) => {
+                let acceptor = match &config.tls {
+                    None => Acceptor::Tcp,
+                    Some(files) => Acceptor::Tls(crate::tls::acceptor(files)?),
+                };
+                let listen = SocketAddr::new(config.listen.ip(), port).to_string();
+                Some(Backup::start(
+                    db.clone(),
+                    &listen,
+                    BackupConfig {
+                        id: id.clone(),
+                        password: password.clone(),
+                        build_index: rc.build_index,
+                        acceptor,
+                    },
+                )?)
+            }
+        };
+        let primary = if rc.backups.is_empty() {
+            None
+        } else {
+            let dialer = match (&config.tls, &rc.tls_ca) {
+                (Some(_), Some(ca)) => Dialer::Tls(crate::tls::client_config(ca)?),
+                _ => Dialer::Tcp,
+            };
+            Some(Primary::start(
+                db.clone(),
+                PrimaryConfig {
+                    id,
+                    backups: rc.backups.clone(),
+                    password,
+                    ack_durable: rc.ack_durable,
+                    ack_timeout: rc.ack_timeout,
+                    catchup_bytes_per_sec: rc.catchup_bytes_per_sec,
+                    dialer,
+                },
+            )?)
+        };
+        Ok(Some(Replication {
+            primary,
+            backup,
+            db: db.clone(),
+        }))
+    }
+
+    /// Whether writes wait for backups (this server is a primary with backups).
+    pub fn has_backups(&self) -> bool {
+        self.primary.as_ref().is_some_and(|p| p.has_backups())
+    }
+
+    /// Wakes the shippers: writes were made.
+    pub fn notify_write(&self) {
+        if let Some(p) = &self.primary {
+            p.notify_write();
+        }
+    }
+
+    /// Blocks until every backup acknowledged keyspace `name`'s log up to `position`.
+    pub fn wait_acked(&self, name: &str, position: LogPosition) -> Result<(), AckError> {
+        match &self.primary {
+            Some(p) => p.wait_acked(name, position),
+            None => Ok(()),
+        }
+    }
+
+    /// `WAIT`: how many backups acknowledged `position` within `timeout` (0 without any).
+    pub fn wait_count(
+        &self,
+        name: &str,
+        position: LogPosition,
+        needed: usize,
+        timeout: Duration,
+    ) -> usize {
+        match &self.primary {
+            Some(p) => p.wait_count(name, position, needed, timeout),
+            None => 0,
+        }
+    }
+
+    /// `REPLICAOF NO ONE`: every replica this server holds becomes a keyspace of its own,
+    /// at its term plus one (a primary of a lower term is refused from then on). Returns
+    /// the names promoted.
+    pub fn promote_all(&self) -> tucana::Result<Vec<String>> {
+        let mut promoted = Vec::new();
+        for name in self.db.replica_names() {
+            if let Some(replica) = self.db.open_replica(&name) {
+                let term = replica.state().term + 1;
+                replica.promote(term)?;
+                promoted.push(name);
+            }
+        }
+        Ok(promoted)
+    }
+
+    /// The `INFO replication` fields (Redis's names where they exist).
+    pub fn info_lines(&self) -> Vec<(String, String)> {
+        let mut out: Vec<(String, String)> = Vec::new();
+        let mut put = |k: String, v: String| out.push((k, v));
+        let replicas = self.db.replica_names();
+        let role = if self.primary.is_some() || replicas.is_empty() {
+            "master"
+        } else {
+            "slave"
+        };
+        put("role".into(), role.into());
+        let status = self
+            .primary
+            .as_ref()
+            .map(|p| p.status())
+            .unwrap_or_default();
+        put(
+            "connected_slaves".into(),
+            status.iter().filter(|b| b.connected).count().to_string(),
+        );
+        for (i, b) in status.iter().enumerate() {
+            let (ip, port) = b.addr.rsplit_once(':').unwrap_or((&b.addr, "0"));
+            let lag: u64 = b.regions.iter().map(|r| r.2).sum();
+            let offset: u64 = b.regions.iter().map(|r| r.1.offset).sum();
+            put(
+                format!("slave{i}"),
+                format!(
+                    "ip={ip},port={port},state={},offset={offset},lag_bytes={lag},shipped_log_bytes={},shipped_index_bytes={}",
+                    if b.connected { "online" } else { "connecting" },
+                    b.shipped_log_bytes,
+                    b.shipped_index_bytes
+                ),
+            );
+            if let Some(e) = &b.last_error {
+                put(format!("slave{i}_last_error"), e.replace(['\r', '\n'], " "));
+            }
+        }
+        if let Some(b) = &self.backup {
+            let c = b.counters();
+            put("master_host".into(), c.primary);
+            put(
+                "master_link_status".into(),
+                if c.connected { "up" } else { "down" }.into(),
+            );
+            put(
+                "tucana_received_log_bytes".into(),
+                c.received_log_bytes.to_string(),
+            );
+            put(
+                "tucana_received_index_bytes".into(),
+                c.received_index_bytes.to_string(),
+            );
+            put(
+                "tucana_commits_applied".into(),
+                c.commits_applied.to_string(),
+            );
+        }
+        for name in replicas {
+            if let Some(r) = self.db.open_replica(&name) {
+                let s = r.state();
+                put(
+                    format!("tucana_replica_{name}"),
+                    format!(
+                        "term={},upstream_commit={},segments={}",
+                        s.term,
+                        s.upstream_epoch,
+                        s.segments.len()
+                    ),
+                );
+            }
+        }
+        out
+    }
+
+    /// Stops shipping and listening, waiting for both a little. Blocks: the server calls
+    /// it on a blocking thread at shutdown.
+    pub fn stop(&self) {
+        if let Some(p) = &self.primary {
+            p.stop();
+        }
+        if let Some(b) = &self.backup {
+            b.stop();
+        }
+    }
+}

@@ -1,0 +1,135 @@
+//! Replicated servers in one process, spoken to with a real Redis client: a primary
+//! (`--backup`) answers a write only once its backup has it, `WAIT` counts backups,
+//! `INFO replication` says who is who, and `REPLICAOF NO ONE` on the backup makes it
+//! serve every acknowledged write (and refuse its old primary).
+
+use std::time::{Duration, Instant};
+
+use redis::{Commands, Connection};
+use tucana::Database;
+use tucana_server::{spawn, RunningServer, ServerConfig};
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn config() -> ServerConfig {
+    ServerConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        ..ServerConfig::default()
+    }
+}
+
+fn connect(server: &RunningServer) -> Connection {
+    let client = redis::Client::open(format!("redis://{}/", server.addr)).unwrap();
+    let con = client.get_connection().unwrap();
+    con.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    con
+}
+
+/// A backup taking replicas on a free port, and a primary shipping to it.
+fn pair(ack_timeout: Duration) -> (Database, RunningServer, Database, RunningServer) {
+    let repl_port = free_port();
+    let backup_db = Database::builder().open_in_memory().unwrap();
+    let mut backup_config = config();
+    backup_config.replication.listen_port = Some(repl_port);
+    let backup = spawn(backup_db.clone(), backup_config).unwrap();
+    let primary_db = Database::builder().open_in_memory().unwrap();
+    let mut primary_config = config();
+    primary_config.replication.backups = vec![format!("127.0.0.1:{repl_port}")];
+    primary_config.replication.ack_timeout = ack_timeout;
+    let primary = spawn(primary_db.clone(), primary_config).unwrap();
+    (primary_db, primary, backup_db, backup)
+}
+
+fn info_field(con: &mut Connection, field: &str) -> Option<String> {
+    let info: String = redis::cmd("INFO").arg("replication").query(con).unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix(&format!("{field}:")).map(str::to_string))
+}
+
+#[test]
+fn a_primary_answers_writes_its_backup_has_and_the_promoted_backup_serves_them() {
+    let (_pdb, primary, _bdb, backup) = pair(Duration::from_secs(10));
+    let mut p = connect(&primary);
+    for i in 0..300 {
+        let _: () = p.set(format!("k{i}"), format!("v{i}")).unwrap();
+    }
+    let mut b = connect(&backup);
+    assert_eq!(info_field(&mut p, "role").as_deref(), Some("master"));
+    assert_eq!(info_field(&mut p, "connected_slaves").as_deref(), Some("1"));
+    assert_eq!(info_field(&mut b, "role").as_deref(), Some("slave"));
+    assert_eq!(
+        info_field(&mut b, "master_link_status").as_deref(),
+        Some("up")
+    );
+    let waited: i64 = redis::cmd("WAIT").arg(1).arg(1000).query(&mut p).unwrap();
+    assert_eq!(waited, 1, "the one backup acknowledged the last write");
+    // The primary goes away; the backup is promoted and serves every acknowledged write.
+    primary.stop().unwrap();
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("NO")
+        .arg("ONE")
+        .query(&mut b)
+        .unwrap();
+    for i in 0..300 {
+        let v: Option<String> = b.get(format!("k{i}")).unwrap();
+        assert_eq!(v.as_deref(), Some(format!("v{i}").as_str()), "key {i}");
+    }
+    let _: () = b.set("written", "after promotion").unwrap();
+    assert_eq!(info_field(&mut b, "role").as_deref(), Some("master"));
+    backup.stop().unwrap();
+}
+
+#[test]
+fn without_its_backup_a_primary_answers_noreplicas_and_wait_counts_none() {
+    let (_pdb, primary, _bdb, backup) = pair(Duration::from_millis(300));
+    let mut p = connect(&primary);
+    let _: () = p.set("before", "x").unwrap();
+    backup.stop().unwrap();
+    let err = p.set::<_, _, ()>("after", "y").unwrap_err();
+    assert!(err.to_string().contains("NOREPLICAS"), "{err}");
+    let waited: i64 = redis::cmd("WAIT").arg(1).arg(200).query(&mut p).unwrap();
+    assert_eq!(waited, 0);
+    primary.stop().unwrap();
+}
+
+#[test]
+fn an_old_primary_is_refused_once_its_backup_was_promoted() {
+    let (_pdb, primary, _bdb, backup) = pair(Duration::from_millis(500));
+    let mut p = connect(&primary);
+    let _: () = p.set("k", "v").unwrap();
+    let mut b = connect(&backup);
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("NO")
+        .arg("ONE")
+        .query(&mut b)
+        .unwrap();
+    // The primary's link breaks, dials again, and is told the keyspace is at a higher
+    // term: from then on it refuses writes outright.
+    let start = Instant::now();
+    loop {
+        let err = p.set::<_, _, ()>("k", "late").unwrap_err();
+        if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly) {
+            break;
+        }
+        let err = err.to_string();
+        assert!(err.contains("NOREPLICAS"), "{err}");
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "never fenced: {err}"
+        );
+    }
+    let v: Option<String> = b.get("k").unwrap();
+    assert_eq!(
+        v.as_deref(),
+        Some("v"),
+        "the late write never reached the new primary"
+    );
+    primary.stop().unwrap();
+    backup.stop().unwrap();
+}
