@@ -4,8 +4,11 @@
 #       the writer GC-heavy, so kills land inside garbage collection; about as long as
 #       M3 without them: 30-45 s on the loaded 2-core machine)
 #   M5  cargo-fuzz on every decoder and on open of mutated volumes, per target
+#   M7  failover cycles of replicated tucana serve pairs (kill -9 of the primary then
+#       promotion, kill -9 of the backup then catch-up, a paused primary fenced)
 # Each prints its figure line(s); the script exits non-zero on any failure.
 # Tunables (environment): M3_CYCLES (default 500), M3_SEED (default: a fresh one, printed),
+# M7_CYCLES (default 20, about 40 s),
 # FUZZ_SECONDS per target (default 60, the target of row M5 in docs/reliability.md:
 # 7 targets x 60 s is 7 minutes of fuzzing, about 11 minutes for this script on the
 # 2-core CI machine, which keeps all of .ci/run near 15 minutes, well inside its 30).
@@ -42,6 +45,13 @@ if ! "${CARGO_TARGET_DIR:-target}/release/tucana-crashtest" kill9 --cycles "${cy
     status=1
 fi
 echo "M3 took $(( $(date +%s) - m3_start )) s"
+
+echo "==> M7: failover cycles of replicated servers"
+m7_start=$(date +%s)
+if ! "${CARGO_TARGET_DIR:-target}/release/tucana-crashtest" failover --cycles "${M7_CYCLES:-20}" --seed "${seed}"; then
+    status=1
+fi
+echo "M7 took $(( $(date +%s) - m7_start )) s"
 
 echo "==> M5: fuzzing, ${fuzz_seconds} s per target"
 m5_start=$(date +%s)

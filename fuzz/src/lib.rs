@@ -1,4 +1,4 @@
-//! Shared pieces of the fuzz targets (M5 of RELIABILITY.md).
+//! Shared pieces of the fuzz targets (M5 of docs/reliability.md).
 //!
 //! Owns: a small valid volume image built once per process (`base`), the way a target turns
 //! fuzzer bytes into mutations of a valid structure (`mutate`), re-stamping checksums so a
@@ -13,7 +13,7 @@
 //! (the structure path).
 //!
 //! The checksum layouts repeated here are those of the engine's codecs (superblock slot:
-//! `volume/superblock.rs`; node: `index/node.rs`; buddy: `alloc/buddy.rs`; log record:
+//! `volume/superblock.rs`; node: `index/node/mod.rs` and `index/node/image.rs`; buddy: `alloc/buddy.rs`; log record:
 //! `log/record.rs`); if one changes, the re-stamping here stops working and the target
 //! degrades to the crc path, which shows as a sharp drop in coverage, not as a failure.
 //!
@@ -34,7 +34,7 @@ const SLOT_CRC_AT: usize = BLOCK_BYTES - 4;
 const SB_DESCRIPTOR_AT: usize = 24;
 const SB_DESCRIPTOR_BYTES_AT: usize = 32;
 const SB_DESCRIPTOR_CRC_AT: usize = 40;
-/// "TNOD" in the high half of a committed node's word 0 (`index/node.rs`).
+/// "TNOD" in the high half of a committed node's word 0 (`index/node/image.rs`).
 const NODE_MAGIC: u32 = 0x444F_4E54;
 /// Bitmap buddy layout (`alloc/buddy.rs`): bitmap, magic, group, epoch, crc.
 pub const BUDDY_BYTES: usize = 8192;

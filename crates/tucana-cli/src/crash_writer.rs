@@ -1,5 +1,5 @@
 //! `tucana --db P crash-writer --seed S [--gc]` (hidden): the victim of the kill -9 test
-//! (M3 in RELIABILITY.md, driven by `tucana-crashtest kill9`).
+//! (M3 in docs/reliability.md, driven by `tucana-crashtest kill9`).
 //!
 //! Owns: a seeded, endless stream of writes against one volume and the line protocol that
 //! tells the driver, after each call returned, what was acknowledged and how durably. Does

@@ -44,7 +44,7 @@ pub mod types;
 pub mod volume;
 
 /// Codecs private to the engine, exposed only for the fuzz targets in `fuzz/` (M5 of
-/// RELIABILITY.md) and the corruption suite (M4, which aims at the newest commit's
+/// docs/reliability.md) and the corruption suite (M4, which aims at the newest commit's
 /// structures): not part of the API, may change at any time.
 #[doc(hidden)]
 pub mod fuzzing {

@@ -122,7 +122,7 @@ impl Shared {
         Ok(())
     }
 
-    /// After a failed write or sync nothing more is acknowledged (RELIABILITY.md §5).
+    /// After a failed write or sync nothing more is acknowledged (docs/reliability.md, promise 5).
     pub fn poison(&self) {
         self.poisoned.store(true, Ordering::Release);
     }

@@ -1,5 +1,5 @@
 //! I/O failures: after a failed write or sync the store acknowledges nothing more
-//! (RELIABILITY.md §5), reads keep working, and the volume reopens to a sound state with
+//! (docs/reliability.md, promise 5), reads keep working, and the volume reopens to a sound state with
 //! every write acknowledged before the failure.
 
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -3,7 +3,7 @@
 //! writes; an internal node image whose stem is damaged (checksum re-stamped, so only the
 //! stem is wrong) is reported as corruption by reads, writes and `check`, never a panic.
 //!
-//! The node layout used here is `index/node.rs`'s: header word 1 (bytes 8..16) holds the
+//! The node layout used here is `index/node/mod.rs`'s: header word 1 (bytes 8..16) holds the
 //! kind (byte 8) and the stem length (bytes 14..16), words 5..7 (bytes 40..64) the stem,
 //! the pivot prefixes start at byte 1096; word 0's low half is the crc32c of the image
 //! with word 0 taken as zero.

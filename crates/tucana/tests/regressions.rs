@@ -150,7 +150,7 @@ fn opens_and_reads(storage: Arc<MemStorage>) {
 fn a_scan_over_pivots_out_of_order_is_corruption_not_a_hang() {
     use std::sync::mpsc;
     use std::time::Duration;
-    // Node layout (index/node.rs): word 1 = kind | level | count, pivot descriptors at 2120.
+    // Node layout (index/node/mod.rs): word 1 = kind | level | count, pivot descriptors at 2120.
     const PIVOT_DESC_AT: usize = 2120;
     let storage = volume_with((0..3000u32).map(|i| format!("key{i:06}").into_bytes()));
     let (_, desc) = committed(&storage);

@@ -1,5 +1,5 @@
 //! Regression tests for engine bugs found by the crash and fuzz suites (M3, M5 of
-//! RELIABILITY.md). Each test opens with the story of its bug.
+//! docs/reliability.md). Each test opens with the story of its bug.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicIsize, Ordering};
