@@ -185,14 +185,17 @@ impl Log {
     }
 
     /// crc seed of the region's records.
+    #[inline]
     pub fn seed(&self) -> u32 {
         self.seed
     }
 
+    #[inline]
     pub fn live_bytes(&self) -> u64 {
         self.live_bytes.load(Ordering::Relaxed)
     }
 
+    #[inline]
     pub fn dead_bytes(&self) -> u64 {
         self.dead_bytes.load(Ordering::Relaxed)
     }
@@ -451,6 +454,7 @@ impl Log {
 
     /// The tail buffer, the foreground's or the relocation one, that holds `ptr`: its
     /// bytes may not be in the volume yet. `None`: read the volume.
+    #[inline]
     pub fn buffered_tail<'g>(&self, ptr: u64, guard: &'g epoch::Guard) -> Option<&'g Tail> {
         // SAFETY: both are protected by the guard; the tail is never null after
         // construction, the relocation tail may be.
@@ -496,6 +500,7 @@ impl Log {
     }
 
     /// The foreground tail and the relocation tail (if any), as long as `guard` lives.
+    #[inline]
     pub fn tails<'g>(&self, guard: &'g epoch::Guard) -> (Option<&'g Tail>, Option<&'g Tail>) {
         // SAFETY: both are protected by the guard (a replaced tail is destroyed only
         // after every guard pinned before its replacement is gone).

@@ -218,6 +218,7 @@ impl Region {
         )
     }
 
+    #[inline]
     pub fn id(&self) -> RegionId {
         self.id
     }
@@ -231,26 +232,31 @@ impl Region {
         self.term.load(Ordering::Acquire)
     }
 
+    #[inline]
     pub fn shared(&self) -> &Arc<Shared> {
         &self.shared
     }
 
     /// Live keys.
+    #[inline]
     pub fn keys(&self) -> u64 {
         self.keys.load(Ordering::Relaxed)
     }
 
     /// Bytes of the records the index points at.
+    #[inline]
     pub fn live_bytes(&self) -> u64 {
         self.log.live_bytes()
     }
 
     /// Bytes of the log written and dead.
+    #[inline]
     pub fn dead_bytes(&self) -> u64 {
         self.log.dead_bytes()
     }
 
     /// crc seed of the region's records.
+    #[inline]
     pub fn seed(&self) -> u32 {
         self.log.seed()
     }

@@ -442,6 +442,7 @@ thread_local! {
 
 /// Runs `f` with a scratch buffer for backends without a mapping. A small per-thread
 /// stack of buffers, so nested calls (a node view that compares a key) each get one.
+#[inline]
 fn with_scratch<R>(f: impl FnOnce(&mut Vec<u8>) -> R) -> R {
     let mut buf = SCRATCH.with(|s| s.borrow_mut().pop()).unwrap_or_default();
     let out = f(&mut buf);
