@@ -59,7 +59,7 @@ pub struct ReportArgs {
     #[arg(long)]
     also_gc_json: Vec<PathBuf>,
     /// The JSON file of a second suite run made with `--sync` (every write durable before
-    /// it returns): its data sets join the document as "<data set>, sync per write".
+    /// it returns): its data sets join the document as "DATA SET, sync per write".
     #[arg(long)]
     sync_json: Option<PathBuf>,
     /// The JSON file of a `tucana-bench coldscan` run, whose "Cold scans" section is added

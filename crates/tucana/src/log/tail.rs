@@ -85,6 +85,7 @@ pub struct Tail {
 // and the single appender writes only at and above `published`, so no byte is written
 // while any other thread may read it.
 unsafe impl Send for Tail {}
+// SAFETY: as for `Send` above: shared readers only read published, immutable bytes.
 unsafe impl Sync for Tail {}
 
 impl Tail {

@@ -130,7 +130,7 @@ impl GrowingMap {
             return None;
         }
         let mapping_ptr = self.current.load(Ordering::Acquire);
-        // SAFETY (the pointer): `current` always points at a `Mapping` owned by an `Arc`
+        // SAFETY: (the pointer) `current` always points at a `Mapping` owned by an `Arc`
         // in `self.mappings`, and nothing is removed from that list before `self` drops;
         // the returned slice borrows `self`, so the mapping outlives it.
         let mapping = unsafe { &*mapping_ptr };
