@@ -355,8 +355,10 @@ fn stir(server: &Server, rng: &mut Rng) {
 
 pub fn run(config: &Config) -> Summary {
     let mut summary = Summary::default();
-    let mut rng = Rng::new(config.seed);
     for cycle in 0..config.cycles {
+        // One generator per cycle: how long a cycle's loops run depends on timing, and the
+        // next cycle's plan must not.
+        let mut rng = Rng::new(config.seed ^ cycle.wrapping_mul(0x9e37_79b9_7f4a_7c15));
         let plan = rng.below(10);
         let result = match plan {
             0..=5 => kill_primary(config, cycle, &mut rng, &mut summary),
