@@ -214,6 +214,8 @@ impl Replication {
                 "tucana_commits_applied".into(),
                 c.commits_applied.to_string(),
             );
+            put("tucana_log_cpu_ns".into(), c.log_cpu_ns.to_string());
+            put("tucana_index_cpu_ns".into(), c.index_cpu_ns.to_string());
         }
         for name in replicas {
             if let Some(r) = self.db.open_replica(&name) {
