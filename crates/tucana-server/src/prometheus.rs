@@ -17,9 +17,11 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tucana::Stats;
+use tucana_replication::BackupStatus;
 
 use crate::commands::command_name;
 use crate::metrics::get;
+use crate::replication::Replication;
 use crate::state::{stopped, ServerState};
 
 /// Serves `GET /metrics` in the Prometheus text format until shutdown; anything else is
@@ -106,7 +108,101 @@ fn prometheus_text(state: &ServerState) -> String {
             count
         );
     }
+    if let Some(replication) = &state.replication {
+        replication_text(replication, &mut out);
+    }
     out
+}
+
+/// Replication's metrics: per backup (labelled with its address) on a primary, the
+/// link's counters on a backup. Absent on a server that does not replicate.
+fn replication_text(replication: &Replication, out: &mut String) {
+    let status = replication.backup_status();
+    let per_backup: [(&str, &str, &str, fn(&BackupStatus) -> u64); 4] = [
+        (
+            "replication_backup_connected",
+            GAUGE,
+            "1 while the link to this backup is up.",
+            |b| u64::from(b.connected),
+        ),
+        (
+            "replication_backup_lag_bytes",
+            GAUGE,
+            "Log bytes written here that this backup has not acknowledged.",
+            |b| b.regions.iter().map(|r| r.2).sum(),
+        ),
+        (
+            "replication_shipped_log_bytes_total",
+            COUNTER,
+            "Log bytes shipped to this backup.",
+            |b| b.shipped_log_bytes,
+        ),
+        (
+            "replication_shipped_index_bytes_total",
+            COUNTER,
+            "Index node bytes shipped to this backup.",
+            |b| b.shipped_index_bytes,
+        ),
+    ];
+    if !status.is_empty() {
+        for (name, kind, help, value) in per_backup {
+            let _ = writeln!(
+                out,
+                "# HELP tucana_{name} {help}\n# TYPE tucana_{name} {kind}"
+            );
+            for b in &status {
+                let label = b.addr.replace(['\\', '"', '\n'], "_");
+                let _ = writeln!(out, "tucana_{name}{{backup=\"{label}\"}} {}", value(b));
+            }
+        }
+    }
+    let Some(c) = replication.backup_counters() else {
+        return;
+    };
+    let link: [Metric; 6] = [
+        (
+            "replication_link_up",
+            GAUGE,
+            "1 while this backup's link to its primary is up.",
+            u64::from(c.connected),
+        ),
+        (
+            "replication_received_log_bytes_total",
+            COUNTER,
+            "Log bytes received from the primary.",
+            c.received_log_bytes,
+        ),
+        (
+            "replication_received_index_bytes_total",
+            COUNTER,
+            "Index node bytes received from the primary.",
+            c.received_index_bytes,
+        ),
+        (
+            "replication_commits_applied_total",
+            COUNTER,
+            "Primary commits applied to the replicas.",
+            c.commits_applied,
+        ),
+        (
+            "replication_log_cpu_nanoseconds_total",
+            COUNTER,
+            "CPU time spent storing shipped log bytes.",
+            c.log_cpu_ns,
+        ),
+        (
+            "replication_index_cpu_nanoseconds_total",
+            COUNTER,
+            "CPU time spent applying shipped commits.",
+            c.index_cpu_ns,
+        ),
+    ];
+    for (name, kind, help, value) in link {
+        let _ = write!(
+            out,
+            "# HELP tucana_{name} {help}\n# TYPE tucana_{name} {kind}\ntucana_{name} {value}\n"
+        );
+    }
 }
 
 fn server_metrics(state: &ServerState) -> Vec<Metric> {

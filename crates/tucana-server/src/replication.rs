@@ -19,7 +19,8 @@ use std::time::Duration;
 use tucana::replication::LogPosition;
 use tucana::Database;
 use tucana_replication::{
-    Acceptor, AckError, Backup, BackupConfig, Dialer, Primary, PrimaryConfig,
+    Acceptor, AckError, Backup, BackupConfig, BackupCounters, BackupStatus, Dialer, Primary,
+    PrimaryConfig,
 };
 
 use crate::config::ServerConfig;
@@ -159,6 +160,19 @@ impl Replication {
     }
 
     /// The `INFO replication` fields (Redis's names where they exist).
+    /// The primary's view of each backup (empty on a server with no backups).
+    pub fn backup_status(&self) -> Vec<BackupStatus> {
+        self.primary
+            .as_ref()
+            .map(|p| p.status())
+            .unwrap_or_default()
+    }
+
+    /// The backup link's counters, on a server that listens for a primary.
+    pub fn backup_counters(&self) -> Option<BackupCounters> {
+        self.backup.as_ref().map(|b| b.counters())
+    }
+
     pub fn info_lines(&self) -> Vec<(String, String)> {
         let mut out: Vec<(String, String)> = Vec::new();
         let mut put = |k: String, v: String| out.push((k, v));
@@ -169,11 +183,7 @@ impl Replication {
             "slave"
         };
         put("role".into(), role.into());
-        let status = self
-            .primary
-            .as_ref()
-            .map(|p| p.status())
-            .unwrap_or_default();
+        let status = self.backup_status();
         put(
             "connected_slaves".into(),
             status.iter().filter(|b| b.connected).count().to_string(),
@@ -195,8 +205,7 @@ impl Replication {
                 put(format!("slave{i}_last_error"), e.replace(['\r', '\n'], " "));
             }
         }
-        if let Some(b) = &self.backup {
-            let c = b.counters();
+        if let Some(c) = self.backup_counters() {
             put("master_host".into(), c.primary);
             put(
                 "master_link_status".into(),

@@ -20,6 +20,7 @@ fn free_port() -> u16 {
 fn config() -> ServerConfig {
     ServerConfig {
         listen: "127.0.0.1:0".parse().unwrap(),
+        metrics_listen: Some("127.0.0.1:0".parse().unwrap()),
         ..ServerConfig::default()
     }
 }
@@ -44,6 +45,22 @@ fn pair(ack_timeout: Duration) -> (Database, RunningServer, Database, RunningSer
     primary_config.replication.ack_timeout = ack_timeout;
     let primary = spawn(primary_db.clone(), primary_config).unwrap();
     (primary_db, primary, backup_db, backup)
+}
+
+/// The server's Prometheus text.
+fn scrape(server: &RunningServer) -> String {
+    use std::io::{Read, Write};
+    let mut http = std::net::TcpStream::connect(server.metrics_addr.unwrap()).unwrap();
+    http.write_all(b"GET /metrics HTTP/1.1\r\n\r\n").unwrap();
+    let mut body = String::new();
+    http.read_to_string(&mut body).unwrap();
+    body
+}
+
+/// The value of the sample line that starts with `series ` (a name with its labels).
+fn sample(text: &str, series: &str) -> Option<u64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
 }
 
 fn info_field(con: &mut Connection, field: &str) -> Option<String> {
@@ -132,4 +149,49 @@ fn an_old_primary_is_refused_once_its_backup_was_promoted() {
     );
     primary.stop().unwrap();
     backup.stop().unwrap();
+}
+
+#[test]
+fn prometheus_shows_each_backup_on_the_primary_and_the_link_on_the_backup() {
+    let (_pdb, primary, _bdb, backup) = pair(Duration::from_secs(10));
+    let mut p = connect(&primary);
+    for i in 0..100 {
+        let _: () = p.set(format!("k{i}"), "v".repeat(100)).unwrap();
+    }
+    let text = scrape(&primary);
+    let addr = primary_backup_addr(&text);
+    let series = |name: &str| format!("tucana_{name}{{backup=\"{addr}\"}}");
+    assert_eq!(
+        sample(&text, &series("replication_backup_connected")),
+        Some(1)
+    );
+    let shipped = sample(&text, &series("replication_shipped_log_bytes_total")).unwrap();
+    assert!(
+        shipped >= 100 * 100,
+        "{shipped} log bytes shipped for 10,000 value bytes"
+    );
+    assert!(text.contains("# TYPE tucana_replication_backup_lag_bytes gauge"));
+    assert!(
+        !text.contains("tucana_replication_link_up"),
+        "a primary has no link up"
+    );
+
+    let text = scrape(&backup);
+    assert_eq!(sample(&text, "tucana_replication_link_up"), Some(1));
+    let received = sample(&text, "tucana_replication_received_log_bytes_total").unwrap();
+    assert!(received >= 100 * 100, "{received}");
+    // Every SET was acknowledged, and a backup acknowledges only after a commit applied.
+    assert!(sample(&text, "tucana_replication_commits_applied_total").unwrap() >= 1);
+    assert!(!text.contains("replication_backup_connected"));
+    primary.stop().unwrap();
+    backup.stop().unwrap();
+}
+
+/// The one backup label in a primary's metrics.
+fn primary_backup_addr(text: &str) -> String {
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("tucana_replication_backup_connected{"))
+        .unwrap_or_else(|| panic!("no backup in {text}"));
+    line.split('"').nth(1).unwrap().to_string()
 }
