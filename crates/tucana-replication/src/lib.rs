@@ -18,5 +18,5 @@ pub mod primary;
 pub mod transport;
 
 pub use backup::{Backup, BackupConfig, BackupCounters};
-pub use primary::{AckError, BackupStatus, Primary, PrimaryConfig};
+pub use primary::{AckError, BackupStatus, Primary, PrimaryConfig, RegionStatus};
 pub use transport::{Acceptor, Dialer};

@@ -118,7 +118,7 @@ fn prometheus_text(state: &ServerState) -> String {
 /// link's counters on a backup. Absent on a server that does not replicate.
 fn replication_text(replication: &Replication, out: &mut String) {
     let status = replication.backup_status();
-    let per_backup: [(&str, &str, &str, fn(&BackupStatus) -> u64); 4] = [
+    let per_backup: [(&str, &str, &str, fn(&BackupStatus) -> u64); 5] = [
         (
             "replication_backup_connected",
             GAUGE,
@@ -129,7 +129,16 @@ fn replication_text(replication: &Replication, out: &mut String) {
             "replication_backup_lag_bytes",
             GAUGE,
             "Log bytes written here that this backup has not acknowledged.",
-            |b| b.regions.iter().map(|r| r.2).sum(),
+            |b| b.regions.iter().map(|r| r.lag_bytes).sum(),
+        ),
+        (
+            "replication_backup_lag_milliseconds",
+            GAUGE,
+            "How long the oldest log bytes shipped to this backup and not acknowledged have waited.",
+            |b| {
+                let lag = b.regions.iter().map(|r| r.lag).max().unwrap_or_default();
+                u64::try_from(lag.as_millis()).unwrap_or(u64::MAX)
+            },
         ),
         (
             "replication_shipped_log_bytes_total",

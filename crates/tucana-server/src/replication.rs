@@ -159,7 +159,6 @@ impl Replication {
         Ok(promoted)
     }
 
-    /// The `INFO replication` fields (Redis's names where they exist).
     /// The primary's view of each backup (empty on a server with no backups).
     pub fn backup_status(&self) -> Vec<BackupStatus> {
         self.primary
@@ -173,6 +172,7 @@ impl Replication {
         self.backup.as_ref().map(|b| b.counters())
     }
 
+    /// The `INFO replication` fields (Redis's names where they exist).
     pub fn info_lines(&self) -> Vec<(String, String)> {
         let mut out: Vec<(String, String)> = Vec::new();
         let mut put = |k: String, v: String| out.push((k, v));
@@ -190,13 +190,15 @@ impl Replication {
         );
         for (i, b) in status.iter().enumerate() {
             let (ip, port) = b.addr.rsplit_once(':').unwrap_or((&b.addr, "0"));
-            let lag: u64 = b.regions.iter().map(|r| r.2).sum();
-            let offset: u64 = b.regions.iter().map(|r| r.1.offset).sum();
+            let lag: u64 = b.regions.iter().map(|r| r.lag_bytes).sum();
+            let offset: u64 = b.regions.iter().map(|r| r.acked.offset).sum();
+            let lag_seconds = b.regions.iter().map(|r| r.lag).max().unwrap_or_default();
             put(
                 format!("slave{i}"),
                 format!(
-                    "ip={ip},port={port},state={},offset={offset},lag_bytes={lag},shipped_log_bytes={},shipped_index_bytes={}",
+                    "ip={ip},port={port},state={},offset={offset},lag={},lag_bytes={lag},shipped_log_bytes={},shipped_index_bytes={}",
                     if b.connected { "online" } else { "connecting" },
+                    lag_seconds.as_secs(),
                     b.shipped_log_bytes,
                     b.shipped_index_bytes
                 ),

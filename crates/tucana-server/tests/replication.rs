@@ -112,6 +112,16 @@ fn without_its_backup_a_primary_answers_noreplicas_and_wait_counts_none() {
     assert!(err.to_string().contains("NOREPLICAS"), "{err}");
     let waited: i64 = redis::cmd("WAIT").arg(1).arg(200).query(&mut p).unwrap();
     assert_eq!(waited, 0);
+    // INFO says how far behind the backup is, in bytes and (Redis's `lag`) seconds.
+    let line = info_field(&mut p, "slave0").unwrap();
+    let field = |name: &str| {
+        line.split(',')
+            .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("no {name} in {line}"))
+    };
+    assert!(field("lag_bytes") > 0, "{line}");
+    field("lag");
     primary.stop().unwrap();
 }
 

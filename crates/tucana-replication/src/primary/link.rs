@@ -10,6 +10,7 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Instant;
 
 use tokio::io::AsyncWriteExt;
 use tucana::replication::LogPosition;
@@ -27,6 +28,7 @@ pub(super) async fn run_link(shared: Arc<Shared>, link: Arc<Link>) {
         {
             let mut st = link.state.lock();
             st.connected = false;
+            st.down_since.get_or_insert_with(Instant::now);
             for r in st.regions.values_mut() {
                 r.ready = false;
                 r.deltas.clear();
@@ -78,6 +80,7 @@ async fn run_connection(shared: &Arc<Shared>, link: &Arc<Link>) -> std::io::Resu
     {
         let mut st = link.state.lock();
         st.connected = true;
+        st.down_since = None;
         st.last_error = None;
         st.regions
             .retain(|name, _| regions.iter().any(|r| &r.name == name));
@@ -194,6 +197,7 @@ fn on_backup_frame(shared: &Shared, link: &Link, frame: Frame) -> std::io::Resul
                     .map(|(order, _, held)| (*order, *held))
                     .collect();
                 r.lowest_open = 0;
+                r.unacked.clear();
                 r.deltas.clear();
                 r.applied_epoch = state.upstream_epoch;
                 r.need_full = wants_index
@@ -215,7 +219,7 @@ fn on_backup_frame(shared: &Shared, link: &Link, frame: Frame) -> std::io::Resul
             let mut st = link.state.lock();
             if let Some(r) = st.regions.get_mut(&region) {
                 if term == r.term {
-                    r.acked = r.acked.max(LogPosition { order, offset });
+                    r.acknowledged(LogPosition { order, offset });
                 }
             }
             drop(st);

@@ -86,6 +86,42 @@ struct RegionLink {
     applied_epoch: u64,
     /// The foreground position the backup acknowledged.
     acked: LogPosition,
+    /// Foreground positions shipped and not yet acknowledged, with when they were
+    /// shipped, oldest first: the age of the front is the backup's lag in time.
+    unacked: VecDeque<(LogPosition, Instant)>,
+}
+
+/// At most this many shipped positions wait for an acknowledgement; past it the newest
+/// entry absorbs the next position (keeping its older time, so lag errs high).
+const UNACKED_POSITIONS: usize = 1024;
+
+impl RegionLink {
+    /// Notes that the log up to `position` was shipped now.
+    fn shipped(&mut self, position: LogPosition) {
+        let now = Instant::now();
+        if self.unacked.len() >= UNACKED_POSITIONS {
+            if let Some(back) = self.unacked.back_mut() {
+                back.0 = back.0.max(position);
+            }
+        } else {
+            self.unacked.push_back((position, now));
+        }
+    }
+
+    /// Takes an acknowledgement of `position`.
+    fn acknowledged(&mut self, position: LogPosition) {
+        self.acked = self.acked.max(position);
+        while self.unacked.front().is_some_and(|(p, _)| *p <= self.acked) {
+            self.unacked.pop_front();
+        }
+    }
+
+    /// How long the oldest shipped, unacknowledged bytes have waited.
+    fn lag(&self) -> Duration {
+        self.unacked
+            .front()
+            .map_or(Duration::ZERO, |(_, at)| at.elapsed())
+    }
 }
 
 /// One backup, as the primary sees it.
@@ -102,6 +138,8 @@ struct LinkState {
     wants_index: bool,
     regions: HashMap<String, RegionLink>,
     last_error: Option<String>,
+    /// Since when the link has been down (None while it is up or before it first fails).
+    down_since: Option<Instant>,
     shipped_log_bytes: u64,
     shipped_index_bytes: u64,
 }
@@ -115,9 +153,22 @@ pub struct BackupStatus {
     pub last_error: Option<String>,
     pub shipped_log_bytes: u64,
     pub shipped_index_bytes: u64,
-    /// Per region: (name, acknowledged position, lag in bytes behind the log's end,
-    /// applied commit).
-    pub regions: Vec<(String, LogPosition, u64, u64)>,
+    /// Per region, by name.
+    pub regions: Vec<RegionStatus>,
+}
+
+/// Replication figures of one region at one backup.
+#[derive(Clone, Debug, Default)]
+pub struct RegionStatus {
+    pub name: String,
+    /// The foreground position the backup acknowledged.
+    pub acked: LogPosition,
+    /// Log bytes written here that the backup has not acknowledged.
+    pub lag_bytes: u64,
+    /// How long the oldest shipped bytes the backup has not acknowledged have waited.
+    pub lag: Duration,
+    /// The backup's newest applied commit.
+    pub applied_epoch: u64,
 }
 
 /// Why a write's acknowledgements did not come.
@@ -283,10 +334,21 @@ impl Primary {
                             .ship_source(name)
                             .map(|s| lag_bytes(&s, r.acked))
                             .unwrap_or(0);
-                        (name.clone(), r.acked, lag, r.applied_epoch)
+                        RegionStatus {
+                            name: name.clone(),
+                            acked: r.acked,
+                            lag_bytes: lag,
+                            // Nothing is shipped while the link is down, so the
+                            // backup is behind since it went down.
+                            lag: match st.down_since {
+                                Some(since) if lag > 0 => r.lag().max(since.elapsed()),
+                                _ => r.lag(),
+                            },
+                            applied_epoch: r.applied_epoch,
+                        }
                     })
                     .collect();
-                regions.sort_by(|a, b| a.0.cmp(&b.0));
+                regions.sort_by(|a, b| a.name.cmp(&b.name));
                 BackupStatus {
                     addr: link.addr.clone(),
                     backup_id: st.backup_id.clone(),
@@ -396,5 +458,48 @@ fn update_horizons(shared: &Shared) {
         if let Ok(source) = shared.db.ship_source(&name) {
             source.set_horizon(horizons.get(&name).copied().unwrap_or(u64::MAX));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(order: u64, offset: u64) -> LogPosition {
+        LogPosition { order, offset }
+    }
+
+    #[test]
+    fn acknowledgements_retire_the_shipped_positions_they_cover() {
+        let mut r = RegionLink::default();
+        r.shipped(at(1, 100));
+        r.shipped(at(1, 200));
+        r.shipped(at(2, 50));
+        r.acknowledged(at(1, 150));
+        assert_eq!(r.acked, at(1, 150));
+        let left: Vec<_> = r.unacked.iter().map(|(p, _)| *p).collect();
+        assert_eq!(left, [at(1, 200), at(2, 50)]);
+        // An older acknowledgement (reordered) moves nothing back.
+        r.acknowledged(at(1, 10));
+        assert_eq!(r.acked, at(1, 150));
+        r.acknowledged(at(2, 50));
+        assert!(r.unacked.is_empty());
+        assert_eq!(r.lag(), Duration::ZERO);
+    }
+
+    #[test]
+    fn past_its_bound_the_queue_stretches_its_newest_entry_and_keeps_its_time() {
+        let mut r = RegionLink::default();
+        for i in 0..UNACKED_POSITIONS as u64 {
+            r.shipped(at(1, i));
+        }
+        let newest_time = r.unacked.back().unwrap().1;
+        r.shipped(at(3, 7));
+        assert_eq!(r.unacked.len(), UNACKED_POSITIONS);
+        assert_eq!(*r.unacked.back().unwrap(), (at(3, 7), newest_time));
+        r.acknowledged(at(3, 6));
+        assert_eq!(r.unacked.len(), 1, "only the stretched entry is left");
+        r.acknowledged(at(3, 7));
+        assert!(r.unacked.is_empty());
     }
 }

@@ -12,7 +12,7 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use tucana::replication::{RegionDesc, ShipSource, NODE_BYTES};
+use tucana::replication::{LogPosition, RegionDesc, ShipSource, NODE_BYTES};
 use tucana::types::DiskOffset;
 
 use super::{Link, Shared, CHUNK_BYTES, NODES_PER_FRAME, ROUND_BYTES};
@@ -100,7 +100,16 @@ async fn ship_log<W: tokio::io::AsyncWrite + Unpin>(
             .await?;
             at += n as u64;
             *budget = budget.saturating_sub(n as u64);
-            link.state.lock().shipped_log_bytes += n as u64;
+            let mut st = link.state.lock();
+            st.shipped_log_bytes += n as u64;
+            if !seg.relocation {
+                if let Some(r) = st.regions.get_mut(name) {
+                    r.shipped(LogPosition {
+                        order: seg.order,
+                        offset: at,
+                    });
+                }
+            }
         }
         if seg.open {
             lowest_open = lowest_open.min(seg.order);
