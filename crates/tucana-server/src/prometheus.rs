@@ -114,11 +114,14 @@ fn prometheus_text(state: &ServerState) -> String {
     out
 }
 
+/// A metric with one sample per backup: name, type, help text, how to read it.
+type PerBackup = (&'static str, &'static str, &'static str, fn(&BackupStatus) -> u64);
+
 /// Replication's metrics: per backup (labelled with its address) on a primary, the
 /// link's counters on a backup. Absent on a server that does not replicate.
 fn replication_text(replication: &Replication, out: &mut String) {
     let status = replication.backup_status();
-    let per_backup: [(&str, &str, &str, fn(&BackupStatus) -> u64); 5] = [
+    let per_backup: [PerBackup; 5] = [
         (
             "replication_backup_connected",
             GAUGE,
