@@ -12,7 +12,7 @@ use tucana::{CheckReport, Database, Durability};
 
 use crate::output::Output;
 use crate::target::{delete, get, scan, ScanBounds, Target};
-use crate::{escape, load, shell, CliError, Command, Outcome};
+use crate::{escape, load, replication, shell, CliError, Command, Outcome};
 
 pub fn run(db: &Database, keyspace: &str, command: Command) -> Result<Outcome, CliError> {
     let mut out = Output::stdout();
@@ -115,6 +115,7 @@ pub fn run(db: &Database, keyspace: &str, command: Command) -> Result<Outcome, C
         }
         // `main` runs the server itself: it opens the volume with its own options.
         Command::Serve(_) => unreachable!("serve is dispatched by main"),
+        Command::Replication(args) => replication::run_on_volume(db, &args)?,
     };
     out.flush()?;
     Ok(outcome)

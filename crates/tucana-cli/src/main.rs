@@ -14,6 +14,7 @@ mod crash_writer;
 mod escape;
 mod load;
 mod output;
+mod replication;
 mod serve;
 mod shell;
 mod target;
@@ -131,6 +132,13 @@ pub enum Command {
     /// Redis clients, redis-cli and redis-benchmark work against it. SELECT 0 is the
     /// keyspace `default`, SELECT n the keyspace `dbN`; --keyspace is ignored.
     Serve(Box<serve::ServeArgs>),
+    /// Shows or changes replication: of a running server (--server HOST:PORT) or of the
+    /// volume at --db when no server holds it.
+    ///
+    /// `status` prints role, backups (lag in bytes and seconds) and replicas (term, the
+    /// primary's commit last applied); `promote` makes every replica a keyspace that
+    /// takes writes, at a higher term, so its old primary is refused from then on.
+    Replication(replication::ReplicationArgs),
 }
 
 impl Command {
@@ -220,6 +228,11 @@ fn run(cli: Cli) -> Result<Outcome, CliError> {
     if let Command::Serve(args) = &cli.command {
         // The server opens the volume with its own options and closes it itself.
         return serve::run(&cli.db, args);
+    }
+    if let Command::Replication(args) = &cli.command {
+        if let Some(addr) = &args.server {
+            return replication::run_on_server(args, addr);
+        }
     }
     let db = open_volume(&cli.db, cli.command.creates_volume())?;
     let result = commands::run(&db, &cli.keyspace, cli.command);

@@ -254,3 +254,107 @@ fn redis_cli_script() {
         String::from_utf8_lossy(&output.stderr)
     );
 }
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A backup taking replicas on a free port, and a primary (`--backup`) shipping to it.
+fn replicated_pair(primary: &Path, backup: &Path) -> (Served, Served) {
+    let port = free_port().to_string();
+    let backup = serve(backup, &["--repl-port", &port]);
+    let primary = serve(
+        primary,
+        &[
+            "--backup",
+            &format!("127.0.0.1:{port}"),
+            "--server-id",
+            "p1",
+        ],
+    );
+    (primary, backup)
+}
+
+/// Runs `tucana ARGS` and returns its stdout, asserting it succeeded.
+fn tucana(args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_tucana"))
+        .args(args)
+        .output()
+        .expect("run tucana");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "tucana {args:?}: {stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+#[test]
+fn replication_status_and_promote_through_a_running_backup() {
+    let (_pdir, ppath) = volume();
+    let (_bdir, bpath) = volume();
+    let (mut primary, mut backup) = replicated_pair(&ppath, &bpath);
+    let mut p = primary.connect();
+    for i in 0..50 {
+        let _: () = p.set(format!("k{i}"), i).unwrap();
+    }
+    let status = tucana(&[
+        "replication",
+        "status",
+        "--server",
+        &primary.addr.to_string(),
+    ]);
+    assert!(status.contains("role:master\n"), "{status}");
+    assert!(status.contains("state=online"), "{status}");
+    let baddr = backup.addr.to_string();
+    let status = tucana(&["replication", "status", "--server", &baddr]);
+    assert!(status.contains("role:slave\n"), "{status}");
+    assert!(status.contains("master_link_status:up"), "{status}");
+    assert!(
+        status.contains("tucana_replica_default:term=1,"),
+        "{status}"
+    );
+
+    assert!(primary.signal("-TERM").success());
+    let after = tucana(&["replication", "promote", "--server", &baddr]);
+    assert!(after.contains("role:master\n"), "{after}");
+    assert!(!after.contains("tucana_replica_"), "{after}");
+    // The promoted backup serves what the primary acknowledged, and takes writes.
+    let mut b = backup.connect();
+    let v: Option<i64> = b.get("k49").unwrap();
+    assert_eq!(v, Some(49));
+    let _: () = b.set("new", "write").unwrap();
+    assert!(backup.signal("-TERM").success());
+}
+
+#[test]
+fn replication_status_and_promote_on_a_volume_no_server_holds() {
+    let (_pdir, ppath) = volume();
+    let (_bdir, bpath) = volume();
+    let (mut primary, mut backup) = replicated_pair(&ppath, &bpath);
+    let mut p = primary.connect();
+    for i in 0..50 {
+        let _: () = p.set(format!("k{i}"), i).unwrap();
+    }
+    assert!(primary.signal("-TERM").success());
+    assert!(backup.signal("-TERM").success());
+    let bdb = bpath.to_str().unwrap();
+    let status = tucana(&["--db", bdb, "replication", "status"]);
+    assert!(status.contains("role:slave\n"), "{status}");
+    assert!(
+        status.contains("tucana_replica_default:term=1,"),
+        "{status}"
+    );
+    let promoted = tucana(&["--db", bdb, "replication", "promote"]);
+    assert!(
+        promoted.starts_with("promoted:default\nrole:master\n"),
+        "{promoted}"
+    );
+    assert_eq!(tucana(&["--db", bdb, "get", "k49"]), "49\n");
+    assert_eq!(tucana(&["--db", bdb, "keyspaces"]), "default\n");
+}

@@ -46,6 +46,7 @@ mod tls;
 
 pub use commands::REDIS_COMPAT_VERSION;
 pub use config::{DurabilityMode, ReplicationConfig, ServerConfig, TlsFiles, DEFAULT_PORT};
+pub use replication::{promote_replicas, replica_info_lines};
 pub use resp::{Protocol, Reply, RequestLimits};
 pub use server::{serve_until_signal, spawn, RunningServer, Server, ShutdownHandle};
 pub use store::keyspace_name;

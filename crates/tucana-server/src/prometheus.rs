@@ -115,7 +115,12 @@ fn prometheus_text(state: &ServerState) -> String {
 }
 
 /// A metric with one sample per backup: name, type, help text, how to read it.
-type PerBackup = (&'static str, &'static str, &'static str, fn(&BackupStatus) -> u64);
+type PerBackup = (
+    &'static str,
+    &'static str,
+    &'static str,
+    fn(&BackupStatus) -> u64,
+);
 
 /// Replication's metrics: per backup (labelled with its address) on a primary, the
 /// link's counters on a backup. Absent on a server that does not replicate.

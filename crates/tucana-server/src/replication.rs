@@ -144,19 +144,9 @@ impl Replication {
         }
     }
 
-    /// `REPLICAOF NO ONE`: every replica this server holds becomes a keyspace of its own,
-    /// at its term plus one (a primary of a lower term is refused from then on). Returns
-    /// the names promoted.
+    /// `REPLICAOF NO ONE`: see [`promote_replicas`].
     pub fn promote_all(&self) -> tucana::Result<Vec<String>> {
-        let mut promoted = Vec::new();
-        for name in self.db.replica_names() {
-            if let Some(replica) = self.db.open_replica(&name) {
-                let term = replica.state().term + 1;
-                replica.promote(term)?;
-                promoted.push(name);
-            }
-        }
-        Ok(promoted)
+        promote_replicas(&self.db)
     }
 
     /// The primary's view of each backup (empty on a server with no backups).
@@ -228,20 +218,7 @@ impl Replication {
             put("tucana_log_cpu_ns".into(), c.log_cpu_ns.to_string());
             put("tucana_index_cpu_ns".into(), c.index_cpu_ns.to_string());
         }
-        for name in replicas {
-            if let Some(r) = self.db.open_replica(&name) {
-                let s = r.state();
-                put(
-                    format!("tucana_replica_{name}"),
-                    format!(
-                        "term={},upstream_commit={},segments={}",
-                        s.term,
-                        s.upstream_epoch,
-                        s.segments.len()
-                    ),
-                );
-            }
-        }
+        out.extend(replica_info_lines(&self.db));
         out
     }
 
@@ -255,4 +232,40 @@ impl Replication {
             b.stop();
         }
     }
+}
+
+/// Promotes every replica `db` holds to a keyspace of its own, at its term plus one (a
+/// primary of a lower term is refused from then on), and returns the names promoted:
+/// what `REPLICAOF NO ONE` does on a server and `tucana replication promote` on a
+/// volume that is not served.
+pub fn promote_replicas(db: &Database) -> tucana::Result<Vec<String>> {
+    let mut promoted = Vec::new();
+    for name in db.replica_names() {
+        if let Some(replica) = db.open_replica(&name) {
+            let term = replica.state().term + 1;
+            replica.promote(term)?;
+            promoted.push(name);
+        }
+    }
+    Ok(promoted)
+}
+
+/// One `INFO replication` field per replica `db` holds: `tucana_replica_<name>` with its
+/// term, the primary's commit it last applied and its segment count.
+pub fn replica_info_lines(db: &Database) -> Vec<(String, String)> {
+    db.replica_names()
+        .into_iter()
+        .filter_map(|name| {
+            let s = db.open_replica(&name)?.state();
+            Some((
+                format!("tucana_replica_{name}"),
+                format!(
+                    "term={},upstream_commit={},segments={}",
+                    s.term,
+                    s.upstream_epoch,
+                    s.segments.len()
+                ),
+            ))
+        })
+        .collect()
 }
