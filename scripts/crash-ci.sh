@@ -5,7 +5,8 @@
 #       M3 without them: 30-45 s on the loaded 2-core machine)
 #   M5  cargo-fuzz on every decoder and on open of mutated volumes, per target
 #   M7  failover cycles of replicated tucana serve pairs (kill -9 of the primary then
-#       promotion, kill -9 of the backup then catch-up, a paused primary fenced)
+#       promotion, kill -9 of the backup, at random or at a crash point, then catch-up,
+#       a paused primary fenced); the tucana binary is rebuilt with --features failpoints
 # Each prints its figure line(s); the script exits non-zero on any failure.
 # Tunables (environment): M3_CYCLES (default 500), M3_SEED (default: a fresh one, printed),
 # M7_CYCLES (default 20, about 40 s),
@@ -48,6 +49,8 @@ echo "M3 took $(( $(date +%s) - m3_start )) s"
 
 echo "==> M7: failover cycles of replicated servers"
 m7_start=$(date +%s)
+# M7 kills backups at crash points too: the servers must be built with them.
+cargo build --release -p tucana-cli --features failpoints
 if ! "${CARGO_TARGET_DIR:-target}/release/tucana-crashtest" failover --cycles "${M7_CYCLES:-20}" --seed "${seed}"; then
     status=1
 fi

@@ -209,6 +209,10 @@ impl From<tucana::Error> for CliError {
 }
 
 fn main() -> ExitCode {
+    // Crash points armed by FAILPOINTS, in a binary built with the `failpoints` feature
+    // (for `tucana-crashtest failover`).
+    #[cfg(feature = "failpoints")]
+    let _failpoints = fail::FailScenario::setup();
     let cli = Cli::parse();
     match run(cli) {
         Ok(outcome) => outcome.exit_code(),

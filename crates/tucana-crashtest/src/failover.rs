@@ -12,6 +12,11 @@
 //! - **kill the backup**: `kill -9` of the backup while writes go on (they fail with
 //!   `NOREPLICAS` meanwhile, never `OK`), restart, catch-up; then the primary is shut down
 //!   and the promoted backup must equal it key for key;
+//! - **crash the backup at a point**: the backup runs armed (`FAILPOINTS`, in a binary
+//!   built with `--features failpoints`) to die as `kill -9` kills after a random number
+//!   of passes of one point: a log frame stored (mid segment shipping), an index frame
+//!   received (mid index shipping), or a commit's nodes written but not its descriptor
+//!   (mid its own commit); then as above;
 //! - **fence the primary**: `SIGSTOP` the primary, promote the backup, `SIGCONT` the
 //!   primary: it must acknowledge no write afterwards.
 //!
@@ -40,6 +45,8 @@ pub struct Summary {
     pub cycles: u64,
     pub primary_kills: u64,
     pub backup_kills: u64,
+    /// Backups killed at each of `CRASH_POINTS`.
+    pub crash_points: [u64; 3],
     pub fences: u64,
     pub acked_writes: u64,
     pub lost_writes: u64,
@@ -70,12 +77,18 @@ impl Summary {
             }
         };
         format!(
-            "M7 failover cycles: {}, primary kills: {}, backup kills: {}, fenced primaries: {}, \
+            "M7 failover cycles: {}, primary kills: {}, backup kills: {} (+ at crash points: {}), fenced primaries: {}, \
              acknowledged writes: {}, lost: {}, acknowledged after the fence: {}, check failures: {}, \
              failover p50: {:.0} ms, p99: {:.0} ms, seed: {seed}",
             self.cycles,
             self.primary_kills,
             self.backup_kills,
+            CRASH_POINTS
+                .iter()
+                .zip(self.crash_points)
+                .map(|((point, _), n)| format!("{point} {n}"))
+                .collect::<Vec<_>>()
+                .join(", "),
             self.fences,
             self.acked_writes,
             self.lost_writes,
@@ -102,17 +115,20 @@ fn free_port() -> std::io::Result<u16> {
 }
 
 impl Server {
+    /// Starts `tucana serve --port PORT EXTRA...`, with the crash points `failpoints`
+    /// armed (`FAILPOINTS`) if given.
     fn start(
         tucana: &Path,
         db: &Path,
         port: u16,
         extra: &[String],
+        failpoints: Option<&str>,
         log: &Path,
     ) -> Result<Server, String> {
         let mut args = vec!["serve".to_string(), "--port".into(), port.to_string()];
         args.extend_from_slice(extra);
         let mut server = Server {
-            child: spawn(tucana, db, &args, log)?,
+            child: spawn(tucana, db, &args, failpoints, log)?,
             port,
             args,
             db: db.to_path_buf(),
@@ -122,7 +138,7 @@ impl Server {
     }
 
     fn restart(&mut self, tucana: &Path, log: &Path) -> Result<(), String> {
-        self.child = spawn(tucana, &self.db, &self.args, log)?;
+        self.child = spawn(tucana, &self.db, &self.args, None, log)?;
         self.wait_ready()
     }
 
@@ -191,13 +207,24 @@ impl Drop for Server {
     }
 }
 
-fn spawn(tucana: &Path, db: &Path, args: &[String], log: &Path) -> Result<Child, String> {
+fn spawn(
+    tucana: &Path,
+    db: &Path,
+    args: &[String],
+    failpoints: Option<&str>,
+    log: &Path,
+) -> Result<Child, String> {
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(log)
         .map_err(|e| format!("{}: {e}", log.display()))?;
-    Command::new(tucana)
+    let mut command = Command::new(tucana);
+    command.env_remove("FAILPOINTS");
+    if let Some(armed) = failpoints {
+        command.env("FAILPOINTS", armed);
+    }
+    command
         .arg("--db")
         .arg(db)
         .args(args)
@@ -359,10 +386,11 @@ pub fn run(config: &Config) -> Summary {
         // One generator per cycle: how long a cycle's loops run depends on timing, and the
         // next cycle's plan must not.
         let mut rng = Rng::new(config.seed ^ cycle.wrapping_mul(0x9e37_79b9_7f4a_7c15));
-        let plan = rng.below(10);
+        let plan = rng.below(12);
         let result = match plan {
             0..=5 => kill_primary(config, cycle, &mut rng, &mut summary),
             6..=7 => kill_backup(config, cycle, &mut rng, &mut summary),
+            8..=9 => crash_backup(config, cycle, &mut rng, &mut summary),
             _ => fence_primary(config, cycle, &mut rng, &mut summary),
         };
         summary.cycles += 1;
@@ -378,8 +406,13 @@ pub fn run(config: &Config) -> Summary {
     summary
 }
 
-/// A backup and a primary shipping to it, on fresh volumes of cycle `cycle`.
-fn pair(config: &Config, cycle: u64) -> Result<(Server, Server, PathBuf), String> {
+/// A backup (with `failpoints` armed, if given) and a primary shipping to it, on fresh
+/// volumes of cycle `cycle`.
+fn pair(
+    config: &Config,
+    cycle: u64,
+    failpoints: Option<&str>,
+) -> Result<(Server, Server, PathBuf), String> {
     let dir = config.dir.join(format!("cycle-{cycle}"));
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
     let log = dir.join("servers.log");
@@ -393,6 +426,7 @@ fn pair(config: &Config, cycle: u64) -> Result<(Server, Server, PathBuf), String
         &dir.join("backup.tucana"),
         bp,
         &["--repl-port".into(), rp.to_string()],
+        failpoints,
         &log,
     )?;
     let primary = Server::start(
@@ -405,6 +439,7 @@ fn pair(config: &Config, cycle: u64) -> Result<(Server, Server, PathBuf), String
             "--repl-timeout-ms".into(),
             "2000".into(),
         ],
+        None,
         &log,
     )?;
     Ok((primary, backup, dir))
@@ -416,7 +451,7 @@ fn kill_primary(
     rng: &mut Rng,
     summary: &mut Summary,
 ) -> Result<(), String> {
-    let (mut primary, mut backup, dir) = pair(config, cycle)?;
+    let (mut primary, mut backup, dir) = pair(config, cycle, None)?;
     let writers = Writers::start(&primary, cycle, 2);
     let run_ms = 100 + rng.below(900);
     let start = Instant::now();
@@ -457,15 +492,73 @@ fn kill_backup(
     rng: &mut Rng,
     summary: &mut Summary,
 ) -> Result<(), String> {
-    let (mut primary, mut backup, dir) = pair(config, cycle)?;
-    let log = dir.join("servers.log");
+    let (primary, mut backup, dir) = pair(config, cycle, None)?;
     let writers = Writers::start(&primary, cycle, 2);
     std::thread::sleep(Duration::from_millis(100 + rng.below(500)));
     if rng.below(2) == 0 {
         stir(&primary, rng);
     }
     backup.kill9();
+    summary.backup_kills += 1;
     std::thread::sleep(Duration::from_millis(rng.below(300)));
+    restart_and_compare(config, cycle, rng, summary, (primary, backup, dir), writers)
+}
+
+/// Where a backup is made to die by a crash point (a `failpoints` build, armed through
+/// `FAILPOINTS`), and at most how many passes before it: a log frame stored, an index
+/// frame received, a commit's nodes written but not its descriptor.
+pub const CRASH_POINTS: [(&str, u64); 3] = [
+    ("backup-log", 400),
+    ("backup-nodes", 6),
+    ("backup-commit", 6),
+];
+
+/// Kills the backup at a crash point (as `kill -9` does) under writes, with commits forced
+/// on the primary so index frames and commits reach it; then as `kill_backup`.
+fn crash_backup(
+    config: &Config,
+    cycle: u64,
+    rng: &mut Rng,
+    summary: &mut Summary,
+) -> Result<(), String> {
+    let which = rng.below(CRASH_POINTS.len() as u64) as usize;
+    let (point, most) = CRASH_POINTS[which];
+    let passes = rng.below(most);
+    let armed = format!("{point}={passes}*off->return");
+    let (primary, mut backup, dir) = pair(config, cycle, Some(&armed))?;
+    let writers = Writers::start(&primary, cycle, 2);
+    let start = Instant::now();
+    loop {
+        if let Ok(Some(_)) = backup.child.try_wait() {
+            break;
+        }
+        if start.elapsed() > Duration::from_secs(60) {
+            return Err(format!(
+                "the backup never died at {armed} (is {} built with --features failpoints?)",
+                config.tucana.display()
+            ));
+        }
+        if let Ok(mut c) = primary.connect() {
+            let _ = redis::cmd("SAVE").query::<String>(&mut c);
+        }
+        std::thread::sleep(Duration::from_millis(20 + rng.below(80)));
+    }
+    summary.crash_points[which] += 1;
+    restart_and_compare(config, cycle, rng, summary, (primary, backup, dir), writers)
+}
+
+/// Restarts a killed backup under the writers, waits until it caught up, then shuts the
+/// primary down and promotes the backup: it must hold every acknowledged write and equal
+/// the primary key for key, and its volume must pass `tucana check`.
+fn restart_and_compare(
+    config: &Config,
+    cycle: u64,
+    rng: &mut Rng,
+    summary: &mut Summary,
+    (mut primary, mut backup, dir): (Server, Server, PathBuf),
+    writers: Writers,
+) -> Result<(), String> {
+    let log = dir.join("servers.log");
     backup.restart(&config.tucana, &log)?;
     std::thread::sleep(Duration::from_millis(100 + rng.below(500)));
     let acked = writers.stop();
@@ -493,7 +586,6 @@ fn kill_backup(
     primary.shutdown();
     promote(&backup)?;
     let got = contents(&backup)?;
-    summary.backup_kills += 1;
     summary.acked_writes += acked.len() as u64;
     summary.lost_writes += lost(&backup, &acked)?;
     if got != expected {
@@ -519,7 +611,7 @@ fn fence_primary(
     rng: &mut Rng,
     summary: &mut Summary,
 ) -> Result<(), String> {
-    let (primary, mut backup, dir) = pair(config, cycle)?;
+    let (primary, mut backup, dir) = pair(config, cycle, None)?;
     let writers = Writers::start(&primary, cycle, 1);
     std::thread::sleep(Duration::from_millis(100 + rng.below(300)));
     let acked = writers.stop();

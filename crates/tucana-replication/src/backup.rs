@@ -364,6 +364,9 @@ async fn on_frame<W: tokio::io::AsyncWrite + Unpin>(
                         .map(|(off, image)| (DiskOffset(off), image)),
                 );
             }
+            // The failover harness's kill in the middle of an index's shipping.
+            #[cfg(feature = "failpoints")]
+            fail::fail_point!("backup-nodes", |_| tucana::failpoints::kill_self());
         }
         Frame::Commit { .. } => on_commit(shared, frame, incoming, writer, out).await?,
         Frame::Dropped { region, .. } => {
@@ -432,6 +435,9 @@ fn on_log(
             .write_log(DiskOffset(origin), size_bytes, order, offset, &bytes)
             .map_err(other)?;
     }
+    // The failover harness's kill in the middle of a segment's shipping.
+    #[cfg(feature = "failpoints")]
+    fail::fail_point!("backup-log", |_| tucana::failpoints::kill_self());
     shared.counters.lock().log_cpu_ns += thread_cpu_ns().saturating_sub(cpu);
     if !relocation {
         inc.unacked = Some((order, end).max(inc.unacked.unwrap_or((0, 0))));

@@ -137,6 +137,10 @@ impl Engine {
             .replica(name)
             .ok_or_else(|| Error::KeyspaceNotFound(name.to_string()))?;
         let released = replica.apply(delta)?;
+        // The failover harness's kill inside a backup's own commit: nodes written, the
+        // descriptor not.
+        #[cfg(feature = "failpoints")]
+        fail::fail_point!("backup-commit", |_| crate::failpoints::kill_self());
         cs.drop_after_next_commit(released);
         self.committer.commit_locked(&mut cs, &self.regions)
     }

@@ -43,6 +43,19 @@ mod stats;
 pub mod types;
 pub mod volume;
 
+/// Crash points for the failover harness (`tucana-crashtest failover`): a binary built
+/// with the `failpoints` feature dies at a named point when `FAILPOINTS` arms it.
+#[cfg(feature = "failpoints")]
+pub mod failpoints {
+    /// Dies as `kill -9` kills: no destructor, no flush, no exit handler.
+    pub fn kill_self() -> ! {
+        // SAFETY: kill(2) and getpid(2) touch no memory of ours.
+        unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+        // SIGKILL cannot be caught or ignored; delivery to ourselves is immediate.
+        unreachable!("SIGKILL returned")
+    }
+}
+
 /// Codecs private to the engine, exposed only for the fuzz targets in `fuzz/` (M5 of
 /// docs/reliability.md) and the corruption suite (M4, which aims at the newest commit's
 /// structures): not part of the API, may change at any time.
