@@ -356,6 +356,23 @@ fn lost(server: &Server, acked: &BTreeMap<String, String>) -> Result<u64, String
     Ok(lost)
 }
 
+/// Ends a cycle: shuts the backup down and checks its volume; the cycle's directory is
+/// removed unless the check failed (then it is kept for a look).
+fn finish(
+    config: &Config,
+    summary: &mut Summary,
+    mut backup: Server,
+    dir: &Path,
+) -> Result<(), String> {
+    backup.shutdown();
+    if check(&config.tucana, &backup.db) {
+        let _ = std::fs::remove_dir_all(dir);
+    } else {
+        summary.check_failures += 1;
+    }
+    Ok(())
+}
+
 fn check(tucana: &Path, db: &Path) -> bool {
     Command::new(tucana)
         .arg("--db")
@@ -451,7 +468,7 @@ fn kill_primary(
     rng: &mut Rng,
     summary: &mut Summary,
 ) -> Result<(), String> {
-    let (mut primary, mut backup, dir) = pair(config, cycle, None)?;
+    let (mut primary, backup, dir) = pair(config, cycle, None)?;
     let writers = Writers::start(&primary, cycle, 2);
     let run_ms = 100 + rng.below(900);
     let start = Instant::now();
@@ -477,13 +494,7 @@ fn kill_primary(
     summary.primary_kills += 1;
     summary.acked_writes += acked.len() as u64;
     summary.lost_writes += lost(&backup, &acked)?;
-    backup.shutdown();
-    if !check(&config.tucana, &backup.db) {
-        summary.check_failures += 1;
-        return Ok(());
-    }
-    let _ = std::fs::remove_dir_all(dir);
-    Ok(())
+    finish(config, summary, backup, &dir)
 }
 
 fn kill_backup(
@@ -596,13 +607,7 @@ fn restart_and_compare(
             expected.len()
         ));
     }
-    backup.shutdown();
-    if !check(&config.tucana, &backup.db) {
-        summary.check_failures += 1;
-        return Ok(());
-    }
-    let _ = std::fs::remove_dir_all(dir);
-    Ok(())
+    finish(config, summary, backup, &dir)
 }
 
 fn fence_primary(
@@ -611,7 +616,7 @@ fn fence_primary(
     rng: &mut Rng,
     summary: &mut Summary,
 ) -> Result<(), String> {
-    let (primary, mut backup, dir) = pair(config, cycle, None)?;
+    let (primary, backup, dir) = pair(config, cycle, None)?;
     let writers = Writers::start(&primary, cycle, 1);
     std::thread::sleep(Duration::from_millis(100 + rng.below(300)));
     let acked = writers.stop();
@@ -634,11 +639,5 @@ fn fence_primary(
     summary.acked_writes += acked.len() as u64;
     summary.lost_writes += lost(&backup, &acked)?;
     drop(primary);
-    backup.shutdown();
-    if !check(&config.tucana, &backup.db) {
-        summary.check_failures += 1;
-        return Ok(());
-    }
-    let _ = std::fs::remove_dir_all(dir);
-    Ok(())
+    finish(config, summary, backup, &dir)
 }
