@@ -32,7 +32,7 @@ use tucana::replication::{
 use tucana::{Database, Durability, Error, Keyspace};
 
 use crate::model::{self, DiffWalk, State, Write};
-use crate::sim::{IoKind, SimStorage};
+use crate::sim::{Fault, IoKind, SimStorage};
 use crate::workload::{self, Op};
 
 /// The replication term of every replica (promotion is at the next one).
@@ -195,6 +195,13 @@ pub struct Link {
     /// What the backup was doing at its last call, and the I/O number it began at.
     pub phase: Phase,
     pub phase_io: u64,
+    /// Set by the suite: the next `apply`, once its log is shipped, arms the power loss
+    /// at a random one of the I/Os applying its commits makes (`armed_at` says which).
+    pub aim_in_commits: bool,
+    pub armed_at: Option<u64>,
+    /// I/Os the last `apply` that applied commits made after its shipping (a guess
+    /// until one was measured).
+    commit_ios: u64,
     pub stats: LinkStats,
 }
 
@@ -223,6 +230,9 @@ impl Link {
             keyspaces: names.iter().map(|n| Replicated::new(n)).collect(),
             phase: Phase::Idle,
             phase_io: 0,
+            aim_in_commits: false,
+            armed_at: None,
+            commit_ios: 40,
             stats: LinkStats::default(),
         };
         // A first commit at the raised term, for the first delta to carry.
@@ -413,6 +423,12 @@ impl Link {
             pins.push(pin);
         }
         self.ship(backup, sim, rng)?;
+        if std::mem::take(&mut self.aim_in_commits) {
+            let at_io = sim.io_count() + rng.random_range(0..self.commit_ios);
+            sim.arm(Fault::Crash { at_io });
+            self.armed_at = Some(at_io);
+        }
+        let (commits_from, applied_before) = (sim.io_count(), self.stats.deltas_applied);
         for (i, pin) in pins.into_iter().enumerate() {
             if self.keyspaces[i].dropped != Dropped::No {
                 continue;
@@ -451,6 +467,9 @@ impl Link {
                 };
                 self.apply_one(i, &replica, delta, sim)?;
             }
+        }
+        if self.stats.deltas_applied > applied_before {
+            self.commit_ios = (sim.io_count() - commits_from).max(1);
         }
         Ok(())
     }
@@ -509,6 +528,13 @@ impl Link {
         }
         self.keyspaces[i].dropped = Dropped::Durably;
         Ok(())
+    }
+
+    /// The primary's forced GC passes so far, and the bytes they relocated (shipped to
+    /// the backup as relocation segments).
+    pub fn primary_gc(&self) -> (u64, u64) {
+        let stats = self.primary.stats();
+        (stats.gc_passes, stats.gc_relocated_bytes)
     }
 
     /// Sets the phase of the backup's own work (its commits, syncs and keyspace).

@@ -3,11 +3,12 @@
 //! what the network shipper does (log bytes by segment order in chunks of random sizes,
 //! then each commit's delta, or the newest commit in full when the backup may have missed
 //! one); the primary runs a random workload (puts, overwrites, deletes, batches, syncs,
-//! commits, forced GC passes, in one case in four the drop of its second keyspace) and
+//! commits, forced GC passes; one case in four plans the drop of its second keyspace) and
 //! the backup's power goes at a random I/O: while it writes shipped log, writes a shipped
 //! commit's nodes and descriptor, writes that commit's superblock, commits or syncs on its
 //! own, writes to a keyspace of its own (one case in three has one), or drops a replica.
-//! One crash in two is aimed inside the shipping and applying of commits.
+//! One crash in two is aimed at a random I/O of applying shipped commits (node writes,
+//! the backup's commit of each), the other at one of the next few I/Os, whoever makes it.
 //!
 //! Each crash gives several post-crash images (unsynced writes dropped, reordered, torn
 //! at a sector), each reopened and judged (`verify`): it opens and passes `check`; each
@@ -16,8 +17,9 @@
 //! commit's contents plus a prefix of the log received after it, no shorter than what
 //! the backup had made durable (`link`'s module doc says what that is), no longer than
 //! what was shipped. Then the backup carries on from the last good image: reattached, it
-//! takes the primary's newest commit in full and the log it lacks, and the next life
-//! crashes it again (up to three lives per case).
+//! takes the primary's newest commit in full and the log it lacks, must then equal the
+//! primary at that commit, and the next life crashes it again (up to three lives per
+//! case).
 //!
 //! Owns: the cases, their lives and the tally. Does not own: the primary and the link
 //! (`link`), the judgement of a crash state (`verify`), the simulated volume (`sim`).
@@ -48,8 +50,6 @@ const LIVES: u32 = 3;
 const STATES_PER_CRASH: u32 = 3;
 /// The backup's keyspace of its own, in the cases that have one.
 const OWN: &str = "own";
-/// I/Os an apply is assumed to make until one was measured in the case.
-const APPLY_IOS_GUESS: u64 = 40;
 
 /// Phases in the order the figures line names them.
 const PHASES: [Phase; 6] = [
@@ -76,6 +76,9 @@ struct Tally {
     full_applied: u64,
     log_bytes: u64,
     log_writes: u64,
+    /// The primary's GC passes and the bytes they relocated.
+    gc_passes: u64,
+    gc_relocated_bytes: u64,
     promotions: u64,
     promotions_replaying: u64,
     promotions_log_bound: u64,
@@ -104,7 +107,7 @@ pub fn run(args: &RunArgs) -> Report {
     let p = &t.by_phase;
     Report {
         figures: format!(
-            "M9 crash states: {} (between calls {}, writing shipped log {}, a shipped commit's nodes and descriptor {}, its superblock {}, the backup's own commits, syncs and writes {}, replica drops {}), lost durable commits: {}, wrong commits: {}, lost durable log: {}, non-prefix states: {}, failed recoveries: {}, panics: {}, commits applied: {} (in full: {}), log shipped: {} KiB in {} writes, promotions: {} (replaying log: {}, bounded by durable log: {}), resumed lives: {}, seed: {}",
+            "M9 crash states: {} (between calls {}, writing shipped log {}, a shipped commit's nodes and descriptor {}, its superblock {}, the backup's own commits, syncs and writes {}, replica drops {}), lost durable commits: {}, wrong commits: {}, lost durable log: {}, non-prefix states: {}, failed recoveries: {}, panics: {}, commits applied: {} (in full: {}), log shipped: {} KiB in {} writes, primary gc passes: {} (relocated {} KiB), promotions: {} (replaying log: {}, bounded by durable log: {}), resumed lives: {}, seed: {}",
             t.crash_states,
             p[0],
             p[1],
@@ -122,6 +125,8 @@ pub fn run(args: &RunArgs) -> Report {
             t.full_applied,
             t.log_bytes >> 10,
             t.log_writes,
+            t.gc_passes,
+            t.gc_relocated_bytes >> 10,
             t.promotions,
             t.promotions_replaying,
             t.promotions_log_bound,
@@ -167,9 +172,6 @@ struct Case {
     drop_at: Option<(u32, u32)>,
     /// Operations so far (values are tagged with it).
     tag: u64,
-    /// I/Os the last apply of the case made (a crash aimed inside one falls at a random
-    /// one of them).
-    apply_ios: u64,
 }
 
 impl Case {
@@ -191,7 +193,6 @@ impl Case {
             own,
             drop_at,
             tag: 0,
-            apply_ios: APPLY_IOS_GUESS,
         }
     }
 
@@ -270,20 +271,22 @@ impl Case {
         for step in 0..steps {
             self.tag += 1;
             let mut action = self.draw_action(life, step);
-            if step == crash_step {
-                let spread = if aim_apply {
-                    action = Action::Apply;
-                    self.apply_ios
-                } else {
-                    40
-                };
-                let at_io = b.sim.io_count() + self.rng.random_range(0..spread);
+            if step == crash_step && aim_apply {
+                // At one of the I/Os of applying commits, once their log is shipped; the
+                // primary commits first, so there is one to apply.
+                if let Err(e) = link.run_primary(Op::Commit) {
+                    t.failures
+                        .push(format!("{where_} step {step}: the primary's commit: {e}"));
+                    return None;
+                }
+                action = Action::Apply;
+                link.aim_in_commits = true;
+            } else if step == crash_step {
+                let at_io = b.sim.io_count() + self.rng.random_range(0..40);
                 b.sim.arm(Fault::Crash { at_io });
                 crash_io = Some(at_io);
             }
-            let is_apply = matches!(action, Action::Apply);
             let what = format!("{action:?}");
-            let ios_before = b.sim.io_count();
             let r = self.act(action, link, b);
             if b.sim.crashed() {
                 break;
@@ -295,12 +298,11 @@ impl Case {
                 ));
                 return None;
             }
-            if is_apply {
-                self.apply_ios = (b.sim.io_count() - ios_before).max(1);
-            }
         }
         let crashed = b.sim.crashed();
         b.sim.disarm();
+        link.aim_in_commits = false;
+        crash_io = crash_io.or(link.armed_at.take());
         Some(link.crash_phase(&b.sim, crash_io.filter(|_| crashed)))
     }
 
@@ -356,15 +358,16 @@ impl Case {
             }
         }
         let image = resume_from.filter(|_| carry_on)?;
-        match resume(link, image, self.rng.random(), own_model.is_some()) {
+        match resume(link, image, &mut self.rng, own_model.is_some()) {
             Ok(b) => {
                 t.resumed_lives += 1;
                 Some(b)
             }
             Err(e) => {
                 t.failed_recoveries += 1;
-                t.failures
-                    .push(format!("{where_}: reopening the backup to carry on: {e}"));
+                t.failures.push(format!(
+                    "{where_}: reopening the backup to carry on, and catching up: {e}"
+                ));
                 None
             }
         }
@@ -373,33 +376,53 @@ impl Case {
 
 /// The backup reopened from `image` (judged good) to carry on: committed at once (the
 /// recovered state is the durable base of the next life), a replica drop under way done
-/// again, each replica's link reset to what the reopened replica holds.
-fn resume(link: &mut Link, image: Image, seed: u64, own: bool) -> tucana::Result<Backup> {
-    let sim = Arc::new(SimStorage::from_image(image, seed));
+/// again, each replica's link reset to what the reopened replica holds; then caught up
+/// (the log it lacks, the primary's newest commit in full) and compared with the primary.
+fn resume(link: &mut Link, image: Image, rng: &mut StdRng, own: bool) -> Result<Backup, String> {
+    let sim = Arc::new(SimStorage::from_image(image, rng.random()));
     let storage: Arc<dyn Storage> = sim.clone();
-    let db = workload::open(workload::options(false), &storage)?;
-    db.check()?;
+    let db = workload::open(workload::options(false), &storage).map_err(|e| e.to_string())?;
+    match catch_up(link, &db, &sim, rng, own) {
+        Ok(own) => Ok(Backup { sim, db, own }),
+        Err(e) => {
+            db.abandon();
+            Err(e)
+        }
+    }
+}
+
+/// `resume`'s work on the reopened backup; returns its own keyspace with a model that
+/// starts from what it holds.
+fn catch_up(
+    link: &mut Link,
+    db: &Database,
+    sim: &SimStorage,
+    rng: &mut StdRng,
+    own: bool,
+) -> Result<Option<(Keyspace, KeyspaceModel)>, String> {
+    let text = |e: tucana::Error| e.to_string();
+    db.check().map_err(text)?;
     for i in 0..link.keyspaces.len() {
         match link.keyspaces[i].dropped {
             Dropped::No => {
                 let name = &link.keyspaces[i].name;
-                let replica = db
-                    .open_replica(name)
-                    .ok_or_else(|| tucana::Error::KeyspaceNotFound(name.clone()))?;
+                let Some(replica) = db.open_replica(name) else {
+                    return Err(format!("replica {name} is gone"));
+                };
                 link.keyspaces[i].resume_at(replica.state().upstream_epoch);
             }
-            Dropped::Attempted => link.drop_replica(i, &db, &sim)?,
+            Dropped::Attempted => link.drop_replica(i, db, sim).map_err(text)?,
             Dropped::Durably => {}
         }
     }
-    let own = if own {
-        let ks = db.open_keyspace(OWN)?;
-        let state = workload::read_state(&ks)?;
-        Some((ks, KeyspaceModel::new(state)))
-    } else {
-        None
-    };
-    Ok(Backup { sim, db, own })
+    link.apply(db, sim, rng).map_err(text)?;
+    verify::caught_up(db, link).map_err(|(b, m)| format!("{b:?}: {m}"))?;
+    if !own {
+        return Ok(None);
+    }
+    let ks = db.open_keyspace(OWN).map_err(text)?;
+    let state = workload::read_state(&ks).map_err(text)?;
+    Ok(Some((ks, KeyspaceModel::new(state))))
 }
 
 fn run_case(seed: u64, case: u64, t: &mut Tally) {
@@ -432,4 +455,7 @@ fn run_case(seed: u64, case: u64, t: &mut Tally) {
     t.full_applied += s.full_applied;
     t.log_bytes += s.log_bytes;
     t.log_writes += s.log_writes;
+    let (passes, relocated) = link.primary_gc();
+    t.gc_passes += passes;
+    t.gc_relocated_bytes += relocated;
 }

@@ -189,6 +189,45 @@ fn judge_replica(replica: ReplicaHandle, k: &Replicated, good: &mut Good) -> Jud
     }
 }
 
+/// A backup carried on after a crash, once it took the primary's newest commit: each
+/// live replica holds the commit it was last given, with the primary's contents at it.
+pub fn caught_up(db: &Database, link: &Link) -> Judgement<()> {
+    for k in link.keyspaces.iter().filter(|k| k.dropped == Dropped::No) {
+        let Some(replica) = db.open_replica(&k.name) else {
+            return Err((Broken::LostCommit, format!("replica {} is gone", k.name)));
+        };
+        let upstream = replica.state().upstream_epoch;
+        let at = k.units_at(upstream).filter(|_| upstream == k.durable_epoch);
+        let Some(at) = at else {
+            return Err((
+                Broken::WrongCommit,
+                format!(
+                    "caught up, replica {} holds commit {upstream}, not {}",
+                    k.name, k.durable_epoch
+                ),
+            ));
+        };
+        let mut contents = State::new();
+        replica
+            .for_each(&mut |key, value| {
+                contents.insert(key.to_vec(), value.to_vec());
+            })
+            .map_err(failed("scan of the replica"))?;
+        let expected = k.state_after(at);
+        if contents != expected {
+            return Err((
+                Broken::WrongCommit,
+                format!(
+                    "caught up, replica {} at commit {upstream} differs from the primary: {}",
+                    k.name,
+                    first_difference(&expected, &contents)
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// The first key where `got` differs from `want`, described.
 fn first_difference(want: &State, got: &State) -> String {
     let show = |k: &[u8]| String::from_utf8_lossy(k).into_owned();
