@@ -82,7 +82,7 @@ fn model_test_checks_reads_across_forced_and_background_gc() {
 fn replica_power_loss_lands_in_every_step_of_a_backups_apply_path() {
     let report = suites::replica_power_loss::run(&args(7, 400));
     assert_passed(&report);
-    assert!(figure(&report, "M9 crash states") >= 400);
+    assert!(figure(&report, "crash states") >= 400);
     for step in [
         "writing shipped log",
         "a shipped commit's nodes and descriptor",

@@ -63,6 +63,7 @@ const PHASES: [Phase; 6] = [
 
 #[derive(Default)]
 struct Tally {
+    cases: u64,
     crash_states: u64,
     /// Crash states by the phase the power went in (`PHASES` order).
     by_phase: [u64; PHASES.len()],
@@ -91,6 +92,7 @@ pub fn run(args: &RunArgs) -> Report {
     let mut case = args.case.unwrap_or(0);
     loop {
         let before = t.crash_states;
+        t.cases += 1;
         let where_ = format!("replica-power-loss seed {} case {case}", args.seed);
         if let Err(p) = catch(|| run_case(args.seed, case, &mut t)) {
             t.panics += 1;
@@ -107,7 +109,8 @@ pub fn run(args: &RunArgs) -> Report {
     let p = &t.by_phase;
     Report {
         figures: format!(
-            "M9 crash states: {} (between calls {}, writing shipped log {}, a shipped commit's nodes and descriptor {}, its superblock {}, the backup's own commits, syncs and writes {}, replica drops {}), lost durable commits: {}, wrong commits: {}, lost durable log: {}, non-prefix states: {}, failed recoveries: {}, panics: {}, commits applied: {} (in full: {}), log shipped: {} KiB in {} writes, primary gc passes: {} (relocated {} KiB), promotions: {} (replaying log: {}, bounded by durable log: {}), resumed lives: {}, seed: {}",
+            "M9 cases: {}, crash states: {} (between calls {}, writing shipped log {}, a shipped commit's nodes and descriptor {}, its superblock {}, the backup's own commits, syncs and writes {}, replica drops {}), lost durable commits: {}, wrong commits: {}, lost durable log: {}, non-prefix states: {}, failed recoveries: {}, panics: {}, commits applied: {} (in full: {}), log shipped: {} KiB in {} writes, primary gc passes: {} (relocated {} KiB), promotions: {} (replaying log: {}, bounded by durable log: {}), resumed lives: {}, seed: {}",
+            t.cases,
             t.crash_states,
             p[0],
             p[1],
