@@ -1,7 +1,9 @@
 //! Torture suites for Tucana, run by the `tucana-torture` command: simulated power loss
 //! (`suites::power_loss`), I/O failure sweeps (`suites::io_failure`), corruption
-//! (`suites::corruption`) and the model test (`suites::model_test`); rows M1, M2, M4 and
-//! M6 of the table in `docs/reliability.md`.
+//! (`suites::corruption`), the model test (`suites::model_test`) and power loss on a
+//! replication backup while it receives and applies its primary's log and commits
+//! (`suites::replica_power_loss`); rows M1, M2, M4, M6 and M9 of the table in
+//! `docs/reliability.md`.
 //!
 //! Owns: the simulated volume (`sim`), the expected-state model (`model`), the shared
 //! workload (`workload`) and the suites (`suites`). Does not own: the kill -9 driver (M3,

@@ -3,10 +3,10 @@
 //! failure with the seed and case that replay it) if anything failed.
 //!
 //! Suites are named for what they do (`power-loss`, `io-failure`, `corruption`,
-//! `model-test`). The ids of their rows in the reliability table (`m1`, `m2`, `m4`, `m6`)
-//! are accepted as aliases: the figures lines start with those ids, so `tucana-torture m1`
-//! reruns the row whose figure it printed, and commands written before the suites had
-//! names keep working.
+//! `model-test`, `replica-power-loss`). The ids of their rows in the reliability table
+//! (`m1`, `m2`, `m4`, `m6`, `m9`) are accepted as aliases: the figures lines start with
+//! those ids, so `tucana-torture m1` reruns the row whose figure it printed, and commands
+//! written before the suites had names keep working.
 
 use std::process::ExitCode;
 
@@ -29,6 +29,10 @@ enum Suite {
     /// Model test against a BTreeMap with reopens, crashes, snapshots (M6); count = cases.
     #[value(alias = "m6")]
     ModelTest,
+    /// Power loss on a backup while it receives and applies a primary's log and commits
+    /// (M9); count = crash states.
+    #[value(alias = "m9")]
+    ReplicaPowerLoss,
 }
 
 #[derive(Parser, Debug)]
@@ -59,6 +63,7 @@ fn main() -> ExitCode {
         Suite::IoFailure => 2,
         Suite::Corruption => 2_000,
         Suite::ModelTest => 200,
+        Suite::ReplicaPowerLoss => 3_000,
     };
     let args = RunArgs {
         seed: cli.seed,
@@ -71,6 +76,7 @@ fn main() -> ExitCode {
         Suite::IoFailure => suites::io_failure::run(&args),
         Suite::Corruption => suites::corruption::run(&args),
         Suite::ModelTest => suites::model_test::run(&args),
+        Suite::ReplicaPowerLoss => suites::replica_power_loss::run(&args),
     };
     const SHOWN: usize = 20;
     for f in report.failures.iter().take(SHOWN) {

@@ -66,7 +66,8 @@ pub struct KeyspaceModel {
     durable_upto: usize,
 }
 
-fn apply(state: &mut State, writes: &[Write]) {
+/// Applies `writes` to `state` in order (a later write of a key wins).
+pub fn apply(state: &mut State, writes: &[Write]) {
     for (k, v) in writes {
         match v {
             Some(v) => state.insert(k.clone(), v.clone()),
@@ -185,13 +186,15 @@ impl KeyspaceModel {
 
 /// A model state walked forward while counting the keys where it differs from a target,
 /// so each prefix is compared in time proportional to its writes, not to the state.
-struct DiffWalk {
+pub struct DiffWalk {
     state: State,
-    diff: usize,
+    /// Keys where the walked state and the target differ (0: equal).
+    pub diff: usize,
 }
 
 impl DiffWalk {
-    fn new(base: &State, target: &State) -> DiffWalk {
+    /// `base`, compared with `target`.
+    pub fn new(base: &State, target: &State) -> DiffWalk {
         let mut diff = base
             .iter()
             .filter(|(k, v)| target.get(*k) != Some(*v))
@@ -203,7 +206,8 @@ impl DiffWalk {
         }
     }
 
-    fn apply(&mut self, writes: &[Write], target: &State) {
+    /// Applies `writes` to the walked state (`target` must be the one given to `new`).
+    pub fn apply(&mut self, writes: &[Write], target: &State) {
         for (k, v) in writes {
             let before = self.state.get(k) == target.get(k);
             match v {

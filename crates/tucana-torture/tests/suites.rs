@@ -1,7 +1,8 @@
 //! The suites at small counts, as `cargo test` runs them: each passes, and its figures
-//! show that garbage collection was really exercised, so a change that stops the
-//! workloads from collecting (or the crashes from landing inside a pass) fails here
-//! instead of leaving CI a quietly weaker run. CI runs the full counts
+//! show that garbage collection was really exercised (and, for the backup power-loss
+//! suite, that crashes landed in each step of the apply path and promotions replayed
+//! log), so a change that stops the workloads from collecting (or the crashes from
+//! landing where they are aimed) fails here instead of leaving CI a quietly weaker run. CI runs the full counts
 //! (`scripts/torture-ci.sh`).
 
 use tucana_torture::{suites, Report, RunArgs};
@@ -75,4 +76,33 @@ fn model_test_checks_reads_across_forced_and_background_gc() {
     // depends on timing, so it is not asserted.
     assert!(figure(&report, "background") > 0, "{}", report.figures);
     assert!(figure(&report, "gc relocated") > 0, "{}", report.figures);
+}
+
+#[test]
+fn replica_power_loss_lands_in_every_step_of_a_backups_apply_path() {
+    let report = suites::replica_power_loss::run(&args(7, 400));
+    assert_passed(&report);
+    assert!(figure(&report, "crash states") >= 400);
+    for step in [
+        "writing shipped log",
+        "a shipped commit's nodes and descriptor",
+        "its superblock",
+    ] {
+        assert!(figure(&report, step) > 0, "{step}: {}", report.figures);
+    }
+    // Promotions replayed log past their commit, bounded below by durably received log;
+    // backups carried on after crashes with commits in full; the primary collected.
+    for figure_name in [
+        "replaying log",
+        "bounded by durable log",
+        "in full",
+        "resumed lives",
+        "primary gc passes",
+    ] {
+        assert!(
+            figure(&report, figure_name) > 0,
+            "{figure_name}: {}",
+            report.figures
+        );
+    }
 }

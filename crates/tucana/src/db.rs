@@ -83,7 +83,9 @@ impl Database {
         self.engine.drop_region(name)
     }
 
-    /// Makes every write acknowledged so far durable (log flush + sync); group commit.
+    /// Makes every write acknowledged so far durable (log flush + sync); group commit. On
+    /// a backup, also every replica's received log: a commit when a replica received a
+    /// segment since the last commit (only commits persist its segment map).
     pub fn sync(&self) -> Result<()> {
         self.engine.sync()
     }

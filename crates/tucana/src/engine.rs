@@ -68,7 +68,20 @@ impl Engine {
         })
     }
 
+    /// Makes every write so far durable, and every replica's received log. A replica's
+    /// segment map is persisted by commits only, so while a replica holds a segment no
+    /// durable commit lists (received since the last commit) this commits (a commit
+    /// implies a sync): a sync would leave those bytes on the disk but unreachable after
+    /// a crash (M9).
     pub fn sync(&self) -> Result<()> {
+        if self
+            .regions
+            .replicas()
+            .iter()
+            .any(|r| r.has_unlisted_copies())
+        {
+            return self.commit();
+        }
         self.sync_to(self.shared.last_write_ticket())
     }
 

@@ -6,3 +6,4 @@ pub mod corruption;
 pub mod io_failure;
 pub mod model_test;
 pub mod power_loss;
+pub mod replica_power_loss;

@@ -224,7 +224,7 @@ impl Committer {
         // Replicas allocate as after no seal again, committed or not (a failed commit
         // poisons: nothing more is committed).
         for replica in replicas {
-            replica.commit_durable();
+            replica.commit_durable(result.is_ok());
         }
         result
     }

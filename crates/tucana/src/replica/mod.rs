@@ -93,6 +93,13 @@ struct State {
     /// A commit of the volume is running and captured this replica: segments allocated
     /// now must stay out of its bitmap image (as for a sealed region's writer).
     sealed_for_commit: bool,
+    /// Copies allocated so far, how many of them the running commit captured, and how
+    /// many the newest durable commit lists. The segment map is persisted by commits
+    /// only: after a crash a copy no durable commit lists is not found again, however
+    /// durable its bytes (`has_unlisted_copies`).
+    copies_allocated: u64,
+    copies_sealed: u64,
+    copies_durable: u64,
 }
 
 impl Replica {
@@ -110,6 +117,9 @@ impl Replica {
                 nodes: HashMap::new(),
                 nodes_current: true,
                 sealed_for_commit: false,
+                copies_allocated: 0,
+                copies_sealed: 0,
+                copies_durable: 0,
             }),
         }
     }
@@ -169,6 +179,9 @@ impl Replica {
                 nodes: HashMap::new(),
                 nodes_current: rep.upstream_epoch == 0,
                 sealed_for_commit: false,
+                copies_allocated: 0,
+                copies_sealed: 0,
+                copies_durable: 0,
             }),
         })
     }
@@ -209,7 +222,9 @@ impl Replica {
     /// Writes `bytes` at `offset` of the copy of the primary's segment at `origin` (of
     /// `size_bytes`, order `order`), allocating the copy at its first bytes. Bytes must
     /// arrive in order: a chunk that starts past what was received is refused; one that
-    /// overlaps it is written from the first new byte. Not synced (`sync_log`).
+    /// overlaps it is written from the first new byte. Not synced: the write takes a
+    /// write ticket, so the next `Engine::sync` covers it (and commits first if its copy
+    /// is new: `has_unlisted_copies`).
     pub fn write_log(
         &self,
         origin: DiskOffset,
@@ -244,6 +259,12 @@ impl Replica {
         self.shared
             .bytes_written
             .fetch_add(new.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        // Taken after the write: a sync that sees this ticket began after the bytes were
+        // handed to the storage. Without one, a sync on a backup with no writes of its
+        // own returned at once, having synced nothing (M9).
+        self.shared
+            .write_ticket
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         st.copies
             .get_mut(&order)
             .expect("registered above")
@@ -285,6 +306,7 @@ impl Replica {
                     received_bytes: 0,
                 };
                 st.copies.insert(order, c);
+                st.copies_allocated += 1;
                 Ok(c)
             }
         }
@@ -295,6 +317,7 @@ impl Replica {
     pub fn seal_for_commit(&self) -> RegionDesc {
         let mut st = self.state.lock();
         st.sealed_for_commit = true;
+        st.copies_sealed = st.copies_allocated;
         let (mut desc, rep) = match &st.committed {
             Some((desc, rep)) => (desc.clone(), *rep),
             None => (
@@ -343,9 +366,20 @@ impl Replica {
         desc
     }
 
-    /// The commit that captured the replica is durable (or failed).
-    pub fn commit_durable(&self) {
-        self.state.lock().sealed_for_commit = false;
+    /// The commit that captured the replica is durable (`durable`), or failed.
+    pub fn commit_durable(&self, durable: bool) {
+        let mut st = self.state.lock();
+        if durable && st.sealed_for_commit {
+            st.copies_durable = st.copies_sealed;
+        }
+        st.sealed_for_commit = false;
+    }
+
+    /// Whether the replica holds a copy that no durable commit lists: its bytes, synced
+    /// or not, would not be found after a crash until a commit lists it.
+    pub fn has_unlisted_copies(&self) -> bool {
+        let st = self.state.lock();
+        st.copies_allocated > st.copies_durable
     }
 
     /// Every extent the replica holds: its copies and the nodes of its committed tree
