@@ -20,7 +20,8 @@
 //! - **fence the primary**: `SIGSTOP` the primary, promote the backup, `SIGCONT` the
 //!   primary: it must acknowledge no write afterwards.
 //!
-//! Every cycle ends with `tucana check` on the backup's volume. Owns only the cycle's
+//! Even cycles acknowledge writes the backup received, odd ones writes it synced
+//! (`--repl-ack durable`). Every cycle ends with `tucana check` on the backup's volume. Owns only the cycle's
 //! plan, processes and verdict; the servers are the real binary.
 
 use std::collections::BTreeMap;
@@ -424,7 +425,7 @@ pub fn run(config: &Config) -> Summary {
 }
 
 /// A backup (with `failpoints` armed, if given) and a primary shipping to it, on fresh
-/// volumes of cycle `cycle`.
+/// volumes of cycle `cycle`; odd cycles run `--repl-ack durable`.
 fn pair(
     config: &Config,
     cycle: u64,
@@ -455,6 +456,14 @@ fn pair(
             format!("127.0.0.1:{rp}"),
             "--repl-timeout-ms".into(),
             "2000".into(),
+            // Odd cycles acknowledge once the backup synced what it received.
+            "--repl-ack".into(),
+            if cycle % 2 == 1 {
+                "durable"
+            } else {
+                "received"
+            }
+            .into(),
         ],
         None,
         &log,
