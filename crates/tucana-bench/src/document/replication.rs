@@ -180,8 +180,7 @@ fn what_ran(md: &mut String, options: &Value, json_path: &Path) {
          ({}; small = 33-byte, medium = 123-byte, large = 1023-byte key-value pairs), every \
          setup in turn ran YCSB Load ({} records, pipelined batches of {} SETs) and YCSB A \
          ({} operations, half GETs, half SETs, zipfian) through the primary with {} client \
-         connections; then redis-benchmark SETs ({} requests, {} connections, {}-byte values, \
-         {} random keys, pipelines {}){}. Around every phase the harness waited \
+         connections{}{}. Around every phase the harness waited \
          until no backup lagged and made the writes committed (`SAVE` on the primary, applied \
          by every send-index backup; `SAVE` on a build-index backup, its own commit), so a \
          phase's figures include the commit that covers its writes. Tucana: {}; redis-benchmark: {}.\n",
@@ -191,11 +190,7 @@ fn what_ran(md: &mut String, options: &Value, json_path: &Path) {
         options["load_batch"],
         options["operations"],
         options["threads"],
-        options["redis_requests"],
-        options["redis_clients"],
-        options["redis_value_bytes"],
-        options["redis_keyspace"],
-        list(&options["redis_pipelines"]),
+        redis_phrase(options),
         if options["failover_bytes"].as_u64().is_some_and(|b| b > 0) {
             "; then a failover"
         } else {
@@ -218,6 +213,25 @@ fn what_ran(md: &mut String, options: &Value, json_path: &Path) {
             (`ss -ti`), divided by the log bytes the primary shipped on it or by the user bytes \
             (keys and values written). Throughput and latency are the clients' (the YCSB \
             driver's, checked reads included; a Load latency is one batch's).\n\n";
+}
+
+/// "; then redis-benchmark SETs (...)" when the run had them.
+fn redis_phrase(options: &Value) -> String {
+    if options["redis_pipelines"]
+        .as_array()
+        .is_none_or(|p| p.is_empty())
+    {
+        return String::new();
+    }
+    format!(
+        "; then redis-benchmark SETs ({} requests, {} connections, {}-byte values, {} random \
+         keys, pipelines {})",
+        options["redis_requests"],
+        options["redis_clients"],
+        options["redis_value_bytes"],
+        options["redis_keyspace"],
+        list(&options["redis_pipelines"]),
+    )
 }
 
 /// A JSON list as "a, b, c".

@@ -89,9 +89,12 @@ pub struct ReplicationArgs {
     /// Random keys of redis-benchmark (its -r).
     #[arg(long, default_value_t = 1_000_000, value_parser = clap::value_parser!(u64).range(1..=1_000_000_000_000))]
     redis_keyspace: u64,
-    /// Pipeline depths of the redis-benchmark SET tests (its -P); empty: none.
+    /// Pipeline depths of the redis-benchmark SET tests (its -P).
     #[arg(long, value_delimiter = ',', default_values_t = [16u64], value_parser = clap::value_parser!(u64).range(1..=10_000))]
     redis_pipelines: Vec<u64>,
+    /// Skip the redis-benchmark SET tests (redis-benchmark is then not needed).
+    #[arg(long)]
+    no_redis_benchmark: bool,
     /// Bytes of keys and values in the region the failover promotes (0: no failover).
     #[arg(long, default_value_t = 1 << 30)]
     failover_bytes: u64,
@@ -153,12 +156,12 @@ pub fn run(args: &ReplicationArgs) -> Result<()> {
             format!("{reason} (build it: cargo build --release -p tucana-cli, or pass --tucana)")
         })?,
         tucana,
-        redis_benchmark_version: if args.redis_pipelines.is_empty() {
+        redis_benchmark_version: if args.no_redis_benchmark {
             None
         } else {
             Some(require(
                 &args.redis_benchmark,
-                "redis-benchmark is needed for the SET tests (or --redis-pipelines '')",
+                "redis-benchmark is needed for the SET tests (or --no-redis-benchmark)",
             )?)
         },
     };
@@ -215,7 +218,14 @@ fn run_options(args: &ReplicationArgs, programs: &Programs) -> RunOptions {
     options.set("redis_clients", args.redis_clients);
     options.set("redis_value_bytes", args.redis_value_bytes);
     options.set("redis_keyspace", args.redis_keyspace);
-    options.set("redis_pipelines", args.redis_pipelines.clone());
+    options.set(
+        "redis_pipelines",
+        if args.no_redis_benchmark {
+            Vec::new()
+        } else {
+            args.redis_pipelines.clone()
+        },
+    );
     options.set("failover_bytes", args.failover_bytes);
     options.set("failover_value_bytes", args.failover_value_bytes);
     options.set("failover_tail_bytes", args.failover_tail_bytes);
@@ -316,7 +326,7 @@ impl Run<'_> {
     /// redis-benchmark's SET tests: each round, each setup in turn.
     fn redis_rounds(&mut self) -> Result<()> {
         let args = self.args;
-        if args.redis_pipelines.is_empty() {
+        if args.no_redis_benchmark {
             return Ok(());
         }
         for round in 0..args.rounds {
