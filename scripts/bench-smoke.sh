@@ -4,8 +4,9 @@
 # JSON; then the cold-scan command on a tiny data set and the report with its section.
 # Checks that every phase ran and verified its answers and that the JSON and document have
 # what they must; asserts nothing about speed. Where redis-benchmark and
-# redis-server are installed (scripts/server-deps.sh --bench), also the `server` command on
-# tiny counts; elsewhere that part is skipped with a message, never failed.
+# redis-server are installed (scripts/server-deps.sh --bench), also the `server` and
+# `replication` commands on tiny counts; elsewhere that part is skipped with a message,
+# never failed.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -109,8 +110,54 @@ assert large or "failed" in doc["options"]["larger_than_memory"], "no larger-tha
 print(f"server smoke: {len(records)} records OK")
 PY
     grep -q "Tucana ÷ redis-server" "${work}/BENCHMARKS.md"
+
+    # Replication: a primary alone and with send-index and build-index backups (separate
+    # `tucana serve` processes), YCSB Load and A per size mix, redis-benchmark SETs, a failover.
+    "${bench}" replication --quick --dir "${work}" --json "${work}/replication-results.json" \
+        --note "smoke test" </dev/null >"${work}/replication.log"
+    "${bench}" report "${work}/results.json" --server-json "${work}/server-results.json" \
+        --replication-json "${work}/replication-results.json" \
+        --out "${work}/BENCHMARKS.md" --plots-dir "${work}/plots" >/dev/null
+    python3 - "${work}/replication-results.json" <<'PY'
+import json, sys
+doc = json.load(open(sys.argv[1]))
+records = doc["records"]
+setups = ["unreplicated", "send-index-1", "build-index-1", "send-index-2", "build-index-2"]
+assert doc["options"]["setups"] == setups, doc["options"]["setups"]
+def find(setup, dataset, workload):
+    found = [r for r in records if r["engine"] == setup and r["dataset"] == dataset
+             and r["workload"] == workload]
+    assert len(found) == 1, f"{setup} {dataset} {workload}: {len(found)} records"
+    return found[0]
+phases = [(mix, w) for mix in ["small", "medium", "large"] for w in ["ycsb_load", "ycsb_a"]]
+phases.append(("redis-benchmark", "redis-SET-P16"))
+for setup in setups:
+    for dataset, workload in phases:
+        r = find(setup, dataset, workload)
+        assert r["ops_per_sec"] > 0, f"{setup} {dataset} {workload}"
+        for field in ["p99_us", "cpu_us_per_op", "primary_cpu_s", "primary_device_write_bytes",
+                      "user_write_bytes", "load_average"]:
+            assert field in r, f"{setup} {dataset} {workload}: no {field}"
+        if setup == "unreplicated":
+            continue
+        for field in ["backup_cpu_ns_per_log_byte", "backup_log_cpu_ns_per_log_byte",
+                      "backup_index_cpu_ns_per_log_byte", "backup_other_cpu_ns_per_log_byte",
+                      "backup_device_write_bytes_per_user_byte",
+                      "backup_device_read_bytes_per_user_byte", "network_bytes_per_log_byte",
+                      "network_bytes_per_user_byte", "index_bytes_per_log_byte"]:
+            assert field in r, f"{setup} {dataset} {workload}: no {field}"
+        assert len(r["backups"]) == int(setup[-1]), f"{setup}: {len(r['backups'])} backups"
+        assert r["log_bytes_per_backup"] > 0, f"{setup} {dataset} {workload}: no log shipped"
+failover = find("send-index-1", "failover", "failover")
+for field in ["failover_ms", "promote_ms", "replay_log_bytes", "data_bytes"]:
+    assert field in failover, f"failover: no {field}"
+assert failover["verified"] is True
+print(f"replication smoke: {len(records)} records OK")
+PY
+    grep -q "## Replication: send-index and build-index backups" "${work}/BENCHMARKS.md"
+    grep -q "### Issue 18's targets" "${work}/BENCHMARKS.md"
 else
-    echo "bench smoke: skipping the server benchmark: redis-benchmark or redis-server is not" \
+    echo "bench smoke: skipping the server and replication benchmarks: redis-benchmark or redis-server is not" \
         "installed (scripts/server-deps.sh --bench installs them)"
 fi
 echo "bench smoke: passed"

@@ -7,7 +7,9 @@
 //! off, delete-all then reclaim); `suite` runs all of it on every engine and data set (the
 //! larger-than-memory one inside a memory cgroup from `cgroup`); `coldscan` the scans of a
 //! data set the page cache cannot hold; `server` runs redis-benchmark against `tucana
-//! serve` and redis-server (separate processes). `measure` times phases (wall, process
+//! serve` and redis-server (separate processes); `replication` a primary with send-index
+//! and build-index backups (separate processes) under YCSB and redis-benchmark, and a
+//! failover. `measure` times phases (wall, process
 //! CPU, I/O, peak RSS, latency histograms); `engine` puts each engine behind one trait;
 //! `results` holds the records, prints the table and writes the JSON results file;
 //! `document` is the `report` command, which turns the results files into BENCHMARKS.md
@@ -31,6 +33,7 @@ mod gc;
 mod measure;
 mod micro;
 mod recovery;
+mod replication;
 mod results;
 mod server;
 mod suite;
@@ -70,6 +73,11 @@ enum Command {
     /// redis-benchmark against `tucana serve` and redis-server (in memory, and Tucana
     /// alone larger than memory), one JSON file that `report` adds to BENCHMARKS.md.
     Server(server::ServerArgs),
+    /// A primary alone, with one and with two backups (send-index and build-index), as
+    /// separate `tucana serve` processes: YCSB Load and A in Talos's size mixes,
+    /// redis-benchmark SETs, and a failover; one JSON file that `report` adds to
+    /// BENCHMARKS.md.
+    Replication(replication::ReplicationArgs),
 }
 
 #[derive(Args, Debug)]
@@ -224,6 +232,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Report(args) => return document::run(args),
         Command::Coldscan(args) => return coldscan::run_command(args),
         Command::Server(args) => return server::run(args),
+        Command::Replication(args) => return replication::run(args),
     };
     machine.disk = measure::watch_device_of(&common.dir);
     let kind = common.engine.kind()?;
@@ -288,6 +297,7 @@ fn run(cli: Cli) -> Result<()> {
         | Command::Report(_)
         | Command::Coldscan(_)
         | Command::Server(_)
+        | Command::Replication(_)
         | Command::Gc(_) => {
             unreachable!("returned above")
         }

@@ -226,6 +226,12 @@ impl Record {
         self.extras.get(name)
     }
 
+    /// Takes a workload-specific field out (one that does not describe what the caller
+    /// measured, e.g. the harness's own I/O when a server did the work).
+    pub fn remove(&mut self, name: &str) -> Option<Value> {
+        self.extras.remove(name)
+    }
+
     fn to_json(&self) -> Value {
         let mut object = Map::new();
         object.insert("engine".into(), self.engine.into());

@@ -195,7 +195,16 @@ pub struct ProcessIo {
 }
 
 pub fn process_io() -> Option<ProcessIo> {
-    let text = std::fs::read_to_string("/proc/self/io").ok()?;
+    parse_process_io(&std::fs::read_to_string("/proc/self/io").ok()?)
+}
+
+/// The same figures of another process of ours (a server this program started), from
+/// /proc/PID/io.
+pub fn process_io_of(pid: u32) -> Option<ProcessIo> {
+    parse_process_io(&std::fs::read_to_string(format!("/proc/{pid}/io")).ok()?)
+}
+
+fn parse_process_io(text: &str) -> Option<ProcessIo> {
     let field = |name: &str| -> Option<u64> {
         let line = text.lines().find(|l| l.starts_with(name))?;
         line.split_once(':')?.1.trim().parse().ok()

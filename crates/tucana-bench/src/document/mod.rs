@@ -5,7 +5,8 @@
 //! sets, Tucana ÷ peer, plots, absolute figures, then `gc`'s Garbage collection section,
 //! engine configurations, method), the notes given with `--note` inserted after the
 //! title's paragraph, the cold-scan section (`coldscan`) when the `coldscan` command's JSON
-//! file exists, and the redis-benchmark section (`server`) when the `server` command's
+//! file exists, the redis-benchmark section (`server`) when the `server` command's
+//! does, and the replication section (`replication`) when the `replication` command's
 //! does. The runs given with `--gc-json`, `--also-gc-json` and `--sync-json` join the
 //! suite's document first (`merge`); `records` picks the records each table shows;
 //! `plots` draws the PNG files (with the `plots` feature). Every figure is written by
@@ -27,6 +28,7 @@ mod gc;
 mod merge;
 mod plots;
 mod records;
+mod replication;
 mod server;
 mod suite;
 
@@ -49,6 +51,10 @@ pub struct ReportArgs {
     /// (default: `server-results.json` next to the suite's JSON file).
     #[arg(long)]
     server_json: Option<PathBuf>,
+    /// The `replication` command's JSON file, whose section is added when the file
+    /// exists (default: `replication-results.json` next to the suite's JSON file).
+    #[arg(long)]
+    replication_json: Option<PathBuf>,
     /// The JSON file of a separate `tucana-bench gc` run: its records fill the "Garbage
     /// collection" section in place of the suite's own GC records, if any.
     #[arg(long)]
@@ -93,6 +99,11 @@ pub fn run(args: &ReportArgs) -> Result<()> {
             .with_file_name(crate::server::DEFAULT_JSON_FILE_NAME)
     });
     append_server_section(&mut markdown, &server_json)?;
+    let replication_json = args.replication_json.clone().unwrap_or_else(|| {
+        args.json
+            .with_file_name(crate::replication::DEFAULT_JSON_FILE_NAME)
+    });
+    append_replication_section(&mut markdown, &replication_json)?;
     std::fs::write(&args.out, markdown)?;
     println!(
         "wrote {} and {} plot(s) in {}",
@@ -171,6 +182,20 @@ fn append_server_section(markdown: &mut String, path: &Path) -> Result<()> {
     let doc: Value = serde_json::from_str(&read_text(path)?)
         .map_err(|e| format!("{} is not a server run's JSON: {e}", path.display()))?;
     *markdown += &server::render(&doc, path);
+    Ok(())
+}
+
+/// Adds the replication section (module `replication`) when its JSON file exists.
+fn append_replication_section(markdown: &mut String, path: &Path) -> Result<()> {
+    if !path.exists() {
+        return Ok(());
+    }
+    let doc: Value = serde_json::from_str(&read_text(path)?)
+        .map_err(|e| format!("{} is not a replication run's JSON: {e}", path.display()))?;
+    if doc["command"] != "replication" {
+        return Err(format!("{} is not a replication run's JSON", path.display()).into());
+    }
+    *markdown += &replication::render(&doc, path);
     Ok(())
 }
 

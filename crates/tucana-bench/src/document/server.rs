@@ -19,7 +19,8 @@ use crate::format::{
 
 /// One record per (data set, server, test), in the order first seen, each numeric field
 /// the median over the rounds that have it (a run of one round: its records as they are).
-fn median_records(all: &[&Value]) -> Vec<Value> {
+/// The replication section's rounds are summarised the same way.
+pub(super) fn median_records(all: &[&Value]) -> Vec<Value> {
     let mut keys: Vec<(&Value, &Value, &Value)> = Vec::new();
     for r in all {
         let key = (&r["dataset"], &r["engine"], &r["workload"]);

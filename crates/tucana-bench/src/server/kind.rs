@@ -146,7 +146,7 @@ impl Programs {
 }
 
 /// The first line `program --version` prints, or why it cannot run.
-pub(super) fn version_of(program: &Path) -> std::result::Result<String, String> {
+pub(crate) fn version_of(program: &Path) -> std::result::Result<String, String> {
     let output = Command::new(program)
         .arg("--version")
         .stdin(Stdio::null())
@@ -164,7 +164,7 @@ pub(super) fn version_of(program: &Path) -> std::result::Result<String, String> 
 }
 
 /// `tucana` next to this program (cargo puts both in the same target directory), else PATH.
-pub(super) fn default_tucana() -> PathBuf {
+pub(crate) fn default_tucana() -> PathBuf {
     std::env::current_exe()
         .ok()
         .and_then(|exe| exe.parent().map(|dir| dir.join("tucana")))
@@ -173,7 +173,7 @@ pub(super) fn default_tucana() -> PathBuf {
 }
 
 /// Whether redis-benchmark can run here: the smoke test skips the server run when not.
-pub(super) fn require(program: &Path, what: &str) -> Result<String> {
+pub(crate) fn require(program: &Path, what: &str) -> Result<String> {
     version_of(program).map_err(|reason| {
         format!("{reason}: {what} (scripts/server-deps.sh --bench installs redis-server and redis-benchmark)").into()
     })

@@ -33,14 +33,14 @@ use crate::format::fmt_bytes;
 use crate::results::{self, Machine, Record, RunOptions};
 use crate::{cgroup, measure, sys, Result};
 
-mod kind;
-mod process;
-mod redis_benchmark;
-mod resp;
+pub(crate) mod kind;
+pub(crate) mod process;
+pub(crate) mod redis_benchmark;
+pub(crate) mod resp;
 
 use kind::{default_tucana, require, version_of, Programs, ServerKind};
 use process::{load_average, Sample, Server};
-use redis_benchmark::redis_benchmark;
+use redis_benchmark::{redis_benchmark, Shape};
 use resp::{info_field, load, KEY_BYTES, LOAD_CONNECTIONS, LOAD_PIPELINE};
 
 #[derive(Args, Debug, Clone)]
@@ -402,6 +402,18 @@ struct Plan {
     keys: u64,
     pipelines: Vec<u64>,
 }
+
+impl Plan {
+    /// What each redis-benchmark test of the plan asks for.
+    fn shape(&self) -> Shape {
+        Shape {
+            clients: self.clients,
+            requests: self.requests,
+            value_bytes: self.value_bytes,
+            keys: self.keys,
+        }
+    }
+}
 fn run_plan(
     server: &mut Server,
     plan: &Plan,
@@ -445,7 +457,13 @@ fn run_plan(
         for test in ["SET", "GET"] {
             let before = server.sample();
             let client_before = sys::children_cpu_time();
-            let result = redis_benchmark(programs, server.port, plan, pipeline, test)?;
+            let result = redis_benchmark(
+                &programs.redis_benchmark,
+                server.port,
+                &plan.shape(),
+                pipeline,
+                test,
+            )?;
             // redis-benchmark has been waited for: its CPU time is in the children's.
             let client_cpu = sys::children_cpu_time().saturating_sub(client_before);
             let after = server.sample();

@@ -171,13 +171,13 @@ impl Drop for Server {
 
 /// A port nobody listens on now. Another program could take it before the server does;
 /// the server then fails to start and says so.
-fn free_port() -> Result<u16> {
+pub(crate) fn free_port() -> Result<u16> {
     let listener = TcpListener::bind("127.0.0.1:0")?;
     Ok(listener.local_addr()?.port())
 }
 
 /// utime + stime of every thread of `pid` so far, in clock ticks, from /proc/PID/stat.
-fn process_cpu_ticks(pid: u32) -> Option<u64> {
+pub(crate) fn process_cpu_ticks(pid: u32) -> Option<u64> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     parse_stat_cpu_ticks(&text)
 }
@@ -231,7 +231,7 @@ fn process_peak_rss_bytes(pid: u32) -> Option<u64> {
 }
 
 /// The 1, 5 and 15-minute load averages, from /proc/loadavg.
-pub(super) fn load_average() -> Option<String> {
+pub(crate) fn load_average() -> Option<String> {
     let text = std::fs::read_to_string("/proc/loadavg").ok()?;
     Some(
         text.split_whitespace()

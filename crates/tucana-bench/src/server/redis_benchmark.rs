@@ -1,40 +1,51 @@
 //! One `redis-benchmark` test (a kind of request at a pipeline depth) against a server,
 //! and its figures from the `--csv` output.
 //!
-//! Owns the invocation and the parsing; the record is `super::run_plan`'s. Single-threaded.
+//! Owns the invocation and the parsing; the record is the caller's (`super::run_plan`,
+//! and the `replication` command's). Single-threaded.
 
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::kind::Programs;
-use super::Plan;
 use crate::Result;
 
 /// One test's figures as redis-benchmark reports them (latencies in ms).
 #[derive(Debug, PartialEq)]
-pub(super) struct BenchResult {
-    pub(super) requests_per_sec: f64,
-    pub(super) avg_ms: f64,
-    pub(super) p50_ms: f64,
-    pub(super) p99_ms: f64,
-    pub(super) max_ms: f64,
-    pub(super) elapsed: Duration,
+pub(crate) struct BenchResult {
+    pub(crate) requests_per_sec: f64,
+    pub(crate) avg_ms: f64,
+    pub(crate) p50_ms: f64,
+    pub(crate) p99_ms: f64,
+    pub(crate) max_ms: f64,
+    pub(crate) elapsed: Duration,
 }
 
-pub(super) fn redis_benchmark(
-    programs: &Programs,
+/// What a test asks for: connections (`-c`), requests (`-n`), bytes per value (`-d`) and
+/// random keys (`-r`).
+pub(crate) struct Shape {
+    pub(crate) clients: u64,
+    pub(crate) requests: u64,
+    pub(crate) value_bytes: u64,
+    pub(crate) keys: u64,
+}
+
+/// Runs `program` (redis-benchmark) for `test` ("SET", "GET") at `pipeline` against the
+/// server on `port`.
+pub(crate) fn redis_benchmark(
+    program: &Path,
     port: u16,
-    plan: &Plan,
+    shape: &Shape,
     pipeline: u64,
     test: &str,
 ) -> Result<BenchResult> {
     let started = Instant::now();
-    let output = Command::new(&programs.redis_benchmark)
+    let output = Command::new(program)
         .args(["-h", "127.0.0.1", "-p", &port.to_string()])
-        .args(["-c", &plan.clients.to_string()])
-        .args(["-n", &plan.requests.to_string()])
-        .args(["-d", &plan.value_bytes.to_string()])
-        .args(["-r", &plan.keys.to_string()])
+        .args(["-c", &shape.clients.to_string()])
+        .args(["-n", &shape.requests.to_string()])
+        .args(["-d", &shape.value_bytes.to_string()])
+        .args(["-r", &shape.keys.to_string()])
         .args(["-P", &pipeline.to_string()])
         .args(["-t", &test.to_ascii_lowercase(), "--csv"])
         .stdin(Stdio::null())

@@ -1,5 +1,6 @@
 //! A minimal RESP (Redis protocol) client: PING, INFO fields and the loader's pipelined
-//! SETs of every key, in redis-benchmark's key names.
+//! SETs of every key, in redis-benchmark's key names. The `replication` command uses it
+//! too.
 //!
 //! Owns the wire format of what the harness itself sends; redis-benchmark speaks for
 //! itself. The loader's connections run on scoped threads that share nothing but the
@@ -18,13 +19,13 @@ pub(super) const LOAD_PIPELINE: u64 = 256;
 pub(super) const LOAD_CONNECTIONS: u64 = 4;
 
 /// `key:` and 12 digits, as redis-benchmark's `-r` writes its keys.
-pub(super) const KEY_BYTES: u64 = 16;
+pub(crate) const KEY_BYTES: u64 = 16;
 
-fn key(index: u64) -> String {
+pub(crate) fn key(index: u64) -> String {
     format!("key:{index:012}")
 }
 
-pub(super) fn connect(port: u16) -> std::io::Result<TcpStream> {
+pub(crate) fn connect(port: u16) -> std::io::Result<TcpStream> {
     let stream = TcpStream::connect(("127.0.0.1", port))?;
     stream.set_nodelay(true)?;
     // A server that stops answering ends the run instead of hanging it.
@@ -32,7 +33,7 @@ pub(super) fn connect(port: u16) -> std::io::Result<TcpStream> {
     Ok(stream)
 }
 
-pub(super) fn command(args: &[&[u8]]) -> Vec<u8> {
+pub(crate) fn command(args: &[&[u8]]) -> Vec<u8> {
     let mut out = format!("*{}\r\n", args.len()).into_bytes();
     for arg in args {
         out.extend_from_slice(format!("${}\r\n", arg.len()).as_bytes());
@@ -42,7 +43,7 @@ pub(super) fn command(args: &[&[u8]]) -> Vec<u8> {
     out
 }
 
-pub(super) fn ping(port: u16) -> Result<()> {
+pub(crate) fn ping(port: u16) -> Result<()> {
     let mut stream = connect(port)?;
     stream.set_read_timeout(Some(Duration::from_secs(2)))?;
     stream.write_all(&command(&[b"PING"]))?;
@@ -58,6 +59,14 @@ pub(super) fn ping(port: u16) -> Result<()> {
 
 /// `field` of INFO `section` as a number, or `None` (no such field, no answer).
 pub(super) fn info_field(port: u16, section: &str, field: &str) -> Option<u64> {
+    let text = info(port, section)?;
+    text.lines()
+        .find_map(|line| line.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|value| value.trim().parse().ok())
+}
+
+/// The text of INFO `section`, or `None` (no answer).
+pub(crate) fn info(port: u16, section: &str) -> Option<String> {
     let mut stream = connect(port).ok()?;
     stream
         .write_all(&command(&[b"INFO", section.as_bytes()]))
@@ -69,23 +78,26 @@ pub(super) fn info_field(port: u16, section: &str, field: &str) -> Option<u64> {
     let len: usize = header.strip_prefix('$')?.trim_end().parse().ok()?;
     let mut body = vec![0u8; len];
     reader.read_exact(&mut body).ok()?;
-    let text = String::from_utf8_lossy(&body);
-    text.lines()
-        .find_map(|line| line.strip_prefix(field)?.strip_prefix(':'))
-        .and_then(|value| value.trim().parse().ok())
+    Some(String::from_utf8_lossy(&body).into_owned())
 }
 
 /// SETs every key `key:000000000000` .. of the keyspace once with a value of `value_bytes`
 /// bytes ('x', like redis-benchmark's), over a few pipelined connections, checking every
 /// reply.
 pub(super) fn load(port: u16, keys: u64, value_bytes: u64) -> Result<()> {
-    let value = vec![b'x'; value_bytes as usize];
-    let share = keys.div_ceil(LOAD_CONNECTIONS);
+    load_keys(port, 0..keys, &vec![b'x'; value_bytes as usize])
+}
+
+/// SETs every key of `keys` (redis-benchmark's names) to `value` over a few pipelined
+/// connections, each a contiguous share, checking every reply.
+pub(crate) fn load_keys(port: u16, keys: std::ops::Range<u64>, value: &[u8]) -> Result<()> {
+    let count = keys.end.saturating_sub(keys.start);
+    let share = count.div_ceil(LOAD_CONNECTIONS);
     std::thread::scope(|scope| {
         let workers: Vec<_> = (0..LOAD_CONNECTIONS)
             .map(|c| {
-                let value = &value;
-                let range = (c * share).min(keys)..((c + 1) * share).min(keys);
+                let at = |i: u64| keys.start + (i * share).min(count);
+                let range = at(c)..at(c + 1);
                 scope.spawn(move || load_range(port, range, value))
             })
             .collect();
