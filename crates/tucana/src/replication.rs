@@ -219,6 +219,94 @@ impl ShipSource {
     }
 }
 
+/// Commits of a region that a backup was not sent, folded into one delta (DESIGN.md,
+/// "Replication", *index shipping*): the nodes they wrote that the newest of them still
+/// references, and the nodes they let go of that the backup may hold. Applied as one
+/// commit, it takes a backup whose node map matches the commit before the first folded
+/// one to the newest, as the commits one by one would.
+///
+/// Offsets only: the images are read from the volume when the delta is made, while the
+/// newest folded commit is pinned (its nodes cannot be freed then).
+#[derive(Debug, Default)]
+pub struct FoldedCommits {
+    /// The newest folded commit: epoch, descriptor entry, `next_order`.
+    newest: Option<(u64, RegionDesc, u64)>,
+    /// Nodes written by the folded commits and not let go of by a later one.
+    written: std::collections::BTreeSet<u64>,
+    /// Nodes let go of that an earlier commit than the folded ones wrote.
+    released: std::collections::BTreeSet<u64>,
+}
+
+impl FoldedCommits {
+    /// Folds in the next commit (commits must come in order): what it wrote and what it
+    /// let go of.
+    pub fn fold(
+        &mut self,
+        epoch: u64,
+        desc: RegionDesc,
+        next_order: u64,
+        written: impl IntoIterator<Item = DiskOffset>,
+        released: impl IntoIterator<Item = DiskOffset>,
+    ) {
+        debug_assert!(self.newest.as_ref().is_none_or(|(e, _, _)| *e < epoch));
+        // A node written by a folded commit never reached the backup: letting it go
+        // again is nothing to the backup. (A commit never writes at an offset it lets
+        // go of: a node's blocks are freed only after the commit that released it.)
+        for off in released {
+            if !self.written.remove(&off.0) {
+                self.released.insert(off.0);
+            }
+        }
+        self.written.extend(written.into_iter().map(|o| o.0));
+        self.newest = Some((epoch, desc, next_order));
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.newest.is_none()
+    }
+
+    /// The newest folded commit's epoch.
+    pub fn epoch(&self) -> Option<u64> {
+        self.newest.as_ref().map(|(e, _, _)| *e)
+    }
+
+    /// Bytes of node images the folded delta ships.
+    pub fn node_bytes(&self) -> u64 {
+        self.written.len() as u64 * NODE_BYTES as u64
+    }
+
+    /// The folded delta at `term`, its images read from the volume: `pinned` must be the
+    /// newest folded commit, pinned.
+    pub fn delta(&self, pinned: &PinnedCommit, term: u64) -> Result<Delta> {
+        let Some((epoch, desc, next_order)) = &self.newest else {
+            return Err(Error::InvalidArgument("no commit folded".into()));
+        };
+        if pinned.epoch != *epoch || pinned.desc.name != desc.name {
+            return Err(Error::InvalidArgument(format!(
+                "commit {} of {:?} is pinned, the newest folded is {epoch} of {:?}",
+                pinned.epoch, pinned.desc.name, desc.name
+            )));
+        }
+        let storage = pinned.source.engine.shared.volume.storage();
+        let mut nodes = Vec::with_capacity(self.written.len());
+        for &off in &self.written {
+            let mut image = Box::new([0u8; NODE_BYTES]);
+            storage.read_at(off, &mut image[..])?;
+            crate::index::verify_image(&image[..], DiskOffset(off), desc.id)?;
+            nodes.push((DiskOffset(off), image));
+        }
+        Ok(Delta {
+            term,
+            upstream_epoch: *epoch,
+            full: false,
+            desc: desc.clone(),
+            next_order: *next_order,
+            nodes,
+            released_nodes: self.released.iter().map(|&o| DiskOffset(o)).collect(),
+        })
+    }
+}
+
 /// A replica region on a backup.
 #[derive(Clone)]
 pub struct ReplicaHandle {

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 use proptest::prelude::*;
-use tucana::replication::{CommitDelta, CommitObserver, Delta, ReplicaHandle};
+use tucana::replication::{CommitDelta, CommitObserver, Delta, FoldedCommits, ReplicaHandle};
 use tucana::volume::MemStorage;
 use tucana::{Database, Options};
 
@@ -39,6 +39,8 @@ struct Link {
     backup: Database,
     /// The primary's commit epochs the backup applied, in order.
     applied: Vec<u64>,
+    /// Commits not applied yet, folded to go as one delta with the next applied one.
+    folded: FoldedCommits,
 }
 
 const NAME: &str = "t";
@@ -60,6 +62,7 @@ impl Link {
             backup_storage,
             backup,
             applied: Vec::new(),
+            folded: FoldedCommits::default(),
         }
     }
 
@@ -72,16 +75,18 @@ impl Link {
     fn ship_log(&self) {
         let source = self.primary.ship_source(NAME).unwrap();
         let replica = self.replica();
+        // By order, not by offset: the primary reuses a retired segment's offset, and a
+        // backup holds its copy of the retired one until a commit it applies says so.
         let have: HashMap<u64, u64> = replica
             .state()
             .segments
             .iter()
-            .map(|(_, origin, got)| (origin.0, *got))
+            .map(|(order, _, got)| (*order, *got))
             .collect();
         let segments = source.segments(0, usize::MAX);
         let mut horizon = segments.iter().map(|s| s.order + 1).max().unwrap_or(0);
         for seg in &segments {
-            let from = have.get(&seg.base.0).copied().unwrap_or(0);
+            let from = have.get(&seg.order).copied().unwrap_or(0);
             if seg.ready_bytes > from {
                 let mut bytes = vec![0u8; (seg.ready_bytes - from) as usize];
                 source.read(seg.base, from, &mut bytes).unwrap();
@@ -97,8 +102,9 @@ impl Link {
     }
 
     /// Applies every commit the primary made since the last call (a full index first
-    /// when the backup's node map is not current).
-    fn apply_commits(&mut self) {
+    /// when the backup's node map is not current), one by one, or, with `fold`, folds
+    /// them into `folded` without applying anything.
+    fn take_commits(&mut self, fold: bool) {
         self.ship_log();
         let replica = self.replica();
         let deltas = std::mem::take(&mut *self.deltas.0.lock());
@@ -111,6 +117,16 @@ impl Link {
                 continue;
             }
             if self.applied.last().is_some_and(|e| commit.epoch.0 <= *e) {
+                continue;
+            }
+            if fold || !self.folded.is_empty() {
+                self.folded.fold(
+                    commit.epoch.0,
+                    region.desc,
+                    region.next_order,
+                    region.nodes.into_iter().map(|(off, _)| off),
+                    region.released_nodes,
+                );
                 continue;
             }
             replica
@@ -126,6 +142,30 @@ impl Link {
                 .unwrap();
             self.applied.push(commit.epoch.0);
         }
+        if !fold && !self.folded.is_empty() {
+            self.apply_folded();
+        }
+    }
+
+    fn apply_commits(&mut self) {
+        self.take_commits(false);
+    }
+
+    /// Applies the folded commits as one delta, read at the newest of them.
+    fn apply_folded(&mut self) {
+        let source = self.primary.ship_source(NAME).unwrap();
+        let pinned = source.pin_newest_commit().unwrap().expect("a commit");
+        let delta = self.folded.delta(&pinned, 1).unwrap();
+        self.folded = FoldedCommits::default();
+        self.replica().apply(delta).unwrap();
+        self.applied.push(pinned.epoch);
+    }
+
+    /// Commits the primary and ships the log, but folds the commit instead of applying it:
+    /// the backup stays at its last applied commit.
+    fn commit_folded(&mut self) {
+        self.primary.commit().unwrap();
+        self.take_commits(true);
     }
 
     /// Ships the primary's newest commit in full.
@@ -143,6 +183,7 @@ impl Link {
             })
             .unwrap();
         self.ship_log();
+        self.folded = FoldedCommits::default();
         self.replica()
             .apply(Delta {
                 term: 1,
@@ -275,6 +316,8 @@ enum Step {
     Delete(u16),
     Batch(Vec<(u16, Option<u8>)>),
     Commit,
+    /// A commit the backup is not sent yet (folded into the next one it is sent).
+    FoldedCommit,
     Gc,
     CrashBackup,
 }
@@ -286,6 +329,7 @@ fn step() -> impl Strategy<Value = Step> {
         3 => proptest::collection::vec((any::<u16>(), proptest::option::of(any::<u8>())), 1..20)
             .prop_map(|ops| Step::Batch(ops.into_iter().map(|(k, v)| (k % 2000, v)).collect())),
         2 => Just(Step::Commit),
+        2 => Just(Step::FoldedCommit),
         1 => Just(Step::Gc),
         1 => Just(Step::CrashBackup),
     ]
@@ -294,11 +338,17 @@ fn step() -> impl Strategy<Value = Step> {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 24, .. ProptestConfig::default() })]
 
-    /// Random operations with random commit points, garbage collection and backup
-    /// restarts: at every shipped commit the replica equals the primary and both pass
-    /// `check`; promoted at the end, it holds everything shipped.
+    /// Random operations with random commit points (some folded into later ones),
+    /// garbage collection and backup restarts: at every applied commit the replica equals
+    /// the primary and both pass `check`; promoted at the end, from its last applied
+    /// commit or from one several commits and GC passes old (`fold_tail`), it holds
+    /// everything shipped.
     #[test]
-    fn replicas_equal_their_primary_at_every_shipped_commit(steps in proptest::collection::vec(step(), 1..120)) {
+    fn replicas_equal_their_primary_at_every_shipped_commit(
+        steps in proptest::collection::vec(step(), 1..120),
+        fold_gc in any::<bool>(),
+        fold_tail in any::<bool>(),
+    ) {
         let mut link = Link::new();
         let ks = link.primary.keyspace(NAME).unwrap();
         let value = |k: u16, v: u8| vec![v; 20 + (k as usize * 7) % 300];
@@ -319,10 +369,15 @@ proptest! {
                     batch.commit().unwrap();
                 }
                 Step::Commit => link.commit_and_compare(),
+                Step::FoldedCommit => link.commit_folded(),
                 Step::Gc => {
                     link.ship_log();
                     link.primary.gc().unwrap();
-                    link.commit_and_compare();
+                    if fold_gc {
+                        link.commit_folded();
+                    } else {
+                        link.commit_and_compare();
+                    }
                 }
                 Step::CrashBackup => link.crash_backup(),
             }
@@ -334,7 +389,12 @@ proptest! {
                 link.ship_log();
             }
         }
-        link.commit_and_compare();
+        // A backup promotes from a commit it applied: a new one gets its first in full.
+        if fold_tail && !link.applied.is_empty() {
+            link.commit_folded();
+        } else {
+            link.commit_and_compare();
+        }
         for i in 0..50u32 {
             ks.put(&key(i), b"shipped as log only").unwrap();
         }

@@ -75,25 +75,27 @@ impl Replica {
             }
             HashMap::with_capacity(delta.nodes.len())
         } else {
-            std::mem::take(&mut st.nodes)
-        };
-        let written = self.write_nodes(&st, &delta, &mut nodes);
-        let added = match written {
-            Ok(added) => added,
-            Err(e) => {
-                if !delta.full {
-                    st.nodes = nodes;
-                }
-                return Err(e);
-            }
-        };
-        let _ = added;
-        if !delta.full {
+            // What the primary let go of goes first: a delta folded from several commits
+            // (`FoldedCommits`) may write a node at an offset one of them let go of.
+            // Offsets the map does not hold (written and let go of within the fold)
+            // are nothing here.
+            let mut nodes = std::mem::take(&mut st.nodes);
             for off in &delta.released_nodes {
                 if let Some(copy) = nodes.remove(&off.0) {
                     released.push((DiskOffset(copy), 1));
                 }
             }
+            nodes
+        };
+        if let Err(e) = self.write_nodes(&st, &delta, &mut nodes) {
+            if !delta.full {
+                // The map lost the released entries (their blocks stay allocated until
+                // the full index the next commit must now be, which frees the old tree
+                // whole).
+                st.nodes = nodes;
+                st.nodes_current = false;
+            }
+            return Err(e);
         }
         let translated = self.translate_desc(&st, &delta.desc, &nodes)?;
         released.extend(self.retire_segments(&mut st, &delta));
