@@ -118,6 +118,15 @@ pub struct ServeArgs {
     /// Bytes per second at most for the log a backup lacks when it connects (0: no limit).
     #[arg(long, default_value_t = 0, value_name = "BYTES")]
     repl_catchup_bytes_per_sec: u64,
+    /// How long a backup's index may lag this primary's newest commit: a commit whose
+    /// index would cost more network than a fifth of the log it covers is folded into a
+    /// later one, up to this long (0: every commit is shipped as it is made).
+    #[arg(long, default_value_t = 60_000, value_name = "MS")]
+    repl_index_lag_ms: u64,
+    /// ... and up to this many log bytes since the backup's last commit (what it replays
+    /// if promoted).
+    #[arg(long, default_value_t = 256 << 20, value_name = "BYTES")]
+    repl_index_lag_bytes: u64,
     /// Benchmark baseline: as a backup, build an index from the shipped records (as Redis
     /// replicas do) instead of taking the primary's.
     #[arg(long)]
@@ -189,6 +198,8 @@ impl ServeArgs {
                 password: self.repl_password.clone(),
                 tls_ca: self.tls_ca_cert.clone(),
                 catchup_bytes_per_sec: self.repl_catchup_bytes_per_sec,
+                index_lag_max: Duration::from_millis(self.repl_index_lag_ms),
+                index_lag_max_bytes: self.repl_index_lag_bytes,
             },
             ..ServerConfig::default()
         };

@@ -21,7 +21,8 @@
 //!   primary: it must acknowledge no write afterwards.
 //!
 //! Even cycles acknowledge writes the backup received, odd ones writes it synced
-//! (`--repl-ack durable`). Every cycle ends with `tucana check` on the backup's volume. Owns only the cycle's
+//! (`--repl-ack durable`); half the cycles let the backup's index lag the primary's
+//! commits (folded, the default), the others ship every commit's index at once. Every cycle ends with `tucana check` on the backup's volume. Owns only the cycle's
 //! plan, processes and verdict; the servers are the real binary.
 
 use std::collections::BTreeMap;
@@ -425,7 +426,8 @@ pub fn run(config: &Config) -> Summary {
 }
 
 /// A backup (with `failpoints` armed, if given) and a primary shipping to it, on fresh
-/// volumes of cycle `cycle`; odd cycles run `--repl-ack durable`.
+/// volumes of cycle `cycle`; odd cycles run `--repl-ack durable`, cycles 4k and 4k+1
+/// without crash points let the backup's index lag (`--repl-index-lag-ms`).
 fn pair(
     config: &Config,
     cycle: u64,
@@ -462,6 +464,16 @@ fn pair(
                 "durable"
             } else {
                 "received"
+            }
+            .into(),
+            // Half the cycles (and every crash-point one) ship each commit's index as it
+            // is made; the others fold commits (60 s, 256 MiB), so a promoted backup
+            // replays across several commits and GC passes.
+            "--repl-index-lag-ms".into(),
+            if failpoints.is_some() || cycle % 4 >= 2 {
+                "0"
+            } else {
+                "60000"
             }
             .into(),
         ],

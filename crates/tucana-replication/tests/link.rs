@@ -30,7 +30,18 @@ fn start_backup(db: &Database, build_index: bool) -> Backup {
     .unwrap()
 }
 
+/// A primary shipping every commit's index as it is made.
 fn start_primary(db: &Database, backup: &Backup, ack_timeout: Duration) -> Primary {
+    start_primary_lagging(db, backup, ack_timeout, Duration::ZERO, 0)
+}
+
+fn start_primary_lagging(
+    db: &Database,
+    backup: &Backup,
+    ack_timeout: Duration,
+    index_lag_max: Duration,
+    index_lag_max_bytes: u64,
+) -> Primary {
     Primary::start(
         db.clone(),
         PrimaryConfig {
@@ -40,6 +51,8 @@ fn start_primary(db: &Database, backup: &Backup, ack_timeout: Duration) -> Prima
             ack_durable: false,
             ack_timeout,
             catchup_bytes_per_sec: 0,
+            index_lag_max,
+            index_lag_max_bytes,
             dialer: Dialer::Tcp,
         },
     )
@@ -237,4 +250,80 @@ fn a_build_index_backup_applies_every_record_to_its_own_keyspace() {
     batch.commit().unwrap();
     primary.wait_acked("db0", ks.log_position()).unwrap();
     assert_eq!(contents(&backup_db, "db0"), contents(&primary_db, "db0"));
+}
+
+/// A primary that folds commits whose index costs more network than their log: the
+/// backup applies the folded commits as one, once the log since its last commit passed
+/// the byte bound, and then equals the primary; promoted from an older commit, it
+/// replays the log of every commit it was not sent.
+#[test]
+fn folded_commits_reach_the_backup_as_one_and_promotion_replays_across_them() {
+    let primary_db = options().open_in_memory().unwrap();
+    primary_db.keyspace("db0").unwrap();
+    let backup_db = options().open_in_memory().unwrap();
+    let backup = start_backup(&backup_db, false);
+    // An hour of lag allowed (never reached here); 1 MiB of log at most.
+    let primary = start_primary_lagging(
+        &primary_db,
+        &backup,
+        Duration::from_secs(10),
+        Duration::from_secs(3600),
+        1 << 20,
+    );
+    let start = primary_db.stats().commit_epoch;
+    acknowledged_writes(&primary_db, &primary, "db0", 0, 1000);
+    primary_db.commit().unwrap();
+    // Commits of small overwrites: each rewrites leaves worth far more than a fifth of
+    // its log, so each is folded.
+    for round in 0..4u32 {
+        acknowledged_writes(&primary_db, &primary, "db0", round * 250, 100);
+        primary_db.commit().unwrap();
+    }
+    let folded = primary_db.stats().commit_epoch;
+    let expected = contents(&primary_db, "db0");
+    // Past the byte bound, the folded commits go as one, with no new commit.
+    let ks = primary_db.keyspace("db0").unwrap();
+    for i in 0..400u32 {
+        ks.put(format!("big{i}").as_bytes(), &[i as u8; 4000])
+            .unwrap();
+    }
+    acknowledged_writes(&primary_db, &primary, "db0", 5000, 1);
+    eventually("the folded commits applied", || {
+        backup_db
+            .open_replica("db0")
+            .is_some_and(|r| r.state().upstream_epoch >= folded)
+    });
+    assert_eq!(replica_contents(&backup_db, "db0"), expected);
+    backup_db.check().unwrap();
+    // One commit when the backup connected, then one for the folded ones (or more,
+    // but fewer than the primary made).
+    let applied = backup.counters().commits_applied;
+    assert!(
+        applied < 1 + folded - start,
+        "{applied} commits applied for the {} the primary made: none was folded",
+        1 + folded - start
+    );
+    // Commits folded again, then the primary is gone: promotion replays their log.
+    for round in 0..3u32 {
+        acknowledged_writes(&primary_db, &primary, "db0", 6000 + round * 100, 100);
+        primary_db.commit().unwrap();
+    }
+    acknowledged_writes(&primary_db, &primary, "db0", 7000, 50);
+    let expected = contents(&primary_db, "db0");
+    let last = primary_db.stats().commit_epoch;
+    primary.stop();
+    primary_db.abandon();
+    backup.stop();
+    let replica = backup_db.open_replica("db0").unwrap();
+    assert!(
+        replica.state().upstream_epoch < last,
+        "the last commits were folded"
+    );
+    let promoted = replica.promote(2).unwrap();
+    let got: BTreeMap<Vec<u8>, Vec<u8>> = promoted
+        .range::<&[u8], _>(..)
+        .map(|kv| kv.unwrap())
+        .collect();
+    assert_eq!(got, expected);
+    backup_db.check().unwrap();
 }

@@ -71,6 +71,11 @@ pub struct ReplicationConfig {
     pub tls_ca: Option<PathBuf>,
     /// Bytes per second at most for the log a backup lacks when it connects (0: no limit).
     pub catchup_bytes_per_sec: u64,
+    /// How long, and for how many log bytes, a backup's index may lag the primary's
+    /// newest commit when shipping each commit's index would cost too much network
+    /// (zero: every commit is shipped as it is made). DESIGN.md, "Replication".
+    pub index_lag_max: Duration,
+    pub index_lag_max_bytes: u64,
 }
 
 impl ReplicationConfig {
@@ -135,6 +140,8 @@ impl Default for ServerConfig {
             busy_poll: DEFAULT_BUSY_POLL,
             replication: ReplicationConfig {
                 ack_timeout: Duration::from_secs(5),
+                index_lag_max: Duration::from_secs(60),
+                index_lag_max_bytes: 256 << 20,
                 ..ReplicationConfig::default()
             },
         }

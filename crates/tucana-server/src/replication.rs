@@ -99,6 +99,8 @@ impl Replication {
                     ack_durable: rc.ack_durable,
                     ack_timeout: rc.ack_timeout,
                     catchup_bytes_per_sec: rc.catchup_bytes_per_sec,
+                    index_lag_max: rc.index_lag_max,
+                    index_lag_max_bytes: rc.index_lag_max_bytes,
                     dialer,
                 },
             )?)

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 use tokio::sync::Notify;
 use tucana::replication::{
-    CommitDelta, CommitObserver, LogPosition, RegionDesc, ShipSource, NODE_BYTES,
+    CommitDelta, CommitObserver, FoldedCommits, LogPosition, RegionDesc, ShipSource, NODE_BYTES,
 };
 use tucana::types::DiskOffset;
 use tucana::Database;
@@ -44,8 +44,20 @@ pub struct PrimaryConfig {
     pub ack_timeout: Duration,
     /// Bytes per second at most for log the backup lacks when it (re)connects.
     pub catchup_bytes_per_sec: u64,
+    /// How long a backup's index may lag: a commit whose nodes would cost more than
+    /// `INDEX_SHARE` of the log bytes shipped since the backup's last commit is folded
+    /// into a later one (`FoldedCommits`), for up to this long (zero: every commit is
+    /// shipped as it is made).
+    pub index_lag_max: Duration,
+    /// ... and for up to this many log bytes (what a promoted backup replays).
+    pub index_lag_max_bytes: u64,
     pub dialer: Dialer,
 }
+
+/// A commit's index is shipped at once when its nodes are at most this share of the log
+/// bytes shipped since the backup's last commit (network bytes ≤ 1.3× the log, issue
+/// 18, leaves room for frames and acknowledgements).
+const INDEX_SHARE: f64 = 0.2;
 
 /// Log bytes per `Log` frame.
 const CHUNK_BYTES: usize = 256 << 10;
@@ -89,6 +101,11 @@ struct RegionLink {
     /// Foreground positions shipped and not yet acknowledged, with when they were
     /// shipped, oldest first: the age of the front is the backup's lag in time.
     unacked: VecDeque<(LogPosition, Instant)>,
+    /// Commits not shipped yet, folded to go with a later one, and since when.
+    folded: FoldedCommits,
+    folded_since: Option<Instant>,
+    /// Log bytes shipped since the last commit shipped.
+    log_since_index: u64,
 }
 
 /// At most this many shipped positions wait for an acknowledgement; past it the newest
@@ -114,6 +131,24 @@ impl RegionLink {
         while self.unacked.front().is_some_and(|(p, _)| *p <= self.acked) {
             self.unacked.pop_front();
         }
+    }
+
+    /// Whether a commit whose index costs `index_bytes` waits to be folded into a later
+    /// one (see `PrimaryConfig::index_lag_max`).
+    fn defers(&self, index_bytes: u64, config: &PrimaryConfig) -> bool {
+        !config.index_lag_max.is_zero()
+            && index_bytes as f64 > INDEX_SHARE * self.log_since_index as f64
+            && self.log_since_index < config.index_lag_max_bytes
+            && self
+                .folded_since
+                .is_none_or(|since| since.elapsed() < config.index_lag_max)
+    }
+
+    /// Forgets what was folded and shipped (a new connection, or a commit shipped).
+    fn index_shipped(&mut self) {
+        self.folded = FoldedCommits::default();
+        self.folded_since = None;
+        self.log_since_index = 0;
     }
 
     /// How long the oldest shipped, unacknowledged bytes have waited.

@@ -102,8 +102,9 @@ async fn ship_log<W: tokio::io::AsyncWrite + Unpin>(
             *budget = budget.saturating_sub(n as u64);
             let mut st = link.state.lock();
             st.shipped_log_bytes += n as u64;
-            if !seg.relocation {
-                if let Some(r) = st.regions.get_mut(name) {
+            if let Some(r) = st.regions.get_mut(name) {
+                r.log_since_index += n as u64;
+                if !seg.relocation {
                     r.shipped(LogPosition {
                         order: seg.order,
                         offset: at,
@@ -135,7 +136,10 @@ fn record_held(link: &Link, name: &str, order: u64, held: u64, lowest_open: u64)
     }
 }
 
-/// Ships the queued commit deltas of region `name` (or its newest commit in full).
+/// Ships the queued commit deltas of region `name` (or its newest commit in full): each
+/// as it is, or folded into later ones while its index would cost too much network for
+/// the log it covers (`RegionLink::defers`); folded commits go as one delta when they
+/// no longer do, or when they grew too old.
 async fn ship_commits<W: tokio::io::AsyncWrite + Unpin>(
     shared: &Shared,
     link: &Link,
@@ -154,33 +158,123 @@ async fn ship_commits<W: tokio::io::AsyncWrite + Unpin>(
     if need_full {
         return ship_full(shared, link, source, name, term, writer, scratch).await;
     }
+    let config = &shared.config;
     loop {
-        let delta = {
+        let (delta, alone) = {
             let mut st = link.state.lock();
             let Some(r) = st.regions.get_mut(name) else {
                 return Ok(());
             };
-            match r.deltas.pop_front() {
+            let delta = match r.deltas.pop_front() {
                 Some(d) if d.epoch <= r.applied_epoch => continue,
                 Some(d) => d,
-                None => return Ok(()),
+                None => break,
+            };
+            let bytes = (delta.nodes.len() * NODE_BYTES) as u64;
+            let alone = r.folded.is_empty() && !r.defers(bytes, config);
+            if !alone {
+                r.folded.fold(
+                    delta.epoch,
+                    delta.desc.clone(),
+                    delta.next_order,
+                    delta.nodes.iter().map(|(off, _)| *off),
+                    delta.released.iter().map(|&off| DiskOffset(off)),
+                );
+                r.folded_since.get_or_insert_with(Instant::now);
             }
+            (delta, alone)
         };
-        let bytes = send_commit(
-            writer,
-            scratch,
-            name,
-            term,
-            delta.epoch,
-            false,
-            &delta.desc,
-            delta.next_order,
-            &delta.nodes,
-            delta.released.clone(),
-        )
-        .await?;
-        link.state.lock().shipped_index_bytes += bytes;
+        if alone {
+            let bytes = send_commit(
+                writer,
+                scratch,
+                name,
+                term,
+                delta.epoch,
+                false,
+                &delta.desc,
+                delta.next_order,
+                &delta.nodes,
+                delta.released.clone(),
+            )
+            .await?;
+            let mut st = link.state.lock();
+            st.shipped_index_bytes += bytes;
+            if let Some(r) = st.regions.get_mut(name) {
+                r.index_shipped();
+            }
+        }
     }
+    let due = link
+        .state
+        .lock()
+        .regions
+        .get(name)
+        .is_some_and(|r| !r.folded.is_empty() && !r.defers(r.folded.node_bytes(), config));
+    if due {
+        ship_folded(link, source, name, term, writer, scratch).await?;
+    }
+    Ok(())
+}
+
+/// Ships region `name`'s folded commits as one delta, read at the newest of them; if a
+/// newer commit is already durable (its delta is on its way to the queue), waits for it.
+async fn ship_folded<W: tokio::io::AsyncWrite + Unpin>(
+    link: &Link,
+    source: &ShipSource,
+    name: &str,
+    term: u64,
+    writer: &mut W,
+    scratch: &mut Vec<u8>,
+) -> std::io::Result<()> {
+    let other = |e: tucana::Error| std::io::Error::other(e.to_string());
+    let Some(folded) = link
+        .state
+        .lock()
+        .regions
+        .get_mut(name)
+        .map(|r| std::mem::take(&mut r.folded))
+    else {
+        return Ok(());
+    };
+    let source = source.clone();
+    let (folded, delta) = tokio::task::spawn_blocking(move || {
+        let delta = match source.pin_newest_commit() {
+            Ok(Some(pinned)) if Some(pinned.epoch) == folded.epoch() => {
+                folded.delta(&pinned, term).map(Some)
+            }
+            Ok(_) => Ok(None),
+            Err(e) => Err(e),
+        };
+        (folded, delta)
+    })
+    .await
+    .map_err(std::io::Error::other)?;
+    let Some(delta) = delta.map_err(other)? else {
+        if let Some(r) = link.state.lock().regions.get_mut(name) {
+            r.folded = folded;
+        }
+        return Ok(());
+    };
+    let bytes = send_commit(
+        writer,
+        scratch,
+        name,
+        term,
+        delta.upstream_epoch,
+        false,
+        &delta.desc,
+        delta.next_order,
+        &delta.nodes,
+        delta.released_nodes.iter().map(|off| off.0).collect(),
+    )
+    .await?;
+    let mut st = link.state.lock();
+    st.shipped_index_bytes += bytes;
+    if let Some(r) = st.regions.get_mut(name) {
+        r.index_shipped();
+    }
+    Ok(())
 }
 
 /// Ships region `name`'s newest commit in full: first the bytes the backup lacks of
@@ -259,6 +353,7 @@ async fn ship_full<W: tokio::io::AsyncWrite + Unpin>(
     let mut st = link.state.lock();
     st.shipped_index_bytes += bytes;
     if let Some(r) = st.regions.get_mut(name) {
+        r.index_shipped();
         r.need_full = false;
         r.applied_epoch = r.applied_epoch.max(pinned.epoch);
         let epoch = pinned.epoch;
