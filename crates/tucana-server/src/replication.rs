@@ -118,6 +118,13 @@ impl Replication {
     }
 
     /// Wakes the shippers: writes were made.
+    /// `SAVE`: see `Primary::ship_index_now`.
+    pub fn ship_index_now(&self) {
+        if let Some(p) = &self.primary {
+            p.ship_index_now();
+        }
+    }
+
     pub fn notify_write(&self) {
         if let Some(p) = &self.primary {
             p.notify_write();

@@ -205,3 +205,44 @@ fn primary_backup_addr(text: &str) -> String {
         .unwrap_or_else(|| panic!("no backup in {text}"));
     line.split('"').nth(1).unwrap().to_string()
 }
+
+/// A primary folds commits whose index would cost more than the log they cover (the
+/// default: up to 60 s), but `SAVE` ships its commit's index at once: the backup's
+/// replica reaches the primary's commit without waiting for the bound.
+#[test]
+fn save_brings_the_backups_index_to_the_primarys_commit() {
+    let (_pdb, primary, _bdb, backup) = pair(Duration::from_secs(10));
+    let mut p = connect(&primary);
+    let mut b = connect(&backup);
+    for round in 0..3 {
+        for i in 0..200 {
+            let _: () = p.set(format!("k{i}"), round).unwrap();
+        }
+        let _: () = redis::cmd("SAVE").query(&mut p).unwrap();
+        let persistence: String = redis::cmd("INFO").arg("persistence").query(&mut p).unwrap();
+        let epoch: u64 = persistence
+            .lines()
+            .find_map(|l| l.strip_prefix("commit_epoch:"))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap();
+        let start = Instant::now();
+        loop {
+            let line = info_field(&mut b, "tucana_replica_default").unwrap_or_default();
+            let applied: u64 = line
+                .split(',')
+                .find_map(|kv| kv.strip_prefix("upstream_commit="))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0);
+            if applied >= epoch {
+                break;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "the backup never applied commit {epoch}: {line}"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+    primary.stop().unwrap();
+    backup.stop().unwrap();
+}

@@ -222,6 +222,8 @@ struct Shared {
     stop: AtomicBool,
     /// The newest commit epoch the observer saw.
     newest_epoch: AtomicU64,
+    /// Commits up to this epoch ship their index without being folded (`ship_index_now`).
+    index_now: AtomicU64,
     /// Writers waiting for acknowledgements sleep here.
     board: (Mutex<()>, Condvar),
 }
@@ -253,6 +255,7 @@ impl Primary {
             links,
             stop: AtomicBool::new(false),
             newest_epoch: AtomicU64::new(0),
+            index_now: AtomicU64::new(0),
             board: (Mutex::new(()), Condvar::new()),
         });
         db.set_commit_observer(Some(Arc::new(Observer(Arc::downgrade(&shared)))));
@@ -276,6 +279,14 @@ impl Primary {
     }
 
     /// Wakes the links: a write was made (they ship it).
+    /// Ships the index of every commit made so far without folding it into later ones
+    /// (`SAVE`: the backups' indexes become current as soon as they apply it).
+    pub fn ship_index_now(&self) {
+        let newest = self.shared.newest_epoch.load(Ordering::Acquire);
+        self.shared.index_now.fetch_max(newest, Ordering::AcqRel);
+        self.notify_write();
+    }
+
     pub fn notify_write(&self) {
         for link in &self.shared.links {
             link.wake.notify_one();

@@ -159,6 +159,7 @@ async fn ship_commits<W: tokio::io::AsyncWrite + Unpin>(
         return ship_full(shared, link, source, name, term, writer, scratch).await;
     }
     let config = &shared.config;
+    let index_now = shared.index_now.load(Ordering::Acquire);
     loop {
         let (delta, alone) = {
             let mut st = link.state.lock();
@@ -171,7 +172,8 @@ async fn ship_commits<W: tokio::io::AsyncWrite + Unpin>(
                 None => break,
             };
             let bytes = (delta.nodes.len() * NODE_BYTES) as u64;
-            let alone = r.folded.is_empty() && !r.defers(bytes, config);
+            let now = delta.epoch <= index_now;
+            let alone = r.folded.is_empty() && (now || !r.defers(bytes, config));
             if !alone {
                 r.folded.fold(
                     delta.epoch,
@@ -205,12 +207,11 @@ async fn ship_commits<W: tokio::io::AsyncWrite + Unpin>(
             }
         }
     }
-    let due = link
-        .state
-        .lock()
-        .regions
-        .get(name)
-        .is_some_and(|r| !r.folded.is_empty() && !r.defers(r.folded.node_bytes(), config));
+    let due = link.state.lock().regions.get(name).is_some_and(|r| {
+        r.folded
+            .epoch()
+            .is_some_and(|e| e <= index_now || !r.defers(r.folded.node_bytes(), config))
+    });
     if due {
         ship_folded(link, source, name, term, writer, scratch).await?;
     }

@@ -124,13 +124,23 @@ pub(super) fn cmd_time(_call: &mut Call<'_>, _args: &[Vec<u8>]) -> tucana::Resul
 
 /// SAVE: a commit (the index is persisted as a new epoch; the data was in the log).
 pub(super) fn cmd_save(call: &mut Call<'_>, _args: &[Vec<u8>]) -> tucana::Result<Reply> {
-    call.state.store.db.commit()?;
+    commit_and_ship_index(call)?;
     Ok(Reply::Ok)
+}
+
+/// A commit; a primary then ships its index to its backups without folding it into
+/// later commits, so their indexes become current too.
+fn commit_and_ship_index(call: &mut Call<'_>) -> tucana::Result<()> {
+    call.state.store.db.commit()?;
+    if let Some(replication) = &call.state.replication {
+        replication.ship_index_now();
+    }
+    Ok(())
 }
 
 /// BGSAVE: the same commit, done before answering (it is quick: only the index changes).
 pub(super) fn cmd_bgsave(call: &mut Call<'_>, _args: &[Vec<u8>]) -> tucana::Result<Reply> {
-    call.state.store.db.commit()?;
+    commit_and_ship_index(call)?;
     Ok(Reply::Status("Background saving started".into()))
 }
 
