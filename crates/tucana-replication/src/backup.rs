@@ -432,7 +432,10 @@ fn on_log(
     let received = bytes.len() as u64;
     // Reading a thread's CPU clock is a system call (~0.5 µs here), a real cost per
     // frame of small writes: one frame in LOG_CPU_SAMPLE is timed, counted for all.
-    let sampled = shared.log_frames.fetch_add(1, Ordering::Relaxed) % LOG_CPU_SAMPLE == 0;
+    let sampled = shared
+        .log_frames
+        .fetch_add(1, Ordering::Relaxed)
+        .is_multiple_of(LOG_CPU_SAMPLE);
     let cpu = if sampled { thread_cpu_ns() } else { 0 };
     if shared.config.build_index {
         build_index_apply(&shared.db, &region, inc, order, offset, relocation, bytes)?;
