@@ -192,10 +192,12 @@ impl Replication {
             let lag: u64 = b.regions.iter().map(|r| r.lag_bytes).sum();
             let offset: u64 = b.regions.iter().map(|r| r.acked.offset).sum();
             let lag_seconds = b.regions.iter().map(|r| r.lag).max().unwrap_or_default();
+            // The oldest of its regions' commits the backup applied (folding lets it lag).
+            let applied = b.regions.iter().map(|r| r.applied_epoch).min().unwrap_or(0);
             put(
                 format!("slave{i}"),
                 format!(
-                    "ip={ip},port={port},state={},offset={offset},lag={},lag_bytes={lag},shipped_log_bytes={},shipped_index_bytes={}",
+                    "ip={ip},port={port},state={},offset={offset},lag={},lag_bytes={lag},applied_commit={applied},shipped_log_bytes={},shipped_index_bytes={}",
                     if b.connected { "online" } else { "connecting" },
                     lag_seconds.as_secs(),
                     b.shipped_log_bytes,

@@ -122,6 +122,10 @@ fn without_its_backup_a_primary_answers_noreplicas_and_wait_counts_none() {
     };
     assert!(field("lag_bytes") > 0, "{line}");
     field("lag");
+    assert!(
+        field("applied_commit") > 0,
+        "the first commit came in full: {line}"
+    );
     primary.stop().unwrap();
 }
 
