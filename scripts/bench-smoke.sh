@@ -159,6 +159,8 @@ print(f"replication smoke: {len(records)} records OK")
 PY
     grep -q "## Replication: send-index and build-index backups" "${work}/BENCHMARKS.md"
     grep -q "### Issue 18's targets" "${work}/BENCHMARKS.md"
+    grep -q "### Acknowledgement: received or durable" "${work}/BENCHMARKS.md"
+    grep -q "### Folding commits or shipping every commit's index" "${work}/BENCHMARKS.md"
 else
     echo "bench smoke: skipping the server and replication benchmarks: redis-benchmark or redis-server is not" \
         "installed (scripts/server-deps.sh --bench installs them)"
