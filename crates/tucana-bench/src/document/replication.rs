@@ -253,7 +253,8 @@ fn what_ran(md: &mut String, options: &Value, json_path: &Path) {
     *md += "What is measured, per phase: a backup's CPU is its process's user + system time, \
             all threads (/proc/PID/stat), split by the backup's own thread clocks into *log* \
             (storing shipped log bytes; a build-index backup: applying their records to its \
-            index and log), *index* (applying shipped commits: rewriting and writing nodes) and \
+            index and log; the backup times one shipped log frame in 16 and counts it 16 \
+            times, a thread clock read being a system call), *index* (applying shipped commits: rewriting and writing nodes) and \
             *rest* (receiving and decoding frames, acknowledging, syncing, its own commits and \
             collector); a replicated byte is a log byte the backup received. Device bytes are \
             what each process made the block device read and write (/proc/PID/io). Network \
