@@ -112,7 +112,8 @@ PY
     grep -q "Tucana ÷ redis-server" "${work}/BENCHMARKS.md"
 
     # Replication: a primary alone and with send-index and build-index backups (separate
-    # `tucana serve` processes), YCSB Load and A per size mix, redis-benchmark SETs, a failover.
+    # `tucana serve` processes; one send-index backup also with --repl-ack durable and with
+    # --repl-index-lag-ms 0), YCSB Load and A per size mix, redis-benchmark SETs, a failover.
     "${bench}" replication --quick --dir "${work}" --json "${work}/replication-results.json" \
         --note "smoke test" </dev/null >"${work}/replication.log"
     "${bench}" report "${work}/results.json" --server-json "${work}/server-results.json" \
@@ -122,7 +123,8 @@ PY
 import json, sys
 doc = json.load(open(sys.argv[1]))
 records = doc["records"]
-setups = ["unreplicated", "send-index-1", "build-index-1", "send-index-2", "build-index-2"]
+setups = ["unreplicated", "send-index-1", "send-index-1-durable", "send-index-1-every-commit",
+          "build-index-1", "send-index-2", "build-index-2"]
 assert doc["options"]["setups"] == setups, doc["options"]["setups"]
 def find(setup, dataset, workload):
     found = [r for r in records if r["engine"] == setup and r["dataset"] == dataset
@@ -146,7 +148,8 @@ for setup in setups:
                       "backup_device_read_bytes_per_user_byte", "network_bytes_per_log_byte",
                       "network_bytes_per_user_byte", "index_bytes_per_log_byte"]:
             assert field in r, f"{setup} {dataset} {workload}: no {field}"
-        assert len(r["backups"]) == int(setup[-1]), f"{setup}: {len(r['backups'])} backups"
+        backups = int(setup.split("-")[2])  # send-index-N[-variant], build-index-N
+        assert len(r["backups"]) == backups, f"{setup}: {len(r['backups'])} backups"
         assert r["log_bytes_per_backup"] > 0, f"{setup} {dataset} {workload}: no log shipped"
 failover = find("send-index-1", "failover", "failover")
 for field in ["failover_ms", "promote_ms", "replay_log_bytes", "data_bytes"]:
@@ -156,6 +159,8 @@ print(f"replication smoke: {len(records)} records OK")
 PY
     grep -q "## Replication: send-index and build-index backups" "${work}/BENCHMARKS.md"
     grep -q "### Issue 18's targets" "${work}/BENCHMARKS.md"
+    grep -q "### Acknowledgement: received or durable" "${work}/BENCHMARKS.md"
+    grep -q "### Folding commits or shipping every commit's index" "${work}/BENCHMARKS.md"
 else
     echo "bench smoke: skipping the server and replication benchmarks: redis-benchmark or redis-server is not" \
         "installed (scripts/server-deps.sh --bench installs them)"

@@ -2,7 +2,13 @@
 //! replication` run (module `replication`): what ran, issue 18's targets met or missed
 //! with the figures behind each, backup CPU per replicated byte and its split, device and
 //! network bytes, the primary's throughput and p99 against the unreplicated primary's,
-//! the failover, each setup's command lines and the command that reproduces the run.
+//! the variants of `send-index-1` beside it (acknowledging what the backup synced rather
+//! than received; every commit's index shipped rather than folded), the failover, each
+//! setup's command lines and the command that reproduces the run.
+//!
+//! Setups are paired by name: `send-index-N` with `build-index-N`, a variant
+//! `send-index-N-VARIANT` with `send-index-N`; issue 18's targets are judged on the
+//! `send-index-N` setups alone (the server's defaults).
 //!
 //! A run of several rounds is shown as the median of the rounds (`server`'s
 //! `median_records`; each round's records are in the JSON file).
@@ -112,15 +118,54 @@ impl Run {
     }
 }
 
-/// The build-index setup with as many backups as `setup`, a send-index one.
-fn build_counterpart(setup: &str) -> Option<String> {
-    setup
-        .strip_prefix("send-index-")
-        .map(|n| format!("build-index-{n}"))
+/// The variant that acknowledges what a backup synced (`--repl-ack durable`).
+const DURABLE: &str = "durable";
+/// The variant that ships every commit's index as it is made (`--repl-index-lag-ms 0`).
+const EVERY_COMMIT: &str = "every-commit";
+
+/// A setup's name taken apart: `send-index-1-durable` is a `send-index` setup with 1
+/// backup and variant `durable`; `send-index-2` the default with 2 backups. `None` for
+/// `unreplicated` and anything else.
+fn parse_setup(setup: &str) -> Option<(&str, u32, Option<&str>)> {
+    ["send-index", "build-index"].into_iter().find_map(|mode| {
+        let rest = setup.strip_prefix(mode)?.strip_prefix('-')?;
+        let (count, variant) = match rest.split_once('-') {
+            Some((count, variant)) => (count, Some(variant)),
+            None => (rest, None),
+        };
+        Some((mode, count.parse().ok()?, variant))
+    })
 }
 
+/// Any send-index setup, variants included.
 fn is_send_index(setup: &str) -> bool {
-    setup.starts_with("send-index-")
+    parse_setup(setup).is_some_and(|(mode, _, _)| mode == "send-index")
+}
+
+/// A send-index setup with the server's defaults (`send-index-N`): the ones issue 18's
+/// targets are judged on.
+fn is_default_send_index(setup: &str) -> bool {
+    matches!(parse_setup(setup), Some(("send-index", _, None)))
+}
+
+/// The default send-index setup a variant varies (`send-index-1-durable` →
+/// `send-index-1`).
+fn default_of(setup: &str) -> Option<String> {
+    match parse_setup(setup)? {
+        ("send-index", n, Some(_)) => Some(format!("send-index-{n}")),
+        _ => None,
+    }
+}
+
+/// The build-index setup a send-index setup's backup CPU is compared with: the one with
+/// as many backups. Only for setups whose difference from it is the kind of backup: the
+/// defaults, and every-commit (a build-index backup is shipped no index, so folding
+/// changes nothing for it); not `durable` (its backups sync what build-index-N's do not).
+fn build_counterpart(setup: &str) -> Option<String> {
+    match parse_setup(setup)? {
+        ("send-index", n, None | Some(EVERY_COMMIT)) => Some(format!("build-index-{n}")),
+        _ => None,
+    }
 }
 
 /// The Markdown section for BENCHMARKS.md from a `replication` run's JSON document.
@@ -159,6 +204,8 @@ pub(super) fn render(doc: &Value, json_path: &Path) -> String {
     cpu_table(&mut md, &run);
     bytes_table(&mut md, &run);
     throughput_table(&mut md, &run);
+    ack_comparison(&mut md, &run);
+    folding_comparison(&mut md, &run);
     failover_table(&mut md, &run);
     setups(&mut md, options);
     reproduce(&mut md, options);
@@ -202,10 +249,12 @@ fn what_ran(md: &mut String, options: &Value, json_path: &Path) {
             .unwrap_or("not run")
             .trim_start_matches("redis-benchmark "),
     );
+    variants_sentence(md, options);
     *md += "What is measured, per phase: a backup's CPU is its process's user + system time, \
             all threads (/proc/PID/stat), split by the backup's own thread clocks into *log* \
             (storing shipped log bytes; a build-index backup: applying their records to its \
-            index and log), *index* (applying shipped commits: rewriting and writing nodes) and \
+            index and log; the backup times one shipped log frame in 16 and counts it 16 \
+            times, a thread clock read being a system call), *index* (applying shipped commits: rewriting and writing nodes) and \
             *rest* (receiving and decoding frames, acknowledging, syncing, its own commits and \
             collector); a replicated byte is a log byte the backup received. Device bytes are \
             what each process made the block device read and write (/proc/PID/io). Network \
@@ -213,6 +262,36 @@ fn what_ran(md: &mut String, options: &Value, json_path: &Path) {
             (`ss -ti`), divided by the log bytes the primary shipped on it or by the user bytes \
             (keys and values written). Throughput and latency are the clients' (the YCSB \
             driver's, checked reads included; a Load latency is one batch's).\n\n";
+}
+
+/// The paragraph on the setups that vary one flag of a default's primary, when the run
+/// had any.
+fn variants_sentence(md: &mut String, options: &Value) {
+    let names: Vec<&str> = options["setups"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect();
+    let mut parts = Vec::new();
+    for name in &names {
+        let flag = match parse_setup(name) {
+            Some(("send-index", _, Some(DURABLE))) => {
+                "`--repl-ack durable` on the primary (a backup acknowledges a write once it \
+                 has synced it, not once it has received it)"
+            }
+            Some(("send-index", _, Some(EVERY_COMMIT))) => {
+                "`--repl-index-lag-ms 0` on the primary (every commit's index is shipped as it \
+                 is made, none folded into later commits)"
+            }
+            _ => continue,
+        };
+        let default = default_of(name).unwrap_or_default();
+        parts.push(format!("`{name}` is `{default}` with {flag}"));
+    }
+    if !parts.is_empty() {
+        let _ = writeln!(md, "{}.\n", parts.join("; "));
+    }
 }
 
 /// "; then redis-benchmark SETs (...)" when the run had them.
@@ -258,11 +337,17 @@ fn verdict(met: Option<bool>) -> &'static str {
 
 /// "### Issue 18's targets": one row per target with the figures it was judged on.
 fn targets(md: &mut String, run: &Run) {
-    *md += "### Issue 18's targets\n\n| target | measured | verdict |\n|---|---|---|\n";
+    *md += "### Issue 18's targets\n\n";
+    if run.setups().iter().any(|s| default_of(s).is_some()) {
+        *md += "Judged on the setups with the server's defaults (send-index-N: the backup \
+                acknowledges what it received, commits are folded); the variants of \
+                send-index-1 are in the tables after.\n\n";
+    }
+    *md += "| target | measured | verdict |\n|---|---|---|\n";
     let (text, met) = cpu_target(run);
     let _ = writeln!(
         md,
-        "| backup CPU per replicated byte ≤ 1/5 of a build-index backup's (send-index ÷ build-index, same phase and backup count) | {text} | {} |",
+        "| backup CPU per replicated byte ≤ 1/5 of a build-index backup's (send-index-N ÷ build-index-N, same phase) | {text} | {} |",
         verdict(met)
     );
     let (text, met) = device_read_target(run);
@@ -274,13 +359,13 @@ fn targets(md: &mut String, run: &Run) {
     let (text, met) = network_target(run);
     let _ = writeln!(
         md,
-        "| network bytes ≤ {NETWORK_PER_LOG_BYTE_MAX}× the log bytes (send-index) | {text} | {} |",
+        "| network bytes ≤ {NETWORK_PER_LOG_BYTE_MAX}× the log bytes (send-index-N) | {text} | {} |",
         verdict(met)
     );
     let (text, met) = set_target(run);
     let _ = writeln!(
         md,
-        "| replicated sync SETs (redis-benchmark -P 16) ≥ {SET_P16_RATIO_MIN}× unreplicated (send-index) | {text} | {} |",
+        "| replicated sync SETs (redis-benchmark -P 16) ≥ {SET_P16_RATIO_MIN}× unreplicated (send-index-N) | {text} | {} |",
         verdict(met)
     );
     let (text, met) = failover_target(run);
@@ -315,7 +400,8 @@ fn cpu_ratios(run: &Run) -> Vec<(String, String, String, f64)> {
 }
 
 fn cpu_target(run: &Run) -> (String, Option<bool>) {
-    let ratios = cpu_ratios(run);
+    let mut ratios = cpu_ratios(run);
+    ratios.retain(|(_, _, setup, _)| is_default_send_index(setup));
     if ratios.is_empty() {
         return ("–".into(), None);
     }
@@ -330,11 +416,12 @@ fn cpu_target(run: &Run) -> (String, Option<bool>) {
     )
 }
 
-/// The largest value of `field` over the send-index records, with where it was.
+/// The largest value of `field` over the default send-index setups' records, with where
+/// it was.
 fn worst_send_index(run: &Run, field: &str) -> Option<(f64, String)> {
     run.records
         .iter()
-        .filter(|r| r["engine"].as_str().is_some_and(is_send_index))
+        .filter(|r| r["engine"].as_str().is_some_and(is_default_send_index))
         .filter_map(|r| {
             let where_ = format!(
                 "{} {} {}",
@@ -395,7 +482,7 @@ fn set_target(run: &Run) -> (String, Option<bool>) {
         if let Some(ops) = run.field("redis-benchmark", setup, test, "ops_per_sec") {
             let ratio = ops / base.max(1e-9);
             cells.push(format!("{setup} {ratio:.2}"));
-            if is_send_index(setup) {
+            if is_default_send_index(setup) {
                 worst = Some(worst.map_or(ratio, |w: f64| w.min(ratio)));
             }
         }
@@ -435,7 +522,8 @@ fn cpu_table(md: &mut String, run: &Run) {
     *md += "ns of backup CPU per log byte the backup received (over all backups of the setup), \
             and its split; µs per operation is one backup's CPU per client operation; send ÷ \
             build is the send-index backups' total over the build-index backups' in the same \
-            phase with as many backups (issue 18: ≤ 0.2).\n\n";
+            phase with as many backups (issue 18: ≤ 0.2; not for the durable variant, whose \
+            backup syncs what a build-index backup here does not).\n\n";
     *md += "| data | phase | setup | total ns/B | log ns/B | index ns/B | rest ns/B | backup CPU µs/op | send ÷ build |\n";
     *md += "|---|---|---|---|---|---|---|---|---|\n";
     let ratios = cpu_ratios(run);
@@ -525,6 +613,119 @@ fn throughput_table(md: &mut String, run: &Run) {
         }
     }
     *md += "\n";
+}
+
+/// Every (variant setup, its default) of the run whose variant is `variant`, in the order
+/// run.
+fn variant_pairs(run: &Run, variant: &str) -> Vec<(String, String)> {
+    let setups = run.setups();
+    setups
+        .iter()
+        .filter(|s| parse_setup(s).is_some_and(|(_, _, v)| v == Some(variant)))
+        .filter_map(|s| {
+            let default = default_of(s)?;
+            setups.contains(&default).then(|| (s.clone(), default))
+        })
+        .collect()
+}
+
+/// `a ÷ b` of two figures, when both are there and `b` is not 0.
+fn over(a: Option<f64>, b: Option<f64>) -> Option<f64> {
+    Some(a? / b.filter(|b| *b > 0.0)?)
+}
+
+/// "### Acknowledgement: received or durable": the primary's throughput and p99 with a
+/// backup that acknowledges what it synced beside the default's, phase by phase.
+fn ack_comparison(md: &mut String, run: &Run) {
+    let pairs = variant_pairs(run, DURABLE);
+    if pairs.is_empty() {
+        return;
+    }
+    *md += "### Acknowledgement: received or durable\n\n";
+    for (durable, received) in pairs {
+        let _ = writeln!(
+            md,
+            "`{received}` (the default, `--repl-ack received`: a backup acknowledges a write \
+             once it has received it) beside `{durable}` (`--repl-ack durable`: once it has \
+             synced it to its volume), in the same run: the primary's throughput and p99 as \
+             the clients saw them, and durable ÷ received.\n"
+        );
+        *md += "| data | phase | received ops/s | durable ops/s | ÷ received | received p99 µs | durable p99 µs | ÷ received |\n";
+        *md += "|---|---|---|---|---|---|---|---|\n";
+        for (dataset, phase) in run.phases() {
+            let get = |setup: &str, field: &str| run.field(&dataset, setup, &phase, field);
+            let (ops, p99) = (
+                [get(&received, "ops_per_sec"), get(&durable, "ops_per_sec")],
+                [get(&received, "p99_us"), get(&durable, "p99_us")],
+            );
+            if ops.iter().all(Option::is_none) {
+                continue;
+            }
+            let _ = writeln!(
+                md,
+                "| {dataset} | {phase} | {} | {} | {} | {} | {} | {} |",
+                fmt_number(ops[0]),
+                fmt_number(ops[1]),
+                fmt_number(over(ops[1], ops[0])),
+                fmt_number(p99[0]),
+                fmt_number(p99[1]),
+                fmt_number(over(p99[1], p99[0])),
+            );
+        }
+        *md += "\n";
+    }
+}
+
+/// "### Folding commits or shipping every commit's index": what folding saves the
+/// network and the backup, phase by phase.
+fn folding_comparison(md: &mut String, run: &Run) {
+    let pairs = variant_pairs(run, EVERY_COMMIT);
+    if pairs.is_empty() {
+        return;
+    }
+    *md += "### Folding commits or shipping every commit's index\n\n";
+    let ratios = cpu_ratios(run);
+    for (every, folding) in pairs {
+        let _ = writeln!(
+            md,
+            "`{folding}` (the default: the primary folds a commit whose index would cost more \
+             than a fifth of the log it covers into later ones, for up to \
+             `--repl-index-lag-ms` 60000 and `--repl-index-lag-bytes` 256 MiB; the `SAVE` that \
+             ends each phase ships at once) beside `{every}` (`--repl-index-lag-ms 0`: every \
+             commit's index shipped as it is made), in the same run; each cell is every \
+             commit / folding, each figure as defined in the tables above; send ÷ build \
+             over `{}` in the same phase.\n",
+            build_counterpart(&folding).unwrap_or_default()
+        );
+        *md += "| data | phase | network B ÷ log B | backup CPU ns/B | of it index ns/B | backup CPU send ÷ build | backup written B/user B |\n";
+        *md += "|---|---|---|---|---|---|---|\n";
+        for (dataset, phase) in run.phases() {
+            if run.find(&dataset, &every, &phase).is_none() {
+                continue;
+            }
+            let pair = |field: &str| {
+                let [a, b] = [&every, &folding].map(|s| run.field(&dataset, s, &phase, field));
+                format!("{} / {}", fmt_number(a), fmt_number(b))
+            };
+            let ratio = |setup: &str| {
+                ratios
+                    .iter()
+                    .find(|x| x.0 == dataset && x.1 == phase && x.2 == setup)
+                    .map(|x| x.3)
+            };
+            let _ = writeln!(
+                md,
+                "| {dataset} | {phase} | {} | {} | {} | {} / {} | {} |",
+                pair("network_bytes_per_log_byte"),
+                pair("backup_cpu_ns_per_log_byte"),
+                pair("backup_index_cpu_ns_per_log_byte"),
+                fmt_number(ratio(&every)),
+                fmt_number(ratio(&folding)),
+                pair("backup_device_write_bytes_per_user_byte"),
+            );
+        }
+        *md += "\n";
+    }
 }
 
 /// "### Failover": the loaded region, the tail and the times.
@@ -652,5 +853,126 @@ mod tests {
             "{md}"
         );
         assert!(md.contains("> shared"), "{md}");
+        assert!(!md.contains("### Acknowledgement"), "{md}");
+        assert!(!md.contains("### Folding commits"), "{md}");
+    }
+
+    #[test]
+    fn variants_pair_with_their_default_and_never_with_a_build_index_setup_they_differ_from() {
+        assert_eq!(
+            parse_setup("send-index-1-every-commit"),
+            Some(("send-index", 1, Some("every-commit")))
+        );
+        assert_eq!(parse_setup("build-index-2"), Some(("build-index", 2, None)));
+        assert_eq!(parse_setup("unreplicated"), None);
+        assert_eq!(parse_setup("send-index-x"), None);
+        assert!(is_default_send_index("send-index-2"));
+        assert!(!is_default_send_index("send-index-1-durable"));
+        assert!(is_send_index("send-index-1-durable"));
+        assert!(!is_send_index("build-index-1"));
+        assert_eq!(
+            build_counterpart("send-index-2").as_deref(),
+            Some("build-index-2")
+        );
+        assert_eq!(
+            build_counterpart("send-index-1-every-commit").as_deref(),
+            Some("build-index-1")
+        );
+        assert_eq!(build_counterpart("send-index-1-durable"), None);
+        assert_eq!(build_counterpart("build-index-1"), None);
+        assert_eq!(
+            default_of("send-index-1-durable").as_deref(),
+            Some("send-index-1")
+        );
+        assert_eq!(default_of("send-index-1"), None);
+    }
+
+    #[test]
+    fn targets_ignore_the_variants_and_the_comparisons_show_them() {
+        let cpu = |ns: f64, index: f64, net: f64, written: f64| {
+            json!({"backup_cpu_ns_per_log_byte": ns, "backup_index_cpu_ns_per_log_byte": index,
+                   "network_bytes_per_log_byte": net, "backup_device_write_bytes_per_user_byte": written,
+                   "backup_device_read_bytes_per_user_byte": 0.0, "backup_device_read_bytes": 0.0})
+        };
+        let with = |mut a: Value, b: Value| {
+            for (k, v) in b.as_object().unwrap() {
+                a[k] = v.clone();
+            }
+            a
+        };
+        let doc = json!({
+            "options": {
+                "setups": ["unreplicated", "send-index-1", "send-index-1-durable",
+                           "send-index-1-every-commit", "build-index-1"],
+                "mixes": ["small"], "redis_pipelines": [16],
+            },
+            "records": [
+                rec("unreplicated", "small", "ycsb_a", json!({"ops_per_sec": 100.0, "p99_us": 10.0})),
+                rec("send-index-1", "small", "ycsb_a", with(cpu(1.0, 0.25, 1.2, 2.0),
+                    json!({"ops_per_sec": 80.0, "p99_us": 20.0}))),
+                rec("send-index-1-durable", "small", "ycsb_a", with(cpu(3.0, 0.5, 1.25, 2.5),
+                    json!({"ops_per_sec": 40.0, "p99_us": 50.0}))),
+                rec("send-index-1-every-commit", "small", "ycsb_a", with(cpu(4.0, 2.0, 9.0, 4.0),
+                    json!({"ops_per_sec": 70.0, "p99_us": 30.0}))),
+                rec("build-index-1", "small", "ycsb_a", cpu(10.0, 0.0, 1.0, 2.0)),
+                rec("unreplicated", "redis-benchmark", "redis-SET-P16", json!({"ops_per_sec": 1000.0})),
+                rec("send-index-1", "redis-benchmark", "redis-SET-P16", json!({"ops_per_sec": 900.0})),
+                rec("send-index-1-durable", "redis-benchmark", "redis-SET-P16",
+                    json!({"ops_per_sec": 450.0, "p99_us": 7.0})),
+            ],
+        });
+        let md = render(&doc, Path::new("r.json"));
+        // Every target on send-index-1 alone: the variants' worse figures do not count.
+        assert!(
+            md.contains("worst 0.10; small ycsb_a send-index-1: 0.10 | **met** |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("worst 1.20 (small ycsb_a send-index-1)"),
+            "{md}"
+        );
+        assert!(
+            md.contains("send-index-1 0.90, send-index-1-durable 0.45 | **met** |"),
+            "{md}"
+        );
+        // The CPU table: every-commit over build-index-1, durable over nothing.
+        assert!(
+            md.contains(
+                "| small | ycsb_a | send-index-1-every-commit | 4.00 | – | 2.00 | – | – | 0.40 |"
+            ),
+            "{md}"
+        );
+        assert!(
+            md.contains("| small | ycsb_a | send-index-1-durable | 3.00 | – | 0.50 | – | – | – |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("`send-index-1-durable` is `send-index-1` with `--repl-ack durable`"),
+            "{md}"
+        );
+        assert!(
+            md.contains("### Acknowledgement: received or durable"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| small | ycsb_a | 80.0 | 40.0 | 0.50 | 20.0 | 50.0 | 2.50 |"),
+            "{md}"
+        );
+        assert!(
+            md.contains(
+                "| redis-benchmark | redis-SET-P16 | 900.0 | 450.0 | 0.50 | – | 7.00 | – |"
+            ),
+            "{md}"
+        );
+        assert!(
+            md.contains("### Folding commits or shipping every commit's index"),
+            "{md}"
+        );
+        assert!(md.contains("| small | ycsb_a | 9.00 / 1.20 | 4.00 / 1.00 | 2.00 / 0.25 | 0.40 / 0.10 | 4.00 / 2.00 |"), "{md}");
+        // No every-commit record for redis-benchmark: no row.
+        assert!(
+            !md.contains("| redis-benchmark | redis-SET-P16 | – / "),
+            "{md}"
+        );
     }
 }

@@ -32,7 +32,9 @@ const STOP_TIMEOUT: Duration = Duration::from_secs(120);
 /// How often a wait looks again.
 const POLL: Duration = Duration::from_millis(20);
 
-/// The setups compared: how many backups the primary ships to, and what kind.
+/// The setups compared: how many backups the primary ships to, what kind, and two
+/// variants of one send-index backup that differ from `send-index-1` in one flag of the
+/// primary each, measured beside it (a variant's name is its default's plus a suffix).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Setup {
     /// The primary alone.
@@ -40,6 +42,15 @@ pub enum Setup {
     /// One backup that stores the shipped log and applies the shipped index (Talos).
     #[value(name = "send-index-1")]
     SendIndex1,
+    /// As `send-index-1`, with the backup acknowledging only what it synced
+    /// (`--repl-ack durable` on the primary; the default acknowledges what it received).
+    #[value(name = "send-index-1-durable")]
+    SendIndex1Durable,
+    /// As `send-index-1`, with every commit's index shipped as it is made
+    /// (`--repl-index-lag-ms 0` on the primary; by default a commit whose index would cost
+    /// more than a fifth of its log is folded into later ones).
+    #[value(name = "send-index-1-every-commit")]
+    SendIndex1EveryCommit,
     /// One backup that builds its own index from the shipped records (`--repl-build-index`).
     #[value(name = "build-index-1")]
     BuildIndex1,
@@ -52,9 +63,13 @@ pub enum Setup {
 }
 
 impl Setup {
-    pub(super) const ALL: [Setup; 5] = [
+    /// Every setup, in the order a default run takes them: the one-backup setups next to
+    /// each other (the variants right after the default they vary), then the two-backup.
+    pub(super) const ALL: [Setup; 7] = [
         Setup::Unreplicated,
         Setup::SendIndex1,
+        Setup::SendIndex1Durable,
+        Setup::SendIndex1EveryCommit,
         Setup::BuildIndex1,
         Setup::SendIndex2,
         Setup::BuildIndex2,
@@ -64,6 +79,8 @@ impl Setup {
         match self {
             Setup::Unreplicated => "unreplicated",
             Setup::SendIndex1 => "send-index-1",
+            Setup::SendIndex1Durable => "send-index-1-durable",
+            Setup::SendIndex1EveryCommit => "send-index-1-every-commit",
             Setup::BuildIndex1 => "build-index-1",
             Setup::SendIndex2 => "send-index-2",
             Setup::BuildIndex2 => "build-index-2",
@@ -73,7 +90,10 @@ impl Setup {
     pub(super) fn backups(self) -> usize {
         match self {
             Setup::Unreplicated => 0,
-            Setup::SendIndex1 | Setup::BuildIndex1 => 1,
+            Setup::SendIndex1
+            | Setup::SendIndex1Durable
+            | Setup::SendIndex1EveryCommit
+            | Setup::BuildIndex1 => 1,
             Setup::SendIndex2 | Setup::BuildIndex2 => 2,
         }
     }
@@ -89,6 +109,15 @@ impl Setup {
             flags.push("--repl-build-index".into());
         }
         flags
+    }
+
+    /// The primary's flags besides its `--backup`s (the server's defaults otherwise).
+    fn primary_flags(self) -> &'static [&'static str] {
+        match self {
+            Setup::SendIndex1Durable => &["--repl-ack", "durable"],
+            Setup::SendIndex1EveryCommit => &["--repl-index-lag-ms", "0"],
+            _ => &[],
+        }
     }
 
     /// Each process's command line, for the results file (`DIR`, `PORT`, `RPORT`: the
@@ -107,8 +136,13 @@ impl Setup {
         let backups: String = (0..self.backups())
             .map(|i| format!(" --backup 127.0.0.1:RPORT{i}"))
             .collect();
+        let extra: String = self
+            .primary_flags()
+            .iter()
+            .map(|flag| format!(" {flag}"))
+            .collect();
         lines.push(format!(
-            "tucana --db DIR/primary.tucana serve --port PORT{backups}"
+            "tucana --db DIR/primary.tucana serve --port PORT{backups}{extra}"
         ));
         lines
     }
@@ -270,13 +304,14 @@ impl Cluster {
             node.repl_port = Some(repl_port);
             backups.push(node);
         }
-        let flags: Vec<String> = backups
+        let mut flags: Vec<String> = backups
             .iter()
             .flat_map(|b| {
                 let port = b.repl_port.unwrap_or(0);
                 ["--backup".to_string(), format!("127.0.0.1:{port}")]
             })
             .collect();
+        flags.extend(setup.primary_flags().iter().map(|f| f.to_string()));
         let primary = Node::start(tucana, dir, "primary", &flags)?;
         let mut cluster = Cluster {
             setup,
@@ -411,5 +446,25 @@ mod tests {
             Setup::Unreplicated.command_lines(),
             ["tucana --db DIR/primary.tucana serve --port PORT"]
         );
+    }
+
+    #[test]
+    fn variants_differ_from_send_index_1_in_one_primary_flag() {
+        let base = Setup::SendIndex1.command_lines();
+        for (setup, flag) in [
+            (Setup::SendIndex1Durable, " --repl-ack durable"),
+            (Setup::SendIndex1EveryCommit, " --repl-index-lag-ms 0"),
+        ] {
+            assert_eq!(setup.backups(), 1);
+            assert!(!setup.builds_index());
+            assert_eq!(setup.backup_flags(7), Setup::SendIndex1.backup_flags(7));
+            let lines = setup.command_lines();
+            assert_eq!(lines[0], base[0]);
+            assert_eq!(lines[1], format!("{}{flag}", base[1]));
+            assert!(setup.name().starts_with("send-index-1-"));
+        }
+        assert!(Setup::ALL
+            .iter()
+            .all(|s| Setup::from_str(s.name(), false) == Ok(*s)));
     }
 }

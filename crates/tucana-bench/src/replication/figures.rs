@@ -7,11 +7,12 @@
 //! A *replicated byte* is a log byte a backup received (`tucana_received_log_bytes`). A
 //! backup's CPU is its process's user + system time, all threads; `log` is the thread CPU
 //! it spent storing shipped log bytes (a build-index backup: applying their records to
-//! its own index and log), `index` the thread CPU of applying shipped commits (rewriting
-//! and writing nodes), `other` the rest: receiving and decoding frames, acknowledging,
-//! syncing, its own commits and collector. Network bytes are the TCP payload bytes of
-//! the replication connection, both directions (`ss`), or, when `ss` cannot tell, the
-//! log and index bytes the primary says it shipped.
+//! its own index and log; the backup times one log frame in 16 and scales it), `index`
+//! the thread CPU of applying shipped commits (rewriting and writing nodes), `other` the
+//! rest: receiving and decoding frames, acknowledging, syncing, its own commits and
+//! collector. Network bytes are the TCP payload bytes of the replication connection,
+//! both directions (`ss`), or, when `ss` cannot tell, the log and index bytes the
+//! primary says it shipped.
 //!
 //! Owns the arithmetic (pure, unit-tested); readings are `sample`'s. Thread-safe.
 

@@ -3,7 +3,11 @@
 //! backup builds its own index from the shipped records, as Redis replicas do), and the
 //! primary alone, as separate `tucana serve` processes on this machine, measured side by
 //! side in one run, into a JSON file that `report` turns into a section of BENCHMARKS.md
-//! (issue 18, "Proof").
+//! (issue 18, "Proof"). Two more setups vary one flag of the primary of `send-index-1`
+//! each, so the same run compares the server's defaults with the alternatives: the backup
+//! acknowledging what it synced instead of what it received (`send-index-1-durable`),
+//! and every commit's index shipped as it is made instead of folded (`--repl-index-lag-ms
+//! 0`, `send-index-1-every-commit`).
 //!
 //! The run: for each round, for each of Talos's size mixes, each setup in turn (so the
 //! setups alternate through whatever else the machine does) on fresh volumes and ports
@@ -52,7 +56,8 @@ pub const DEFAULT_JSON_FILE_NAME: &str = "replication-results.json";
 
 #[derive(Args, Debug, Clone)]
 pub struct ReplicationArgs {
-    /// Setups to run, in order: the primary alone, with one or two backups of each kind.
+    /// Setups to run, in order: the primary alone, with one or two backups of each kind,
+    /// and one send-index backup with `--repl-ack durable` or `--repl-index-lag-ms 0`.
     #[arg(long, value_enum, value_delimiter = ',', default_values_t = Setup::ALL)]
     setups: Vec<Setup>,
     /// Talos's key-value pair sizes for YCSB: small 33 B, medium 123 B, large 1023 B
@@ -388,7 +393,7 @@ impl Run<'_> {
 fn print_table_header() {
     println!();
     println!(
-        "{:<14} {:<15} {:<14} {:>9} {:>9} {:>8} {:>22} {:>8} {:>8} {:>8}",
+        "{:<14} {:<25} {:<14} {:>9} {:>9} {:>8} {:>22} {:>8} {:>8} {:>8}",
         "data",
         "setup",
         "phase",
@@ -415,7 +420,7 @@ fn print_row(record: &Record) {
         _ => "-".into(),
     };
     println!(
-        "{:<14} {:<15} {:<14} {:>9.0} {:>9} {:>8} {:>22} {:>8} {:>8} {:>8}",
+        "{:<14} {:<25} {:<14} {:>9.0} {:>9} {:>8} {:>22} {:>8} {:>8} {:>8}",
         record.get("dataset").and_then(Value::as_str).unwrap_or("-"),
         record.engine,
         record.workload,
