@@ -71,7 +71,6 @@ async fn ship_log<W: tokio::io::AsyncWrite + Unpin>(
     };
     let segments = source.segments(from, 1024);
     let mut lowest_open = segments.last().map_or(from, |s| s.order + 1);
-    let mut buf = vec![0u8; CHUNK_BYTES];
     for seg in &segments {
         let mut at = held.get(&seg.order).copied().unwrap_or(0);
         while at < seg.ready_bytes {
@@ -80,9 +79,7 @@ async fn ship_log<W: tokio::io::AsyncWrite + Unpin>(
                 return Ok(false);
             }
             let n = ((seg.ready_bytes - at) as usize).min(CHUNK_BYTES);
-            source
-                .read(seg.base, at, &mut buf[..n])
-                .map_err(|e| std::io::Error::other(e.to_string()))?;
+            let bytes = read_chunk(source, seg.base, at, n)?;
             transport::write_frame(
                 writer,
                 &Frame::Log {
@@ -93,7 +90,7 @@ async fn ship_log<W: tokio::io::AsyncWrite + Unpin>(
                     size_bytes: seg.size_bytes,
                     offset: at,
                     relocation: seg.relocation,
-                    bytes: buf[..n].to_vec(),
+                    bytes,
                 },
                 scratch,
             )
@@ -300,13 +297,12 @@ async fn ship_full<W: tokio::io::AsyncWrite + Unpin>(
         return Ok(());
     };
     let held = link.state.lock().regions[name].held.clone();
-    let mut buf = vec![0u8; CHUNK_BYTES];
     let throttle = Throttle::new(shared.config.catchup_bytes_per_sec);
     for (origin, stats) in &pinned.desc.segments {
         let mut at = held.get(&stats.order).copied().unwrap_or(0);
         while at < stats.written_bytes {
             let n = ((stats.written_bytes - at) as usize).min(CHUNK_BYTES);
-            source.read(*origin, at, &mut buf[..n]).map_err(other)?;
+            let bytes = read_chunk(source, *origin, at, n)?;
             transport::write_frame(
                 writer,
                 &Frame::Log {
@@ -317,7 +313,7 @@ async fn ship_full<W: tokio::io::AsyncWrite + Unpin>(
                     size_bytes: stats.size_bytes,
                     offset: at,
                     relocation: false,
-                    bytes: buf[..n].to_vec(),
+                    bytes,
                 },
                 scratch,
             )
@@ -438,4 +434,20 @@ impl Throttle {
             tokio::time::sleep(due - elapsed).await;
         }
     }
+}
+
+/// Reads `len` log bytes at `offset` of the segment at `base` into a buffer of exactly that
+/// size, which becomes the frame's payload: no 256 KiB buffer per round for the few
+/// hundred bytes a round ships under small writes, and no second copy out of it.
+fn read_chunk(
+    source: &ShipSource,
+    base: DiskOffset,
+    offset: u64,
+    len: usize,
+) -> std::io::Result<Vec<u8>> {
+    let mut bytes = vec![0u8; len];
+    source
+        .read(base, offset, &mut bytes)
+        .map_err(|e| std::io::Error::other(e.to_string()))?;
+    Ok(bytes)
 }
