@@ -1,5 +1,5 @@
 //! Identifiers shared by the map, the etcd store and the error enum (and so kept apart
-//! from all three): server ids.
+//! from all three): server ids and etcd revisions.
 //!
 //! Threads: plain values.
 
@@ -61,5 +61,16 @@ impl fmt::Display for ServerId {
 impl fmt::Debug for ServerId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "ServerId({})", self.0)
+    }
+}
+
+/// An etcd revision: the store's logical clock, raised by every change. A key's
+/// `mod_revision` is the revision of its last change, which is what `update_map` compares.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
+pub struct Revision(pub i64);
+
+impl fmt::Display for Revision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
     }
 }
