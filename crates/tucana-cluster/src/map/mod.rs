@@ -1,0 +1,306 @@
+//! The cluster map: which server is primary, and which are backups, of each range of hash
+//! slots, and at which epoch. etcd holds the one true copy (`etcd`); this module is the
+//! value, its JSON form, its validation and the changes the coordinator makes to it.
+//!
+//! Owns: the map's types and invariants (`ClusterMap::validate`), lookup of a slot's
+//! region, and pure transformations (`promote`, `assign_backup`, `remove_server`) that each
+//! return a new validated map. Does not own where the map is stored or who may change it
+//! (`etcd`), nor which change to make when (the coordinator, later).
+//!
+//! Threads: plain values; share a map behind whatever the holder chooses.
+//!
+//! Epochs. A region's `epoch` is raised whenever its primary changes, and only then: it is
+//! what a primary stamps on its writes and a backup compares (fencing), so it names one
+//! reign. New epochs are drawn from the map-wide `config_epoch` (the highest epoch ever
+//! given, like Redis Cluster's current epoch), so no two reigns of any regions share an
+//! epoch and a new one is above every epoch the map has held. `version` counts every
+//! change of the map, backups included.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::slot::SLOTS;
+pub use crate::types::ServerId;
+
+#[cfg(test)]
+mod tests;
+
+/// What a live server tells the cluster about itself (etcd key `servers/<id>`, under the
+/// server's lease, so it disappears when the server does).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServerInfo {
+    pub id: ServerId,
+    /// Where Redis clients connect (`host:port`): what `MOVED` and `CLUSTER SLOTS` name.
+    pub client_addr: String,
+    /// Where primaries ship replication frames to this server (`host:port`).
+    pub repl_addr: String,
+}
+
+impl ServerInfo {
+    pub fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("a ServerInfo always serializes")
+    }
+
+    /// Decodes what `encode` wrote; `what` names the source in the error.
+    pub fn decode(bytes: &[u8], what: &str) -> Result<ServerInfo> {
+        serde_json::from_slice(bytes).map_err(|e| Error::Decode {
+            what: what.to_owned(),
+            detail: e.to_string(),
+        })
+    }
+}
+
+/// A region's id: stable across changes of primary; never reused within a map.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct RegionId(pub u64);
+
+impl fmt::Display for RegionId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// Slots `start..=end`, both in `0..SLOTS` once validated.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct SlotRange {
+    pub start: u16,
+    pub end: u16,
+}
+
+impl SlotRange {
+    pub fn new(start: u16, end: u16) -> SlotRange {
+        SlotRange { start, end }
+    }
+
+    pub fn contains(&self, slot: u16) -> bool {
+        self.start <= slot && slot <= self.end
+    }
+
+    /// The number of slots (0 for a malformed range whose end is below its start).
+    pub fn len(&self) -> u32 {
+        (u32::from(self.end) + 1).saturating_sub(u32::from(self.start))
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl fmt::Display for SlotRange {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}-{}", self.start, self.end)
+    }
+}
+
+/// A range of slots with one primary (which takes its writes) and its backups.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Region {
+    pub id: RegionId,
+    pub slots: SlotRange,
+    pub primary: ServerId,
+    pub backups: Vec<ServerId>,
+    /// Raised with every change of primary; at least 1.
+    pub epoch: u64,
+}
+
+/// The whole map. `regions` are sorted by their first slot and do not overlap; slots in no
+/// region are unassigned (a client is told the cluster does not cover them).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterMap {
+    /// Raised by every change.
+    pub version: u64,
+    /// The highest epoch ever given to a region of this map.
+    pub config_epoch: u64,
+    pub regions: Vec<Region>,
+}
+
+impl ClusterMap {
+    /// A map that splits all slots evenly over `primaries`, one region each (region ids
+    /// 1, 2, ...; the first `SLOTS % n` regions get one slot more), with no backups.
+    pub fn even(primaries: &[ServerId]) -> Result<ClusterMap> {
+        if primaries.is_empty() || primaries.len() > usize::from(SLOTS) {
+            return Err(Error::Refused(format!(
+                "{} primaries: a map needs 1 to {SLOTS}",
+                primaries.len()
+            )));
+        }
+        let count = primaries.len() as u64;
+        let (per, extra) = (u64::from(SLOTS) / count, u64::from(SLOTS) % count);
+        let mut start = 0u64;
+        let mut regions = Vec::with_capacity(primaries.len());
+        for (i, primary) in (0u64..).zip(primaries) {
+            let len = per + u64::from(i < extra);
+            let end = start + len - 1;
+            regions.push(Region {
+                id: RegionId(i + 1),
+                slots: SlotRange::new(start as u16, end as u16),
+                primary: primary.clone(),
+                backups: Vec::new(),
+                epoch: i + 1,
+            });
+            start = end + 1;
+        }
+        let map = ClusterMap {
+            version: 1,
+            config_epoch: count,
+            regions,
+        };
+        map.validate()?;
+        Ok(map)
+    }
+
+    /// Checks every invariant: slot ranges in range, sorted and disjoint; region ids
+    /// unique; no primary among its own backups; no backup twice; epochs from 1 to
+    /// `config_epoch`.
+    pub fn validate(&self) -> Result<()> {
+        let invalid = |detail: String| Err(Error::InvalidMap(detail));
+        let mut ids = std::collections::HashSet::new();
+        let mut previous: Option<&Region> = None;
+        for region in &self.regions {
+            let (id, slots) = (region.id, region.slots);
+            if slots.start > slots.end || slots.end >= SLOTS {
+                return invalid(format!("region {id}: bad slot range {slots}"));
+            }
+            if let Some(prev) = previous {
+                if prev.slots.end >= slots.start {
+                    return invalid(format!(
+                        "region {id} (slots {slots}) overlaps or is before region {} (slots {})",
+                        prev.id, prev.slots
+                    ));
+                }
+            }
+            if !ids.insert(id) {
+                return invalid(format!("region id {id} appears twice"));
+            }
+            if region.epoch == 0 || region.epoch > self.config_epoch {
+                return invalid(format!(
+                    "region {id}: epoch {} is not in 1..={}",
+                    region.epoch, self.config_epoch
+                ));
+            }
+            if region.backups.contains(&region.primary) {
+                return invalid(format!(
+                    "region {id}: primary {} is also its backup",
+                    region.primary
+                ));
+            }
+            for (i, backup) in region.backups.iter().enumerate() {
+                if region.backups[..i].contains(backup) {
+                    return invalid(format!("region {id}: backup {backup} appears twice"));
+                }
+            }
+            previous = Some(region);
+        }
+        Ok(())
+    }
+
+    /// The JSON kept in etcd.
+    pub fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("a ClusterMap always serializes")
+    }
+
+    /// Decodes and validates bytes read from etcd; `what` names the source in errors.
+    pub fn decode(bytes: &[u8], what: &str) -> Result<ClusterMap> {
+        let map: ClusterMap = serde_json::from_slice(bytes).map_err(|e| Error::Decode {
+            what: what.to_owned(),
+            detail: e.to_string(),
+        })?;
+        map.validate().map_err(|e| Error::Decode {
+            what: what.to_owned(),
+            detail: e.to_string(),
+        })?;
+        Ok(map)
+    }
+
+    /// The region that holds `slot`, if any (binary search over the sorted ranges).
+    pub fn region_of_slot(&self, slot: u16) -> Option<&Region> {
+        let after = self.regions.partition_point(|r| r.slots.start <= slot);
+        let region = self.regions[..after].last()?;
+        region.slots.contains(slot).then_some(region)
+    }
+
+    pub fn region(&self, id: RegionId) -> Option<&Region> {
+        self.regions.iter().find(|r| r.id == id)
+    }
+
+    /// The regions `server` is primary of.
+    pub fn regions_led_by<'a>(&'a self, server: &'a ServerId) -> impl Iterator<Item = &'a Region> {
+        self.regions.iter().filter(move |r| &r.primary == server)
+    }
+
+    /// `backup` becomes the primary of region `id`; the old primary leaves the region
+    /// (it is presumed dead or fenced; it may come back later as a backup). The region's
+    /// epoch is raised above every epoch of the map.
+    pub fn promote(&self, id: RegionId, backup: &ServerId) -> Result<ClusterMap> {
+        self.change(id, |map, at| {
+            let region = &mut map.regions[at];
+            let Some(pos) = region.backups.iter().position(|b| b == backup) else {
+                return Err(Error::Refused(format!(
+                    "{backup} is not a backup of region {id}"
+                )));
+            };
+            region.backups.remove(pos);
+            region.primary = backup.clone();
+            map.config_epoch += 1;
+            map.regions[at].epoch = map.config_epoch;
+            Ok(())
+        })
+    }
+
+    /// `server` becomes a backup of region `id` (it will catch up from the primary).
+    pub fn assign_backup(&self, id: RegionId, server: &ServerId) -> Result<ClusterMap> {
+        self.change(id, |map, at| {
+            let region = &mut map.regions[at];
+            if &region.primary == server || region.backups.contains(server) {
+                return Err(Error::Refused(format!(
+                    "{server} already serves region {id}"
+                )));
+            }
+            region.backups.push(server.clone());
+            Ok(())
+        })
+    }
+
+    /// Drops `server` from every region's backups. Refused while it is the primary of a
+    /// region (promote a backup first). A server the map does not name leaves it as it is.
+    pub fn remove_server(&self, server: &ServerId) -> Result<ClusterMap> {
+        if let Some(region) = self.regions_led_by(server).next() {
+            return Err(Error::Refused(format!(
+                "{server} is the primary of region {}: promote a backup first",
+                region.id
+            )));
+        }
+        let mut map = self.clone();
+        let mut changed = false;
+        for region in &mut map.regions {
+            let before = region.backups.len();
+            region.backups.retain(|b| b != server);
+            changed |= region.backups.len() != before;
+        }
+        if changed {
+            map.version += 1;
+            map.validate()?;
+        }
+        Ok(map)
+    }
+
+    /// Applies `edit` to a copy of the map at region `id`'s index, raises the version and
+    /// validates the result.
+    fn change(
+        &self,
+        id: RegionId,
+        edit: impl FnOnce(&mut ClusterMap, usize) -> Result<()>,
+    ) -> Result<ClusterMap> {
+        let Some(at) = self.regions.iter().position(|r| r.id == id) else {
+            return Err(Error::Refused(format!("no region {id}")));
+        };
+        let mut map = self.clone();
+        edit(&mut map, at)?;
+        map.version += 1;
+        map.validate()?;
+        Ok(map)
+    }
+}
