@@ -75,6 +75,10 @@ fn info_text(state: &ServerState, sections: &[String], connected: u64) -> String
         let lines = owned.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
         section(&mut out, "Replication", lines);
     }
+    // Only in cluster mode, so a standalone server's INFO is as it was.
+    if state.cluster.is_some() && want("cluster") {
+        section(&mut out, "Cluster", vec![("cluster_enabled", "1".into())]);
+    }
     if want("keyspace") {
         let labels = keyspace_labels(state, &stats);
         let lines = labels
@@ -102,7 +106,15 @@ fn server_lines(state: &ServerState) -> Lines<'static> {
     vec![
         ("redis_version", REDIS_COMPAT_VERSION.into()),
         ("tucana_version", env!("CARGO_PKG_VERSION").into()),
-        ("redis_mode", "standalone".into()),
+        (
+            "redis_mode",
+            if state.cluster.is_some() {
+                "cluster"
+            } else {
+                "standalone"
+            }
+            .into(),
+        ),
         ("os", std::env::consts::OS.into()),
         ("arch_bits", (usize::BITS).to_string()),
         ("process_id", std::process::id().to_string()),
