@@ -237,52 +237,91 @@ fn run_tucana(args: &[&str]) -> String {
     String::from_utf8(output.stdout).unwrap()
 }
 
+/// An etcd, three servers registered in it (not yet in a map), and their addresses.
+struct Cluster {
+    etcd: Etcd,
+    servers: Vec<Server>,
+    addrs: Vec<String>,
+    _dir: TempDir,
+}
+
+impl Cluster {
+    fn start() -> Cluster {
+        let etcd = Etcd::start();
+        let dir = tempfile::tempdir().unwrap();
+        let servers: Vec<Server> = (0..3)
+            .map(|i| {
+                let volume = dir.path().join(format!("server{i}/volume.tucana"));
+                Server::start(&volume, free_port(), &etcd)
+            })
+            .collect();
+        let addrs = servers.iter().map(Server::addr).collect();
+        Cluster {
+            etcd,
+            servers,
+            addrs,
+            _dir: dir,
+        }
+    }
+
+    /// `tucana cluster create` over the three servers: its stdout, or its stderr if it
+    /// failed.
+    fn create(&self) -> Result<String, String> {
+        let mut args = vec![
+            "cluster",
+            "create",
+            "--etcd",
+            &self.etcd.endpoint,
+            "--name",
+            "test",
+        ];
+        args.extend(self.addrs.iter().map(String::as_str));
+        let output = Command::new(env!("CARGO_BIN_EXE_tucana"))
+            .args(&args)
+            .output()
+            .expect("run tucana cluster create");
+        if output.status.success() {
+            Ok(String::from_utf8(output.stdout).unwrap())
+        } else {
+            Err(String::from_utf8_lossy(&output.stderr).into_owned())
+        }
+    }
+
+    /// Waits until every server has the map; the slot ranges they report, which agree.
+    fn wait_for_map(&self) -> Vec<(u16, u16, String)> {
+        let mut layouts = Vec::new();
+        for server in &self.servers {
+            let mut con = server.connect();
+            layouts.push(wait_until("the map reaching a server", || {
+                let ranges = slot_ranges(&mut con);
+                (ranges.len() == 3).then_some(ranges)
+            }));
+        }
+        assert!(layouts.iter().all(|l| *l == layouts[0]), "{layouts:?}");
+        layouts.swap_remove(0)
+    }
+}
+
 #[test]
 fn three_servers_route_by_the_map_in_etcd() {
-    let etcd = Etcd::start();
-    let dir = tempfile::tempdir().unwrap();
-    let mut servers: Vec<Server> = (0..3)
-        .map(|i| {
-            let volume = dir.path().join(format!("server{i}/volume.tucana"));
-            Server::start(&volume, free_port(), &etcd)
-        })
-        .collect();
-    let addrs: Vec<String> = servers.iter().map(Server::addr).collect();
+    let mut cluster = Cluster::start();
+    let addrs = cluster.addrs.clone();
 
     // Before the map, nothing is served.
-    let err = servers[0]
+    let err = cluster.servers[0]
         .connect()
         .get::<_, Option<String>>("k")
         .unwrap_err();
     assert_eq!(err.code(), Some("CLUSTERDOWN"), "{err}");
 
-    let mut create = vec![
-        "cluster",
-        "create",
-        "--etcd",
-        &etcd.endpoint,
-        "--name",
-        "test",
-    ];
-    create.extend(addrs.iter().map(String::as_str));
-    run_tucana(&create);
-    let err = Command::new(env!("CARGO_BIN_EXE_tucana"))
-        .args(&create)
-        .output()
-        .unwrap();
-    assert!(!err.status.success(), "a second create must be refused");
+    cluster.create().unwrap();
+    let refused = cluster.create().unwrap_err();
+    assert!(refused.contains("already has a map"), "{refused}");
 
     // Every server learns the same map: three ranges covering every slot, in order.
-    let mut layouts = Vec::new();
-    for server in &servers {
-        let mut con = server.connect();
-        layouts.push(wait_until("the map reaching a server", || {
-            let ranges = slot_ranges(&mut con);
-            (ranges.len() == 3).then_some(ranges)
-        }));
-    }
-    assert!(layouts.iter().all(|l| *l == layouts[0]), "{layouts:?}");
-    let ranges = &layouts[0];
+    let ranges = &cluster.wait_for_map();
+    let etcd = &cluster.etcd;
+    let servers = &mut cluster.servers;
     assert_eq!(ranges[0].0, 0);
     assert_eq!(ranges[2].1, SLOTS - 1);
     assert_eq!(ranges[0].1 + 1, ranges[1].0);
@@ -306,9 +345,9 @@ fn three_servers_route_by_the_map_in_etcd() {
 
     // The cluster client writes and reads back keys spread over all slots.
     let keys: Vec<String> = (0..3000).map(|i| format!("key:{i}")).collect();
-    let cluster =
+    let client =
         redis::cluster::ClusterClient::new(addrs.iter().map(|a| format!("redis://{a}/"))).unwrap();
-    let mut ccon = cluster.get_connection().unwrap();
+    let mut ccon = client.get_connection().unwrap();
     for key in &keys {
         let _: () = ccon.set(key, format!("value of {key}")).unwrap();
     }
@@ -346,14 +385,14 @@ fn three_servers_route_by_the_map_in_etcd() {
         "nothing was written"
     );
 
-    check_slot_listings(&servers, &keys, &owner);
+    check_slot_listings(servers, &keys, &owner);
 
     // A restarted server keeps its id and still serves its keys.
     let mut con = servers[0].connect();
     let id: String = redis::cmd("CLUSTER").arg("MYID").query(&mut con).unwrap();
     drop(con);
     servers[0].kill();
-    servers[0].spawn(&etcd);
+    servers[0].spawn(etcd);
     let mut con = servers[0].connect();
     let again: String = redis::cmd("CLUSTER").arg("MYID").query(&mut con).unwrap();
     assert_eq!(again, id);
@@ -369,7 +408,7 @@ fn three_servers_route_by_the_map_in_etcd() {
         let value: Option<String> = con.get(key.as_str()).unwrap();
         assert_eq!(value, Some(format!("value of {key}")));
     }
-    let mut ccon = cluster.get_connection().unwrap();
+    let mut ccon = client.get_connection().unwrap();
     for key in &keys {
         let value: Option<String> = ccon.get(key).unwrap();
         assert_eq!(value, Some(format!("value of {key}")));
@@ -434,4 +473,138 @@ fn check_slot_listings(servers: &[Server], keys: &[String], owner: &dyn Fn(u16) 
     }
     assert_eq!(total, keys.len());
     assert_eq!(seen, keys.iter().cloned().collect::<BTreeSet<_>>());
+}
+
+/// Sends one command; its reply, or the error's code and text.
+fn send(con: &mut redis::Connection, args: &[&str]) -> Result<redis::Value, String> {
+    let mut cmd = redis::cmd(args[0]);
+    for arg in &args[1..] {
+        cmd.arg(*arg);
+    }
+    cmd.query::<redis::Value>(con).map_err(|e| {
+        let code = e.code().unwrap_or("?").to_owned();
+        format!("{code} {}", e.detail().unwrap_or(""))
+    })
+}
+
+fn text(value: redis::Value) -> String {
+    redis::from_redis_value(value).unwrap()
+}
+
+#[test]
+fn cluster_commands_answer_as_redis_documents() {
+    let cluster = Cluster::start();
+    cluster.create().unwrap();
+    let ranges = cluster.wait_for_map();
+    let mut con = cluster.servers[0].connect();
+
+    // The example of Redis's CLUSTER KEYSLOT documentation.
+    assert_eq!(
+        send(&mut con, &["CLUSTER", "KEYSLOT", "somekey"]),
+        Ok(redis::Value::Int(11058))
+    );
+    let id = text(send(&mut con, &["CLUSTER", "MYID"]).unwrap());
+    assert_eq!(id.len(), 40);
+    let info = text(send(&mut con, &["CLUSTER", "INFO"]).unwrap());
+    for line in [
+        "cluster_state:ok",
+        "cluster_slots_assigned:16384",
+        "cluster_slots_ok:16384",
+        "cluster_known_nodes:3",
+        "cluster_size:3",
+        "cluster_current_epoch:3",
+    ] {
+        assert!(info.contains(line), "{line} not in {info}");
+    }
+
+    // CLUSTER NODES: one line per server, `id ip:port@cport flags master ping pong epoch
+    // link slots`, this server flagged `myself`, each owning its range.
+    let nodes = text(send(&mut con, &["CLUSTER", "NODES"]).unwrap());
+    let lines: Vec<Vec<&str>> = nodes.lines().map(|l| l.split(' ').collect()).collect();
+    assert_eq!(lines.len(), 3, "{nodes}");
+    for fields in &lines {
+        assert_eq!(fields.len(), 9, "{fields:?}");
+        let addr = fields[1].split('@').next().unwrap();
+        let range = ranges
+            .iter()
+            .find(|r| r.2 == addr)
+            .expect("a server of the map");
+        assert_eq!(fields[8], format!("{}-{}", range.0, range.1));
+        assert_eq!(fields[3], "-");
+        assert_eq!(fields[7], "connected");
+        let myself = fields[0] == id;
+        assert_eq!(fields[2], if myself { "myself,master" } else { "master" });
+    }
+
+    // CLUSTER SHARDS: per shard a map of `slots` (start, end) and `nodes` (maps).
+    let shards = send(&mut con, &["CLUSTER", "SHARDS"]).unwrap();
+    let shards: Vec<redis::Value> = redis::from_redis_value(shards).unwrap();
+    assert_eq!(shards.len(), 3);
+    for shard in shards {
+        let shard: std::collections::HashMap<String, redis::Value> =
+            redis::from_redis_value(shard).unwrap();
+        let (start, end): (u16, u16) = redis::from_redis_value(shard["slots"].clone()).unwrap();
+        let nodes: Vec<std::collections::HashMap<String, redis::Value>> =
+            redis::from_redis_value(shard["nodes"].clone()).unwrap();
+        assert_eq!(nodes.len(), 1);
+        let node = &nodes[0];
+        let ip = text(node["ip"].clone());
+        let port: u16 = redis::from_redis_value(node["port"].clone()).unwrap();
+        assert!(ranges.contains(&(start, end, format!("{ip}:{port}"))));
+        assert_eq!(text(node["role"].clone()), "master");
+        assert_eq!(text(node["health"].clone()), "online");
+    }
+
+    let server_info = text(send(&mut con, &["INFO", "server"]).unwrap());
+    assert!(server_info.contains("redis_mode:cluster"), "{server_info}");
+    let cluster_info = text(send(&mut con, &["INFO", "cluster"]).unwrap());
+    assert!(cluster_info.contains("cluster_enabled:1"), "{cluster_info}");
+    assert_eq!(send(&mut con, &["SELECT", "0"]), Ok(redis::Value::Okay));
+    assert_eq!(
+        send(&mut con, &["SELECT", "1"]),
+        Err("ERR SELECT is not allowed in cluster mode".to_owned())
+    );
+    assert_eq!(send(&mut con, &["READONLY"]), Ok(redis::Value::Okay));
+    assert_eq!(send(&mut con, &["READWRITE"]), Ok(redis::Value::Okay));
+    assert!(send(&mut con, &["TPREFIX", "a"]).is_err());
+
+    // Transactions: one slot runs; two slots (both served here) fail at EXEC with
+    // CROSSSLOT and write nothing; a key served elsewhere is redirected as it is queued
+    // and aborts the transaction.
+    let own = ranges
+        .iter()
+        .find(|r| r.2 == cluster.addrs[0])
+        .unwrap()
+        .clone();
+    let here = |key: &String| (own.0..=own.1).contains(&key_slot(key.as_bytes()));
+    let mine: Vec<String> = (0..)
+        .map(|i| format!("k{i}"))
+        .filter(here)
+        .take(2)
+        .collect();
+    assert_ne!(key_slot(mine[0].as_bytes()), key_slot(mine[1].as_bytes()));
+    let theirs = (0..).map(|i| format!("k{i}")).find(|k| !here(k)).unwrap();
+
+    send(&mut con, &["MULTI"]).unwrap();
+    let tagged = format!("{{{}}}:counter", mine[0]);
+    send(&mut con, &["SET", &tagged, "1"]).unwrap();
+    send(&mut con, &["INCR", &tagged]).unwrap();
+    let replies = send(&mut con, &["EXEC"]).unwrap();
+    assert_eq!(
+        replies,
+        redis::Value::Array(vec![redis::Value::Okay, redis::Value::Int(2)])
+    );
+
+    send(&mut con, &["MULTI"]).unwrap();
+    send(&mut con, &["SET", &mine[0], "x"]).unwrap();
+    send(&mut con, &["SET", &mine[1], "y"]).unwrap();
+    let err = send(&mut con, &["EXEC"]).unwrap_err();
+    assert!(err.starts_with("CROSSSLOT"), "{err}");
+    assert_eq!(send(&mut con, &["GET", &mine[0]]), Ok(redis::Value::Nil));
+
+    send(&mut con, &["MULTI"]).unwrap();
+    let err = send(&mut con, &["SET", &theirs, "x"]).unwrap_err();
+    assert!(err.starts_with("MOVED"), "{err}");
+    let err = send(&mut con, &["EXEC"]).unwrap_err();
+    assert!(err.starts_with("EXECABORT"), "{err}");
 }

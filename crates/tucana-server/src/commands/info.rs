@@ -204,6 +204,25 @@ fn stats_lines(state: &ServerState) -> Lines<'static> {
 
 /// `db<n>` and its key count, for every numbered database that has keys.
 fn keyspace_labels(state: &ServerState, stats: &Stats) -> Vec<(String, u64)> {
+    if let Some(cluster) = &state.cluster {
+        // Cluster mode has database 0 only: the keys of the regions this server leads.
+        let led: Vec<String> = cluster
+            .led_regions(&state.store.db)
+            .iter()
+            .map(|(_, slot)| slot.name().to_owned())
+            .collect();
+        let keys: u64 = stats
+            .keyspaces
+            .iter()
+            .filter(|ks| led.contains(&ks.name))
+            .map(|ks| ks.keys)
+            .sum();
+        return if keys > 0 {
+            vec![("db0".to_owned(), keys)]
+        } else {
+            Vec::new()
+        };
+    }
     let names: Vec<String> = (0..state.store.databases()).map(keyspace_name).collect();
     let mut labels = Vec::new();
     for ks in &stats.keyspaces {
