@@ -13,5 +13,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 bash scripts/server-deps.sh --bench >&2
 # The server and the harness, both release builds; the harness finds `tucana` next to itself.
+# tucana-cli links the cluster crate, whose etcd client is built with protoc.
+bash scripts/cluster-deps.sh --protoc-only
 cargo build --release -q -p tucana-cli -p tucana-bench >&2
 exec "${CARGO_TARGET_DIR:-target}/release/tucana-bench" server "$@"

@@ -88,6 +88,8 @@ grep -q "## Cold scans" "${work}/BENCHMARKS-cold.md"
 grep -q "report bench/results.json --coldscan-json" "${work}/BENCHMARKS-cold.md"
 
 if command -v redis-benchmark >/dev/null 2>&1 && command -v redis-server >/dev/null 2>&1; then
+    # tucana-cli links the cluster crate, whose etcd client is built with protoc.
+    bash scripts/cluster-deps.sh --protoc-only
     cargo build -q -p tucana-cli
     "${bench}" server --quick --dir "${work}" --json "${work}/server-results.json" \
         --memory-limit-bytes $((256 << 20)) --note "smoke test" </dev/null >"${work}/server.log"

@@ -40,6 +40,8 @@ status=0
 start=$(date +%s)
 
 echo "==> M3: kill -9 cycles (release build)"
+# tucana-cli links the cluster crate, whose etcd client is built with protoc.
+bash scripts/cluster-deps.sh --protoc-only
 cargo build --release -p tucana-cli -p tucana-crashtest
 m3_start=$(date +%s)
 if ! "${CARGO_TARGET_DIR:-target}/release/tucana-crashtest" kill9 --cycles "${cycles}" --seed "${seed}"; then

@@ -9,6 +9,7 @@
 //! open volume). The volume is locked by the engine, so a second process gets a clear
 //! error instead of sharing it.
 
+mod cluster;
 mod commands;
 mod crash_writer;
 mod escape;
@@ -139,6 +140,10 @@ pub enum Command {
     /// primary's commit last applied); `promote` makes every replica a keyspace that
     /// takes writes, at a higher term, so its old primary is refused from then on.
     Replication(replication::ReplicationArgs),
+    /// Creates or shows a cluster of `tucana serve --cluster-etcd` servers, whose map is
+    /// kept in etcd (`create`: split the slots over the named servers; `status`: print the
+    /// map and which servers are live).
+    Cluster(cluster::ClusterArgs),
 }
 
 impl Command {
@@ -232,6 +237,10 @@ fn run(cli: Cli) -> Result<Outcome, CliError> {
     if let Command::Serve(args) = &cli.command {
         // The server opens the volume with its own options and closes it itself.
         return serve::run(&cli.db, args);
+    }
+    if let Command::Cluster(args) = &cli.command {
+        // Speaks to etcd only; no volume.
+        return cluster::run(args);
     }
     if let Command::Replication(args) = &cli.command {
         if let Some(addr) = &args.server {

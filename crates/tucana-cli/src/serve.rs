@@ -11,7 +11,8 @@ use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 use tucana_server::{
-    DurabilityMode, ReplicationConfig, RequestLimits, ServerConfig, TlsFiles, DEFAULT_PORT,
+    ClusterConfig, DurabilityMode, ReplicationConfig, RequestLimits, ServerConfig, TlsFiles,
+    DEFAULT_PORT,
 };
 
 use crate::{CliError, Outcome};
@@ -131,6 +132,27 @@ pub struct ServeArgs {
     /// replicas do) instead of taking the primary's.
     #[arg(long)]
     repl_build_index: bool,
+    /// Cluster mode: register in the etcd at these client URLs (comma-separated), follow
+    /// the cluster map kept there and serve the hash slots of the regions this server
+    /// leads (see `tucana cluster`). The server's id is kept in VOLUME.cluster-id.
+    #[arg(
+        long,
+        value_name = "URL[,URL]",
+        value_delimiter = ',',
+        requires = "cluster_name"
+    )]
+    cluster_etcd: Vec<String>,
+    /// The cluster's name (its keys in etcd are under /tucana/NAME/).
+    #[arg(long, value_name = "NAME", requires = "cluster_etcd")]
+    cluster_name: Option<String>,
+    /// The address clients are redirected to for this server (MOVED, CLUSTER SLOTS);
+    /// default: --bind and --port.
+    #[arg(long, value_name = "HOST:PORT", requires = "cluster_etcd")]
+    cluster_announce: Option<String>,
+    /// The time to live of this server's registration in etcd: a server killed without
+    /// shutting down stays listed this long.
+    #[arg(long, default_value_t = 5000, value_name = "MS")]
+    cluster_lease_ms: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -152,8 +174,26 @@ fn resolve(bind: &str, port: u16) -> Result<SocketAddr, CliError> {
         .ok_or_else(|| CliError::msg(format!("--bind {bind} resolves to no address")))
 }
 
+/// Where a server on the volume at `path` keeps its cluster id: next to the volume.
+fn cluster_id_file(path: &Path) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(".cluster-id");
+    PathBuf::from(name)
+}
+
 impl ServeArgs {
-    fn config(&self) -> Result<ServerConfig, CliError> {
+    fn cluster(&self, path: &Path) -> Option<ClusterConfig> {
+        let name = self.cluster_name.clone()?;
+        Some(ClusterConfig {
+            etcd: self.cluster_etcd.clone(),
+            name,
+            announce: self.cluster_announce.clone(),
+            id_file: cluster_id_file(path),
+            lease_ttl: Duration::from_millis(self.cluster_lease_ms),
+        })
+    }
+
+    fn config(&self, path: &Path) -> Result<ServerConfig, CliError> {
         let listen = resolve(&self.bind, self.port)?;
         let pre_auth_bytes = self.pre_auth_max_request_bytes;
         let config = ServerConfig {
@@ -201,6 +241,7 @@ impl ServeArgs {
                 index_lag_max: Duration::from_millis(self.repl_index_lag_ms),
                 index_lag_max_bytes: self.repl_index_lag_bytes,
             },
+            cluster: self.cluster(path),
             ..ServerConfig::default()
         };
         // Refuse before touching the volume: a bad flag should not create one.
@@ -219,11 +260,18 @@ fn describe_replication(config: &ServerConfig) -> String {
     if let Some(port) = r.listen_port {
         out.push_str(&format!(", taking replicas on port {port}"));
     }
+    if let Some(cluster) = &config.cluster {
+        out.push_str(&format!(
+            ", cluster {} through etcd {}",
+            cluster.name,
+            cluster.etcd.join(",")
+        ));
+    }
     out
 }
 
 pub fn run(path: &Path, args: &ServeArgs) -> Result<Outcome, CliError> {
-    let config = args.config()?;
+    let config = args.config(path)?;
     let options = tucana::Database::builder()
         .flush_interval(Some(Duration::from_millis(args.flush_interval_ms.max(1))));
     let db = crate::open_volume_with(path, true, options)?;

@@ -85,6 +85,23 @@ impl ReplicationConfig {
     }
 }
 
+/// Cluster mode (issue 19; DESIGN.md, "Cluster"): the server registers in etcd, follows
+/// the cluster map kept there and serves the regions it is primary of.
+#[derive(Clone, Debug)]
+pub struct ClusterConfig {
+    /// etcd's client URLs (`http://host:port`).
+    pub etcd: Vec<String>,
+    /// The cluster's name: its keys in etcd are under `/tucana/<name>/`.
+    pub name: String,
+    /// The address clients are sent to (`MOVED`, `CLUSTER SLOTS`); default: the
+    /// listener's address and port.
+    pub announce: Option<String>,
+    /// Where this server's id is kept, so a restart on the same volume keeps it.
+    pub id_file: PathBuf,
+    /// The time to live of this server's lease in etcd.
+    pub lease_ttl: Duration,
+}
+
 /// Everything the server needs besides the opened database.
 #[derive(Clone, Debug)]
 pub struct ServerConfig {
@@ -119,6 +136,8 @@ pub struct ServerConfig {
     /// this long before it sleeps (see `busy_poll`; zero: sleep at once).
     pub busy_poll: Duration,
     pub replication: ReplicationConfig,
+    /// Cluster mode, when set (`None`: a standalone server, as without clusters).
+    pub cluster: Option<ClusterConfig>,
 }
 
 impl Default for ServerConfig {
@@ -144,6 +163,7 @@ impl Default for ServerConfig {
                 index_lag_max_bytes: 256 << 20,
                 ..ReplicationConfig::default()
             },
+            cluster: None,
         }
     }
 }
@@ -200,6 +220,14 @@ impl ServerConfig {
         }
         if self.replication.listen_port.is_some() && exposed(&self.listen) && !has_password {
             return Err("a replication listener on a public address needs a password".into());
+        }
+        if let Some(cluster) = &self.cluster {
+            if cluster.etcd.is_empty() {
+                return Err("cluster mode needs at least one etcd endpoint".into());
+            }
+            if cluster.lease_ttl < Duration::from_secs(1) {
+                return Err("the cluster lease must last at least 1 s".into());
+            }
         }
         for (name, l) in [
             ("request", &self.request_limits),

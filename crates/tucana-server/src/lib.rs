@@ -10,6 +10,8 @@
 //!   syncs for all waiting connections), `outbox` (replies sent together just before a
 //!   connection thread sleeps), `busy_poll` (a busy thread polls a little longer before
 //!   it sleeps);
+//! - `cluster` (cluster mode: the server's id, its registration in etcd, the map it
+//!   follows and its regions' keyspaces);
 //! - `replication` (this server's keyspaces shipped to backups, others' taken as
 //!   replicas: `tucana-replication` started from the configuration);
 //! - `state` (`ServerState`: what every connection shares);
@@ -29,6 +31,7 @@
 //! ```
 
 mod busy_poll;
+mod cluster;
 mod commands;
 pub mod config;
 mod connection;
@@ -45,7 +48,9 @@ mod syncer;
 mod tls;
 
 pub use commands::REDIS_COMPAT_VERSION;
-pub use config::{DurabilityMode, ReplicationConfig, ServerConfig, TlsFiles, DEFAULT_PORT};
+pub use config::{
+    ClusterConfig, DurabilityMode, ReplicationConfig, ServerConfig, TlsFiles, DEFAULT_PORT,
+};
 pub use replication::{promote_replicas, replica_info_lines};
 pub use resp::{Protocol, Reply, RequestLimits};
 pub use server::{serve_until_signal, spawn, RunningServer, Server, ShutdownHandle};

@@ -114,6 +114,9 @@ impl Server {
             Err(e) => return Err(tucana::Error::Io(e)),
         };
         let mut tasks = JoinSet::new();
+        if let Some(cluster) = &state.cluster {
+            cluster.start(shutdown.clone());
+        }
         if let Some(metrics) = metrics_listener {
             tasks.spawn(serve_metrics(state.clone(), metrics, shutdown.clone()));
         }
@@ -140,6 +143,9 @@ impl Server {
             eprintln!("tucana serve: connections still busy after {grace:?}; closing them");
             tasks.abort_all();
             while tasks.join_next().await.is_some() {}
+        }
+        if let Some(cluster) = &state.cluster {
+            cluster.stopped(Duration::from_secs(2)).await;
         }
         // Every connection has ended: the threads have nothing left to run, and nobody
         // waits for a sync.

@@ -18,6 +18,7 @@ use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
 use tucana::Database;
 
+use crate::cluster::Cluster;
 use crate::config::{DurabilityMode, ServerConfig};
 use crate::metrics::Metrics;
 use crate::replication::Replication;
@@ -40,6 +41,8 @@ pub struct ServerState {
     pub syncer: Option<Syncer>,
     /// Replication to backups and from primaries, when configured.
     pub replication: Option<Arc<Replication>>,
+    /// Cluster mode's state, when configured (`None`: standalone).
+    pub cluster: Option<Arc<Cluster>>,
     /// Set to `true` once to stop the server (signals, `SHUTDOWN`, `ShutdownHandle`).
     pub shutdown: Arc<watch::Sender<bool>>,
     next_client_id: AtomicU64,
@@ -61,10 +64,29 @@ impl ServerState {
             DurabilityMode::Sync => Some(Syncer::start(db.clone(), replication.clone())?),
             DurabilityMode::Buffered => None,
         };
+        let cluster = match &config.cluster {
+            Some(cluster) => {
+                let client_addr = cluster
+                    .announce
+                    .clone()
+                    .unwrap_or_else(|| client_addr_of(resp_addr));
+                let repl_addr = match config.replication.listen_port {
+                    Some(port) => client_addr_of(std::net::SocketAddr::new(resp_addr.ip(), port)),
+                    None => String::new(),
+                };
+                Some(Arc::new(Cluster::new(
+                    cluster.clone(),
+                    client_addr,
+                    repl_addr,
+                )?))
+            }
+            None => None,
+        };
         let (shutdown, _) = watch::channel(false);
         Ok(ServerState {
             syncer,
             replication,
+            cluster,
             store: Store::new(db, config.databases, config.max_scan_cursors),
             threads: config.thread_count(),
             config,
@@ -81,6 +103,17 @@ impl ServerState {
     pub fn new_client_id(&self) -> u64 {
         self.next_client_id.fetch_add(1, Ordering::Relaxed)
     }
+}
+
+/// `addr` as clients elsewhere can reach it: a wildcard address becomes loopback (pass
+/// `--cluster-announce` to name the host's address).
+fn client_addr_of(addr: std::net::SocketAddr) -> String {
+    let ip = if addr.ip().is_unspecified() {
+        std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST)
+    } else {
+        addr.ip()
+    };
+    std::net::SocketAddr::new(ip, addr.port()).to_string()
 }
 
 /// Resolves once shutdown was asked for on `shutdown` (a receiver of

@@ -50,21 +50,8 @@ pub fn keyspace_name(index: u32) -> String {
 impl Store {
     pub fn new(db: Database, databases: u32, max_cursors: usize) -> Store {
         assert!(databases > 0 && max_cursors > 0);
-        let existing = db.keyspace_names();
         let slots = (0..databases)
-            .map(|index| {
-                let name = keyspace_name(index);
-                let handle = if existing.contains(&name) {
-                    db.open_keyspace(&name).ok()
-                } else {
-                    None
-                };
-                Slot {
-                    name,
-                    write_lock: Mutex::new(()),
-                    handle: RwLock::new(handle),
-                }
-            })
+            .map(|index| Slot::named(&db, keyspace_name(index)))
             .collect();
         Store {
             db,
@@ -102,6 +89,21 @@ impl Store {
 }
 
 impl Slot {
+    /// The database kept in the keyspace `name`, opened if it exists (cluster mode keeps
+    /// one per region, `cluster`).
+    pub fn named(db: &Database, name: String) -> Slot {
+        let handle = if db.keyspace_names().contains(&name) {
+            db.open_keyspace(&name).ok()
+        } else {
+            None
+        };
+        Slot {
+            name,
+            write_lock: Mutex::new(()),
+            handle: RwLock::new(handle),
+        }
+    }
+
     /// Runs a read on the current keyspace (`None`: it does not exist, so it is empty).
     /// A `FLUSHDB` that drops the keyspace while the read runs makes the read start over
     /// on the new state, so a read never reports a dropped keyspace as an error.

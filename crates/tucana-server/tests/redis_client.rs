@@ -358,6 +358,31 @@ fn multi_exec_is_one_atomic_batch_that_sees_its_own_writes() {
 }
 
 #[test]
+fn without_cluster_mode_cluster_commands_answer_as_redis_with_cluster_support_disabled() {
+    let (_db, server) = start();
+    let mut con = connect(&server);
+    for args in [&["CLUSTER", "SLOTS"][..], &["READONLY"], &["READWRITE"]] {
+        let mut cmd = redis::cmd(args[0]);
+        for arg in &args[1..] {
+            cmd.arg(*arg);
+        }
+        let err = cmd.query::<Value>(&mut con).unwrap_err();
+        assert_eq!(err.code(), Some("ERR"), "{args:?}: {err}");
+        assert_eq!(
+            err.detail(),
+            Some("This instance has cluster support disabled"),
+            "{args:?}"
+        );
+    }
+    // Standalone INFO is as before: no Cluster section, redis_mode standalone.
+    let info: String = redis::cmd("INFO").query(&mut con).unwrap();
+    assert!(info.contains("redis_mode:standalone"), "{info}");
+    assert!(!info.contains("# Cluster"), "{info}");
+    let _: () = redis::cmd("SELECT").arg(3).query(&mut con).unwrap();
+    server.stop().unwrap();
+}
+
+#[test]
 fn select_maps_databases_to_keyspaces_and_flushdb_drops_one() {
     let (db, server) = start();
     let mut con = connect_url(&format!("redis://{}/3", server.addr));

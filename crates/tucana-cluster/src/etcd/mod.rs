@@ -55,9 +55,12 @@ impl Store {
             return Err(Error::Refused(format!("bad cluster name {cluster:?}")));
         }
         // HTTP/2 pings find a dead connection even while only a keepalive stream is open.
+        // Not more often than every 5 s: etcd's server (--grpc-keepalive-min-time, 5 s by
+        // default) answers more frequent pings with GOAWAY, which broke every open watch
+        // of a long-running server a few times a minute.
         let options = ConnectOptions::new()
             .with_connect_timeout(Duration::from_secs(5))
-            .with_keep_alive(Duration::from_secs(2), Duration::from_secs(2))
+            .with_keep_alive(Duration::from_secs(6), Duration::from_secs(3))
             .with_keep_alive_while_idle(true);
         let client = Client::connect(endpoints, Some(options)).await?;
         Ok(Store {

@@ -53,7 +53,8 @@ pub fn execute_batch(
             i += 1;
             continue;
         }
-        let fast = session.authenticated && session.multi.is_none();
+        // Cluster mode routes every key (`routing`); the fast paths do not.
+        let fast = session.authenticated && session.multi.is_none() && state.cluster.is_none();
         if fast && is_plain(&args, b"get", 2) {
             let run = run_length(requests, i, b"get", 2);
             fast_gets(state, session, requests, i..i + run, &mut replies);

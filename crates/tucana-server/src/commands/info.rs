@@ -75,6 +75,10 @@ fn info_text(state: &ServerState, sections: &[String], connected: u64) -> String
         let lines = owned.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
         section(&mut out, "Replication", lines);
     }
+    // Only in cluster mode, so a standalone server's INFO is as it was.
+    if state.cluster.is_some() && want("cluster") {
+        section(&mut out, "Cluster", vec![("cluster_enabled", "1".into())]);
+    }
     if want("keyspace") {
         let labels = keyspace_labels(state, &stats);
         let lines = labels
@@ -102,7 +106,15 @@ fn server_lines(state: &ServerState) -> Lines<'static> {
     vec![
         ("redis_version", REDIS_COMPAT_VERSION.into()),
         ("tucana_version", env!("CARGO_PKG_VERSION").into()),
-        ("redis_mode", "standalone".into()),
+        (
+            "redis_mode",
+            if state.cluster.is_some() {
+                "cluster"
+            } else {
+                "standalone"
+            }
+            .into(),
+        ),
         ("os", std::env::consts::OS.into()),
         ("arch_bits", (usize::BITS).to_string()),
         ("process_id", std::process::id().to_string()),
@@ -192,6 +204,25 @@ fn stats_lines(state: &ServerState) -> Lines<'static> {
 
 /// `db<n>` and its key count, for every numbered database that has keys.
 fn keyspace_labels(state: &ServerState, stats: &Stats) -> Vec<(String, u64)> {
+    if let Some(cluster) = &state.cluster {
+        // Cluster mode has database 0 only: the keys of the regions this server leads.
+        let led: Vec<String> = cluster
+            .led_regions(&state.store.db)
+            .iter()
+            .map(|(_, slot)| slot.name().to_owned())
+            .collect();
+        let keys: u64 = stats
+            .keyspaces
+            .iter()
+            .filter(|ks| led.contains(&ks.name))
+            .map(|ks| ks.keys)
+            .sum();
+        return if keys > 0 {
+            vec![("db0".to_owned(), keys)]
+        } else {
+            Vec::new()
+        };
+    }
     let names: Vec<String> = (0..state.store.databases()).map(keyspace_name).collect();
     let mut labels = Vec::new();
     for ks in &stats.keyspaces {

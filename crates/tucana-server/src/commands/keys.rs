@@ -15,7 +15,7 @@ use tucana::Keyspace;
 use crate::glob::{glob_match, literal_prefix};
 use crate::resp::Reply;
 
-use super::{not_an_integer, parse_i64, syntax_error, Call};
+use super::{cluster_keys, not_an_integer, parse_i64, syntax_error, Call};
 
 /// Keys of a keyspace in order from `lo` (or the first) to `hi` (or the last).
 fn range_of(
@@ -78,6 +78,10 @@ pub(super) fn cmd_scan(call: &mut Call<'_>, args: &[Vec<u8>]) -> tucana::Result<
             None => return Ok(Reply::error("ERR invalid cursor")),
         }
     };
+    if call.state.cluster.is_some() {
+        let (keys, last) = cluster_keys::scan(call, after, pattern, count, strings)?;
+        return Ok(scan_reply(call, db_index, keys, last));
+    }
     let prefix = pattern.map(literal_prefix).unwrap_or_default();
     let lo = match &after {
         Some(k) if k.as_slice() >= prefix.as_slice() => Bound::Excluded(k.clone()),
@@ -106,18 +110,27 @@ pub(super) fn cmd_scan(call: &mut Call<'_>, args: &[Vec<u8>]) -> tucana::Result<
         }
         Ok((keys, last))
     })?;
+    Ok(scan_reply(call, db_index, keys, last))
+}
+
+/// SCAN's reply: a cursor for where it stopped (`last`; 0 when nothing follows), then the
+/// keys.
+fn scan_reply(call: &Call<'_>, db_index: u32, keys: Vec<Reply>, last: Option<Vec<u8>>) -> Reply {
     let next = match last {
         Some(key) => call.state.store.save_cursor(db_index, key),
         None => 0,
     };
-    Ok(Reply::Array(vec![
+    Reply::Array(vec![
         Reply::Bulk(next.to_string().into_bytes()),
         Reply::Array(keys),
-    ]))
+    ])
 }
 
 pub(super) fn cmd_keys(call: &mut Call<'_>, args: &[Vec<u8>]) -> tucana::Result<Reply> {
     let pattern = &args[1];
+    if call.state.cluster.is_some() {
+        return cluster_keys::keys(call, pattern);
+    }
     let prefix = literal_prefix(pattern);
     let hi = prefix_end(&prefix);
     call.slot().read(|ks| {
@@ -211,6 +224,9 @@ fn collect_range(
 /// `TRANGE start end [REV] [LIMIT count] [WITHVALUES]`: keys from `start` to `end` in key
 /// order (`REV`: descending), bounds written as in ZRANGEBYLEX (`-`, `+`, `[k`, `(k`).
 pub(super) fn cmd_trange(call: &mut Call<'_>, args: &[Vec<u8>]) -> tucana::Result<Reply> {
+    if call.state.cluster.is_some() {
+        return Ok(not_in_cluster_mode("TRANGE"));
+    }
     let (Some(lo), Some(hi)) = (lex_bound(&args[1], true), lex_bound(&args[2], false)) else {
         return Ok(Reply::error(
             "ERR start and end must be '-', '+', '[key' (inclusive) or '(key' (exclusive)",
@@ -224,6 +240,9 @@ pub(super) fn cmd_trange(call: &mut Call<'_>, args: &[Vec<u8>]) -> tucana::Resul
 
 /// `TPREFIX prefix [REV] [LIMIT count] [WITHVALUES]`: the keys that start with `prefix`.
 pub(super) fn cmd_tprefix(call: &mut Call<'_>, args: &[Vec<u8>]) -> tucana::Result<Reply> {
+    if call.state.cluster.is_some() {
+        return Ok(not_in_cluster_mode("TPREFIX"));
+    }
     let prefix = args[1].clone();
     let hi = prefix_end(&prefix);
     match range_options(&args[2..]) {
@@ -232,7 +251,16 @@ pub(super) fn cmd_tprefix(call: &mut Call<'_>, args: &[Vec<u8>]) -> tucana::Resu
     }
 }
 
+/// The ordered commands do not yet run over a cluster's regions: refused rather than run
+/// on a keyspace that holds none of the client's keys.
+fn not_in_cluster_mode(name: &str) -> Reply {
+    Reply::error(format!("ERR {name} is not supported in cluster mode yet"))
+}
+
 pub(super) fn cmd_dbsize(call: &mut Call<'_>, _args: &[Vec<u8>]) -> tucana::Result<Reply> {
+    if call.state.cluster.is_some() {
+        return cluster_keys::dbsize(call);
+    }
     let n = call.slot().read(|ks| Ok(ks.map_or(0, |ks| ks.len())))?;
     Ok(Reply::Int(n as i64))
 }
@@ -250,6 +278,9 @@ pub(super) fn cmd_flushdb(call: &mut Call<'_>, args: &[Vec<u8>]) -> tucana::Resu
     if !flush_option_ok(args) {
         return Ok(syntax_error());
     }
+    if call.state.cluster.is_some() {
+        return cluster_keys::flush(call);
+    }
     call.slot().lock_writes().flush(&call.state.store.db)?;
     Ok(Reply::Ok)
 }
@@ -257,6 +288,9 @@ pub(super) fn cmd_flushdb(call: &mut Call<'_>, args: &[Vec<u8>]) -> tucana::Resu
 pub(super) fn cmd_flushall(call: &mut Call<'_>, args: &[Vec<u8>]) -> tucana::Result<Reply> {
     if !flush_option_ok(args) {
         return Ok(syntax_error());
+    }
+    if call.state.cluster.is_some() {
+        return cluster_keys::flush(call);
     }
     for slot in call.state.store.slots() {
         slot.lock_writes().flush(&call.state.store.db)?;

@@ -33,9 +33,12 @@
 
 mod admin;
 mod batch;
+mod cluster;
+mod cluster_keys;
 mod info;
 mod keys;
 mod kv;
+mod routing;
 mod session;
 mod strings;
 mod table;
@@ -49,8 +52,9 @@ pub use batch::{execute_batch, Written};
 pub use session::Session;
 pub use table::{command_count, command_name, may_block};
 
-use kv::{LockedKv, ReadKv};
-use table::{lookup, table, Run, Spec, NOAUTH, NOMULTI, TXCTL};
+use kv::{Kv, LockedKv, ReadKv};
+use routing::{Routed, SlotKv};
+use table::{lookup, table, KvFn, Run, Spec, NOAUTH, NOMULTI, TXCTL};
 
 /// The Redis version whose commands and replies we follow, reported to clients that ask
 /// (`HELLO`, `INFO`); some clients pick features by it.
@@ -92,6 +96,16 @@ fn execute(call: &mut Call<'_>, args: &Args) -> Reply {
         }
         return wrong_args(spec.name);
     }
+    // Cluster mode: the keys must hash to one slot this server serves.
+    let routed = match routing::route(call, spec, args) {
+        Ok(routed) => routed,
+        Err(reply) => {
+            if let Some(multi) = &mut call.session.multi {
+                multi.failed = true;
+            }
+            return reply;
+        }
+    };
     if let Some(multi) = &mut call.session.multi {
         if spec.flags & TXCTL == 0 {
             if spec.flags & NOMULTI != 0 {
@@ -106,7 +120,7 @@ fn execute(call: &mut Call<'_>, args: &Args) -> Reply {
         }
     }
     call.state.metrics.count_command(index);
-    let result = run_spec(call, spec, args);
+    let result = run_spec(call, spec, args, routed);
     result.unwrap_or_else(|e| Reply::error(error_text(&e)))
 }
 
@@ -119,17 +133,46 @@ fn error_text(e: &tucana::Error) -> String {
     }
 }
 
-fn run_spec(call: &mut Call<'_>, spec: &Spec, args: &Args) -> tucana::Result<Reply> {
+/// Runs a string command's handler on `kv`, through the slot prefix when routed.
+fn run_kv(f: KvFn, kv: &mut dyn Kv, hash_slot: Option<u16>, args: &Args) -> tucana::Result<Reply> {
+    match hash_slot {
+        Some(hash_slot) => f(
+            &mut SlotKv {
+                inner: kv,
+                hash_slot,
+            },
+            args,
+        ),
+        None => f(kv, args),
+    }
+}
+
+fn run_spec(
+    call: &mut Call<'_>,
+    spec: &Spec,
+    args: &Args,
+    routed: Option<Routed>,
+) -> tucana::Result<Reply> {
     let state = call.state;
+    let region = match (&state.cluster, routed) {
+        (Some(cluster), Some(r)) => Some(cluster.region(&state.store.db, r.region)),
+        // Every string command has a key; never let one reach database 0 in cluster mode.
+        (Some(_), None) if !matches!(spec.run, Run::Other { .. }) => {
+            return Ok(Reply::error("ERR command without a key in cluster mode"));
+        }
+        _ => None,
+    };
+    let slot = region.as_deref().unwrap_or_else(|| call.slot());
+    let hash_slot = routed.map(|r| r.hash_slot);
     match spec.run {
-        Run::Read(f) => call.slot().read(|ks| f(&mut ReadKv { ks, state }, args)),
+        Run::Read(f) => slot.read(|ks| run_kv(f, &mut ReadKv { ks, state }, hash_slot, args)),
         Run::Write(f) => {
             let mut kv = LockedKv {
-                guard: call.slot().lock_writes(),
+                guard: slot.lock_writes(),
                 state,
                 wrote: false,
             };
-            let reply = f(&mut kv, args);
+            let reply = run_kv(f, &mut kv, hash_slot, args);
             call.wrote |= kv.wrote;
             reply
         }

@@ -32,6 +32,9 @@ pub struct Session {
     pub(super) lib_version: Option<Vec<u8>>,
     /// Between `MULTI` and `EXEC` or `DISCARD`: the queued commands.
     pub(super) multi: Option<Multi>,
+    /// `READONLY` (cluster mode): the client accepts reads from backups. Nothing reads
+    /// from backups yet (the replication slice of issue 19), so it changes no reply.
+    pub(super) readonly: bool,
     /// Close the connection once the replies so far are written (`QUIT`, `SHUTDOWN`).
     pub close_after_reply: bool,
     /// The client asked the server to shut down.
@@ -57,6 +60,7 @@ impl Session {
             lib_name: None,
             lib_version: None,
             multi: None,
+            readonly: false,
             close_after_reply: false,
             shutdown_requested: false,
             last_write: None,
@@ -83,6 +87,10 @@ pub(super) fn cmd_quit(call: &mut Call<'_>, _args: &[Vec<u8>]) -> tucana::Result
 
 pub(super) fn cmd_select(call: &mut Call<'_>, args: &[Vec<u8>]) -> tucana::Result<Reply> {
     match parse_i64(&args[1]) {
+        // Redis Cluster has only database 0.
+        Some(n) if n != 0 && call.state.cluster.is_some() => {
+            Ok(Reply::error("ERR SELECT is not allowed in cluster mode"))
+        }
         Some(n) if n >= 0 && n < i64::from(call.state.store.databases()) => {
             call.session.db_index = n as u32;
             Ok(Reply::Ok)

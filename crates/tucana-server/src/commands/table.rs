@@ -18,6 +18,7 @@ use super::admin::{
     cmd_bgrewriteaof, cmd_bgsave, cmd_command, cmd_config, cmd_replicaof, cmd_save, cmd_shutdown,
     cmd_time, cmd_wait,
 };
+use super::cluster::{cmd_cluster, cmd_readonly, cmd_readwrite};
 use super::info::cmd_info;
 use super::keys::{
     cmd_dbsize, cmd_flushall, cmd_flushdb, cmd_keys, cmd_scan, cmd_tprefix, cmd_trange,
@@ -150,6 +151,9 @@ pub(super) fn table() -> &'static [Spec] {
                 blocking(cmd_bgrewriteaof)
             ),
             spec!("shutdown", -1, NOMULTI, NO_KEYS, other(cmd_shutdown)),
+            spec!("cluster", -2, NOMULTI, NO_KEYS, other(cmd_cluster)),
+            spec!("readonly", 1, NOMULTI, NO_KEYS, other(cmd_readonly)),
+            spec!("readwrite", 1, NOMULTI, NO_KEYS, other(cmd_readwrite)),
         ]
     })
 }

@@ -17,8 +17,9 @@ use tucana::Durability;
 use crate::resp::{Args, Reply};
 
 use super::kv::TxKv;
+use super::routing::{crossslot, route_slot};
 use super::table::{lookup, table, Run};
-use super::{unknown_command, Call};
+use super::{run_kv, unknown_command, Call};
 
 /// The queue of an open transaction (in the [`Session`](super::Session)).
 #[derive(Debug, Default)]
@@ -26,6 +27,10 @@ pub(super) struct Multi {
     pub(super) queued: Vec<Args>,
     /// A command could not be queued: `EXEC` aborts (as Redis does).
     pub(super) failed: bool,
+    /// Cluster mode: the hash slot of the queued commands' keys (all must share one).
+    pub(super) hash_slot: Option<u16>,
+    /// Cluster mode: queued commands' keys hash to different slots (`EXEC` refuses).
+    pub(super) cross_slot: bool,
 }
 
 pub(super) fn cmd_multi(call: &mut Call<'_>, _args: &[Vec<u8>]) -> tucana::Result<Reply> {
@@ -57,7 +62,19 @@ pub(super) fn cmd_exec(call: &mut Call<'_>, _args: &[Vec<u8>]) -> tucana::Result
         ));
     }
     let state = call.state;
-    let slot = call.slot();
+    // Cluster mode: the transaction runs in the region of its one hash slot.
+    let (region, hash_slot) = match (&state.cluster, multi.hash_slot) {
+        (Some(_), _) if multi.cross_slot => return Ok(crossslot()),
+        (Some(cluster), Some(hash_slot)) => match route_slot(call, hash_slot) {
+            Ok(routed) => (
+                Some(cluster.region(&state.store.db, routed.region)),
+                Some(hash_slot),
+            ),
+            Err(reply) => return Ok(reply),
+        },
+        _ => (None, None),
+    };
+    let slot = region.as_deref().unwrap_or_else(|| call.slot());
     let mut tx = TxKv {
         guard: slot.lock_writes(),
         state,
@@ -74,9 +91,8 @@ pub(super) fn cmd_exec(call: &mut Call<'_>, _args: &[Vec<u8>]) -> tucana::Result
         let reply = match spec.run {
             // A failed command leaves no partial writes in the overlay: every handler
             // writes with one `apply`, after its reads, as its last step.
-            Run::Read(f) | Run::Write(f) => {
-                f(&mut tx, args).unwrap_or_else(|e| Reply::error(format!("ERR {e}")))
-            }
+            Run::Read(f) | Run::Write(f) => run_kv(f, &mut tx, hash_slot, args)
+                .unwrap_or_else(|e| Reply::error(format!("ERR {e}"))),
             Run::Other { f, .. } => {
                 let mut inner = Call {
                     state,

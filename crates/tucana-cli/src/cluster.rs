@@ -1,0 +1,236 @@
+//! `tucana cluster create|status`: an operator's commands on a cluster's map in etcd
+//! (issue 19; DESIGN.md, "Cluster").
+//!
+//! `create` waits until the named servers (`tucana serve --cluster-etcd`) are registered,
+//! matching them by the client address they announce, splits the 16384 hash slots evenly
+//! over them as primaries and creates the map; it refuses when a map exists. `status`
+//! prints the map (regions, slot ranges, primary, backups, epochs) and which servers are
+//! live.
+//!
+//! Owns the subcommand's flags and output; the map and its storage in etcd are
+//! `tucana-cluster`'s. Runs a small tokio runtime on the calling thread for the etcd
+//! client.
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use clap::{Args, Subcommand};
+use tucana_cluster::{ClusterMap, ServerId, ServerInfo, Store};
+
+use crate::{CliError, Outcome};
+
+/// Flags of `tucana cluster`.
+#[derive(Debug, Args)]
+pub struct ClusterArgs {
+    #[command(subcommand)]
+    pub action: Action,
+}
+
+/// Where the cluster's map is kept.
+#[derive(Debug, Args)]
+pub struct EtcdArgs {
+    /// etcd's client URLs, comma-separated (`http://host:port`).
+    #[arg(long, value_name = "URL[,URL]", value_delimiter = ',', required = true)]
+    etcd: Vec<String>,
+    /// The cluster's name (its servers' --cluster-name).
+    #[arg(long, value_name = "NAME")]
+    name: String,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Action {
+    /// Waits for the servers at HOST:PORT... to register, then creates the map: the
+    /// 16384 hash slots split evenly over them, one region each, in the order given.
+    Create {
+        #[command(flatten)]
+        etcd: EtcdArgs,
+        /// Backups per region (only 0 in this version).
+        #[arg(long, default_value_t = 0, value_name = "N")]
+        replicas: u32,
+        /// How long to wait for the servers to register.
+        #[arg(long, default_value_t = 60, value_name = "SECS")]
+        wait_secs: u64,
+        /// The servers' client addresses, as they announce them (--cluster-announce, or
+        /// their --bind and --port).
+        #[arg(value_name = "HOST:PORT", required = true)]
+        servers: Vec<String>,
+    },
+    /// Prints the map and which servers are live.
+    Status {
+        #[command(flatten)]
+        etcd: EtcdArgs,
+    },
+}
+
+pub fn run(args: &ClusterArgs) -> Result<Outcome, CliError> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| CliError::msg(format!("cannot start a runtime: {e}")))?;
+    runtime.block_on(async {
+        match &args.action {
+            Action::Create {
+                etcd,
+                replicas,
+                wait_secs,
+                servers,
+            } => create(etcd, *replicas, Duration::from_secs(*wait_secs), servers).await,
+            Action::Status { etcd } => status(etcd).await,
+        }
+    })?;
+    Ok(Outcome::Done)
+}
+
+fn etcd_error(what: &str) -> impl Fn(tucana_cluster::Error) -> CliError + '_ {
+    move |e| CliError::msg(format!("{what}: {e}"))
+}
+
+async fn connect(etcd: &EtcdArgs) -> Result<Store, CliError> {
+    Store::connect(&etcd.etcd, &etcd.name)
+        .await
+        .map_err(etcd_error("connecting to etcd"))
+}
+
+/// The registered server whose client address is each of `addrs`, once all are.
+async fn wait_for_servers(
+    store: &Store,
+    addrs: &[String],
+    wait: Duration,
+) -> Result<Vec<ServerId>, CliError> {
+    let deadline = Instant::now() + wait;
+    let mut told = false;
+    loop {
+        let (servers, _) = store
+            .servers()
+            .await
+            .map_err(etcd_error("reading servers"))?;
+        let found: Vec<Option<&ServerInfo>> = addrs
+            .iter()
+            .map(|a| servers.iter().find(|s| &s.client_addr == a))
+            .collect();
+        if found.iter().all(Option::is_some) {
+            return Ok(found.into_iter().flatten().map(|s| s.id.clone()).collect());
+        }
+        let missing: Vec<&str> = addrs
+            .iter()
+            .zip(&found)
+            .filter(|(_, f)| f.is_none())
+            .map(|(a, _)| a.as_str())
+            .collect();
+        if Instant::now() >= deadline {
+            let registered: Vec<&str> = servers.iter().map(|s| s.client_addr.as_str()).collect();
+            return Err(CliError::msg(format!(
+                "not registered after {wait:?}: {} (registered: {})",
+                missing.join(", "),
+                if registered.is_empty() {
+                    "none".to_owned()
+                } else {
+                    registered.join(", ")
+                }
+            )));
+        }
+        if !told {
+            eprintln!("waiting for {} to register", missing.join(", "));
+            told = true;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+async fn create(
+    etcd: &EtcdArgs,
+    replicas: u32,
+    wait: Duration,
+    addrs: &[String],
+) -> Result<(), CliError> {
+    if replicas > 0 {
+        return Err(CliError::msg(
+            "--replicas above 0 is not supported yet: regions have no backups in this version",
+        ));
+    }
+    let distinct: BTreeSet<&String> = addrs.iter().collect();
+    if distinct.len() != addrs.len() {
+        return Err(CliError::msg("a server is named twice"));
+    }
+    let store = connect(etcd).await?;
+    if let Some((_, revision)) = store.map().await.map_err(etcd_error("reading the map"))? {
+        return Err(CliError::msg(format!(
+            "cluster {} already has a map (revision {revision}); `tucana cluster status` shows it",
+            etcd.name
+        )));
+    }
+    let ids = wait_for_servers(&store, addrs, wait).await?;
+    let map = ClusterMap::even(&ids).map_err(etcd_error("building the map"))?;
+    store
+        .create_map(&map)
+        .await
+        .map_err(etcd_error("creating the map"))?;
+    println!("created the map of cluster {}:", etcd.name);
+    for (region, addr) in map.regions.iter().zip(addrs) {
+        println!(
+            "  region {}: slots {} on {} ({})",
+            region.id, region.slots, addr, region.primary
+        );
+    }
+    Ok(())
+}
+
+async fn status(etcd: &EtcdArgs) -> Result<(), CliError> {
+    let store = connect(etcd).await?;
+    let (servers, _) = store
+        .servers()
+        .await
+        .map_err(etcd_error("reading servers"))?;
+    let map = store.map().await.map_err(etcd_error("reading the map"))?;
+    let live: BTreeSet<&ServerId> = servers.iter().map(|s| &s.id).collect();
+    let addr = |id: &ServerId| {
+        servers
+            .iter()
+            .find(|s| &s.id == id)
+            .map_or("(not registered)", |s| s.client_addr.as_str())
+    };
+    let health = |id: &ServerId| if live.contains(id) { "live" } else { "DOWN" };
+    println!("cluster {}", etcd.name);
+    match &map {
+        None => println!("no map yet (`tucana cluster create` makes one)"),
+        Some((map, revision)) => {
+            println!(
+                "map: version {}, config epoch {}, etcd revision {revision}",
+                map.version, map.config_epoch
+            );
+            let mut assigned = 0u32;
+            for region in &map.regions {
+                assigned += region.slots.len();
+                let backups: Vec<String> = region
+                    .backups
+                    .iter()
+                    .map(|b| format!("{b} {} {}", addr(b), health(b)))
+                    .collect();
+                println!(
+                    "region {}: slots {} ({} slots), epoch {}, primary {} {} {}, backups: {}",
+                    region.id,
+                    region.slots,
+                    region.slots.len(),
+                    region.epoch,
+                    region.primary,
+                    addr(&region.primary),
+                    health(&region.primary),
+                    if backups.is_empty() {
+                        "none".to_owned()
+                    } else {
+                        backups.join(", ")
+                    }
+                );
+            }
+            let unassigned = u32::from(tucana_cluster::SLOTS) - assigned;
+            if unassigned > 0 {
+                println!("unassigned slots: {unassigned}");
+            }
+        }
+    }
+    println!("live servers: {}", servers.len());
+    for server in &servers {
+        println!("  {} {}", server.id, server.client_addr);
+    }
+    Ok(())
+}

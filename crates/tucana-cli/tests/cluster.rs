@@ -1,0 +1,610 @@
+//! End-to-end tests of cluster mode (issue 19): an etcd and three `tucana serve
+//! --cluster-etcd` processes, a map made by `tucana cluster create`, and the `redis`
+//! crate's Redis Cluster client and plain connections against them.
+//!
+//! etcd must be installed (`scripts/cluster-deps.sh`; CI runs it): without it the test
+//! fails, saying so, rather than pass having proved nothing.
+//!
+//! Waits for something that should happen (etcd answering, a server learning the map)
+//! are bounded so a bug hangs no run, but nothing asserts how long anything took.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use redis::Commands;
+use tempfile::TempDir;
+use tucana_cluster::{key_slot, SLOTS};
+
+/// A bound on waits for something that should happen; reaching it fails the test as a
+/// hang, not as slowness.
+const PATIENCE: Duration = Duration::from_secs(60);
+
+fn wait_until<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let started = Instant::now();
+    loop {
+        if let Some(value) = f() {
+            return value;
+        }
+        assert!(
+            started.elapsed() < PATIENCE,
+            "{what}: still waiting after {PATIENCE:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn etcd_binary() -> PathBuf {
+    let on_path = std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|path| std::env::split_paths(&path).collect::<Vec<_>>())
+        .map(|dir| dir.join("etcd"))
+        .find(|candidate| candidate.is_file());
+    let debian = PathBuf::from("/usr/bin/etcd");
+    match on_path {
+        Some(found) => found,
+        None if debian.is_file() => debian,
+        None => panic!(
+            "etcd is not installed: run scripts/cluster-deps.sh (it installs Debian's \
+             etcd-server and protobuf-compiler), then run the tests again"
+        ),
+    }
+}
+
+/// An etcd of its own for one test, killed when dropped.
+struct Etcd {
+    child: Child,
+    endpoint: String,
+    _dir: TempDir,
+}
+
+impl Etcd {
+    fn start() -> Etcd {
+        let binary = etcd_binary();
+        let dir = tempfile::tempdir().unwrap();
+        let (client_port, peer_port) = (free_port(), free_port());
+        let client_url = format!("http://127.0.0.1:{client_port}");
+        let peer_url = format!("http://127.0.0.1:{peer_port}");
+        let log = std::fs::File::create(dir.path().join("etcd.log")).unwrap();
+        let mut command = Command::new(&binary);
+        command
+            .args(["--name", "test", "--data-dir"])
+            .arg(dir.path().join("data"))
+            .args(["--listen-client-urls", &client_url])
+            .args(["--advertise-client-urls", &client_url])
+            .args(["--listen-peer-urls", &peer_url])
+            .args(["--initial-advertise-peer-urls", &peer_url])
+            .args(["--initial-cluster", &format!("test={peer_url}")])
+            .args(["--initial-cluster-state", "new"])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log);
+        if std::env::consts::ARCH == "aarch64" {
+            // etcd 3.4 refuses to start on arm64 unless told it may.
+            command.env("ETCD_UNSUPPORTED_ARCH", "arm64");
+        }
+        let child = command
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", binary.display()));
+        let mut etcd = Etcd {
+            child,
+            endpoint: client_url,
+            _dir: dir,
+        };
+        let port = client_port;
+        wait_until("etcd answering /health", || {
+            if let Some(status) = etcd.child.try_wait().unwrap() {
+                panic!("etcd exited ({status}) before answering");
+            }
+            healthy(port).then_some(())
+        });
+        etcd
+    }
+}
+
+/// Whether etcd's `/health` endpoint says it is healthy.
+fn healthy(port: u16) -> bool {
+    let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let request = "GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+    let mut response = String::new();
+    stream.write_all(request.as_bytes()).is_ok()
+        && stream.read_to_string(&mut response).is_ok()
+        && response.contains("\"health\":\"true\"")
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One `tucana serve --cluster-etcd` process, on a fixed port so a restart keeps its
+/// address.
+struct Server {
+    child: Option<Child>,
+    volume: PathBuf,
+    port: u16,
+}
+
+impl Server {
+    fn start(volume: &Path, port: u16, etcd: &Etcd) -> Server {
+        let mut server = Server {
+            child: None,
+            volume: volume.to_owned(),
+            port,
+        };
+        server.spawn(etcd);
+        server
+    }
+
+    fn spawn(&mut self, etcd: &Etcd) {
+        let port = self.port.to_string();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_tucana"))
+            .arg("--db")
+            .arg(&self.volume)
+            .args(["serve", "--port", &port, "--durability", "sync"])
+            .args(["--cluster-etcd", &etcd.endpoint, "--cluster-name", "test"])
+            // A killed server's registration goes soon, so its restart registers soon.
+            .args(["--cluster-lease-ms", "2000"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn tucana serve");
+        let mut stderr = BufReader::new(child.stderr.take().expect("piped stderr"));
+        let mut line = String::new();
+        stderr.read_line(&mut line).expect("read the start line");
+        assert!(line.contains(" on 127.0.0.1:"), "start line {line:?}");
+        // Keep draining stderr so the child never blocks on a full pipe; echo it so a
+        // failing test shows what the servers said.
+        std::thread::spawn(move || {
+            let mut text = String::new();
+            while stderr.read_line(&mut text).map(|n| n > 0).unwrap_or(false) {
+                eprint!("[server] {text}");
+                text.clear();
+            }
+        });
+        self.child = Some(child);
+    }
+
+    fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    fn connect(&self) -> redis::Connection {
+        let client = redis::Client::open(format!("redis://{}/", self.addr())).unwrap();
+        let con = client.get_connection().unwrap();
+        con.set_read_timeout(Some(PATIENCE)).unwrap();
+        con
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// `CLUSTER SLOTS` as `(start, end, primary address)`, by start.
+fn slot_ranges(con: &mut redis::Connection) -> Vec<(u16, u16, String)> {
+    let value: redis::Value = redis::cmd("CLUSTER").arg("SLOTS").query(con).unwrap();
+    let redis::Value::Array(ranges) = value else {
+        panic!("CLUSTER SLOTS answered {value:?}");
+    };
+    let mut out = Vec::new();
+    for range in ranges {
+        let (start, end, node): (u16, u16, Vec<redis::Value>) =
+            redis::from_redis_value(range).unwrap();
+        let (ip, port, _id): (String, u16, String) =
+            redis::from_redis_value(redis::Value::Array(node[..3].to_vec())).unwrap();
+        out.push((start, end, format!("{ip}:{port}")));
+    }
+    out.sort();
+    out
+}
+
+fn run_tucana(args: &[&str]) -> String {
+    let output = Command::new(env!("CARGO_BIN_EXE_tucana"))
+        .args(args)
+        .output()
+        .expect("run tucana");
+    assert!(
+        output.status.success(),
+        "tucana {args:?} failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout).unwrap()
+}
+
+/// An etcd, three servers registered in it (not yet in a map), and their addresses.
+struct Cluster {
+    etcd: Etcd,
+    servers: Vec<Server>,
+    addrs: Vec<String>,
+    _dir: TempDir,
+}
+
+impl Cluster {
+    fn start() -> Cluster {
+        let etcd = Etcd::start();
+        let dir = tempfile::tempdir().unwrap();
+        let servers: Vec<Server> = (0..3)
+            .map(|i| {
+                let volume = dir.path().join(format!("server{i}/volume.tucana"));
+                Server::start(&volume, free_port(), &etcd)
+            })
+            .collect();
+        let addrs = servers.iter().map(Server::addr).collect();
+        Cluster {
+            etcd,
+            servers,
+            addrs,
+            _dir: dir,
+        }
+    }
+
+    /// `tucana cluster create` over the three servers: its stdout, or its stderr if it
+    /// failed.
+    fn create(&self) -> Result<String, String> {
+        let mut args = vec![
+            "cluster",
+            "create",
+            "--etcd",
+            &self.etcd.endpoint,
+            "--name",
+            "test",
+        ];
+        args.extend(self.addrs.iter().map(String::as_str));
+        let output = Command::new(env!("CARGO_BIN_EXE_tucana"))
+            .args(&args)
+            .output()
+            .expect("run tucana cluster create");
+        if output.status.success() {
+            Ok(String::from_utf8(output.stdout).unwrap())
+        } else {
+            Err(String::from_utf8_lossy(&output.stderr).into_owned())
+        }
+    }
+
+    /// Waits until every server has the map; the slot ranges they report, which agree.
+    fn wait_for_map(&self) -> Vec<(u16, u16, String)> {
+        let mut layouts = Vec::new();
+        for server in &self.servers {
+            let mut con = server.connect();
+            layouts.push(wait_until("the map reaching a server", || {
+                let ranges = slot_ranges(&mut con);
+                (ranges.len() == 3).then_some(ranges)
+            }));
+        }
+        assert!(layouts.iter().all(|l| *l == layouts[0]), "{layouts:?}");
+        layouts.swap_remove(0)
+    }
+}
+
+#[test]
+fn three_servers_route_by_the_map_in_etcd() {
+    let mut cluster = Cluster::start();
+    let addrs = cluster.addrs.clone();
+
+    // Before the map, nothing is served.
+    let err = cluster.servers[0]
+        .connect()
+        .get::<_, Option<String>>("k")
+        .unwrap_err();
+    assert_eq!(err.code(), Some("CLUSTERDOWN"), "{err}");
+
+    cluster.create().unwrap();
+    let refused = cluster.create().unwrap_err();
+    assert!(refused.contains("already has a map"), "{refused}");
+
+    // Every server learns the same map: three ranges covering every slot, in order.
+    let ranges = &cluster.wait_for_map();
+    let etcd = &cluster.etcd;
+    let servers = &mut cluster.servers;
+    assert_eq!(ranges[0].0, 0);
+    assert_eq!(ranges[2].1, SLOTS - 1);
+    assert_eq!(ranges[0].1 + 1, ranges[1].0);
+    assert_eq!(ranges[1].1 + 1, ranges[2].0);
+    let owner = |slot: u16| -> usize {
+        let (_, _, addr) = ranges
+            .iter()
+            .find(|(s, e, _)| (*s..=*e).contains(&slot))
+            .unwrap();
+        addrs.iter().position(|a| a == addr).unwrap()
+    };
+    let status = run_tucana(&[
+        "cluster",
+        "status",
+        "--etcd",
+        &etcd.endpoint,
+        "--name",
+        "test",
+    ]);
+    assert!(status.contains("live servers: 3"), "{status}");
+
+    // The cluster client writes and reads back keys spread over all slots.
+    let keys: Vec<String> = (0..3000).map(|i| format!("key:{i}")).collect();
+    let client =
+        redis::cluster::ClusterClient::new(addrs.iter().map(|a| format!("redis://{a}/"))).unwrap();
+    let mut ccon = client.get_connection().unwrap();
+    for key in &keys {
+        let _: () = ccon.set(key, format!("value of {key}")).unwrap();
+    }
+    for key in &keys {
+        let value: Option<String> = ccon.get(key).unwrap();
+        assert_eq!(value, Some(format!("value of {key}")));
+    }
+    let _: () = ccon.set("{user}:a", 1).unwrap();
+    let n: i64 = ccon.incr("{user}:a", 41).unwrap();
+    assert_eq!(n, 42);
+    let _: () = ccon.del("{user}:a").unwrap();
+
+    // A plain connection to a server that does not own a key's slot is redirected to
+    // the one that does.
+    let slot = key_slot(b"key:0");
+    let home = owner(slot);
+    let other = (home + 1) % 3;
+    let mut con = servers[other].connect();
+    let err = con.get::<_, Option<String>>("key:0").unwrap_err();
+    assert_eq!(
+        err.redirect_node(),
+        Some((addrs[home].as_str(), slot)),
+        "{err}"
+    );
+    // Keys of several slots in one command are refused, even on their owner.
+    let mut con = servers[home].connect();
+    let err = con
+        .mset::<_, _, ()>(&[("key:0", "x"), ("key:1", "y"), ("key:2", "z")])
+        .unwrap_err();
+    assert_eq!(err.code(), Some("CROSSSLOT"), "{err}");
+    let value: Option<String> = con.get("key:0").unwrap();
+    assert_eq!(
+        value.as_deref(),
+        Some("value of key:0"),
+        "nothing was written"
+    );
+
+    check_slot_listings(servers, &keys, &owner);
+
+    // A restarted server keeps its id and still serves its keys.
+    let mut con = servers[0].connect();
+    let id: String = redis::cmd("CLUSTER").arg("MYID").query(&mut con).unwrap();
+    drop(con);
+    servers[0].kill();
+    servers[0].spawn(etcd);
+    let mut con = servers[0].connect();
+    let again: String = redis::cmd("CLUSTER").arg("MYID").query(&mut con).unwrap();
+    assert_eq!(again, id);
+    let mine: Vec<&String> = keys
+        .iter()
+        .filter(|k| owner(key_slot(k.as_bytes())) == 0)
+        .collect();
+    assert!(!mine.is_empty());
+    wait_until("the restarted server serving its slots", || {
+        con.get::<_, Option<String>>(mine[0].as_str()).ok()
+    });
+    for key in mine {
+        let value: Option<String> = con.get(key.as_str()).unwrap();
+        assert_eq!(value, Some(format!("value of {key}")));
+    }
+    let mut ccon = client.get_connection().unwrap();
+    for key in &keys {
+        let value: Option<String> = ccon.get(key).unwrap();
+        assert_eq!(value, Some(format!("value of {key}")));
+    }
+}
+
+/// CLUSTER COUNTKEYSINSLOT and GETKEYSINSLOT on each slot's owner agree with the keys
+/// written; DBSIZE and a full SCAN of every server together list each key once.
+fn check_slot_listings(servers: &[Server], keys: &[String], owner: &dyn Fn(u16) -> usize) {
+    let mut by_slot: BTreeMap<u16, BTreeSet<String>> = BTreeMap::new();
+    for key in keys {
+        by_slot
+            .entry(key_slot(key.as_bytes()))
+            .or_default()
+            .insert(key.clone());
+    }
+    let mut cons: Vec<redis::Connection> = servers.iter().map(Server::connect).collect();
+    for (slot, expected) in &by_slot {
+        let con = &mut cons[owner(*slot)];
+        let count: usize = redis::cmd("CLUSTER")
+            .arg("COUNTKEYSINSLOT")
+            .arg(slot)
+            .query(con)
+            .unwrap();
+        assert_eq!(count, expected.len(), "slot {slot}");
+        let listed: Vec<String> = redis::cmd("CLUSTER")
+            .arg("GETKEYSINSLOT")
+            .arg(slot)
+            .arg(1000)
+            .query(con)
+            .unwrap();
+        assert_eq!(listed.into_iter().collect::<BTreeSet<_>>(), *expected);
+        let elsewhere = &mut cons[(owner(*slot) + 1) % servers.len()];
+        let count: usize = redis::cmd("CLUSTER")
+            .arg("COUNTKEYSINSLOT")
+            .arg(slot)
+            .query(elsewhere)
+            .unwrap();
+        assert_eq!(count, 0, "slot {slot} counted where it is not served");
+    }
+    let mut seen = BTreeSet::new();
+    let mut total = 0;
+    for con in &mut cons {
+        let size: usize = redis::cmd("DBSIZE").query(con).unwrap();
+        total += size;
+        let mut cursor = 0u64;
+        loop {
+            let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("COUNT")
+                .arg(100)
+                .query(con)
+                .unwrap();
+            for key in batch {
+                assert!(seen.insert(key.clone()), "{key} listed twice");
+            }
+            if next == 0 {
+                break;
+            }
+            cursor = next;
+        }
+    }
+    assert_eq!(total, keys.len());
+    assert_eq!(seen, keys.iter().cloned().collect::<BTreeSet<_>>());
+}
+
+/// Sends one command; its reply, or the error's code and text.
+fn send(con: &mut redis::Connection, args: &[&str]) -> Result<redis::Value, String> {
+    let mut cmd = redis::cmd(args[0]);
+    for arg in &args[1..] {
+        cmd.arg(*arg);
+    }
+    cmd.query::<redis::Value>(con).map_err(|e| {
+        let code = e.code().unwrap_or("?").to_owned();
+        format!("{code} {}", e.detail().unwrap_or(""))
+    })
+}
+
+fn text(value: redis::Value) -> String {
+    redis::from_redis_value(value).unwrap()
+}
+
+#[test]
+fn cluster_commands_answer_as_redis_documents() {
+    let cluster = Cluster::start();
+    cluster.create().unwrap();
+    let ranges = cluster.wait_for_map();
+    let mut con = cluster.servers[0].connect();
+
+    // The example of Redis's CLUSTER KEYSLOT documentation.
+    assert_eq!(
+        send(&mut con, &["CLUSTER", "KEYSLOT", "somekey"]),
+        Ok(redis::Value::Int(11058))
+    );
+    let id = text(send(&mut con, &["CLUSTER", "MYID"]).unwrap());
+    assert_eq!(id.len(), 40);
+    let info = text(send(&mut con, &["CLUSTER", "INFO"]).unwrap());
+    for line in [
+        "cluster_state:ok",
+        "cluster_slots_assigned:16384",
+        "cluster_slots_ok:16384",
+        "cluster_known_nodes:3",
+        "cluster_size:3",
+        "cluster_current_epoch:3",
+    ] {
+        assert!(info.contains(line), "{line} not in {info}");
+    }
+
+    // CLUSTER NODES: one line per server, `id ip:port@cport flags master ping pong epoch
+    // link slots`, this server flagged `myself`, each owning its range.
+    let nodes = text(send(&mut con, &["CLUSTER", "NODES"]).unwrap());
+    let lines: Vec<Vec<&str>> = nodes.lines().map(|l| l.split(' ').collect()).collect();
+    assert_eq!(lines.len(), 3, "{nodes}");
+    for fields in &lines {
+        assert_eq!(fields.len(), 9, "{fields:?}");
+        let addr = fields[1].split('@').next().unwrap();
+        let range = ranges
+            .iter()
+            .find(|r| r.2 == addr)
+            .expect("a server of the map");
+        assert_eq!(fields[8], format!("{}-{}", range.0, range.1));
+        assert_eq!(fields[3], "-");
+        assert_eq!(fields[7], "connected");
+        let myself = fields[0] == id;
+        assert_eq!(fields[2], if myself { "myself,master" } else { "master" });
+    }
+
+    // CLUSTER SHARDS: per shard a map of `slots` (start, end) and `nodes` (maps).
+    let shards = send(&mut con, &["CLUSTER", "SHARDS"]).unwrap();
+    let shards: Vec<redis::Value> = redis::from_redis_value(shards).unwrap();
+    assert_eq!(shards.len(), 3);
+    for shard in shards {
+        let shard: std::collections::HashMap<String, redis::Value> =
+            redis::from_redis_value(shard).unwrap();
+        let (start, end): (u16, u16) = redis::from_redis_value(shard["slots"].clone()).unwrap();
+        let nodes: Vec<std::collections::HashMap<String, redis::Value>> =
+            redis::from_redis_value(shard["nodes"].clone()).unwrap();
+        assert_eq!(nodes.len(), 1);
+        let node = &nodes[0];
+        let ip = text(node["ip"].clone());
+        let port: u16 = redis::from_redis_value(node["port"].clone()).unwrap();
+        assert!(ranges.contains(&(start, end, format!("{ip}:{port}"))));
+        assert_eq!(text(node["role"].clone()), "master");
+        assert_eq!(text(node["health"].clone()), "online");
+    }
+
+    let server_info = text(send(&mut con, &["INFO", "server"]).unwrap());
+    assert!(server_info.contains("redis_mode:cluster"), "{server_info}");
+    let cluster_info = text(send(&mut con, &["INFO", "cluster"]).unwrap());
+    assert!(cluster_info.contains("cluster_enabled:1"), "{cluster_info}");
+    assert_eq!(send(&mut con, &["SELECT", "0"]), Ok(redis::Value::Okay));
+    assert_eq!(
+        send(&mut con, &["SELECT", "1"]),
+        Err("ERR SELECT is not allowed in cluster mode".to_owned())
+    );
+    assert_eq!(send(&mut con, &["READONLY"]), Ok(redis::Value::Okay));
+    assert_eq!(send(&mut con, &["READWRITE"]), Ok(redis::Value::Okay));
+    assert!(send(&mut con, &["TPREFIX", "a"]).is_err());
+
+    // Transactions: one slot runs; two slots (both served here) fail at EXEC with
+    // CROSSSLOT and write nothing; a key served elsewhere is redirected as it is queued
+    // and aborts the transaction.
+    let own = ranges
+        .iter()
+        .find(|r| r.2 == cluster.addrs[0])
+        .unwrap()
+        .clone();
+    let here = |key: &String| (own.0..=own.1).contains(&key_slot(key.as_bytes()));
+    let mine: Vec<String> = (0..)
+        .map(|i| format!("k{i}"))
+        .filter(here)
+        .take(2)
+        .collect();
+    assert_ne!(key_slot(mine[0].as_bytes()), key_slot(mine[1].as_bytes()));
+    let theirs = (0..).map(|i| format!("k{i}")).find(|k| !here(k)).unwrap();
+
+    send(&mut con, &["MULTI"]).unwrap();
+    let tagged = format!("{{{}}}:counter", mine[0]);
+    send(&mut con, &["SET", &tagged, "1"]).unwrap();
+    send(&mut con, &["INCR", &tagged]).unwrap();
+    let replies = send(&mut con, &["EXEC"]).unwrap();
+    assert_eq!(
+        replies,
+        redis::Value::Array(vec![redis::Value::Okay, redis::Value::Int(2)])
+    );
+
+    send(&mut con, &["MULTI"]).unwrap();
+    send(&mut con, &["SET", &mine[0], "x"]).unwrap();
+    send(&mut con, &["SET", &mine[1], "y"]).unwrap();
+    let err = send(&mut con, &["EXEC"]).unwrap_err();
+    assert!(err.starts_with("CROSSSLOT"), "{err}");
+    assert_eq!(send(&mut con, &["GET", &mine[0]]), Ok(redis::Value::Nil));
+
+    send(&mut con, &["MULTI"]).unwrap();
+    let err = send(&mut con, &["SET", &theirs, "x"]).unwrap_err();
+    assert!(err.starts_with("MOVED"), "{err}");
+    let err = send(&mut con, &["EXEC"]).unwrap_err();
+    assert!(err.starts_with("EXECABORT"), "{err}");
+}

@@ -1,0 +1,349 @@
+//! Cluster mode (issue 19; DESIGN.md, "Cluster"): this server's identity in the cluster,
+//! its copy of the cluster map and of the server list kept in etcd, and the keyspaces of
+//! the regions it serves.
+//!
+//! Owns: the server id (kept in a file next to the volume, so a restart keeps it), the
+//! registration in etcd under a lease (kept alive, renewed when lost, revoked at
+//! shutdown), the watches that keep [`View`] current, the answer to "who serves this hash
+//! slot" ([`Cluster::route`]) and the keyspace of each region (`region-<id>`, whose keys
+//! are slot-prefixed: `tucana_cluster::storage_key`). It does not own what commands do
+//! with a route (`commands`), nor any change of the map (the operator's `tucana cluster
+//! create` now, the coordinator later).
+//!
+//! Thread-safety: `Cluster` is `Send + Sync`, shared by every connection. Readers on the
+//! request path take the [`View`] (an `Arc` behind a lock held only to clone it) and never
+//! wait on etcd; the two etcd tasks (registration, watches) run on the listener's runtime
+//! and replace the view as a whole.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::io;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::{Mutex, RwLock};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tucana::Database;
+use tucana_cluster::{
+    ClusterMap, MapEvent, Region, RegionId, ServerEvent, ServerId, ServerInfo, SlotRange, Store,
+};
+
+use crate::config::ClusterConfig;
+use crate::store::Slot;
+
+/// How long a failed etcd session waits before it starts over.
+const RETRY: Duration = Duration::from_millis(500);
+
+/// What this server knows of the cluster at one moment.
+#[derive(Default)]
+pub struct View {
+    /// `None` until a map exists (every slot is then unserved).
+    pub map: Option<ClusterMap>,
+    /// Every server seen registered, by id: a server whose lease expired keeps its
+    /// address here (the map may still name it) but leaves `live`.
+    pub servers: BTreeMap<ServerId, ServerInfo>,
+    pub live: BTreeSet<ServerId>,
+}
+
+impl View {
+    /// The client address of `server`, if it ever registered.
+    pub fn client_addr(&self, server: &ServerId) -> Option<&str> {
+        self.servers.get(server).map(|s| s.client_addr.as_str())
+    }
+}
+
+/// Where a hash slot is served, from this server's point of view.
+pub enum Route {
+    /// In this server's region `RegionId`.
+    Here(RegionId),
+    /// By another server: `MOVED <slot> <addr>`.
+    Moved(String),
+    /// By nobody (no map, no region, or a primary whose address is unknown).
+    Down,
+}
+
+/// This server's part in a cluster; see the module doc.
+pub struct Cluster {
+    pub id: ServerId,
+    /// What clients are told to connect to for this server (`host:port`).
+    pub client_addr: String,
+    repl_addr: String,
+    config: ClusterConfig,
+    view: RwLock<Arc<View>>,
+    regions: RwLock<HashMap<RegionId, Arc<Slot>>>,
+    tasks: Mutex<Vec<JoinHandle<()>>>,
+}
+
+/// The server id kept in `path`, or a fresh one written there (durably) if it has none.
+fn load_or_create_id(path: &Path) -> io::Result<ServerId> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => ServerId::parse(text.trim()).ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("{}: not a server id (40 hex characters)", path.display()),
+            )
+        }),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            let id = ServerId::random();
+            let tmp = path.with_extension("tmp");
+            {
+                use std::io::Write;
+                let mut file = std::fs::File::create(&tmp)?;
+                writeln!(file, "{id}")?;
+                file.sync_all()?;
+            }
+            std::fs::rename(&tmp, path)?;
+            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                std::fs::File::open(dir)?.sync_all()?;
+            }
+            Ok(id)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// The keyspace name of a region.
+pub fn region_keyspace_name(id: RegionId) -> String {
+    format!("region-{id}")
+}
+
+impl Cluster {
+    /// This server's cluster state: its id read from (or written to) the configured file.
+    /// `client_addr` is where clients reach it, `repl_addr` where primaries ship to it
+    /// (empty without a replication listener).
+    pub fn new(
+        config: ClusterConfig,
+        client_addr: String,
+        repl_addr: String,
+    ) -> io::Result<Cluster> {
+        let id = load_or_create_id(&config.id_file)?;
+        Ok(Cluster {
+            id,
+            client_addr,
+            repl_addr,
+            config,
+            view: RwLock::new(Arc::new(View::default())),
+            regions: RwLock::new(HashMap::new()),
+            tasks: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// The cluster as this server sees it now.
+    pub fn view(&self) -> Arc<View> {
+        self.view.read().clone()
+    }
+
+    /// Who serves `slot`.
+    pub fn route(&self, slot: u16) -> Route {
+        let view = self.view();
+        let Some(region) = view.map.as_ref().and_then(|m| m.region_of_slot(slot)) else {
+            return Route::Down;
+        };
+        if region.primary == self.id {
+            return Route::Here(region.id);
+        }
+        match view.client_addr(&region.primary) {
+            Some(addr) => Route::Moved(addr.to_owned()),
+            None => Route::Down,
+        }
+    }
+
+    /// The keyspace of region `id` (opened, or to be created by its first write).
+    pub fn region(&self, db: &Database, id: RegionId) -> Arc<Slot> {
+        if let Some(slot) = self.regions.read().get(&id) {
+            return slot.clone();
+        }
+        self.regions
+            .write()
+            .entry(id)
+            .or_insert_with(|| Arc::new(Slot::named(db, region_keyspace_name(id))))
+            .clone()
+    }
+
+    /// The regions this server is primary of now, by first slot, with their keyspaces.
+    pub fn led_regions(&self, db: &Database) -> Vec<(SlotRange, Arc<Slot>)> {
+        let view = self.view();
+        let Some(map) = &view.map else {
+            return Vec::new();
+        };
+        map.regions_led_by(&self.id)
+            .map(|r: &Region| (r.slots, self.region(db, r.id)))
+            .collect()
+    }
+
+    /// Starts the etcd tasks on the current tokio runtime; they end at `shutdown`.
+    pub fn start(self: &Arc<Self>, shutdown: watch::Receiver<bool>) {
+        let registering = tokio::spawn(stay_registered(self.clone(), shutdown.clone()));
+        let watching = tokio::spawn(follow(self.clone(), shutdown));
+        self.tasks.lock().extend([registering, watching]);
+    }
+
+    /// Waits (at most `grace`) for the etcd tasks to end after shutdown was signalled:
+    /// the registration is revoked, so a restarted server need not wait out its lease.
+    pub async fn stopped(&self, grace: Duration) {
+        let tasks: Vec<_> = self.tasks.lock().drain(..).collect();
+        for task in tasks {
+            let abort = task.abort_handle();
+            if tokio::time::timeout(grace, task).await.is_err() {
+                abort.abort();
+            }
+        }
+    }
+
+    fn set_view(&self, change: impl FnOnce(&mut View)) {
+        let mut slot = self.view.write();
+        let old = &**slot;
+        let mut view = View {
+            map: old.map.clone(),
+            servers: old.servers.clone(),
+            live: old.live.clone(),
+        };
+        change(&mut view);
+        *slot = Arc::new(view);
+    }
+
+    async fn connect(&self) -> tucana_cluster::Result<Store> {
+        Store::connect(&self.config.etcd, &self.config.name).await
+    }
+}
+
+/// Resolves once shutdown was asked for (as `state::stopped`, which this module cannot
+/// use: `state` holds the `Cluster`).
+async fn stopped(shutdown: &mut watch::Receiver<bool>) {
+    let _ = shutdown.wait_for(|stop| *stop).await;
+}
+
+/// Keeps this server registered: registers (waiting out the lease of a previous run of
+/// this id, if it is still there), and again whenever the lease is lost; revokes it at
+/// shutdown.
+async fn stay_registered(cluster: Arc<Cluster>, mut shutdown: watch::Receiver<bool>) {
+    let info = ServerInfo {
+        id: cluster.id.clone(),
+        client_addr: cluster.client_addr.clone(),
+        repl_addr: cluster.repl_addr.clone(),
+    };
+    loop {
+        let registered = tokio::select! {
+            r = register(&cluster, &info) => r,
+            _ = stopped(&mut shutdown) => return,
+        };
+        match registered {
+            Ok(registration) => {
+                tokio::select! {
+                    _ = registration.lost() => {
+                        eprintln!("tucana serve: cluster lease lost; registering again");
+                    }
+                    _ = stopped(&mut shutdown) => {
+                        let _ = registration.revoke().await;
+                        return;
+                    }
+                }
+            }
+            Err(e) => eprintln!("tucana serve: cannot register in etcd: {e}"),
+        }
+        tokio::time::sleep(RETRY).await;
+    }
+}
+
+async fn register(
+    cluster: &Cluster,
+    info: &ServerInfo,
+) -> tucana_cluster::Result<tucana_cluster::Registration> {
+    let store = cluster.connect().await?;
+    loop {
+        match store.register(info, cluster.config.lease_ttl).await {
+            // The lease of this id's previous run has not expired yet.
+            Err(tucana_cluster::Error::AlreadyRegistered(_)) => tokio::time::sleep(RETRY).await,
+            other => return other,
+        }
+    }
+}
+
+/// Keeps the view current: reads the map and the servers, then follows their watches;
+/// starts over after any error (a canceled watch, etcd unreachable).
+async fn follow(cluster: Arc<Cluster>, mut shutdown: watch::Receiver<bool>) {
+    loop {
+        tokio::select! {
+            result = follow_once(&cluster) => {
+                if let Err(e) = result {
+                    eprintln!("tucana serve: following the cluster map: {e}");
+                }
+            }
+            _ = stopped(&mut shutdown) => return,
+        }
+        tokio::time::sleep(RETRY).await;
+    }
+}
+
+async fn follow_once(cluster: &Cluster) -> tucana_cluster::Result<()> {
+    let store = cluster.connect().await?;
+    let (servers, servers_revision) = store.servers().await?;
+    let map = store.map().await?;
+    let map_revision = map.as_ref().map(|(_, r)| *r);
+    let mut map_watch = store
+        .watch_map(map_revision.or(Some(servers_revision)))
+        .await?;
+    let mut server_watch = store.watch_servers(Some(servers_revision)).await?;
+    cluster.set_view(|view| {
+        view.map = map.map(|(m, _)| m);
+        view.live.clear();
+        for info in servers {
+            view.live.insert(info.id.clone());
+            view.servers.insert(info.id.clone(), info);
+        }
+    });
+    loop {
+        tokio::select! {
+            // Servers first: a map that names a server should find its address.
+            biased;
+            event = server_watch.next() => match event? {
+                Some(ServerEvent::Up { info, .. }) => cluster.set_view(|v| {
+                    v.live.insert(info.id.clone());
+                    v.servers.insert(info.id.clone(), info);
+                }),
+                Some(ServerEvent::Down { id, .. }) => cluster.set_view(|v| {
+                    v.live.remove(&id);
+                }),
+                None => return Ok(()),
+            },
+            event = map_watch.next() => match event? {
+                Some(MapEvent::Updated { map, .. }) => {
+                    let view = cluster.view();
+                    let unknown = map
+                        .regions
+                        .iter()
+                        .any(|r| !view.servers.contains_key(&r.primary));
+                    if unknown {
+                        // Its registration may be in a server event not read yet.
+                        let (servers, _) = store.servers().await?;
+                        cluster.set_view(|v| {
+                            for info in servers {
+                                v.live.insert(info.id.clone());
+                                v.servers.insert(info.id.clone(), info);
+                            }
+                        });
+                    }
+                    cluster.set_view(|v| v.map = Some(map));
+                }
+                Some(MapEvent::Deleted { .. }) => cluster.set_view(|v| v.map = None),
+                None => return Ok(()),
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_server_id_survives_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("volume.cluster-id");
+        let first = load_or_create_id(&path).unwrap();
+        assert_eq!(load_or_create_id(&path).unwrap(), first);
+        std::fs::write(&path, "not an id\n").unwrap();
+        assert!(load_or_create_id(&path).is_err());
+    }
+}

@@ -1,0 +1,183 @@
+//! Cluster mode's one seam between a request and the keyspace its keys live in.
+//!
+//! Owns: finding a request's keys (the table's key positions), their one hash slot
+//! (`CROSSSLOT` when they have several), whether this server serves that slot (`MOVED`
+//! to the primary that does, `CLUSTERDOWN` when nobody does), and [`SlotKv`], which
+//! stores a handler's keys slot-prefixed in the region's keyspace. Handlers written
+//! against [`Kv`] so learn nothing of slots. It does not own the cluster map or the
+//! regions' keyspaces (`cluster`), nor the commands that list keys (`cluster_keys`).
+//!
+//! Replies follow Redis Cluster's documented shapes: `-MOVED <slot> <host>:<port>`,
+//! `-CROSSSLOT Keys in request don't hash to the same slot`, `-CLUSTERDOWN Hash slot not
+//! served`.
+//!
+//! Thread-safety: plain functions over the connection's session and the shared cluster
+//! view (read without waiting on etcd).
+
+use tucana_cluster::{key_slot, storage_key, RegionId};
+
+use crate::cluster::Route;
+use crate::resp::Reply;
+
+use super::kv::{Kv, Ops};
+use super::table::{Spec, NOMULTI, TXCTL};
+use super::Call;
+
+/// A request that may run here: its keys' hash slot, in this server's region `region`.
+#[derive(Clone, Copy)]
+pub(super) struct Routed {
+    pub(super) hash_slot: u16,
+    pub(super) region: RegionId,
+}
+
+pub(super) fn crossslot() -> Reply {
+    Reply::error("CROSSSLOT Keys in request don't hash to the same slot")
+}
+
+/// The keys of `args` by the table's key positions `(first, last, step)` (a negative
+/// `last` counts from the end, as in Redis's command table).
+fn keys<'a>(spec: &Spec, args: &'a [Vec<u8>]) -> impl Iterator<Item = &'a [u8]> {
+    let (first, last, step) = spec.keys;
+    let n = args.len() as i32;
+    let last = if last < 0 { n + last } else { last.min(n - 1) };
+    let positions = if first <= 0 || step <= 0 {
+        0..0
+    } else {
+        first..last + 1
+    };
+    positions
+        .step_by(step.max(1) as usize)
+        .map(move |i| args[i as usize].as_slice())
+}
+
+/// The one hash slot of the request's keys (`None`: it has none), or `CROSSSLOT`.
+fn hash_slot(spec: &Spec, args: &[Vec<u8>]) -> Result<Option<u16>, Reply> {
+    let mut found = None;
+    for key in keys(spec, args) {
+        let slot = key_slot(key);
+        match found {
+            None => found = Some(slot),
+            Some(s) if s != slot => return Err(crossslot()),
+            Some(_) => {}
+        }
+    }
+    Ok(found)
+}
+
+/// The region of `hash_slot` if this server serves it, else the redirection or error a
+/// client is answered.
+pub(super) fn route_slot(call: &Call<'_>, hash_slot: u16) -> Result<Routed, Reply> {
+    let Some(cluster) = &call.state.cluster else {
+        return Err(Reply::error(
+            "ERR This instance has cluster support disabled",
+        ));
+    };
+    match cluster.route(hash_slot) {
+        Route::Here(region) => Ok(Routed { hash_slot, region }),
+        Route::Moved(addr) => Err(Reply::error(format!("MOVED {hash_slot} {addr}"))),
+        Route::Down => Err(Reply::error("CLUSTERDOWN Hash slot not served")),
+    }
+}
+
+/// Where a request runs in cluster mode (`Ok(None)` outside it, or for a request with no
+/// keys). Inside `MULTI` a command is checked alone, as Redis does, and the transaction
+/// remembers its slot: `EXEC` refuses a transaction whose commands' slots differ.
+pub(super) fn route(
+    call: &mut Call<'_>,
+    spec: &Spec,
+    args: &[Vec<u8>],
+) -> Result<Option<Routed>, Reply> {
+    if call.state.cluster.is_none() {
+        return Ok(None);
+    }
+    let Some(slot) = hash_slot(spec, args)? else {
+        return Ok(None);
+    };
+    let routed = route_slot(call, slot)?;
+    let queued = spec.flags & (TXCTL | NOMULTI) == 0;
+    if let Some(multi) = call.session.multi.as_mut().filter(|_| queued) {
+        match multi.hash_slot {
+            None => multi.hash_slot = Some(slot),
+            Some(s) if s != slot => multi.cross_slot = true,
+            Some(_) => {}
+        }
+    }
+    Ok(Some(routed))
+}
+
+/// A [`Kv`] whose keys are those of one hash slot, stored slot-prefixed in the region's
+/// keyspace (`tucana_cluster::storage_key`).
+pub(super) struct SlotKv<'a> {
+    pub(super) inner: &'a mut dyn Kv,
+    pub(super) hash_slot: u16,
+}
+
+impl SlotKv<'_> {
+    fn stored(&self, key: &[u8]) -> Vec<u8> {
+        storage_key(self.hash_slot, key)
+    }
+}
+
+impl Kv for SlotKv<'_> {
+    fn get(&mut self, key: &[u8]) -> tucana::Result<Option<Vec<u8>>> {
+        let stored = self.stored(key);
+        self.inner.get(&stored)
+    }
+
+    fn value_len(&mut self, key: &[u8]) -> tucana::Result<Option<usize>> {
+        let stored = self.stored(key);
+        self.inner.value_len(&stored)
+    }
+
+    fn apply(&mut self, ops: Ops) -> tucana::Result<()> {
+        let ops = ops
+            .into_iter()
+            .map(|(key, value)| (self.stored(&key), value))
+            .collect();
+        self.inner.apply(ops)
+    }
+
+    fn multi_get(&mut self, keys: &[Vec<u8>]) -> tucana::Result<Vec<Option<Vec<u8>>>> {
+        let stored: Vec<Vec<u8>> = keys.iter().map(|k| self.stored(k)).collect();
+        self.inner.multi_get(&stored)
+    }
+
+    fn put(&mut self, key: &[u8], value: Vec<u8>) -> tucana::Result<()> {
+        let stored = self.stored(key);
+        self.inner.put(&stored, value)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::table::{lookup, table};
+    use super::*;
+
+    fn args(words: &[&str]) -> Vec<Vec<u8>> {
+        words.iter().map(|w| w.as_bytes().to_vec()).collect()
+    }
+
+    fn slot_of(words: &[&str]) -> Result<Option<u16>, Reply> {
+        let spec = &table()[lookup(words[0].as_bytes()).unwrap()];
+        hash_slot(spec, &args(words))
+    }
+
+    #[test]
+    fn keys_come_from_the_table_positions() {
+        assert_eq!(slot_of(&["get", "foo"]).ok(), Some(Some(12182)));
+        assert_eq!(slot_of(&["ping"]).ok(), Some(None));
+        // MSET's keys are every other argument: values do not count.
+        assert_eq!(
+            slot_of(&["mset", "{u}a", "x", "{u}b", "y"]).ok(),
+            Some(Some(key_slot(b"u")))
+        );
+        assert!(matches!(
+            slot_of(&["mset", "a", "1", "b", "2"]),
+            Err(Reply::Error(e)) if e.starts_with("CROSSSLOT")
+        ));
+        assert!(matches!(
+            slot_of(&["del", "{t}1", "{t}2", "other"]),
+            Err(Reply::Error(e)) if e.starts_with("CROSSSLOT")
+        ));
+    }
+}
