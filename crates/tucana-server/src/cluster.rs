@@ -18,15 +18,16 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io;
 use std::path::Path;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, RwLock};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tucana::Database;
 use tucana_cluster::{
-    ClusterMap, MapEvent, Region, RegionId, ServerEvent, ServerId, ServerInfo, SlotRange, Store,
+    ClusterMap, LeaseStatus, MapEvent, Region, RegionId, ServerEvent, ServerId, ServerInfo,
+    SlotRange, Store,
 };
 
 use crate::config::ClusterConfig;
@@ -63,6 +64,10 @@ pub enum Route {
     Down,
 }
 
+/// What follows the map into storage and replication (promotions, backups shipped to),
+/// run on a blocking thread with each new view *before* requests see it.
+pub type Follower = Arc<dyn Fn(&View) + Send + Sync>;
+
 /// This server's part in a cluster; see the module doc.
 pub struct Cluster {
     pub id: ServerId,
@@ -72,6 +77,9 @@ pub struct Cluster {
     config: ClusterConfig,
     view: RwLock<Arc<View>>,
     regions: RwLock<HashMap<RegionId, Arc<Slot>>>,
+    /// The status of the current registration's lease (`None` while unregistered).
+    lease: Mutex<Option<watch::Receiver<LeaseStatus>>>,
+    follower: OnceLock<Follower>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
 }
 
@@ -125,8 +133,57 @@ impl Cluster {
             config,
             view: RwLock::new(Arc::new(View::default())),
             regions: RwLock::new(HashMap::new()),
+            lease: Mutex::new(None),
+            follower: OnceLock::new(),
             tasks: Mutex::new(Vec::new()),
         })
+    }
+
+    /// Sets what follows each new view into storage and replication (once, before
+    /// `start`).
+    pub fn set_follower(&self, follower: Follower) {
+        let _ = self.follower.set(follower);
+    }
+
+    /// Whether this server's lease is valid now with a third of its time to live to
+    /// spare (DESIGN.md, "Fencing by lease"): only then may it acknowledge writes.
+    pub fn lease_valid(&self) -> bool {
+        let margin = self.config.lease_ttl / 3;
+        self.lease
+            .lock()
+            .as_ref()
+            .is_some_and(|status| status.borrow().valid_at(Instant::now(), margin))
+    }
+
+    /// Forgets the cached keyspace handle of region `id` (a promotion made its keyspace).
+    pub fn forget_region(&self, id: RegionId) {
+        self.regions.write().remove(&id);
+    }
+
+    /// Whether this server may acknowledge a write to keyspace `name` now: its lease is
+    /// valid (else `CLUSTERDOWN`), and the map still names it the primary of that region
+    /// (else `MOVED` to the one it names). Keyspaces not of a region pass.
+    pub fn may_acknowledge(&self, name: &str) -> Result<(), String> {
+        let Some(id) = name
+            .strip_prefix("region-")
+            .and_then(|id| id.parse().ok())
+            .map(RegionId)
+        else {
+            return Ok(());
+        };
+        if !self.lease_valid() {
+            return Err("CLUSTERDOWN this server's cluster lease is not valid: the write is applied here but not acknowledged".into());
+        }
+        let view = self.view();
+        let region = view.map.as_ref().and_then(|m| m.region(id));
+        match region {
+            Some(r) if r.primary == self.id => Ok(()),
+            Some(r) => match view.client_addr(&r.primary) {
+                Some(addr) => Err(format!("MOVED {} {addr}", r.slots.start)),
+                None => Err("CLUSTERDOWN Hash slot not served".into()),
+            },
+            None => Err("CLUSTERDOWN Hash slot not served".into()),
+        }
     }
 
     /// The cluster as this server sees it now.
@@ -191,16 +248,25 @@ impl Cluster {
         }
     }
 
-    fn set_view(&self, change: impl FnOnce(&mut View)) {
-        let mut slot = self.view.write();
-        let old = &**slot;
-        let mut view = View {
-            map: old.map.clone(),
-            servers: old.servers.clone(),
-            live: old.live.clone(),
+    /// Makes the next view with `change`, lets the follower act on it (promotions
+    /// happen before any request routes by the new map), then installs it. Only the
+    /// following task calls it, so views are made one after another.
+    async fn set_view(&self, change: impl FnOnce(&mut View)) {
+        let view = {
+            let old = self.view();
+            let mut view = View {
+                map: old.map.clone(),
+                servers: old.servers.clone(),
+                live: old.live.clone(),
+            };
+            change(&mut view);
+            Arc::new(view)
         };
-        change(&mut view);
-        *slot = Arc::new(view);
+        if let Some(follower) = self.follower.get() {
+            let (follower, next) = (follower.clone(), view.clone());
+            let _ = tokio::task::spawn_blocking(move || follower(&next)).await;
+        }
+        *self.view.write() = view;
     }
 
     async fn connect(&self) -> tucana_cluster::Result<Store> {
@@ -230,8 +296,20 @@ async fn stay_registered(cluster: Arc<Cluster>, mut shutdown: watch::Receiver<bo
         };
         match registered {
             Ok(registration) => {
+                *cluster.lease.lock() = Some(registration.subscribe());
+                let coordinating = async {
+                    loop {
+                        match cluster.connect().await {
+                            Ok(store) => crate::coordinator::coordinate(store, &registration).await,
+                            Err(e) => eprintln!("tucana serve: coordinator cannot reach etcd: {e}"),
+                        }
+                        tokio::time::sleep(RETRY).await;
+                    }
+                };
                 tokio::select! {
+                    _ = coordinating => {}
                     _ = registration.lost() => {
+                        *cluster.lease.lock() = None;
                         eprintln!("tucana serve: cluster lease lost; registering again");
                     }
                     _ = stopped(&mut shutdown) => {
@@ -285,14 +363,16 @@ async fn follow_once(cluster: &Cluster) -> tucana_cluster::Result<()> {
         .watch_map(map_revision.or(Some(servers_revision)))
         .await?;
     let mut server_watch = store.watch_servers(Some(servers_revision)).await?;
-    cluster.set_view(|view| {
-        view.map = map.map(|(m, _)| m);
-        view.live.clear();
-        for info in servers {
-            view.live.insert(info.id.clone());
-            view.servers.insert(info.id.clone(), info);
-        }
-    });
+    cluster
+        .set_view(|view| {
+            view.map = map.map(|(m, _)| m);
+            view.live.clear();
+            for info in servers {
+                view.live.insert(info.id.clone());
+                view.servers.insert(info.id.clone(), info);
+            }
+        })
+        .await;
     loop {
         tokio::select! {
             // Servers first: a map that names a server should find its address.
@@ -301,19 +381,20 @@ async fn follow_once(cluster: &Cluster) -> tucana_cluster::Result<()> {
                 Some(ServerEvent::Up { info, .. }) => cluster.set_view(|v| {
                     v.live.insert(info.id.clone());
                     v.servers.insert(info.id.clone(), info);
-                }),
+                }).await,
                 Some(ServerEvent::Down { id, .. }) => cluster.set_view(|v| {
                     v.live.remove(&id);
-                }),
+                }).await,
                 None => return Ok(()),
             },
             event = map_watch.next() => match event? {
                 Some(MapEvent::Updated { map, .. }) => {
                     let view = cluster.view();
-                    let unknown = map
-                        .regions
-                        .iter()
-                        .any(|r| !view.servers.contains_key(&r.primary));
+                    let unknown = map.regions.iter().any(|r| {
+                        std::iter::once(&r.primary)
+                            .chain(&r.backups)
+                            .any(|s| !view.servers.contains_key(s))
+                    });
                     if unknown {
                         // Its registration may be in a server event not read yet.
                         let (servers, _) = store.servers().await?;
@@ -322,11 +403,11 @@ async fn follow_once(cluster: &Cluster) -> tucana_cluster::Result<()> {
                                 v.live.insert(info.id.clone());
                                 v.servers.insert(info.id.clone(), info);
                             }
-                        });
+                        }).await;
                     }
-                    cluster.set_view(|v| v.map = Some(map));
+                    cluster.set_view(|v| v.map = Some(map)).await;
                 }
-                Some(MapEvent::Deleted { .. }) => cluster.set_view(|v| v.map = None),
+                Some(MapEvent::Deleted { .. }) => cluster.set_view(|v| v.map = None).await,
                 None => return Ok(()),
             },
         }

@@ -174,6 +174,9 @@ fn run_spec(
             };
             let reply = run_kv(f, &mut kv, hash_slot, args);
             call.wrote |= kv.wrote;
+            if let (true, Some(region)) = (kv.wrote, &region) {
+                call.session.wrote_to(region.name());
+            }
             reply
         }
         Run::Other { f, .. } => f(call, args),
