@@ -39,9 +39,7 @@ async fn lead(store: &Store, registration: &Registration) -> tucana_cluster::Res
     eprintln!("tucana serve: this server is the cluster's coordinator");
     let every = registration.lease_ttl();
     loop {
-        let (servers, revision) = store.servers().await?;
-        let live: BTreeSet<ServerId> = servers.into_iter().map(|s| s.id).collect();
-        repair(store, &leadership, &live).await?;
+        let revision = repair(store, &leadership).await?;
         let mut watch = store.watch_servers(Some(revision)).await?;
         tokio::select! {
             event = watch.next() => { event?; }
@@ -50,20 +48,26 @@ async fn lead(store: &Store, registration: &Registration) -> tucana_cluster::Res
     }
 }
 
-/// Reads the map, repairs it for `live` and writes it if it changed, again after a
-/// conflicting write.
+/// Reads the map, then the live servers, repairs the map for them and writes it if it
+/// changed, again after a conflicting write; the server list's revision it last read.
+///
+/// The map is read first: every server it names registered before it was written, so a
+/// server missing from the list read afterwards really lost its lease (reading the list
+/// first could take a server that registered, and a map naming it, as dead).
 async fn repair(
     store: &Store,
     leadership: &Leadership,
-    live: &BTreeSet<ServerId>,
-) -> tucana_cluster::Result<()> {
+) -> tucana_cluster::Result<tucana_cluster::Revision> {
     loop {
-        let Some((map, revision)) = store.map().await? else {
-            return Ok(());
+        let map = store.map().await?;
+        let (servers, servers_revision) = store.servers().await?;
+        let Some((map, revision)) = map else {
+            return Ok(servers_revision);
         };
-        let repaired = map.repaired(live)?;
+        let live: BTreeSet<ServerId> = servers.into_iter().map(|s| s.id).collect();
+        let repaired = map.repaired(&live)?;
         if repaired == map {
-            return Ok(());
+            return Ok(servers_revision);
         }
         match store.update_map_as(leadership, revision, &repaired).await {
             Ok(_) => {
@@ -75,7 +79,7 @@ async fn repair(
                         );
                     }
                 }
-                return Ok(());
+                return Ok(servers_revision);
             }
             Err(Error::Conflict { .. }) => continue,
             Err(e) => return Err(e),
