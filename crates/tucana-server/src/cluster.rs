@@ -418,6 +418,62 @@ async fn follow_once(cluster: &Cluster) -> tucana_cluster::Result<()> {
 mod tests {
     use super::*;
 
+    fn cluster(dir: &Path) -> Cluster {
+        let config = ClusterConfig {
+            etcd: vec!["http://127.0.0.1:1".into()],
+            name: "test".into(),
+            announce: None,
+            lease_ttl: Duration::from_secs(3),
+            id_file: dir.join("volume.cluster-id"),
+        };
+        Cluster::new(config, "127.0.0.1:7001".into(), String::new()).unwrap()
+    }
+
+    fn lease(deadline: Instant) -> watch::Receiver<LeaseStatus> {
+        let (_tx, rx) = watch::channel(LeaseStatus {
+            deadline,
+            keepalive_ok: true,
+            lost: false,
+        });
+        rx
+    }
+
+    #[test]
+    fn writes_are_acknowledged_only_with_a_valid_lease_and_the_region_led_here() {
+        let dir = tempfile::tempdir().unwrap();
+        let cluster = cluster(dir.path());
+        let other = ServerId::random();
+        let map = ClusterMap::even(&[cluster.id.clone(), other.clone()]).unwrap();
+        let mut servers = BTreeMap::new();
+        servers.insert(
+            other.clone(),
+            ServerInfo {
+                id: other.clone(),
+                client_addr: "127.0.0.1:7002".into(),
+                repl_addr: String::new(),
+            },
+        );
+        *cluster.view.write() = Arc::new(View {
+            map: Some(map),
+            servers,
+            live: BTreeSet::new(),
+        });
+        // Keyspaces outside the regions pass; without a lease nothing else does.
+        assert_eq!(cluster.may_acknowledge("default"), Ok(()));
+        let refused = cluster.may_acknowledge("region-1").unwrap_err();
+        assert!(refused.starts_with("CLUSTERDOWN"), "{refused}");
+        // A lease valid for longer than the margin (a third of 3 s): region 1 is ours,
+        // region 2 is redirected to its primary.
+        *cluster.lease.lock() = Some(lease(Instant::now() + Duration::from_secs(60)));
+        assert_eq!(cluster.may_acknowledge("region-1"), Ok(()));
+        let moved = cluster.may_acknowledge("region-2").unwrap_err();
+        assert_eq!(moved, "MOVED 8192 127.0.0.1:7002");
+        // Within the margin of its deadline the lease no longer counts.
+        *cluster.lease.lock() = Some(lease(Instant::now() + Duration::from_millis(500)));
+        let refused = cluster.may_acknowledge("region-1").unwrap_err();
+        assert!(refused.starts_with("CLUSTERDOWN"), "{refused}");
+    }
+
     #[test]
     fn the_server_id_survives_a_restart() {
         let dir = tempfile::tempdir().unwrap();

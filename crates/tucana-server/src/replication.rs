@@ -163,8 +163,14 @@ impl Replication {
     /// `Err` is the write's reply.
     pub fn wait_acked(&self, name: &str, position: LogPosition) -> Result<(), String> {
         if let Some(p) = &self.primary {
-            p.wait_acked(name, position)
-                .map_err(|e| ack_error_text(&e))?;
+            if let Err(e) = p.wait_acked(name, position) {
+                // Fenced by a promoted backup: in cluster mode the map names the new
+                // primary, so a client is better served by the gate's redirection.
+                if let (AckError::Fenced { .. }, Some(gate)) = (&e, self.gate.get()) {
+                    gate(name)?;
+                }
+                return Err(ack_error_text(&e));
+            }
         }
         match self.gate.get() {
             Some(gate) => gate(name),
