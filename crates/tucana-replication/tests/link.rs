@@ -141,6 +141,12 @@ fn a_backup_over_tcp_mirrors_commits_and_promotes_with_every_acknowledged_write(
         replica_contents(&backup_db, "db0"),
         contents(&primary_db, "db0")
     );
+    // Point reads of the applied commit (what a backup serves under READONLY).
+    let replica = backup_db.open_replica("db0").unwrap();
+    for (key, value) in contents(&primary_db, "db0") {
+        assert_eq!(replica.get(&key).unwrap(), Some(value));
+    }
+    assert_eq!(replica.get(b"never written").unwrap(), None);
     backup_db.check().unwrap();
     // More acknowledged writes, shipped as log only; then the primary is gone.
     acknowledged_writes(&primary_db, &primary, "db0", 2000, 500);
