@@ -206,6 +206,14 @@ impl Cluster {
         }
     }
 
+    /// The region of `slot`, if the map makes this server one of its backups (where a
+    /// `READONLY` connection's reads of the slot are served from the replica).
+    pub fn backs(&self, slot: u16) -> Option<RegionId> {
+        let view = self.view();
+        let region = view.map.as_ref()?.region_of_slot(slot)?;
+        region.backups.contains(&self.id).then_some(region.id)
+    }
+
     /// The keyspace of region `id` (opened, or to be created by its first write).
     pub fn region(&self, db: &Database, id: RegionId) -> Arc<Slot> {
         if let Some(slot) = self.regions.read().get(&id) {

@@ -32,9 +32,8 @@ pub struct Session {
     pub(super) lib_version: Option<Vec<u8>>,
     /// Between `MULTI` and `EXEC` or `DISCARD`: the queued commands.
     pub(super) multi: Option<Multi>,
-    /// `READONLY` (cluster mode): the client accepts reads from backups. Backups cannot
-    /// serve reads yet (the engine has no read path over a replica), so it changes no
-    /// reply: reads are redirected to the primary.
+    /// `READONLY` (cluster mode): the client accepts reads from backups: a read of a
+    /// slot this server backs is served from the replica's last applied commit.
     pub(super) readonly: bool,
     /// Close the connection once the replies so far are written (`QUIT`, `SHUTDOWN`).
     pub close_after_reply: bool,
