@@ -18,11 +18,12 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, RwLock};
-use tokio::sync::watch;
+use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
 use tucana::Database;
 use tucana_cluster::{
@@ -79,6 +80,16 @@ pub struct Cluster {
     regions: RwLock<HashMap<RegionId, Arc<Slot>>>,
     /// The status of the current registration's lease (`None` while unregistered).
     lease: Mutex<Option<watch::Receiver<LeaseStatus>>>,
+    /// Registrations made so far, and the count when the view was last read whole: a
+    /// server that lost its lease and registered again acknowledges nothing until it
+    /// has read the map again (it may have missed a promotion while it was away).
+    registrations: AtomicU64,
+    view_registration: AtomicU64,
+    /// Tells the following task to read everything again (a new registration).
+    reread: Notify,
+    /// Regions the map says this server leads whose replica it could not promote: not
+    /// served (a write must not create an empty keyspace in their place).
+    unpromoted: RwLock<BTreeSet<RegionId>>,
     follower: OnceLock<Follower>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
 }
@@ -134,6 +145,10 @@ impl Cluster {
             view: RwLock::new(Arc::new(View::default())),
             regions: RwLock::new(HashMap::new()),
             lease: Mutex::new(None),
+            registrations: AtomicU64::new(0),
+            view_registration: AtomicU64::new(0),
+            reread: Notify::new(),
+            unpromoted: RwLock::new(BTreeSet::new()),
             follower: OnceLock::new(),
             tasks: Mutex::new(Vec::new()),
         })
@@ -149,10 +164,25 @@ impl Cluster {
     /// spare (DESIGN.md, "Fencing by lease"): only then may it acknowledge writes.
     pub fn lease_valid(&self) -> bool {
         let margin = self.config.lease_ttl / 3;
-        self.lease
-            .lock()
-            .as_ref()
-            .is_some_and(|status| status.borrow().valid_at(Instant::now(), margin))
+        let current = self.view_registration.load(Ordering::Acquire)
+            == self.registrations.load(Ordering::Acquire);
+        current
+            && self
+                .lease
+                .lock()
+                .as_ref()
+                .is_some_and(|status| status.borrow().valid_at(Instant::now(), margin))
+    }
+
+    /// Marks region `id` as one this server leads but could not promote (`true`), or
+    /// as served again.
+    pub fn set_unpromoted(&self, id: RegionId, unpromoted: bool) {
+        let mut set = self.unpromoted.write();
+        if unpromoted {
+            set.insert(id);
+        } else {
+            set.remove(&id);
+        }
     }
 
     /// Forgets the cached keyspace handle of region `id` (a promotion made its keyspace).
@@ -198,6 +228,9 @@ impl Cluster {
             return Route::Down;
         };
         if region.primary == self.id {
+            if self.unpromoted.read().contains(&region.id) {
+                return Route::Down;
+            }
             return Route::Here(region.id);
         }
         match view.client_addr(&region.primary) {
@@ -304,7 +337,9 @@ async fn stay_registered(cluster: Arc<Cluster>, mut shutdown: watch::Receiver<bo
         };
         match registered {
             Ok(registration) => {
+                cluster.registrations.fetch_add(1, Ordering::AcqRel);
                 *cluster.lease.lock() = Some(registration.subscribe());
+                cluster.reread.notify_one();
                 let coordinating = async {
                     loop {
                         match cluster.connect().await {
@@ -351,18 +386,22 @@ async fn register(
 async fn follow(cluster: Arc<Cluster>, mut shutdown: watch::Receiver<bool>) {
     loop {
         tokio::select! {
-            result = follow_once(&cluster) => {
-                if let Err(e) = result {
-                    eprintln!("tucana serve: following the cluster map: {e}");
-                }
-            }
+            result = follow_once(&cluster) => match result {
+                // A new registration: read everything again at once.
+                Ok(true) => continue,
+                Ok(false) => {}
+                Err(e) => eprintln!("tucana serve: following the cluster map: {e}"),
+            },
             _ = stopped(&mut shutdown) => return,
         }
         tokio::time::sleep(RETRY).await;
     }
 }
 
-async fn follow_once(cluster: &Cluster) -> tucana_cluster::Result<()> {
+/// Reads the map and the servers, then follows their watches; `Ok(true)` when a new
+/// registration asks for everything to be read again, `Ok(false)` when a watch ended.
+async fn follow_once(cluster: &Cluster) -> tucana_cluster::Result<bool> {
+    let registration = cluster.registrations.load(Ordering::Acquire);
     let store = cluster.connect().await?;
     let (servers, servers_revision) = store.servers().await?;
     let map = store.map().await?;
@@ -381,10 +420,14 @@ async fn follow_once(cluster: &Cluster) -> tucana_cluster::Result<()> {
             }
         })
         .await;
+    cluster
+        .view_registration
+        .store(registration, Ordering::Release);
     loop {
         tokio::select! {
             // Servers first: a map that names a server should find its address.
             biased;
+            _ = cluster.reread.notified() => return Ok(true),
             event = server_watch.next() => match event? {
                 Some(ServerEvent::Up { info, .. }) => cluster.set_view(|v| {
                     v.live.insert(info.id.clone());
@@ -393,7 +436,7 @@ async fn follow_once(cluster: &Cluster) -> tucana_cluster::Result<()> {
                 Some(ServerEvent::Down { id, .. }) => cluster.set_view(|v| {
                     v.live.remove(&id);
                 }).await,
-                None => return Ok(()),
+                None => return Ok(false),
             },
             event = map_watch.next() => match event? {
                 Some(MapEvent::Updated { map, .. }) => {
@@ -416,7 +459,7 @@ async fn follow_once(cluster: &Cluster) -> tucana_cluster::Result<()> {
                     cluster.set_view(|v| v.map = Some(map)).await;
                 }
                 Some(MapEvent::Deleted { .. }) => cluster.set_view(|v| v.map = None).await,
-                None => return Ok(()),
+                None => return Ok(false),
             },
         }
     }

@@ -74,10 +74,14 @@ fn follow(db: &Database, replication: &Replication, cluster: &Cluster, view: &Vi
             }
             Ok(false) => {}
             Err(e) => {
+                // Not served (CLUSTERDOWN) rather than served empty; tried again with
+                // the next view.
                 eprintln!("tucana serve: cannot promote replica {name}: {e}");
+                cluster.set_unpromoted(region.id, true);
                 continue;
             }
         }
+        cluster.set_unpromoted(region.id, false);
         // The keyspace exists from now on, at the region's epoch as its term, so its
         // first write is shipped at that term.
         match db.keyspace(&name).and_then(|_| db.ship_source(&name)) {
