@@ -3,7 +3,8 @@
 //!
 //! `create` waits until the named servers (`tucana serve --cluster-etcd`) are registered,
 //! matching them by the client address they announce, splits the 16384 hash slots evenly
-//! over them as primaries and creates the map; it refuses when a map exists. `status`
+//! over them as primaries, gives each region `--replicas` backups on the servers after its
+//! primary, and creates the map; it refuses when a map exists. `status`
 //! prints the map (regions, slot ranges, primary, backups, epochs) and which servers are
 //! live.
 //!
@@ -44,7 +45,8 @@ pub enum Action {
     Create {
         #[command(flatten)]
         etcd: EtcdArgs,
-        /// Backups per region (only 0 in this version).
+        /// Backups per region, on the servers after its primary in the order given (fewer
+        /// than the servers named).
         #[arg(long, default_value_t = 0, value_name = "N")]
         replicas: u32,
         /// How long to wait for the servers to register.
@@ -143,11 +145,6 @@ async fn create(
     wait: Duration,
     addrs: &[String],
 ) -> Result<(), CliError> {
-    if replicas > 0 {
-        return Err(CliError::msg(
-            "--replicas above 0 is not supported yet: regions have no backups in this version",
-        ));
-    }
     let distinct: BTreeSet<&String> = addrs.iter().collect();
     if distinct.len() != addrs.len() {
         return Err(CliError::msg("a server is named twice"));
@@ -160,16 +157,31 @@ async fn create(
         )));
     }
     let ids = wait_for_servers(&store, addrs, wait).await?;
-    let map = ClusterMap::even(&ids).map_err(etcd_error("building the map"))?;
+    let map = ClusterMap::even_with_backups(&ids, replicas as usize)
+        .map_err(etcd_error("building the map"))?;
     store
         .create_map(&map)
         .await
         .map_err(etcd_error("creating the map"))?;
     println!("created the map of cluster {}:", etcd.name);
-    for (region, addr) in map.regions.iter().zip(addrs) {
+    let addr_of = |id: &ServerId| {
+        ids.iter()
+            .position(|i| i == id)
+            .map_or("?", |at| addrs[at].as_str())
+    };
+    for region in &map.regions {
+        let backups: Vec<&str> = region.backups.iter().map(addr_of).collect();
         println!(
-            "  region {}: slots {} on {} ({})",
-            region.id, region.slots, addr, region.primary
+            "  region {}: slots {} on {} ({}), backups: {}",
+            region.id,
+            region.slots,
+            addr_of(&region.primary),
+            region.primary,
+            if backups.is_empty() {
+                "none".to_owned()
+            } else {
+                backups.join(", ")
+            }
         );
     }
     Ok(())

@@ -141,6 +141,12 @@ fn a_backup_over_tcp_mirrors_commits_and_promotes_with_every_acknowledged_write(
         replica_contents(&backup_db, "db0"),
         contents(&primary_db, "db0")
     );
+    // Point reads of the applied commit (what a backup serves under READONLY).
+    let replica = backup_db.open_replica("db0").unwrap();
+    for (key, value) in contents(&primary_db, "db0") {
+        assert_eq!(replica.get(&key).unwrap(), Some(value));
+    }
+    assert_eq!(replica.get(b"never written").unwrap(), None);
     backup_db.check().unwrap();
     // More acknowledged writes, shipped as log only; then the primary is gone.
     acknowledged_writes(&primary_db, &primary, "db0", 2000, 500);
@@ -326,4 +332,56 @@ fn folded_commits_reach_the_backup_as_one_and_promotion_replays_across_them() {
         .collect();
     assert_eq!(got, expected);
     backup_db.check().unwrap();
+}
+
+/// Cluster mode's seam: the backups, and the keyspaces each carries at which term, are
+/// set at run time (`Primary::set_backups`), and a write waits only for the backups of
+/// its keyspace.
+#[test]
+fn backups_set_at_run_time_carry_only_their_keyspaces() {
+    let primary_db = options().open_in_memory().unwrap();
+    primary_db.keyspace("led").unwrap();
+    let other = primary_db.keyspace("other").unwrap();
+    let backup_db = options().open_in_memory().unwrap();
+    let backup = start_backup(&backup_db, false);
+    let primary = Primary::start(
+        primary_db.clone(),
+        PrimaryConfig {
+            id: "primary".into(),
+            backups: Vec::new(),
+            password: "secret".into(),
+            ack_durable: false,
+            ack_timeout: Duration::from_millis(500),
+            catchup_bytes_per_sec: 0,
+            index_lag_max: Duration::ZERO,
+            index_lag_max_bytes: 0,
+            dialer: Dialer::Tcp,
+        },
+    )
+    .unwrap();
+    assert!(!primary.has_backups());
+    let carried = BTreeMap::from([("led".to_string(), 7u64)]);
+    let addr = backup.local_addr().to_string();
+    primary.set_backups(&BTreeMap::from([(addr.clone(), carried.clone())]));
+    assert!(primary.has_backups());
+
+    acknowledged_writes(&primary_db, &primary, "led", 0, 50);
+    let replica = backup_db.open_replica("led").expect("the carried keyspace");
+    assert_eq!(replica.state().term, 7, "shipped at the term it was given");
+    assert_eq!(primary_db.ship_source("led").unwrap().term(), 7);
+    // A keyspace the backup does not carry is neither shipped nor waited for.
+    other.put(b"k", b"v").unwrap();
+    primary.wait_acked("other", other.log_position()).unwrap();
+    assert!(backup_db.open_replica("other").is_none());
+
+    // Setting the same backups again keeps the connection; an empty set retires it, and
+    // writes then wait for nobody.
+    primary.set_backups(&BTreeMap::from([(addr, carried)]));
+    acknowledged_writes(&primary_db, &primary, "led", 50, 10);
+    primary.set_backups(&BTreeMap::new());
+    assert!(!primary.has_backups());
+    backup.stop();
+    let led = primary_db.open_keyspace("led").unwrap();
+    led.put(b"alone", b"x").unwrap();
+    primary.wait_acked("led", led.log_position()).unwrap();
 }

@@ -18,15 +18,17 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io;
 use std::path::Path;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, RwLock};
-use tokio::sync::watch;
+use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
 use tucana::Database;
 use tucana_cluster::{
-    ClusterMap, MapEvent, Region, RegionId, ServerEvent, ServerId, ServerInfo, SlotRange, Store,
+    ClusterMap, LeaseStatus, MapEvent, Region, RegionId, ServerEvent, ServerId, ServerInfo,
+    SlotRange, Store,
 };
 
 use crate::config::ClusterConfig;
@@ -63,6 +65,10 @@ pub enum Route {
     Down,
 }
 
+/// What follows the map into storage and replication (promotions, backups shipped to),
+/// run on a blocking thread with each new view *before* requests see it.
+pub type Follower = Arc<dyn Fn(&View) + Send + Sync>;
+
 /// This server's part in a cluster; see the module doc.
 pub struct Cluster {
     pub id: ServerId,
@@ -72,6 +78,19 @@ pub struct Cluster {
     config: ClusterConfig,
     view: RwLock<Arc<View>>,
     regions: RwLock<HashMap<RegionId, Arc<Slot>>>,
+    /// The status of the current registration's lease (`None` while unregistered).
+    lease: Mutex<Option<watch::Receiver<LeaseStatus>>>,
+    /// Registrations made so far, and the count when the view was last read whole: a
+    /// server that lost its lease and registered again acknowledges nothing until it
+    /// has read the map again (it may have missed a promotion while it was away).
+    registrations: AtomicU64,
+    view_registration: AtomicU64,
+    /// Tells the following task to read everything again (a new registration).
+    reread: Notify,
+    /// Regions the map says this server leads whose replica it could not promote: not
+    /// served (a write must not create an empty keyspace in their place).
+    unpromoted: RwLock<BTreeSet<RegionId>>,
+    follower: OnceLock<Follower>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
 }
 
@@ -125,8 +144,76 @@ impl Cluster {
             config,
             view: RwLock::new(Arc::new(View::default())),
             regions: RwLock::new(HashMap::new()),
+            lease: Mutex::new(None),
+            registrations: AtomicU64::new(0),
+            view_registration: AtomicU64::new(0),
+            reread: Notify::new(),
+            unpromoted: RwLock::new(BTreeSet::new()),
+            follower: OnceLock::new(),
             tasks: Mutex::new(Vec::new()),
         })
+    }
+
+    /// Sets what follows each new view into storage and replication (once, before
+    /// `start`).
+    pub fn set_follower(&self, follower: Follower) {
+        let _ = self.follower.set(follower);
+    }
+
+    /// Whether this server's lease is valid now with a third of its time to live to
+    /// spare (DESIGN.md, "Fencing by lease"): only then may it acknowledge writes.
+    pub fn lease_valid(&self) -> bool {
+        let margin = self.config.lease_ttl / 3;
+        let current = self.view_registration.load(Ordering::Acquire)
+            == self.registrations.load(Ordering::Acquire);
+        current
+            && self
+                .lease
+                .lock()
+                .as_ref()
+                .is_some_and(|status| status.borrow().valid_at(Instant::now(), margin))
+    }
+
+    /// Marks region `id` as one this server leads but could not promote (`true`), or
+    /// as served again.
+    pub fn set_unpromoted(&self, id: RegionId, unpromoted: bool) {
+        let mut set = self.unpromoted.write();
+        if unpromoted {
+            set.insert(id);
+        } else {
+            set.remove(&id);
+        }
+    }
+
+    /// Forgets the cached keyspace handle of region `id` (a promotion made its keyspace).
+    pub fn forget_region(&self, id: RegionId) {
+        self.regions.write().remove(&id);
+    }
+
+    /// Whether this server may acknowledge a write to keyspace `name` now: its lease is
+    /// valid (else `CLUSTERDOWN`), and the map still names it the primary of that region
+    /// (else `MOVED` to the one it names). Keyspaces not of a region pass.
+    pub fn may_acknowledge(&self, name: &str) -> Result<(), String> {
+        let Some(id) = name
+            .strip_prefix("region-")
+            .and_then(|id| id.parse().ok())
+            .map(RegionId)
+        else {
+            return Ok(());
+        };
+        if !self.lease_valid() {
+            return Err("CLUSTERDOWN this server's cluster lease is not valid: the write is applied here but not acknowledged".into());
+        }
+        let view = self.view();
+        let region = view.map.as_ref().and_then(|m| m.region(id));
+        match region {
+            Some(r) if r.primary == self.id => Ok(()),
+            Some(r) => match view.client_addr(&r.primary) {
+                Some(addr) => Err(format!("MOVED {} {addr}", r.slots.start)),
+                None => Err("CLUSTERDOWN Hash slot not served".into()),
+            },
+            None => Err("CLUSTERDOWN Hash slot not served".into()),
+        }
     }
 
     /// The cluster as this server sees it now.
@@ -141,12 +228,23 @@ impl Cluster {
             return Route::Down;
         };
         if region.primary == self.id {
+            if self.unpromoted.read().contains(&region.id) {
+                return Route::Down;
+            }
             return Route::Here(region.id);
         }
         match view.client_addr(&region.primary) {
             Some(addr) => Route::Moved(addr.to_owned()),
             None => Route::Down,
         }
+    }
+
+    /// The region of `slot`, if the map makes this server one of its backups (where a
+    /// `READONLY` connection's reads of the slot are served from the replica).
+    pub fn backs(&self, slot: u16) -> Option<RegionId> {
+        let view = self.view();
+        let region = view.map.as_ref()?.region_of_slot(slot)?;
+        region.backups.contains(&self.id).then_some(region.id)
     }
 
     /// The keyspace of region `id` (opened, or to be created by its first write).
@@ -191,16 +289,25 @@ impl Cluster {
         }
     }
 
-    fn set_view(&self, change: impl FnOnce(&mut View)) {
-        let mut slot = self.view.write();
-        let old = &**slot;
-        let mut view = View {
-            map: old.map.clone(),
-            servers: old.servers.clone(),
-            live: old.live.clone(),
+    /// Makes the next view with `change`, lets the follower act on it (promotions
+    /// happen before any request routes by the new map), then installs it. Only the
+    /// following task calls it, so views are made one after another.
+    async fn set_view(&self, change: impl FnOnce(&mut View)) {
+        let view = {
+            let old = self.view();
+            let mut view = View {
+                map: old.map.clone(),
+                servers: old.servers.clone(),
+                live: old.live.clone(),
+            };
+            change(&mut view);
+            Arc::new(view)
         };
-        change(&mut view);
-        *slot = Arc::new(view);
+        if let Some(follower) = self.follower.get() {
+            let (follower, next) = (follower.clone(), view.clone());
+            let _ = tokio::task::spawn_blocking(move || follower(&next)).await;
+        }
+        *self.view.write() = view;
     }
 
     async fn connect(&self) -> tucana_cluster::Result<Store> {
@@ -230,8 +337,22 @@ async fn stay_registered(cluster: Arc<Cluster>, mut shutdown: watch::Receiver<bo
         };
         match registered {
             Ok(registration) => {
+                cluster.registrations.fetch_add(1, Ordering::AcqRel);
+                *cluster.lease.lock() = Some(registration.subscribe());
+                cluster.reread.notify_one();
+                let coordinating = async {
+                    loop {
+                        match cluster.connect().await {
+                            Ok(store) => crate::coordinator::coordinate(store, &registration).await,
+                            Err(e) => eprintln!("tucana serve: coordinator cannot reach etcd: {e}"),
+                        }
+                        tokio::time::sleep(RETRY).await;
+                    }
+                };
                 tokio::select! {
+                    _ = coordinating => {}
                     _ = registration.lost() => {
+                        *cluster.lease.lock() = None;
                         eprintln!("tucana serve: cluster lease lost; registering again");
                     }
                     _ = stopped(&mut shutdown) => {
@@ -265,18 +386,22 @@ async fn register(
 async fn follow(cluster: Arc<Cluster>, mut shutdown: watch::Receiver<bool>) {
     loop {
         tokio::select! {
-            result = follow_once(&cluster) => {
-                if let Err(e) = result {
-                    eprintln!("tucana serve: following the cluster map: {e}");
-                }
-            }
+            result = follow_once(&cluster) => match result {
+                // A new registration: read everything again at once.
+                Ok(true) => continue,
+                Ok(false) => {}
+                Err(e) => eprintln!("tucana serve: following the cluster map: {e}"),
+            },
             _ = stopped(&mut shutdown) => return,
         }
         tokio::time::sleep(RETRY).await;
     }
 }
 
-async fn follow_once(cluster: &Cluster) -> tucana_cluster::Result<()> {
+/// Reads the map and the servers, then follows their watches; `Ok(true)` when a new
+/// registration asks for everything to be read again, `Ok(false)` when a watch ended.
+async fn follow_once(cluster: &Cluster) -> tucana_cluster::Result<bool> {
+    let registration = cluster.registrations.load(Ordering::Acquire);
     let store = cluster.connect().await?;
     let (servers, servers_revision) = store.servers().await?;
     let map = store.map().await?;
@@ -285,35 +410,42 @@ async fn follow_once(cluster: &Cluster) -> tucana_cluster::Result<()> {
         .watch_map(map_revision.or(Some(servers_revision)))
         .await?;
     let mut server_watch = store.watch_servers(Some(servers_revision)).await?;
-    cluster.set_view(|view| {
-        view.map = map.map(|(m, _)| m);
-        view.live.clear();
-        for info in servers {
-            view.live.insert(info.id.clone());
-            view.servers.insert(info.id.clone(), info);
-        }
-    });
+    cluster
+        .set_view(|view| {
+            view.map = map.map(|(m, _)| m);
+            view.live.clear();
+            for info in servers {
+                view.live.insert(info.id.clone());
+                view.servers.insert(info.id.clone(), info);
+            }
+        })
+        .await;
+    cluster
+        .view_registration
+        .store(registration, Ordering::Release);
     loop {
         tokio::select! {
             // Servers first: a map that names a server should find its address.
             biased;
+            _ = cluster.reread.notified() => return Ok(true),
             event = server_watch.next() => match event? {
                 Some(ServerEvent::Up { info, .. }) => cluster.set_view(|v| {
                     v.live.insert(info.id.clone());
                     v.servers.insert(info.id.clone(), info);
-                }),
+                }).await,
                 Some(ServerEvent::Down { id, .. }) => cluster.set_view(|v| {
                     v.live.remove(&id);
-                }),
-                None => return Ok(()),
+                }).await,
+                None => return Ok(false),
             },
             event = map_watch.next() => match event? {
                 Some(MapEvent::Updated { map, .. }) => {
                     let view = cluster.view();
-                    let unknown = map
-                        .regions
-                        .iter()
-                        .any(|r| !view.servers.contains_key(&r.primary));
+                    let unknown = map.regions.iter().any(|r| {
+                        std::iter::once(&r.primary)
+                            .chain(&r.backups)
+                            .any(|s| !view.servers.contains_key(s))
+                    });
                     if unknown {
                         // Its registration may be in a server event not read yet.
                         let (servers, _) = store.servers().await?;
@@ -322,12 +454,12 @@ async fn follow_once(cluster: &Cluster) -> tucana_cluster::Result<()> {
                                 v.live.insert(info.id.clone());
                                 v.servers.insert(info.id.clone(), info);
                             }
-                        });
+                        }).await;
                     }
-                    cluster.set_view(|v| v.map = Some(map));
+                    cluster.set_view(|v| v.map = Some(map)).await;
                 }
-                Some(MapEvent::Deleted { .. }) => cluster.set_view(|v| v.map = None),
-                None => return Ok(()),
+                Some(MapEvent::Deleted { .. }) => cluster.set_view(|v| v.map = None).await,
+                None => return Ok(false),
             },
         }
     }
@@ -336,6 +468,62 @@ async fn follow_once(cluster: &Cluster) -> tucana_cluster::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn cluster(dir: &Path) -> Cluster {
+        let config = ClusterConfig {
+            etcd: vec!["http://127.0.0.1:1".into()],
+            name: "test".into(),
+            announce: None,
+            lease_ttl: Duration::from_secs(3),
+            id_file: dir.join("volume.cluster-id"),
+        };
+        Cluster::new(config, "127.0.0.1:7001".into(), String::new()).unwrap()
+    }
+
+    fn lease(deadline: Instant) -> watch::Receiver<LeaseStatus> {
+        let (_tx, rx) = watch::channel(LeaseStatus {
+            deadline,
+            keepalive_ok: true,
+            lost: false,
+        });
+        rx
+    }
+
+    #[test]
+    fn writes_are_acknowledged_only_with_a_valid_lease_and_the_region_led_here() {
+        let dir = tempfile::tempdir().unwrap();
+        let cluster = cluster(dir.path());
+        let other = ServerId::random();
+        let map = ClusterMap::even(&[cluster.id.clone(), other.clone()]).unwrap();
+        let mut servers = BTreeMap::new();
+        servers.insert(
+            other.clone(),
+            ServerInfo {
+                id: other.clone(),
+                client_addr: "127.0.0.1:7002".into(),
+                repl_addr: String::new(),
+            },
+        );
+        *cluster.view.write() = Arc::new(View {
+            map: Some(map),
+            servers,
+            live: BTreeSet::new(),
+        });
+        // Keyspaces outside the regions pass; without a lease nothing else does.
+        assert_eq!(cluster.may_acknowledge("default"), Ok(()));
+        let refused = cluster.may_acknowledge("region-1").unwrap_err();
+        assert!(refused.starts_with("CLUSTERDOWN"), "{refused}");
+        // A lease valid for longer than the margin (a third of 3 s): region 1 is ours,
+        // region 2 is redirected to its primary.
+        *cluster.lease.lock() = Some(lease(Instant::now() + Duration::from_secs(60)));
+        assert_eq!(cluster.may_acknowledge("region-1"), Ok(()));
+        let moved = cluster.may_acknowledge("region-2").unwrap_err();
+        assert_eq!(moved, "MOVED 8192 127.0.0.1:7002");
+        // Within the margin of its deadline the lease no longer counts.
+        *cluster.lease.lock() = Some(lease(Instant::now() + Duration::from_millis(500)));
+        let refused = cluster.may_acknowledge("region-1").unwrap_err();
+        assert!(refused.starts_with("CLUSTERDOWN"), "{refused}");
+    }
 
     #[test]
     fn the_server_id_survives_a_restart() {

@@ -38,7 +38,6 @@ use tokio::sync::watch;
 use crate::commands::{execute_batch, may_block, Session, Written};
 use crate::config::DurabilityMode;
 use crate::outbox::Outbox;
-use crate::replication::ack_error_text;
 use crate::resp::{
     check_incomplete, decode_into, ProtocolError, Reply, RequestLimits, RequestSpans,
 };
@@ -198,15 +197,37 @@ impl Connection {
 }
 
 /// After a batch that wrote, with replication: wakes the shippers, and returns (and
-/// keeps for `WAIT`) the keyspace and log position the backups must acknowledge.
-fn replicated_write(state: &ServerState, conn: &mut Connection) -> Option<(String, LogPosition)> {
-    let replication = state.replication.as_ref()?;
+/// keeps the last for `WAIT`) the keyspaces and log positions the backups must
+/// acknowledge: the selected database's, or in cluster mode each region's the batch
+/// wrote to.
+fn replicated_write(state: &ServerState, conn: &mut Connection) -> Vec<(String, LogPosition)> {
+    let written = std::mem::take(&mut conn.session.wrote_keyspaces);
+    let Some(replication) = state.replication.as_ref() else {
+        return Vec::new();
+    };
     replication.notify_write();
-    let slot = state.store.slot(conn.session.db_index());
-    let ks = slot.existing()?;
-    let target = (ks.name().to_string(), ks.log_position());
-    conn.session.last_write = Some(target.clone());
-    replication.has_backups().then_some(target)
+    let keyspaces: Vec<tucana::Keyspace> = if state.cluster.is_some() {
+        let db = &state.store.db;
+        written
+            .iter()
+            .filter_map(|name| db.open_keyspace(name).ok())
+            .collect()
+    } else {
+        let slot = state.store.slot(conn.session.db_index());
+        slot.existing().into_iter().collect()
+    };
+    let targets: Vec<_> = keyspaces
+        .iter()
+        .map(|ks| (ks.name().to_string(), ks.log_position()))
+        .collect();
+    if let Some(last) = targets.last() {
+        conn.session.last_write = Some(last.clone());
+    }
+    if replication.has_backups() {
+        targets
+    } else {
+        Vec::new()
+    }
 }
 
 /// Runs the batch on this thread. Sync durability: the replies then wait for the writes
@@ -242,11 +263,11 @@ async fn run_blocking(state: &Arc<ServerState>, mut conn: Connection) -> io::Res
                     .db
                     .sync()
                     .map_err(|e| NotDurable::Sync(e.to_string()))
-                    .and_then(|()| match (&state.replication, acked) {
-                        (Some(r), Some((name, position))) => r
-                            .wait_acked(&name, position)
-                            .map_err(|e| NotDurable::Acks(ack_error_text(&e))),
-                        _ => Ok(()),
+                    .and_then(|()| match &state.replication {
+                        Some(r) => acked.iter().try_for_each(|(name, position)| {
+                            r.wait_acked(name, *position).map_err(NotDurable::Acks)
+                        }),
+                        None => Ok(()),
                     });
                 if let Err(e) = result {
                     written.not_durable(&mut conn.out, &e);

@@ -10,10 +10,14 @@
 //!   syncs for all waiting connections), `outbox` (replies sent together just before a
 //!   connection thread sleeps), `busy_poll` (a busy thread polls a little longer before
 //!   it sleeps);
+//! - `coordinator` (cluster mode: the election and the map's repair after deaths);
 //! - `cluster` (cluster mode: the server's id, its registration in etcd, the map it
 //!   follows and its regions' keyspaces);
 //! - `replication` (this server's keyspaces shipped to backups, others' taken as
 //!   replicas: `tucana-replication` started from the configuration);
+//! - `cluster_follow` (cluster mode: promotions, terms, fences and backups from each
+//!   view of the map; joins `cluster` and `replication`, which know nothing of each
+//!   other);
 //! - `state` (`ServerState`: what every connection shares);
 //! - `commands` (what each command does; running a pipelined batch);
 //! - `connection` (one connection's request loop), `prometheus` (the `/metrics`
@@ -32,9 +36,11 @@
 
 mod busy_poll;
 mod cluster;
+mod cluster_follow;
 mod commands;
 pub mod config;
 mod connection;
+mod coordinator;
 mod glob;
 mod metrics;
 mod outbox;

@@ -12,8 +12,10 @@
 //! so it is called only from threads that may block (the syncer's acker, the blocking
 //! pool).
 
+use std::collections::BTreeMap;
 use std::io;
 use std::net::SocketAddr;
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use tucana::replication::LogPosition;
@@ -37,10 +39,18 @@ pub fn ack_error_text(e: &AckError) -> String {
     }
 }
 
+/// Whether this server may acknowledge a write to a keyspace (cluster mode: its lease is
+/// valid and the map still names it the region's primary); `Err` is the reply.
+pub type AckGate = Box<dyn Fn(&str) -> Result<(), String> + Send + Sync>;
+
 pub struct Replication {
     pub primary: Option<Primary>,
     pub backup: Option<Backup>,
     db: Database,
+    /// Cluster mode: the backups come from the map (`set_backups`), so writes always
+    /// wait for them, even while there are none.
+    follows_map: bool,
+    gate: OnceLock<AckGate>,
 }
 
 impl Replication {
@@ -51,7 +61,8 @@ impl Replication {
         resp_addr: SocketAddr,
     ) -> io::Result<Option<Replication>> {
         let rc = &config.replication;
-        if !rc.enabled() {
+        let follows_map = config.cluster.is_some();
+        if !rc.enabled() && !follows_map {
             return Ok(None);
         }
         let id = rc
@@ -83,7 +94,7 @@ impl Replication {
                 )?)
             }
         };
-        let primary = if rc.backups.is_empty() {
+        let primary = if rc.backups.is_empty() && !follows_map {
             None
         } else {
             let dialer = match (&config.tls, &rc.tls_ca) {
@@ -109,12 +120,28 @@ impl Replication {
             primary,
             backup,
             db: db.clone(),
+            follows_map,
+            gate: OnceLock::new(),
         }))
     }
 
-    /// Whether writes wait for backups (this server is a primary with backups).
+    /// Whether writes wait for backups (this server is a primary with backups, or in
+    /// cluster mode, where the map gives and takes backups).
     pub fn has_backups(&self) -> bool {
-        self.primary.as_ref().is_some_and(|p| p.has_backups())
+        self.follows_map || self.primary.as_ref().is_some_and(|p| p.has_backups())
+    }
+
+    /// Cluster mode: what a write's acknowledgement must also pass (set once).
+    pub fn set_ack_gate(&self, gate: AckGate) {
+        let _ = self.gate.set(gate);
+    }
+
+    /// Cluster mode: ship each keyspace to the backups the map names; see
+    /// `Primary::set_backups`.
+    pub fn set_backups(&self, backups: &BTreeMap<String, BTreeMap<String, u64>>) {
+        if let Some(p) = &self.primary {
+            p.set_backups(backups);
+        }
     }
 
     /// Wakes the shippers: writes were made.
@@ -131,10 +158,22 @@ impl Replication {
         }
     }
 
-    /// Blocks until every backup acknowledged keyspace `name`'s log up to `position`.
-    pub fn wait_acked(&self, name: &str, position: LogPosition) -> Result<(), AckError> {
-        match &self.primary {
-            Some(p) => p.wait_acked(name, position),
+    /// Blocks until every backup acknowledged keyspace `name`'s log up to `position`,
+    /// then asks the gate (cluster mode) whether this server may still acknowledge it;
+    /// `Err` is the write's reply.
+    pub fn wait_acked(&self, name: &str, position: LogPosition) -> Result<(), String> {
+        if let Some(p) = &self.primary {
+            if let Err(e) = p.wait_acked(name, position) {
+                // Fenced by a promoted backup: in cluster mode the map names the new
+                // primary, so a client is better served by the gate's redirection.
+                if let (AckError::Fenced { .. }, Some(gate)) = (&e, self.gate.get()) {
+                    gate(name)?;
+                }
+                return Err(ack_error_text(&e));
+            }
+        }
+        match self.gate.get() {
+            Some(gate) => gate(name),
             None => Ok(()),
         }
     }
@@ -259,6 +298,19 @@ pub fn promote_replicas(db: &Database) -> tucana::Result<Vec<String>> {
         }
     }
     Ok(promoted)
+}
+
+/// Cluster mode: makes the replica `name` this server's keyspace at `term` (the region's
+/// new epoch), if this volume holds that replica; whether it did.
+pub fn promote_replica(db: &Database, name: &str, term: u64) -> tucana::Result<bool> {
+    match db.open_replica(name) {
+        Some(replica) => {
+            let term = term.max(replica.state().term + 1);
+            replica.promote(term)?;
+            Ok(true)
+        }
+        None => Ok(false),
+    }
 }
 
 /// One `INFO replication` field per replica `db` holds: `tucana_replica_<name>` with its

@@ -82,6 +82,18 @@ impl ServerState {
             }
             None => None,
         };
+        if let (Some(cluster), Some(replication)) = (&cluster, &replication) {
+            let weak = Arc::downgrade(cluster);
+            replication.set_ack_gate(Box::new(move |name| match weak.upgrade() {
+                Some(cluster) => cluster.may_acknowledge(name),
+                None => Err("CLUSTERDOWN the server is shutting down".into()),
+            }));
+            cluster.set_follower(crate::cluster_follow::follower(
+                db.clone(),
+                replication.clone(),
+                Arc::downgrade(cluster),
+            ));
+        }
         let (shutdown, _) = watch::channel(false);
         Ok(ServerState {
             syncer,

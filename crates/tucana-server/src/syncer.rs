@@ -31,7 +31,7 @@ use tokio::sync::oneshot;
 use tucana::replication::LogPosition;
 use tucana::Database;
 
-use crate::replication::{ack_error_text, Replication};
+use crate::replication::Replication;
 
 /// Why a write was applied but not answered as durable.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -60,7 +60,9 @@ pub type SyncResult = Result<(), NotDurable>;
 
 /// A registered connection: its answer, and the keyspace position its backups must
 /// acknowledge (with replication).
-type Waiter = (oneshot::Sender<SyncResult>, Option<(String, LogPosition)>);
+/// A waiter, and the keyspaces and log positions its backups must acknowledge (none: no
+/// wait for backups).
+type Waiter = (oneshot::Sender<SyncResult>, Vec<(String, LogPosition)>);
 
 struct Queue {
     /// Registered since the syncer last took the queue.
@@ -127,11 +129,11 @@ impl Syncer {
     }
 
     /// Registers now; resolves once a sync that started after this call has finished
-    /// (every write applied before the call is then durable), and, with `acked` (a
-    /// keyspace and a position in its log), once every backup acknowledged it too.
+    /// (every write applied before the call is then durable), and, for each of `acked`
+    /// (a keyspace and a position in its log), once every backup acknowledged it too.
     pub fn durable(
         &self,
-        acked: Option<(String, LogPosition)>,
+        acked: Vec<(String, LogPosition)>,
     ) -> impl std::future::Future<Output = SyncResult> {
         let (tx, rx) = oneshot::channel();
         {
@@ -193,8 +195,8 @@ fn run(db: &Database, inner: &Inner, acks: Option<&Inner>) {
         let mut handed = false;
         for (tx, acked) in batch.drain(..) {
             match (&result, acked, acks) {
-                (Ok(()), Some(acked), Some(acks)) => {
-                    acks.queue.lock().waiting.push((tx, Some(acked)));
+                (Ok(()), acked, Some(acks)) if !acked.is_empty() => {
+                    acks.queue.lock().waiting.push((tx, acked));
                     handed = true;
                 }
                 // A waiter that went away (its connection was aborted) needs no answer.
@@ -216,7 +218,7 @@ fn run_acker(replication: &Replication, inner: &Inner) {
     while take_batch(inner, &mut batch).is_some() {
         let mut highest: HashMap<String, LogPosition> = HashMap::new();
         for (_, acked) in &batch {
-            if let Some((name, position)) = acked {
+            for (name, position) in acked {
                 let e = highest.entry(name.clone()).or_default();
                 *e = (*e).max(*position);
             }
@@ -226,12 +228,16 @@ fn run_acker(replication: &Replication, inner: &Inner) {
             .map(|(name, position)| {
                 let result = replication
                     .wait_acked(&name, position)
-                    .map_err(|e| NotDurable::Acks(ack_error_text(&e)));
+                    .map_err(NotDurable::Acks);
                 (name, result)
             })
             .collect();
         for (tx, acked) in batch.drain(..) {
-            let result = acked.map_or(Ok(()), |(name, _)| results[&name].clone());
+            let result = acked
+                .iter()
+                .map(|(name, _)| results[name].clone())
+                .find(|r| r.is_err())
+                .unwrap_or(Ok(()));
             let _ = tx.send(result);
         }
     }
@@ -258,7 +264,7 @@ mod tests {
             let mut waits = Vec::new();
             for i in 0..100u32 {
                 ks.put(&i.to_be_bytes(), b"v").unwrap();
-                waits.push(syncer.durable(None));
+                waits.push(syncer.durable(Vec::new()));
             }
             for w in waits {
                 assert_eq!(w.await, Ok(()));
@@ -280,7 +286,7 @@ mod tests {
 
         syncer.stop();
         // After stop, a registration is answered at once with an error, never left hanging.
-        let late = rt.block_on(syncer.durable(None));
+        let late = rt.block_on(syncer.durable(Vec::new()));
         assert!(late.unwrap_err().reply_text().contains("shutting down"));
     }
 }

@@ -329,6 +329,12 @@ impl ReplicaHandle {
         self.replica.for_each(f)
     }
 
+    /// The value of `key` in the last commit the replica applied (writes shipped since
+    /// are not seen; see `Replica::get`).
+    pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        self.replica.get(key)
+    }
+
     /// Raises the replica's term; frames of lower terms are refused from then on.
     pub fn raise_term(&self, term: u64) {
         self.replica.raise_term(term);

@@ -5,7 +5,8 @@
 //! Owns: the map's types and invariants (`ClusterMap::validate`), lookup of a slot's
 //! region, and pure transformations (`promote`, `assign_backup`, `remove_server`) that each
 //! return a new validated map. Does not own where the map is stored or who may change it
-//! (`etcd`), nor which change to make when (the coordinator, later).
+//! (`etcd`), nor when to change it (the coordinator in the server, which runs
+//! `repaired`, in `repair`).
 //!
 //! Threads: plain values; share a map behind whatever the holder chooses.
 //!
@@ -23,6 +24,8 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 use crate::slot::SLOTS;
 pub use crate::types::ServerId;
+
+mod repair;
 
 #[cfg(test)]
 mod tests;
@@ -148,6 +151,28 @@ impl ClusterMap {
             config_epoch: count,
             regions,
         };
+        map.validate()?;
+        Ok(map)
+    }
+
+    /// [`ClusterMap::even`] with `replicas` backups per region: region `i`'s backups are
+    /// the `replicas` servers after its primary in `primaries` (wrapping), so every server
+    /// backs as many regions as it leads. Refused unless `replicas < primaries.len()`.
+    pub fn even_with_backups(primaries: &[ServerId], replicas: usize) -> Result<ClusterMap> {
+        if replicas >= primaries.len() {
+            return Err(Error::Refused(format!(
+                "{replicas} backups per region need at least {} servers, not {}",
+                replicas + 1,
+                primaries.len()
+            )));
+        }
+        let mut map = ClusterMap::even(primaries)?;
+        let count = primaries.len();
+        for (i, region) in map.regions.iter_mut().enumerate() {
+            region.backups = (1..=replicas)
+                .map(|k| primaries[(i + k) % count].clone())
+                .collect();
+        }
         map.validate()?;
         Ok(map)
     }

@@ -323,3 +323,23 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn even_with_backups_spreads_the_backups_over_the_other_servers() {
+    let servers = ids(4);
+    let map = ClusterMap::even_with_backups(&servers, 2).unwrap();
+    let mut backed: HashMap<&ServerId, usize> = HashMap::new();
+    for region in &map.regions {
+        assert_eq!(region.backups.len(), 2);
+        assert!(!region.backups.contains(&region.primary));
+        for b in &region.backups {
+            *backed.entry(b).or_default() += 1;
+        }
+    }
+    assert!(servers.iter().all(|s| backed[s] == 2), "{backed:?}");
+    assert_eq!(
+        ClusterMap::even_with_backups(&servers, 0).unwrap(),
+        ClusterMap::even(&servers).unwrap()
+    );
+    assert!(ClusterMap::even_with_backups(&servers, 4).is_err());
+}

@@ -23,7 +23,7 @@ use crate::transport;
 
 /// Dials the backup again and again, and runs a connection while it lasts.
 pub(super) async fn run_link(shared: Arc<Shared>, link: Arc<Link>) {
-    while !shared.stop.load(Ordering::Acquire) {
+    while !link.ended(&shared) {
         let result = run_connection(&shared, &link).await;
         {
             let mut st = link.state.lock();
@@ -43,14 +43,20 @@ pub(super) async fn run_link(shared: Arc<Shared>, link: Arc<Link>) {
     }
 }
 
-/// The regions to replicate now: every keyspace, each raised to term 1 at least.
-fn replicated_regions(db: &Database) -> Vec<RegionInfo> {
+/// The regions to replicate to `link` now: every keyspace it carries, each raised to
+/// the term the link names (term 1 at least).
+fn replicated_regions(db: &Database, link: &Link) -> Vec<RegionInfo> {
+    let wanted = link.keyspaces.lock().clone();
     db.keyspace_names()
         .into_iter()
         .filter_map(|name| {
+            let term = match &wanted {
+                None => 1,
+                Some(k) => *k.get(&name)?,
+            };
             let source = db.ship_source(&name).ok()?;
-            if source.term() == 0 {
-                source.raise_term(1);
+            if source.term() < term.max(1) {
+                source.raise_term(term.max(1));
             }
             Some(RegionInfo {
                 name,
@@ -65,7 +71,7 @@ async fn run_connection(shared: &Arc<Shared>, link: &Arc<Link>) -> std::io::Resu
     let stream = shared.config.dialer.dial(&link.addr).await?;
     let (mut reader, mut writer) = tokio::io::split(stream);
     let mut scratch = Vec::new();
-    let regions = replicated_regions(&shared.db);
+    let regions = replicated_regions(&shared.db, link);
     transport::write_frame(
         &mut writer,
         &Frame::Open {
@@ -108,7 +114,7 @@ async fn run_connection(shared: &Arc<Shared>, link: &Arc<Link>) -> std::io::Resu
     let sender = async {
         let mut announced: Vec<String> = regions.into_iter().map(|r| r.name).collect();
         loop {
-            if shared.stop.load(Ordering::Acquire) {
+            if link.ended(shared) {
                 writer.shutdown().await.ok();
                 return Ok(());
             }
@@ -138,7 +144,7 @@ async fn announce_new_regions<W: tokio::io::AsyncWrite + Unpin>(
     writer: &mut W,
     scratch: &mut Vec<u8>,
 ) -> std::io::Result<()> {
-    let now = replicated_regions(&shared.db);
+    let now = replicated_regions(&shared.db, link);
     let new: Vec<RegionInfo> = now
         .iter()
         .filter(|r| !announced.contains(&r.name))
@@ -149,7 +155,17 @@ async fn announce_new_regions<W: tokio::io::AsyncWrite + Unpin>(
         .filter(|name| !now.iter().any(|r| &r.name == *name))
         .cloned()
         .collect();
-    for name in &gone {
+    // A keyspace this backup no longer carries is only forgotten here; one dropped from
+    // the database is dropped at the backup too.
+    let (dropped, forgotten): (Vec<String>, Vec<String>) =
+        gone.iter().cloned().partition(|name| link.carries(name));
+    {
+        let mut st = link.state.lock();
+        for name in &forgotten {
+            st.regions.remove(name);
+        }
+    }
+    for name in &dropped {
         let term = link.state.lock().regions.remove(name).map_or(0, |r| r.term);
         transport::write_frame(
             writer,

@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use parking_lot::{Condvar, Mutex};
+use parking_lot::{Condvar, Mutex, RwLock};
 use tokio::sync::Notify;
 use tucana::replication::{
     CommitDelta, CommitObserver, FoldedCommits, LogPosition, RegionDesc, ShipSource, NODE_BYTES,
@@ -162,8 +162,38 @@ impl RegionLink {
 /// One backup, as the primary sees it.
 struct Link {
     addr: String,
+    /// The keyspaces shipped to this backup with the term each is shipped at, or `None`:
+    /// every keyspace, at its own term (the static configuration). Cluster mode sets it
+    /// from the map (`Primary::set_backups`).
+    keyspaces: Mutex<Option<BTreeMap<String, u64>>>,
+    /// Set when the backup left the set: the link closes and ends.
+    retired: AtomicBool,
     state: Mutex<LinkState>,
     wake: Notify,
+}
+
+impl Link {
+    fn new(addr: String, keyspaces: Option<BTreeMap<String, u64>>) -> Arc<Link> {
+        Arc::new(Link {
+            addr,
+            keyspaces: Mutex::new(keyspaces),
+            retired: AtomicBool::new(false),
+            state: Mutex::new(LinkState::default()),
+            wake: Notify::new(),
+        })
+    }
+
+    /// Whether keyspace `name` is shipped to this backup.
+    fn carries(&self, name: &str) -> bool {
+        self.keyspaces
+            .lock()
+            .as_ref()
+            .is_none_or(|k| k.contains_key(name))
+    }
+
+    fn ended(&self, shared: &Shared) -> bool {
+        shared.stop.load(Ordering::Acquire) || self.retired.load(Ordering::Acquire)
+    }
 }
 
 #[derive(Default)]
@@ -218,7 +248,8 @@ pub enum AckError {
 struct Shared {
     db: Database,
     config: PrimaryConfig,
-    links: Vec<Arc<Link>>,
+    /// The backups now; replaced as a whole by `Primary::set_backups`.
+    links: RwLock<Vec<Arc<Link>>>,
     stop: AtomicBool,
     /// The newest commit epoch the observer saw.
     newest_epoch: AtomicU64,
@@ -234,6 +265,13 @@ pub struct Primary {
     runtime: Mutex<Option<tokio::runtime::Runtime>>,
 }
 
+impl Shared {
+    /// The backups now (a copy: links may come and go meanwhile).
+    fn links(&self) -> Vec<Arc<Link>> {
+        self.links.read().clone()
+    }
+}
+
 impl Primary {
     /// Starts a link to every backup of `config`. Every keyspace of `db` is replicated;
     /// one at term 0 is raised to term 1.
@@ -241,18 +279,12 @@ impl Primary {
         let links = config
             .backups
             .iter()
-            .map(|addr| {
-                Arc::new(Link {
-                    addr: addr.clone(),
-                    state: Mutex::new(LinkState::default()),
-                    wake: Notify::new(),
-                })
-            })
+            .map(|addr| Link::new(addr.clone(), None))
             .collect();
         let shared = Arc::new(Shared {
             db: db.clone(),
             config,
-            links,
+            links: RwLock::new(links),
             stop: AtomicBool::new(false),
             newest_epoch: AtomicU64::new(0),
             index_now: AtomicU64::new(0),
@@ -264,8 +296,8 @@ impl Primary {
             .thread_name("tucana-repl-primary")
             .enable_all()
             .build()?;
-        for link in &shared.links {
-            runtime.spawn(link::run_link(shared.clone(), link.clone()));
+        for link in shared.links() {
+            runtime.spawn(link::run_link(shared.clone(), link));
         }
         Ok(Primary {
             shared,
@@ -275,7 +307,47 @@ impl Primary {
 
     /// Whether any backup is configured (a primary without backups acknowledges alone).
     pub fn has_backups(&self) -> bool {
-        !self.shared.links.is_empty()
+        !self.shared.links.read().is_empty()
+    }
+
+    /// Makes the backups exactly `backups`: replication address → the keyspaces shipped
+    /// there, each with its term (cluster mode, from the map). A backup that stays keeps
+    /// its connection and learns its new keyspaces on its next round; a keyspace it no
+    /// longer carries is simply not shipped any more (its replica there is left alone: the
+    /// backup may have been promoted); a backup that left is disconnected. A keyspace's
+    /// term is raised to the one given when it is announced. Writes wait only for the
+    /// backups that carry their keyspace.
+    pub fn set_backups(&self, backups: &BTreeMap<String, BTreeMap<String, u64>>) {
+        let runtime = self.runtime.lock();
+        let Some(runtime) = runtime.as_ref() else {
+            return;
+        };
+        let mut links = self.shared.links.write();
+        links.retain(|link| {
+            let stays = backups.contains_key(&link.addr);
+            if !stays {
+                link.retired.store(true, Ordering::Release);
+                link.wake.notify_one();
+            }
+            stays
+        });
+        for (addr, keyspaces) in backups {
+            match links.iter().find(|l| &l.addr == addr) {
+                Some(link) => {
+                    *link.keyspaces.lock() = Some(keyspaces.clone());
+                    link.wake.notify_one();
+                }
+                None => {
+                    let link = Link::new(addr.clone(), Some(keyspaces.clone()));
+                    runtime.spawn(link::run_link(self.shared.clone(), link.clone()));
+                    links.push(link);
+                }
+            }
+        }
+        drop(links);
+        // Writers waiting on a backup that left (or on a keyspace it no longer carries)
+        // count again.
+        self.shared.board.1.notify_all();
     }
 
     /// Wakes the links: a write was made (they ship it).
@@ -288,7 +360,7 @@ impl Primary {
     }
 
     pub fn notify_write(&self) {
-        for link in &self.shared.links {
+        for link in self.shared.links() {
             link.wake.notify_one();
         }
     }
@@ -305,12 +377,13 @@ impl Primary {
                 return Err(AckError::Fenced { term });
             }
             let acked = self.acked_count(region, position);
-            let needed = self.shared.links.len();
+            let needed = self.needed(region);
             if acked >= needed {
                 return Ok(());
             }
             if cv.wait_until(&mut guard, deadline).timed_out() {
                 let acked = self.acked_count(region, position);
+                let needed = self.needed(region);
                 if acked >= needed {
                     return Ok(());
                 }
@@ -319,11 +392,18 @@ impl Primary {
         }
     }
 
+    /// Backups that keyspace `region` is shipped to.
+    fn needed(&self, region: &str) -> usize {
+        let links = self.shared.links.read();
+        links.iter().filter(|link| link.carries(region)).count()
+    }
+
     /// Backups that acknowledged keyspace `region`'s log up to `position`.
     pub fn acked_count(&self, region: &str, position: LogPosition) -> usize {
         self.shared
-            .links
+            .links()
             .iter()
+            .filter(|link| link.carries(region))
             .filter(|link| {
                 let st = link.state.lock();
                 st.connected
@@ -366,7 +446,7 @@ impl Primary {
 
     pub fn status(&self) -> Vec<BackupStatus> {
         self.shared
-            .links
+            .links()
             .iter()
             .map(|link| {
                 let st = link.state.lock();
@@ -420,7 +500,7 @@ impl Primary {
     fn halt(&self) -> Option<tokio::runtime::Runtime> {
         self.shared.stop.store(true, Ordering::Release);
         self.shared.db.set_commit_observer(None);
-        for link in &self.shared.links {
+        for link in self.shared.links() {
             link.wake.notify_one();
         }
         let (_, cv) = &self.shared.board;
@@ -466,7 +546,7 @@ impl CommitObserver for Observer {
                 next_order: region.next_order,
                 nodes: region.nodes,
             });
-            for link in &shared.links {
+            for link in shared.links() {
                 let mut st = link.state.lock();
                 if !st.connected || !st.wants_index {
                     continue;
@@ -489,7 +569,7 @@ impl CommitObserver for Observer {
 /// Sets every region's ship horizon: the lowest order any connected backup may still lack.
 fn update_horizons(shared: &Shared) {
     let mut horizons: HashMap<String, u64> = HashMap::new();
-    for link in &shared.links {
+    for link in shared.links() {
         let st = link.state.lock();
         if !st.connected {
             continue;

@@ -224,7 +224,13 @@ fn nodes(cluster: &Cluster, view: &View) -> String {
     for id in known_servers(view) {
         let (ip, port) = split_addr(address_of(view, &id));
         let primary_of = map.map(|m| m.regions_led_by(&id).collect::<Vec<_>>());
-        let backup_of = map.and_then(|m| m.regions.iter().find(|r| r.backups.contains(&id)));
+        // NODES gives a server one role: one that leads a region is a master (even if it
+        // also backs another region), one that only backs is a slave of the first
+        // region's primary it backs.
+        let leads = primary_of.as_ref().is_some_and(|p| !p.is_empty());
+        let backup_of = map
+            .and_then(|m| m.regions.iter().find(|r| r.backups.contains(&id)))
+            .filter(|_| !leads);
         let mut flags = Vec::new();
         if id == cluster.id {
             flags.push("myself");

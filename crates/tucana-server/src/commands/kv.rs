@@ -1,7 +1,8 @@
-//! The [`Kv`] trait the string commands are written against, and its three stores: one
-//! that reads the keyspace as it is ([`ReadKv`]), one that reads and writes under the
-//! database's write lock ([`LockedKv`]), and the overlay of `EXEC` ([`TxKv`]), whose
-//! writes become one atomic engine batch when the transaction ends.
+//! The [`Kv`] trait the string commands are written against, and its stores: one that
+//! reads the keyspace as it is ([`ReadKv`]), one that reads and writes under the
+//! database's write lock ([`LockedKv`]), the overlay of `EXEC` ([`TxKv`]), whose writes
+//! become one atomic engine batch when the transaction ends, and the reads of a replica's
+//! last applied commit on a backup ([`ReplicaKv`], cluster mode's `READONLY`).
 //!
 //! Owns how a handler's reads and writes reach the engine (buffered: durability is the
 //! batch's business, `batch::Written`) and the keyspace hit and miss counts of those
@@ -37,6 +38,31 @@ pub(super) trait Kv {
 
     fn put(&mut self, key: &[u8], value: Vec<u8>) -> tucana::Result<()> {
         self.apply(vec![(key.to_vec(), Some(value))])
+    }
+}
+
+/// Reads of a replica's last applied commit (a backup under `READONLY`); no writes.
+pub(super) struct ReplicaKv<'a> {
+    /// `None` while nothing of the region has reached this backup.
+    pub(super) replica: Option<tucana::replication::ReplicaHandle>,
+    pub(super) state: &'a ServerState,
+}
+
+impl Kv for ReplicaKv<'_> {
+    fn get(&mut self, key: &[u8]) -> tucana::Result<Option<Vec<u8>>> {
+        let value = match &self.replica {
+            Some(replica) => replica.get(key)?,
+            None => None,
+        };
+        self.state.metrics.count_lookup(value.is_some());
+        Ok(value)
+    }
+
+    fn apply(&mut self, _ops: Ops) -> tucana::Result<()> {
+        debug_assert!(false, "a read-only command wrote");
+        Err(tucana::Error::InvalidArgument(
+            "internal error: write in a read-only command".into(),
+        ))
     }
 }
 

@@ -52,7 +52,7 @@ pub use batch::{execute_batch, Written};
 pub use session::Session;
 pub use table::{command_count, command_name, may_block};
 
-use kv::{Kv, LockedKv, ReadKv};
+use kv::{Kv, LockedKv, ReadKv, ReplicaKv};
 use routing::{Routed, SlotKv};
 use table::{lookup, table, KvFn, Run, Spec, NOAUTH, NOMULTI, TXCTL};
 
@@ -154,6 +154,14 @@ fn run_spec(
     routed: Option<Routed>,
 ) -> tucana::Result<Reply> {
     let state = call.state;
+    if let (Some(r), Run::Read(f)) = (routed.filter(|r| r.replica), &spec.run) {
+        let name = crate::cluster::region_keyspace_name(r.region);
+        let mut kv = ReplicaKv {
+            replica: state.store.db.open_replica(&name),
+            state,
+        };
+        return run_kv(*f, &mut kv, Some(r.hash_slot), args);
+    }
     let region = match (&state.cluster, routed) {
         (Some(cluster), Some(r)) => Some(cluster.region(&state.store.db, r.region)),
         // Every string command has a key; never let one reach database 0 in cluster mode.
@@ -174,6 +182,9 @@ fn run_spec(
             };
             let reply = run_kv(f, &mut kv, hash_slot, args);
             call.wrote |= kv.wrote;
+            if let (true, Some(region)) = (kv.wrote, &region) {
+                call.session.wrote_to(region.name());
+            }
             reply
         }
         Run::Other { f, .. } => f(call, args),

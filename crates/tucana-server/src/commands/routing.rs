@@ -2,7 +2,8 @@
 //!
 //! Owns: finding a request's keys (the table's key positions), their one hash slot
 //! (`CROSSSLOT` when they have several), whether this server serves that slot (`MOVED`
-//! to the primary that does, `CLUSTERDOWN` when nobody does), and [`SlotKv`], which
+//! to the primary that does, `CLUSTERDOWN` when nobody does; on a `READONLY` connection
+//! a read of a slot this server backs is served from the replica), and [`SlotKv`], which
 //! stores a handler's keys slot-prefixed in the region's keyspace. Handlers written
 //! against [`Kv`] so learn nothing of slots. It does not own the cluster map or the
 //! regions' keyspaces (`cluster`), nor the commands that list keys (`cluster_keys`).
@@ -20,14 +21,16 @@ use crate::cluster::Route;
 use crate::resp::Reply;
 
 use super::kv::{Kv, Ops};
-use super::table::{Spec, NOMULTI, TXCTL};
+use super::table::{Run, Spec, NOMULTI, TXCTL};
 use super::Call;
 
-/// A request that may run here: its keys' hash slot, in this server's region `region`.
+/// A request that may run here: its keys' hash slot, in this server's region `region`,
+/// or, for a read on a `READONLY` connection, in the replica of a region it backs.
 #[derive(Clone, Copy)]
 pub(super) struct Routed {
     pub(super) hash_slot: u16,
     pub(super) region: RegionId,
+    pub(super) replica: bool,
 }
 
 pub(super) fn crossslot() -> Reply {
@@ -73,7 +76,11 @@ pub(super) fn route_slot(call: &Call<'_>, hash_slot: u16) -> Result<Routed, Repl
         ));
     };
     match cluster.route(hash_slot) {
-        Route::Here(region) => Ok(Routed { hash_slot, region }),
+        Route::Here(region) => Ok(Routed {
+            hash_slot,
+            region,
+            replica: false,
+        }),
         Route::Moved(addr) => Err(Reply::error(format!("MOVED {hash_slot} {addr}"))),
         Route::Down => Err(Reply::error("CLUSTERDOWN Hash slot not served")),
     }
@@ -93,6 +100,19 @@ pub(super) fn route(
     let Some(slot) = hash_slot(spec, args)? else {
         return Ok(None);
     };
+    // READONLY: a read outside a transaction of a slot this server backs is served from
+    // the replica (its last applied commit), as a Redis Cluster replica serves it.
+    let replica_read =
+        call.session.readonly && call.session.multi.is_none() && matches!(spec.run, Run::Read(_));
+    if replica_read {
+        if let Some(region) = call.state.cluster.as_ref().and_then(|c| c.backs(slot)) {
+            return Ok(Some(Routed {
+                hash_slot: slot,
+                region,
+                replica: true,
+            }));
+        }
+    }
     let routed = route_slot(call, slot)?;
     let queued = spec.flags & (TXCTL | NOMULTI) == 0;
     if let Some(multi) = call.session.multi.as_mut().filter(|_| queued) {

@@ -32,8 +32,8 @@ pub struct Session {
     pub(super) lib_version: Option<Vec<u8>>,
     /// Between `MULTI` and `EXEC` or `DISCARD`: the queued commands.
     pub(super) multi: Option<Multi>,
-    /// `READONLY` (cluster mode): the client accepts reads from backups. Nothing reads
-    /// from backups yet (the replication slice of issue 19), so it changes no reply.
+    /// `READONLY` (cluster mode): the client accepts reads from backups: a read of a
+    /// slot this server backs is served from the replica's last applied commit.
     pub(super) readonly: bool,
     /// Close the connection once the replies so far are written (`QUIT`, `SHUTDOWN`).
     pub close_after_reply: bool,
@@ -42,9 +42,19 @@ pub struct Session {
     /// The keyspace and log position of this connection's last write, for `WAIT` (kept
     /// only with replication).
     pub last_write: Option<(String, tucana::replication::LogPosition)>,
+    /// Cluster mode: the regions' keyspaces the current batch wrote to (their backups
+    /// must acknowledge the writes); taken after each batch.
+    pub wrote_keyspaces: Vec<String>,
 }
 
 impl Session {
+    /// Notes that the batch wrote to keyspace `name` (cluster mode).
+    pub(super) fn wrote_to(&mut self, name: &str) {
+        if !self.wrote_keyspaces.iter().any(|n| n == name) {
+            self.wrote_keyspaces.push(name.to_string());
+        }
+    }
+
     /// The selected database's index (`SELECT`).
     pub fn db_index(&self) -> u32 {
         self.db_index
@@ -64,6 +74,7 @@ impl Session {
             close_after_reply: false,
             shutdown_requested: false,
             last_write: None,
+            wrote_keyspaces: Vec::new(),
         }
     }
 }

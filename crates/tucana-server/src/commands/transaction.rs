@@ -119,6 +119,9 @@ pub(super) fn cmd_exec(call: &mut Call<'_>, _args: &[Vec<u8>]) -> tucana::Result
             )));
         }
         call.wrote = true;
+        if region.is_some() {
+            call.session.wrote_to(slot.name());
+        }
     }
     Ok(Reply::Array(replies))
 }

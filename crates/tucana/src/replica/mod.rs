@@ -440,6 +440,30 @@ impl Replica {
         Ok(())
     }
 
+    /// The value of `key` in the last applied commit, read from this volume (nodes and
+    /// records verified): what a backup serves to reads it is asked for (`READONLY` in
+    /// cluster mode). Writes shipped since that commit are not seen. The replica's state
+    /// is held for the read, so no commit applied meanwhile lets go of what it walks.
+    pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        let st = self.state.lock();
+        let Some((desc, _)) = &st.committed else {
+            return Ok(None);
+        };
+        if desc.root.is_none() {
+            return Ok(None);
+        }
+        let ctx = ReadCtx { replica: self };
+        let tree = crate::index::Tree::new(self.id, crate::types::TreeEpoch(0));
+        let guard = crossbeam_epoch::pin();
+        // A root word naming a disk node: its offset with the low bit set.
+        let Some(ptr) = tree.get(&ctx, Some(desc.root.0 | 1), key, &guard)? else {
+            return Ok(None);
+        };
+        let value = ctx.with_record(ptr, |r| r.value.to_vec())?;
+        drop(st);
+        Ok(Some(value))
+    }
+
     /// What promotion starts from: the last applied commit's entry (translated, with the
     /// term to promote at), and the copies received since it, origin → (copy, size) (for
     /// an origin the primary reused within that window, the newest).
@@ -468,5 +492,52 @@ impl Replica {
             later,
             later_extents,
         })
+    }
+}
+
+/// Reads of a replica's committed tree: nodes and records from the volume.
+struct ReadCtx<'a> {
+    replica: &'a Replica,
+}
+
+impl ReadCtx<'_> {
+    /// Calls `f` with the verified record at `ptr`.
+    fn with_record<R>(
+        &self,
+        ptr: u64,
+        f: impl FnOnce(crate::log::record::RecordRef<'_>) -> R,
+    ) -> Result<R> {
+        use crate::log::record::{Header, RecordRef, HEADER_BYTES};
+        let storage = self.replica.shared.volume.storage();
+        let at = DiskOffset(ptr);
+        let mut head = [0u8; HEADER_BYTES];
+        storage.read_at(ptr, &mut head)?;
+        let len = Header::decode(&head, at)?.total_bytes();
+        let mut bytes = vec![0u8; len as usize];
+        storage.read_at(ptr, &mut bytes)?;
+        Ok(f(RecordRef::parse(&bytes, self.replica.seed, true, at)?))
+    }
+}
+
+impl crate::index::Ctx for ReadCtx<'_> {
+    fn key_cmp(&self, ptr: u64, key: &[u8]) -> Result<std::cmp::Ordering> {
+        self.with_record(ptr, |r| r.key.cmp(key))
+    }
+
+    fn key_into(&self, ptr: u64, out: &mut Vec<u8>) -> Result<()> {
+        self.with_record(ptr, |r| {
+            out.clear();
+            out.extend_from_slice(r.key);
+        })
+    }
+
+    fn with_node<R>(&self, off: DiskOffset, f: impl FnOnce(&[u8]) -> Result<R>) -> Result<R> {
+        let mut image = vec![0u8; crate::index::NODE_BYTES];
+        self.replica
+            .shared
+            .volume
+            .storage()
+            .read_at(off.0, &mut image)?;
+        f(&image)
     }
 }

@@ -1,0 +1,114 @@
+//! The coordinator's repair of the map after servers died (DESIGN.md, "The coordinator
+//! and failover"): a pure function of the map and the live servers, so it is tested
+//! without etcd and the coordinator only reads, repairs and writes.
+//!
+//! Owns: which backup is promoted for a region whose primary is dead, which dead servers
+//! leave the backup lists, which live server becomes a new backup. Does not own: when it
+//! runs or writing the result (the server's coordinator, through `update_map_as`).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::{ClusterMap, ServerId};
+use crate::error::Result;
+
+impl ClusterMap {
+    /// The map with every region whose primary is not in `live` led by its first live
+    /// backup (`promote`: a new epoch), the servers not in `live` removed from every
+    /// backup list (`remove_server`), and each region given new backups from `live`
+    /// (`assign_backup`, the server backing the fewest regions first) until it has as
+    /// many as the most any region of `self` has. A region whose primary and backups are
+    /// all dead keeps its dead primary (nobody has its data). Equal to `self` when
+    /// nothing needs repair.
+    ///
+    /// Any live backup may be promoted: a write is acknowledged only once every backup
+    /// of its region has it, so each has every acknowledged write.
+    pub fn repaired(&self, live: &BTreeSet<ServerId>) -> Result<ClusterMap> {
+        let target = self.regions.iter().map(|r| r.backups.len()).max();
+        let mut map = self.clone();
+        for region in &self.regions {
+            if live.contains(&region.primary) {
+                continue;
+            }
+            if let Some(backup) = region.backups.iter().find(|b| live.contains(*b)) {
+                map = map.promote(region.id, backup)?;
+            }
+        }
+        let named: BTreeSet<ServerId> = map
+            .regions
+            .iter()
+            .flat_map(|r| r.backups.iter().cloned())
+            .collect();
+        for dead in named.iter().filter(|s| !live.contains(*s)) {
+            map = map.remove_server(dead)?;
+        }
+        let target = target.unwrap_or(0);
+        let ids: Vec<_> = map.regions.iter().map(|r| r.id).collect();
+        for id in ids {
+            while let Some(region) = map.region(id) {
+                if region.backups.len() >= target || !live.contains(&region.primary) {
+                    break;
+                }
+                let mut load: BTreeMap<&ServerId, usize> = live
+                    .iter()
+                    .filter(|s| **s != region.primary && !region.backups.contains(s))
+                    .map(|s| (s, 0))
+                    .collect();
+                for r in &map.regions {
+                    for b in &r.backups {
+                        if let Some(n) = load.get_mut(b) {
+                            *n += 1;
+                        }
+                    }
+                }
+                let Some((server, _)) = load.into_iter().min_by_key(|(s, n)| (*n, (*s).clone()))
+                else {
+                    break;
+                };
+                let server = server.clone();
+                map = map.assign_backup(id, &server)?;
+            }
+        }
+        Ok(map)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn servers(n: usize) -> Vec<ServerId> {
+        let mut ids: Vec<_> = (0..n).map(|_| ServerId::random()).collect();
+        ids.sort();
+        ids
+    }
+
+    #[test]
+    fn a_dead_primary_is_replaced_by_its_backup_and_every_region_gets_its_backup_back() {
+        let ids = servers(3);
+        let map = ClusterMap::even_with_backups(&ids, 1).unwrap();
+        let live: BTreeSet<ServerId> = ids[1..].iter().cloned().collect();
+        let repaired = map.repaired(&live).unwrap();
+        // Region 1 (led by the dead server) is led by its backup, at a new epoch.
+        let r1 = repaired.region(super::super::RegionId(1)).unwrap();
+        assert_eq!(r1.primary, ids[1]);
+        assert!(r1.epoch > map.config_epoch);
+        for region in &repaired.regions {
+            assert!(live.contains(&region.primary));
+            assert_eq!(region.backups.len(), 1, "{region:?}");
+            assert!(region.backups.iter().all(|b| live.contains(b)));
+        }
+        // Nothing more to do the second time.
+        assert_eq!(repaired.repaired(&live).unwrap(), repaired);
+        // Nothing to do with everyone live.
+        let all: BTreeSet<ServerId> = ids.iter().cloned().collect();
+        assert_eq!(map.repaired(&all).unwrap(), map);
+    }
+
+    #[test]
+    fn a_region_with_nobody_left_keeps_its_dead_primary() {
+        let ids = servers(2);
+        let map = ClusterMap::even(&ids).unwrap();
+        let live: BTreeSet<ServerId> = [ids[1].clone()].into();
+        assert_eq!(map.repaired(&live).unwrap(), map);
+    }
+}

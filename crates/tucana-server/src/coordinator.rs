@@ -1,0 +1,88 @@
+//! The coordinator (issue 19; DESIGN.md, "The coordinator and failover"): every server in
+//! cluster mode campaigns; the one etcd elects watches the server list and, whenever it
+//! changes (and every lease time, in case a write was missed), repairs the map
+//! (`ClusterMap::repaired`: promotions of backups for dead primaries, dead servers out of
+//! backup lists, new backups from the live servers) and writes it with `update_map_as`,
+//! so a coordinator deposed while paused writes nothing.
+//!
+//! A server is dead when its key is gone from etcd, i.e. etcd expired (or it revoked) its
+//! lease: a primary stops acknowledging writes before that (`Cluster::lease_valid`), so a
+//! promotion never overlaps a primary that still acknowledges alone.
+//!
+//! Owns: the election loop and when repairs run. Does not own: the repair itself
+//! (`tucana-cluster`), following the map (`cluster`, `cluster_follow`).
+//!
+//! Thread-safety: one task on the listener's runtime, alive as long as the registration
+//! whose lease it campaigns on.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use tucana_cluster::{Error, Leadership, Registration, ServerId, Store};
+
+/// How long a failed coordinator round waits before it starts over.
+const RETRY: Duration = Duration::from_millis(500);
+
+/// Campaigns on `registration`'s lease and, while leading, repairs the map; starts over
+/// after any error. Never returns: the caller drops it with the registration.
+pub async fn coordinate(store: Store, registration: &Registration) {
+    loop {
+        if let Err(e) = lead(&store, registration).await {
+            eprintln!("tucana serve: coordinator: {e}");
+        }
+        tokio::time::sleep(RETRY).await;
+    }
+}
+
+async fn lead(store: &Store, registration: &Registration) -> tucana_cluster::Result<()> {
+    let leadership = store.campaign(registration).await?;
+    eprintln!("tucana serve: this server is the cluster's coordinator");
+    let every = registration.lease_ttl();
+    loop {
+        let revision = repair(store, &leadership).await?;
+        let mut watch = store.watch_servers(Some(revision)).await?;
+        tokio::select! {
+            event = watch.next() => { event?; }
+            _ = tokio::time::sleep(every) => {}
+        }
+    }
+}
+
+/// Reads the map, then the live servers, repairs the map for them and writes it if it
+/// changed, again after a conflicting write; the server list's revision it last read.
+///
+/// The map is read first: every server it names registered before it was written, so a
+/// server missing from the list read afterwards really lost its lease (reading the list
+/// first could take a server that registered, and a map naming it, as dead).
+async fn repair(
+    store: &Store,
+    leadership: &Leadership,
+) -> tucana_cluster::Result<tucana_cluster::Revision> {
+    loop {
+        let map = store.map().await?;
+        let (servers, servers_revision) = store.servers().await?;
+        let Some((map, revision)) = map else {
+            return Ok(servers_revision);
+        };
+        let live: BTreeSet<ServerId> = servers.into_iter().map(|s| s.id).collect();
+        let repaired = map.repaired(&live)?;
+        if repaired == map {
+            return Ok(servers_revision);
+        }
+        match store.update_map_as(leadership, revision, &repaired).await {
+            Ok(_) => {
+                for (old, new) in map.regions.iter().zip(&repaired.regions) {
+                    if old.primary != new.primary {
+                        eprintln!(
+                            "tucana serve: coordinator: region {} promoted {} (epoch {}) for dead {}",
+                            new.id, new.primary, new.epoch, old.primary
+                        );
+                    }
+                }
+                return Ok(servers_revision);
+            }
+            Err(Error::Conflict { .. }) => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
