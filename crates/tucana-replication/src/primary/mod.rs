@@ -350,7 +350,6 @@ impl Primary {
         self.shared.board.1.notify_all();
     }
 
-    /// Wakes the links: a write was made (they ship it).
     /// Ships the index of every commit made so far without folding it into later ones
     /// (`SAVE`: the backups' indexes become current as soon as they apply it).
     pub fn ship_index_now(&self) {
@@ -359,6 +358,7 @@ impl Primary {
         self.notify_write();
     }
 
+    /// Wakes the links: a write was made (they ship it).
     pub fn notify_write(&self) {
         for link in self.shared.links() {
             link.wake.notify_one();
