@@ -3,11 +3,15 @@
 # processes in cluster mode, each with its own data directory and port, and the cluster
 # map that splits the 16384 hash slots over them.
 #
-#   scripts/cluster.sh start                  # etcd on 2379, servers on 7001..7003
-#   scripts/cluster.sh start --servers 5 --port 7101 --etcd-port 2479 --dir /tmp/c5
+#   scripts/cluster.sh start                  # etcd on 2379, servers on 7001..7003, 1 backup each
+#   scripts/cluster.sh start --servers 5 --replicas 2 --port 7101 --etcd-port 2479 --dir /tmp/c5
 #   scripts/cluster.sh status                 # the map and the live servers
 #   scripts/cluster.sh stop                   # servers first (they give up their leases), then etcd
 #
+# Server i listens for clients on port P+i and for its regions' replication on P+i+10000.
+# Every region has --replicas backups (default 1) on other servers; when a server dies the
+# elected coordinator promotes a backup of each region it led. Writes are sync (the
+# server's default): answered once durable on the primary and received by the backups.
 # Everything lives under --dir (default ./tucana-cluster): etcd's data, one directory per
 # server, their logs, and the process ids `stop` reads. Starting again over the same
 # directory brings the same cluster back (the servers keep their ids and data; the map
@@ -17,7 +21,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 usage() {
-    sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'
     exit "${1:-0}"
 }
 
@@ -25,7 +29,7 @@ action="${1:-}"
 [[ -n "${action}" ]] || usage 2
 shift
 servers=3
-replicas=0
+replicas=1
 port=7001
 etcd_port=2379
 dir=./tucana-cluster
@@ -109,7 +113,7 @@ start() {
         p=$((port + i))
         mkdir -p "${dir}/server-${p}"
         "${tucana}" --db "${dir}/server-${p}/volume.tucana" serve --port "${p}" \
-            --cluster-etcd "${etcd_url}" --cluster-name "${name}" \
+            --repl-port "$((p + 10000))" --cluster-etcd "${etcd_url}" --cluster-name "${name}" \
             >"${dir}/server-${p}.log" 2>&1 &
         echo "server-${p} $!" >>"${pids}"
         addresses+=("127.0.0.1:${p}")
