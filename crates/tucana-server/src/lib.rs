@@ -5,6 +5,7 @@
 //! import cycle; DESIGN.md, "The server", follows a request through them):
 //! - [`resp`] (the wire format: requests decoded under limits, replies encoded),
 //!   [`config`] (`ServerConfig`), `glob` (key patterns), `tls` (the rustls acceptor);
+//! - `expiry` (the stored layout of key deadlines);
 //! - `metrics` (the counters), `store` (numbered databases → keyspaces, the
 //!   per-database write lock, SCAN cursors), `syncer` (sync durability: one thread
 //!   syncs for all waiting connections), `outbox` (replies sent together just before a
@@ -14,7 +15,8 @@
 //!   follows and its regions' keyspaces);
 //! - `replication` (this server's keyspaces shipped to backups, others' taken as
 //!   replicas: `tucana-replication` started from the configuration);
-//! - `state` (`ServerState`: what every connection shares);
+//! - `state` (`ServerState`: what every connection shares), `sweeper` (deletes expired
+//!   keys in the background);
 //! - `commands` (what each command does; running a pipelined batch);
 //! - `connection` (one connection's request loop), `prometheus` (the `/metrics`
 //!   endpoint);
@@ -35,6 +37,7 @@ mod cluster;
 mod commands;
 pub mod config;
 mod connection;
+mod expiry;
 mod glob;
 mod metrics;
 mod outbox;
@@ -44,6 +47,7 @@ pub mod resp;
 pub mod server;
 mod state;
 mod store;
+mod sweeper;
 mod syncer;
 mod tls;
 

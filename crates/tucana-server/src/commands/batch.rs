@@ -14,6 +14,7 @@ use std::ops::Range;
 
 use tucana::Durability;
 
+use crate::expiry::is_reserved;
 use crate::metrics::Tally;
 use crate::resp::{encode_bulk, encode_error, encode_nil, Args, Requests};
 use crate::state::ServerState;
@@ -53,8 +54,12 @@ pub fn execute_batch(
             i += 1;
             continue;
         }
-        // Cluster mode routes every key (`routing`); the fast paths do not.
-        let fast = session.authenticated && session.multi.is_none() && state.cluster.is_none();
+        // Cluster mode routes every key (`routing`); the fast paths do not. Nor do they
+        // look deadlines up: a database that may hold some takes the general path.
+        let fast = session.authenticated
+            && session.multi.is_none()
+            && state.cluster.is_none()
+            && !state.store.slot(session.db_index).may_expire();
         if fast && is_plain(&args, b"get", 2) {
             let run = run_length(requests, i, b"get", 2);
             fast_gets(state, session, requests, i..i + run, &mut replies);
@@ -144,15 +149,18 @@ fn replace_replies(out: &mut Vec<u8>, base: usize, ranges: &[Range<usize>], text
 }
 
 /// Whether `args` is `name` (any case) with exactly `argc` arguments, the name included.
+/// A key in the reserved family of deadlines is refused by the general path.
 fn is_plain(args: &[&[u8]], name: &[u8], argc: usize) -> bool {
-    args.len() == argc && args[0].eq_ignore_ascii_case(name)
+    args.len() == argc && args[0].eq_ignore_ascii_case(name) && !is_reserved(args[1])
 }
 
 /// How many requests from `first` on are plain `name` requests (at least the first).
 fn run_length(requests: Requests<'_>, first: usize, name: &[u8], argc: usize) -> usize {
     (first..requests.len())
         .take_while(|&j| {
-            requests.arg_count(j) == argc && requests.arg(j, 0).eq_ignore_ascii_case(name)
+            requests.arg_count(j) == argc
+                && requests.arg(j, 0).eq_ignore_ascii_case(name)
+                && !is_reserved(requests.arg(j, 1))
         })
         .count()
 }

@@ -12,8 +12,6 @@
 
 use std::collections::HashMap;
 
-use tucana::Durability;
-
 use crate::resp::{Args, Reply};
 
 use super::kv::TxKv;
@@ -79,6 +77,7 @@ pub(super) fn cmd_exec(call: &mut Call<'_>, _args: &[Vec<u8>]) -> tucana::Result
         guard: slot.lock_writes(),
         state,
         overlay: HashMap::new(),
+        deadline_noted: false,
     };
     let mut replies = Vec::with_capacity(multi.queued.len());
     for args in &multi.queued {
@@ -104,21 +103,13 @@ pub(super) fn cmd_exec(call: &mut Call<'_>, _args: &[Vec<u8>]) -> tucana::Result
         };
         replies.push(reply);
     }
-    if !tx.overlay.is_empty() {
-        let ks = tx.guard.keyspace(&state.store.db)?;
-        let mut batch = ks.batch();
-        for (key, value) in &tx.overlay {
-            match value {
-                Some(v) => batch.put(key, v),
-                None => batch.delete(key),
-            };
-        }
-        if let Err(e) = batch.commit_with(Durability::Buffered) {
+    match tx.commit() {
+        Ok(wrote) => call.wrote |= wrote,
+        Err(e) => {
             return Ok(Reply::error(format!(
                 "EXECABORT the transaction's batch failed, nothing was applied: {e}"
-            )));
+            )))
         }
-        call.wrote = true;
     }
     Ok(Reply::Array(replies))
 }
