@@ -81,6 +81,22 @@ fn damaged(what: &str, bytes: &[u8]) -> tucana::Error {
     ))
 }
 
+/// The client's key (stored form) that writing the stored key `stored` modifies, for
+/// WATCH: a deadline record modifies its key, index entries and the marker none, any
+/// other key itself. `slot_prefixed`: cluster mode, where a stored key is `slot key`.
+pub fn modified_key(stored: &[u8], slot_prefixed: bool) -> Option<Vec<u8>> {
+    let (prefix, rest) = if slot_prefixed && stored.len() >= 2 {
+        stored.split_at(2)
+    } else {
+        stored.split_at(0)
+    };
+    match rest.strip_prefix(RESERVED) {
+        None => Some(stored.to_vec()),
+        Some([DEADLINE, key @ ..]) => Some([prefix, key].concat()),
+        Some(_) => None,
+    }
+}
+
 /// Now, in unix milliseconds (what deadlines are compared with).
 pub fn now_ms() -> u64 {
     SystemTime::now()
@@ -101,6 +117,14 @@ mod tests {
         assert!(split_index_key(&index_prefix()).is_err());
         assert!(is_reserved(&deadline_key(b"k")) && is_reserved(MARKER));
         assert!(!is_reserved(b"\xff\xff"));
+        assert_eq!(
+            modified_key(&deadline_key(b"k"), false),
+            Some(b"k".to_vec())
+        );
+        assert_eq!(modified_key(&index_key(1, b"k"), false), None);
+        assert_eq!(modified_key(b"k", false), Some(b"k".to_vec()));
+        let stored = [&b"\x00\x07"[..], &deadline_key(b"k")].concat();
+        assert_eq!(modified_key(&stored, true), Some(b"\x00\x07k".to_vec()));
     }
 
     #[test]

@@ -5,7 +5,8 @@
 //! import cycle; DESIGN.md, "The server", follows a request through them):
 //! - [`resp`] (the wire format: requests decoded under limits, replies encoded),
 //!   [`config`] (`ServerConfig`), `glob` (key patterns), `tls` (the rustls acceptor);
-//! - `expiry` (the stored layout of key deadlines);
+//! - `expiry` (the stored layout of key deadlines), `watch` (WATCH's versions of watched
+//!   keys);
 //! - `metrics` (the counters), `store` (numbered databases → keyspaces, the
 //!   per-database write lock, SCAN cursors), `syncer` (sync durability: one thread
 //!   syncs for all waiting connections), `outbox` (replies sent together just before a
@@ -50,6 +51,7 @@ mod store;
 mod sweeper;
 mod syncer;
 mod tls;
+mod watch;
 
 pub use commands::REDIS_COMPAT_VERSION;
 pub use config::{

@@ -19,9 +19,12 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use parking_lot::{Mutex, MutexGuard, RwLock};
 use tucana::{Database, Error, Keyspace};
+
+use crate::watch::WatchTable;
 
 /// One numbered database.
 pub struct Slot {
@@ -33,6 +36,8 @@ pub struct Slot {
     /// The keyspace may hold deadlines (it has `expiry::MARKER`): reads look deadlines
     /// up only when set (DESIGN.md, "Expiry").
     may_expire: AtomicBool,
+    /// WATCH's versions of this database's watched keys.
+    watches: Arc<WatchTable>,
 }
 
 /// Whether a keyspace holds the marker of deadlines (an error reads as "may").
@@ -110,6 +115,7 @@ impl Slot {
             name,
             write_lock: Mutex::new(()),
             may_expire: AtomicBool::new(has_marker(handle.as_ref())),
+            watches: Arc::default(),
             handle: RwLock::new(handle),
         }
     }
@@ -156,6 +162,11 @@ impl Slot {
         *self.handle.write() = handle;
     }
 
+    /// WATCH's table of this database (bumped by writers under the write lock).
+    pub fn watches(&self) -> &Arc<WatchTable> {
+        &self.watches
+    }
+
     /// Whether keys of this database may have deadlines (see the field).
     pub fn may_expire(&self) -> bool {
         self.may_expire.load(Ordering::Acquire)
@@ -192,6 +203,19 @@ impl WriteGuard<'_> {
         self.slot.handle.read().clone()
     }
 
+    /// Marks the keys written by `stored` (stored keys, see `expiry::modified_key`)
+    /// modified for WATCH; nearly free when nobody watches.
+    pub fn modified<'k>(&self, stored: impl IntoIterator<Item = &'k [u8]>, slot_prefixed: bool) {
+        let watches = &self.slot.watches;
+        if watches.any() {
+            let keys: Vec<Vec<u8>> = stored
+                .into_iter()
+                .filter_map(|k| crate::expiry::modified_key(k, slot_prefixed))
+                .collect();
+            watches.bump(keys.iter().map(Vec::as_slice));
+        }
+    }
+
     /// The keyspace, created (durably) if it does not exist yet.
     pub fn keyspace(&self, db: &Database) -> tucana::Result<Keyspace> {
         if let Some(ks) = self.existing() {
@@ -213,6 +237,7 @@ impl WriteGuard<'_> {
         match db.drop_keyspace(&self.slot.name) {
             Ok(()) | Err(Error::KeyspaceNotFound(_)) => {
                 self.slot.may_expire.store(false, Ordering::Release);
+                self.slot.watches.bump_all();
                 Ok(())
             }
             Err(e) => {

@@ -102,5 +102,7 @@ pub fn sweep(slot: &Slot, now_ms: u64, max: usize) -> tucana::Result<usize> {
         batch.delete(&index_key(*deadline_ms, key));
     }
     batch.commit_with(Durability::Buffered)?;
+    // An expired key that is deleted is modified, for WATCH.
+    guard.modified(due.iter().map(|(_, key)| key.as_slice()), false);
     Ok(due.len())
 }

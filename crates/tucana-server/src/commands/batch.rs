@@ -290,7 +290,8 @@ fn fast_sets(
     });
     let mut one_by_one = None;
     match applied {
-        Ok(_) => {}
+        // Fast paths run outside cluster mode only: stored keys are the clients'.
+        Ok(_) => guard.modified(run.clone().map(|j| pair(j).0), false),
         // A failed single SET is its own answer; a failed batch is retried one by one.
         Err(e) if run.len() == 1 => {
             tally.error();
@@ -313,8 +314,9 @@ fn fast_sets(
             None => Ok(()),
             Some(Ok(ks)) => {
                 let (key, value) = pair(j);
-                ks.put_with(key, value, Durability::Buffered)
-                    .map_err(|e| super::error_text(&e))
+                let put = ks.put_with(key, value, Durability::Buffered);
+                guard.modified([key], false);
+                put.map_err(|e| super::error_text(&e))
             }
             Some(Err(e)) => Err(e.clone()),
         };

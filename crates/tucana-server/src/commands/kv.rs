@@ -147,12 +147,15 @@ impl Kv for LockedKv<'_> {
         let marking = with_marker(&mut ops, noted, self.guard.may_expire());
         let ks = self.guard.keyspace(&self.state.store.db)?;
         self.wrote = true;
+        let slot_prefixed = self.state.cluster.is_some();
         // Durability is handled per batch by `execute_batch` (one sync for the batch).
         if let [(key, value)] = ops.as_slice() {
-            return match value {
-                Some(v) => ks.put_with(key, v, Durability::Buffered),
-                None => ks.delete_with(key, Durability::Buffered).map(|_| ()),
+            match value {
+                Some(v) => ks.put_with(key, v, Durability::Buffered)?,
+                None => ks.delete_with(key, Durability::Buffered).map(|_| ())?,
             };
+            self.guard.modified([key.as_slice()], slot_prefixed);
+            return Ok(());
         }
         let mut batch = ks.batch();
         for (key, value) in &ops {
@@ -165,6 +168,8 @@ impl Kv for LockedKv<'_> {
         if marking {
             self.guard.set_may_expire();
         }
+        self.guard
+            .modified(ops.iter().map(|(k, _)| k.as_slice()), slot_prefixed);
         Ok(())
     }
 
@@ -219,6 +224,9 @@ impl TxKv<'_> {
         if marking {
             self.guard.set_may_expire();
         }
+        let slot_prefixed = self.state.cluster.is_some();
+        self.guard
+            .modified(ops.iter().map(|(k, _)| k.as_slice()), slot_prefixed);
         Ok(true)
     }
 }

@@ -34,7 +34,7 @@ use super::strings::{
     cmd_getset, cmd_incr, cmd_incrby, cmd_mget, cmd_mset, cmd_msetnx, cmd_psetex, cmd_set,
     cmd_setex, cmd_setnx, cmd_strlen, cmd_type,
 };
-use super::transaction::{cmd_discard, cmd_exec, cmd_multi};
+use super::transaction::{cmd_discard, cmd_exec, cmd_multi, cmd_unwatch, cmd_watch};
 use super::Call;
 
 /// A string command's handler: runs on whichever [`Kv`] store the caller gives it.
@@ -142,6 +142,9 @@ pub(super) fn table() -> &'static [Spec] {
             spec!("multi", 1, TXCTL, NO_KEYS, other(cmd_multi)),
             spec!("exec", 1, TXCTL, NO_KEYS, blocking(cmd_exec)),
             spec!("discard", 1, TXCTL, NO_KEYS, other(cmd_discard)),
+            // TXCTL: inside MULTI, WATCH answers its error instead of being queued.
+            spec!("watch", -2, TXCTL, ALL_KEYS, other(cmd_watch)),
+            spec!("unwatch", 1, 0, NO_KEYS, other(cmd_unwatch)),
             spec!("ping", -1, 0, NO_KEYS, other(cmd_ping)),
             spec!("echo", 2, 0, NO_KEYS, other(cmd_echo)),
             spec!("quit", -1, NOAUTH | TXCTL, NO_KEYS, other(cmd_quit)),
