@@ -203,12 +203,20 @@ pub(super) fn keys_in_slot(
         return Ok(Vec::new());
     };
     let (lo, hi) = slots_bounds(hash_slot, hash_slot);
+    let (may_expire, now) = (slot.may_expire(), now_ms());
     slot.read(|ks| {
         let mut keys = Vec::new();
         if let Some(ks) = ks {
-            for item in ks.range::<Vec<u8>, _>((lo.clone(), hi.clone())).take(limit) {
+            for item in ks.range::<Vec<u8>, _>((lo.clone(), hi.clone())) {
+                if keys.len() == limit {
+                    break;
+                }
                 let (stored, _) = item?;
-                keys.extend(user_key(&stored));
+                if let Some(key) = user_key(&stored) {
+                    if visible_stored(ks, may_expire, &stored, &key, now)? {
+                        keys.push(key);
+                    }
+                }
             }
         }
         Ok(keys)

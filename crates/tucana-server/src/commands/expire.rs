@@ -95,9 +95,18 @@ pub(super) fn visible(
 /// How many records under `prefix` (a slot's, or empty) are not a client's live key: the
 /// reserved family's records and the expired keys. O(keys with a deadline).
 pub(super) fn hidden_records(ks: &Keyspace, prefix: &[u8], now_ms: u64) -> tucana::Result<u64> {
+    Ok(deadline_counts(ks, prefix, now_ms)?.0)
+}
+
+/// `hidden_records`, and the live keys with a deadline (INFO's `expires`).
+pub(super) fn deadline_counts(
+    ks: &Keyspace,
+    prefix: &[u8],
+    now_ms: u64,
+) -> tucana::Result<(u64, u64)> {
     let mut family = prefix.to_vec();
     family.extend_from_slice(RESERVED);
-    let mut hidden = 0;
+    let (mut hidden, mut expires) = (0, 0);
     for item in ks.prefix(&family) {
         item?;
         hidden += 1;
@@ -108,11 +117,12 @@ pub(super) fn hidden_records(ks: &Keyspace, prefix: &[u8], now_ms: u64) -> tucan
         let (stored, _) = item?;
         let (deadline, _) = split_index_key(&stored[prefix.len()..])?;
         if live(Some(deadline), now_ms) {
-            break;
+            expires += 1;
+        } else {
+            hidden += 1;
         }
-        hidden += 1;
     }
-    Ok(hidden)
+    Ok((hidden, expires))
 }
 
 /// The value of `key` if it is live.
