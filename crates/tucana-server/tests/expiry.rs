@@ -373,6 +373,16 @@ fn an_expired_key_is_missing_to_every_read_and_write() {
     );
 
     assert_eq!(con.get::<_, Option<String>>("gone").unwrap(), None);
+    // A pipelined run of GETs (the fast path) looks the deadlines up too.
+    let mut pipe = redis::pipe();
+    for key in ["live", "gone", "long", "nope", "gone"] {
+        pipe.get(key);
+    }
+    let got: Vec<Option<String>> = pipe.query(&mut con).unwrap();
+    assert_eq!(
+        got,
+        vec![Some("1".into()), None, Some("x".into()), None, None]
+    );
     let got: Vec<Option<String>> = con.mget(&["live", "gone", "long"]).unwrap();
     assert_eq!(got, vec![Some("1".into()), None, Some("x".into())]);
     assert_eq!(int(&mut con, &["EXISTS", "gone", "live", "long"]), 2);

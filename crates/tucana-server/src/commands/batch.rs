@@ -14,7 +14,7 @@ use std::ops::Range;
 
 use tucana::Durability;
 
-use crate::expiry::is_reserved;
+use crate::expiry::{deadline_key, decode_deadline, is_reserved, now_ms};
 use crate::metrics::Tally;
 use crate::resp::{encode_bulk, encode_error, encode_nil, Args, Requests};
 use crate::state::ServerState;
@@ -54,19 +54,18 @@ pub fn execute_batch(
             i += 1;
             continue;
         }
-        // Cluster mode routes every key (`routing`); the fast paths do not. Nor do they
-        // look deadlines up: a database that may hold some takes the general path.
-        let fast = session.authenticated
-            && session.multi.is_none()
-            && state.cluster.is_none()
-            && !state.store.slot(session.db_index).may_expire();
+        // Cluster mode routes every key (`routing`); the fast paths do not. GETs look
+        // deadlines up; a plain SET must drop one, so a database that may hold deadlines
+        // runs its SETs on the general path.
+        let fast = session.authenticated && session.multi.is_none() && state.cluster.is_none();
         if fast && is_plain(&args, b"get", 2) {
             let run = run_length(requests, i, b"get", 2);
             fast_gets(state, session, requests, i..i + run, &mut replies);
             i += run;
             continue;
         }
-        if fast && is_plain(&args, b"set", 3) {
+        let may_expire = state.store.slot(session.db_index).may_expire();
+        if fast && !may_expire && is_plain(&args, b"set", 3) {
             let run = set_run_length(requests, i);
             fast_sets(state, session, requests, i..i + run, &mut replies);
             i += run;
@@ -188,6 +187,11 @@ fn command_index(name: &[u8]) -> usize {
     lookup(name).expect("the fast paths' commands are in the table")
 }
 
+/// Keys a fast-path GET looks up at once (`Keyspace::get_many_with`, whose lookups
+/// overlap their cache misses); a group of pipelined GETs is what redis-benchmark -P
+/// sends.
+const GROUP: usize = 32;
+
 /// A run of plain `GET key`: one read of the keyspace handle for the run (which reads as
 /// the database was when the run started, as Redis, which runs a client's pipelined
 /// batch without interleaving others, would), each value encoded from where it lies.
@@ -205,10 +209,12 @@ fn fast_gets(
     let protocol = session.protocol;
     let mark = out.len();
     let mut local = Tally::default();
-    // Keys go to the engine in groups (`Keyspace::get_many_with`), whose lookups overlap
-    // their cache misses; a group of pipelined GETs is what redis-benchmark -P sends.
-    const GROUP: usize = 32;
-    let read = state.store.slot(session.db_index).read(|ks| {
+    // Keys go to the engine in groups of `GROUP`, with their deadline records first when
+    // the database may hold some.
+    let slot = state.store.slot(session.db_index);
+    let may_expire = slot.may_expire();
+    let now = now_ms();
+    let read = slot.read(|ks| {
         // A retry (the keyspace was dropped meanwhile) starts the run over.
         out.truncate(mark);
         local = Tally::default();
@@ -226,19 +232,30 @@ fn fast_gets(
             for (slot, j) in keys.iter_mut().zip(group.clone()) {
                 *slot = requests.arg(j, 1);
             }
-            ks.get_many_with(&keys[..group.len()], |_, found| match found {
-                Ok(Some(value)) => {
-                    local.lookup(true);
-                    encode_bulk(value, out);
-                }
-                Ok(None) => {
-                    local.lookup(false);
-                    encode_nil(protocol, out);
-                }
-                Err(e @ tucana::Error::KeyspaceNotFound(_)) => dropped = Some(e),
-                Err(e) => {
-                    local.error();
-                    encode_error(&super::error_text(&e), out);
+            let deadlines = if may_expire {
+                group_deadlines(ks, &keys[..group.len()], now)?
+            } else {
+                [Deadline::Live; GROUP]
+            };
+            ks.get_many_with(&keys[..group.len()], |i, found| {
+                match (found, deadlines[i]) {
+                    (Ok(Some(_)), Deadline::Damaged) => {
+                        local.error();
+                        encode_error("ERR damaged deadline record", out);
+                    }
+                    (Ok(Some(value)), Deadline::Live) => {
+                        local.lookup(true);
+                        encode_bulk(value, out);
+                    }
+                    (Ok(_), _) => {
+                        local.lookup(false);
+                        encode_nil(protocol, out);
+                    }
+                    (Err(e @ tucana::Error::KeyspaceNotFound(_)), _) => dropped = Some(e),
+                    (Err(e), _) => {
+                        local.error();
+                        encode_error(&super::error_text(&e), out);
+                    }
                 }
             });
             if let Some(e) = dropped.take() {
@@ -248,7 +265,8 @@ fn fast_gets(
         Ok(())
     });
     if let Err(e) = read {
-        // Only a keyspace dropped again and again gets here: every GET of the run fails.
+        // A keyspace dropped again and again, or a failed read of deadline records:
+        // every GET of the run fails.
         out.truncate(mark);
         local = Tally::default();
         for _ in run {
@@ -257,6 +275,47 @@ fn fast_gets(
         }
     }
     replies.tally.merge(&local);
+}
+
+/// What a GET of the fast path learns from a key's deadline record.
+#[derive(Clone, Copy)]
+enum Deadline {
+    /// No deadline, or one not passed.
+    Live,
+    Expired,
+    /// Not a deadline record: the GET answers an error.
+    Damaged,
+}
+
+/// The deadlines of a group of keys, read together (a miss each for keys without one).
+/// Read before the values: a write in between (which would drop or move a deadline)
+/// makes the GET answer as before that write or after it, never a mix that shows an
+/// expired value.
+fn group_deadlines(
+    ks: &tucana::Keyspace,
+    keys: &[&[u8]],
+    now: u64,
+) -> tucana::Result<[Deadline; GROUP]> {
+    let records: Vec<Vec<u8>> = keys.iter().map(|k| deadline_key(k)).collect();
+    let refs: Vec<&[u8]> = records.iter().map(Vec::as_slice).collect();
+    let mut deadlines = [Deadline::Live; GROUP];
+    let mut failed = None;
+    ks.get_many_with(&refs, |i, found| match found {
+        Ok(Some(bytes)) => {
+            deadlines[i] = match decode_deadline(bytes) {
+                // Live at the deadline itself, as everywhere.
+                Ok(d) if d < now => Deadline::Expired,
+                Ok(_) => Deadline::Live,
+                Err(_) => Deadline::Damaged,
+            }
+        }
+        Ok(None) => {}
+        Err(e) => failed = Some(e),
+    });
+    match failed {
+        Some(e) => Err(e),
+        None => Ok(deadlines),
+    }
 }
 
 /// A run of plain `SET key value`: the database's write lock taken once and the run
