@@ -112,13 +112,14 @@ pub(super) fn cmd_set(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Reply
         },
         None => None,
     };
-    // A plain SET where no key can have a deadline needs no read.
-    let stored = if o.nx || o.xx || o.get || o.keep_ttl || kv.may_expire() {
+    // A plain SET reads only the deadline record it must delete (none where no key can
+    // have one), not the value.
+    let stored = if o.nx || o.xx || o.get || o.keep_ttl {
         read_stored(kv, key, now)?
     } else {
         super::expire::Stored {
             value: None,
-            stored_deadline_ms: None,
+            stored_deadline_ms: stored_deadline(kv, key)?,
         }
     };
     let exists = stored.value.is_some();
