@@ -444,6 +444,42 @@ fn the_sweeper_deletes_expired_keys_nobody_reads() {
     server.stop().unwrap();
 }
 
+/// Pipelined plain SETs (the fast path) in a database with deadlines drop the deadlines
+/// of the keys they overwrite, wherever those keys are in the run.
+#[test]
+fn pipelined_sets_drop_the_deadlines_they_overwrite() {
+    let (_db, server) = start(true);
+    let mut con = connect(&server);
+    for first_has_deadline in [true, false] {
+        let _: () = con.set("plain", "0").unwrap();
+        for key in ["d1", "d2"] {
+            let _: () = redis::cmd("SET")
+                .arg(key)
+                .arg("0")
+                .arg("EX")
+                .arg(1000)
+                .query(&mut con)
+                .unwrap();
+        }
+        let order: &[&str] = if first_has_deadline {
+            &["d1", "plain", "new", "d2", "d1", "tail"]
+        } else {
+            &["plain", "new", "d2", "tail", "d1"]
+        };
+        let mut pipe = redis::pipe();
+        for (i, key) in order.iter().enumerate() {
+            pipe.set(*key, i).ignore();
+        }
+        let _: () = pipe.query(&mut con).unwrap();
+        for key in ["plain", "new", "d1", "d2", "tail"] {
+            assert_eq!(int(&mut con, &["TTL", key]), -1, "{key}");
+        }
+        let last = order.iter().rposition(|k| *k == "d1").unwrap();
+        assert_eq!(con.get::<_, usize>("d1").unwrap(), last);
+    }
+    server.stop().unwrap();
+}
+
 #[test]
 fn deadlines_are_kept_in_transactions() {
     let (_db, server) = start(true);

@@ -55,8 +55,7 @@ pub fn execute_batch(
             continue;
         }
         // Cluster mode routes every key (`routing`); the fast paths do not. GETs look
-        // deadlines up; a plain SET must drop one, so a database that may hold deadlines
-        // runs its SETs on the general path.
+        // deadlines up; a run of SETs that would drop one takes the general path.
         let fast = session.authenticated && session.multi.is_none() && state.cluster.is_none();
         if fast && is_plain(&args, b"get", 2) {
             let run = run_length(requests, i, b"get", 2);
@@ -64,12 +63,13 @@ pub fn execute_batch(
             i += run;
             continue;
         }
-        let may_expire = state.store.slot(session.db_index).may_expire();
-        if fast && !may_expire && is_plain(&args, b"set", 3) {
+        if fast && is_plain(&args, b"set", 3) {
             let run = set_run_length(requests, i);
-            fast_sets(state, session, requests, i..i + run, &mut replies);
-            i += run;
-            continue;
+            let done = fast_sets(state, session, requests, i..i + run, &mut replies);
+            if done > 0 {
+                i += done;
+                continue;
+            }
         }
         let owned: Args = args.iter().map(|a| a.to_vec()).collect();
         let mut call = Call {
@@ -318,26 +318,62 @@ fn group_deadlines(
     }
 }
 
+/// The index of the first of `keys` that has a deadline record (a failed read counts as
+/// one: the general path then answers the error).
+fn first_with_deadline(ks: &tucana::Keyspace, keys: &[&[u8]]) -> Option<usize> {
+    for (n, group) in keys.chunks(GROUP).enumerate() {
+        let records: Vec<Vec<u8>> = group.iter().map(|k| deadline_key(k)).collect();
+        let refs: Vec<&[u8]> = records.iter().map(Vec::as_slice).collect();
+        let mut first = None;
+        ks.get_many_with(&refs, |i, record| {
+            if first.is_none() && !matches!(record, Ok(None)) {
+                first = Some(i);
+            }
+        });
+        if let Some(i) = first {
+            return Some(n * GROUP + i);
+        }
+    }
+    None
+}
+
 /// A run of plain `SET key value`: the database's write lock taken once and the run
 /// applied as one engine batch (one append of the records, one trip through the engine's
 /// writer lock). Every SET of the run answers `+OK`, as each would alone. If the batch
 /// fails (a value over the engine's limit, say) before anything was applied, each SET is
 /// applied alone so each reply says what happened to it.
+///
+/// Where keys may have deadlines, the run's deadline records are looked up under the lock
+/// first (a miss each, for keys without one); the run stops before the first key that has
+/// one, which its SET must drop and so takes the general path. Returns how many SETs were
+/// applied (0: the first has a deadline).
 fn fast_sets(
     state: &ServerState,
     session: &Session,
     requests: Requests<'_>,
-    run: Range<usize>,
+    mut run: Range<usize>,
     replies: &mut Replies<'_>,
-) {
+) -> usize {
     let Replies {
         out,
         tally,
         written,
     } = replies;
-    tally.command(command_index(b"set"), run.len() as u64);
     let pair = |j: usize| (requests.arg(j, 1), requests.arg(j, 2));
     let guard = state.store.slot(session.db_index).lock_writes();
+    if guard.may_expire() {
+        let keys: Vec<&[u8]> = run.clone().map(|j| pair(j).0).collect();
+        if let Some(first) = guard
+            .existing()
+            .and_then(|ks| first_with_deadline(&ks, &keys))
+        {
+            run.end = run.start + first;
+        }
+        if run.is_empty() {
+            return 0;
+        }
+    }
+    tally.command(command_index(b"set"), run.len() as u64);
     let applied = guard.keyspace(&state.store.db).and_then(|ks| {
         if run.len() == 1 {
             let (key, value) = pair(run.start);
@@ -357,7 +393,7 @@ fn fast_sets(
             let at = out.len();
             encode_error(&super::error_text(&e), out);
             written.push(at..out.len());
-            return;
+            return run.len();
         }
         Err(_) => {
             one_by_one = Some(
@@ -367,7 +403,7 @@ fn fast_sets(
             )
         }
     }
-    for j in run {
+    for j in run.clone() {
         let at = out.len();
         let result = match &one_by_one {
             None => Ok(()),
@@ -388,6 +424,7 @@ fn fast_sets(
         }
         written.push(at..out.len());
     }
+    run.len()
 }
 
 #[cfg(test)]
