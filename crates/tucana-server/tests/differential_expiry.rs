@@ -123,6 +123,8 @@ fn expiry_and_watch_replies_match_redis_server() {
         EXPIREAT k 1 GT LT
         EXPIREAT k 1 XY
         EXPIRE k abc
+        EXPIRE k abc XY
+        EXPIRE k abc NX GT
         EXPIRE k 9223372036854775807
         PEXPIRE k 9223372036854775807
         EXPIREAT k 9223372036854775807
@@ -188,6 +190,27 @@ fn expiry_and_watch_replies_match_redis_server() {
         EXPIREAT a {far_s}
         MSET a 3
         TTL a
+        SET g 1 GET EXAT {far_s}
+        GETDEL g
+        TTL g
+        SETNX a 5
+        EXISTS a a nope
+        WATCH a
+        SET a 9
+        MULTI
+        SET a 10
+        EXEC
+        GET a
+        WATCH a
+        MULTI
+        SET a 11
+        EXPIRE a 100
+        EXEC
+        WATCH a
+        PERSIST a
+        MULTI
+        GET a
+        EXEC
         WATCH a b
         UNWATCH
         MULTI

@@ -291,12 +291,13 @@ fn expire_generic(
     relative: bool,
     command: &str,
 ) -> tucana::Result<Reply> {
-    let Some(n) = parse_i64(&args[2]) else {
-        return Ok(not_an_integer());
-    };
+    // Options first, then the time, as Redis checks them.
     let c = match conditions(&args[3..]) {
         Ok(c) => c,
         Err(reply) => return Ok(reply),
+    };
+    let Some(n) = parse_i64(&args[2]) else {
+        return Ok(not_an_integer());
     };
     let now = now_ms();
     let Some(when) = expire_deadline(n, seconds, relative, now) else {
