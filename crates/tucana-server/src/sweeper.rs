@@ -58,7 +58,7 @@ pub async fn run(state: Arc<ServerState>, mut shutdown: watch::Receiver<bool>) {
                 sweep_regions(&state, first);
             } else {
                 for slot in state.store.slots() {
-                    sweep_keys(slot, &[]);
+                    state.metrics.count_expired(sweep_keys(slot, &[]));
                 }
             }
         })
@@ -68,26 +68,33 @@ pub async fn run(state: Arc<ServerState>, mut shutdown: watch::Receiver<bool>) {
 
 /// Cluster mode: hash slots `first..first + SLOTS_PER_TICK` of the regions led here.
 fn sweep_regions(state: &ServerState, first: u16) {
+    let metrics = &state.metrics;
     let Some(cluster) = &state.cluster else {
         return;
     };
     let last = first.saturating_add(SLOTS_PER_TICK - 1).min(SLOTS - 1);
     for (range, slot) in cluster.led_regions(&state.store.db) {
         for hash_slot in range.start.max(first)..=range.end.min(last) {
-            sweep_keys(&slot, &slot_prefix(hash_slot));
+            metrics.count_expired(sweep_keys(&slot, &slot_prefix(hash_slot)));
         }
     }
 }
 
-/// Up to `BATCHES_PER_TICK` batches of the keys under `prefix` in `slot`.
-fn sweep_keys(slot: &Slot, prefix: &[u8]) {
+/// Up to `BATCHES_PER_TICK` batches of the keys under `prefix` in `slot`; the number of
+/// keys deleted.
+fn sweep_keys(slot: &Slot, prefix: &[u8]) -> u64 {
+    let mut deleted = 0;
     if !slot.may_expire() {
-        return;
+        return deleted;
     }
     for _ in 0..BATCHES_PER_TICK {
         match sweep(slot, prefix, now_ms(), BATCH_KEYS) {
-            Ok(n) if n == BATCH_KEYS => continue,
-            Ok(_) => break,
+            Ok((handled, keys)) => {
+                deleted += keys as u64;
+                if handled < BATCH_KEYS {
+                    break;
+                }
+            }
             Err(e) => {
                 // A keyspace this server no longer writes (fenced) or a damaged
                 // record: lazy expiry still hides the keys.
@@ -96,14 +103,20 @@ fn sweep_keys(slot: &Slot, prefix: &[u8]) {
             }
         }
     }
+    deleted
 }
 
 /// Deletes up to `max` keys of `slot` under `prefix` (a hash slot's in cluster mode, else
-/// empty) due at `now_ms`; the number of index entries handled (due keys deleted, and
-/// stale entries).
-pub fn sweep(slot: &Slot, prefix: &[u8], now_ms: u64, max: usize) -> tucana::Result<usize> {
+/// empty) due at `now_ms`: the number of index entries handled (due keys, and stale
+/// entries) and of keys deleted.
+pub fn sweep(
+    slot: &Slot,
+    prefix: &[u8],
+    now_ms: u64,
+    max: usize,
+) -> tucana::Result<(usize, usize)> {
     let Some(ks) = slot.existing() else {
-        return Ok(0);
+        return Ok((0, 0));
     };
     let prefixed = |key: &[u8]| [prefix, key].concat();
     let mut due = Vec::new();
@@ -117,11 +130,11 @@ pub fn sweep(slot: &Slot, prefix: &[u8], now_ms: u64, max: usize) -> tucana::Res
         due.push((deadline_ms, key.to_vec()));
     }
     if due.is_empty() {
-        return Ok(0);
+        return Ok((0, 0));
     }
     let guard = slot.lock_writes();
     let Some(ks) = guard.existing() else {
-        return Ok(0);
+        return Ok((0, 0));
     };
     let mut batch = ks.batch();
     let mut deleted = Vec::new();
@@ -140,7 +153,7 @@ pub fn sweep(slot: &Slot, prefix: &[u8], now_ms: u64, max: usize) -> tucana::Res
     // An expired key that is deleted is modified, for WATCH (stored keys: the prefix is
     // part of them).
     guard.modified(deleted.iter().map(Vec::as_slice), false);
-    Ok(due.len())
+    Ok((due.len(), deleted.len()))
 }
 
 #[cfg(test)]
@@ -168,18 +181,18 @@ mod tests {
             let slot = Slot::named(&db, format!("sweep{}", prefix.len()));
             put_expiring(&slot, &db, prefix, b"old", 10);
             put_expiring(&slot, &db, prefix, b"new", 1000);
-            assert_eq!(sweep(&slot, prefix, 500, 64).unwrap(), 1);
+            assert_eq!(sweep(&slot, prefix, 500, 64).unwrap(), (1, 1));
             let ks = slot.existing().unwrap();
             assert_eq!(ks.get(&[prefix, b"old"].concat()).unwrap(), None);
             assert!(ks.get(&[prefix, b"new"].concat()).unwrap().is_some());
             // Left: `new`, its two records and the marker.
             assert_eq!(ks.len(), 4);
-            assert_eq!(sweep(&slot, prefix, 500, 64).unwrap(), 0);
+            assert_eq!(sweep(&slot, prefix, 500, 64).unwrap(), (0, 0));
             // Bounded: one key per call.
             put_expiring(&slot, &db, prefix, b"a", 20);
             put_expiring(&slot, &db, prefix, b"b", 30);
-            assert_eq!(sweep(&slot, prefix, 500, 1).unwrap(), 1);
-            assert_eq!(sweep(&slot, prefix, 500, 1).unwrap(), 1);
+            assert_eq!(sweep(&slot, prefix, 500, 1).unwrap(), (1, 1));
+            assert_eq!(sweep(&slot, prefix, 500, 1).unwrap(), (1, 1));
             assert_eq!(ks.len(), 4);
         }
     }

@@ -203,7 +203,7 @@ fn stats_lines(state: &ServerState) -> Lines<'static> {
         ("protocol_errors", get(&m.protocol_errors).to_string()),
         ("idle_timeouts", get(&m.idle_timeouts).to_string()),
         ("auth_failures", get(&m.auth_failures).to_string()),
-        ("expired_keys", "0".into()),
+        ("expired_keys", get(&m.expired_keys).to_string()),
         ("evicted_keys", "0".into()),
     ]
 }
