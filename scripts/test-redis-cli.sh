@@ -67,8 +67,12 @@ expect $'c\ncounter' keys 'c*'
 expect $'counter\n10\nfresh\n1' trange '(c' '[fresh' withvalues
 expect $'greeting\nfresh' tprefix '' rev limit 2
 expect "4" dbsize
-expect "ERR unknown command 'expire', with args beginning with: 'c' '10'" expire c 10
-expect "ERR expiry is not supported: tucana keeps a key until it is deleted (EX, PX, EXAT, PXAT)" set k v ex 10
+expect "ERR unknown command 'hset', with args beginning with: 'c' 'f' '10'" hset c f 10
+# Deadlines far enough away that nothing below sees them pass.
+expect "1" expire c 100000
+expect "OK" set k v ex 100000
+expect "-1" ttl greeting
+expect "0" persist greeting
 expect "ERR wrong number of arguments for 'get' command" get
 expect "OK" select 2
 # MULTI/EXEC through one connection (stdin feeds one redis-cli session).
@@ -81,12 +85,12 @@ else
     echo "ok: MULTI/EXEC"
 fi
 # --scan walks the whole keyspace with the SCAN cursor (10 keys a call: several calls).
-expect $'c\ncounter\nfresh\ngreeting\nt' --scan
+expect $'c\ncounter\nfresh\ngreeting\nk\nt' --scan
 redis-cli -p "${port}" -n 3 mset $(for i in $(seq 10 44); do echo "k$i $i"; done) >/dev/null
 expect "$(seq 10 44 | sed 's/^/k/')" -n 3 --scan
 expect $'counter\nfresh\ngreeting' --scan --pattern '*e*'
 info="$(redis-cli -p "${port}" info keyspace)"
-if [[ "${info}" != *"db0:keys=5,expires=0,avg_ttl=0"* ]]; then
+if [[ "${info}" != *"db0:keys=6,expires=2,avg_ttl=0"* ]]; then
     echo "FAIL: info keyspace: ${info}" >&2
     failures=$((failures + 1))
 else

@@ -384,6 +384,23 @@ fn three_servers_route_by_the_map_in_etcd() {
     let n: i64 = ccon.incr("{user}:a", 41).unwrap();
     assert_eq!(n, 42);
     let _: () = ccon.del("{user}:a").unwrap();
+    // A deadline through the cluster client: stored in its slot, read back, and gone
+    // with its key (the listings below see only `keys`).
+    let _: () = redis::cmd("SET")
+        .arg("{user}:t")
+        .arg("v")
+        .arg("EX")
+        .arg(100_000)
+        .query(&mut ccon)
+        .unwrap();
+    let ttl: i64 = ccon.ttl("{user}:t").unwrap();
+    assert!((1..=100_000).contains(&ttl), "{ttl}");
+    let persisted: i64 = ccon.persist("{user}:t").unwrap();
+    assert_eq!(persisted, 1);
+    assert_eq!(ccon.ttl::<_, i64>("{user}:t").unwrap(), -1);
+    let _: i64 = ccon.expire("{user}:t", 100_000).unwrap();
+    let _: () = ccon.del("{user}:t").unwrap();
+    assert_eq!(ccon.ttl::<_, i64>("{user}:t").unwrap(), -2);
 
     // A plain connection to a server that does not own a key's slot is redirected to
     // the one that does.

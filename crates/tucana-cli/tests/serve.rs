@@ -137,6 +137,43 @@ fn acknowledged_sync_writes_survive_kill_9() {
     db.close().unwrap();
 }
 
+/// Deadlines acknowledged in sync mode survive kill -9, and the server started again on
+/// the volume answers them as before (deadlines are absolute, so nothing moves).
+#[test]
+fn acknowledged_deadlines_survive_kill_9() {
+    let (_dir, path) = volume();
+    let far_ms: i64 = 4_102_444_800_123; // 2100-01-01
+    let mut served = serve(&path, &["--durability", "sync"]);
+    let mut con = served.connect();
+    let _: () = redis::cmd("SET")
+        .arg("far")
+        .arg("v")
+        .arg("PXAT")
+        .arg(far_ms)
+        .query(&mut con)
+        .unwrap();
+    let _: () = con.set("kept", "v").unwrap();
+    let _: i64 = con.pexpire_at("kept", far_ms).unwrap();
+    let _: i64 = con.persist("kept").unwrap();
+    let _: () = con.set("gone", "v").unwrap();
+    let _: i64 = con.expire("gone", -1).unwrap();
+    served.child.kill().expect("kill -9");
+    served.child.wait().unwrap();
+
+    let mut served = serve(&path, &["--durability", "sync"]);
+    let mut con = served.connect();
+    let at: i64 = redis::cmd("PEXPIRETIME")
+        .arg("far")
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(at, far_ms);
+    assert_eq!(con.ttl::<_, i64>("kept").unwrap(), -1);
+    assert_eq!(con.ttl::<_, i64>("gone").unwrap(), -2);
+    let n: i64 = redis::cmd("DBSIZE").query(&mut con).unwrap();
+    assert_eq!(n, 2);
+    assert!(served.signal("-TERM").success());
+}
+
 #[test]
 fn sigterm_and_sigint_stop_gracefully_and_keep_buffered_writes() {
     for signal in ["-TERM", "-INT"] {

@@ -138,6 +138,9 @@ pub struct ServerConfig {
     pub replication: ReplicationConfig,
     /// Cluster mode, when set (`None`: a standalone server, as without clusters).
     pub cluster: Option<ClusterConfig>,
+    /// Delete expired keys in the background (`sweeper`); off, they are only hidden
+    /// (lazy expiry) until written or deleted. Tests turn it off to see lazy expiry alone.
+    pub active_expiry: bool,
 }
 
 impl Default for ServerConfig {
@@ -164,6 +167,7 @@ impl Default for ServerConfig {
                 ..ReplicationConfig::default()
             },
             cluster: None,
+            active_expiry: true,
         }
     }
 }

@@ -5,6 +5,8 @@
 //! import cycle; DESIGN.md, "The server", follows a request through them):
 //! - [`resp`] (the wire format: requests decoded under limits, replies encoded),
 //!   [`config`] (`ServerConfig`), `glob` (key patterns), `tls` (the rustls acceptor);
+//! - `expiry` (the stored layout of key deadlines), `watch` (WATCH's versions of watched
+//!   keys);
 //! - `metrics` (the counters), `store` (numbered databases → keyspaces, the
 //!   per-database write lock, SCAN cursors), `syncer` (sync durability: one thread
 //!   syncs for all waiting connections), `outbox` (replies sent together just before a
@@ -18,7 +20,8 @@
 //! - `cluster_follow` (cluster mode: promotions, terms, fences and backups from each
 //!   view of the map; joins `cluster` and `replication`, which know nothing of each
 //!   other);
-//! - `state` (`ServerState`: what every connection shares);
+//! - `state` (`ServerState`: what every connection shares), `sweeper` (deletes expired
+//!   keys in the background);
 //! - `commands` (what each command does; running a pipelined batch);
 //! - `connection` (one connection's request loop), `prometheus` (the `/metrics`
 //!   endpoint);
@@ -41,6 +44,7 @@ mod commands;
 pub mod config;
 mod connection;
 mod coordinator;
+mod expiry;
 mod glob;
 mod metrics;
 mod outbox;
@@ -50,8 +54,10 @@ pub mod resp;
 pub mod server;
 mod state;
 mod store;
+mod sweeper;
 mod syncer;
 mod tls;
+mod watch;
 
 pub use commands::REDIS_COMPAT_VERSION;
 pub use config::{

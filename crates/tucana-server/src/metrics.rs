@@ -23,6 +23,9 @@ pub struct Metrics {
     pub auth_failures: AtomicU64,
     pub keyspace_hits: AtomicU64,
     pub keyspace_misses: AtomicU64,
+    /// Keys deleted by the expiry sweeper (INFO's `expired_keys`; keys hidden by lazy
+    /// expiry and then overwritten are not counted).
+    pub expired_keys: AtomicU64,
     pub net_input_bytes: AtomicU64,
     pub net_output_bytes: AtomicU64,
 }
@@ -41,6 +44,7 @@ impl Metrics {
             auth_failures: AtomicU64::new(0),
             keyspace_hits: AtomicU64::new(0),
             keyspace_misses: AtomicU64::new(0),
+            expired_keys: AtomicU64::new(0),
             net_input_bytes: AtomicU64::new(0),
             net_output_bytes: AtomicU64::new(0),
         }
@@ -75,6 +79,10 @@ impl Metrics {
                 add(counter, n);
             }
         }
+    }
+
+    pub fn count_expired(&self, n: u64) {
+        add(&self.expired_keys, n);
     }
 
     pub fn count_lookup(&self, hit: bool) {

@@ -117,6 +117,10 @@ impl Server {
         if let Some(cluster) = &state.cluster {
             cluster.start(shutdown.clone());
         }
+        // Ends by itself at shutdown; not in `tasks`, which holds the connections.
+        if state.config.active_expiry {
+            tokio::spawn(crate::sweeper::run(state.clone(), shutdown.clone()));
+        }
         if let Some(metrics) = metrics_listener {
             tasks.spawn(serve_metrics(state.clone(), metrics, shutdown.clone()));
         }

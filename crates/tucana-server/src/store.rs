@@ -18,9 +18,13 @@
 //! calls that do not wait for I/O beyond appending to a log buffer.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use parking_lot::{Mutex, MutexGuard, RwLock};
 use tucana::{Database, Error, Keyspace};
+
+use crate::watch::WatchTable;
 
 /// One numbered database.
 pub struct Slot {
@@ -29,6 +33,16 @@ pub struct Slot {
     write_lock: Mutex<()>,
     /// `None` until the keyspace exists; replaced by `FLUSHDB`.
     handle: RwLock<Option<Keyspace>>,
+    /// The keyspace may hold deadlines (it has `expiry::MARKER`): reads look deadlines
+    /// up only when set (DESIGN.md, "Expiry").
+    may_expire: AtomicBool,
+    /// WATCH's versions of this database's watched keys.
+    watches: Arc<WatchTable>,
+}
+
+/// Whether a keyspace holds the marker of deadlines (an error reads as "may").
+fn has_marker(ks: Option<&Keyspace>) -> bool {
+    ks.is_some_and(|ks| ks.contains(crate::expiry::MARKER).unwrap_or(true))
 }
 
 /// All numbered databases of one server.
@@ -100,6 +114,8 @@ impl Slot {
         Slot {
             name,
             write_lock: Mutex::new(()),
+            may_expire: AtomicBool::new(has_marker(handle.as_ref())),
+            watches: Arc::default(),
             handle: RwLock::new(handle),
         }
     }
@@ -140,7 +156,20 @@ impl Slot {
     /// turned from a replica into a keyspace of this server becomes readable.
     pub fn reload(&self, db: &Database) {
         let _lock = self.write_lock.lock();
-        *self.handle.write() = db.open_keyspace(&self.name).ok();
+        let handle = db.open_keyspace(&self.name).ok();
+        self.may_expire
+            .store(has_marker(handle.as_ref()), Ordering::SeqCst);
+        *self.handle.write() = handle;
+    }
+
+    /// WATCH's table of this database (bumped by writers under the write lock).
+    pub fn watches(&self) -> &Arc<WatchTable> {
+        &self.watches
+    }
+
+    /// Whether keys of this database may have deadlines (see the field).
+    pub fn may_expire(&self) -> bool {
+        self.may_expire.load(Ordering::Acquire)
     }
 
     /// Takes the write lock of this database (see the module doc).
@@ -159,9 +188,32 @@ pub struct WriteGuard<'a> {
 }
 
 impl WriteGuard<'_> {
+    /// See [`Slot::may_expire`].
+    pub fn may_expire(&self) -> bool {
+        self.slot.may_expire()
+    }
+
+    /// The marker of deadlines is now written (durably or not, as the write it came with).
+    pub fn set_may_expire(&self) {
+        self.slot.may_expire.store(true, Ordering::Release);
+    }
+
     /// The keyspace, if it exists.
     pub fn existing(&self) -> Option<Keyspace> {
         self.slot.handle.read().clone()
+    }
+
+    /// Marks the keys written by `stored` (stored keys, see `expiry::modified_key`)
+    /// modified for WATCH; nearly free when nobody watches.
+    pub fn modified<'k>(&self, stored: impl IntoIterator<Item = &'k [u8]>, slot_prefixed: bool) {
+        let watches = &self.slot.watches;
+        if watches.any() {
+            let keys: Vec<Vec<u8>> = stored
+                .into_iter()
+                .filter_map(|k| crate::expiry::modified_key(k, slot_prefixed))
+                .collect();
+            watches.bump(keys.iter().map(Vec::as_slice));
+        }
     }
 
     /// The keyspace, created (durably) if it does not exist yet.
@@ -183,7 +235,11 @@ impl WriteGuard<'_> {
         // `KeyspaceNotFound` once it is dropped and starts over on `None`.
         let old = self.slot.handle.write().take();
         match db.drop_keyspace(&self.slot.name) {
-            Ok(()) | Err(Error::KeyspaceNotFound(_)) => Ok(()),
+            Ok(()) | Err(Error::KeyspaceNotFound(_)) => {
+                self.slot.may_expire.store(false, Ordering::Release);
+                self.slot.watches.bump_all();
+                Ok(())
+            }
             Err(e) => {
                 *self.slot.handle.write() = old;
                 Err(e)

@@ -14,6 +14,7 @@ use std::ops::Range;
 
 use tucana::Durability;
 
+use crate::expiry::{deadline_key, decode_deadline, is_reserved, now_ms};
 use crate::metrics::Tally;
 use crate::resp::{encode_bulk, encode_error, encode_nil, Args, Requests};
 use crate::state::ServerState;
@@ -53,7 +54,8 @@ pub fn execute_batch(
             i += 1;
             continue;
         }
-        // Cluster mode routes every key (`routing`); the fast paths do not.
+        // Cluster mode routes every key (`routing`); the fast paths do not. GETs look
+        // deadlines up; a run of SETs that would drop one takes the general path.
         let fast = session.authenticated && session.multi.is_none() && state.cluster.is_none();
         if fast && is_plain(&args, b"get", 2) {
             let run = run_length(requests, i, b"get", 2);
@@ -63,9 +65,11 @@ pub fn execute_batch(
         }
         if fast && is_plain(&args, b"set", 3) {
             let run = set_run_length(requests, i);
-            fast_sets(state, session, requests, i..i + run, &mut replies);
-            i += run;
-            continue;
+            let done = fast_sets(state, session, requests, i..i + run, &mut replies);
+            if done > 0 {
+                i += done;
+                continue;
+            }
         }
         let owned: Args = args.iter().map(|a| a.to_vec()).collect();
         let mut call = Call {
@@ -144,15 +148,18 @@ fn replace_replies(out: &mut Vec<u8>, base: usize, ranges: &[Range<usize>], text
 }
 
 /// Whether `args` is `name` (any case) with exactly `argc` arguments, the name included.
+/// A key in the reserved family of deadlines is refused by the general path.
 fn is_plain(args: &[&[u8]], name: &[u8], argc: usize) -> bool {
-    args.len() == argc && args[0].eq_ignore_ascii_case(name)
+    args.len() == argc && args[0].eq_ignore_ascii_case(name) && !is_reserved(args[1])
 }
 
 /// How many requests from `first` on are plain `name` requests (at least the first).
 fn run_length(requests: Requests<'_>, first: usize, name: &[u8], argc: usize) -> usize {
     (first..requests.len())
         .take_while(|&j| {
-            requests.arg_count(j) == argc && requests.arg(j, 0).eq_ignore_ascii_case(name)
+            requests.arg_count(j) == argc
+                && requests.arg(j, 0).eq_ignore_ascii_case(name)
+                && !is_reserved(requests.arg(j, 1))
         })
         .count()
 }
@@ -180,6 +187,11 @@ fn command_index(name: &[u8]) -> usize {
     lookup(name).expect("the fast paths' commands are in the table")
 }
 
+/// Keys a fast-path GET looks up at once (`Keyspace::get_many_with`, whose lookups
+/// overlap their cache misses); a group of pipelined GETs is what redis-benchmark -P
+/// sends.
+const GROUP: usize = 32;
+
 /// A run of plain `GET key`: one read of the keyspace handle for the run (which reads as
 /// the database was when the run started, as Redis, which runs a client's pipelined
 /// batch without interleaving others, would), each value encoded from where it lies.
@@ -197,10 +209,12 @@ fn fast_gets(
     let protocol = session.protocol;
     let mark = out.len();
     let mut local = Tally::default();
-    // Keys go to the engine in groups (`Keyspace::get_many_with`), whose lookups overlap
-    // their cache misses; a group of pipelined GETs is what redis-benchmark -P sends.
-    const GROUP: usize = 32;
-    let read = state.store.slot(session.db_index).read(|ks| {
+    // Keys go to the engine in groups of `GROUP`, with their deadline records first when
+    // the database may hold some.
+    let slot = state.store.slot(session.db_index);
+    let may_expire = slot.may_expire();
+    let now = now_ms();
+    let read = slot.read(|ks| {
         // A retry (the keyspace was dropped meanwhile) starts the run over.
         out.truncate(mark);
         local = Tally::default();
@@ -218,19 +232,30 @@ fn fast_gets(
             for (slot, j) in keys.iter_mut().zip(group.clone()) {
                 *slot = requests.arg(j, 1);
             }
-            ks.get_many_with(&keys[..group.len()], |_, found| match found {
-                Ok(Some(value)) => {
-                    local.lookup(true);
-                    encode_bulk(value, out);
-                }
-                Ok(None) => {
-                    local.lookup(false);
-                    encode_nil(protocol, out);
-                }
-                Err(e @ tucana::Error::KeyspaceNotFound(_)) => dropped = Some(e),
-                Err(e) => {
-                    local.error();
-                    encode_error(&super::error_text(&e), out);
+            let deadlines = if may_expire {
+                group_deadlines(ks, &keys[..group.len()], now)?
+            } else {
+                [Deadline::Live; GROUP]
+            };
+            ks.get_many_with(&keys[..group.len()], |i, found| {
+                match (found, deadlines[i]) {
+                    (Ok(Some(_)), Deadline::Damaged) => {
+                        local.error();
+                        encode_error("ERR damaged deadline record", out);
+                    }
+                    (Ok(Some(value)), Deadline::Live) => {
+                        local.lookup(true);
+                        encode_bulk(value, out);
+                    }
+                    (Ok(_), _) => {
+                        local.lookup(false);
+                        encode_nil(protocol, out);
+                    }
+                    (Err(e @ tucana::Error::KeyspaceNotFound(_)), _) => dropped = Some(e),
+                    (Err(e), _) => {
+                        local.error();
+                        encode_error(&super::error_text(&e), out);
+                    }
                 }
             });
             if let Some(e) = dropped.take() {
@@ -240,7 +265,8 @@ fn fast_gets(
         Ok(())
     });
     if let Err(e) = read {
-        // Only a keyspace dropped again and again gets here: every GET of the run fails.
+        // A keyspace dropped again and again, or a failed read of deadline records:
+        // every GET of the run fails.
         out.truncate(mark);
         local = Tally::default();
         for _ in run {
@@ -251,26 +277,103 @@ fn fast_gets(
     replies.tally.merge(&local);
 }
 
+/// What a GET of the fast path learns from a key's deadline record.
+#[derive(Clone, Copy)]
+enum Deadline {
+    /// No deadline, or one not passed.
+    Live,
+    Expired,
+    /// Not a deadline record: the GET answers an error.
+    Damaged,
+}
+
+/// The deadlines of a group of keys, read together (a miss each for keys without one).
+/// Read before the values: a write in between (which would drop or move a deadline)
+/// makes the GET answer as before that write or after it, never a mix that shows an
+/// expired value.
+fn group_deadlines(
+    ks: &tucana::Keyspace,
+    keys: &[&[u8]],
+    now: u64,
+) -> tucana::Result<[Deadline; GROUP]> {
+    let records: Vec<Vec<u8>> = keys.iter().map(|k| deadline_key(k)).collect();
+    let refs: Vec<&[u8]> = records.iter().map(Vec::as_slice).collect();
+    let mut deadlines = [Deadline::Live; GROUP];
+    let mut failed = None;
+    ks.get_many_with(&refs, |i, found| match found {
+        Ok(Some(bytes)) => {
+            deadlines[i] = match decode_deadline(bytes) {
+                // Live at the deadline itself, as everywhere.
+                Ok(d) if d < now => Deadline::Expired,
+                Ok(_) => Deadline::Live,
+                Err(_) => Deadline::Damaged,
+            }
+        }
+        Ok(None) => {}
+        Err(e) => failed = Some(e),
+    });
+    match failed {
+        Some(e) => Err(e),
+        None => Ok(deadlines),
+    }
+}
+
+/// The index of the first of `keys` that has a deadline record (a failed read counts as
+/// one: the general path then answers the error).
+fn first_with_deadline(ks: &tucana::Keyspace, keys: &[&[u8]]) -> Option<usize> {
+    for (n, group) in keys.chunks(GROUP).enumerate() {
+        let records: Vec<Vec<u8>> = group.iter().map(|k| deadline_key(k)).collect();
+        let refs: Vec<&[u8]> = records.iter().map(Vec::as_slice).collect();
+        let mut first = None;
+        ks.get_many_with(&refs, |i, record| {
+            if first.is_none() && !matches!(record, Ok(None)) {
+                first = Some(i);
+            }
+        });
+        if let Some(i) = first {
+            return Some(n * GROUP + i);
+        }
+    }
+    None
+}
+
 /// A run of plain `SET key value`: the database's write lock taken once and the run
 /// applied as one engine batch (one append of the records, one trip through the engine's
 /// writer lock). Every SET of the run answers `+OK`, as each would alone. If the batch
 /// fails (a value over the engine's limit, say) before anything was applied, each SET is
 /// applied alone so each reply says what happened to it.
+///
+/// Where keys may have deadlines, the run's deadline records are looked up under the lock
+/// first (a miss each, for keys without one); the run stops before the first key that has
+/// one, which its SET must drop and so takes the general path. Returns how many SETs were
+/// applied (0: the first has a deadline).
 fn fast_sets(
     state: &ServerState,
     session: &Session,
     requests: Requests<'_>,
-    run: Range<usize>,
+    mut run: Range<usize>,
     replies: &mut Replies<'_>,
-) {
+) -> usize {
     let Replies {
         out,
         tally,
         written,
     } = replies;
-    tally.command(command_index(b"set"), run.len() as u64);
     let pair = |j: usize| (requests.arg(j, 1), requests.arg(j, 2));
     let guard = state.store.slot(session.db_index).lock_writes();
+    if guard.may_expire() {
+        let keys: Vec<&[u8]> = run.clone().map(|j| pair(j).0).collect();
+        if let Some(first) = guard
+            .existing()
+            .and_then(|ks| first_with_deadline(&ks, &keys))
+        {
+            run.end = run.start + first;
+        }
+        if run.is_empty() {
+            return 0;
+        }
+    }
+    tally.command(command_index(b"set"), run.len() as u64);
     let applied = guard.keyspace(&state.store.db).and_then(|ks| {
         if run.len() == 1 {
             let (key, value) = pair(run.start);
@@ -282,14 +385,15 @@ fn fast_sets(
     });
     let mut one_by_one = None;
     match applied {
-        Ok(_) => {}
+        // Fast paths run outside cluster mode only: stored keys are the clients'.
+        Ok(_) => guard.modified(run.clone().map(|j| pair(j).0), false),
         // A failed single SET is its own answer; a failed batch is retried one by one.
         Err(e) if run.len() == 1 => {
             tally.error();
             let at = out.len();
             encode_error(&super::error_text(&e), out);
             written.push(at..out.len());
-            return;
+            return run.len();
         }
         Err(_) => {
             one_by_one = Some(
@@ -299,14 +403,15 @@ fn fast_sets(
             )
         }
     }
-    for j in run {
+    for j in run.clone() {
         let at = out.len();
         let result = match &one_by_one {
             None => Ok(()),
             Some(Ok(ks)) => {
                 let (key, value) = pair(j);
-                ks.put_with(key, value, Durability::Buffered)
-                    .map_err(|e| super::error_text(&e))
+                let put = ks.put_with(key, value, Durability::Buffered);
+                guard.modified([key], false);
+                put.map_err(|e| super::error_text(&e))
             }
             Some(Err(e)) => Err(e.clone()),
         };
@@ -319,6 +424,7 @@ fn fast_sets(
         }
         written.push(at..out.len());
     }
+    run.len()
 }
 
 #[cfg(test)]

@@ -21,6 +21,9 @@ use crate::glob::glob_match;
 use crate::resp::Reply;
 use crate::store::Slot;
 
+use crate::expiry::{now_ms, MARKER};
+
+use super::expire::{hidden_records, visible};
 use super::Call;
 
 /// The regions this server leads now, by first slot.
@@ -46,6 +49,19 @@ fn slots_bounds(first: u16, last: u16) -> (Bound<Vec<u8>>, Bound<Vec<u8>>) {
 /// which this server never writes).
 fn user_key(stored: &[u8]) -> Option<Vec<u8>> {
     split_storage_key(stored).ok().map(|(_, key)| key.to_vec())
+}
+
+/// Whether the stored key `stored`, whose client's key is `key`, is live (not a deadline
+/// record nor expired; see `expire::visible`).
+fn visible_stored(
+    ks: &tucana::Keyspace,
+    may_expire: bool,
+    stored: &[u8],
+    key: &[u8],
+    now: u64,
+) -> tucana::Result<bool> {
+    let prefix = &stored[..stored.len() - key.len()];
+    visible(ks, may_expire, prefix, key, now)
 }
 
 /// `SCAN` in cluster mode (options parsed by `keys::cmd_scan`). The cursor contract is
@@ -75,6 +91,7 @@ pub(super) fn scan(
                 lo = Bound::Excluded(after.clone());
             }
         }
+        let (may_expire, now) = (slot.may_expire(), now_ms());
         let (found, region_last, region_more, seen) = slot.read(|ks| {
             let mut found = Vec::new();
             let mut region_last = None;
@@ -88,7 +105,10 @@ pub(super) fn scan(
                 let (stored, _) = item?;
                 seen += 1;
                 if let Some(key) = user_key(&stored) {
-                    if strings && pattern.is_none_or(|p| glob_match(p, &key)) {
+                    if strings
+                        && pattern.is_none_or(|p| glob_match(p, &key))
+                        && visible_stored(ks, may_expire, &stored, &key, now)?
+                    {
                         found.push(Reply::Bulk(key));
                     }
                 }
@@ -116,13 +136,19 @@ pub(super) fn keys(call: &Call<'_>, pattern: &[u8]) -> tucana::Result<Reply> {
     let mut keys = Vec::new();
     for (range, slot) in regions(call) {
         let (lo, hi) = slots_bounds(range.start, range.end);
+        let (may_expire, now) = (slot.may_expire(), now_ms());
         let found = slot.read(|ks| {
             let mut found = Vec::new();
             if let Some(ks) = ks {
                 for item in ks.range::<Vec<u8>, _>((lo.clone(), hi.clone())) {
                     let (stored, _) = item?;
                     match user_key(&stored) {
-                        Some(key) if glob_match(pattern, &key) => found.push(Reply::Bulk(key)),
+                        Some(key)
+                            if glob_match(pattern, &key)
+                                && visible_stored(ks, may_expire, &stored, &key, now)? =>
+                        {
+                            found.push(Reply::Bulk(key))
+                        }
                         _ => {}
                     }
                 }
@@ -137,8 +163,21 @@ pub(super) fn keys(call: &Call<'_>, pattern: &[u8]) -> tucana::Result<Reply> {
 /// `DBSIZE`: the keys of every region this server leads.
 pub(super) fn dbsize(call: &Call<'_>) -> tucana::Result<Reply> {
     let mut total = 0u64;
-    for (_, slot) in regions(call) {
-        total += slot.read(|ks| Ok(ks.map_or(0, |ks| ks.len())))?;
+    for (range, slot) in regions(call) {
+        let may_expire = slot.may_expire();
+        total += slot.read(|ks| match ks {
+            None => Ok(0),
+            Some(ks) if !may_expire => Ok(ks.len()),
+            // The marker, and each slot's deadline records and expired keys.
+            Some(ks) => {
+                let now = now_ms();
+                let mut hidden = u64::from(ks.contains(MARKER)?);
+                for hash_slot in range.start..=range.end {
+                    hidden += hidden_records(ks, &slot_prefix(hash_slot), now)?;
+                }
+                Ok(ks.len().saturating_sub(hidden))
+            }
+        })?;
     }
     Ok(Reply::Int(total as i64))
 }
@@ -164,12 +203,20 @@ pub(super) fn keys_in_slot(
         return Ok(Vec::new());
     };
     let (lo, hi) = slots_bounds(hash_slot, hash_slot);
+    let (may_expire, now) = (slot.may_expire(), now_ms());
     slot.read(|ks| {
         let mut keys = Vec::new();
         if let Some(ks) = ks {
-            for item in ks.range::<Vec<u8>, _>((lo.clone(), hi.clone())).take(limit) {
+            for item in ks.range::<Vec<u8>, _>((lo.clone(), hi.clone())) {
+                if keys.len() == limit {
+                    break;
+                }
                 let (stored, _) = item?;
-                keys.extend(user_key(&stored));
+                if let Some(key) = user_key(&stored) {
+                    if visible_stored(ks, may_expire, &stored, &key, now)? {
+                        keys.push(key);
+                    }
+                }
             }
         }
         Ok(keys)

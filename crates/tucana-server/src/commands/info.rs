@@ -12,10 +12,13 @@ use std::fmt::Write as _;
 
 use tucana::Stats;
 
+use crate::expiry::now_ms;
 use crate::metrics::get;
 use crate::resp::Reply;
 use crate::state::ServerState;
 use crate::store::keyspace_name;
+
+use super::expire::deadline_counts;
 
 use super::{Call, REDIS_COMPAT_VERSION};
 
@@ -83,7 +86,10 @@ fn info_text(state: &ServerState, sections: &[String], connected: u64) -> String
         let labels = keyspace_labels(state, &stats);
         let lines = labels
             .iter()
-            .map(|(label, keys)| (label.as_str(), format!("keys={keys},expires=0,avg_ttl=0")))
+            .map(|(label, keys, expires)| {
+                let value = format!("keys={keys},expires={expires},avg_ttl=0");
+                (label.as_str(), value)
+            })
             .collect();
         section(&mut out, "Keyspace", lines);
     }
@@ -197,13 +203,15 @@ fn stats_lines(state: &ServerState) -> Lines<'static> {
         ("protocol_errors", get(&m.protocol_errors).to_string()),
         ("idle_timeouts", get(&m.idle_timeouts).to_string()),
         ("auth_failures", get(&m.auth_failures).to_string()),
-        ("expired_keys", "0".into()),
+        ("expired_keys", get(&m.expired_keys).to_string()),
         ("evicted_keys", "0".into()),
     ]
 }
 
-/// `db<n>` and its key count, for every numbered database that has keys.
-fn keyspace_labels(state: &ServerState, stats: &Stats) -> Vec<(String, u64)> {
+/// `db<n>`, its key count and its keys with a deadline, for every numbered database that
+/// has keys. Cluster mode counts the regions' records (deadline records included, for
+/// now).
+fn keyspace_labels(state: &ServerState, stats: &Stats) -> Vec<(String, u64, u64)> {
     if let Some(cluster) = &state.cluster {
         // Cluster mode has database 0 only: the keys of the regions this server leads.
         let led: Vec<String> = cluster
@@ -218,7 +226,7 @@ fn keyspace_labels(state: &ServerState, stats: &Stats) -> Vec<(String, u64)> {
             .map(|ks| ks.keys)
             .sum();
         return if keys > 0 {
-            vec![("db0".to_owned(), keys)]
+            vec![("db0".to_owned(), keys, 0)]
         } else {
             Vec::new()
         };
@@ -227,10 +235,28 @@ fn keyspace_labels(state: &ServerState, stats: &Stats) -> Vec<(String, u64)> {
     let mut labels = Vec::new();
     for ks in &stats.keyspaces {
         if let Some(index) = names.iter().position(|n| *n == ks.name) {
-            if ks.keys > 0 {
-                labels.push((format!("db{index}"), ks.keys));
+            let (keys, expires) = live_counts(state.store.slot(index as u32), ks.keys);
+            if keys > 0 {
+                labels.push((format!("db{index}"), keys, expires));
             }
         }
     }
     labels
+}
+
+/// A database's live keys and keys with a deadline, from its record count `records`
+/// (a scan of the reserved family when it may hold deadlines; on a read error the record
+/// count stands, INFO does not fail).
+fn live_counts(slot: &crate::store::Slot, records: u64) -> (u64, u64) {
+    if !slot.may_expire() {
+        return (records, 0);
+    }
+    let counted = slot.read(|ks| match ks {
+        Some(ks) => deadline_counts(ks, &[], now_ms()),
+        None => Ok((0, 0)),
+    });
+    match counted {
+        Ok((hidden, expires)) => (records.saturating_sub(hidden), expires),
+        Err(_) => (records, 0),
+    }
 }

@@ -15,6 +15,9 @@ use tucana::Keyspace;
 use crate::glob::{glob_match, literal_prefix};
 use crate::resp::Reply;
 
+use crate::expiry::now_ms;
+
+use super::expire::{hidden_records, visible};
 use super::{cluster_keys, not_an_integer, parse_i64, syntax_error, Call};
 
 /// Keys of a keyspace in order from `lo` (or the first) to `hi` (or the last).
@@ -88,17 +91,21 @@ pub(super) fn cmd_scan(call: &mut Call<'_>, args: &[Vec<u8>]) -> tucana::Result<
         _ => Bound::Included(prefix.clone()),
     };
     let hi = prefix_end(&prefix);
+    let (may_expire, now) = (call.slot().may_expire(), now_ms());
     let (keys, last) = call.slot().read(|ks| {
         let mut keys = Vec::new();
         let mut last: Option<Vec<u8>> = None;
-        if let Some(range) = range_of(ks, lo.clone(), hi.clone()) {
+        if let (Some(range), Some(ks)) = (range_of(ks, lo.clone(), hi.clone()), ks) {
             let mut range = range.peekable();
             let mut examined = 0;
             while examined < count {
                 let Some(item) = range.next() else { break };
                 let (key, _) = item?;
                 examined += 1;
-                if strings && pattern.is_none_or(|p| glob_match(p, &key)) {
+                if strings
+                    && pattern.is_none_or(|p| glob_match(p, &key))
+                    && visible(ks, may_expire, &[], &key, now)?
+                {
                     keys.push(Reply::Bulk(key.clone()));
                 }
                 last = Some(key);
@@ -133,12 +140,14 @@ pub(super) fn cmd_keys(call: &mut Call<'_>, args: &[Vec<u8>]) -> tucana::Result<
     }
     let prefix = literal_prefix(pattern);
     let hi = prefix_end(&prefix);
+    let (may_expire, now) = (call.slot().may_expire(), now_ms());
     call.slot().read(|ks| {
         let mut keys = Vec::new();
-        if let Some(range) = range_of(ks, Bound::Included(prefix.clone()), hi.clone()) {
+        let range = range_of(ks, Bound::Included(prefix.clone()), hi.clone());
+        if let (Some(range), Some(ks)) = (range, ks) {
             for item in range {
                 let (key, _) = item?;
-                if glob_match(pattern, &key) {
+                if glob_match(pattern, &key) && visible(ks, may_expire, &[], &key, now)? {
                     keys.push(Reply::Bulk(key));
                 }
             }
@@ -200,9 +209,10 @@ fn collect_range(
     opts: &RangeOptions,
 ) -> tucana::Result<Reply> {
     let limit = opts.limit.unwrap_or(usize::MAX);
+    let (may_expire, now) = (call.slot().may_expire(), now_ms());
     call.slot().read(|ks| {
         let mut items = Vec::new();
-        let Some(range) = range_of(ks, lo.clone(), hi.clone()) else {
+        let (Some(range), Some(ks)) = (range_of(ks, lo.clone(), hi.clone()), ks) else {
             return Ok(Reply::Array(items));
         };
         let iter: Box<dyn Iterator<Item = tucana::Result<Pair>>> = if opts.rev {
@@ -210,8 +220,16 @@ fn collect_range(
         } else {
             Box::new(range)
         };
-        for item in iter.take(limit) {
+        let mut taken = 0;
+        for item in iter {
+            if taken == limit {
+                break;
+            }
             let (key, value) = item?;
+            if !visible(ks, may_expire, &[], &key, now)? {
+                continue;
+            }
+            taken += 1;
             items.push(Reply::Bulk(key));
             if opts.with_values {
                 items.push(Reply::Bulk(value));
@@ -261,7 +279,12 @@ pub(super) fn cmd_dbsize(call: &mut Call<'_>, _args: &[Vec<u8>]) -> tucana::Resu
     if call.state.cluster.is_some() {
         return cluster_keys::dbsize(call);
     }
-    let n = call.slot().read(|ks| Ok(ks.map_or(0, |ks| ks.len())))?;
+    let may_expire = call.slot().may_expire();
+    let n = call.slot().read(|ks| match ks {
+        None => Ok(0),
+        Some(ks) if !may_expire => Ok(ks.len()),
+        Some(ks) => Ok(ks.len().saturating_sub(hidden_records(ks, &[], now_ms())?)),
+    })?;
     Ok(Reply::Int(n as i64))
 }
 

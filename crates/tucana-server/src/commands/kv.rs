@@ -36,9 +36,26 @@ pub(super) trait Kv {
         keys.iter().map(|key| self.get(key)).collect()
     }
 
-    fn put(&mut self, key: &[u8], value: Vec<u8>) -> tucana::Result<()> {
-        self.apply(vec![(key.to_vec(), Some(value))])
+    /// A read that is not counted as a keyspace hit or miss (deadline records, and
+    /// values whose deadline decides whether they count, see `count_lookup`).
+    fn lookup(&mut self, key: &[u8]) -> tucana::Result<Option<Vec<u8>>>;
+    /// Counts a client's lookup as a keyspace hit or miss.
+    fn count_lookup(&mut self, hit: bool);
+    /// Whether keys here may have deadlines (`Slot::may_expire`); when not, none has.
+    fn may_expire(&self) -> bool;
+    /// The next `apply` writes a deadline: the store adds the keyspace's marker of
+    /// deadlines to it if the keyspace has none yet.
+    fn note_deadline(&mut self);
+}
+
+/// Appends the marker of deadlines to `ops` when a deadline is written to a keyspace that
+/// has none yet; the caller marks the slot once the write succeeded.
+fn with_marker(ops: &mut Ops, noted: bool, may_expire: bool) -> bool {
+    let add = noted && !may_expire;
+    if add {
+        ops.push((crate::expiry::MARKER.to_vec(), Some(Vec::new())));
     }
+    add
 }
 
 /// Reads of a replica's last applied commit (a backup under `READONLY`); no writes.
@@ -64,12 +81,33 @@ impl Kv for ReplicaKv<'_> {
             "internal error: write in a read-only command".into(),
         ))
     }
+
+    fn lookup(&mut self, key: &[u8]) -> tucana::Result<Option<Vec<u8>>> {
+        match &self.replica {
+            Some(replica) => replica.get(key),
+            None => Ok(None),
+        }
+    }
+
+    fn count_lookup(&mut self, hit: bool) {
+        self.state.metrics.count_lookup(hit);
+    }
+
+    /// The primary's marker of deadlines is not at hand here; answering yes makes every
+    /// read look for the key's deadline record, so a backup never serves an expired key.
+    fn may_expire(&self) -> bool {
+        true
+    }
+
+    fn note_deadline(&mut self) {}
 }
 
 /// Reads on the keyspace as it is; no writes.
 pub(super) struct ReadKv<'a> {
     pub(super) ks: Option<&'a Keyspace>,
     pub(super) state: &'a ServerState,
+    /// `Slot::may_expire` when the read started.
+    pub(super) may_expire: bool,
 }
 
 impl Kv for ReadKv<'_> {
@@ -108,6 +146,23 @@ impl Kv for ReadKv<'_> {
             "internal error: write in a read-only command".into(),
         ))
     }
+
+    fn lookup(&mut self, key: &[u8]) -> tucana::Result<Option<Vec<u8>>> {
+        match self.ks {
+            Some(ks) => ks.get(key),
+            None => Ok(None),
+        }
+    }
+
+    fn count_lookup(&mut self, hit: bool) {
+        self.state.metrics.count_lookup(hit);
+    }
+
+    fn may_expire(&self) -> bool {
+        self.may_expire
+    }
+
+    fn note_deadline(&mut self) {}
 }
 
 /// Reads and writes under the database's write lock.
@@ -115,6 +170,8 @@ pub(super) struct LockedKv<'a> {
     pub(super) guard: WriteGuard<'a>,
     pub(super) state: &'a ServerState,
     pub(super) wrote: bool,
+    /// `note_deadline` was called: the next `apply` writes a deadline.
+    pub(super) deadline_noted: bool,
 }
 
 impl Kv for LockedKv<'_> {
@@ -127,18 +184,23 @@ impl Kv for LockedKv<'_> {
         Ok(value)
     }
 
-    fn apply(&mut self, ops: Ops) -> tucana::Result<()> {
+    fn apply(&mut self, mut ops: Ops) -> tucana::Result<()> {
         if ops.is_empty() {
             return Ok(());
         }
+        let noted = std::mem::take(&mut self.deadline_noted);
+        let marking = with_marker(&mut ops, noted, self.guard.may_expire());
         let ks = self.guard.keyspace(&self.state.store.db)?;
         self.wrote = true;
+        let slot_prefixed = self.state.cluster.is_some();
         // Durability is handled per batch by `execute_batch` (one sync for the batch).
         if let [(key, value)] = ops.as_slice() {
-            return match value {
-                Some(v) => ks.put_with(key, v, Durability::Buffered),
-                None => ks.delete_with(key, Durability::Buffered).map(|_| ()),
+            match value {
+                Some(v) => ks.put_with(key, v, Durability::Buffered)?,
+                None => ks.delete_with(key, Durability::Buffered).map(|_| ())?,
             };
+            self.guard.modified([key.as_slice()], slot_prefixed);
+            return Ok(());
         }
         let mut batch = ks.batch();
         for (key, value) in &ops {
@@ -147,7 +209,32 @@ impl Kv for LockedKv<'_> {
                 None => batch.delete(key),
             };
         }
-        batch.commit_with(Durability::Buffered)
+        batch.commit_with(Durability::Buffered)?;
+        if marking {
+            self.guard.set_may_expire();
+        }
+        self.guard
+            .modified(ops.iter().map(|(k, _)| k.as_slice()), slot_prefixed);
+        Ok(())
+    }
+
+    fn lookup(&mut self, key: &[u8]) -> tucana::Result<Option<Vec<u8>>> {
+        match self.guard.existing() {
+            Some(ks) => ks.get(key),
+            None => Ok(None),
+        }
+    }
+
+    fn count_lookup(&mut self, hit: bool) {
+        self.state.metrics.count_lookup(hit);
+    }
+
+    fn may_expire(&self) -> bool {
+        self.guard.may_expire()
+    }
+
+    fn note_deadline(&mut self) {
+        self.deadline_noted = true;
     }
 }
 
@@ -157,6 +244,36 @@ pub(super) struct TxKv<'a> {
     pub(super) guard: WriteGuard<'a>,
     pub(super) state: &'a ServerState,
     pub(super) overlay: HashMap<Vec<u8>, Option<Vec<u8>>>,
+    /// A queued command wrote a deadline: the batch at the end carries the marker.
+    pub(super) deadline_noted: bool,
+}
+
+impl TxKv<'_> {
+    /// The overlay as one atomic engine batch (with the marker of deadlines if one was
+    /// written); `Ok(false)` when there was nothing to write.
+    pub(super) fn commit(&mut self) -> tucana::Result<bool> {
+        if self.overlay.is_empty() {
+            return Ok(false);
+        }
+        let mut ops: Ops = self.overlay.drain().collect();
+        let marking = with_marker(&mut ops, self.deadline_noted, self.guard.may_expire());
+        let ks = self.guard.keyspace(&self.state.store.db)?;
+        let mut batch = ks.batch();
+        for (key, value) in &ops {
+            match value {
+                Some(v) => batch.put(key, v),
+                None => batch.delete(key),
+            };
+        }
+        batch.commit_with(Durability::Buffered)?;
+        if marking {
+            self.guard.set_may_expire();
+        }
+        let slot_prefixed = self.state.cluster.is_some();
+        self.guard
+            .modified(ops.iter().map(|(k, _)| k.as_slice()), slot_prefixed);
+        Ok(true)
+    }
 }
 
 impl Kv for TxKv<'_> {
@@ -177,5 +294,27 @@ impl Kv for TxKv<'_> {
             self.overlay.insert(key, value);
         }
         Ok(())
+    }
+
+    fn lookup(&mut self, key: &[u8]) -> tucana::Result<Option<Vec<u8>>> {
+        if let Some(v) = self.overlay.get(key) {
+            return Ok(v.clone());
+        }
+        match self.guard.existing() {
+            Some(ks) => ks.get(key),
+            None => Ok(None),
+        }
+    }
+
+    fn count_lookup(&mut self, hit: bool) {
+        self.state.metrics.count_lookup(hit);
+    }
+
+    fn may_expire(&self) -> bool {
+        self.deadline_noted || self.guard.may_expire()
+    }
+
+    fn note_deadline(&mut self) {
+        self.deadline_noted = true;
     }
 }

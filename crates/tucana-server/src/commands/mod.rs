@@ -19,6 +19,8 @@
 //!   stores: reads directly on the keyspace (no lock), writes under the database's write
 //!   lock (see `store` for why), and inside `EXEC` an overlay whose writes become one
 //!   atomic engine batch;
+//! - `expire`: key deadlines as handlers see them (lazy expiry, the writes that keep a
+//!   key's deadline records in step) and EXPIRE, PERSIST, TTL and their family;
 //! - the handlers, by Redis's command groups: `strings` (GET, SET, INCR, ...), `keys`
 //!   (SCAN, KEYS, TRANGE, TPREFIX, DBSIZE, FLUSHDB), `transaction` (MULTI, EXEC,
 //!   DISCARD), `session` (the `Session` and the commands that read or change it: AUTH,
@@ -35,6 +37,7 @@ mod admin;
 mod batch;
 mod cluster;
 mod cluster_keys;
+mod expire;
 mod info;
 mod keys;
 mod kv;
@@ -95,6 +98,14 @@ fn execute(call: &mut Call<'_>, args: &Args) -> Reply {
             multi.failed = true;
         }
         return wrong_args(spec.name);
+    }
+    if routing::keys(spec, args).any(crate::expiry::is_reserved) {
+        if let Some(multi) = &mut call.session.multi {
+            multi.failed = true;
+        }
+        return Reply::error(
+            "ERR keys starting with \\xff\\xfftucana\\x00 are reserved for tucana's deadlines",
+        );
     }
     // Cluster mode: the keys must hash to one slot this server serves.
     let routed = match routing::route(call, spec, args) {
@@ -173,12 +184,21 @@ fn run_spec(
     let slot = region.as_deref().unwrap_or_else(|| call.slot());
     let hash_slot = routed.map(|r| r.hash_slot);
     match spec.run {
-        Run::Read(f) => slot.read(|ks| run_kv(f, &mut ReadKv { ks, state }, hash_slot, args)),
+        Run::Read(f) => slot.read(|ks| {
+            let may_expire = slot.may_expire();
+            let mut kv = ReadKv {
+                ks,
+                state,
+                may_expire,
+            };
+            run_kv(f, &mut kv, hash_slot, args)
+        }),
         Run::Write(f) => {
             let mut kv = LockedKv {
                 guard: slot.lock_writes(),
                 state,
                 wrote: false,
+                deadline_noted: false,
             };
             let reply = run_kv(f, &mut kv, hash_slot, args);
             call.wrote |= kv.wrote;

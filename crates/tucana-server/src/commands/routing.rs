@@ -39,7 +39,7 @@ pub(super) fn crossslot() -> Reply {
 
 /// The keys of `args` by the table's key positions `(first, last, step)` (a negative
 /// `last` counts from the end, as in Redis's command table).
-fn keys<'a>(spec: &Spec, args: &'a [Vec<u8>]) -> impl Iterator<Item = &'a [u8]> {
+pub(super) fn keys<'a>(spec: &Spec, args: &'a [Vec<u8>]) -> impl Iterator<Item = &'a [u8]> {
     let (first, last, step) = spec.keys;
     let n = args.len() as i32;
     let last = if last < 0 { n + last } else { last.min(n - 1) };
@@ -162,9 +162,21 @@ impl Kv for SlotKv<'_> {
         self.inner.multi_get(&stored)
     }
 
-    fn put(&mut self, key: &[u8], value: Vec<u8>) -> tucana::Result<()> {
+    fn lookup(&mut self, key: &[u8]) -> tucana::Result<Option<Vec<u8>>> {
         let stored = self.stored(key);
-        self.inner.put(&stored, value)
+        self.inner.lookup(&stored)
+    }
+
+    fn count_lookup(&mut self, hit: bool) {
+        self.inner.count_lookup(hit);
+    }
+
+    fn may_expire(&self) -> bool {
+        self.inner.may_expire()
+    }
+
+    fn note_deadline(&mut self) {
+        self.inner.note_deadline();
     }
 }
 

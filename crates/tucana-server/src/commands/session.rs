@@ -10,7 +10,7 @@
 
 use crate::resp::{Protocol, Reply};
 
-use super::transaction::Multi;
+use super::transaction::{Multi, Watched};
 use super::{
     not_an_integer, opt_bulk, parse_i64, printable, syntax_error, wrong_args, Call,
     REDIS_COMPAT_VERSION,
@@ -32,6 +32,8 @@ pub struct Session {
     pub(super) lib_version: Option<Vec<u8>>,
     /// Between `MULTI` and `EXEC` or `DISCARD`: the queued commands.
     pub(super) multi: Option<Multi>,
+    /// `WATCH`ed keys, until `EXEC`, `DISCARD` or `UNWATCH` (released when dropped).
+    pub(super) watching: Vec<Watched>,
     /// `READONLY` (cluster mode): the client accepts reads from backups: a read of a
     /// slot this server backs is served from the replica's last applied commit.
     pub(super) readonly: bool,
@@ -70,6 +72,7 @@ impl Session {
             lib_name: None,
             lib_version: None,
             multi: None,
+            watching: Vec::new(),
             readonly: false,
             close_after_reply: false,
             shutdown_requested: false,

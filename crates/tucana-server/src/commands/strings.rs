@@ -1,6 +1,8 @@
-//! The string commands (GET, SET, MGET, MSET, INCR, APPEND, DEL, ...), each written once
-//! against [`Kv`] so that it runs the same on the keyspace, under the write lock or
-//! inside `EXEC`.
+//! The string commands (GET, SET, SETEX, GETEX, MGET, MSET, INCR, APPEND, DEL, ...), each
+//! written once against [`Kv`] so that it runs the same on the keyspace, under the write
+//! lock or inside `EXEC`. Every read hides expired keys and every write keeps the key's
+//! deadline in step (`expire`): SET, GETSET, MSET and DEL drop it, INCR and APPEND keep
+//! it, as in Redis.
 //!
 //! Owns the commands' semantics (options, arithmetic, replies). A handler writes
 //! with one `Kv::apply` (or `put`) after its reads, as its last step, so a command that
@@ -12,22 +14,33 @@
 
 use crate::resp::Reply;
 
-use super::kv::{Kv, Ops};
+use crate::expiry::now_ms;
+
+use super::expire::{live_len, live_value, read_stored, set_deadline, Writes};
+use super::kv::Kv;
 use super::{not_an_integer, opt_bulk, parse_i64, syntax_error, wrong_args};
 
 pub(super) fn cmd_get(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Reply> {
-    Ok(opt_bulk(kv.get(&args[1])?))
+    Ok(opt_bulk(live_value(kv, &args[1])?))
 }
 
 pub(super) fn cmd_mget(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Reply> {
-    let values = kv.multi_get(&args[1..])?;
+    let values = if kv.may_expire() {
+        let mut values = Vec::with_capacity(args.len() - 1);
+        for key in &args[1..] {
+            values.push(live_value(kv, key)?);
+        }
+        values
+    } else {
+        kv.multi_get(&args[1..])?
+    };
     Ok(Reply::Array(values.into_iter().map(opt_bulk).collect()))
 }
 
 pub(super) fn cmd_exists(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Reply> {
     let mut n = 0;
     for key in &args[1..] {
-        if kv.value_len(key)?.is_some() {
+        if live_len(kv, key)?.is_some() {
             n += 1;
         }
     }
@@ -35,138 +48,333 @@ pub(super) fn cmd_exists(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Re
 }
 
 pub(super) fn cmd_strlen(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Reply> {
-    Ok(Reply::Int(kv.value_len(&args[1])?.unwrap_or(0) as i64))
+    Ok(Reply::Int(live_len(kv, &args[1])?.unwrap_or(0) as i64))
 }
 
 pub(super) fn cmd_type(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Reply> {
-    let exists = kv.value_len(&args[1])?.is_some();
+    let exists = live_len(kv, &args[1])?.is_some();
     Ok(Reply::Status(if exists { "string" } else { "none" }.into()))
 }
 
-/// No expiry: -1 for a key that exists (no TTL), -2 for one that does not.
-pub(super) fn cmd_ttl(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Reply> {
-    let exists = kv.value_len(&args[1])?.is_some();
-    Ok(Reply::Int(if exists { -1 } else { -2 }))
+/// SET's options.
+#[derive(Default)]
+struct SetOptions {
+    nx: bool,
+    xx: bool,
+    get: bool,
+    keep_ttl: bool,
+    /// EX, PX, EXAT or PXAT with its argument.
+    expire: Option<(Vec<u8>, Vec<u8>)>,
 }
 
-const NO_EXPIRY: &str =
-    "ERR expiry is not supported: tucana keeps a key until it is deleted (EX, PX, EXAT, PXAT)";
+fn set_options(args: &[Vec<u8>]) -> Result<SetOptions, Reply> {
+    let mut o = SetOptions::default();
+    let mut i = 0;
+    while i < args.len() {
+        let opt = args[i].to_ascii_uppercase();
+        match opt.as_slice() {
+            b"NX" if !o.xx => o.nx = true,
+            b"XX" if !o.nx => o.xx = true,
+            b"GET" => o.get = true,
+            b"KEEPTTL" if o.expire.is_none() => o.keep_ttl = true,
+            b"EX" | b"PX" | b"EXAT" | b"PXAT" if !o.keep_ttl && o.expire.is_none() => {
+                let time = args.get(i + 1).ok_or_else(syntax_error)?;
+                o.expire = Some((opt, time.clone()));
+                i += 1;
+            }
+            _ => return Err(syntax_error()),
+        }
+        i += 1;
+    }
+    Ok(o)
+}
 
+/// The deadline of an `EX|PX|EXAT|PXAT time` option (`Err`: the reply).
+fn option_deadline(option: &[u8], time: &[u8], now: u64, command: &str) -> Result<i64, Reply> {
+    let seconds = option == b"EX" || option == b"EXAT";
+    let relative = option == b"EX" || option == b"PX";
+    set_deadline(time, seconds, relative, now, command)
+}
+
+/// `SET key value [NX|XX] [GET] [EX s|PX ms|EXAT s|PXAT ms|KEEPTTL]`. A deadline already
+/// past (EXAT, PXAT) leaves the key deleted, as in Redis.
 pub(super) fn cmd_set(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Reply> {
     let (key, value) = (&args[1], &args[2]);
-    let (mut nx, mut xx, mut get) = (false, false, false);
-    for opt in &args[3..] {
-        match opt.to_ascii_uppercase().as_slice() {
-            b"NX" if !xx => nx = true,
-            b"XX" if !nx => xx = true,
-            b"GET" => get = true,
-            // Keeping the TTL of a key without one changes nothing.
-            b"KEEPTTL" => {}
-            b"EX" | b"PX" | b"EXAT" | b"PXAT" => return Ok(Reply::error(NO_EXPIRY)),
-            _ => return Ok(syntax_error()),
+    let o = match set_options(&args[3..]) {
+        Ok(o) => o,
+        Err(reply) => return Ok(reply),
+    };
+    let now = now_ms();
+    let deadline = match &o.expire {
+        Some((option, time)) => match option_deadline(option, time, now, "set") {
+            Ok(d) => Some(d),
+            Err(reply) => return Ok(reply),
+        },
+        None => None,
+    };
+    // A plain SET reads only the deadline record it must delete (none where no key can
+    // have one), not the value.
+    let stored = if o.nx || o.xx || o.get || o.keep_ttl {
+        read_stored(kv, key, now)?
+    } else {
+        super::expire::Stored {
+            value: None,
+            stored_deadline_ms: stored_deadline(kv, key)?,
         }
-    }
-    let old = if nx || xx || get { kv.get(key)? } else { None };
-    let exists = old.is_some();
-    let apply = !(nx && exists || xx && !exists);
+    };
+    let exists = stored.value.is_some();
+    let apply = !(o.nx && exists || o.xx && !exists);
     if apply {
-        kv.put(key, value.clone())?;
+        let mut writes = Writes::default();
+        match deadline {
+            Some(d) if d <= now as i64 => writes.delete(key, stored.stored_deadline_ms),
+            Some(d) => writes.put(
+                key,
+                value.clone(),
+                stored.stored_deadline_ms,
+                Some(d as u64),
+            ),
+            None => {
+                let keep = if o.keep_ttl {
+                    stored.deadline_ms()
+                } else {
+                    None
+                };
+                writes.put(key, value.clone(), stored.stored_deadline_ms, keep);
+            }
+        }
+        writes.apply(kv)?;
     }
-    Ok(match (get, apply) {
-        (true, _) => opt_bulk(old),
+    Ok(match (o.get, apply) {
+        (true, _) => opt_bulk(stored.value),
         (false, true) => Reply::Ok,
         (false, false) => Reply::Nil,
     })
 }
 
+/// SETEX and PSETEX: `key time value`.
+fn setex_generic(
+    kv: &mut dyn Kv,
+    args: &[Vec<u8>],
+    seconds: bool,
+    command: &str,
+) -> tucana::Result<Reply> {
+    let now = now_ms();
+    let deadline = match set_deadline(&args[2], seconds, true, now, command) {
+        Ok(d) => d as u64,
+        Err(reply) => return Ok(reply),
+    };
+    let stored = read_stored(kv, &args[1], now)?;
+    let mut writes = Writes::default();
+    writes.put(
+        &args[1],
+        args[3].clone(),
+        stored.stored_deadline_ms,
+        Some(deadline),
+    );
+    writes.apply(kv)?;
+    Ok(Reply::Ok)
+}
+
+pub(super) fn cmd_setex(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Reply> {
+    setex_generic(kv, args, true, "setex")
+}
+
+pub(super) fn cmd_psetex(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Reply> {
+    setex_generic(kv, args, false, "psetex")
+}
+
+/// `GETEX key [EX s|PX ms|EXAT s|PXAT ms|PERSIST]`: the value, and its deadline changed.
+pub(super) fn cmd_getex(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Reply> {
+    let now = now_ms();
+    // `None`: unchanged; `Some(None)`: PERSIST; `Some(Some(d))`: a new deadline.
+    let mut change: Option<Option<i64>> = None;
+    let mut i = 2;
+    while i < args.len() {
+        let opt = args[i].to_ascii_uppercase();
+        match opt.as_slice() {
+            b"PERSIST" if change.is_none() => change = Some(None),
+            b"EX" | b"PX" | b"EXAT" | b"PXAT" if change.is_none() => {
+                let Some(time) = args.get(i + 1) else {
+                    return Ok(syntax_error());
+                };
+                match option_deadline(&opt, time, now, "getex") {
+                    Ok(d) => change = Some(Some(d)),
+                    Err(reply) => return Ok(reply),
+                }
+                i += 1;
+            }
+            _ => return Ok(syntax_error()),
+        }
+        i += 1;
+    }
+    let key = &args[1];
+    let stored = read_stored(kv, key, now)?;
+    if stored.value.is_none() {
+        return Ok(Reply::Nil);
+    }
+    if let Some(new) = change {
+        let mut writes = Writes::default();
+        match new {
+            Some(d) if d <= now as i64 => writes.delete(key, stored.stored_deadline_ms),
+            Some(d) => writes.deadline(key, stored.stored_deadline_ms, Some(d as u64)),
+            None => writes.deadline(key, stored.stored_deadline_ms, None),
+        }
+        writes.apply(kv)?;
+    }
+    Ok(opt_bulk(stored.value))
+}
+
 pub(super) fn cmd_setnx(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Reply> {
-    if kv.value_len(&args[1])?.is_some() {
+    let stored = read_stored(kv, &args[1], now_ms())?;
+    if stored.value.is_some() {
         return Ok(Reply::Int(0));
     }
-    kv.put(&args[1], args[2].clone())?;
+    let mut writes = Writes::default();
+    writes.put(&args[1], args[2].clone(), stored.stored_deadline_ms, None);
+    writes.apply(kv)?;
     Ok(Reply::Int(1))
 }
 
 pub(super) fn cmd_getset(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Reply> {
-    let old = kv.get(&args[1])?;
-    kv.put(&args[1], args[2].clone())?;
-    Ok(opt_bulk(old))
+    let stored = read_stored(kv, &args[1], now_ms())?;
+    let mut writes = Writes::default();
+    writes.put(&args[1], args[2].clone(), stored.stored_deadline_ms, None);
+    writes.apply(kv)?;
+    Ok(opt_bulk(stored.value))
 }
 
 pub(super) fn cmd_getdel(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Reply> {
-    let old = kv.get(&args[1])?;
-    if old.is_some() {
-        kv.apply(vec![(args[1].clone(), None)])?;
+    let stored = read_stored(kv, &args[1], now_ms())?;
+    if stored.value.is_some() {
+        let mut writes = Writes::default();
+        writes.delete(&args[1], stored.stored_deadline_ms);
+        writes.apply(kv)?;
     }
-    Ok(opt_bulk(old))
+    Ok(opt_bulk(stored.value))
 }
 
-fn pairs(args: &[Vec<u8>]) -> Option<Ops> {
+/// The key and value pairs of MSET and MSETNX.
+fn pairs(args: &[Vec<u8>]) -> Option<std::slice::Chunks<'_, Vec<u8>>> {
     let rest = &args[1..];
-    if !rest.len().is_multiple_of(2) {
-        return None;
+    rest.len().is_multiple_of(2).then(|| rest.chunks(2))
+}
+
+/// The stored deadline of `key` (even if passed), which its next write must delete.
+fn stored_deadline(kv: &mut dyn Kv, key: &[u8]) -> tucana::Result<Option<u64>> {
+    if !kv.may_expire() {
+        return Ok(None);
     }
-    Some(
-        rest.chunks(2)
-            .map(|kv| (kv[0].clone(), Some(kv[1].clone())))
-            .collect(),
-    )
+    kv.lookup(&crate::expiry::deadline_key(key))?
+        .map(|d| crate::expiry::decode_deadline(&d))
+        .transpose()
+}
+
+/// MSET's writes: each pair's value without a deadline (a key given twice: the last wins).
+fn mset_writes(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Writes> {
+    let mut writes = Writes::default();
+    let mut seen = std::collections::HashMap::new();
+    for pair in pairs(args).into_iter().flatten() {
+        let old = match seen.get(&pair[0]) {
+            Some(_) => None,
+            None => stored_deadline(kv, &pair[0])?,
+        };
+        seen.insert(pair[0].clone(), ());
+        writes.put(&pair[0], pair[1].clone(), old, None);
+    }
+    Ok(writes)
 }
 
 pub(super) fn cmd_mset(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Reply> {
-    let Some(ops) = pairs(args) else {
+    if pairs(args).is_none() {
         return Ok(wrong_args("mset"));
-    };
-    kv.apply(ops)?;
+    }
+    mset_writes(kv, args)?.apply(kv)?;
     Ok(Reply::Ok)
 }
 
 pub(super) fn cmd_msetnx(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Reply> {
-    let Some(ops) = pairs(args) else {
+    let Some(pairs) = pairs(args) else {
         return Ok(wrong_args("msetnx"));
     };
-    for (key, _) in &ops {
-        if kv.value_len(key)?.is_some() {
+    for pair in pairs {
+        if live_len(kv, &pair[0])?.is_some() {
             return Ok(Reply::Int(0));
         }
     }
-    kv.apply(ops)?;
+    mset_writes(kv, args)?.apply(kv)?;
     Ok(Reply::Int(1))
 }
 
 pub(super) fn cmd_del(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Reply> {
-    let mut ops: Ops = Vec::new();
+    let now = now_ms();
+    let mut writes = Writes::default();
+    let mut n = 0;
     for key in &args[1..] {
-        if !ops.iter().any(|(k, _)| k == key) && kv.value_len(key)?.is_some() {
-            ops.push((key.clone(), None));
+        if writes.writes(key) {
+            continue;
+        }
+        let stored = if kv.may_expire() {
+            read_stored(kv, key, now)?
+        } else {
+            super::expire::Stored {
+                value: kv.value_len(key)?.map(|_| Vec::new()),
+                stored_deadline_ms: None,
+            }
+        };
+        // An expired key's records go too, but it does not count as deleted.
+        if stored.value.is_some() || stored.stored_deadline_ms.is_some() {
+            writes.delete(key, stored.stored_deadline_ms);
+        }
+        if stored.value.is_some() {
+            n += 1;
         }
     }
-    let n = ops.len() as i64;
-    kv.apply(ops)?;
+    writes.apply(kv)?;
     Ok(Reply::Int(n))
 }
 
+/// A read-modify-write that keeps the key's deadline (APPEND, INCR): the new value, or
+/// the reply when the old one does not fit.
+fn modify(
+    kv: &mut dyn Kv,
+    key: &[u8],
+    f: impl FnOnce(Option<Vec<u8>>) -> Result<Vec<u8>, Reply>,
+) -> tucana::Result<Result<Vec<u8>, Reply>> {
+    let stored = read_stored(kv, key, now_ms())?;
+    let keep = stored.deadline_ms();
+    let value = match f(stored.value) {
+        Ok(v) => v,
+        Err(reply) => return Ok(Err(reply)),
+    };
+    let mut writes = Writes::default();
+    writes.put(key, value.clone(), stored.stored_deadline_ms, keep);
+    writes.apply(kv)?;
+    Ok(Ok(value))
+}
+
 pub(super) fn cmd_append(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Reply> {
-    let mut value = kv.get(&args[1])?.unwrap_or_default();
-    value.extend_from_slice(&args[2]);
-    let len = value.len() as i64;
-    kv.put(&args[1], value)?;
-    Ok(Reply::Int(len))
+    let result = modify(kv, &args[1], |old| {
+        let mut value = old.unwrap_or_default();
+        value.extend_from_slice(&args[2]);
+        Ok(value)
+    })?;
+    Ok(result.map_or_else(|reply| reply, |v| Reply::Int(v.len() as i64)))
 }
 
 fn incr_by(kv: &mut dyn Kv, key: &[u8], delta: i64) -> tucana::Result<Reply> {
-    let current = match kv.get(key)? {
-        None => 0,
-        Some(v) => match parse_i64(&v) {
-            Some(n) => n,
-            None => return Ok(not_an_integer()),
-        },
-    };
-    let Some(next) = current.checked_add(delta) else {
-        return Ok(Reply::error("ERR increment or decrement would overflow"));
-    };
-    kv.put(key, next.to_string().into_bytes())?;
-    Ok(Reply::Int(next))
+    let mut next = 0;
+    let result = modify(kv, key, |old| {
+        let current = match old {
+            None => 0,
+            Some(v) => parse_i64(&v).ok_or_else(not_an_integer)?,
+        };
+        next = current
+            .checked_add(delta)
+            .ok_or_else(|| Reply::error("ERR increment or decrement would overflow"))?;
+        Ok(next.to_string().into_bytes())
+    })?;
+    Ok(result.map_or_else(|reply| reply, |_| Reply::Int(next)))
 }
 
 pub(super) fn cmd_incr(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Reply> {

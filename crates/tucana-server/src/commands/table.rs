@@ -19,6 +19,10 @@ use super::admin::{
     cmd_time, cmd_wait,
 };
 use super::cluster::{cmd_cluster, cmd_readonly, cmd_readwrite};
+use super::expire::{
+    cmd_expire, cmd_expireat, cmd_expiretime, cmd_persist, cmd_pexpire, cmd_pexpireat,
+    cmd_pexpiretime, cmd_pttl, cmd_ttl,
+};
 use super::info::cmd_info;
 use super::keys::{
     cmd_dbsize, cmd_flushall, cmd_flushdb, cmd_keys, cmd_scan, cmd_tprefix, cmd_trange,
@@ -26,11 +30,11 @@ use super::keys::{
 use super::kv::Kv;
 use super::session::{cmd_auth, cmd_client, cmd_echo, cmd_hello, cmd_ping, cmd_quit, cmd_select};
 use super::strings::{
-    cmd_append, cmd_decr, cmd_decrby, cmd_del, cmd_exists, cmd_get, cmd_getdel, cmd_getset,
-    cmd_incr, cmd_incrby, cmd_mget, cmd_mset, cmd_msetnx, cmd_set, cmd_setnx, cmd_strlen, cmd_ttl,
-    cmd_type,
+    cmd_append, cmd_decr, cmd_decrby, cmd_del, cmd_exists, cmd_get, cmd_getdel, cmd_getex,
+    cmd_getset, cmd_incr, cmd_incrby, cmd_mget, cmd_mset, cmd_msetnx, cmd_psetex, cmd_set,
+    cmd_setex, cmd_setnx, cmd_strlen, cmd_type,
 };
-use super::transaction::{cmd_discard, cmd_exec, cmd_multi};
+use super::transaction::{cmd_discard, cmd_exec, cmd_multi, cmd_unwatch, cmd_watch};
 use super::Call;
 
 /// A string command's handler: runs on whichever [`Kv`] store the caller gives it.
@@ -103,7 +107,17 @@ pub(super) fn table() -> &'static [Spec] {
             spec!("strlen", 2, 0, KEY1, Run::Read(cmd_strlen)),
             spec!("type", 2, 0, KEY1, Run::Read(cmd_type)),
             spec!("ttl", 2, 0, KEY1, Run::Read(cmd_ttl)),
-            spec!("pttl", 2, 0, KEY1, Run::Read(cmd_ttl)),
+            spec!("pttl", 2, 0, KEY1, Run::Read(cmd_pttl)),
+            spec!("expiretime", 2, 0, KEY1, Run::Read(cmd_expiretime)),
+            spec!("pexpiretime", 2, 0, KEY1, Run::Read(cmd_pexpiretime)),
+            spec!("expire", -3, 0, KEY1, Run::Write(cmd_expire)),
+            spec!("pexpire", -3, 0, KEY1, Run::Write(cmd_pexpire)),
+            spec!("expireat", -3, 0, KEY1, Run::Write(cmd_expireat)),
+            spec!("pexpireat", -3, 0, KEY1, Run::Write(cmd_pexpireat)),
+            spec!("persist", 2, 0, KEY1, Run::Write(cmd_persist)),
+            spec!("setex", 4, 0, KEY1, Run::Write(cmd_setex)),
+            spec!("psetex", 4, 0, KEY1, Run::Write(cmd_psetex)),
+            spec!("getex", -2, 0, KEY1, Run::Write(cmd_getex)),
             spec!("set", -3, 0, KEY1, Run::Write(cmd_set)),
             spec!("setnx", 3, 0, KEY1, Run::Write(cmd_setnx)),
             spec!("getset", 3, 0, KEY1, Run::Write(cmd_getset)),
@@ -128,6 +142,9 @@ pub(super) fn table() -> &'static [Spec] {
             spec!("multi", 1, TXCTL, NO_KEYS, other(cmd_multi)),
             spec!("exec", 1, TXCTL, NO_KEYS, blocking(cmd_exec)),
             spec!("discard", 1, TXCTL, NO_KEYS, other(cmd_discard)),
+            // TXCTL: inside MULTI, WATCH answers its error instead of being queued.
+            spec!("watch", -2, TXCTL, ALL_KEYS, other(cmd_watch)),
+            spec!("unwatch", 1, 0, NO_KEYS, other(cmd_unwatch)),
             spec!("ping", -1, 0, NO_KEYS, other(cmd_ping)),
             spec!("echo", 2, 0, NO_KEYS, other(cmd_echo)),
             spec!("quit", -1, NOAUTH | TXCTL, NO_KEYS, other(cmd_quit)),
@@ -242,7 +259,7 @@ mod tests {
     #[test]
     fn lookup_ignores_case_and_every_command_is_found() {
         assert!(lookup(b"gEt").is_some());
-        assert!(lookup(b"expire").is_none());
+        assert!(lookup(b"hset").is_none());
         assert!(lookup(b"averyveryverylongcommandname").is_none());
         for (i, spec) in table().iter().enumerate() {
             assert_eq!(lookup(spec.name.to_ascii_uppercase().as_bytes()), Some(i));

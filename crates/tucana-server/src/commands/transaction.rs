@@ -1,8 +1,10 @@
 //! Transactions: MULTI opens a queue of commands in the `Session`, EXEC runs them under the
 //! database's write lock with their writes in an overlay that becomes one atomic engine
-//! batch, DISCARD forgets them.
+//! batch, DISCARD forgets them. WATCH makes EXEC answer a null array if a watched key was
+//! modified (written, deleted, expired) since, UNWATCH forgets the watches.
 //!
-//! Owns the queue ([`Multi`]) and EXEC's all-or-nothing commit. Queueing itself (which
+//! Owns the queue ([`Multi`]), the connection's watches ([`Watched`], versions kept by
+//! `watch`) and EXEC's all-or-nothing commit. Queueing itself (which
 //! commands may be queued, and marking the transaction failed) is done as requests
 //! arrive, by `execute` in `commands`.
 //!
@@ -12,14 +14,80 @@
 
 use std::collections::HashMap;
 
-use tucana::Durability;
-
 use crate::resp::{Args, Reply};
 
-use super::kv::TxKv;
+use super::expire::live_len;
+use super::kv::{ReadKv, TxKv};
 use super::routing::{crossslot, route_slot};
 use super::table::{lookup, table, Run};
 use super::{run_kv, unknown_command, Call};
+use crate::watch::{Watch, WatchTable};
+
+/// A key this connection watches, in database `db_index`.
+#[derive(Debug)]
+pub(super) struct Watched {
+    db_index: u32,
+    watch: Watch,
+    /// The key was live at WATCH: if it is missing at EXEC without a write, it expired.
+    existed: bool,
+}
+
+/// Whether `key` of database `db_index` is live now.
+fn is_live(call: &Call<'_>, db_index: u32, key: &[u8]) -> tucana::Result<bool> {
+    let state = call.state;
+    let slot = state.store.slot(db_index);
+    slot.read(|ks| {
+        let may_expire = slot.may_expire();
+        let mut kv = ReadKv {
+            ks,
+            state,
+            may_expire,
+        };
+        Ok(live_len(&mut kv, key)?.is_some())
+    })
+}
+
+/// `WATCH key [key ...]`.
+pub(super) fn cmd_watch(call: &mut Call<'_>, args: &[Vec<u8>]) -> tucana::Result<Reply> {
+    if call.session.multi.is_some() {
+        return Ok(Reply::error("ERR WATCH inside MULTI is not allowed"));
+    }
+    if call.state.cluster.is_some() {
+        return Ok(Reply::error(
+            "ERR WATCH is not supported in cluster mode yet",
+        ));
+    }
+    let db_index = call.session.db_index;
+    for key in &args[1..] {
+        let table = call.state.store.slot(db_index).watches();
+        // Watch first, then look: a write in between moves the version.
+        let watch = WatchTable::watch(table, key);
+        let existed = is_live(call, db_index, key)?;
+        call.session.watching.push(Watched {
+            db_index,
+            watch,
+            existed,
+        });
+    }
+    Ok(Reply::Ok)
+}
+
+/// `UNWATCH`.
+pub(super) fn cmd_unwatch(call: &mut Call<'_>, _args: &[Vec<u8>]) -> tucana::Result<Reply> {
+    call.session.watching.clear();
+    Ok(Reply::Ok)
+}
+
+/// Whether a watched key was modified: written or deleted (its version moved), or
+/// expired (live at WATCH, missing now without a write).
+fn watched_modified(call: &Call<'_>, watching: &[Watched]) -> tucana::Result<bool> {
+    for w in watching {
+        if w.watch.modified() || (w.existed && !is_live(call, w.db_index, w.watch.key())?) {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
 
 /// The queue of an open transaction (in the [`Session`](super::Session)).
 #[derive(Debug, Default)]
@@ -43,7 +111,10 @@ pub(super) fn cmd_multi(call: &mut Call<'_>, _args: &[Vec<u8>]) -> tucana::Resul
 
 pub(super) fn cmd_discard(call: &mut Call<'_>, _args: &[Vec<u8>]) -> tucana::Result<Reply> {
     match call.session.multi.take() {
-        Some(_) => Ok(Reply::Ok),
+        Some(_) => {
+            call.session.watching.clear();
+            Ok(Reply::Ok)
+        }
         None => Ok(Reply::error("ERR DISCARD without MULTI")),
     }
 }
@@ -56,6 +127,8 @@ pub(super) fn cmd_exec(call: &mut Call<'_>, _args: &[Vec<u8>]) -> tucana::Result
     let Some(multi) = call.session.multi.take() else {
         return Ok(Reply::error("ERR EXEC without MULTI"));
     };
+    // EXEC unwatches whatever it answers; the watches are checked under the write lock.
+    let watching = std::mem::take(&mut call.session.watching);
     if multi.failed {
         return Ok(Reply::error(
             "EXECABORT Transaction discarded because of previous errors.",
@@ -79,7 +152,12 @@ pub(super) fn cmd_exec(call: &mut Call<'_>, _args: &[Vec<u8>]) -> tucana::Result
         guard: slot.lock_writes(),
         state,
         overlay: HashMap::new(),
+        deadline_noted: false,
     };
+    if watched_modified(call, &watching)? {
+        return Ok(Reply::NilArray);
+    }
+    drop(watching);
     let mut replies = Vec::with_capacity(multi.queued.len());
     for args in &multi.queued {
         let Some(index) = lookup(&args[0]) else {
@@ -104,23 +182,17 @@ pub(super) fn cmd_exec(call: &mut Call<'_>, _args: &[Vec<u8>]) -> tucana::Result
         };
         replies.push(reply);
     }
-    if !tx.overlay.is_empty() {
-        let ks = tx.guard.keyspace(&state.store.db)?;
-        let mut batch = ks.batch();
-        for (key, value) in &tx.overlay {
-            match value {
-                Some(v) => batch.put(key, v),
-                None => batch.delete(key),
-            };
+    match tx.commit() {
+        Ok(wrote) => {
+            call.wrote |= wrote;
+            if wrote && region.is_some() {
+                call.session.wrote_to(slot.name());
+            }
         }
-        if let Err(e) = batch.commit_with(Durability::Buffered) {
+        Err(e) => {
             return Ok(Reply::error(format!(
                 "EXECABORT the transaction's batch failed, nothing was applied: {e}"
-            )));
-        }
-        call.wrote = true;
-        if region.is_some() {
-            call.session.wrote_to(slot.name());
+            )))
         }
     }
     Ok(Reply::Array(replies))

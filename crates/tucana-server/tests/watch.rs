@@ -1,0 +1,174 @@
+//! WATCH through a real Redis client: EXEC answers a null array when a watched key was
+//! written, deleted or expired by anyone since WATCH (also when written back to the same
+//! value), and the redis crate's `transaction` loop (redis-py's `transaction()` pattern)
+//! counts exactly under contention.
+
+use std::time::{Duration, Instant};
+
+use redis::{Commands, Connection, RedisResult, Value};
+use tucana::Database;
+use tucana_server::{spawn, RunningServer, ServerConfig};
+
+fn start(active_expiry: bool) -> RunningServer {
+    let db = Database::builder().open_in_memory().unwrap();
+    spawn(
+        db,
+        ServerConfig {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            active_expiry,
+            ..ServerConfig::default()
+        },
+    )
+    .unwrap()
+}
+
+fn connect(server: &RunningServer) -> Connection {
+    let client = redis::Client::open(format!("redis://{}/", server.addr)).unwrap();
+    let con = client.get_connection().unwrap();
+    con.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    con
+}
+
+fn run(con: &mut Connection, args: &[&str]) -> RedisResult<Value> {
+    let mut cmd = redis::cmd(args[0]);
+    for a in &args[1..] {
+        cmd.arg(*a);
+    }
+    cmd.query(con)
+}
+
+fn ok(con: &mut Connection, args: &[&str]) -> Value {
+    run(con, args).unwrap_or_else(|e| panic!("{args:?}: {e}"))
+}
+
+/// `MULTI; SET key value; EXEC`: whether the transaction ran.
+fn exec_set(con: &mut Connection, key: &str, value: &str) -> bool {
+    ok(con, &["MULTI"]);
+    ok(con, &["SET", key, value]);
+    match ok(con, &["EXEC"]) {
+        Value::Nil => false,
+        Value::Array(replies) => {
+            assert_eq!(replies.len(), 1);
+            true
+        }
+        other => panic!("EXEC answered {other:?}"),
+    }
+}
+
+#[test]
+fn a_write_by_another_connection_aborts_exec() {
+    let server = start(true);
+    let (mut a, mut b) = (connect(&server), connect(&server));
+    let writes: [&[&str]; 5] = [
+        &["SET", "k", "other"],
+        // The same value again: still a modification (no ABA).
+        &["SET", "k", "v"],
+        &["DEL", "k"],
+        &["EXPIRE", "k", "100"],
+        &["APPEND", "k", "x"],
+    ];
+    for write in writes {
+        let _: () = a.set("k", "v").unwrap();
+        ok(&mut a, &["WATCH", "k"]);
+        let _ = run(&mut b, write);
+        assert!(!exec_set(&mut a, "k", "mine"), "{write:?}");
+        assert_ne!(
+            a.get::<_, Option<String>>("k").unwrap().as_deref(),
+            Some("mine")
+        );
+    }
+    // FLUSHDB aborts, and so does a plain SET on the fast path (taken once FLUSHDB left
+    // the database without deadlines).
+    for write in [&["FLUSHDB"][..], &["SET", "k", "fast"]] {
+        let _: () = a.set("k", "v").unwrap();
+        ok(&mut a, &["WATCH", "k"]);
+        ok(&mut b, write);
+        assert!(!exec_set(&mut a, "k", "mine"), "{write:?}");
+    }
+    // Unmodified: EXEC runs. Writes to other keys do not count.
+    ok(&mut a, &["WATCH", "k", "k2"]);
+    let _: () = b.set("unrelated", "1").unwrap();
+    assert!(exec_set(&mut a, "k", "mine"));
+    // EXEC unwatched: a later write does not abort the next transaction.
+    let _: () = b.set("k", "x").unwrap();
+    assert!(exec_set(&mut a, "k", "again"));
+    server.stop().unwrap();
+}
+
+#[test]
+fn unwatch_discard_and_watch_inside_multi() {
+    let server = start(true);
+    let (mut a, mut b) = (connect(&server), connect(&server));
+    ok(&mut a, &["WATCH", "k"]);
+    assert_eq!(ok(&mut a, &["UNWATCH"]), Value::Okay);
+    let _: () = b.set("k", "x").unwrap();
+    assert!(exec_set(&mut a, "k", "mine"));
+
+    ok(&mut a, &["WATCH", "k"]);
+    ok(&mut a, &["MULTI"]);
+    let e = run(&mut a, &["WATCH", "k"]).unwrap_err().to_string();
+    assert!(e.contains("WATCH inside MULTI is not allowed"), "{e}");
+    ok(&mut a, &["DISCARD"]);
+    let _: () = b.set("k", "y").unwrap();
+    assert!(exec_set(&mut a, "k", "mine"), "DISCARD unwatched");
+    server.stop().unwrap();
+}
+
+/// A watched key that expires between WATCH and EXEC aborts it, whether the sweeper
+/// deleted it (a write) or it is only hidden (lazy expiry, no write).
+#[test]
+fn a_watched_key_that_expires_aborts_exec() {
+    for active_expiry in [false, true] {
+        let server = start(active_expiry);
+        let mut con = connect(&server);
+        // The key must be live at WATCH: PTTL after WATCH proves it was.
+        let mut px = 200;
+        loop {
+            let _: () = redis::cmd("SET")
+                .arg("k")
+                .arg("v")
+                .arg("PX")
+                .arg(px)
+                .query(&mut con)
+                .unwrap();
+            ok(&mut con, &["WATCH", "k"]);
+            if con.pttl::<_, i64>("k").unwrap() > 0 {
+                break;
+            }
+            ok(&mut con, &["UNWATCH"]);
+            px *= 4;
+        }
+        let give_up = Instant::now() + Duration::from_secs(60);
+        while con.pttl::<_, i64>("k").unwrap() != -2 {
+            assert!(Instant::now() < give_up);
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(!exec_set(&mut con, "k", "mine"), "active {active_expiry}");
+        server.stop().unwrap();
+    }
+}
+
+#[test]
+fn optimistic_increments_from_many_threads_count_exactly() {
+    let server = start(true);
+    let threads: Vec<_> = (0..6)
+        .map(|_| {
+            let mut con = connect(&server);
+            std::thread::spawn(move || {
+                for _ in 0..40 {
+                    let _: () = redis::transaction(&mut con, &["counter"], |con, pipe| {
+                        let n: i64 = con.get::<_, Option<i64>>("counter")?.unwrap_or(0);
+                        pipe.set("counter", n + 1).ignore().query(con)
+                    })
+                    .unwrap();
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let mut con = connect(&server);
+    assert_eq!(con.get::<_, i64>("counter").unwrap(), 240);
+    server.stop().unwrap();
+}
