@@ -9,8 +9,8 @@
 //! are bounded so a bug hangs no run, but nothing asserts how long anything took.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use redis::Commands;
 use tempfile::TempDir;
+use tucana_cluster::testing::TestEtcd;
 use tucana_cluster::{key_slot, SLOTS};
 
 /// A bound on waits for something that should happen; reaching it fails the test as a
@@ -47,93 +48,6 @@ fn free_port() -> u16 {
         .port()
 }
 
-fn etcd_binary() -> PathBuf {
-    let on_path = std::env::var_os("PATH")
-        .into_iter()
-        .flat_map(|path| std::env::split_paths(&path).collect::<Vec<_>>())
-        .map(|dir| dir.join("etcd"))
-        .find(|candidate| candidate.is_file());
-    let debian = PathBuf::from("/usr/bin/etcd");
-    match on_path {
-        Some(found) => found,
-        None if debian.is_file() => debian,
-        None => panic!(
-            "etcd is not installed: run scripts/cluster-deps.sh (it installs Debian's \
-             etcd-server and protobuf-compiler), then run the tests again"
-        ),
-    }
-}
-
-/// An etcd of its own for one test, killed when dropped.
-struct Etcd {
-    child: Child,
-    endpoint: String,
-    _dir: TempDir,
-}
-
-impl Etcd {
-    fn start() -> Etcd {
-        let binary = etcd_binary();
-        let dir = tempfile::tempdir().unwrap();
-        let (client_port, peer_port) = (free_port(), free_port());
-        let client_url = format!("http://127.0.0.1:{client_port}");
-        let peer_url = format!("http://127.0.0.1:{peer_port}");
-        let log = std::fs::File::create(dir.path().join("etcd.log")).unwrap();
-        let mut command = Command::new(&binary);
-        command
-            .args(["--name", "test", "--data-dir"])
-            .arg(dir.path().join("data"))
-            .args(["--listen-client-urls", &client_url])
-            .args(["--advertise-client-urls", &client_url])
-            .args(["--listen-peer-urls", &peer_url])
-            .args(["--initial-advertise-peer-urls", &peer_url])
-            .args(["--initial-cluster", &format!("test={peer_url}")])
-            .args(["--initial-cluster-state", "new"])
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log);
-        if std::env::consts::ARCH == "aarch64" {
-            // etcd 3.4 refuses to start on arm64 unless told it may.
-            command.env("ETCD_UNSUPPORTED_ARCH", "arm64");
-        }
-        let child = command
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {}: {e}", binary.display()));
-        let mut etcd = Etcd {
-            child,
-            endpoint: client_url,
-            _dir: dir,
-        };
-        let port = client_port;
-        wait_until("etcd answering /health", || {
-            if let Some(status) = etcd.child.try_wait().unwrap() {
-                panic!("etcd exited ({status}) before answering");
-            }
-            healthy(port).then_some(())
-        });
-        etcd
-    }
-}
-
-/// Whether etcd's `/health` endpoint says it is healthy.
-fn healthy(port: u16) -> bool {
-    let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else {
-        return false;
-    };
-    let request = "GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
-    let mut response = String::new();
-    stream.write_all(request.as_bytes()).is_ok()
-        && stream.read_to_string(&mut response).is_ok()
-        && response.contains("\"health\":\"true\"")
-}
-
-impl Drop for Etcd {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// One `tucana serve --cluster-etcd` process, on a fixed port so a restart keeps its
 /// address.
 struct Server {
@@ -145,7 +59,7 @@ struct Server {
 }
 
 impl Server {
-    fn start(volume: &Path, port: u16, repl_port: Option<u16>, etcd: &Etcd) -> Server {
+    fn start(volume: &Path, port: u16, repl_port: Option<u16>, etcd: &TestEtcd) -> Server {
         let mut server = Server {
             child: None,
             volume: volume.to_owned(),
@@ -156,14 +70,14 @@ impl Server {
         server
     }
 
-    fn spawn(&mut self, etcd: &Etcd) {
+    fn spawn(&mut self, etcd: &TestEtcd) {
         let port = self.port.to_string();
         let mut command = Command::new(env!("CARGO_BIN_EXE_tucana"));
         command
             .arg("--db")
             .arg(&self.volume)
             .args(["serve", "--port", &port, "--durability", "sync"])
-            .args(["--cluster-etcd", &etcd.endpoint, "--cluster-name", "test"])
+            .args(["--cluster-etcd", etcd.endpoint(), "--cluster-name", "test"])
             // A killed server's registration goes soon, so its restart registers soon.
             .args(["--cluster-lease-ms", "2000"]);
         if let Some(repl_port) = self.repl_port {
@@ -253,7 +167,7 @@ fn run_tucana(args: &[&str]) -> String {
 
 /// An etcd, three servers registered in it (not yet in a map), and their addresses.
 struct Cluster {
-    etcd: Etcd,
+    etcd: TestEtcd,
     servers: Vec<Server>,
     addrs: Vec<String>,
     /// Backups per region `create` asks for (each server then listens for replication).
@@ -267,7 +181,7 @@ impl Cluster {
     }
 
     fn start_with(replicas: usize) -> Cluster {
-        let etcd = Etcd::start();
+        let etcd = TestEtcd::start();
         let dir = tempfile::tempdir().unwrap();
         let servers: Vec<Server> = (0..3)
             .map(|i| {
@@ -294,7 +208,7 @@ impl Cluster {
             "cluster",
             "create",
             "--etcd",
-            &self.etcd.endpoint,
+            self.etcd.endpoint(),
             "--name",
             "test",
             "--replicas",
@@ -362,7 +276,7 @@ fn three_servers_route_by_the_map_in_etcd() {
         "cluster",
         "status",
         "--etcd",
-        &etcd.endpoint,
+        etcd.endpoint(),
         "--name",
         "test",
     ]);

@@ -5,7 +5,7 @@
 //! stores), `map` (the cluster map: slot ranges → primary, backups, epoch; its validation
 //! and the pure changes the coordinator makes), `etcd` (the map, the server list under
 //! leases and the coordinator election, kept in etcd), `types` (server ids, revisions),
-//! `error`.
+//! `error`, and with the `testing` feature `testing` (a real etcd process for tests).
 //!
 //! It owns no data path and knows no engine: it does not depend on `tucana`, the server or
 //! replication; they will depend on it.
@@ -18,6 +18,8 @@ pub mod error;
 pub mod etcd;
 pub mod map;
 pub mod slot;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod types;
 
 pub use error::{Error, Result};

@@ -8,12 +8,10 @@
 //! how long anything took.
 
 use std::future::Future;
-use std::net::TcpListener;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use tucana_cluster::map::{ClusterMap, RegionId, ServerId, ServerInfo};
+use tucana_cluster::testing::TestEtcd;
 use tucana_cluster::{Error, MapEvent, ServerEvent, Store};
 
 /// A bound on waits for something that should happen: generous, since the machine may be
@@ -26,125 +24,14 @@ async fn within<T>(what: &str, future: impl Future<Output = T>) -> T {
         .unwrap_or_else(|_| panic!("{what}: still waiting after {PATIENCE:?}"))
 }
 
-/// An etcd server of its own for one test.
-struct Etcd {
-    child: Child,
-    endpoint: String,
-    log: PathBuf,
-    _dir: tempfile::TempDir,
+async fn connect(etcd: &TestEtcd, cluster: &str) -> Store {
+    Store::connect(&[etcd.endpoint()], cluster).await.unwrap()
 }
 
-fn etcd_binary() -> PathBuf {
-    let on_path = std::env::var_os("PATH")
-        .into_iter()
-        .flat_map(|path| std::env::split_paths(&path).collect::<Vec<_>>())
-        .map(|dir| dir.join("etcd"))
-        .find(|candidate| candidate.is_file());
-    let debian = PathBuf::from("/usr/bin/etcd");
-    match on_path {
-        Some(found) => found,
-        None if debian.is_file() => debian,
-        None => panic!(
-            "etcd is not installed: run scripts/cluster-deps.sh (it installs Debian's \
-             etcd-server and protobuf-compiler), then run the tests again"
-        ),
-    }
-}
-
-fn free_ports() -> (u16, u16) {
-    // Both listeners are held until both ports are known, so the two differ.
-    let a = TcpListener::bind("127.0.0.1:0").unwrap();
-    let b = TcpListener::bind("127.0.0.1:0").unwrap();
-    (
-        a.local_addr().unwrap().port(),
-        b.local_addr().unwrap().port(),
-    )
-}
-
-impl Etcd {
-    async fn start() -> Etcd {
-        let binary = etcd_binary();
-        let dir = tempfile::tempdir().unwrap();
-        let (client_port, peer_port) = free_ports();
-        let client_url = format!("http://127.0.0.1:{client_port}");
-        let peer_url = format!("http://127.0.0.1:{peer_port}");
-        let log = dir.path().join("etcd.log");
-        let out = std::fs::File::create(&log).unwrap();
-        let mut command = Command::new(&binary);
-        command
-            .args(["--name", "test", "--data-dir"])
-            .arg(dir.path().join("data"))
-            .args(["--listen-client-urls", &client_url])
-            .args(["--advertise-client-urls", &client_url])
-            .args(["--listen-peer-urls", &peer_url])
-            .args(["--initial-advertise-peer-urls", &peer_url])
-            .args(["--initial-cluster", &format!("test={peer_url}")])
-            .args(["--initial-cluster-state", "new"])
-            .stdin(Stdio::null())
-            .stdout(out.try_clone().unwrap())
-            .stderr(out);
-        if std::env::consts::ARCH == "aarch64" {
-            // etcd 3.4 refuses to start on arm64 unless told it may.
-            command.env("ETCD_UNSUPPORTED_ARCH", "arm64");
-        }
-        let child = command
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {}: {e}", binary.display()));
-        let mut etcd = Etcd {
-            child,
-            endpoint: client_url,
-            log,
-            _dir: dir,
-        };
-        etcd.wait_ready().await;
-        etcd
-    }
-
-    async fn wait_ready(&mut self) {
-        let started = Instant::now();
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                panic!(
-                    "etcd exited ({status}) before answering:\n{}",
-                    self.log_text()
-                );
-            }
-            if let Ok(store) = Store::connect(&[&self.endpoint], "ready").await {
-                if store.servers().await.is_ok() {
-                    return;
-                }
-            }
-            if started.elapsed() > PATIENCE {
-                panic!(
-                    "etcd does not answer at {}:\n{}",
-                    self.endpoint,
-                    self.log_text()
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-
-    fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    async fn store(&self, cluster: &str) -> Store {
-        Store::connect(&[&self.endpoint], cluster).await.unwrap()
-    }
-
-    async fn raw_client(&self) -> etcd_client::Client {
-        etcd_client::Client::connect([&self.endpoint], None)
-            .await
-            .unwrap()
-    }
-}
-
-impl Drop for Etcd {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+async fn raw_client(etcd: &TestEtcd) -> etcd_client::Client {
+    etcd_client::Client::connect([etcd.endpoint()], None)
+        .await
+        .unwrap()
 }
 
 fn server(port: u16) -> ServerInfo {
@@ -163,8 +50,8 @@ fn ids(servers: &[ServerInfo]) -> Vec<ServerId> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn servers_are_listed_while_their_lease_lives() {
-    let etcd = Etcd::start().await;
-    let store = etcd.store("c1").await;
+    let etcd = TestEtcd::start();
+    let store = connect(&etcd, "c1").await;
     let (a, b) = (server(7001), server(7002));
     let long = store.register(&a, Duration::from_secs(10)).await.unwrap();
     // The shortest lease etcd grants with its default timing.
@@ -176,7 +63,13 @@ async fn servers_are_listed_while_their_lease_lives() {
     assert_eq!(ids(&listed), ids(&[a.clone(), b.clone()]));
     assert!(listed.contains(&a) && listed.contains(&b));
     // Another cluster on the same etcd sees none of them.
-    assert!(etcd.store("c2").await.servers().await.unwrap().0.is_empty());
+    assert!(connect(&etcd, "c2")
+        .await
+        .servers()
+        .await
+        .unwrap()
+        .0
+        .is_empty());
 
     // The same id again, while its lease lives: refused.
     let again = store.register(&a, Duration::from_secs(10)).await;
@@ -227,8 +120,8 @@ async fn servers_are_listed_while_their_lease_lives() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lease_revoked_behind_the_holders_back_is_lost() {
-    let etcd = Etcd::start().await;
-    let store = etcd.store("c1").await;
+    let etcd = TestEtcd::start();
+    let store = connect(&etcd, "c1").await;
     let registration = store
         .register(&server(7001), Duration::from_secs(3))
         .await
@@ -240,7 +133,7 @@ async fn a_lease_revoked_behind_the_holders_back_is_lost() {
     assert!(!status.valid_at(Instant::now(), Duration::from_secs(3)));
 
     // Another client revokes the lease (as etcd does when it expires one).
-    etcd.raw_client()
+    raw_client(&etcd)
         .await
         .lease_revoke(registration.lease_id())
         .await
@@ -254,8 +147,8 @@ async fn a_lease_revoked_behind_the_holders_back_is_lost() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_map_changes_by_compare_and_swap() {
-    let etcd = Etcd::start().await;
-    let store = etcd.store("c1").await;
+    let etcd = TestEtcd::start();
+    let store = connect(&etcd, "c1").await;
     assert!(store.map().await.unwrap().is_none());
     let servers: Vec<_> = (0..3).map(|_| ServerId::random()).collect();
     let map = ClusterMap::even(&servers[..2]).unwrap();
@@ -298,7 +191,7 @@ async fn the_map_changes_by_compare_and_swap() {
 
     // Bytes that are not a valid map (written by hand) are an error, to readers and
     // watchers alike.
-    etcd.raw_client()
+    raw_client(&etcd)
         .await
         .put(
             "/tucana/c1/map",
@@ -316,8 +209,8 @@ async fn the_map_changes_by_compare_and_swap() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_coordinator_leads_and_hands_over() {
-    let etcd = Etcd::start().await;
-    let store = etcd.store("c1").await;
+    let etcd = TestEtcd::start();
+    let store = connect(&etcd, "c1").await;
     assert_eq!(store.leader().await.unwrap(), None);
     let (a, b) = (server(7001), server(7002));
     let reg_a = store.register(&a, Duration::from_secs(10)).await.unwrap();

@@ -1,0 +1,146 @@
+//! A real etcd for tests: one process of its own per test, on free loopback ports and a
+//! fresh data directory, killed when dropped. Built only with the `testing` feature (the
+//! crates whose tests start etcd enable it in their dev-dependencies).
+//!
+//! Owns: finding the `etcd` binary, starting it, waiting until its `/health` answers, and
+//! its log. Does not own anything a test does with it.
+//!
+//! Threads: `TestEtcd` is `Send + Sync`; `start` blocks the calling thread until etcd
+//! answers (call it from a test's thread, or before a runtime's work begins).
+//!
+//! etcd must be installed (`scripts/cluster-deps.sh`; CI runs it): without it `start`
+//! panics saying so, so a test fails rather than pass having proved nothing.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// How long `start` waits for etcd to answer before failing the test as a hang.
+const PATIENCE: Duration = Duration::from_secs(60);
+
+/// An etcd server of a test's own.
+pub struct TestEtcd {
+    child: Mutex<Child>,
+    endpoint: String,
+    log: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl TestEtcd {
+    /// Starts etcd and waits until it reports itself healthy. Panics (with its log) if it
+    /// exits or does not answer within a minute.
+    pub fn start() -> TestEtcd {
+        let binary = etcd_binary();
+        let dir = tempfile::tempdir().expect("a temporary directory for etcd");
+        // Both listeners are held until both ports are known, so the two differ.
+        let (client_port, peer_port) = {
+            let a = TcpListener::bind("127.0.0.1:0").expect("a free port");
+            let b = TcpListener::bind("127.0.0.1:0").expect("a free port");
+            (
+                a.local_addr().expect("its address").port(),
+                b.local_addr().expect("its address").port(),
+            )
+        };
+        let client_url = format!("http://127.0.0.1:{client_port}");
+        let peer_url = format!("http://127.0.0.1:{peer_port}");
+        let log = dir.path().join("etcd.log");
+        let out = std::fs::File::create(&log).expect("etcd's log file");
+        let mut command = Command::new(&binary);
+        command
+            .args(["--name", "test", "--data-dir"])
+            .arg(dir.path().join("data"))
+            .args(["--listen-client-urls", &client_url])
+            .args(["--advertise-client-urls", &client_url])
+            .args(["--listen-peer-urls", &peer_url])
+            .args(["--initial-advertise-peer-urls", &peer_url])
+            .args(["--initial-cluster", &format!("test={peer_url}")])
+            .args(["--initial-cluster-state", "new"])
+            .stdin(Stdio::null())
+            .stdout(out.try_clone().expect("etcd's log file"))
+            .stderr(out);
+        if std::env::consts::ARCH == "aarch64" {
+            // etcd 3.4 refuses to start on arm64 unless told it may.
+            command.env("ETCD_UNSUPPORTED_ARCH", "arm64");
+        }
+        let child = command
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", binary.display()));
+        let etcd = TestEtcd {
+            child: Mutex::new(child),
+            endpoint: client_url,
+            log,
+            _dir: dir,
+        };
+        let started = Instant::now();
+        while !healthy(client_port) {
+            if let Some(status) = etcd.child.lock().unwrap().try_wait().unwrap() {
+                panic!(
+                    "etcd exited ({status}) before answering:\n{}",
+                    etcd.log_text()
+                );
+            }
+            if started.elapsed() > PATIENCE {
+                panic!(
+                    "etcd does not answer at {}:\n{}",
+                    etcd.endpoint,
+                    etcd.log_text()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        etcd
+    }
+
+    /// The client URL, e.g. `http://127.0.0.1:40123`.
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
+    /// What etcd has logged so far (for a failing test's message).
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for TestEtcd {
+    fn drop(&mut self) {
+        if let Ok(child) = self.child.get_mut() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// `etcd` on the PATH, or Debian's `/usr/bin/etcd`; panics with the installing hint.
+fn etcd_binary() -> PathBuf {
+    let on_path = std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|path| std::env::split_paths(&path).collect::<Vec<_>>())
+        .map(|dir| dir.join("etcd"))
+        .find(|candidate| candidate.is_file());
+    let debian = PathBuf::from("/usr/bin/etcd");
+    match on_path {
+        Some(found) => found,
+        None if debian.is_file() => debian,
+        None => panic!(
+            "etcd is not installed: run scripts/cluster-deps.sh (it installs Debian's \
+             etcd-server and protobuf-compiler), then run the tests again"
+        ),
+    }
+}
+
+/// Whether etcd's `/health` endpoint on `port` says it is healthy.
+fn healthy(port: u16) -> bool {
+    let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
+    let request = "GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+    let mut response = String::new();
+    stream.write_all(request.as_bytes()).is_ok()
+        && stream.read_to_string(&mut response).is_ok()
+        && response.contains("\"health\":\"true\"")
+}
