@@ -14,20 +14,8 @@ if [[ "${1:-}" == "--protoc-only" ]]; then
     packages=(protobuf-compiler)
 fi
 
-missing=0
-for tool in "${tools[@]}"; do
-    command -v "${tool}" >/dev/null 2>&1 || missing=1
-done
-if [[ "${missing}" == 0 ]]; then
-    exit 0
-fi
-
-sudo=()
-if [[ "$(id -u)" != 0 ]]; then
-    sudo=(sudo)
-fi
-export DEBIAN_FRONTEND=noninteractive
-"${sudo[@]}" apt-get update -qq </dev/null
-"${sudo[@]}" apt-get install -y -qq --no-install-recommends "${packages[@]}" </dev/null
+# shellcheck source=apt-install.sh
+source "$(dirname "${BASH_SOURCE[0]}")/apt-install.sh"
+apt_install_missing "${tools[@]}" -- "${packages[@]}"
 # Debian's package starts an etcd service on the default ports where a service manager
 # runs; the tests start their own on free ports and do not need it.
