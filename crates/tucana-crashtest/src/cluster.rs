@@ -11,10 +11,11 @@
 //! region, is the failover time) and until the survivors' `CLUSTER SLOTS` covers every
 //! slot with a live primary; restarts the victim on its volume and sends it writes
 //! directly (no redirect followed) for the regions it led: each must be answered with an
-//! error (`MOVED`, `CLUSTERDOWN`, ...), never `OK`. Every third cycle also pauses
+//! error (`MOVED`, `CLUSTERDOWN`, ...), never `OK`. Every third cycle (`--pause-every`) also pauses
 //! (`SIGSTOP`) a primary past its lease until its regions are promoted, resumes it and
 //! checks the same. Each cycle ends by reading every acknowledged key back through the
-//! cluster; the run ends with the servers shut down and `tucana check` on every volume.
+//! cluster; `tucana check` runs on each victim's volume before its restart, and at the
+//! end on every volume after the servers were shut down.
 //!
 //! The victim may be the coordinator (it is one of the servers): a new one must be
 //! elected for the failover to finish. Between cycles the run waits until every region
@@ -46,6 +47,8 @@ pub struct Config {
     pub tucana: PathBuf,
     pub servers: usize,
     pub lease_ms: u64,
+    /// A pause cycle after every `pause_every`-th kill cycle (0: none).
+    pub pause_every: u64,
 }
 
 /// What a run found.
@@ -569,7 +572,7 @@ pub fn run(config: &Config) -> Summary {
     for cycle in 0..config.cycles {
         let mut rng = Rng::new(config.seed ^ cycle.wrapping_mul(0x9e37_79b9_7f4a_7c15));
         let result = kill_cycle(config, &mut fleet, cycle, &mut rng, &mut summary).and_then(|()| {
-            if cycle % 3 == 2 {
+            if config.pause_every > 0 && cycle % config.pause_every == config.pause_every - 1 {
                 pause_cycle(config, &mut fleet, cycle, &mut rng, &mut summary)
             } else {
                 Ok(())
@@ -651,6 +654,15 @@ fn kill_cycle(
     }
     fleet.served_map(None)?;
     std::thread::sleep(Duration::from_millis(rng.below(500)));
+    // The victim's volume as kill -9 left it must pass `check` too (the restart would
+    // recover the same state).
+    if !check(&config.tucana, &fleet.servers[victim].db) {
+        eprintln!(
+            "cluster: cycle {cycle}: tucana check failed on the killed {}",
+            fleet.servers[victim].db.display()
+        );
+        summary.check_failures += 1;
+    }
     fleet.servers[victim].restart(&config.tucana, &fleet.log)?;
     fleet.up[victim] = true;
     no_stale_acks(fleet, victim, &led, &format!("c{cycle}-stale"), summary)?;

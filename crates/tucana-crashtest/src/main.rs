@@ -103,6 +103,9 @@ enum Cmd {
         /// The servers' `--cluster-lease-ms`.
         #[arg(long, value_name = "MS", default_value_t = 2000)]
         lease_ms: u64,
+        /// Pause a primary past its lease after every K-th kill cycle (0: never).
+        #[arg(long, value_name = "K", default_value_t = 3)]
+        pause_every: u64,
         /// Directory for etcd's data, the volumes and the servers' log; default: a
         /// temporary one, removed after a passing run.
         #[arg(long, value_name = "D")]
@@ -169,9 +172,17 @@ fn main() -> ExitCode {
             seed,
             servers,
             lease_ms,
+            pause_every,
             dir,
             tucana,
-        } => run_cluster(cycles, seed, servers as usize, lease_ms, dir, tucana),
+        } => run_cluster(
+            (cycles, seed),
+            servers as usize,
+            lease_ms,
+            pause_every,
+            dir,
+            tucana,
+        ),
     }
 }
 
@@ -230,10 +241,10 @@ fn run_failover(cycles: u64, seed: u64, dir: Option<PathBuf>, tucana: Option<Pat
 }
 
 fn run_cluster(
-    cycles: u64,
-    seed: u64,
+    (cycles, seed): (u64, u64),
     servers: usize,
     lease_ms: u64,
+    pause_every: u64,
     dir: Option<PathBuf>,
     tucana: Option<PathBuf>,
 ) -> ExitCode {
@@ -252,6 +263,7 @@ fn run_cluster(
         tucana,
         servers,
         lease_ms,
+        pause_every,
     });
     eprintln!("cluster: {:.1} s", started.elapsed().as_secs_f64());
     if !summary.lost.is_empty() {
