@@ -7,9 +7,13 @@
 #   M7  failover cycles of replicated tucana serve pairs (kill -9 of the primary then
 #       promotion, kill -9 of the backup, at random or at a crash point, then catch-up,
 #       a paused primary fenced); the tucana binary is rebuilt with --features failpoints
+#   M8  cluster failover cycles (first part): etcd and 3 tucana serve --cluster-etcd
+#       processes, one backup per region; kill -9 of a random region's primary each cycle,
+#       a primary paused past its lease every third; needs etcd (scripts/cluster-deps.sh)
 # Each prints its figure line(s); the script exits non-zero on any failure.
 # Tunables (environment): M3_CYCLES (default 500), M3_SEED (default: a fresh one, printed),
-# M7_CYCLES (default 20, about 40 s),
+# M7_CYCLES (default 20, about 40 s), M8_CYCLES (default 4, about 30 s; M8_SEED: a fresh
+# one, printed),
 # FUZZ_SECONDS per target (default 60, the target of row M5 in docs/reliability.md:
 # 7 targets x 60 s is 7 minutes of fuzzing, about 11 minutes for this script on the
 # 2-core CI machine, which keeps all of .ci/run near 15 minutes, well inside its 30).
@@ -57,6 +61,17 @@ if ! "${CARGO_TARGET_DIR:-target}/release/tucana-crashtest" failover --cycles "$
     status=1
 fi
 echo "M7 took $(( $(date +%s) - m7_start )) s"
+
+echo "==> M8: cluster failover cycles"
+m8_start=$(date +%s)
+m8_seed="${M8_SEED:-$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')}"
+echo "M8 seed: ${m8_seed}"
+# etcd (Debian's etcd-server); CI installed it already, this is a no-op then.
+bash scripts/cluster-deps.sh
+if ! "${CARGO_TARGET_DIR:-target}/release/tucana-crashtest" cluster --cycles "${M8_CYCLES:-4}" --seed "${m8_seed}"; then
+    status=1
+fi
+echo "M8 took $(( $(date +%s) - m8_start )) s"
 
 echo "==> M5: fuzzing, ${fuzz_seconds} s per target"
 m5_start=$(date +%s)

@@ -238,6 +238,21 @@ async fn status(etcd: &EtcdArgs) -> Result<(), CliError> {
             if unassigned > 0 {
                 println!("unassigned slots: {unassigned}");
             }
+            if let Some(f) = &map.last_failover {
+                // decided: from the coordinator seeing the dead primary's lease expired to
+                // its submitting the map that promotes (the lease's own time comes first).
+                println!(
+                    "last failover: region {} to {} {} at epoch {} (dead: {} {}), at unix ms {}, decided in {} ms",
+                    f.region,
+                    f.promoted,
+                    addr(&f.promoted),
+                    f.epoch,
+                    f.dead,
+                    addr(&f.dead),
+                    f.at_unix_ms,
+                    f.decided_ms
+                );
+            }
         }
     }
     println!("live servers: {}", servers.len());

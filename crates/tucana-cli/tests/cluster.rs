@@ -844,6 +844,35 @@ fn a_killed_primary_is_replaced_by_its_backup_and_no_acknowledged_write_is_lost(
     );
     assert_all_readable(&new_primary, &tag, &acked);
 
+    // INFO cluster on the new primary: its role and the new epoch for the region, and the
+    // failover the coordinator recorded; `tucana cluster status` shows the same record.
+    let promoted = &cluster.servers[cluster.index_of(&new_primary)];
+    let info = wait_until("the new primary's INFO cluster", || {
+        let info: String = redis::cmd("INFO")
+            .arg("cluster")
+            .query(&mut promoted.connect())
+            .unwrap();
+        info.contains(&format!("slots={start}-{end},role=primary,"))
+            .then_some(info)
+    });
+    assert!(info.contains("cluster_enabled:1"), "{info}");
+    assert!(
+        info.contains(&format!("dead={old_primary},promoted={new_primary},")),
+        "{info}"
+    );
+    let status = run_tucana(&[
+        "cluster",
+        "status",
+        "--etcd",
+        &cluster.etcd.endpoint,
+        "--name",
+        "test",
+    ]);
+    assert!(
+        status.contains("last failover: region ") && status.contains(&new_primary),
+        "{status}"
+    );
+
     // The killed server restarted on its volume is not a primary again: the map stays,
     // and a write to the region through it is redirected to the new primary.
     let etcd = &cluster.etcd;

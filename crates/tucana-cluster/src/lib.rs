@@ -27,5 +27,5 @@ pub use etcd::{
     LeaderWatch, Leadership, LeaseStatus, MapEvent, MapWatch, Registration, Revision, ServerEvent,
     ServerWatch, Store,
 };
-pub use map::{ClusterMap, Region, RegionId, ServerId, ServerInfo, SlotRange};
+pub use map::{ClusterMap, Failover, Region, RegionId, ServerId, ServerInfo, SlotRange};
 pub use slot::{key_slot, split_storage_key, storage_key, SLOTS};

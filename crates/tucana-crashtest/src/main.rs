@@ -13,14 +13,20 @@
 //! (one line), where the GC figures are those of the cycles whose writer ran GC-heavy,
 //! summed from what each writer's engine reported before its kill.
 //!
+//! `tucana-crashtest failover ...` runs M7's replicated pairs (`failover.rs`);
+//! `tucana-crashtest cluster --cycles N --seed S [--servers 3] [--lease-ms 2000]` runs
+//! M8's cluster failover cycles (`cluster.rs`). Each prints one figure line.
+//!
 //! Exit status 0 when every cycle passed, 1 on any failure (described on stderr; the
 //! volume is kept for inspection), 2 on bad usage. The same seed replays the same writer
 //! seeds and kill plans (the exact kill instants depend on timing, so a failure is
 //! reproduced by running its seed, not guaranteed to recur at the same cycle).
 
+mod cluster;
 mod failover;
 mod kill9;
 mod model;
+mod serve;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -81,6 +87,33 @@ enum Cmd {
         #[arg(long, value_name = "PATH")]
         tucana: Option<PathBuf>,
     },
+    /// A cluster (etcd and `--servers` servers, one backup per region): kill -9 the
+    /// primary of a random region each cycle, pause one past its lease every third; every
+    /// acknowledged write must survive, no replaced primary may acknowledge (M8).
+    Cluster {
+        /// Cycles to run, on the same cluster.
+        #[arg(long, default_value_t = 20)]
+        cycles: u64,
+        /// Seed of the victims and the moments of the kills.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Servers to start (at least 3: one may be dead while the others serve).
+        #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(3..=9))]
+        servers: u64,
+        /// The servers' `--cluster-lease-ms`.
+        #[arg(long, value_name = "MS", default_value_t = 2000)]
+        lease_ms: u64,
+        /// Pause a primary past its lease after every K-th kill cycle (0: never).
+        #[arg(long, value_name = "K", default_value_t = 3)]
+        pause_every: u64,
+        /// Directory for etcd's data, the volumes and the servers' log; default: a
+        /// temporary one, removed after a passing run.
+        #[arg(long, value_name = "D")]
+        dir: Option<PathBuf>,
+        /// The tucana binary; default: `tucana` next to this executable.
+        #[arg(long, value_name = "PATH")]
+        tucana: Option<PathBuf>,
+    },
 }
 
 /// SplitMix64: seedable and the same everywhere, so a seed names a run.
@@ -134,6 +167,22 @@ fn main() -> ExitCode {
             dir,
             tucana,
         } => run_failover(cycles, seed, dir, tucana),
+        Cmd::Cluster {
+            cycles,
+            seed,
+            servers,
+            lease_ms,
+            pause_every,
+            dir,
+            tucana,
+        } => run_cluster(
+            (cycles, seed),
+            servers as usize,
+            lease_ms,
+            pause_every,
+            dir,
+            tucana,
+        ),
     }
 }
 
@@ -177,6 +226,61 @@ fn run_failover(cycles: u64, seed: u64, dir: Option<PathBuf>, tucana: Option<Pat
         eprintln!("FAILED: {failure}");
         eprintln!(
             "the volumes and the servers' log are kept in {}",
+            dir.display()
+        );
+        if let Some(t) = temp {
+            let _ = t.keep();
+        }
+    }
+    println!("{}", summary.figure_line(seed));
+    if summary.failed() {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+fn run_cluster(
+    (cycles, seed): (u64, u64),
+    servers: usize,
+    lease_ms: u64,
+    pause_every: u64,
+    dir: Option<PathBuf>,
+    tucana: Option<PathBuf>,
+) -> ExitCode {
+    let (tucana, dir, temp) = match binary_and_dir(tucana, dir, "tucana-cluster-") {
+        Ok(found) => found,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let started = std::time::Instant::now();
+    let summary = cluster::run(&cluster::Config {
+        cycles,
+        seed,
+        dir: dir.clone(),
+        tucana,
+        servers,
+        lease_ms,
+        pause_every,
+    });
+    eprintln!("cluster: {:.1} s", started.elapsed().as_secs_f64());
+    if !summary.lost.is_empty() {
+        eprintln!("LOST acknowledged writes: {}", summary.lost.join(" "));
+    }
+    if !summary.stale_acks.is_empty() {
+        eprintln!(
+            "acknowledged by a stale primary: {}",
+            summary.stale_acks.join(" ")
+        );
+    }
+    if let Some(failure) = &summary.failure {
+        eprintln!("FAILED: {failure}");
+    }
+    if summary.failed() {
+        eprintln!(
+            "etcd's data, the volumes and the servers' log are kept in {}",
             dir.display()
         );
         if let Some(t) = temp {

@@ -322,12 +322,27 @@ fn open_region(db: &Database, info: &RegionInfo, build_index: bool) -> Result<Re
             ks.term()
         )));
     }
-    let replica = db
+    let mut replica = db
         .replica(&info.name, info.seed, info.term)
         .map_err(|e| Opened::Refused(e.to_string()))?;
-    let state = replica.state();
+    let mut state = replica.state();
     if state.term > info.term {
         return Err(Opened::Superseded(state.term));
+    }
+    if state.term < info.term && (state.upstream_epoch > 0 || !state.segments.is_empty()) {
+        // A copy shipped by an earlier primary of the region (this server backed it, died
+        // or was dropped from it, and is now assigned to the backup promoted since). The
+        // new primary's segments are not that one's: kept, the copy would refuse them
+        // ("segment 0 changed size or place") on every connection and the region would
+        // acknowledge nothing. Every acknowledged write is on the new primary, so the copy
+        // goes and this backup catches up from nothing, as a new one does.
+        replica
+            .drop_replica()
+            .map_err(|e| Opened::Refused(e.to_string()))?;
+        replica = db
+            .replica(&info.name, info.seed, info.term)
+            .map_err(|e| Opened::Refused(e.to_string()))?;
+        state = replica.state();
     }
     if state.seed != info.seed {
         return Err(Opened::Refused(format!(

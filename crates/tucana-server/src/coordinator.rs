@@ -18,7 +18,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use tucana_cluster::{Error, Leadership, Registration, ServerId, Store};
+use tucana_cluster::{Error, Failover, Leadership, Registration, ServerId, Store};
 
 /// How long a failed coordinator round waits before it starts over.
 const RETRY: Duration = Duration::from_millis(500);
@@ -61,13 +61,31 @@ async fn repair(
     loop {
         let map = store.map().await?;
         let (servers, servers_revision) = store.servers().await?;
+        let listed = std::time::Instant::now();
         let Some((map, revision)) = map else {
             return Ok(servers_revision);
         };
         let live: BTreeSet<ServerId> = servers.into_iter().map(|s| s.id).collect();
-        let repaired = map.repaired(&live)?;
+        let mut repaired = map.repaired(&live)?;
         if repaired == map {
             return Ok(servers_revision);
+        }
+        if let Some((old, new)) = map
+            .regions
+            .iter()
+            .zip(&repaired.regions)
+            .find(|(old, new)| old.primary != new.primary)
+        {
+            repaired.last_failover = Some(Failover {
+                region: new.id,
+                epoch: new.epoch,
+                dead: old.primary.clone(),
+                promoted: new.primary.clone(),
+                at_unix_ms: std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_millis() as u64),
+                decided_ms: listed.elapsed().as_millis() as u64,
+            });
         }
         match store.update_map_as(leadership, revision, &repaired).await {
             Ok(_) => {

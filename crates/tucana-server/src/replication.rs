@@ -267,6 +267,15 @@ impl Replication {
             );
             put("tucana_log_cpu_ns".into(), c.log_cpu_ns.to_string());
             put("tucana_index_cpu_ns".into(), c.index_cpu_ns.to_string());
+            put("tucana_link_connections".into(), c.connections.to_string());
+            if let Some(e) = &c.last_error {
+                // Why the last link from a primary ended (a backup that keeps refusing or
+                // failing a primary otherwise shows only `master_link_status:down`).
+                put(
+                    "tucana_link_last_error".into(),
+                    e.replace(['\r', '\n'], " "),
+                );
+            }
         }
         out.extend(replica_info_lines(&self.db));
         out

@@ -118,6 +118,27 @@ pub struct ClusterMap {
     /// The highest epoch ever given to a region of this map.
     pub config_epoch: u64,
     pub regions: Vec<Region>,
+    /// The last promotion the coordinator wrote (absent in maps written before it was
+    /// recorded, and until a first failover).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_failover: Option<Failover>,
+}
+
+/// A promotion of a backup for a dead primary, as the coordinator that wrote it saw it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Failover {
+    pub region: RegionId,
+    /// The region's new epoch.
+    pub epoch: u64,
+    pub dead: ServerId,
+    pub promoted: ServerId,
+    /// When the coordinator submitted the map (its wall clock, Unix milliseconds).
+    pub at_unix_ms: u64,
+    /// From the coordinator reading the server list without the dead primary (etcd had
+    /// expired its lease) to submitting the map that promotes: the coordinator's part of
+    /// a failover. The lease's time to expire comes before it; the new primary's
+    /// promotion after it.
+    pub decided_ms: u64,
 }
 
 impl ClusterMap {
@@ -150,6 +171,7 @@ impl ClusterMap {
             version: 1,
             config_epoch: count,
             regions,
+            last_failover: None,
         };
         map.validate()?;
         Ok(map)

@@ -82,6 +82,7 @@ fn region_of_slot_finds_the_range() {
         version: 1,
         config_epoch: 0,
         regions: vec![],
+        last_failover: None,
     };
     empty.validate().unwrap();
     assert!(empty.region_of_slot(5).is_none());

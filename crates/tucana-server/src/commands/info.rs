@@ -1,6 +1,6 @@
 //! The `INFO` command's text: Redis's sections (Server, Clients, Memory, Persistence,
-//! Stats, Replication, Keyspace), filled from the server's counters, the engine's
-//! `Stats` and the replication's state.
+//! Stats, Replication, Cluster, Keyspace), filled from the server's counters, the
+//! engine's `Stats`, the replication's state and the cluster map this server follows.
 //!
 //! Owns which fields each section shows and their Redis names; the counters themselves
 //! are `metrics`'. The Prometheus text is the other reader of the same counters
@@ -80,7 +80,10 @@ fn info_text(state: &ServerState, sections: &[String], connected: u64) -> String
     }
     // Only in cluster mode, so a standalone server's INFO is as it was.
     if state.cluster.is_some() && want("cluster") {
-        section(&mut out, "Cluster", vec![("cluster_enabled", "1".into())]);
+        let owned = cluster_lines(state);
+        let mut lines: Lines<'_> = vec![("cluster_enabled", "1".into())];
+        lines.extend(owned.iter().map(|(k, v)| (k.as_str(), v.clone())));
+        section(&mut out, "Cluster", lines);
     }
     if want("keyspace") {
         let labels = keyspace_labels(state, &stats);
@@ -92,6 +95,82 @@ fn info_text(state: &ServerState, sections: &[String], connected: u64) -> String
             })
             .collect();
         section(&mut out, "Keyspace", lines);
+    }
+    out
+}
+
+/// `INFO cluster`'s fields after Redis's `cluster_enabled`: per region of the map
+/// (`tucana_region_<id>`) its slots, this server's role in it (`primary`, `backup` or
+/// `none`), its epoch, its primary's and backups' client addresses and, on its primary,
+/// how many backups are connected and the largest of their lags (log bytes not yet
+/// acknowledged; `-` where this server does not ship the region); then the last failover
+/// the coordinator recorded in the map (`tucana_last_failover`).
+fn cluster_lines(state: &ServerState) -> Vec<(String, String)> {
+    let Some(cluster) = &state.cluster else {
+        return Vec::new();
+    };
+    let view = cluster.view();
+    let Some(map) = &view.map else {
+        return Vec::new();
+    };
+    let addr = |id: &tucana_cluster::ServerId| view.client_addr(id).unwrap_or("?").to_string();
+    let shipping = state
+        .replication
+        .as_ref()
+        .map(|r| r.backup_status())
+        .unwrap_or_default();
+    let mut out = Vec::new();
+    for region in &map.regions {
+        let role = if region.primary == cluster.id {
+            "primary"
+        } else if region.backups.contains(&cluster.id) {
+            "backup"
+        } else {
+            "none"
+        };
+        let name = crate::cluster::region_keyspace_name(region.id);
+        let links: Vec<(bool, u64)> = shipping
+            .iter()
+            .flat_map(|b| {
+                b.regions
+                    .iter()
+                    .filter(|r| r.name == name)
+                    .map(|r| (b.connected, r.lag_bytes))
+            })
+            .collect();
+        let (online, lag) = if role == "primary" {
+            (
+                links.iter().filter(|(c, _)| *c).count().to_string(),
+                links.iter().map(|(_, l)| *l).max().unwrap_or(0).to_string(),
+            )
+        } else {
+            ("-".into(), "-".into())
+        };
+        let backups: Vec<String> = region.backups.iter().map(addr).collect();
+        out.push((
+            format!("tucana_region_{}", region.id.0),
+            format!(
+                "slots={},role={role},epoch={},primary={},backups={},backups_online={online},backup_lag_bytes={lag}",
+                region.slots,
+                region.epoch,
+                addr(&region.primary),
+                backups.join(";"),
+            ),
+        ));
+    }
+    if let Some(f) = &map.last_failover {
+        out.push((
+            "tucana_last_failover".into(),
+            format!(
+                "region={},epoch={},dead={},promoted={},at_unix_ms={},decided_ms={}",
+                f.region.0,
+                f.epoch,
+                addr(&f.dead),
+                addr(&f.promoted),
+                f.at_unix_ms,
+                f.decided_ms
+            ),
+        ));
     }
     out
 }

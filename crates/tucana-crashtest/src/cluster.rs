@@ -1,0 +1,762 @@
+//! Failover cycles of a whole cluster (row M8 of docs/reliability.md, its first part).
+//!
+//! Starts an etcd and `--servers` `tucana serve --cluster-etcd` processes (sync
+//! durability, a replication port each, a short `--cluster-lease-ms`), creates the map
+//! with `tucana cluster create --replicas 1`, then runs cycles. In each, writers (plain
+//! connections that follow `MOVED` themselves, see `Router`) write unique keys with sync
+//! durability and record every `OK`; at a seeded moment (mid-burst, right after a burst,
+//! or right after a `SAVE` on the victim so an index ship is in flight) the primary of a
+//! random region is killed with `kill -9`. The cycle waits until a write to a key of each
+//! of the victim's regions is acknowledged (the kill → first acknowledged write time, per
+//! region, is the failover time) and until the survivors' `CLUSTER SLOTS` covers every
+//! slot with a live primary; restarts the victim on its volume and sends it writes
+//! directly (no redirect followed) for the regions it led: each must be answered with an
+//! error (`MOVED`, `CLUSTERDOWN`, ...), never `OK`. Every third cycle (`--pause-every`) also pauses
+//! (`SIGSTOP`) a primary past its lease until its regions are promoted, resumes it and
+//! checks the same. Each cycle ends by reading every acknowledged key back through the
+//! cluster; `tucana check` runs on each victim's volume before its restart, and at the
+//! end on every volume after the servers were shut down.
+//!
+//! The victim may be the coordinator (it is one of the servers): a new one must be
+//! elected for the failover to finish. Between cycles the run waits until every region
+//! has a backup that caught up (`INFO replication`: online, no lag), because promoting a
+//! backup still catching up is a window DESIGN.md leaves open, not what this measures.
+//!
+//! Owns the run's processes, plan and verdict; the servers and etcd are the real
+//! binaries. Writers run on threads of their own, each with its own connections; the
+//! rest runs on the calling thread.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tucana_cluster::key_slot;
+
+use crate::serve::{check, free_port, Server};
+use crate::Rng;
+
+pub struct Config {
+    pub cycles: u64,
+    pub seed: u64,
+    pub dir: PathBuf,
+    pub tucana: PathBuf,
+    pub servers: usize,
+    pub lease_ms: u64,
+    /// A pause cycle after every `pause_every`-th kill cycle (0: none).
+    pub pause_every: u64,
+}
+
+/// What a run found.
+#[derive(Default)]
+pub struct Summary {
+    pub cycles: u64,
+    pub primary_kills: u64,
+    pub pauses: u64,
+    pub acked_writes: u64,
+    /// Acknowledged keys missing or holding another value at the end of their cycle.
+    pub lost: Vec<String>,
+    /// Keys a server acknowledged, sent to it directly, for a region it no longer led.
+    pub stale_acks: Vec<String>,
+    pub check_failures: u64,
+    /// Kill → first write acknowledged by the new primary, per region of the victim, ms.
+    pub failover_ms: Vec<f64>,
+    pub failure: Option<String>,
+}
+
+impl Summary {
+    pub fn failed(&self) -> bool {
+        self.failure.is_some()
+            || !self.lost.is_empty()
+            || !self.stale_acks.is_empty()
+            || self.check_failures > 0
+    }
+
+    pub fn figure_line(&self, seed: u64) -> String {
+        let mut ms = self.failover_ms.clone();
+        ms.sort_by(f64::total_cmp);
+        let pct = |p: f64| {
+            if ms.is_empty() {
+                0.0
+            } else {
+                ms[((ms.len() - 1) as f64 * p).round() as usize]
+            }
+        };
+        format!(
+            "M8 cluster cycles: {}, primary kills: {}, pauses: {}, acknowledged writes: {}, lost: {}, \
+             acknowledged by a stale primary: {}, check failures: {}, failover p50: {:.0} ms, p99: {:.0} ms, seed: {seed}",
+            self.cycles,
+            self.primary_kills,
+            self.pauses,
+            self.acked_writes,
+            self.lost.len(),
+            self.stale_acks.len(),
+            self.check_failures,
+            pct(0.5),
+            pct(0.99),
+        )
+    }
+}
+
+/// A bound on waits for something that should happen; reaching it fails the run.
+const PATIENCE: Duration = Duration::from_secs(90);
+
+fn wait_for<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> Result<T, String> {
+    let started = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return Ok(v);
+        }
+        if started.elapsed() > PATIENCE {
+            return Err(format!("{what}: still waiting after {PATIENCE:?}"));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// An etcd of the run's own, killed when dropped.
+struct Etcd {
+    child: Child,
+    endpoint: String,
+}
+
+impl Etcd {
+    fn start(dir: &Path) -> Result<Etcd, String> {
+        let binary = ["/usr/bin/etcd", "/usr/local/bin/etcd"]
+            .iter()
+            .map(PathBuf::from)
+            .find(|p| p.is_file())
+            .ok_or("etcd is not installed (scripts/cluster-deps.sh installs it)")?;
+        let (client_port, peer_port) = (
+            free_port().map_err(|e| e.to_string())?,
+            free_port().map_err(|e| e.to_string())?,
+        );
+        let client_url = format!("http://127.0.0.1:{client_port}");
+        let peer_url = format!("http://127.0.0.1:{peer_port}");
+        let log = std::fs::File::create(dir.join("etcd.log")).map_err(|e| e.to_string())?;
+        let mut command = Command::new(&binary);
+        command
+            .args(["--name", "m8", "--data-dir"])
+            .arg(dir.join("etcd-data"))
+            .args(["--listen-client-urls", &client_url])
+            .args(["--advertise-client-urls", &client_url])
+            .args(["--listen-peer-urls", &peer_url])
+            .args(["--initial-advertise-peer-urls", &peer_url])
+            .args(["--initial-cluster", &format!("m8={peer_url}")])
+            .args(["--initial-cluster-state", "new"])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().map_err(|e| e.to_string())?)
+            .stderr(log);
+        if std::env::consts::ARCH == "aarch64" {
+            command.env("ETCD_UNSUPPORTED_ARCH", "arm64");
+        }
+        let child = command
+            .spawn()
+            .map_err(|e| format!("starting {}: {e}", binary.display()))?;
+        let mut etcd = Etcd {
+            child,
+            endpoint: client_url,
+        };
+        wait_for("etcd answering /health", || {
+            if let Ok(Some(_)) = etcd.child.try_wait() {
+                return Some(false);
+            }
+            healthy(client_port).then_some(true)
+        })?
+        .then_some(())
+        .ok_or("etcd exited before answering")?;
+        Ok(etcd)
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn healthy(port: u16) -> bool {
+    let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let mut response = String::new();
+    stream
+        .write_all(b"GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+        .is_ok()
+        && stream.read_to_string(&mut response).is_ok()
+        && response.contains("\"health\":\"true\"")
+}
+
+fn connect(addr: &str) -> redis::RedisResult<redis::Connection> {
+    let c = redis::Client::open(format!("redis://{addr}/"))?
+        .get_connection_with_timeout(Duration::from_secs(2))?;
+    // Long enough to outlast a paused server (its answer after SIGCONT is the point).
+    c.set_read_timeout(Some(Duration::from_secs(30)))?;
+    Ok(c)
+}
+
+/// A cluster client that follows `MOVED` itself: a connection per server, the slots it
+/// learned from redirects, and the servers to ask when it knows nothing.
+struct Router {
+    seeds: Vec<String>,
+    conns: HashMap<String, redis::Connection>,
+    owner: HashMap<u16, String>,
+    next_seed: usize,
+}
+
+impl Router {
+    fn new(seeds: Vec<String>) -> Router {
+        Router {
+            seeds,
+            conns: HashMap::new(),
+            owner: HashMap::new(),
+            next_seed: 0,
+        }
+    }
+
+    /// Sends `cmd` (about `key`) to the server owning its slot, following up to four
+    /// redirects; an error otherwise (the write may or may not have been applied).
+    fn query(&mut self, cmd: &redis::Cmd, key: &str) -> Result<redis::Value, redis::RedisError> {
+        let slot = key_slot(key.as_bytes());
+        let mut addr = self.owner.get(&slot).cloned().unwrap_or_else(|| {
+            self.next_seed = (self.next_seed + 1) % self.seeds.len();
+            self.seeds[self.next_seed].clone()
+        });
+        let mut hops = 0;
+        loop {
+            let conn = match self.conns.entry(addr.clone()) {
+                std::collections::hash_map::Entry::Occupied(c) => c.into_mut(),
+                std::collections::hash_map::Entry::Vacant(v) => match connect(&addr) {
+                    Ok(c) => v.insert(c),
+                    Err(e) => {
+                        self.owner.remove(&slot);
+                        return Err(e);
+                    }
+                },
+            };
+            match cmd.query::<redis::Value>(conn) {
+                Ok(v) => {
+                    self.owner.insert(slot, addr);
+                    return Ok(v);
+                }
+                Err(e) if e.code() == Some("MOVED") && hops < 4 => {
+                    let Some((to, _)) = e.redirect_node() else {
+                        return Err(e);
+                    };
+                    addr = to.to_string();
+                    hops += 1;
+                }
+                Err(e) => {
+                    if e.is_io_error() || e.is_connection_dropped() || e.is_timeout() {
+                        self.conns.remove(&addr);
+                    }
+                    self.owner.remove(&slot);
+                    return Err(e);
+                }
+            }
+        }
+    }
+
+    /// `SET key value`: `Ok` if acknowledged, else what was answered.
+    fn set(&mut self, key: &str, value: &str) -> Result<(), String> {
+        let mut cmd = redis::cmd("SET");
+        cmd.arg(key).arg(value);
+        match self.query(&cmd, key) {
+            Ok(redis::Value::Okay) => Ok(()),
+            Ok(other) => Err(format!("{other:?}")),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    fn get(&mut self, key: &str) -> Result<Option<String>, redis::RedisError> {
+        let mut cmd = redis::cmd("GET");
+        cmd.arg(key);
+        Ok(match self.query(&cmd, key)? {
+            redis::Value::BulkString(bytes) => Some(String::from_utf8_lossy(&bytes).into_owned()),
+            // Nil, or anything a GET should not answer: not the value written.
+            _ => None,
+        })
+    }
+}
+
+/// Writers: each writes unique keys through its own `Router` until stopped, keeping the
+/// keys answered `OK`.
+struct Writers {
+    stop: Arc<AtomicBool>,
+    acked: Arc<Mutex<BTreeMap<String, String>>>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Writers {
+    fn start(seeds: &[String], prefix: &str, count: usize) -> Writers {
+        let stop = Arc::new(AtomicBool::new(false));
+        let acked = Arc::new(Mutex::new(BTreeMap::new()));
+        let threads = (0..count)
+            .map(|w| {
+                let (stop, acked) = (stop.clone(), acked.clone());
+                let mut router = Router::new(seeds.to_vec());
+                let prefix = format!("{prefix}-w{w}");
+                std::thread::spawn(move || {
+                    let mut i = 0u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        let key = format!("{prefix}-{i}");
+                        let value = format!("v{i}-{}", "x".repeat((i % 100) as usize));
+                        if router.set(&key, &value).is_ok() {
+                            acked.lock().expect("not poisoned").insert(key, value);
+                        } else {
+                            std::thread::sleep(Duration::from_millis(20));
+                        }
+                        i += 1;
+                    }
+                })
+            })
+            .collect();
+        Writers {
+            stop,
+            acked,
+            threads,
+        }
+    }
+
+    fn stop(self) -> BTreeMap<String, String> {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads {
+            let _ = t.join();
+        }
+        Arc::try_unwrap(self.acked)
+            .map(|m| m.into_inner().expect("not poisoned"))
+            .unwrap_or_default()
+    }
+}
+
+/// A region as `CLUSTER SLOTS` shows it.
+#[derive(Clone, Debug)]
+struct Range {
+    start: u16,
+    end: u16,
+    primary: String,
+    backups: Vec<String>,
+}
+
+fn node_addr(node: &redis::Value) -> Option<String> {
+    let redis::Value::Array(items) = node else {
+        return None;
+    };
+    let ip: String = redis::from_redis_value(items.first()?.clone()).ok()?;
+    let port: u16 = redis::from_redis_value(items.get(1)?.clone()).ok()?;
+    Some(format!("{ip}:{port}"))
+}
+
+/// `CLUSTER SLOTS` of the server at `addr`, by start; `None` if it did not answer.
+fn slot_ranges(addr: &str) -> Option<Vec<Range>> {
+    let mut c = connect(addr).ok()?;
+    let value: redis::Value = redis::cmd("CLUSTER").arg("SLOTS").query(&mut c).ok()?;
+    let redis::Value::Array(ranges) = value else {
+        return None;
+    };
+    let mut out = Vec::new();
+    for range in ranges {
+        let redis::Value::Array(items) = range else {
+            return None;
+        };
+        out.push(Range {
+            start: redis::from_redis_value(items.first()?.clone()).ok()?,
+            end: redis::from_redis_value(items.get(1)?.clone()).ok()?,
+            primary: node_addr(items.get(2)?)?,
+            backups: items[3..].iter().filter_map(node_addr).collect(),
+        });
+    }
+    out.sort_by_key(|r| r.start);
+    Some(out)
+}
+
+/// Whether `ranges` cover every slot, each with a primary in `live`.
+fn served(ranges: &[Range], live: &[&str]) -> bool {
+    let mut next = 0u32;
+    for r in ranges {
+        if u32::from(r.start) != next || !live.contains(&r.primary.as_str()) {
+            return false;
+        }
+        next = u32::from(r.end) + 1;
+    }
+    next == u32::from(tucana_cluster::SLOTS)
+}
+
+/// A hash tag whose slot is in `start..=end`.
+fn tag_in(start: u16, end: u16) -> String {
+    (0..)
+        .map(|n| format!("t{n}"))
+        .find(|tag| (start..=end).contains(&key_slot(tag.as_bytes())))
+        .expect("every slot has a tag")
+}
+
+/// The run's servers, their addresses and whether each is running (not killed, not
+/// stopped).
+struct Fleet {
+    servers: Vec<Server>,
+    addrs: Vec<String>,
+    up: Vec<bool>,
+    /// Running for the run; dropped after the servers (fields drop in order).
+    _etcd: Etcd,
+    log: PathBuf,
+}
+
+impl Fleet {
+    fn start(config: &Config) -> Result<Fleet, String> {
+        std::fs::create_dir_all(&config.dir).map_err(|e| e.to_string())?;
+        let etcd = Etcd::start(&config.dir)?;
+        let log = config.dir.join("servers.log");
+        let mut servers = Vec::new();
+        for i in 0..config.servers {
+            let port = free_port().map_err(|e| e.to_string())?;
+            let repl = free_port().map_err(|e| e.to_string())?;
+            let args: Vec<String> = [
+                "--durability",
+                "sync",
+                "--cluster-etcd",
+                &etcd.endpoint,
+                "--cluster-name",
+                "m8",
+                "--cluster-lease-ms",
+                &config.lease_ms.to_string(),
+                "--repl-port",
+                &repl.to_string(),
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+            let db = config.dir.join(format!("server{i}.tucana"));
+            servers.push(Server::start(&config.tucana, &db, port, &args, None, &log)?);
+        }
+        let addrs: Vec<String> = servers
+            .iter()
+            .map(|s| format!("127.0.0.1:{}", s.port))
+            .collect();
+        let status = Command::new(&config.tucana)
+            .args([
+                "cluster",
+                "create",
+                "--etcd",
+                &etcd.endpoint,
+                "--name",
+                "m8",
+            ])
+            .args(["--replicas", "1"])
+            .args(&addrs)
+            .stdout(Stdio::null())
+            .status()
+            .map_err(|e| e.to_string())?;
+        if !status.success() {
+            return Err(format!("tucana cluster create: {status}"));
+        }
+        Ok(Fleet {
+            up: vec![true; servers.len()],
+            servers,
+            addrs,
+            _etcd: etcd,
+            log,
+        })
+    }
+
+    /// What each live server says of the map and of its replication, for a failure's
+    /// message.
+    fn report(&self) -> String {
+        let mut out = String::new();
+        for addr in self.live() {
+            let info = connect(addr).and_then(|mut c| {
+                redis::cmd("INFO")
+                    .arg("replication")
+                    .query::<String>(&mut c)
+            });
+            out.push_str(&format!(
+                "\n{addr}: slots {:?}\n{}",
+                slot_ranges(addr),
+                info.unwrap_or_else(|e| e.to_string()).trim()
+            ));
+        }
+        out
+    }
+
+    fn live(&self) -> Vec<&str> {
+        self.addrs
+            .iter()
+            .zip(&self.up)
+            .filter(|(_, up)| **up)
+            .map(|(a, _)| a.as_str())
+            .collect()
+    }
+
+    fn index_of(&self, addr: &str) -> Result<usize, String> {
+        self.addrs
+            .iter()
+            .position(|a| a == addr)
+            .ok_or_else(|| format!("{addr} is not one of the run's servers"))
+    }
+
+    /// The map as a running server other than `besides` reports it, once it covers
+    /// every slot with a live primary.
+    fn served_map(&self, besides: Option<usize>) -> Result<Vec<Range>, String> {
+        let live = self.live();
+        let asked: Vec<&str> = live
+            .iter()
+            .copied()
+            .filter(|a| besides.is_none_or(|i| *a != self.addrs[i]))
+            .collect();
+        wait_for("every slot served by a live primary", || {
+            asked
+                .iter()
+                .filter_map(|a| slot_ranges(a))
+                .find(|r| served(r, &live))
+        })
+    }
+
+    /// Waits until every region is served, has a backup, and every primary's backups are
+    /// online with nothing left to ship (after a `SAVE`, so the index reached them too).
+    fn settle(&self) -> Result<Vec<Range>, String> {
+        let live = self.live();
+        let mut polls = 0u64;
+        wait_for("every region with a caught-up backup", || {
+            polls += 1;
+            let ranges = live
+                .iter()
+                .filter_map(|a| slot_ranges(a))
+                .find(|r| served(r, &live))?;
+            if ranges.iter().any(|r| r.backups.is_empty()) {
+                return None;
+            }
+            for r in &ranges {
+                let mut c = connect(&r.primary).ok()?;
+                if polls % 20 == 1 {
+                    let _ = redis::cmd("SAVE").query::<redis::Value>(&mut c);
+                }
+                let info: String = redis::cmd("INFO").arg("replication").query(&mut c).ok()?;
+                let slaves: Vec<&str> = info
+                    .lines()
+                    .filter(|l| l.starts_with("slave") && l.contains(":ip="))
+                    .collect();
+                if slaves.is_empty()
+                    || slaves
+                        .iter()
+                        .any(|l| !l.contains("state=online") || !l.contains("lag_bytes=0,"))
+                {
+                    return None;
+                }
+            }
+            Some(ranges)
+        })
+    }
+}
+
+/// Where the kill lands in a cycle.
+#[derive(Clone, Copy, Debug)]
+enum Moment {
+    MidBurst,
+    AfterBurst,
+    AfterSave,
+}
+
+pub fn run(config: &Config) -> Summary {
+    let mut summary = Summary::default();
+    let mut fleet = match Fleet::start(config) {
+        Ok(f) => f,
+        Err(e) => {
+            summary.failure = Some(format!("starting the cluster: {e}"));
+            return summary;
+        }
+    };
+    for cycle in 0..config.cycles {
+        let mut rng = Rng::new(config.seed ^ cycle.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        let result = kill_cycle(config, &mut fleet, cycle, &mut rng, &mut summary).and_then(|()| {
+            if config.pause_every > 0 && cycle % config.pause_every == config.pause_every - 1 {
+                pause_cycle(config, &mut fleet, cycle, &mut rng, &mut summary)
+            } else {
+                Ok(())
+            }
+        });
+        summary.cycles += 1;
+        if let Err(e) = result {
+            summary.failure = Some(format!(
+                "cycle {cycle}: {e} (servers' log: {})",
+                fleet.log.display()
+            ));
+            return summary;
+        }
+    }
+    for server in &mut fleet.servers {
+        server.shutdown();
+    }
+    for server in &fleet.servers {
+        if !check(&config.tucana, &server.db) {
+            eprintln!("cluster: tucana check failed on {}", server.db.display());
+            summary.check_failures += 1;
+        }
+    }
+    summary
+}
+
+fn kill_cycle(
+    config: &Config,
+    fleet: &mut Fleet,
+    cycle: u64,
+    rng: &mut Rng,
+    summary: &mut Summary,
+) -> Result<(), String> {
+    let ranges = fleet.settle()?;
+    let victim_addr = ranges[rng.below(ranges.len() as u64) as usize]
+        .primary
+        .clone();
+    let victim = fleet.index_of(&victim_addr)?;
+    let led: Vec<Range> = ranges
+        .iter()
+        .filter(|r| r.primary == victim_addr)
+        .cloned()
+        .collect();
+    let moment = [Moment::MidBurst, Moment::AfterBurst, Moment::AfterSave][rng.below(3) as usize];
+    let seeds = fleet.addrs.clone();
+    let writers = Writers::start(&seeds, &format!("c{cycle}"), 4);
+    std::thread::sleep(Duration::from_millis(200 + rng.below(1000)));
+    let mut acked = BTreeMap::new();
+    let writers = match moment {
+        Moment::MidBurst => writers,
+        Moment::AfterBurst => {
+            acked.append(&mut writers.stop());
+            Writers::start(&seeds, &format!("c{cycle}b"), 4)
+        }
+        Moment::AfterSave => {
+            if let Ok(mut c) = connect(&victim_addr) {
+                let _ = redis::cmd("SAVE").query::<redis::Value>(&mut c);
+            }
+            writers
+        }
+    };
+    let killed = Instant::now();
+    fleet.servers[victim].kill9();
+    fleet.up[victim] = false;
+    summary.primary_kills += 1;
+    // Each of the victim's regions takes a write again: the failover time.
+    let mut router = Router::new(fleet.live().iter().map(|s| s.to_string()).collect());
+    for r in &led {
+        let key = format!("{{{}}}:c{cycle}-probe", tag_in(r.start, r.end));
+        let mut last = String::new();
+        wait_for("a write acknowledged by a new primary", || {
+            router.set(&key, "p").map_err(|e| last = e).ok()
+        })
+        .map_err(|e| format!("{e}; {key} last answered: {last}; {}", fleet.report()))?;
+        summary
+            .failover_ms
+            .push(killed.elapsed().as_secs_f64() * 1000.0);
+        acked.insert(key, "p".into());
+    }
+    fleet.served_map(None)?;
+    std::thread::sleep(Duration::from_millis(rng.below(500)));
+    // The victim's volume as kill -9 left it must pass `check` too (the restart would
+    // recover the same state).
+    if !check(&config.tucana, &fleet.servers[victim].db) {
+        eprintln!(
+            "cluster: cycle {cycle}: tucana check failed on the killed {}",
+            fleet.servers[victim].db.display()
+        );
+        summary.check_failures += 1;
+    }
+    fleet.servers[victim].restart(&config.tucana, &fleet.log)?;
+    fleet.up[victim] = true;
+    no_stale_acks(fleet, victim, &led, &format!("c{cycle}-stale"), summary)?;
+    std::thread::sleep(Duration::from_millis(200 + rng.below(500)));
+    acked.append(&mut writers.stop());
+    verify(fleet, &acked, moment, summary)
+}
+
+/// Writes sent straight to server `index` (no redirect followed) for each region of
+/// `regions` it does not lead now: none may be answered `OK`. Asks several times over a
+/// second, starting at once (a server just restarted or resumed is when it matters).
+fn no_stale_acks(
+    fleet: &Fleet,
+    index: usize,
+    regions: &[Range],
+    prefix: &str,
+    summary: &mut Summary,
+) -> Result<(), String> {
+    let addr = &fleet.addrs[index];
+    let mut conn = wait_for("the server answering", || connect(addr).ok())?;
+    for round in 0..5 {
+        // The map as the others see it: this server's own view may be the stale one.
+        let leads = fleet.served_map(Some(index))?;
+        for r in regions {
+            let now_led = leads
+                .iter()
+                .any(|l| l.start <= r.start && r.start <= l.end && l.primary == *addr);
+            if now_led {
+                continue;
+            }
+            let key = format!("{{{}}}:{prefix}-{round}", tag_in(r.start, r.end));
+            let answer = redis::cmd("SET")
+                .arg(&key)
+                .arg("stale")
+                .query::<redis::Value>(&mut conn);
+            if let Ok(redis::Value::Okay) = answer {
+                eprintln!("cluster: {addr} acknowledged {key} for a region it does not lead");
+                summary.stale_acks.push(key);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    Ok(())
+}
+
+/// Every acknowledged key reads back with its value through the cluster.
+fn verify(
+    fleet: &Fleet,
+    acked: &BTreeMap<String, String>,
+    moment: Moment,
+    summary: &mut Summary,
+) -> Result<(), String> {
+    let mut router = Router::new(fleet.live().iter().map(|s| s.to_string()).collect());
+    for (key, value) in acked {
+        let got = wait_for("a read of an acknowledged key", || router.get(key).ok())?;
+        if got.as_deref() != Some(value.as_str()) {
+            eprintln!("cluster: acknowledged {key} reads {got:?} (kill {moment:?})");
+            summary.lost.push(key.clone());
+        }
+    }
+    summary.acked_writes += acked.len() as u64;
+    Ok(())
+}
+
+/// Pauses the primary of a random region past its lease until its regions are promoted,
+/// resumes it: it must acknowledge nothing for them afterwards, and nothing written
+/// through the cluster meanwhile may be lost.
+fn pause_cycle(
+    _config: &Config,
+    fleet: &mut Fleet,
+    cycle: u64,
+    rng: &mut Rng,
+    summary: &mut Summary,
+) -> Result<(), String> {
+    let ranges = fleet.settle()?;
+    let addr = ranges[rng.below(ranges.len() as u64) as usize]
+        .primary
+        .clone();
+    let index = fleet.index_of(&addr)?;
+    let led: Vec<Range> = ranges
+        .iter()
+        .filter(|r| r.primary == addr)
+        .cloned()
+        .collect();
+    let writers = Writers::start(&fleet.addrs, &format!("c{cycle}p"), 4);
+    std::thread::sleep(Duration::from_millis(200 + rng.below(500)));
+    fleet.servers[index].signal(libc::SIGSTOP);
+    fleet.up[index] = false;
+    summary.pauses += 1;
+    let promoted = fleet.served_map(Some(index));
+    fleet.servers[index].signal(libc::SIGCONT);
+    fleet.up[index] = true;
+    promoted?;
+    no_stale_acks(fleet, index, &led, &format!("c{cycle}-paused"), summary)?;
+    let acked = writers.stop();
+    verify(fleet, &acked, Moment::MidBurst, summary)
+}
