@@ -87,17 +87,34 @@ impl Replica {
             }
             nodes
         };
-        if let Err(e) = self.write_nodes(&st, &delta, &mut nodes) {
-            if !delta.full {
-                // The map lost the released entries (their blocks stay allocated until
-                // the full index the next commit must now be, which frees the old tree
-                // whole).
-                st.nodes = nodes;
-                st.nodes_current = false;
+        let written = self.write_nodes(&st, &delta, &mut nodes).and_then(|added| {
+            match self.translate_desc(&st, &delta.desc, &nodes) {
+                Ok(translated) => Ok(translated),
+                Err(e) => {
+                    // Written, and referenced by nothing: let them go, or they stay
+                    // allocated for ever (found as leaked blocks by `check` after the
+                    // M8 cluster cycles).
+                    for (off, copy) in added {
+                        nodes.remove(&off);
+                        self.shared.allocator.release(DiskOffset(copy), 1);
+                    }
+                    Err(e)
+                }
             }
-            return Err(e);
-        }
-        let translated = self.translate_desc(&st, &delta.desc, &nodes)?;
+        });
+        let translated = match written {
+            Ok(translated) => translated,
+            Err(e) => {
+                if !delta.full {
+                    // The map lost the released entries (their blocks stay allocated
+                    // until the full index the next commit must now be, which frees
+                    // the old tree whole).
+                    st.nodes = nodes;
+                    st.nodes_current = false;
+                }
+                return Err(e);
+            }
+        };
         released.extend(self.retire_segments(&mut st, &delta));
         st.nodes = nodes;
         st.nodes_current = true;
@@ -144,14 +161,14 @@ impl Replica {
 
     /// Allocates a block for every node of the delta (adding them to `nodes` first, so
     /// that children within the delta translate too), rewrites each image and writes
-    /// them. Returns the number added; on failure the blocks are released and `nodes`
-    /// is as it was.
+    /// them. Returns what it added to `nodes` (the primary's offset, the block written
+    /// here); on failure the blocks are released and `nodes` is as it was.
     fn write_nodes(
         &self,
         st: &State,
         delta: &Delta,
         nodes: &mut HashMap<u64, u64>,
-    ) -> Result<usize> {
+    ) -> Result<Vec<(u64, u64)>> {
         let shared = &self.shared;
         let storage = shared.volume.storage();
         // The commit's tree points only into its own segments: translate through those.
@@ -200,24 +217,23 @@ impl Replica {
             }
             Ok(out)
         })();
-        let images = match result {
-            Ok(images) => images,
-            Err(e) => {
-                for off in added {
-                    nodes.remove(&off);
-                }
-                for (at, blocks) in runs {
-                    shared.allocator.release(at, blocks);
-                }
-                return Err(e);
+        let written = result.and_then(|images| {
+            crate::volume::write_block_runs(
+                storage.as_ref(),
+                images.iter().map(|(off, image)| (*off, &**image)),
+                &shared.bytes_written,
+            )
+        });
+        if let Err(e) = written {
+            for off in added {
+                nodes.remove(&off);
             }
-        };
-        crate::volume::write_block_runs(
-            storage.as_ref(),
-            images.iter().map(|(off, image)| (*off, &**image)),
-            &shared.bytes_written,
-        )?;
-        Ok(images.len())
+            for (at, blocks) in runs {
+                shared.allocator.release(at, blocks);
+            }
+            return Err(e);
+        }
+        Ok(added.into_iter().map(|off| (off, nodes[&off])).collect())
     }
 
     /// The commit's entry in this volume's terms: this region's id, the root through the
