@@ -37,7 +37,7 @@ use std::time::{Duration, Instant};
 
 use tucana_cluster::key_slot;
 
-use crate::serve::{check, free_port, Server};
+use crate::serve::{check_outcome, free_port, Checked, Server};
 use crate::Rng;
 
 pub struct Config {
@@ -49,6 +49,10 @@ pub struct Config {
     pub lease_ms: u64,
     /// A pause cycle after every `pause_every`-th kill cycle (0: none).
     pub pause_every: u64,
+    /// Leaked blocks (a check's only finding) are counted but fail no run: for CI while
+    /// the leak M8 found is open (docs/reliability.md), so the run still fails on any
+    /// lost or stale write or any other check finding.
+    pub leaks_not_fatal: bool,
 }
 
 /// What a run found.
@@ -63,6 +67,10 @@ pub struct Summary {
     /// Keys a server acknowledged, sent to it directly, for a region it no longer led.
     pub stale_acks: Vec<String>,
     pub check_failures: u64,
+    /// Checks whose only finding was leaked blocks (counted apart from `check_failures`).
+    pub leaks: u64,
+    /// Whether `leaks` fail the run (`Config::leaks_not_fatal`).
+    pub leaks_fatal: bool,
     /// Kill → first write acknowledged by the new primary, per region of the victim, ms.
     pub failover_ms: Vec<f64>,
     pub failure: Option<String>,
@@ -74,6 +82,7 @@ impl Summary {
             || !self.lost.is_empty()
             || !self.stale_acks.is_empty()
             || self.check_failures > 0
+            || (self.leaks_fatal && self.leaks > 0)
     }
 
     pub fn figure_line(&self, seed: u64) -> String {
@@ -88,7 +97,7 @@ impl Summary {
         };
         format!(
             "M8 cluster cycles: {}, primary kills: {}, pauses: {}, acknowledged writes: {}, lost: {}, \
-             acknowledged by a stale primary: {}, check failures: {}, failover p50: {:.0} ms, p99: {:.0} ms, seed: {seed}",
+             acknowledged by a stale primary: {}, check failures: {}, checks finding only leaked blocks: {}, failover p50: {:.0} ms, p99: {:.0} ms, seed: {seed}",
             self.cycles,
             self.primary_kills,
             self.pauses,
@@ -96,6 +105,7 @@ impl Summary {
             self.lost.len(),
             self.stale_acks.len(),
             self.check_failures,
+            self.leaks,
             pct(0.5),
             pct(0.99),
         )
@@ -561,7 +571,10 @@ enum Moment {
 }
 
 pub fn run(config: &Config) -> Summary {
-    let mut summary = Summary::default();
+    let mut summary = Summary {
+        leaks_fatal: !config.leaks_not_fatal,
+        ..Summary::default()
+    };
     let mut fleet = match Fleet::start(config) {
         Ok(f) => f,
         Err(e) => {
@@ -591,12 +604,25 @@ pub fn run(config: &Config) -> Summary {
         server.shutdown();
     }
     for server in &fleet.servers {
-        if !check(&config.tucana, &server.db) {
-            eprintln!("cluster: tucana check failed on {}", server.db.display());
+        let what = server.db.display().to_string();
+        count_check(&mut summary, &config.tucana, &server.db, &what);
+    }
+    summary
+}
+
+/// Checks a volume and counts what the check found (`what` names it in the message).
+fn count_check(summary: &mut Summary, tucana: &Path, db: &Path, what: &str) {
+    match check_outcome(tucana, db) {
+        Checked::Passed => {}
+        Checked::Leaked => {
+            eprintln!("cluster: tucana check found leaked blocks on {what}");
+            summary.leaks += 1;
+        }
+        Checked::Failed => {
+            eprintln!("cluster: tucana check failed on {what}");
             summary.check_failures += 1;
         }
     }
-    summary
 }
 
 fn kill_cycle(
@@ -656,13 +682,11 @@ fn kill_cycle(
     std::thread::sleep(Duration::from_millis(rng.below(500)));
     // The victim's volume as kill -9 left it must pass `check` too (the restart would
     // recover the same state).
-    if !check(&config.tucana, &fleet.servers[victim].db) {
-        eprintln!(
-            "cluster: cycle {cycle}: tucana check failed on the killed {}",
-            fleet.servers[victim].db.display()
-        );
-        summary.check_failures += 1;
-    }
+    let what = format!(
+        "cycle {cycle}: the killed {}",
+        fleet.servers[victim].db.display()
+    );
+    count_check(summary, &config.tucana, &fleet.servers[victim].db, &what);
     fleet.servers[victim].restart(&config.tucana, &fleet.log)?;
     fleet.up[victim] = true;
     no_stale_acks(fleet, victim, &led, &format!("c{cycle}-stale"), summary)?;

@@ -147,12 +147,40 @@ pub fn spawn(
 
 /// Whether `tucana --db DB check` passes (its report goes to stderr).
 pub fn check(tucana: &Path, db: &Path) -> bool {
-    Command::new(tucana)
+    check_outcome(tucana, db) == Checked::Passed
+}
+
+/// What `tucana --db DB check` found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Checked {
+    Passed,
+    /// Only that allocated blocks are referenced by nothing: space lost until a repair,
+    /// no data wrong (the check's one finding of that kind).
+    Leaked,
+    Failed,
+}
+
+/// Runs `tucana --db DB check`, its error echoed to stderr, and sorts what it found.
+pub fn check_outcome(tucana: &Path, db: &Path) -> Checked {
+    let output = Command::new(tucana)
         .arg("--db")
         .arg(db)
         .arg("check")
+        .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .status()
-        .is_ok_and(|s| s.success())
+        .output();
+    let Ok(output) = output else {
+        return Checked::Failed;
+    };
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    eprint!("{stderr}");
+    if output.status.success() {
+        Checked::Passed
+    } else if stderr.contains("allocated blocks are referenced by nothing")
+        && stderr.lines().filter(|l| l.contains("error")).count() == 1
+    {
+        Checked::Leaked
+    } else {
+        Checked::Failed
+    }
 }
