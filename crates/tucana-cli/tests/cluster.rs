@@ -864,7 +864,7 @@ fn a_killed_primary_is_replaced_by_its_backup_and_no_acknowledged_write_is_lost(
         "cluster",
         "status",
         "--etcd",
-        &cluster.etcd.endpoint,
+        cluster.etcd.endpoint(),
         "--name",
         "test",
     ]);
