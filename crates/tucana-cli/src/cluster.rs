@@ -216,7 +216,14 @@ async fn status(etcd: &EtcdArgs) -> Result<(), CliError> {
                 let backups: Vec<String> = region
                     .backups
                     .iter()
-                    .map(|b| format!("{b} {} {}", addr(b), health(b)))
+                    .map(|b| {
+                        let sync = if region.in_sync.contains(b) {
+                            "in sync"
+                        } else {
+                            "catching up"
+                        };
+                        format!("{b} {} {} {sync}", addr(b), health(b))
+                    })
                     .collect();
                 println!(
                     "region {}: slots {} ({} slots), epoch {}, primary {} {} {}, backups: {}",

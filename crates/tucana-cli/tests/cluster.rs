@@ -895,6 +895,29 @@ fn a_killed_primary_is_replaced_by_its_backup_and_no_acknowledged_write_is_lost(
         "the restarted server leads nothing: {ranges:?}"
     );
     assert_all_readable(&new_primary, &tag, &acked);
+
+    // The coordinator gave the region a new backup, which catches up; its primary then
+    // reports it in sync (only such a backup may be promoted), and the map says so.
+    let status = wait_until("every backup reported in sync", || {
+        let status = run_tucana(&[
+            "cluster",
+            "status",
+            "--etcd",
+            cluster.etcd.endpoint(),
+            "--name",
+            "test",
+        ]);
+        (!status.contains("catching up") && !status.contains("backups: none")).then_some(status)
+    });
+    assert!(status.contains("in sync"), "{status}");
+    let shards = redis::cmd("CLUSTER")
+        .arg("SHARDS")
+        .query::<redis::Value>(&mut cluster.servers[survivor].connect())
+        .unwrap();
+    assert!(
+        !format!("{shards:?}").contains("loading"),
+        "no backup is still loading: {shards:?}"
+    );
 }
 
 #[test]

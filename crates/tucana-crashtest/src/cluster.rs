@@ -353,6 +353,21 @@ struct Range {
     backups: Vec<String>,
 }
 
+/// Whether `value` holds the bulk or simple string `text` anywhere inside.
+fn mentions(value: &redis::Value, text: &[u8]) -> bool {
+    match value {
+        redis::Value::BulkString(b) => b == text,
+        redis::Value::SimpleString(s) => s.as_bytes() == text,
+        redis::Value::Array(items) | redis::Value::Set(items) => {
+            items.iter().any(|v| mentions(v, text))
+        }
+        redis::Value::Map(pairs) => pairs
+            .iter()
+            .any(|(k, v)| mentions(k, text) || mentions(v, text)),
+        _ => false,
+    }
+}
+
 fn node_addr(node: &redis::Value) -> Option<String> {
     let redis::Value::Array(items) = node else {
         return None;
@@ -556,6 +571,13 @@ impl Fleet {
                 {
                     return None;
                 }
+            }
+            // And the map lists every backup in sync (else the coordinator would not
+            // promote it): `CLUSTER SHARDS` says `loading` for one that is not.
+            let mut c = connect(live[0]).ok()?;
+            let shards: redis::Value = redis::cmd("CLUSTER").arg("SHARDS").query(&mut c).ok()?;
+            if mentions(&shards, b"loading") {
+                return None;
             }
             Some(ranges)
         })

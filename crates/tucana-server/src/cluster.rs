@@ -277,6 +277,11 @@ impl Cluster {
         self.tasks.lock().extend([registering, watching]);
     }
 
+    /// Adds a task that `stopped` waits for (one that ends at the same shutdown).
+    pub fn add_task(&self, task: JoinHandle<()>) {
+        self.tasks.lock().push(task);
+    }
+
     /// Waits (at most `grace`) for the etcd tasks to end after shutdown was signalled:
     /// the registration is revoked, so a restarted server need not wait out its lease.
     pub async fn stopped(&self, grace: Duration) {
@@ -310,7 +315,7 @@ impl Cluster {
         *self.view.write() = view;
     }
 
-    async fn connect(&self) -> tucana_cluster::Result<Store> {
+    pub(crate) async fn connect(&self) -> tucana_cluster::Result<Store> {
         Store::connect(&self.config.etcd, &self.config.name).await
     }
 }

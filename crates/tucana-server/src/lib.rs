@@ -46,6 +46,7 @@ mod connection;
 mod coordinator;
 mod expiry;
 mod glob;
+mod in_sync;
 mod metrics;
 mod outbox;
 mod prometheus;

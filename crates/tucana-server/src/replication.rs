@@ -144,7 +144,6 @@ impl Replication {
         }
     }
 
-    /// Wakes the shippers: writes were made.
     /// `SAVE`: see `Primary::ship_index_now`.
     pub fn ship_index_now(&self) {
         if let Some(p) = &self.primary {
@@ -152,6 +151,13 @@ impl Replication {
         }
     }
 
+    /// Whether the backup at `addr` holds every acknowledged write of keyspace `name`
+    /// (`Primary::in_sync`); false on a server that ships nothing.
+    pub fn in_sync(&self, addr: &str, name: &str) -> bool {
+        self.primary.as_ref().is_some_and(|p| p.in_sync(addr, name))
+    }
+
+    /// Wakes the shippers: writes were made.
     pub fn notify_write(&self) {
         if let Some(p) = &self.primary {
             p.notify_write();

@@ -116,6 +116,11 @@ impl Server {
         let mut tasks = JoinSet::new();
         if let Some(cluster) = &state.cluster {
             cluster.start(shutdown.clone());
+            if let Some(replication) = &state.replication {
+                let reporting =
+                    crate::in_sync::report(cluster.clone(), replication.clone(), shutdown.clone());
+                cluster.add_task(tokio::spawn(reporting));
+            }
         }
         // Ends by itself at shutdown; not in `tasks`, which holds the connections.
         if state.config.active_expiry {

@@ -70,6 +70,9 @@ impl Refs<'_> {
     }
 }
 
+/// How many leaked blocks a failed check names (the first ones by offset).
+const LEAKED_NAMED: usize = 16;
+
 pub(crate) fn check(
     shared: &Shared,
     regions: &Regions,
@@ -127,16 +130,19 @@ pub(crate) fn check(
     // Every allocated block is referenced by the commit just made or listed in its free
     // log: anything else would stay allocated for ever (a leak), even across reopens.
     if report.unreferenced_blocks != 0 {
-        let first = (0..sb.volume_bytes / BLOCK_BYTES)
+        let leaked: Vec<DiskOffset> = (0..sb.volume_bytes / BLOCK_BYTES)
             .map(|b| DiskOffset(b * BLOCK_BYTES))
-            .find(|&at| allocator.is_allocated(at, 1) && !refs.owner.contains_key(&at.0))
-            .unwrap_or(DiskOffset::NONE);
+            .filter(|&at| allocator.is_allocated(at, 1) && !refs.owner.contains_key(&at.0))
+            .take(LEAKED_NAMED)
+            .collect();
+        let named: Vec<String> = leaked.iter().map(|at| format!("{:#x}", at.0)).collect();
         return Err(Error::corruption(
             "allocation bitmap",
-            first,
+            leaked.first().copied().unwrap_or(DiskOffset::NONE),
             format!(
-                "{} allocated blocks are referenced by nothing in the commit nor in its free log",
-                report.unreferenced_blocks
+                "{} allocated blocks are referenced by nothing in the commit nor in its free log (first ones at {})",
+                report.unreferenced_blocks,
+                named.join(", ")
             ),
         ));
     }

@@ -107,6 +107,14 @@ pub struct Region {
     pub backups: Vec<ServerId>,
     /// Raised with every change of primary; at least 1.
     pub epoch: u64,
+    /// The backups known to hold every write the region ever acknowledged (a subset of
+    /// `backups`), and so the only ones that may be promoted. A backup joins when its
+    /// primary has seen it catch up (`mark_in_sync`) and stays while it is a backup: no
+    /// write is acknowledged without every backup in the map. Absent (empty) in maps
+    /// written before it existed: their regions fail over only once their primaries
+    /// have reported their backups again.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub in_sync: Vec<ServerId>,
 }
 
 /// The whole map. `regions` are sorted by their first slot and do not overlap; slots in no
@@ -164,6 +172,7 @@ impl ClusterMap {
                 primary: primary.clone(),
                 backups: Vec::new(),
                 epoch: i + 1,
+                in_sync: Vec::new(),
             });
             start = end + 1;
         }
@@ -194,14 +203,16 @@ impl ClusterMap {
             region.backups = (1..=replicas)
                 .map(|k| primaries[(i + k) % count].clone())
                 .collect();
+            // An empty region: every backup holds all of it.
+            region.in_sync = region.backups.clone();
         }
         map.validate()?;
         Ok(map)
     }
 
     /// Checks every invariant: slot ranges in range, sorted and disjoint; region ids
-    /// unique; no primary among its own backups; no backup twice; epochs from 1 to
-    /// `config_epoch`.
+    /// unique; no primary among its own backups; no backup twice; in-sync servers are
+    /// backups, once each; epochs from 1 to `config_epoch`.
     pub fn validate(&self) -> Result<()> {
         let invalid = |detail: String| Err(Error::InvalidMap(detail));
         let mut ids = std::collections::HashSet::new();
@@ -237,6 +248,14 @@ impl ClusterMap {
             for (i, backup) in region.backups.iter().enumerate() {
                 if region.backups[..i].contains(backup) {
                     return invalid(format!("region {id}: backup {backup} appears twice"));
+                }
+            }
+            for (i, server) in region.in_sync.iter().enumerate() {
+                if !region.backups.contains(server) {
+                    return invalid(format!("region {id}: {server} is in sync but not a backup"));
+                }
+                if region.in_sync[..i].contains(server) {
+                    return invalid(format!("region {id}: {server} is in sync twice"));
                 }
             }
             previous = Some(region);
@@ -280,7 +299,9 @@ impl ClusterMap {
 
     /// `backup` becomes the primary of region `id`; the old primary leaves the region
     /// (it is presumed dead or fenced; it may come back later as a backup). The region's
-    /// epoch is raised above every epoch of the map.
+    /// epoch is raised above every epoch of the map. Refused unless `backup` is in sync
+    /// (it might lack acknowledged writes); the other in-sync backups stay in sync (they
+    /// hold every write of the old reign, and the new one acknowledges none without them).
     pub fn promote(&self, id: RegionId, backup: &ServerId) -> Result<ClusterMap> {
         self.change(id, |map, at| {
             let region = &mut map.regions[at];
@@ -289,10 +310,44 @@ impl ClusterMap {
                     "{backup} is not a backup of region {id}"
                 )));
             };
+            if !region.in_sync.contains(backup) {
+                return Err(Error::Refused(format!(
+                    "{backup} is a backup of region {id} that has not caught up: it may lack acknowledged writes"
+                )));
+            }
             region.backups.remove(pos);
+            region.in_sync.retain(|s| s != backup);
             region.primary = backup.clone();
             map.config_epoch += 1;
             map.regions[at].epoch = map.config_epoch;
+            Ok(())
+        })
+    }
+
+    /// Backup `server` of region `id` holds every write the region acknowledged (its
+    /// primary at `epoch` saw it catch up). Refused if the region is at another epoch
+    /// (a report of an older reign) or `server` is no longer its backup; the map as it
+    /// is if `server` is in sync already.
+    pub fn mark_in_sync(&self, id: RegionId, epoch: u64, server: &ServerId) -> Result<ClusterMap> {
+        let Some(region) = self.region(id) else {
+            return Err(Error::Refused(format!("no region {id}")));
+        };
+        if region.epoch != epoch {
+            return Err(Error::Refused(format!(
+                "region {id} is at epoch {}, not {epoch}",
+                region.epoch
+            )));
+        }
+        if !region.backups.contains(server) {
+            return Err(Error::Refused(format!(
+                "{server} is not a backup of region {id}"
+            )));
+        }
+        if region.in_sync.contains(server) {
+            return Ok(self.clone());
+        }
+        self.change(id, |map, at| {
+            map.regions[at].in_sync.push(server.clone());
             Ok(())
         })
     }
@@ -320,11 +375,19 @@ impl ClusterMap {
                 region.id
             )));
         }
+        self.without_backup(server)
+    }
+
+    /// `server` out of every region's backups (and in-sync lists), whatever it leads: a
+    /// dead server that is still the primary of a region nobody could take over (the
+    /// coordinator's repair) must not stay in other regions' backup lists.
+    pub fn without_backup(&self, server: &ServerId) -> Result<ClusterMap> {
         let mut map = self.clone();
         let mut changed = false;
         for region in &mut map.regions {
             let before = region.backups.len();
             region.backups.retain(|b| b != server);
+            region.in_sync.retain(|b| b != server);
             changed |= region.backups.len() != before;
         }
         if changed {

@@ -13,15 +13,16 @@ use crate::error::Result;
 
 impl ClusterMap {
     /// The map with every region whose primary is not in `live` led by its first live
-    /// backup (`promote`: a new epoch), the servers not in `live` removed from every
-    /// backup list (`remove_server`), and each region given new backups from `live`
+    /// in-sync backup (`promote`: a new epoch), the servers not in `live` removed from every
+    /// backup list (`without_backup`), and each region given new backups from `live`
     /// (`assign_backup`, the server backing the fewest regions first) until it has as
-    /// many as the most any region of `self` has. A region whose primary and backups are
-    /// all dead keeps its dead primary (nobody has its data). Equal to `self` when
-    /// nothing needs repair.
+    /// many as the most any region of `self` has. A region with no live in-sync backup
+    /// keeps its dead primary (nobody live is known to hold all its acknowledged writes:
+    /// it stays down rather than lose them). Equal to `self` when nothing needs repair.
     ///
-    /// Any live backup may be promoted: a write is acknowledged only once every backup
-    /// of its region has it, so each has every acknowledged write.
+    /// Only in-sync backups are promoted: a write is acknowledged only once every backup
+    /// of its region has it, but a backup assigned after a write was acknowledged gets it
+    /// by catching up, and is in sync only once its primary has seen it done.
     pub fn repaired(&self, live: &BTreeSet<ServerId>) -> Result<ClusterMap> {
         let target = self.regions.iter().map(|r| r.backups.len()).max();
         let mut map = self.clone();
@@ -29,7 +30,7 @@ impl ClusterMap {
             if live.contains(&region.primary) {
                 continue;
             }
-            if let Some(backup) = region.backups.iter().find(|b| live.contains(*b)) {
+            if let Some(backup) = region.in_sync.iter().find(|b| live.contains(*b)) {
                 map = map.promote(region.id, backup)?;
             }
         }
@@ -39,7 +40,7 @@ impl ClusterMap {
             .flat_map(|r| r.backups.iter().cloned())
             .collect();
         for dead in named.iter().filter(|s| !live.contains(*s)) {
-            map = map.remove_server(dead)?;
+            map = map.without_backup(dead)?;
         }
         let target = target.unwrap_or(0);
         let ids: Vec<_> = map.regions.iter().map(|r| r.id).collect();
@@ -102,6 +103,58 @@ mod tests {
         // Nothing to do with everyone live.
         let all: BTreeSet<ServerId> = ids.iter().cloned().collect();
         assert_eq!(map.repaired(&all).unwrap(), map);
+    }
+
+    #[test]
+    fn a_backup_still_catching_up_is_not_promoted() {
+        // The story: region 1's first backup died, the coordinator gave it a new one
+        // (still copying the region), then the primary died too. Promoting the new
+        // backup would lose every write acknowledged before it joined.
+        let ids = servers(3);
+        let map = ClusterMap::even_with_backups(&ids, 1).unwrap();
+        let r1 = super::super::RegionId(1);
+        let without_first = map
+            .repaired(&[ids[0].clone(), ids[2].clone()].into())
+            .unwrap();
+        let region = without_first.region(r1).unwrap();
+        assert_eq!(region.backups, [ids[2].clone()]);
+        assert!(region.in_sync.is_empty(), "a new backup starts out of sync");
+        let live: BTreeSet<ServerId> = [ids[2].clone()].into();
+        let down = without_first.repaired(&live).unwrap();
+        assert_eq!(
+            down.region(r1).unwrap().primary,
+            ids[0],
+            "region 1 stays down"
+        );
+        // Once its primary reported it caught up, it takes over.
+        let synced = without_first
+            .mark_in_sync(r1, region.epoch, &ids[2])
+            .unwrap();
+        let up = synced.repaired(&live).unwrap();
+        assert_eq!(up.region(r1).unwrap().primary, ids[2]);
+    }
+
+    #[test]
+    fn a_dead_primary_nobody_can_replace_still_leaves_the_backup_lists() {
+        // The story: with two of three servers dead, a region whose primary and backup
+        // both died keeps its dead primary; that server also backed another region, and
+        // taking it out of that backup list was refused ("is the primary of region 1"),
+        // so every repair failed and the coordinator repaired nothing at all.
+        let ids = servers(3);
+        let map = ClusterMap::even_with_backups(&ids, 1).unwrap();
+        let live: BTreeSet<ServerId> = [ids[2].clone()].into();
+        let repaired = map.repaired(&live).unwrap();
+        for region in &repaired.regions {
+            assert!(
+                region.backups.iter().all(|b| live.contains(b)),
+                "{region:?}"
+            );
+        }
+        // Region 2 (ids[1] led, ids[2] backed) is led by the survivor.
+        assert_eq!(
+            repaired.region(super::super::RegionId(2)).unwrap().primary,
+            ids[2]
+        );
     }
 
     #[test]

@@ -67,6 +67,7 @@ fn region_of_slot_finds_the_range() {
             primary: servers[1].clone(),
             backups: vec![],
             epoch: 1,
+            in_sync: vec![],
         },
     );
     map.validate().unwrap();
@@ -132,6 +133,20 @@ fn validation_catches_each_broken_invariant() {
     assert!(zero_epoch.contains("epoch 0"), "{zero_epoch}");
     let future_epoch = invalid(|m| m.regions[1].epoch = m.config_epoch + 1);
     assert!(future_epoch.contains("epoch"), "{future_epoch}");
+    let stranger_in_sync = invalid(|m| {
+        let primary = m.regions[2].primary.clone();
+        m.regions[0].in_sync.push(primary);
+    });
+    assert!(
+        stranger_in_sync.contains("in sync but not a backup"),
+        "{stranger_in_sync}"
+    );
+    let in_sync_twice = invalid(|m| {
+        let backup = m.regions[0].backups[0].clone();
+        m.regions[0].in_sync.push(backup.clone());
+        m.regions[0].in_sync.push(backup);
+    });
+    assert!(in_sync_twice.contains("in sync twice"), "{in_sync_twice}");
     let same_id = invalid(|m| m.regions[2].id = m.regions[0].id);
     assert!(same_id.contains("appears twice"), "{same_id}");
 }
@@ -193,10 +208,32 @@ fn promote_assign_remove() {
         map.remove_server(&servers[0]),
         Err(Error::Refused(_))
     ));
+    // A backup that was never seen caught up may lack acknowledged writes.
+    assert!(matches!(
+        map.promote(r1, &servers[3]),
+        Err(Error::Refused(_))
+    ));
+    // Reports of another reign, or of a server that is not a backup, change nothing.
+    assert!(matches!(
+        map.mark_in_sync(r1, 2, &servers[3]),
+        Err(Error::Refused(_))
+    ));
+    assert!(matches!(
+        map.mark_in_sync(r1, 1, &servers[1]),
+        Err(Error::Refused(_))
+    ));
+    let map = map.mark_in_sync(r1, 1, &servers[3]).unwrap();
+    let map = map.mark_in_sync(r1, 1, &servers[2]).unwrap();
+    assert_eq!(map.mark_in_sync(r1, 1, &servers[2]).unwrap(), map);
     let promoted = map.promote(r1, &servers[3]).unwrap();
     let region = promoted.region(r1).unwrap();
     assert_eq!(region.primary, servers[3]);
     assert_eq!(region.backups, [servers[2].clone()]);
+    assert_eq!(
+        region.in_sync,
+        [servers[2].clone()],
+        "the other backup stays in sync"
+    );
     assert_eq!(region.epoch, 3);
     assert_eq!(promoted.config_epoch, 3);
     assert_eq!(promoted.region(r2).unwrap().epoch, 2);
@@ -207,6 +244,7 @@ fn promote_assign_remove() {
     // servers[2] leaves: dropped from region 1's backups.
     let removed = promoted.remove_server(&servers[2]).unwrap();
     assert!(removed.region(r1).unwrap().backups.is_empty());
+    assert!(removed.region(r1).unwrap().in_sync.is_empty());
     assert!(removed.version > promoted.version);
     // A server the map does not name: nothing changes.
     let unknown = ServerId::random();
@@ -218,6 +256,7 @@ enum Change {
     Promote { region: usize, backup: usize },
     AssignBackup { region: usize, server: usize },
     RemoveServer { server: usize },
+    MarkInSync { region: usize, server: usize },
 }
 
 fn change() -> impl Strategy<Value = Change> {
@@ -225,6 +264,7 @@ fn change() -> impl Strategy<Value = Change> {
         (0..8usize, 0..4usize).prop_map(|(region, backup)| Change::Promote { region, backup }),
         (0..8usize, 0..8usize).prop_map(|(region, server)| Change::AssignBackup { region, server }),
         (0..8usize).prop_map(|server| Change::RemoveServer { server }),
+        (0..8usize, 0..8usize).prop_map(|(region, server)| Change::MarkInSync { region, server }),
     ]
 }
 
@@ -246,6 +286,10 @@ fn apply(map: &ClusterMap, change: &Change, pool: &[ServerId]) -> Result<Cluster
             map.assign_backup(region(r).id, &pool[server % pool.len()])
         }
         Change::RemoveServer { server } => map.remove_server(&pool[server % pool.len()]),
+        Change::MarkInSync { region: r, server } => {
+            let region = region(r);
+            map.mark_in_sync(region.id, region.epoch, &pool[server % pool.len()])
+        }
     }
 }
 
@@ -282,6 +326,8 @@ proptest! {
                     // A new reign: its epoch is above every epoch the map held.
                     prop_assert!(region.epoch > before.config_epoch);
                     prop_assert!(!region.backups.contains(&was.primary));
+                    // Only a backup seen caught up takes over.
+                    prop_assert!(was.in_sync.contains(&region.primary));
                 } else {
                     prop_assert_eq!(region.epoch, was.epoch);
                 }

@@ -250,6 +250,7 @@ fn on_backup_frame(shared: &Shared, link: &Link, frame: Frame) -> std::io::Resul
         } => {
             if let Some(r) = link.state.lock().regions.get_mut(&region) {
                 r.applied_epoch = r.applied_epoch.max(upstream_epoch);
+                r.applied_count += 1;
             }
         }
         Frame::Superseded { region, term } => {

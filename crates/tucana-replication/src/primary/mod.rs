@@ -96,6 +96,8 @@ struct RegionLink {
     need_full: bool,
     /// The backup's newest applied commit.
     applied_epoch: u64,
+    /// Commits the backup reported applied on this link (`Applied` frames).
+    applied_count: u64,
     /// The foreground position the backup acknowledged.
     acked: LogPosition,
     /// Foreground positions shipped and not yet acknowledged, with when they were
@@ -166,10 +168,23 @@ struct Link {
     /// every keyspace, at its own term (the static configuration). Cluster mode sets it
     /// from the map (`Primary::set_backups`).
     keyspaces: Mutex<Option<BTreeMap<String, u64>>>,
+    /// Where each carried keyspace stood when this link began to carry it (at its
+    /// term): every write acknowledged before lies at or below that position.
+    joined: Mutex<HashMap<String, Joined>>,
     /// Set when the backup left the set: the link closes and ends.
     retired: AtomicBool,
     state: Mutex<LinkState>,
     wake: Notify,
+}
+
+/// See `Link::joined`.
+#[derive(Clone, Copy, Debug)]
+struct Joined {
+    term: u64,
+    /// The keyspace's log end when the link began to carry it.
+    position: LogPosition,
+    /// The link's `applied_count` then.
+    applied_count: u64,
 }
 
 impl Link {
@@ -177,6 +192,7 @@ impl Link {
         Arc::new(Link {
             addr,
             keyspaces: Mutex::new(keyspaces),
+            joined: Mutex::new(HashMap::new()),
             retired: AtomicBool::new(false),
             state: Mutex::new(LinkState::default()),
             wake: Notify::new(),
@@ -334,11 +350,13 @@ impl Primary {
         for (addr, keyspaces) in backups {
             match links.iter().find(|l| &l.addr == addr) {
                 Some(link) => {
+                    self.note_joins(link, keyspaces);
                     *link.keyspaces.lock() = Some(keyspaces.clone());
                     link.wake.notify_one();
                 }
                 None => {
                     let link = Link::new(addr.clone(), Some(keyspaces.clone()));
+                    self.note_joins(&link, keyspaces);
                     runtime.spawn(link::run_link(self.shared.clone(), link.clone()));
                     links.push(link);
                 }
@@ -348,6 +366,64 @@ impl Primary {
         // Writers waiting on a backup that left (or on a keyspace it no longer carries)
         // count again.
         self.shared.board.1.notify_all();
+    }
+
+    /// Records where each keyspace `link` begins to carry (or carries at a new term)
+    /// stands now, and forgets the ones it no longer carries.
+    fn note_joins(&self, link: &Link, keyspaces: &BTreeMap<String, u64>) {
+        let applied: HashMap<String, u64> = {
+            let st = link.state.lock();
+            st.regions
+                .iter()
+                .map(|(name, r)| (name.clone(), r.applied_count))
+                .collect()
+        };
+        let mut joined = link.joined.lock();
+        joined.retain(|name, _| keyspaces.contains_key(name));
+        for (name, &term) in keyspaces {
+            if joined.get(name).is_some_and(|j| j.term == term) {
+                continue;
+            }
+            let position = self
+                .shared
+                .db
+                .ship_source(name)
+                .map(|s| s.log_position())
+                .unwrap_or_default();
+            joined.insert(
+                name.clone(),
+                Joined {
+                    term,
+                    position,
+                    applied_count: applied.get(name).copied().unwrap_or(0),
+                },
+            );
+        }
+    }
+
+    /// Whether the backup at `addr` holds every write of keyspace `name` this server
+    /// ever acknowledged: it acknowledged the log up to where the keyspace stood when
+    /// the link began to carry it (anything acknowledged later waited for it), and
+    /// applied a commit since then (so it can be promoted: a tree and the log after it).
+    /// False for a backup or keyspace this server does not ship to.
+    pub fn in_sync(&self, addr: &str, name: &str) -> bool {
+        let Some(link) = self.shared.links().into_iter().find(|l| l.addr == addr) else {
+            return false;
+        };
+        if !link.carries(name) {
+            return false;
+        }
+        let Some(joined) = link.joined.lock().get(name).copied() else {
+            return false;
+        };
+        let st = link.state.lock();
+        st.regions.get(name).is_some_and(|r| {
+            r.ready
+                && r.term == joined.term
+                && !r.need_full
+                && r.applied_count > joined.applied_count
+                && r.acked >= joined.position
+        })
     }
 
     /// Ships the index of every commit made so far without folding it into later ones

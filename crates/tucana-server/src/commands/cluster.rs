@@ -150,7 +150,8 @@ fn status(text: &str) -> Reply {
 }
 
 /// `CLUSTER SHARDS`: one map per region (a shard): its `slots` as start and end
-/// integers, and its `nodes`.
+/// integers, and its `nodes` (`health`: `online`, `failed` when its lease is gone, or
+/// `loading` for a backup not yet in sync).
 fn shards(_cluster: &Cluster, view: &View) -> Reply {
     let Some(map) = &view.map else {
         return Reply::Array(Vec::new());
@@ -168,10 +169,14 @@ fn shards(_cluster: &Cluster, view: &View) -> Reply {
                     } else {
                         "replica"
                     };
-                    let health = if view.live.contains(id) {
-                        "online"
-                    } else {
+                    // Redis's `loading` is a replica still syncing: here, a backup
+                    // its primary has not reported in sync (it may not be promoted).
+                    let health = if !view.live.contains(id) {
                         "failed"
+                    } else if *id != region.primary && !region.in_sync.contains(id) {
+                        "loading"
+                    } else {
+                        "online"
                     };
                     Reply::Map(vec![
                         (status("id"), Reply::bulk(id.as_str())),
