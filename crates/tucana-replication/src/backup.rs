@@ -547,7 +547,12 @@ async fn apply_commit(shared: &Arc<Shared>, region: &str, delta: Delta) -> std::
     })
     .await
     .map_err(std::io::Error::other)?
-    .map_err(other)?;
+    .map_err(|e| {
+        // The connection ends and the primary sends a full index next time; say why,
+        // as nothing else shows a backup that keeps refusing its primary's commits.
+        eprintln!("tucana: replica {region}: a commit of the primary was not applied: {e}");
+        other(e)
+    })?;
     shared.applied.fetch_add(1, Ordering::Relaxed);
     let mut c = shared.counters.lock();
     c.commits_applied += 1;

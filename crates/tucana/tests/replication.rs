@@ -41,6 +41,8 @@ struct Link {
     applied: Vec<u64>,
     /// Commits not applied yet, folded to go as one delta with the next applied one.
     folded: FoldedCommits,
+    /// The term the primary ships at.
+    term: u64,
 }
 
 const NAME: &str = "t";
@@ -63,7 +65,30 @@ impl Link {
             backup,
             applied: Vec::new(),
             folded: FoldedCommits::default(),
+            term: 1,
         }
+    }
+
+    /// A link from `primary` (which holds keyspace `NAME` at a term below 10), to a new
+    /// backup: its first commit goes in full.
+    fn from_primary(primary: Database, primary_storage: Arc<MemStorage>) -> (Link, Arc<MemStorage>) {
+        let deltas = Arc::new(Deltas::default());
+        primary.set_commit_observer(Some(deltas.clone()));
+        let source = primary.ship_source(NAME).unwrap();
+        source.raise_term(10);
+        let backup_storage = Arc::new(MemStorage::new());
+        let backup = options().open_storage(backup_storage.clone()).unwrap();
+        backup.replica(NAME, source.seed(), 10).unwrap();
+        let link = Link {
+            primary,
+            deltas,
+            backup_storage,
+            backup,
+            applied: Vec::new(),
+            folded: FoldedCommits::default(),
+            term: 10,
+        };
+        (link, primary_storage)
     }
 
     fn replica(&self) -> ReplicaHandle {
@@ -131,7 +156,7 @@ impl Link {
             }
             replica
                 .apply(Delta {
-                    term: 1,
+                    term: self.term,
                     upstream_epoch: commit.epoch.0,
                     full: false,
                     desc: region.desc,
@@ -155,7 +180,7 @@ impl Link {
     fn apply_folded(&mut self) {
         let source = self.primary.ship_source(NAME).unwrap();
         let pinned = source.pin_newest_commit().unwrap().expect("a commit");
-        let delta = self.folded.delta(&pinned, 1).unwrap();
+        let delta = self.folded.delta(&pinned, self.term).unwrap();
         self.folded = FoldedCommits::default();
         self.replica().apply(delta).unwrap();
         self.applied.push(pinned.epoch);
@@ -186,7 +211,7 @@ impl Link {
         self.folded = FoldedCommits::default();
         self.replica()
             .apply(Delta {
-                term: 1,
+                term: self.term,
                 upstream_epoch: pinned.epoch,
                 full: true,
                 desc: pinned.desc.clone(),
@@ -307,6 +332,50 @@ fn a_restarted_backup_takes_a_full_index_and_carries_on() {
         ks.delete(&key(i)).unwrap();
     }
     link.commit_and_compare();
+}
+
+#[test]
+fn a_promoted_backup_ships_to_a_new_backup_without_leaking_its_blocks() {
+    let mut link = Link::new();
+    let ks = link.primary.keyspace(NAME).unwrap();
+    for round in 0..4u32 {
+        for i in 0..3000u32 {
+            ks.put(&key(i), format!("value {round} {i}").repeat(3).as_bytes()).unwrap();
+        }
+        link.commit_and_compare();
+    }
+    for i in 0..500u32 {
+        ks.put(&key(i), b"after the last commit").unwrap();
+    }
+    link.ship_log();
+    let promoted = link.replica().promote(2).unwrap();
+    drop(promoted);
+    link.backup.check().unwrap();
+    let storage = link.backup_storage.clone();
+    let (mut second, _) = Link::from_primary(link.backup, storage);
+    let ks = second.primary.open_keyspace(NAME).unwrap();
+    for round in 0..12u32 {
+        for i in 0..3000u32 {
+            if (i * 7 + round) % 11 == 0 {
+                ks.delete(&key(i)).unwrap();
+            } else {
+                ks.put(&key(i), format!("second {round} {i}").repeat(1 + (round as usize % 3)).as_bytes()).unwrap();
+            }
+        }
+        if round % 3 == 1 {
+            second.ship_log();
+            second.primary.gc().unwrap();
+        }
+        if round % 4 == 2 {
+            second.commit_folded();
+        } else {
+            second.commit_and_compare();
+        }
+    }
+    second.commit_and_compare();
+    let promoted = second.replica().promote(20).unwrap();
+    drop(promoted);
+    second.backup.check().unwrap();
 }
 
 /// One step of a random workload.
