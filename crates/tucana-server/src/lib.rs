@@ -47,6 +47,7 @@ mod coordinator;
 mod expiry;
 mod glob;
 mod metrics;
+mod migration;
 mod outbox;
 mod prometheus;
 mod replication;

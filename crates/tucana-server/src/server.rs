@@ -116,6 +116,7 @@ impl Server {
         let mut tasks = JoinSet::new();
         if let Some(cluster) = &state.cluster {
             cluster.start(shutdown.clone());
+            tokio::spawn(crate::migration::run(state.clone(), shutdown.clone()));
         }
         // Ends by itself at shutdown; not in `tasks`, which holds the connections.
         if state.config.active_expiry {
