@@ -55,7 +55,9 @@ async fn begin(
 ) -> Result<RegionId, CliError> {
     loop {
         let Some((map, revision)) = store.map().await.map_err(etcd("reading the map"))? else {
-            return Err(CliError::msg("the cluster has no map (`tucana cluster create`)"));
+            return Err(CliError::msg(
+                "the cluster has no map (`tucana cluster create`)",
+            ));
         };
         let (servers, _) = live(store).await?;
         let (next, id) = begin(&map, &servers).map_err(etcd("beginning the migration"))?;
@@ -113,7 +115,12 @@ async fn move_slots(
 
 /// `split REGION [--at SLOT]`: slots `at..` of the region into a new region on the
 /// same primary and backups (default: the upper half).
-pub async fn split(store: &Store, source: RegionId, at: Option<u16>, wait: Duration) -> Result<(), CliError> {
+pub async fn split(
+    store: &Store,
+    source: RegionId,
+    at: Option<u16>,
+    wait: Duration,
+) -> Result<(), CliError> {
     let target = begin(store, |map, _| {
         let Some(region) = map.regions.iter().find(|r| r.id == source) else {
             return Err(Error::Refused(format!("no region {source}")));
@@ -149,7 +156,9 @@ pub async fn move_to(
     wait: Duration,
 ) -> Result<(), CliError> {
     let to = server_at(store, to_addr, Duration::ZERO).await?;
-    move_slots(store, source, slots, &to, wait).await.map(|_| ())
+    move_slots(store, source, slots, &to, wait)
+        .await
+        .map(|_| ())
 }
 
 /// Applies `ClusterMap::next_move` for `servers` (computed anew before each move) until
@@ -162,10 +171,15 @@ pub async fn plan(
     let mut moves = 0;
     loop {
         let Some((map, _)) = store.map().await.map_err(etcd("reading the map"))? else {
-            return Err(CliError::msg("the cluster has no map (`tucana cluster create`)"));
+            return Err(CliError::msg(
+                "the cluster has no map (`tucana cluster create`)",
+            ));
         };
         if let Some(m) = map.migrations.first() {
-            println!("waiting for the running migration into region {}", m.target.id);
+            println!(
+                "waiting for the running migration into region {}",
+                m.target.id
+            );
             wait_finished(store, m.target.id, wait).await?;
             continue;
         }
@@ -177,7 +191,10 @@ pub async fn plan(
             .iter()
             .find(|(id, _)| *id == to)
             .map_or("?", |(_, a)| a.as_str());
-        println!("move {}: slots {slots} of region {source} to {addr}", moves + 1);
+        println!(
+            "move {}: slots {slots} of region {source} to {addr}",
+            moves + 1
+        );
         move_slots(store, source, Some(slots), &to, wait).await?;
         moves += 1;
     }
@@ -186,10 +203,18 @@ pub async fn plan(
 /// Parses `A-B` (or one slot `A`) as a slot range.
 pub fn parse_slots(text: &str) -> Result<SlotRange, String> {
     let (a, b) = text.split_once('-').unwrap_or((text, text));
-    let a: u16 = a.trim().parse().map_err(|_| format!("bad slot range {text:?}"))?;
-    let b: u16 = b.trim().parse().map_err(|_| format!("bad slot range {text:?}"))?;
+    let a: u16 = a
+        .trim()
+        .parse()
+        .map_err(|_| format!("bad slot range {text:?}"))?;
+    let b: u16 = b
+        .trim()
+        .parse()
+        .map_err(|_| format!("bad slot range {text:?}"))?;
     if a > b || b >= tucana_cluster::SLOTS {
-        return Err(format!("bad slot range {text:?}: want A-B with A <= B < 16384"));
+        return Err(format!(
+            "bad slot range {text:?}: want A-B with A <= B < 16384"
+        ));
     }
     Ok(SlotRange::new(a, b))
 }

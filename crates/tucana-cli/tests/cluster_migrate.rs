@@ -334,10 +334,11 @@ fn moved_slots_answer_ask_during_and_moved_after_with_nothing_lost() {
     // A moved key, asked for at the source, answers ASK to the target, which serves it
     // after ASKING only.
     let (asked, ask) = wait_until("a key answered with ASK at the source", || {
-        keys.iter().find_map(|key| match send(&mut con0, &["GET", key]) {
-            Err(e) if e.starts_with("ASK") => Some((key.clone(), e)),
-            _ => None,
-        })
+        keys.iter()
+            .find_map(|key| match send(&mut con0, &["GET", key]) {
+                Err(e) if e.starts_with("ASK") => Some((key.clone(), e)),
+                _ => None,
+            })
     });
     let slot = key_slot(asked.as_bytes());
     assert_eq!(ask, format!("ASK {slot} {}", s2.addr));
@@ -345,10 +346,13 @@ fn moved_slots_answer_ask_during_and_moved_after_with_nothing_lost() {
     let moved = send(&mut con2, &["GET", &asked]).unwrap_err();
     assert_eq!(moved, format!("MOVED {slot} {}", s0.addr));
     assert_eq!(send(&mut con2, &["ASKING"]), Ok(redis::Value::Okay));
-    let value: String = redis::from_redis_value(send(&mut con2, &["GET", &asked]).unwrap()).unwrap();
+    let value: String =
+        redis::from_redis_value(send(&mut con2, &["GET", &asked]).unwrap()).unwrap();
     assert_eq!(value, format!("v-{asked}"));
     // ASKING lasts one command.
-    assert!(send(&mut con2, &["GET", &asked]).unwrap_err().starts_with("MOVED"));
+    assert!(send(&mut con2, &["GET", &asked])
+        .unwrap_err()
+        .starts_with("MOVED"));
     // A new key in a migrating slot is created at the target (ASK), never here.
     let fresh = format!("{{{late}}}fresh");
     let ask = send(&mut con0, &["SET", &fresh, "x"]).unwrap_err();
@@ -375,9 +379,15 @@ fn moved_slots_answer_ask_during_and_moved_after_with_nothing_lost() {
         (r.len() == 4).then_some(r)
     });
     assert!(ranges.contains(&(lo, hi, s2.addr.clone())), "{ranges:?}");
-    assert!(ranges.contains(&(first, lo - 1, s0.addr.clone())), "{ranges:?}");
+    assert!(
+        ranges.contains(&(first, lo - 1, s0.addr.clone())),
+        "{ranges:?}"
+    );
     let moved = send(&mut con0, &["GET", &keys[0]]).unwrap_err();
-    assert_eq!(moved, format!("MOVED {} {}", key_slot(keys[0].as_bytes()), s2.addr));
+    assert_eq!(
+        moved,
+        format!("MOVED {} {}", key_slot(keys[0].as_bytes()), s2.addr)
+    );
     for key in &keys {
         let value: String = ccon.get(key).unwrap();
         assert_eq!(value, format!("v-{key}"));
@@ -385,7 +395,10 @@ fn moved_slots_answer_ask_during_and_moved_after_with_nothing_lost() {
     let value: String = ccon.get(&late_a).unwrap();
     assert_eq!(value, "a");
     let ttl: i64 = ccon.ttl(&ttl_key).unwrap();
-    assert!((1..=100_000).contains(&ttl), "the deadline moved with its key: {ttl}");
+    assert!(
+        (1..=100_000).contains(&ttl),
+        "the deadline moved with its key: {ttl}"
+    );
     let count: usize = redis::cmd("CLUSTER")
         .arg("COUNTKEYSINSLOT")
         .arg(key_slot(keys[0].as_bytes()))
@@ -445,7 +458,12 @@ fn servers_are_added_removed_and_regions_split_online() {
         (r.len() == before.len() + 1).then_some(r)
     });
     let last = before.last().unwrap();
-    assert!(after.iter().any(|r| r.1 == 16383 && r.2 == last.2 && r.0 > last.0), "{after:?}");
+    assert!(
+        after
+            .iter()
+            .any(|r| r.1 == 16383 && r.2 == last.2 && r.0 > last.0),
+        "{after:?}"
+    );
 
     let acked = writer.finish();
     let mut ccon = client.get_connection().unwrap();

@@ -92,7 +92,7 @@ pub struct Cluster {
     unpromoted: RwLock<BTreeSet<RegionId>>,
     /// Slot migration: the stored keys this server is copying out of its regions now
     /// (`migration`).
-    pub in_flight: crate::migration::InFlight,
+    pub in_flight: crate::in_flight::InFlight,
     follower: OnceLock<Follower>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
 }

@@ -46,6 +46,7 @@ mod connection;
 mod coordinator;
 mod expiry;
 mod glob;
+mod in_flight;
 mod metrics;
 mod migration;
 mod outbox;

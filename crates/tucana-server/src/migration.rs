@@ -24,14 +24,13 @@
 //! migrating region; engine work and the blocking socket run on tokio's blocking pool.
 //! `InFlight` is shared with every connection behind a mutex held for set operations.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::io::{self, BufRead, BufReader, Write};
 use std::net::TcpStream;
 use std::ops::Bound;
 use std::sync::Arc;
 use std::time::Duration;
 
-use parking_lot::Mutex;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tucana::Durability;
@@ -40,31 +39,14 @@ use tucana_cluster::{Error, Migration, RegionId, SlotRange, Store, SLOTS};
 
 use crate::cluster::{region_keyspace_name, Cluster, Route};
 use crate::config::DurabilityMode;
-use crate::expiry::{decode_deadline, deadline_key, index_key, split_index_key, RESERVED};
+use crate::expiry::{deadline_key, decode_deadline, index_key, split_index_key, RESERVED};
 use crate::state::{stopped, ServerState};
+use crate::store::Slot;
 
 /// How often the supervisor looks for migrations, and how long a failed step waits.
 const TICK: Duration = Duration::from_millis(200);
 /// How long the migrator waits for the target's answer to one batch.
 const IMPORT_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// Stored keys being copied out of each region now (see the module doc).
-#[derive(Default)]
-pub struct InFlight(Mutex<HashMap<RegionId, BTreeSet<Vec<u8>>>>);
-
-impl InFlight {
-    pub fn contains(&self, region: RegionId, stored: &[u8]) -> bool {
-        self.0.lock().get(&region).is_some_and(|s| s.contains(stored))
-    }
-
-    fn insert(&self, region: RegionId, keys: impl IntoIterator<Item = Vec<u8>>) {
-        self.0.lock().entry(region).or_default().extend(keys);
-    }
-
-    fn clear(&self, region: RegionId) {
-        self.0.lock().remove(&region);
-    }
-}
 
 /// A slot's state for a request routed to region `region` of this server, read from the
 /// current view (callers that write ask under the region's write lock: the migrator
@@ -150,11 +132,9 @@ pub async fn run(state: Arc<ServerState>, mut shutdown: watch::Receiver<bool>) {
         }
         running.retain(|_, task| !task.is_finished());
         for m in leading_migrations(&cluster) {
-            let key = (m.source, m.target.id);
-            if !running.contains_key(&key) {
-                let task = tokio::spawn(migrate(state.clone(), m.source, m.target.id));
-                running.insert(key, task);
-            }
+            running
+                .entry((m.source, m.target.id))
+                .or_insert_with(|| tokio::spawn(migrate(state.clone(), m.source, m.target.id)));
         }
     }
 }
@@ -242,14 +222,20 @@ async fn migrate(state: Arc<ServerState>, source: RegionId, target: RegionId) {
 
 /// Writes the map with the migration finished, if it still runs and this server still
 /// leads its source.
-async fn finish(cluster: &Cluster, source: RegionId, target: RegionId) -> tucana_cluster::Result<()> {
+async fn finish(
+    cluster: &Cluster,
+    source: RegionId,
+    target: RegionId,
+) -> tucana_cluster::Result<()> {
     let config = cluster.config();
     let store = Store::connect(&config.etcd, &config.name).await?;
     loop {
         let Some((map, revision)) = store.map().await? else {
             return Ok(());
         };
-        let ours = map.migration_from(source).is_some_and(|m| m.target.id == target)
+        let ours = map
+            .migration_from(source)
+            .is_some_and(|m| m.target.id == target)
             && map.region(source).is_some_and(|r| r.primary == cluster.id);
         if !ours {
             return Ok(());
@@ -295,120 +281,142 @@ fn step(
     conn: &mut Option<Importer>,
 ) -> Result<Option<usize>, String> {
     let cluster = state.cluster.as_ref().expect("cluster mode");
-    let db = &state.store.db;
     let source = migration.source;
-    let region = cluster.region(db, source);
-    let batch_size = cluster.config().migrate_batch.max(1);
-    let err = |e: tucana::Error| e.to_string();
-
-    // Under the lock: the batch, marked in flight; records of absent keys dropped.
-    let pairs = {
-        let guard = region.lock_writes();
-        if !matches!(
-            slot_state(cluster, migration.target.slots.start, source),
-            SlotState::Migrating { target } if target == migration.target.id
-        ) {
-            return Err("the view changed under the batch".into());
-        }
-        let Some(ks) = guard.existing() else {
-            return Ok(None);
-        };
-        let mut copy: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
-        let mut orphans: Vec<Vec<u8>> = Vec::new();
-        for item in ks.range::<Vec<u8>, _>(bounds(migration.target.slots)) {
-            if copy.len() >= batch_size {
-                break;
-            }
-            let (stored, value) = item.map_err(err)?;
-            if copy.contains_key(&stored) || stored.len() < 2 {
-                continue;
-            }
-            let prefix = &stored[..2];
-            let Some(key) = owner_key(&stored[2..]) else {
-                copy.insert(stored, value);
-                continue;
-            };
-            let key_stored = [prefix, &key].concat();
-            let Some(v) = ks.get(&key_stored).map_err(err)? else {
-                // A deadline or index record of a key that is not here: nothing to move.
-                orphans.push(stored);
-                continue;
-            };
-            copy.insert(key_stored, v);
-            let deadline_stored = [prefix, &deadline_key(&key)].concat();
-            if let Some(d) = ks.get(&deadline_stored).map_err(err)? {
-                if let Ok(deadline) = decode_deadline(&d) {
-                    let index_stored = [prefix, &index_key(deadline, &key)].concat();
-                    if let Some(i) = ks.get(&index_stored).map_err(err)? {
-                        copy.insert(index_stored, i);
-                    }
-                }
-                copy.insert(deadline_stored, d);
-            }
-        }
-        if copy.is_empty() && orphans.is_empty() {
-            return Ok(None);
-        }
-        if !orphans.is_empty() {
-            let mut batch = ks.batch();
-            for key in &orphans {
-                batch.delete(key);
-            }
-            batch.commit_with(Durability::Buffered).map_err(err)?;
-        }
-        cluster.in_flight.insert(source, copy.keys().cloned());
-        copy
+    let region = cluster.region(&state.store.db, source);
+    let Some(pairs) = collect(cluster, migration, &region).map_err(|e| e.to_string())? else {
+        return Ok(None);
     };
     if pairs.is_empty() {
         return Ok(Some(0));
     }
-    let sent = send(state, migration, conn, &pairs);
-    if let Err(e) = sent {
-        cluster.in_flight.clear(source);
-        return Err(e);
+    let moved = send(state, migration, conn, &pairs)
+        .and_then(|()| delete_moved(state, migration, &region, &pairs));
+    cluster.in_flight.clear(source);
+    moved.map(|()| Some(pairs.len()))
+}
+
+/// Under the region's write lock: the next batch of the range (a key with its deadline
+/// and index records), marked in flight; records of keys not here are deleted. `None`
+/// when the range is empty.
+fn collect(
+    cluster: &Cluster,
+    migration: &Migration,
+    region: &Slot,
+) -> tucana::Result<Option<BTreeMap<Vec<u8>, Vec<u8>>>> {
+    let source = migration.source;
+    let batch_size = cluster.config().migrate_batch.max(1);
+    let guard = region.lock_writes();
+    if !matches!(
+        slot_state(cluster, migration.target.slots.start, source),
+        SlotState::Migrating { target } if target == migration.target.id
+    ) {
+        // The view changed: the task's next look at it decides.
+        return Ok(Some(BTreeMap::new()));
     }
-    // The target has them (as durably as a write): delete them here, under the lock.
+    let Some(ks) = guard.existing() else {
+        return Ok(None);
+    };
+    let mut copy: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
+    let mut orphans: Vec<Vec<u8>> = Vec::new();
+    for item in ks.range::<Vec<u8>, _>(bounds(migration.target.slots)) {
+        if copy.len() >= batch_size {
+            break;
+        }
+        let (stored, value) = item?;
+        if copy.contains_key(&stored) || stored.len() < 2 {
+            continue;
+        }
+        let prefix = &stored[..2];
+        let Some(key) = owner_key(&stored[2..]) else {
+            copy.insert(stored, value);
+            continue;
+        };
+        let key_stored = [prefix, &key].concat();
+        let Some(v) = ks.get(&key_stored)? else {
+            // A deadline or index record of a key that is not here: nothing to move.
+            orphans.push(stored);
+            continue;
+        };
+        copy.insert(key_stored, v);
+        let deadline_stored = [prefix, &deadline_key(&key)].concat();
+        if let Some(d) = ks.get(&deadline_stored)? {
+            if let Ok(deadline) = decode_deadline(&d) {
+                let index_stored = [prefix, &index_key(deadline, &key)].concat();
+                if let Some(i) = ks.get(&index_stored)? {
+                    copy.insert(index_stored, i);
+                }
+            }
+            copy.insert(deadline_stored, d);
+        }
+    }
+    if copy.is_empty() && orphans.is_empty() {
+        return Ok(None);
+    }
+    if !orphans.is_empty() {
+        let mut batch = ks.batch();
+        for key in &orphans {
+            batch.delete(key);
+        }
+        batch.commit_with(Durability::Buffered)?;
+    }
+    cluster.in_flight.insert(source, copy.keys().cloned());
+    Ok(Some(copy))
+}
+
+/// The target has `pairs` (as durably as a write): deletes them here under the lock,
+/// then waits until the deletion is synced and acknowledged by the region's backups
+/// (with sync durability), the keys still in flight meanwhile.
+fn delete_moved(
+    state: &ServerState,
+    migration: &Migration,
+    region: &Slot,
+    pairs: &BTreeMap<Vec<u8>, Vec<u8>>,
+) -> Result<(), String> {
+    let cluster = state.cluster.as_ref().expect("cluster mode");
     let ks = {
         let guard = region.lock_writes();
-        let Some(ks) = guard.existing() else {
-            cluster.in_flight.clear(source);
-            return Err("the source keyspace went away".into());
-        };
+        let ks = guard
+            .existing()
+            .ok_or_else(|| "the source keyspace went away".to_owned())?;
         let mut batch = ks.batch();
         for key in pairs.keys() {
             batch.delete(key);
         }
-        if let Err(e) = batch.commit_with(Durability::Buffered) {
-            cluster.in_flight.clear(source);
-            return Err(e.to_string());
-        }
+        batch
+            .commit_with(Durability::Buffered)
+            .map_err(|e| e.to_string())?;
         guard.modified(pairs.keys().map(Vec::as_slice), true);
         ks
     };
-    // Keys stay in flight (TRYAGAIN) until their deletion is as durable as a write.
-    if state.config.durability == DurabilityMode::Sync {
-        let name = region_keyspace_name(source);
-        let position = ks.log_position();
-        loop {
-            let synced = db.sync().map_err(|e| e.to_string()).and_then(|()| {
-                match &state.replication {
-                    Some(r) => r.wait_acked(&name, position),
-                    None => Ok(()),
-                }
+    if state.config.durability != DurabilityMode::Sync {
+        return Ok(());
+    }
+    let name = region_keyspace_name(migration.source);
+    let position = ks.log_position();
+    loop {
+        let synced = state
+            .store
+            .db
+            .sync()
+            .map_err(|e| e.to_string())
+            .and_then(|()| match &state.replication {
+                Some(r) => r.wait_acked(&name, position),
+                None => Ok(()),
             });
-            match synced {
-                Ok(()) => break,
-                // No longer the source's primary: its successor decides.
-                Err(_) if current(cluster, source, migration.target.id).is_none() => break,
-                Err(e) => {
-                    eprintln!("tucana serve: migration: deletion of a moved batch not yet durable: {e}");
-                    std::thread::sleep(TICK);
-                }
+        match synced {
+            Ok(()) => return Ok(()),
+            // No longer the source's primary: its successor decides.
+            Err(_) if current(cluster, migration.source, migration.target.id).is_none() => {
+                return Ok(())
+            }
+            Err(e) => {
+                eprintln!(
+                    "tucana serve: migration: deletion of a moved batch not yet durable: {e}"
+                );
+                std::thread::sleep(TICK);
             }
         }
     }
-    cluster.in_flight.clear(source);
-    Ok(Some(pairs.len()))
 }
 
 /// Sends `pairs` to the target's primary and waits for its `+OK`.
@@ -442,7 +450,10 @@ fn send(
     }
     match importer.call(&args) {
         Ok(line) if line.starts_with('+') => Ok(()),
-        Ok(line) => Err(format!("the target {addr} refused the batch: {}", line.trim())),
+        Ok(line) => Err(format!(
+            "the target {addr} refused the batch: {}",
+            line.trim()
+        )),
         Err(e) => {
             *conn = None;
             Err(format!("sending to the target {addr}: {e}"))

@@ -54,7 +54,12 @@ pub(super) fn run_routed(
     let state = call.state;
     let cluster = state.cluster.as_ref().expect("routed in cluster mode");
     let hash_slot = routed.hash_slot;
-    if !write && matches!(slot_state(cluster, hash_slot, routed.region), SlotState::Owned) {
+    if !write
+        && matches!(
+            slot_state(cluster, hash_slot, routed.region),
+            SlotState::Owned
+        )
+    {
         // A read without the lock, kept only if no migration of the slot began meanwhile
         // (the migrator deletes only after its view showed the migration).
         let reply = region.read(|ks| {
@@ -65,7 +70,10 @@ pub(super) fn run_routed(
             };
             run_kv(f, &mut kv, Some(hash_slot), args)
         })?;
-        if matches!(slot_state(cluster, hash_slot, routed.region), SlotState::Owned) {
+        if matches!(
+            slot_state(cluster, hash_slot, routed.region),
+            SlotState::Owned
+        ) {
             return Ok(reply);
         }
     }
@@ -152,7 +160,7 @@ pub(super) fn cmd_import(call: &mut Call<'_>, args: &[Vec<u8>]) -> tucana::Resul
             "ERR This instance has cluster support disabled",
         ));
     };
-    if args.len() < 5 || (args.len() - 3) % 2 != 0 {
+    if args.len() < 5 || !(args.len() - 3).is_multiple_of(2) {
         return Ok(wrong_args("tucana.import"));
     }
     let (Some(id), Some(epoch)) = (parse_i64(&args[1]), parse_i64(&args[2])) else {

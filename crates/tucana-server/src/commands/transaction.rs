@@ -140,14 +140,19 @@ pub(super) fn cmd_exec(call: &mut Call<'_>, _args: &[Vec<u8>]) -> tucana::Result
         (Some(_), _) if multi.cross_slot => return Ok(crossslot()),
         (Some(cluster), Some(hash_slot)) => match route_slot(call, hash_slot) {
             Ok(routed) => (
-                Some((cluster.region(&state.store.db, routed.region), routed.region)),
+                Some((
+                    cluster.region(&state.store.db, routed.region),
+                    routed.region,
+                )),
                 Some(hash_slot),
             ),
             Err(reply) => return Ok(reply),
         },
         _ => (None, None),
     };
-    let slot = region.as_ref().map_or_else(|| call.slot(), |(r, _)| r.as_ref());
+    let slot = region
+        .as_ref()
+        .map_or_else(|| call.slot(), |(r, _)| r.as_ref());
     let mut tx = TxKv {
         guard: slot.lock_writes(),
         state,
