@@ -260,14 +260,27 @@ fn bounds(range: SlotRange) -> (Bound<Vec<u8>>, Bound<Vec<u8>>) {
     (lo, hi)
 }
 
+/// The tombstone of `key` (a client's key): written with the key's deletion on a
+/// migrating slot's source, so the key counts as here (absent) until the tombstone has
+/// deleted any copy of it at the target (see DESIGN.md, "Slot migration").
+pub fn tombstone_key(key: &[u8]) -> Vec<u8> {
+    [RESERVED, b"t", key].concat()
+}
+
+/// The client's key a tombstone (without its 2-byte slot) is of.
+pub fn tombstone_of(rest: &[u8]) -> Option<&[u8]> {
+    rest.strip_prefix(RESERVED)?.strip_prefix(b"t")
+}
+
 /// The client's key a stored key (without its 2-byte slot) belongs to: itself, or the
-/// key of a deadline or index record; `None` for another reserved record.
+/// key of a deadline record, index entry or tombstone; `None` for another reserved
+/// record.
 fn owner_key(rest: &[u8]) -> Option<Vec<u8>> {
     let Some(reserved) = rest.strip_prefix(RESERVED) else {
         return Some(rest.to_vec());
     };
     match reserved.first() {
-        Some(b'd') => Some(reserved[1..].to_vec()),
+        Some(b'd' | b't') => Some(reserved[1..].to_vec()),
         Some(b'i') => split_index_key(rest).ok().map(|(_, key)| key.to_vec()),
         _ => None,
     }
@@ -333,8 +346,14 @@ fn collect(
         };
         let key_stored = [prefix, &key].concat();
         let Some(v) = ks.get(&key_stored)? else {
-            // A deadline or index record of a key that is not here: nothing to move.
-            orphans.push(stored);
+            let tombstone = [prefix, &tombstone_key(&key)].concat();
+            if let Some(t) = ks.get(&tombstone)? {
+                // Deleted here during the migration: the target deletes its copy.
+                copy.insert(tombstone, t);
+            } else {
+                // A deadline or index record of a key that is not here: nothing to move.
+                orphans.push(stored);
+            }
             continue;
         };
         copy.insert(key_stored, v);
@@ -517,6 +536,9 @@ mod tests {
         assert_eq!(owner_key(b"user"), Some(b"user".to_vec()));
         assert_eq!(owner_key(&deadline_key(b"k")), Some(b"k".to_vec()));
         assert_eq!(owner_key(&index_key(42, b"k")), Some(b"k".to_vec()));
+        assert_eq!(owner_key(&tombstone_key(b"k")), Some(b"k".to_vec()));
+        assert_eq!(tombstone_of(&tombstone_key(b"k")), Some(&b"k"[..]));
+        assert_eq!(tombstone_of(b"k"), None);
         let mut other = RESERVED.to_vec();
         other.push(b'z');
         assert_eq!(owner_key(&other), None);

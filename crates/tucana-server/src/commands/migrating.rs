@@ -19,12 +19,13 @@
 use tucana::Durability;
 use tucana_cluster::{split_storage_key, storage_key, RegionId};
 
+use crate::expiry::{deadline_key, decode_deadline, index_key};
 use crate::expiry::{is_reserved, MARKER};
-use crate::migration::{ask, slot_state, SlotState};
+use crate::migration::{ask, slot_state, tombstone_key, tombstone_of, SlotState};
 use crate::resp::{Args, Reply};
 use crate::store::Slot;
 
-use super::kv::{LockedKv, ReadKv};
+use super::kv::{Kv, LockedKv, Ops, ReadKv};
 use super::routing::{keys, Routed};
 use super::table::{KvFn, Spec};
 use super::{parse_i64, run_kv, wrong_args, Call};
@@ -83,12 +84,27 @@ pub(super) fn run_routed(
         wrote: false,
         deadline_noted: false,
     };
+    let stored = |key: &[u8]| storage_key(hash_slot, key);
     let present = |kv: &LockedKv<'_>, key: &[u8]| -> tucana::Result<bool> {
         match kv.guard.existing() {
-            Some(ks) => Ok(ks.get_with(&storage_key(hash_slot, key), |_| ())?.is_some()),
+            Some(ks) => Ok(ks.get_with(&stored(key), |_| ())?.is_some()),
             None => Ok(false),
         }
     };
+    // A key deleted here during the migration (its tombstone not yet sent) is still
+    // here, absent.
+    let here = |kv: &LockedKv<'_>, key: &[u8]| -> tucana::Result<bool> {
+        if present(kv, key)? {
+            return Ok(true);
+        }
+        match kv.guard.existing() {
+            Some(ks) => Ok(ks
+                .get_with(&storage_key(hash_slot, &tombstone_key(key)), |_| ())?
+                .is_some()),
+            None => Ok(false),
+        }
+    };
+    let mut migrating = false;
     match slot_state(cluster, hash_slot, routed.region) {
         SlotState::Owned => {}
         SlotState::Gone(reply) => return Ok(Reply::error(reply)),
@@ -104,7 +120,7 @@ pub(super) fn run_routed(
             }
         }
         SlotState::Migrating { target } => {
-            let (mut here, mut away) = (0, 0);
+            let (mut found, mut away) = (0, 0);
             for key in keys(spec, args) {
                 if cluster
                     .in_flight
@@ -112,21 +128,31 @@ pub(super) fn run_routed(
                 {
                     return Ok(tryagain());
                 }
-                if present(&kv, key)? {
-                    here += 1;
+                if here(&kv, key)? {
+                    found += 1;
                 } else {
                     away += 1;
                 }
             }
-            if away > 0 && here > 0 {
+            if away > 0 && found > 0 {
                 return Ok(tryagain());
             }
             if away > 0 {
                 return Ok(Reply::error(ask(cluster, hash_slot, target)));
             }
+            migrating = true;
         }
     }
-    let reply = run_kv(f, &mut kv, Some(hash_slot), args);
+    let reply = if migrating {
+        run_kv(
+            f,
+            &mut Tombstoning { inner: &mut kv },
+            Some(hash_slot),
+            args,
+        )
+    } else {
+        run_kv(f, &mut kv, Some(hash_slot), args)
+    };
     call.wrote |= kv.wrote;
     if kv.wrote {
         call.session.wrote_to(region.name());
@@ -142,6 +168,59 @@ pub(super) fn exec_refusal(call: &Call<'_>, hash_slot: u16, region: RegionId) ->
         SlotState::Owned => None,
         SlotState::Gone(reply) => Some(Reply::error(reply)),
         SlotState::Migrating { .. } | SlotState::Importing => Some(tryagain()),
+    }
+}
+
+/// The store of a command on a migrating slot's source: each deletion of a client's key
+/// also writes its tombstone, each put removes it, in the same atomic batch (see
+/// `migration::tombstone_key`). Keys reaching it are stored (slot-prefixed) keys.
+struct Tombstoning<'k, 'a> {
+    inner: &'k mut LockedKv<'a>,
+}
+
+impl Kv for Tombstoning<'_, '_> {
+    fn get(&mut self, key: &[u8]) -> tucana::Result<Option<Vec<u8>>> {
+        self.inner.get(key)
+    }
+
+    fn value_len(&mut self, key: &[u8]) -> tucana::Result<Option<usize>> {
+        self.inner.value_len(key)
+    }
+
+    fn apply(&mut self, mut ops: Ops) -> tucana::Result<()> {
+        let mut tombstones = Vec::new();
+        for (stored, value) in &ops {
+            let Ok((slot, key)) = split_storage_key(stored) else {
+                continue;
+            };
+            if is_reserved(key) {
+                continue;
+            }
+            let tombstone = storage_key(slot, &tombstone_key(key));
+            tombstones.push((tombstone, value.is_none().then(Vec::new)));
+        }
+        ops.extend(tombstones);
+        self.inner.apply(ops)
+    }
+
+    fn multi_get(&mut self, keys: &[Vec<u8>]) -> tucana::Result<Vec<Option<Vec<u8>>>> {
+        self.inner.multi_get(keys)
+    }
+
+    fn lookup(&mut self, key: &[u8]) -> tucana::Result<Option<Vec<u8>>> {
+        self.inner.lookup(key)
+    }
+
+    fn count_lookup(&mut self, hit: bool) {
+        self.inner.count_lookup(hit);
+    }
+
+    fn may_expire(&self) -> bool {
+        self.inner.may_expire()
+    }
+
+    fn note_deadline(&mut self) {
+        self.inner.note_deadline();
     }
 }
 
@@ -195,7 +274,9 @@ pub(super) fn cmd_import(call: &mut Call<'_>, args: &[Vec<u8>]) -> tucana::Resul
     let mut reserved = false;
     for pair in args[3..].chunks(2) {
         match split_storage_key(&pair[0]) {
-            Ok((slot, key)) if range.contains(slot) => reserved |= is_reserved(key),
+            Ok((slot, key)) if range.contains(slot) => {
+                reserved |= is_reserved(key) && tombstone_of(key).is_none();
+            }
             _ => {
                 return Ok(Reply::error(format!(
                     "ERR TUCANA.IMPORT: a key outside slots {range} of region {id}"
@@ -209,7 +290,21 @@ pub(super) fn cmd_import(call: &mut Call<'_>, args: &[Vec<u8>]) -> tucana::Resul
     let ks = guard.keyspace(db)?;
     let mut batch = ks.batch();
     for pair in args[3..].chunks(2) {
-        batch.put(&pair[0], &pair[1]);
+        let (slot, key) = split_storage_key(&pair[0]).expect("checked above");
+        let Some(deleted) = tombstone_of(key) else {
+            batch.put(&pair[0], &pair[1]);
+            continue;
+        };
+        // The source deleted the key during the migration: so does the target, with its
+        // deadline records (a copy may have come in a batch never acknowledged).
+        let deadline = storage_key(slot, &deadline_key(deleted));
+        if let Some(d) = ks.get(&deadline)? {
+            if let Ok(at) = decode_deadline(&d) {
+                batch.delete(&storage_key(slot, &index_key(at, deleted)));
+            }
+            batch.delete(&deadline);
+        }
+        batch.delete(&storage_key(slot, deleted));
     }
     let marking = reserved && !guard.may_expire();
     if marking {
@@ -219,7 +314,16 @@ pub(super) fn cmd_import(call: &mut Call<'_>, args: &[Vec<u8>]) -> tucana::Resul
     if marking {
         guard.set_may_expire();
     }
-    guard.modified(args[3..].chunks(2).map(|p| p[0].as_slice()), true);
+    let written: Vec<Vec<u8>> = args[3..]
+        .chunks(2)
+        .map(|p| match split_storage_key(&p[0]) {
+            Ok((slot, key)) => {
+                tombstone_of(key).map_or_else(|| p[0].clone(), |k| storage_key(slot, k))
+            }
+            Err(_) => p[0].clone(),
+        })
+        .collect();
+    guard.modified(written.iter().map(Vec::as_slice), true);
     drop(guard);
     call.wrote = true;
     call.session.wrote_to(region.name());
