@@ -501,3 +501,69 @@ fn servers_are_added_removed_and_regions_split_online() {
     assert!(!acked.is_empty());
     assert_acked_readable(&client, &acked);
 }
+
+#[test]
+fn a_source_primary_killed_mid_migration_is_succeeded_by_its_backup_which_finishes_it() {
+    let mut cluster = Cluster::start(3, 4, 150);
+    let mut con1 = cluster.servers[1].connect();
+    let ranges = slot_ranges(&mut con1);
+    let (_, last, owner) = ranges[0].clone();
+    assert_eq!(owner, cluster.servers[0].addr);
+    let (lo, hi) = (last - 299, last);
+    let client = cluster.client();
+    let mut ccon = client.get_connection().unwrap();
+    let keys: Vec<String> = (0..)
+        .map(|n| format!("{{m{n}}}:k"))
+        .filter(|k| (lo..=hi).contains(&key_slot(k.as_bytes())))
+        .take(120)
+        .collect();
+    for key in &keys {
+        let _: () = ccon.set(key, format!("v-{key}")).unwrap();
+    }
+    let writer = Writer::start(cluster.client());
+    let slots = format!("{lo}-{hi}");
+    let target = cluster.servers[2].addr.clone();
+    let mut mover = cluster
+        .tucana_command(&["move-slots", "--from-region", "1", "--slots", &slots])
+        .args(["--to", &target])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut con0 = cluster.servers[0].connect();
+    wait_until("the migration under way", || {
+        keys.iter()
+            .any(|key| matches!(send(&mut con0, &["GET", key]), Err(e) if e.starts_with("ASK")))
+            .then_some(())
+    });
+    // kill -9 of the source's primary in the middle of the migration.
+    let victim = &mut cluster.servers[0];
+    victim.child.kill().unwrap();
+    victim.child.wait().unwrap();
+    // Its backup is promoted, finds the migration in the map and finishes it.
+    assert!(mover.wait().unwrap().success(), "move-slots failed");
+    let ranges = wait_until("the moved range owned by the target", || {
+        let r = slot_ranges(&mut con1);
+        r.iter()
+            .any(|x| *x == (lo, hi, target.clone()))
+            .then_some(r)
+    });
+    assert!(
+        ranges.iter().all(|r| r.2 != cluster.servers[0].addr),
+        "{ranges:?}"
+    );
+    let acked = writer.finish();
+    let client = redis::cluster::ClusterClientBuilder::new(
+        cluster.servers[1..]
+            .iter()
+            .map(|s| format!("redis://{}/", s.addr)),
+    )
+    .retries(8)
+    .build()
+    .unwrap();
+    let mut ccon = client.get_connection().unwrap();
+    for key in &keys {
+        let value: String = ccon.get(key).unwrap();
+        assert_eq!(value, format!("v-{key}"));
+    }
+    assert_acked_readable(&client, &acked);
+}
