@@ -567,3 +567,66 @@ fn a_source_primary_killed_mid_migration_is_succeeded_by_its_backup_which_finish
     }
     assert_acked_readable(&client, &acked);
 }
+
+#[test]
+fn a_target_primary_killed_mid_migration_is_succeeded_by_its_backup() {
+    let mut cluster = Cluster::start(3, 4, 150);
+    let mut con0 = cluster.servers[0].connect();
+    let ranges = slot_ranges(&mut con0);
+    let (_, last, _) = ranges[0].clone();
+    let (lo, hi) = (last - 299, last);
+    let client = cluster.client();
+    let mut ccon = client.get_connection().unwrap();
+    let keys: Vec<String> = (0..)
+        .map(|n| format!("{{m{n}}}:k"))
+        .filter(|k| (lo..=hi).contains(&key_slot(k.as_bytes())))
+        .take(120)
+        .collect();
+    for key in &keys {
+        let _: () = ccon.set(key, format!("v-{key}")).unwrap();
+    }
+    let writer = Writer::start(cluster.client());
+    let slots = format!("{lo}-{hi}");
+    let target = cluster.servers[2].addr.clone();
+    let mut mover = cluster
+        .tucana_command(&["move-slots", "--from-region", "1", "--slots", &slots])
+        .args(["--to", &target])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_until("the migration under way", || {
+        keys.iter()
+            .any(|key| matches!(send(&mut con0, &["GET", key]), Err(e) if e.starts_with("ASK")))
+            .then_some(())
+    });
+    // kill -9 of the target's primary: its backup is promoted and takes the rest.
+    let victim = &mut cluster.servers[2];
+    victim.child.kill().unwrap();
+    victim.child.wait().unwrap();
+    assert!(mover.wait().unwrap().success(), "move-slots failed");
+    let ranges = wait_until("the moved range owned by the target", || {
+        let r = slot_ranges(&mut con0);
+        r.iter()
+            .find(|x| (x.0, x.1) == (lo, hi))
+            .map(|x| x.2.clone())
+    });
+    assert_ne!(
+        ranges, target,
+        "the dead server still leads the moved range"
+    );
+    let acked = writer.finish();
+    let client = redis::cluster::ClusterClientBuilder::new(
+        cluster.servers[..2]
+            .iter()
+            .map(|s| format!("redis://{}/", s.addr)),
+    )
+    .retries(8)
+    .build()
+    .unwrap();
+    let mut ccon = client.get_connection().unwrap();
+    for key in &keys {
+        let value: String = ccon.get(key).unwrap();
+        assert_eq!(value, format!("v-{key}"));
+    }
+    assert_acked_readable(&client, &acked);
+}
