@@ -187,6 +187,15 @@ pub fn run(args: &ClusterArgs) -> Result<Outcome, CliError> {
             Action::RemoveServer { etcd, server, wait } => {
                 let store = connect(etcd).await?;
                 let id = cluster_ops::server_at(&store, server, Duration::ZERO).await?;
+                let (others, _) = store
+                    .servers()
+                    .await
+                    .map_err(etcd_error("reading servers"))?;
+                if others.iter().all(|s| s.id == id) {
+                    return Err(CliError::msg(format!(
+                        "{server} is the only live server: nowhere to move its slots"
+                    )));
+                }
                 let moves = cluster_ops::plan(
                     &store,
                     |live| live.iter().filter(|s| **s != id).cloned().collect(),
