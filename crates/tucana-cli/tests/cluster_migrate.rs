@@ -351,6 +351,17 @@ fn moved_slots_answer_ask_during_and_moved_after_with_nothing_lost() {
     let value: String =
         redis::from_redis_value(send(&mut con2, &["GET", &asked]).unwrap()).unwrap();
     assert_eq!(value, format!("v-{asked}"));
+    // CLUSTER NODES marks the slots as Redis does, on each side's own line.
+    let id = |con: &mut redis::Connection| -> String {
+        redis::cmd("CLUSTER").arg("MYID").query(con).unwrap()
+    };
+    let (id0, id2) = (id(&mut con0), id(&mut con2));
+    let nodes: String = redis::cmd("CLUSTER").arg("NODES").query(&mut con0).unwrap();
+    let mine = nodes.lines().find(|l| l.contains("myself")).unwrap();
+    assert!(mine.contains(&format!(" [{hi}->-{id2}]")), "{mine}");
+    let nodes: String = redis::cmd("CLUSTER").arg("NODES").query(&mut con2).unwrap();
+    let mine = nodes.lines().find(|l| l.contains("myself")).unwrap();
+    assert!(mine.contains(&format!(" [{hi}-<-{id0}]")), "{mine}");
     // ASKING lasts one command.
     assert!(send(&mut con2, &["GET", &asked])
         .unwrap_err()
