@@ -1,12 +1,13 @@
-//! `tucana cluster create|status`: an operator's commands on a cluster's map in etcd
-//! (issue 19; DESIGN.md, "Cluster").
+//! `tucana cluster create|status|move-slots|split|add-server|remove-server|rebalance`:
+//! an operator's commands on a cluster's map in etcd (issue 19; DESIGN.md, "Cluster").
+//! The migrations behind the last five are `cluster_ops`'.
 //!
 //! `create` waits until the named servers (`tucana serve --cluster-etcd`) are registered,
 //! matching them by the client address they announce, splits the 16384 hash slots evenly
 //! over them as primaries, gives each region `--replicas` backups on the servers after its
 //! primary, and creates the map; it refuses when a map exists. `status`
-//! prints the map (regions, slot ranges, primary, backups, epochs) and which servers are
-//! live.
+//! prints the map (regions, slot ranges, primary, backups, epochs, running migrations)
+//! and which servers are live.
 //!
 //! Owns the subcommand's flags and output; the map and its storage in etcd are
 //! `tucana-cluster`'s. Runs a small tokio runtime on the calling thread for the etcd

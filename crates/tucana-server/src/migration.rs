@@ -3,8 +3,8 @@
 //! the range's stored pairs to the target's primary in batches (`TUCANA.IMPORT`, over
 //! the client port), deletes each batch here once the target acknowledged it, and
 //! finishes the migration in etcd (a CAS) when the range is empty. Also the questions
-//! routing asks about a slot under migration (`slot_state`, `importing_here`) and the
-//! set of keys in flight.
+//! routing asks about a slot under migration (`slot_state`, `importing_here`), and the
+//! layout of tombstones (`tombstone_key`).
 //!
 //! A batch, step by step: under the region's write lock, read up to `migrate_batch`
 //! stored pairs of the range (a key with its deadline and index records, so a key never
@@ -16,13 +16,13 @@
 //! is sent to the target) before its deletion is as durable as a write: a promoted
 //! backup of this region never holds a key the target took writes for.
 //!
-//! Owns: the migrator tasks, the in-flight set, the import's client connection. Does
-//! not own: the map's changes (`tucana_cluster::map::migration`), the answers to
-//! clients (`commands::migrating`), the target's side (`TUCANA.IMPORT`, same module).
+//! Owns: the migrator tasks and the import's client connection. Does not own: the
+//! in-flight set (`in_flight`, marked and cleared here), the map's changes
+//! (`tucana_cluster::map::migration`), the answers to clients and the target's side
+//! (`commands::migrating`, with `TUCANA.IMPORT`).
 //!
 //! Thread-safety: one supervising task on the listener's runtime and one task per
 //! migrating region; engine work and the blocking socket run on tokio's blocking pool.
-//! `InFlight` is shared with every connection behind a mutex held for set operations.
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::{self, BufRead, BufReader, Write};

@@ -6,7 +6,7 @@
 //! region, and pure transformations (`promote`, `assign_backup`, `remove_server`) that each
 //! return a new validated map. Does not own where the map is stored or who may change it
 //! (`etcd`), nor when to change it (the coordinator in the server, which runs
-//! `repaired`, in `repair`).
+//! `repaired`, in `repair`). Slot migrations and the rebalancing plan are `migration`'s.
 //!
 //! Threads: plain values; share a map behind whatever the holder chooses.
 //!
