@@ -122,10 +122,12 @@ pub(super) fn run_routed(
         SlotState::Migrating { target } => {
             let (mut found, mut away) = (0, 0);
             for key in keys(spec, args) {
-                if cluster
-                    .in_flight
-                    .contains(routed.region, &storage_key(hash_slot, key))
-                {
+                // The key, or its tombstone, is being sent: wait until its deletion here
+                // is durable (else a promoted backup could hold a tombstone the target
+                // already applied, and delete a write the target took since).
+                let in_flight =
+                    |stored: Vec<u8>| cluster.in_flight.contains(routed.region, &stored);
+                if in_flight(stored(key)) || in_flight(stored(&tombstone_key(key))) {
                     return Ok(tryagain());
                 }
                 if here(&kv, key)? {
