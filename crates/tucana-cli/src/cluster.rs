@@ -1,12 +1,13 @@
-//! `tucana cluster create|status`: an operator's commands on a cluster's map in etcd
-//! (issue 19; DESIGN.md, "Cluster").
+//! `tucana cluster create|status|move-slots|split|add-server|remove-server|rebalance`:
+//! an operator's commands on a cluster's map in etcd (issue 19; DESIGN.md, "Cluster").
+//! The migrations behind the last five are `cluster_ops`'.
 //!
 //! `create` waits until the named servers (`tucana serve --cluster-etcd`) are registered,
 //! matching them by the client address they announce, splits the 16384 hash slots evenly
 //! over them as primaries, gives each region `--replicas` backups on the servers after its
 //! primary, and creates the map; it refuses when a map exists. `status`
-//! prints the map (regions, slot ranges, primary, backups, epochs) and which servers are
-//! live.
+//! prints the map (regions, slot ranges, primary, backups, epochs, running migrations)
+//! and which servers are live.
 //!
 //! Owns the subcommand's flags and output; the map and its storage in etcd are
 //! `tucana-cluster`'s. Runs a small tokio runtime on the calling thread for the etcd
@@ -18,7 +19,7 @@ use std::time::{Duration, Instant};
 use clap::{Args, Subcommand};
 use tucana_cluster::{ClusterMap, ServerId, ServerInfo, Store};
 
-use crate::{CliError, Outcome};
+use crate::{cluster_ops, CliError, Outcome};
 
 /// Flags of `tucana cluster`.
 #[derive(Debug, Args)]
@@ -62,6 +63,75 @@ pub enum Action {
         #[command(flatten)]
         etcd: EtcdArgs,
     },
+    /// Moves a region's slots (all, or a prefix or suffix) online into a new region led
+    /// by the server at --to, and waits until it owns them.
+    MoveSlots {
+        #[command(flatten)]
+        etcd: EtcdArgs,
+        #[arg(long, value_name = "REGION")]
+        from_region: u64,
+        /// A-B: a prefix or suffix of the region's slots (default: all of them).
+        #[arg(long, value_name = "A-B", value_parser = crate::cluster_ops::parse_slots)]
+        slots: Option<tucana_cluster::SlotRange>,
+        /// The new primary's client address.
+        #[arg(long, value_name = "HOST:PORT")]
+        to: String,
+        #[command(flatten)]
+        wait: WaitArgs,
+    },
+    /// Splits a region in two on the same servers: slots from --at (default: the middle)
+    /// to its end move online into a new region.
+    Split {
+        #[command(flatten)]
+        etcd: EtcdArgs,
+        #[arg(value_name = "REGION")]
+        region: u64,
+        #[arg(long, value_name = "SLOT")]
+        at: Option<u16>,
+        #[command(flatten)]
+        wait: WaitArgs,
+    },
+    /// Waits for the server at HOST:PORT to register, then moves slots to it until the
+    /// live servers lead even shares.
+    AddServer {
+        #[command(flatten)]
+        etcd: EtcdArgs,
+        #[arg(value_name = "HOST:PORT")]
+        server: String,
+        #[command(flatten)]
+        wait: WaitArgs,
+    },
+    /// Moves every slot the server at HOST:PORT leads to the other live servers (evenly);
+    /// stop it afterwards: the coordinator then replaces it as a backup.
+    RemoveServer {
+        #[command(flatten)]
+        etcd: EtcdArgs,
+        #[arg(value_name = "HOST:PORT")]
+        server: String,
+        #[command(flatten)]
+        wait: WaitArgs,
+    },
+    /// Moves slots until the live servers lead even shares.
+    Rebalance {
+        #[command(flatten)]
+        etcd: EtcdArgs,
+        #[command(flatten)]
+        wait: WaitArgs,
+    },
+}
+
+/// How long operator commands wait.
+#[derive(Debug, Args)]
+pub struct WaitArgs {
+    /// How long to wait for a server to register, and for each migration to finish.
+    #[arg(long, default_value_t = 600, value_name = "SECS")]
+    wait_secs: u64,
+}
+
+impl WaitArgs {
+    fn wait(&self) -> Duration {
+        Duration::from_secs(self.wait_secs)
+    }
 }
 
 pub fn run(args: &ClusterArgs) -> Result<Outcome, CliError> {
@@ -78,6 +148,72 @@ pub fn run(args: &ClusterArgs) -> Result<Outcome, CliError> {
                 servers,
             } => create(etcd, *replicas, Duration::from_secs(*wait_secs), servers).await,
             Action::Status { etcd } => status(etcd).await,
+            Action::MoveSlots {
+                etcd,
+                from_region,
+                slots,
+                to,
+                wait,
+            } => {
+                let store = connect(etcd).await?;
+                let region = tucana_cluster::RegionId(*from_region);
+                cluster_ops::move_to(&store, region, *slots, to, wait.wait()).await
+            }
+            Action::Split {
+                etcd,
+                region,
+                at,
+                wait,
+            } => {
+                let store = connect(etcd).await?;
+                let region = tucana_cluster::RegionId(*region);
+                cluster_ops::split(&store, region, *at, wait.wait()).await
+            }
+            Action::AddServer { etcd, server, wait } => {
+                let store = connect(etcd).await?;
+                let id = cluster_ops::server_at(&store, server, wait.wait()).await?;
+                let moves = cluster_ops::plan(
+                    &store,
+                    |live| {
+                        let mut servers = live.clone();
+                        servers.insert(id.clone());
+                        servers
+                    },
+                    wait.wait(),
+                )
+                .await?;
+                println!("{server} added; {moves} moves");
+                Ok(())
+            }
+            Action::RemoveServer { etcd, server, wait } => {
+                let store = connect(etcd).await?;
+                let id = cluster_ops::server_at(&store, server, Duration::ZERO).await?;
+                let (others, _) = store
+                    .servers()
+                    .await
+                    .map_err(etcd_error("reading servers"))?;
+                if others.iter().all(|s| s.id == id) {
+                    return Err(CliError::msg(format!(
+                        "{server} is the only live server: nowhere to move its slots"
+                    )));
+                }
+                let moves = cluster_ops::plan(
+                    &store,
+                    |live| live.iter().filter(|s| **s != id).cloned().collect(),
+                    wait.wait(),
+                )
+                .await?;
+                println!(
+                    "{server} leads no region now ({moves} moves); stop it, and the coordinator replaces it as a backup once its lease expires"
+                );
+                Ok(())
+            }
+            Action::Rebalance { etcd, wait } => {
+                let store = connect(etcd).await?;
+                let moves = cluster_ops::plan(&store, Clone::clone, wait.wait()).await?;
+                println!("balanced; {moves} moves");
+                Ok(())
+            }
         }
     })?;
     Ok(Outcome::Done)
@@ -234,6 +370,29 @@ async fn status(etcd: &EtcdArgs) -> Result<(), CliError> {
                     region.primary,
                     addr(&region.primary),
                     health(&region.primary),
+                    if backups.is_empty() {
+                        "none".to_owned()
+                    } else {
+                        backups.join(", ")
+                    }
+                );
+            }
+            for m in &map.migrations {
+                let t = &m.target;
+                let backups: Vec<String> = t
+                    .backups
+                    .iter()
+                    .map(|b| format!("{b} {} {}", addr(b), health(b)))
+                    .collect();
+                println!(
+                    "migrating: slots {} of region {} into region {}, epoch {}, primary {} {} {}, backups: {}",
+                    t.slots,
+                    m.source,
+                    t.id,
+                    t.epoch,
+                    t.primary,
+                    addr(&t.primary),
+                    health(&t.primary),
                     if backups.is_empty() {
                         "none".to_owned()
                     } else {

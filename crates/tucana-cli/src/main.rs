@@ -10,6 +10,7 @@
 //! error instead of sharing it.
 
 mod cluster;
+mod cluster_ops;
 mod commands;
 mod crash_writer;
 mod escape;

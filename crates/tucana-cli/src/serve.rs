@@ -153,6 +153,12 @@ pub struct ServeArgs {
     /// shutting down stays listed this long.
     #[arg(long, default_value_t = 5000, value_name = "MS")]
     cluster_lease_ms: u64,
+    /// Slot migration: stored pairs per batch copied to the target region.
+    #[arg(long, default_value_t = 256, value_name = "N")]
+    cluster_migrate_batch: usize,
+    /// Slot migration: pause after each batch (for tests and to spare a busy server).
+    #[arg(long, default_value_t = 0, value_name = "MS")]
+    cluster_migrate_pause_ms: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -190,6 +196,8 @@ impl ServeArgs {
             announce: self.cluster_announce.clone(),
             id_file: cluster_id_file(path),
             lease_ttl: Duration::from_millis(self.cluster_lease_ms),
+            migrate_batch: self.cluster_migrate_batch.max(1),
+            migrate_pause: Duration::from_millis(self.cluster_migrate_pause_ms),
         })
     }
 

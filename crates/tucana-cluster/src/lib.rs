@@ -27,5 +27,7 @@ pub use etcd::{
     LeaderWatch, Leadership, LeaseStatus, MapEvent, MapWatch, Registration, Revision, ServerEvent,
     ServerWatch, Store,
 };
-pub use map::{ClusterMap, Failover, Region, RegionId, ServerId, ServerInfo, SlotRange};
+pub use map::{
+    ClusterMap, Failover, Migration, Move, Region, RegionId, ServerId, ServerInfo, SlotRange,
+};
 pub use slot::{key_slot, split_storage_key, storage_key, SLOTS};

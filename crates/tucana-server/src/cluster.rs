@@ -90,6 +90,9 @@ pub struct Cluster {
     /// Regions the map says this server leads whose replica it could not promote: not
     /// served (a write must not create an empty keyspace in their place).
     unpromoted: RwLock<BTreeSet<RegionId>>,
+    /// Slot migration: the stored keys this server is copying out of its regions now
+    /// (`migration`).
+    pub in_flight: crate::in_flight::InFlight,
     follower: OnceLock<Follower>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
 }
@@ -149,6 +152,7 @@ impl Cluster {
             view_registration: AtomicU64::new(0),
             reread: Notify::new(),
             unpromoted: RwLock::new(BTreeSet::new()),
+            in_flight: Default::default(),
             follower: OnceLock::new(),
             tasks: Mutex::new(Vec::new()),
         })
@@ -183,6 +187,16 @@ impl Cluster {
         } else {
             set.remove(&id);
         }
+    }
+
+    /// Whether region `id` is one this server leads but could not promote (not served).
+    pub fn is_unpromoted(&self, id: RegionId) -> bool {
+        self.unpromoted.read().contains(&id)
+    }
+
+    /// The cluster's configuration (etcd, lease, migration batches).
+    pub fn config(&self) -> &ClusterConfig {
+        &self.config
     }
 
     /// Forgets the cached keyspace handle of region `id` (a promotion made its keyspace).
@@ -480,6 +494,8 @@ mod tests {
             name: "test".into(),
             announce: None,
             lease_ttl: Duration::from_secs(3),
+            migrate_batch: 100,
+            migrate_pause: Duration::ZERO,
             id_file: dir.join("volume.cluster-id"),
         };
         Cluster::new(config, "127.0.0.1:7001".into(), String::new()).unwrap()

@@ -37,7 +37,9 @@ type Backups = BTreeMap<String, BTreeMap<String, u64>>;
 
 fn follow(db: &Database, replication: &Replication, cluster: &Cluster, view: &View) {
     let mut backups = Backups::new();
-    let regions = view.map.as_ref().map_or(&[][..], |m| &m.regions[..]);
+    // Migration targets too: their primary takes imports and ships them to its backups.
+    let regions: Vec<&tucana_cluster::Region> =
+        view.map.iter().flat_map(|m| m.all_regions()).collect();
     for region in regions {
         let name = region_keyspace_name(region.id);
         if region.primary != cluster.id {

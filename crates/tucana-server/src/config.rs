@@ -100,6 +100,11 @@ pub struct ClusterConfig {
     pub id_file: PathBuf,
     /// The time to live of this server's lease in etcd.
     pub lease_ttl: Duration,
+    /// Slot migration (`migration`): at most this many stored pairs per batch sent to
+    /// the target, and a pause after each batch (0 in production; tests slow a
+    /// migration down to watch it).
+    pub migrate_batch: usize,
+    pub migrate_pause: Duration,
 }
 
 /// Everything the server needs besides the opened database.

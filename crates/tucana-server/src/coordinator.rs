@@ -66,7 +66,7 @@ async fn repair(
             return Ok(servers_revision);
         };
         let live: BTreeSet<ServerId> = servers.into_iter().map(|s| s.id).collect();
-        let mut repaired = map.repaired(&live)?;
+        let mut repaired = map.repaired(&live)?.repaired_migrations(&live)?;
         if repaired == map {
             return Ok(servers_revision);
         }

@@ -121,6 +121,7 @@ impl Server {
                     crate::in_sync::report(cluster.clone(), replication.clone(), shutdown.clone());
                 cluster.add_task(tokio::spawn(reporting));
             }
+            tokio::spawn(crate::migration::run(state.clone(), shutdown.clone()));
         }
         // Ends by itself at shutdown; not in `tasks`, which holds the connections.
         if state.config.active_expiry {

@@ -71,7 +71,10 @@ impl Link {
 
     /// A link from `primary` (which holds keyspace `NAME` at a term below 10), to a new
     /// backup: its first commit goes in full.
-    fn from_primary(primary: Database, primary_storage: Arc<MemStorage>) -> (Link, Arc<MemStorage>) {
+    fn from_primary(
+        primary: Database,
+        primary_storage: Arc<MemStorage>,
+    ) -> (Link, Arc<MemStorage>) {
         let deltas = Arc::new(Deltas::default());
         primary.set_commit_observer(Some(deltas.clone()));
         let source = primary.ship_source(NAME).unwrap();
@@ -340,7 +343,8 @@ fn a_promoted_backup_ships_to_a_new_backup_without_leaking_its_blocks() {
     let ks = link.primary.keyspace(NAME).unwrap();
     for round in 0..4u32 {
         for i in 0..3000u32 {
-            ks.put(&key(i), format!("value {round} {i}").repeat(3).as_bytes()).unwrap();
+            ks.put(&key(i), format!("value {round} {i}").repeat(3).as_bytes())
+                .unwrap();
         }
         link.commit_and_compare();
     }
@@ -359,7 +363,13 @@ fn a_promoted_backup_ships_to_a_new_backup_without_leaking_its_blocks() {
             if (i * 7 + round) % 11 == 0 {
                 ks.delete(&key(i)).unwrap();
             } else {
-                ks.put(&key(i), format!("second {round} {i}").repeat(1 + (round as usize % 3)).as_bytes()).unwrap();
+                ks.put(
+                    &key(i),
+                    format!("second {round} {i}")
+                        .repeat(1 + (round as usize % 3))
+                        .as_bytes(),
+                )
+                .unwrap();
             }
         }
         if round % 3 == 1 {

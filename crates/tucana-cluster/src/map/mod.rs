@@ -6,7 +6,7 @@
 //! region, and pure transformations (`promote`, `assign_backup`, `remove_server`) that each
 //! return a new validated map. Does not own where the map is stored or who may change it
 //! (`etcd`), nor when to change it (the coordinator in the server, which runs
-//! `repaired`, in `repair`).
+//! `repaired`, in `repair`). Slot migrations and the rebalancing plan are `migration`'s.
 //!
 //! Threads: plain values; share a map behind whatever the holder chooses.
 //!
@@ -25,8 +25,13 @@ use crate::error::{Error, Result};
 use crate::slot::SLOTS;
 pub use crate::types::ServerId;
 
+mod migration;
 mod repair;
 
+pub use migration::{Migration, Move};
+
+#[cfg(test)]
+mod migration_tests;
 #[cfg(test)]
 mod tests;
 
@@ -130,6 +135,19 @@ pub struct ClusterMap {
     /// recorded, and until a first failover).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_failover: Option<Failover>,
+    /// Slot ranges moving from one region into a new one (`migration`): at most one per
+    /// source region. Absent in maps written before migrations existed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub migrations: Vec<Migration>,
+    /// The highest region id ever given (0 in maps written before it was kept: the
+    /// highest id in the map then counts), so a region id is never given twice even
+    /// after its region moved away whole.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub max_region_id: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// A promotion of a backup for a dead primary, as the coordinator that wrote it saw it.
@@ -181,6 +199,8 @@ impl ClusterMap {
             config_epoch: count,
             regions,
             last_failover: None,
+            migrations: Vec::new(),
+            max_region_id: count,
         };
         map.validate()?;
         Ok(map)
@@ -212,7 +232,8 @@ impl ClusterMap {
 
     /// Checks every invariant: slot ranges in range, sorted and disjoint; region ids
     /// unique; no primary among its own backups; no backup twice; in-sync servers are
-    /// backups, once each; epochs from 1 to `config_epoch`.
+    /// backups, once each; epochs from 1 to `config_epoch`; and the migrations'
+    /// (`Migration`).
     pub fn validate(&self) -> Result<()> {
         let invalid = |detail: String| Err(Error::InvalidMap(detail));
         let mut ids = std::collections::HashSet::new();
@@ -260,7 +281,7 @@ impl ClusterMap {
             }
             previous = Some(region);
         }
-        Ok(())
+        self.validate_migrations(&mut ids)
     }
 
     /// The JSON kept in etcd.
@@ -288,8 +309,13 @@ impl ClusterMap {
         region.slots.contains(slot).then_some(region)
     }
 
+    /// Region `id`: one of `regions`, or the target of a migration (which owns no slot
+    /// until the migration finishes, but has its primary, backups and epoch).
     pub fn region(&self, id: RegionId) -> Option<&Region> {
-        self.regions.iter().find(|r| r.id == id)
+        self.regions
+            .iter()
+            .chain(self.migrations.iter().map(|m| &m.target))
+            .find(|r| r.id == id)
     }
 
     /// The regions `server` is primary of.

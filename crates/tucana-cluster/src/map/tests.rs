@@ -84,6 +84,8 @@ fn region_of_slot_finds_the_range() {
         config_epoch: 0,
         regions: vec![],
         last_failover: None,
+        migrations: vec![],
+        max_region_id: 0,
     };
     empty.validate().unwrap();
     assert!(empty.region_of_slot(5).is_none());

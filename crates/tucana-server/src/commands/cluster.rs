@@ -267,9 +267,36 @@ fn nodes(cluster: &Cluster, view: &View) -> String {
                 let _ = write!(out, " {}-{}", region.slots.start, region.slots.end);
             }
         }
+        if id == cluster.id {
+            if let Some(map) = map {
+                migration_markers(map, &id, &mut out);
+            }
+        }
         out.push('\n');
     }
     out
+}
+
+/// Redis's markers of slots under migration, on this server's own line: `[slot->-id]`
+/// for each slot it is moving to server `id`, `[slot-<-id]` for each it imports from
+/// `id` (a split within one server has none: Redis has no such state).
+fn migration_markers(map: &ClusterMap, me: &ServerId, out: &mut String) {
+    for m in &map.migrations {
+        let Some(source) = map.region(m.source) else {
+            continue;
+        };
+        let (target, slots) = (&m.target.primary, m.target.slots);
+        if source.primary == *target {
+            continue;
+        }
+        for slot in slots.start..=slots.end {
+            if source.primary == *me {
+                let _ = write!(out, " [{slot}->-{target}]");
+            } else if target == me {
+                let _ = write!(out, " [{slot}-<-{}]", source.primary);
+            }
+        }
+    }
 }
 
 /// `CLUSTER INFO`: the cluster is `ok` when every slot is in a region whose primary is

@@ -184,6 +184,24 @@ pub(super) fn dbsize(call: &Call<'_>) -> tucana::Result<Reply> {
 
 /// `FLUSHDB` / `FLUSHALL`: drops the keyspace of every region this server leads.
 pub(super) fn flush(call: &Call<'_>) -> tucana::Result<Reply> {
+    // Dropping a migration's source would forget its tombstones (DESIGN.md, "Slot
+    // migration"), dropping its target the batches it acknowledged.
+    if let Some(cluster) = &call.state.cluster {
+        let view = cluster.view();
+        let involved = view.map.as_ref().is_some_and(|map| {
+            map.migrations.iter().any(|m| {
+                m.target.primary == cluster.id
+                    || map
+                        .region(m.source)
+                        .is_some_and(|r| r.primary == cluster.id)
+            })
+        });
+        if involved {
+            return Ok(Reply::error(
+                "ERR a slot migration involves this server: flush once it finished (tucana cluster status)",
+            ));
+        }
+    }
     for (_, slot) in regions(call) {
         slot.lock_writes().flush(&call.state.store.db)?;
     }

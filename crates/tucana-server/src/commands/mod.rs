@@ -41,6 +41,7 @@ mod expire;
 mod info;
 mod keys;
 mod kv;
+mod migrating;
 mod routing;
 mod session;
 mod strings;
@@ -82,6 +83,15 @@ impl<'a> Call<'a> {
 /// inside `MULTI`, else finds its handler in the table and runs it on the store its kind
 /// needs. Errors become error replies.
 fn execute(call: &mut Call<'_>, args: &Args) -> Reply {
+    let reply = execute_one(call, args);
+    // `ASKING` lasts for one command (cluster mode, `migrating`).
+    if call.session.asking && !args[0].eq_ignore_ascii_case(b"asking") {
+        call.session.asking = false;
+    }
+    reply
+}
+
+fn execute_one(call: &mut Call<'_>, args: &Args) -> Reply {
     let Some(index) = lookup(&args[0]) else {
         if let Some(multi) = &mut call.session.multi {
             multi.failed = true;
@@ -181,6 +191,10 @@ fn run_spec(
         }
         _ => None,
     };
+    if let (Some(r), Some(region), Run::Read(f) | Run::Write(f)) = (routed, &region, spec.run) {
+        let write = matches!(spec.run, Run::Write(_));
+        return migrating::run_routed(call, spec, f, write, args, r, region);
+    }
     let slot = region.as_deref().unwrap_or_else(|| call.slot());
     let hash_slot = routed.map(|r| r.hash_slot);
     match spec.run {

@@ -75,6 +75,16 @@ pub(super) fn route_slot(call: &Call<'_>, hash_slot: u16) -> Result<Routed, Repl
             "ERR This instance has cluster support disabled",
         ));
     };
+    // After ASKING, a slot this server imports runs in the migration's target region.
+    if call.session.asking {
+        if let Some(region) = crate::migration::importing_here(cluster, hash_slot) {
+            return Ok(Routed {
+                hash_slot,
+                region,
+                replica: false,
+            });
+        }
+    }
     match cluster.route(hash_slot) {
         Route::Here(region) => Ok(Routed {
             hash_slot,

@@ -37,6 +37,9 @@ pub struct Session {
     /// `READONLY` (cluster mode): the client accepts reads from backups: a read of a
     /// slot this server backs is served from the replica's last applied commit.
     pub(super) readonly: bool,
+    /// `ASKING` (cluster mode): the next command may run on a slot this server is
+    /// importing; cleared after it.
+    pub(super) asking: bool,
     /// Close the connection once the replies so far are written (`QUIT`, `SHUTDOWN`).
     pub close_after_reply: bool,
     /// The client asked the server to shut down.
@@ -74,6 +77,7 @@ impl Session {
             multi: None,
             watching: Vec::new(),
             readonly: false,
+            asking: false,
             close_after_reply: false,
             shutdown_requested: false,
             last_write: None,

@@ -28,6 +28,7 @@ use super::keys::{
     cmd_dbsize, cmd_flushall, cmd_flushdb, cmd_keys, cmd_scan, cmd_tprefix, cmd_trange,
 };
 use super::kv::Kv;
+use super::migrating::{cmd_asking, cmd_import};
 use super::session::{cmd_auth, cmd_client, cmd_echo, cmd_hello, cmd_ping, cmd_quit, cmd_select};
 use super::strings::{
     cmd_append, cmd_decr, cmd_decrby, cmd_del, cmd_exists, cmd_get, cmd_getdel, cmd_getex,
@@ -171,6 +172,8 @@ pub(super) fn table() -> &'static [Spec] {
             spec!("cluster", -2, NOMULTI, NO_KEYS, other(cmd_cluster)),
             spec!("readonly", 1, NOMULTI, NO_KEYS, other(cmd_readonly)),
             spec!("readwrite", 1, NOMULTI, NO_KEYS, other(cmd_readwrite)),
+            spec!("asking", 1, TXCTL, NO_KEYS, other(cmd_asking)),
+            spec!("tucana.import", -5, NOMULTI, NO_KEYS, other(cmd_import)),
         ]
     })
 }

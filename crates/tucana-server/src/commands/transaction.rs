@@ -140,20 +140,32 @@ pub(super) fn cmd_exec(call: &mut Call<'_>, _args: &[Vec<u8>]) -> tucana::Result
         (Some(_), _) if multi.cross_slot => return Ok(crossslot()),
         (Some(cluster), Some(hash_slot)) => match route_slot(call, hash_slot) {
             Ok(routed) => (
-                Some(cluster.region(&state.store.db, routed.region)),
+                Some((
+                    cluster.region(&state.store.db, routed.region),
+                    routed.region,
+                )),
                 Some(hash_slot),
             ),
             Err(reply) => return Ok(reply),
         },
         _ => (None, None),
     };
-    let slot = region.as_deref().unwrap_or_else(|| call.slot());
+    let slot = region
+        .as_ref()
+        .map_or_else(|| call.slot(), |(r, _)| r.as_ref());
     let mut tx = TxKv {
         guard: slot.lock_writes(),
         state,
         overlay: HashMap::new(),
         deadline_noted: false,
     };
+    // Cluster mode: no transaction on a slot a migration moves (checked under the lock,
+    // which orders it with the migrator's batches).
+    if let (Some((_, id)), Some(hash_slot)) = (&region, hash_slot) {
+        if let Some(reply) = super::migrating::exec_refusal(call, hash_slot, *id) {
+            return Ok(reply);
+        }
+    }
     if watched_modified(call, &watching)? {
         return Ok(Reply::NilArray);
     }
