@@ -353,7 +353,9 @@ async fn status(etcd: &EtcdArgs) -> Result<(), CliError> {
                     .backups
                     .iter()
                     .map(|b| {
-                        let sync = if region.in_sync.contains(b) {
+                        let sync = if region.handoff.as_ref() == Some(b) {
+                            "in sync, taking over (planned failover)"
+                        } else if region.in_sync.contains(b) {
                             "in sync"
                         } else {
                             "catching up"

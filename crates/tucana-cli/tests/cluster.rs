@@ -958,3 +958,52 @@ fn a_paused_primary_acknowledges_nothing_once_its_backup_is_promoted() {
     }
     assert_all_readable(&new_primary, &tag, &acked);
 }
+
+#[test]
+fn a_planned_failover_hands_a_region_to_its_backup_and_loses_nothing() {
+    let cluster = Cluster::start_with(1);
+    cluster.create().unwrap();
+    let ranges = cluster.wait_for_map();
+    let (start, end, old_primary) = ranges[0].clone();
+    let backups = backups_by_range(&mut cluster.servers[0].connect());
+    let backup = backups[&(start, end)].clone();
+    let tag = tag_in(start, end);
+
+    let mut primary_con = cluster.servers[cluster.index_of(&old_primary)].connect();
+    let mut backup_con = cluster.servers[cluster.index_of(&backup)].connect();
+    assert!(send(&mut backup_con, &["CLUSTER", "FAILOVER", "NOW"])
+        .unwrap_err()
+        .contains("syntax error"));
+
+    let writer = Writer::start(&cluster.addrs, &tag);
+    wait_until("writes acknowledged before the failover", || {
+        (writer.acked().len() >= 50).then_some(())
+    });
+    let asked_at = Instant::now();
+    assert_eq!(
+        text(send(&mut backup_con, &["CLUSTER", "FAILOVER"]).unwrap()),
+        "OK"
+    );
+    let new_primary = cluster.wait_for_new_primary(0, start, &old_primary);
+    assert_eq!(new_primary, backup, "the backup asked took over");
+    wait_until("a write acknowledged by the new primary", || {
+        writer
+            .acked()
+            .iter()
+            .any(|(_, at)| *at > asked_at + Duration::from_millis(200))
+            .then_some(())
+    });
+    let acked = writer.finish();
+    assert_all_readable(&new_primary, &tag, &acked);
+    // The old primary no longer serves the region: a write through it is redirected.
+    let err = wait_until("the old primary redirecting", || {
+        match primary_con.set::<_, _, ()>(format!("{{{tag}}}:after"), 1) {
+            Err(e) if e.code() == Some("MOVED") => Some(e),
+            _ => {
+                std::thread::sleep(Duration::from_millis(50));
+                None
+            }
+        }
+    });
+    assert!(err.to_string().contains(&new_primary), "{err}");
+}

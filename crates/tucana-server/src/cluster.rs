@@ -94,6 +94,9 @@ pub struct Cluster {
     /// (`migration`).
     pub in_flight: crate::in_flight::InFlight,
     follower: OnceLock<Follower>,
+    /// Regions being handed over by a planned failover (with the epoch it was asked at):
+    /// their commands answer `TRYAGAIN` (`handoff`).
+    draining: RwLock<BTreeMap<RegionId, u64>>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
 }
 
@@ -154,6 +157,7 @@ impl Cluster {
             unpromoted: RwLock::new(BTreeSet::new()),
             in_flight: Default::default(),
             follower: OnceLock::new(),
+            draining: RwLock::new(BTreeMap::new()),
             tasks: Mutex::new(Vec::new()),
         })
     }
@@ -197,6 +201,31 @@ impl Cluster {
     /// The cluster's configuration (etcd, lease, migration batches).
     pub fn config(&self) -> &ClusterConfig {
         &self.config
+    }
+
+    /// Whether region `id` is being handed over (its commands answer `TRYAGAIN`).
+    pub fn draining(&self, id: RegionId) -> bool {
+        self.draining.read().contains_key(&id)
+    }
+
+    /// Marks region `id` as being handed over at `epoch`; false if it already was.
+    pub fn start_draining(&self, id: RegionId, epoch: u64) -> bool {
+        let mut draining = self.draining.write();
+        if draining.get(&id) == Some(&epoch) {
+            return false;
+        }
+        draining.insert(id, epoch);
+        true
+    }
+
+    /// Region `id` is served again (its handoff failed or was withdrawn).
+    pub fn stop_draining(&self, id: RegionId) {
+        self.draining.write().remove(&id);
+    }
+
+    /// Keeps only the drains `keep(region, epoch)` still asks for.
+    pub fn keep_draining(&self, keep: impl Fn(RegionId, u64) -> bool) {
+        self.draining.write().retain(|id, epoch| keep(*id, *epoch));
     }
 
     /// Forgets the cached keyspace handle of region `id` (a promotion made its keyspace).

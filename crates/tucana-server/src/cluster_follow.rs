@@ -28,6 +28,7 @@ pub fn follower(db: Database, replication: Arc<Replication>, cluster: Weak<Clust
     Arc::new(move |view: &View| {
         if let Some(cluster) = cluster.upgrade() {
             follow(&db, &replication, &cluster, view);
+            crate::handoff::follow(&db, &replication, &cluster, view);
         }
     })
 }

@@ -46,6 +46,7 @@ mod connection;
 mod coordinator;
 mod expiry;
 mod glob;
+mod handoff;
 mod in_flight;
 mod in_sync;
 mod metrics;

@@ -69,6 +69,11 @@ pub fn slot_state(cluster: &Cluster, hash_slot: u16, region: RegionId) -> SlotSt
     };
     if let Some(r) = map.region_of_slot(hash_slot) {
         if r.id == region && r.primary == cluster.id {
+            if cluster.draining(region) {
+                return SlotState::Gone(
+                    "TRYAGAIN a planned failover of this slot is in progress; retry".into(),
+                );
+            }
             return match map.migration_of_slot(hash_slot) {
                 Some(m) if m.source == region => SlotState::Migrating {
                     target: m.target.id,

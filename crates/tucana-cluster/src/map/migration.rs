@@ -99,6 +99,7 @@ impl ClusterMap {
                 // The new region is empty, and nothing is imported into it without
                 // every backup's acknowledgement: all of them hold all of it.
                 in_sync: backups.clone(),
+                handoff: None,
                 backups,
                 epoch: map.config_epoch,
             },

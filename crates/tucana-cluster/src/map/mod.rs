@@ -120,6 +120,11 @@ pub struct Region {
     /// have reported their backups again.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub in_sync: Vec<ServerId>,
+    /// A planned failover asked for (`CLUSTER FAILOVER` on this in-sync backup): the
+    /// primary stops taking commands for the region, waits until this backup has
+    /// acknowledged everything, and promotes it (DESIGN.md, "Planned failover").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub handoff: Option<ServerId>,
 }
 
 /// The whole map. `regions` are sorted by their first slot and do not overlap; slots in no
@@ -191,6 +196,7 @@ impl ClusterMap {
                 backups: Vec::new(),
                 epoch: i + 1,
                 in_sync: Vec::new(),
+                handoff: None,
             });
             start = end + 1;
         }
@@ -279,6 +285,13 @@ impl ClusterMap {
                     return invalid(format!("region {id}: {server} is in sync twice"));
                 }
             }
+            if let Some(to) = &region.handoff {
+                if !region.in_sync.contains(to) {
+                    return invalid(format!(
+                        "region {id}: handoff to {to}, which is not an in-sync backup"
+                    ));
+                }
+            }
             previous = Some(region);
         }
         self.validate_migrations(&mut ids)
@@ -343,9 +356,54 @@ impl ClusterMap {
             }
             region.backups.remove(pos);
             region.in_sync.retain(|s| s != backup);
+            region.handoff = None;
             region.primary = backup.clone();
             map.config_epoch += 1;
             map.regions[at].epoch = map.config_epoch;
+            Ok(())
+        })
+    }
+
+    /// Asks region `id`'s primary (at `epoch`) to hand the region over to its in-sync
+    /// backup `to` (a planned failover); `None` withdraws the request. Refused for another
+    /// epoch, a backup not in sync, or a region that a migration moves slots out of or
+    /// into (its primary is busy with it; finish it first).
+    pub fn request_handoff(
+        &self,
+        id: RegionId,
+        epoch: u64,
+        to: Option<&ServerId>,
+    ) -> Result<ClusterMap> {
+        let Some(region) = self.regions.iter().find(|r| r.id == id) else {
+            return Err(Error::Refused(format!("no region {id}")));
+        };
+        if region.epoch != epoch {
+            return Err(Error::Refused(format!(
+                "region {id} is at epoch {}, not {epoch}",
+                region.epoch
+            )));
+        }
+        if let Some(to) = to {
+            if !region.in_sync.contains(to) {
+                return Err(Error::Refused(format!(
+                    "{to} is not an in-sync backup of region {id}"
+                )));
+            }
+            if self
+                .migrations
+                .iter()
+                .any(|m| m.source == id || m.target.id == id)
+            {
+                return Err(Error::Refused(format!(
+                    "region {id} is migrating slots: a planned failover waits for the end"
+                )));
+            }
+        }
+        if region.handoff.as_ref() == to {
+            return Ok(self.clone());
+        }
+        self.change(id, |map, at| {
+            map.regions[at].handoff = to.cloned();
             Ok(())
         })
     }
@@ -414,6 +472,9 @@ impl ClusterMap {
             let before = region.backups.len();
             region.backups.retain(|b| b != server);
             region.in_sync.retain(|b| b != server);
+            if region.handoff.as_ref() == Some(server) {
+                region.handoff = None;
+            }
             changed |= region.backups.len() != before;
         }
         if changed {

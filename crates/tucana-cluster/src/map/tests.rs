@@ -68,6 +68,7 @@ fn region_of_slot_finds_the_range() {
             backups: vec![],
             epoch: 1,
             in_sync: vec![],
+            handoff: None,
         },
     );
     map.validate().unwrap();
@@ -243,6 +244,36 @@ fn promote_assign_remove() {
     assert_eq!(promoted.regions_led_by(&servers[3]).count(), 1);
     assert_eq!(promoted.regions_led_by(&servers[0]).count(), 0);
 
+    // A planned failover to servers[2]: asked for (once is enough), then done.
+    let asked = promoted.request_handoff(r1, 3, Some(&servers[2])).unwrap();
+    assert_eq!(
+        asked.region(r1).unwrap().handoff.as_ref(),
+        Some(&servers[2])
+    );
+    assert_eq!(
+        asked.request_handoff(r1, 3, Some(&servers[2])).unwrap(),
+        asked
+    );
+    assert!(matches!(
+        asked.request_handoff(r1, 2, Some(&servers[2])),
+        Err(Error::Refused(_))
+    ));
+    let withdrawn = asked.request_handoff(r1, 3, None).unwrap();
+    assert_eq!(withdrawn.region(r1).unwrap().handoff, None);
+    let handed = asked.promote(r1, &servers[2]).unwrap();
+    assert_eq!(handed.region(r1).unwrap().primary, servers[2]);
+    assert_eq!(handed.region(r1).unwrap().handoff, None, "done");
+    // A server the map drops takes its handoff with it.
+    assert_eq!(
+        asked
+            .without_backup(&servers[2])
+            .unwrap()
+            .region(r1)
+            .unwrap()
+            .handoff,
+        None
+    );
+
     // servers[2] leaves: dropped from region 1's backups.
     let removed = promoted.remove_server(&servers[2]).unwrap();
     assert!(removed.region(r1).unwrap().backups.is_empty());
@@ -259,6 +290,7 @@ enum Change {
     AssignBackup { region: usize, server: usize },
     RemoveServer { server: usize },
     MarkInSync { region: usize, server: usize },
+    Handoff { region: usize, server: usize },
 }
 
 fn change() -> impl Strategy<Value = Change> {
@@ -267,6 +299,7 @@ fn change() -> impl Strategy<Value = Change> {
         (0..8usize, 0..8usize).prop_map(|(region, server)| Change::AssignBackup { region, server }),
         (0..8usize).prop_map(|server| Change::RemoveServer { server }),
         (0..8usize, 0..8usize).prop_map(|(region, server)| Change::MarkInSync { region, server }),
+        (0..8usize, 0..8usize).prop_map(|(region, server)| Change::Handoff { region, server }),
     ]
 }
 
@@ -291,6 +324,10 @@ fn apply(map: &ClusterMap, change: &Change, pool: &[ServerId]) -> Result<Cluster
         Change::MarkInSync { region: r, server } => {
             let region = region(r);
             map.mark_in_sync(region.id, region.epoch, &pool[server % pool.len()])
+        }
+        Change::Handoff { region: r, server } => {
+            let region = region(r);
+            map.request_handoff(region.id, region.epoch, Some(&pool[server % pool.len()]))
         }
     }
 }

@@ -1,4 +1,5 @@
-//! `CLUSTER` (KEYSLOT, MYID, SLOTS, SHARDS, NODES, INFO, COUNTKEYSINSLOT, GETKEYSINSLOT),
+//! `CLUSTER` (KEYSLOT, MYID, SLOTS, SHARDS, NODES, INFO, COUNTKEYSINSLOT, GETKEYSINSLOT,
+//! FAILOVER: `handoff` does the work),
 //! `READONLY` and `READWRITE`: what Redis Cluster clients ask a node to learn the
 //! cluster's layout, answered from this server's view of the map kept in etcd.
 //!
@@ -19,6 +20,7 @@ use std::fmt::Write as _;
 use tucana_cluster::{key_slot, ClusterMap, Region, ServerId, SLOTS};
 
 use crate::cluster::{Cluster, View};
+use crate::handoff;
 use crate::resp::Reply;
 
 use super::{cluster_keys, parse_i64, Call};
@@ -55,6 +57,20 @@ pub(super) fn cmd_cluster(call: &mut Call<'_>, args: &[Vec<u8>]) -> tucana::Resu
     let reply = match (sub.as_str(), argc) {
         ("KEYSLOT", 3) => Reply::Int(i64::from(key_slot(&args[2]))),
         ("MYID", 2) => Reply::bulk(cluster.id.as_str()),
+        ("FAILOVER", 2 | 3) => {
+            let mode = match args.get(2).map(|a| a.to_ascii_uppercase()) {
+                None => Some(handoff::Mode::Planned),
+                Some(a) if a == b"FORCE" || a == b"TAKEOVER" => Some(handoff::Mode::Force),
+                Some(_) => None,
+            };
+            match mode {
+                None => Reply::error("ERR syntax error"),
+                Some(mode) => match handoff::request(&cluster, mode) {
+                    Ok(()) => Reply::Ok,
+                    Err(e) => Reply::error(e),
+                },
+            }
+        }
         ("SLOTS", 2) => slots(&cluster, &cluster.view()),
         ("SHARDS", 2) => shards(&cluster, &cluster.view()),
         ("NODES", 2) => Reply::bulk(nodes(&cluster, &cluster.view())),
