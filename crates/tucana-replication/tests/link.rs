@@ -385,3 +385,73 @@ fn backups_set_at_run_time_carry_only_their_keyspaces() {
     led.put(b"alone", b"x").unwrap();
     primary.wait_acked("led", led.log_position()).unwrap();
 }
+
+/// The story: while a primary read and sent a backup its newest commit in full, the
+/// commits it made meanwhile were neither queued nor folded for that backup. When the
+/// next delta needed nothing they wrote, it applied, and the nodes they let go of stayed
+/// in the backup's node map, allocated and referenced by nothing: `check` found them as
+/// leaked blocks once the backup was promoted (M8, the cluster crash test). When it did
+/// need them, the backup refused it (a node shipped twice, or one that does not
+/// translate), dropped the connection and took another full index.
+#[test]
+fn commits_made_while_a_full_index_ships_reach_the_backup() {
+    let primary_db = options().open_in_memory().unwrap();
+    let ks = primary_db.keyspace("db0").unwrap();
+    for i in 0..200_000u32 {
+        ks.put(format!("key{i:06}").as_bytes(), &[7u8; 40]).unwrap();
+    }
+    primary_db.commit().unwrap();
+    let backup_db = options().open_in_memory().unwrap();
+    let backup = start_backup(&backup_db, false);
+    // Its first commit goes in full, and again whenever it falls more than a few commits
+    // behind, which the commits below make it do.
+    let primary = Primary::start(
+        primary_db.clone(),
+        PrimaryConfig {
+            id: "primary".into(),
+            backups: vec![backup.local_addr().to_string()],
+            password: "secret".into(),
+            ack_durable: false,
+            ack_timeout: Duration::from_secs(20),
+            catchup_bytes_per_sec: 2 << 20,
+            index_lag_max: Duration::ZERO,
+            index_lag_max_bytes: 0,
+            dialer: Dialer::Tcp,
+        },
+    )
+    .unwrap();
+    // Commits while it ships: each rewrites the same path from the root to one leaf and
+    // lets the previous one go, so a delta after a gap still applies (it needs no node
+    // the gap wrote) and only the news of what the gap let go of is missing.
+    let started = Instant::now();
+    let mut round = 0u32;
+    while started.elapsed() < Duration::from_secs(3) {
+        ks.put(b"key100000", format!("round {round}").as_bytes())
+            .unwrap();
+        primary_db.commit().unwrap();
+        round += 1;
+    }
+    assert!(round > 5, "commits were made during the ship");
+    acknowledged_writes(&primary_db, &primary, "db0", 0, 10);
+    primary_db.commit().unwrap();
+    let epoch = primary_db.stats().commit_epoch;
+    eventually("the backup applying the newest commit", || {
+        backup_db
+            .open_replica("db0")
+            .is_some_and(|r| r.state().upstream_epoch >= epoch)
+    });
+    assert_eq!(
+        replica_contents(&backup_db, "db0"),
+        contents(&primary_db, "db0")
+    );
+    // One connection all along: no commit was refused for lacking what a gap held
+    // (a node shipped twice, or one that does not translate).
+    let counters = backup.counters();
+    assert_eq!(counters.last_error, None);
+    assert_eq!(counters.connections, 1);
+    backup_db.check().unwrap();
+    primary.stop();
+    backup.stop();
+    backup_db.open_replica("db0").unwrap().promote(2).unwrap();
+    backup_db.check().unwrap();
+}

@@ -32,6 +32,7 @@ pub(super) async fn run_link(shared: Arc<Shared>, link: Arc<Link>) {
             for r in st.regions.values_mut() {
                 r.ready = false;
                 r.deltas.clear();
+                r.while_full.clear();
                 r.index_shipped();
             }
             if let Err(e) = result {
@@ -216,6 +217,7 @@ fn on_backup_frame(shared: &Shared, link: &Link, frame: Frame) -> std::io::Resul
                 r.lowest_open = 0;
                 r.unacked.clear();
                 r.deltas.clear();
+                r.while_full.clear();
                 r.index_shipped();
                 r.applied_epoch = state.upstream_epoch;
                 r.need_full = wants_index

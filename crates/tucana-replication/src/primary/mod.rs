@@ -94,6 +94,9 @@ struct RegionLink {
     deltas: VecDeque<Arc<QueuedDelta>>,
     /// The next commit goes in full (a new or restarted backup, or one too far behind).
     need_full: bool,
+    /// Commits made while `need_full` (their offsets only): those after the commit the
+    /// full index ships are folded to follow it (`full_shipped`).
+    while_full: Vec<Arc<QueuedDelta>>,
     /// The backup's newest applied commit.
     applied_epoch: u64,
     /// Commits the backup reported applied on this link (`Applied` frames).
@@ -144,6 +147,50 @@ impl RegionLink {
             && self
                 .folded_since
                 .is_none_or(|since| since.elapsed() < config.index_lag_max)
+    }
+
+    /// Takes commit `delta` (the commit observer): queued to ship alone or folded; while
+    /// a full index is due, kept aside for after it; past `MAX_QUEUED_DELTAS` behind,
+    /// the next commit goes in full instead.
+    fn on_commit(&mut self, delta: &Arc<QueuedDelta>) {
+        if self.need_full {
+            self.while_full.push(delta.clone());
+        } else if self.deltas.len() >= MAX_QUEUED_DELTAS {
+            self.deltas.clear();
+            self.index_shipped();
+            self.need_full = true;
+            self.while_full.clear();
+            self.while_full.push(delta.clone());
+        } else {
+            self.deltas.push_back(delta.clone());
+        }
+    }
+
+    /// The newest commit, `epoch`, was shipped in full: the commits made after it (while
+    /// it was being read and sent) follow as one folded delta, so the backup hears of
+    /// every node they wrote and let go of. (Dropping them instead left the nodes they
+    /// let go of in the backup's node map for ever: leaked blocks once it was promoted.)
+    fn full_shipped(&mut self, epoch: u64) {
+        self.index_shipped();
+        self.need_full = false;
+        self.applied_epoch = self.applied_epoch.max(epoch);
+        self.deltas.retain(|d| d.epoch > epoch);
+        let mut after: Vec<Arc<QueuedDelta>> = std::mem::take(&mut self.while_full)
+            .into_iter()
+            .filter(|d| d.epoch > epoch)
+            .collect();
+        after.sort_by_key(|d| d.epoch);
+        after.dedup_by_key(|d| d.epoch);
+        for d in after {
+            self.folded.fold(
+                d.epoch,
+                d.desc.clone(),
+                d.next_order,
+                d.nodes.iter().map(|(off, _)| *off),
+                d.released.iter().map(|&off| DiskOffset(off)),
+            );
+            self.folded_since.get_or_insert_with(Instant::now);
+        }
     }
 
     /// Forgets what was folded and shipped (a new connection, or a commit shipped).
@@ -628,12 +675,7 @@ impl CommitObserver for Observer {
                     continue;
                 }
                 if let Some(r) = st.regions.get_mut(&queued.desc.name) {
-                    if r.deltas.len() >= MAX_QUEUED_DELTAS {
-                        r.deltas.clear();
-                        r.need_full = true;
-                    } else if !r.need_full {
-                        r.deltas.push_back(queued.clone());
-                    }
+                    r.on_commit(&queued);
                 }
                 drop(st);
                 link.wake.notify_one();

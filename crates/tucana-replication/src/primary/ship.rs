@@ -350,11 +350,7 @@ async fn ship_full<W: tokio::io::AsyncWrite + Unpin>(
     let mut st = link.state.lock();
     st.shipped_index_bytes += bytes;
     if let Some(r) = st.regions.get_mut(name) {
-        r.index_shipped();
-        r.need_full = false;
-        r.applied_epoch = r.applied_epoch.max(pinned.epoch);
-        let epoch = pinned.epoch;
-        r.deltas.retain(|d| d.epoch > epoch);
+        r.full_shipped(pinned.epoch);
     }
     Ok(())
 }
