@@ -68,11 +68,9 @@ m8_seed="${M8_SEED:-$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')}"
 echo "M8 seed: ${m8_seed}"
 # etcd (Debian's etcd-server); CI installed it already, this is a no-op then.
 bash scripts/cluster-deps.sh
-# --leaks-not-fatal: a check whose only finding is leaked blocks (the open M8 leak,
-# docs/reliability.md) is counted and printed but fails nothing; a lost or stale write,
-# or any other check finding, fails CI. Drop the flag once the leak is fixed.
+# A lost or stale write, and any check finding (leaked blocks included), fails CI.
 if ! "${CARGO_TARGET_DIR:-target}/release/tucana-crashtest" cluster --cycles "${M8_CYCLES:-4}" \
-    --seed "${m8_seed}" --leaks-not-fatal; then
+    --seed "${m8_seed}"; then
     status=1
 fi
 echo "M8 took $(( $(date +%s) - m8_start )) s"
