@@ -347,8 +347,8 @@ async fn status(etcd: &EtcdArgs) -> Result<(), CliError> {
                 map.version, map.config_epoch
             );
             let mut assigned = 0u32;
-            for region in &map.regions {
-                assigned += region.slots.len();
+            // A region's epoch, primary and backups, each with its address and health.
+            let members = |region: &tucana_cluster::Region| {
                 let backups: Vec<String> = region
                     .backups
                     .iter()
@@ -363,11 +363,8 @@ async fn status(etcd: &EtcdArgs) -> Result<(), CliError> {
                         format!("{b} {} {} {sync}", addr(b), health(b))
                     })
                     .collect();
-                println!(
-                    "region {}: slots {} ({} slots), epoch {}, primary {} {} {}, backups: {}",
-                    region.id,
-                    region.slots,
-                    region.slots.len(),
+                format!(
+                    "epoch {}, primary {} {} {}, backups: {}",
                     region.epoch,
                     region.primary,
                     addr(&region.primary),
@@ -377,29 +374,38 @@ async fn status(etcd: &EtcdArgs) -> Result<(), CliError> {
                     } else {
                         backups.join(", ")
                     }
+                )
+            };
+            // Each live primary's own view of its backups' lag (from its INFO cluster).
+            let asked: Vec<(tucana_cluster::RegionId, String)> = map
+                .regions
+                .iter()
+                .filter(|r| live.contains(&r.primary))
+                .map(|r| (r.id, addr(&r.primary).to_owned()))
+                .collect();
+            let lags = tokio::task::spawn_blocking(move || backup_lags(&asked))
+                .await
+                .unwrap_or_default();
+            for region in &map.regions {
+                assigned += region.slots.len();
+                println!(
+                    "region {}: slots {} ({} slots), {}{}",
+                    region.id,
+                    region.slots,
+                    region.slots.len(),
+                    members(region),
+                    lags.get(&region.id)
+                        .map(|lag| format!(", {lag}"))
+                        .unwrap_or_default()
                 );
             }
             for m in &map.migrations {
-                let t = &m.target;
-                let backups: Vec<String> = t
-                    .backups
-                    .iter()
-                    .map(|b| format!("{b} {} {}", addr(b), health(b)))
-                    .collect();
                 println!(
-                    "migrating: slots {} of region {} into region {}, epoch {}, primary {} {} {}, backups: {}",
-                    t.slots,
+                    "migrating: slots {} of region {} into region {}, {}",
+                    m.target.slots,
                     m.source,
-                    t.id,
-                    t.epoch,
-                    t.primary,
-                    addr(&t.primary),
-                    health(&t.primary),
-                    if backups.is_empty() {
-                        "none".to_owned()
-                    } else {
-                        backups.join(", ")
-                    }
+                    m.target.id,
+                    members(&m.target)
                 );
             }
             let unassigned = u32::from(tucana_cluster::SLOTS) - assigned;
@@ -428,4 +434,45 @@ async fn status(etcd: &EtcdArgs) -> Result<(), CliError> {
         println!("  {} {}", server.id, server.client_addr);
     }
     Ok(())
+}
+
+/// For each region, what its primary (at the given client address) says of its backups
+/// in `INFO cluster`: `backups online N, backup lag B bytes`. Regions whose primary does
+/// not answer within a second are left out.
+fn backup_lags(
+    primaries: &[(tucana_cluster::RegionId, String)],
+) -> std::collections::HashMap<tucana_cluster::RegionId, String> {
+    let mut out = std::collections::HashMap::new();
+    for (id, addr) in primaries {
+        let Ok(client) = redis::Client::open(format!("redis://{addr}/")) else {
+            continue;
+        };
+        let Ok(mut con) = client.get_connection_with_timeout(std::time::Duration::from_secs(1))
+        else {
+            continue;
+        };
+        let _ = con.set_read_timeout(Some(std::time::Duration::from_secs(1)));
+        let Ok(info) = redis::cmd("INFO").arg("cluster").query::<String>(&mut con) else {
+            continue;
+        };
+        let prefix = format!("tucana_region_{}:", id.0);
+        let Some(line) = info.lines().find(|l| l.starts_with(&prefix)) else {
+            continue;
+        };
+        let field = |name: &str| {
+            line.split(',')
+                .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
+                .unwrap_or("?")
+                .to_owned()
+        };
+        out.insert(
+            *id,
+            format!(
+                "backups online {}, backup lag {} bytes",
+                field("backups_online"),
+                field("backup_lag_bytes")
+            ),
+        );
+    }
+    out
 }

@@ -56,15 +56,28 @@ struct Server {
     port: u16,
     /// `--repl-port`: where primaries ship this server the regions it backs.
     repl_port: Option<u16>,
+    /// `--metrics-port`: its Prometheus endpoint.
+    metrics_port: u16,
 }
 
 impl Server {
+    /// The text of its `GET /metrics`.
+    fn metrics(&self) -> String {
+        use std::io::{Read, Write};
+        let mut http = std::net::TcpStream::connect(("127.0.0.1", self.metrics_port)).unwrap();
+        http.write_all(b"GET /metrics HTTP/1.1\r\n\r\n").unwrap();
+        let mut text = String::new();
+        http.read_to_string(&mut text).unwrap();
+        text
+    }
+
     fn start(volume: &Path, port: u16, repl_port: Option<u16>, etcd: &TestEtcd) -> Server {
         let mut server = Server {
             child: None,
             volume: volume.to_owned(),
             port,
             repl_port,
+            metrics_port: free_port(),
         };
         server.spawn(etcd);
         server
@@ -79,7 +92,8 @@ impl Server {
             .args(["serve", "--port", &port, "--durability", "sync"])
             .args(["--cluster-etcd", etcd.endpoint(), "--cluster-name", "test"])
             // A killed server's registration goes soon, so its restart registers soon.
-            .args(["--cluster-lease-ms", "2000"]);
+            .args(["--cluster-lease-ms", "2000"])
+            .args(["--metrics-port", &self.metrics_port.to_string()]);
         if let Some(repl_port) = self.repl_port {
             command.args(["--repl-port", &repl_port.to_string()]);
         }
@@ -872,6 +886,20 @@ fn a_killed_primary_is_replaced_by_its_backup_and_no_acknowledged_write_is_lost(
         status.contains("last failover: region ") && status.contains(&new_primary),
         "{status}"
     );
+    // `/metrics` says the same: this server leads the region, and when the failover was.
+    let metrics = promoted.metrics();
+    let role = metrics
+        .lines()
+        .find(|l| {
+            l.starts_with("tucana_cluster_region_role{")
+                && l.contains(&format!("slots=\"{start}-{end}\""))
+        })
+        .unwrap_or_else(|| panic!("no role of the region in {metrics}"));
+    assert!(role.ends_with(" 2"), "primary is 2: {role}");
+    assert!(
+        metrics.contains("tucana_cluster_last_failover_unix_ms{"),
+        "{metrics}"
+    );
 
     // The killed server restarted on its volume is not a primary again: the map stays,
     // and a write to the region through it is redirected to the new primary.
@@ -879,16 +907,7 @@ fn a_killed_primary_is_replaced_by_its_backup_and_no_acknowledged_write_is_lost(
     let server = &mut cluster.servers[victim];
     server.spawn(etcd);
     let mut con = server.connect();
-    let err = wait_until("the restarted server learning the map", || {
-        match con.set::<_, _, ()>(format!("{{{tag}}}:after-restart"), 1) {
-            Err(e) if e.code() == Some("MOVED") => Some(e),
-            _ => {
-                std::thread::sleep(Duration::from_millis(100));
-                None
-            }
-        }
-    });
-    assert!(err.to_string().contains(&new_primary), "{err}");
+    assert_redirects(&mut con, &format!("{{{tag}}}:after-restart"), &new_primary);
     let ranges = slot_ranges(&mut cluster.servers[survivor].connect());
     assert!(
         ranges.iter().all(|(_, _, p)| *p != old_primary),
@@ -910,6 +929,8 @@ fn a_killed_primary_is_replaced_by_its_backup_and_no_acknowledged_write_is_lost(
         (!status.contains("catching up") && !status.contains("backups: none")).then_some(status)
     });
     assert!(status.contains("in sync"), "{status}");
+    // Each live primary's lag to its backups, as it reports it.
+    assert!(status.contains("backups online 1, backup lag "), "{status}");
     let shards = redis::cmd("CLUSTER")
         .arg("SHARDS")
         .query::<redis::Value>(&mut cluster.servers[survivor].connect())
@@ -996,8 +1017,14 @@ fn a_planned_failover_hands_a_region_to_its_backup_and_loses_nothing() {
     let acked = writer.finish();
     assert_all_readable(&new_primary, &tag, &acked);
     // The old primary no longer serves the region: a write through it is redirected.
+    assert_redirects(&mut primary_con, &format!("{{{tag}}}:after"), &new_primary);
+}
+
+/// Waits until a write of `key` through `con` (a server that led its region) is
+/// answered `MOVED` to `new_primary`, as it must be once that server learned the map.
+fn assert_redirects(con: &mut redis::Connection, key: &str, new_primary: &str) {
     let err = wait_until("the old primary redirecting", || {
-        match primary_con.set::<_, _, ()>(format!("{{{tag}}}:after"), 1) {
+        match con.set::<_, _, ()>(key, 1) {
             Err(e) if e.code() == Some("MOVED") => Some(e),
             _ => {
                 std::thread::sleep(Duration::from_millis(50));
@@ -1005,5 +1032,5 @@ fn a_planned_failover_hands_a_region_to_its_backup_and_loses_nothing() {
             }
         }
     });
-    assert!(err.to_string().contains(&new_primary), "{err}");
+    assert!(err.to_string().contains(new_primary), "{err}");
 }

@@ -405,21 +405,7 @@ fn commits_made_while_a_full_index_ships_reach_the_backup() {
     let backup = start_backup(&backup_db, false);
     // Its first commit goes in full, and again whenever it falls more than a few commits
     // behind, which the commits below make it do.
-    let primary = Primary::start(
-        primary_db.clone(),
-        PrimaryConfig {
-            id: "primary".into(),
-            backups: vec![backup.local_addr().to_string()],
-            password: "secret".into(),
-            ack_durable: false,
-            ack_timeout: Duration::from_secs(20),
-            catchup_bytes_per_sec: 2 << 20,
-            index_lag_max: Duration::ZERO,
-            index_lag_max_bytes: 0,
-            dialer: Dialer::Tcp,
-        },
-    )
-    .unwrap();
+    let primary = start_primary(&primary_db, &backup, Duration::from_secs(20));
     // Commits while it ships: each rewrites the same path from the root to one leaf and
     // lets the previous one go, so a delta after a gap still applies (it needs no node
     // the gap wrote) and only the news of what the gap let go of is missing.

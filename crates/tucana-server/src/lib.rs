@@ -40,6 +40,7 @@
 mod busy_poll;
 mod cluster;
 mod cluster_follow;
+mod cluster_report;
 mod commands;
 pub mod config;
 mod connection;

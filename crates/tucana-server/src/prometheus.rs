@@ -19,6 +19,7 @@ use tokio::sync::watch;
 use tucana::Stats;
 use tucana_replication::BackupStatus;
 
+use crate::cluster_report::{RegionReport, Role};
 use crate::commands::command_name;
 use crate::metrics::get;
 use crate::replication::Replication;
@@ -111,7 +112,79 @@ fn prometheus_text(state: &ServerState) -> String {
     if let Some(replication) = &state.replication {
         replication_text(replication, &mut out);
     }
+    cluster_text(state, &mut out);
     out
+}
+
+/// Cluster mode's metrics, per region of the map (labelled with its id): this server's
+/// role, the epoch, in-sync backups, and on its primary the connected backups and the
+/// largest backup lag; then the last failover. Absent outside cluster mode.
+fn cluster_text(state: &ServerState, out: &mut String) {
+    let (regions, failover) = crate::cluster_report::regions(state);
+    if regions.is_empty() {
+        return;
+    }
+    type PerRegion = (&'static str, &'static str, fn(&RegionReport) -> Option<u64>);
+    let per_region: [PerRegion; 5] = [
+        (
+            "cluster_region_role",
+            "This server's role in the region: 2 primary, 1 backup, 0 none.",
+            |r| {
+                Some(match r.role {
+                    Role::Primary => 2,
+                    Role::Backup => 1,
+                    Role::None => 0,
+                })
+            },
+        ),
+        (
+            "cluster_region_epoch",
+            "The region's epoch (raised by every change of primary).",
+            |r| Some(r.epoch),
+        ),
+        (
+            "cluster_region_backups_in_sync",
+            "Backups of the region known to hold every acknowledged write.",
+            |r| Some(r.backups_in_sync as u64),
+        ),
+        (
+            "cluster_region_backups_online",
+            "On the region's primary: backups connected now.",
+            |r| r.shipping.map(|(online, _)| online as u64),
+        ),
+        (
+            "cluster_region_backup_lag_bytes",
+            "On the region's primary: the most log bytes a backup has not acknowledged.",
+            |r| r.shipping.map(|(_, lag)| lag),
+        ),
+    ];
+    for (name, help, value) in per_region {
+        let _ = writeln!(
+            out,
+            "# HELP tucana_{name} {help}\n# TYPE tucana_{name} {GAUGE}"
+        );
+        for r in &regions {
+            if let Some(v) = value(r) {
+                let _ = writeln!(
+                    out,
+                    "tucana_{name}{{region=\"{}\",slots=\"{}\"}} {v}",
+                    r.id.0, r.slots
+                );
+            }
+        }
+    }
+    if let Some((f, _, _)) = failover {
+        let _ = writeln!(
+            out,
+            "# HELP tucana_cluster_last_failover_unix_ms When the coordinator wrote the last promotion.\n# TYPE tucana_cluster_last_failover_unix_ms {GAUGE}\ntucana_cluster_last_failover_unix_ms{{region=\"{}\"}} {}",
+            f.region.0, f.at_unix_ms
+        );
+        let _ = writeln!(
+            out,
+            "# HELP tucana_cluster_last_failover_decided_ms From the coordinator seeing the dead primary gone to its submitting the promotion.\n# TYPE tucana_cluster_last_failover_decided_ms {GAUGE}\ntucana_cluster_last_failover_decided_ms{{region=\"{}\"}} {}",
+            f.region.0, f.decided_ms
+        );
+    }
 }
 
 /// A metric with one sample per backup: name, type, help text, how to read it.

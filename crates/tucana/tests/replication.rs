@@ -51,13 +51,19 @@ impl Link {
     fn new() -> Link {
         let primary = options().open_in_memory().unwrap();
         primary.keyspace(NAME).unwrap();
+        Link::from_primary(primary, 1)
+    }
+
+    /// A link from `primary`, which holds keyspace `NAME` below `term`, to a new backup
+    /// (its first commit goes in full), shipping at `term`.
+    fn from_primary(primary: Database, term: u64) -> Link {
         let deltas = Arc::new(Deltas::default());
         primary.set_commit_observer(Some(deltas.clone()));
         let source = primary.ship_source(NAME).unwrap();
-        source.raise_term(1);
+        source.raise_term(term);
         let backup_storage = Arc::new(MemStorage::new());
         let backup = options().open_storage(backup_storage.clone()).unwrap();
-        backup.replica(NAME, source.seed(), 1).unwrap();
+        backup.replica(NAME, source.seed(), term).unwrap();
         Link {
             primary,
             deltas,
@@ -65,33 +71,8 @@ impl Link {
             backup,
             applied: Vec::new(),
             folded: FoldedCommits::default(),
-            term: 1,
+            term,
         }
-    }
-
-    /// A link from `primary` (which holds keyspace `NAME` at a term below 10), to a new
-    /// backup: its first commit goes in full.
-    fn from_primary(
-        primary: Database,
-        primary_storage: Arc<MemStorage>,
-    ) -> (Link, Arc<MemStorage>) {
-        let deltas = Arc::new(Deltas::default());
-        primary.set_commit_observer(Some(deltas.clone()));
-        let source = primary.ship_source(NAME).unwrap();
-        source.raise_term(10);
-        let backup_storage = Arc::new(MemStorage::new());
-        let backup = options().open_storage(backup_storage.clone()).unwrap();
-        backup.replica(NAME, source.seed(), 10).unwrap();
-        let link = Link {
-            primary,
-            deltas,
-            backup_storage,
-            backup,
-            applied: Vec::new(),
-            folded: FoldedCommits::default(),
-            term: 10,
-        };
-        (link, primary_storage)
     }
 
     fn replica(&self) -> ReplicaHandle {
@@ -355,8 +336,7 @@ fn a_promoted_backup_ships_to_a_new_backup_without_leaking_its_blocks() {
     let promoted = link.replica().promote(2).unwrap();
     drop(promoted);
     link.backup.check().unwrap();
-    let storage = link.backup_storage.clone();
-    let (mut second, _) = Link::from_primary(link.backup, storage);
+    let mut second = Link::from_primary(link.backup, 10);
     let ks = second.primary.open_keyspace(NAME).unwrap();
     for round in 0..12u32 {
         for i in 0..3000u32 {

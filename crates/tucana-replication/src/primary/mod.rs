@@ -182,15 +182,20 @@ impl RegionLink {
         after.sort_by_key(|d| d.epoch);
         after.dedup_by_key(|d| d.epoch);
         for d in after {
-            self.folded.fold(
-                d.epoch,
-                d.desc.clone(),
-                d.next_order,
-                d.nodes.iter().map(|(off, _)| *off),
-                d.released.iter().map(|&off| DiskOffset(off)),
-            );
-            self.folded_since.get_or_insert_with(Instant::now);
+            self.fold(&d);
         }
+    }
+
+    /// Folds commit `d` into the ones waiting to ship as one delta.
+    fn fold(&mut self, d: &QueuedDelta) {
+        self.folded.fold(
+            d.epoch,
+            d.desc.clone(),
+            d.next_order,
+            d.nodes.iter().map(|(off, _)| *off),
+            d.released.iter().map(|&off| DiskOffset(off)),
+        );
+        self.folded_since.get_or_insert_with(Instant::now);
     }
 
     /// Forgets what was folded and shipped (a new connection, or a commit shipped).

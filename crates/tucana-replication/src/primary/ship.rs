@@ -172,14 +172,7 @@ async fn ship_commits<W: tokio::io::AsyncWrite + Unpin>(
             let now = delta.epoch <= index_now;
             let alone = r.folded.is_empty() && (now || !r.defers(bytes, config));
             if !alone {
-                r.folded.fold(
-                    delta.epoch,
-                    delta.desc.clone(),
-                    delta.next_order,
-                    delta.nodes.iter().map(|(off, _)| *off),
-                    delta.released.iter().map(|&off| DiskOffset(off)),
-                );
-                r.folded_since.get_or_insert_with(Instant::now);
+                r.fold(&delta);
             }
             (delta, alone)
         };

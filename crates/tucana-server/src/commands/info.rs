@@ -101,74 +101,38 @@ fn info_text(state: &ServerState, sections: &[String], connected: u64) -> String
 
 /// `INFO cluster`'s fields after Redis's `cluster_enabled`: per region of the map
 /// (`tucana_region_<id>`) its slots, this server's role in it (`primary`, `backup` or
-/// `none`), its epoch, its primary's and backups' client addresses and, on its primary,
-/// how many backups are connected and the largest of their lags (log bytes not yet
+/// `none`), its epoch, its primary's and backups' client addresses, how many backups are
+/// in sync and, on its primary, how many backups are connected and the largest of their
+/// lags (log bytes not yet
 /// acknowledged; `-` where this server does not ship the region); then the last failover
 /// the coordinator recorded in the map (`tucana_last_failover`).
 fn cluster_lines(state: &ServerState) -> Vec<(String, String)> {
-    let Some(cluster) = &state.cluster else {
-        return Vec::new();
-    };
-    let view = cluster.view();
-    let Some(map) = &view.map else {
-        return Vec::new();
-    };
-    let addr = |id: &tucana_cluster::ServerId| view.client_addr(id).unwrap_or("?").to_string();
-    let shipping = state
-        .replication
-        .as_ref()
-        .map(|r| r.backup_status())
-        .unwrap_or_default();
+    let (regions, failover) = crate::cluster_report::regions(state);
     let mut out = Vec::new();
-    for region in &map.regions {
-        let role = if region.primary == cluster.id {
-            "primary"
-        } else if region.backups.contains(&cluster.id) {
-            "backup"
-        } else {
-            "none"
+    for r in regions {
+        let (online, lag) = match r.shipping {
+            Some((online, lag)) => (online.to_string(), lag.to_string()),
+            None => ("-".into(), "-".into()),
         };
-        let name = crate::cluster::region_keyspace_name(region.id);
-        let links: Vec<(bool, u64)> = shipping
-            .iter()
-            .flat_map(|b| {
-                b.regions
-                    .iter()
-                    .filter(|r| r.name == name)
-                    .map(|r| (b.connected, r.lag_bytes))
-            })
-            .collect();
-        let (online, lag) = if role == "primary" {
-            (
-                links.iter().filter(|(c, _)| *c).count().to_string(),
-                links.iter().map(|(_, l)| *l).max().unwrap_or(0).to_string(),
-            )
-        } else {
-            ("-".into(), "-".into())
-        };
-        let backups: Vec<String> = region.backups.iter().map(addr).collect();
         out.push((
-            format!("tucana_region_{}", region.id.0),
+            format!("tucana_region_{}", r.id.0),
             format!(
-                "slots={},role={role},epoch={},primary={},backups={},backups_online={online},backup_lag_bytes={lag}",
-                region.slots,
-                region.epoch,
-                addr(&region.primary),
-                backups.join(";"),
+                "slots={},role={},epoch={},primary={},backups={},backups_in_sync={},backups_online={online},backup_lag_bytes={lag}",
+                r.slots,
+                r.role.as_str(),
+                r.epoch,
+                r.primary,
+                r.backups.join(";"),
+                r.backups_in_sync,
             ),
         ));
     }
-    if let Some(f) = &map.last_failover {
+    if let Some((f, dead, promoted)) = failover {
         out.push((
             "tucana_last_failover".into(),
             format!(
-                "region={},epoch={},dead={},promoted={},at_unix_ms={},decided_ms={}",
-                f.region.0,
-                f.epoch,
-                addr(&f.dead),
-                addr(&f.promoted),
-                f.at_unix_ms,
-                f.decided_ms
+                "region={},epoch={},dead={dead},promoted={promoted},at_unix_ms={},decided_ms={}",
+                f.region.0, f.epoch, f.at_unix_ms, f.decided_ms
             ),
         ));
     }
