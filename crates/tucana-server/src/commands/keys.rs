@@ -18,7 +18,8 @@ use crate::resp::Reply;
 use crate::expiry::now_ms;
 
 use super::expire::{hidden_records, visible};
-use super::{cluster_keys, not_an_integer, parse_i64, syntax_error, Call};
+use super::strings::type_name;
+use super::{cluster_keys, not_an_integer, parse_i64, prefix_end, syntax_error, Call};
 
 /// Keys of a keyspace in order from `lo` (or the first) to `hi` (or the last).
 fn range_of(
@@ -27,18 +28,6 @@ fn range_of(
     hi: Bound<Vec<u8>>,
 ) -> Option<tucana::Range> {
     ks.map(|ks| ks.range::<Vec<u8>, _>((lo, hi)))
-}
-
-/// `[prefix, next(prefix))` as bounds; `Unbounded` end when the prefix is all 0xff.
-fn prefix_end(prefix: &[u8]) -> Bound<Vec<u8>> {
-    let mut end = prefix.to_vec();
-    while let Some(last) = end.pop() {
-        if last < 0xff {
-            end.push(last + 1);
-            return Bound::Excluded(end);
-        }
-    }
-    Bound::Unbounded
 }
 
 /// `SCAN cursor [MATCH pattern] [COUNT n] [TYPE type]`
@@ -56,7 +45,7 @@ pub(super) fn cmd_scan(call: &mut Call<'_>, args: &[Vec<u8>]) -> tucana::Result<
     };
     let mut pattern: Option<&[u8]> = None;
     let mut count: usize = 10;
-    let mut strings = true;
+    let mut type_filter: Option<&[u8]> = None;
     let mut i = 2;
     while i < args.len() {
         let value = args.get(i + 1);
@@ -67,7 +56,7 @@ pub(super) fn cmd_scan(call: &mut Call<'_>, args: &[Vec<u8>]) -> tucana::Result<
                 Some(_) => return Ok(syntax_error()),
                 None => return Ok(not_an_integer()),
             },
-            (b"TYPE", Some(t)) => strings = t.eq_ignore_ascii_case(b"string"),
+            (b"TYPE", Some(t)) => type_filter = Some(t),
             _ => return Ok(syntax_error()),
         }
         i += 2;
@@ -82,7 +71,7 @@ pub(super) fn cmd_scan(call: &mut Call<'_>, args: &[Vec<u8>]) -> tucana::Result<
         }
     };
     if call.state.cluster.is_some() {
-        let (keys, last) = cluster_keys::scan(call, after, pattern, count, strings)?;
+        let (keys, last) = cluster_keys::scan(call, after, pattern, count, type_filter)?;
         return Ok(scan_reply(call, db_index, keys, last));
     }
     let prefix = pattern.map(literal_prefix).unwrap_or_default();
@@ -100,9 +89,9 @@ pub(super) fn cmd_scan(call: &mut Call<'_>, args: &[Vec<u8>]) -> tucana::Result<
             let mut examined = 0;
             while examined < count {
                 let Some(item) = range.next() else { break };
-                let (key, _) = item?;
+                let (key, value) = item?;
                 examined += 1;
-                if strings
+                if type_filter.is_none_or(|t| t.eq_ignore_ascii_case(type_name(&value).as_bytes()))
                     && pattern.is_none_or(|p| glob_match(p, &key))
                     && visible(ks, may_expire, &[], &key, now)?
                 {

@@ -20,7 +20,7 @@ use tucana_cluster::{key_slot, storage_key, RegionId};
 use crate::cluster::Route;
 use crate::resp::Reply;
 
-use super::kv::{Kv, Ops};
+use super::kv::{Bounds, Kv, Ops, Pairs};
 use super::table::{Run, Spec, NOMULTI, TXCTL};
 use super::Call;
 
@@ -169,6 +169,31 @@ impl Kv for SlotKv<'_> {
 
     fn count_lookup(&mut self, hit: bool) {
         self.inner.count_lookup(hit);
+    }
+
+    /// The bounds slot-prefixed (an unbounded end becomes the end of the slot's keys),
+    /// the keys read back without the prefix.
+    fn range(&mut self, bounds: Bounds, rev: bool, limit: usize) -> tucana::Result<Pairs> {
+        use std::ops::Bound;
+        let prefix = storage_key(self.hash_slot, b"");
+        let lo = match bounds.0 {
+            Bound::Included(k) => Bound::Included(self.stored(&k)),
+            Bound::Excluded(k) => Bound::Excluded(self.stored(&k)),
+            Bound::Unbounded => Bound::Included(prefix.clone()),
+        };
+        let hi = match bounds.1 {
+            Bound::Included(k) => Bound::Included(self.stored(&k)),
+            Bound::Excluded(k) => Bound::Excluded(self.stored(&k)),
+            // The slot's keys end where the next slot's prefix starts.
+            Bound::Unbounded => {
+                Bound::Excluded((u32::from(self.hash_slot) + 1).to_be_bytes()[2..].to_vec())
+            }
+        };
+        let pairs = self.inner.range((lo, hi), rev, limit)?;
+        Ok(pairs
+            .into_iter()
+            .map(|(k, v)| (k[prefix.len()..].to_vec(), v))
+            .collect())
     }
 
     fn may_expire(&self) -> bool {

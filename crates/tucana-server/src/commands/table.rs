@@ -23,6 +23,11 @@ use super::expire::{
     cmd_expire, cmd_expireat, cmd_expiretime, cmd_persist, cmd_pexpire, cmd_pexpireat,
     cmd_pexpiretime, cmd_pttl, cmd_ttl,
 };
+use super::hashes::{
+    cmd_hdel, cmd_hexists, cmd_hget, cmd_hgetall, cmd_hincrby, cmd_hincrbyfloat, cmd_hkeys,
+    cmd_hlen, cmd_hmget, cmd_hmset, cmd_hrandfield, cmd_hscan, cmd_hset, cmd_hsetnx, cmd_hstrlen,
+    cmd_hvals,
+};
 use super::info::cmd_info;
 use super::keys::{
     cmd_dbsize, cmd_flushall, cmd_flushdb, cmd_keys, cmd_scan, cmd_tprefix, cmd_trange,
@@ -31,10 +36,16 @@ use super::kv::Kv;
 use super::session::{cmd_auth, cmd_client, cmd_echo, cmd_hello, cmd_ping, cmd_quit, cmd_select};
 use super::strings::{
     cmd_append, cmd_decr, cmd_decrby, cmd_del, cmd_exists, cmd_get, cmd_getdel, cmd_getex,
-    cmd_getset, cmd_incr, cmd_incrby, cmd_mget, cmd_mset, cmd_msetnx, cmd_psetex, cmd_set,
-    cmd_setex, cmd_setnx, cmd_strlen, cmd_type,
+    cmd_getset, cmd_incr, cmd_incrby, cmd_mget, cmd_mset, cmd_msetnx, cmd_object, cmd_psetex,
+    cmd_set, cmd_setex, cmd_setnx, cmd_strlen, cmd_type,
 };
 use super::transaction::{cmd_discard, cmd_exec, cmd_multi, cmd_unwatch, cmd_watch};
+use super::zsets::{
+    cmd_zadd, cmd_zcard, cmd_zcount, cmd_zincrby, cmd_zlexcount, cmd_zmscore, cmd_zpopmax,
+    cmd_zpopmin, cmd_zrange, cmd_zrangebylex, cmd_zrangebyscore, cmd_zrank, cmd_zrem,
+    cmd_zremrangebylex, cmd_zremrangebyrank, cmd_zremrangebyscore, cmd_zrevrange,
+    cmd_zrevrangebylex, cmd_zrevrangebyscore, cmd_zrevrank, cmd_zscan, cmd_zscore,
+};
 use super::Call;
 
 /// A string command's handler: runs on whichever [`Kv`] store the caller gives it.
@@ -131,6 +142,63 @@ pub(super) fn table() -> &'static [Spec] {
             spec!("decr", 2, 0, KEY1, Run::Write(cmd_decr)),
             spec!("incrby", 3, 0, KEY1, Run::Write(cmd_incrby)),
             spec!("decrby", 3, 0, KEY1, Run::Write(cmd_decrby)),
+            spec!("object", -2, 0, (2, 2, 1), Run::Read(cmd_object)),
+            spec!("hset", -4, 0, KEY1, Run::Write(cmd_hset)),
+            spec!("hmset", -4, 0, KEY1, Run::Write(cmd_hmset)),
+            spec!("hsetnx", 4, 0, KEY1, Run::Write(cmd_hsetnx)),
+            spec!("hget", 3, 0, KEY1, Run::Read(cmd_hget)),
+            spec!("hmget", -3, 0, KEY1, Run::Read(cmd_hmget)),
+            spec!("hgetall", 2, 0, KEY1, Run::Read(cmd_hgetall)),
+            spec!("hkeys", 2, 0, KEY1, Run::Read(cmd_hkeys)),
+            spec!("hvals", 2, 0, KEY1, Run::Read(cmd_hvals)),
+            spec!("hlen", 2, 0, KEY1, Run::Read(cmd_hlen)),
+            spec!("hexists", 3, 0, KEY1, Run::Read(cmd_hexists)),
+            spec!("hstrlen", 3, 0, KEY1, Run::Read(cmd_hstrlen)),
+            spec!("hdel", -3, 0, KEY1, Run::Write(cmd_hdel)),
+            spec!("hincrby", 4, 0, KEY1, Run::Write(cmd_hincrby)),
+            spec!("hincrbyfloat", 4, 0, KEY1, Run::Write(cmd_hincrbyfloat)),
+            spec!("hrandfield", -2, 0, KEY1, Run::Read(cmd_hrandfield)),
+            spec!("hscan", -3, 0, KEY1, Run::Read(cmd_hscan)),
+            spec!("zadd", -4, 0, KEY1, Run::Write(cmd_zadd)),
+            spec!("zincrby", 4, 0, KEY1, Run::Write(cmd_zincrby)),
+            spec!("zrem", -3, 0, KEY1, Run::Write(cmd_zrem)),
+            spec!("zscore", 3, 0, KEY1, Run::Read(cmd_zscore)),
+            spec!("zmscore", -3, 0, KEY1, Run::Read(cmd_zmscore)),
+            spec!("zcard", 2, 0, KEY1, Run::Read(cmd_zcard)),
+            spec!("zcount", 4, 0, KEY1, Run::Read(cmd_zcount)),
+            spec!("zlexcount", 4, 0, KEY1, Run::Read(cmd_zlexcount)),
+            spec!("zrank", -3, 0, KEY1, Run::Read(cmd_zrank)),
+            spec!("zrevrank", -3, 0, KEY1, Run::Read(cmd_zrevrank)),
+            spec!("zrange", -4, 0, KEY1, Run::Read(cmd_zrange)),
+            spec!("zrevrange", -4, 0, KEY1, Run::Read(cmd_zrevrange)),
+            spec!("zrangebyscore", -4, 0, KEY1, Run::Read(cmd_zrangebyscore)),
+            spec!(
+                "zrevrangebyscore",
+                -4,
+                0,
+                KEY1,
+                Run::Read(cmd_zrevrangebyscore)
+            ),
+            spec!("zrangebylex", -4, 0, KEY1, Run::Read(cmd_zrangebylex)),
+            spec!("zrevrangebylex", -4, 0, KEY1, Run::Read(cmd_zrevrangebylex)),
+            spec!(
+                "zremrangebyscore",
+                4,
+                0,
+                KEY1,
+                Run::Write(cmd_zremrangebyscore)
+            ),
+            spec!(
+                "zremrangebyrank",
+                4,
+                0,
+                KEY1,
+                Run::Write(cmd_zremrangebyrank)
+            ),
+            spec!("zremrangebylex", 4, 0, KEY1, Run::Write(cmd_zremrangebylex)),
+            spec!("zpopmin", -2, 0, KEY1, Run::Write(cmd_zpopmin)),
+            spec!("zpopmax", -2, 0, KEY1, Run::Write(cmd_zpopmax)),
+            spec!("zscan", -3, 0, KEY1, Run::Read(cmd_zscan)),
             spec!("scan", -2, NOMULTI, NO_KEYS, other(cmd_scan)),
             spec!("keys", 2, NOMULTI, NO_KEYS, other(cmd_keys)),
             spec!("trange", -3, NOMULTI, NO_KEYS, other(cmd_trange)),
@@ -224,7 +292,7 @@ pub fn command_name(index: usize) -> &'static str {
 
 /// The table index of a command name, any case.
 pub(super) fn lookup(name: &[u8]) -> Option<usize> {
-    let mut lower = [0u8; 16];
+    let mut lower = [0u8; 24];
     if name.len() > lower.len() {
         return None;
     }
@@ -259,7 +327,7 @@ mod tests {
     #[test]
     fn lookup_ignores_case_and_every_command_is_found() {
         assert!(lookup(b"gEt").is_some());
-        assert!(lookup(b"hset").is_none());
+        assert!(lookup(b"nosuchcmd").is_none());
         assert!(lookup(b"averyveryverylongcommandname").is_none());
         for (i, spec) in table().iter().enumerate() {
             assert_eq!(lookup(spec.name.to_ascii_uppercase().as_bytes()), Some(i));
