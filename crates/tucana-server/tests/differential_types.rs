@@ -1,4 +1,5 @@
-//! The collection commands (hashes, sorted sets, and the key commands on typed keys) sent
+//! The collection commands (hashes, sorted sets, sets, lists, and the key commands on
+//! typed keys) sent
 //! alike to redis-server and to tucana over raw RESP: each reply must be the same bytes.
 //! Replies whose order Redis does not define (HGETALL, HKEYS, HVALS, HSCAN, ZSCAN: Redis
 //! answers small ones in insertion order, tucana in field order) are compared after
@@ -425,7 +426,183 @@ EXPIRE hx -1
 EXISTS hx
 HGET hx a
 HLEN hx
+SADD st a b c a
+SADD st c d
+SADD st
+SREM st a nope a
+SREM nokey a
+sort SMEMBERS st
+SMEMBERS nokey
+SISMEMBER st b
+SISMEMBER st nope
+SISMEMBER nokey a
+SMISMEMBER st b nope c
+SMISMEMBER nokey a b
+SCARD st
+SCARD nokey
+len SPOP st
+SCARD st
+len SPOP st 5
+EXISTS st
+SPOP st
+SPOP st 2
+SPOP nokey
+SPOP nokey 3
+SADD st x y z
+SPOP st -1
+SPOP st 0
+SPOP st x
+len SRANDMEMBER st
+len SRANDMEMBER st 2
+len SRANDMEMBER st -7
+len SRANDMEMBER st 100
+SRANDMEMBER st 0
+SRANDMEMBER nokey
+SRANDMEMBER nokey 2
+SRANDMEMBER st x
+scankeys SSCAN st 0 MATCH *
+SSCAN nokey 0
+SADD s1 a b c d
+SADD s2 c d e
+SADD s3 d e f
+sort SINTER s1 s2
+sort SINTER s1 s2 s3
+SINTER s1 nokey
+sort SUNION s1 s2 s3
+sort SUNION s1 nokey
+sort SDIFF s1 s2
+sort SDIFF s1 s2 s3
+SDIFF nokey s1
+SINTER s1 h
+SINTER s1 s
+SINTERSTORE dst s1 s2
+sort SMEMBERS dst
+SUNIONSTORE dst s1 s3
+SCARD dst
+SDIFFSTORE dst s1 s1
+EXISTS dst
+SET dst str
+SUNIONSTORE dst s1 s2
+TYPE dst
+SINTERSTORE s1 s1 s2
+sort SMEMBERS s1
+SINTERSTORE dst s1 s
+SMOVE s2 s1 e
+SMOVE s2 s1 nope
+SMOVE nokey s1 a
+SMOVE s2 s2 c
+SMOVE s2 s c
+SMOVE s2 newset c
+sort SMEMBERS s2
+SMEMBERS newset
+SADD s 1
+SCARD s
+TYPE s1
+len OBJECT ENCODING s1
+RPUSH l a b c
+LPUSH l z y
+LPUSH l
+RPUSHX l d
+LPUSHX nokey x
+RPUSHX nokey x
+LLEN l
+LLEN nokey
+LRANGE l 0 -1
+LRANGE l -2 -1
+LRANGE l 1 2
+LRANGE l 5 10
+LRANGE l -100 100
+LRANGE l 3 1
+LRANGE l x 1
+LRANGE nokey 0 -1
+LINDEX l 0
+LINDEX l -1
+LINDEX l 100
+LINDEX l -100
+LINDEX l x
+LINDEX nokey 0
+LSET l 0 first
+LSET l -1 last
+LSET l 100 x
+LSET nokey 0 x
+LSET l x v
+LRANGE l 0 -1
+LPOP l
+RPOP l
+LPOP l 2
+RPOP l 0
+LPOP l -1
+LPOP nokey
+LPOP nokey 2
+RPOP nokey 0
+LRANGE l 0 -1
+RPUSH r a b a c a d a
+LREM r 2 a
+LRANGE r 0 -1
+LREM r -1 a
+LRANGE r 0 -1
+LREM r 0 a
+LRANGE r 0 -1
+LREM r 0 nope
+LREM nokey 0 a
+LREM r x a
+LINSERT r BEFORE c x
+LINSERT r AFTER d y
+LINSERT r AFTER nope y
+LINSERT r MIDDLE c y
+LINSERT nokey BEFORE a b
+LRANGE r 0 -1
+RPUSH p a b c a b c a
+LPOS p a
+LPOS p b RANK 2
+LPOS p a RANK -1
+LPOS p a COUNT 0
+LPOS p a COUNT 2
+LPOS p a RANK -2 COUNT 5
+LPOS p a MAXLEN 3 COUNT 0
+LPOS p nope
+LPOS p nope COUNT 2
+LPOS p a RANK 0
+LPOS p a COUNT -1
+LPOS p a MAXLEN -1
+LPOS p a FOO 1
+LPOS p a RANK
+LPOS nokey a
+LPOS nokey a COUNT 1
+LTRIM p 1 -2
+LRANGE p 0 -1
+LTRIM p -2 -1
+LRANGE p 0 -1
+LTRIM p 5 1
+EXISTS p
+LTRIM nokey 0 1
+RPUSH m1 a b c
+LMOVE m1 m2 LEFT RIGHT
+LMOVE m1 m2 RIGHT LEFT
+LRANGE m1 0 -1
+LRANGE m2 0 -1
+LMOVE m2 m2 LEFT RIGHT
+LRANGE m2 0 -1
+LMOVE m1 m1 RIGHT LEFT
+LMOVE m1 m2 UP LEFT
+LMOVE nokey m2 LEFT LEFT
+LMOVE m2 s LEFT LEFT
+LMOVE s m2 LEFT LEFT
+RPOPLPUSH m2 m3
+RPOPLPUSH m1 m3
+EXISTS m1
+LRANGE m3 0 -1
+LPUSH s x
+LRANGE s 0 -1
+LPOP h
+TYPE m3
+len OBJECT ENCODING m3
+RPUSH l2 a
+LPOP l2
+EXISTS l2
 scankeys SCAN 0 TYPE hash COUNT 1000
+scankeys SCAN 0 TYPE set COUNT 1000
+scankeys SCAN 0 TYPE list COUNT 1000
 scankeys SCAN 0 TYPE zset COUNT 1000
 scankeys SCAN 0 TYPE string COUNT 1000
 sort KEYS *
@@ -436,7 +613,7 @@ HGETALL h
 ZRANGE lex 0 -1";
 
 #[test]
-fn hash_and_sorted_set_replies_match_redis_server() {
+fn collection_replies_match_redis_server() {
     if Command::new("redis-server")
         .arg("--version")
         .output()

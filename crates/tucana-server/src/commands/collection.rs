@@ -28,6 +28,8 @@ pub(super) fn wrongtype() -> Reply {
 /// deadline record its next write must keep or drop.
 pub(super) struct Opened {
     pub(super) meta: Option<Meta>,
+    /// A live value is at the key (this collection, or what `replace` overwrites).
+    exists: bool,
     stored_deadline_ms: Option<u64>,
     live_deadline_ms: Option<u64>,
 }
@@ -53,6 +55,7 @@ pub(super) fn open(
         Some(_) => return Ok(Err(wrongtype())),
     };
     Ok(Ok(Opened {
+        exists: meta.is_some(),
         meta,
         stored_deadline_ms: stored.stored_deadline_ms,
         live_deadline_ms,
@@ -95,6 +98,36 @@ impl<'k> Update<'k> {
         }
     }
 
+    /// Starts writes that replace whatever `key` holds (the `*STORE` commands) with a new,
+    /// empty collection of `kind` without a deadline: a small old collection's members
+    /// are deleted in the same batch, a big one's left to the sweep.
+    pub(super) fn replace(
+        kv: &mut dyn Kv,
+        key: &'k [u8],
+        kind: Kind,
+    ) -> tucana::Result<Update<'k>> {
+        let stored = read_stored(kv, key, now_ms())?;
+        let mut writes = Writes::default();
+        if let Some(v) = stored
+            .value
+            .as_deref()
+            .filter(|v| crate::types::is_typed(v))
+        {
+            delete_members(kv, key, v, &mut writes)?;
+        }
+        Ok(Update {
+            key,
+            opened: Opened {
+                meta: None,
+                exists: stored.value.is_some(),
+                stored_deadline_ms: stored.stored_deadline_ms,
+                live_deadline_ms: None,
+            },
+            meta: Meta::new(kind),
+            writes,
+        })
+    }
+
     pub(super) fn put(&mut self, family: Family, suffix: &[u8], value: Vec<u8>) {
         let stored = sub_key(family, self.key, self.meta.version, suffix);
         self.writes.reserved(stored, Some(value));
@@ -108,10 +141,15 @@ impl<'k> Update<'k> {
     /// Applies the writes with the metadata: a collection left empty is deleted (with its
     /// deadline), as Redis deletes an emptied key; else it keeps its deadline. A command
     /// that changed nothing of a missing key writes nothing.
-    pub(super) fn apply(mut self, kv: &mut dyn Kv) -> tucana::Result<()> {
+    pub(super) fn apply(self, kv: &mut dyn Kv) -> tucana::Result<()> {
+        self.finish().apply(kv)
+    }
+
+    /// The writes `apply` would apply (to apply two collections' updates as one batch).
+    pub(super) fn finish(mut self) -> Writes {
         let stored_deadline = self.opened.stored_deadline_ms;
         if self.meta.count == 0 {
-            if self.opened.meta.is_some() || stored_deadline.is_some() {
+            if self.opened.exists || stored_deadline.is_some() {
                 self.writes.delete(self.key, stored_deadline);
             }
         } else {
@@ -122,7 +160,7 @@ impl<'k> Update<'k> {
                 self.opened.live_deadline_ms,
             );
         }
-        self.writes.apply(kv)
+        self.writes
     }
 }
 

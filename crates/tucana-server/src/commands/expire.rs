@@ -192,6 +192,12 @@ impl Writes {
         self.deadline = true;
     }
 
+    /// Adds `other`'s writes after these (one batch for two keys: SMOVE, LMOVE).
+    pub(super) fn append(&mut self, other: Writes) {
+        self.ops.extend(other.ops);
+        self.deadline |= other.deadline;
+    }
+
     /// Whether `key` is already written here (DEL of a key given twice).
     pub(super) fn writes(&self, key: &[u8]) -> bool {
         self.ops.iter().any(|(k, _)| k == key)
