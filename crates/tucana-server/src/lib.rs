@@ -20,8 +20,9 @@
 //! - `cluster_follow` (cluster mode: promotions, terms, fences and backups from each
 //!   view of the map; joins `cluster` and `replication`, which know nothing of each
 //!   other);
-//! - `state` (`ServerState`: what every connection shares), `sweeper` (deletes expired
-//!   keys in the background);
+//! - `state` (`ServerState`: what every connection shares), `collector` (deletes the
+//!   sub-records of old collection versions), `sweeper` (deletes expired keys in the
+//!   background, and runs the collector);
 //! - `commands` (what each command does; running a pipelined batch);
 //! - `connection` (one connection's request loop), `prometheus` (the `/metrics`
 //!   endpoint);
@@ -40,6 +41,7 @@
 mod busy_poll;
 mod cluster;
 mod cluster_follow;
+mod collector;
 mod commands;
 pub mod config;
 mod connection;
