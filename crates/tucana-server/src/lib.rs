@@ -5,7 +5,7 @@
 //! import cycle; DESIGN.md, "The server", follows a request through them):
 //! - [`resp`] (the wire format: requests decoded under limits, replies encoded),
 //!   [`config`] (`ServerConfig`), `glob` (key patterns), `tls` (the rustls acceptor);
-//! - `expiry` (the stored layout of key deadlines), `types` (the stored layout of
+//! - `expiry` (the stored layout of key deadlines), [`types`] (the stored layout of
 //!   hashes, sets, sorted sets and lists), `watch` (WATCH's versions of watched keys);
 //! - `metrics` (the counters), `store` (numbered databases → keyspaces, the
 //!   per-database write lock, SCAN cursors), `syncer` (sync durability: one thread
@@ -59,7 +59,7 @@ mod store;
 mod sweeper;
 mod syncer;
 mod tls;
-mod types;
+pub mod types;
 mod watch;
 
 pub use commands::REDIS_COMPAT_VERSION;

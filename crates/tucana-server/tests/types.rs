@@ -423,7 +423,9 @@ fn an_expired_collection_is_missing_and_swept() {
     let _: () = con.zadd("z", "m", 1).unwrap();
     let _: bool = con.pexpire("h", 1).unwrap();
     let _: bool = con.pexpire("z", 1).unwrap();
-    wait_until("h expires", || query::<i64>(&mut con, &["EXISTS", "h", "z"]) == 0);
+    wait_until("h expires", || {
+        query::<i64>(&mut con, &["EXISTS", "h", "z"]) == 0
+    });
     assert_eq!(query::<Option<String>>(&mut con, &["HGET", "h", "a"]), None);
     assert_eq!(query::<i64>(&mut con, &["ZCARD", "z"]), 0);
     assert_eq!(query::<i64>(&mut con, &["HSET", "h", "c", "3"]), 1);
@@ -444,7 +446,9 @@ fn an_expired_collection_is_missing_and_swept() {
 fn old_versions_are_collected() {
     let (db, server) = start();
     let mut con = connect(&server);
-    let fields: Vec<(String, String)> = (0..1000).map(|i| (format!("f{i}"), i.to_string())).collect();
+    let fields: Vec<(String, String)> = (0..1000)
+        .map(|i| (format!("f{i}"), i.to_string()))
+        .collect();
     let _: () = con.hset_multiple("big", &fields).unwrap();
     let ks = db.open_keyspace("default").unwrap();
     assert!(ks.len() > 1000);
@@ -510,7 +514,11 @@ fn reserved_values_are_refused_and_fast_gets_see_types() {
     for cmd in [
         redis::cmd("SET").arg("k").arg(&reserved[..]).clone(),
         redis::cmd("MSET").arg("k").arg(&reserved[..]).clone(),
-        redis::cmd("SETEX").arg("k").arg(10).arg(&reserved[..]).clone(),
+        redis::cmd("SETEX")
+            .arg("k")
+            .arg(10)
+            .arg(&reserved[..])
+            .clone(),
         redis::cmd("GETSET").arg("k").arg(&reserved[..]).clone(),
     ] {
         let r: RedisResult<Value> = cmd.query(&mut con);

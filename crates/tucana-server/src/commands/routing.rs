@@ -237,4 +237,35 @@ mod tests {
             Err(Reply::Error(e)) if e.starts_with("CROSSSLOT")
         ));
     }
+
+    #[test]
+    fn collection_commands_route_by_their_keys_only() {
+        let u = Some(Some(key_slot(b"u")));
+        // Fields, members, scores and elements are not keys.
+        for words in [
+            &["hset", "{u}h", "f", "v", "g", "w"][..],
+            &["zadd", "{u}z", "1", "m"],
+            &["zrangebyscore", "{u}z", "-inf", "+inf", "LIMIT", "0", "1"],
+            &["sadd", "{u}s", "a", "b"],
+            &["lpush", "{u}l", "a", "b"],
+            &["object", "encoding", "{u}h"],
+            // Multi-key commands: every key counts.
+            &["smove", "{u}a", "{u}b", "member"],
+            &["lmove", "{u}a", "{u}b", "LEFT", "RIGHT"],
+            &["sinterstore", "{u}d", "{u}a", "{u}b"],
+            &["sunion", "{u}a", "{u}b"],
+        ] {
+            assert_eq!(slot_of(words).ok(), u, "{words:?}");
+        }
+        for words in [
+            &["smove", "a", "b", "m"][..],
+            &["rpoplpush", "a", "b"],
+            &["sdiffstore", "{u}d", "{u}a", "b"],
+        ] {
+            assert!(
+                matches!(slot_of(words), Err(Reply::Error(e)) if e.starts_with("CROSSSLOT")),
+                "{words:?}"
+            );
+        }
+    }
 }
