@@ -37,6 +37,9 @@ pub struct Cursor {
     after: Option<Vec<u8>>,
 }
 
+/// A sub-record's group: its family, the stored key of its collection, its version.
+type Group = (Family, Vec<u8>, u64);
+
 fn kind_of_family(family: Family) -> Kind {
     match family {
         Family::Hash => Kind::Hash,
@@ -48,7 +51,7 @@ fn kind_of_family(family: Family) -> Kind {
 
 /// The client's key (stored form, with `prefix`) and version of a sub-record, if
 /// `stored` is one. `slot_prefixed`: cluster mode, stored keys are `slot key`.
-fn group_of(stored: &[u8], slot_prefixed: bool) -> tucana::Result<Option<(Family, Vec<u8>, u64)>> {
+fn group_of(stored: &[u8], slot_prefixed: bool) -> tucana::Result<Option<Group>> {
     let (prefix, rest) = if slot_prefixed && stored.len() >= 2 {
         stored.split_at(2)
     } else {
@@ -77,7 +80,7 @@ pub fn collect(slot: &Slot, cursor: &mut Cursor, slot_prefixed: bool) -> tucana:
     };
     let mut garbage = Vec::new();
     // The verdict on the last group seen: its records are contiguous.
-    let mut last_group: Option<((Family, Vec<u8>, u64), bool)> = None;
+    let mut last_group: Option<(Group, bool)> = None;
     let mut examined = 0;
     let mut last = None;
     for item in ks.range::<Vec<u8>, _>((lo, Bound::Unbounded)) {

@@ -213,9 +213,12 @@ pub fn sub_key(family: Family, key: &[u8], version: u64, suffix: &[u8]) -> Vec<u
     out
 }
 
-/// The client's key and version of a stored sub-record key (for the sweep of garbage),
-/// `None` when `stored` is not a sub-record; a truncated one is damage.
-pub fn split_sub_key(stored: &[u8]) -> tucana::Result<Option<(Family, &[u8], u64, &[u8])>> {
+/// A sub-record key's parts: family, the client's key, version, suffix.
+pub type SubKey<'a> = (Family, &'a [u8], u64, &'a [u8]);
+
+/// The parts of a stored sub-record key (for the collector of old versions), `None` when
+/// `stored` is not a sub-record; a truncated one is damage.
+pub fn split_sub_key(stored: &[u8]) -> tucana::Result<Option<SubKey<'_>>> {
     let Some(rest) = stored.strip_prefix(RESERVED) else {
         return Ok(None);
     };

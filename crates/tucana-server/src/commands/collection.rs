@@ -164,16 +164,17 @@ impl<'k> Update<'k> {
     }
 }
 
-/// Sub-records of one version of `key` in `family` whose suffix is within `lo`..`hi`
-/// (bounds on the suffix), in order (`rev`: descending), at most `limit`; the suffixes
-/// with their values.
+/// Bounds on sub-record suffixes (field, member, encoded score or index).
+pub(super) type SuffixBounds<'a> = (Bound<&'a [u8]>, Bound<&'a [u8]>);
+
+/// Sub-records of one version of `key` in `family` whose suffix is within `bounds`, in
+/// order (`rev`: descending), at most `limit`; the suffixes with their values.
 pub(super) fn members(
     kv: &mut dyn Kv,
     family: Family,
     key: &[u8],
     version: u64,
-    lo: Bound<&[u8]>,
-    hi: Bound<&[u8]>,
+    (lo, hi): SuffixBounds<'_>,
     rev: bool,
     limit: usize,
 ) -> tucana::Result<Pairs> {
@@ -208,8 +209,7 @@ pub(super) fn all_members(
         family,
         key,
         version,
-        Bound::Unbounded,
-        Bound::Unbounded,
+        (Bound::Unbounded, Bound::Unbounded),
         false,
         usize::MAX,
     )

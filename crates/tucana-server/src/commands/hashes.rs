@@ -29,7 +29,7 @@ fn field(kv: &mut dyn Kv, key: &[u8], version: u64, f: &[u8]) -> tucana::Result<
 /// HSET and HMSET: `key field value [field value ...]`; HSET answers the number of new
 /// fields, HMSET `OK`.
 fn hset_generic(kv: &mut dyn Kv, args: &[Vec<u8>], name: &str) -> tucana::Result<Reply> {
-    if args.len() % 2 != 0 {
+    if !args.len().is_multiple_of(2) {
         return Ok(wrong_args(name));
     }
     let key = &args[1];

@@ -42,8 +42,7 @@ fn elements(
         F,
         key,
         meta.version,
-        Bound::Included(&from),
-        Bound::Excluded(&idx(meta.tail)),
+        (Bound::Included(&from), Bound::Excluded(&idx(meta.tail))),
         false,
         count,
     )?;

@@ -28,6 +28,13 @@ use super::{not_an_integer, parse_i64, syntax_error};
 
 const ZSET: Kind = Kind::ZSet;
 
+/// Members with their scores, in the order a command answers them.
+type Items = Vec<(Vec<u8>, f64)>;
+/// Bounds on members (a lex range).
+type LexBounds = (Bound<Vec<u8>>, Bound<Vec<u8>>);
+/// Where a range answer starts and how much of it: `(offset, limit)`.
+type Window = (usize, usize);
+
 /// A member's score in version `version` of `key`.
 fn score_of(kv: &mut dyn Kv, key: &[u8], version: u64, m: &[u8]) -> tucana::Result<Option<f64>> {
     kv.lookup(&sub_key(Family::ZMember, key, version, m))?
@@ -99,7 +106,7 @@ pub(super) fn cmd_zadd(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Repl
         i += 1;
     }
     let rest = &args[i..];
-    if rest.is_empty() || rest.len() % 2 != 0 {
+    if rest.is_empty() || !rest.len().is_multiple_of(2) {
         return Ok(syntax_error());
     }
     if f.nx && f.xx {
@@ -107,7 +114,7 @@ pub(super) fn cmd_zadd(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Repl
             "ERR XX and NX options at the same time are not compatible",
         ));
     }
-    if (f.gt && f.nx) || (f.lt && f.nx) || (f.gt && f.lt) {
+    if (f.nx && (f.gt || f.lt)) || (f.gt && f.lt) {
         return Ok(Reply::error(
             "ERR GT, LT, and/or NX options at the same time are not compatible",
         ));
@@ -305,17 +312,14 @@ fn as_ref(b: &Bound<Vec<u8>>) -> Bound<&[u8]> {
 
 /// (member, score) of the members with a score in `min`..`max`, in score order
 /// (`rev`: descending), after skipping `offset`, at most `limit`.
-#[allow(clippy::too_many_arguments)]
 fn by_score(
     kv: &mut dyn Kv,
     key: &[u8],
     version: u64,
-    min: ScoreBound,
-    max: ScoreBound,
+    (min, max): (ScoreBound, ScoreBound),
     rev: bool,
-    offset: usize,
-    limit: usize,
-) -> tucana::Result<Vec<(Vec<u8>, f64)>> {
+    (offset, limit): Window,
+) -> tucana::Result<Items> {
     if empty_score_range(min, max) {
         return Ok(Vec::new());
     }
@@ -326,8 +330,7 @@ fn by_score(
         Family::ZScore,
         key,
         version,
-        as_ref(&lo),
-        as_ref(&hi),
+        (as_ref(&lo), as_ref(&hi)),
         rev,
         take,
     )?;
@@ -351,7 +354,7 @@ fn lex_bound(arg: &[u8]) -> Option<Bound<Vec<u8>>> {
 }
 
 /// A lex range's bounds: `-` as a maximum or `+` as a minimum match nothing.
-fn lex_range(min: &[u8], max: &[u8]) -> Result<Option<(Bound<Vec<u8>>, Bound<Vec<u8>>)>, Reply> {
+fn lex_range(min: &[u8], max: &[u8]) -> Result<Option<LexBounds>, Reply> {
     let (Some(lo), Some(hi)) = (lex_bound(min), lex_bound(max)) else {
         return Err(Reply::error("ERR min or max not valid string range item"));
     };
@@ -370,24 +373,20 @@ fn lex_range(min: &[u8], max: &[u8]) -> Result<Option<(Bound<Vec<u8>>, Bound<Vec
 
 /// (member, score) of the members in a lex range, in member order (`rev`: descending),
 /// after `offset`, at most `limit`.
-#[allow(clippy::too_many_arguments)]
 fn by_lex(
     kv: &mut dyn Kv,
     key: &[u8],
     version: u64,
-    lo: &Bound<Vec<u8>>,
-    hi: &Bound<Vec<u8>>,
+    (lo, hi): &LexBounds,
     rev: bool,
-    offset: usize,
-    limit: usize,
-) -> tucana::Result<Vec<(Vec<u8>, f64)>> {
+    (offset, limit): Window,
+) -> tucana::Result<Items> {
     let pairs = members(
         kv,
         Family::ZMember,
         key,
         version,
-        as_ref(lo),
-        as_ref(hi),
+        (as_ref(lo), as_ref(hi)),
         rev,
         offset.saturating_add(limit),
     )?;
@@ -426,7 +425,7 @@ fn by_rank(
     first: usize,
     count: usize,
     rev: bool,
-) -> tucana::Result<Vec<(Vec<u8>, f64)>> {
+) -> tucana::Result<Items> {
     let all = ScoreBound {
         score: f64::NEG_INFINITY,
         exclusive: false,
@@ -435,10 +434,10 @@ fn by_rank(
         score: f64::INFINITY,
         exclusive: false,
     };
-    by_score(kv, key, version, all, top, rev, first, count)
+    by_score(kv, key, version, (all, top), rev, (first, count))
 }
 
-fn range_reply(items: Vec<(Vec<u8>, f64)>, with_scores: bool) -> Reply {
+fn range_reply(items: Items, with_scores: bool) -> Reply {
     let mut out = Vec::with_capacity(items.len() * if with_scores { 2 } else { 1 });
     for (m, s) in items {
         out.push(Reply::Bulk(m));
@@ -512,7 +511,7 @@ fn run_range(
     a: &[u8],
     b: &[u8],
     req: &RangeRequest,
-) -> tucana::Result<Result<Vec<(Vec<u8>, f64)>, Reply>> {
+) -> tucana::Result<Result<Items, Reply>> {
     let (offset, limit) = match req.limit {
         Some((o, _)) if o < 0 => (0, 0),
         Some((o, c)) => (o as usize, if c < 0 { usize::MAX } else { c as usize }),
@@ -523,7 +522,7 @@ fn run_range(
     enum Parsed {
         Rank(i64, i64),
         Score(ScoreBound, ScoreBound),
-        Lex(Option<(Bound<Vec<u8>>, Bound<Vec<u8>>)>),
+        Lex(Option<LexBounds>),
     }
     let parsed = match req.by {
         By::Rank => match (parse_i64(a), parse_i64(b)) {
@@ -555,11 +554,11 @@ fn run_range(
             None => Vec::new(),
         },
         Parsed::Score(min, max) => {
-            by_score(kv, key, meta.version, min, max, req.rev, offset, limit)?
+            by_score(kv, key, meta.version, (min, max), req.rev, (offset, limit))?
         }
         Parsed::Lex(None) => Vec::new(),
-        Parsed::Lex(Some((lo, hi))) => {
-            by_lex(kv, key, meta.version, &lo, &hi, req.rev, offset, limit)?
+        Parsed::Lex(Some(bounds)) => {
+            by_lex(kv, key, meta.version, &bounds, req.rev, (offset, limit))?
         }
     };
     Ok(Ok(items))
@@ -693,8 +692,7 @@ fn rank(kv: &mut dyn Kv, args: &[Vec<u8>], rev: bool) -> tucana::Result<Reply> {
             Family::ZScore,
             &args[1],
             meta.version,
-            Bound::Excluded(&mine),
-            Bound::Unbounded,
+            (Bound::Excluded(mine.as_slice()), Bound::Unbounded),
             false,
             usize::MAX,
         )?
@@ -704,8 +702,7 @@ fn rank(kv: &mut dyn Kv, args: &[Vec<u8>], rev: bool) -> tucana::Result<Reply> {
             Family::ZScore,
             &args[1],
             meta.version,
-            Bound::Unbounded,
-            Bound::Excluded(&mine),
+            (Bound::Unbounded, Bound::Excluded(mine.as_slice())),
             false,
             usize::MAX,
         )?
