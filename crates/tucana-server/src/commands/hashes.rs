@@ -232,17 +232,15 @@ pub(super) fn cmd_hincrbyfloat(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Res
 /// count that many distinct fields (at most all); a negative one that many, repeats
 /// allowed.
 pub(super) fn cmd_hrandfield(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Reply> {
-    let count = match args.get(2) {
-        None => None,
-        Some(n) => match parse_i64(n) {
-            Some(n) => Some(n),
-            None => return Ok(not_an_integer()),
-        },
-    };
     let with_values = match args.get(3) {
         None => false,
         Some(w) if w.eq_ignore_ascii_case(b"WITHVALUES") && args.len() == 4 => true,
         Some(_) => return Ok(super::syntax_error()),
+    };
+    let count = match args.get(2).map(|n| random_count(n, with_values)) {
+        None => None,
+        Some(Ok(n)) => Some(n),
+        Some(Err(reply)) => return Ok(reply),
     };
     let missing = if count.is_some() {
         Reply::Array(Vec::new())
@@ -265,6 +263,27 @@ pub(super) fn cmd_hrandfield(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Resul
         }
     }
     Ok(Reply::Array(out))
+}
+
+/// Picks with repeats beyond this many are refused (Redis would build the reply until
+/// memory runs out).
+const MAX_REPEATED_PICKS: u64 = 1 << 32;
+
+/// The count of HRANDFIELD and SRANDMEMBER, checked as Redis checks it (its range, and
+/// half of it with values), and refused past [`MAX_REPEATED_PICKS`] repeats.
+pub(super) fn random_count(arg: &[u8], with_values: bool) -> Result<i64, Reply> {
+    let n = parse_i64(arg).ok_or_else(not_an_integer)?;
+    if n == i64::MIN {
+        return Err(Reply::error(
+            "ERR value is out of range, value must between -9223372036854775807 and 9223372036854775807",
+        ));
+    }
+    let too_many = (with_values && n.unsigned_abs() > (i64::MAX / 2) as u64)
+        || (n < 0 && n.unsigned_abs() > MAX_REPEATED_PICKS);
+    if too_many {
+        return Err(Reply::error("ERR value is out of range"));
+    }
+    Ok(n)
 }
 
 /// Indexes into `n` members for a random pick of `count` (see HRANDFIELD): `None` one,

@@ -16,7 +16,7 @@ use crate::resp::Reply;
 use crate::types::{sub_key, Family, Kind};
 
 use super::collection::{all_members, open, open_or, scan_options, scan_reply, Update};
-use super::hashes::random_picks;
+use super::hashes::{random_count, random_picks};
 use super::kv::Kv;
 use super::{not_an_integer, parse_i64};
 
@@ -166,6 +166,9 @@ pub(super) fn cmd_srandmember(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Resu
         Ok(c) => c,
         Err(reply) => return Ok(reply),
     };
+    if let Some(Err(reply)) = args.get(2).map(|n| random_count(n, false)) {
+        return Ok(reply);
+    }
     let missing = if count.is_some() {
         Reply::Array(Vec::new())
     } else {

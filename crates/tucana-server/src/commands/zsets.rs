@@ -181,9 +181,13 @@ pub(super) fn cmd_zadd(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Repl
             updated += 1;
         }
     }
-    update.apply(kv)?;
+    // Nothing changed: nothing written (and WATCH not disturbed), as in Redis.
+    if added + updated > 0 {
+        update.apply(kv)?;
+    }
     Ok(match (f.incr, incr_result) {
-        (true, Some(score)) => double_reply(score + 0.0),
+        // The score as computed (-0 answers -0, though 0 is stored, as in Redis).
+        (true, Some(score)) => double_reply(score),
         (true, None) => Reply::Nil,
         _ => Reply::Int(if f.ch { added + updated } else { added }),
     })
@@ -201,7 +205,8 @@ pub(super) fn cmd_zincrby(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<R
     };
     let mut update = Update::new(key, opened, ZSET);
     let old = score_of(kv, key, update.meta.version, &args[3])?;
-    let score = old.unwrap_or(0.0) + delta;
+    // A new member takes the increment itself (-0 stays -0 in the reply).
+    let score = old.map_or(delta, |o| o + delta);
     if score.is_nan() {
         return Ok(Reply::error("ERR resulting score is not a number (NaN)"));
     }
@@ -209,7 +214,7 @@ pub(super) fn cmd_zincrby(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<R
         put_member(&mut update, &args[3], score, old);
     }
     update.apply(kv)?;
-    Ok(double_reply(score + 0.0))
+    Ok(double_reply(score))
 }
 
 pub(super) fn cmd_zrem(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Reply> {
