@@ -91,10 +91,13 @@ pub fn collect(slot: &Slot, cursor: &mut Cursor, slot_prefixed: bool) -> tucana:
                 Some((g, dead)) if *g == group => *dead,
                 _ => {
                     let live = match ks.get(&group.1)? {
-                        Some(v) if crate::types::is_typed(&v) => {
-                            let meta = Meta::decode(&v)?;
-                            meta.version == group.2 && meta.kind == kind_of_family(group.0)
-                        }
+                        // Damaged metadata: its key's records are kept (the damage is
+                        // reported to the commands that read it; nothing is deleted on
+                        // a guess).
+                        Some(v) if crate::types::is_typed(&v) => Meta::decode(&v)
+                            .map_or(true, |meta| {
+                                meta.version == group.2 && meta.kind == kind_of_family(group.0)
+                            }),
                         _ => false,
                     };
                     last_group = Some((group, !live));

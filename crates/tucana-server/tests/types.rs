@@ -545,3 +545,44 @@ fn reserved_values_are_refused_and_fast_gets_see_types() {
     assert!(e.to_string().contains("WRONGTYPE"), "{e}");
     server.stop().unwrap();
 }
+
+/// Records damaged on disk answer errors that say so, never a panic or a wrong answer:
+/// a truncated metadata record, and a list whose metadata counts more elements than are
+/// stored. DEL still deletes a key whose metadata is damaged, and the server keeps
+/// serving.
+#[test]
+fn damaged_collection_records_answer_errors() {
+    let (db, server) = start();
+    let mut con = connect(&server);
+    let _: () = con.rpush("l", &["a", "b"]).unwrap();
+    let _: () = con.set("plain", "1").unwrap();
+    let ks = db.open_keyspace("default").unwrap();
+    // A hash's metadata cut short.
+    ks.put(b"h", b"\xff\xfftucana\x00Th\x00\x01").unwrap();
+    // The list's metadata, made to count 3 elements (head one lower) over its 2 records.
+    let meta = ks.get(b"l").unwrap().unwrap();
+    let mut bad = meta.clone();
+    let head_at = bad.len() - 16;
+    let head = u64::from_be_bytes(bad[head_at..head_at + 8].try_into().unwrap()) - 1;
+    bad[head_at..head_at + 8].copy_from_slice(&head.to_be_bytes());
+    let count_at = bad.len() - 24;
+    bad[count_at..count_at + 8].copy_from_slice(&3u64.to_be_bytes());
+    ks.put(b"l", &bad).unwrap();
+    for (args, what) in [
+        (&["HGET", "h", "f"][..], "damaged metadata record"),
+        (&["HSET", "h", "f", "v"], "damaged metadata record"),
+        (&["LPOP", "l"], "damaged list"),
+        (&["LMOVE", "l", "l2", "LEFT", "LEFT"], "damaged list"),
+    ] {
+        let mut cmd = redis::cmd(args[0]);
+        for a in &args[1..] {
+            cmd.arg(*a);
+        }
+        let r: RedisResult<Value> = cmd.query(&mut con);
+        let e = r.expect_err("an error");
+        assert!(e.to_string().contains(what), "{args:?}: {e}");
+    }
+    assert_eq!(query::<i64>(&mut con, &["DEL", "h"]), 1);
+    assert_eq!(query::<String>(&mut con, &["GET", "plain"]), "1");
+    server.stop().unwrap();
+}

@@ -228,7 +228,11 @@ pub(super) fn delete_members(
     value: &[u8],
     writes: &mut Writes,
 ) -> tucana::Result<()> {
-    let meta = Meta::decode(value)?;
+    // Damaged metadata names no version to delete: DEL still deletes the key (what the
+    // client asked), and its records are left to the collector.
+    let Ok(meta) = Meta::decode(value) else {
+        return Ok(());
+    };
     if meta.count > DELETE_INLINE_MAX {
         return Ok(());
     }

@@ -153,7 +153,7 @@ pub(super) fn cmd_hdel(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Repl
     if gone.is_empty() {
         return Ok(Reply::Int(0));
     }
-    update.meta.count -= gone.len() as u64;
+    update.meta.count = update.meta.count.saturating_sub(gone.len() as u64);
     update.apply(kv)?;
     Ok(Reply::Int(gone.len() as i64))
 }

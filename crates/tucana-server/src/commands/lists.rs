@@ -46,14 +46,33 @@ fn elements(
         false,
         count,
     )?;
-    pairs
-        .into_iter()
-        .map(|(suffix, v)| decode_index(&suffix).map(|_| v))
-        .collect()
+    // Elements are contiguous from the head: a gap is damage, not a shorter list.
+    let mut want = meta.head + first;
+    let mut out = Vec::with_capacity(pairs.len());
+    for (suffix, v) in pairs {
+        if decode_index(&suffix)? != want {
+            return Err(damaged_list(
+                key,
+                meta.count,
+                (want - meta.head - first) as usize,
+            ));
+        }
+        want += 1;
+        out.push(v);
+    }
+    Ok(out)
 }
 
 fn all_elements(kv: &mut dyn Kv, key: &[u8], meta: &Meta) -> tucana::Result<Vec<Vec<u8>>> {
     elements(kv, key, meta, 0, usize::MAX)
+}
+
+/// A list whose metadata counts more elements than its records hold.
+fn damaged_list(key: &[u8], counted: u64, found: usize) -> tucana::Error {
+    tucana::Error::InvalidArgument(format!(
+        "damaged list {:?}: its metadata counts {counted} elements where {found} are stored",
+        String::from_utf8_lossy(key)
+    ))
 }
 
 /// Pushes `values` at the head (`left`) or the tail of `update`'s list.
@@ -122,6 +141,9 @@ fn pop_from(
     let n = (count as u64).min(meta.count);
     let first = if left { 0 } else { meta.count - n };
     let mut popped = elements(kv, key, &meta, first, n as usize)?;
+    if popped.len() as u64 != n {
+        return Err(damaged_list(key, n, popped.len()));
+    }
     for i in 0..n {
         update.delete(F, &idx(meta.head + first + i));
     }
@@ -230,10 +252,15 @@ pub(super) fn cmd_ltrim(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Rep
     let (first, count) =
         rank_window(start, stop, meta.count).map_or((0, 0), |(f, c)| (f as u64, c as u64));
     let mut update = Update::new(key, opened, LIST);
-    // Indexes only: the elements themselves need not be read to be deleted.
-    for i in meta.head..meta.tail {
-        if i < meta.head + first || i >= meta.head + first + count {
-            update.delete(F, &idx(i));
+    // The records outside the window, as stored (read, not counted from the metadata, so
+    // damaged metadata cannot make this loop run on).
+    let (start, end) = (idx(meta.head + first), idx(meta.head + first + count));
+    for bounds in [
+        (Bound::Unbounded, Bound::Excluded(start.as_slice())),
+        (Bound::Included(end.as_slice()), Bound::Unbounded),
+    ] {
+        for (suffix, _) in members(kv, F, key, meta.version, bounds, false, usize::MAX)? {
+            update.delete(F, &suffix);
         }
     }
     update.meta.head = meta.head + first;
@@ -421,9 +448,9 @@ fn lmove(
         }
     };
     let mut from = Update::new(src, src_opened, LIST);
-    let value = pop_from(kv, src, &mut from, 1, from_left)?
-        .pop()
-        .expect("a live list has an element");
+    let Some(value) = pop_from(kv, src, &mut from, 1, from_left)?.pop() else {
+        return Err(damaged_list(src, 1, 0));
+    };
     let push_one = std::slice::from_ref(&value);
     let writes = match dst_opened {
         None => {

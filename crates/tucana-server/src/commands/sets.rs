@@ -65,7 +65,7 @@ pub(super) fn cmd_srem(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Repl
     if gone.is_empty() {
         return Ok(Reply::Int(0));
     }
-    update.meta.count -= gone.len() as u64;
+    update.meta.count = update.meta.count.saturating_sub(gone.len() as u64);
     update.apply(kv)?;
     Ok(Reply::Int(gone.len() as i64))
 }
@@ -151,7 +151,7 @@ pub(super) fn cmd_spop(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Repl
     let mut popped = Vec::new();
     for i in picks {
         update.delete(F, &pairs[i].0);
-        update.meta.count -= 1;
+        update.meta.count = update.meta.count.saturating_sub(1);
         popped.push(pairs[i].0.clone());
     }
     update.apply(kv)?;
@@ -216,7 +216,7 @@ pub(super) fn cmd_smove(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Rep
     };
     let mut from = Update::new(src, src_opened, SET);
     from.delete(F, m);
-    from.meta.count -= 1;
+    from.meta.count = from.meta.count.saturating_sub(1);
     let mut writes = from.finish();
     if !dst_has {
         let mut to = Update::new(dst, dst_opened, SET);

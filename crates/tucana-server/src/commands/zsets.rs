@@ -58,7 +58,7 @@ fn put_member(update: &mut Update<'_>, member: &[u8], score: f64, old: Option<f6
 fn delete_member(update: &mut Update<'_>, member: &[u8], score: f64) {
     update.delete(Family::ZMember, member);
     update.delete(Family::ZScore, &score_key(score, member));
-    update.meta.count -= 1;
+    update.meta.count = update.meta.count.saturating_sub(1);
 }
 
 fn score_key(score: f64, member: &[u8]) -> Vec<u8> {
