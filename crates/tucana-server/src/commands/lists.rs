@@ -47,17 +47,11 @@ fn elements(
         count,
     )?;
     // Elements are contiguous from the head: a gap is damage, not a shorter list.
-    let mut want = meta.head + first;
     let mut out = Vec::with_capacity(pairs.len());
-    for (suffix, v) in pairs {
+    for (want, (suffix, v)) in (meta.head + first..).zip(pairs) {
         if decode_index(&suffix)? != want {
-            return Err(damaged_list(
-                key,
-                meta.count,
-                (want - meta.head - first) as usize,
-            ));
+            return Err(damaged_list(key, meta.count, out.len()));
         }
-        want += 1;
         out.push(v);
     }
     Ok(out)
