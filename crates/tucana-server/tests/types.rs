@@ -586,3 +586,47 @@ fn damaged_collection_records_answer_errors() {
     assert_eq!(query::<String>(&mut con, &["GET", "plain"]), "1");
     server.stop().unwrap();
 }
+
+/// Random picks from collections too big to read whole (past 512 members they start at
+/// random points): distinct when asked, always members, values belonging to their
+/// fields, and SPOP until empty pops every member exactly once.
+#[test]
+fn random_picks_from_big_collections() {
+    let (_db, server) = start();
+    let mut con = connect(&server);
+    let members: Vec<String> = (0..2000).map(|i| format!("member:{i}")).collect();
+    let _: () = con.sadd("s", &members).unwrap();
+    let fields: Vec<(String, String)> = (0..2000)
+        .map(|i| (format!("f{i}"), format!("v{i}")))
+        .collect();
+    let _: () = con.hset_multiple("h", &fields).unwrap();
+    let all: std::collections::HashSet<String> = members.iter().cloned().collect();
+    for _ in 0..20 {
+        let picked: Vec<String> = query(&mut con, &["SRANDMEMBER", "s", "10"]);
+        let distinct: std::collections::HashSet<&String> = picked.iter().collect();
+        assert_eq!((picked.len(), distinct.len()), (10, 10), "{picked:?}");
+        assert!(picked.iter().all(|m| all.contains(m)));
+        let repeated: Vec<String> = query(&mut con, &["SRANDMEMBER", "s", "-15"]);
+        assert_eq!(repeated.len(), 15);
+        assert!(repeated.iter().all(|m| all.contains(m)));
+        let one: String = query(&mut con, &["SRANDMEMBER", "s"]);
+        assert!(all.contains(&one));
+        let pairs: Vec<String> = query(&mut con, &["HRANDFIELD", "h", "5", "WITHVALUES"]);
+        assert_eq!(pairs.len(), 10);
+        for pair in pairs.chunks(2) {
+            assert_eq!(pair[1], format!("v{}", &pair[0][1..]), "{pair:?}");
+        }
+    }
+    let mut popped = std::collections::HashSet::new();
+    while query::<i64>(&mut con, &["SCARD", "s"]) > 0 {
+        let batch: Vec<String> = query(&mut con, &["SPOP", "s", "7"]);
+        assert!(!batch.is_empty());
+        for m in batch {
+            assert!(all.contains(&m));
+            assert!(popped.insert(m.clone()), "{m} popped twice");
+        }
+    }
+    assert_eq!(popped.len(), 2000);
+    assert_eq!(query::<i64>(&mut con, &["EXISTS", "s"]), 0);
+    server.stop().unwrap();
+}

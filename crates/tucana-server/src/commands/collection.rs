@@ -322,6 +322,115 @@ impl Rng {
     }
 }
 
+/// Indexes into `n` members for a random pick of `count` (see HRANDFIELD): `None` one,
+/// positive distinct ones, negative with repeats.
+fn random_picks(n: usize, count: Option<i64>) -> Vec<usize> {
+    let mut rng = Rng::new();
+    if n == 0 {
+        return Vec::new();
+    }
+    match count {
+        None => vec![rng.below(n)],
+        Some(c) if c < 0 => (0..c.unsigned_abs()).map(|_| rng.below(n)).collect(),
+        Some(c) => {
+            let mut all: Vec<usize> = (0..n).collect();
+            let take = (c as u64).min(n as u64) as usize;
+            for i in 0..take {
+                let j = i + rng.below(n - i);
+                all.swap(i, j);
+            }
+            all.truncate(take);
+            all
+        }
+    }
+}
+
+/// Collections up to this many members are picked from uniformly (every member read);
+/// bigger ones from random points of their range (O(picks) records, not O(n)).
+pub(super) const UNIFORM_PICK_MAX: u64 = 512;
+
+/// Random members of one version of a collection for HRANDFIELD, SRANDMEMBER and SPOP
+/// (`count` as in HRANDFIELD: `None` one, positive distinct ones, negative with
+/// repeats). A big collection's picks start at a random point between its first and last
+/// member and take the members that follow (wrapping to the first): not uniform (a member
+/// after a wide gap is picked more often), as Kvrocks also trades it for speed.
+pub(super) fn random_members(
+    kv: &mut dyn Kv,
+    family: Family,
+    key: &[u8],
+    meta: &Meta,
+    count: Option<i64>,
+) -> tucana::Result<Pairs> {
+    if meta.count <= UNIFORM_PICK_MAX {
+        let all = all_members(kv, family, key, meta.version)?;
+        let picks = random_picks(all.len(), count);
+        return Ok(picks.into_iter().map(|i| all[i].clone()).collect());
+    }
+    let ends = |kv: &mut dyn Kv, rev: bool| {
+        members(
+            kv,
+            family,
+            key,
+            meta.version,
+            (Bound::Unbounded, Bound::Unbounded),
+            rev,
+            1,
+        )
+    };
+    let (first, last) = (ends(kv, false)?, ends(kv, true)?);
+    let (Some((first, _)), Some((last, _))) = (first.first(), last.first()) else {
+        return Ok(Vec::new());
+    };
+    let mut rng = Rng::new();
+    // `take` members from one random point (`runs` times).
+    let (runs, take) = match count {
+        None => (1, 1),
+        Some(c) if c < 0 => (c.unsigned_abs(), 1),
+        Some(c) => (1, (c as u64).min(meta.count)),
+    };
+    let mut out = Vec::new();
+    for _ in 0..runs {
+        let start = random_between(&mut rng, first, last);
+        let mut run = members(
+            kv,
+            family,
+            key,
+            meta.version,
+            (Bound::Included(start.as_slice()), Bound::Unbounded),
+            false,
+            take as usize,
+        )?;
+        if (run.len() as u64) < take {
+            let more = members(
+                kv,
+                family,
+                key,
+                meta.version,
+                (Bound::Unbounded, Bound::Excluded(start.as_slice())),
+                false,
+                take as usize - run.len(),
+            )?;
+            run.extend(more);
+        }
+        out.extend(run);
+    }
+    Ok(out)
+}
+
+/// A byte string between `lo` and `hi` (`lo` <= `hi`): their common prefix, a random
+/// byte between theirs at the first difference, then random bytes.
+fn random_between(rng: &mut Rng, lo: &[u8], hi: &[u8]) -> Vec<u8> {
+    let common = lo.iter().zip(hi).take_while(|(a, b)| a == b).count();
+    let mut out = lo[..common].to_vec();
+    let from = lo.get(common).copied().unwrap_or(0) as usize;
+    let to = hi.get(common).copied().unwrap_or(255) as usize;
+    out.push((from + rng.below(to.saturating_sub(from) + 1)) as u8);
+    for _ in 0..4 {
+        out.push(rng.below(256) as u8);
+    }
+    out
+}
+
 /// A `*SCAN key cursor [MATCH pattern] [COUNT n]` request: the pattern, or the reply to
 /// a bad one. Every member is returned in one reply with cursor 0 (COUNT is a hint, as
 /// Redis treats it for small collections).

@@ -13,7 +13,7 @@ use crate::resp::Reply;
 use crate::types::{sub_key, Family, Kind};
 
 use super::collection::{
-    all_members, open, open_or, parse_double, scan_options, scan_reply, Rng, Update,
+    all_members, open, open_or, parse_double, random_members, scan_options, scan_reply, Update,
 };
 use super::kv::Kv;
 use super::{not_an_integer, opt_bulk, parse_i64, wrong_args};
@@ -248,18 +248,18 @@ pub(super) fn cmd_hrandfield(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Resul
         Reply::Nil
     };
     let (_, meta) = open_or!(kv, &args[1], HASH, missing);
-    let pairs = all_members(kv, F, &args[1], meta.version)?;
-    let picks = random_picks(pairs.len(), count);
+    let picks = random_members(kv, F, &args[1], &meta, count)?;
     let Some(_) = count else {
         return Ok(picks
-            .first()
-            .map_or(Reply::Nil, |&i| Reply::Bulk(pairs[i].0.clone())));
+            .into_iter()
+            .next()
+            .map_or(Reply::Nil, |(f, _)| Reply::Bulk(f)));
     };
     let mut out = Vec::new();
-    for i in picks {
-        out.push(Reply::Bulk(pairs[i].0.clone()));
+    for (f, v) in picks {
+        out.push(Reply::Bulk(f));
         if with_values {
-            out.push(Reply::Bulk(pairs[i].1.clone()));
+            out.push(Reply::Bulk(v));
         }
     }
     Ok(Reply::Array(out))
@@ -284,29 +284,6 @@ pub(super) fn random_count(arg: &[u8], with_values: bool) -> Result<i64, Reply> 
         return Err(Reply::error("ERR value is out of range"));
     }
     Ok(n)
-}
-
-/// Indexes into `n` members for a random pick of `count` (see HRANDFIELD): `None` one,
-/// positive distinct ones, negative with repeats.
-pub(super) fn random_picks(n: usize, count: Option<i64>) -> Vec<usize> {
-    let mut rng = Rng::new();
-    if n == 0 {
-        return Vec::new();
-    }
-    match count {
-        None => vec![rng.below(n)],
-        Some(c) if c < 0 => (0..c.unsigned_abs()).map(|_| rng.below(n)).collect(),
-        Some(c) => {
-            let mut all: Vec<usize> = (0..n).collect();
-            let take = (c as u64).min(n as u64) as usize;
-            for i in 0..take {
-                let j = i + rng.below(n - i);
-                all.swap(i, j);
-            }
-            all.truncate(take);
-            all
-        }
-    }
 }
 
 /// `HSCAN key cursor [MATCH pattern] [COUNT n]`: every field and value in one reply.

@@ -15,8 +15,10 @@ use crate::glob::glob_match;
 use crate::resp::Reply;
 use crate::types::{sub_key, Family, Kind};
 
-use super::collection::{all_members, open, open_or, scan_options, scan_reply, Update};
-use super::hashes::{random_count, random_picks};
+use super::collection::{
+    all_members, open, open_or, random_members, scan_options, scan_reply, Update,
+};
+use super::hashes::random_count;
 use super::kv::Kv;
 use super::{not_an_integer, parse_i64};
 
@@ -145,14 +147,13 @@ pub(super) fn cmd_spop(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Repl
     if count == Some(0) {
         return Ok(Reply::Set(Vec::new()));
     }
-    let pairs = all_members(kv, F, key, meta.version)?;
-    let picks = random_picks(pairs.len(), Some(count.unwrap_or(1)));
+    let picks = random_members(kv, F, key, &meta, Some(count.unwrap_or(1)))?;
     let mut update = Update::new(key, opened, SET);
     let mut popped = Vec::new();
-    for i in picks {
-        update.delete(F, &pairs[i].0);
+    for (m, _) in picks {
+        update.delete(F, &m);
         update.meta.count = update.meta.count.saturating_sub(1);
-        popped.push(pairs[i].0.clone());
+        popped.push(m);
     }
     update.apply(kv)?;
     Ok(match count {
@@ -175,18 +176,13 @@ pub(super) fn cmd_srandmember(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Resu
         Reply::Nil
     };
     let (_, meta) = open_or!(kv, &args[1], SET, missing);
-    let pairs = all_members(kv, F, &args[1], meta.version)?;
-    let picks = random_picks(pairs.len(), count);
+    let picks = random_members(kv, F, &args[1], &meta, count)?;
     Ok(match count {
         None => picks
-            .first()
-            .map_or(Reply::Nil, |&i| Reply::Bulk(pairs[i].0.clone())),
-        Some(_) => Reply::Array(
-            picks
-                .into_iter()
-                .map(|i| Reply::Bulk(pairs[i].0.clone()))
-                .collect(),
-        ),
+            .into_iter()
+            .next()
+            .map_or(Reply::Nil, |(m, _)| Reply::Bulk(m)),
+        Some(_) => Reply::Array(picks.into_iter().map(|(m, _)| Reply::Bulk(m)).collect()),
     })
 }
 
