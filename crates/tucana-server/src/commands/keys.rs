@@ -15,7 +15,7 @@ use tucana::Keyspace;
 use crate::glob::{glob_match, literal_prefix};
 use crate::resp::Reply;
 
-use crate::expiry::now_ms;
+use crate::expiry::{is_reserved, now_ms, RESERVED};
 
 use super::expire::{hidden_records, visible};
 use super::strings::type_name;
@@ -87,9 +87,21 @@ pub(super) fn cmd_scan(call: &mut Call<'_>, args: &[Vec<u8>]) -> tucana::Result<
         if let (Some(range), Some(ks)) = (range_of(ks, lo.clone(), hi.clone()), ks) {
             let mut range = range.peekable();
             let mut examined = 0;
+            let mut finished = false;
             while examined < count {
                 let Some(item) = range.next() else { break };
                 let (key, value) = item?;
+                if is_reserved(&key) {
+                    // Deadlines and collections' members: one seek past them all.
+                    match after_reserved(&hi) {
+                        Some(lo) => range = ks.range::<Vec<u8>, _>((lo, hi.clone())).peekable(),
+                        None => {
+                            finished = true;
+                            break;
+                        }
+                    }
+                    continue;
+                }
                 examined += 1;
                 if type_filter.is_none_or(|t| t.eq_ignore_ascii_case(type_name(&value).as_bytes()))
                     && pattern.is_none_or(|p| glob_match(p, &key))
@@ -100,13 +112,27 @@ pub(super) fn cmd_scan(call: &mut Call<'_>, args: &[Vec<u8>]) -> tucana::Result<
                 last = Some(key);
             }
             // Only hand out a cursor when something follows.
-            if range.peek().is_none() {
+            if finished || range.peek().is_none() {
                 last = None;
             }
         }
         Ok((keys, last))
     })?;
     Ok(scan_reply(call, db_index, keys, last))
+}
+
+/// Where a walk ending at `hi` goes on after the reserved family (deadline records and
+/// collections' sub-records, one contiguous range of stored keys outside cluster mode);
+/// `None` when nothing of the walk is left past it.
+fn after_reserved(hi: &Bound<Vec<u8>>) -> Option<Bound<Vec<u8>>> {
+    let Bound::Excluded(end) = prefix_end(RESERVED) else {
+        return None;
+    };
+    match hi {
+        Bound::Excluded(h) if *h <= end => None,
+        Bound::Included(h) if *h < end => None,
+        _ => Some(Bound::Included(end)),
+    }
 }
 
 /// SCAN's reply: a cursor for where it stopped (`last`; 0 when nothing follows), then the
@@ -133,9 +159,17 @@ pub(super) fn cmd_keys(call: &mut Call<'_>, args: &[Vec<u8>]) -> tucana::Result<
     call.slot().read(|ks| {
         let mut keys = Vec::new();
         let range = range_of(ks, Bound::Included(prefix.clone()), hi.clone());
-        if let (Some(range), Some(ks)) = (range, ks) {
-            for item in range {
+        if let (Some(mut range), Some(ks)) = (range, ks) {
+            while let Some(item) = range.next() {
                 let (key, _) = item?;
+                if is_reserved(&key) {
+                    // Deadlines and collections' members: one seek past them all.
+                    match after_reserved(&hi) {
+                        Some(lo) => range = ks.range::<Vec<u8>, _>((lo, hi.clone())),
+                        None => break,
+                    }
+                    continue;
+                }
                 if glob_match(pattern, &key) && visible(ks, may_expire, &[], &key, now)? {
                     keys.push(Reply::Bulk(key));
                 }
