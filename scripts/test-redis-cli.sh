@@ -67,7 +67,15 @@ expect $'c\ncounter' keys 'c*'
 expect $'counter\n10\nfresh\n1' trange '(c' '[fresh' withvalues
 expect $'greeting\nfresh' tprefix '' rev limit 2
 expect "4" dbsize
-expect "ERR unknown command 'hset', with args beginning with: 'c' 'f' '10'" hset c f 10
+expect "WRONGTYPE Operation against a key holding the wrong kind of value" hset c f 10
+expect "1" hset h f 10
+expect "11" hincrby h f 1
+expect $'f\n11' hgetall h
+expect "2" zadd z 1 a 2.5 b
+expect $'a\n1\nb\n2.5' zrange z 0 -1 withscores
+expect "hash" type h
+expect "2" del h z
+expect "ERR unknown command 'xadd', with args beginning with: 'c' '*' 'f' '10'" xadd c '*' f 10
 # Deadlines far enough away that nothing below sees them pass.
 expect "1" expire c 100000
 expect "OK" set k v ex 100000

@@ -329,6 +329,31 @@ fn three_servers_route_by_the_map_in_etcd() {
     let _: i64 = ccon.expire("{user}:t", 100_000).unwrap();
     let _: () = ccon.del("{user}:t").unwrap();
     assert_eq!(ccon.ttl::<_, i64>("{user}:t").unwrap(), -2);
+    // Collections through the cluster client: their members are stored slot-prefixed
+    // in their key's slot (`SlotKv`), read back by ranges, moved between two keys of one
+    // slot, and deleted with their key (the listings below see only `keys`).
+    let _: () = ccon
+        .hset_multiple("{user}:h", &[("name", "ada"), ("year", "1815")])
+        .unwrap();
+    let h: Vec<String> = ccon.hgetall("{user}:h").unwrap();
+    assert_eq!(h, vec!["name", "ada", "year", "1815"]);
+    let _: () = ccon
+        .zadd_multiple("{user}:z", &[(1, "a"), (2, "b"), (3, "c")])
+        .unwrap();
+    let z: Vec<String> = ccon.zrangebyscore("{user}:z", 2, "+inf").unwrap();
+    assert_eq!(z, vec!["b", "c"]);
+    let _: () = ccon.sadd("{user}:s1", &["x", "y"]).unwrap();
+    let moved: i64 = ccon.smove("{user}:s1", "{user}:s2", "x").unwrap();
+    assert_eq!(moved, 1);
+    let _: () = ccon.rpush("{user}:l", &["1", "2", "3"]).unwrap();
+    let l: Vec<String> = ccon.lrange("{user}:l", -2, -1).unwrap();
+    assert_eq!(l, vec!["2", "3"]);
+    let kind: String = redis::cmd("TYPE").arg("{user}:z").query(&mut ccon).unwrap();
+    assert_eq!(kind, "zset");
+    let deleted: i64 = ccon
+        .del(&["{user}:h", "{user}:z", "{user}:s1", "{user}:s2", "{user}:l"])
+        .unwrap();
+    assert_eq!(deleted, 5);
 
     // A plain connection to a server that does not own a key's slot is redirected to
     // the one that does.

@@ -658,3 +658,68 @@ fn a_target_primary_killed_mid_migration_is_succeeded_by_its_backup() {
     }
     assert_acked_readable(&client, &acked);
 }
+
+/// The story: the migrator moved stored pairs in key order, and a collection's metadata
+/// (at its key) sorts far from its members (in the reserved family), so a hash could be
+/// half moved: `HLEN` through `ASK` counted the members that had arrived, and the
+/// source's collector could delete members whose metadata had already gone as garbage.
+/// Now a collection moves whole, with its metadata, in one batch.
+#[test]
+fn collections_move_whole_and_are_never_seen_half_moved() {
+    let cluster = Cluster::start(2, 4, 100);
+    let mut con1 = cluster.servers[1].connect();
+    let ranges = slot_ranges(&mut con1);
+    let (first, last, owner) = ranges[0].clone();
+    assert_eq!(owner, cluster.servers[0].addr);
+    let client = cluster.client();
+    let mut ccon = client.get_connection().unwrap();
+    let tags: Vec<String> = (0..)
+        .map(|n| format!("{{c{n}}}"))
+        .filter(|k| (first..=last).contains(&key_slot(k.as_bytes())))
+        .take(6)
+        .collect();
+    for tag in &tags {
+        for f in 0..40 {
+            let _: () = ccon.hset(format!("{tag}:h"), format!("f{f}"), f).unwrap();
+            let _: () = ccon.zadd(format!("{tag}:z"), format!("m{f}"), f).unwrap();
+        }
+        let _: () = ccon.set(format!("{tag}:s"), "plain").unwrap();
+    }
+    let slots = format!("{first}-{last}");
+    let target = cluster.servers[1].addr.clone();
+    let mut mover = cluster
+        .tucana_command(&["move-slots", "--from-region", "1", "--slots", &slots])
+        .args(["--to", &target])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // While it moves (4 pairs a batch, 100 ms apart), every read through the cluster
+    // client (which follows ASK) sees each collection whole.
+    let mut reads = 0;
+    while mover.try_wait().unwrap().is_none() {
+        for tag in &tags {
+            let hlen: usize = ccon.hlen(format!("{tag}:h")).unwrap();
+            assert_eq!(hlen, 40, "{tag}:h seen half moved");
+            let zcard: usize = ccon.zcard(format!("{tag}:z")).unwrap();
+            assert_eq!(zcard, 40, "{tag}:z seen half moved");
+            reads += 1;
+        }
+    }
+    assert!(mover.wait().unwrap().success(), "move-slots failed");
+    eprintln!("{reads} reads of collections during the migration");
+    let mut con = cluster.servers[1].connect();
+    for tag in &tags {
+        let all: BTreeMap<String, i64> = redis::cmd("HGETALL")
+            .arg(format!("{tag}:h"))
+            .query(&mut con)
+            .unwrap();
+        assert_eq!(all.len(), 40);
+        assert_eq!(all["f39"], 39);
+        let score: f64 = redis::cmd("ZSCORE")
+            .arg(format!("{tag}:z"))
+            .arg("m7")
+            .query(&mut con)
+            .unwrap();
+        assert_eq!(score, 7.0);
+    }
+}

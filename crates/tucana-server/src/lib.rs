@@ -5,8 +5,8 @@
 //! import cycle; DESIGN.md, "The server", follows a request through them):
 //! - [`resp`] (the wire format: requests decoded under limits, replies encoded),
 //!   [`config`] (`ServerConfig`), `glob` (key patterns), `tls` (the rustls acceptor);
-//! - `expiry` (the stored layout of key deadlines), `watch` (WATCH's versions of watched
-//!   keys);
+//! - `expiry` (the stored layout of key deadlines), [`types`] (the stored layout of
+//!   hashes, sets, sorted sets and lists), `watch` (WATCH's versions of watched keys);
 //! - `metrics` (the counters), `store` (numbered databases → keyspaces, the
 //!   per-database write lock, SCAN cursors), `syncer` (sync durability: one thread
 //!   syncs for all waiting connections), `outbox` (replies sent together just before a
@@ -20,8 +20,9 @@
 //! - `cluster_follow` (cluster mode: promotions, terms, fences and backups from each
 //!   view of the map; joins `cluster` and `replication`, which know nothing of each
 //!   other);
-//! - `state` (`ServerState`: what every connection shares), `sweeper` (deletes expired
-//!   keys in the background);
+//! - `state` (`ServerState`: what every connection shares), `collector` (deletes the
+//!   sub-records of old collection versions), `sweeper` (deletes expired keys in the
+//!   background, and runs the collector);
 //! - `commands` (what each command does; running a pipelined batch);
 //! - `connection` (one connection's request loop), `prometheus` (the `/metrics`
 //!   endpoint);
@@ -41,6 +42,7 @@ mod busy_poll;
 mod cluster;
 mod cluster_follow;
 mod cluster_report;
+mod collector;
 mod commands;
 pub mod config;
 mod connection;
@@ -62,6 +64,7 @@ mod store;
 mod sweeper;
 mod syncer;
 mod tls;
+pub mod types;
 mod watch;
 
 pub use commands::REDIS_COMPAT_VERSION;

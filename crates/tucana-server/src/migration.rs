@@ -42,6 +42,7 @@ use crate::config::DurabilityMode;
 use crate::expiry::{deadline_key, decode_deadline, index_key, split_index_key, RESERVED};
 use crate::state::{stopped, ServerState};
 use crate::store::Slot;
+use crate::types::{kind_of, split_sub_key, sub_prefix, Family};
 
 /// How often the supervisor looks for migrations, and how long a failed step waits.
 const TICK: Duration = Duration::from_millis(200);
@@ -287,8 +288,52 @@ fn owner_key(rest: &[u8]) -> Option<Vec<u8>> {
     match reserved.first() {
         Some(b'd' | b't') => Some(reserved[1..].to_vec()),
         Some(b'i') => split_index_key(rest).ok().map(|(_, key)| key.to_vec()),
-        _ => None,
+        _ => match split_sub_key(rest) {
+            // A collection's field, member or element.
+            Ok(Some((_, key, _, _))) => Some(key.to_vec()),
+            _ => None,
+        },
     }
+}
+
+/// Adds to `copy` the client's key `key` (stored under the 2-byte `prefix`) with `value`,
+/// and what travels with it: its deadline record and index entry, and, for a collection,
+/// every sub-record of it (all versions: old ones are the collector's garbage on either
+/// side). So a collection moves whole in one batch, never half here and half there.
+fn add_key(
+    ks: &tucana::Keyspace,
+    prefix: &[u8],
+    key: &[u8],
+    value: Vec<u8>,
+    copy: &mut BTreeMap<Vec<u8>, Vec<u8>>,
+) -> tucana::Result<()> {
+    if let Some(kind) = kind_of(&value) {
+        for &family in Family::of(kind) {
+            // `sub_prefix` without its 8 version bytes: every version of the key.
+            let mut all = sub_prefix(family, key, 0);
+            all.truncate(all.len() - 8);
+            let from = [prefix, &all].concat();
+            for item in ks.range::<Vec<u8>, _>(from.clone()..) {
+                let (stored, sub) = item?;
+                if !stored.starts_with(&from) {
+                    break;
+                }
+                copy.insert(stored, sub);
+            }
+        }
+    }
+    copy.insert([prefix, key].concat(), value);
+    let deadline_stored = [prefix, &deadline_key(key)].concat();
+    if let Some(d) = ks.get(&deadline_stored)? {
+        if let Ok(deadline) = decode_deadline(&d) {
+            let index_stored = [prefix, &index_key(deadline, key)].concat();
+            if let Some(i) = ks.get(&index_stored)? {
+                copy.insert(index_stored, i);
+            }
+        }
+        copy.insert(deadline_stored, d);
+    }
+    Ok(())
 }
 
 /// One batch of `migration` (see the module doc): `Some(n)` pairs moved (0: only
@@ -314,7 +359,8 @@ fn step(
 }
 
 /// Under the region's write lock: the next batch of the range (a key with its deadline
-/// and index records), marked in flight; records of keys not here are deleted. `None`
+/// and index records, a collection with all its sub-records: `add_key`), marked in
+/// flight; records of keys not here are deleted. `None`
 /// when the range is empty.
 fn collect(
     cluster: &Cluster,
@@ -361,17 +407,7 @@ fn collect(
             }
             continue;
         };
-        copy.insert(key_stored, v);
-        let deadline_stored = [prefix, &deadline_key(&key)].concat();
-        if let Some(d) = ks.get(&deadline_stored)? {
-            if let Ok(deadline) = decode_deadline(&d) {
-                let index_stored = [prefix, &index_key(deadline, &key)].concat();
-                if let Some(i) = ks.get(&index_stored)? {
-                    copy.insert(index_stored, i);
-                }
-            }
-            copy.insert(deadline_stored, d);
-        }
+        add_key(&ks, prefix, &key, v, &mut copy)?;
     }
     if copy.is_empty() && orphans.is_empty() {
         return Ok(None);

@@ -19,12 +19,14 @@
 //! Thread-safety: the task runs on the listener's runtime and does its engine work on
 //! the blocking pool; it takes each database's write lock as any writer does.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
 use tucana::Durability;
 
+use crate::collector::{self, Cursor};
 use crate::expiry::{
     deadline_key, decode_deadline, index_key, index_prefix, now_ms, split_index_key,
 };
@@ -42,9 +44,11 @@ pub const BATCHES_PER_TICK: usize = 4;
 /// Cluster mode: hash slots whose index is looked at per tick.
 pub const SLOTS_PER_TICK: u16 = 1024;
 
-/// Sweeps until the server shuts down.
+/// Sweeps until the server shuts down; each tick also lets the collector of old
+/// collection versions walk a little further in each database (`collector`).
 pub async fn run(state: Arc<ServerState>, mut shutdown: watch::Receiver<bool>) {
     let mut next_hash_slot = 0u16;
+    let cursors: Arc<parking_lot::Mutex<HashMap<String, Cursor>>> = Arc::default();
     loop {
         tokio::select! {
             _ = tokio::time::sleep(TICK) => {}
@@ -53,16 +57,35 @@ pub async fn run(state: Arc<ServerState>, mut shutdown: watch::Receiver<bool>) {
         let state = state.clone();
         let first = next_hash_slot;
         next_hash_slot = ((u32::from(first) + u32::from(SLOTS_PER_TICK)) % u32::from(SLOTS)) as u16;
+        let cursors = cursors.clone();
         let _ = tokio::task::spawn_blocking(move || {
-            if state.cluster.is_some() {
+            let mut cursors = cursors.lock();
+            if let Some(cluster) = &state.cluster {
                 sweep_regions(&state, first);
+                for (_, slot) in cluster.led_regions(&state.store.db) {
+                    collect_garbage(&slot, &mut cursors, true);
+                }
             } else {
                 for slot in state.store.slots() {
                     state.metrics.count_expired(sweep_keys(slot, &[]));
+                    collect_garbage(slot, &mut cursors, false);
                 }
             }
         })
         .await;
+    }
+}
+
+/// One step of the collector of old versions in `slot`.
+fn collect_garbage(slot: &Slot, cursors: &mut HashMap<String, Cursor>, slot_prefixed: bool) {
+    let cursor = cursors.entry(slot.name().to_string()).or_default();
+    if let Err(e) = collector::collect(slot, cursor, slot_prefixed) {
+        // A damaged record or a fenced keyspace: the walk starts over next time.
+        eprintln!(
+            "tucana serve: collection of old versions in {}: {e}",
+            slot.name()
+        );
+        *cursor = Cursor::default();
     }
 }
 

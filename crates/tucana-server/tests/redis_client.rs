@@ -151,11 +151,12 @@ fn unknown_and_malformed_commands_get_errors_and_the_connection_stays_usable() {
     let (_db, server) = start();
     let mut con = connect(&server);
     let e = error_text(
-        redis::cmd("HSET")
+        redis::cmd("XADD")
             .arg("k")
+            .arg("*")
             .arg("f")
             .arg("10")
-            .query::<i64>(&mut con),
+            .query::<String>(&mut con),
     );
     assert!(e.contains("unknown command"), "{e}");
     let e = error_text(

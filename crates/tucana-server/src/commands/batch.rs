@@ -65,7 +65,10 @@ pub fn execute_batch(
         }
         if fast && is_plain(&args, b"set", 3) {
             let run = set_run_length(requests, i);
-            let done = fast_sets(state, session, requests, i..i + run, &mut replies);
+            let done = match run {
+                0 => 0,
+                _ => fast_sets(state, session, requests, i..i + run, &mut replies),
+            };
             if done > 0 {
                 i += done;
                 continue;
@@ -177,6 +180,10 @@ fn set_run_length(requests: Requests<'_>, first: usize) -> usize {
         if run > 0 && bytes >= SET_RUN_MAX_BYTES {
             break;
         }
+        // A value that starts like a collection's metadata is refused by the general path.
+        if crate::types::is_typed(requests.arg(j, 2)) {
+            break;
+        }
         bytes += requests.arg(j, 1).len() + requests.arg(j, 2).len();
         run += 1;
     }
@@ -242,6 +249,14 @@ fn fast_gets(
                     (Ok(Some(_)), Deadline::Damaged) => {
                         local.error();
                         encode_error("ERR damaged deadline record", out);
+                    }
+                    // A collection's metadata: GET answers as on any other type.
+                    (Ok(Some(value)), Deadline::Live) if crate::types::is_typed(value) => {
+                        local.lookup(true);
+                        encode_error(
+                            "WRONGTYPE Operation against a key holding the wrong kind of value",
+                            out,
+                        );
                     }
                     (Ok(Some(value)), Deadline::Live) => {
                         local.lookup(true);

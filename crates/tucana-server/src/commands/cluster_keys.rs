@@ -24,6 +24,7 @@ use crate::store::Slot;
 use crate::expiry::{now_ms, MARKER};
 
 use super::expire::{hidden_records, visible};
+use super::strings::type_name;
 use super::Call;
 
 /// The regions this server leads now, by first slot.
@@ -71,7 +72,7 @@ pub(super) fn scan(
     after: Option<Vec<u8>>,
     pattern: Option<&[u8]>,
     count: usize,
-    strings: bool,
+    type_filter: Option<&[u8]>,
 ) -> tucana::Result<(Vec<Reply>, Option<Vec<u8>>)> {
     let mut keys = Vec::new();
     let mut last: Option<Vec<u8>> = None;
@@ -102,10 +103,11 @@ pub(super) fn scan(
             let mut seen = examined;
             while seen < count {
                 let Some(item) = range.next() else { break };
-                let (stored, _) = item?;
+                let (stored, value) = item?;
                 seen += 1;
                 if let Some(key) = user_key(&stored) {
-                    if strings
+                    if type_filter
+                        .is_none_or(|t| t.eq_ignore_ascii_case(type_name(&value).as_bytes()))
                         && pattern.is_none_or(|p| glob_match(p, &key))
                         && visible_stored(ks, may_expire, &stored, &key, now)?
                     {

@@ -185,6 +185,19 @@ impl Writes {
         self.deadline(key, old_ms, None);
     }
 
+    /// A write of a record in the reserved family (a collection's sub-record): the
+    /// batch carries the keyspace's marker, so walks of the keyspace hide the family.
+    pub(super) fn reserved(&mut self, stored: Vec<u8>, value: Option<Vec<u8>>) {
+        self.ops.push((stored, value));
+        self.deadline = true;
+    }
+
+    /// Adds `other`'s writes after these (one batch for two keys: SMOVE, LMOVE).
+    pub(super) fn append(&mut self, other: Writes) {
+        self.ops.extend(other.ops);
+        self.deadline |= other.deadline;
+    }
+
     /// Whether `key` is already written here (DEL of a key given twice).
     pub(super) fn writes(&self, key: &[u8]) -> bool {
         self.ops.iter().any(|(k, _)| k == key)

@@ -15,10 +15,11 @@ use tucana::Keyspace;
 use crate::glob::{glob_match, literal_prefix};
 use crate::resp::Reply;
 
-use crate::expiry::now_ms;
+use crate::expiry::{is_reserved, now_ms, RESERVED};
 
 use super::expire::{hidden_records, visible};
-use super::{cluster_keys, not_an_integer, parse_i64, syntax_error, Call};
+use super::strings::type_name;
+use super::{cluster_keys, not_an_integer, parse_i64, prefix_end, syntax_error, Call};
 
 /// Keys of a keyspace in order from `lo` (or the first) to `hi` (or the last).
 fn range_of(
@@ -27,18 +28,6 @@ fn range_of(
     hi: Bound<Vec<u8>>,
 ) -> Option<tucana::Range> {
     ks.map(|ks| ks.range::<Vec<u8>, _>((lo, hi)))
-}
-
-/// `[prefix, next(prefix))` as bounds; `Unbounded` end when the prefix is all 0xff.
-fn prefix_end(prefix: &[u8]) -> Bound<Vec<u8>> {
-    let mut end = prefix.to_vec();
-    while let Some(last) = end.pop() {
-        if last < 0xff {
-            end.push(last + 1);
-            return Bound::Excluded(end);
-        }
-    }
-    Bound::Unbounded
 }
 
 /// `SCAN cursor [MATCH pattern] [COUNT n] [TYPE type]`
@@ -56,7 +45,7 @@ pub(super) fn cmd_scan(call: &mut Call<'_>, args: &[Vec<u8>]) -> tucana::Result<
     };
     let mut pattern: Option<&[u8]> = None;
     let mut count: usize = 10;
-    let mut strings = true;
+    let mut type_filter: Option<&[u8]> = None;
     let mut i = 2;
     while i < args.len() {
         let value = args.get(i + 1);
@@ -67,7 +56,7 @@ pub(super) fn cmd_scan(call: &mut Call<'_>, args: &[Vec<u8>]) -> tucana::Result<
                 Some(_) => return Ok(syntax_error()),
                 None => return Ok(not_an_integer()),
             },
-            (b"TYPE", Some(t)) => strings = t.eq_ignore_ascii_case(b"string"),
+            (b"TYPE", Some(t)) => type_filter = Some(t),
             _ => return Ok(syntax_error()),
         }
         i += 2;
@@ -82,7 +71,7 @@ pub(super) fn cmd_scan(call: &mut Call<'_>, args: &[Vec<u8>]) -> tucana::Result<
         }
     };
     if call.state.cluster.is_some() {
-        let (keys, last) = cluster_keys::scan(call, after, pattern, count, strings)?;
+        let (keys, last) = cluster_keys::scan(call, after, pattern, count, type_filter)?;
         return Ok(scan_reply(call, db_index, keys, last));
     }
     let prefix = pattern.map(literal_prefix).unwrap_or_default();
@@ -98,11 +87,23 @@ pub(super) fn cmd_scan(call: &mut Call<'_>, args: &[Vec<u8>]) -> tucana::Result<
         if let (Some(range), Some(ks)) = (range_of(ks, lo.clone(), hi.clone()), ks) {
             let mut range = range.peekable();
             let mut examined = 0;
+            let mut finished = false;
             while examined < count {
                 let Some(item) = range.next() else { break };
-                let (key, _) = item?;
+                let (key, value) = item?;
+                if is_reserved(&key) {
+                    // Deadlines and collections' members: one seek past them all.
+                    match after_reserved(&hi) {
+                        Some(lo) => range = ks.range::<Vec<u8>, _>((lo, hi.clone())).peekable(),
+                        None => {
+                            finished = true;
+                            break;
+                        }
+                    }
+                    continue;
+                }
                 examined += 1;
-                if strings
+                if type_filter.is_none_or(|t| t.eq_ignore_ascii_case(type_name(&value).as_bytes()))
                     && pattern.is_none_or(|p| glob_match(p, &key))
                     && visible(ks, may_expire, &[], &key, now)?
                 {
@@ -111,13 +112,27 @@ pub(super) fn cmd_scan(call: &mut Call<'_>, args: &[Vec<u8>]) -> tucana::Result<
                 last = Some(key);
             }
             // Only hand out a cursor when something follows.
-            if range.peek().is_none() {
+            if finished || range.peek().is_none() {
                 last = None;
             }
         }
         Ok((keys, last))
     })?;
     Ok(scan_reply(call, db_index, keys, last))
+}
+
+/// Where a walk ending at `hi` goes on after the reserved family (deadline records and
+/// collections' sub-records, one contiguous range of stored keys outside cluster mode);
+/// `None` when nothing of the walk is left past it.
+fn after_reserved(hi: &Bound<Vec<u8>>) -> Option<Bound<Vec<u8>>> {
+    let Bound::Excluded(end) = prefix_end(RESERVED) else {
+        return None;
+    };
+    match hi {
+        Bound::Excluded(h) if *h <= end => None,
+        Bound::Included(h) if *h < end => None,
+        _ => Some(Bound::Included(end)),
+    }
 }
 
 /// SCAN's reply: a cursor for where it stopped (`last`; 0 when nothing follows), then the
@@ -144,9 +159,17 @@ pub(super) fn cmd_keys(call: &mut Call<'_>, args: &[Vec<u8>]) -> tucana::Result<
     call.slot().read(|ks| {
         let mut keys = Vec::new();
         let range = range_of(ks, Bound::Included(prefix.clone()), hi.clone());
-        if let (Some(range), Some(ks)) = (range, ks) {
-            for item in range {
+        if let (Some(mut range), Some(ks)) = (range, ks) {
+            while let Some(item) = range.next() {
                 let (key, _) = item?;
+                if is_reserved(&key) {
+                    // Deadlines and collections' members: one seek past them all.
+                    match after_reserved(&hi) {
+                        Some(lo) => range = ks.range::<Vec<u8>, _>((lo, hi.clone())),
+                        None => break,
+                    }
+                    continue;
+                }
                 if glob_match(pattern, &key) && visible(ks, may_expire, &[], &key, now)? {
                     keys.push(Reply::Bulk(key));
                 }

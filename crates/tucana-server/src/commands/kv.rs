@@ -12,11 +12,18 @@
 //! lock it may hold is released when it is dropped.
 
 use std::collections::HashMap;
+use std::ops::Bound;
 
 use tucana::{Durability, Keyspace};
 
 use crate::state::ServerState;
 use crate::store::WriteGuard;
+
+/// Records read by [`Kv::range`]: stored key (as the handler names it) and value.
+pub(super) type Pairs = Vec<(Vec<u8>, Vec<u8>)>;
+
+/// The bounds of a [`Kv::range`].
+pub(super) type Bounds = (Bound<Vec<u8>>, Bound<Vec<u8>>);
 
 /// Writes for [`Kv::apply`]: a put (`Some(value)`) or a delete (`None`) per key.
 pub(super) type Ops = Vec<(Vec<u8>, Option<Vec<u8>>)>;
@@ -41,6 +48,9 @@ pub(super) trait Kv {
     fn lookup(&mut self, key: &[u8]) -> tucana::Result<Option<Vec<u8>>>;
     /// Counts a client's lookup as a keyspace hit or miss.
     fn count_lookup(&mut self, hit: bool);
+    /// The records in `bounds`, in key order (`rev`: descending), at most `limit`; not
+    /// counted as lookups (the collection commands read sub-records with it).
+    fn range(&mut self, bounds: Bounds, rev: bool, limit: usize) -> tucana::Result<Pairs>;
     /// Whether keys here may have deadlines (`Slot::may_expire`); when not, none has.
     fn may_expire(&self) -> bool;
     /// The next `apply` writes a deadline: the store adds the keyspace's marker of
@@ -56,6 +66,24 @@ fn with_marker(ops: &mut Ops, noted: bool, may_expire: bool) -> bool {
         ops.push((crate::expiry::MARKER.to_vec(), Some(Vec::new())));
     }
     add
+}
+
+/// `Kv::range` on a keyspace (none yet: no records).
+fn read_range(
+    ks: Option<&Keyspace>,
+    bounds: Bounds,
+    rev: bool,
+    limit: usize,
+) -> tucana::Result<Pairs> {
+    let Some(ks) = ks else {
+        return Ok(Vec::new());
+    };
+    let range = ks.range::<Vec<u8>, _>(bounds);
+    if rev {
+        range.rev().take(limit).collect()
+    } else {
+        range.take(limit).collect()
+    }
 }
 
 /// Reads of a replica's last applied commit (a backup under `READONLY`); no writes.
@@ -91,6 +119,12 @@ impl Kv for ReplicaKv<'_> {
 
     fn count_lookup(&mut self, hit: bool) {
         self.state.metrics.count_lookup(hit);
+    }
+
+    fn range(&mut self, _bounds: Bounds, _rev: bool, _limit: usize) -> tucana::Result<Pairs> {
+        Err(tucana::Error::InvalidArgument(
+            "reading a collection's members from a backup (READONLY) is not supported yet".into(),
+        ))
     }
 
     /// The primary's marker of deadlines is not at hand here; answering yes makes every
@@ -156,6 +190,10 @@ impl Kv for ReadKv<'_> {
 
     fn count_lookup(&mut self, hit: bool) {
         self.state.metrics.count_lookup(hit);
+    }
+
+    fn range(&mut self, bounds: Bounds, rev: bool, limit: usize) -> tucana::Result<Pairs> {
+        read_range(self.ks, bounds, rev, limit)
     }
 
     fn may_expire(&self) -> bool {
@@ -227,6 +265,10 @@ impl Kv for LockedKv<'_> {
 
     fn count_lookup(&mut self, hit: bool) {
         self.state.metrics.count_lookup(hit);
+    }
+
+    fn range(&mut self, bounds: Bounds, rev: bool, limit: usize) -> tucana::Result<Pairs> {
+        read_range(self.guard.existing().as_ref(), bounds, rev, limit)
     }
 
     fn may_expire(&self) -> bool {
@@ -308,6 +350,32 @@ impl Kv for TxKv<'_> {
 
     fn count_lookup(&mut self, hit: bool) {
         self.state.metrics.count_lookup(hit);
+    }
+
+    /// The keyspace's records with the overlay's writes laid over them: every record of
+    /// the bounds is read (the overlay's deletes may hide any of them), then cut.
+    fn range(&mut self, bounds: Bounds, rev: bool, limit: usize) -> tucana::Result<Pairs> {
+        let stored = read_range(
+            self.guard.existing().as_ref(),
+            bounds.clone(),
+            false,
+            usize::MAX,
+        )?;
+        let mut merged: std::collections::BTreeMap<Vec<u8>, Vec<u8>> = stored.into_iter().collect();
+        for (key, value) in &self.overlay {
+            if !std::ops::RangeBounds::contains(&bounds, key) {
+                continue;
+            }
+            match value {
+                Some(v) => merged.insert(key.clone(), v.clone()),
+                None => merged.remove(key),
+            };
+        }
+        Ok(if rev {
+            merged.into_iter().rev().take(limit).collect()
+        } else {
+            merged.into_iter().take(limit).collect()
+        })
     }
 
     fn may_expire(&self) -> bool {

@@ -25,7 +25,7 @@ use crate::migration::{ask, slot_state, tombstone_key, tombstone_of, SlotState};
 use crate::resp::{Args, Reply};
 use crate::store::Slot;
 
-use super::kv::{Kv, LockedKv, Ops, ReadKv};
+use super::kv::{Bounds, Kv, LockedKv, Ops, Pairs, ReadKv};
 use super::routing::{keys, Routed};
 use super::table::{KvFn, Spec};
 use super::{parse_i64, run_kv, wrong_args, Call};
@@ -187,6 +187,10 @@ impl Kv for Tombstoning<'_, '_> {
 
     fn value_len(&mut self, key: &[u8]) -> tucana::Result<Option<usize>> {
         self.inner.value_len(key)
+    }
+
+    fn range(&mut self, bounds: Bounds, rev: bool, limit: usize) -> tucana::Result<Pairs> {
+        self.inner.range(bounds, rev, limit)
     }
 
     fn apply(&mut self, mut ops: Ops) -> tucana::Result<()> {

@@ -37,16 +37,21 @@ mod admin;
 mod batch;
 mod cluster;
 mod cluster_keys;
+mod collection;
 mod expire;
+mod hashes;
 mod info;
 mod keys;
 mod kv;
+mod lists;
 mod migrating;
 mod routing;
 mod session;
+mod sets;
 mod strings;
 mod table;
 mod transaction;
+mod zsets;
 
 use crate::resp::{Args, Reply};
 use crate::state::ServerState;
@@ -265,6 +270,23 @@ fn parse_i64(bytes: &[u8]) -> Option<i64> {
     let s = std::str::from_utf8(bytes).ok()?;
     let n: i64 = s.parse().ok()?;
     (n.to_string() == s).then_some(n)
+}
+
+/// A SCAN cursor: an unsigned decimal number.
+fn parse_u64_cursor(bytes: &[u8]) -> Option<u64> {
+    std::str::from_utf8(bytes).ok()?.parse().ok()
+}
+
+/// `[prefix, next(prefix))`'s end as a bound; `Unbounded` when the prefix is all 0xff.
+fn prefix_end(prefix: &[u8]) -> std::ops::Bound<Vec<u8>> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return std::ops::Bound::Excluded(end);
+        }
+    }
+    std::ops::Bound::Unbounded
 }
 
 fn not_an_integer() -> Reply {

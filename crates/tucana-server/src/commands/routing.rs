@@ -20,7 +20,7 @@ use tucana_cluster::{key_slot, storage_key, RegionId};
 use crate::cluster::Route;
 use crate::resp::Reply;
 
-use super::kv::{Kv, Ops};
+use super::kv::{Bounds, Kv, Ops, Pairs};
 use super::table::{Run, Spec, NOMULTI, TXCTL};
 use super::Call;
 
@@ -181,6 +181,31 @@ impl Kv for SlotKv<'_> {
         self.inner.count_lookup(hit);
     }
 
+    /// The bounds slot-prefixed (an unbounded end becomes the end of the slot's keys),
+    /// the keys read back without the prefix.
+    fn range(&mut self, bounds: Bounds, rev: bool, limit: usize) -> tucana::Result<Pairs> {
+        use std::ops::Bound;
+        let prefix = storage_key(self.hash_slot, b"");
+        let lo = match bounds.0 {
+            Bound::Included(k) => Bound::Included(self.stored(&k)),
+            Bound::Excluded(k) => Bound::Excluded(self.stored(&k)),
+            Bound::Unbounded => Bound::Included(prefix.clone()),
+        };
+        let hi = match bounds.1 {
+            Bound::Included(k) => Bound::Included(self.stored(&k)),
+            Bound::Excluded(k) => Bound::Excluded(self.stored(&k)),
+            // The slot's keys end where the next slot's prefix starts.
+            Bound::Unbounded => {
+                Bound::Excluded((u32::from(self.hash_slot) + 1).to_be_bytes()[2..].to_vec())
+            }
+        };
+        let pairs = self.inner.range((lo, hi), rev, limit)?;
+        Ok(pairs
+            .into_iter()
+            .map(|(k, v)| (k[prefix.len()..].to_vec(), v))
+            .collect())
+    }
+
     fn may_expire(&self) -> bool {
         self.inner.may_expire()
     }
@@ -221,5 +246,36 @@ mod tests {
             slot_of(&["del", "{t}1", "{t}2", "other"]),
             Err(Reply::Error(e)) if e.starts_with("CROSSSLOT")
         ));
+    }
+
+    #[test]
+    fn collection_commands_route_by_their_keys_only() {
+        let u = Some(Some(key_slot(b"u")));
+        // Fields, members, scores and elements are not keys.
+        for words in [
+            &["hset", "{u}h", "f", "v", "g", "w"][..],
+            &["zadd", "{u}z", "1", "m"],
+            &["zrangebyscore", "{u}z", "-inf", "+inf", "LIMIT", "0", "1"],
+            &["sadd", "{u}s", "a", "b"],
+            &["lpush", "{u}l", "a", "b"],
+            &["object", "encoding", "{u}h"],
+            // Multi-key commands: every key counts.
+            &["smove", "{u}a", "{u}b", "member"],
+            &["lmove", "{u}a", "{u}b", "LEFT", "RIGHT"],
+            &["sinterstore", "{u}d", "{u}a", "{u}b"],
+            &["sunion", "{u}a", "{u}b"],
+        ] {
+            assert_eq!(slot_of(words).ok(), u, "{words:?}");
+        }
+        for words in [
+            &["smove", "a", "b", "m"][..],
+            &["rpoplpush", "a", "b"],
+            &["sdiffstore", "{u}d", "{u}a", "b"],
+        ] {
+            assert!(
+                matches!(slot_of(words), Err(Reply::Error(e)) if e.starts_with("CROSSSLOT")),
+                "{words:?}"
+            );
+        }
     }
 }

@@ -16,12 +16,33 @@ use crate::resp::Reply;
 
 use crate::expiry::now_ms;
 
+use crate::types::{is_typed, kind_of};
+
+use super::collection::{delete_members, wrongtype};
 use super::expire::{live_len, live_value, read_stored, set_deadline, Writes};
 use super::kv::Kv;
 use super::{not_an_integer, opt_bulk, parse_i64, syntax_error, wrong_args};
 
+/// A string value read for a command on strings: `Err(WRONGTYPE)` for a collection.
+fn string_only(value: Option<Vec<u8>>) -> Result<Option<Vec<u8>>, Reply> {
+    match value {
+        Some(v) if is_typed(&v) => Err(wrongtype()),
+        v => Ok(v),
+    }
+}
+
+/// The refusal of a value a string command would write that starts like a collection's
+/// metadata (`types::TYPED`), which could not be told from one.
+fn reserved_value<'a>(mut values: impl Iterator<Item = &'a Vec<u8>>) -> Option<Reply> {
+    values.any(|v| is_typed(v)).then(|| {
+        Reply::error(
+            "ERR values starting with \\xff\\xfftucana\\x00T are reserved for tucana's collections",
+        )
+    })
+}
+
 pub(super) fn cmd_get(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Reply> {
-    Ok(opt_bulk(live_value(kv, &args[1])?))
+    Ok(string_only(live_value(kv, &args[1])?).map_or_else(|r| r, opt_bulk))
 }
 
 pub(super) fn cmd_mget(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Reply> {
@@ -34,7 +55,13 @@ pub(super) fn cmd_mget(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Repl
     } else {
         kv.multi_get(&args[1..])?
     };
-    Ok(Reply::Array(values.into_iter().map(opt_bulk).collect()))
+    // A collection reads as nil, as in Redis.
+    Ok(Reply::Array(
+        values
+            .into_iter()
+            .map(|v| opt_bulk(v.filter(|v| !is_typed(v))))
+            .collect(),
+    ))
 }
 
 pub(super) fn cmd_exists(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Reply> {
@@ -48,12 +75,45 @@ pub(super) fn cmd_exists(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Re
 }
 
 pub(super) fn cmd_strlen(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Reply> {
-    Ok(Reply::Int(live_len(kv, &args[1])?.unwrap_or(0) as i64))
+    Ok(match string_only(live_value(kv, &args[1])?) {
+        Ok(v) => Reply::Int(v.map_or(0, |v| v.len()) as i64),
+        Err(reply) => reply,
+    })
+}
+
+/// The type name of a stored value (`TYPE`, `SCAN ... TYPE`).
+pub(super) fn type_name(value: &[u8]) -> &'static str {
+    match kind_of(value) {
+        Some(kind) => kind.name(),
+        None => "string",
+    }
 }
 
 pub(super) fn cmd_type(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Reply> {
-    let exists = live_len(kv, &args[1])?.is_some();
-    Ok(Reply::Status(if exists { "string" } else { "none" }.into()))
+    let name = live_value(kv, &args[1])?.map_or("none", |v| type_name(&v));
+    Ok(Reply::Status(name.into()))
+}
+
+/// `OBJECT ENCODING key` (and `OBJECT HELP`): the names Redis gives its encodings, which
+/// some clients and tests read; strings by their content, as Redis picks them.
+pub(super) fn cmd_object(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Reply> {
+    let sub = args[1].to_ascii_uppercase();
+    if sub != b"ENCODING" || args.len() != 3 {
+        return Ok(Reply::error(format!(
+            "ERR unknown subcommand or wrong number of arguments for '{}'. Try OBJECT HELP.",
+            super::printable(&args[1], 64)
+        )));
+    }
+    let Some(value) = live_value(kv, &args[2])? else {
+        return Ok(Reply::Nil);
+    };
+    let name = match kind_of(&value) {
+        Some(kind) => kind.encoding(),
+        None if value.len() <= 20 && parse_i64(&value).is_some() => "int",
+        None if value.len() <= 44 => "embstr",
+        None => "raw",
+    };
+    Ok(Reply::Bulk(name.as_bytes().to_vec()))
 }
 
 /// SET's options.
@@ -100,6 +160,9 @@ fn option_deadline(option: &[u8], time: &[u8], now: u64, command: &str) -> Resul
 /// past (EXAT, PXAT) leaves the key deleted, as in Redis.
 pub(super) fn cmd_set(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Reply> {
     let (key, value) = (&args[1], &args[2]);
+    if let Some(reply) = reserved_value([value].into_iter()) {
+        return Ok(reply);
+    }
     let o = match set_options(&args[3..]) {
         Ok(o) => o,
         Err(reply) => return Ok(reply),
@@ -122,6 +185,9 @@ pub(super) fn cmd_set(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Reply
             stored_deadline_ms: stored_deadline(kv, key)?,
         }
     };
+    if o.get && stored.value.as_deref().is_some_and(is_typed) {
+        return Ok(wrongtype());
+    }
     let exists = stored.value.is_some();
     let apply = !(o.nx && exists || o.xx && !exists);
     if apply {
@@ -159,6 +225,9 @@ fn setex_generic(
     seconds: bool,
     command: &str,
 ) -> tucana::Result<Reply> {
+    if let Some(reply) = reserved_value([&args[3]].into_iter()) {
+        return Ok(reply);
+    }
     let now = now_ms();
     let deadline = match set_deadline(&args[2], seconds, true, now, command) {
         Ok(d) => d as u64,
@@ -213,6 +282,9 @@ pub(super) fn cmd_getex(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Rep
     if stored.value.is_none() {
         return Ok(Reply::Nil);
     }
+    if stored.value.as_deref().is_some_and(is_typed) {
+        return Ok(wrongtype());
+    }
     if let Some(new) = change {
         let mut writes = Writes::default();
         match new {
@@ -226,6 +298,9 @@ pub(super) fn cmd_getex(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Rep
 }
 
 pub(super) fn cmd_setnx(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Reply> {
+    if let Some(reply) = reserved_value([&args[2]].into_iter()) {
+        return Ok(reply);
+    }
     let stored = read_stored(kv, &args[1], now_ms())?;
     if stored.value.is_some() {
         return Ok(Reply::Int(0));
@@ -237,7 +312,13 @@ pub(super) fn cmd_setnx(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Rep
 }
 
 pub(super) fn cmd_getset(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Reply> {
+    if let Some(reply) = reserved_value([&args[2]].into_iter()) {
+        return Ok(reply);
+    }
     let stored = read_stored(kv, &args[1], now_ms())?;
+    if stored.value.as_deref().is_some_and(is_typed) {
+        return Ok(wrongtype());
+    }
     let mut writes = Writes::default();
     writes.put(&args[1], args[2].clone(), stored.stored_deadline_ms, None);
     writes.apply(kv)?;
@@ -246,6 +327,9 @@ pub(super) fn cmd_getset(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Re
 
 pub(super) fn cmd_getdel(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Reply> {
     let stored = read_stored(kv, &args[1], now_ms())?;
+    if stored.value.as_deref().is_some_and(is_typed) {
+        return Ok(wrongtype());
+    }
     if stored.value.is_some() {
         let mut writes = Writes::default();
         writes.delete(&args[1], stored.stored_deadline_ms);
@@ -289,6 +373,9 @@ pub(super) fn cmd_mset(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Repl
     if pairs(args).is_none() {
         return Ok(wrong_args("mset"));
     }
+    if let Some(reply) = reserved_value(args[2..].iter().step_by(2)) {
+        return Ok(reply);
+    }
     mset_writes(kv, args)?.apply(kv)?;
     Ok(Reply::Ok)
 }
@@ -297,6 +384,9 @@ pub(super) fn cmd_msetnx(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Re
     let Some(pairs) = pairs(args) else {
         return Ok(wrong_args("msetnx"));
     };
+    if let Some(reply) = reserved_value(args[2..].iter().step_by(2)) {
+        return Ok(reply);
+    }
     for pair in pairs {
         if live_len(kv, &pair[0])?.is_some() {
             return Ok(Reply::Int(0));
@@ -318,10 +408,15 @@ pub(super) fn cmd_del(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Reply
             read_stored(kv, key, now)?
         } else {
             super::expire::Stored {
-                value: kv.value_len(key)?.map(|_| Vec::new()),
+                value: kv.lookup(key)?,
                 stored_deadline_ms: None,
             }
         };
+        // A small collection's members go in the same batch; a big one's are left to
+        // the sweep of old versions (its metadata, deleted here, names their version).
+        if let Some(v) = stored.value.as_deref().filter(|v| is_typed(v)) {
+            delete_members(kv, key, v, &mut writes)?;
+        }
         // An expired key's records go too, but it does not count as deleted.
         if stored.value.is_some() || stored.stored_deadline_ms.is_some() {
             writes.delete(key, stored.stored_deadline_ms);
@@ -342,6 +437,9 @@ fn modify(
     f: impl FnOnce(Option<Vec<u8>>) -> Result<Vec<u8>, Reply>,
 ) -> tucana::Result<Result<Vec<u8>, Reply>> {
     let stored = read_stored(kv, key, now_ms())?;
+    if stored.value.as_deref().is_some_and(is_typed) {
+        return Ok(Err(wrongtype()));
+    }
     let keep = stored.deadline_ms();
     let value = match f(stored.value) {
         Ok(v) => v,
@@ -357,7 +455,10 @@ pub(super) fn cmd_append(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Re
     let result = modify(kv, &args[1], |old| {
         let mut value = old.unwrap_or_default();
         value.extend_from_slice(&args[2]);
-        Ok(value)
+        match reserved_value([&value].into_iter()) {
+            Some(reply) => Err(reply),
+            None => Ok(value),
+        }
     })?;
     Ok(result.map_or_else(|reply| reply, |v| Reply::Int(v.len() as i64)))
 }

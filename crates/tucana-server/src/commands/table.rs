@@ -23,19 +23,39 @@ use super::expire::{
     cmd_expire, cmd_expireat, cmd_expiretime, cmd_persist, cmd_pexpire, cmd_pexpireat,
     cmd_pexpiretime, cmd_pttl, cmd_ttl,
 };
+use super::hashes::{
+    cmd_hdel, cmd_hexists, cmd_hget, cmd_hgetall, cmd_hincrby, cmd_hincrbyfloat, cmd_hkeys,
+    cmd_hlen, cmd_hmget, cmd_hmset, cmd_hrandfield, cmd_hscan, cmd_hset, cmd_hsetnx, cmd_hstrlen,
+    cmd_hvals,
+};
 use super::info::cmd_info;
 use super::keys::{
     cmd_dbsize, cmd_flushall, cmd_flushdb, cmd_keys, cmd_scan, cmd_tprefix, cmd_trange,
 };
 use super::kv::Kv;
+use super::lists::{
+    cmd_lindex, cmd_linsert, cmd_llen, cmd_lmove, cmd_lpop, cmd_lpos, cmd_lpush, cmd_lpushx,
+    cmd_lrange, cmd_lrem, cmd_lset, cmd_ltrim, cmd_rpop, cmd_rpoplpush, cmd_rpush, cmd_rpushx,
+};
 use super::migrating::{cmd_asking, cmd_import};
 use super::session::{cmd_auth, cmd_client, cmd_echo, cmd_hello, cmd_ping, cmd_quit, cmd_select};
+use super::sets::{
+    cmd_sadd, cmd_scard, cmd_sdiff, cmd_sdiffstore, cmd_sinter, cmd_sinterstore, cmd_sismember,
+    cmd_smembers, cmd_smismember, cmd_smove, cmd_spop, cmd_srandmember, cmd_srem, cmd_sscan,
+    cmd_sunion, cmd_sunionstore,
+};
 use super::strings::{
     cmd_append, cmd_decr, cmd_decrby, cmd_del, cmd_exists, cmd_get, cmd_getdel, cmd_getex,
-    cmd_getset, cmd_incr, cmd_incrby, cmd_mget, cmd_mset, cmd_msetnx, cmd_psetex, cmd_set,
-    cmd_setex, cmd_setnx, cmd_strlen, cmd_type,
+    cmd_getset, cmd_incr, cmd_incrby, cmd_mget, cmd_mset, cmd_msetnx, cmd_object, cmd_psetex,
+    cmd_set, cmd_setex, cmd_setnx, cmd_strlen, cmd_type,
 };
 use super::transaction::{cmd_discard, cmd_exec, cmd_multi, cmd_unwatch, cmd_watch};
+use super::zsets::{
+    cmd_zadd, cmd_zcard, cmd_zcount, cmd_zincrby, cmd_zlexcount, cmd_zmscore, cmd_zpopmax,
+    cmd_zpopmin, cmd_zrange, cmd_zrangebylex, cmd_zrangebyscore, cmd_zrank, cmd_zrem,
+    cmd_zremrangebylex, cmd_zremrangebyrank, cmd_zremrangebyscore, cmd_zrevrange,
+    cmd_zrevrangebylex, cmd_zrevrangebyscore, cmd_zrevrank, cmd_zscan, cmd_zscore,
+};
 use super::Call;
 
 /// A string command's handler: runs on whichever [`Kv`] store the caller gives it.
@@ -97,11 +117,105 @@ fn blocking(f: CallFn) -> Run {
     Run::Other { f, blocks: true }
 }
 
+/// The commands of the collection types: hashes, sorted sets, sets, lists.
+fn collection_specs() -> Vec<Spec> {
+    vec![
+        spec!("hset", -4, 0, KEY1, Run::Write(cmd_hset)),
+        spec!("hmset", -4, 0, KEY1, Run::Write(cmd_hmset)),
+        spec!("hsetnx", 4, 0, KEY1, Run::Write(cmd_hsetnx)),
+        spec!("hget", 3, 0, KEY1, Run::Read(cmd_hget)),
+        spec!("hmget", -3, 0, KEY1, Run::Read(cmd_hmget)),
+        spec!("hgetall", 2, 0, KEY1, Run::Read(cmd_hgetall)),
+        spec!("hkeys", 2, 0, KEY1, Run::Read(cmd_hkeys)),
+        spec!("hvals", 2, 0, KEY1, Run::Read(cmd_hvals)),
+        spec!("hlen", 2, 0, KEY1, Run::Read(cmd_hlen)),
+        spec!("hexists", 3, 0, KEY1, Run::Read(cmd_hexists)),
+        spec!("hstrlen", 3, 0, KEY1, Run::Read(cmd_hstrlen)),
+        spec!("hdel", -3, 0, KEY1, Run::Write(cmd_hdel)),
+        spec!("hincrby", 4, 0, KEY1, Run::Write(cmd_hincrby)),
+        spec!("hincrbyfloat", 4, 0, KEY1, Run::Write(cmd_hincrbyfloat)),
+        spec!("hrandfield", -2, 0, KEY1, Run::Read(cmd_hrandfield)),
+        spec!("hscan", -3, 0, KEY1, Run::Read(cmd_hscan)),
+        spec!("zadd", -4, 0, KEY1, Run::Write(cmd_zadd)),
+        spec!("zincrby", 4, 0, KEY1, Run::Write(cmd_zincrby)),
+        spec!("zrem", -3, 0, KEY1, Run::Write(cmd_zrem)),
+        spec!("zscore", 3, 0, KEY1, Run::Read(cmd_zscore)),
+        spec!("zmscore", -3, 0, KEY1, Run::Read(cmd_zmscore)),
+        spec!("zcard", 2, 0, KEY1, Run::Read(cmd_zcard)),
+        spec!("zcount", 4, 0, KEY1, Run::Read(cmd_zcount)),
+        spec!("zlexcount", 4, 0, KEY1, Run::Read(cmd_zlexcount)),
+        spec!("zrank", -3, 0, KEY1, Run::Read(cmd_zrank)),
+        spec!("zrevrank", -3, 0, KEY1, Run::Read(cmd_zrevrank)),
+        spec!("zrange", -4, 0, KEY1, Run::Read(cmd_zrange)),
+        spec!("zrevrange", -4, 0, KEY1, Run::Read(cmd_zrevrange)),
+        spec!("zrangebyscore", -4, 0, KEY1, Run::Read(cmd_zrangebyscore)),
+        spec!(
+            "zrevrangebyscore",
+            -4,
+            0,
+            KEY1,
+            Run::Read(cmd_zrevrangebyscore)
+        ),
+        spec!("zrangebylex", -4, 0, KEY1, Run::Read(cmd_zrangebylex)),
+        spec!("zrevrangebylex", -4, 0, KEY1, Run::Read(cmd_zrevrangebylex)),
+        spec!(
+            "zremrangebyscore",
+            4,
+            0,
+            KEY1,
+            Run::Write(cmd_zremrangebyscore)
+        ),
+        spec!(
+            "zremrangebyrank",
+            4,
+            0,
+            KEY1,
+            Run::Write(cmd_zremrangebyrank)
+        ),
+        spec!("zremrangebylex", 4, 0, KEY1, Run::Write(cmd_zremrangebylex)),
+        spec!("zpopmin", -2, 0, KEY1, Run::Write(cmd_zpopmin)),
+        spec!("zpopmax", -2, 0, KEY1, Run::Write(cmd_zpopmax)),
+        spec!("zscan", -3, 0, KEY1, Run::Read(cmd_zscan)),
+        spec!("sadd", -3, 0, KEY1, Run::Write(cmd_sadd)),
+        spec!("srem", -3, 0, KEY1, Run::Write(cmd_srem)),
+        spec!("smembers", 2, 0, KEY1, Run::Read(cmd_smembers)),
+        spec!("sismember", 3, 0, KEY1, Run::Read(cmd_sismember)),
+        spec!("smismember", -3, 0, KEY1, Run::Read(cmd_smismember)),
+        spec!("scard", 2, 0, KEY1, Run::Read(cmd_scard)),
+        spec!("spop", -2, 0, KEY1, Run::Write(cmd_spop)),
+        spec!("srandmember", -2, 0, KEY1, Run::Read(cmd_srandmember)),
+        spec!("smove", 4, 0, (1, 2, 1), Run::Write(cmd_smove)),
+        spec!("sscan", -3, 0, KEY1, Run::Read(cmd_sscan)),
+        spec!("sinter", -2, 0, ALL_KEYS, Run::Read(cmd_sinter)),
+        spec!("sunion", -2, 0, ALL_KEYS, Run::Read(cmd_sunion)),
+        spec!("sdiff", -2, 0, ALL_KEYS, Run::Read(cmd_sdiff)),
+        spec!("sinterstore", -3, 0, ALL_KEYS, Run::Write(cmd_sinterstore)),
+        spec!("sunionstore", -3, 0, ALL_KEYS, Run::Write(cmd_sunionstore)),
+        spec!("sdiffstore", -3, 0, ALL_KEYS, Run::Write(cmd_sdiffstore)),
+        spec!("lpush", -3, 0, KEY1, Run::Write(cmd_lpush)),
+        spec!("rpush", -3, 0, KEY1, Run::Write(cmd_rpush)),
+        spec!("lpushx", -3, 0, KEY1, Run::Write(cmd_lpushx)),
+        spec!("rpushx", -3, 0, KEY1, Run::Write(cmd_rpushx)),
+        spec!("lpop", -2, 0, KEY1, Run::Write(cmd_lpop)),
+        spec!("rpop", -2, 0, KEY1, Run::Write(cmd_rpop)),
+        spec!("llen", 2, 0, KEY1, Run::Read(cmd_llen)),
+        spec!("lindex", 3, 0, KEY1, Run::Read(cmd_lindex)),
+        spec!("lset", 4, 0, KEY1, Run::Write(cmd_lset)),
+        spec!("lrange", 4, 0, KEY1, Run::Read(cmd_lrange)),
+        spec!("ltrim", 4, 0, KEY1, Run::Write(cmd_ltrim)),
+        spec!("lrem", 4, 0, KEY1, Run::Write(cmd_lrem)),
+        spec!("linsert", 5, 0, KEY1, Run::Write(cmd_linsert)),
+        spec!("lpos", -3, 0, KEY1, Run::Read(cmd_lpos)),
+        spec!("lmove", 5, 0, (1, 2, 1), Run::Write(cmd_lmove)),
+        spec!("rpoplpush", 3, 0, (1, 2, 1), Run::Write(cmd_rpoplpush)),
+    ]
+}
+
 /// Every supported command.
 pub(super) fn table() -> &'static [Spec] {
     static TABLE: OnceLock<Vec<Spec>> = OnceLock::new();
     TABLE.get_or_init(|| {
-        vec![
+        let mut table = vec![
             spec!("get", 2, 0, KEY1, Run::Read(cmd_get)),
             spec!("mget", -2, 0, ALL_KEYS, Run::Read(cmd_mget)),
             spec!("exists", -2, 0, ALL_KEYS, Run::Read(cmd_exists)),
@@ -132,6 +246,7 @@ pub(super) fn table() -> &'static [Spec] {
             spec!("decr", 2, 0, KEY1, Run::Write(cmd_decr)),
             spec!("incrby", 3, 0, KEY1, Run::Write(cmd_incrby)),
             spec!("decrby", 3, 0, KEY1, Run::Write(cmd_decrby)),
+            spec!("object", -2, 0, (2, 2, 1), Run::Read(cmd_object)),
             spec!("scan", -2, NOMULTI, NO_KEYS, other(cmd_scan)),
             spec!("keys", 2, NOMULTI, NO_KEYS, other(cmd_keys)),
             spec!("trange", -3, NOMULTI, NO_KEYS, other(cmd_trange)),
@@ -174,7 +289,9 @@ pub(super) fn table() -> &'static [Spec] {
             spec!("readwrite", 1, NOMULTI, NO_KEYS, other(cmd_readwrite)),
             spec!("asking", 1, TXCTL, NO_KEYS, other(cmd_asking)),
             spec!("tucana.import", -5, NOMULTI, NO_KEYS, other(cmd_import)),
-        ]
+        ];
+        table.extend(collection_specs());
+        table
     })
 }
 
@@ -227,7 +344,7 @@ pub fn command_name(index: usize) -> &'static str {
 
 /// The table index of a command name, any case.
 pub(super) fn lookup(name: &[u8]) -> Option<usize> {
-    let mut lower = [0u8; 16];
+    let mut lower = [0u8; 24];
     if name.len() > lower.len() {
         return None;
     }
@@ -262,7 +379,7 @@ mod tests {
     #[test]
     fn lookup_ignores_case_and_every_command_is_found() {
         assert!(lookup(b"gEt").is_some());
-        assert!(lookup(b"hset").is_none());
+        assert!(lookup(b"nosuchcmd").is_none());
         assert!(lookup(b"averyveryverylongcommandname").is_none());
         for (i, spec) in table().iter().enumerate() {
             assert_eq!(lookup(spec.name.to_ascii_uppercase().as_bytes()), Some(i));

@@ -1,0 +1,184 @@
+//! The collector of old collection versions: deletes sub-records (`types`) whose key no
+//! longer holds that version of a collection (DESIGN.md, "Data types", "Garbage").
+//!
+//! A collection deleted, overwritten or expired leaves its sub-records behind when it
+//! was too big to delete with it (`commands::collection::DELETE_INLINE_MAX`), or when it
+//! was replaced without being read (a SET over it, a lazily expired collection written
+//! again). Its version names them: no later incarnation of the key has it, so they are
+//! invisible and only take space. This pass walks the keyspace's sub-records from a
+//! cursor, a bounded number per call, and for each (key, version) group reads the key's
+//! metadata once; a group whose version is not the key's live one is deleted, under the
+//! write lock, in batches. A full round is O(sub-records), spread over ticks.
+//!
+//! Correctness without holding the lock while deciding: a batch writes a collection's
+//! metadata and sub-records together, and a version never comes back once the key moved
+//! on, so a group judged garbage stays garbage; deleting it cannot touch live records.
+//! It does not own the layout (`types`) nor when it runs (`sweeper` calls it each tick).
+//!
+//! Thread-safety: runs on the blocking pool; takes the database's write lock per batch,
+//! as any writer does.
+
+use std::ops::Bound;
+
+use tucana::Durability;
+
+use crate::expiry::RESERVED;
+use crate::store::Slot;
+use crate::types::{split_sub_key, Family, Kind, Meta};
+
+/// Records examined per call.
+pub const EXAMINE_PER_CALL: usize = 4096;
+/// Records deleted per engine batch (one hold of the write lock).
+pub const DELETE_BATCH: usize = 256;
+
+/// Where the walk of one database stands: the last stored key examined (`None`: start).
+#[derive(Default)]
+pub struct Cursor {
+    after: Option<Vec<u8>>,
+}
+
+/// A sub-record's group: its family, the stored key of its collection, its version.
+type Group = (Family, Vec<u8>, u64);
+
+fn kind_of_family(family: Family) -> Kind {
+    match family {
+        Family::Hash => Kind::Hash,
+        Family::Set => Kind::Set,
+        Family::ZMember | Family::ZScore => Kind::ZSet,
+        Family::List => Kind::List,
+    }
+}
+
+/// The client's key (stored form, with `prefix`) and version of a sub-record, if
+/// `stored` is one. `slot_prefixed`: cluster mode, stored keys are `slot key`.
+fn group_of(stored: &[u8], slot_prefixed: bool) -> tucana::Result<Option<Group>> {
+    let (prefix, rest) = if slot_prefixed && stored.len() >= 2 {
+        stored.split_at(2)
+    } else {
+        stored.split_at(0)
+    };
+    Ok(split_sub_key(rest)?
+        .map(|(family, key, version, _)| (family, [prefix, key].concat(), version)))
+}
+
+/// Examines up to [`EXAMINE_PER_CALL`] records of `slot` after `cursor` and deletes the
+/// garbage among them; the number of records deleted. At the end of the keyspace the
+/// cursor starts over.
+pub fn collect(slot: &Slot, cursor: &mut Cursor, slot_prefixed: bool) -> tucana::Result<u64> {
+    if !slot.may_expire() {
+        return Ok(0);
+    }
+    let Some(ks) = slot.existing() else {
+        return Ok(0);
+    };
+    // Outside cluster mode the sub-records are all under the reserved prefix; in it they
+    // are under each hash slot's, so the whole keyspace is walked.
+    let lo = match &cursor.after {
+        Some(after) => Bound::Excluded(after.clone()),
+        None if slot_prefixed => Bound::Unbounded,
+        None => Bound::Included(RESERVED.to_vec()),
+    };
+    let mut garbage = Vec::new();
+    // The verdict on the last group seen: its records are contiguous.
+    let mut last_group: Option<(Group, bool)> = None;
+    let mut examined = 0;
+    let mut last = None;
+    for item in ks.range::<Vec<u8>, _>((lo, Bound::Unbounded)) {
+        let (stored, _) = item?;
+        examined += 1;
+        if let Some(group) = group_of(&stored, slot_prefixed)? {
+            let dead = match &last_group {
+                Some((g, dead)) if *g == group => *dead,
+                _ => {
+                    let live = match ks.get(&group.1)? {
+                        // Damaged metadata: its key's records are kept (the damage is
+                        // reported to the commands that read it; nothing is deleted on
+                        // a guess).
+                        Some(v) if crate::types::is_typed(&v) => Meta::decode(&v)
+                            .map_or(true, |meta| {
+                                meta.version == group.2 && meta.kind == kind_of_family(group.0)
+                            }),
+                        _ => false,
+                    };
+                    last_group = Some((group, !live));
+                    !live
+                }
+            };
+            if dead {
+                garbage.push(stored.clone());
+            }
+        }
+        last = Some(stored);
+        if examined == EXAMINE_PER_CALL {
+            break;
+        }
+    }
+    cursor.after = if examined == EXAMINE_PER_CALL {
+        last
+    } else {
+        None
+    };
+    let mut deleted = 0;
+    for chunk in garbage.chunks(DELETE_BATCH) {
+        let guard = slot.lock_writes();
+        let Some(ks) = guard.existing() else {
+            break;
+        };
+        let mut batch = ks.batch();
+        for stored in chunk {
+            batch.delete(stored);
+        }
+        batch.commit_with(Durability::Buffered)?;
+        deleted += chunk.len() as u64;
+    }
+    Ok(deleted)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::{sub_key, Meta};
+
+    #[test]
+    fn old_versions_go_and_live_ones_stay() {
+        let db = tucana::Database::builder().open_in_memory().unwrap();
+        let slot = Slot::named(&db, "0".into());
+        let guard = slot.lock_writes();
+        let ks = guard.keyspace(&db).unwrap();
+        let live = Meta {
+            count: 1,
+            ..Meta::new(Kind::Hash)
+        };
+        let old_version = live.version - 1;
+        let mut batch = ks.batch();
+        batch.put(crate::expiry::MARKER, b"");
+        batch.put(b"h", &live.encode());
+        batch.put(&sub_key(Family::Hash, b"h", live.version, b"f"), b"v");
+        for f in [&b"a"[..], b"b", b"c"] {
+            batch.put(&sub_key(Family::Hash, b"h", old_version, f), b"old");
+            // A deleted key's records, and records of a key that is now a string.
+            batch.put(&sub_key(Family::Set, b"gone", 5, f), b"");
+            batch.put(&sub_key(Family::List, b"s", 6, f), b"x");
+        }
+        batch.put(b"s", b"a string");
+        batch.commit().unwrap();
+        guard.set_may_expire();
+        drop(guard);
+        let mut cursor = Cursor::default();
+        assert_eq!(collect(&slot, &mut cursor, false).unwrap(), 9);
+        let ks = slot.existing().unwrap();
+        let left: Vec<Vec<u8>> = ks.prefix(RESERVED).map(|r| r.unwrap().0).collect();
+        assert_eq!(
+            left,
+            vec![
+                crate::expiry::MARKER.to_vec(),
+                sub_key(Family::Hash, b"h", live.version, b"f")
+            ]
+            .into_iter()
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect::<Vec<_>>()
+        );
+        assert_eq!(collect(&slot, &mut cursor, false).unwrap(), 0);
+    }
+}

@@ -1,0 +1,503 @@
+//! What the collection commands (hashes, sorted sets, sets, lists) share: opening a key
+//! as a collection of one kind (lazy expiry, `WRONGTYPE`), one command's writes of
+//! sub-records and metadata as one atomic batch ([`Update`]), reading a version's
+//! sub-records in order, and the number formats of Redis's replies.
+//!
+//! Owns the rule that keeps metadata and sub-records in step: every write of a collection
+//! goes through [`Update::apply`], which writes the metadata (or deletes the key when the
+//! last member went) in the same `Kv::apply` as the sub-records. The layout is `types`';
+//! deadlines are `expire`'s.
+//!
+//! Thread-safety: plain functions on the store a handler is given.
+
+use std::ops::Bound;
+
+use crate::expiry::now_ms;
+use crate::resp::Reply;
+use crate::types::{sub_key, sub_prefix, Family, Kind, Meta};
+
+use super::expire::{read_stored, Writes};
+use super::kv::{Kv, Pairs};
+
+/// Redis's reply to a command on a key of another type.
+pub(super) fn wrongtype() -> Reply {
+    Reply::error("WRONGTYPE Operation against a key holding the wrong kind of value")
+}
+
+/// A key opened as a collection: its live metadata (`None`: missing or expired) and the
+/// deadline record its next write must keep or drop.
+pub(super) struct Opened {
+    pub(super) meta: Option<Meta>,
+    /// A live value is at the key (this collection, or what `replace` overwrites).
+    exists: bool,
+    stored_deadline_ms: Option<u64>,
+    live_deadline_ms: Option<u64>,
+}
+
+/// Opens `key` as a collection of `kind`; `Err` is `WRONGTYPE` (a string, or another
+/// kind). A damaged metadata record is an error.
+pub(super) fn open(
+    kv: &mut dyn Kv,
+    key: &[u8],
+    kind: Kind,
+) -> tucana::Result<Result<Opened, Reply>> {
+    let stored = read_stored(kv, key, now_ms())?;
+    let live_deadline_ms = stored.deadline_ms();
+    let meta = match &stored.value {
+        None => None,
+        Some(v) if crate::types::is_typed(v) => {
+            let meta = Meta::decode(v)?;
+            if meta.kind != kind {
+                return Ok(Err(wrongtype()));
+            }
+            Some(meta)
+        }
+        Some(_) => return Ok(Err(wrongtype())),
+    };
+    Ok(Ok(Opened {
+        exists: meta.is_some(),
+        meta,
+        stored_deadline_ms: stored.stored_deadline_ms,
+        live_deadline_ms,
+    }))
+}
+
+/// Opens `key` for a handler that returns `reply` when it is missing; evaluates to the
+/// metadata, or returns the reply (or `WRONGTYPE`) from the handler.
+macro_rules! open_or {
+    ($kv:expr, $key:expr, $kind:expr, $missing:expr) => {
+        match super::collection::open($kv, $key, $kind)? {
+            Err(reply) => return Ok(reply),
+            Ok(opened) => match opened.meta {
+                Some(meta) => (opened, meta),
+                None => return Ok($missing),
+            },
+        }
+    };
+}
+pub(super) use open_or;
+
+/// One command's writes to one collection: sub-records, then the metadata (with `count`
+/// kept by the caller), applied as one batch.
+pub(super) struct Update<'k> {
+    key: &'k [u8],
+    opened: Opened,
+    pub(super) meta: Meta,
+    writes: Writes,
+}
+
+impl<'k> Update<'k> {
+    /// Starts the writes of `key`, creating a new version if it is missing.
+    pub(super) fn new(key: &'k [u8], opened: Opened, kind: Kind) -> Update<'k> {
+        let meta = opened.meta.unwrap_or_else(|| Meta::new(kind));
+        Update {
+            key,
+            opened,
+            meta,
+            writes: Writes::default(),
+        }
+    }
+
+    /// Starts writes that replace whatever `key` holds (the `*STORE` commands) with a new,
+    /// empty collection of `kind` without a deadline: a small old collection's members
+    /// are deleted in the same batch, a big one's left to the sweep.
+    pub(super) fn replace(
+        kv: &mut dyn Kv,
+        key: &'k [u8],
+        kind: Kind,
+    ) -> tucana::Result<Update<'k>> {
+        let stored = read_stored(kv, key, now_ms())?;
+        let mut writes = Writes::default();
+        if let Some(v) = stored
+            .value
+            .as_deref()
+            .filter(|v| crate::types::is_typed(v))
+        {
+            delete_members(kv, key, v, &mut writes)?;
+        }
+        Ok(Update {
+            key,
+            opened: Opened {
+                meta: None,
+                exists: stored.value.is_some(),
+                stored_deadline_ms: stored.stored_deadline_ms,
+                live_deadline_ms: None,
+            },
+            meta: Meta::new(kind),
+            writes,
+        })
+    }
+
+    pub(super) fn put(&mut self, family: Family, suffix: &[u8], value: Vec<u8>) {
+        let stored = sub_key(family, self.key, self.meta.version, suffix);
+        self.writes.reserved(stored, Some(value));
+    }
+
+    pub(super) fn delete(&mut self, family: Family, suffix: &[u8]) {
+        let stored = sub_key(family, self.key, self.meta.version, suffix);
+        self.writes.reserved(stored, None);
+    }
+
+    /// Applies the writes with the metadata: a collection left empty is deleted (with its
+    /// deadline), as Redis deletes an emptied key; else it keeps its deadline. A command
+    /// that changed nothing of a missing key writes nothing.
+    pub(super) fn apply(self, kv: &mut dyn Kv) -> tucana::Result<()> {
+        self.finish().apply(kv)
+    }
+
+    /// The writes `apply` would apply (to apply two collections' updates as one batch).
+    pub(super) fn finish(mut self) -> Writes {
+        let stored_deadline = self.opened.stored_deadline_ms;
+        if self.meta.count == 0 {
+            if self.opened.exists || stored_deadline.is_some() {
+                self.writes.delete(self.key, stored_deadline);
+            }
+        } else {
+            self.writes.put(
+                self.key,
+                self.meta.encode(),
+                stored_deadline,
+                self.opened.live_deadline_ms,
+            );
+        }
+        self.writes
+    }
+}
+
+/// Bounds on sub-record suffixes (field, member, encoded score or index).
+pub(super) type SuffixBounds<'a> = (Bound<&'a [u8]>, Bound<&'a [u8]>);
+
+/// Sub-records of one version of `key` in `family` whose suffix is within `bounds`, in
+/// order (`rev`: descending), at most `limit`; the suffixes with their values.
+pub(super) fn members(
+    kv: &mut dyn Kv,
+    family: Family,
+    key: &[u8],
+    version: u64,
+    (lo, hi): SuffixBounds<'_>,
+    rev: bool,
+    limit: usize,
+) -> tucana::Result<Pairs> {
+    let prefix = sub_prefix(family, key, version);
+    let with = |s: &[u8]| [prefix.as_slice(), s].concat();
+    let lo = match lo {
+        Bound::Included(s) => Bound::Included(with(s)),
+        Bound::Excluded(s) => Bound::Excluded(with(s)),
+        Bound::Unbounded => Bound::Included(prefix.clone()),
+    };
+    let hi = match hi {
+        Bound::Included(s) => Bound::Included(with(s)),
+        Bound::Excluded(s) => Bound::Excluded(with(s)),
+        Bound::Unbounded => super::prefix_end(&prefix),
+    };
+    let pairs = kv.range((lo, hi), rev, limit)?;
+    Ok(pairs
+        .into_iter()
+        .map(|(k, v)| (k[prefix.len()..].to_vec(), v))
+        .collect())
+}
+
+/// Every sub-record of a version in `family`, in order.
+pub(super) fn all_members(
+    kv: &mut dyn Kv,
+    family: Family,
+    key: &[u8],
+    version: u64,
+) -> tucana::Result<Pairs> {
+    members(
+        kv,
+        family,
+        key,
+        version,
+        (Bound::Unbounded, Bound::Unbounded),
+        false,
+        usize::MAX,
+    )
+}
+
+/// Collections up to this many members are deleted with their key (DEL, overwrite);
+/// bigger ones leave their sub-records to the sweep of old versions, so a DEL stays
+/// O(1) in records written.
+pub(super) const DELETE_INLINE_MAX: u64 = 128;
+
+/// DEL's part for a typed value: deletes a small collection's sub-records in the batch
+/// of `writes`.
+pub(super) fn delete_members(
+    kv: &mut dyn Kv,
+    key: &[u8],
+    value: &[u8],
+    writes: &mut Writes,
+) -> tucana::Result<()> {
+    // Damaged metadata names no version to delete: DEL still deletes the key (what the
+    // client asked), and its records are left to the collector.
+    let Ok(meta) = Meta::decode(value) else {
+        return Ok(());
+    };
+    if meta.count > DELETE_INLINE_MAX {
+        return Ok(());
+    }
+    for &family in Family::of(meta.kind) {
+        for (suffix, _) in all_members(kv, family, key, meta.version)? {
+            writes.reserved(sub_key(family, key, meta.version, &suffix), None);
+        }
+    }
+    Ok(())
+}
+
+/// A float as Redis 7.0 replies one (`%.17g`; `inf`, `-inf`, `-0`).
+pub(super) fn format_double(d: f64) -> String {
+    if d.is_nan() {
+        return "nan".into();
+    }
+    if d.is_infinite() {
+        return if d > 0.0 { "inf" } else { "-inf" }.into();
+    }
+    if d == 0.0 {
+        return if d.is_sign_negative() { "-0" } else { "0" }.into();
+    }
+    // 17 significant digits, then %g's choice between fixed and exponent forms.
+    let sci = format!("{d:.16e}");
+    let (mantissa, exp) = sci.split_once('e').expect("{:e} has an exponent");
+    let exp: i32 = exp.parse().expect("{:e}'s exponent is an integer");
+    if !(-4..17).contains(&exp) {
+        let mantissa = trim_zeros(mantissa);
+        let sign = if exp < 0 { '-' } else { '+' };
+        return format!("{mantissa}e{sign}{:02}", exp.abs());
+    }
+    let decimals = (16 - exp).max(0) as usize;
+    trim_zeros(&format!("{d:.decimals$}")).to_string()
+}
+
+/// `1.500` → `1.5`, `2.000` → `2` (only when there is a decimal point).
+fn trim_zeros(s: &str) -> &str {
+    if !s.contains('.') {
+        return s;
+    }
+    s.trim_end_matches('0').trim_end_matches('.')
+}
+
+/// A float argument as Redis reads one (`strtod`, whole argument, no spaces, no NaN).
+pub(super) fn parse_double(arg: &[u8]) -> Option<f64> {
+    let s = std::str::from_utf8(arg).ok()?;
+    if s.is_empty() || s.starts_with(|c: char| c.is_whitespace()) {
+        return None;
+    }
+    let lower = s.to_ascii_lowercase();
+    let d = match lower.trim_start_matches(['+', '-']) {
+        "inf" | "infinity" => {
+            if lower.starts_with('-') {
+                f64::NEG_INFINITY
+            } else {
+                f64::INFINITY
+            }
+        }
+        _ if lower.contains("inf") || lower.contains("nan") => return None,
+        _ => s.parse().ok()?,
+    };
+    (!d.is_nan()).then_some(d)
+}
+
+/// A bulk reply of a float.
+pub(super) fn double_reply(d: f64) -> Reply {
+    Reply::Bulk(format_double(d).into_bytes())
+}
+
+/// A small random number generator for HRANDFIELD, SRANDMEMBER, SPOP (xorshift seeded from
+/// the clock: the picks need no more than to vary).
+pub(super) struct Rng(u64);
+
+impl Rng {
+    pub(super) fn new() -> Rng {
+        Rng(crate::types::next_version() | 1)
+    }
+
+    /// A number in `0..n` (`n` > 0).
+    pub(super) fn below(&mut self, n: usize) -> usize {
+        let mut x = self.0;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.0 = x;
+        (x % n as u64) as usize
+    }
+}
+
+/// Indexes into `n` members for a random pick of `count` (see HRANDFIELD): `None` one,
+/// positive distinct ones, negative with repeats.
+fn random_picks(n: usize, count: Option<i64>) -> Vec<usize> {
+    let mut rng = Rng::new();
+    if n == 0 {
+        return Vec::new();
+    }
+    match count {
+        None => vec![rng.below(n)],
+        Some(c) if c < 0 => (0..c.unsigned_abs()).map(|_| rng.below(n)).collect(),
+        Some(c) => {
+            let mut all: Vec<usize> = (0..n).collect();
+            let take = (c as u64).min(n as u64) as usize;
+            for i in 0..take {
+                let j = i + rng.below(n - i);
+                all.swap(i, j);
+            }
+            all.truncate(take);
+            all
+        }
+    }
+}
+
+/// Collections up to this many members are picked from uniformly (every member read);
+/// bigger ones from random points of their range (O(picks) records, not O(n)).
+pub(super) const UNIFORM_PICK_MAX: u64 = 512;
+
+/// Random members of one version of a collection for HRANDFIELD, SRANDMEMBER and SPOP
+/// (`count` as in HRANDFIELD: `None` one, positive distinct ones, negative with
+/// repeats). A big collection's picks start at a random point between its first and last
+/// member and take the members that follow (wrapping to the first): not uniform (a member
+/// after a wide gap is picked more often), as Kvrocks also trades it for speed.
+pub(super) fn random_members(
+    kv: &mut dyn Kv,
+    family: Family,
+    key: &[u8],
+    meta: &Meta,
+    count: Option<i64>,
+) -> tucana::Result<Pairs> {
+    if meta.count <= UNIFORM_PICK_MAX {
+        let all = all_members(kv, family, key, meta.version)?;
+        let picks = random_picks(all.len(), count);
+        return Ok(picks.into_iter().map(|i| all[i].clone()).collect());
+    }
+    let ends = |kv: &mut dyn Kv, rev: bool| {
+        members(
+            kv,
+            family,
+            key,
+            meta.version,
+            (Bound::Unbounded, Bound::Unbounded),
+            rev,
+            1,
+        )
+    };
+    let (first, last) = (ends(kv, false)?, ends(kv, true)?);
+    let (Some((first, _)), Some((last, _))) = (first.first(), last.first()) else {
+        return Ok(Vec::new());
+    };
+    let mut rng = Rng::new();
+    // `take` members from one random point (`runs` times).
+    let (runs, take) = match count {
+        None => (1, 1),
+        Some(c) if c < 0 => (c.unsigned_abs(), 1),
+        Some(c) => (1, (c as u64).min(meta.count)),
+    };
+    let mut out = Vec::new();
+    for _ in 0..runs {
+        let start = random_between(&mut rng, first, last);
+        let mut run = members(
+            kv,
+            family,
+            key,
+            meta.version,
+            (Bound::Included(start.as_slice()), Bound::Unbounded),
+            false,
+            take as usize,
+        )?;
+        if (run.len() as u64) < take {
+            let more = members(
+                kv,
+                family,
+                key,
+                meta.version,
+                (Bound::Unbounded, Bound::Excluded(start.as_slice())),
+                false,
+                take as usize - run.len(),
+            )?;
+            run.extend(more);
+        }
+        out.extend(run);
+    }
+    Ok(out)
+}
+
+/// A byte string between `lo` and `hi` (`lo` <= `hi`): their common prefix, a random
+/// byte between theirs at the first difference, then random bytes.
+fn random_between(rng: &mut Rng, lo: &[u8], hi: &[u8]) -> Vec<u8> {
+    let common = lo.iter().zip(hi).take_while(|(a, b)| a == b).count();
+    let mut out = lo[..common].to_vec();
+    let from = lo.get(common).copied().unwrap_or(0) as usize;
+    let to = hi.get(common).copied().unwrap_or(255) as usize;
+    out.push((from + rng.below(to.saturating_sub(from) + 1)) as u8);
+    for _ in 0..4 {
+        out.push(rng.below(256) as u8);
+    }
+    out
+}
+
+/// A `*SCAN key cursor [MATCH pattern] [COUNT n]` request: the pattern, or the reply to
+/// a bad one. Every member is returned in one reply with cursor 0 (COUNT is a hint, as
+/// Redis treats it for small collections).
+pub(super) fn scan_options(args: &[Vec<u8>]) -> Result<Option<Vec<u8>>, Reply> {
+    if super::parse_u64_cursor(&args[2]).is_none() {
+        return Err(Reply::error("ERR invalid cursor"));
+    }
+    let mut pattern = None;
+    let mut i = 3;
+    while i < args.len() {
+        match (args[i].to_ascii_uppercase().as_slice(), args.get(i + 1)) {
+            (b"MATCH", Some(p)) => pattern = Some(p.clone()),
+            (b"COUNT", Some(n)) => match super::parse_i64(n) {
+                Some(n) if n >= 1 => {}
+                Some(_) => return Err(super::syntax_error()),
+                None => return Err(super::not_an_integer()),
+            },
+            _ => return Err(super::syntax_error()),
+        }
+        i += 2;
+    }
+    Ok(pattern)
+}
+
+/// The reply of a `*SCAN` that returned everything.
+pub(super) fn scan_reply(items: Vec<Reply>) -> Reply {
+    Reply::Array(vec![Reply::Bulk(b"0".to_vec()), Reply::Array(items)])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn doubles_print_as_redis_prints_them() {
+        for (d, want) in [
+            (1.0, "1"),
+            (1.5, "1.5"),
+            (-2.25, "-2.25"),
+            (0.1, "0.10000000000000001"),
+            (1e17, "1e+17"),
+            (1.5e-5, "1.5e-05"),
+            (1.0 / 3.0, "0.33333333333333331"),
+            (0.0001, "0.0001"),
+            (123456789.0, "123456789"),
+            (f64::INFINITY, "inf"),
+            (f64::NEG_INFINITY, "-inf"),
+            (-0.0, "-0"),
+            (3.0e300, "3.0000000000000002e+300"),
+        ] {
+            assert_eq!(format_double(d), want, "{d}");
+        }
+    }
+
+    #[test]
+    fn doubles_parse_as_redis_reads_them() {
+        assert_eq!(parse_double(b"1.5"), Some(1.5));
+        assert_eq!(parse_double(b"-inf"), Some(f64::NEG_INFINITY));
+        assert_eq!(parse_double(b"+inf"), Some(f64::INFINITY));
+        assert_eq!(parse_double(b"1e3"), Some(1000.0));
+        for bad in [&b""[..], b" 1", b"1 ", b"nan", b"abc", b"1.5x", b"infx"] {
+            assert_eq!(
+                parse_double(bad),
+                None,
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+    }
+}

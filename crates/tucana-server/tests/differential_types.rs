@@ -1,0 +1,699 @@
+//! The collection commands (hashes, sorted sets, sets, lists, and the key commands on
+//! typed keys) sent
+//! alike to redis-server and to tucana over raw RESP: each reply must be the same bytes.
+//! Replies whose order Redis does not define (HGETALL, HKEYS, HVALS, HSCAN, ZSCAN: Redis
+//! answers small ones in insertion order, tucana in field order) are compared after
+//! sorting their elements (`sort`, `scankeys`) or their pairs (`pairs`); random picks,
+//! and OBJECT ENCODING (Redis names its compact encodings of small collections), are
+//! compared by their size (`len`). Skipped, with a message, where `redis-server` is not installed
+//! (`bash scripts/server-deps.sh --bench`).
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use tucana::Database;
+use tucana_server::{spawn, ServerConfig};
+
+struct RedisServer(Child);
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+struct Raw {
+    reader: BufReader<TcpStream>,
+}
+
+impl Raw {
+    fn connect(addr: &str) -> Raw {
+        let give_up = Instant::now() + Duration::from_secs(30);
+        loop {
+            match TcpStream::connect(addr) {
+                Ok(s) => {
+                    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+                    return Raw {
+                        reader: BufReader::new(s),
+                    };
+                }
+                Err(e) if Instant::now() < give_up => {
+                    let _ = e;
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Err(e) => panic!("cannot connect to {addr}: {e}"),
+            }
+        }
+    }
+
+    /// Sends one command and returns its reply's bytes, split into its top-level
+    /// elements when it is an array (else one element).
+    fn call(&mut self, args: &[Vec<u8>]) -> (Vec<u8>, Vec<Vec<u8>>) {
+        let mut req = format!("*{}\r\n", args.len()).into_bytes();
+        for a in args {
+            req.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
+            req.extend_from_slice(a);
+            req.extend_from_slice(b"\r\n");
+        }
+        self.reader.get_mut().write_all(&req).unwrap();
+        let mut whole = Vec::new();
+        let mut line = Vec::new();
+        self.reader.read_until(b'\n', &mut line).unwrap();
+        whole.extend_from_slice(&line);
+        let mut elements = Vec::new();
+        if line[0] == b'*' {
+            let n: i64 = std::str::from_utf8(&line[1..line.len() - 2])
+                .unwrap()
+                .parse()
+                .unwrap();
+            for _ in 0..n.max(0) {
+                let mut one = Vec::new();
+                self.read_value(&mut one);
+                whole.extend_from_slice(&one);
+                elements.push(one);
+            }
+        } else {
+            self.read_rest(&line, &mut whole);
+            elements.push(whole.clone());
+        }
+        (whole, elements)
+    }
+
+    fn read_value(&mut self, out: &mut Vec<u8>) {
+        let mut line = Vec::new();
+        self.reader.read_until(b'\n', &mut line).unwrap();
+        out.extend_from_slice(&line);
+        if line[0] == b'*' {
+            let n: i64 = std::str::from_utf8(&line[1..line.len() - 2])
+                .unwrap()
+                .parse()
+                .unwrap();
+            for _ in 0..n.max(0) {
+                self.read_value(out);
+            }
+        } else {
+            self.read_rest(&line, out);
+        }
+    }
+
+    /// The body of a bulk string whose header is `line`.
+    fn read_rest(&mut self, line: &[u8], out: &mut Vec<u8>) {
+        if line[0] == b'$' {
+            let n: i64 = std::str::from_utf8(&line[1..line.len() - 2])
+                .unwrap()
+                .parse()
+                .unwrap();
+            if n >= 0 {
+                let mut body = vec![0; n as usize + 2];
+                self.reader.read_exact(&mut body).unwrap();
+                out.extend_from_slice(&body);
+            }
+        }
+    }
+}
+
+/// A script line: an optional normalization word, then the command's words.
+fn compare(theirs: &mut Raw, ours: &mut Raw, line: &str) -> Option<String> {
+    let mut words: Vec<&str> = line.split_whitespace().collect();
+    let mode = match words.first() {
+        Some(&w @ ("sort" | "pairs" | "len" | "scankeys")) => {
+            words.remove(0);
+            w
+        }
+        _ => "exact",
+    };
+    let args: Vec<Vec<u8>> = words.iter().map(|w| w.as_bytes().to_vec()).collect();
+    let (want_whole, mut want) = theirs.call(&args);
+    let (got_whole, mut got) = ours.call(&args);
+    let show = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    let same = match mode {
+        "exact" => got_whole == want_whole,
+        "len" => got.len() == want.len(),
+        "sort" => {
+            want.sort();
+            got.sort();
+            got == want
+        }
+        "scankeys" => {
+            // [cursor, [keys]]: the same cursor and the same keys in any order.
+            let keys = |e: &[Vec<u8>]| {
+                let text = String::from_utf8_lossy(&e[1]).into_owned();
+                let mut keys: Vec<String> = text.split("\r\n").map(String::from).collect();
+                keys.sort();
+                (e[0].clone(), keys)
+            };
+            keys(&got) == keys(&want)
+        }
+        _ => {
+            // A SCAN reply is [cursor, [k, v, ...]]: pairs of its second element.
+            let pairs = |elements: &[Vec<u8>]| {
+                let mut r = Raw::parse_flat(elements);
+                r.sort();
+                r
+            };
+            pairs(&got) == pairs(&want)
+        }
+    };
+    (!same).then(|| {
+        format!(
+            "{line}\n  redis-server: {:?}\n  tucana:       {:?}",
+            show(&want_whole),
+            show(&got_whole)
+        )
+    })
+}
+
+impl Raw {
+    /// Elements of a flat reply (or of a SCAN reply's list) grouped in pairs.
+    fn parse_flat(elements: &[Vec<u8>]) -> Vec<(String, String)> {
+        let text: Vec<String> = elements
+            .iter()
+            .map(|e| String::from_utf8_lossy(e).into_owned())
+            .collect();
+        let items: Vec<String> = if text.len() == 2 && text[0].starts_with("$1\r\n0") {
+            // SCAN: cursor then an array; split the array's bulk strings.
+            text[1]
+                .split("\r\n")
+                .skip(1)
+                .collect::<Vec<_>>()
+                .chunks(2)
+                .filter(|c| c.len() == 2)
+                .map(|c| c[1].to_string())
+                .collect()
+        } else {
+            text
+        };
+        items
+            .chunks(2)
+            .map(|c| (c[0].clone(), c.get(1).cloned().unwrap_or_default()))
+            .collect()
+    }
+}
+
+const SCRIPT: &str = "FLUSHALL
+HSET h f1 v1 f2 v2
+HSET h f1 x f3 v3 f3 v4
+HGET h f1
+HGET h f3
+HGET h nope
+HGET nokey f
+HMGET h f1 nope f2
+HMGET nokey a b
+pairs HGETALL h
+HGETALL nokey
+sort HKEYS h
+sort HVALS h
+HLEN h
+HLEN nokey
+HEXISTS h f2
+HEXISTS h nope
+HSTRLEN h f1
+HSTRLEN h nope
+HSETNX h f1 y
+HSETNX h f9 y
+HMSET h a 1 b 2
+HMSET h a
+HSET h a
+HSET h
+HINCRBY h a 10
+HINCRBY h new -5
+HINCRBY h f1 1
+HINCRBY h a x
+HINCRBY h a 9223372036854775807
+HINCRBYFLOAT h a 0.5
+HINCRBYFLOAT h fl 10.5
+HINCRBYFLOAT h fl 0.1
+HINCRBYFLOAT h f1 1
+HINCRBYFLOAT h fl abc
+HINCRBYFLOAT h fl inf
+HDEL h f1 f1 nope
+HDEL nokey a
+TYPE h
+TYPE nokey
+len OBJECT ENCODING h
+EXISTS h nokey
+len HRANDFIELD h
+len HRANDFIELD h 3
+len HRANDFIELD h 100
+len HRANDFIELD h -20
+len HRANDFIELD h 2 WITHVALUES
+HRANDFIELD nokey
+HRANDFIELD nokey 3
+HRANDFIELD h 0
+HRANDFIELD h x
+HRANDFIELD h -9223372036854775808
+HRANDFIELD h -9223372036854775807 WITHVALUES
+HRANDFIELD h 9223372036854775807 WITHVALUES
+pairs HSCAN h 0
+pairs HSCAN h 0 MATCH f*
+pairs HSCAN h 0 COUNT 100
+HSCAN h x
+HSCAN nokey 0
+SET s str
+HSET s a b
+HGET s a
+HGETALL s
+HLEN s
+GET h
+STRLEN h
+APPEND h x
+INCR h
+GETSET h x
+GETDEL h
+SET h x GET
+MGET s h nokey
+HDEL h a b new f2 f3 f9 fl
+EXISTS h
+TYPE h
+HSET e only 1
+HDEL e only
+EXISTS e
+HSET d a 1
+DEL d
+HGET d a
+HSET d b 2
+HGETALL d
+HSET o a 1
+SET o plain
+GET o
+TYPE o
+ZADD z 1 a 2 b 3 c
+ZADD z 1.5 a
+ZADD z NX 9 a 4 d
+ZADD z XX 9 a 10 nope
+ZADD z CH 2 a 3 b 7 e
+ZADD z GT 1 a
+ZADD z LT 1 a
+ZADD z GT CH 5 a
+ZADD z INCR 0.25 a
+ZADD z INCR NX 1 a
+ZADD z XX INCR 1 nope
+ZADD z NX XX 1 a
+ZADD z NX GT 1 a
+ZADD z GT LT 1 a
+ZADD z INCR 1 a 2 b
+ZADD z 1
+ZADD z x a
+ZADD z nan a
+ZADD z inf top -inf bottom
+ZADD z -0 negzero
+ZSCORE z negzero
+ZADD z INCR -0 incrzero
+ZSCORE z incrzero
+ZINCRBY z -0 incrzero2
+ZADD z 0.1 negzero
+ZADD z 0.1 negzero
+ZADD z 0.1 tenth 1e20 big 3.14159 pi
+ZSCORE z a
+ZSCORE z tenth
+ZSCORE z big
+ZSCORE z top
+ZSCORE z bottom
+ZSCORE z nope
+ZSCORE nokey a
+ZMSCORE z a nope tenth
+ZMSCORE nokey a
+ZCARD z
+ZCARD nokey
+ZINCRBY z 2 b
+ZINCRBY z 1 newm
+ZINCRBY z x b
+ZINCRBY z -inf top
+ZRANGE z 0 -1
+ZRANGE z 0 -1 WITHSCORES
+ZRANGE z 2 4
+ZRANGE z -3 -1 WITHSCORES
+ZRANGE z 5 2
+ZRANGE z 100 200
+ZRANGE z -100 1
+ZRANGE z 0 -1 REV
+ZRANGE z 0 1 REV WITHSCORES
+ZRANGE z 1 3 BYSCORE
+ZRANGE z (1 3 BYSCORE WITHSCORES
+ZRANGE z 1 (3 BYSCORE
+ZRANGE z -inf +inf BYSCORE
+ZRANGE z +inf -inf BYSCORE REV
+ZRANGE z 5 1 BYSCORE REV WITHSCORES
+ZRANGE z -inf +inf BYSCORE LIMIT 1 2
+ZRANGE z -inf +inf BYSCORE LIMIT 1 -1
+ZRANGE z -inf +inf BYSCORE LIMIT -1 2
+ZRANGE z 0 -1 LIMIT 1 2
+ZRANGE z - + BYLEX WITHSCORES
+ZRANGE z x y BYSCORE
+ZRANGE z a b
+ZRANGE z 0 -1 FOO
+ZRANGE nokey 0 -1
+ZREVRANGE z 0 2
+ZREVRANGE z 0 2 WITHSCORES
+ZREVRANGE z 0 2 FOO
+ZRANGEBYSCORE z -inf +inf
+ZRANGEBYSCORE z 1 3 WITHSCORES
+ZRANGEBYSCORE z (1 (3
+ZRANGEBYSCORE z 3 1
+ZRANGEBYSCORE z -inf +inf LIMIT 2 3
+ZRANGEBYSCORE z -inf +inf WITHSCORES LIMIT 0 1
+ZRANGEBYSCORE z a b
+ZRANGEBYSCORE z 1 2 LIMIT 1
+ZREVRANGEBYSCORE z +inf -inf
+ZREVRANGEBYSCORE z 3 1 WITHSCORES
+ZREVRANGEBYSCORE z (3 (1 LIMIT 0 1
+ZCOUNT z -inf +inf
+ZCOUNT z (1 3
+ZCOUNT z x 1
+ZCOUNT nokey 0 1
+ZRANK z a
+ZRANK z top
+ZRANK z bottom
+ZRANK z nope
+ZREVRANK z a
+ZREVRANK z bottom
+ZRANK nokey a
+ZREM z a nope a
+ZREM nokey a
+ZADD lex 0 a 0 b 0 c 0 d 0 e 0 f
+ZRANGEBYLEX lex - +
+ZRANGEBYLEX lex [b (e
+ZRANGEBYLEX lex (b [e LIMIT 1 2
+ZRANGEBYLEX lex + -
+ZRANGEBYLEX lex [e [b
+ZRANGEBYLEX lex b e
+ZREVRANGEBYLEX lex + -
+ZREVRANGEBYLEX lex [e (b
+ZRANGE lex [b [d BYLEX
+ZRANGE lex [d [b BYLEX REV
+ZRANGE lex - + BYLEX LIMIT 2 2
+ZLEXCOUNT lex - +
+ZLEXCOUNT lex [b (d
+ZREMRANGEBYLEX lex [a [b
+ZRANGE lex 0 -1
+ZREMRANGEBYRANK lex 0 0
+ZREMRANGEBYRANK lex -1 -1
+ZRANGE lex 0 -1
+ZREMRANGEBYSCORE z -inf (1
+ZRANGE z 0 -1 WITHSCORES
+ZREMRANGEBYSCORE z x 1
+ZREMRANGEBYRANK z x 1
+ZPOPMIN z
+ZPOPMAX z
+ZPOPMIN z 2
+ZPOPMAX z 0
+ZPOPMIN z -1
+ZPOPMIN nokey
+ZPOPMIN z 100
+EXISTS z
+pairs ZSCAN lex 0
+ZSCAN nokey 0
+ZADD h 1 a
+ZRANGE s 0 -1
+ZSCORE s a
+TYPE lex
+len OBJECT ENCODING lex
+HSET s2 a 1
+ZADD s2 1 a
+HGET lex a
+ZADD big 1 m1 2 m2 3 m3
+EXPIREAT big 4102444800
+TTL big
+ZADD big 4 m4
+EXPIRETIME big
+PERSIST big
+TTL big
+HSET hx a 1
+EXPIRE hx -1
+EXISTS hx
+HGET hx a
+HLEN hx
+SADD st a b c a
+SADD st c d
+SADD st
+SREM st a nope a
+SREM nokey a
+sort SMEMBERS st
+SMEMBERS nokey
+SISMEMBER st b
+SISMEMBER st nope
+SISMEMBER nokey a
+SMISMEMBER st b nope c
+SMISMEMBER nokey a b
+SCARD st
+SCARD nokey
+len SPOP st
+SCARD st
+len SPOP st 5
+EXISTS st
+SPOP st
+SPOP st 2
+SPOP nokey
+SPOP nokey 3
+SADD st x y z
+SPOP st -1
+SPOP st 0
+SPOP st x
+len SRANDMEMBER st
+len SRANDMEMBER st 2
+len SRANDMEMBER st -7
+len SRANDMEMBER st 100
+SRANDMEMBER st 0
+SRANDMEMBER nokey
+SRANDMEMBER nokey 2
+SRANDMEMBER st x
+SRANDMEMBER st -9223372036854775808
+scankeys SSCAN st 0 MATCH *
+SSCAN nokey 0
+SADD s1 a b c d
+SADD s2 c d e
+SADD s3 d e f
+sort SINTER s1 s2
+sort SINTER s1 s2 s3
+SINTER s1 nokey
+sort SUNION s1 s2 s3
+sort SUNION s1 nokey
+sort SDIFF s1 s2
+sort SDIFF s1 s2 s3
+SDIFF nokey s1
+SINTER s1 h
+SINTER s1 s
+SINTERSTORE dst s1 s2
+sort SMEMBERS dst
+SUNIONSTORE dst s1 s3
+SCARD dst
+SDIFFSTORE dst s1 s1
+EXISTS dst
+SET dst str
+SUNIONSTORE dst s1 s2
+TYPE dst
+SINTERSTORE s1 s1 s2
+sort SMEMBERS s1
+SINTERSTORE dst s1 s
+SMOVE s2 s1 e
+SMOVE s2 s1 nope
+SMOVE nokey s1 a
+SMOVE s2 s2 c
+SMOVE s2 s c
+SMOVE s2 newset c
+sort SMEMBERS s2
+SMEMBERS newset
+SADD s 1
+SCARD s
+TYPE s1
+len OBJECT ENCODING s1
+RPUSH l a b c
+LPUSH l z y
+LPUSH l
+RPUSHX l d
+LPUSHX nokey x
+RPUSHX nokey x
+LLEN l
+LLEN nokey
+LRANGE l 0 -1
+LRANGE l -2 -1
+LRANGE l 1 2
+LRANGE l 5 10
+LRANGE l -100 100
+LRANGE l 3 1
+LRANGE l x 1
+LRANGE nokey 0 -1
+LINDEX l 0
+LINDEX l -1
+LINDEX l 100
+LINDEX l -100
+LINDEX l x
+LINDEX nokey 0
+LSET l 0 first
+LSET l -1 last
+LSET l 100 x
+LSET nokey 0 x
+LSET l x v
+LRANGE l 0 -1
+LPOP l
+RPOP l
+LPOP l 2
+RPOP l 0
+LPOP l -1
+LPOP nokey
+LPOP nokey 2
+RPOP nokey 0
+LRANGE l 0 -1
+RPUSH r a b a c a d a
+LREM r 2 a
+LRANGE r 0 -1
+LREM r -1 a
+LRANGE r 0 -1
+LREM r 0 a
+LRANGE r 0 -1
+LREM r 0 nope
+LREM nokey 0 a
+LREM r x a
+LINSERT r BEFORE c x
+LINSERT r AFTER d y
+LINSERT r AFTER nope y
+LINSERT r MIDDLE c y
+LINSERT nokey BEFORE a b
+LRANGE r 0 -1
+RPUSH p a b c a b c a
+LPOS p a
+LPOS p b RANK 2
+LPOS p a RANK -1
+LPOS p a COUNT 0
+LPOS p a COUNT 2
+LPOS p a RANK -2 COUNT 5
+LPOS p a MAXLEN 3 COUNT 0
+LPOS p nope
+LPOS p nope COUNT 2
+LPOS p a RANK 0
+LPOS p a COUNT -1
+LPOS p a MAXLEN -1
+LPOS p a FOO 1
+LPOS p a RANK
+LPOS nokey a
+LPOS nokey a COUNT 1
+LTRIM p 1 -2
+LRANGE p 0 -1
+LTRIM p -2 -1
+LRANGE p 0 -1
+LTRIM p 5 1
+EXISTS p
+LTRIM nokey 0 1
+RPUSH m1 a b c
+LMOVE m1 m2 LEFT RIGHT
+LMOVE m1 m2 RIGHT LEFT
+LRANGE m1 0 -1
+LRANGE m2 0 -1
+LMOVE m2 m2 LEFT RIGHT
+LRANGE m2 0 -1
+LMOVE m1 m1 RIGHT LEFT
+LMOVE m1 m2 UP LEFT
+LMOVE nokey m2 LEFT LEFT
+LMOVE m2 s LEFT LEFT
+LMOVE s m2 LEFT LEFT
+RPOPLPUSH m2 m3
+RPOPLPUSH m1 m3
+EXISTS m1
+LRANGE m3 0 -1
+LPUSH s x
+LRANGE s 0 -1
+LPOP h
+TYPE m3
+len OBJECT ENCODING m3
+RPUSH l2 a
+LPOP l2
+EXISTS l2
+scankeys SCAN 0 TYPE hash COUNT 1000
+scankeys SCAN 0 TYPE set COUNT 1000
+scankeys SCAN 0 TYPE list COUNT 1000
+scankeys SCAN 0 TYPE zset COUNT 1000
+scankeys SCAN 0 TYPE string COUNT 1000
+sort KEYS *
+DBSIZE
+WATCH wz
+ZADD wz 1 a
+MULTI
+ZCARD wz
+EXEC
+WATCH wz
+ZADD wz 1 a
+SADD ws x
+MULTI
+ZCARD wz
+SADD ws x
+EXEC
+WATCH wh ws
+HSET wh f v
+MULTI
+HLEN wh
+EXEC
+WATCH ws
+SREM ws nope
+MULTI
+SCARD ws
+EXEC
+WATCH wl
+RPUSH wl a
+MULTI
+LPOP wl
+HSET wh g w
+EXEC
+FLUSHDB
+DBSIZE
+HGETALL h
+ZRANGE lex 0 -1";
+
+#[test]
+fn collection_replies_match_redis_server() {
+    if Command::new("redis-server")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        eprintln!("skipped: redis-server is not installed (scripts/server-deps.sh --bench)");
+        return;
+    }
+    let port = free_port();
+    let _redis = RedisServer(
+        Command::new("redis-server")
+            .args([
+                "--port",
+                &port.to_string(),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let db = Database::builder().open_in_memory().unwrap();
+    let server = spawn(
+        db,
+        ServerConfig {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            ..ServerConfig::default()
+        },
+    )
+    .unwrap();
+    let mut theirs = Raw::connect(&format!("127.0.0.1:{port}"));
+    let mut ours = Raw::connect(&server.addr.to_string());
+    let differences: Vec<String> = SCRIPT
+        .lines()
+        .filter_map(|line| compare(&mut theirs, &mut ours, line))
+        .collect();
+    assert!(
+        differences.is_empty(),
+        "{} replies differ:\n{}",
+        differences.len(),
+        differences.join("\n")
+    );
+    server.stop().unwrap();
+}
