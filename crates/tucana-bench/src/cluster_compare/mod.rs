@@ -44,6 +44,14 @@ pub const DEFAULT_JSON_FILE_NAME: &str = "cluster-results.json";
 pub const CYCLE_WORKLOAD: &str = "kill -9 cycle";
 pub const READ_BACK_WORKLOAD: &str = "read back at the end";
 
+/// The value at quantile `q` of `sorted` (nearest rank, as the crash tests print it).
+pub fn quantile(sorted: &[f64], q: f64) -> Option<f64> {
+    if sorted.is_empty() {
+        return None;
+    }
+    Some(sorted[((sorted.len() - 1) as f64 * q).round() as usize])
+}
+
 #[derive(Args, Debug, Clone)]
 pub struct ClusterCompareArgs {
     /// Systems to run, in this order in every round.
@@ -389,6 +397,31 @@ impl Run<'_> {
                     records.push(record);
                     all.extend(figures.acknowledged);
                 }
+                // A cycle's failover: until the last of the victim's ranges took a write.
+                let mut ms: Vec<f64> = records
+                    .iter()
+                    .filter_map(|r: &Record| {
+                        r.get("failover_ms")?
+                            .as_array()?
+                            .iter()
+                            .filter_map(Value::as_f64)
+                            .reduce(f64::max)
+                    })
+                    .collect();
+                ms.sort_by(f64::total_cmp);
+                let lost_in_cycles: u64 = records
+                    .iter()
+                    .filter_map(|r| r.get("lost").and_then(Value::as_u64))
+                    .sum();
+                println!(
+                    "{:<16} {} cycles: failover p50 {:.0} ms, p99 {:.0} ms; acknowledged {}, lost {}",
+                    system.name(),
+                    args.cycles,
+                    quantile(&ms, 0.5).unwrap_or(f64::NAN),
+                    quantile(&ms, 0.99).unwrap_or(f64::NAN),
+                    all.len(),
+                    lost_in_cycles
+                );
                 let lost = lost_keys(&fleet.live(), &all, PATIENCE)?;
                 let mut record = Record::unmeasured(system.name(), READ_BACK_WORKLOAD);
                 record.set("acknowledged", all.len() as u64);
@@ -415,6 +448,14 @@ mod tests {
     struct Cli {
         #[command(flatten)]
         args: ClusterCompareArgs,
+    }
+
+    #[test]
+    fn quantiles_are_nearest_rank() {
+        assert_eq!(quantile(&[], 0.5), None);
+        assert_eq!(quantile(&[1.0, 2.0, 3.0], 0.5), Some(2.0));
+        assert_eq!(quantile(&[1.0, 2.0, 3.0], 0.99), Some(3.0));
+        assert_eq!(quantile(&[6.0, 7.0], 0.5), Some(7.0), "rounds half up");
     }
 
     #[test]
