@@ -3,7 +3,8 @@
 //! Starts an etcd and `--servers` `tucana serve --cluster-etcd` processes (sync
 //! durability, a replication port each, a short `--cluster-lease-ms`), creates the map
 //! with `tucana cluster create --replicas 1`, then runs cycles. In each, writers (plain
-//! connections that follow `MOVED` themselves, see `Router`) write unique keys with sync
+//! connections that follow `MOVED` themselves: tucana-clusterprobe's `Router`, which
+//! tucana-bench's side by side with Redis Cluster uses too) write unique keys with sync
 //! durability and record every `OK`; at a seeded moment (mid-burst, right after a burst,
 //! or right after a `SAVE` on the victim so an index ship is in flight) the primary of a
 //! random region is killed with `kill -9`. The cycle waits until a write to a key of each
