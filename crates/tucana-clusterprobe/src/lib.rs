@@ -9,8 +9,8 @@
 //! side with Redis Cluster, so that both measure with the same client. Owns no server
 //! process and decides no verdict; the callers do.
 //!
-//! Thread-safety: a [`Router`] is one thread's (its connections are plain blocking
-//! ones); [`Writers`] runs one thread per writer, each with a `Router` of its own, and
+//! Thread-safety: a [`Client`] is one thread's (its connections are plain blocking
+//! ones); [`Writers`] runs one thread per writer, each with a client of its own, and
 //! shares only the map of acknowledged keys (behind a mutex) and the stop flag.
 
 use std::collections::{BTreeMap, HashMap};
@@ -20,7 +20,35 @@ use std::time::{Duration, Instant};
 
 use tucana_cluster::key_slot;
 
+pub mod crate_client;
 pub mod etcd;
+
+/// A client that writes and reads keys of a cluster: what [`Writers`] and [`first_ack`]
+/// use. [`Router`] (ours, retries nothing) or [`crate_client::CrateCluster`] (the
+/// `redis` crate's cluster client).
+pub trait Client: Send {
+    /// `SET key value`: `Ok` if acknowledged, else what was answered.
+    fn set(&mut self, key: &str, value: &str) -> Result<(), String>;
+    /// `GET key`: the value, `None` for nil (or a reply a GET should not give).
+    fn get(&mut self, key: &str) -> Result<Option<String>, String>;
+}
+
+/// Which [`Client`] writers and probes use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClientKind {
+    Router,
+    RedisCrate,
+}
+
+impl ClientKind {
+    /// A client of this kind for the cluster reached through `seeds`.
+    pub fn make(self, seeds: &[String]) -> Box<dyn Client> {
+        match self {
+            ClientKind::Router => Box::new(Router::new(seeds.to_vec())),
+            ClientKind::RedisCrate => Box::new(crate_client::CrateCluster::new(seeds.to_vec())),
+        }
+    }
+}
 
 /// Number of hash slots of the Redis Cluster protocol.
 pub const SLOTS: u32 = tucana_cluster::SLOTS as u32;
@@ -143,8 +171,18 @@ impl Router {
     }
 }
 
-/// Writers: each writes unique keys through its own [`Router`] until stopped, keeping the
-/// keys answered `OK` with their values.
+impl Client for Router {
+    fn set(&mut self, key: &str, value: &str) -> Result<(), String> {
+        Router::set(self, key, value)
+    }
+
+    fn get(&mut self, key: &str) -> Result<Option<String>, String> {
+        Router::get(self, key).map_err(|e| e.to_string())
+    }
+}
+
+/// Writers: each writes unique keys through a client of its own until stopped, keeping
+/// the keys answered `OK` with their values.
 pub struct Writers {
     stop: Arc<AtomicBool>,
     acked: Arc<Mutex<BTreeMap<String, String>>>,
@@ -152,22 +190,27 @@ pub struct Writers {
 }
 
 impl Writers {
-    /// `count` writers over the cluster reached through `seeds`; writer `w`'s keys are
-    /// `PREFIX-wW-I` for I = 0, 1, ...
+    /// `count` writers over the cluster reached through `seeds`, each with a [`Router`];
+    /// writer `w`'s keys are `PREFIX-wW-I` for I = 0, 1, ...
     pub fn start(seeds: &[String], prefix: &str, count: usize) -> Writers {
+        Writers::start_with(ClientKind::Router, seeds, prefix, count)
+    }
+
+    /// As [`Writers::start`], each writer with a client of `kind`.
+    pub fn start_with(kind: ClientKind, seeds: &[String], prefix: &str, count: usize) -> Writers {
         let stop = Arc::new(AtomicBool::new(false));
         let acked = Arc::new(Mutex::new(BTreeMap::new()));
         let threads = (0..count)
             .map(|w| {
                 let (stop, acked) = (stop.clone(), acked.clone());
-                let mut router = Router::new(seeds.to_vec());
+                let mut client = kind.make(seeds);
                 let prefix = format!("{prefix}-w{w}");
                 std::thread::spawn(move || {
                     let mut i = 0u64;
                     while !stop.load(Ordering::Relaxed) {
                         let key = format!("{prefix}-{i}");
                         let value = format!("v{i}-{}", "x".repeat((i % 100) as usize));
-                        if router.set(&key, &value).is_ok() {
+                        if client.set(&key, &value).is_ok() {
                             acked.lock().expect("not poisoned").insert(key, value);
                         } else {
                             std::thread::sleep(Duration::from_millis(20));
@@ -196,13 +239,13 @@ impl Writers {
     }
 }
 
-/// Writes `key` through `router` until it is acknowledged (every 20 ms, for at most
+/// Writes `key` through `client` until it is acknowledged (every 20 ms, for at most
 /// `patience`): the first write a new primary of the key's slot acknowledges after a
 /// kill. The error carries the last answer.
-pub fn first_ack(router: &mut Router, key: &str, patience: Duration) -> Result<(), String> {
+pub fn first_ack(client: &mut dyn Client, key: &str, patience: Duration) -> Result<(), String> {
     let started = Instant::now();
     loop {
-        let last = match router.set(key, "p") {
+        let last = match client.set(key, "p") {
             Ok(()) => return Ok(()),
             Err(e) => e,
         };

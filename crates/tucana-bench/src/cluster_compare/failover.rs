@@ -1,8 +1,8 @@
-//! The kill -9 experiment, the same for each system: writers (tucana-clusterprobe's, the
-//! client M8 uses) write unique keys through the cluster and record every `OK`; after a
-//! warm-up the master (primary) of a random range is killed with `kill -9`; the time
-//! from the kill to the first write acknowledged on a slot of each of its ranges (by
-//! the new master) is the failover time; the writers go on for a while, then every
+//! The kill -9 experiment, the same for each system: writers (tucana-clusterprobe's, on
+//! the client the plan names) write unique keys through the cluster and record every
+//! `OK`; after a warm-up the master (primary) of a random range is killed with `kill
+//! -9`; the time from the kill to the first write acknowledged on a slot of each of its
+//! ranges (by the new master) is the failover time; the writers go on for a while, then every
 //! acknowledged key is read back from the surviving nodes and those missing or holding
 //! another value are counted lost. The victim is restarted on its directory (it rejoins
 //! as a replica or backup) and the next cycle waits until every range has a caught-up
@@ -14,13 +14,15 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use tucana_clusterprobe::{first_ack, lost_keys, tag_in, Router, Writers};
+use tucana_clusterprobe::{first_ack, lost_keys, tag_in, ClientKind, Writers};
 
 use super::fleet::{Fleet, PATIENCE};
 use crate::Result;
 
 /// What a cycle does, in time.
 pub(super) struct CyclePlan {
+    /// The client of the writers and the probes.
+    pub(super) client: ClientKind,
     pub(super) writers: usize,
     /// Writing before the kill.
     pub(super) warmup: Duration,
@@ -61,7 +63,12 @@ pub(super) fn cycle(
         .collect();
     let name = fleet.system.name();
     let writing = Instant::now();
-    let writers = Writers::start(&fleet.addrs(), &format!("{name}-c{cycle}"), plan.writers);
+    let writers = Writers::start_with(
+        plan.client,
+        &fleet.addrs(),
+        &format!("{name}-c{cycle}"),
+        plan.writers,
+    );
     std::thread::sleep(plan.warmup);
     let killed = Instant::now();
     fleet.kill9(victim);
@@ -74,8 +81,8 @@ pub(super) fn cycle(
                 let live = live.clone();
                 s.spawn(move || {
                     let key = format!("{{{}}}:{name}-c{cycle}-probe", tag_in(start, end));
-                    let mut router = Router::new(live);
-                    first_ack(&mut router, &key, PATIENCE)?;
+                    let mut client = plan.client.make(&live);
+                    first_ack(client.as_mut(), &key, PATIENCE)?;
                     Ok((key, killed.elapsed().as_secs_f64() * 1000.0))
                 })
             })

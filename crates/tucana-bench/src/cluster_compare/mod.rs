@@ -24,7 +24,7 @@ use clap::Args;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Map, Value};
-use tucana_clusterprobe::lost_keys;
+use tucana_clusterprobe::{lost_keys, ClientKind};
 
 use crate::results::{self, Machine, Record, RunOptions};
 use crate::server::kind::{default_tucana, require, version_of};
@@ -50,6 +50,35 @@ pub fn quantile(sorted: &[f64], q: f64) -> Option<f64> {
         return None;
     }
     Some(sorted[((sorted.len() - 1) as f64 * q).round() as usize])
+}
+
+/// The client of the kill cycles' writers and probes (the read back always uses
+/// tucana-clusterprobe's `Router`). Default: the `redis` crate's, the one a Rust user of
+/// either system would pick; `router` (M8's) retries nothing, but learns the slot map
+/// one `MOVED` at a time, so with unique keys most of its writes take two round trips
+/// and it acknowledges fewer per second.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ClientChoice {
+    /// tucana-clusterprobe's (M8's): follows `MOVED`, retries nothing.
+    Router,
+    /// The `redis` crate's `ClusterClient`: its own slot map and retries (2).
+    RedisCrate,
+}
+
+impl ClientChoice {
+    fn kind(self) -> ClientKind {
+        match self {
+            ClientChoice::Router => ClientKind::Router,
+            ClientChoice::RedisCrate => ClientKind::RedisCrate,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            ClientChoice::Router => "router",
+            ClientChoice::RedisCrate => "redis-crate",
+        }
+    }
 }
 
 #[derive(Args, Debug, Clone)]
@@ -84,6 +113,9 @@ pub struct ClusterCompareArgs {
     /// Kill -9 cycles per system (0: no failover experiment).
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(0..=1000))]
     cycles: u64,
+    /// Client of the kill cycles' writers and probes.
+    #[arg(long, value_enum, default_value_t = ClientChoice::RedisCrate)]
+    client: ClientChoice,
     /// Writer threads of the kill cycles, each writing unique keys.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=256))]
     writers: u64,
@@ -219,6 +251,7 @@ fn run_options(args: &ClusterCompareArgs, programs: &Programs) -> RunOptions {
     options.set("pipelines", args.pipelines.clone());
     options.set("rounds", args.rounds);
     options.set("cycles", args.cycles);
+    options.set("client", args.client.name());
     options.set("writers", args.writers);
     options.set("warmup_ms", args.warmup_ms);
     options.set("after_ms", args.after_ms);
@@ -356,6 +389,7 @@ impl Run<'_> {
             return Ok(());
         }
         let plan = failover::CyclePlan {
+            client: args.client.kind(),
             writers: args.writers as usize,
             warmup: Duration::from_millis(args.warmup_ms),
             after: Duration::from_millis(args.after_ms),
@@ -473,5 +507,8 @@ mod tests {
         assert_eq!(args.systems, [System::Redis, System::Tucana]);
         assert_eq!(args.cycles, 0);
         assert_eq!(args.timeout_ms, 5000);
+        assert_eq!(args.client, ClientChoice::RedisCrate);
+        let args = Cli::parse_from(["x", "--client", "router"]).args;
+        assert_eq!(args.client.kind(), ClientKind::Router);
     }
 }

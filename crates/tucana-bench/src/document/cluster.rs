@@ -189,6 +189,19 @@ fn throughput(md: &mut String, all: &[&Value], options: &Value) {
     *md += "\n";
 }
 
+/// Which client the writers and probes used (files without `client` used the router).
+fn client_phrase(options: &Value) -> &'static str {
+    if options["client"] == "redis-crate" {
+        "one client for both systems: the `redis` crate's `ClusterClient`, which refreshes its \
+         slot map and retries twice by itself, a new connection after a failed request; a \
+         write counts as acknowledged when `OK` came back, retries included"
+    } else {
+        "one client for both systems, tucana-clusterprobe's (the crash test M8's), which \
+         follows `MOVED` and retries nothing itself: a write counts as acknowledged exactly \
+         when `OK` came back"
+    }
+}
+
 /// A cycle's failover time: until the last of the victim's ranges took a write.
 fn cycle_failover_ms(record: &Value) -> Option<f64> {
     record["failover_ms"]
@@ -213,9 +226,7 @@ fn failover(md: &mut String, all: &[&Value], options: &Value) {
     let _ = writeln!(
         md,
         "On a fresh cluster of each system, {} cycles: {} writer threads write unique keys \
-         through the cluster (one client for both systems, tucana-clusterprobe's, which \
-         follows `MOVED` and retries nothing itself: a write counts as acknowledged exactly \
-         when `OK` came back) and record every `OK`; after {} ms the master (primary) of a \
+         through the cluster ({}) and record every `OK`; after {} ms the master (primary) of a \
          random slot range is killed with `kill -9`. **Failover** is the time from the kill \
          to the first write acknowledged on a slot of the victim's range (a probe writes \
          there every 20 ms); a victim that led several ranges has a probe on each, and its \
@@ -233,7 +244,11 @@ fn failover(md: &mut String, all: &[&Value], options: &Value) {
          in any cycle is read back once more. A `kill -9` loses nothing the kernel holds: \
          what Redis can lose is what its master acknowledged before its replica received it \
          (asynchronous replication), not its AOF's unsynced second.\n",
-        options["cycles"], options["writers"], options["warmup_ms"], options["after_ms"],
+        options["cycles"],
+        options["writers"],
+        client_phrase(options),
+        options["warmup_ms"],
+        options["after_ms"],
     );
     *md += "| system | cycles | failover p50 ms | failover p99 ms | acknowledged writes | lost | lost, read back at the end | acknowledged writes/s while writing |\n|---|---|---|---|---|---|---|---|\n";
     for s in &systems {
