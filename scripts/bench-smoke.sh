@@ -4,9 +4,9 @@
 # JSON; then the cold-scan command on a tiny data set and the report with its section.
 # Checks that every phase ran and verified its answers and that the JSON and document have
 # what they must; asserts nothing about speed. Where redis-benchmark and
-# redis-server are installed (scripts/server-deps.sh --bench), also the `server` and
-# `replication` commands on tiny counts; elsewhere that part is skipped with a message,
-# never failed.
+# redis-server are installed (scripts/server-deps.sh --bench), also the `server`,
+# `replication` and `cluster-compare` commands on tiny counts; elsewhere that part is
+# skipped with a message, never failed.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -163,6 +163,43 @@ PY
     grep -q "### Issue 18's targets" "${work}/BENCHMARKS.md"
     grep -q "### Acknowledgement: received or durable" "${work}/BENCHMARKS.md"
     grep -q "### Folding commits or shipping every commit's index" "${work}/BENCHMARKS.md"
+
+    # Redis Cluster side by side (issue 19): each system's cluster (Redis: 6 redis-server
+    # processes; Tucana: etcd and 3 servers, sync and buffered) on tiny counts, one kill -9
+    # cycle each with a 2 s node timeout / lease.
+    bash scripts/cluster-deps.sh
+    "${bench}" cluster-compare --quick --dir "${work}" --json "${work}/cluster-results.json" \
+        --note "smoke test" </dev/null >"${work}/cluster.log"
+    "${bench}" report "${work}/results.json" --server-json "${work}/server-results.json" \
+        --replication-json "${work}/replication-results.json" \
+        --cluster-json "${work}/cluster-results.json" \
+        --out "${work}/BENCHMARKS.md" --plots-dir "${work}/plots" >/dev/null
+    python3 - "${work}/cluster-results.json" <<'PY'
+import json, sys
+doc = json.load(open(sys.argv[1]))
+records = doc["records"]
+systems = ["redis-cluster", "tucana-sync", "tucana-buffered"]
+assert doc["options"]["systems"] == systems, doc["options"]["systems"]
+def find(system, workload):
+    found = [r for r in records if r["engine"] == system and r["workload"] == workload]
+    assert len(found) == 1, f"{system} {workload}: {len(found)} records"
+    return found[0]
+for system in systems:
+    for test in ["SET -P 1", "GET -P 1"]:
+        r = find(system, test)
+        assert r["ops_per_sec"] > 0 and r["p99_us"] is not None, f"{system} {test}"
+    cycle = find(system, "kill -9 cycle")
+    assert len(cycle["failover_ms"]) >= 1, f"{system}: no failover time"
+    assert cycle["acknowledged"] > 0, f"{system}: nothing acknowledged"
+    end = find(system, "read back at the end")
+    assert end["acknowledged"] == cycle["acknowledged"]
+# Sync writes are answered once the backup has them: a kill -9 of the primary loses none.
+assert find("tucana-sync", "kill -9 cycle")["lost"] == 0
+assert find("tucana-sync", "read back at the end")["lost"] == 0
+print(f"cluster-compare smoke: {len(records)} records OK")
+PY
+    grep -q "## Redis Cluster side by side" "${work}/BENCHMARKS.md"
+    grep -q "### Kill -9 of a master under acknowledged writes" "${work}/BENCHMARKS.md"
 else
     echo "bench smoke: skipping the server and replication benchmarks: redis-benchmark or redis-server is not" \
         "installed (scripts/server-deps.sh --bench installs them)"

@@ -9,7 +9,8 @@
 //! data set the page cache cannot hold; `server` runs redis-benchmark against `tucana
 //! serve` and redis-server (separate processes); `replication` a primary with send-index
 //! and build-index backups (separate processes) under YCSB and redis-benchmark, and a
-//! failover. `measure` times phases (wall, process
+//! failover; `cluster_compare` Redis Cluster and a Tucana cluster side by side
+//! (redis-benchmark --cluster, kill -9 of a master under acknowledged writes). `measure` times phases (wall, process
 //! CPU, I/O, peak RSS, latency histograms); `engine` puts each engine behind one trait;
 //! `results` holds the records, prints the table and writes the JSON results file;
 //! `document` is the `report` command, which turns the results files into BENCHMARKS.md
@@ -25,6 +26,7 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 mod cgroup;
+mod cluster_compare;
 mod coldscan;
 mod document;
 mod engine;
@@ -78,6 +80,12 @@ enum Command {
     /// redis-benchmark SETs, and a failover; one JSON file that `report` adds to
     /// BENCHMARKS.md.
     Replication(replication::ReplicationArgs),
+    /// Redis Cluster (3 masters + 1 replica each, AOF everysec) and a Tucana cluster (3
+    /// servers, 1 backup per region; sync, and buffered) on this machine:
+    /// redis-benchmark --cluster SET/GET, and kill -9 of a master under acknowledged
+    /// writes (failover time, writes lost); one JSON file that `report` adds to
+    /// BENCHMARKS.md.
+    ClusterCompare(cluster_compare::ClusterCompareArgs),
 }
 
 #[derive(Args, Debug)]
@@ -233,6 +241,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Coldscan(args) => return coldscan::run_command(args),
         Command::Server(args) => return server::run(args),
         Command::Replication(args) => return replication::run(args),
+        Command::ClusterCompare(args) => return cluster_compare::run(args),
     };
     machine.disk = measure::watch_device_of(&common.dir);
     let kind = common.engine.kind()?;
@@ -298,6 +307,7 @@ fn run(cli: Cli) -> Result<()> {
         | Command::Coldscan(_)
         | Command::Server(_)
         | Command::Replication(_)
+        | Command::ClusterCompare(_)
         | Command::Gc(_) => {
             unreachable!("returned above")
         }

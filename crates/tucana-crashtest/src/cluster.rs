@@ -3,7 +3,8 @@
 //! Starts an etcd and `--servers` `tucana serve --cluster-etcd` processes (sync
 //! durability, a replication port each, a short `--cluster-lease-ms`), creates the map
 //! with `tucana cluster create --replicas 1`, then runs cycles. In each, writers (plain
-//! connections that follow `MOVED` themselves, see `Router`) write unique keys with sync
+//! connections that follow `MOVED` themselves: tucana-clusterprobe's `Router`, which
+//! tucana-bench's side by side with Redis Cluster uses too) write unique keys with sync
 //! durability and record every `OK`; at a seeded moment (mid-burst, right after a burst,
 //! or right after a `SAVE` on the victim so an index ship is in flight) the primary of a
 //! random region is killed with `kill -9`. The cycle waits until a write to a key of each
@@ -26,16 +27,15 @@
 //! binaries. Writers run on threads of their own, each with its own connections; the
 //! rest runs on the calling thread.
 
-use std::collections::{BTreeMap, HashMap};
-use std::io::{Read, Write};
-use std::net::TcpStream;
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use tucana_cluster::key_slot;
+use tucana_clusterprobe::etcd::Etcd;
+use tucana_clusterprobe::{
+    backups_in_sync, connect, served, slot_ranges, tag_in, Range, Router, Writers,
+};
 
 use crate::serve::{check_outcome, free_port, Checked, Server};
 use crate::Rng;
@@ -115,309 +115,8 @@ impl Summary {
 /// A bound on waits for something that should happen; reaching it fails the run.
 const PATIENCE: Duration = Duration::from_secs(90);
 
-fn wait_for<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> Result<T, String> {
-    let started = Instant::now();
-    loop {
-        if let Some(v) = f() {
-            return Ok(v);
-        }
-        if started.elapsed() > PATIENCE {
-            return Err(format!("{what}: still waiting after {PATIENCE:?}"));
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-/// An etcd of the run's own, killed when dropped.
-struct Etcd {
-    child: Child,
-    endpoint: String,
-}
-
-impl Etcd {
-    fn start(dir: &Path) -> Result<Etcd, String> {
-        let binary = ["/usr/bin/etcd", "/usr/local/bin/etcd"]
-            .iter()
-            .map(PathBuf::from)
-            .find(|p| p.is_file())
-            .ok_or("etcd is not installed (scripts/cluster-deps.sh installs it)")?;
-        let (client_port, peer_port) = (
-            free_port().map_err(|e| e.to_string())?,
-            free_port().map_err(|e| e.to_string())?,
-        );
-        let client_url = format!("http://127.0.0.1:{client_port}");
-        let peer_url = format!("http://127.0.0.1:{peer_port}");
-        let log = std::fs::File::create(dir.join("etcd.log")).map_err(|e| e.to_string())?;
-        let mut command = Command::new(&binary);
-        command
-            .args(["--name", "m8", "--data-dir"])
-            .arg(dir.join("etcd-data"))
-            .args(["--listen-client-urls", &client_url])
-            .args(["--advertise-client-urls", &client_url])
-            .args(["--listen-peer-urls", &peer_url])
-            .args(["--initial-advertise-peer-urls", &peer_url])
-            .args(["--initial-cluster", &format!("m8={peer_url}")])
-            .args(["--initial-cluster-state", "new"])
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().map_err(|e| e.to_string())?)
-            .stderr(log);
-        if std::env::consts::ARCH == "aarch64" {
-            command.env("ETCD_UNSUPPORTED_ARCH", "arm64");
-        }
-        let child = command
-            .spawn()
-            .map_err(|e| format!("starting {}: {e}", binary.display()))?;
-        let mut etcd = Etcd {
-            child,
-            endpoint: client_url,
-        };
-        wait_for("etcd answering /health", || {
-            if let Ok(Some(_)) = etcd.child.try_wait() {
-                return Some(false);
-            }
-            healthy(client_port).then_some(true)
-        })?
-        .then_some(())
-        .ok_or("etcd exited before answering")?;
-        Ok(etcd)
-    }
-}
-
-impl Drop for Etcd {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn healthy(port: u16) -> bool {
-    let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else {
-        return false;
-    };
-    let mut response = String::new();
-    stream
-        .write_all(b"GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
-        .is_ok()
-        && stream.read_to_string(&mut response).is_ok()
-        && response.contains("\"health\":\"true\"")
-}
-
-fn connect(addr: &str) -> redis::RedisResult<redis::Connection> {
-    let c = redis::Client::open(format!("redis://{addr}/"))?
-        .get_connection_with_timeout(Duration::from_secs(2))?;
-    // Long enough to outlast a paused server (its answer after SIGCONT is the point).
-    c.set_read_timeout(Some(Duration::from_secs(30)))?;
-    Ok(c)
-}
-
-/// A cluster client that follows `MOVED` itself: a connection per server, the slots it
-/// learned from redirects, and the servers to ask when it knows nothing.
-struct Router {
-    seeds: Vec<String>,
-    conns: HashMap<String, redis::Connection>,
-    owner: HashMap<u16, String>,
-    next_seed: usize,
-}
-
-impl Router {
-    fn new(seeds: Vec<String>) -> Router {
-        Router {
-            seeds,
-            conns: HashMap::new(),
-            owner: HashMap::new(),
-            next_seed: 0,
-        }
-    }
-
-    /// Sends `cmd` (about `key`) to the server owning its slot, following up to four
-    /// redirects; an error otherwise (the write may or may not have been applied).
-    fn query(&mut self, cmd: &redis::Cmd, key: &str) -> Result<redis::Value, redis::RedisError> {
-        let slot = key_slot(key.as_bytes());
-        let mut addr = self.owner.get(&slot).cloned().unwrap_or_else(|| {
-            self.next_seed = (self.next_seed + 1) % self.seeds.len();
-            self.seeds[self.next_seed].clone()
-        });
-        let mut hops = 0;
-        loop {
-            let conn = match self.conns.entry(addr.clone()) {
-                std::collections::hash_map::Entry::Occupied(c) => c.into_mut(),
-                std::collections::hash_map::Entry::Vacant(v) => match connect(&addr) {
-                    Ok(c) => v.insert(c),
-                    Err(e) => {
-                        self.owner.remove(&slot);
-                        return Err(e);
-                    }
-                },
-            };
-            match cmd.query::<redis::Value>(conn) {
-                Ok(v) => {
-                    self.owner.insert(slot, addr);
-                    return Ok(v);
-                }
-                Err(e) if e.code() == Some("MOVED") && hops < 4 => {
-                    let Some((to, _)) = e.redirect_node() else {
-                        return Err(e);
-                    };
-                    addr = to.to_string();
-                    hops += 1;
-                }
-                Err(e) => {
-                    if e.is_io_error() || e.is_connection_dropped() || e.is_timeout() {
-                        self.conns.remove(&addr);
-                    }
-                    self.owner.remove(&slot);
-                    return Err(e);
-                }
-            }
-        }
-    }
-
-    /// `SET key value`: `Ok` if acknowledged, else what was answered.
-    fn set(&mut self, key: &str, value: &str) -> Result<(), String> {
-        let mut cmd = redis::cmd("SET");
-        cmd.arg(key).arg(value);
-        match self.query(&cmd, key) {
-            Ok(redis::Value::Okay) => Ok(()),
-            Ok(other) => Err(format!("{other:?}")),
-            Err(e) => Err(e.to_string()),
-        }
-    }
-
-    fn get(&mut self, key: &str) -> Result<Option<String>, redis::RedisError> {
-        let mut cmd = redis::cmd("GET");
-        cmd.arg(key);
-        Ok(match self.query(&cmd, key)? {
-            redis::Value::BulkString(bytes) => Some(String::from_utf8_lossy(&bytes).into_owned()),
-            // Nil, or anything a GET should not answer: not the value written.
-            _ => None,
-        })
-    }
-}
-
-/// Writers: each writes unique keys through its own `Router` until stopped, keeping the
-/// keys answered `OK`.
-struct Writers {
-    stop: Arc<AtomicBool>,
-    acked: Arc<Mutex<BTreeMap<String, String>>>,
-    threads: Vec<std::thread::JoinHandle<()>>,
-}
-
-impl Writers {
-    fn start(seeds: &[String], prefix: &str, count: usize) -> Writers {
-        let stop = Arc::new(AtomicBool::new(false));
-        let acked = Arc::new(Mutex::new(BTreeMap::new()));
-        let threads = (0..count)
-            .map(|w| {
-                let (stop, acked) = (stop.clone(), acked.clone());
-                let mut router = Router::new(seeds.to_vec());
-                let prefix = format!("{prefix}-w{w}");
-                std::thread::spawn(move || {
-                    let mut i = 0u64;
-                    while !stop.load(Ordering::Relaxed) {
-                        let key = format!("{prefix}-{i}");
-                        let value = format!("v{i}-{}", "x".repeat((i % 100) as usize));
-                        if router.set(&key, &value).is_ok() {
-                            acked.lock().expect("not poisoned").insert(key, value);
-                        } else {
-                            std::thread::sleep(Duration::from_millis(20));
-                        }
-                        i += 1;
-                    }
-                })
-            })
-            .collect();
-        Writers {
-            stop,
-            acked,
-            threads,
-        }
-    }
-
-    fn stop(self) -> BTreeMap<String, String> {
-        self.stop.store(true, Ordering::Relaxed);
-        for t in self.threads {
-            let _ = t.join();
-        }
-        Arc::try_unwrap(self.acked)
-            .map(|m| m.into_inner().expect("not poisoned"))
-            .unwrap_or_default()
-    }
-}
-
-/// A region as `CLUSTER SLOTS` shows it.
-#[derive(Clone, Debug)]
-struct Range {
-    start: u16,
-    end: u16,
-    primary: String,
-    backups: Vec<String>,
-}
-
-/// Whether `value` holds the bulk or simple string `text` anywhere inside.
-fn mentions(value: &redis::Value, text: &[u8]) -> bool {
-    match value {
-        redis::Value::BulkString(b) => b == text,
-        redis::Value::SimpleString(s) => s.as_bytes() == text,
-        redis::Value::Array(items) | redis::Value::Set(items) => {
-            items.iter().any(|v| mentions(v, text))
-        }
-        redis::Value::Map(pairs) => pairs
-            .iter()
-            .any(|(k, v)| mentions(k, text) || mentions(v, text)),
-        _ => false,
-    }
-}
-
-fn node_addr(node: &redis::Value) -> Option<String> {
-    let redis::Value::Array(items) = node else {
-        return None;
-    };
-    let ip: String = redis::from_redis_value(items.first()?.clone()).ok()?;
-    let port: u16 = redis::from_redis_value(items.get(1)?.clone()).ok()?;
-    Some(format!("{ip}:{port}"))
-}
-
-/// `CLUSTER SLOTS` of the server at `addr`, by start; `None` if it did not answer.
-fn slot_ranges(addr: &str) -> Option<Vec<Range>> {
-    let mut c = connect(addr).ok()?;
-    let value: redis::Value = redis::cmd("CLUSTER").arg("SLOTS").query(&mut c).ok()?;
-    let redis::Value::Array(ranges) = value else {
-        return None;
-    };
-    let mut out = Vec::new();
-    for range in ranges {
-        let redis::Value::Array(items) = range else {
-            return None;
-        };
-        out.push(Range {
-            start: redis::from_redis_value(items.first()?.clone()).ok()?,
-            end: redis::from_redis_value(items.get(1)?.clone()).ok()?,
-            primary: node_addr(items.get(2)?)?,
-            backups: items[3..].iter().filter_map(node_addr).collect(),
-        });
-    }
-    out.sort_by_key(|r| r.start);
-    Some(out)
-}
-
-/// Whether `ranges` cover every slot, each with a primary in `live`.
-fn served(ranges: &[Range], live: &[&str]) -> bool {
-    let mut next = 0u32;
-    for r in ranges {
-        if u32::from(r.start) != next || !live.contains(&r.primary.as_str()) {
-            return false;
-        }
-        next = u32::from(r.end) + 1;
-    }
-    next == u32::from(tucana_cluster::SLOTS)
-}
-
-/// A hash tag whose slot is in `start..=end`.
-fn tag_in(start: u16, end: u16) -> String {
-    (0..)
-        .map(|n| format!("t{n}"))
-        .find(|tag| (start..=end).contains(&key_slot(tag.as_bytes())))
-        .expect("every slot has a tag")
+fn wait_for<T>(what: &str, f: impl FnMut() -> Option<T>) -> Result<T, String> {
+    tucana_clusterprobe::wait_for(what, PATIENCE, f)
 }
 
 /// The run's servers, their addresses and whether each is running (not killed, not
@@ -434,7 +133,7 @@ struct Fleet {
 impl Fleet {
     fn start(config: &Config) -> Result<Fleet, String> {
         std::fs::create_dir_all(&config.dir).map_err(|e| e.to_string())?;
-        let etcd = Etcd::start(&config.dir)?;
+        let etcd = Etcd::start(&config.dir, "m8", PATIENCE)?;
         let log = config.dir.join("servers.log");
         let mut servers = Vec::new();
         for i in 0..config.servers {
@@ -574,9 +273,7 @@ impl Fleet {
             }
             // And the map lists every backup in sync (else the coordinator would not
             // promote it): `CLUSTER SHARDS` says `loading` for one that is not.
-            let mut c = connect(live[0]).ok()?;
-            let shards: redis::Value = redis::cmd("CLUSTER").arg("SHARDS").query(&mut c).ok()?;
-            if mentions(&shards, b"loading") {
+            if !backups_in_sync(live[0])? {
                 return None;
             }
             Some(ranges)

@@ -6,7 +6,8 @@
 //! engine configurations, method), the notes given with `--note` inserted after the
 //! title's paragraph, the cold-scan section (`coldscan`) when the `coldscan` command's JSON
 //! file exists, the redis-benchmark section (`server`) when the `server` command's
-//! does, and the replication section (`replication`) when the `replication` command's
+//! does, the replication section (`replication`) when the `replication` command's
+//! does, and the Redis Cluster section (`cluster`) when the `cluster-compare` command's
 //! does. The runs given with `--gc-json`, `--also-gc-json` and `--sync-json` join the
 //! suite's document first (`merge`); `records` picks the records each table shows;
 //! `plots` draws the PNG files (with the `plots` feature). Every figure is written by
@@ -23,6 +24,7 @@ use serde_json::Value;
 
 use crate::Result;
 
+mod cluster;
 mod coldscan;
 mod gc;
 mod merge;
@@ -55,6 +57,10 @@ pub struct ReportArgs {
     /// exists (default: `replication-results.json` next to the suite's JSON file).
     #[arg(long)]
     replication_json: Option<PathBuf>,
+    /// The `cluster-compare` command's JSON file, whose section is added when the file
+    /// exists (default: `cluster-results.json` next to the suite's JSON file).
+    #[arg(long)]
+    cluster_json: Option<PathBuf>,
     /// The JSON file of a separate `tucana-bench gc` run: its records fill the "Garbage
     /// collection" section in place of the suite's own GC records, if any.
     #[arg(long)]
@@ -104,6 +110,11 @@ pub fn run(args: &ReportArgs) -> Result<()> {
             .with_file_name(crate::replication::DEFAULT_JSON_FILE_NAME)
     });
     append_replication_section(&mut markdown, &replication_json)?;
+    let cluster_json = args.cluster_json.clone().unwrap_or_else(|| {
+        args.json
+            .with_file_name(crate::cluster_compare::DEFAULT_JSON_FILE_NAME)
+    });
+    append_cluster_section(&mut markdown, &cluster_json)?;
     std::fs::write(&args.out, markdown)?;
     println!(
         "wrote {} and {} plot(s) in {}",
@@ -196,6 +207,24 @@ fn append_replication_section(markdown: &mut String, path: &Path) -> Result<()> 
         return Err(format!("{} is not a replication run's JSON", path.display()).into());
     }
     *markdown += &replication::render(&doc, path);
+    Ok(())
+}
+
+/// Adds the Redis Cluster section (module `cluster`) when its JSON file exists.
+fn append_cluster_section(markdown: &mut String, path: &Path) -> Result<()> {
+    if !path.exists() {
+        return Ok(());
+    }
+    let doc: Value = serde_json::from_str(&read_text(path)?).map_err(|e| {
+        format!(
+            "{} is not a cluster-compare run's JSON: {e}",
+            path.display()
+        )
+    })?;
+    if doc["command"] != "cluster-compare" {
+        return Err(format!("{} is not a cluster-compare run's JSON", path.display()).into());
+    }
+    *markdown += &cluster::render(&doc, path);
     Ok(())
 }
 

@@ -39,8 +39,35 @@ pub(crate) fn redis_benchmark(
     pipeline: u64,
     test: &str,
 ) -> Result<BenchResult> {
+    run(program, port, false, shape, pipeline, test)
+}
+
+/// As [`redis_benchmark`], with `--cluster`: the cluster that the server on `port` is
+/// part of, each request sent to the master of its key's slot.
+pub(crate) fn redis_benchmark_cluster(
+    program: &Path,
+    port: u16,
+    shape: &Shape,
+    pipeline: u64,
+    test: &str,
+) -> Result<BenchResult> {
+    run(program, port, true, shape, pipeline, test)
+}
+
+fn run(
+    program: &Path,
+    port: u16,
+    cluster: bool,
+    shape: &Shape,
+    pipeline: u64,
+    test: &str,
+) -> Result<BenchResult> {
     let started = Instant::now();
-    let output = Command::new(program)
+    let mut command = Command::new(program);
+    if cluster {
+        command.arg("--cluster");
+    }
+    let output = command
         .args(["-h", "127.0.0.1", "-p", &port.to_string()])
         .args(["-c", &shape.clients.to_string()])
         .args(["-n", &shape.requests.to_string()])
@@ -70,14 +97,17 @@ pub(crate) fn redis_benchmark(
 
 /// The row of `test` in redis-benchmark 7's `--csv` output:
 /// `"test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms","p95_latency_ms",
-/// "p99_latency_ms","max_latency_ms"`, located by the header's names.
+/// "p99_latency_ms","max_latency_ms"`, located by the header's names. Lines before the
+/// header (`--cluster` prints the masters it found first) are skipped.
 fn parse_csv(text: &str, test: &str) -> Option<BenchResult> {
     let split = |line: &str| -> Vec<String> {
         line.split(',')
             .map(|cell| cell.trim().trim_matches('"').to_string())
             .collect()
     };
-    let mut lines = text.lines().filter(|l| !l.trim().is_empty());
+    let mut lines = text
+        .lines()
+        .skip_while(|l| !l.trim_start().starts_with("\"test\""));
     let header = split(lines.next()?);
     let row = lines
         .map(split)
@@ -113,5 +143,18 @@ mod tests {
         assert_eq!(parse_csv(text, "SET").unwrap().avg_ms, 1.445);
         assert!(parse_csv(text, "INCR").is_none());
         assert!(parse_csv("", "GET").is_none());
+    }
+
+    #[test]
+    fn csv_of_redis_benchmark_cluster_parses_after_its_masters() {
+        let text = "Cluster has 3 master nodes:\n\n\
+                    Master 0: 44484b25e491c5dd6d080cdcaf682321b48767be 127.0.0.1:7303\n\
+                    Master 1: 7079a332cddee402f2f0ccffeeb0055a31fcf74e 127.0.0.1:7302\n\n\
+                    \"test\",\"rps\",\"avg_latency_ms\",\"min_latency_ms\",\"p50_latency_ms\",\"p95_latency_ms\",\"p99_latency_ms\",\"max_latency_ms\"\n\
+                    \"SET\",\"39292.73\",\"0.674\",\"0.040\",\"0.335\",\"2.999\",\"6.407\",\"19.839\"\n";
+        let set = parse_csv(text, "SET").unwrap();
+        assert_eq!(set.requests_per_sec, 39292.73);
+        assert_eq!(set.p99_ms, 6.407);
+        assert!(parse_csv("Cluster has 3 master nodes:\n", "SET").is_none());
     }
 }
