@@ -63,7 +63,10 @@ struct Netns {
 impl Netns {
     /// Why this machine cannot run the test, if it cannot.
     fn unavailable() -> Option<String> {
-        let uid = Command::new("id").arg("-u").output().ok()?;
+        let uid = match Command::new("id").arg("-u").output() {
+            Ok(uid) => uid,
+            Err(e) => return Some(format!("cannot run id: {e}")),
+        };
         let uid = String::from_utf8_lossy(&uid.stdout).trim().to_owned();
         if uid != "0" {
             return Some(format!("euid is {uid}, not 0"));
