@@ -61,45 +61,48 @@ struct Netns {
 }
 
 impl Netns {
-    /// Why this machine cannot run the test, if it cannot.
-    fn unavailable() -> Option<String> {
+    /// Whether this process runs as root: why not, if not.
+    fn not_root() -> Option<String> {
         let uid = match Command::new("id").arg("-u").output() {
             Ok(uid) => uid,
             Err(e) => return Some(format!("cannot run id: {e}")),
         };
         let uid = String::from_utf8_lossy(&uid.stdout).trim().to_owned();
-        if uid != "0" {
-            return Some(format!("euid is {uid}, not 0"));
-        }
-        let probe = format!("tucana-probe-{}", std::process::id());
-        if let Err(e) = ip(&["netns", "add", &probe]) {
-            return Some(e);
-        }
-        ip(&["netns", "del", &probe]).err()
+        (uid != "0").then(|| format!("euid is {uid}, not 0"))
     }
 
-    fn create() -> Netns {
+    /// Sets up the namespace, its links, addresses and routes; what failed if this
+    /// machine cannot (no `ip`, no namespaces or veth, a read-only /proc/sys). What was
+    /// made is removed either way.
+    fn create() -> Result<Netns, String> {
         let pid = std::process::id();
         // A /24 no interface here uses yet (another run, or a leftover of a killed one).
         let addrs = Command::new("ip")
             .args(["-o", "-4", "addr", "show"])
             .output()
-            .expect("ip addr show");
+            .map_err(|e| format!("cannot run ip: {e}"))?;
         let addrs = String::from_utf8_lossy(&addrs.stdout).into_owned();
         let subnet = (0..250u32)
             .map(|i| ((pid + i) % 250 + 1) as u8)
             .find(|n| !addrs.contains(&format!(" 10.213.{n}.")))
-            .expect("a free 10.213.N.0/24");
+            .ok_or("no free 10.213.N.0/24")?;
         let netns = Netns {
             name: format!("tucana-part-{pid}"),
             host_link: format!("tpart{pid}h"),
             subnet,
         };
+        // Names with our pid are ours: any a killed process of the same pid left go.
+        netns.remove();
         let inner_link = format!("tpart{pid}n");
         let (name, host_link) = (netns.name.as_str(), netns.host_link.as_str());
         let host_net = format!("{}/24", netns.host_ip());
         let etcd_host = format!("{}/32", netns.etcd_ip());
         let inner_net = format!("{}/24", netns.victim_ip());
+        // Strict reverse-path filtering in the namespace: once the route to etcd is gone,
+        // packets *from* etcd are dropped too (no route back to their source), so the
+        // cut is both ways; without it the victim would still receive etcd's watch
+        // events (the new map) while its keepalives fail.
+        let rp_filter = "echo 1 > /proc/sys/net/ipv4/conf/all/rp_filter";
         for args in [
             vec!["netns", "add", name],
             vec![
@@ -119,18 +122,19 @@ impl Netns {
             vec!["-n", name, "link", "set", "lo", "up"],
             vec!["-n", name, "addr", "add", &inner_net, "dev", &inner_link],
             vec!["-n", name, "link", "set", &inner_link, "up"],
+            vec!["netns", "exec", name, "sh", "-c", rp_filter],
         ] {
-            ip(&args).unwrap_or_else(|e| panic!("setting up the namespace: {e}"));
+            ip(&args)?;
         }
-        // Strict reverse-path filtering in the namespace: once the route to etcd is gone,
-        // packets *from* etcd are dropped too (no route back to their source), so the
-        // cut is both ways; without it the victim would still receive etcd's watch
-        // events (the new map) while its keepalives fail.
-        let rp_filter = "echo 1 > /proc/sys/net/ipv4/conf/all/rp_filter";
-        ip(&["netns", "exec", name, "sh", "-c", rp_filter])
-            .unwrap_or_else(|e| panic!("setting up the namespace: {e}"));
-        netns.heal_etcd();
-        netns
+        netns.heal_etcd()?;
+        Ok(netns)
+    }
+
+    /// Deletes the veth pair (one end takes the other and the host side's addresses)
+    /// and the namespace; quiet about what is not there.
+    fn remove(&self) {
+        let _ = ip(&["link", "del", &self.host_link]);
+        let _ = ip(&["netns", "del", &self.name]);
     }
 
     /// The host side: the other servers listen here.
@@ -158,7 +162,7 @@ impl Netns {
         ip(&["-n", &self.name, "route", "del", &self.etcd_route()]).unwrap();
     }
 
-    fn heal_etcd(&self) {
+    fn heal_etcd(&self) -> Result<(), String> {
         let via = self.host_ip();
         ip(&[
             "-n",
@@ -169,15 +173,12 @@ impl Netns {
             "via",
             &via,
         ])
-        .unwrap();
     }
 }
 
 impl Drop for Netns {
     fn drop(&mut self) {
-        // Deleting one end of a veth deletes both and the host side's addresses.
-        let _ = ip(&["link", "del", &self.host_link]);
-        let _ = ip(&["netns", "del", &self.name]);
+        self.remove();
     }
 }
 
@@ -248,12 +249,14 @@ fn cluster_status(etcd: &TestEtcd) -> String {
 
 #[test]
 fn a_primary_cut_off_from_etcd_acknowledges_nothing_once_its_backup_is_promoted() {
-    if let Some(why) = Netns::unavailable() {
-        eprintln!("skipped: needs root and ip netns ({why})");
-        return;
-    }
     // Dropped last: after the servers (the victim runs in it) and etcd.
-    let netns = Netns::create();
+    let netns = match Netns::not_root().map_or_else(Netns::create, Err) {
+        Ok(netns) => netns,
+        Err(why) => {
+            eprintln!("skipped: needs root and ip netns ({why})");
+            return;
+        }
+    };
     let etcd = TestEtcd::start_on(&netns.etcd_ip());
     let dir = tempfile::tempdir().unwrap();
     let mut servers: Vec<Server> = (0..3)
@@ -350,26 +353,26 @@ fn a_primary_cut_off_from_etcd_acknowledges_nothing_once_its_backup_is_promoted(
     let answers = direct.finish();
     // Until its lease runs out (less the margin) the victim still acknowledges; its
     // first refusal after the cut marks its fence, and writes acknowledged after that
-    // came from the new primary.
+    // came from the new primary. Printed before the checks, so a failure shows them.
     let fenced_at = answers
         .iter()
         .find(|a| a.2 > cut_at && a.1.is_err())
-        .expect("the cut victim refused a write")
-        .2;
-    let first_after = acked
-        .iter()
-        .find(|(_, at)| *at > fenced_at)
-        .expect("a write acknowledged after the victim's fence")
-        .1;
+        .map(|a| a.2);
+    let first_after = fenced_at.and_then(|fenced_at| {
+        acked
+            .iter()
+            .find(|(_, at)| *at > fenced_at)
+            .map(|(_, at)| *at - cut_at)
+    });
     eprintln!(
         "partition: {} writes acknowledged through the cluster; from the cut to the victim's \
          first refusal: {:?}; to the map naming the new primary (as seen by polling): {:?}; \
          to the first write acknowledged after the victim's first refusal (by the new \
          primary): {:?} (information only)",
         acked.len(),
-        fenced_at - cut_at,
+        fenced_at.map(|at| at - cut_at),
         named_at - cut_at,
-        first_after - cut_at,
+        first_after,
     );
     let refusals: Vec<&String> = answers
         .iter()
@@ -410,7 +413,7 @@ fn a_primary_cut_off_from_etcd_acknowledges_nothing_once_its_backup_is_promoted(
 
     // Healed, the victim registers again, reads the map, and redirects the region's
     // writes to the new primary.
-    netns.heal_etcd();
+    netns.heal_etcd().unwrap();
     let mut con = servers[2].connect();
     let err = wait_until("the healed victim redirecting", || {
         match con.set::<_, _, ()>(format!("{{{tag}}}:after-heal"), 1) {
