@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # Installs what the cluster crate (crates/tucana-cluster) needs: `protoc`, which
-# etcd-client's build runs on etcd's protobuf files (Debian's protobuf-compiler), and
-# `etcd`, which its tests start (Debian's etcd-server, etcd 3.4). Idempotent: does nothing
-# when both are on PATH. Needs root (or sudo) and Debian/Ubuntu's apt.
+# etcd-client's build runs on etcd's protobuf files (Debian's protobuf-compiler);
+# `etcd`, which its tests start (Debian's etcd-server, etcd 3.4); and `ip` (iproute2),
+# with which the partition test (tucana-cli's cluster_partition.rs, run as root) cuts a
+# server off from etcd in a network namespace. Idempotent: does nothing when all three
+# are on PATH. Needs root (or sudo) and Debian/Ubuntu's apt.
 #   --protoc-only   only protoc: what building tucana-cli (which links the cluster crate
 #                   through tucana-server) needs, for scripts that build it to run it
 set -euo pipefail
 
-tools=(etcd protoc)
-packages=(etcd-server protobuf-compiler)
+tools=(etcd protoc ip)
+packages=(etcd-server protobuf-compiler iproute2)
 if [[ "${1:-}" == "--protoc-only" ]]; then
     tools=(protoc)
     packages=(protobuf-compiler)

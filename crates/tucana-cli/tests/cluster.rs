@@ -8,13 +8,10 @@
 //! Waits for something that should happen (etcd answering, a server learning the map)
 //! are bounded so a bug hangs no run, but nothing asserts how long anything took.
 
+mod common;
+
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{BufRead, BufReader};
-use std::net::TcpListener;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use redis::Commands;
@@ -22,162 +19,10 @@ use tempfile::TempDir;
 use tucana_cluster::testing::TestEtcd;
 use tucana_cluster::{key_slot, SLOTS};
 
-/// A bound on waits for something that should happen; reaching it fails the test as a
-/// hang, not as slowness.
-const PATIENCE: Duration = Duration::from_secs(60);
-
-fn wait_until<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
-    let started = Instant::now();
-    loop {
-        if let Some(value) = f() {
-            return value;
-        }
-        assert!(
-            started.elapsed() < PATIENCE,
-            "{what}: still waiting after {PATIENCE:?}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// One `tucana serve --cluster-etcd` process, on a fixed port so a restart keeps its
-/// address.
-struct Server {
-    child: Option<Child>,
-    volume: PathBuf,
-    port: u16,
-    /// `--repl-port`: where primaries ship this server the regions it backs.
-    repl_port: Option<u16>,
-    /// `--metrics-port`: its Prometheus endpoint.
-    metrics_port: u16,
-}
-
-impl Server {
-    /// The text of its `GET /metrics`.
-    fn metrics(&self) -> String {
-        use std::io::{Read, Write};
-        let mut http = std::net::TcpStream::connect(("127.0.0.1", self.metrics_port)).unwrap();
-        http.write_all(b"GET /metrics HTTP/1.1\r\n\r\n").unwrap();
-        let mut text = String::new();
-        http.read_to_string(&mut text).unwrap();
-        text
-    }
-
-    fn start(volume: &Path, port: u16, repl_port: Option<u16>, etcd: &TestEtcd) -> Server {
-        let mut server = Server {
-            child: None,
-            volume: volume.to_owned(),
-            port,
-            repl_port,
-            metrics_port: free_port(),
-        };
-        server.spawn(etcd);
-        server
-    }
-
-    fn spawn(&mut self, etcd: &TestEtcd) {
-        let port = self.port.to_string();
-        let mut command = Command::new(env!("CARGO_BIN_EXE_tucana"));
-        command
-            .arg("--db")
-            .arg(&self.volume)
-            .args(["serve", "--port", &port, "--durability", "sync"])
-            .args(["--cluster-etcd", etcd.endpoint(), "--cluster-name", "test"])
-            // A killed server's registration goes soon, so its restart registers soon.
-            .args(["--cluster-lease-ms", "2000"])
-            .args(["--metrics-port", &self.metrics_port.to_string()]);
-        if let Some(repl_port) = self.repl_port {
-            command.args(["--repl-port", &repl_port.to_string()]);
-        }
-        let mut child = command
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn tucana serve");
-        let mut stderr = BufReader::new(child.stderr.take().expect("piped stderr"));
-        let mut line = String::new();
-        stderr.read_line(&mut line).expect("read the start line");
-        assert!(line.contains(" on 127.0.0.1:"), "start line {line:?}");
-        // Keep draining stderr so the child never blocks on a full pipe; echo it so a
-        // failing test shows what the servers said.
-        std::thread::spawn(move || {
-            let mut text = String::new();
-            while stderr.read_line(&mut text).map(|n| n > 0).unwrap_or(false) {
-                eprint!("[server] {text}");
-                text.clear();
-            }
-        });
-        self.child = Some(child);
-    }
-
-    fn addr(&self) -> String {
-        format!("127.0.0.1:{}", self.port)
-    }
-
-    fn connect(&self) -> redis::Connection {
-        let client = redis::Client::open(format!("redis://{}/", self.addr())).unwrap();
-        let con = client.get_connection().unwrap();
-        con.set_read_timeout(Some(PATIENCE)).unwrap();
-        con
-    }
-
-    fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-/// `CLUSTER SLOTS` as `(start, end, primary address)`, by start.
-fn slot_ranges(con: &mut redis::Connection) -> Vec<(u16, u16, String)> {
-    let value: redis::Value = redis::cmd("CLUSTER").arg("SLOTS").query(con).unwrap();
-    let redis::Value::Array(ranges) = value else {
-        panic!("CLUSTER SLOTS answered {value:?}");
-    };
-    let mut out = Vec::new();
-    for range in ranges {
-        // start, end, the primary, then its backups.
-        let redis::Value::Array(items) = range else {
-            panic!("CLUSTER SLOTS range {range:?}");
-        };
-        let (start, end, node): (u16, u16, Vec<redis::Value>) =
-            redis::from_redis_value(redis::Value::Array(items[..3].to_vec())).unwrap();
-        let (ip, port, _id): (String, u16, String) =
-            redis::from_redis_value(redis::Value::Array(node[..3].to_vec())).unwrap();
-        out.push((start, end, format!("{ip}:{port}")));
-    }
-    out.sort();
-    out
-}
-
-fn run_tucana(args: &[&str]) -> String {
-    let output = Command::new(env!("CARGO_BIN_EXE_tucana"))
-        .args(args)
-        .output()
-        .expect("run tucana");
-    assert!(
-        output.status.success(),
-        "tucana {args:?} failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8(output.stdout).unwrap()
-}
+use common::{
+    assert_all_readable, free_port, run_tucana, slot_ranges, tag_in, urls, wait_until, Server,
+    Writer,
+};
 
 /// An etcd, three servers registered in it (not yet in a map), and their addresses.
 struct Cluster {
@@ -606,28 +451,6 @@ fn cluster_commands_answer_as_redis_documents() {
 
 // ---- backups and failover (issue 19, third slice) -----------------------------------
 
-/// A hashtag whose keys hash into `start..=end`.
-fn tag_in(start: u16, end: u16) -> String {
-    (0..)
-        .map(|n| format!("t{n}"))
-        .find(|tag| (start..=end).contains(&key_slot(tag.as_bytes())))
-        .unwrap()
-}
-
-impl Server {
-    fn pid(&self) -> String {
-        self.child.as_ref().expect("running").id().to_string()
-    }
-
-    fn signal(&self, signal: &str) {
-        let status = Command::new("kill")
-            .args([signal, &self.pid()])
-            .status()
-            .unwrap();
-        assert!(status.success(), "kill {signal}");
-    }
-}
-
 impl Cluster {
     /// The index of the server at `addr`.
     fn index_of(&self, addr: &str) -> usize {
@@ -652,79 +475,6 @@ fn replication_info(server: &Server) -> String {
         .arg("replication")
         .query(&mut server.connect())
         .unwrap()
-}
-
-/// A client writing `{tag}:n = n` through the cluster client, one sync write at a time,
-/// recording every acknowledged `n` with when it was acknowledged.
-struct Writer {
-    stop: Arc<AtomicBool>,
-    acked: Arc<Mutex<Vec<(u64, Instant)>>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Writer {
-    fn start(addrs: &[String], tag: &str) -> Writer {
-        let stop = Arc::new(AtomicBool::new(false));
-        let acked = Arc::new(Mutex::new(Vec::new()));
-        let urls: Vec<String> = addrs.iter().map(|a| format!("redis://{a}/")).collect();
-        let client = redis::cluster::ClusterClientBuilder::new(urls)
-            .retries(2)
-            .connection_timeout(Duration::from_secs(2))
-            .build()
-            .unwrap();
-        let thread = {
-            let (stop, acked, tag) = (stop.clone(), acked.clone(), tag.to_owned());
-            std::thread::spawn(move || {
-                let mut con = None;
-                let mut n = 0u64;
-                while !stop.load(Ordering::Acquire) {
-                    if con.is_none() {
-                        con = client.get_connection().ok();
-                    }
-                    let Some(c) = con.as_mut() else {
-                        std::thread::sleep(Duration::from_millis(100));
-                        continue;
-                    };
-                    n += 1;
-                    let result: redis::RedisResult<()> = c.set(format!("{{{tag}}}:{n}"), n);
-                    match result {
-                        Ok(()) => acked.lock().unwrap().push((n, Instant::now())),
-                        Err(_) => {
-                            // Not acknowledged: it may or may not be applied; a new
-                            // connection learns the map again.
-                            con = None;
-                            std::thread::sleep(Duration::from_millis(50));
-                        }
-                    }
-                }
-            })
-        };
-        Writer {
-            stop,
-            acked,
-            thread: Some(thread),
-        }
-    }
-
-    fn acked(&self) -> Vec<(u64, Instant)> {
-        self.acked.lock().unwrap().clone()
-    }
-
-    fn finish(mut self) -> Vec<(u64, Instant)> {
-        self.stop.store(true, Ordering::Release);
-        self.thread.take().unwrap().join().unwrap();
-        self.acked()
-    }
-}
-
-/// Every acknowledged `{tag}:n` reads back as `n` from the server at `addr`.
-fn assert_all_readable(addr: &str, tag: &str, acked: &[(u64, Instant)]) {
-    let client = redis::Client::open(format!("redis://{addr}/")).unwrap();
-    let mut con = client.get_connection().unwrap();
-    for (n, _) in acked {
-        let value: Option<u64> = con.get(format!("{{{tag}}}:{n}")).unwrap();
-        assert_eq!(value, Some(*n), "acknowledged write {n} lost");
-    }
 }
 
 #[test]
@@ -855,7 +605,7 @@ fn a_killed_primary_is_replaced_by_its_backup_and_no_acknowledged_write_is_lost(
     let survivor = (victim + 1) % 3;
     let tag = tag_in(start, end);
 
-    let writer = Writer::start(&cluster.addrs, &tag);
+    let writer = Writer::start(&urls(&cluster.servers), &tag);
     wait_until("writes acknowledged before the kill", || {
         (writer.acked().len() >= 50).then_some(())
     });
@@ -881,7 +631,11 @@ fn a_killed_primary_is_replaced_by_its_backup_and_no_acknowledged_write_is_lost(
         acked.len(),
         first_after - killed_at
     );
-    assert_all_readable(&new_primary, &tag, &acked);
+    assert_all_readable(
+        &cluster.servers[cluster.index_of(&new_primary)],
+        &tag,
+        &acked,
+    );
 
     // INFO cluster on the new primary: its role and the new epoch for the region, and the
     // failover the coordinator recorded; `tucana cluster status` shows the same record.
@@ -938,7 +692,11 @@ fn a_killed_primary_is_replaced_by_its_backup_and_no_acknowledged_write_is_lost(
         ranges.iter().all(|(_, _, p)| *p != old_primary),
         "the restarted server leads nothing: {ranges:?}"
     );
-    assert_all_readable(&new_primary, &tag, &acked);
+    assert_all_readable(
+        &cluster.servers[cluster.index_of(&new_primary)],
+        &tag,
+        &acked,
+    );
 
     // The coordinator gave the region a new backup, which catches up; its primary then
     // reports it in sync (only such a backup may be promoted), and the map says so.
@@ -1002,7 +760,11 @@ fn a_paused_primary_acknowledges_nothing_once_its_backup_is_promoted() {
             "{err}"
         );
     }
-    assert_all_readable(&new_primary, &tag, &acked);
+    assert_all_readable(
+        &cluster.servers[cluster.index_of(&new_primary)],
+        &tag,
+        &acked,
+    );
 }
 
 #[test]
@@ -1021,7 +783,7 @@ fn a_planned_failover_hands_a_region_to_its_backup_and_loses_nothing() {
         .unwrap_err()
         .contains("syntax error"));
 
-    let writer = Writer::start(&cluster.addrs, &tag);
+    let writer = Writer::start(&urls(&cluster.servers), &tag);
     wait_until("writes acknowledged before the failover", || {
         (writer.acked().len() >= 50).then_some(())
     });
@@ -1040,7 +802,11 @@ fn a_planned_failover_hands_a_region_to_its_backup_and_loses_nothing() {
             .then_some(())
     });
     let acked = writer.finish();
-    assert_all_readable(&new_primary, &tag, &acked);
+    assert_all_readable(
+        &cluster.servers[cluster.index_of(&new_primary)],
+        &tag,
+        &acked,
+    );
     // The old primary no longer serves the region: a write through it is redirected.
     assert_redirects(&mut primary_con, &format!("{{{tag}}}:after"), &new_primary);
 }

@@ -1,5 +1,5 @@
-//! A real etcd for tests: one process of its own per test, on free loopback ports and a
-//! fresh data directory, killed when dropped. Built only with the `testing` feature (the
+//! A real etcd for tests: one process of its own per test, on free ports (loopback, or a
+//! client address the test names) and a fresh data directory, killed when dropped. Built only with the `testing` feature (the
 //! crates whose tests start etcd enable it in their dev-dependencies).
 //!
 //! Owns: finding the `etcd` binary, starting it, waiting until its `/health` answers, and
@@ -33,18 +33,25 @@ impl TestEtcd {
     /// Starts etcd and waits until it reports itself healthy. Panics (with its log) if it
     /// exits or does not answer within a minute.
     pub fn start() -> TestEtcd {
+        TestEtcd::start_on("127.0.0.1")
+    }
+
+    /// `start`, with the client URL on `host` (an IPv4 address of this machine), so that
+    /// a test can reach etcd through a route of its own and cut it (the peer URL stays on
+    /// loopback).
+    pub fn start_on(host: &str) -> TestEtcd {
         let binary = etcd_binary();
         let dir = tempfile::tempdir().expect("a temporary directory for etcd");
         // Both listeners are held until both ports are known, so the two differ.
         let (client_port, peer_port) = {
-            let a = TcpListener::bind("127.0.0.1:0").expect("a free port");
+            let a = TcpListener::bind((host, 0)).expect("a free port");
             let b = TcpListener::bind("127.0.0.1:0").expect("a free port");
             (
                 a.local_addr().expect("its address").port(),
                 b.local_addr().expect("its address").port(),
             )
         };
-        let client_url = format!("http://127.0.0.1:{client_port}");
+        let client_url = format!("http://{host}:{client_port}");
         let peer_url = format!("http://127.0.0.1:{peer_port}");
         let log = dir.path().join("etcd.log");
         let out = std::fs::File::create(&log).expect("etcd's log file");
@@ -75,7 +82,7 @@ impl TestEtcd {
             _dir: dir,
         };
         let started = Instant::now();
-        while !healthy(client_port) {
+        while !healthy(host, client_port) {
             if let Some(status) = etcd.child.lock().unwrap().try_wait().unwrap() {
                 panic!(
                     "etcd exited ({status}) before answering:\n{}",
@@ -132,9 +139,9 @@ fn etcd_binary() -> PathBuf {
     }
 }
 
-/// Whether etcd's `/health` endpoint on `port` says it is healthy.
-fn healthy(port: u16) -> bool {
-    let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else {
+/// Whether etcd's `/health` endpoint at `host:port` says it is healthy.
+fn healthy(host: &str, port: u16) -> bool {
+    let Ok(mut stream) = TcpStream::connect((host, port)) else {
         return false;
     };
     let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
