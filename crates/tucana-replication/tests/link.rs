@@ -45,18 +45,28 @@ fn start_primary_lagging(
     Primary::start(
         db.clone(),
         PrimaryConfig {
-            id: "primary".into(),
-            backups: vec![backup.local_addr().to_string()],
-            password: "secret".into(),
-            ack_durable: false,
-            ack_timeout,
-            catchup_bytes_per_sec: 0,
             index_lag_max,
             index_lag_max_bytes,
-            dialer: Dialer::Tcp,
+            ..primary_config(backup, ack_timeout)
         },
     )
     .unwrap()
+}
+
+/// A primary's configuration for `backup`: every commit's index shipped as it is made,
+/// catch-up unpaced.
+fn primary_config(backup: &Backup, ack_timeout: Duration) -> PrimaryConfig {
+    PrimaryConfig {
+        id: "primary".into(),
+        backups: vec![backup.local_addr().to_string()],
+        password: "secret".into(),
+        ack_durable: false,
+        ack_timeout,
+        catchup_bytes_per_sec: 0,
+        index_lag_max: Duration::ZERO,
+        index_lag_max_bytes: 0,
+        dialer: Dialer::Tcp,
+    }
 }
 
 fn contents(db: &Database, name: &str) -> BTreeMap<Vec<u8>, Vec<u8>> {
@@ -405,7 +415,15 @@ fn commits_made_while_a_full_index_ships_reach_the_backup() {
     let backup = start_backup(&backup_db, false);
     // Its first commit goes in full, and again whenever it falls more than a few commits
     // behind, which the commits below make it do.
-    let primary = start_primary(&primary_db, &backup, Duration::from_secs(20));
+    // Catch-up paced, so the full index's log takes a while and commits land meanwhile.
+    let primary = Primary::start(
+        primary_db.clone(),
+        PrimaryConfig {
+            catchup_bytes_per_sec: 2 << 20,
+            ..primary_config(&backup, Duration::from_secs(20))
+        },
+    )
+    .unwrap();
     // Commits while it ships: each rewrites the same path from the root to one leaf and
     // lets the previous one go, so a delta after a gap still applies (it needs no node
     // the gap wrote) and only the news of what the gap let go of is missing.

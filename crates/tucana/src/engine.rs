@@ -179,7 +179,13 @@ impl Engine {
             later,
             later_extents,
         } = replica.promotion_start(term)?;
-        let (region, reached) = Region::open(&self.shared, &desc, Links::Translated(&later))?;
+        let (region, reached) = match Region::open(&self.shared, &desc, Links::Translated(&later)) {
+            Ok(opened) => opened,
+            Err(e) => {
+                replica.promotion_failed();
+                return Err(e);
+            }
+        };
         let unreached = later_extents
             .into_iter()
             .filter(|(at, _)| !reached.contains(at))

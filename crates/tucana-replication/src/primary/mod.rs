@@ -186,6 +186,20 @@ impl RegionLink {
         }
     }
 
+    /// Whether the backup holds every log byte commit `desc` lists (else the commit waits
+    /// for the next round's log: a commit made after this round shipped the log may list
+    /// bytes written since, and the backup refuses a commit whose log it lacks).
+    fn covers(&self, desc: &RegionDesc) -> bool {
+        desc.segments.iter().all(|(_, stats)| {
+            stats.written_bytes == 0
+                || stats.order < self.lowest_open
+                || self
+                    .held
+                    .get(&stats.order)
+                    .is_some_and(|&held| held >= stats.written_bytes)
+        })
+    }
+
     /// Folds commit `d` into the ones waiting to ship as one delta.
     fn fold(&mut self, d: &QueuedDelta) {
         self.folded.fold(

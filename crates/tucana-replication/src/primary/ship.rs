@@ -171,6 +171,11 @@ async fn ship_commits<W: tokio::io::AsyncWrite + Unpin>(
             let bytes = (delta.nodes.len() * NODE_BYTES) as u64;
             let now = delta.epoch <= index_now;
             let alone = r.folded.is_empty() && (now || !r.defers(bytes, config));
+            if alone && !r.covers(&delta.desc) {
+                // Its log goes first, next round.
+                r.deltas.push_front(delta);
+                break;
+            }
             if !alone {
                 r.fold(&delta);
             }
@@ -241,7 +246,17 @@ async fn ship_folded<W: tokio::io::AsyncWrite + Unpin>(
     })
     .await
     .map_err(std::io::Error::other)?;
-    let Some(delta) = delta.map_err(other)? else {
+    let delta = delta.map_err(other)?;
+    let covered = delta.as_ref().is_some_and(|d| {
+        link.state
+            .lock()
+            .regions
+            .get(name)
+            .is_some_and(|r| r.covers(&d.desc))
+    });
+    let Some(delta) = delta.filter(|_| covered) else {
+        // A newer commit is on its way, or the newest lists log not shipped yet: the
+        // folded commits wait for a later round.
         if let Some(r) = link.state.lock().regions.get_mut(name) {
             r.folded = folded;
         }

@@ -48,6 +48,9 @@ impl Replica {
     /// from its next commit on. The caller holds the commit lock and commits next.
     pub fn apply(&self, delta: Delta) -> Result<Vec<Extent>> {
         let mut st = self.state.lock();
+        if st.promoting {
+            return Err(self.being_promoted());
+        }
         if delta.term < st.term {
             return Err(Error::InvalidArgument(format!(
                 "replica {:?} is at term {}; a commit of term {} is refused",

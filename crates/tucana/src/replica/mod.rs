@@ -93,6 +93,9 @@ struct State {
     /// A commit of the volume is running and captured this replica: segments allocated
     /// now must stay out of its bitmap image (as for a sealed region's writer).
     sealed_for_commit: bool,
+    /// A promotion took this replica's state (`promotion_start`): it takes nothing more
+    /// from its primary, so nothing is acknowledged that the promoted region lacks.
+    promoting: bool,
     /// Copies allocated so far, how many of them the running commit captured, and how
     /// many the newest durable commit lists. The segment map is persisted by commits
     /// only: after a crash a copy no durable commit lists is not found again, however
@@ -117,6 +120,7 @@ impl Replica {
                 nodes: HashMap::new(),
                 nodes_current: true,
                 sealed_for_commit: false,
+                promoting: false,
                 copies_allocated: 0,
                 copies_sealed: 0,
                 copies_durable: 0,
@@ -179,6 +183,7 @@ impl Replica {
                 nodes: HashMap::new(),
                 nodes_current: rep.upstream_epoch == 0,
                 sealed_for_commit: false,
+                promoting: false,
                 copies_allocated: 0,
                 copies_sealed: 0,
                 copies_durable: 0,
@@ -242,6 +247,9 @@ impl Replica {
             return Err(bad(format!("log bytes past the end of segment {origin}")));
         }
         let mut st = self.state.lock();
+        if st.promoting {
+            return Err(self.being_promoted());
+        }
         let copy = self.copy_of(&mut st, order, origin, size_bytes)?;
         if offset > copy.received_bytes {
             return Err(bad(format!(
@@ -468,7 +476,11 @@ impl Replica {
     /// term to promote at), and the copies received since it, origin → (copy, size) (for
     /// an origin the primary reused within that window, the newest).
     pub fn promotion_start(&self, term: u64) -> Result<PromotionStart> {
-        let st = self.state.lock();
+        let mut st = self.state.lock();
+        // From now on the replica refuses its primary's log and commits: bytes taken
+        // after this would be acknowledged to the old primary (and by it to clients)
+        // without being in the promoted region, whose replay reads what is here now.
+        st.promoting = true;
         let Some((desc, rep)) = &st.committed else {
             return Err(Error::InvalidArgument(format!(
                 "replica {:?} has applied no commit of its primary yet: nothing to promote",
@@ -492,6 +504,21 @@ impl Replica {
             later,
             later_extents,
         })
+    }
+}
+
+impl Replica {
+    /// A promotion that took this replica's state failed: it may take its primary's
+    /// log and commits again.
+    pub fn promotion_failed(&self) {
+        self.state.lock().promoting = false;
+    }
+
+    fn being_promoted(&self) -> Error {
+        Error::InvalidArgument(format!(
+            "replica {:?} is being promoted: it takes nothing more from its old primary",
+            self.name
+        ))
     }
 }
 
