@@ -111,7 +111,8 @@ pub enum Action {
         #[command(flatten)]
         wait: WaitArgs,
     },
-    /// Moves slots until the live servers lead even shares.
+    /// Evens out the slots the live servers lead: first by handing regions over to
+    /// in-sync backups (planned failovers), then by moving slots.
     Rebalance {
         #[command(flatten)]
         etcd: EtcdArgs,
@@ -210,8 +211,9 @@ pub fn run(args: &ClusterArgs) -> Result<Outcome, CliError> {
             }
             Action::Rebalance { etcd, wait } => {
                 let store = connect(etcd).await?;
+                let handoffs = cluster_ops::balance_leaders(&store, wait.wait()).await?;
                 let moves = cluster_ops::plan(&store, Clone::clone, wait.wait()).await?;
-                println!("balanced; {moves} moves");
+                println!("balanced; {handoffs} handoffs, {moves} moves");
                 Ok(())
             }
         }

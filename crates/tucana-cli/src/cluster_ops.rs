@@ -3,7 +3,9 @@
 //! migration"). Each is one or more migrations: the map change that begins one (a CAS
 //! in etcd, `ClusterMap::begin_migration`), then a wait while the source's primary moves
 //! the data and finishes it. Plans (`add-server`, `remove-server`, `rebalance`) take one
-//! move at a time from `ClusterMap::next_move` and wait for each.
+//! move at a time from `ClusterMap::next_move` and wait for each; `rebalance` first hands
+//! regions over to in-sync backups where that evens leadership out (`balance_leaders`:
+//! planned failovers, no data moved).
 //!
 //! Owns: these subcommands' logic and output. Does not own: the map's rules
 //! (`tucana-cluster`), the moving of data (the servers). Runs on the caller's runtime.
@@ -197,6 +199,58 @@ pub async fn plan(
         );
         move_slots(store, source, Some(slots), &to, wait).await?;
         moves += 1;
+    }
+}
+
+/// Hands regions over to in-sync backups (planned failovers: no data moves) while that
+/// evens out the slots each live server leads (`ClusterMap::next_handoff`), waiting for
+/// each; the number of handoffs made.
+pub async fn balance_leaders(store: &Store, wait: Duration) -> Result<usize, CliError> {
+    let mut handoffs = 0;
+    loop {
+        let Some((map, revision)) = store.map().await.map_err(etcd("reading the map"))? else {
+            return Err(CliError::msg(
+                "the cluster has no map (`tucana cluster create`)",
+            ));
+        };
+        let (live_ids, addrs) = live(store).await?;
+        let Some((id, epoch, to)) = map.next_handoff(&live_ids) else {
+            return Ok(handoffs);
+        };
+        let next = map
+            .request_handoff(id, epoch, Some(&to))
+            .map_err(etcd("asking for a handoff"))?;
+        match store.update_map(revision, &next).await {
+            Ok(_) => {}
+            Err(Error::Conflict { .. }) => continue,
+            Err(e) => return Err(etcd("writing the map")(e)),
+        }
+        let addr = addrs
+            .iter()
+            .find(|(s, _)| *s == to)
+            .map_or("?", |(_, a)| a.as_str());
+        println!("handoff {}: region {id} to {addr}", handoffs + 1);
+        let deadline = Instant::now() + wait;
+        loop {
+            let map = store.map().await.map_err(etcd("reading the map"))?;
+            let region = map.as_ref().and_then(|(m, _)| m.region(id).cloned());
+            match region {
+                Some(r) if r.primary == to => break,
+                Some(r) if r.epoch == epoch && r.handoff.as_ref() == Some(&to) => {}
+                _ => {
+                    return Err(CliError::msg(format!(
+                        "the handoff of region {id} to {addr} was withdrawn (a backup did not acknowledge in time?)"
+                    )))
+                }
+            }
+            if Instant::now() >= deadline {
+                return Err(CliError::msg(format!(
+                    "the handoff of region {id} to {addr} is still pending after {wait:?}"
+                )));
+            }
+            tokio::time::sleep(POLL).await;
+        }
+        handoffs += 1;
     }
 }
 

@@ -809,6 +809,25 @@ fn a_planned_failover_hands_a_region_to_its_backup_and_loses_nothing() {
     );
     // The old primary no longer serves the region: a write through it is redirected.
     assert_redirects(&mut primary_con, &format!("{{{tag}}}:after"), &new_primary);
+
+    // The new primary leads two regions now. Once the region it took over has an
+    // in-sync backup again, `rebalance` evens it out: by another planned failover if the
+    // server leading nothing backs one of them in sync (no data moves), else by moving
+    // slots; either way every server leads one region.
+    let etcd_args = ["--etcd", cluster.etcd.endpoint(), "--name", "test"];
+    wait_until("the region's new backup in sync", || {
+        let status = run_tucana(&[&["cluster", "status"][..], &etcd_args[..]].concat());
+        (!status.contains("catching up") && !status.contains("backups: none")).then_some(())
+    });
+    let out = run_tucana(&[&["cluster", "rebalance"][..], &etcd_args[..]].concat());
+    assert!(
+        out.contains("balanced; 1 handoffs, 0 moves")
+            || out.contains("balanced; 0 handoffs, 1 moves"),
+        "{out}"
+    );
+    let ranges = slot_ranges(&mut cluster.servers[0].connect());
+    let leaders: BTreeSet<&String> = ranges.iter().map(|(_, _, p)| p).collect();
+    assert_eq!(leaders.len(), 3, "each server leads one region: {ranges:?}");
 }
 
 /// Waits until a write of `key` through `con` (a server that led its region) is

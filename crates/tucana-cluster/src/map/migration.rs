@@ -207,6 +207,46 @@ impl ClusterMap {
             .collect()
     }
 
+    /// The next planned failover that evens out the slots led by `servers` without moving
+    /// data: a region of the server leading the most slots (above its share) handed over
+    /// to one of its in-sync backups in `servers` that then leads no more than its share
+    /// (the one leading fewest after it, ties by region id); `None` when none fits or a
+    /// migration runs. Returns the region, its epoch and the backup.
+    pub fn next_handoff(&self, servers: &BTreeSet<ServerId>) -> Option<(RegionId, u64, ServerId)> {
+        if !self.migrations.is_empty() || servers.is_empty() {
+            return None;
+        }
+        let mut load: BTreeMap<&ServerId, u32> = servers.iter().map(|s| (s, 0)).collect();
+        for region in &self.regions {
+            if let Some(n) = load.get_mut(&region.primary) {
+                *n += region.slots.len();
+            }
+        }
+        let (heavy, heavy_load) = load
+            .iter()
+            .max_by_key(|(s, n)| (**n, std::cmp::Reverse((**s).clone())))
+            .map(|(s, n)| ((*s).clone(), *n))?;
+        let share = load.values().sum::<u32>().div_ceil(servers.len() as u32);
+        if heavy_load <= share {
+            return None;
+        }
+        self.regions
+            .iter()
+            .filter(|r| r.primary == heavy && r.handoff.is_none())
+            .flat_map(|r| {
+                r.in_sync
+                    .iter()
+                    .filter_map(|b| load.get(b).map(|&n| (r, b, n)))
+                    .collect::<Vec<_>>()
+            })
+            .filter(|(r, _, n)| n + r.slots.len() <= share)
+            .min_by_key(|(r, b, n)| {
+                let after = (heavy_load - r.slots.len()).max(n + r.slots.len());
+                (after, r.id, (*b).clone())
+            })
+            .map(|(r, b, _)| (r.id, r.epoch, b.clone()))
+    }
+
     /// The next move that evens out the slots led by `servers` (the servers that should
     /// lead; a region led by anyone else moves whole to the server leading the fewest
     /// slots), or `None` when every server of `servers` leads within one slot of its

@@ -233,3 +233,34 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn leadership_evens_out_by_handoffs_to_in_sync_backups() {
+    // Three servers, one backup each; the first server died twice over, and its regions
+    // went to their backups: servers[1] leads two regions, servers[0] none.
+    let servers = ids(3);
+    let all: BTreeSet<ServerId> = servers.iter().cloned().collect();
+    let map = ClusterMap::even_with_backups(&servers, 1).unwrap();
+    assert_eq!(map.next_handoff(&all), None, "even already");
+    let r1 = map.regions[0].id;
+    let moved = map.promote(r1, &servers[1]).unwrap();
+    // Region 1 has no backup now: no handoff of it is possible, and none of region 2
+    // (servers[1]'s other region) would help while its backup is not in sync.
+    let moved = moved.assign_backup(r1, &servers[0]).unwrap();
+    assert_eq!(
+        moved.next_handoff(&all),
+        None,
+        "its backups are not in sync yet"
+    );
+    let epoch = moved.region(r1).unwrap().epoch;
+    let synced = moved.mark_in_sync(r1, epoch, &servers[0]).unwrap();
+    let (id, at, to) = synced.next_handoff(&all).expect("a handoff evens it out");
+    assert_eq!((id, at, &to), (r1, epoch, &servers[0]));
+    let handed = synced.request_handoff(id, at, Some(&to)).unwrap();
+    assert_eq!(handed.next_handoff(&all), None, "one is under way");
+    let done = handed.promote(id, &to).unwrap();
+    assert_eq!(done.next_handoff(&all), None, "even again");
+    for server in &servers {
+        assert_eq!(done.regions_led_by(server).count(), 1);
+    }
+}
