@@ -171,15 +171,30 @@ impl Cluster {
     /// Whether this server's lease is valid now with a third of its time to live to
     /// spare (DESIGN.md, "Fencing by lease"): only then may it acknowledge writes.
     pub fn lease_valid(&self) -> bool {
-        let margin = self.config.lease_ttl / 3;
         let current = self.view_registration.load(Ordering::Acquire)
             == self.registrations.load(Ordering::Acquire);
-        current
-            && self
-                .lease
-                .lock()
-                .as_ref()
-                .is_some_and(|status| status.borrow().valid_at(Instant::now(), margin))
+        current && self.lease_alive()
+    }
+
+    /// Whether the current registration's lease is valid now with a third of its time to
+    /// live to spare.
+    fn lease_alive(&self) -> bool {
+        let margin = self.config.lease_ttl / 3;
+        self.lease
+            .lock()
+            .as_ref()
+            .is_some_and(|status| status.borrow().valid_at(Instant::now(), margin))
+    }
+
+    /// Whether this server's view of the map may be stale: it registered before, and its
+    /// lease is not valid now (cut off from etcd, or paused past it). Such a server must not tell clients where slots are: a cluster
+    /// client that learns the layout from it keeps coming back to a primary that was
+    /// replaced (found by the etcd partition test, where it did so for a minute).
+    pub fn view_may_be_stale(&self) -> bool {
+        // The lease itself, not `lease_valid`'s comparison of registrations: just after a
+        // (re)registration the view is read again within milliseconds, and refusing then
+        // would only make clients at startup retry.
+        self.registrations.load(Ordering::Acquire) > 0 && !self.lease_alive()
     }
 
     /// Marks region `id` as one this server leads but could not promote (`true`), or
@@ -234,7 +249,7 @@ impl Cluster {
     }
 
     /// Whether this server may acknowledge a write to keyspace `name` now: its lease is
-    /// valid (else `CLUSTERDOWN`), and the map still names it the primary of that region
+    /// valid (else `READONLY`), and the map still names it the primary of that region
     /// (else `MOVED` to the one it names). Keyspaces not of a region pass.
     pub fn may_acknowledge(&self, name: &str) -> Result<(), String> {
         let Some(id) = name
@@ -245,7 +260,11 @@ impl Cluster {
             return Ok(());
         };
         if !self.lease_valid() {
-            return Err("CLUSTERDOWN this server's cluster lease is not valid: the write is applied here but not acknowledged".into());
+            // READONLY, not CLUSTERDOWN: cluster clients (the redis crate, go-redis)
+            // take READONLY as "this node is no longer the master", refresh the slot map
+            // and retry elsewhere; CLUSTERDOWN they retry on the same node, which kept a
+            // client on a primary cut off from etcd for a minute (the partition test).
+            return Err("READONLY this server's cluster lease is not valid (it may no longer lead this slot): the write is applied here but not acknowledged".into());
         }
         let view = self.view();
         let region = view.map.as_ref().and_then(|m| m.region(id));

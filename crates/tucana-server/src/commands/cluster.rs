@@ -54,6 +54,12 @@ pub(super) fn cmd_cluster(call: &mut Call<'_>, args: &[Vec<u8>]) -> tucana::Resu
     };
     let sub = String::from_utf8_lossy(&args[1]).to_ascii_uppercase();
     let argc = args.len();
+    if matches!(sub.as_str(), "SLOTS" | "SHARDS" | "NODES") && cluster.view_may_be_stale() {
+        // Clients refresh their slot map from another node on this error.
+        return Ok(Reply::error(
+            "CLUSTERDOWN this server lost its cluster lease: its view of the slots may be stale",
+        ));
+    }
     let reply = match (sub.as_str(), argc) {
         ("KEYSLOT", 3) => Reply::Int(i64::from(key_slot(&args[2]))),
         ("MYID", 2) => Reply::bulk(cluster.id.as_str()),
