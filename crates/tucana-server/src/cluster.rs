@@ -581,7 +581,7 @@ mod tests {
         // Keyspaces outside the regions pass; without a lease nothing else does.
         assert_eq!(cluster.may_acknowledge("default"), Ok(()));
         let refused = cluster.may_acknowledge("region-1").unwrap_err();
-        assert!(refused.starts_with("CLUSTERDOWN"), "{refused}");
+        assert!(refused.starts_with("READONLY"), "{refused}");
         // A lease valid for longer than the margin (a third of 3 s): region 1 is ours,
         // region 2 is redirected to its primary.
         *cluster.lease.lock() = Some(lease(Instant::now() + Duration::from_secs(60)));
@@ -591,7 +591,16 @@ mod tests {
         // Within the margin of its deadline the lease no longer counts.
         *cluster.lease.lock() = Some(lease(Instant::now() + Duration::from_millis(500)));
         let refused = cluster.may_acknowledge("region-1").unwrap_err();
-        assert!(refused.starts_with("CLUSTERDOWN"), "{refused}");
+        assert!(refused.starts_with("READONLY"), "{refused}");
+        // Registered before and the lease gone: the view may be stale (no slot map given).
+        assert!(
+            !cluster.view_may_be_stale(),
+            "never registered: nothing to distrust"
+        );
+        cluster.registrations.fetch_add(1, Ordering::AcqRel);
+        assert!(cluster.view_may_be_stale());
+        *cluster.lease.lock() = Some(lease(Instant::now() + Duration::from_secs(60)));
+        assert!(!cluster.view_may_be_stale());
     }
 
     #[test]
