@@ -49,6 +49,9 @@ pub struct Stats {
     /// of their batch were found in memory (`Storage::resident`).
     pub prefetch_skipped: u64,
     pub keyspaces: Vec<KeyspaceStats>,
+    /// Per member of a volume over several members (empty for one file): groups placed
+    /// on it, bytes written and read.
+    pub members: Vec<crate::volume::MemberStats>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -110,6 +113,20 @@ impl Stats {
                 ks.log_segments,
                 ks.log_size_bytes,
                 ks.index_nodes
+            ));
+        }
+        s.push_str("],\"members\":[");
+        for (i, m) in self.members.iter().enumerate() {
+            if i > 0 {
+                s.push(',');
+            }
+            s.push_str(&format!(
+                "{{\"name\":{},\"uuid\":{},\"groups\":{},\"bytes_written\":{},\"bytes_read\":{}}}",
+                json_string(&m.name),
+                json_string(&m.uuid),
+                m.groups,
+                m.bytes_written,
+                m.bytes_read
             ));
         }
         s.push_str("]}");

@@ -72,6 +72,14 @@ pub const GROUP_RESERVED_BLOCKS: u64 = 8;
 /// Bytes per allocation group.
 pub const GROUP_BYTES: u64 = GROUP_BLOCKS * BLOCK_BYTES;
 
+// A volume over several members places whole groups in member slots and keeps a slot
+// header in a spare reserved block (never handed out, never a bitmap buddy).
+const _: () = assert!(crate::volume::slot_header::SLOT_BYTES == GROUP_BYTES);
+const _: () = assert!(
+    crate::volume::slot_header::HEADER_BLOCK < GROUP_RESERVED_BLOCKS
+        && crate::volume::slot_header::HEADER_BLOCK >= buddy::BUDDY_A_BLOCK + 4
+);
+
 /// The least a growth adds to the volume (it also adds at least 1/8 of the volume).
 pub const GROWTH_MIN_BYTES: u64 = 16 << 20;
 

@@ -93,4 +93,16 @@ pub trait Storage: Send + Sync + 'static {
     fn io_bytes(&self) -> (u64, u64) {
         (0, 0)
     }
+
+    /// Per-member figures of a volume over several members; empty for one file.
+    fn members(&self) -> Vec<crate::volume::MemberStats> {
+        Vec::new()
+    }
+
+    /// Re-reads and verifies what the backend keeps on the device about its own layout
+    /// (a volume over several members: every slot header against the group map), for
+    /// `check`. Errors name the member. The default has nothing to verify.
+    fn verify_members(&self) -> Result<()> {
+        Ok(())
+    }
 }

@@ -1,0 +1,200 @@
+//! Unit tests of the member set over memory backends: placement, routing across group
+//! boundaries, reopening, and the headers `verify` checks.
+
+use super::*;
+use crate::volume::MemStorage;
+
+fn mems(n: usize) -> Vec<Arc<MemStorage>> {
+    (0..n).map(|_| Arc::new(MemStorage::new())).collect()
+}
+
+fn named(mems: &[Arc<MemStorage>]) -> Vec<(String, Arc<dyn Storage>)> {
+    mems.iter()
+        .enumerate()
+        .map(|(i, m)| (format!("mem{i}"), m.clone() as Arc<dyn Storage>))
+        .collect()
+}
+
+/// Overwrites the creation marker in member 0's slot 0, as the first commit does: the
+/// member set is then a created volume that open validates, not a creation to redo.
+fn pretend_committed(mems: &[Arc<MemStorage>]) {
+    mems[0].write_at(0, b"a superblock").unwrap();
+}
+
+#[test]
+fn creation_places_one_group_per_member_then_round_robin() {
+    let mems = mems(3);
+    let set = MemberSet::open(named(&mems), true).unwrap();
+    assert_eq!(set.len_bytes().unwrap(), 3 * SLOT_BYTES);
+    for g in 0..3 {
+        assert_eq!(set.lookup(g), Some((g as usize, 0)));
+    }
+    set.grow(5 * SLOT_BYTES + 8 * BLOCK_BYTES).unwrap();
+    assert_eq!(set.lookup(3), Some((0, 1)));
+    assert_eq!(set.lookup(4), Some((1, 1)));
+    assert_eq!(set.lookup(5), Some((2, 1)));
+    assert_eq!(set.lookup(6), None);
+    assert_eq!(mems[0].len_bytes().unwrap(), 2 * SLOT_BYTES);
+    let groups: Vec<u64> = set.member_stats().iter().map(|m| m.groups).collect();
+    assert_eq!(groups, [2, 2, 2]);
+    set.verify().unwrap();
+}
+
+#[test]
+fn io_across_a_group_boundary_lands_on_both_members_and_survives_reopen() {
+    let mems = mems(2);
+    {
+        let set = MemberSet::open(named(&mems), true).unwrap();
+        let data: Vec<u8> = (0..10_000u32).map(|i| (i % 251) as u8).collect();
+        set.write_at(SLOT_BYTES - 5_000, &data).unwrap();
+        let mut back = vec![0u8; data.len()];
+        set.read_at(SLOT_BYTES - 5_000, &mut back).unwrap();
+        assert_eq!(back, data);
+        // The first half is at the end of member 0's slot 0, the rest at the start of
+        // member 1's slot 0.
+        let mut first = vec![0u8; 5_000];
+        mems[0].read_at(SLOT_BYTES - 5_000, &mut first).unwrap();
+        assert_eq!(first, data[..5_000]);
+        let mut second = vec![0u8; 5_000];
+        mems[1].read_at(0, &mut second).unwrap();
+        assert_eq!(second, data[5_000..]);
+        assert_eq!(set.io_bytes(), (10_000, 10_000));
+        set.sync().unwrap();
+    }
+    pretend_committed(&mems);
+    let set = MemberSet::open(named(&mems), false).unwrap();
+    assert_eq!(set.len_bytes().unwrap(), 2 * SLOT_BYTES);
+    let mut back = vec![0u8; 3];
+    set.read_at(SLOT_BYTES, &mut back).unwrap();
+    assert_eq!(
+        back,
+        [
+            (5_000 % 251) as u8,
+            (5_001 % 251) as u8,
+            (5_002 % 251) as u8
+        ]
+    );
+}
+
+#[test]
+fn a_group_whose_header_was_lost_is_placed_again_and_a_free_slot_reused() {
+    // Groups 0..4 over 2 members; then group 2's header (member 0, slot 1) is wiped, as a
+    // crash before that member's sync leaves it. Reopen: group 3 (member 1, slot 1) is
+    // found, so group 2 is a hole below it and is placed again, in the free slot.
+    let mems = mems(2);
+    {
+        let set = MemberSet::open(named(&mems), true).unwrap();
+        set.grow(4 * SLOT_BYTES).unwrap();
+        assert_eq!(set.lookup(2), Some((0, 1)));
+        assert_eq!(set.lookup(3), Some((1, 1)));
+    }
+    pretend_committed(&mems);
+    mems[0]
+        .write_at(SLOT_BYTES + HEADER_OFFSET, &[0u8; BLOCK_BYTES as usize])
+        .unwrap();
+    let set = MemberSet::open(named(&mems), false).unwrap();
+    assert_eq!(set.len_bytes().unwrap(), 4 * SLOT_BYTES);
+    assert_eq!(set.lookup(2).map(|(_, slot)| slot), Some(1));
+    set.verify().unwrap();
+}
+
+#[test]
+fn two_slots_claiming_one_group_are_refused_naming_both() {
+    let mems = mems(2);
+    {
+        let set = MemberSet::open(named(&mems), true).unwrap();
+        set.grow(4 * SLOT_BYTES).unwrap();
+    }
+    pretend_committed(&mems);
+    // Member 1's slot 1 (group 3) rewritten to claim group 2, which member 0 holds.
+    let mut bytes = vec![0u8; BLOCK_BYTES as usize];
+    mems[1]
+        .read_at(SLOT_BYTES + HEADER_OFFSET, &mut bytes)
+        .unwrap();
+    let mut h = SlotHeader::decode(&bytes, "t").unwrap().unwrap();
+    h.group = 2;
+    mems[1]
+        .write_at(SLOT_BYTES + HEADER_OFFSET, &h.encode())
+        .unwrap();
+    let Err(err) = MemberSet::open(named(&mems), false) else {
+        panic!("opened a volume with one group in two slots");
+    };
+    let text = err.to_string();
+    assert!(
+        text.contains("mem0") && text.contains("mem1") && text.contains("group 2"),
+        "{text}"
+    );
+}
+
+#[test]
+fn verify_names_a_slot_whose_header_went_bad() {
+    let mems = mems(3);
+    let set = MemberSet::open(named(&mems), true).unwrap();
+    set.verify().unwrap();
+    mems[2].write_at(HEADER_OFFSET + 100, b"rot").unwrap();
+    let err = set.verify().unwrap_err().to_string();
+    assert!(err.contains("member 2 (mem2) slot 0"), "{err}");
+}
+
+#[test]
+fn sync_fans_out_only_to_dirty_members() {
+    let mems = mems(3);
+    let set = MemberSet::open(named(&mems), true).unwrap();
+    set.sync().unwrap();
+    assert!(set.members.iter().all(|m| !m.dirty.load(Ordering::Relaxed)));
+    set.write_at(SLOT_BYTES + 10, b"x").unwrap();
+    let dirty: Vec<bool> = set
+        .members
+        .iter()
+        .map(|m| m.dirty.load(Ordering::Relaxed))
+        .collect();
+    assert_eq!(dirty, [false, true, false]);
+    set.sync().unwrap();
+    assert!(set.members.iter().all(|m| !m.dirty.load(Ordering::Relaxed)));
+}
+
+#[test]
+fn fresh_members_need_creation_and_data_beside_an_empty_member_0_is_refused() {
+    let mems = mems(2);
+    let err = MemberSet::open(named(&mems), false)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("member 0 (mem0) is empty"), "{err}");
+    mems[1].grow(4096).unwrap();
+    mems[1].write_at(0, b"someone's data").unwrap();
+    let err = MemberSet::open(named(&mems), true)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        err.contains("member 1 (mem1) has data but member 0 is empty"),
+        "{err}"
+    );
+    assert_eq!(mems[0].len_bytes().unwrap(), 0, "nothing written");
+}
+
+#[test]
+fn a_creation_interrupted_before_a_member_got_its_header_is_done_again() {
+    // Member 0's table and the creation marker are durable, member 1's header is not (a
+    // crash inside `create`): nothing was ever committed, so open creates again instead
+    // of calling member 1 "not a member".
+    let mems = mems(2);
+    drop(MemberSet::open(named(&mems), true).unwrap());
+    mems[1]
+        .write_at(HEADER_OFFSET, &[0u8; BLOCK_BYTES as usize])
+        .unwrap();
+    let set = MemberSet::open(named(&mems), true).unwrap();
+    set.verify().unwrap();
+    assert_eq!(set.lookup(1), Some((1, 0)));
+    // Once member 0 holds a superblock instead of the marker, the same state is refused.
+    mems[1]
+        .write_at(HEADER_OFFSET, &[0u8; BLOCK_BYTES as usize])
+        .unwrap();
+    mems[0].write_at(0, b"not the creation marker").unwrap();
+    let err = MemberSet::open(named(&mems), true)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("member 1 (mem1) is not a member"), "{err}");
+}
