@@ -224,3 +224,34 @@ fn a_member_of_another_volume_is_refused_naming_it() {
     four.push(extra);
     refused(dir.path(), &four, &["member 3", "extra"]);
 }
+
+#[test]
+fn a_failed_sync_on_one_member_poisons_the_store() {
+    // Three memory members, member 0 (which every commit writes: the superblock) able
+    // to fail its syncs: a commit whose fdatasync fails on it, while the others sync
+    // beside it, must not be acknowledged, and the store then refuses writes as after
+    // any failed sync. (That a failure of any dirty member is reported is the member
+    // set's unit test `a_failed_member_sync_is_reported_and_the_member_stays_dirty`.)
+    use std::sync::Arc;
+    use tucana::volume::{FailingSync, MemStorage, MemberSet, Storage};
+    let failing = Arc::new(FailingSync::new());
+    let members: Vec<(String, Arc<dyn Storage>)> = vec![
+        ("m0".into(), failing.clone()),
+        ("m1".into(), Arc::new(MemStorage::new())),
+        ("m2".into(), Arc::new(MemStorage::new())),
+    ];
+    let set = MemberSet::open(members, true).unwrap();
+    let db = options().open_storage(Arc::new(set)).unwrap();
+    let ks = db.keyspace("ks").unwrap();
+    ks.put(b"k", b"v").unwrap();
+    db.commit().unwrap();
+    failing.set_broken(true);
+    ks.put(b"k2", b"v").unwrap();
+    assert!(db.commit().is_err());
+    failing.set_broken(false);
+    assert!(matches!(db.sync(), Err(Error::Poisoned)));
+    assert!(matches!(
+        ks.put_with(b"k3", b"v", tucana::Durability::Sync),
+        Err(Error::Poisoned)
+    ));
+}

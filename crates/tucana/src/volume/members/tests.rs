@@ -198,3 +198,26 @@ fn a_creation_interrupted_before_a_member_got_its_header_is_done_again() {
         .to_string();
     assert!(err.contains("member 1 (mem1) is not a member"), "{err}");
 }
+
+#[test]
+fn a_failed_member_sync_is_reported_and_the_member_stays_dirty() {
+    use crate::volume::FailingSync;
+    let failing = Arc::new(FailingSync::new());
+    let members: Vec<(String, Arc<dyn Storage>)> = vec![
+        ("m0".into(), Arc::new(MemStorage::new())),
+        ("m1".into(), failing.clone()),
+        ("m2".into(), Arc::new(MemStorage::new())),
+    ];
+    let set = MemberSet::open(members, true).unwrap();
+    set.sync().unwrap();
+    // Members 1 and 2 dirty: their syncs run side by side, member 1's fails.
+    set.write_at(SLOT_BYTES + 10, b"on member 1").unwrap();
+    set.write_at(2 * SLOT_BYTES + 10, b"on member 2").unwrap();
+    failing.set_broken(true);
+    assert!(set.sync().is_err());
+    assert!(set.members[1].dirty.load(Ordering::Relaxed));
+    assert!(!set.members[2].dirty.load(Ordering::Relaxed));
+    failing.set_broken(false);
+    set.sync().unwrap();
+    assert!(!set.members[1].dirty.load(Ordering::Relaxed));
+}
