@@ -255,3 +255,37 @@ fn a_failed_sync_on_one_member_poisons_the_store() {
         Err(Error::Poisoned)
     ));
 }
+
+#[test]
+fn log_segments_spread_over_every_member() {
+    // Round-robin dispatch of segments: a load of ~24 MiB of records (a dozen 2 MiB
+    // segments) puts a share of the log on each of three members, long before the
+    // volume grows past the groups creation placed.
+    use std::sync::Arc;
+    use tucana::volume::{MemStorage, MemberSet, Storage};
+    let members: Vec<(String, Arc<dyn Storage>)> = (0..3)
+        .map(|i| {
+            (
+                format!("m{i}"),
+                Arc::new(MemStorage::new()) as Arc<dyn Storage>,
+            )
+        })
+        .collect();
+    let set = MemberSet::open(members, true).unwrap();
+    let db = options().open_storage(Arc::new(set)).unwrap();
+    let ks = db.keyspace("ks").unwrap();
+    for i in 0..24_000u32 {
+        ks.put(format!("key{i:08}").as_bytes(), &[i as u8; 1000])
+            .unwrap();
+    }
+    db.commit().unwrap();
+    let stats = db.stats();
+    let total: u64 = stats.members.iter().map(|m| m.bytes_written).sum();
+    for member in &stats.members {
+        assert!(
+            member.bytes_written > total / 5,
+            "{member:?} of {total} bytes written"
+        );
+    }
+    assert_eq!(db.check().unwrap().keys, 24_000);
+}

@@ -287,6 +287,31 @@ impl Allocator {
         Ok(DiskOffset(start_block * BLOCK_BYTES))
     }
 
+    /// As `allocate`, preferring a run on member `member` of a volume over several members
+    /// (`Storage::member_of`): first fit from the cursor among that member's groups; when
+    /// none has room (or `member` is `None`), exactly `allocate`, which may grow the
+    /// volume and place the run on any member.
+    pub fn allocate_on(
+        &self,
+        storage: &dyn Storage,
+        blocks: u64,
+        align_blocks: u64,
+        post_seal: bool,
+        member: Option<usize>,
+    ) -> Result<DiskOffset> {
+        if let Some(member) = member {
+            let mut st = self.state.lock();
+            let on_member = |g: usize| storage.member_of(g as u64 * GROUP_BYTES) == Some(member);
+            if let Some(start_block) =
+                st.find_run_where(st.cursor_block, blocks, align_blocks, on_member)
+            {
+                st.take(start_block, blocks, post_seal);
+                return Ok(DiskOffset(start_block * BLOCK_BYTES));
+            }
+        }
+        self.allocate(storage, blocks, align_blocks, post_seal)
+    }
+
     /// Like `allocate(…, 1, 1, false)` but returns the first free run (from the cursor) of
     /// up to `max_blocks`, so a commit can write many nodes in few runs: (offset, blocks).
     pub fn allocate_up_to(

@@ -339,10 +339,14 @@ impl Log {
         let blocks = size / BLOCK_BYTES;
         let align = if size == standard { blocks } else { 1 };
         let storage = shared.volume.storage();
-        let base =
-            shared
-                .allocator
-                .allocate(storage.as_ref(), blocks, align, w.sealed_for_commit)?;
+        // On a volume over several members, the member the dispatch policy names.
+        let base = shared.allocator.allocate_on(
+            storage.as_ref(),
+            blocks,
+            align,
+            w.sealed_for_commit,
+            storage.dispatch_member(),
+        )?;
         Ok((base, size))
     }
 

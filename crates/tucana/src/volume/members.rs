@@ -74,6 +74,8 @@ pub struct MemberSet {
     map: Box<[OnceLock<Box<[AtomicU64]>>]>,
     len_bytes: AtomicU64,
     grow_lock: Mutex<Placement>,
+    /// Round-robin counter of `dispatch_member`.
+    next_segment_member: AtomicU64,
 }
 
 const SLOT_BITS: u32 = 40;
@@ -312,6 +314,7 @@ impl MemberSet {
             volume_uuid,
             map,
             len_bytes: AtomicU64::new(0),
+            next_segment_member: AtomicU64::new(0),
             grow_lock: Mutex::new(Placement {
                 next_member: 0,
                 free_slots: vec![Vec::new(); n],
@@ -757,6 +760,17 @@ impl Storage for MemberSet {
 
     fn members(&self) -> Vec<MemberStats> {
         self.member_stats()
+    }
+
+    fn member_of(&self, offset: u64) -> Option<usize> {
+        self.lookup(offset / SLOT_BYTES).map(|(m, _)| m)
+    }
+
+    fn dispatch_member(&self) -> Option<usize> {
+        // Round-robin over members, segment by segment (least weighted queue length is
+        // the next step: DESIGN.md, "Volumes over several devices").
+        let n = self.members.len() as u64;
+        Some((self.next_segment_member.fetch_add(1, Ordering::Relaxed) % n) as usize)
     }
 
     fn verify_members(&self) -> Result<()> {

@@ -94,6 +94,20 @@ pub trait Storage: Send + Sync + 'static {
         (0, 0)
     }
 
+    /// The member holding volume offset `offset`, for a volume over several members
+    /// (`None`: one file, or an offset in no placed group).
+    fn member_of(&self, offset: u64) -> Option<usize> {
+        let _ = offset;
+        None
+    }
+
+    /// The member the next log segment should go to (the dispatch policy's choice), for a
+    /// volume over several members; `None` for one file. A hint to the allocator, which
+    /// falls back to any member when the chosen one has no free run.
+    fn dispatch_member(&self) -> Option<usize> {
+        None
+    }
+
     /// Per-member figures of a volume over several members; empty for one file.
     fn members(&self) -> Vec<crate::volume::MemberStats> {
         Vec::new()

@@ -221,3 +221,33 @@ fn a_failed_member_sync_is_reported_and_the_member_stays_dirty() {
     set.sync().unwrap();
     assert!(!set.members[1].dirty.load(Ordering::Relaxed));
 }
+
+#[test]
+fn segments_go_round_robin_over_members_and_fall_back_when_one_is_full() {
+    use crate::alloc::{Allocator, GROUP_BYTES};
+    let mems = mems(3);
+    let set = MemberSet::open(named(&mems), true).unwrap();
+    let allocator = Allocator::create(set.len_bytes().unwrap());
+    let segment_blocks = 512; // 2 MiB
+    let mut on = Vec::new();
+    for _ in 0..6 {
+        let member = set.dispatch_member();
+        let at = allocator
+            .allocate_on(&set, segment_blocks, segment_blocks, false, member)
+            .unwrap();
+        assert_eq!(set.member_of(at.0), member);
+        on.push(member.unwrap());
+    }
+    assert_eq!(on, [0, 1, 2, 0, 1, 2]);
+    // Member 1's only group filled up: its segments go elsewhere (and the volume
+    // grows when nothing is left).
+    while allocator
+        .allocate_on(&set, segment_blocks, segment_blocks, false, Some(1))
+        .map(|at| set.member_of(at.0) == Some(1))
+        .unwrap()
+    {}
+    let at = allocator
+        .allocate_on(&set, segment_blocks, segment_blocks, false, Some(1))
+        .unwrap();
+    assert_ne!(at.0 / GROUP_BYTES, 1);
+}
