@@ -45,7 +45,8 @@ impl Options {
             &paths,
             self.create_if_missing,
             self.mapping_reservation_bytes,
-        )?;
+        )?
+        .with_policy(self.member_dispatch);
         self.open_storage(Arc::new(set))
     }
 

@@ -121,12 +121,17 @@ impl Stats {
                 s.push(',');
             }
             s.push_str(&format!(
-                "{{\"name\":{},\"uuid\":{},\"groups\":{},\"bytes_written\":{},\"bytes_read\":{}}}",
+                "{{\"name\":{},\"uuid\":{},\"groups\":{},\"bytes_written\":{},\"bytes_read\":{},\"in_flight_requests\":{},\"in_flight_bytes\":{},\"weighted_queue_ps\":{},\"write_ps_per_byte\":{},\"read_ps_per_byte\":{}}}",
                 json_string(&m.name),
                 json_string(&m.uuid),
                 m.groups,
                 m.bytes_written,
-                m.bytes_read
+                m.bytes_read,
+                m.in_flight_requests,
+                m.in_flight_bytes,
+                m.weighted_queue_ps,
+                m.write_ps_per_byte,
+                m.read_ps_per_byte
             ));
         }
         s.push_str("]}");

@@ -289,3 +289,25 @@ fn log_segments_spread_over_every_member() {
     }
     assert_eq!(db.check().unwrap().keys, 24_000);
 }
+
+#[test]
+fn least_weighted_dispatch_opens_writes_and_checks() {
+    let dir = tempfile::tempdir().unwrap();
+    let paths = member_paths(dir.path(), "v", 3);
+    let db = options()
+        .member_dispatch(tucana::volume::DispatchPolicy::LeastWeightedQueue)
+        .open_members(&paths)
+        .unwrap();
+    let ks = db.keyspace("ks").unwrap();
+    for i in 0..12_000u32 {
+        ks.put(format!("key{i:08}").as_bytes(), &[i as u8; 1000])
+            .unwrap();
+    }
+    db.commit().unwrap();
+    assert_eq!(db.check().unwrap().keys, 12_000);
+    let stats = db.stats();
+    for member in &stats.members {
+        assert!(member.bytes_written > 2 << 20, "{member:?}");
+        assert_eq!(member.in_flight_requests, 0, "{member:?}");
+    }
+}

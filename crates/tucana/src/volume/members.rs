@@ -21,6 +21,7 @@ use parking_lot::Mutex;
 
 use crate::error::{Error, Result};
 use crate::types::BLOCK_BYTES;
+use crate::volume::dispatch::{least_weighted, DispatchPolicy, Kind, Load};
 use crate::volume::slot_header::{
     new_uuid, uuid_hex, SlotHeader, Uuid, HEADER_OFFSET, MEMBERS_MAX, SLOT_BYTES,
 };
@@ -39,6 +40,20 @@ struct Member {
     dirty: AtomicBool,
     written_bytes: AtomicU64,
     read_bytes: AtomicU64,
+    /// Requests in flight and measured speeds, for dispatch and statistics.
+    load: Load,
+}
+
+impl Member {
+    /// Runs one request of `kind` and `bytes` on this member, counted in its load.
+    fn timed<T>(&self, kind: Kind, bytes: u64, io: impl FnOnce() -> Result<T>) -> Result<T> {
+        self.load.start(kind, bytes);
+        let started = std::time::Instant::now();
+        let result = io();
+        let elapsed_ns = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.load.finish(kind, bytes, elapsed_ns);
+        result
+    }
 }
 
 /// Per-member figures for `Stats` and `check`.
@@ -50,6 +65,15 @@ pub struct MemberStats {
     pub groups: u64,
     pub bytes_written: u64,
     pub bytes_read: u64,
+    /// Requests issued through the member set and not yet completed, and their bytes.
+    pub in_flight_requests: u64,
+    pub in_flight_bytes: u64,
+    /// In-flight bytes weighted by the member's time per byte of each type, in
+    /// picoseconds: what least-weighted-queue dispatch compares.
+    pub weighted_queue_ps: u64,
+    /// Moving averages of the member's time per byte written and read (picoseconds).
+    pub write_ps_per_byte: u64,
+    pub read_ps_per_byte: u64,
 }
 
 /// Placement state, under `grow_lock`.
@@ -74,8 +98,9 @@ pub struct MemberSet {
     map: Box<[OnceLock<Box<[AtomicU64]>>]>,
     len_bytes: AtomicU64,
     grow_lock: Mutex<Placement>,
-    /// Round-robin counter of `dispatch_member`.
+    /// Round-robin counter of `dispatch_member` (and its tie-breaker under LWQL).
     next_segment_member: AtomicU64,
+    policy: DispatchPolicy,
 }
 
 const SLOT_BITS: u32 = 40;
@@ -309,12 +334,14 @@ impl MemberSet {
                     dirty: AtomicBool::new(false),
                     written_bytes: AtomicU64::new(0),
                     read_bytes: AtomicU64::new(0),
+                    load: Load::default(),
                 })
                 .collect(),
             volume_uuid,
             map,
             len_bytes: AtomicU64::new(0),
             next_segment_member: AtomicU64::new(0),
+            policy: DispatchPolicy::RoundRobin,
             grow_lock: Mutex::new(Placement {
                 next_member: 0,
                 free_slots: vec![Vec::new(); n],
@@ -478,6 +505,12 @@ impl MemberSet {
         ))
     }
 
+    /// The same set, dispatching log segments by `policy` (round-robin by default).
+    pub fn with_policy(mut self, policy: DispatchPolicy) -> MemberSet {
+        self.policy = policy;
+        self
+    }
+
     /// Per-member figures.
     pub fn member_stats(&self) -> Vec<MemberStats> {
         let placement = self.grow_lock.lock();
@@ -490,6 +523,11 @@ impl MemberSet {
                 groups: placement.groups[m],
                 bytes_written: member.written_bytes.load(Ordering::Relaxed),
                 bytes_read: member.read_bytes.load(Ordering::Relaxed),
+                in_flight_requests: member.load.in_flight_requests(),
+                in_flight_bytes: member.load.in_flight_bytes(),
+                weighted_queue_ps: member.load.weighted_length(),
+                write_ps_per_byte: member.load.ps_per_byte(Kind::Write),
+                read_ps_per_byte: member.load.ps_per_byte(Kind::Read),
             })
             .collect()
     }
@@ -627,7 +665,9 @@ impl Storage for MemberSet {
         }
         self.each_piece(offset, buf.len(), |member, at, range| {
             let n = range.len() as u64;
-            member.storage.read_at(at, &mut buf[range])?;
+            member.timed(Kind::Read, n, || {
+                member.storage.read_at(at, &mut buf[range])
+            })?;
             member.read_bytes.fetch_add(n, Ordering::Relaxed);
             Ok(())
         })
@@ -635,7 +675,10 @@ impl Storage for MemberSet {
 
     fn write_at(&self, offset: u64, data: &[u8]) -> Result<()> {
         self.each_piece(offset, data.len(), |member, at, range| {
-            member.storage.write_at(at, &data[range.clone()])?;
+            let n = range.len() as u64;
+            member.timed(Kind::Write, n, || {
+                member.storage.write_at(at, &data[range.clone()])
+            })?;
             member
                 .written_bytes
                 .fetch_add(range.len() as u64, Ordering::Relaxed);
@@ -648,7 +691,10 @@ impl Storage for MemberSet {
 
     fn write_uncached_at(&self, offset: u64, data: &[u8]) -> Result<()> {
         self.each_piece(offset, data.len(), |member, at, range| {
-            member.storage.write_uncached_at(at, &data[range.clone()])?;
+            let n = range.len() as u64;
+            member.timed(Kind::Write, n, || {
+                member.storage.write_uncached_at(at, &data[range.clone()])
+            })?;
             member
                 .written_bytes
                 .fetch_add(range.len() as u64, Ordering::Relaxed);
@@ -703,7 +749,7 @@ impl Storage for MemberSet {
         while done < len {
             let (member, at, room) = self.locate(offset + done)?;
             let piece = (len - done).min(room);
-            member.storage.punch_hole(at, piece)?;
+            member.timed(Kind::Trim, piece, || member.storage.punch_hole(at, piece))?;
             member.dirty.store(true, Ordering::Release);
             done += piece;
         }
@@ -767,10 +813,19 @@ impl Storage for MemberSet {
     }
 
     fn dispatch_member(&self) -> Option<usize> {
-        // Round-robin over members, segment by segment (least weighted queue length is
-        // the next step: DESIGN.md, "Volumes over several devices").
-        let n = self.members.len() as u64;
-        Some((self.next_segment_member.fetch_add(1, Ordering::Relaxed) % n) as usize)
+        let n = self.members.len();
+        let turn = (self.next_segment_member.fetch_add(1, Ordering::Relaxed) % n as u64) as usize;
+        Some(match self.policy {
+            DispatchPolicy::RoundRobin => turn,
+            DispatchPolicy::LeastWeightedQueue => {
+                let lengths: Vec<u64> = self
+                    .members
+                    .iter()
+                    .map(|m| m.load.weighted_length())
+                    .collect();
+                least_weighted(&lengths, turn)
+            }
+        })
     }
 
     fn verify_members(&self) -> Result<()> {

@@ -13,6 +13,7 @@
 //! group g: [  reserved x2       ][bitmap buddy A (2 blocks)][bitmap buddy B (2 blocks)][2 spare][data ...]
 //! ```
 
+pub mod dispatch;
 pub mod file;
 pub mod mem;
 pub mod members;
@@ -25,6 +26,7 @@ use std::sync::Arc;
 
 use crate::error::Result;
 use crate::types::{DiskOffset, BLOCK_BYTES};
+pub use dispatch::DispatchPolicy;
 pub use file::FileStorage;
 pub use mem::{FailingSync, MemStorage};
 pub use members::{MemberSet, MemberStats};

@@ -2,6 +2,7 @@
 //! boundaries, reopening, and the headers `verify` checks.
 
 use super::*;
+use crate::volume::dispatch::{DispatchPolicy, Kind};
 use crate::volume::MemStorage;
 
 fn mems(n: usize) -> Vec<Arc<MemStorage>> {
@@ -250,4 +251,50 @@ fn segments_go_round_robin_over_members_and_fall_back_when_one_is_full() {
         .allocate_on(&set, segment_blocks, segment_blocks, false, Some(1))
         .unwrap();
     assert_ne!(at.0 / GROUP_BYTES, 1);
+}
+
+#[test]
+fn least_weighted_dispatch_passes_over_a_member_busy_reading() {
+    let mems = mems(3);
+    let set = MemberSet::open(named(&mems), true)
+        .unwrap()
+        .with_policy(DispatchPolicy::LeastWeightedQueue);
+    // Idle members tie: they take turns.
+    let idle: Vec<Option<usize>> = (0..3).map(|_| set.dispatch_member()).collect();
+    assert_eq!(idle, [Some(0), Some(1), Some(2)]);
+    // 8 MiB of reads in flight on member 1 (a hot range, or a GC pass reading victims).
+    set.members[1].load.start(Kind::Read, 8 << 20);
+    let busy: Vec<Option<usize>> = (0..4).map(|_| set.dispatch_member()).collect();
+    assert!(!busy.contains(&Some(1)), "{busy:?}");
+    assert!(
+        busy.contains(&Some(0)) && busy.contains(&Some(2)),
+        "{busy:?}"
+    );
+    let stats = set.member_stats();
+    assert_eq!(stats[1].in_flight_bytes, 8 << 20);
+    assert_eq!(stats[1].in_flight_requests, 1);
+    assert!(stats[1].weighted_queue_ps > 0 && stats[0].weighted_queue_ps == 0);
+    set.members[1].load.finish(Kind::Read, 8 << 20, 1_000);
+    // Round-robin ignores load.
+    let rr = MemberSet::open(named(&mems), false).unwrap();
+    rr.members[1].load.start(Kind::Read, 8 << 20);
+    let turns: Vec<Option<usize>> = (0..3).map(|_| rr.dispatch_member()).collect();
+    assert_eq!(turns, [Some(0), Some(1), Some(2)]);
+}
+
+#[test]
+fn member_requests_are_counted_and_timed() {
+    let mems = mems(2);
+    let set = MemberSet::open(named(&mems), true).unwrap();
+    set.write_at(SLOT_BYTES, &vec![1u8; 1 << 20]).unwrap();
+    let mut back = vec![0u8; 1 << 20];
+    set.read_at(SLOT_BYTES, &mut back).unwrap();
+    let stats = set.member_stats();
+    assert_eq!(
+        (stats[1].in_flight_requests, stats[1].in_flight_bytes),
+        (0, 0)
+    );
+    assert_eq!(stats[1].bytes_written, 1 << 20);
+    assert_eq!(stats[1].bytes_read, 1 << 20);
+    assert_eq!(stats[0].bytes_read, 0);
 }
