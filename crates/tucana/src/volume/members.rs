@@ -812,20 +812,24 @@ impl Storage for MemberSet {
         self.lookup(offset / SLOT_BYTES).map(|(m, _)| m)
     }
 
-    fn dispatch_member(&self) -> Option<usize> {
+    fn dispatch_member(&self, avoid: Option<usize>) -> Option<usize> {
         let n = self.members.len();
         let turn = (self.next_segment_member.fetch_add(1, Ordering::Relaxed) % n as u64) as usize;
-        Some(match self.policy {
-            DispatchPolicy::RoundRobin => turn,
-            DispatchPolicy::LeastWeightedQueue => {
-                let lengths: Vec<u64> = self
-                    .members
-                    .iter()
-                    .map(|m| m.load.weighted_length())
-                    .collect();
-                least_weighted(&lengths, turn)
-            }
-        })
+        let lengths: Vec<u64> = match self.policy {
+            // Round-robin is least-weighted with every member weighing the same.
+            DispatchPolicy::RoundRobin => vec![0; n],
+            DispatchPolicy::LeastWeightedQueue => self
+                .members
+                .iter()
+                .map(|m| m.load.weighted_length())
+                .collect(),
+        };
+        let lengths: Vec<u64> = lengths
+            .into_iter()
+            .enumerate()
+            .map(|(m, len)| if Some(m) == avoid { u64::MAX } else { len })
+            .collect();
+        Some(least_weighted(&lengths, turn))
     }
 
     fn verify_members(&self) -> Result<()> {

@@ -103,8 +103,11 @@ pub trait Storage: Send + Sync + 'static {
 
     /// The member the next log segment should go to (the dispatch policy's choice), for a
     /// volume over several members; `None` for one file. A hint to the allocator, which
-    /// falls back to any member when the chosen one has no free run.
-    fn dispatch_member(&self) -> Option<usize> {
+    /// falls back to any member when the chosen one has no free run. `avoid`: a member
+    /// not to choose when another will do (GC's relocation segment goes away from the
+    /// member of the victim it is reading: LOCS §3.3.3).
+    fn dispatch_member(&self, avoid: Option<usize>) -> Option<usize> {
+        let _ = avoid;
         None
     }
 

@@ -232,7 +232,7 @@ fn segments_go_round_robin_over_members_and_fall_back_when_one_is_full() {
     let segment_blocks = 512; // 2 MiB
     let mut on = Vec::new();
     for _ in 0..6 {
-        let member = set.dispatch_member();
+        let member = set.dispatch_member(None);
         let at = allocator
             .allocate_on(&set, segment_blocks, segment_blocks, false, member)
             .unwrap();
@@ -260,11 +260,11 @@ fn least_weighted_dispatch_passes_over_a_member_busy_reading() {
         .unwrap()
         .with_policy(DispatchPolicy::LeastWeightedQueue);
     // Idle members tie: they take turns.
-    let idle: Vec<Option<usize>> = (0..3).map(|_| set.dispatch_member()).collect();
+    let idle: Vec<Option<usize>> = (0..3).map(|_| set.dispatch_member(None)).collect();
     assert_eq!(idle, [Some(0), Some(1), Some(2)]);
     // 8 MiB of reads in flight on member 1 (a hot range, or a GC pass reading victims).
     set.members[1].load.start(Kind::Read, 8 << 20);
-    let busy: Vec<Option<usize>> = (0..4).map(|_| set.dispatch_member()).collect();
+    let busy: Vec<Option<usize>> = (0..4).map(|_| set.dispatch_member(None)).collect();
     assert!(!busy.contains(&Some(1)), "{busy:?}");
     assert!(
         busy.contains(&Some(0)) && busy.contains(&Some(2)),
@@ -278,7 +278,7 @@ fn least_weighted_dispatch_passes_over_a_member_busy_reading() {
     // Round-robin ignores load.
     let rr = MemberSet::open(named(&mems), false).unwrap();
     rr.members[1].load.start(Kind::Read, 8 << 20);
-    let turns: Vec<Option<usize>> = (0..3).map(|_| rr.dispatch_member()).collect();
+    let turns: Vec<Option<usize>> = (0..3).map(|_| rr.dispatch_member(None)).collect();
     assert_eq!(turns, [Some(0), Some(1), Some(2)]);
 }
 
@@ -297,4 +297,28 @@ fn member_requests_are_counted_and_timed() {
     assert_eq!(stats[1].bytes_written, 1 << 20);
     assert_eq!(stats[1].bytes_read, 1 << 20);
     assert_eq!(stats[0].bytes_read, 0);
+}
+
+#[test]
+fn a_relocation_segment_goes_away_from_its_victims_member() {
+    // GC reads its victim on one member; the copies' segment goes to another, under
+    // either policy, and still in turn among the others.
+    let mems = mems(3);
+    for policy in [
+        DispatchPolicy::RoundRobin,
+        DispatchPolicy::LeastWeightedQueue,
+    ] {
+        let set = MemberSet::open(named(&mems), true)
+            .unwrap()
+            .with_policy(policy);
+        let picks: Vec<usize> = (0..6)
+            .map(|_| set.dispatch_member(Some(1)).unwrap())
+            .collect();
+        assert!(!picks.contains(&1), "{policy:?}: {picks:?}");
+        assert!(
+            picks.contains(&0) && picks.contains(&2),
+            "{policy:?}: {picks:?}"
+        );
+        pretend_committed(&mems);
+    }
 }
