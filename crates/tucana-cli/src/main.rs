@@ -243,7 +243,7 @@ fn run(cli: Cli) -> Result<Outcome, CliError> {
     }
     if let Command::Serve(args) = &cli.command {
         // The server opens the volume with its own options and closes it itself.
-        return serve::run(&cli.db, args);
+        return serve::run(&cli.db, &cli.members, args);
     }
     if let Command::Cluster(args) = &cli.command {
         // Speaks to etcd only; no volume.
@@ -254,7 +254,12 @@ fn run(cli: Cli) -> Result<Outcome, CliError> {
             return replication::run_on_server(args, addr);
         }
     }
-    let db = open_members(&cli.db, &cli.members, cli.command.creates_volume())?;
+    let db = open_members_with(
+        &cli.db,
+        &cli.members,
+        cli.command.creates_volume(),
+        Database::builder(),
+    )?;
     let result = commands::run(&db, &cli.keyspace, cli.command);
     // Close even when the command failed: `load` promises that the lines before a bad
     // one are durable, and close is what commits them.
@@ -275,9 +280,14 @@ fn run(cli: Cli) -> Result<Outcome, CliError> {
 }
 
 /// The volume at `path`, with its further members when there are any.
-fn open_members(path: &Path, members: &[PathBuf], create: bool) -> Result<Database, CliError> {
+fn open_members_with(
+    path: &Path,
+    members: &[PathBuf],
+    create: bool,
+    options: tucana::Options,
+) -> Result<Database, CliError> {
     if members.is_empty() {
-        return open_volume_with(path, create, Database::builder());
+        return open_volume_with(path, create, options);
     }
     let mut paths = vec![path.to_path_buf()];
     paths.extend(members.iter().cloned());
@@ -292,7 +302,7 @@ fn open_members(path: &Path, members: &[PathBuf], create: bool) -> Result<Databa
             })?;
         }
     }
-    Database::builder()
+    options
         .create_if_missing(create)
         .open_members(&paths)
         .map_err(|e| {
