@@ -105,6 +105,9 @@ pub struct ClusterConfig {
     /// migration down to watch it).
     pub migrate_batch: usize,
     pub migrate_pause: Duration,
+    /// A region this server leads is split in two once its live data passes this many
+    /// bytes (`splitter`); 0: never.
+    pub split_bytes: u64,
 }
 
 /// Everything the server needs besides the opened database.
