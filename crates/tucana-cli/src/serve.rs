@@ -166,6 +166,11 @@ pub struct ServeArgs {
     /// 0: never (split by hand with `tucana cluster split`).
     #[arg(long, default_value_t = 8192, value_name = "MIB")]
     cluster_split_mib: u64,
+    /// As the cluster's coordinator, hand regions over (planned failovers, nothing lost)
+    /// to even out how many slots each server leads once every backup is in sync, e.g.
+    /// to a restarted server after its regions failed over.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+    cluster_balance_leaders: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -206,6 +211,7 @@ impl ServeArgs {
             migrate_batch: self.cluster_migrate_batch.max(1),
             migrate_pause: Duration::from_millis(self.cluster_migrate_pause_ms),
             split_bytes: self.cluster_split_mib.saturating_mul(1 << 20),
+            balance_leaders: self.cluster_balance_leaders,
         })
     }
 

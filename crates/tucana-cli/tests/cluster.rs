@@ -722,6 +722,17 @@ fn a_killed_primary_is_replaced_by_its_backup_and_no_acknowledged_write_is_lost(
         !format!("{shards:?}").contains("loading"),
         "no backup is still loading: {shards:?}"
     );
+
+    // With every backup in sync, the coordinator evens leadership out by planned
+    // failovers (`--cluster-balance-leaders`): each server leads one region again, and
+    // the region's writes are all there, wherever it is led now.
+    let ranges = wait_until("each server leading one region again", || {
+        let ranges = slot_ranges(&mut cluster.servers[survivor].connect());
+        let leaders: std::collections::BTreeSet<&String> = ranges.iter().map(|r| &r.2).collect();
+        (leaders.len() == 3).then_some(ranges)
+    });
+    let (_, _, leader) = ranges.iter().find(|r| r.0 == start).unwrap();
+    assert_all_readable(&cluster.servers[cluster.index_of(leader)], &tag, &acked);
 }
 
 #[test]

@@ -433,7 +433,14 @@ async fn stay_registered(cluster: Arc<Cluster>, mut shutdown: watch::Receiver<bo
                 let coordinating = async {
                     loop {
                         match cluster.connect().await {
-                            Ok(store) => crate::coordinator::coordinate(store, &registration).await,
+                            Ok(store) => {
+                                crate::coordinator::coordinate(
+                                    store,
+                                    &registration,
+                                    cluster.config.balance_leaders,
+                                )
+                                .await
+                            }
                             Err(e) => eprintln!("tucana serve: coordinator cannot reach etcd: {e}"),
                         }
                         tokio::time::sleep(RETRY).await;
@@ -568,6 +575,7 @@ mod tests {
             migrate_batch: 100,
             migrate_pause: Duration::ZERO,
             split_bytes: 0,
+            balance_leaders: false,
             id_file: dir.join("volume.cluster-id"),
         };
         Cluster::new(config, "127.0.0.1:7001".into(), String::new()).unwrap()

@@ -40,6 +40,15 @@ pub struct Move {
     pub to: ServerId,
 }
 
+/// One step of the coordinator's balancing of leadership ([`ClusterMap::balancing_step`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Balancing {
+    /// A planned failover of `region` to its in-sync backup `to` was asked for.
+    Handoff { region: RegionId, to: ServerId },
+    /// `server` became an extra backup of `region`, to take it over once in sync.
+    Backup { region: RegionId, server: ServerId },
+}
+
 impl ClusterMap {
     /// The migration out of region `source`, if one runs.
     pub fn migration_from(&self, source: RegionId) -> Option<&Migration> {
@@ -245,6 +254,74 @@ impl ClusterMap {
                 (after, r.id, (*b).clone())
             })
             .map(|(r, b, _)| (r.id, r.epoch, b.clone()))
+    }
+
+    /// What the coordinator does by itself to even out leadership after failovers left
+    /// one server leading more than its share, one step per call, only while the cluster
+    /// is calm (every region's primary and backups live and every backup in sync, no
+    /// handoff asked, no migration): a planned failover to an in-sync backup that may
+    /// take the region ([`ClusterMap::next_handoff`]); failing that, the server leading
+    /// the fewest slots made an extra backup of a region of the busiest one it could
+    /// take, so that, once it caught up, a later step hands the region to it (a handoff
+    /// drops the old primary, so the region is back to `replicas` backups). The region
+    /// keeps its in-sync backup throughout. `None` when leadership is even or nothing
+    /// fits.
+    pub fn balancing_step(&self, live: &BTreeSet<ServerId>) -> Option<(ClusterMap, Balancing)> {
+        let calm = self.regions.iter().all(|r| {
+            r.handoff.is_none()
+                && !r.backups.is_empty()
+                && live.contains(&r.primary)
+                && r.backups
+                    .iter()
+                    .all(|b| live.contains(b) && r.in_sync.contains(b))
+        });
+        if !calm || !self.migrations.is_empty() || live.is_empty() {
+            return None;
+        }
+        if let Some((region, epoch, to)) = self.next_handoff(live) {
+            let map = self.request_handoff(region, epoch, Some(&to)).ok()?;
+            return Some((map, Balancing::Handoff { region, to }));
+        }
+        let mut load: BTreeMap<&ServerId, u32> = live.iter().map(|s| (s, 0)).collect();
+        for region in &self.regions {
+            if let Some(n) = load.get_mut(&region.primary) {
+                *n += region.slots.len();
+            }
+        }
+        let share = load.values().sum::<u32>().div_ceil(live.len() as u32);
+        let (heavy, heavy_load) = load
+            .iter()
+            .max_by_key(|(s, n)| (**n, std::cmp::Reverse((**s).clone())))
+            .map(|(s, n)| ((*s).clone(), *n))?;
+        let (light, light_load) = load
+            .iter()
+            .min_by_key(|(s, n)| (**n, (**s).clone()))
+            .map(|(s, n)| ((*s).clone(), *n))?;
+        if heavy_load <= share {
+            return None;
+        }
+        let replicas = self.replicas.unwrap_or_else(|| {
+            self.regions
+                .iter()
+                .map(|r| r.backups.len())
+                .max()
+                .unwrap_or(0)
+        });
+        let region = self
+            .regions
+            .iter()
+            .filter(|r| r.primary == heavy && !r.backups.contains(&light))
+            .filter(|r| r.backups.len() <= replicas)
+            .filter(|r| light_load + r.slots.len() <= share)
+            .max_by_key(|r| (r.slots.len(), std::cmp::Reverse(r.id)))?;
+        let map = self.assign_backup(region.id, &light).ok()?;
+        Some((
+            map,
+            Balancing::Backup {
+                region: region.id,
+                server: light,
+            },
+        ))
     }
 
     /// The next move that evens out the slots led by `servers` (the servers that should
