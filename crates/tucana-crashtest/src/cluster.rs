@@ -432,7 +432,7 @@ fn kill_cycle(
                     .and_then(|mut c| redis::cmd("BGREWRITEAOF").query::<redis::Value>(&mut c))
                     .is_ok()
             }));
-            std::thread::sleep(Duration::from_millis(rng.below(150)));
+            std::thread::sleep(Duration::from_millis(rng.below(40)));
             writers
         }
         Moment::DuringSplit => {

@@ -82,10 +82,10 @@ fn what_ran(md: &mut String, options: &Value, machine: &Value, json_path: &Path)
             .next()
             .unwrap_or("?"),
         options["tucana_version"].as_str().unwrap_or("?"),
-        if timeout.as_u64() == Some(5000) {
+        if timeout.as_u64() == Some(4000) {
             "Tucana's default lease"
         } else {
-            "Tucana's default lease is 5000 ms"
+            "Tucana's default lease is 4000 ms"
         },
     );
     let _ = writeln!(
