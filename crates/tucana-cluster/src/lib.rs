@@ -31,4 +31,4 @@ pub use map::{
     Balancing, ClusterMap, Failover, Migration, Move, Region, RegionId, ServerId, ServerInfo,
     SlotRange,
 };
-pub use slot::{key_slot, split_storage_key, storage_key, SLOTS};
+pub use slot::{key_slot, prefix_slot, split_storage_key, storage_key, SLOTS};
