@@ -40,6 +40,20 @@ pub struct Move {
     pub to: ServerId,
 }
 
+/// The server of `load` leading the most slots (ties: the smallest id), with its count.
+fn heaviest(load: &BTreeMap<&ServerId, u32>) -> Option<(ServerId, u32)> {
+    load.iter()
+        .max_by_key(|(s, n)| (**n, std::cmp::Reverse(**s)))
+        .map(|(s, n)| ((*s).clone(), *n))
+}
+
+/// The server of `load` leading the fewest slots (ties: the smallest id), with its count.
+fn lightest(load: &BTreeMap<&ServerId, u32>) -> Option<(ServerId, u32)> {
+    load.iter()
+        .min_by_key(|(s, n)| (**n, **s))
+        .map(|(s, n)| ((*s).clone(), *n))
+}
+
 /// One step of the coordinator's balancing of leadership ([`ClusterMap::balancing_step`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Balancing {
@@ -216,6 +230,17 @@ impl ClusterMap {
             .collect()
     }
 
+    /// How many slots each server of `servers` leads (0 for one leading none).
+    fn led_slots<'a>(&self, servers: &'a BTreeSet<ServerId>) -> BTreeMap<&'a ServerId, u32> {
+        let mut load: BTreeMap<&ServerId, u32> = servers.iter().map(|s| (s, 0)).collect();
+        for region in &self.regions {
+            if let Some(n) = load.get_mut(&region.primary) {
+                *n += region.slots.len();
+            }
+        }
+        load
+    }
+
     /// The next planned failover that evens out the slots led by `servers` without moving
     /// data: a region of the server leading the most slots (above its share) handed over
     /// to one of its in-sync backups in `servers` that then leads no more than its share
@@ -225,16 +250,8 @@ impl ClusterMap {
         if !self.migrations.is_empty() || servers.is_empty() {
             return None;
         }
-        let mut load: BTreeMap<&ServerId, u32> = servers.iter().map(|s| (s, 0)).collect();
-        for region in &self.regions {
-            if let Some(n) = load.get_mut(&region.primary) {
-                *n += region.slots.len();
-            }
-        }
-        let (heavy, heavy_load) = load
-            .iter()
-            .max_by_key(|(s, n)| (**n, std::cmp::Reverse((**s).clone())))
-            .map(|(s, n)| ((*s).clone(), *n))?;
+        let load = self.led_slots(servers);
+        let (heavy, heavy_load) = heaviest(&load)?;
         let share = load.values().sum::<u32>().div_ceil(servers.len() as u32);
         if heavy_load <= share {
             return None;
@@ -282,21 +299,10 @@ impl ClusterMap {
             let map = self.request_handoff(region, epoch, Some(&to)).ok()?;
             return Some((map, Balancing::Handoff { region, to }));
         }
-        let mut load: BTreeMap<&ServerId, u32> = live.iter().map(|s| (s, 0)).collect();
-        for region in &self.regions {
-            if let Some(n) = load.get_mut(&region.primary) {
-                *n += region.slots.len();
-            }
-        }
+        let load = self.led_slots(live);
         let share = load.values().sum::<u32>().div_ceil(live.len() as u32);
-        let (heavy, heavy_load) = load
-            .iter()
-            .max_by_key(|(s, n)| (**n, std::cmp::Reverse((**s).clone())))
-            .map(|(s, n)| ((*s).clone(), *n))?;
-        let (light, light_load) = load
-            .iter()
-            .min_by_key(|(s, n)| (**n, (**s).clone()))
-            .map(|(s, n)| ((*s).clone(), *n))?;
+        let (heavy, heavy_load) = heaviest(&load)?;
+        let (light, light_load) = lightest(&load)?;
         if heavy_load <= share {
             return None;
         }
@@ -334,22 +340,12 @@ impl ClusterMap {
         if !self.migrations.is_empty() || servers.is_empty() {
             return None;
         }
-        let mut load: BTreeMap<&ServerId, u32> = servers.iter().map(|s| (s, 0)).collect();
-        for region in &self.regions {
-            if let Some(n) = load.get_mut(&region.primary) {
-                *n += region.slots.len();
-            }
-        }
-        let lightest = |load: &BTreeMap<&ServerId, u32>| {
-            load.iter()
-                .min_by_key(|(s, n)| (**n, (**s).clone()))
-                .map(|(s, _)| (*s).clone())
-        };
+        let load = self.led_slots(servers);
         if let Some(region) = self.regions.iter().find(|r| !servers.contains(&r.primary)) {
             return Some(Move {
                 source: region.id,
                 slots: region.slots,
-                to: lightest(&load)?,
+                to: lightest(&load)?.0,
             });
         }
         let total: u32 = load.values().sum();
@@ -358,14 +354,8 @@ impl ClusterMap {
         // first) may keep one slot more.
         let high = total.div_ceil(count);
         let low = total / count;
-        let (heavy, heavy_load) = load
-            .iter()
-            .max_by_key(|(s, n)| (**n, std::cmp::Reverse((**s).clone())))
-            .map(|(s, n)| ((*s).clone(), *n))?;
-        let (light, light_load) = load
-            .iter()
-            .min_by_key(|(s, n)| (**n, (**s).clone()))
-            .map(|(s, n)| ((*s).clone(), *n))?;
+        let (heavy, heavy_load) = heaviest(&load)?;
+        let (light, light_load) = lightest(&load)?;
         if heavy_load <= high && light_load >= low {
             return None;
         }
