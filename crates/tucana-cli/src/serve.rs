@@ -161,6 +161,16 @@ pub struct ServeArgs {
     /// Slot migration: pause after each batch (for tests and to spare a busy server).
     #[arg(long, default_value_t = 0, value_name = "MS")]
     cluster_migrate_pause_ms: u64,
+    /// Split a region this server leads in two (the upper half of its slots into a new
+    /// region on the same servers, moved online) once its live data passes this size;
+    /// 0: never (split by hand with `tucana cluster split`).
+    #[arg(long, default_value_t = 8192, value_name = "MIB")]
+    cluster_split_mib: u64,
+    /// As the cluster's coordinator, hand regions over (planned failovers, nothing lost)
+    /// to even out how many slots each server leads once every backup is in sync, e.g.
+    /// to a restarted server after its regions failed over.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+    cluster_balance_leaders: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -200,6 +210,8 @@ impl ServeArgs {
             lease_ttl: Duration::from_millis(self.cluster_lease_ms),
             migrate_batch: self.cluster_migrate_batch.max(1),
             migrate_pause: Duration::from_millis(self.cluster_migrate_pause_ms),
+            split_bytes: self.cluster_split_mib.saturating_mul(1 << 20),
+            balance_leaders: self.cluster_balance_leaders,
         })
     }
 

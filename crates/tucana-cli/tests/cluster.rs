@@ -195,6 +195,47 @@ fn three_servers_route_by_the_map_in_etcd() {
     assert_eq!(l, vec!["2", "3"]);
     let kind: String = redis::cmd("TYPE").arg("{user}:z").query(&mut ccon).unwrap();
     assert_eq!(kind, "zset");
+    // The ordered commands within one hashtag, on the slot's owner: the keys of
+    // `{user}` in key order (the collections' member records are not keys); elsewhere
+    // MOVED; a range or prefix that could span slots is refused.
+    let user_slot = key_slot(b"{user}");
+    let mut con = servers[owner(user_slot)].connect();
+    let listed: Vec<String> = redis::cmd("TPREFIX")
+        .arg("{user}:")
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(
+        listed,
+        ["{user}:h", "{user}:l", "{user}:s1", "{user}:s2", "{user}:z"],
+        "{listed:?}"
+    );
+    let listed: Vec<String> = redis::cmd("TRANGE")
+        .arg("({user}:h")
+        .arg("[{user}:z")
+        .arg("REV")
+        .arg("LIMIT")
+        .arg(2)
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(listed, ["{user}:z", "{user}:s2"]);
+    let mut elsewhere = servers[(owner(user_slot) + 1) % 3].connect();
+    let err = redis::cmd("TPREFIX")
+        .arg("{user}:")
+        .query::<Vec<String>>(&mut elsewhere)
+        .unwrap_err();
+    assert_eq!(
+        err.redirect_node(),
+        Some((addrs[owner(user_slot)].as_str(), user_slot)),
+        "{err}"
+    );
+    for args in [
+        &["TPREFIX", "user"][..],
+        &["TRANGE", "-", "+"],
+        &["TRANGE", "[{user}:a", "[{userb}"],
+    ] {
+        let err = send(&mut con, args).unwrap_err();
+        assert!(err.contains("hashtag"), "{args:?}: {err}");
+    }
     let deleted: i64 = ccon
         .del(&["{user}:h", "{user}:z", "{user}:s1", "{user}:s2", "{user}:l"])
         .unwrap();
@@ -722,6 +763,17 @@ fn a_killed_primary_is_replaced_by_its_backup_and_no_acknowledged_write_is_lost(
         !format!("{shards:?}").contains("loading"),
         "no backup is still loading: {shards:?}"
     );
+
+    // With every backup in sync, the coordinator evens leadership out by planned
+    // failovers (`--cluster-balance-leaders`): each server leads one region again, and
+    // the region's writes are all there, wherever it is led now.
+    let ranges = wait_until("each server leading one region again", || {
+        let ranges = slot_ranges(&mut cluster.servers[survivor].connect());
+        let leaders: std::collections::BTreeSet<&String> = ranges.iter().map(|r| &r.2).collect();
+        (leaders.len() == 3).then_some(ranges)
+    });
+    let (_, _, leader) = ranges.iter().find(|r| r.0 == start).unwrap();
+    assert_all_readable(&cluster.servers[cluster.index_of(leader)], &tag, &acked);
 }
 
 #[test]

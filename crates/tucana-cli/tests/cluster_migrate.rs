@@ -52,9 +52,15 @@ struct Server {
 }
 
 impl Server {
-    /// A server with one backup listener, sync durability, a 2 s lease, and migration
-    /// batches of `batch` pairs with `pause_ms` between them.
-    fn start(volume: &Path, etcd: &TestEtcd, batch: usize, pause_ms: u64) -> Server {
+    /// A server with one backup listener, sync durability, a 2 s lease, migration
+    /// batches of `batch` pairs with `pause_ms` between them, and `extra` flags.
+    fn start(
+        volume: &Path,
+        etcd: &TestEtcd,
+        batch: usize,
+        pause_ms: u64,
+        extra: &[&str],
+    ) -> Server {
         let port = free_port();
         let mut child = Command::new(env!("CARGO_BIN_EXE_tucana"))
             .arg("--db")
@@ -65,6 +71,7 @@ impl Server {
             .args(["--repl-port", &free_port().to_string()])
             .args(["--cluster-migrate-batch", &batch.to_string()])
             .args(["--cluster-migrate-pause-ms", &pause_ms.to_string()])
+            .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -111,12 +118,17 @@ struct Cluster {
 impl Cluster {
     /// Three servers; the map over the first `in_map` of them, one backup per region.
     fn start(in_map: usize, batch: usize, pause_ms: u64) -> Cluster {
+        Cluster::start_with(in_map, batch, pause_ms, &[])
+    }
+
+    /// [`Cluster::start`] with `extra` flags for every server.
+    fn start_with(in_map: usize, batch: usize, pause_ms: u64, extra: &[&str]) -> Cluster {
         let etcd = TestEtcd::start();
         let dir = tempfile::tempdir().unwrap();
         let servers: Vec<Server> = (0..3)
             .map(|i| {
                 let volume = dir.path().join(format!("server{i}/volume.tucana"));
-                Server::start(&volume, &etcd, batch, pause_ms)
+                Server::start(&volume, &etcd, batch, pause_ms, extra)
             })
             .collect();
         let cluster = Cluster {
@@ -528,6 +540,62 @@ fn servers_are_added_removed_and_regions_split_online() {
     }
     assert!(!acked.is_empty());
     assert_acked_readable(&client, &acked);
+}
+
+#[test]
+fn a_region_grown_past_the_split_size_is_split_online_on_its_own_servers() {
+    // Servers split a region they lead once its live data passes 1 MiB. About 3 MiB go
+    // into the first region (slots 0-5460) while a writer runs over every slot: the
+    // region splits (and its halves again while they are too large) with nothing lost,
+    // the other regions stay whole, and the new regions keep the same primary.
+    let cluster = Cluster::start_with(3, 64, 0, &["--cluster-split-mib", "1"]);
+    let mut con = cluster.servers[0].connect();
+    let before = slot_ranges(&mut con);
+    assert_eq!(before.len(), 3, "{before:?}");
+    let (first_start, first_end, first_primary) = before[0].clone();
+    let client = cluster.client();
+    let writer = Writer::start(cluster.client());
+    let mut ccon = client.get_connection().unwrap();
+    let value = "v".repeat(1000);
+    let keys: Vec<String> = (0..)
+        .map(|i| format!("big:{i}"))
+        .filter(|k| (first_start..=first_end).contains(&key_slot(k.as_bytes())))
+        .take(3000)
+        .collect();
+    for key in &keys {
+        let _: () = ccon.set(key, format!("{key}{value}")).unwrap();
+    }
+    let after = wait_until("the first region split", || {
+        let r = slot_ranges(&mut con);
+        (r.iter().filter(|r| r.1 <= first_end).count() > 1).then_some(r)
+    });
+    for (start, end, primary) in after.iter().filter(|r| r.1 <= first_end) {
+        assert_eq!(
+            primary, &first_primary,
+            "{start}-{end} moved away: {after:?}"
+        );
+    }
+    assert_eq!(
+        &after[after.len() - 2..],
+        &before[1..],
+        "other regions changed"
+    );
+
+    let acked = writer.finish();
+    assert!(!acked.is_empty());
+    assert_acked_readable(&client, &acked);
+    let mut ccon = client.get_connection().unwrap();
+    for key in &keys {
+        let read: String = ccon.get(key).unwrap();
+        assert_eq!(read, format!("{key}{value}"), "{key} lost in the split");
+    }
+    // A split key-space still splits no further than its data asks: the halves of
+    // 3 MiB over 1 MiB are at most 4 regions (8 if GC lags on the moved records).
+    let parts = slot_ranges(&mut con)
+        .iter()
+        .filter(|r| r.1 <= first_end)
+        .count();
+    assert!(parts <= 8, "split into {parts} regions");
 }
 
 #[test]

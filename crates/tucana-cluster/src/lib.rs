@@ -28,6 +28,7 @@ pub use etcd::{
     ServerWatch, Store,
 };
 pub use map::{
-    ClusterMap, Failover, Migration, Move, Region, RegionId, ServerId, ServerInfo, SlotRange,
+    Balancing, ClusterMap, Failover, Migration, Move, Region, RegionId, ServerId, ServerInfo,
+    SlotRange,
 };
-pub use slot::{key_slot, split_storage_key, storage_key, SLOTS};
+pub use slot::{key_slot, prefix_slot, split_storage_key, storage_key, SLOTS};

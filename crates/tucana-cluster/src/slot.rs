@@ -33,6 +33,16 @@ pub fn hash_tag(key: &[u8]) -> &[u8] {
     key
 }
 
+/// The one hash slot of every key that starts with `prefix`, if there is one: when the
+/// prefix holds a whole non-empty hashtag (a `{`, then a `}` after it with something
+/// between), every such key has that tag. `None` otherwise (keys with the prefix may
+/// hash anywhere).
+pub fn prefix_slot(prefix: &[u8]) -> Option<u16> {
+    let open = prefix.iter().position(|&b| b == b'{')?;
+    let close = prefix[open + 1..].iter().position(|&b| b == b'}')?;
+    (close > 0).then(|| key_slot(prefix))
+}
+
 /// The hash slot of `key`, in `0..SLOTS`, as Redis Cluster computes it.
 pub fn key_slot(key: &[u8]) -> u16 {
     CRC16.checksum(hash_tag(key)) % SLOTS
@@ -73,6 +83,21 @@ pub fn slot_prefix(slot: u16) -> [u8; 2] {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_prefix_holding_a_whole_hashtag_fixes_the_slot_of_every_key_it_starts() {
+        let slot = key_slot(b"{user:7}");
+        assert_eq!(prefix_slot(b"{user:7}"), Some(slot));
+        assert_eq!(prefix_slot(b"a{user:7}:b"), Some(key_slot(b"{user:7}")));
+        for key in [&b"{user:7}"[..], b"{user:7}:name", b"{user:7}}x{y}"] {
+            assert_eq!(key_slot(key), slot);
+        }
+        // No tag yet, an empty tag, a tag not closed: keys with the prefix hash apart.
+        assert_eq!(prefix_slot(b"user:7"), None);
+        assert_eq!(prefix_slot(b"{}user"), None);
+        assert_eq!(prefix_slot(b"{user"), None);
+        assert_ne!(key_slot(b"{user}a"), key_slot(b"{userb}"));
+    }
     use proptest::prelude::*;
 
     #[test]

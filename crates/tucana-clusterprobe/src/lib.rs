@@ -81,10 +81,10 @@ pub fn connect(addr: &str) -> redis::RedisResult<redis::Connection> {
     Ok(c)
 }
 
-/// A cluster client that follows `MOVED` itself: a connection per server, the slots it
-/// learned from redirects, and the servers to ask when it knows nothing. A failed request
-/// is not retried: the caller sees every error, so an acknowledgement is exactly an `OK`
-/// the owner of the slot sent.
+/// A cluster client that follows `MOVED` and `ASK` itself: a connection per server, the
+/// slots it learned from `MOVED`, and the servers to ask when it knows nothing. A failed
+/// request is not retried: the caller sees every error, so an acknowledgement is exactly
+/// an `OK` the owner of the slot (or, during a migration, its target) sent.
 pub struct Router {
     seeds: Vec<String>,
     conns: HashMap<String, redis::Connection>,
@@ -103,7 +103,9 @@ impl Router {
     }
 
     /// Sends `cmd` (about `key`) to the server owning its slot, following up to four
-    /// redirects; an error otherwise (the write may or may not have been applied).
+    /// `MOVED` redirects, or one `ASK` (`ASKING` then `cmd` to the migration's target,
+    /// as Redis Cluster clients do); an error otherwise (the write may or may not have
+    /// been applied).
     pub fn query(
         &mut self,
         cmd: &redis::Cmd,
@@ -138,6 +140,12 @@ impl Router {
                     addr = to.to_string();
                     hops += 1;
                 }
+                Err(e) if e.code() == Some("ASK") => {
+                    let Some((to, _)) = e.redirect_node() else {
+                        return Err(e);
+                    };
+                    return self.asking(cmd, to);
+                }
                 Err(e) => {
                     if e.is_io_error() || e.is_connection_dropped() || e.is_timeout() {
                         self.conns.remove(&addr);
@@ -145,6 +153,25 @@ impl Router {
                     self.owner.remove(&slot);
                     return Err(e);
                 }
+            }
+        }
+    }
+
+    /// `ASKING` and `cmd` on one connection to `addr` (the slot's owner stays as it was).
+    fn asking(&mut self, cmd: &redis::Cmd, addr: &str) -> Result<redis::Value, redis::RedisError> {
+        let conn = match self.conns.entry(addr.to_owned()) {
+            std::collections::hash_map::Entry::Occupied(c) => c.into_mut(),
+            std::collections::hash_map::Entry::Vacant(v) => v.insert(connect(addr)?),
+        };
+        let mut pipe = redis::pipe();
+        pipe.cmd("ASKING").ignore().add_command(cmd.clone());
+        match pipe.query::<Vec<redis::Value>>(conn) {
+            Ok(mut answers) => Ok(answers.pop().unwrap_or(redis::Value::Nil)),
+            Err(e) => {
+                if e.is_io_error() || e.is_connection_dropped() || e.is_timeout() {
+                    self.conns.remove(addr);
+                }
+                Err(e)
             }
         }
     }

@@ -6,8 +6,9 @@
 //! connections that follow `MOVED` themselves: tucana-clusterprobe's `Router`, which
 //! tucana-bench's side by side with Redis Cluster uses too) write unique keys with sync
 //! durability and record every `OK`; at a seeded moment (mid-burst, right after a burst,
-//! or right after a `SAVE` on the victim so an index ship is in flight) the primary of a
-//! random region is killed with `kill -9`. The cycle waits until a write to a key of each
+//! right after a `SAVE` on the victim so an index ship is in flight, during a forced
+//! garbage collection pass over overwritten keys, or while one of its regions is being
+//! split) the primary of a random region is killed with `kill -9`. The cycle waits until a write to a key of each
 //! of the victim's regions is acknowledged (the kill → first acknowledged write time, per
 //! region, is the failover time) and until the survivors' `CLUSTER SLOTS` covers every
 //! slot with a live primary; restarts the victim on its volume and sends it writes
@@ -29,7 +30,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use tucana_clusterprobe::etcd::Etcd;
@@ -73,6 +74,11 @@ pub struct Summary {
     pub leaks_fatal: bool,
     /// Kill → first write acknowledged by the new primary, per region of the victim, ms.
     pub failover_ms: Vec<f64>,
+    /// Kills that landed before the victim answered a forced GC pass it was running.
+    pub gc_kills: u64,
+    /// Kills that landed while a split of one of the victim's regions was under way
+    /// (the split must still finish, through the promoted backup).
+    pub migration_kills: u64,
     pub failure: Option<String>,
 }
 
@@ -97,7 +103,8 @@ impl Summary {
         };
         format!(
             "M8 cluster cycles: {}, primary kills: {}, pauses: {}, acknowledged writes: {}, lost: {}, \
-             acknowledged by a stale primary: {}, check failures: {}, checks finding only leaked blocks: {}, failover p50: {:.0} ms, p99: {:.0} ms, seed: {seed}",
+             acknowledged by a stale primary: {}, check failures: {}, checks finding only leaked blocks: {}, failover p50: {:.0} ms, p99: {:.0} ms, \
+             kills during a GC pass: {}, during a split: {}, seed: {seed}",
             self.cycles,
             self.primary_kills,
             self.pauses,
@@ -108,6 +115,8 @@ impl Summary {
             self.leaks,
             pct(0.5),
             pct(0.99),
+            self.gc_kills,
+            self.migration_kills,
         )
     }
 }
@@ -126,8 +135,9 @@ struct Fleet {
     addrs: Vec<String>,
     up: Vec<bool>,
     /// Running for the run; dropped after the servers (fields drop in order).
-    _etcd: Etcd,
+    etcd: Etcd,
     log: PathBuf,
+    tucana: PathBuf,
 }
 
 impl Fleet {
@@ -150,6 +160,11 @@ impl Fleet {
                 &config.lease_ms.to_string(),
                 "--repl-port",
                 &repl.to_string(),
+                // Migrations in small paced batches, so a kill can land inside a split.
+                "--cluster-migrate-batch",
+                "256",
+                "--cluster-migrate-pause-ms",
+                "20",
             ]
             .iter()
             .map(|s| s.to_string())
@@ -161,29 +176,16 @@ impl Fleet {
             .iter()
             .map(|s| format!("127.0.0.1:{}", s.port))
             .collect();
-        let status = Command::new(&config.tucana)
-            .args([
-                "cluster",
-                "create",
-                "--etcd",
-                &etcd.endpoint,
-                "--name",
-                "m8",
-            ])
-            .args(["--replicas", "1"])
-            .args(&addrs)
-            .stdout(Stdio::null())
-            .status()
-            .map_err(|e| e.to_string())?;
-        if !status.success() {
-            return Err(format!("tucana cluster create: {status}"));
-        }
+        let mut create = vec!["create", "--replicas", "1"];
+        create.extend(addrs.iter().map(String::as_str));
+        cluster_command(&config.tucana, &etcd.endpoint, &create)?;
         Ok(Fleet {
             up: vec![true; servers.len()],
             servers,
             addrs,
-            _etcd: etcd,
+            etcd,
             log,
+            tucana: config.tucana.clone(),
         })
     }
 
@@ -204,6 +206,40 @@ impl Fleet {
             ));
         }
         out
+    }
+
+    /// `tucana cluster ARGS --etcd .. --name m8`'s stdout, or its stderr as the error.
+    fn tucana_cluster(&self, args: &[&str]) -> Result<String, String> {
+        cluster_command(&self.tucana, &self.etcd.endpoint, args)
+    }
+
+    /// Whether `tucana cluster status` shows a migration.
+    fn migrating(&self) -> bool {
+        self.tucana_cluster(&["status"])
+            .is_ok_and(|out| out.lines().any(|l| l.starts_with("migrating:")))
+    }
+
+    /// Starts `tucana cluster split` of the region whose slots are `range`'s, on a thread
+    /// that returns once the split finished (or failed).
+    fn split(&self, range: &Range) -> Result<std::thread::JoinHandle<Result<(), String>>, String> {
+        let status = self.tucana_cluster(&["status"])?;
+        let slots = format!(": slots {}-{} (", range.start, range.end);
+        let id = status
+            .lines()
+            .find(|l| l.starts_with("region ") && l.contains(&slots))
+            .and_then(|l| l.strip_prefix("region "))
+            .and_then(|l| l.split(':').next())
+            .ok_or_else(|| {
+                format!(
+                    "no region with slots {}-{}:\n{status}",
+                    range.start, range.end
+                )
+            })?
+            .to_owned();
+        let (tucana, etcd) = (self.tucana.clone(), self.etcd.endpoint.clone());
+        Ok(std::thread::spawn(move || {
+            cluster_command(&tucana, &etcd, &["split", &id, "--wait-secs", "120"]).map(drop)
+        }))
     }
 
     fn live(&self) -> Vec<&str> {
@@ -287,6 +323,19 @@ enum Moment {
     MidBurst,
     AfterBurst,
     AfterSave,
+    /// Keys of a victim's region overwritten, then a forced GC pass (`BGREWRITEAOF`).
+    DuringGc,
+    /// `tucana cluster split` of a victim's region begun (paced batches).
+    DuringSplit,
+}
+
+/// What a moment left running past the kill.
+enum Underway {
+    Nothing,
+    /// The forced GC pass: whether the victim answered it.
+    Gc(std::thread::JoinHandle<bool>),
+    /// The split command, which waits for the migration to finish.
+    Split(std::thread::JoinHandle<Result<(), String>>),
 }
 
 pub fn run(config: &Config) -> Summary {
@@ -361,13 +410,38 @@ fn kill_cycle(
         .filter(|r| r.primary == victim_addr)
         .cloned()
         .collect();
-    let moment = [Moment::MidBurst, Moment::AfterBurst, Moment::AfterSave][rng.below(3) as usize];
+    let moment = [
+        Moment::MidBurst,
+        Moment::AfterBurst,
+        Moment::AfterSave,
+        Moment::DuringGc,
+        Moment::DuringSplit,
+    ][rng.below(5) as usize];
     let seeds = fleet.addrs.clone();
     let writers = Writers::start(&seeds, &format!("c{cycle}"), 4);
     std::thread::sleep(Duration::from_millis(200 + rng.below(1000)));
     let mut acked = BTreeMap::new();
+    let mut underway = Underway::Nothing;
     let writers = match moment {
         Moment::MidBurst => writers,
+        Moment::DuringGc => {
+            overwrite(&victim_addr, &led[0], &format!("c{cycle}-g"), &mut acked)?;
+            let addr = victim_addr.clone();
+            underway = Underway::Gc(std::thread::spawn(move || {
+                connect(&addr)
+                    .and_then(|mut c| redis::cmd("BGREWRITEAOF").query::<redis::Value>(&mut c))
+                    .is_ok()
+            }));
+            std::thread::sleep(Duration::from_millis(rng.below(40)));
+            writers
+        }
+        Moment::DuringSplit => {
+            let split = fleet.split(&led[0])?;
+            underway = Underway::Split(split);
+            wait_for("the split under way", || fleet.migrating().then_some(()))?;
+            std::thread::sleep(Duration::from_millis(rng.below(300)));
+            writers
+        }
         Moment::AfterBurst => {
             acked.append(&mut writers.stop());
             Writers::start(&seeds, &format!("c{cycle}b"), 4)
@@ -383,6 +457,10 @@ fn kill_cycle(
     fleet.servers[victim].kill9();
     fleet.up[victim] = false;
     summary.primary_kills += 1;
+    if matches!(underway, Underway::Split(_)) && fleet.migrating() {
+        summary.migration_kills += 1;
+    }
+    eprintln!("cluster: cycle {cycle}: killed {victim_addr} ({moment:?})");
     // Each of the victim's regions takes a write again: the failover time.
     let mut router = Router::new(fleet.live().iter().map(|s| s.to_string()).collect());
     for r in &led {
@@ -411,7 +489,50 @@ fn kill_cycle(
     no_stale_acks(fleet, victim, &led, &format!("c{cycle}-stale"), summary)?;
     std::thread::sleep(Duration::from_millis(200 + rng.below(500)));
     acked.append(&mut writers.stop());
+    match underway {
+        Underway::Nothing => {}
+        Underway::Gc(pass) => {
+            if pass.join().unwrap_or(true) {
+                eprintln!("cluster: cycle {cycle}: the GC pass ended before the kill");
+            } else {
+                summary.gc_kills += 1;
+            }
+        }
+        Underway::Split(split) => split
+            .join()
+            .map_err(|_| "the split's thread panicked".to_string())?
+            .map_err(|e| format!("the split of a killed primary's region: {e}"))?,
+    }
     verify(fleet, &acked, moment, summary)
+}
+
+/// Writes 800 keys of ~1 KiB in `region` straight to its primary `addr`, twice (so the
+/// first versions are garbage for the collector), recording the second versions.
+fn overwrite(
+    addr: &str,
+    region: &Range,
+    prefix: &str,
+    acked: &mut BTreeMap<String, String>,
+) -> Result<(), String> {
+    let mut conn = connect(addr).map_err(|e| format!("{addr}: {e}"))?;
+    let tag = tag_in(region.start, region.end);
+    let filler = "x".repeat(1000);
+    for version in 0..2 {
+        for batch in 0..8 {
+            let mut mset = redis::cmd("MSET");
+            let mut written = Vec::new();
+            for i in batch * 100..(batch + 1) * 100 {
+                let key = format!("{{{tag}}}:{prefix}{i}");
+                let value = format!("{version}{filler}");
+                mset.arg(&key).arg(&value);
+                written.push((key, value));
+            }
+            mset.query::<()>(&mut conn)
+                .map_err(|e| format!("MSET to {addr} before a GC pass: {e}"))?;
+            acked.extend(written);
+        }
+    }
+    Ok(())
 }
 
 /// Writes sent straight to server `index` (no redirect followed) for each region of
@@ -449,6 +570,26 @@ fn no_stale_acks(
         std::thread::sleep(Duration::from_millis(200));
     }
     Ok(())
+}
+
+/// `tucana cluster ARGS` against the run's etcd: its stdout, or its stderr as the error.
+fn cluster_command(tucana: &Path, etcd: &str, args: &[&str]) -> Result<String, String> {
+    let output = Command::new(tucana)
+        .arg("cluster")
+        .arg(args[0])
+        .args(["--etcd", etcd, "--name", "m8"])
+        .args(&args[1..])
+        .output()
+        .map_err(|e| format!("tucana cluster {}: {e}", args[0]))?;
+    if output.status.success() {
+        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    } else {
+        Err(format!(
+            "tucana cluster {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&output.stderr).trim()
+        ))
+    }
 }
 
 /// Every acknowledged key reads back with its value through the cluster.

@@ -380,6 +380,29 @@ impl Cluster {
     pub(crate) async fn connect(&self) -> tucana_cluster::Result<Store> {
         Store::connect(&self.config.etcd, &self.config.name).await
     }
+
+    /// Reads the map, applies `change` and writes the result if it differs (a
+    /// compare-and-swap), again after a conflicting write. No map: nothing to change.
+    pub(crate) async fn change_map(
+        &self,
+        change: impl Fn(&ClusterMap) -> tucana_cluster::Result<ClusterMap>,
+    ) -> tucana_cluster::Result<()> {
+        let store = self.connect().await?;
+        loop {
+            let Some((map, revision)) = store.map().await? else {
+                return Ok(());
+            };
+            let next = change(&map)?;
+            if next == map {
+                return Ok(());
+            }
+            match store.update_map(revision, &next).await {
+                Ok(_) => return Ok(()),
+                Err(tucana_cluster::Error::Conflict { .. }) => continue,
+                Err(e) => return Err(e),
+            }
+        }
+    }
 }
 
 /// Resolves once shutdown was asked for (as `state::stopped`, which this module cannot
@@ -410,7 +433,14 @@ async fn stay_registered(cluster: Arc<Cluster>, mut shutdown: watch::Receiver<bo
                 let coordinating = async {
                     loop {
                         match cluster.connect().await {
-                            Ok(store) => crate::coordinator::coordinate(store, &registration).await,
+                            Ok(store) => {
+                                crate::coordinator::coordinate(
+                                    store,
+                                    &registration,
+                                    cluster.config.balance_leaders,
+                                )
+                                .await
+                            }
                             Err(e) => eprintln!("tucana serve: coordinator cannot reach etcd: {e}"),
                         }
                         tokio::time::sleep(RETRY).await;
@@ -544,6 +574,8 @@ mod tests {
             lease_ttl: Duration::from_secs(3),
             migrate_batch: 100,
             migrate_pause: Duration::ZERO,
+            split_bytes: 0,
+            balance_leaders: false,
             id_file: dir.join("volume.cluster-id"),
         };
         Cluster::new(config, "127.0.0.1:7001".into(), String::new()).unwrap()

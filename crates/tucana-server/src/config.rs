@@ -105,6 +105,12 @@ pub struct ClusterConfig {
     /// migration down to watch it).
     pub migrate_batch: usize,
     pub migrate_pause: Duration,
+    /// A region this server leads is split in two once its live data passes this many
+    /// bytes (`splitter`); 0: never.
+    pub split_bytes: u64,
+    /// As the coordinator, ask for planned failovers that even out leadership once the
+    /// cluster is calm (`ClusterMap::balancing_handoff`).
+    pub balance_leaders: bool,
 }
 
 /// Everything the server needs besides the opened database.

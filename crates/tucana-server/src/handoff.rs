@@ -97,34 +97,11 @@ pub fn request(cluster: &Arc<Cluster>, mode: Mode) -> Result<(), String> {
             }
             Ok(next)
         };
-        if let Err(e) = update(&cluster, change).await {
+        if let Err(e) = cluster.change_map(change).await {
             eprintln!("tucana serve: CLUSTER FAILOVER: {e}");
         }
     });
     Ok(())
-}
-
-/// Reads the map, applies `change` and writes the result if it differs, again after a
-/// conflicting write.
-async fn update(
-    cluster: &Cluster,
-    change: impl Fn(&ClusterMap) -> tucana_cluster::Result<ClusterMap>,
-) -> tucana_cluster::Result<()> {
-    let store = cluster.connect().await?;
-    loop {
-        let Some((map, revision)) = store.map().await? else {
-            return Ok(());
-        };
-        let next = change(&map)?;
-        if next == map {
-            return Ok(());
-        }
-        match store.update_map(revision, &next).await {
-            Ok(_) => return Ok(()),
-            Err(Error::Conflict { .. }) => continue,
-            Err(e) => return Err(e),
-        }
-    }
 }
 
 /// The primary's side, with each new view (from `cluster_follow`, on a blocking thread of
@@ -184,7 +161,7 @@ fn hand_over(
         eprintln!("tucana serve: handing region {id} over to {to} failed, serving it again: {why}");
     }
     let to = to.clone();
-    let result = handle.block_on(update(cluster, move |map| {
+    let result = handle.block_on(cluster.change_map(move |map| {
         match map.region(id) {
             Some(r) if r.epoch == epoch && r.handoff.as_ref() == Some(&to) => {}
             _ => return Ok(map.clone()), // Withdrawn, or decided by someone else.

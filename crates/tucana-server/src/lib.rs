@@ -22,7 +22,10 @@
 //!   other);
 //! - `state` (`ServerState`: what every connection shares), `collector` (deletes the
 //!   sub-records of old collection versions), `sweeper` (deletes expired keys in the
-//!   background, and runs the collector);
+//!   background, and runs the collector); cluster mode's tasks: `in_sync` (reports
+//!   caught-up backups), `handoff` (planned failover), `migration` and `in_flight`
+//!   (slot migration's source side), `splitter` (splits regions grown too large),
+//!   `cluster_report` (what `INFO cluster` and `/metrics` say of each region);
 //! - `commands` (what each command does; running a pipelined batch);
 //! - `connection` (one connection's request loop), `prometheus` (the `/metrics`
 //!   endpoint);
@@ -59,6 +62,7 @@ mod prometheus;
 mod replication;
 pub mod resp;
 pub mod server;
+mod splitter;
 mod state;
 mod store;
 mod sweeper;

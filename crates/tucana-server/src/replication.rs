@@ -252,6 +252,22 @@ impl Replication {
             if let Some(e) = &b.last_error {
                 put(format!("slave{i}_last_error"), e.replace(['\r', '\n'], " "));
             }
+            for r in &b.regions {
+                // Positions are (segment order, offset): what the backup acknowledged
+                // and where the region's log ends here.
+                put(
+                    format!("tucana_slave{i}_{}", r.name),
+                    format!(
+                        "acked={}:{},end={}:{},lag_bytes={},applied_commit={}",
+                        r.acked.order,
+                        r.acked.offset,
+                        r.end.order,
+                        r.end.offset,
+                        r.lag_bytes,
+                        r.applied_epoch
+                    ),
+                );
+            }
         }
         if let Some(c) = self.backup_counters() {
             put("master_host".into(), c.primary);

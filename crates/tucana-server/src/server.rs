@@ -122,6 +122,7 @@ impl Server {
                 cluster.add_task(tokio::spawn(reporting));
             }
             tokio::spawn(crate::migration::run(state.clone(), shutdown.clone()));
+            tokio::spawn(crate::splitter::run(state.clone(), shutdown.clone()));
         }
         // Ends by itself at shutdown; not in `tasks`, which holds the connections.
         if state.config.active_expiry {

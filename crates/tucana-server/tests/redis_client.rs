@@ -515,6 +515,25 @@ fn ordered_range_and_prefix_commands() {
             .query::<Value>(&mut con)
     )
     .contains("start and end"));
+    // A hash's field records are stored under the reserved prefix, after every key a
+    // client may write: a range reaching past the last key lists only the hash's key.
+    let _: () = con.hset("h", "field", "v").unwrap();
+    let keys: Vec<Vec<u8>> = redis::cmd("TRANGE")
+        .arg("(pb")
+        .arg("+")
+        .query(&mut con)
+        .unwrap();
+    assert!(keys.is_empty(), "{keys:?}");
+    let keys: Vec<Vec<u8>> = redis::cmd("TRANGE")
+        .arg("(d")
+        .arg("+")
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(
+        keys,
+        [b"h".to_vec(), b"pa".to_vec(), b"pb".to_vec()],
+        "{keys:?}"
+    );
     // An empty database is an empty range, not an error.
     let _: () = redis::cmd("SELECT").arg(5).query(&mut con).unwrap();
     let keys: Vec<String> = redis::cmd("TPREFIX").arg("").query(&mut con).unwrap();

@@ -9,7 +9,7 @@
 //! `-c -n -d -r` for all; then, for each system on a fresh cluster, `--cycles` kill -9
 //! cycles (`failover`) and a last read back of every key acknowledged in any cycle.
 //! Failure detection is made comparable: the Redis `cluster-node-timeout` and the Tucana
-//! `--cluster-lease-ms` are both `--timeout-ms` (default 5000, Tucana's default lease).
+//! `--cluster-lease-ms` are both `--timeout-ms` (default 4000, Tucana's default lease).
 //!
 //! Owns the command: its arguments, the order of the runs, the records (in `results`'
 //! format) and their file (default `bench/cluster-results.json`, rewritten after each
@@ -126,8 +126,8 @@ pub struct ClusterCompareArgs {
     #[arg(long, default_value_t = 3000)]
     after_ms: u64,
     /// Failure detection of both systems: Redis's cluster-node-timeout and Tucana's
-    /// --cluster-lease-ms (5000 is Tucana's default lease).
-    #[arg(long, default_value_t = 5000, value_parser = clap::value_parser!(u64).range(500..=600_000))]
+    /// --cluster-lease-ms (4000 is Tucana's default lease).
+    #[arg(long, default_value_t = 4000, value_parser = clap::value_parser!(u64).range(500..=600_000))]
     timeout_ms: u64,
     /// Seed of the victims.
     #[arg(long, default_value_t = 1)]
@@ -506,7 +506,7 @@ mod tests {
         let args = Cli::parse_from(["x", "--systems", "redis,tucana", "--cycles", "0"]).args;
         assert_eq!(args.systems, [System::Redis, System::Tucana]);
         assert_eq!(args.cycles, 0);
-        assert_eq!(args.timeout_ms, 5000);
+        assert_eq!(args.timeout_ms, 4000);
         assert_eq!(args.client, ClientChoice::RedisCrate);
         let args = Cli::parse_from(["x", "--client", "router"]).args;
         assert_eq!(args.client.kind(), ClientKind::Router);

@@ -14,7 +14,7 @@ use std::path::Path;
 use serde_json::Value;
 
 use super::records::distinct;
-use super::server::median_records;
+use super::server::{median_records, setups};
 use crate::cluster_compare::{quantile, CYCLE_WORKLOAD, READ_BACK_WORKLOAD};
 use crate::format::{
     debug_build_warning, fmt_bytes, fmt_number, number, quoted_notes, ratio_cell, shell_args,
@@ -82,10 +82,10 @@ fn what_ran(md: &mut String, options: &Value, machine: &Value, json_path: &Path)
             .next()
             .unwrap_or("?"),
         options["tucana_version"].as_str().unwrap_or("?"),
-        if timeout.as_u64() == Some(5000) {
+        if timeout.as_u64() == Some(4000) {
             "Tucana's default lease"
         } else {
-            "Tucana's default lease is 5000 ms"
+            "Tucana's default lease is 4000 ms"
         },
     );
     let _ = writeln!(
@@ -296,24 +296,6 @@ fn failover(md: &mut String, all: &[&Value], options: &Value) {
             r["lost"],
             fmt_number(number(&r["rejoin_ms"]).map(|ms| ms / 1000.0)),
         );
-    }
-    *md += "\n";
-}
-
-/// "### Setups": each system's command lines.
-fn setups(md: &mut String, options: &Value) {
-    *md += "### Setups\n\n";
-    if let Some(configurations) = options["configurations"].as_object() {
-        for (name, lines) in configurations {
-            let commands: Vec<String> = lines
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(Value::as_str)
-                .map(|l| format!("`{l}`"))
-                .collect();
-            let _ = writeln!(md, "- `{name}`: {}", commands.join("; "));
-        }
     }
     *md += "\n";
 }

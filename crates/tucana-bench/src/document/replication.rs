@@ -22,7 +22,7 @@ use std::path::Path;
 use serde_json::Value;
 
 use super::records::distinct;
-use super::server::median_records;
+use super::server::{median_records, setups};
 use crate::format::{debug_build_warning, fmt_bytes, fmt_number, number, quoted_notes, shell_args};
 
 /// Issue 18's bounds.
@@ -762,24 +762,6 @@ fn failover_table(md: &mut String, run: &Run) {
         fmt_number(number(&r["replay_bytes_per_sec"]).map(|b| b / f64::from(1 << 20))),
         fmt_number(number(&r["load_bytes_per_sec"]).map(|b| b / f64::from(1 << 20))),
     );
-}
-
-/// "### Setups": each setup's processes' command lines.
-fn setups(md: &mut String, options: &Value) {
-    *md += "### Setups\n\n";
-    if let Some(configurations) = options["configurations"].as_object() {
-        for (name, lines) in configurations {
-            let commands: Vec<String> = lines
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(Value::as_str)
-                .map(|l| format!("`{l}`"))
-                .collect();
-            let _ = writeln!(md, "- `{name}`: {}", commands.join("; "));
-        }
-    }
-    *md += "\n";
 }
 
 /// "### Reproduce": the run's command, through `scripts/bench-replication.sh`.

@@ -17,6 +17,25 @@ use crate::format::{
     shell_args,
 };
 
+/// "### Setups": each system's (or setup's) command lines, from the run's
+/// `configurations` (the cluster and replication sections).
+pub(super) fn setups(md: &mut String, options: &Value) {
+    *md += "### Setups\n\n";
+    if let Some(configurations) = options["configurations"].as_object() {
+        for (name, lines) in configurations {
+            let commands: Vec<String> = lines
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_str)
+                .map(|l| format!("`{l}`"))
+                .collect();
+            let _ = writeln!(md, "- `{name}`: {}", commands.join("; "));
+        }
+    }
+    *md += "\n";
+}
+
 /// One record per (data set, server, test), in the order first seen, each numeric field
 /// the median over the rounds that have it (a run of one round: its records as they are).
 /// The replication section's rounds are summarised the same way.

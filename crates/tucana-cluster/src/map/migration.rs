@@ -40,6 +40,29 @@ pub struct Move {
     pub to: ServerId,
 }
 
+/// The server of `load` leading the most slots (ties: the smallest id), with its count.
+fn heaviest(load: &BTreeMap<&ServerId, u32>) -> Option<(ServerId, u32)> {
+    load.iter()
+        .max_by_key(|(s, n)| (**n, std::cmp::Reverse(**s)))
+        .map(|(s, n)| ((*s).clone(), *n))
+}
+
+/// The server of `load` leading the fewest slots (ties: the smallest id), with its count.
+fn lightest(load: &BTreeMap<&ServerId, u32>) -> Option<(ServerId, u32)> {
+    load.iter()
+        .min_by_key(|(s, n)| (**n, **s))
+        .map(|(s, n)| ((*s).clone(), *n))
+}
+
+/// One step of the coordinator's balancing of leadership ([`ClusterMap::balancing_step`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Balancing {
+    /// A planned failover of `region` to its in-sync backup `to` was asked for.
+    Handoff { region: RegionId, to: ServerId },
+    /// `server` became an extra backup of `region`, to take it over once in sync.
+    Backup { region: RegionId, server: ServerId },
+}
+
 impl ClusterMap {
     /// The migration out of region `source`, if one runs.
     pub fn migration_from(&self, source: RegionId) -> Option<&Migration> {
@@ -207,6 +230,17 @@ impl ClusterMap {
             .collect()
     }
 
+    /// How many slots each server of `servers` leads (0 for one leading none).
+    fn led_slots<'a>(&self, servers: &'a BTreeSet<ServerId>) -> BTreeMap<&'a ServerId, u32> {
+        let mut load: BTreeMap<&ServerId, u32> = servers.iter().map(|s| (s, 0)).collect();
+        for region in &self.regions {
+            if let Some(n) = load.get_mut(&region.primary) {
+                *n += region.slots.len();
+            }
+        }
+        load
+    }
+
     /// The next planned failover that evens out the slots led by `servers` without moving
     /// data: a region of the server leading the most slots (above its share) handed over
     /// to one of its in-sync backups in `servers` that then leads no more than its share
@@ -216,16 +250,8 @@ impl ClusterMap {
         if !self.migrations.is_empty() || servers.is_empty() {
             return None;
         }
-        let mut load: BTreeMap<&ServerId, u32> = servers.iter().map(|s| (s, 0)).collect();
-        for region in &self.regions {
-            if let Some(n) = load.get_mut(&region.primary) {
-                *n += region.slots.len();
-            }
-        }
-        let (heavy, heavy_load) = load
-            .iter()
-            .max_by_key(|(s, n)| (**n, std::cmp::Reverse((**s).clone())))
-            .map(|(s, n)| ((*s).clone(), *n))?;
+        let load = self.led_slots(servers);
+        let (heavy, heavy_load) = heaviest(&load)?;
         let share = load.values().sum::<u32>().div_ceil(servers.len() as u32);
         if heavy_load <= share {
             return None;
@@ -247,6 +273,63 @@ impl ClusterMap {
             .map(|(r, b, _)| (r.id, r.epoch, b.clone()))
     }
 
+    /// What the coordinator does by itself to even out leadership after failovers left
+    /// one server leading more than its share, one step per call, only while the cluster
+    /// is calm (every region's primary and backups live and every backup in sync, no
+    /// handoff asked, no migration): a planned failover to an in-sync backup that may
+    /// take the region ([`ClusterMap::next_handoff`]); failing that, the server leading
+    /// the fewest slots made an extra backup of a region of the busiest one it could
+    /// take, so that, once it caught up, a later step hands the region to it (a handoff
+    /// drops the old primary, so the region is back to `replicas` backups). The region
+    /// keeps its in-sync backup throughout. `None` when leadership is even or nothing
+    /// fits.
+    pub fn balancing_step(&self, live: &BTreeSet<ServerId>) -> Option<(ClusterMap, Balancing)> {
+        let calm = self.regions.iter().all(|r| {
+            r.handoff.is_none()
+                && !r.backups.is_empty()
+                && live.contains(&r.primary)
+                && r.backups
+                    .iter()
+                    .all(|b| live.contains(b) && r.in_sync.contains(b))
+        });
+        if !calm || !self.migrations.is_empty() || live.is_empty() {
+            return None;
+        }
+        if let Some((region, epoch, to)) = self.next_handoff(live) {
+            let map = self.request_handoff(region, epoch, Some(&to)).ok()?;
+            return Some((map, Balancing::Handoff { region, to }));
+        }
+        let load = self.led_slots(live);
+        let share = load.values().sum::<u32>().div_ceil(live.len() as u32);
+        let (heavy, heavy_load) = heaviest(&load)?;
+        let (light, light_load) = lightest(&load)?;
+        if heavy_load <= share {
+            return None;
+        }
+        let replicas = self.replicas.unwrap_or_else(|| {
+            self.regions
+                .iter()
+                .map(|r| r.backups.len())
+                .max()
+                .unwrap_or(0)
+        });
+        let region = self
+            .regions
+            .iter()
+            .filter(|r| r.primary == heavy && !r.backups.contains(&light))
+            .filter(|r| r.backups.len() <= replicas)
+            .filter(|r| light_load + r.slots.len() <= share)
+            .max_by_key(|r| (r.slots.len(), std::cmp::Reverse(r.id)))?;
+        let map = self.assign_backup(region.id, &light).ok()?;
+        Some((
+            map,
+            Balancing::Backup {
+                region: region.id,
+                server: light,
+            },
+        ))
+    }
+
     /// The next move that evens out the slots led by `servers` (the servers that should
     /// lead; a region led by anyone else moves whole to the server leading the fewest
     /// slots), or `None` when every server of `servers` leads within one slot of its
@@ -257,22 +340,12 @@ impl ClusterMap {
         if !self.migrations.is_empty() || servers.is_empty() {
             return None;
         }
-        let mut load: BTreeMap<&ServerId, u32> = servers.iter().map(|s| (s, 0)).collect();
-        for region in &self.regions {
-            if let Some(n) = load.get_mut(&region.primary) {
-                *n += region.slots.len();
-            }
-        }
-        let lightest = |load: &BTreeMap<&ServerId, u32>| {
-            load.iter()
-                .min_by_key(|(s, n)| (**n, (**s).clone()))
-                .map(|(s, _)| (*s).clone())
-        };
+        let load = self.led_slots(servers);
         if let Some(region) = self.regions.iter().find(|r| !servers.contains(&r.primary)) {
             return Some(Move {
                 source: region.id,
                 slots: region.slots,
-                to: lightest(&load)?,
+                to: lightest(&load)?.0,
             });
         }
         let total: u32 = load.values().sum();
@@ -281,14 +354,8 @@ impl ClusterMap {
         // first) may keep one slot more.
         let high = total.div_ceil(count);
         let low = total / count;
-        let (heavy, heavy_load) = load
-            .iter()
-            .max_by_key(|(s, n)| (**n, std::cmp::Reverse((**s).clone())))
-            .map(|(s, n)| ((*s).clone(), *n))?;
-        let (light, light_load) = load
-            .iter()
-            .min_by_key(|(s, n)| (**n, (**s).clone()))
-            .map(|(s, n)| ((*s).clone(), *n))?;
+        let (heavy, heavy_load) = heaviest(&load)?;
+        let (light, light_load) = lightest(&load)?;
         if heavy_load <= high && light_load >= low {
             return None;
         }

@@ -264,3 +264,104 @@ fn leadership_evens_out_by_handoffs_to_in_sync_backups() {
         assert_eq!(done.regions_led_by(server).count(), 1);
     }
 }
+
+#[test]
+fn the_coordinator_balances_leadership_only_when_the_cluster_is_calm() {
+    // As above: servers[1] leads two regions after a failover, servers[0] backs one of
+    // them. The coordinator asks for a handoff only once every backup is in sync and
+    // alive, and not while one is under way.
+    let servers = ids(3);
+    let all: BTreeSet<ServerId> = servers.iter().cloned().collect();
+    let map = ClusterMap::even_with_backups(&servers, 1).unwrap();
+    assert!(map.balancing_step(&all).is_none(), "even already");
+    let r1 = map.regions[0].id;
+    let moved = map
+        .promote(r1, &servers[1])
+        .unwrap()
+        .assign_backup(r1, &servers[0])
+        .unwrap();
+    assert!(moved.balancing_step(&all).is_none(), "a backup catching up");
+    let epoch = moved.region(r1).unwrap().epoch;
+    let synced = moved.mark_in_sync(r1, epoch, &servers[0]).unwrap();
+    let without_2: BTreeSet<ServerId> = servers[..2].iter().cloned().collect();
+    assert!(
+        synced.balancing_step(&without_2).is_none(),
+        "a backup of another region is dead: repair comes first"
+    );
+    let (asked, step) = synced.balancing_step(&all).expect("a handoff evens it out");
+    assert_eq!(
+        step,
+        Balancing::Handoff {
+            region: r1,
+            to: servers[0].clone()
+        }
+    );
+    assert_eq!(
+        asked.region(r1).unwrap().handoff.as_ref(),
+        Some(&servers[0])
+    );
+    assert!(asked.balancing_step(&all).is_none(), "one is under way");
+    let done = asked.promote(r1, &servers[0]).unwrap();
+    assert!(done.balancing_step(&all).is_none(), "even again");
+}
+
+#[test]
+fn a_server_that_backs_no_busy_region_is_made_a_backup_of_one_then_handed_it() {
+    // servers[0] died; its region went to servers[1], and the repair gave the region
+    // servers[2] as its backup: servers[0], back, leads nothing and backs nothing that
+    // a handoff could give it. The coordinator first makes it an extra backup of a
+    // region of servers[1]; in sync, it is handed the region, which ends with one backup
+    // as `--replicas 1` asked (the repair does not give the others a second one).
+    let servers = ids(3);
+    let all: BTreeSet<ServerId> = servers.iter().cloned().collect();
+    let map = ClusterMap::even_with_backups(&servers, 1).unwrap();
+    let r1 = map.regions[0].id;
+    let mut failed = map
+        .promote(r1, &servers[1])
+        .unwrap()
+        .without_backup(&servers[0])
+        .unwrap();
+    for region in failed.regions.clone() {
+        if region.backups.is_empty() {
+            let other = all
+                .iter()
+                .find(|s| **s != region.primary && **s != servers[0])
+                .unwrap();
+            failed = failed.assign_backup(region.id, other).unwrap();
+            failed = failed
+                .mark_in_sync(region.id, failed.region(region.id).unwrap().epoch, other)
+                .unwrap();
+        }
+    }
+    assert_eq!(failed.repaired(&all).unwrap(), failed, "nothing to repair");
+    assert_eq!(failed.regions_led_by(&servers[0]).count(), 0);
+    let (extra, step) = failed.balancing_step(&all).expect("a step");
+    let Balancing::Backup { region, server } = step else {
+        panic!("{step:?}")
+    };
+    assert_eq!(server, servers[0]);
+    assert_eq!(extra.region(region).unwrap().primary, servers[1]);
+    assert_eq!(extra.region(region).unwrap().backups.len(), 2);
+    assert_eq!(
+        extra.repaired(&all).unwrap(),
+        extra,
+        "no second backups elsewhere"
+    );
+    assert!(extra.balancing_step(&all).is_none(), "it is catching up");
+    let epoch = extra.region(region).unwrap().epoch;
+    let synced = extra.mark_in_sync(region, epoch, &servers[0]).unwrap();
+    let (asked, step) = synced.balancing_step(&all).expect("a handoff now");
+    assert_eq!(
+        step,
+        Balancing::Handoff {
+            region,
+            to: servers[0].clone()
+        }
+    );
+    let done = asked.promote(region, &servers[0]).unwrap();
+    assert_eq!(done.region(region).unwrap().backups.len(), 1);
+    for server in &servers {
+        assert_eq!(done.regions_led_by(server).count(), 1, "{done:?}");
+    }
+    assert!(done.balancing_step(&all).is_none(), "even again");
+}

@@ -28,7 +28,7 @@ pub use crate::types::ServerId;
 mod migration;
 mod repair;
 
-pub use migration::{Migration, Move};
+pub use migration::{Balancing, Migration, Move};
 
 #[cfg(test)]
 mod migration_tests;
@@ -149,6 +149,12 @@ pub struct ClusterMap {
     /// after its region moved away whole.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub max_region_id: u64,
+    /// Backups each region should have (`create --replicas`): what the repair gives a
+    /// region short of backups. Absent in maps written before it was kept: the most any
+    /// region has counts then. A region may have one more for a while, a backup the
+    /// coordinator added so it can take the region over (`balancing_step`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<usize>,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -207,6 +213,7 @@ impl ClusterMap {
             last_failover: None,
             migrations: Vec::new(),
             max_region_id: count,
+            replicas: Some(0),
         };
         map.validate()?;
         Ok(map)
@@ -224,6 +231,7 @@ impl ClusterMap {
             )));
         }
         let mut map = ClusterMap::even(primaries)?;
+        map.replicas = Some(replicas);
         let count = primaries.len();
         for (i, region) in map.regions.iter_mut().enumerate() {
             region.backups = (1..=replicas)

@@ -15,8 +15,8 @@ impl ClusterMap {
     /// The map with every region whose primary is not in `live` led by its first live
     /// in-sync backup (`promote`: a new epoch), the servers not in `live` removed from every
     /// backup list (`without_backup`), and each region given new backups from `live`
-    /// (`assign_backup`, the server backing the fewest regions first) until it has as
-    /// many as the most any region of `self` has. A region with no live in-sync backup
+    /// (`assign_backup`, the server backing the fewest regions first) until it has
+    /// `replicas` (in maps without it, as many as the most any region of `self` has). A region with no live in-sync backup
     /// keeps its dead primary (nobody live is known to hold all its acknowledged writes:
     /// it stays down rather than lose them). Equal to `self` when nothing needs repair.
     ///
@@ -24,7 +24,9 @@ impl ClusterMap {
     /// of its region has it, but a backup assigned after a write was acknowledged gets it
     /// by catching up, and is in sync only once its primary has seen it done.
     pub fn repaired(&self, live: &BTreeSet<ServerId>) -> Result<ClusterMap> {
-        let target = self.regions.iter().map(|r| r.backups.len()).max();
+        let target = self
+            .replicas
+            .or_else(|| self.regions.iter().map(|r| r.backups.len()).max());
         let mut map = self.clone();
         for region in &self.regions {
             if live.contains(&region.primary) {

@@ -310,6 +310,8 @@ pub struct RegionStatus {
     pub name: String,
     /// The foreground position the backup acknowledged.
     pub acked: LogPosition,
+    /// The region's foreground log end here.
+    pub end: LogPosition,
     /// Log bytes written here that the backup has not acknowledged.
     pub lag_bytes: u64,
     /// How long the oldest shipped bytes the backup has not acknowledged have waited.
@@ -596,15 +598,12 @@ impl Primary {
                     .regions
                     .iter()
                     .map(|(name, r)| {
-                        let lag = self
-                            .shared
-                            .db
-                            .ship_source(name)
-                            .map(|s| lag_bytes(&s, r.acked))
-                            .unwrap_or(0);
+                        let source = self.shared.db.ship_source(name).ok();
+                        let lag = source.as_ref().map_or(0, |s| lag_bytes(s, r.acked));
                         RegionStatus {
                             name: name.clone(),
                             acked: r.acked,
+                            end: source.map(|s| s.log_position()).unwrap_or_default(),
                             lag_bytes: lag,
                             // Nothing is shipped while the link is down, so the
                             // backup is behind since it went down.

@@ -18,6 +18,7 @@ use tucana_cluster::slot::slot_prefix;
 use tucana_cluster::{split_storage_key, SlotRange, SLOTS};
 
 use crate::glob::glob_match;
+use crate::migration::SlotState;
 use crate::resp::Reply;
 use crate::store::Slot;
 
@@ -208,6 +209,26 @@ pub(super) fn flush(call: &Call<'_>) -> tucana::Result<Reply> {
         slot.lock_writes().flush(&call.state.store.db)?;
     }
     Ok(Reply::Ok)
+}
+
+/// The keyspace of the region serving `hash_slot` here, for a read of several of its keys
+/// (TRANGE, TPREFIX), or the reply to give instead: `MOVED`/`CLUSTERDOWN` as for any key
+/// (`routing`), `TRYAGAIN` while the slot is migrating (its keys are on both sides, as
+/// Redis answers a multi-key command then).
+pub(super) fn slot_region(call: &Call<'_>, hash_slot: u16) -> Result<Arc<Slot>, Reply> {
+    let routed = super::routing::route_slot(call, hash_slot)?;
+    let Some(cluster) = &call.state.cluster else {
+        return Err(Reply::error(
+            "ERR This instance has cluster support disabled",
+        ));
+    };
+    match crate::migration::slot_state(cluster, hash_slot, routed.region) {
+        SlotState::Owned => Ok(cluster.region(&call.state.store.db, routed.region)),
+        SlotState::Migrating { .. } | SlotState::Importing => Err(Reply::error(
+            "TRYAGAIN the slot is migrating: its keys are on two servers; retry",
+        )),
+        SlotState::Gone(reply) => Err(Reply::error(reply)),
+    }
 }
 
 /// Up to `limit` keys stored in `hash_slot` here (none if this server does not lead it).

@@ -11,9 +11,12 @@
 use std::ops::Bound;
 
 use tucana::Keyspace;
+use tucana_cluster::prefix_slot;
+use tucana_cluster::slot::slot_prefix;
 
 use crate::glob::{glob_match, literal_prefix};
 use crate::resp::Reply;
+use crate::store::Slot;
 
 use crate::expiry::{is_reserved, now_ms, RESERVED};
 
@@ -225,15 +228,31 @@ fn lex_bound(arg: &[u8], low: bool) -> Option<Bound<Vec<u8>>> {
     }
 }
 
+/// The live keys (with their values if asked) from `lo` to `hi` in `slot`'s keyspace,
+/// whose stored keys are `prefix` (a hash slot's, or empty) then the client's key; the
+/// reserved records (deadlines, collections' members) are never listed.
 fn collect_range(
-    call: &Call<'_>,
+    slot: &Slot,
+    prefix: &[u8],
     lo: Bound<Vec<u8>>,
     hi: Bound<Vec<u8>>,
     opts: &RangeOptions,
 ) -> tucana::Result<Reply> {
     let limit = opts.limit.unwrap_or(usize::MAX);
-    let (may_expire, now) = (call.slot().may_expire(), now_ms());
-    call.slot().read(|ks| {
+    let stored = |key: &Vec<u8>| [prefix, key].concat();
+    let lo = match lo {
+        Bound::Included(k) => Bound::Included(stored(&k)),
+        Bound::Excluded(k) => Bound::Excluded(stored(&k)),
+        Bound::Unbounded if prefix.is_empty() => Bound::Unbounded,
+        Bound::Unbounded => Bound::Included(prefix.to_vec()),
+    };
+    let hi = match hi {
+        Bound::Included(k) => Bound::Included(stored(&k)),
+        Bound::Excluded(k) => Bound::Excluded(stored(&k)),
+        Bound::Unbounded => prefix_end(prefix),
+    };
+    let (may_expire, now) = (slot.may_expire(), now_ms());
+    slot.read(|ks| {
         let mut items = Vec::new();
         let (Some(range), Some(ks)) = (range_of(ks, lo.clone(), hi.clone()), ks) else {
             return Ok(Reply::Array(items));
@@ -248,8 +267,9 @@ fn collect_range(
             if taken == limit {
                 break;
             }
-            let (key, value) = item?;
-            if !visible(ks, may_expire, &[], &key, now)? {
+            let (stored, value) = item?;
+            let key = stored[prefix.len()..].to_vec();
+            if is_reserved(&key) || !visible(ks, may_expire, prefix, &key, now)? {
                 continue;
             }
             taken += 1;
@@ -264,38 +284,69 @@ fn collect_range(
 
 /// `TRANGE start end [REV] [LIMIT count] [WITHVALUES]`: keys from `start` to `end` in key
 /// order (`REV`: descending), bounds written as in ZRANGEBYLEX (`-`, `+`, `[k`, `(k`).
+/// In cluster mode the range must lie in one hash slot: both bounds given, sharing a
+/// prefix that holds a `{hashtag}` (so every key between them has that tag).
 pub(super) fn cmd_trange(call: &mut Call<'_>, args: &[Vec<u8>]) -> tucana::Result<Reply> {
-    if call.state.cluster.is_some() {
-        return Ok(not_in_cluster_mode("TRANGE"));
-    }
     let (Some(lo), Some(hi)) = (lex_bound(&args[1], true), lex_bound(&args[2], false)) else {
         return Ok(Reply::error(
             "ERR start and end must be '-', '+', '[key' (inclusive) or '(key' (exclusive)",
         ));
     };
-    match range_options(&args[3..]) {
-        Ok(opts) => collect_range(call, lo, hi, &opts),
-        Err(reply) => Ok(reply),
+    let opts = match range_options(&args[3..]) {
+        Ok(opts) => opts,
+        Err(reply) => return Ok(reply),
+    };
+    if call.state.cluster.is_some() {
+        let shared = match (&lo, &hi) {
+            (Bound::Included(a) | Bound::Excluded(a), Bound::Included(b) | Bound::Excluded(b)) => {
+                let n = a.iter().zip(b).take_while(|(x, y)| x == y).count();
+                prefix_slot(&a[..n])
+            }
+            _ => None,
+        };
+        let Some(hash_slot) = shared else {
+            return Ok(Reply::error(
+                "ERR in cluster mode TRANGE's bounds must both be keys sharing a prefix that holds a {hashtag}, so the range lies in one hash slot",
+            ));
+        };
+        return in_slot(call, hash_slot, lo, hi, &opts);
     }
+    collect_range(call.slot(), &[], lo, hi, &opts)
 }
 
 /// `TPREFIX prefix [REV] [LIMIT count] [WITHVALUES]`: the keys that start with `prefix`.
+/// In cluster mode the prefix must hold a `{hashtag}` (its keys are in one hash slot).
 pub(super) fn cmd_tprefix(call: &mut Call<'_>, args: &[Vec<u8>]) -> tucana::Result<Reply> {
-    if call.state.cluster.is_some() {
-        return Ok(not_in_cluster_mode("TPREFIX"));
-    }
     let prefix = args[1].clone();
     let hi = prefix_end(&prefix);
-    match range_options(&args[2..]) {
-        Ok(opts) => collect_range(call, Bound::Included(prefix), hi, &opts),
-        Err(reply) => Ok(reply),
+    let opts = match range_options(&args[2..]) {
+        Ok(opts) => opts,
+        Err(reply) => return Ok(reply),
+    };
+    if call.state.cluster.is_some() {
+        let Some(hash_slot) = prefix_slot(&prefix) else {
+            return Ok(Reply::error(
+                "ERR in cluster mode TPREFIX's prefix must hold a {hashtag}, so its keys lie in one hash slot",
+            ));
+        };
+        return in_slot(call, hash_slot, Bound::Included(prefix), hi, &opts);
     }
+    collect_range(call.slot(), &[], Bound::Included(prefix), hi, &opts)
 }
 
-/// The ordered commands do not yet run over a cluster's regions: refused rather than run
-/// on a keyspace that holds none of the client's keys.
-fn not_in_cluster_mode(name: &str) -> Reply {
-    Reply::error(format!("ERR {name} is not supported in cluster mode yet"))
+/// A range of one hash slot in cluster mode: read in the region that serves the slot
+/// here, or answered with where to go (`MOVED`, `TRYAGAIN` during a migration, ...).
+fn in_slot(
+    call: &Call<'_>,
+    hash_slot: u16,
+    lo: Bound<Vec<u8>>,
+    hi: Bound<Vec<u8>>,
+    opts: &RangeOptions,
+) -> tucana::Result<Reply> {
+    match cluster_keys::slot_region(call, hash_slot) {
+        Ok(slot) => collect_range(&slot, &slot_prefix(hash_slot), lo, hi, opts),
+        Err(reply) => Ok(reply),
+    }
 }
 
 pub(super) fn cmd_dbsize(call: &mut Call<'_>, _args: &[Vec<u8>]) -> tucana::Result<Reply> {
