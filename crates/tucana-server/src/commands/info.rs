@@ -1,6 +1,7 @@
 //! The `INFO` command's text: Redis's sections (Server, Clients, Memory, Persistence,
-//! Members on a volume over several, Stats, Replication, Cluster, Keyspace), filled from the server's counters, the
-//! engine's `Stats`, the replication's state and the cluster map this server follows.
+//! Stats, Replication, Cluster, Keyspace) and ours (Members, on a volume over several),
+//! filled from the server's counters, the engine's `Stats`, the replication's state and
+//! the cluster map this server follows.
 //!
 //! Owns which fields each section shows and their Redis names; the counters themselves
 //! are `metrics`'. The Prometheus text is the other reader of the same counters
