@@ -133,6 +133,7 @@ fn print_check_report(report: &CheckReport, out: &mut Output) -> Result<(), CliE
         log_records,
         allocated_blocks,
         unreferenced_blocks,
+        members,
     } = report;
     for (name, value) in [
         ("commit_epoch", commit_epoch),
@@ -143,6 +144,7 @@ fn print_check_report(report: &CheckReport, out: &mut Output) -> Result<(), CliE
         ("log_records", log_records),
         ("allocated_blocks", allocated_blocks),
         ("unreferenced_blocks", unreferenced_blocks),
+        ("members", members),
     ] {
         out.line(&format!("{name}: {value}"))?;
     }

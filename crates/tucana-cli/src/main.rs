@@ -58,6 +58,12 @@ pub struct Cli {
     #[arg(long, global = true, value_name = "PATH", default_value = DEFAULT_VOLUME_PATH)]
     db: PathBuf,
 
+    /// A further member file of a volume over several, after --db (member 0), in the
+    /// order given at creation; repeat for each. Refused with a message naming the member
+    /// when one is missing, swapped, duplicated or of another volume.
+    #[arg(long = "member", global = true, value_name = "PATH")]
+    members: Vec<PathBuf>,
+
     /// The keyspace to work in; commands that write create it if missing.
     #[arg(long, global = true, value_name = "NAME", default_value = "default")]
     keyspace: String,
@@ -237,7 +243,7 @@ fn run(cli: Cli) -> Result<Outcome, CliError> {
     }
     if let Command::Serve(args) = &cli.command {
         // The server opens the volume with its own options and closes it itself.
-        return serve::run(&cli.db, args);
+        return serve::run(&cli.db, &cli.members, args);
     }
     if let Command::Cluster(args) = &cli.command {
         // Speaks to etcd only; no volume.
@@ -248,7 +254,12 @@ fn run(cli: Cli) -> Result<Outcome, CliError> {
             return replication::run_on_server(args, addr);
         }
     }
-    let db = open_volume(&cli.db, cli.command.creates_volume())?;
+    let db = open_members_with(
+        &cli.db,
+        &cli.members,
+        cli.command.creates_volume(),
+        Database::builder(),
+    )?;
     let result = commands::run(&db, &cli.keyspace, cli.command);
     // Close even when the command failed: `load` promises that the lines before a bad
     // one are durable, and close is what commits them.
@@ -268,8 +279,39 @@ fn run(cli: Cli) -> Result<Outcome, CliError> {
     }
 }
 
-fn open_volume(path: &Path, create: bool) -> Result<Database, CliError> {
-    open_volume_with(path, create, Database::builder())
+/// The volume at `path`, with its further members when there are any.
+fn open_members_with(
+    path: &Path,
+    members: &[PathBuf],
+    create: bool,
+    options: tucana::Options,
+) -> Result<Database, CliError> {
+    if members.is_empty() {
+        return open_volume_with(path, create, options);
+    }
+    let mut paths = vec![path.to_path_buf()];
+    paths.extend(members.iter().cloned());
+    if create {
+        for parent in paths
+            .iter()
+            .filter_map(|p| p.parent())
+            .filter(|p| !p.as_os_str().is_empty())
+        {
+            std::fs::create_dir_all(parent).map_err(|e| {
+                CliError::msg(format!("cannot create directory {}: {e}", parent.display()))
+            })?;
+        }
+    }
+    options
+        .create_if_missing(create)
+        .open_members(&paths)
+        .map_err(|e| {
+            CliError::from(e).context(format_args!(
+                "cannot open the volume over {} members at {}",
+                paths.len(),
+                path.display()
+            ))
+        })
 }
 
 fn open_volume_with(

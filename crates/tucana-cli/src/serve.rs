@@ -292,11 +292,16 @@ fn describe_replication(config: &ServerConfig) -> String {
     out
 }
 
-pub fn run(path: &Path, args: &ServeArgs) -> Result<Outcome, CliError> {
+/// Serves the volume at `path` (with its further `members`, if any).
+pub fn run(
+    path: &Path,
+    members: &[std::path::PathBuf],
+    args: &ServeArgs,
+) -> Result<Outcome, CliError> {
     let config = args.config(path)?;
     let options = tucana::Database::builder()
         .flush_interval(Some(Duration::from_millis(args.flush_interval_ms.max(1))));
-    let db = crate::open_volume_with(path, true, options)?;
+    let db = crate::open_members_with(path, members, true, options)?;
     let durability = config.durability.name();
     let tls = if config.tls.is_some() { ", TLS" } else { "" };
     let replication = describe_replication(&config);

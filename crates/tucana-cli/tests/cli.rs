@@ -252,6 +252,32 @@ fn check_exits_0_on_a_sound_volume() {
 }
 
 #[test]
+fn a_volume_over_three_members_is_used_checked_and_refused_when_swapped() {
+    let volume = Volume::new();
+    let m1 = volume.dir.path().join("m1");
+    let m2 = volume.dir.path().join("m2");
+    let (m1, m2) = (m1.to_str().unwrap(), m2.to_str().unwrap());
+    volume.ok(&["--member", m1, "--member", m2, "put", "a", "1"]);
+    assert_eq!(
+        volume.ok(&["--member", m1, "--member", m2, "get", "a"]),
+        "1\n"
+    );
+    let report = volume.ok(&["--member", m1, "--member", m2, "check"]);
+    assert!(report.contains("members: 3\n"), "{report}");
+    let swapped = volume.run(&["--member", m2, "--member", m1, "get", "a"]);
+    assert_ne!(swapped.status.code(), Some(0));
+    let message = stderr(&swapped);
+    assert!(
+        message.contains("member 1") && message.contains("m2"),
+        "{message}"
+    );
+    // Member 0 alone is refused too, naming the others.
+    let alone = volume.run(&["get", "a"]);
+    assert_ne!(alone.status.code(), Some(0));
+    assert!(stderr(&alone).contains("member 1"), "{}", stderr(&alone));
+}
+
+#[test]
 fn stats_is_json_with_a_keys_field() {
     let volume = Volume::new();
     volume.ok(&["put", "a", "1"]);

@@ -15,6 +15,7 @@
 //!
 //! Thread-safety: each suite runs its cases one after another on the calling thread.
 
+pub mod members;
 pub mod model;
 pub mod sim;
 pub mod suites;
@@ -42,6 +43,9 @@ pub struct RunArgs {
     pub case: Option<u64>,
     /// Print one line per case.
     pub verbose: bool,
+    /// Members of the volume the suite runs on (1: a single file; more: a volume over
+    /// several members, `members::volume`). Power loss and the model test honour it.
+    pub members: usize,
 }
 
 /// A suite's result: its figures line and the failures it found.

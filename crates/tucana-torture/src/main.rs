@@ -54,6 +54,10 @@ struct Cli {
     /// One line per case on stderr.
     #[arg(long)]
     verbose: bool,
+    /// Run on a volume over this many members (windows of the simulated disk); power-loss
+    /// and model-test only.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=8))]
+    members: u64,
 }
 
 fn main() -> ExitCode {
@@ -70,6 +74,7 @@ fn main() -> ExitCode {
         count: cli.count.unwrap_or(default_count),
         case: cli.case,
         verbose: cli.verbose,
+        members: cli.members as usize,
     };
     let report: Report = match cli.suite {
         Suite::PowerLoss => suites::power_loss::run(&args),

@@ -13,6 +13,7 @@ fn args(seed: u64, count: u64) -> RunArgs {
         count,
         case: None,
         verbose: false,
+        members: 1,
     }
 }
 
@@ -105,4 +106,19 @@ fn replica_power_loss_lands_in_every_step_of_a_backups_apply_path() {
             report.figures
         );
     }
+}
+
+#[test]
+fn power_loss_and_the_model_test_pass_on_a_volume_over_three_members() {
+    // The same suites on a `MemberSet` over three windows of the simulated disk (one
+    // power domain): member headers and the group map must survive every crash state.
+    let mut three = args(11, 200);
+    three.members = 3;
+    let report = suites::power_loss::run(&three);
+    assert_passed(&report);
+    assert!(figure(&report, "M1 crash states") >= 200);
+    three.count = 20;
+    let report = suites::model_test::run(&three);
+    assert_passed(&report);
+    assert!(figure(&report, "crashes") > 0, "{}", report.figures);
 }

@@ -36,6 +36,8 @@ pub struct CheckReport {
     /// Allocated blocks no committed structure references (space a crash leaked, or
     /// blocks kept for the older superblock slot's commit).
     pub unreferenced_blocks: u64,
+    /// Members whose slot headers were verified (0 for a single-file volume).
+    pub members: u64,
 }
 
 /// Blocks referenced by committed structures, to find overlaps.
@@ -81,6 +83,7 @@ pub(crate) fn check(
     let mut cs = committer.lock();
     committer.commit_locked(&mut cs, regions)?;
     let storage = shared.volume.storage().clone();
+    storage.verify_members()?;
     let (sb, desc) = read_newest_commit(storage.as_ref(), cs.epoch())?;
     let allocator = Allocator::load(
         storage.as_ref(),
@@ -97,6 +100,7 @@ pub(crate) fn check(
         commit_epoch: sb.epoch.0,
         keyspaces: desc.regions.len() as u64,
         allocated_blocks: allocator.allocated_blocks(),
+        members: storage.members().len() as u64,
         ..CheckReport::default()
     };
     for rd in &desc.regions {

@@ -25,7 +25,29 @@ impl Options {
             self.create_if_missing,
             self.mapping_reservation_bytes,
         )?;
+        // A lone member of a volume over several is refused, naming the missing ones:
+        // it would otherwise open as a volume whose groups are elsewhere.
+        crate::volume::members::refuse_lone_member(&storage, &path.as_ref().display().to_string())?;
         self.open_storage(Arc::new(storage))
+    }
+
+    /// Opens (or, when every file is missing or empty and `create_if_missing`, creates) a
+    /// volume over several member files, given in the same order each time (DESIGN.md,
+    /// "Volumes over several devices"). One path is `open`. Refuses a missing, swapped,
+    /// duplicated or foreign member with `Error::Members` naming it, writing nothing.
+    pub fn open_members<P: AsRef<Path>>(self, paths: &[P]) -> Result<Database> {
+        if let [path] = paths {
+            return self.open(path);
+        }
+        let paths: Vec<std::path::PathBuf> =
+            paths.iter().map(|p| p.as_ref().to_path_buf()).collect();
+        let set = crate::volume::MemberSet::open_paths(
+            &paths,
+            self.create_if_missing,
+            self.mapping_reservation_bytes,
+        )?
+        .with_policy(self.member_dispatch);
+        self.open_storage(Arc::new(set))
     }
 
     /// Opens a volume held in memory (lost when dropped); for tests and tools.

@@ -295,6 +295,7 @@ impl Engine {
             prefetch_calls: shared.prefetch_calls.load(Ordering::Relaxed),
             prefetch_bytes: shared.prefetch_bytes.load(Ordering::Relaxed),
             prefetch_skipped: shared.prefetch_skipped.load(Ordering::Relaxed),
+            members: storage.members(),
             ..Stats::default()
         };
         for region in self.regions.list() {

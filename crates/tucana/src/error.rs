@@ -26,6 +26,9 @@ pub enum Error {
     #[error("the volume is in use by another process (it is locked)")]
     Locked,
 
+    #[error("volume members: {0}")]
+    Members(String),
+
     #[error("not a Tucana volume: {0}")]
     NotAVolume(String),
 

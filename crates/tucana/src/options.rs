@@ -57,6 +57,9 @@ pub struct Options {
     /// memory, but tools that cap a process's address space (valgrind, `ulimit -v`) refuse
     /// the default.
     pub mapping_reservation_bytes: u64,
+    /// How a volume over several members (`Options::open_members`) picks the member of a
+    /// new log segment: round-robin (the default) or least weighted queue length.
+    pub member_dispatch: crate::volume::DispatchPolicy,
 }
 
 impl Default for Options {
@@ -73,6 +76,7 @@ impl Default for Options {
             scan_prefetch_entries: 64,
             gc_tick: GC_TICK,
             mapping_reservation_bytes: crate::volume::DEFAULT_MAPPING_RESERVATION_BYTES,
+            member_dispatch: crate::volume::DispatchPolicy::RoundRobin,
         }
     }
 }
@@ -140,6 +144,11 @@ impl Options {
     /// See the field (at least one block).
     pub fn mapping_reservation_bytes(mut self, bytes: u64) -> Options {
         self.mapping_reservation_bytes = bytes.max(crate::types::BLOCK_BYTES);
+        self
+    }
+
+    pub fn member_dispatch(mut self, policy: crate::volume::DispatchPolicy) -> Options {
+        self.member_dispatch = policy;
         self
     }
 

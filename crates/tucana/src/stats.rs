@@ -49,6 +49,9 @@ pub struct Stats {
     /// of their batch were found in memory (`Storage::resident`).
     pub prefetch_skipped: u64,
     pub keyspaces: Vec<KeyspaceStats>,
+    /// Per member of a volume over several members (empty for one file): groups placed
+    /// on it, bytes written and read.
+    pub members: Vec<crate::volume::MemberStats>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -110,6 +113,25 @@ impl Stats {
                 ks.log_segments,
                 ks.log_size_bytes,
                 ks.index_nodes
+            ));
+        }
+        s.push_str("],\"members\":[");
+        for (i, m) in self.members.iter().enumerate() {
+            if i > 0 {
+                s.push(',');
+            }
+            s.push_str(&format!(
+                "{{\"name\":{},\"uuid\":{},\"groups\":{},\"bytes_written\":{},\"bytes_read\":{},\"in_flight_requests\":{},\"in_flight_bytes\":{},\"weighted_queue_ps\":{},\"write_ps_per_byte\":{},\"read_ps_per_byte\":{}}}",
+                json_string(&m.name),
+                json_string(&m.uuid),
+                m.groups,
+                m.bytes_written,
+                m.bytes_read,
+                m.in_flight_requests,
+                m.in_flight_bytes,
+                m.weighted_queue_ps,
+                m.write_ps_per_byte,
+                m.read_ps_per_byte
             ));
         }
         s.push_str("]}");

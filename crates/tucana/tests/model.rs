@@ -7,7 +7,8 @@
 //! snapshots read long after they were taken while writes continue, commit, sync,
 //! close-and-reopen and abandon-and-reopen (a simulated crash, always right after a
 //! completed `sync`, so the expected state is exact). Every reopen and the end of every
-//! case run `Database::check`.
+//! case run `Database::check`. Each case runs on a single-file volume, and (a third,
+//! smaller set of cases) on a volume over three member files.
 //!
 //! Keys come from a small alphabet with shared heads, so the index's 8-byte key prefixes
 //! tie often (and `"a"` vs `"a\0"`, keys ending in `0xff` and prefix scans of `0xff…` are
@@ -516,6 +517,18 @@ enum Mode {
     /// Background commits and flushes on, at short intervals so they interleave with
     /// the operations of a case.
     Background,
+    /// As `Manual`, on a volume over three member files (`Options::open_members`).
+    Members,
+}
+
+impl Mode {
+    /// Member files of the case's volume.
+    fn members(self) -> usize {
+        match self {
+            Mode::Members => 3,
+            Mode::Manual | Mode::Background => 1,
+        }
+    }
 }
 
 impl Mode {
@@ -523,7 +536,7 @@ impl Mode {
         match self {
             // Small log segments so values of up to 64 KiB also take the
             // "record larger than a segment" path.
-            Mode::Manual => Database::builder()
+            Mode::Manual | Mode::Members => Database::builder()
                 .commit_interval(None)
                 .flush_interval(None)
                 .log_segment_bytes(64 * 1024),
@@ -546,7 +559,7 @@ struct Snap {
 struct Harness {
     mode: Mode,
     _dir: tempfile::TempDir,
-    path: PathBuf,
+    paths: Vec<PathBuf>,
     db: Option<Database>,
     keyspaces: Vec<Keyspace>,
     models: Vec<Model>,
@@ -557,8 +570,10 @@ struct Harness {
 impl Harness {
     fn new(mode: Mode) -> Harness {
         let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join("model.tucana");
-        let db = mode.options().open(&path).expect("create volume");
+        let paths: Vec<PathBuf> = (0..mode.members())
+            .map(|i| dir.path().join(format!("model.tucana.{i}")))
+            .collect();
+        let db = mode.options().open_members(&paths).expect("create volume");
         let keyspaces: Vec<Keyspace> = KEYSPACES
             .iter()
             .map(|name| db.keyspace(name).expect("create keyspace"))
@@ -569,7 +584,7 @@ impl Harness {
         Harness {
             mode,
             _dir: dir,
-            path,
+            paths,
             db: Some(db),
             keyspaces,
             models: vec![Model::new(); KEYSPACES.len()],
@@ -602,7 +617,7 @@ impl Harness {
             .mode
             .options()
             .create_if_missing(false)
-            .open(&self.path)
+            .open_members(&self.paths)
             .unwrap_or_else(|e| panic!("reopen #{} after {how}: {e}", self.reopens));
         assert_eq!(
             db.keyspace_names(),
@@ -838,5 +853,16 @@ proptest! {
     #[test]
     fn model_with_background_commits(ops in ops_strategy()) {
         run(Mode::Background, &ops);
+    }
+}
+
+proptest! {
+    #![proptest_config(config(16))]
+
+    /// The same as the first, on a volume over three member files: routing, growth onto
+    /// members and reopening must not change what any operation returns.
+    #[test]
+    fn model_over_three_members(ops in ops_strategy()) {
+        run(Mode::Members, &ops);
     }
 }

@@ -1,6 +1,7 @@
 //! The `INFO` command's text: Redis's sections (Server, Clients, Memory, Persistence,
-//! Stats, Replication, Cluster, Keyspace), filled from the server's counters, the
-//! engine's `Stats`, the replication's state and the cluster map this server follows.
+//! Stats, Replication, Cluster, Keyspace) and ours (Members, on a volume over several),
+//! filled from the server's counters, the engine's `Stats`, the replication's state and
+//! the cluster map this server follows.
 //!
 //! Owns which fields each section shows and their Redis names; the counters themselves
 //! are `metrics`'. The Prometheus text is the other reader of the same counters
@@ -64,6 +65,12 @@ fn info_text(state: &ServerState, sections: &[String], connected: u64) -> String
     if want("persistence") {
         section(&mut out, "Persistence", persistence_lines(state, &stats));
     }
+    // Only on a volume over several members, so a single file's INFO is as it was.
+    if !stats.members.is_empty() && want("members") {
+        let owned = member_lines(&stats);
+        let lines = owned.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+        section(&mut out, "Members", lines);
+    }
     if want("stats") {
         section(&mut out, "Stats", stats_lines(state));
     }
@@ -97,6 +104,33 @@ fn info_text(state: &ServerState, sections: &[String], connected: u64) -> String
         section(&mut out, "Keyspace", lines);
     }
     out
+}
+
+/// `INFO members`: per member of a volume over several (`member<i>`), its file, the groups
+/// placed on it, bytes written and read, requests and bytes in flight, and its weighted
+/// queue (what least-weighted-queue dispatch compares; DESIGN.md, "Volumes over several
+/// devices").
+fn member_lines(stats: &Stats) -> Vec<(String, String)> {
+    stats
+        .members
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            (
+                format!("member{i}"),
+                format!(
+                    "path={},groups={},bytes_written={},bytes_read={},in_flight_requests={},in_flight_bytes={},weighted_queue_ps={}",
+                    m.name,
+                    m.groups,
+                    m.bytes_written,
+                    m.bytes_read,
+                    m.in_flight_requests,
+                    m.in_flight_bytes,
+                    m.weighted_queue_ps
+                ),
+            )
+        })
+        .collect()
 }
 
 /// `INFO cluster`'s fields after Redis's `cluster_enabled`: per region of the map
@@ -301,5 +335,32 @@ fn live_counts(slot: &crate::store::Slot, records: u64) -> (u64, u64) {
     match counted {
         Ok((hidden, expires)) => (records.saturating_sub(hidden), expires),
         Err(_) => (records, 0),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn members_are_listed_one_line_each() {
+        let mut stats = Stats::default();
+        assert!(member_lines(&stats).is_empty());
+        stats.members = (0..2)
+            .map(|i| tucana::volume::MemberStats {
+                name: format!("/nvme{i}/v"),
+                groups: 3 + i,
+                bytes_written: 100 * i,
+                in_flight_requests: i,
+                ..Default::default()
+            })
+            .collect();
+        let lines = member_lines(&stats);
+        assert_eq!(lines.len(), 2);
+        assert_eq!(lines[1].0, "member1");
+        assert_eq!(
+            lines[1].1,
+            "path=/nvme1/v,groups=4,bytes_written=100,bytes_read=0,in_flight_requests=1,in_flight_bytes=0,weighted_queue_ps=0"
+        );
     }
 }

@@ -17,7 +17,6 @@ use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
 use rand::Rng;
-use tucana::volume::Storage;
 use tucana::{Database, Keyspace, Snapshot};
 
 use crate::model::{KeyspaceModel, State};
@@ -58,7 +57,7 @@ pub fn run(args: &RunArgs) -> Report {
     for case in cases {
         t.cases += 1;
         let where_ = format!("model-test seed {} case {case}", args.seed);
-        match catch(|| run_case(args.seed, case, &mut t)) {
+        match catch(|| run_case(args.seed, case, args.members, &mut t)) {
             Ok(Ok(())) => {}
             Ok(Err(m)) => t.failures.push(format!("{where_}: {m}")),
             Err(p) => {
@@ -91,12 +90,19 @@ pub fn run(args: &RunArgs) -> Report {
 
 struct Live {
     sim: Arc<SimStorage>,
+    /// Members of the volume (`members::volume`).
+    members: usize,
     db: Database,
     keyspaces: Vec<Keyspace>,
 }
 
-fn open_live(sim: Arc<SimStorage>, names: &[String], background: bool) -> Result<Live, String> {
-    let storage: Arc<dyn Storage> = sim.clone();
+fn open_live(
+    sim: Arc<SimStorage>,
+    members: usize,
+    names: &[String],
+    background: bool,
+) -> Result<Live, String> {
+    let storage = crate::members::volume(&sim, members).map_err(|e| format!("members: {e}"))?;
     let db = workload::open(workload::options(background), &storage)
         .map_err(|e| format!("open: {e}"))?;
     let keyspaces = names
@@ -104,7 +110,12 @@ fn open_live(sim: Arc<SimStorage>, names: &[String], background: bool) -> Result
         .map(|n| db.keyspace(n))
         .collect::<tucana::Result<Vec<_>>>()
         .map_err(|e| format!("keyspace: {e}"))?;
-    Ok(Live { sim, db, keyspaces })
+    Ok(Live {
+        sim,
+        members,
+        db,
+        keyspaces,
+    })
 }
 
 fn random_bound(rng: &mut StdRng) -> Bound<Vec<u8>> {
@@ -226,12 +237,12 @@ fn reopen(
     background: bool,
     t: &mut Tally,
 ) -> Result<Live, String> {
-    let sim = live.sim.clone();
+    let (sim, members) = (live.sim.clone(), live.members);
     let Live { db, keyspaces, .. } = live;
     drop(keyspaces);
     count_gc(t, &db);
     db.close().map_err(|e| format!("close: {e}"))?;
-    let live = open_live(sim, names, background)?;
+    let live = open_live(sim, members, names, background)?;
     for (i, m) in models.iter_mut().enumerate() {
         let got = workload::read_state(&live.keyspaces[i])
             .map_err(|e| format!("read after reopen: {e}"))?;
@@ -257,7 +268,12 @@ fn crash(
     background: bool,
     t: &mut Tally,
 ) -> Result<Live, String> {
-    let Live { sim, db, keyspaces } = live;
+    let Live {
+        sim,
+        members,
+        db,
+        keyspaces,
+    } = live;
     drop(keyspaces);
     if background && rng.random_bool(0.5) && over_gc_target(&db) {
         // Power lost at one of the collector's next I/Os, if it does any soon.
@@ -271,7 +287,8 @@ fn crash(
     count_gc(t, &db);
     db.abandon();
     let recovered = Arc::new(sim.crash(rng));
-    let storage: Arc<dyn Storage> = recovered.clone();
+    let storage = crate::members::volume(&recovered, members)
+        .map_err(|e| format!("members after a crash: {e}"))?;
     let db = workload::open(workload::options(false), &storage)
         .map_err(|e| format!("open after a crash: {e}"))?;
     match workload::verify_recovered(&db, names, models) {
@@ -281,10 +298,10 @@ fn crash(
         other => return Err(format!("after a crash: {other:?}")),
     }
     drop(db);
-    open_live(recovered, names, background)
+    open_live(recovered, members, names, background)
 }
 
-fn run_case(seed: u64, case: u64, t: &mut Tally) -> Result<(), String> {
+fn run_case(seed: u64, case: u64, members: usize, t: &mut Tally) -> Result<(), String> {
     let mut rng = case_rng(seed, case);
     let names: Vec<String> = (0..KEYSPACES).map(|i| format!("ks{i}")).collect();
     let mix = if rng.random_bool(0.5) {
@@ -294,7 +311,8 @@ fn run_case(seed: u64, case: u64, t: &mut Tally) -> Result<(), String> {
     };
     let background = rng.random_range(0..4) == 0;
     t.background_cases += u64::from(background);
-    let mut live = open_live(Arc::new(SimStorage::new(rng.random())), &names, background)?;
+    let sim = Arc::new(SimStorage::new(rng.random()));
+    let mut live = open_live(sim, members, &names, background)?;
     live.db.commit().map_err(|e| format!("first commit: {e}"))?;
     let mut models = vec![KeyspaceModel::default(); KEYSPACES];
     let mut snapshots: Vec<(usize, Snapshot, State)> = Vec::new();

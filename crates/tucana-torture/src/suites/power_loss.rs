@@ -37,6 +37,7 @@ use tucana::volume::superblock::Superblock;
 use tucana::volume::Storage;
 use tucana::{Database, Error, Keyspace};
 
+use crate::members;
 use crate::model::{KeyspaceModel, State};
 use crate::sim::{Fault, Image, IoKind, SimStorage, BLOCK_BYTES};
 use crate::workload::{self, Mix, Op, Recovery, GC_THREAD};
@@ -82,7 +83,7 @@ pub fn run(args: &RunArgs) -> Report {
     loop {
         let before = t.crash_states;
         let where_ = format!("power-loss seed {} case {case}", args.seed);
-        if let Err(p) = catch(|| run_case(args.seed, case, &mut t)) {
+        if let Err(p) = catch(|| run_case(args.seed, case, args.members, &mut t)) {
             t.panics += 1;
             t.failures
                 .push(format!("{where_}: panic in the workload: {p}"));
@@ -133,6 +134,8 @@ struct Case {
     /// I/Os a forced GC pass of this case makes (a crash aimed inside one falls at a
     /// random one of them).
     gc_pass_ios: u64,
+    /// Members of the volume (`members::volume`).
+    members: usize,
 }
 
 /// Where a life's power loss fell.
@@ -143,7 +146,7 @@ struct Crash {
 }
 
 impl Case {
-    fn draw(seed: u64, case: u64) -> Case {
+    fn draw(seed: u64, case: u64, members: usize) -> Case {
         let mut rng = case_rng(seed, case);
         let background = rng.random_bool(0.2);
         let replay = if background {
@@ -167,6 +170,7 @@ impl Case {
             names: (0..keyspace_count).map(|i| format!("ks{i}")).collect(),
             tag: 0,
             gc_pass_ios: GC_PASS_IOS_GUESS,
+            members,
         }
     }
 
@@ -269,7 +273,7 @@ impl Case {
             let where_ = format!("{where_} crash state {state}");
             let image = sim.crash_image(rng);
             let recovered = Arc::new(SimStorage::from_image(image.clone(), rng.random()));
-            let storage: Arc<dyn Storage> = recovered.clone();
+            let members = self.members;
             t.crash_states += 1;
             if crash.in_background_gc {
                 t.gc_background_states += 1;
@@ -285,9 +289,9 @@ impl Case {
                 if let Some(image) = without_newest_slot(image) {
                     t.older_slot_states += 1;
                     let where_ = format!("{where_} (newest superblock slot lost)");
-                    let older: Arc<dyn Storage> = Arc::new(SimStorage::from_image(image, 0));
+                    let older = Arc::new(SimStorage::from_image(image, 0));
                     let options = workload::options(false);
-                    let outcome = catch(|| recover(&options, &older, names, models));
+                    let outcome = catch(|| recover(&options, &older, members, names, models));
                     if matches!(
                         &outcome,
                         Ok((_, Recovery::Failed(Error::Corruption { what, .. }))) if *what == BUDDY
@@ -301,7 +305,7 @@ impl Case {
                     }
                 }
             }
-            let outcome = catch(|| recover(&self.options, &storage, names, models));
+            let outcome = catch(|| recover(&self.options, &recovered, members, names, models));
             if let Some((db, states)) = judge(t, &where_, replay, outcome) {
                 // Carry on with the last good one; the others are closed as crashes.
                 if let Some((old, _, _)) = next.replace((db, states, recovered)) {
@@ -313,10 +317,10 @@ impl Case {
     }
 }
 
-fn run_case(seed: u64, case: u64, t: &mut Tally) {
-    let mut c = Case::draw(seed, case);
+fn run_case(seed: u64, case: u64, members: usize, t: &mut Tally) {
+    let mut c = Case::draw(seed, case, members);
     let mut sim = Arc::new(SimStorage::new(c.rng.random()));
-    let storage: Arc<dyn Storage> = sim.clone();
+    let storage = members::volume(&sim, members).expect("members of a fresh volume");
     let mut db = workload::open(c.options.clone(), &storage).expect("create a fresh volume");
     let mut keyspaces: Vec<Keyspace> = c
         .names
@@ -373,11 +377,16 @@ const BUDDY: &str = "allocator bitmap buddy";
 /// Opens a crash image and compares it with the models (`check` included).
 fn recover(
     options: &tucana::Options,
-    storage: &Arc<dyn Storage>,
+    sim: &Arc<SimStorage>,
+    members: usize,
     names: &[String],
     models: &[KeyspaceModel],
 ) -> (Option<Database>, Recovery) {
-    match workload::open(options.clone(), storage) {
+    let storage = match members::volume(sim, members) {
+        Ok(storage) => storage,
+        Err(e) => return (None, Recovery::Failed(e)),
+    };
+    match workload::open(options.clone(), &storage) {
         Ok(db) => {
             let r = workload::verify_recovered(&db, names, models);
             (Some(db), r)

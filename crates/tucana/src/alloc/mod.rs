@@ -72,6 +72,14 @@ pub const GROUP_RESERVED_BLOCKS: u64 = 8;
 /// Bytes per allocation group.
 pub const GROUP_BYTES: u64 = GROUP_BLOCKS * BLOCK_BYTES;
 
+// A volume over several members places whole groups in member slots and keeps a slot
+// header in a spare reserved block (never handed out, never a bitmap buddy).
+const _: () = assert!(crate::volume::slot_header::SLOT_BYTES == GROUP_BYTES);
+const _: () = assert!(
+    crate::volume::slot_header::HEADER_BLOCK < GROUP_RESERVED_BLOCKS
+        && crate::volume::slot_header::HEADER_BLOCK >= buddy::BUDDY_A_BLOCK + 4
+);
+
 /// The least a growth adds to the volume (it also adds at least 1/8 of the volume).
 pub const GROWTH_MIN_BYTES: u64 = 16 << 20;
 
@@ -277,6 +285,31 @@ impl Allocator {
         debug_assert_eq!(start_block % align_blocks, 0);
         st.take(start_block, blocks, post_seal);
         Ok(DiskOffset(start_block * BLOCK_BYTES))
+    }
+
+    /// As `allocate`, preferring a run on member `member` of a volume over several members
+    /// (`Storage::member_of`): first fit from the cursor among that member's groups; when
+    /// none has room (or `member` is `None`), exactly `allocate`, which may grow the
+    /// volume and place the run on any member.
+    pub fn allocate_on(
+        &self,
+        storage: &dyn Storage,
+        blocks: u64,
+        align_blocks: u64,
+        post_seal: bool,
+        member: Option<usize>,
+    ) -> Result<DiskOffset> {
+        if let Some(member) = member {
+            let mut st = self.state.lock();
+            let on_member = |g: usize| storage.member_of(g as u64 * GROUP_BYTES) == Some(member);
+            if let Some(start_block) =
+                st.find_run_where(st.cursor_block, blocks, align_blocks, on_member)
+            {
+                st.take(start_block, blocks, post_seal);
+                return Ok(DiskOffset(start_block * BLOCK_BYTES));
+            }
+        }
+        self.allocate(storage, blocks, align_blocks, post_seal)
     }
 
     /// Like `allocate(…, 1, 1, false)` but returns the first free run (from the cursor) of

@@ -153,7 +153,7 @@ impl State {
     fn search_from<T>(
         &self,
         cursor_block: u64,
-        mut search: impl FnMut(&Group, u64) -> Option<T>,
+        mut search: impl FnMut(usize, &Group, u64) -> Option<T>,
     ) -> Option<(usize, T)> {
         let count = self.groups.len();
         let cursor_block = if cursor_block >= self.volume_blocks {
@@ -169,7 +169,7 @@ impl State {
             } else {
                 0
             };
-            if let Some(hit) = search(&self.groups[g], from) {
+            if let Some(hit) = search(g, &self.groups[g], from) {
                 return Some((g, hit));
             }
         }
@@ -183,8 +183,25 @@ impl State {
         blocks: u64,
         align_blocks: u64,
     ) -> Option<u64> {
-        self.search_from(cursor_block, |group, from| {
+        self.search_from(cursor_block, |_, group, from| {
             if group.free_blocks < blocks {
+                return None;
+            }
+            bitmap::find_run(&group.bits, from, blocks, align_blocks)
+        })
+        .map(|(g, start)| g as u64 * GROUP_BLOCKS + start)
+    }
+
+    /// As `find_run`, among the groups `keep` accepts.
+    pub(super) fn find_run_where(
+        &self,
+        cursor_block: u64,
+        blocks: u64,
+        align_blocks: u64,
+        keep: impl Fn(usize) -> bool,
+    ) -> Option<u64> {
+        self.search_from(cursor_block, |g, group, from| {
+            if group.free_blocks < blocks || !keep(g) {
                 return None;
             }
             bitmap::find_run(&group.bits, from, blocks, align_blocks)
@@ -194,7 +211,7 @@ impl State {
 
     /// First free run of up to `max_blocks` from `cursor_block`: (start block, blocks).
     pub(super) fn find_run_up_to(&self, cursor_block: u64, max_blocks: u64) -> Option<(u64, u64)> {
-        self.search_from(cursor_block, |group, from| {
+        self.search_from(cursor_block, |_, group, from| {
             if group.free_blocks == 0 {
                 return None;
             }

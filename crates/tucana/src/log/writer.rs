@@ -282,7 +282,8 @@ impl Log {
         record_len: usize,
         guard: &epoch::Guard,
     ) -> Result<()> {
-        let (base, size) = self.allocate_segment(w, (record_len + LINK_RECORD_BYTES) as u64)?;
+        let (base, size) =
+            self.allocate_segment(w, (record_len + LINK_RECORD_BYTES) as u64, None)?;
         let old = self.tail.load(Ordering::Acquire, guard);
         // SAFETY: non-null, protected by the guard.
         let old_tail = unsafe { old.deref() };
@@ -318,9 +319,10 @@ impl Log {
         &self,
         w: &mut Writer,
         record_len: usize,
+        away_from: Option<DiskOffset>,
         guard: &epoch::Guard,
     ) -> Result<()> {
-        let (base, size) = self.allocate_segment(w, record_len as u64)?;
+        let (base, size) = self.allocate_segment(w, record_len as u64, away_from)?;
         let old = self.gc_tail.load(Ordering::Acquire, guard);
         // SAFETY: protected by the guard.
         if let Some(old_tail) = unsafe { old.as_ref() } {
@@ -332,17 +334,28 @@ impl Log {
 
     /// Allocates a log segment of the standard size, or bigger (block-rounded) for
     /// `needed_bytes`; standard ones are aligned to their size.
-    fn allocate_segment(&self, w: &Writer, needed_bytes: u64) -> Result<(DiskOffset, u64)> {
+    fn allocate_segment(
+        &self,
+        w: &Writer,
+        needed_bytes: u64,
+        away_from: Option<DiskOffset>,
+    ) -> Result<(DiskOffset, u64)> {
         let shared = &self.shared;
         let standard = shared.options.log_segment_bytes;
         let size = standard.max(needed_bytes.div_ceil(BLOCK_BYTES) * BLOCK_BYTES);
         let blocks = size / BLOCK_BYTES;
         let align = if size == standard { blocks } else { 1 };
         let storage = shared.volume.storage();
-        let base =
-            shared
-                .allocator
-                .allocate(storage.as_ref(), blocks, align, w.sealed_for_commit)?;
+        // On a volume over several members, the member the dispatch policy names (not
+        // the one holding `away_from`, when another will do).
+        let avoid = away_from.and_then(|at| storage.member_of(at.0));
+        let base = shared.allocator.allocate_on(
+            storage.as_ref(),
+            blocks,
+            align,
+            w.sealed_for_commit,
+            storage.dispatch_member(avoid),
+        )?;
         Ok((base, size))
     }
 
@@ -608,10 +621,17 @@ impl Log {
     }
 
     /// Opens a fresh relocation tail big enough for a record of `record_len` (writer lock
-    /// held), closing the full one.
-    pub fn next_gc_segment(&self, w: &mut Writer, record_len: usize) -> Result<()> {
+    /// held), closing the full one; on a volume over several members, away from the member
+    /// of `victim` (the segment being collected) when another will do, so that the copies
+    /// are written where the victim is not being read (LOCS §3.3.3).
+    pub fn next_gc_segment(
+        &self,
+        w: &mut Writer,
+        record_len: usize,
+        victim: DiskOffset,
+    ) -> Result<()> {
         let guard = epoch::pin();
-        self.switch_gc_segment(w, record_len, &guard)
+        self.switch_gc_segment(w, record_len, Some(victim), &guard)
     }
 
     /// Takes a retired segment's bytes out of the totals (writer lock held).

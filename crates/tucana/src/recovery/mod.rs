@@ -35,7 +35,7 @@ pub(crate) struct Opened {
 pub(crate) fn open(options: Options, storage: Arc<dyn Storage>) -> Result<Opened> {
     let volume = Volume::new(storage.clone());
     let newest = match superblock::read_newest(storage.as_ref()) {
-        Err(_) if creation_was_interrupted(storage.as_ref())? => None,
+        Err(_) if superblock::creation_was_interrupted(storage.as_ref())? => None,
         other => other?,
     };
     let Some(sb) = newest else {
@@ -43,7 +43,7 @@ pub(crate) fn open(options: Options, storage: Arc<dyn Storage>) -> Result<Opened
         // a new volume: a non-empty file without a superblock is somebody else's data and
         // is never overwritten.
         let len = storage.len_bytes()?;
-        if len != 0 && !creation_was_interrupted(storage.as_ref())? {
+        if len != 0 && !superblock::creation_was_interrupted(storage.as_ref())? {
             return Err(Error::NotAVolume(
                 "the file has data but no superblock".into(),
             ));
@@ -181,32 +181,12 @@ fn open_regions(
 /// Written to slot 0 before anything else when a volume is created, and overwritten by
 /// the second commit: a file that starts with it and whose slot 1 was never written is a
 /// creation that crashed before committing anything, safe to create again.
-const CREATING_MAGIC: &[u8; 8] = b"TUCANAC\0";
-
-fn creation_was_interrupted(storage: &dyn Storage) -> Result<bool> {
-    let slot = superblock::SLOT_BYTES;
-    if storage.len_bytes()? < 2 * slot as u64 {
-        return Ok(false);
-    }
-    let mut slots = vec![0u8; 2 * slot];
-    storage.read_at(0, &mut slots)?;
-    Ok(&slots[..8] == CREATING_MAGIC
-        && slots[8..slot].iter().all(|b| *b == 0)
-        && slots[slot..].iter().all(|b| *b == 0))
-}
-
 fn create(options: Options, volume: Volume) -> Result<Opened> {
     let storage = volume.storage().clone();
     if storage.len_bytes()? < INITIAL_VOLUME_BYTES {
         storage.grow(INITIAL_VOLUME_BYTES)?;
     }
-    let mut marker = vec![0u8; superblock::SLOT_BYTES];
-    marker[..8].copy_from_slice(CREATING_MAGIC);
-    storage.write_at(0, &marker)?;
-    storage.write_at(
-        superblock::SLOT_BYTES as u64,
-        &vec![0u8; superblock::SLOT_BYTES],
-    )?;
+    superblock::write_creation_marker(storage.as_ref())?;
     storage.sync()?;
     let allocator = Allocator::create(storage.len_bytes()? / BLOCK_BYTES * BLOCK_BYTES);
     let shared = Arc::new(Shared::new(options, volume, allocator));

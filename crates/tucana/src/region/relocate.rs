@@ -148,12 +148,16 @@ impl Region {
                     took += len;
                 }
             }
-            if let Some(&(_, key, value)) = records.get(next) {
+            if let Some(&(at, key, value)) = records.get(next) {
                 // The next record does not fit: a fresh segment, still under the lock. A
                 // failure poisons, as any failed write does (the segment it may have
                 // allocated is in no list; a later commit would record it as a leak).
                 self.log
-                    .next_gc_segment(&mut w, HEADER_BYTES + key.len() + value.len())
+                    .next_gc_segment(
+                        &mut w,
+                        HEADER_BYTES + key.len() + value.len(),
+                        DiskOffset(at),
+                    )
                     .inspect_err(|_| shared.poison())?;
             }
         }

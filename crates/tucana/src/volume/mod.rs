@@ -1,8 +1,9 @@
-//! The volume: one file (or block device, or memory) holding superblocks, allocator
-//! bitmaps, index nodes and log segments.
+//! The volume: one file (or block device, or memory), or several members, holding
+//! superblocks, allocator bitmaps, index nodes and log segments.
 //!
 //! Owns: the `Storage` trait and its backends, the read-only mapping of the file, the
-//! superblock slot format. Does not own: what is stored where (that is `alloc`, `log`,
+//! superblock slot format, volumes over several members (`members.rs`, with the slot
+//! header format in `slot_header.rs`). Does not own: what is stored where (that is `alloc`, `log`,
 //! `index`, `commit`).
 //!
 //! Layout (block = 4 KiB, group = 32768 blocks = 128 MiB):
@@ -12,9 +13,12 @@
 //! group g: [  reserved x2       ][bitmap buddy A (2 blocks)][bitmap buddy B (2 blocks)][2 spare][data ...]
 //! ```
 
+pub mod dispatch;
 pub mod file;
 pub mod mem;
+pub mod members;
 mod mmap;
+pub mod slot_header;
 pub mod storage;
 pub mod superblock;
 
@@ -22,8 +26,10 @@ use std::sync::Arc;
 
 use crate::error::Result;
 use crate::types::{DiskOffset, BLOCK_BYTES};
+pub use dispatch::DispatchPolicy;
 pub use file::FileStorage;
 pub use mem::{FailingSync, MemStorage};
+pub use members::{MemberSet, MemberStats};
 pub(crate) use mmap::MIN_RESERVATION_BYTES as DEFAULT_MAPPING_RESERVATION_BYTES;
 use std::sync::atomic::Ordering;
 pub use storage::Storage;

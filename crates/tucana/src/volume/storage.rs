@@ -93,4 +93,33 @@ pub trait Storage: Send + Sync + 'static {
     fn io_bytes(&self) -> (u64, u64) {
         (0, 0)
     }
+
+    /// The member holding volume offset `offset`, for a volume over several members
+    /// (`None`: one file, or an offset in no placed group).
+    fn member_of(&self, offset: u64) -> Option<usize> {
+        let _ = offset;
+        None
+    }
+
+    /// The member the next log segment should go to (the dispatch policy's choice), for a
+    /// volume over several members; `None` for one file. A hint to the allocator, which
+    /// falls back to any member when the chosen one has no free run. `avoid`: a member
+    /// not to choose when another will do (GC's relocation segment goes away from the
+    /// member of the victim it is reading: LOCS §3.3.3).
+    fn dispatch_member(&self, avoid: Option<usize>) -> Option<usize> {
+        let _ = avoid;
+        None
+    }
+
+    /// Per-member figures of a volume over several members; empty for one file.
+    fn members(&self) -> Vec<crate::volume::MemberStats> {
+        Vec::new()
+    }
+
+    /// Re-reads and verifies what the backend keeps on the device about its own layout
+    /// (a volume over several members: every slot header against the group map), for
+    /// `check`. Errors name the member. The default has nothing to verify.
+    fn verify_members(&self) -> Result<()> {
+        Ok(())
+    }
 }

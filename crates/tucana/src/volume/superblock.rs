@@ -284,6 +284,31 @@ pub fn read_newest(storage: &dyn Storage) -> Result<Option<Superblock>> {
     }
 }
 
+/// What slot 0 holds while a volume is being created, before its first commit: a volume
+/// whose slots hold exactly this was never committed and may be created again.
+const CREATING_MAGIC: &[u8; 8] = b"TUCANAC\0";
+
+/// Writes the creation marker over both slots (not synced).
+pub fn write_creation_marker(storage: &dyn Storage) -> Result<()> {
+    let mut marker = vec![0u8; SLOT_BYTES];
+    marker[..8].copy_from_slice(CREATING_MAGIC);
+    storage.write_at(0, &marker)?;
+    storage.write_at(SLOT_BYTES as u64, &[0u8; SLOT_BYTES])
+}
+
+/// Whether the slots hold the creation marker: creation began and never committed.
+pub fn creation_was_interrupted(storage: &dyn Storage) -> Result<bool> {
+    let slot = SLOT_BYTES;
+    if storage.len_bytes()? < 2 * slot as u64 {
+        return Ok(false);
+    }
+    let mut slots = vec![0u8; 2 * slot];
+    storage.read_at(0, &mut slots)?;
+    Ok(&slots[..8] == CREATING_MAGIC
+        && slots[8..slot].iter().all(|b| *b == 0)
+        && slots[slot..].iter().all(|b| *b == 0))
+}
+
 /// crc32c of a slot with its crc field taken as zero.
 fn slot_crc(bytes: &[u8]) -> u32 {
     debug_assert_eq!(bytes.len(), SLOT_BYTES);

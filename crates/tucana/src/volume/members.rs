@@ -1,0 +1,841 @@
+//! A volume over several members (files or devices): the `Storage` that routes each volume
+//! offset to the member and slot holding its group (DESIGN.md, "Volumes over several
+//! devices").
+//!
+//! Owns: opening and validating a member set (refusing a missing, swapped, duplicated or
+//! foreign member before writing anything), the map group → (member, slot) rebuilt from the
+//! slot headers, placing new groups on members (round-robin), per-member dirtiness and the
+//! parallel `fdatasync`, per-member counters, and re-verifying the headers for `check`.
+//! Does not own: the members' I/O (each is a `Storage`: `FileStorage` with its own mapping,
+//! or memory in tests), what the bytes mean, nor which blocks are free (`alloc`).
+//!
+//! Thread-safety: `Send + Sync`. The map is append-only: entries are atomics published
+//! once (after their slot header was written), read without a lock; placement and growth
+//! serialise on `grow_lock`. I/O to disjoint ranges runs in parallel, as for one file.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use parking_lot::Mutex;
+
+use crate::error::{Error, Result};
+use crate::types::BLOCK_BYTES;
+use crate::volume::dispatch::{least_weighted, DispatchPolicy, Kind, Load};
+use crate::volume::slot_header::{
+    new_uuid, uuid_hex, SlotHeader, Uuid, HEADER_OFFSET, MEMBERS_MAX, SLOT_BYTES,
+};
+use crate::volume::{FileStorage, Storage};
+
+/// Groups per chunk of the map, and chunks: 2^20 groups (128 PiB) at most.
+const CHUNK_GROUPS: usize = 1024;
+const CHUNKS: usize = 1024;
+
+/// One member: its backend, its name for messages, its identity and counters.
+struct Member {
+    storage: Arc<dyn Storage>,
+    name: String,
+    uuid: Uuid,
+    /// Written (or grown, or punched) since its last `sync` began.
+    dirty: AtomicBool,
+    written_bytes: AtomicU64,
+    read_bytes: AtomicU64,
+    /// Requests in flight and measured speeds, for dispatch and statistics.
+    load: Load,
+}
+
+impl Member {
+    /// Runs one request of `kind` and `bytes` on this member, counted in its load.
+    fn timed<T>(&self, kind: Kind, bytes: u64, io: impl FnOnce() -> Result<T>) -> Result<T> {
+        self.load.start(kind, bytes);
+        let started = std::time::Instant::now();
+        let result = io();
+        let elapsed_ns = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.load.finish(kind, bytes, elapsed_ns);
+        result
+    }
+}
+
+/// Per-member figures for `Stats` and `check`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MemberStats {
+    pub name: String,
+    pub uuid: String,
+    /// Groups placed on this member.
+    pub groups: u64,
+    pub bytes_written: u64,
+    pub bytes_read: u64,
+    /// Requests issued through the member set and not yet completed, and their bytes.
+    pub in_flight_requests: u64,
+    pub in_flight_bytes: u64,
+    /// In-flight bytes weighted by the member's time per byte of each type, in
+    /// picoseconds: what least-weighted-queue dispatch compares.
+    pub weighted_queue_ps: u64,
+    /// Moving averages of the member's time per byte written and read (picoseconds).
+    pub write_ps_per_byte: u64,
+    pub read_ps_per_byte: u64,
+}
+
+/// Placement state, under `grow_lock`.
+struct Placement {
+    /// Member the next group goes to under round-robin.
+    next_member: usize,
+    /// Per member: slots with no valid header (free), lowest last.
+    free_slots: Vec<Vec<u64>>,
+    /// Per member: slots it has (its length in slots).
+    slot_counts: Vec<u64>,
+    /// Groups placed per member.
+    groups: Vec<u64>,
+    /// Groups with a place: `0..placed_groups`.
+    placed_groups: u64,
+}
+
+/// A volume over several members. See the module doc.
+pub struct MemberSet {
+    members: Vec<Member>,
+    volume_uuid: Uuid,
+    /// group → `(member + 1) << 40 | slot`, 0 while unplaced.
+    map: Box<[OnceLock<Box<[AtomicU64]>>]>,
+    len_bytes: AtomicU64,
+    grow_lock: Mutex<Placement>,
+    /// Round-robin counter of `dispatch_member` (and its tie-breaker under LWQL).
+    next_segment_member: AtomicU64,
+    policy: DispatchPolicy,
+}
+
+const SLOT_BITS: u32 = 40;
+
+impl MemberSet {
+    /// Opens (or, when every member is empty and `create_if_missing`, creates) a volume
+    /// over the member files at `paths`, in order. Each file is locked as `FileStorage`
+    /// locks a single-file volume.
+    ///
+    /// Errors (nothing is written before every check passed): `Error::Members` naming the
+    /// member for a duplicate path, a missing file, a member of another volume, a member
+    /// given at another position, a member missing from the list or not in the table;
+    /// `Error::InvalidArgument` for fewer than two or more than `MEMBERS_MAX` paths.
+    pub fn open_paths(
+        paths: &[PathBuf],
+        create_if_missing: bool,
+        min_reservation_bytes: u64,
+    ) -> Result<MemberSet> {
+        if paths.len() < 2 || paths.len() > MEMBERS_MAX {
+            return Err(Error::InvalidArgument(format!(
+                "a volume over several members takes 2 to {MEMBERS_MAX} paths, not {}",
+                paths.len()
+            )));
+        }
+        // Duplicates first, by file identity (two spellings of one file, or a hard link),
+        // before anything is locked: the second lock would only say "locked".
+        let mut identities: Vec<(u64, u64)> = Vec::new();
+        for (i, path) in paths.iter().enumerate() {
+            let Some(id) = file_identity(path) else {
+                continue;
+            };
+            if let Some(j) = identities.iter().position(|&other| other == id) {
+                return Err(Error::Members(format!(
+                    "member {i} ({}) is the same file as member {j} ({})",
+                    path.display(),
+                    paths[j].display()
+                )));
+            }
+            identities.push(id);
+        }
+        let any_exists = !identities.is_empty();
+        let mut members = Vec::with_capacity(paths.len());
+        for (i, path) in paths.iter().enumerate() {
+            let storage = FileStorage::open_with_min_reservation(
+                path,
+                create_if_missing && !any_exists,
+                min_reservation_bytes,
+            )
+            .map_err(|e| match e {
+                Error::Io(io) if io.kind() == std::io::ErrorKind::NotFound => {
+                    Error::Members(format!("member {i} ({}) is missing: {io}", path.display()))
+                }
+                other => other,
+            })?;
+            members.push((
+                path.display().to_string(),
+                Arc::new(storage) as Arc<dyn Storage>,
+            ));
+        }
+        MemberSet::open(members, create_if_missing)
+    }
+
+    /// As `open_paths`, over any backends (memory or simulated disks in tests), each with
+    /// the name its errors use.
+    pub fn open(
+        members: Vec<(String, Arc<dyn Storage>)>,
+        create_if_missing: bool,
+    ) -> Result<MemberSet> {
+        if members.len() < 2 || members.len() > MEMBERS_MAX {
+            return Err(Error::InvalidArgument(format!(
+                "a volume over several members takes 2 to {MEMBERS_MAX}, not {}",
+                members.len()
+            )));
+        }
+        let mut headers = Vec::with_capacity(members.len());
+        for (name, storage) in &members {
+            headers.push(read_header(storage.as_ref(), 0, name)?);
+        }
+        let lens: Vec<u64> = members
+            .iter()
+            .map(|(_, s)| s.len_bytes())
+            .collect::<Result<_>>()?;
+        let Some(table_header) = headers[0].clone().filter(|h| !h.table.is_empty()) else {
+            if let Some(h) = &headers[0] {
+                return Err(swapped(0, &members[0].0, h.member_index));
+            }
+            // No table: a fresh volume only if no member holds anything.
+            if let Some(i) = lens.iter().position(|&len| len != 0) {
+                let why = if i == 0 {
+                    "has data but no member table: not member 0 of a Tucana volume"
+                } else {
+                    "has data but member 0 is empty"
+                };
+                return Err(Error::Members(format!(
+                    "member {i} ({}) {why}",
+                    members[i].0
+                )));
+            }
+            if !create_if_missing {
+                return Err(Error::Members(format!(
+                    "member 0 ({}) is empty and creation was not asked for",
+                    members[0].0
+                )));
+            }
+            return MemberSet::create(members);
+        };
+        let table = &table_header.table;
+        let volume_uuid = table_header.volume_uuid;
+        if resumable_creation(&members, &headers, &lens, volume_uuid)? {
+            return MemberSet::create(members);
+        }
+        if table_header.member_index != 0 {
+            return Err(swapped(0, &members[0].0, table_header.member_index));
+        }
+        for (i, header) in headers.iter().enumerate() {
+            let name = &members[i].0;
+            let Some(h) = header else {
+                return Err(Error::Members(format!(
+                    "member {i} ({name}) is not a member of a Tucana volume (no slot header)"
+                )));
+            };
+            if h.volume_uuid != volume_uuid {
+                return Err(Error::Members(format!(
+                    "member {i} ({name}) belongs to another volume ({}, this one is {})",
+                    uuid_hex(&h.volume_uuid),
+                    uuid_hex(&volume_uuid)
+                )));
+            }
+            if let Some(j) = headers[..i]
+                .iter()
+                .position(|o| o.as_ref().is_some_and(|o| o.member_index == h.member_index))
+            {
+                return Err(Error::Members(format!(
+                    "member {i} ({name}) holds member {} of the volume, as does member {j} ({}): a copy of one member",
+                    h.member_index, members[j].0
+                )));
+            }
+            if h.member_index as usize != i {
+                return Err(swapped(i, name, h.member_index));
+            }
+            if table.get(i) != Some(&h.member_uuid) {
+                return Err(Error::Members(format!(
+                    "member {i} ({name}) has member uuid {}, the volume's table says {}",
+                    uuid_hex(&h.member_uuid),
+                    table.get(i).map_or("nothing".into(), uuid_hex)
+                )));
+            }
+        }
+        if members.len() < table.len() {
+            let missing: Vec<String> = (members.len()..table.len())
+                .map(|i| format!("member {i} (uuid {})", uuid_hex(&table[i])))
+                .collect();
+            return Err(Error::Members(format!(
+                "the volume has {} members, {} given: {} missing",
+                table.len(),
+                members.len(),
+                missing.join(", ")
+            )));
+        }
+        // More paths than the table is impossible here: each extra one would have failed
+        // the index or uuid check above.
+        let set = MemberSet::assemble(members, volume_uuid, &lens)?;
+        set.place_holes()?;
+        Ok(set)
+    }
+
+    /// A fresh member set: a uuid for the volume and each member, group `i` in slot 0 of
+    /// member `i`, member 0's header (with the table) written and synced first, so a crash
+    /// leaves either nothing (a fresh volume again) or a table.
+    fn create(members: Vec<(String, Arc<dyn Storage>)>) -> Result<MemberSet> {
+        let volume_uuid = new_uuid()?;
+        let uuids: Vec<Uuid> = (0..members.len())
+            .map(|_| new_uuid())
+            .collect::<Result<_>>()?;
+        for (i, (_, storage)) in members.iter().enumerate() {
+            storage.grow(SLOT_BYTES)?;
+            let header = SlotHeader {
+                member_index: i as u32,
+                volume_uuid,
+                member_uuid: uuids[i],
+                group: i as u64,
+                table: if i == 0 { uuids.clone() } else { Vec::new() },
+            };
+            if i == 0 {
+                // Recovery creates a volume whose slots hold this marker, and only such
+                // a non-empty one.
+                crate::volume::superblock::write_creation_marker(storage.as_ref())?;
+            }
+            storage.write_at(HEADER_OFFSET, &header.encode())?;
+            storage.sync()?;
+        }
+        let lens = vec![SLOT_BYTES; members.len()];
+        let members = members
+            .into_iter()
+            .zip(uuids)
+            .map(|((name, storage), uuid)| (name, storage, uuid))
+            .collect();
+        MemberSet::assemble_with(members, volume_uuid, &lens)
+    }
+
+    /// The set over validated members: reads every slot header to rebuild the map.
+    fn assemble(
+        members: Vec<(String, Arc<dyn Storage>)>,
+        volume_uuid: Uuid,
+        lens: &[u64],
+    ) -> Result<MemberSet> {
+        let mut with_uuids = Vec::with_capacity(members.len());
+        for (name, storage) in members {
+            let uuid = read_header(storage.as_ref(), 0, &name)?
+                .expect("validated above")
+                .member_uuid;
+            with_uuids.push((name, storage, uuid));
+        }
+        MemberSet::assemble_with(with_uuids, volume_uuid, lens)
+    }
+
+    fn assemble_with(
+        members: Vec<(String, Arc<dyn Storage>, Uuid)>,
+        volume_uuid: Uuid,
+        lens: &[u64],
+    ) -> Result<MemberSet> {
+        let map = (0..CHUNKS).map(|_| OnceLock::new()).collect();
+        let n = members.len();
+        let set = MemberSet {
+            members: members
+                .into_iter()
+                .map(|(name, storage, uuid)| Member {
+                    storage,
+                    name,
+                    uuid,
+                    dirty: AtomicBool::new(false),
+                    written_bytes: AtomicU64::new(0),
+                    read_bytes: AtomicU64::new(0),
+                    load: Load::default(),
+                })
+                .collect(),
+            volume_uuid,
+            map,
+            len_bytes: AtomicU64::new(0),
+            next_segment_member: AtomicU64::new(0),
+            policy: DispatchPolicy::RoundRobin,
+            grow_lock: Mutex::new(Placement {
+                next_member: 0,
+                free_slots: vec![Vec::new(); n],
+                slot_counts: vec![0; n],
+                groups: vec![0; n],
+                placed_groups: 0,
+            }),
+        };
+        let mut placement = set.grow_lock.lock();
+        let mut highest: Option<u64> = None;
+        for (m, member) in set.members.iter().enumerate() {
+            let slots = lens[m].div_ceil(SLOT_BYTES);
+            placement.slot_counts[m] = slots;
+            for slot in (0..slots).rev() {
+                let header = read_header(member.storage.as_ref(), slot, &member.name)?;
+                let Some(h) = header
+                    .filter(|h| h.volume_uuid == set.volume_uuid && h.member_index as usize == m)
+                else {
+                    placement.free_slots[m].push(slot);
+                    continue;
+                };
+                if m == 0 && slot == 0 && h.group != 0 {
+                    return Err(set.corrupt(0, 0, format!("holds group {}, not group 0", h.group)));
+                }
+                let entry = set.entry(h.group).ok_or_else(|| {
+                    set.corrupt(
+                        m,
+                        slot,
+                        format!("names group {}, past the most a volume has", h.group),
+                    )
+                })?;
+                let packed = ((m as u64 + 1) << SLOT_BITS) | slot;
+                if let Err(old) =
+                    entry.compare_exchange(0, packed, Ordering::AcqRel, Ordering::Acquire)
+                {
+                    let (om, oslot) = unpack(old);
+                    return Err(set.corrupt(
+                        m,
+                        slot,
+                        format!(
+                            "holds group {}, as does slot {oslot} of member {om} ({})",
+                            h.group, set.members[om].name
+                        ),
+                    ));
+                }
+                placement.groups[m] += 1;
+                highest = Some(highest.map_or(h.group, |g| g.max(h.group)));
+            }
+        }
+        let groups = highest.map_or(0, |g| g + 1);
+        placement.placed_groups = groups;
+        placement.next_member = (groups as usize) % n;
+        drop(placement);
+        set.len_bytes.store(groups * SLOT_BYTES, Ordering::Release);
+        Ok(set)
+    }
+
+    /// Places every group below the highest placed one that has no slot (its header did
+    /// not reach the device before a crash: it held nothing durable).
+    fn place_holes(&self) -> Result<()> {
+        let mut placement = self.grow_lock.lock();
+        for group in 0..placement.placed_groups {
+            if self.lookup(group).is_none() {
+                self.place(&mut placement, group)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Gives `group` a slot on the member round-robin names: writes its header, then
+    /// publishes it in the map.
+    fn place(&self, placement: &mut Placement, group: u64) -> Result<()> {
+        let m = placement.next_member;
+        placement.next_member = (m + 1) % self.members.len();
+        let member = &self.members[m];
+        let slot = match placement.free_slots[m].pop() {
+            Some(slot) => slot,
+            None => {
+                let slot = placement.slot_counts[m];
+                member.storage.grow((slot + 1) * SLOT_BYTES)?;
+                placement.slot_counts[m] = slot + 1;
+                slot
+            }
+        };
+        let header = SlotHeader {
+            member_index: m as u32,
+            volume_uuid: self.volume_uuid,
+            member_uuid: member.uuid,
+            group,
+            table: Vec::new(),
+        };
+        member
+            .storage
+            .write_at(slot * SLOT_BYTES + HEADER_OFFSET, &header.encode())?;
+        member.dirty.store(true, Ordering::Release);
+        let entry = self.entry(group).ok_or_else(|| {
+            Error::InvalidArgument(format!("group {group} is past the most a volume has"))
+        })?;
+        entry.store(((m as u64 + 1) << SLOT_BITS) | slot, Ordering::Release);
+        placement.groups[m] += 1;
+        placement.placed_groups = placement.placed_groups.max(group + 1);
+        Ok(())
+    }
+
+    /// The map entry of `group`, its chunk allocated if needed; `None` past the map.
+    fn entry(&self, group: u64) -> Option<&AtomicU64> {
+        let chunk = self.map.get(group as usize / CHUNK_GROUPS)?;
+        let chunk = chunk.get_or_init(|| (0..CHUNK_GROUPS).map(|_| AtomicU64::new(0)).collect());
+        Some(&chunk[group as usize % CHUNK_GROUPS])
+    }
+
+    /// `(member, slot)` of `group`, if placed.
+    fn lookup(&self, group: u64) -> Option<(usize, u64)> {
+        let chunk = self.map.get(group as usize / CHUNK_GROUPS)?.get()?;
+        match chunk[group as usize % CHUNK_GROUPS].load(Ordering::Acquire) {
+            0 => None,
+            packed => Some(unpack(packed)),
+        }
+    }
+
+    /// The member and member offset of volume offset `offset`, and the bytes from there to
+    /// the end of its group. Errors for an offset in no placed group.
+    fn locate(&self, offset: u64) -> Result<(&Member, u64, u64)> {
+        let group = offset / SLOT_BYTES;
+        let Some((m, slot)) = self.lookup(group) else {
+            return Err(Error::Io(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                format!("volume offset {offset:#x} lies in group {group}, which no member holds"),
+            )));
+        };
+        let within = offset % SLOT_BYTES;
+        Ok((
+            &self.members[m],
+            slot * SLOT_BYTES + within,
+            SLOT_BYTES - within,
+        ))
+    }
+
+    /// Runs `f(member, member offset, piece range)` over the pieces of
+    /// `offset..offset+len`, one per group.
+    fn each_piece(
+        &self,
+        offset: u64,
+        len: usize,
+        mut f: impl FnMut(&Member, u64, std::ops::Range<usize>) -> Result<()>,
+    ) -> Result<()> {
+        let mut done = 0usize;
+        while done < len {
+            let (member, at, room) = self.locate(offset + done as u64)?;
+            let piece = (len - done).min(room as usize);
+            f(member, at, done..done + piece)?;
+            done += piece;
+        }
+        Ok(())
+    }
+
+    fn corrupt(&self, m: usize, slot: u64, detail: String) -> Error {
+        Error::Members(format!(
+            "member {m} ({}) slot {slot}: {detail}",
+            self.members[m].name
+        ))
+    }
+
+    /// The same set, dispatching log segments by `policy` (round-robin by default).
+    pub fn with_policy(mut self, policy: DispatchPolicy) -> MemberSet {
+        self.policy = policy;
+        self
+    }
+
+    /// Per-member figures.
+    pub fn member_stats(&self) -> Vec<MemberStats> {
+        let placement = self.grow_lock.lock();
+        self.members
+            .iter()
+            .enumerate()
+            .map(|(m, member)| MemberStats {
+                name: member.name.clone(),
+                uuid: uuid_hex(&member.uuid),
+                groups: placement.groups[m],
+                bytes_written: member.written_bytes.load(Ordering::Relaxed),
+                bytes_read: member.read_bytes.load(Ordering::Relaxed),
+                in_flight_requests: member.load.in_flight_requests(),
+                in_flight_bytes: member.load.in_flight_bytes(),
+                weighted_queue_ps: member.load.weighted_length(),
+                write_ps_per_byte: member.load.ps_per_byte(Kind::Write),
+                read_ps_per_byte: member.load.ps_per_byte(Kind::Read),
+            })
+            .collect()
+    }
+
+    /// Re-reads every placed group's slot header and checks it names its volume, member
+    /// and group as the map does. Errors name the member and slot.
+    pub fn verify(&self) -> Result<()> {
+        let groups = self.grow_lock.lock().placed_groups;
+        for group in 0..groups {
+            let Some((m, slot)) = self.lookup(group) else {
+                return Err(Error::Members(format!("group {group} has no member")));
+            };
+            let member = &self.members[m];
+            match read_header(member.storage.as_ref(), slot, &member.name)? {
+                Some(h)
+                    if h.volume_uuid == self.volume_uuid
+                        && h.member_index as usize == m
+                        && h.member_uuid == member.uuid
+                        && h.group == group => {}
+                other => {
+                    return Err(self.corrupt(
+                        m,
+                        slot,
+                        format!("should hold group {group}, its header is {other:?}"),
+                    ))
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Reads and decodes the header of `slot` of a member; `None` when it has none (a slot
+/// past the member's end included).
+fn read_header(storage: &dyn Storage, slot: u64, name: &str) -> Result<Option<SlotHeader>> {
+    let at = slot * SLOT_BYTES + HEADER_OFFSET;
+    if storage.len_bytes()? < at + BLOCK_BYTES {
+        return Ok(None);
+    }
+    let mut bytes = vec![0u8; BLOCK_BYTES as usize];
+    storage.read_at(at, &mut bytes)?;
+    SlotHeader::decode(&bytes, name)
+}
+
+/// Whether a single-file volume's storage is in fact member 0 of a volume over several:
+/// then an error naming the missing members. `Ok(())` for a plain single-file volume.
+pub fn refuse_lone_member(storage: &dyn Storage, name: &str) -> Result<()> {
+    match read_header(storage, 0, name)? {
+        Some(h) if !h.table.is_empty() || h.member_index != 0 => {
+            let missing: Vec<String> = (0..h.table.len())
+                .filter(|&i| i != h.member_index as usize)
+                .map(|i| format!("member {i} (uuid {})", uuid_hex(&h.table[i])))
+                .collect();
+            Err(Error::Members(format!(
+                "{name} is member {} of a volume over several members; open it with all of them ({} missing)",
+                h.member_index,
+                if missing.is_empty() { "the others".into() } else { missing.join(", ") }
+            )))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Whether a creation was interrupted after member 0's table was written but before the
+/// first commit, and every other member is either ours or still untouched: then creation
+/// is done again (nothing was ever committed). A member holding anything else is left to
+/// open's checks, which refuse it.
+fn resumable_creation(
+    members: &[(String, Arc<dyn Storage>)],
+    headers: &[Option<SlotHeader>],
+    lens: &[u64],
+    volume_uuid: Uuid,
+) -> Result<bool> {
+    if !crate::volume::superblock::creation_was_interrupted(members[0].1.as_ref())? {
+        return Ok(false);
+    }
+    let table_len = headers[0].as_ref().map_or(0, |h| h.table.len());
+    Ok(members.len() == table_len
+        && headers.iter().zip(lens).all(|(h, &len)| match h {
+            Some(h) => h.volume_uuid == volume_uuid,
+            None => len == 0 || len == SLOT_BYTES,
+        }))
+}
+
+fn swapped(i: usize, name: &str, holds: u32) -> Error {
+    Error::Members(format!(
+        "member {i} ({name}) holds member {holds} of the volume: given at the wrong position (swapped?)"
+    ))
+}
+
+fn unpack(packed: u64) -> (usize, u64) {
+    (
+        ((packed >> SLOT_BITS) - 1) as usize,
+        packed & ((1 << SLOT_BITS) - 1),
+    )
+}
+
+/// (device, inode) of an existing file; `None` if it cannot be stat'ed (missing).
+fn file_identity(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let metadata = std::fs::metadata(path).ok()?;
+    Some((metadata.dev(), metadata.ino()))
+}
+
+impl Storage for MemberSet {
+    fn len_bytes(&self) -> Result<u64> {
+        Ok(self.len_bytes.load(Ordering::Acquire))
+    }
+
+    fn grow(&self, len_bytes: u64) -> Result<()> {
+        let mut placement = self.grow_lock.lock();
+        if len_bytes <= self.len_bytes.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        for group in placement.placed_groups..len_bytes.div_ceil(SLOT_BYTES) {
+            self.place(&mut placement, group)?;
+        }
+        self.len_bytes.store(len_bytes, Ordering::Release);
+        Ok(())
+    }
+
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let len_bytes = self.len_bytes.load(Ordering::Acquire);
+        if offset
+            .checked_add(buf.len() as u64)
+            .is_none_or(|end| end > len_bytes)
+        {
+            return Err(Error::Io(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                format!(
+                    "read of {} bytes at {offset:#x} past the end of the volume ({len_bytes} bytes)",
+                    buf.len()
+                ),
+            )));
+        }
+        self.each_piece(offset, buf.len(), |member, at, range| {
+            let n = range.len() as u64;
+            member.timed(Kind::Read, n, || {
+                member.storage.read_at(at, &mut buf[range])
+            })?;
+            member.read_bytes.fetch_add(n, Ordering::Relaxed);
+            Ok(())
+        })
+    }
+
+    fn write_at(&self, offset: u64, data: &[u8]) -> Result<()> {
+        self.each_piece(offset, data.len(), |member, at, range| {
+            let n = range.len() as u64;
+            member.timed(Kind::Write, n, || {
+                member.storage.write_at(at, &data[range.clone()])
+            })?;
+            member
+                .written_bytes
+                .fetch_add(range.len() as u64, Ordering::Relaxed);
+            // After the write: a sync that clears the flag before this point still
+            // covers the write only if it started later (see `sync`).
+            member.dirty.store(true, Ordering::Release);
+            Ok(())
+        })
+    }
+
+    fn write_uncached_at(&self, offset: u64, data: &[u8]) -> Result<()> {
+        self.each_piece(offset, data.len(), |member, at, range| {
+            let n = range.len() as u64;
+            member.timed(Kind::Write, n, || {
+                member.storage.write_uncached_at(at, &data[range.clone()])
+            })?;
+            member
+                .written_bytes
+                .fetch_add(range.len() as u64, Ordering::Relaxed);
+            member.dirty.store(true, Ordering::Release);
+            Ok(())
+        })
+    }
+
+    fn sync(&self) -> Result<()> {
+        // A member is synced if a write completed on it since its flag was last cleared;
+        // clearing before the fdatasync keeps any write that completes during it dirty.
+        let dirty: Vec<&Member> = self
+            .members
+            .iter()
+            .filter(|m| m.dirty.swap(false, Ordering::AcqRel))
+            .collect();
+        let sync_one = |member: &Member| {
+            member.storage.sync().inspect_err(|_| {
+                member.dirty.store(true, Ordering::Release);
+            })
+        };
+        match dirty.as_slice() {
+            [] => Ok(()),
+            [only] => sync_one(only),
+            [first, rest @ ..] => std::thread::scope(|scope| {
+                let others: Vec<_> = rest
+                    .iter()
+                    .map(|member| scope.spawn(move || sync_one(member)))
+                    .collect();
+                let mut result = sync_one(first);
+                for handle in others {
+                    let other = handle.join().expect("a member's sync panicked");
+                    result = result.and(other);
+                }
+                result
+            }),
+        }
+    }
+
+    unsafe fn mapped(&self, offset: u64, len: usize) -> Option<&[u8]> {
+        let (member, at, room) = self.locate(offset).ok()?;
+        if len as u64 > room {
+            return None;
+        }
+        // SAFETY: the caller's guarantee for `offset..offset+len` is the same guarantee
+        // for the member's range it maps to (the map never moves a placed group).
+        unsafe { member.storage.mapped(at, len) }
+    }
+
+    fn punch_hole(&self, offset: u64, len: u64) -> Result<()> {
+        let mut done = 0u64;
+        while done < len {
+            let (member, at, room) = self.locate(offset + done)?;
+            let piece = (len - done).min(room);
+            member.timed(Kind::Trim, piece, || member.storage.punch_hole(at, piece))?;
+            member.dirty.store(true, Ordering::Release);
+            done += piece;
+        }
+        Ok(())
+    }
+
+    fn prefetch(&self, offset: u64, len_bytes: u64) {
+        let end = offset
+            .saturating_add(len_bytes)
+            .min(self.len_bytes.load(Ordering::Acquire));
+        let mut at = offset;
+        while at < end {
+            let Ok((member, local, room)) = self.locate(at) else {
+                return;
+            };
+            let piece = (end - at).min(room);
+            member.storage.prefetch(local, piece);
+            at += piece;
+        }
+    }
+
+    fn start_writeback(&self, offset: u64, len_bytes: u64) {
+        let mut at = offset;
+        let end = offset.saturating_add(len_bytes);
+        while at < end {
+            let Ok((member, local, room)) = self.locate(at) else {
+                return;
+            };
+            let piece = (end - at).min(room);
+            member.storage.start_writeback(local, piece);
+            at += piece;
+        }
+    }
+
+    fn resident(&self, offset: u64) -> Option<bool> {
+        let (member, at, _) = self.locate(offset).ok()?;
+        member.storage.resident(at)
+    }
+
+    fn space_used_bytes(&self) -> Result<u64> {
+        self.members
+            .iter()
+            .try_fold(0u64, |sum, m| Ok(sum + m.storage.space_used_bytes()?))
+    }
+
+    fn io_bytes(&self) -> (u64, u64) {
+        self.members.iter().fold((0, 0), |(w, r), m| {
+            (
+                w + m.written_bytes.load(Ordering::Relaxed),
+                r + m.read_bytes.load(Ordering::Relaxed),
+            )
+        })
+    }
+
+    fn members(&self) -> Vec<MemberStats> {
+        self.member_stats()
+    }
+
+    fn member_of(&self, offset: u64) -> Option<usize> {
+        self.lookup(offset / SLOT_BYTES).map(|(m, _)| m)
+    }
+
+    fn dispatch_member(&self, avoid: Option<usize>) -> Option<usize> {
+        let n = self.members.len();
+        let turn = (self.next_segment_member.fetch_add(1, Ordering::Relaxed) % n as u64) as usize;
+        let lengths: Vec<u64> = match self.policy {
+            // Round-robin is least-weighted with every member weighing the same.
+            DispatchPolicy::RoundRobin => vec![0; n],
+            DispatchPolicy::LeastWeightedQueue => self
+                .members
+                .iter()
+                .map(|m| m.load.weighted_length())
+                .collect(),
+        };
+        let lengths: Vec<u64> = lengths
+            .into_iter()
+            .enumerate()
+            .map(|(m, len)| if Some(m) == avoid { u64::MAX } else { len })
+            .collect();
+        Some(least_weighted(&lengths, turn))
+    }
+
+    fn verify_members(&self) -> Result<()> {
+        self.verify()
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,324 @@
+//! Unit tests of the member set over memory backends: placement, routing across group
+//! boundaries, reopening, and the headers `verify` checks.
+
+use super::*;
+use crate::volume::dispatch::{DispatchPolicy, Kind};
+use crate::volume::MemStorage;
+
+fn mems(n: usize) -> Vec<Arc<MemStorage>> {
+    (0..n).map(|_| Arc::new(MemStorage::new())).collect()
+}
+
+fn named(mems: &[Arc<MemStorage>]) -> Vec<(String, Arc<dyn Storage>)> {
+    mems.iter()
+        .enumerate()
+        .map(|(i, m)| (format!("mem{i}"), m.clone() as Arc<dyn Storage>))
+        .collect()
+}
+
+/// Overwrites the creation marker in member 0's slot 0, as the first commit does: the
+/// member set is then a created volume that open validates, not a creation to redo.
+fn pretend_committed(mems: &[Arc<MemStorage>]) {
+    mems[0].write_at(0, b"a superblock").unwrap();
+}
+
+#[test]
+fn creation_places_one_group_per_member_then_round_robin() {
+    let mems = mems(3);
+    let set = MemberSet::open(named(&mems), true).unwrap();
+    assert_eq!(set.len_bytes().unwrap(), 3 * SLOT_BYTES);
+    for g in 0..3 {
+        assert_eq!(set.lookup(g), Some((g as usize, 0)));
+    }
+    set.grow(5 * SLOT_BYTES + 8 * BLOCK_BYTES).unwrap();
+    assert_eq!(set.lookup(3), Some((0, 1)));
+    assert_eq!(set.lookup(4), Some((1, 1)));
+    assert_eq!(set.lookup(5), Some((2, 1)));
+    assert_eq!(set.lookup(6), None);
+    assert_eq!(mems[0].len_bytes().unwrap(), 2 * SLOT_BYTES);
+    let groups: Vec<u64> = set.member_stats().iter().map(|m| m.groups).collect();
+    assert_eq!(groups, [2, 2, 2]);
+    set.verify().unwrap();
+}
+
+#[test]
+fn io_across_a_group_boundary_lands_on_both_members_and_survives_reopen() {
+    let mems = mems(2);
+    {
+        let set = MemberSet::open(named(&mems), true).unwrap();
+        let data: Vec<u8> = (0..10_000u32).map(|i| (i % 251) as u8).collect();
+        set.write_at(SLOT_BYTES - 5_000, &data).unwrap();
+        let mut back = vec![0u8; data.len()];
+        set.read_at(SLOT_BYTES - 5_000, &mut back).unwrap();
+        assert_eq!(back, data);
+        // The first half is at the end of member 0's slot 0, the rest at the start of
+        // member 1's slot 0.
+        let mut first = vec![0u8; 5_000];
+        mems[0].read_at(SLOT_BYTES - 5_000, &mut first).unwrap();
+        assert_eq!(first, data[..5_000]);
+        let mut second = vec![0u8; 5_000];
+        mems[1].read_at(0, &mut second).unwrap();
+        assert_eq!(second, data[5_000..]);
+        assert_eq!(set.io_bytes(), (10_000, 10_000));
+        set.sync().unwrap();
+    }
+    pretend_committed(&mems);
+    let set = MemberSet::open(named(&mems), false).unwrap();
+    assert_eq!(set.len_bytes().unwrap(), 2 * SLOT_BYTES);
+    let mut back = vec![0u8; 3];
+    set.read_at(SLOT_BYTES, &mut back).unwrap();
+    assert_eq!(
+        back,
+        [
+            (5_000 % 251) as u8,
+            (5_001 % 251) as u8,
+            (5_002 % 251) as u8
+        ]
+    );
+}
+
+#[test]
+fn a_group_whose_header_was_lost_is_placed_again_and_a_free_slot_reused() {
+    // Groups 0..4 over 2 members; then group 2's header (member 0, slot 1) is wiped, as a
+    // crash before that member's sync leaves it. Reopen: group 3 (member 1, slot 1) is
+    // found, so group 2 is a hole below it and is placed again, in the free slot.
+    let mems = mems(2);
+    {
+        let set = MemberSet::open(named(&mems), true).unwrap();
+        set.grow(4 * SLOT_BYTES).unwrap();
+        assert_eq!(set.lookup(2), Some((0, 1)));
+        assert_eq!(set.lookup(3), Some((1, 1)));
+    }
+    pretend_committed(&mems);
+    mems[0]
+        .write_at(SLOT_BYTES + HEADER_OFFSET, &[0u8; BLOCK_BYTES as usize])
+        .unwrap();
+    let set = MemberSet::open(named(&mems), false).unwrap();
+    assert_eq!(set.len_bytes().unwrap(), 4 * SLOT_BYTES);
+    assert_eq!(set.lookup(2).map(|(_, slot)| slot), Some(1));
+    set.verify().unwrap();
+}
+
+#[test]
+fn two_slots_claiming_one_group_are_refused_naming_both() {
+    let mems = mems(2);
+    {
+        let set = MemberSet::open(named(&mems), true).unwrap();
+        set.grow(4 * SLOT_BYTES).unwrap();
+    }
+    pretend_committed(&mems);
+    // Member 1's slot 1 (group 3) rewritten to claim group 2, which member 0 holds.
+    let mut bytes = vec![0u8; BLOCK_BYTES as usize];
+    mems[1]
+        .read_at(SLOT_BYTES + HEADER_OFFSET, &mut bytes)
+        .unwrap();
+    let mut h = SlotHeader::decode(&bytes, "t").unwrap().unwrap();
+    h.group = 2;
+    mems[1]
+        .write_at(SLOT_BYTES + HEADER_OFFSET, &h.encode())
+        .unwrap();
+    let Err(err) = MemberSet::open(named(&mems), false) else {
+        panic!("opened a volume with one group in two slots");
+    };
+    let text = err.to_string();
+    assert!(
+        text.contains("mem0") && text.contains("mem1") && text.contains("group 2"),
+        "{text}"
+    );
+}
+
+#[test]
+fn verify_names_a_slot_whose_header_went_bad() {
+    let mems = mems(3);
+    let set = MemberSet::open(named(&mems), true).unwrap();
+    set.verify().unwrap();
+    mems[2].write_at(HEADER_OFFSET + 100, b"rot").unwrap();
+    let err = set.verify().unwrap_err().to_string();
+    assert!(err.contains("member 2 (mem2) slot 0"), "{err}");
+}
+
+#[test]
+fn sync_fans_out_only_to_dirty_members() {
+    let mems = mems(3);
+    let set = MemberSet::open(named(&mems), true).unwrap();
+    set.sync().unwrap();
+    assert!(set.members.iter().all(|m| !m.dirty.load(Ordering::Relaxed)));
+    set.write_at(SLOT_BYTES + 10, b"x").unwrap();
+    let dirty: Vec<bool> = set
+        .members
+        .iter()
+        .map(|m| m.dirty.load(Ordering::Relaxed))
+        .collect();
+    assert_eq!(dirty, [false, true, false]);
+    set.sync().unwrap();
+    assert!(set.members.iter().all(|m| !m.dirty.load(Ordering::Relaxed)));
+}
+
+#[test]
+fn fresh_members_need_creation_and_data_beside_an_empty_member_0_is_refused() {
+    let mems = mems(2);
+    let err = MemberSet::open(named(&mems), false)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("member 0 (mem0) is empty"), "{err}");
+    mems[1].grow(4096).unwrap();
+    mems[1].write_at(0, b"someone's data").unwrap();
+    let err = MemberSet::open(named(&mems), true)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        err.contains("member 1 (mem1) has data but member 0 is empty"),
+        "{err}"
+    );
+    assert_eq!(mems[0].len_bytes().unwrap(), 0, "nothing written");
+}
+
+#[test]
+fn a_creation_interrupted_before_a_member_got_its_header_is_done_again() {
+    // Member 0's table and the creation marker are durable, member 1's header is not (a
+    // crash inside `create`): nothing was ever committed, so open creates again instead
+    // of calling member 1 "not a member".
+    let mems = mems(2);
+    drop(MemberSet::open(named(&mems), true).unwrap());
+    mems[1]
+        .write_at(HEADER_OFFSET, &[0u8; BLOCK_BYTES as usize])
+        .unwrap();
+    let set = MemberSet::open(named(&mems), true).unwrap();
+    set.verify().unwrap();
+    assert_eq!(set.lookup(1), Some((1, 0)));
+    // Once member 0 holds a superblock instead of the marker, the same state is refused.
+    mems[1]
+        .write_at(HEADER_OFFSET, &[0u8; BLOCK_BYTES as usize])
+        .unwrap();
+    mems[0].write_at(0, b"not the creation marker").unwrap();
+    let err = MemberSet::open(named(&mems), true)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("member 1 (mem1) is not a member"), "{err}");
+}
+
+#[test]
+fn a_failed_member_sync_is_reported_and_the_member_stays_dirty() {
+    use crate::volume::FailingSync;
+    let failing = Arc::new(FailingSync::new());
+    let members: Vec<(String, Arc<dyn Storage>)> = vec![
+        ("m0".into(), Arc::new(MemStorage::new())),
+        ("m1".into(), failing.clone()),
+        ("m2".into(), Arc::new(MemStorage::new())),
+    ];
+    let set = MemberSet::open(members, true).unwrap();
+    set.sync().unwrap();
+    // Members 1 and 2 dirty: their syncs run side by side, member 1's fails.
+    set.write_at(SLOT_BYTES + 10, b"on member 1").unwrap();
+    set.write_at(2 * SLOT_BYTES + 10, b"on member 2").unwrap();
+    failing.set_broken(true);
+    assert!(set.sync().is_err());
+    assert!(set.members[1].dirty.load(Ordering::Relaxed));
+    assert!(!set.members[2].dirty.load(Ordering::Relaxed));
+    failing.set_broken(false);
+    set.sync().unwrap();
+    assert!(!set.members[1].dirty.load(Ordering::Relaxed));
+}
+
+#[test]
+fn segments_go_round_robin_over_members_and_fall_back_when_one_is_full() {
+    use crate::alloc::{Allocator, GROUP_BYTES};
+    let mems = mems(3);
+    let set = MemberSet::open(named(&mems), true).unwrap();
+    let allocator = Allocator::create(set.len_bytes().unwrap());
+    let segment_blocks = 512; // 2 MiB
+    let mut on = Vec::new();
+    for _ in 0..6 {
+        let member = set.dispatch_member(None);
+        let at = allocator
+            .allocate_on(&set, segment_blocks, segment_blocks, false, member)
+            .unwrap();
+        assert_eq!(set.member_of(at.0), member);
+        on.push(member.unwrap());
+    }
+    assert_eq!(on, [0, 1, 2, 0, 1, 2]);
+    // Member 1's only group filled up: its segments go elsewhere (and the volume
+    // grows when nothing is left).
+    while allocator
+        .allocate_on(&set, segment_blocks, segment_blocks, false, Some(1))
+        .map(|at| set.member_of(at.0) == Some(1))
+        .unwrap()
+    {}
+    let at = allocator
+        .allocate_on(&set, segment_blocks, segment_blocks, false, Some(1))
+        .unwrap();
+    assert_ne!(at.0 / GROUP_BYTES, 1);
+}
+
+#[test]
+fn least_weighted_dispatch_passes_over_a_member_busy_reading() {
+    let mems = mems(3);
+    let set = MemberSet::open(named(&mems), true)
+        .unwrap()
+        .with_policy(DispatchPolicy::LeastWeightedQueue);
+    // Idle members tie: they take turns.
+    let idle: Vec<Option<usize>> = (0..3).map(|_| set.dispatch_member(None)).collect();
+    assert_eq!(idle, [Some(0), Some(1), Some(2)]);
+    // 8 MiB of reads in flight on member 1 (a hot range, or a GC pass reading victims).
+    set.members[1].load.start(Kind::Read, 8 << 20);
+    let busy: Vec<Option<usize>> = (0..4).map(|_| set.dispatch_member(None)).collect();
+    assert!(!busy.contains(&Some(1)), "{busy:?}");
+    assert!(
+        busy.contains(&Some(0)) && busy.contains(&Some(2)),
+        "{busy:?}"
+    );
+    let stats = set.member_stats();
+    assert_eq!(stats[1].in_flight_bytes, 8 << 20);
+    assert_eq!(stats[1].in_flight_requests, 1);
+    assert!(stats[1].weighted_queue_ps > 0 && stats[0].weighted_queue_ps == 0);
+    set.members[1].load.finish(Kind::Read, 8 << 20, 1_000);
+    // Round-robin ignores load.
+    let rr = MemberSet::open(named(&mems), false).unwrap();
+    rr.members[1].load.start(Kind::Read, 8 << 20);
+    let turns: Vec<Option<usize>> = (0..3).map(|_| rr.dispatch_member(None)).collect();
+    assert_eq!(turns, [Some(0), Some(1), Some(2)]);
+}
+
+#[test]
+fn member_requests_are_counted_and_timed() {
+    let mems = mems(2);
+    let set = MemberSet::open(named(&mems), true).unwrap();
+    set.write_at(SLOT_BYTES, &vec![1u8; 1 << 20]).unwrap();
+    let mut back = vec![0u8; 1 << 20];
+    set.read_at(SLOT_BYTES, &mut back).unwrap();
+    let stats = set.member_stats();
+    assert_eq!(
+        (stats[1].in_flight_requests, stats[1].in_flight_bytes),
+        (0, 0)
+    );
+    assert_eq!(stats[1].bytes_written, 1 << 20);
+    assert_eq!(stats[1].bytes_read, 1 << 20);
+    assert_eq!(stats[0].bytes_read, 0);
+}
+
+#[test]
+fn a_relocation_segment_goes_away_from_its_victims_member() {
+    // GC reads its victim on one member; the copies' segment goes to another, under
+    // either policy, and still in turn among the others.
+    let mems = mems(3);
+    for policy in [
+        DispatchPolicy::RoundRobin,
+        DispatchPolicy::LeastWeightedQueue,
+    ] {
+        let set = MemberSet::open(named(&mems), true)
+            .unwrap()
+            .with_policy(policy);
+        let picks: Vec<usize> = (0..6)
+            .map(|_| set.dispatch_member(Some(1)).unwrap())
+            .collect();
+        assert!(!picks.contains(&1), "{policy:?}: {picks:?}");
+        assert!(
+            picks.contains(&0) && picks.contains(&2),
+            "{policy:?}: {picks:?}"
+        );
+        pretend_committed(&mems);
+    }
+}
