@@ -166,10 +166,11 @@ pub struct ServeArgs {
     /// 0: never (split by hand with `tucana cluster split`).
     #[arg(long, default_value_t = 8192, value_name = "MIB")]
     cluster_split_mib: u64,
-    /// As the cluster's coordinator, hand regions over (planned failovers, nothing lost)
-    /// to even out how many slots each server leads once every backup is in sync, e.g.
-    /// to a restarted server after its regions failed over.
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+    /// As the cluster's coordinator, hand regions over (planned failovers) to even out how
+    /// many slots each server leads once every backup is in sync, e.g. to a restarted
+    /// server after its regions failed over. Off by default: with --durability buffered,
+    /// a failover soon after a handoff lost up to a second of writes (DESIGN.md).
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set, value_name = "BOOL")]
     cluster_balance_leaders: bool,
 }
 

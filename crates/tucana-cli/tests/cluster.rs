@@ -40,13 +40,21 @@ impl Cluster {
     }
 
     fn start_with(replicas: usize) -> Cluster {
+        Cluster::start_with_flags(replicas, &[])
+    }
+
+    /// Three servers with `replicas` backups per region to come, each given `flags`.
+    fn start_with_flags(replicas: usize, flags: &[&str]) -> Cluster {
         let etcd = TestEtcd::start();
         let dir = tempfile::tempdir().unwrap();
         let servers: Vec<Server> = (0..3)
             .map(|i| {
                 let volume = dir.path().join(format!("server{i}/volume.tucana"));
                 let repl_port = (replicas > 0).then(free_port);
-                Server::start(&volume, free_port(), repl_port, &etcd)
+                let mut server = Server::new(&volume, free_port(), repl_port);
+                server.extra_args = flags.iter().map(|f| f.to_string()).collect();
+                server.spawn(&etcd);
+                server
             })
             .collect();
         let addrs = servers.iter().map(Server::addr).collect();
@@ -638,7 +646,7 @@ fn backups_by_range(con: &mut redis::Connection) -> BTreeMap<(u16, u16), String>
 
 #[test]
 fn a_killed_primary_is_replaced_by_its_backup_and_no_acknowledged_write_is_lost() {
-    let mut cluster = Cluster::start_with(1);
+    let mut cluster = Cluster::start_with_flags(1, &["--cluster-balance-leaders", "true"]);
     cluster.create().unwrap();
     let ranges = cluster.wait_for_map();
     let (start, end, old_primary) = ranges[0].clone();

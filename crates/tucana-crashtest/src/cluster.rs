@@ -165,6 +165,9 @@ impl Fleet {
                 "256",
                 "--cluster-migrate-pause-ms",
                 "20",
+                // Planned failovers between the kills (the coordinator's balancing).
+                "--cluster-balance-leaders",
+                "true",
             ]
             .iter()
             .map(|s| s.to_string())

@@ -5,7 +5,7 @@
 //! backup lists, new backups from the live servers) and writes it with `update_map_as`,
 //! so a coordinator deposed while paused writes nothing. Once nothing needs repair and
 //! every backup is in sync, it takes one step at a time that evens out how many slots
-//! each server leads (`--cluster-balance-leaders`, on by default): a planned failover,
+//! each server leads (`--cluster-balance-leaders`, off by default): a planned failover,
 //! or an extra backup to hand a region to once it caught up; so a server restarted
 //! after its regions failed over leads its share again.
 //!

@@ -64,6 +64,8 @@ pub struct Server {
     pub netns: Option<String>,
     /// `--metrics-port`: its Prometheus endpoint (on `host`).
     pub metrics_port: u16,
+    /// More flags for `tucana serve`.
+    pub extra_args: Vec<String>,
 }
 
 impl Server {
@@ -89,6 +91,7 @@ impl Server {
             password: None,
             netns: None,
             metrics_port: free_port(),
+            extra_args: Vec::new(),
         }
     }
 
@@ -125,6 +128,7 @@ impl Server {
         if let Some(password) = &self.password {
             command.args(["--requirepass", password]);
         }
+        command.args(&self.extra_args);
         let mut child = command
             .stdin(Stdio::null())
             .stdout(Stdio::null())
