@@ -15,6 +15,9 @@
 // ok get, "output" is the value (null: no key); for setnx "1" or "0"; for incr the
 // new value.
 //
+// Indeterminate writes no read observed are dropped too (see unobserved), which keeps
+// the search from trying every subset of them: each one kept doubles it.
+//
 // Prints one line, `lincheck: ok|illegal|unknown, N operations, K keys`, and exits 0
 // (linearizable), 1 (a violation: the visualisation is written to -html if given), 3
 // (the search timed out: undecided) or 2 (bad input). Owns nothing but its process.
@@ -162,9 +165,69 @@ var model = porcupine.Model{
 	},
 }
 
+// unobserved reports, per record, whether it is an indeterminate write that can be
+// dropped without changing the verdict, given that values written are unique per key:
+//
+//   - an indeterminate SET of a key that only GET and SET touch, whose value no ok GET
+//     returned: if it took effect, no read saw it before the next write replaced it, so
+//     a linearization with it stays one without it, and one without it gains it at the
+//     end;
+//   - an indeterminate SET NX of a key that only GET and SET NX touch and that has an ok
+//     GET called after every other operation on it began (a final read), whose value no
+//     ok GET returned: a SET NX that took effect would hold the key for good, and the
+//     final read would return it; so it took no effect.
+//
+// INCR's effects are all observed (as counts), so indeterminate INCRs stay.
+func unobserved(ops []record) []bool {
+	type keyInfo struct {
+		ops      map[string]bool
+		read     map[string]bool
+		lastCall int64
+		final    int64 // the latest call of an ok get
+	}
+	keys := map[string]*keyInfo{}
+	for _, r := range ops {
+		k := keys[r.Key]
+		if k == nil {
+			k = &keyInfo{ops: map[string]bool{}, read: map[string]bool{}, final: -1}
+			keys[r.Key] = k
+		}
+		k.ops[r.Op] = true
+		if r.Op == "get" && r.Status == "ok" {
+			if r.Output != nil {
+				k.read[*r.Output] = true
+			}
+			if r.CallNs > k.final {
+				k.final = r.CallNs
+			}
+		}
+	}
+	for _, r := range ops {
+		k := keys[r.Key]
+		if !(r.Op == "get" && r.Status == "ok" && r.CallNs == k.final) && r.CallNs > k.lastCall {
+			k.lastCall = r.CallNs
+		}
+	}
+	drop := make([]bool, len(ops))
+	for n, r := range ops {
+		k := keys[r.Key]
+		if r.Status != "info" || k.read[r.Value] || k.ops["incr"] {
+			continue
+		}
+		switch r.Op {
+		case "set":
+			drop[n] = !k.ops["setnx"]
+		case "setnx":
+			drop[n] = !k.ops["set"] && k.final >= k.lastCall
+		}
+	}
+	return drop
+}
+
 // operations turns records into Porcupine's operations: refused ones dropped,
-// indeterminate ones without an end.
+// indeterminate ones without an end, unobserved indeterminate writes dropped.
 func operations(h history) ([]porcupine.Operation, map[string]bool, error) {
+	drop := unobserved(h.Ops)
 	var end int64
 	for _, r := range h.Ops {
 		if r.ReturnNs > end {
@@ -193,7 +256,7 @@ func operations(h history) ([]porcupine.Operation, map[string]bool, error) {
 			ops = append(ops, porcupine.Operation{ClientId: r.Client, Input: in, Call: r.CallNs,
 				Output: output{true, r.Output}, Return: r.ReturnNs})
 		case "info":
-			if r.Op == "get" {
+			if r.Op == "get" || drop[n] {
 				continue
 			}
 			// No end: it may take effect after everything else.
@@ -238,6 +301,13 @@ func main() {
 	case porcupine.Ok:
 		os.Exit(0)
 	case porcupine.Illegal:
+		for _, part := range model.Partition(ops) {
+			r := porcupine.CheckOperationsTimeout(model, part, 10*time.Second)
+			if r == porcupine.Illegal {
+				fmt.Printf("lincheck: key %s is not linearizable (%d operations)\n",
+					part[0].Input.(input).key, len(part))
+			}
+		}
 		if *html != "" {
 			if err := porcupine.VisualizePath(model, info, *html); err != nil {
 				fmt.Fprintln(os.Stderr, "lincheck: writing the visualisation:", err)
