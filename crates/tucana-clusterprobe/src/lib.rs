@@ -85,8 +85,7 @@ pub fn connect_with(addr: &str, password: Option<&str>) -> redis::RedisResult<re
         Some(p) => format!("redis://:{p}@{addr}/"),
         None => format!("redis://{addr}/"),
     };
-    let c = redis::Client::open(url)?
-        .get_connection_with_timeout(Duration::from_secs(2))?;
+    let c = redis::Client::open(url)?.get_connection_with_timeout(Duration::from_secs(2))?;
     c.set_read_timeout(Some(Duration::from_secs(30)))?;
     Ok(c)
 }

@@ -167,15 +167,7 @@ impl Net {
 
     fn route(&self, from: usize, to: usize, verb: &str) -> Result<(), String> {
         let (a, b) = (&self.nodes[from], &self.nodes[to]);
-        ip(&[
-            "-n",
-            &a.netns,
-            "route",
-            verb,
-            &b.net(),
-            "via",
-            &a.host_ip(),
-        ])
+        ip(&["-n", &a.netns, "route", verb, &b.net(), "via", &a.host_ip()])
     }
 
     /// Server `i` no longer reaches etcd, nor etcd it.

@@ -131,7 +131,11 @@ enum Cmd {
         #[arg(long, value_name = "S", default_value_t = 60)]
         duration_s: u64,
         /// Fault kinds to draw from.
-        #[arg(long, value_delimiter = ',', default_value = "kill,pause,partition,etcd,migrate,failover")]
+        #[arg(
+            long,
+            value_delimiter = ',',
+            default_value = "kill,pause,partition,etcd,migrate,failover"
+        )]
         faults: Vec<campaign::nemesis::Fault>,
         /// Servers to start.
         #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(3..=5))]

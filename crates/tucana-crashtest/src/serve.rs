@@ -104,7 +104,14 @@ impl Server {
     }
 
     pub fn restart(&mut self, tucana: &Path, log: &Path) -> Result<(), String> {
-        self.child = spawn(tucana, &self.db, &self.args, None, self.netns.as_deref(), log)?;
+        self.child = spawn(
+            tucana,
+            &self.db,
+            &self.args,
+            None,
+            self.netns.as_deref(),
+            log,
+        )?;
         self.wait_ready()
     }
 

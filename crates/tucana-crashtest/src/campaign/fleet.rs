@@ -60,7 +60,12 @@ impl Fleet {
                         netns: Some(node.netns.clone()),
                         password: password.clone(),
                     };
-                    (place, format!("http://{}:{}", node.etcd_ip(), etcd.port), 7000, 7100)
+                    (
+                        place,
+                        format!("http://{}:{}", node.etcd_ip(), etcd.port),
+                        7000,
+                        7100,
+                    )
                 }
                 None => {
                     let place = Place {
@@ -102,7 +107,11 @@ impl Fleet {
         };
         let addrs = fleet.addrs();
         let out = fleet.tucana_cli(
-            &[&["cluster", "create", "--replicas", "1"][..], &addrs.iter().map(String::as_str).collect::<Vec<_>>()].concat(),
+            &[
+                &["cluster", "create", "--replicas", "1"][..],
+                &addrs.iter().map(String::as_str).collect::<Vec<_>>(),
+            ]
+            .concat(),
         )?;
         let _ = out;
         Ok(fleet)

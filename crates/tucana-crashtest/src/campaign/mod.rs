@@ -98,8 +98,8 @@ impl Summary {
         } else {
             self.availability.iter().sum::<f64>() / self.availability.len() as f64
         };
-        let faults: Vec<String> = self.faults
-
+        let faults: Vec<String> = self
+            .faults
             .iter()
             .map(|f| format!("{f:?}").to_lowercase())
             .collect();
@@ -167,7 +167,13 @@ pub fn run(config: &Config) -> Summary {
     let selftest = config.dir.join("selftest-history.json");
     let verdict = std::fs::write(&selftest, ILLEGAL_HISTORY)
         .map_err(|e| e.to_string())
-        .and_then(|()| lincheck(&config.lincheck, &selftest, &config.dir.join("selftest.html")));
+        .and_then(|()| {
+            lincheck(
+                &config.lincheck,
+                &selftest,
+                &config.dir.join("selftest.html"),
+            )
+        });
     if verdict.as_deref() != Ok("illegal") {
         summary.failure = Some(format!(
             "checker self-test: a history with a stale read was judged {verdict:?}, not illegal"
@@ -196,7 +202,9 @@ fn campaign(config: &Config, summary: &mut Summary) -> Result<(), String> {
             }
         }
     } else {
-        eprintln!("campaign: --netns off: servers on loopback, process faults only (no partitions)");
+        eprintln!(
+            "campaign: --netns off: servers on loopback, process faults only (no partitions)"
+        );
         None
     };
     summary.network = if net.is_some() { "netns" } else { "loopback" }.into();
@@ -207,58 +215,21 @@ fn campaign(config: &Config, summary: &mut Summary) -> Result<(), String> {
     if faults.is_empty() {
         return Err("no fault kind left to inject".into());
     }
-    let mut fleet = Fleet::start(&config.tucana, &config.dir, config.servers, config.lease_ms, net)?;
+    let mut fleet = Fleet::start(
+        &config.tucana,
+        &config.dir,
+        config.servers,
+        config.lease_ms,
+        net,
+    )?;
     let settle = Duration::from_secs(60);
     let first_map = fleet.settle(Duration::from_secs(120))?;
     let seeds = fleet.addrs();
     let epoch = Instant::now();
-    let workload = Workload::start(
-        &seeds,
-        fleet.password(),
-        config.clients,
-        config.seed,
-        epoch,
-    );
-    let steps = nemesis::schedule(config.seed, &faults, 10_000);
-    let deadline = Duration::from_secs(config.duration_s);
-    // Let the clients warm up before the first fault.
-    std::thread::sleep(Duration::from_millis(1000));
-    for (n, step) in steps.iter().enumerate() {
-        if epoch.elapsed() >= deadline {
-            break;
-        }
-        let at = epoch.elapsed().as_secs_f64();
-        let outcome = nemesis::apply(&mut fleet, step, config.lease_ms);
-        let outcome = match outcome {
-            Ok(o) => o,
-            Err(e) => {
-                // A fault that could not be applied or healed ends the run: what follows
-                // would measure a broken harness.
-                workload.stop();
-                return Err(format!("step {n} ({:?}): {e}", step.fault));
-            }
-        };
-        eprintln!(
-            "campaign: [{at:6.1} s] step {n}: {}{}{}",
-            outcome.what,
-            if outcome.failover_ms.is_empty() {
-                String::new()
-            } else {
-                format!(", failover {:?} ms", outcome.failover_ms.iter().map(|m| m.round()).collect::<Vec<_>>())
-            },
-            outcome.trouble.as_ref().map(|t| format!(", TROUBLE: {t}")).unwrap_or_default()
-        );
-        summary.steps.push(outcome.what.clone());
-        summary.failover_ms.extend(&outcome.failover_ms);
-        summary.planned_ms.extend(outcome.planned_ms);
-        if let Some(t) = outcome.trouble {
-            summary.troubles.push(format!("step {n}: {} : {t}", outcome.what));
-        }
-        if let Err(e) = fleet.settle(settle) {
-            summary.troubles.push(format!("step {n}: {}: {e}", outcome.what));
-            eprintln!("campaign: TROUBLE after step {n}: {e}");
-        }
-        std::thread::sleep(Duration::from_millis(step.gap_ms));
+    let workload = Workload::start(&seeds, fleet.password(), config.clients, config.seed, epoch);
+    if let Err(e) = nemesis_loop(config, &mut fleet, &faults, epoch, summary) {
+        workload.stop();
+        return Err(e);
     }
     let run_ns = epoch.elapsed().as_nanos() as u64;
     let mut recorded = workload.stop();
@@ -295,6 +266,74 @@ fn campaign(config: &Config, summary: &mut Summary) -> Result<(), String> {
             eprintln!("campaign: tucana check failed on {}", server.db.display());
             summary.check_failures += 1;
         }
+    }
+    Ok(())
+}
+
+/// Nemesis steps from the seed's schedule until `config.duration_s` after `epoch`, each
+/// followed by waiting for the cluster to settle and the step's gap.
+fn nemesis_loop(
+    config: &Config,
+    fleet: &mut Fleet,
+    faults: &[Fault],
+    epoch: Instant,
+    summary: &mut Summary,
+) -> Result<(), String> {
+    let settle = Duration::from_secs(60);
+    let steps = nemesis::schedule(config.seed, faults, 10_000);
+    let deadline = Duration::from_secs(config.duration_s);
+    // Let the clients warm up before the first fault.
+    std::thread::sleep(Duration::from_millis(1000));
+    for (n, step) in steps.iter().enumerate() {
+        if epoch.elapsed() >= deadline {
+            break;
+        }
+        let at = epoch.elapsed().as_secs_f64();
+        let outcome = nemesis::apply(fleet, step, config.lease_ms);
+        let outcome = match outcome {
+            Ok(o) => o,
+            Err(e) => {
+                // A fault that could not be applied or healed ends the run: what follows
+                // would measure a broken harness.
+                return Err(format!("step {n} ({:?}): {e}", step.fault));
+            }
+        };
+        eprintln!(
+            "campaign: [{at:6.1} s] step {n}: {}{}{}",
+            outcome.what,
+            if outcome.failover_ms.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    ", failover {:?} ms",
+                    outcome
+                        .failover_ms
+                        .iter()
+                        .map(|m| m.round())
+                        .collect::<Vec<_>>()
+                )
+            },
+            outcome
+                .trouble
+                .as_ref()
+                .map(|t| format!(", TROUBLE: {t}"))
+                .unwrap_or_default()
+        );
+        summary.steps.push(outcome.what.clone());
+        summary.failover_ms.extend(&outcome.failover_ms);
+        summary.planned_ms.extend(outcome.planned_ms);
+        if let Some(t) = outcome.trouble {
+            summary
+                .troubles
+                .push(format!("step {n}: {} : {t}", outcome.what));
+        }
+        if let Err(e) = fleet.settle(settle) {
+            summary
+                .troubles
+                .push(format!("step {n}: {}: {e}", outcome.what));
+            eprintln!("campaign: TROUBLE after step {n}: {e}");
+        }
+        std::thread::sleep(Duration::from_millis(step.gap_ms));
     }
     Ok(())
 }

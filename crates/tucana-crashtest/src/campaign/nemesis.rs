@@ -210,24 +210,25 @@ fn sleep_until(from: Instant, ms: u64) {
 fn measure_failover(fleet: &Fleet, victim: &str, led: &[Range], at: Instant, out: &mut Outcome) {
     for (n, r) in led.iter().enumerate() {
         let key = format!("{{{}}}:failover-probe-{n}", tag_in(r.start, r.end));
-        let acked = tucana_clusterprobe::wait_for("a region failing over", FAILOVER_PATIENCE, || {
-            let map = fleet.served_map(Some(victim))?;
-            let owner = map.iter().find(|x| x.start <= r.start && r.start <= x.end)?;
-            if owner.primary == victim {
-                return None;
-            }
-            let mut c = connect_with(&owner.primary, fleet.password()).ok()?;
-            let answer = redis::cmd("SET").arg(&key).arg("p").query::<redis::Value>(&mut c);
-            matches!(answer, Ok(redis::Value::Okay)).then_some(())
-        });
+        let acked =
+            tucana_clusterprobe::wait_for("a region failing over", FAILOVER_PATIENCE, || {
+                let map = fleet.served_map(Some(victim))?;
+                let owner = map
+                    .iter()
+                    .find(|x| x.start <= r.start && r.start <= x.end)?;
+                if owner.primary == victim {
+                    return None;
+                }
+                let mut c = connect_with(&owner.primary, fleet.password()).ok()?;
+                let answer = redis::cmd("SET")
+                    .arg(&key)
+                    .arg("p")
+                    .query::<redis::Value>(&mut c);
+                matches!(answer, Ok(redis::Value::Okay)).then_some(())
+            });
         match acked {
             Ok(()) => out.failover_ms.push(at.elapsed().as_secs_f64() * 1000.0),
-            Err(e) => {
-                out.trouble = Some(format!(
-                    "slots {}-{} of {victim}: {e}",
-                    r.start, r.end
-                ))
-            }
+            Err(e) => out.trouble = Some(format!("slots {}-{} of {victim}: {e}", r.start, r.end)),
         }
     }
 }

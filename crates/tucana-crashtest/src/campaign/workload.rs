@@ -94,7 +94,7 @@ pub fn cluster_client(
         .connection_timeout(Duration::from_secs(1))
         .response_timeout(Duration::from_secs(3));
     if let Some(p) = password {
-        builder = builder.password(p.to_string());
+        builder = builder.password(p);
     }
     builder
         .build()
@@ -104,10 +104,8 @@ pub fn cluster_client(
 
 /// Whether the error is an answer given before anything was applied.
 fn refused(e: &redis::RedisError) -> bool {
-    matches!(
-        e.code(),
-        Some("MOVED" | "ASK" | "TRYAGAIN" | "CLUSTERDOWN")
-    ) || e.is_connection_refusal()
+    matches!(e.code(), Some("MOVED" | "ASK" | "TRYAGAIN" | "CLUSTERDOWN"))
+        || e.is_connection_refusal()
 }
 
 impl Workload {
@@ -125,7 +123,8 @@ impl Workload {
                 let (stop, shared) = (stop.clone(), shared.clone());
                 let seeds = seeds.to_vec();
                 let password = password.map(str::to_string);
-                let mut rng = Rng::new(seed ^ (client as u64 + 1).wrapping_mul(0xa076_1d64_78bd_642f));
+                let mut rng =
+                    Rng::new(seed ^ (client as u64 + 1).wrapping_mul(0xa076_1d64_78bd_642f));
                 std::thread::spawn(move || {
                     let mut conn: Option<ClusterConnection> = None;
                     let mut n = 0u64;
@@ -195,7 +194,10 @@ fn one_op(
         // A unique key: checked by reading it back at the end, not by the checker.
         let key = format!("u{client}-{n}");
         let value = format!("v{n}");
-        let answer = redis::cmd("SET").arg(&key).arg(&value).query::<redis::Value>(c);
+        let answer = redis::cmd("SET")
+            .arg(&key)
+            .arg(&value)
+            .query::<redis::Value>(c);
         let ok = matches!(answer, Ok(redis::Value::Okay));
         let status = match &answer {
             Ok(_) => "ok",
