@@ -149,6 +149,12 @@ pub struct ClusterMap {
     /// after its region moved away whole.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub max_region_id: u64,
+    /// The backups each region should have (`tucana cluster create --replicas`): what the
+    /// coordinator's repair gives back. 0 in maps written before it was kept (the most
+    /// backups any region has then counts): deriving it from the map alone lost it once
+    /// every region had lost its backups (docs/reliability.md, M10).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub replicas: u64,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -207,6 +213,7 @@ impl ClusterMap {
             last_failover: None,
             migrations: Vec::new(),
             max_region_id: count,
+            replicas: 0,
         };
         map.validate()?;
         Ok(map)
@@ -224,6 +231,7 @@ impl ClusterMap {
             )));
         }
         let mut map = ClusterMap::even(primaries)?;
+        map.replicas = replicas as u64;
         let count = primaries.len();
         for (i, region) in map.regions.iter_mut().enumerate() {
             region.backups = (1..=replicas)

@@ -15,8 +15,8 @@ impl ClusterMap {
     /// The map with every region whose primary is not in `live` led by its first live
     /// in-sync backup (`promote`: a new epoch), the servers not in `live` removed from every
     /// backup list (`without_backup`), and each region given new backups from `live`
-    /// (`assign_backup`, the server backing the fewest regions first) until it has as
-    /// many as the most any region of `self` has. A region with no live in-sync backup
+    /// (`assign_backup`, the server backing the fewest regions first) until it has
+    /// `replicas` (or, if more, as many as the most any region of `self` has). A region with no live in-sync backup
     /// keeps its dead primary (nobody live is known to hold all its acknowledged writes:
     /// it stays down rather than lose them). Equal to `self` when nothing needs repair.
     ///
@@ -24,7 +24,12 @@ impl ClusterMap {
     /// of its region has it, but a backup assigned after a write was acknowledged gets it
     /// by catching up, and is in sync only once its primary has seen it done.
     pub fn repaired(&self, live: &BTreeSet<ServerId>) -> Result<ClusterMap> {
-        let target = self.regions.iter().map(|r| r.backups.len()).max();
+        let target = self
+            .regions
+            .iter()
+            .map(|r| r.backups.len())
+            .max()
+            .map(|most| most.max(self.replicas as usize));
         let mut map = self.clone();
         for region in &self.regions {
             if live.contains(&region.primary) {
@@ -103,6 +108,28 @@ mod tests {
         // Nothing to do with everyone live.
         let all: BTreeSet<ServerId> = ids.iter().cloned().collect();
         assert_eq!(map.repaired(&all).unwrap(), map);
+    }
+
+    #[test]
+    fn regions_that_all_lost_their_backups_get_them_back() {
+        // The story (the fault campaign, M10, seed 1): kills left one server leading
+        // every region and another backing them all; a planned failover on the backup
+        // promoted it for every region. A promotion takes the backup out of the backups
+        // and keeps no old primary, so no region had a backup left, and the repair, whose
+        // target was the most backups any region had, had a target of 0: sync writes were
+        // acknowledged with one copy for good.
+        let ids = servers(3);
+        let mut map = ClusterMap::even_with_backups(&ids, 1).unwrap();
+        for id in map.regions.iter().map(|r| r.id).collect::<Vec<_>>() {
+            let backup = map.region(id).unwrap().backups[0].clone();
+            map = map.promote(id, &backup).unwrap();
+        }
+        assert!(map.regions.iter().all(|r| r.backups.is_empty()));
+        let live: BTreeSet<ServerId> = ids.iter().cloned().collect();
+        let repaired = map.repaired(&live).unwrap();
+        for region in &repaired.regions {
+            assert_eq!(region.backups.len(), 1, "{region:?}");
+        }
     }
 
     #[test]

@@ -87,6 +87,7 @@ fn region_of_slot_finds_the_range() {
         last_failover: None,
         migrations: vec![],
         max_region_id: 0,
+        replicas: 0,
     };
     empty.validate().unwrap();
     assert!(empty.region_of_slot(5).is_none());

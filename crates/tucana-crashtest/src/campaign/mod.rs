@@ -364,3 +364,42 @@ fn availability(map: &[tucana_clusterprobe::Range], acks: &[Ack], run_ns: u64) -
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tucana_clusterprobe::Range;
+
+    #[test]
+    fn availability_is_the_share_of_seconds_with_a_write_per_region() {
+        let region = |start, end| Range {
+            start,
+            end,
+            primary: String::new(),
+            backups: Vec::new(),
+        };
+        let map = [region(0, 99), region(100, 16383)];
+        let s = 1_000_000_000;
+        let acks = [
+            Ack { slot: 5, at_ns: 0 },
+            Ack {
+                slot: 7,
+                at_ns: s / 2,
+            },
+            Ack {
+                slot: 5,
+                at_ns: 3 * s + 1,
+            },
+            Ack {
+                slot: 200,
+                at_ns: 2 * s,
+            },
+            // After the run's last whole second: not counted.
+            Ack {
+                slot: 200,
+                at_ns: 4 * s + 5,
+            },
+        ];
+        assert_eq!(availability(&map, &acks, 4 * s + 10), vec![0.5, 0.25]);
+    }
+}

@@ -40,7 +40,7 @@ pub enum Fault {
 }
 
 /// One step of the schedule.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Step {
     pub fault: Fault,
     /// Which variant of the fault (e.g. which role a kill's victim has).
@@ -366,5 +366,26 @@ fn migrate(fleet: &Fleet, step: &Step, out: &mut Outcome) {
         "60",
     ]) {
         out.trouble = Some(e);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_seed_names_its_schedule_and_draws_only_the_kinds_asked() {
+        let kinds = [Fault::Kill, Fault::Partition, Fault::Migrate];
+        let a = schedule(7, &kinds, 200);
+        assert_eq!(a, schedule(7, &kinds, 200), "same seed, same schedule");
+        assert_ne!(
+            a,
+            schedule(8, &kinds, 200),
+            "another seed, another schedule"
+        );
+        for kind in kinds {
+            assert!(a.iter().any(|s| s.fault == kind), "{kind:?} never drawn");
+        }
+        assert!(a.iter().all(|s| kinds.contains(&s.fault)));
     }
 }
