@@ -205,31 +205,57 @@ fn sleep_until(from: Instant, ms: u64) {
 
 /// Until a write to each region of `led` is acknowledged by a server other than
 /// `victim` (asked directly, as the map of a server other than the victim names it),
-/// for at most [`FAILOVER_PATIENCE`]: each time from `at` into `out`; a region that
-/// never fails over is trouble.
+/// for at most [`FAILOVER_PATIENCE`] in all: each time from `at` into `out`; regions
+/// that never fail over are trouble.
 fn measure_failover(fleet: &Fleet, victim: &str, led: &[Range], at: Instant, out: &mut Outcome) {
-    for (n, r) in led.iter().enumerate() {
-        let key = format!("{{{}}}:failover-probe-{n}", tag_in(r.start, r.end));
-        let acked =
-            tucana_clusterprobe::wait_for("a region failing over", FAILOVER_PATIENCE, || {
-                let map = fleet.served_map(Some(victim))?;
-                let owner = map
-                    .iter()
-                    .find(|x| x.start <= r.start && r.start <= x.end)?;
-                if owner.primary == victim {
-                    return None;
+    let keys: Vec<String> = (0..led.len())
+        .map(|n| {
+            let r = &led[n];
+            format!("{{{}}}:failover-probe-{n}", tag_in(r.start, r.end))
+        })
+        .collect();
+    let mut done = vec![false; led.len()];
+    let started = Instant::now();
+    while done.iter().any(|d| !d) && started.elapsed() < FAILOVER_PATIENCE {
+        if let Some(map) = fleet.served_map(Some(victim)) {
+            for (n, r) in led.iter().enumerate() {
+                if done[n] {
+                    continue;
                 }
-                let mut c = connect_with(&owner.primary, fleet.password()).ok()?;
-                let answer = redis::cmd("SET")
-                    .arg(&key)
-                    .arg("p")
-                    .query::<redis::Value>(&mut c);
-                matches!(answer, Ok(redis::Value::Okay)).then_some(())
-            });
-        match acked {
-            Ok(()) => out.failover_ms.push(at.elapsed().as_secs_f64() * 1000.0),
-            Err(e) => out.trouble = Some(format!("slots {}-{} of {victim}: {e}", r.start, r.end)),
+                let Some(owner) = map.iter().find(|x| x.start <= r.start && r.start <= x.end)
+                else {
+                    continue;
+                };
+                if owner.primary == victim {
+                    continue;
+                }
+                let acked = connect_with(&owner.primary, fleet.password())
+                    .and_then(|mut c| {
+                        redis::cmd("SET")
+                            .arg(&keys[n])
+                            .arg("p")
+                            .query::<redis::Value>(&mut c)
+                    })
+                    .is_ok_and(|v| v == redis::Value::Okay);
+                if acked {
+                    done[n] = true;
+                    out.failover_ms.push(at.elapsed().as_secs_f64() * 1000.0);
+                }
+            }
         }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let stuck: Vec<String> = led
+        .iter()
+        .zip(&done)
+        .filter(|(_, d)| !**d)
+        .map(|(r, _)| format!("{}-{}", r.start, r.end))
+        .collect();
+    if !stuck.is_empty() {
+        out.trouble = Some(format!(
+            "slots {} of {victim} not failed over within {FAILOVER_PATIENCE:?}",
+            stuck.join(",")
+        ));
     }
 }
 
@@ -294,12 +320,8 @@ fn partition(
                     net.cut_pair(m, j)?;
                 }
             }
-            let mut led_all = Vec::new();
             for &m in &minority {
-                led_all.extend(led_by(map, &addrs[m]).into_iter().map(|r| (m, r)));
-            }
-            for (m, r) in &led_all {
-                measure_failover(fleet, &addrs[*m], std::slice::from_ref(r), at, out);
+                measure_failover(fleet, &addrs[m], &led_by(map, &addrs[m]), at, out);
             }
             sleep_until(at, lease_ms + step.hold_ms);
             let net = fleet.net.as_ref().expect("checked");
