@@ -87,7 +87,7 @@ m10_seed="${M10_SEED:-$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')}"
 echo "M10 seed: ${m10_seed}"
 lincheck="$(pwd)/${CARGO_TARGET_DIR:-target}/release/lincheck"
 [[ "${CARGO_TARGET_DIR:-}" == /* ]] && lincheck="${CARGO_TARGET_DIR}/release/lincheck"
-(cd tools/lincheck && go test ./... && go build -o "${lincheck}" .)
+(cd tools/lincheck && go test ./... && go build -buildvcs=false -o "${lincheck}" .)
 if ! "${CARGO_TARGET_DIR:-target}/release/tucana-crashtest" campaign --seed "${m10_seed}" \
     --duration-s "${M10_SECONDS:-60}" --faults "${M10_FAULTS:-kill,pause,partition,etcd,migrate,failover}" \
     --lincheck "${lincheck}"; then
