@@ -324,6 +324,13 @@ fn run_campaign(
     if !summary.lost.is_empty() {
         eprintln!("LOST acknowledged writes: {}", summary.lost.join(" "));
     }
+    if !summary.unreadable.is_empty() {
+        eprintln!(
+            "acknowledged writes NOT READABLE at the end: {} (first: {})",
+            summary.unreadable.len(),
+            summary.unreadable[0]
+        );
+    }
     if summary.linearizable == "illegal" {
         eprintln!(
             "NOT LINEARIZABLE: the history and Porcupine's visualisation are {0}/history.json and {0}/history.html",

@@ -279,9 +279,20 @@ fn one_op(
     status
 }
 
+/// How long to retry a read at the end after `failures` reads could not be done: the
+/// full `patience` for the first, then 1 s, then (a region down for good) one try.
+fn patience_after(failures: usize, patience: Duration) -> Duration {
+    match failures {
+        0 => patience,
+        1..=20 => Duration::from_secs(1),
+        _ => Duration::ZERO,
+    }
+}
+
 /// Reads every key of `history` once more through a fresh client, appended to the
 /// history as client `client`'s operations (so a write acknowledged and then lost
-/// shows as a violation); retried for at most `patience` each.
+/// shows as a violation); each retried as [`patience_after`] says. The keys that could
+/// not be read (they get no final read).
 pub fn final_reads(
     seeds: &[String],
     password: Option<&str>,
@@ -289,18 +300,23 @@ pub fn final_reads(
     client: usize,
     epoch: Instant,
     patience: Duration,
-) -> Result<(), String> {
+) -> Vec<String> {
     let mut keys: Vec<String> = history.iter().map(|o| o.key.clone()).collect();
     keys.sort();
     keys.dedup();
+    let mut unread = Vec::new();
     for key in keys {
-        let (output, call_ns, return_ns) =
-            tucana_clusterprobe::wait_for("a final read", patience, || {
-                let mut c = cluster_client(seeds, password).ok()?;
-                let call_ns = since(epoch);
-                let v: Option<String> = redis::cmd("GET").arg(&key).query(&mut c).ok()?;
-                Some((v, call_ns, since(epoch)))
-            })?;
+        let wait = patience_after(unread.len(), patience);
+        let read = tucana_clusterprobe::wait_for("a final read", wait, || {
+            let mut c = cluster_client(seeds, password).ok()?;
+            let call_ns = since(epoch);
+            let v: Option<String> = redis::cmd("GET").arg(&key).query(&mut c).ok()?;
+            Some((v, call_ns, since(epoch)))
+        });
+        let Ok((output, call_ns, return_ns)) = read else {
+            unread.push(key);
+            continue;
+        };
         history.push(Op {
             client,
             key,
@@ -312,20 +328,22 @@ pub fn final_reads(
             return_ns,
         });
     }
-    Ok(())
+    unread
 }
 
-/// The unique keys of `unique` that do not read back with their value.
+/// The unique keys of `unique` that do not read back with their value, and those that
+/// could not be read (retried as [`patience_after`] says).
 pub fn lost_unique(
     seeds: &[String],
     password: Option<&str>,
     unique: &BTreeMap<String, String>,
     patience: Duration,
-) -> Result<Vec<String>, String> {
-    let mut lost = Vec::new();
+) -> (Vec<String>, Vec<String>) {
+    let (mut lost, mut unreadable) = (Vec::new(), Vec::new());
     let mut conn: Option<ClusterConnection> = None;
     for (key, value) in unique {
-        let got = tucana_clusterprobe::wait_for("a read of an acknowledged key", patience, || {
+        let wait = patience_after(unreadable.len(), patience);
+        let got = tucana_clusterprobe::wait_for("a read of an acknowledged key", wait, || {
             if conn.is_none() {
                 conn = cluster_client(seeds, password).ok();
             }
@@ -337,10 +355,12 @@ pub fn lost_unique(
                     None
                 }
             }
-        })?;
-        if got.as_deref() != Some(value.as_str()) {
-            lost.push(key.clone());
+        });
+        match got {
+            Ok(got) if got.as_deref() == Some(value.as_str()) => {}
+            Ok(_) => lost.push(key.clone()),
+            Err(_) => unreadable.push(key.clone()),
         }
     }
-    Ok(lost)
+    (lost, unreadable)
 }
