@@ -2,10 +2,12 @@
 //! a client that follows `MOVED` itself ([`Router`]), writer threads that write unique
 //! keys and record every `OK` ([`Writers`]), the write that times a failover
 //! ([`first_ack`]), the read back that counts acknowledged writes lost ([`lost_keys`]),
-//! and the map as `CLUSTER SLOTS` shows it ([`slot_ranges`]); and an etcd of a run's own
-//! ([`etcd::Etcd`]) for the Tucana clusters the callers start.
+//! and the map as `CLUSTER SLOTS` shows it ([`slot_ranges`]; the `_with` variants
+//! authenticate, for servers with `--requirepass`); an etcd of a run's own
+//! ([`etcd::Etcd`]) for the Tucana clusters the callers start; and network namespaces
+//! per server with the routes a partition cuts ([`netns::Net`]).
 //!
-//! Shared by the cluster crash test (tucana-crashtest's M8) and tucana-bench's side by
+//! Shared by the cluster crash test and fault campaign (tucana-crashtest's M8, M10) and tucana-bench's side by
 //! side with Redis Cluster, so that both measure with the same client. Owns no server
 //! process and decides no verdict; the callers do.
 //!
