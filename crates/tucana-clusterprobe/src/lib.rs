@@ -7,9 +7,9 @@
 //! ([`etcd::Etcd`]) for the Tucana clusters the callers start; and network namespaces
 //! per server with the routes a partition cuts ([`netns::Net`]).
 //!
-//! Shared by the cluster crash test and fault campaign (tucana-crashtest's M8, M10) and tucana-bench's side by
-//! side with Redis Cluster, so that both measure with the same client. Owns no server
-//! process and decides no verdict; the callers do.
+//! Shared by tucana-crashtest's cluster crash test (M8) and fault campaign (M10) and
+//! tucana-bench's side by side with Redis Cluster, so that all measure with the same
+//! client. Owns no server process and decides no verdict; the callers do.
 //!
 //! Thread-safety: a [`Client`] is one thread's (its connections are plain blocking
 //! ones); [`Writers`] runs one thread per writer, each with a client of its own, and
