@@ -34,6 +34,8 @@ use std::time::{Duration, Instant};
 
 use redis::Commands;
 use tucana_cluster::testing::TestEtcd;
+// The namespace building blocks the fault campaign (tucana-crashtest) shares.
+use tucana_clusterprobe::netns::{ip, not_root};
 
 use common::{
     assert_all_readable, free_port, run_tucana, slot_ranges, tag_in, urls, wait_until, Server,
@@ -41,23 +43,6 @@ use common::{
 };
 
 const PASSWORD: &str = "netns-test";
-
-/// Runs `ip ARGS`; its stderr if it failed.
-fn ip(args: &[&str]) -> Result<(), String> {
-    let output = Command::new("ip")
-        .args(args)
-        .output()
-        .map_err(|e| format!("cannot run ip: {e}"))?;
-    if output.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "ip {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&output.stderr).trim()
-        ))
-    }
-}
 
 /// The victim's network namespace and its veth pair; deleted when dropped (after the
 /// processes in it: declare it before the servers).
@@ -69,16 +54,6 @@ struct Netns {
 }
 
 impl Netns {
-    /// Whether this process runs as root: why not, if not.
-    fn not_root() -> Option<String> {
-        let uid = match Command::new("id").arg("-u").output() {
-            Ok(uid) => uid,
-            Err(e) => return Some(format!("cannot run id: {e}")),
-        };
-        let uid = String::from_utf8_lossy(&uid.stdout).trim().to_owned();
-        (uid != "0").then(|| format!("euid is {uid}, not 0"))
-    }
-
     /// Sets up the namespace, its links, addresses and routes; what failed if this
     /// machine cannot (no `ip`, no namespaces or veth, a read-only /proc/sys). What was
     /// made is removed either way.
@@ -258,7 +233,7 @@ fn cluster_status(etcd: &TestEtcd) -> String {
 #[test]
 fn a_primary_cut_off_from_etcd_acknowledges_nothing_once_its_backup_is_promoted() {
     // Dropped last: after the servers (the victim runs in it) and etcd.
-    let netns = match Netns::not_root().map_or_else(Netns::create, Err) {
+    let netns = match not_root().map_or_else(Netns::create, Err) {
         Ok(netns) => netns,
         Err(why) => {
             eprintln!("skipped: needs root and ip netns ({why})");

@@ -2,12 +2,14 @@
 //! a client that follows `MOVED` itself ([`Router`]), writer threads that write unique
 //! keys and record every `OK` ([`Writers`]), the write that times a failover
 //! ([`first_ack`]), the read back that counts acknowledged writes lost ([`lost_keys`]),
-//! and the map as `CLUSTER SLOTS` shows it ([`slot_ranges`]); and an etcd of a run's own
-//! ([`etcd::Etcd`]) for the Tucana clusters the callers start.
+//! and the map as `CLUSTER SLOTS` shows it ([`slot_ranges`]; the `_with` variants
+//! authenticate, for servers with `--requirepass`); an etcd of a run's own
+//! ([`etcd::Etcd`]) for the Tucana clusters the callers start; and network namespaces
+//! per server with the routes a partition cuts ([`netns::Net`]).
 //!
-//! Shared by the cluster crash test (tucana-crashtest's M8) and tucana-bench's side by
-//! side with Redis Cluster, so that both measure with the same client. Owns no server
-//! process and decides no verdict; the callers do.
+//! Shared by tucana-crashtest's cluster crash test (M8) and fault campaign (M10) and
+//! tucana-bench's side by side with Redis Cluster, so that all measure with the same
+//! client. Owns no server process and decides no verdict; the callers do.
 //!
 //! Thread-safety: a [`Client`] is one thread's (its connections are plain blocking
 //! ones); [`Writers`] runs one thread per writer, each with a client of its own, and
@@ -22,6 +24,7 @@ use tucana_cluster::key_slot;
 
 pub mod crate_client;
 pub mod etcd;
+pub mod netns;
 
 /// A client that writes and reads keys of a cluster: what [`Writers`] and [`first_ack`]
 /// use. [`Router`] (ours, retries nothing) or [`crate_client::CrateCluster`] (the
@@ -75,8 +78,16 @@ pub fn wait_for<T>(
 /// A connection to `addr` ("host:port"), 2 s to connect, 30 s to answer (long enough to
 /// outlast a paused server: its answer after SIGCONT is the point).
 pub fn connect(addr: &str) -> redis::RedisResult<redis::Connection> {
-    let c = redis::Client::open(format!("redis://{addr}/"))?
-        .get_connection_with_timeout(Duration::from_secs(2))?;
+    connect_with(addr, None)
+}
+
+/// As [`connect`], authenticating with `password` (a server with `--requirepass`).
+pub fn connect_with(addr: &str, password: Option<&str>) -> redis::RedisResult<redis::Connection> {
+    let url = match password {
+        Some(p) => format!("redis://:{p}@{addr}/"),
+        None => format!("redis://{addr}/"),
+    };
+    let c = redis::Client::open(url)?.get_connection_with_timeout(Duration::from_secs(2))?;
     c.set_read_timeout(Some(Duration::from_secs(30)))?;
     Ok(c)
 }
@@ -326,7 +337,12 @@ fn node_addr(node: &redis::Value) -> Option<String> {
 
 /// `CLUSTER SLOTS` of the server at `addr`, by start; `None` if it did not answer.
 pub fn slot_ranges(addr: &str) -> Option<Vec<Range>> {
-    let mut c = connect(addr).ok()?;
+    slot_ranges_with(addr, None)
+}
+
+/// As [`slot_ranges`], authenticating with `password`.
+pub fn slot_ranges_with(addr: &str, password: Option<&str>) -> Option<Vec<Range>> {
+    let mut c = connect_with(addr, password).ok()?;
     let value: redis::Value = redis::cmd("CLUSTER").arg("SLOTS").query(&mut c).ok()?;
     let redis::Value::Array(ranges) = value else {
         return None;
@@ -351,7 +367,12 @@ pub fn slot_ranges(addr: &str) -> Option<Vec<Range>> {
 /// backup in sync (a Tucana backup still catching up is `loading`, as a Redis replica
 /// still syncing; only an in-sync one may be promoted); `None` if it does not answer.
 pub fn backups_in_sync(addr: &str) -> Option<bool> {
-    let mut c = connect(addr).ok()?;
+    backups_in_sync_with(addr, None)
+}
+
+/// As [`backups_in_sync`], authenticating with `password`.
+pub fn backups_in_sync_with(addr: &str, password: Option<&str>) -> Option<bool> {
+    let mut c = connect_with(addr, password).ok()?;
     let shards: redis::Value = redis::cmd("CLUSTER").arg("SHARDS").query(&mut c).ok()?;
     Some(!mentions(&shards, b"loading"))
 }

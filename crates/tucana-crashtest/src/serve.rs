@@ -1,5 +1,6 @@
-//! A `tucana serve` process as the crash suites run it (M7's pairs, M8's clusters):
-//! started on a port, waited for until it answers `PING`, signalled (`kill -9`,
+//! A `tucana serve` process as the crash suites run it (M7's pairs, M8's clusters, the
+//! fault campaign): started on a port (on loopback, or on an address of its own inside a
+//! network namespace, with a password), waited for until it answers `PING`, signalled (`kill -9`,
 //! `SIGSTOP`/`SIGCONT`), restarted on its volume with the same arguments, shut down; and
 //! `tucana check` of a volume.
 //!
@@ -13,9 +14,22 @@ use std::time::{Duration, Instant};
 /// A `tucana serve` process.
 pub struct Server {
     pub child: Child,
+    /// Where it listens (`--bind`; loopback unless started with [`Server::start_at`]).
+    pub host: String,
     pub port: u16,
     pub args: Vec<String>,
     pub db: PathBuf,
+    /// Run inside this network namespace (`ip netns exec NAME`).
+    pub netns: Option<String>,
+    /// Its `--requirepass`, sent by [`Server::connect`].
+    pub password: Option<String>,
+}
+
+/// Where a server listens and runs, for [`Server::start_at`].
+pub struct Place {
+    pub host: String,
+    pub netns: Option<String>,
+    pub password: Option<String>,
 }
 
 pub fn free_port() -> std::io::Result<u16> {
@@ -38,17 +52,66 @@ impl Server {
         let mut args = vec!["serve".to_string(), "--port".into(), port.to_string()];
         args.extend_from_slice(extra);
         let mut server = Server {
-            child: spawn(tucana, db, &args, failpoints, log)?,
+            child: spawn(tucana, db, &args, failpoints, None, log)?,
+            host: "127.0.0.1".into(),
             port,
             args,
             db: db.to_path_buf(),
+            netns: None,
+            password: None,
         };
         server.wait_ready()?;
         Ok(server)
     }
 
+    /// Starts `tucana serve --bind HOST --port PORT [--requirepass P] EXTRA...` in
+    /// `place` (its namespace, if any).
+    pub fn start_at(
+        tucana: &Path,
+        db: &Path,
+        place: Place,
+        port: u16,
+        extra: &[String],
+        log: &Path,
+    ) -> Result<Server, String> {
+        let mut args = vec![
+            "serve".to_string(),
+            "--bind".into(),
+            place.host.clone(),
+            "--port".into(),
+            port.to_string(),
+        ];
+        if let Some(p) = &place.password {
+            args.extend(["--requirepass".to_string(), p.clone()]);
+        }
+        args.extend_from_slice(extra);
+        let mut server = Server {
+            child: spawn(tucana, db, &args, None, place.netns.as_deref(), log)?,
+            host: place.host,
+            port,
+            args,
+            db: db.to_path_buf(),
+            netns: place.netns,
+            password: place.password,
+        };
+        server.wait_ready()?;
+        Ok(server)
+    }
+
+    /// `host:port`.
+    pub fn addr(&self) -> String {
+        format!("{}:{}", self.host, self.port)
+    }
+
     pub fn restart(&mut self, tucana: &Path, log: &Path) -> Result<(), String> {
-        self.child = spawn(tucana, &self.db, &self.args, None, log)?;
+        self.child = spawn(
+            tucana,
+            &self.db,
+            &self.args,
+            None,
+            self.netns.as_deref(),
+            log,
+        )?;
         self.wait_ready()
     }
 
@@ -75,7 +138,11 @@ impl Server {
     }
 
     pub fn connect(&self) -> redis::RedisResult<redis::Connection> {
-        let client = redis::Client::open(format!("redis://127.0.0.1:{}/", self.port))?;
+        let url = match &self.password {
+            Some(p) => format!("redis://:{p}@{}/", self.addr()),
+            None => format!("redis://{}/", self.addr()),
+        };
+        let client = redis::Client::open(url)?;
         let c = client.get_connection_with_timeout(Duration::from_secs(5))?;
         c.set_read_timeout(Some(Duration::from_secs(20)))?;
         Ok(c)
@@ -122,6 +189,7 @@ pub fn spawn(
     db: &Path,
     args: &[String],
     failpoints: Option<&str>,
+    netns: Option<&str>,
     log: &Path,
 ) -> Result<Child, String> {
     let log = std::fs::OpenOptions::new()
@@ -129,7 +197,16 @@ pub fn spawn(
         .append(true)
         .open(log)
         .map_err(|e| format!("{}: {e}", log.display()))?;
-    let mut command = Command::new(tucana);
+    // `ip netns exec` enters the namespace and execs the server: the child's pid is the
+    // server's, so signals reach it.
+    let mut command = match netns {
+        Some(netns) => {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", netns]).arg(tucana);
+            c
+        }
+        None => Command::new(tucana),
+    };
     command.env_remove("FAILPOINTS");
     if let Some(armed) = failpoints {
         command.env("FAILPOINTS", armed);

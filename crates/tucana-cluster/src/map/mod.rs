@@ -151,7 +151,8 @@ pub struct ClusterMap {
     pub max_region_id: u64,
     /// Backups each region should have (`create --replicas`): what the repair gives a
     /// region short of backups. Absent in maps written before it was kept: the most any
-    /// region has counts then. A region may have one more for a while, a backup the
+    /// region has counts then (which fell to 0 once every region had lost its backups to
+    /// failovers: docs/reliability.md, M10). A region may have one more for a while, a backup the
     /// coordinator added so it can take the region over (`balancing_step`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replicas: Option<usize>,

@@ -108,6 +108,28 @@ mod tests {
     }
 
     #[test]
+    fn regions_that_all_lost_their_backups_get_them_back() {
+        // The story (the fault campaign, M10, seed 1): kills left one server leading
+        // every region and another backing them all; a planned failover on the backup
+        // promoted it for every region. A promotion takes the backup out of the backups
+        // and keeps no old primary, so no region had a backup left, and the repair, whose
+        // target was the most backups any region had, had a target of 0: sync writes were
+        // acknowledged with one copy for good.
+        let ids = servers(3);
+        let mut map = ClusterMap::even_with_backups(&ids, 1).unwrap();
+        for id in map.regions.iter().map(|r| r.id).collect::<Vec<_>>() {
+            let backup = map.region(id).unwrap().backups[0].clone();
+            map = map.promote(id, &backup).unwrap();
+        }
+        assert!(map.regions.iter().all(|r| r.backups.is_empty()));
+        let live: BTreeSet<ServerId> = ids.iter().cloned().collect();
+        let repaired = map.repaired(&live).unwrap();
+        for region in &repaired.regions {
+            assert_eq!(region.backups.len(), 1, "{region:?}");
+        }
+    }
+
+    #[test]
     fn a_backup_still_catching_up_is_not_promoted() {
         // The story: region 1's first backup died, the coordinator gave it a new one
         // (still copying the region), then the primary died too. Promoting the new

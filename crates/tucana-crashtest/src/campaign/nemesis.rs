@@ -1,0 +1,413 @@
+//! The nemesis: a schedule of faults drawn from the seed ([`schedule`]), and each fault
+//! applied to the running cluster, held, healed ([`apply`]).
+//!
+//! A step's kind, its choice among the servers (an index into a sorted list made when it
+//! runs: the primaries, the backups, the regions), how long it holds and the gap after
+//! it are all drawn from the seed, so a seed names a schedule; which server an index
+//! names depends on the map at that moment (failovers move primaries), so a failure is
+//! reproduced by running its seed, not guaranteed to recur at the same step. One fault
+//! at a time: each is healed before the next is applied.
+//!
+//! Faults: `kill` (kill -9 of a primary, a backup or any server, which may be the
+//! coordinator, then a restart on its volume); `pause` (SIGSTOP of a primary or backup
+//! for longer than the lease, then SIGCONT); `partition` (with namespaces only: a server
+//! isolated (its link down), a server cut from etcd, a primary cut from its backups, a
+//! minority of servers cut from the majority and from etcd while clients still reach
+//! them); `etcd` (kill -9 of etcd, a restart on its data); `migrate` (`tucana cluster
+//! move-slots` of part of a region to another server); `failover` (`CLUSTER FAILOVER`
+//! on an in-sync backup).
+//!
+//! After a fault that takes a primary away, the time until a write to each region it
+//! led is acknowledged by another server is a failover time.
+//!
+//! Runs on the calling thread; owns no process (the [`Fleet`] does).
+
+use std::time::{Duration, Instant};
+
+use tucana_clusterprobe::{connect_with, tag_in, Range};
+
+use super::fleet::Fleet;
+use crate::Rng;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Fault {
+    Kill,
+    Pause,
+    Partition,
+    Etcd,
+    Migrate,
+    Failover,
+}
+
+/// One step of the schedule.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Step {
+    pub fault: Fault,
+    /// Which variant of the fault (e.g. which role a kill's victim has).
+    pub variant: u64,
+    /// Index into the candidates (taken modulo their number).
+    pub pick: u64,
+    /// A second index (a migration's target, a minority's size).
+    pub pick2: u64,
+    /// How long the fault holds beyond what it needs (past the lease for pauses and
+    /// partitions).
+    pub hold_ms: u64,
+    /// Quiet time after the fault healed and the cluster settled.
+    pub gap_ms: u64,
+}
+
+/// `count` steps drawn from `seed` among `faults`.
+pub fn schedule(seed: u64, faults: &[Fault], count: usize) -> Vec<Step> {
+    let mut rng = Rng::new(seed);
+    (0..count)
+        .map(|_| Step {
+            fault: faults[rng.below(faults.len() as u64) as usize],
+            variant: rng.next_u64(),
+            pick: rng.next_u64(),
+            pick2: rng.next_u64(),
+            hold_ms: 500 + rng.below(3000),
+            gap_ms: 500 + rng.below(2000),
+        })
+        .collect()
+}
+
+/// What a step did.
+#[derive(Default)]
+pub struct Outcome {
+    pub what: String,
+    /// Per region of a primary taken away: fault → a write acknowledged by another
+    /// server, ms.
+    pub failover_ms: Vec<f64>,
+    /// A planned failover: request → the backup named primary, ms.
+    pub planned_ms: Option<f64>,
+    /// Something that should have happened did not (a region never failed over, a
+    /// command failed): a finding, reported, not a crash of the campaign.
+    pub trouble: Option<String>,
+}
+
+/// A bound on waiting for a failover or a planned failover.
+const FAILOVER_PATIENCE: Duration = Duration::from_secs(30);
+
+/// Applies `step` to `fleet`, holds it, heals it.
+pub fn apply(fleet: &mut Fleet, step: &Step, lease_ms: u64) -> Result<Outcome, String> {
+    let map = fleet
+        .served_map(None)
+        .ok_or("no live server gives a served map")?;
+    let primaries = sorted(map.iter().map(|r| r.primary.clone()));
+    let backups = sorted(map.iter().flat_map(|r| r.backups.clone()));
+    let all = fleet.addrs();
+    let pick = |list: &[String], n: u64| list[(n % list.len() as u64) as usize].clone();
+    let mut out = Outcome::default();
+    match step.fault {
+        Fault::Kill => {
+            let (role, victim) = match step.variant % 3 {
+                0 => ("primary", pick(&primaries, step.pick)),
+                1 if !backups.is_empty() => ("backup", pick(&backups, step.pick)),
+                _ => ("server", pick(&all, step.pick)),
+            };
+            let i = fleet.index_of(&victim).ok_or("victim not a server")?;
+            let led = led_by(&map, &victim);
+            out.what = format!("kill -9 {role} {victim} (leads {} regions)", led.len());
+            let at = Instant::now();
+            fleet.servers[i].kill9();
+            fleet.up[i] = false;
+            measure_failover(fleet, &victim, &led, at, &mut out);
+            sleep_until(at, step.hold_ms);
+            fleet.servers[i].restart(&fleet.tucana.clone(), &fleet.log.clone())?;
+            fleet.up[i] = true;
+        }
+        Fault::Pause => {
+            let (role, victim) = match step.variant % 2 {
+                0 => ("primary", pick(&primaries, step.pick)),
+                _ if !backups.is_empty() => ("backup", pick(&backups, step.pick)),
+                _ => ("primary", pick(&primaries, step.pick)),
+            };
+            let i = fleet.index_of(&victim).ok_or("victim not a server")?;
+            let led = led_by(&map, &victim);
+            out.what = format!("SIGSTOP {role} {victim} past the lease");
+            let at = Instant::now();
+            fleet.servers[i].signal(libc::SIGSTOP);
+            fleet.up[i] = false;
+            measure_failover(fleet, &victim, &led, at, &mut out);
+            sleep_until(at, lease_ms + step.hold_ms);
+            fleet.servers[i].signal(libc::SIGCONT);
+            fleet.up[i] = true;
+        }
+        Fault::Partition => partition(fleet, &map, step, lease_ms, &mut out)?,
+        Fault::Etcd => {
+            out.what = format!("kill -9 etcd for {} ms", step.hold_ms);
+            fleet.etcd.kill();
+            std::thread::sleep(Duration::from_millis(step.hold_ms));
+            fleet.etcd.restart(Duration::from_secs(60))?;
+        }
+        Fault::Migrate => migrate(fleet, step, &mut out),
+        Fault::Failover => {
+            let with_backup: Vec<&Range> = map.iter().filter(|r| !r.backups.is_empty()).collect();
+            if with_backup.is_empty() {
+                out.what = "planned failover: no region has a backup".into();
+                return Ok(out);
+            }
+            let r = with_backup[(step.pick % with_backup.len() as u64) as usize];
+            let backup = r.backups[0].clone();
+            out.what = format!(
+                "CLUSTER FAILOVER on {backup} (backs slots {}-{} of {})",
+                r.start, r.end, r.primary
+            );
+            let at = Instant::now();
+            let answer = connect_with(&backup, fleet.password()).and_then(|mut c| {
+                redis::cmd("CLUSTER")
+                    .arg("FAILOVER")
+                    .query::<redis::Value>(&mut c)
+            });
+            match answer {
+                Err(e) => out.trouble = Some(format!("CLUSTER FAILOVER on {backup}: {e}")),
+                Ok(_) => {
+                    let start = r.start;
+                    let done = tucana_clusterprobe::wait_for(
+                        "the planned failover",
+                        FAILOVER_PATIENCE,
+                        || {
+                            let m = fleet.served_map(None)?;
+                            m.iter()
+                                .any(|x| x.start <= start && start <= x.end && x.primary == backup)
+                                .then_some(())
+                        },
+                    );
+                    match done {
+                        Ok(()) => out.planned_ms = Some(at.elapsed().as_secs_f64() * 1000.0),
+                        Err(e) => out.trouble = Some(e),
+                    }
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn sorted(items: impl Iterator<Item = String>) -> Vec<String> {
+    let mut v: Vec<String> = items.collect();
+    v.sort();
+    v.dedup();
+    v
+}
+
+fn led_by(map: &[Range], addr: &str) -> Vec<Range> {
+    map.iter().filter(|r| r.primary == addr).cloned().collect()
+}
+
+fn sleep_until(from: Instant, ms: u64) {
+    let until = from + Duration::from_millis(ms);
+    let now = Instant::now();
+    if until > now {
+        std::thread::sleep(until - now);
+    }
+}
+
+/// Until a write to each region of `led` is acknowledged by a server other than
+/// `victim` (asked directly, as the map of a server other than the victim names it),
+/// for at most [`FAILOVER_PATIENCE`] in all: each time from `at` into `out`; regions
+/// that never fail over are trouble.
+fn measure_failover(fleet: &Fleet, victim: &str, led: &[Range], at: Instant, out: &mut Outcome) {
+    let keys: Vec<String> = (0..led.len())
+        .map(|n| {
+            let r = &led[n];
+            format!("{{{}}}:failover-probe-{n}", tag_in(r.start, r.end))
+        })
+        .collect();
+    let mut done = vec![false; led.len()];
+    let started = Instant::now();
+    while done.iter().any(|d| !d) && started.elapsed() < FAILOVER_PATIENCE {
+        if let Some(map) = fleet.served_map(Some(victim)) {
+            for (n, r) in led.iter().enumerate() {
+                if done[n] {
+                    continue;
+                }
+                let Some(owner) = map.iter().find(|x| x.start <= r.start && r.start <= x.end)
+                else {
+                    continue;
+                };
+                if owner.primary == victim {
+                    continue;
+                }
+                let acked = connect_with(&owner.primary, fleet.password())
+                    .and_then(|mut c| {
+                        redis::cmd("SET")
+                            .arg(&keys[n])
+                            .arg("p")
+                            .query::<redis::Value>(&mut c)
+                    })
+                    .is_ok_and(|v| v == redis::Value::Okay);
+                if acked {
+                    done[n] = true;
+                    out.failover_ms.push(at.elapsed().as_secs_f64() * 1000.0);
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let stuck: Vec<String> = led
+        .iter()
+        .zip(&done)
+        .filter(|(_, d)| !**d)
+        .map(|(r, _)| format!("{}-{}", r.start, r.end))
+        .collect();
+    if !stuck.is_empty() {
+        out.trouble = Some(format!(
+            "slots {} of {victim} not failed over within {FAILOVER_PATIENCE:?}",
+            stuck.join(",")
+        ));
+    }
+}
+
+fn partition(
+    fleet: &mut Fleet,
+    map: &[Range],
+    step: &Step,
+    lease_ms: u64,
+    out: &mut Outcome,
+) -> Result<(), String> {
+    let Some(net) = fleet.net.as_ref() else {
+        out.what = "partition: skipped (no network namespaces)".into();
+        return Ok(());
+    };
+    let n = fleet.servers.len();
+    let addrs = fleet.addrs();
+    let i = (step.pick % n as u64) as usize;
+    let victim = addrs[i].clone();
+    let led = led_by(map, &victim);
+    let at = Instant::now();
+    match step.variant % 4 {
+        0 => {
+            out.what = format!("isolate {victim} (its link down)");
+            net.link_down(i)?;
+            measure_failover(fleet, &victim, &led, at, out);
+            sleep_until(at, lease_ms + step.hold_ms);
+            fleet.net.as_ref().expect("checked").link_up(i)?;
+        }
+        1 => {
+            out.what = format!("cut {victim} from etcd");
+            net.cut_etcd(i)?;
+            measure_failover(fleet, &victim, &led, at, out);
+            sleep_until(at, lease_ms + step.hold_ms);
+            fleet.net.as_ref().expect("checked").heal_etcd(i)?;
+        }
+        2 => {
+            // A primary from its backups (etcd and clients still reach it).
+            let Some(r) = map.get((step.pick % map.len() as u64) as usize) else {
+                return Ok(());
+            };
+            let p = fleet.index_of(&r.primary).ok_or("primary not a server")?;
+            let bs: Vec<usize> = r.backups.iter().filter_map(|b| fleet.index_of(b)).collect();
+            out.what = format!("cut primary {} from its backups {:?}", r.primary, r.backups);
+            for &b in &bs {
+                net.cut_pair(p, b)?;
+            }
+            sleep_until(at, lease_ms + step.hold_ms);
+            for &b in &bs {
+                net.heal_pair(p, b)?;
+            }
+        }
+        _ => {
+            // A minority (fewer than half) cut from the majority and from etcd; clients
+            // on the host still reach every server.
+            let size = 1 + (step.pick2 % ((n as u64 - 1) / 2).max(1)) as usize;
+            let minority: Vec<usize> = (0..size).map(|k| (i + k) % n).collect();
+            let names: Vec<&str> = minority.iter().map(|&m| addrs[m].as_str()).collect();
+            out.what = format!("cut minority {names:?} from the majority and etcd");
+            for &m in &minority {
+                net.cut_etcd(m)?;
+                for j in (0..n).filter(|j| !minority.contains(j)) {
+                    net.cut_pair(m, j)?;
+                }
+            }
+            for &m in &minority {
+                measure_failover(fleet, &addrs[m], &led_by(map, &addrs[m]), at, out);
+            }
+            sleep_until(at, lease_ms + step.hold_ms);
+            let net = fleet.net.as_ref().expect("checked");
+            for &m in &minority {
+                net.heal_etcd(m)?;
+                for j in (0..n).filter(|j| !minority.contains(j)) {
+                    net.heal_pair(m, j)?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `tucana cluster move-slots` of a suffix (a quarter, at most 512 slots) of a region
+/// to another live server.
+fn migrate(fleet: &Fleet, step: &Step, out: &mut Outcome) {
+    let status = match fleet.tucana_cli(&["cluster", "status"]) {
+        Ok(s) => s,
+        Err(e) => {
+            out.what = "migrate".into();
+            out.trouble = Some(e);
+            return;
+        }
+    };
+    // "region ID: slots A-B (N slots), epoch E, primary SERVERID ADDR live, ..."
+    let regions: Vec<(String, u32, u32, String)> = status
+        .lines()
+        .filter(|l| l.starts_with("region "))
+        .filter_map(|l| {
+            let t: Vec<&str> = l.split_whitespace().collect();
+            let id = t.get(1)?.trim_end_matches(':').to_string();
+            let (a, b) = t.get(3)?.split_once('-')?;
+            let p = t.iter().position(|w| *w == "primary")?;
+            let addr = t.get(p + 2)?.to_string();
+            Some((id, a.parse().ok()?, b.parse().ok()?, addr))
+        })
+        .filter(|r| r.2 > r.1)
+        .collect();
+    if regions.is_empty() {
+        out.what = "migrate: no region of two slots or more".into();
+        return;
+    }
+    let (id, a, b, primary) = &regions[(step.pick % regions.len() as u64) as usize];
+    let targets: Vec<String> = fleet.live().into_iter().filter(|s| s != primary).collect();
+    if targets.is_empty() {
+        out.what = "migrate: no other live server".into();
+        return;
+    }
+    let to = &targets[(step.pick2 % targets.len() as u64) as usize];
+    let count = ((b - a + 1) / 4).clamp(1, 512);
+    let slots = format!("{}-{b}", b + 1 - count);
+    out.what = format!("move slots {slots} of region {id} ({primary}) to {to}");
+    if let Err(e) = fleet.tucana_cli(&[
+        "cluster",
+        "move-slots",
+        "--from-region",
+        id,
+        "--slots",
+        &slots,
+        "--to",
+        to,
+        "--wait-secs",
+        "60",
+    ]) {
+        out.trouble = Some(e);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_seed_names_its_schedule_and_draws_only_the_kinds_asked() {
+        let kinds = [Fault::Kill, Fault::Partition, Fault::Migrate];
+        let a = schedule(7, &kinds, 200);
+        assert_eq!(a, schedule(7, &kinds, 200), "same seed, same schedule");
+        assert_ne!(
+            a,
+            schedule(8, &kinds, 200),
+            "another seed, another schedule"
+        );
+        for kind in kinds {
+            assert!(a.iter().any(|s| s.fault == kind), "{kind:?} never drawn");
+        }
+        assert!(a.iter().all(|s| kinds.contains(&s.fault)));
+    }
+}
