@@ -1,5 +1,5 @@
 //! Commands on the whole keyspace of the selected database: SCAN, KEYS, the ordered
-//! TRANGE and TPREFIX, DBSIZE, FLUSHDB and FLUSHALL.
+//! TRANGE and TPREFIX, DBSIZE, RANDOMKEY, FLUSHDB and FLUSHALL.
 //!
 //! Owns the iteration bounds (literal prefixes, ZRANGEBYLEX-style bounds) and SCAN's
 //! cursor contract; the cursors themselves are kept by `store`. Reads take no lock and
@@ -309,6 +309,86 @@ pub(super) fn cmd_dbsize(call: &mut Call<'_>, _args: &[Vec<u8>]) -> tucana::Resu
         Some(ks) => Ok(ks.len().saturating_sub(hidden_records(ks, &[], now_ms())?)),
     })?;
     Ok(Reply::Int(n as i64))
+}
+
+/// `RANDOMKEY`: a live key picked at random (nil when there is none). The keyspace is
+/// ordered, not hashed, so the pick is the first live key at or after a random point
+/// between the first and the last stored key (wrapping around): every key can come back,
+/// not with equal chances (a key after a wide gap comes back more often).
+pub(super) fn cmd_randomkey(call: &mut Call<'_>, _args: &[Vec<u8>]) -> tucana::Result<Reply> {
+    if call.state.cluster.is_some() {
+        return Ok(not_in_cluster_mode("RANDOMKEY"));
+    }
+    let (may_expire, now) = (call.slot().may_expire(), now_ms());
+    let mut rng = super::collection::Rng::new();
+    call.slot().read(|ks| {
+        let Some(ks) = ks else {
+            return Ok(Reply::Nil);
+        };
+        let all = (Bound::<Vec<u8>>::Unbounded, Bound::<Vec<u8>>::Unbounded);
+        let (Some(first), Some(last)) = (
+            ks.range::<Vec<u8>, _>(all.clone()).next().transpose()?,
+            ks.range::<Vec<u8>, _>(all).next_back().transpose()?,
+        ) else {
+            return Ok(Reply::Nil);
+        };
+        let pivot = random_between(&first.0, &last.0, &mut rng);
+        let after = first_live(
+            ks,
+            may_expire,
+            now,
+            Bound::Included(pivot.clone()),
+            Bound::Unbounded,
+        )?;
+        let key = match after {
+            Some(key) => Some(key),
+            None => first_live(
+                ks,
+                may_expire,
+                now,
+                Bound::Unbounded,
+                Bound::Excluded(pivot),
+            )?,
+        };
+        Ok(key.map_or(Reply::Nil, Reply::Bulk))
+    })
+}
+
+/// A key between `lo` and `hi` (`lo <= hi`): their common prefix, a random byte between
+/// theirs at the first difference, then random bytes.
+fn random_between(lo: &[u8], hi: &[u8], rng: &mut super::collection::Rng) -> Vec<u8> {
+    let common = lo.iter().zip(hi).take_while(|(a, b)| a == b).count();
+    let mut key = hi[..common].to_vec();
+    let floor = usize::from(lo.get(common).copied().unwrap_or(0));
+    let ceiling = usize::from(hi.get(common).copied().unwrap_or(0)).max(floor);
+    key.push((floor + rng.below(ceiling - floor + 1)) as u8);
+    key.extend((0..8).map(|_| rng.below(256) as u8));
+    key
+}
+
+/// The first client's live key in `(lo, hi)`, skipping the reserved family in one seek.
+fn first_live(
+    ks: &Keyspace,
+    may_expire: bool,
+    now: u64,
+    lo: Bound<Vec<u8>>,
+    hi: Bound<Vec<u8>>,
+) -> tucana::Result<Option<Vec<u8>>> {
+    let mut range = ks.range::<Vec<u8>, _>((lo, hi.clone()));
+    while let Some(item) = range.next() {
+        let (key, _) = item?;
+        if is_reserved(&key) {
+            match after_reserved(&hi) {
+                Some(lo) => range = ks.range::<Vec<u8>, _>((lo, hi.clone())),
+                None => break,
+            }
+            continue;
+        }
+        if visible(ks, may_expire, &[], &key, now)? {
+            return Ok(Some(key));
+        }
+    }
+    Ok(None)
 }
 
 fn flush_option_ok(args: &[Vec<u8>]) -> bool {

@@ -21,7 +21,9 @@
 //!   atomic engine batch;
 //! - `expire`: key deadlines as handlers see them (lazy expiry, the writes that keep a
 //!   key's deadline records in step) and EXPIRE, PERSIST, TTL and their family;
-//! - the handlers, by Redis's command groups: `strings` (GET, SET, INCR, ...), `keys`
+//! - the handlers, by Redis's command groups: `strings` (GET, SET, INCR, ...),
+//!   `string_edits` (GETRANGE, SETRANGE, SETBIT, BITCOUNT, LCS, INCRBYFLOAT), `moves`
+//!   (RENAME, COPY, TOUCH), `keys`
 //!   (SCAN, KEYS, TRANGE, TPREFIX, DBSIZE, FLUSHDB), `transaction` (MULTI, EXEC,
 //!   DISCARD), `session` (the `Session` and the commands that read or change it: AUTH,
 //!   HELLO, SELECT, CLIENT, QUIT, PING, ECHO), `admin` (COMMAND, CONFIG, TIME, SAVE,
@@ -45,9 +47,11 @@ mod keys;
 mod kv;
 mod lists;
 mod migrating;
+mod moves;
 mod routing;
 mod session;
 mod sets;
+mod string_edits;
 mod strings;
 mod table;
 mod transaction;

@@ -264,12 +264,20 @@ mod tests {
             &["lmove", "{u}a", "{u}b", "LEFT", "RIGHT"],
             &["sinterstore", "{u}d", "{u}a", "{u}b"],
             &["sunion", "{u}a", "{u}b"],
+            &["rename", "{u}a", "{u}b"],
+            &["renamenx", "{u}a", "{u}b"],
+            &["copy", "{u}a", "{u}b", "REPLACE"],
+            &["lcs", "{u}a", "{u}b", "IDX"],
         ] {
             assert_eq!(slot_of(words).ok(), u, "{words:?}");
         }
         for words in [
             &["smove", "a", "b", "m"][..],
             &["rpoplpush", "a", "b"],
+            // A key moves within its slot only: across slots it would change servers.
+            &["rename", "a", "b"],
+            &["renamenx", "a", "b"],
+            &["copy", "a", "b"],
             &["sdiffstore", "{u}d", "{u}a", "b"],
         ] {
             assert!(

@@ -30,7 +30,8 @@ use super::hashes::{
 };
 use super::info::cmd_info;
 use super::keys::{
-    cmd_dbsize, cmd_flushall, cmd_flushdb, cmd_keys, cmd_scan, cmd_tprefix, cmd_trange,
+    cmd_dbsize, cmd_flushall, cmd_flushdb, cmd_keys, cmd_randomkey, cmd_scan, cmd_tprefix,
+    cmd_trange,
 };
 use super::kv::Kv;
 use super::lists::{
@@ -38,11 +39,15 @@ use super::lists::{
     cmd_lrange, cmd_lrem, cmd_lset, cmd_ltrim, cmd_rpop, cmd_rpoplpush, cmd_rpush, cmd_rpushx,
 };
 use super::migrating::{cmd_asking, cmd_import};
+use super::moves::{cmd_copy, cmd_rename, cmd_renamenx, cmd_touch};
 use super::session::{cmd_auth, cmd_client, cmd_echo, cmd_hello, cmd_ping, cmd_quit, cmd_select};
 use super::sets::{
     cmd_sadd, cmd_scard, cmd_sdiff, cmd_sdiffstore, cmd_sinter, cmd_sinterstore, cmd_sismember,
     cmd_smembers, cmd_smismember, cmd_smove, cmd_spop, cmd_srandmember, cmd_srem, cmd_sscan,
     cmd_sunion, cmd_sunionstore,
+};
+use super::string_edits::{
+    cmd_bitcount, cmd_getbit, cmd_getrange, cmd_incrbyfloat, cmd_lcs, cmd_setbit, cmd_setrange,
 };
 use super::strings::{
     cmd_append, cmd_decr, cmd_decrby, cmd_del, cmd_exists, cmd_get, cmd_getdel, cmd_getex,
@@ -247,6 +252,19 @@ pub(super) fn table() -> &'static [Spec] {
             spec!("incrby", 3, 0, KEY1, Run::Write(cmd_incrby)),
             spec!("decrby", 3, 0, KEY1, Run::Write(cmd_decrby)),
             spec!("object", -2, 0, (2, 2, 1), Run::Read(cmd_object)),
+            spec!("getrange", 4, 0, KEY1, Run::Read(cmd_getrange)),
+            spec!("substr", 4, 0, KEY1, Run::Read(cmd_getrange)),
+            spec!("setrange", 4, 0, KEY1, Run::Write(cmd_setrange)),
+            spec!("getbit", 3, 0, KEY1, Run::Read(cmd_getbit)),
+            spec!("setbit", 4, 0, KEY1, Run::Write(cmd_setbit)),
+            spec!("bitcount", -2, 0, KEY1, Run::Read(cmd_bitcount)),
+            spec!("incrbyfloat", 3, 0, KEY1, Run::Write(cmd_incrbyfloat)),
+            spec!("lcs", -3, 0, (1, 2, 1), Run::Read(cmd_lcs)),
+            spec!("rename", 3, 0, (1, 2, 1), Run::Write(cmd_rename)),
+            spec!("renamenx", 3, 0, (1, 2, 1), Run::Write(cmd_renamenx)),
+            spec!("copy", -3, 0, (1, 2, 1), Run::Write(cmd_copy)),
+            spec!("touch", -2, 0, ALL_KEYS, Run::Read(cmd_touch)),
+            spec!("randomkey", 1, NOMULTI, NO_KEYS, other(cmd_randomkey)),
             spec!("scan", -2, NOMULTI, NO_KEYS, other(cmd_scan)),
             spec!("keys", 2, NOMULTI, NO_KEYS, other(cmd_keys)),
             spec!("trange", -3, NOMULTI, NO_KEYS, other(cmd_trange)),
