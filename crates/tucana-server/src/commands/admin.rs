@@ -31,9 +31,9 @@ fn command_entry(spec: &Spec, protocol: Protocol) -> Reply {
         } else {
             Reply::Array(flags)
         },
-        Reply::Int(i64::from(spec.keys.0)),
-        Reply::Int(i64::from(spec.keys.1)),
-        Reply::Int(i64::from(spec.keys.2)),
+        Reply::Int(i64::from(spec.command_keys().0)),
+        Reply::Int(i64::from(spec.command_keys().1)),
+        Reply::Int(i64::from(spec.command_keys().2)),
     ])
 }
 

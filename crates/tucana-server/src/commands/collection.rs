@@ -419,7 +419,7 @@ pub(super) fn random_members(
 
 /// A byte string between `lo` and `hi` (`lo` <= `hi`): their common prefix, a random
 /// byte between theirs at the first difference, then random bytes.
-fn random_between(rng: &mut Rng, lo: &[u8], hi: &[u8]) -> Vec<u8> {
+pub(super) fn random_between(rng: &mut Rng, lo: &[u8], hi: &[u8]) -> Vec<u8> {
     let common = lo.iter().zip(hi).take_while(|(a, b)| a == b).count();
     let mut out = lo[..common].to_vec();
     let from = lo.get(common).copied().unwrap_or(0) as usize;

@@ -332,7 +332,7 @@ pub(super) fn cmd_randomkey(call: &mut Call<'_>, _args: &[Vec<u8>]) -> tucana::R
         ) else {
             return Ok(Reply::Nil);
         };
-        let pivot = random_between(&first.0, &last.0, &mut rng);
+        let pivot = super::collection::random_between(&mut rng, &first.0, &last.0);
         let after = first_live(
             ks,
             may_expire,
@@ -352,18 +352,6 @@ pub(super) fn cmd_randomkey(call: &mut Call<'_>, _args: &[Vec<u8>]) -> tucana::R
         };
         Ok(key.map_or(Reply::Nil, Reply::Bulk))
     })
-}
-
-/// A key between `lo` and `hi` (`lo <= hi`): their common prefix, a random byte between
-/// theirs at the first difference, then random bytes.
-fn random_between(lo: &[u8], hi: &[u8], rng: &mut super::collection::Rng) -> Vec<u8> {
-    let common = lo.iter().zip(hi).take_while(|(a, b)| a == b).count();
-    let mut key = hi[..common].to_vec();
-    let floor = usize::from(lo.get(common).copied().unwrap_or(0));
-    let ceiling = usize::from(hi.get(common).copied().unwrap_or(0)).max(floor);
-    key.push((floor + rng.below(ceiling - floor + 1)) as u8);
-    key.extend((0..8).map(|_| rng.below(256) as u8));
-    key
 }
 
 /// The first client's live key in `(lo, hi)`, skipping the reserved family in one seek.

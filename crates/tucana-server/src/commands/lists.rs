@@ -21,7 +21,7 @@ use super::kv::Kv;
 use super::zsets::rank_window;
 use super::{not_an_integer, parse_i64, syntax_error};
 
-const LIST: Kind = Kind::List;
+pub(super) const LIST: Kind = Kind::List;
 const F: Family = Family::List;
 
 fn idx(i: u64) -> [u8; 8] {
@@ -124,7 +124,7 @@ pub(super) fn cmd_rpushx(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Re
 
 /// Pops up to `count` elements from one end of `update`'s list (known elements read from
 /// the store), in pop order.
-fn pop_from(
+pub(super) fn pop_from(
     kv: &mut dyn Kv,
     key: &[u8],
     update: &mut Update<'_>,

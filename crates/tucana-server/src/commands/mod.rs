@@ -23,7 +23,9 @@
 //!   key's deadline records in step) and EXPIRE, PERSIST, TTL and their family;
 //! - the handlers, by Redis's command groups: `strings` (GET, SET, INCR, ...),
 //!   `string_edits` (GETRANGE, SETRANGE, SETBIT, BITCOUNT, LCS, INCRBYFLOAT), `moves`
-//!   (RENAME, COPY, TOUCH), `keys`
+//!   (RENAME, COPY, TOUCH), the collection types (`hashes`, `sets`, `zsets`,
+//!   `zset_algebra` for ZUNION/ZINTER/ZDIFF/ZRANGESTORE/ZRANDMEMBER, `lists`, `mpop` for
+//!   LMPOP/ZMPOP, over `collection`), `keys`
 //!   (SCAN, KEYS, TRANGE, TPREFIX, DBSIZE, FLUSHDB), `transaction` (MULTI, EXEC,
 //!   DISCARD), `session` (the `Session` and the commands that read or change it: AUTH,
 //!   HELLO, SELECT, CLIENT, QUIT, PING, ECHO), `admin` (COMMAND, CONFIG, TIME, SAVE,
@@ -48,6 +50,7 @@ mod kv;
 mod lists;
 mod migrating;
 mod moves;
+mod mpop;
 mod routing;
 mod session;
 mod sets;
@@ -55,6 +58,7 @@ mod string_edits;
 mod strings;
 mod table;
 mod transaction;
+mod zset_algebra;
 mod zsets;
 
 use crate::resp::{Args, Reply};

@@ -40,11 +40,12 @@ use super::lists::{
 };
 use super::migrating::{cmd_asking, cmd_import};
 use super::moves::{cmd_copy, cmd_rename, cmd_renamenx, cmd_touch};
+use super::mpop::{cmd_lmpop, cmd_zmpop};
 use super::session::{cmd_auth, cmd_client, cmd_echo, cmd_hello, cmd_ping, cmd_quit, cmd_select};
 use super::sets::{
-    cmd_sadd, cmd_scard, cmd_sdiff, cmd_sdiffstore, cmd_sinter, cmd_sinterstore, cmd_sismember,
-    cmd_smembers, cmd_smismember, cmd_smove, cmd_spop, cmd_srandmember, cmd_srem, cmd_sscan,
-    cmd_sunion, cmd_sunionstore,
+    cmd_sadd, cmd_scard, cmd_sdiff, cmd_sdiffstore, cmd_sinter, cmd_sintercard, cmd_sinterstore,
+    cmd_sismember, cmd_smembers, cmd_smismember, cmd_smove, cmd_spop, cmd_srandmember, cmd_srem,
+    cmd_sscan, cmd_sunion, cmd_sunionstore,
 };
 use super::string_edits::{
     cmd_bitcount, cmd_getbit, cmd_getrange, cmd_incrbyfloat, cmd_lcs, cmd_setbit, cmd_setrange,
@@ -55,6 +56,10 @@ use super::strings::{
     cmd_set, cmd_setex, cmd_setnx, cmd_strlen, cmd_type,
 };
 use super::transaction::{cmd_discard, cmd_exec, cmd_multi, cmd_unwatch, cmd_watch};
+use super::zset_algebra::{
+    cmd_zdiff, cmd_zdiffstore, cmd_zinter, cmd_zintercard, cmd_zinterstore, cmd_zrandmember,
+    cmd_zrangestore, cmd_zunion, cmd_zunionstore,
+};
 use super::zsets::{
     cmd_zadd, cmd_zcard, cmd_zcount, cmd_zincrby, cmd_zlexcount, cmd_zmscore, cmd_zpopmax,
     cmd_zpopmin, cmd_zrange, cmd_zrangebylex, cmd_zrangebyscore, cmd_zrank, cmd_zrem,
@@ -110,6 +115,21 @@ macro_rules! spec {
     };
 }
 
+/// A `last` key position meaning "the keys follow a count" (see `routing::keys`).
+pub(super) const NUMKEYS: i32 = i32::MIN;
+
+impl Spec {
+    /// The key positions `COMMAND` reports: Redis reports none (0, 0, 0) for commands
+    /// whose keys follow a count, or the destination alone (1, 1, 1).
+    pub(super) fn command_keys(&self) -> (i32, i32, i32) {
+        match self.keys {
+            (_, NUMKEYS, 1) => (1, 1, 1),
+            (_, NUMKEYS, _) => NO_KEYS,
+            keys => keys,
+        }
+    }
+}
+
 const NO_KEYS: (i32, i32, i32) = (0, 0, 0);
 const KEY1: (i32, i32, i32) = (1, 1, 1);
 const ALL_KEYS: (i32, i32, i32) = (1, -1, 1);
@@ -124,6 +144,13 @@ fn blocking(f: CallFn) -> Run {
 
 /// The commands of the collection types: hashes, sorted sets, sets, lists.
 fn collection_specs() -> Vec<Spec> {
+    let mut specs = hash_specs();
+    specs.extend(zset_specs());
+    specs.extend(set_and_list_specs());
+    specs
+}
+
+fn hash_specs() -> Vec<Spec> {
     vec![
         spec!("hset", -4, 0, KEY1, Run::Write(cmd_hset)),
         spec!("hmset", -4, 0, KEY1, Run::Write(cmd_hmset)),
@@ -141,6 +168,11 @@ fn collection_specs() -> Vec<Spec> {
         spec!("hincrbyfloat", 4, 0, KEY1, Run::Write(cmd_hincrbyfloat)),
         spec!("hrandfield", -2, 0, KEY1, Run::Read(cmd_hrandfield)),
         spec!("hscan", -3, 0, KEY1, Run::Read(cmd_hscan)),
+    ]
+}
+
+fn zset_specs() -> Vec<Spec> {
+    vec![
         spec!("zadd", -4, 0, KEY1, Run::Write(cmd_zadd)),
         spec!("zincrby", 4, 0, KEY1, Run::Write(cmd_zincrby)),
         spec!("zrem", -3, 0, KEY1, Run::Write(cmd_zrem)),
@@ -181,6 +213,45 @@ fn collection_specs() -> Vec<Spec> {
         spec!("zpopmin", -2, 0, KEY1, Run::Write(cmd_zpopmin)),
         spec!("zpopmax", -2, 0, KEY1, Run::Write(cmd_zpopmax)),
         spec!("zscan", -3, 0, KEY1, Run::Read(cmd_zscan)),
+        spec!("zunion", -3, 0, (1, NUMKEYS, 0), Run::Read(cmd_zunion)),
+        spec!("zinter", -3, 0, (1, NUMKEYS, 0), Run::Read(cmd_zinter)),
+        spec!("zdiff", -3, 0, (1, NUMKEYS, 0), Run::Read(cmd_zdiff)),
+        spec!(
+            "zintercard",
+            -3,
+            0,
+            (1, NUMKEYS, 0),
+            Run::Read(cmd_zintercard)
+        ),
+        spec!(
+            "zunionstore",
+            -4,
+            0,
+            (2, NUMKEYS, 1),
+            Run::Write(cmd_zunionstore)
+        ),
+        spec!(
+            "zinterstore",
+            -4,
+            0,
+            (2, NUMKEYS, 1),
+            Run::Write(cmd_zinterstore)
+        ),
+        spec!(
+            "zdiffstore",
+            -4,
+            0,
+            (2, NUMKEYS, 1),
+            Run::Write(cmd_zdiffstore)
+        ),
+        spec!("zrangestore", -5, 0, (1, 2, 1), Run::Write(cmd_zrangestore)),
+        spec!("zrandmember", -2, 0, KEY1, Run::Read(cmd_zrandmember)),
+        spec!("zmpop", -4, 0, (1, NUMKEYS, 0), Run::Write(cmd_zmpop)),
+    ]
+}
+
+fn set_and_list_specs() -> Vec<Spec> {
+    vec![
         spec!("sadd", -3, 0, KEY1, Run::Write(cmd_sadd)),
         spec!("srem", -3, 0, KEY1, Run::Write(cmd_srem)),
         spec!("smembers", 2, 0, KEY1, Run::Read(cmd_smembers)),
@@ -197,6 +268,13 @@ fn collection_specs() -> Vec<Spec> {
         spec!("sinterstore", -3, 0, ALL_KEYS, Run::Write(cmd_sinterstore)),
         spec!("sunionstore", -3, 0, ALL_KEYS, Run::Write(cmd_sunionstore)),
         spec!("sdiffstore", -3, 0, ALL_KEYS, Run::Write(cmd_sdiffstore)),
+        spec!(
+            "sintercard",
+            -3,
+            0,
+            (1, NUMKEYS, 0),
+            Run::Read(cmd_sintercard)
+        ),
         spec!("lpush", -3, 0, KEY1, Run::Write(cmd_lpush)),
         spec!("rpush", -3, 0, KEY1, Run::Write(cmd_rpush)),
         spec!("lpushx", -3, 0, KEY1, Run::Write(cmd_lpushx)),
@@ -213,6 +291,7 @@ fn collection_specs() -> Vec<Spec> {
         spec!("lpos", -3, 0, KEY1, Run::Read(cmd_lpos)),
         spec!("lmove", 5, 0, (1, 2, 1), Run::Write(cmd_lmove)),
         spec!("rpoplpush", 3, 0, (1, 2, 1), Run::Write(cmd_rpoplpush)),
+        spec!("lmpop", -4, 0, (1, NUMKEYS, 0), Run::Write(cmd_lmpop)),
     ]
 }
 
