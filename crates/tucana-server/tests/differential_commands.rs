@@ -338,3 +338,58 @@ LMPOP 1 l1";
 fn sorted_set_algebra_and_multi_pop_replies_match_redis_server() {
     common::assert_same_replies(ZSETS);
 }
+
+/// The blocking pops where they answer at once (something to pop, an error, inside
+/// MULTI) or after a short timeout; being served by another client is `tests/blocking.rs`.
+const BLOCKING: &str = "FLUSHALL
+RPUSH l a b c
+BLPOP nokey l 0
+BRPOP l nokey 0
+BLPOP nokey 0.01
+BLPOP l -1
+BLPOP l abc
+BLPOP l
+SET s str
+BLPOP s l 0
+BLPOP nokey s 0
+ZADD z 1 a 2 b 3 c
+BZPOPMIN z 0
+BZPOPMAX nokey z 0
+BZPOPMIN l 0
+BZPOPMAX nokey 0.01
+RPUSH m x y
+BLMOVE m d RIGHT LEFT 0
+BLMOVE m d UP LEFT 0
+BLMOVE m d LEFT LEFT x
+BLMOVE nokey d LEFT LEFT 0.01
+BLMOVE s d LEFT LEFT 0
+BRPOPLPUSH m d 0
+BRPOPLPUSH m d 0.01
+LRANGE d 0 -1
+RPUSH lm a b c
+BLMPOP 0 2 nokey lm LEFT COUNT 2
+BLMPOP 0 1 lm RIGHT
+BLMPOP 0.01 1 lm RIGHT
+BLMPOP 0 0 lm RIGHT
+BLMPOP -1 1 lm RIGHT
+BLMPOP 0 1 lm MIN
+BZMPOP 0 2 nokey z MIN COUNT 5
+BZMPOP 0.01 1 z MAX
+BZMPOP 0 1 z LEFT
+BZMPOP 0 1 s MIN
+MULTI
+BLPOP nokey 0
+BRPOP nokey 0
+BLMOVE nokey d LEFT LEFT 0
+BRPOPLPUSH nokey d 0
+BZPOPMIN nokey 0
+BLMPOP 0 1 nokey LEFT
+BZMPOP 0 1 nokey MIN
+RPUSH late v
+BLPOP late 0
+EXEC";
+
+#[test]
+fn blocking_pop_replies_match_redis_server() {
+    common::assert_same_replies(BLOCKING);
+}

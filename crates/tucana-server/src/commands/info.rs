@@ -54,7 +54,10 @@ fn info_text(state: &ServerState, sections: &[String], connected: u64) -> String
         let lines = vec![
             ("connected_clients", connected.to_string()),
             ("maxclients", state.config.max_clients.to_string()),
-            ("blocked_clients", "0".into()),
+            (
+                "blocked_clients",
+                crate::metrics::get(&state.metrics.blocked_clients).to_string(),
+            ),
         ];
         section(&mut out, "Clients", lines);
     }

@@ -39,6 +39,7 @@
 
 mod admin;
 mod batch;
+mod blocking;
 mod cluster;
 mod cluster_keys;
 mod collection;
@@ -65,13 +66,14 @@ use crate::resp::{Args, Reply};
 use crate::state::ServerState;
 use crate::store::Slot;
 
-pub use batch::{execute_batch, Written};
+pub use batch::{execute_batch, retry_blocked, Written};
+pub use blocking::Blocked;
 pub use session::Session;
 pub use table::{command_count, command_name, may_block};
 
 use kv::{Kv, LockedKv, ReadKv, ReplicaKv};
 use routing::{Routed, SlotKv};
-use table::{lookup, table, KvFn, Run, Spec, NOAUTH, NOMULTI, TXCTL};
+use table::{lookup, table, KvFn, Run, Spec, BLOCKS_CLIENT, NOAUTH, NOMULTI, TXCTL};
 
 /// The Redis version whose commands and replies we follow, reported to clients that ask
 /// (`HELLO`, `INFO`); some clients pick features by it.
@@ -155,7 +157,18 @@ fn execute_one(call: &mut Call<'_>, args: &Args) -> Reply {
     }
     call.state.metrics.count_command(index);
     let result = run_spec(call, spec, args, routed);
-    result.unwrap_or_else(|e| Reply::error(error_text(&e)))
+    let reply = result.unwrap_or_else(|e| Reply::error(error_text(&e)));
+    // A blocking pop that found nothing: the connection waits (`blocking`). EXEC runs
+    // its commands without coming here, so inside a transaction they never block.
+    if spec.flags & BLOCKS_CLIENT != 0 && matches!(reply, Reply::Nil | Reply::NilArray) {
+        if call.state.cluster.is_some() {
+            return Reply::error(
+                "ERR blocking pops do not wait in cluster mode yet (nothing to pop now)",
+            );
+        }
+        call.session.blocked = blocking::blocked_on(args);
+    }
+    reply
 }
 
 /// The error reply of an engine error: `READONLY` for a keyspace this server is no longer

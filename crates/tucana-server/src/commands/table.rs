@@ -18,6 +18,10 @@ use super::admin::{
     cmd_bgrewriteaof, cmd_bgsave, cmd_command, cmd_config, cmd_replicaof, cmd_save, cmd_shutdown,
     cmd_time, cmd_wait,
 };
+use super::blocking::{
+    cmd_blmove, cmd_blmpop, cmd_blpop, cmd_brpop, cmd_brpoplpush, cmd_bzmpop, cmd_bzpopmax,
+    cmd_bzpopmin,
+};
 use super::cluster::{cmd_cluster, cmd_readonly, cmd_readwrite};
 use super::expire::{
     cmd_expire, cmd_expireat, cmd_expiretime, cmd_persist, cmd_pexpire, cmd_pexpireat,
@@ -90,6 +94,9 @@ pub(super) const NOAUTH: u8 = 1;
 pub(super) const NOMULTI: u8 = 2;
 /// Runs at once inside `MULTI` instead of being queued (`EXEC`, `DISCARD`, `QUIT`, ...).
 pub(super) const TXCTL: u8 = 4;
+/// A blocking pop: outside `EXEC`, its timeout reply means "wait" (`blocking`), and it
+/// ends its pipelined batch.
+pub(super) const BLOCKS_CLIENT: u8 = 8;
 
 /// One command of the table.
 pub(super) struct Spec {
@@ -147,6 +154,7 @@ fn collection_specs() -> Vec<Spec> {
     let mut specs = hash_specs();
     specs.extend(zset_specs());
     specs.extend(set_and_list_specs());
+    specs.extend(blocking_specs());
     specs
 }
 
@@ -292,6 +300,21 @@ fn set_and_list_specs() -> Vec<Spec> {
         spec!("lmove", 5, 0, (1, 2, 1), Run::Write(cmd_lmove)),
         spec!("rpoplpush", 3, 0, (1, 2, 1), Run::Write(cmd_rpoplpush)),
         spec!("lmpop", -4, 0, (1, NUMKEYS, 0), Run::Write(cmd_lmpop)),
+    ]
+}
+
+/// The blocking pops (`BLOCKS_CLIENT`).
+fn blocking_specs() -> Vec<Spec> {
+    const B: u8 = BLOCKS_CLIENT;
+    vec![
+        spec!("blpop", -3, B, (1, -2, 1), Run::Write(cmd_blpop)),
+        spec!("brpop", -3, B, (1, -2, 1), Run::Write(cmd_brpop)),
+        spec!("bzpopmin", -3, B, (1, -2, 1), Run::Write(cmd_bzpopmin)),
+        spec!("bzpopmax", -3, B, (1, -2, 1), Run::Write(cmd_bzpopmax)),
+        spec!("blmove", 6, B, (1, 2, 1), Run::Write(cmd_blmove)),
+        spec!("brpoplpush", 4, B, (1, 2, 1), Run::Write(cmd_brpoplpush)),
+        spec!("blmpop", -5, B, (2, NUMKEYS, 0), Run::Write(cmd_blmpop)),
+        spec!("bzmpop", -5, B, (2, NUMKEYS, 0), Run::Write(cmd_bzmpop)),
     ]
 }
 
@@ -451,21 +474,31 @@ pub(super) fn lookup(name: &[u8]) -> Option<usize> {
     index_by_name().get(&lower[..name.len()]).copied()
 }
 
-/// Whether running this request may wait on I/O: the connection then runs its batch on
-/// a thread that may block, so the async workers keep serving other connections.
-///
-/// Reads never block. Writes only take the keyspace's write lock (held for a log append
-/// by another writer) and append to the log buffer, so they run on the async worker too:
-/// a hop to the blocking pool costs more than they do. In sync mode the wait for the
-/// fsync that follows is asynchronous (`syncer`).
-pub fn may_block(name: &[u8]) -> bool {
+/// What a request may wait on, which decides where and how the connection runs it.
+#[derive(Clone, Copy, Default)]
+pub struct Blocking {
+    /// It may wait on I/O: the connection runs its batch on a thread that may block,
+    /// so the async workers keep serving other connections.
+    ///
+    /// Reads never block. Writes only take the keyspace's write lock (held for a log
+    /// append by another writer) and append to the log buffer, so they run on the async
+    /// worker too: a hop to the blocking pool costs more than they do. In sync mode the
+    /// wait for the fsync that follows is asynchronous (`syncer`).
+    pub device: bool,
+    /// A blocking pop: it may wait for another client's write, so it ends its batch
+    /// (see `blocking`).
+    pub client: bool,
+}
+
+/// How a request named `name` may block (one table lookup for both answers).
+pub fn may_block(name: &[u8]) -> Blocking {
     let Some(i) = lookup(name) else {
-        return false;
+        return Blocking::default();
     };
-    match table()[i].run {
-        Run::Read(_) => false,
-        Run::Write(_) => false,
-        Run::Other { blocks, .. } => blocks,
+    let spec = &table()[i];
+    Blocking {
+        device: matches!(spec.run, Run::Other { blocks: true, .. }),
+        client: spec.flags & BLOCKS_CLIENT != 0,
     }
 }
 
