@@ -356,7 +356,7 @@ async fn serve_requests<S: AsyncRead + AsyncWrite + Unpin>(
         }
         conn.make_room();
         let read = async {
-            match state.config.idle_timeout {
+            match state.settings.idle_timeout() {
                 Some(idle) => tokio::time::timeout(idle, stream.read_buf(&mut conn.buf)).await,
                 None => Ok(stream.read_buf(&mut conn.buf).await),
             }

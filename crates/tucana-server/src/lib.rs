@@ -8,7 +8,7 @@
 //! - `expiry` (the stored layout of key deadlines), [`types`] (the stored layout of
 //!   hashes, sets, sorted sets and lists), `watch` (WATCH's versions of watched keys),
 //!   `waiters` (the clients blocked on keys by BLPOP and the other blocking pops);
-//! - `metrics` (the counters), `store` (numbered databases → keyspaces, the
+//! - `metrics` (the counters), `settings` (what CONFIG SET changes at run time), `store` (numbered databases → keyspaces, the
 //!   per-database write lock, SCAN cursors), `syncer` (sync durability: one thread
 //!   syncs for all waiting connections), `outbox` (replies sent together just before a
 //!   connection thread sleeps), `busy_poll` (a busy thread polls a little longer before
@@ -60,6 +60,7 @@ mod prometheus;
 mod replication;
 pub mod resp;
 pub mod server;
+mod settings;
 mod state;
 mod store;
 mod sweeper;

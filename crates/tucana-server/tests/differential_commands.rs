@@ -393,3 +393,22 @@ EXEC";
 fn blocking_pop_replies_match_redis_server() {
     common::assert_same_replies(BLOCKING);
 }
+
+/// CONFIG SET of the settings both servers change at run time (the others differ on
+/// purpose: tucana refuses what its command line fixes, `tests/config.rs`).
+const CONFIG: &str = "CONFIG SET timeout 0
+CONFIG GET timeout
+CONFIG SET timeout x
+CONFIG SET timeout
+CONFIG SET maxclients 0
+CONFIG SET maxclients 1000 timeout 0
+CONFIG GET maxclients
+CONFIG SET hash-max-ziplist-value 16
+CONFIG GET hash-max-ziplist-value
+CONFIG SET hash-max-ziplist-value 64
+CONFIG SET zset-max-ziplist-entries x";
+
+#[test]
+fn config_set_replies_match_redis_server() {
+    common::assert_same_replies(CONFIG);
+}
