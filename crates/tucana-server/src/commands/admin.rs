@@ -69,7 +69,7 @@ pub(super) fn cmd_config(call: &mut Call<'_>, args: &[Vec<u8>]) -> tucana::Resul
     match sub.as_slice() {
         b"GET" if args.len() >= 3 => Ok(config_get(call, &args[2..])),
         b"GET" => Ok(wrong_args("config|get")),
-        b"SET" if args.len() >= 4 && args.len() % 2 == 0 => {
+        b"SET" if args.len() >= 4 && args.len().is_multiple_of(2) => {
             let pairs: Vec<(&[u8], &[u8])> = args[2..]
                 .chunks(2)
                 .map(|p| (p[0].as_slice(), p[1].as_slice()))
