@@ -42,17 +42,17 @@ const ENCODING_THRESHOLDS: [(&str, &str); 14] = [
 
 /// Settings whose one value is what tucana does; setting that value is accepted.
 const FIXED_VALUES: [(&str, &str, &str); 3] = [
-    (
-        "maxmemory",
-        "0",
-        "tucana keeps data on disk and evicts nothing",
-    ),
+    ("appendonly", "yes", "every write is in the log"),
     (
         "save",
         "",
         "there are no snapshots: every write is in the log",
     ),
-    ("appendonly", "yes", "every write is in the log"),
+    (
+        "maxmemory",
+        "0",
+        "tucana keeps data on disk and evicts nothing",
+    ),
 ];
 
 /// The settings `CONFIG SET` changes for real, for its error messages.
@@ -61,8 +61,9 @@ pub const SETTABLE: &str = "maxclients, timeout";
 /// The run-time settings of one server.
 pub struct Settings {
     max_clients: AtomicU64,
-    /// Seconds; 0: never.
-    idle_timeout_s: AtomicU64,
+    /// 0: never. Milliseconds, as the command line may give it (tests do); CONFIG
+    /// speaks seconds.
+    idle_timeout_ms: AtomicU64,
     inert: Mutex<BTreeMap<&'static str, String>>,
 }
 
@@ -73,7 +74,9 @@ impl Settings {
     pub fn new(config: &ServerConfig) -> Settings {
         Settings {
             max_clients: AtomicU64::new(config.max_clients as u64),
-            idle_timeout_s: AtomicU64::new(config.idle_timeout.map_or(0, |d| d.as_secs())),
+            idle_timeout_ms: AtomicU64::new(
+                config.idle_timeout.map_or(0, |d| d.as_millis() as u64),
+            ),
             inert: Mutex::new(
                 ENCODING_THRESHOLDS
                     .iter()
@@ -89,26 +92,27 @@ impl Settings {
 
     /// The idle timeout (`None`: never).
     pub fn idle_timeout(&self) -> Option<Duration> {
-        match self.idle_timeout_s.load(Ordering::Relaxed) {
+        match self.idle_timeout_ms.load(Ordering::Relaxed) {
             0 => None,
-            s => Some(Duration::from_secs(s)),
+            ms => Some(Duration::from_millis(ms)),
         }
     }
 
-    /// The settings kept here, as `CONFIG GET` lists them.
+    /// The settings kept here, as `CONFIG GET` lists them: `maxclients`, `timeout`
+    /// (seconds), the fixed values, then the accepted encoding thresholds.
     pub fn values(&self) -> Vec<(String, String)> {
         let mut out = vec![
             ("maxclients".to_string(), self.max_clients().to_string()),
             (
                 "timeout".to_string(),
-                self.idle_timeout_s.load(Ordering::Relaxed).to_string(),
+                (self.idle_timeout_ms.load(Ordering::Relaxed) / 1000).to_string(),
             ),
         ];
-        for (k, v) in self.inert.lock().iter() {
-            out.push((k.to_string(), v.clone()));
-        }
         for (k, v, _) in FIXED_VALUES {
             out.push((k.to_string(), v.to_string()));
+        }
+        for (k, v) in self.inert.lock().iter() {
+            out.push((k.to_string(), v.clone()));
         }
         out
     }
@@ -169,7 +173,9 @@ impl Settings {
         for change in changes {
             match change {
                 Change::MaxClients(n) => self.max_clients.store(n, Ordering::Relaxed),
-                Change::Timeout(s) => self.idle_timeout_s.store(s, Ordering::Relaxed),
+                Change::Timeout(s) => self
+                    .idle_timeout_ms
+                    .store(s.saturating_mul(1000), Ordering::Relaxed),
                 Change::Inert(k, v) => {
                     self.inert.lock().insert(k, v);
                 }

@@ -412,3 +412,39 @@ CONFIG SET zset-max-ziplist-entries x";
 fn config_set_replies_match_redis_server() {
     common::assert_same_replies(CONFIG);
 }
+
+/// Sorted set replies in RESP3: scores as doubles, members with scores as pairs.
+const RESP3: &str = "len HELLO 3
+FLUSHALL
+ZADD z 1 a 2.5 b 3 c
+ZSCORE z b
+ZSCORE z nope
+ZMSCORE z a nope
+ZINCRBY z 1 a
+ZADD z INCR 1 a
+ZRANGE z 0 -1 WITHSCORES
+ZRANGE z 0 -1
+ZRANGEBYSCORE z -inf +inf WITHSCORES
+ZREVRANGE z 0 0 WITHSCORES
+ZUNION 1 z WITHSCORES
+ZPOPMIN z
+ZPOPMAX z 1
+ZADD z 1 a 2 b
+ZPOPMIN z 5
+ZADD z 1 a 2 b
+ZMPOP 1 z MIN COUNT 1
+BZPOPMAX z 0
+ZADD inf inf a -inf b
+ZRANGE inf 0 -1 WITHSCORES
+ZADD one 7 x
+ZRANDMEMBER one 1 WITHSCORES
+HSET h f v
+HRANDFIELD h 1 WITHVALUES
+HINCRBYFLOAT h n 1.5
+INCRBYFLOAT fl 2.5
+len HELLO 2";
+
+#[test]
+fn resp3_sorted_set_replies_match_redis_server() {
+    common::assert_same_replies(RESP3);
+}

@@ -91,24 +91,28 @@ pub(super) fn cmd_config(call: &mut Call<'_>, args: &[Vec<u8>]) -> tucana::Resul
 /// `CONFIG GET pattern...`: the command line's settings and the run-time ones.
 fn config_get(call: &Call<'_>, patterns: &[Vec<u8>]) -> Reply {
     let config = &call.state.config;
+    // The command line's, then the run-time ones, in the order clients saw before.
     let mut params: Vec<(String, String)> = vec![
         ("bind".into(), config.listen.ip().to_string()),
         ("port".into(), config.listen.port().to_string()),
         ("databases".into(), config.databases.to_string()),
-        (
-            "appendfsync".into(),
-            match config.durability {
-                DurabilityMode::Sync => "always".into(),
-                DurabilityMode::Buffered => "everysec".into(),
-            },
-        ),
-        ("maxmemory-policy".into(), "noeviction".into()),
-        (
-            "proto-max-bulk-len".into(),
-            config.request_limits.max_bulk_bytes.to_string(),
-        ),
     ];
-    params.extend(call.state.settings.values());
+    let mut settings = call.state.settings.values().into_iter();
+    params.extend(settings.by_ref().take(3)); // maxclients, timeout, appendonly
+    params.push((
+        "appendfsync".into(),
+        match config.durability {
+            DurabilityMode::Sync => "always".into(),
+            DurabilityMode::Buffered => "everysec".into(),
+        },
+    ));
+    params.extend(settings.by_ref().take(2)); // save, maxmemory
+    params.push(("maxmemory-policy".into(), "noeviction".into()));
+    params.push((
+        "proto-max-bulk-len".into(),
+        config.request_limits.max_bulk_bytes.to_string(),
+    ));
+    params.extend(settings);
     let mut out = Vec::new();
     for (name, value) in &params {
         if patterns

@@ -297,9 +297,9 @@ pub(super) fn parse_double(arg: &[u8]) -> Option<f64> {
     (!d.is_nan()).then_some(d)
 }
 
-/// A bulk reply of a float.
+/// A float reply: a RESP3 double, a bulk string in RESP2.
 pub(super) fn double_reply(d: f64) -> Reply {
-    Reply::Bulk(format_double(d).into_bytes())
+    Reply::Double(format_double(d))
 }
 
 /// A small random number generator for HRANDFIELD, SRANDMEMBER, SPOP (xorshift seeded from

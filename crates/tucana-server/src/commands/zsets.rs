@@ -443,14 +443,16 @@ pub(super) fn by_rank(
 }
 
 pub(super) fn range_reply(items: Items, with_scores: bool) -> Reply {
-    let mut out = Vec::with_capacity(items.len() * if with_scores { 2 } else { 1 });
-    for (m, s) in items {
-        out.push(Reply::Bulk(m));
-        if with_scores {
-            out.push(double_reply(s));
-        }
+    if with_scores {
+        // RESP3: [[member, score], ...]; RESP2: [member, score, ...].
+        return Reply::Pairs(
+            items
+                .into_iter()
+                .map(|(m, s)| (Reply::Bulk(m), double_reply(s)))
+                .collect(),
+        );
     }
-    Reply::Array(out)
+    Reply::Array(items.into_iter().map(|(m, _)| Reply::Bulk(m)).collect())
 }
 
 /// What a ZRANGE-family request asks for.
@@ -752,6 +754,14 @@ fn pop(kv: &mut dyn Kv, args: &[Vec<u8>], max: bool) -> tucana::Result<Reply> {
         delete_member(&mut update, m, *s);
     }
     update.apply(kv)?;
+    // Without a count, one flat [member, score] in RESP3 too.
+    if args.len() == 2 {
+        let flat = items
+            .into_iter()
+            .flat_map(|(m, s)| [Reply::Bulk(m), double_reply(s)])
+            .collect();
+        return Ok(Reply::Array(flat));
+    }
     Ok(range_reply(items, true))
 }
 

@@ -72,12 +72,8 @@ impl Raw {
         self.reader.read_until(b'\n', &mut line).unwrap();
         whole.extend_from_slice(&line);
         let mut elements = Vec::new();
-        if line[0] == b'*' {
-            let n: i64 = std::str::from_utf8(&line[1..line.len() - 2])
-                .unwrap()
-                .parse()
-                .unwrap();
-            for _ in 0..n.max(0) {
+        if let Some(n) = aggregate_len(&line) {
+            for _ in 0..n {
                 let mut one = Vec::new();
                 self.read_value(&mut one);
                 whole.extend_from_slice(&one);
@@ -94,12 +90,8 @@ impl Raw {
         let mut line = Vec::new();
         self.reader.read_until(b'\n', &mut line).unwrap();
         out.extend_from_slice(&line);
-        if line[0] == b'*' {
-            let n: i64 = std::str::from_utf8(&line[1..line.len() - 2])
-                .unwrap()
-                .parse()
-                .unwrap();
-            for _ in 0..n.max(0) {
+        if let Some(n) = aggregate_len(&line) {
+            for _ in 0..n {
                 self.read_value(out);
             }
         } else {
@@ -120,6 +112,22 @@ impl Raw {
                 out.extend_from_slice(&body);
             }
         }
+    }
+}
+
+/// How many values follow an aggregate's header line (arrays, RESP3 sets and pushes;
+/// a RESP3 map's pairs count twice); `None` for any other reply.
+fn aggregate_len(line: &[u8]) -> Option<usize> {
+    let n = || -> i64 {
+        std::str::from_utf8(&line[1..line.len() - 2])
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    match line[0] {
+        b'*' | b'~' | b'>' => Some(n().max(0) as usize),
+        b'%' => Some(n().max(0) as usize * 2),
+        _ => None,
     }
 }
 
