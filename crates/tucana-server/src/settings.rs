@@ -6,7 +6,8 @@
 //! connections, and Redis's tuning knobs that have no effect here but are accepted so
 //! clients and Redis's own tests that set them keep working: the thresholds of Redis's
 //! compact encodings (tucana has one encoding per type, `types`), kept so `CONFIG GET`
-//! answers what was set. Every other setting is fixed for the life of the server and
+//! answers what was set (and `OBJECT ENCODING` answers by them, `commands::collection`).
+//! Every other setting is fixed for the life of the server and
 //! `CONFIG SET` names the ones that are not. It does not own the parsing of
 //! `CONFIG` requests (`commands::admin`).
 //!
@@ -38,6 +39,16 @@ const ENCODING_THRESHOLDS: [(&str, &str); 14] = [
     ("list-max-listpack-size", "-2"),
     ("list-max-ziplist-size", "-2"),
     ("list-compress-depth", "0"),
+];
+
+/// Redis 7 keeps the ziplist names as aliases of the listpack ones: setting either sets
+/// both.
+const ALIASES: [(&str, &str); 5] = [
+    ("hash-max-ziplist-entries", "hash-max-listpack-entries"),
+    ("hash-max-ziplist-value", "hash-max-listpack-value"),
+    ("zset-max-ziplist-entries", "zset-max-listpack-entries"),
+    ("zset-max-ziplist-value", "zset-max-listpack-value"),
+    ("list-max-ziplist-size", "list-max-listpack-size"),
 ];
 
 /// Settings whose one value is what tucana does; setting that value is accepted.
@@ -96,6 +107,14 @@ impl Settings {
             0 => None,
             ms => Some(Duration::from_millis(ms)),
         }
+    }
+
+    /// One of Redis's encoding thresholds (`hash-max-listpack-entries`, ...), as last
+    /// set; `OBJECT ENCODING` answers by them.
+    pub fn threshold(&self, name: &str) -> i64 {
+        let value = self.inert.lock().get(name).and_then(|v| v.parse().ok());
+        debug_assert!(value.is_some(), "{name} is not a threshold");
+        value.unwrap_or(0)
     }
 
     /// The settings kept here, as `CONFIG GET` lists them: `maxclients`, `timeout`
@@ -177,7 +196,15 @@ impl Settings {
                     .idle_timeout_ms
                     .store(s.saturating_mul(1000), Ordering::Relaxed),
                 Change::Inert(k, v) => {
-                    self.inert.lock().insert(k, v);
+                    let mut inert = self.inert.lock();
+                    for &(a, b) in &ALIASES {
+                        if k == a {
+                            inert.insert(b, v.clone());
+                        } else if k == b {
+                            inert.insert(a, v.clone());
+                        }
+                    }
+                    inert.insert(k, v);
                 }
                 Change::Nothing => {}
             }
@@ -205,6 +232,7 @@ mod tests {
         assert!(s
             .values()
             .contains(&("hash-max-ziplist-value".into(), "16".into())));
+        assert_eq!(s.threshold("hash-max-listpack-value"), 16, "an alias");
         s.set(&[(b"save", b"")]).unwrap();
         assert!(s.set(&[(b"maxmemory", b"100mb")]).is_err());
     }

@@ -448,3 +448,42 @@ len HELLO 2";
 fn resp3_sorted_set_replies_match_redis_server() {
     common::assert_same_replies(RESP3);
 }
+
+/// OBJECT ENCODING of collections: the encoding Redis 7.0 picks by size and content,
+/// under thresholds CONFIG SET changes (a collection that shrinks is not compared:
+/// Redis never converts back, tucana answers by the present size).
+const ENCODINGS: &str = "FLUSHALL
+HSET h a 1 b 2
+OBJECT ENCODING h
+HSET hv f 0123456789012345678901234567890123456789012345678901234567890123456789
+OBJECT ENCODING hv
+HSET hk 0123456789012345678901234567890123456789012345678901234567890123456789 v
+OBJECT ENCODING hk
+CONFIG SET hash-max-ziplist-entries 2
+HSET h3 a 1 b 2 c 3
+OBJECT ENCODING h3
+CONFIG GET hash-max-listpack-entries
+CONFIG SET hash-max-listpack-entries 512
+SADD ints 1 2 -3
+OBJECT ENCODING ints
+SADD mixed 1 a
+OBJECT ENCODING mixed
+SADD notint 01
+OBJECT ENCODING notint
+CONFIG SET set-max-intset-entries 2
+SADD ints3 1 2 3
+OBJECT ENCODING ints3
+ZADD z 1 a 2 b
+OBJECT ENCODING z
+ZADD zl 1 0123456789012345678901234567890123456789012345678901234567890123456789
+OBJECT ENCODING zl
+CONFIG SET zset-max-listpack-entries 1
+ZADD z2 1 a 2 b
+OBJECT ENCODING z2
+RPUSH l a b
+OBJECT ENCODING l";
+
+#[test]
+fn object_encoding_replies_match_redis_server() {
+    common::assert_same_replies(ENCODINGS);
+}

@@ -244,6 +244,62 @@ pub(super) fn delete_members(
     Ok(())
 }
 
+/// OBJECT ENCODING of a collection: the encoding Redis 7.0 would give a collection of
+/// this size and content under the thresholds set with CONFIG SET (hashes and sorted
+/// sets: `listpack` while small, sets of integers: `intset`); tucana stores every size
+/// alike. Unlike Redis, which never converts back, a collection that shrinks answers
+/// the small encoding again. Reads the members only of a small collection.
+pub(super) fn redis_encoding(
+    kv: &mut dyn Kv,
+    key: &[u8],
+    meta: &Meta,
+) -> tucana::Result<&'static str> {
+    let threshold = |name: &str| u64::try_from(kv.settings().threshold(name)).unwrap_or(0);
+    let fits = |kv: &mut dyn Kv, family: Family, max_len: u64, values: bool| {
+        let all = all_members(kv, family, key, meta.version)?;
+        Ok::<bool, tucana::Error>(
+            all.iter()
+                .all(|(m, v)| m.len() as u64 <= max_len && (!values || v.len() as u64 <= max_len)),
+        )
+    };
+    Ok(match meta.kind {
+        Kind::Hash => {
+            let (entries, value) = (
+                threshold("hash-max-listpack-entries"),
+                threshold("hash-max-listpack-value"),
+            );
+            if meta.count <= entries && fits(kv, Family::Hash, value, true)? {
+                "listpack"
+            } else {
+                "hashtable"
+            }
+        }
+        Kind::ZSet => {
+            let (entries, value) = (
+                threshold("zset-max-listpack-entries"),
+                threshold("zset-max-listpack-value"),
+            );
+            if meta.count <= entries && fits(kv, Family::ZMember, value, false)? {
+                "listpack"
+            } else {
+                "skiplist"
+            }
+        }
+        Kind::Set => {
+            let integers = meta.count <= threshold("set-max-intset-entries")
+                && all_members(kv, Family::Set, key, meta.version)?
+                    .iter()
+                    .all(|(m, _)| super::parse_i64(m).is_some());
+            if integers {
+                "intset"
+            } else {
+                "hashtable"
+            }
+        }
+        Kind::List => "quicklist",
+    })
+}
+
 /// A float as Redis 7.0 replies one (`%.17g`; `inf`, `-inf`, `-0`).
 pub(super) fn format_double(d: f64) -> String {
     if d.is_nan() {

@@ -162,6 +162,10 @@ impl SlotKv<'_> {
 }
 
 impl Kv for SlotKv<'_> {
+    fn settings(&self) -> &crate::settings::Settings {
+        self.inner.settings()
+    }
+
     fn get(&mut self, key: &[u8]) -> tucana::Result<Option<Vec<u8>>> {
         let stored = self.stored(key);
         self.inner.get(&stored)

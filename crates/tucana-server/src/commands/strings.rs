@@ -108,7 +108,10 @@ pub(super) fn cmd_object(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Re
         return Ok(Reply::Nil);
     };
     let name = match kind_of(&value) {
-        Some(kind) => kind.encoding(),
+        Some(_) => {
+            let meta = crate::types::Meta::decode(&value)?;
+            super::collection::redis_encoding(kv, &args[2], &meta)?
+        }
         None if value.len() <= 20 && parse_i64(&value).is_some() => "int",
         None if value.len() <= 44 => "embstr",
         None => "raw",
