@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Redis 7.0.15's own test suite (TCL), run in external-server mode against `tucana serve`:
-# one `runtest` per unit, each against the same fresh server, and a count of passed and
+# one `runtest` per unit, each against a fresh server, and a count of passed and
 # failed tests per unit (issue 23's proof). Exit 0 when the run completed, whatever the
 # counts: failures are listed, with reasons, in docs/redis-suite.md.
 #
@@ -64,23 +64,38 @@ cleanup() {
 trap cleanup EXIT
 
 tar xzf "${tarball}" -C "${work}"
-# Buffered durability: the suite tests replies, not fsyncs, and sync mode only slows it.
-"${bin}" --db "${work}/volume.tucana" serve --port 0 --durability buffered \
-    2>"${work}/server.log" &
-server_pid=$!
-port=""
-for _ in $(seq 1 600); do
-    port="$(sed -n 's/.* on 127\.0\.0\.1:\([0-9]*\) .*/\1/p' "${work}/server.log")"
-    [[ -n "${port}" ]] && break
-    sleep 0.05
-done
-[[ -n "${port}" ]] || { echo "server did not start:" >&2; cat "${work}/server.log" >&2; exit 1; }
+
+# A fresh server (and volume) per unit: a test that fails half-way can leave a setting
+# changed (e.g. hash-max-ziplist-entries 0) that would fail the next units.
+start_server() {
+    local name="$1"
+    if [[ -n "${server_pid}" ]] && kill -0 "${server_pid}" 2>/dev/null; then
+        kill "${server_pid}" 2>/dev/null || true
+        wait "${server_pid}" 2>/dev/null || true
+    fi
+    rm -f "${work}/volume.tucana"
+    # Buffered durability: the suite tests replies, not fsyncs; sync mode only slows it.
+    "${bin}" --db "${work}/volume.tucana" serve --port 0 --durability buffered \
+        2>"${work}/server-${name}.log" &
+    server_pid=$!
+    port=""
+    for _ in $(seq 1 600); do
+        port="$(sed -n 's/.* on 127\.0\.0\.1:\([0-9]*\) .*/\1/p' "${work}/server-${name}.log" 2>/dev/null || true)"
+        [[ -n "${port}" ]] && return 0
+        sleep 0.05
+    done
+    echo "server did not start:" >&2
+    cat "${work}/server-${name}.log" >&2
+    exit 1
+}
 
 table="$(printf '%-20s %6s %6s %8s\n' unit passed failed total)"
 total_ok=0
 total_err=0
 for unit in "${units[@]}"; do
-    log="${work}/$(echo "${unit}" | tr / _).log"
+    name="$(echo "${unit}" | tr / _)"
+    log="${work}/${name}.log"
+    start_server "${name}"
     started=$SECONDS
     (cd "${work}" && timeout "${UNIT_TIMEOUT_S:-600}" ./runtest --host 127.0.0.1 --port "${port}" \
         --singledb --durable --clients 1 --timeout 60 --single "${unit}") \
@@ -103,7 +118,7 @@ for unit in "${units[@]}"; do
     total_err=$((total_err + err))
     if ! kill -0 "${server_pid}" 2>/dev/null; then
         echo "the server died during ${unit}:" >&2
-        tail -20 "${work}/server.log" >&2
+        tail -20 "${work}/server-${name}.log" >&2
         exit 1
     fi
 done

@@ -172,6 +172,48 @@ fn clients_blocked_on_one_key_are_served_in_the_order_they_blocked() {
 }
 
 #[test]
+fn a_key_of_another_type_does_not_serve_a_blocked_client() {
+    let server = start();
+    let mut con = connect(&server);
+    let waiter = blocked(&server, &["BLPOP", "k", "0"]);
+    wait_blocked(&mut con, 1);
+    // The list exists only inside the transaction; after it, k is a string.
+    query::<()>(&mut con, &["MULTI"]);
+    query::<String>(&mut con, &["LPUSH", "k", "a"]);
+    query::<String>(&mut con, &["DEL", "k"]);
+    query::<String>(&mut con, &["SET", "k", "foo"]);
+    query::<Value>(&mut con, &["EXEC"]);
+    // Woken by the write, the waiter meets a string and keeps waiting.
+    query::<i64>(&mut con, &["DEL", "k"]);
+    query::<i64>(&mut con, &["LPUSH", "k", "b"]);
+    assert_eq!(
+        waiter.join().unwrap(),
+        Value::Array(vec![bulk("k"), bulk("b")])
+    );
+    // A destination of another type is the blocked BRPOPLPUSH's answer (as in Redis),
+    // and the element stays where it was.
+    query::<()>(&mut con, &["SET", "target", "nolist"]);
+    let mut rd = connect(&server);
+    let waiter = std::thread::spawn(move || {
+        redis::cmd("BRPOPLPUSH")
+            .arg("src")
+            .arg("target")
+            .arg("0")
+            .query::<Value>(&mut rd)
+            .unwrap_err()
+            .to_string()
+    });
+    wait_blocked(&mut con, 1);
+    query::<i64>(&mut con, &["RPUSH", "src", "foo"]);
+    assert!(waiter.join().unwrap().contains("WRONGTYPE"));
+    assert_eq!(
+        query::<Vec<String>>(&mut con, &["LRANGE", "src", "0", "-1"]),
+        ["foo"]
+    );
+    server.stop().unwrap();
+}
+
+#[test]
 fn a_timeout_answers_nil_and_multi_never_blocks() {
     let server = start();
     let mut con = connect(&server);

@@ -127,12 +127,14 @@ pub fn retry_blocked(
         tally: Tally::default(),
         written: Vec::new(),
     };
+    session.retrying = true;
     let mut call = Call {
         state,
         session,
         wrote: false,
     };
     run_general(&mut call, args, &mut replies);
+    call.session.retrying = false;
     state.metrics.add_tally(&replies.tally);
     Written {
         base,

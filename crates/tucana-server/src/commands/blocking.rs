@@ -128,6 +128,27 @@ pub(super) fn cmd_brpoplpush(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Resul
     cmd_rpoplpush(kv, &args[..3])
 }
 
+/// A retried blocking command answered WRONGTYPE: whether that came from a key it
+/// waits on (then it keeps waiting) rather than from BLMOVE's or BRPOPLPUSH's
+/// destination (then the error is its answer, as in Redis).
+pub(super) fn source_not_ready(call: &super::Call<'_>, args: &[Vec<u8>]) -> bool {
+    let name = args[0].to_ascii_lowercase();
+    if name != b"blmove" && name != b"brpoplpush" {
+        return true;
+    }
+    let slot = call.slot();
+    let source = slot.read(|ks| {
+        let mut kv = super::ReadKv {
+            ks,
+            state: call.state,
+            may_expire: slot.may_expire(),
+        };
+        super::expire::live_value(&mut kv, &args[1])
+    });
+    // The source is a list exactly when the destination made the error.
+    !matches!(source, Ok(Some(v)) if crate::types::kind_of(&v) == Some(crate::types::Kind::List))
+}
+
 /// After a blocking command answered its timeout reply outside `EXEC`: what its
 /// connection waits for. Its arguments were checked by the handler.
 pub(super) fn blocked_on(args: &[Vec<u8>]) -> Option<Blocked> {

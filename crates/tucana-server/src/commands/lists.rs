@@ -155,7 +155,9 @@ pub(super) fn pop_from(
 fn pop(kv: &mut dyn Kv, args: &[Vec<u8>], left: bool) -> tucana::Result<Reply> {
     let count = match args.get(2) {
         None => None,
-        Some(_) if args.len() > 3 => return Ok(syntax_error()),
+        Some(_) if args.len() > 3 => {
+            return Ok(super::wrong_args(if left { "lpop" } else { "rpop" }))
+        }
         Some(n) => match parse_i64(n) {
             Some(n) if n >= 0 => Some(n as usize),
             _ => return Ok(Reply::error("ERR value is out of range, must be positive")),

@@ -160,7 +160,14 @@ fn execute_one(call: &mut Call<'_>, args: &Args) -> Reply {
     let reply = result.unwrap_or_else(|e| Reply::error(error_text(&e)));
     // A blocking pop that found nothing: the connection waits (`blocking`). EXEC runs
     // its commands without coming here, so inside a transaction they never block.
-    if spec.flags & BLOCKS_CLIENT != 0 && matches!(reply, Reply::Nil | Reply::NilArray) {
+    // A retry that meets a key of another type keeps waiting, as Redis only serves a
+    // blocked client from a key of the type it waits for.
+    // (BLMOVE's destination of another type is answered, as Redis answers it.)
+    let nothing = matches!(reply, Reply::Nil | Reply::NilArray)
+        || (call.session.retrying
+            && matches!(&reply, Reply::Error(e) if e.starts_with("WRONGTYPE"))
+            && blocking::source_not_ready(call, args));
+    if spec.flags & BLOCKS_CLIENT != 0 && nothing {
         if call.state.cluster.is_some() {
             return Reply::error(
                 "ERR blocking pops do not wait in cluster mode yet (nothing to pop now)",

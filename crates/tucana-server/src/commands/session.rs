@@ -52,6 +52,8 @@ pub struct Session {
     pub wrote_keyspaces: Vec<String>,
     /// A blocking pop found nothing: what the connection waits for (taken by it).
     pub blocked: Option<super::Blocked>,
+    /// The request running is a blocked one run again (`retry_blocked`).
+    pub(super) retrying: bool,
 }
 
 impl Session {
@@ -85,6 +87,7 @@ impl Session {
             last_write: None,
             wrote_keyspaces: Vec::new(),
             blocked: None,
+            retrying: false,
         }
     }
 }
