@@ -1,7 +1,7 @@
 //! The commands that move or copy whole keys (RENAME, RENAMENX, COPY) and RANDOMKEY, on
 //! what the differential test cannot show: collections bigger than the inline delete
 //! limit, that a copy is independent of its source, across a restart, inside MULTI, and
-//! the options tucana refuses.
+//! the options tucana refuses; and MEMORY USAGE's estimates.
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -128,5 +128,33 @@ fn randomkey_finds_every_key_and_never_a_reserved_record() {
         .chain(["hash".to_string()])
         .collect();
     assert_eq!(seen, want);
+    server.stop().unwrap();
+}
+
+#[test]
+fn memory_usage_estimates_grow_with_the_data() {
+    let db = Database::builder().open_in_memory().unwrap();
+    let server = start_on(&db);
+    let mut con = connect(&server);
+    assert_eq!(
+        query::<Option<i64>>(&mut con, &["MEMORY", "USAGE", "none"]),
+        None
+    );
+    query::<()>(&mut con, &["SET", "s", "value"]);
+    let small: i64 = query(&mut con, &["MEMORY", "USAGE", "s"]);
+    query::<()>(&mut con, &["SET", "s", &"v".repeat(1000)]);
+    let big: i64 = query(&mut con, &["MEMORY", "USAGE", "s"]);
+    assert!(small > 0 && big > small + 900, "{small} {big}");
+    for i in 0..100 {
+        query::<i64>(
+            &mut con,
+            &["HSET", "h", &format!("field{i:03}"), "0123456789"],
+        );
+    }
+    let sampled: i64 = query(&mut con, &["MEMORY", "USAGE", "h"]);
+    let whole: i64 = query(&mut con, &["MEMORY", "USAGE", "h", "SAMPLES", "0"]);
+    // 100 fields of 18 bytes and more each: every estimate counts them all.
+    assert!(sampled > 1800 && whole > 1800, "{sampled} {whole}");
+    assert!(try_query::<i64>(&mut con, &["MEMORY", "DOCTOR"]).is_err());
     server.stop().unwrap();
 }

@@ -23,7 +23,7 @@
 //!   key's deadline records in step) and EXPIRE, PERSIST, TTL and their family;
 //! - the handlers, by Redis's command groups: `strings` (GET, SET, INCR, ...),
 //!   `string_edits` (GETRANGE, SETRANGE, SETBIT, BITCOUNT, LCS, INCRBYFLOAT), `moves`
-//!   (RENAME, COPY, TOUCH), the collection types (`hashes`, `sets`, `zsets`,
+//!   (RENAME, COPY, TOUCH), `memory` (MEMORY USAGE), the collection types (`hashes`, `sets`, `zsets`,
 //!   `zset_algebra` for ZUNION/ZINTER/ZDIFF/ZRANGESTORE/ZRANDMEMBER, `lists`, `mpop` for
 //!   LMPOP/ZMPOP, over `collection`), `keys`
 //!   (SCAN, KEYS, TRANGE, TPREFIX, DBSIZE, FLUSHDB), `transaction` (MULTI, EXEC,
@@ -49,6 +49,7 @@ mod info;
 mod keys;
 mod kv;
 mod lists;
+mod memory;
 mod migrating;
 mod moves;
 mod mpop;

@@ -42,6 +42,7 @@ use super::lists::{
     cmd_lindex, cmd_linsert, cmd_llen, cmd_lmove, cmd_lpop, cmd_lpos, cmd_lpush, cmd_lpushx,
     cmd_lrange, cmd_lrem, cmd_lset, cmd_ltrim, cmd_rpop, cmd_rpoplpush, cmd_rpush, cmd_rpushx,
 };
+use super::memory::cmd_memory;
 use super::migrating::{cmd_asking, cmd_import};
 use super::moves::{cmd_copy, cmd_rename, cmd_renamenx, cmd_touch};
 use super::mpop::{cmd_lmpop, cmd_zmpop};
@@ -366,6 +367,7 @@ pub(super) fn table() -> &'static [Spec] {
             spec!("renamenx", 3, 0, (1, 2, 1), Run::Write(cmd_renamenx)),
             spec!("copy", -3, 0, (1, 2, 1), Run::Write(cmd_copy)),
             spec!("touch", -2, 0, ALL_KEYS, Run::Read(cmd_touch)),
+            spec!("memory", -2, 0, (2, 2, 1), Run::Read(cmd_memory)),
             spec!("randomkey", 1, NOMULTI, NO_KEYS, other(cmd_randomkey)),
             spec!("scan", -2, NOMULTI, NO_KEYS, other(cmd_scan)),
             spec!("keys", 2, NOMULTI, NO_KEYS, other(cmd_keys)),
