@@ -286,8 +286,9 @@ fn decode_multibulk(
     }
     let count = usize::try_from(count).map_err(|_| protocol_error("invalid multibulk length"))?;
     if count > limits.max_args {
+        // Redis's words first (clients and its tests match them), then ours.
         return Err(protocol_error(format!(
-            "too many arguments ({count} > {})",
+            "invalid multibulk length: too many arguments ({count} > {})",
             limits.max_args
         )));
     }
@@ -315,7 +316,7 @@ fn decode_multibulk(
             .ok_or_else(|| protocol_error("invalid bulk length"))?;
         if len > limits.max_bulk_bytes {
             return Err(protocol_error(format!(
-                "argument of {len} bytes is larger than the limit of {} bytes",
+                "invalid bulk length: argument of {len} bytes is larger than the limit of {} bytes",
                 limits.max_bulk_bytes
             )));
         }
