@@ -35,7 +35,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 
-use crate::commands::{execute_batch, may_block, Session, Written};
+use crate::commands::{execute_batch, may_block, retry_blocked, Blocked, Session, Written};
 use crate::config::DurabilityMode;
 use crate::outbox::Outbox;
 use crate::resp::{
@@ -152,10 +152,18 @@ impl Connection {
                 Ok(Some(consumed)) => {
                     self.start += consumed;
                     let (requests, last) = (self.spans.in_buffer(&self.buf), self.spans.len() - 1);
+                    let mut waits = false;
                     if requests.arg_count(last) > 0 {
-                        decoded.blocks |= may_block(requests.arg(last, 0));
+                        let blocking = may_block(requests.arg(last, 0));
+                        decoded.blocks |= blocking.device;
+                        waits = blocking.client;
                     }
-                    if !self.session.authenticated || self.spans.len() >= MAX_BATCH_REQUESTS {
+                    // A blocking pop ends its batch: the requests after it wait, unparsed,
+                    // until it is answered.
+                    if waits
+                        || !self.session.authenticated
+                        || self.spans.len() >= MAX_BATCH_REQUESTS
+                    {
                         break;
                     }
                 }
@@ -311,6 +319,11 @@ async fn serve_requests<S: AsyncRead + AsyncWrite + Unpin>(
                 run_here(state, &mut conn).await;
             }
             crate::busy_poll::batch_ran();
+            if let Some(blocked) = conn.session.blocked.take() {
+                if !wait_blocked(state, stream, outbox, &mut conn, blocked, &mut stop).await? {
+                    return Ok(());
+                }
+            }
             let ending =
                 decoded.error.is_some() || conn.session.close_after_reply || shutting_down();
             // A pipelined batch's replies are queued, and a lone request's when the thread
@@ -343,7 +356,7 @@ async fn serve_requests<S: AsyncRead + AsyncWrite + Unpin>(
         }
         conn.make_room();
         let read = async {
-            match state.config.idle_timeout {
+            match state.settings.idle_timeout() {
                 Some(idle) => tokio::time::timeout(idle, stream.read_buf(&mut conn.buf)).await,
                 None => Ok(stream.read_buf(&mut conn.buf).await),
             }
@@ -370,6 +383,96 @@ async fn serve_requests<S: AsyncRead + AsyncWrite + Unpin>(
                 write_now(state, stream, outbox, &[]).await?;
             }
             _ = &mut stop => return Ok(()),
+        }
+    }
+}
+
+/// Counts a connection in INFO's `blocked_clients` while it lives.
+struct BlockedCount<'a>(&'a ServerState);
+
+impl<'a> BlockedCount<'a> {
+    fn new(state: &'a ServerState) -> BlockedCount<'a> {
+        state
+            .metrics
+            .blocked_clients
+            .fetch_add(1, Ordering::Relaxed);
+        BlockedCount(state)
+    }
+}
+
+impl Drop for BlockedCount<'_> {
+    fn drop(&mut self) {
+        self.0
+            .metrics
+            .blocked_clients
+            .fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Buffered input a blocked client may send before the connection stops reading it.
+const BLOCKED_INPUT_BYTES_MAX: usize = 1 << 20;
+
+/// A blocking pop found nothing (DESIGN.md, "Blocking pops"): sends the batch's earlier
+/// replies, queues this connection on the keys, and retries the request whenever it is
+/// woken, until it is served (its reply, made durable, is left in `conn.out`) or its
+/// deadline passes (a null array is). `Ok(false)`: the client hung up or the server
+/// is shutting down while it waited.
+async fn wait_blocked<S: AsyncRead + AsyncWrite + Unpin, F: std::future::Future<Output = ()>>(
+    state: &ServerState,
+    stream: &mut S,
+    outbox: Option<&Outbox>,
+    conn: &mut Connection,
+    blocked: Blocked,
+    stop: &mut std::pin::Pin<&mut F>,
+) -> io::Result<bool> {
+    // The command's placeholder reply goes; on timeout Redis answers a null array for
+    // every blocking pop (BLMOVE too, though inside MULTI it answers a null).
+    conn.out.truncate(blocked.reply_at);
+    send_replies(state, stream, outbox, &mut conn.out, false).await?;
+    let slot = state.store.slot(conn.session.db_index());
+    // Registered before the retry: a write that lands between the first try and now is
+    // then seen by the retry, any later one notifies.
+    let wait = crate::waiters::WaitTable::wait(slot.waiters(), &blocked.keys);
+    let _counted = BlockedCount::new(state);
+    let sleep = async {
+        match blocked.deadline {
+            Some(d) => tokio::time::sleep_until(d.into()).await,
+            None => std::future::pending().await,
+        }
+    };
+    let mut sleep = std::pin::pin!(sleep);
+    loop {
+        let written = retry_blocked(state, &mut conn.session, &blocked.args, &mut conn.out);
+        if conn.session.blocked.take().is_none() {
+            // Served (or an error): leave the queues, which wakes the next waiter.
+            drop(wait);
+            if !written.is_empty() {
+                let acked = replicated_write(state, conn);
+                if let Some(syncer) = &state.syncer {
+                    if let Err(e) = syncer.durable(acked).await {
+                        written.not_durable(&mut conn.out, &e);
+                    }
+                }
+            }
+            return Ok(true);
+        }
+        conn.out.clear();
+        conn.make_room();
+        let room = conn.buf.len() - conn.start < BLOCKED_INPUT_BYTES_MAX;
+        tokio::select! {
+            _ = wait.notified() => {}
+            _ = &mut sleep => {
+                Reply::NilArray.encode(conn.session.protocol, &mut conn.out);
+                return Ok(true);
+            }
+            r = stream.read_buf(&mut conn.buf), if room => match r {
+                Ok(0) => return Ok(false),
+                Ok(n) => {
+                    state.metrics.net_input_bytes.fetch_add(n as u64, Ordering::Relaxed);
+                }
+                Err(e) => return Err(e),
+            },
+            _ = stop.as_mut() => return Ok(false),
         }
     }
 }

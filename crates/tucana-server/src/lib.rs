@@ -6,8 +6,9 @@
 //! - [`resp`] (the wire format: requests decoded under limits, replies encoded),
 //!   [`config`] (`ServerConfig`), `glob` (key patterns), `tls` (the rustls acceptor);
 //! - `expiry` (the stored layout of key deadlines), [`types`] (the stored layout of
-//!   hashes, sets, sorted sets and lists), `watch` (WATCH's versions of watched keys);
-//! - `metrics` (the counters), `store` (numbered databases → keyspaces, the
+//!   hashes, sets, sorted sets and lists), `watch` (WATCH's versions of watched keys),
+//!   `waiters` (the clients blocked on keys by BLPOP and the other blocking pops);
+//! - `metrics` (the counters), `settings` (what CONFIG SET changes at run time), `store` (numbered databases → keyspaces, the
 //!   per-database write lock, SCAN cursors), `syncer` (sync durability: one thread
 //!   syncs for all waiting connections), `outbox` (replies sent together just before a
 //!   connection thread sleeps), `busy_poll` (a busy thread polls a little longer before
@@ -62,6 +63,7 @@ mod prometheus;
 mod replication;
 pub mod resp;
 pub mod server;
+mod settings;
 mod splitter;
 mod state;
 mod store;
@@ -69,6 +71,7 @@ mod sweeper;
 mod syncer;
 mod tls;
 pub mod types;
+mod waiters;
 mod watch;
 
 pub use commands::REDIS_COMPAT_VERSION;

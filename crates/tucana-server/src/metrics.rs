@@ -16,6 +16,8 @@ pub struct Metrics {
     pub connections_received: AtomicU64,
     pub connections_rejected: AtomicU64,
     pub connected_clients: AtomicU64,
+    /// Connections waiting in a blocking pop (INFO's `blocked_clients`).
+    pub blocked_clients: AtomicU64,
     commands_by_index: Vec<AtomicU64>,
     pub error_replies: AtomicU64,
     pub protocol_errors: AtomicU64,
@@ -37,6 +39,7 @@ impl Metrics {
             connections_received: AtomicU64::new(0),
             connections_rejected: AtomicU64::new(0),
             connected_clients: AtomicU64::new(0),
+            blocked_clients: AtomicU64::new(0),
             commands_by_index: (0..commands).map(|_| AtomicU64::new(0)).collect(),
             error_replies: AtomicU64::new(0),
             protocol_errors: AtomicU64::new(0),

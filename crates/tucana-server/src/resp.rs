@@ -286,8 +286,9 @@ fn decode_multibulk(
     }
     let count = usize::try_from(count).map_err(|_| protocol_error("invalid multibulk length"))?;
     if count > limits.max_args {
+        // Redis's words first (clients and its tests match them), then ours.
         return Err(protocol_error(format!(
-            "too many arguments ({count} > {})",
+            "invalid multibulk length: too many arguments ({count} > {})",
             limits.max_args
         )));
     }
@@ -315,7 +316,7 @@ fn decode_multibulk(
             .ok_or_else(|| protocol_error("invalid bulk length"))?;
         if len > limits.max_bulk_bytes {
             return Err(protocol_error(format!(
-                "argument of {len} bytes is larger than the limit of {} bytes",
+                "invalid bulk length: argument of {len} bytes is larger than the limit of {} bytes",
                 limits.max_bulk_bytes
             )));
         }
@@ -516,6 +517,12 @@ pub enum Reply {
     Set(Vec<Reply>),
     /// A boolean in RESP3; 1 or 0 in RESP2.
     Bool(bool),
+    /// A floating point number, already formatted (`1.5`, `inf`): a RESP3 double; a
+    /// bulk string in RESP2.
+    Double(String),
+    /// Pairs that RESP3 answers as an array of two-element arrays and RESP2 as one flat
+    /// array (a sorted set's members with their scores, as Redis 7 answers them).
+    Pairs(Vec<(Reply, Reply)>),
 }
 
 impl Reply {
@@ -572,6 +579,22 @@ impl Reply {
                 out.extend_from_slice(if *b { b"#t\r\n" } else { b"#f\r\n" })
             }
             Reply::Bool(b) => out.extend_from_slice(if *b { b":1\r\n" } else { b":0\r\n" }),
+            Reply::Double(text) if resp3 => line(out, b',', text.as_bytes()),
+            Reply::Double(text) => encode_bulk(text.as_bytes(), out),
+            Reply::Pairs(pairs) => {
+                if resp3 {
+                    header(out, b'*', pairs.len() as i128);
+                } else {
+                    header(out, b'*', pairs.len() as i128 * 2);
+                }
+                for (a, b) in pairs {
+                    if resp3 {
+                        out.extend_from_slice(b"*2\r\n");
+                    }
+                    a.encode(protocol, out);
+                    b.encode(protocol, out);
+                }
+            }
         }
     }
 }

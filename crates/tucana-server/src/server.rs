@@ -251,7 +251,7 @@ fn accept(
     let metrics = &state.metrics;
     metrics.connections_received.fetch_add(1, Ordering::Relaxed);
     let _ = stream.set_nodelay(true);
-    if metrics.connected_clients() >= state.config.max_clients as u64 {
+    if metrics.connected_clients() >= state.settings.max_clients() {
         metrics.connections_rejected.fetch_add(1, Ordering::Relaxed);
         tasks.spawn(async move {
             let mut stream = stream;

@@ -29,6 +29,8 @@ use crate::syncer::Syncer;
 pub struct ServerState {
     pub store: Store,
     pub config: ServerConfig,
+    /// What `CONFIG SET` may change while the server runs.
+    pub settings: crate::settings::Settings,
     pub metrics: Metrics,
     pub started: Instant,
     /// The port actually bound (the configured one may be 0).
@@ -101,6 +103,7 @@ impl ServerState {
             cluster,
             store: Store::new(db, config.databases, config.max_scan_cursors),
             threads: config.thread_count(),
+            settings: crate::settings::Settings::new(&config),
             config,
             metrics,
             started: Instant::now(),

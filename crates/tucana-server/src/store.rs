@@ -24,6 +24,7 @@ use std::sync::Arc;
 use parking_lot::{Mutex, MutexGuard, RwLock};
 use tucana::{Database, Error, Keyspace};
 
+use crate::waiters::WaitTable;
 use crate::watch::WatchTable;
 
 /// One numbered database.
@@ -38,6 +39,8 @@ pub struct Slot {
     may_expire: AtomicBool,
     /// WATCH's versions of this database's watched keys.
     watches: Arc<WatchTable>,
+    /// The clients blocked on this database's keys (BLPOP, ...).
+    waiters: Arc<WaitTable>,
 }
 
 /// Whether a keyspace holds the marker of deadlines (an error reads as "may").
@@ -116,6 +119,7 @@ impl Slot {
             write_lock: Mutex::new(()),
             may_expire: AtomicBool::new(has_marker(handle.as_ref())),
             watches: Arc::default(),
+            waiters: Arc::default(),
             handle: RwLock::new(handle),
         }
     }
@@ -167,6 +171,11 @@ impl Slot {
         &self.watches
     }
 
+    /// The clients blocked on this database's keys (signalled by writers).
+    pub fn waiters(&self) -> &Arc<WaitTable> {
+        &self.waiters
+    }
+
     /// Whether keys of this database may have deadlines (see the field).
     pub fn may_expire(&self) -> bool {
         self.may_expire.load(Ordering::Acquire)
@@ -204,15 +213,17 @@ impl WriteGuard<'_> {
     }
 
     /// Marks the keys written by `stored` (stored keys, see `expiry::modified_key`)
-    /// modified for WATCH; nearly free when nobody watches.
+    /// modified for WATCH, and wakes the first client blocked on each (BLPOP, ...);
+    /// nearly free when nobody watches or waits.
     pub fn modified<'k>(&self, stored: impl IntoIterator<Item = &'k [u8]>, slot_prefixed: bool) {
-        let watches = &self.slot.watches;
-        if watches.any() {
+        let (watches, waiters) = (&self.slot.watches, &self.slot.waiters);
+        if watches.any() || waiters.any() {
             let keys: Vec<Vec<u8>> = stored
                 .into_iter()
                 .filter_map(|k| crate::expiry::modified_key(k, slot_prefixed))
                 .collect();
             watches.bump(keys.iter().map(Vec::as_slice));
+            waiters.signal(keys.iter().map(Vec::as_slice));
         }
     }
 

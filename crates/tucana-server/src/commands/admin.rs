@@ -1,5 +1,5 @@
 //! Commands about the server rather than the data: COMMAND (the table as clients read
-//! it), CONFIG GET, TIME, SAVE, BGSAVE, BGREWRITEAOF, SHUTDOWN (INFO has its own file,
+//! it), CONFIG GET and SET (the run-time settings are `settings`'), TIME, SAVE, BGSAVE, BGREWRITEAOF, SHUTDOWN (INFO has its own file,
 //! `info`).
 //!
 //! Owns how the command table, the configuration and the engine's maintenance (commit,
@@ -31,9 +31,9 @@ fn command_entry(spec: &Spec, protocol: Protocol) -> Reply {
         } else {
             Reply::Array(flags)
         },
-        Reply::Int(i64::from(spec.keys.0)),
-        Reply::Int(i64::from(spec.keys.1)),
-        Reply::Int(i64::from(spec.keys.2)),
+        Reply::Int(i64::from(spec.command_keys().0)),
+        Reply::Int(i64::from(spec.command_keys().1)),
+        Reply::Int(i64::from(spec.command_keys().2)),
     ])
 }
 
@@ -66,50 +66,63 @@ pub(super) fn cmd_command(call: &mut Call<'_>, args: &[Vec<u8>]) -> tucana::Resu
 /// (the server is configured by its command line).
 pub(super) fn cmd_config(call: &mut Call<'_>, args: &[Vec<u8>]) -> tucana::Result<Reply> {
     let sub = args[1].to_ascii_uppercase();
-    if sub.as_slice() != b"GET" {
-        return Ok(Reply::error(format!(
-            "ERR CONFIG {} is not supported: tucana serve is configured by its command line",
-            printable(&args[1], 32)
-        )));
+    match sub.as_slice() {
+        b"GET" if args.len() >= 3 => Ok(config_get(call, &args[2..])),
+        b"GET" => Ok(wrong_args("config|get")),
+        b"SET" if args.len() >= 4 && args.len().is_multiple_of(2) => {
+            let pairs: Vec<(&[u8], &[u8])> = args[2..]
+                .chunks(2)
+                .map(|p| (p[0].as_slice(), p[1].as_slice()))
+                .collect();
+            Ok(match call.state.settings.set(&pairs) {
+                Ok(()) => Reply::Ok,
+                Err(why) => Reply::error(format!("ERR {why}")),
+            })
+        }
+        b"SET" => Ok(wrong_args("config|set")),
+        _ => Ok(Reply::error(format!(
+            "ERR CONFIG {} is not supported: tucana serve is configured by its command line (CONFIG GET reads it, CONFIG SET changes {})",
+            printable(&args[1], 32),
+            crate::settings::SETTABLE
+        ))),
     }
-    if args.len() < 3 {
-        return Ok(wrong_args("config|get"));
-    }
+}
+
+/// `CONFIG GET pattern...`: the command line's settings and the run-time ones.
+fn config_get(call: &Call<'_>, patterns: &[Vec<u8>]) -> Reply {
     let config = &call.state.config;
-    let idle = config.idle_timeout.map_or(0, |d| d.as_secs());
-    let params: Vec<(&str, String)> = vec![
-        ("bind", config.listen.ip().to_string()),
-        ("port", config.listen.port().to_string()),
-        ("databases", config.databases.to_string()),
-        ("maxclients", config.max_clients.to_string()),
-        ("timeout", idle.to_string()),
-        // Every write goes to the log; there are no RDB snapshots.
-        ("appendonly", "yes".into()),
-        (
-            "appendfsync",
-            match config.durability {
-                DurabilityMode::Sync => "always".into(),
-                DurabilityMode::Buffered => "everysec".into(),
-            },
-        ),
-        ("save", String::new()),
-        ("maxmemory", "0".into()),
-        ("maxmemory-policy", "noeviction".into()),
-        (
-            "proto-max-bulk-len",
-            config.request_limits.max_bulk_bytes.to_string(),
-        ),
+    // The command line's, then the run-time ones, in the order clients saw before.
+    let mut params: Vec<(String, String)> = vec![
+        ("bind".into(), config.listen.ip().to_string()),
+        ("port".into(), config.listen.port().to_string()),
+        ("databases".into(), config.databases.to_string()),
     ];
+    let mut settings = call.state.settings.values().into_iter();
+    params.extend(settings.by_ref().take(3)); // maxclients, timeout, appendonly
+    params.push((
+        "appendfsync".into(),
+        match config.durability {
+            DurabilityMode::Sync => "always".into(),
+            DurabilityMode::Buffered => "everysec".into(),
+        },
+    ));
+    params.extend(settings.by_ref().take(2)); // save, maxmemory
+    params.push(("maxmemory-policy".into(), "noeviction".into()));
+    params.push((
+        "proto-max-bulk-len".into(),
+        config.request_limits.max_bulk_bytes.to_string(),
+    ));
+    params.extend(settings);
     let mut out = Vec::new();
     for (name, value) in &params {
-        if args[2..]
+        if patterns
             .iter()
             .any(|p| glob_match(&p.to_ascii_lowercase(), name.as_bytes()))
         {
-            out.push((Reply::bulk(*name), Reply::bulk(value.as_str())));
+            out.push((Reply::bulk(name.as_str()), Reply::bulk(value.as_str())));
         }
     }
-    Ok(Reply::Map(out))
+    Reply::Map(out)
 }
 
 pub(super) fn cmd_time(_call: &mut Call<'_>, _args: &[Vec<u8>]) -> tucana::Result<Reply> {

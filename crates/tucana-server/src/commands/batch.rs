@@ -80,22 +80,61 @@ pub fn execute_batch(
             session: &mut *session,
             wrote: false,
         };
-        let reply = execute(&mut call, &owned);
-        let wrote = call.wrote;
-        if reply.is_error() {
-            replies.tally.error();
-        }
-        // The protocol in force when the reply was made (HELLO switches it).
-        let at = replies.out.len();
-        reply.encode(session.protocol, replies.out);
-        if wrote {
-            replies.written.push(at..replies.out.len());
-        }
-        if session.close_after_reply {
+        run_general(&mut call, &owned, &mut replies);
+        // A blocked request is its batch's last (the connection decodes up to it).
+        if session.close_after_reply || session.blocked.is_some() {
             break;
         }
         i += 1;
     }
+    state.metrics.add_tally(&replies.tally);
+    Written {
+        base,
+        ranges: replies.written,
+    }
+}
+
+/// Runs one request on the general path and encodes its reply; a blocking pop that
+/// found nothing notes where its placeholder reply starts.
+fn run_general(call: &mut Call<'_>, args: &Args, replies: &mut Replies<'_>) {
+    let reply = execute(call, args);
+    if reply.is_error() {
+        replies.tally.error();
+    }
+    // The protocol in force when the reply was made (HELLO switches it).
+    let at = replies.out.len();
+    reply.encode(call.session.protocol, replies.out);
+    if call.wrote {
+        replies.written.push(at..replies.out.len());
+    }
+    if let Some(blocked) = &mut call.session.blocked {
+        blocked.reply_at = at;
+    }
+}
+
+/// Runs a blocked request again (its connection was woken, see `blocking`), appending
+/// its reply to `out`. If it still finds nothing, `session.blocked` is set again and the
+/// reply is its placeholder.
+pub fn retry_blocked(
+    state: &ServerState,
+    session: &mut Session,
+    args: &Args,
+    out: &mut Vec<u8>,
+) -> Written {
+    let base = out.len();
+    let mut replies = Replies {
+        out,
+        tally: Tally::default(),
+        written: Vec::new(),
+    };
+    session.retrying = true;
+    let mut call = Call {
+        state,
+        session,
+        wrote: false,
+    };
+    run_general(&mut call, args, &mut replies);
+    call.session.retrying = false;
     state.metrics.add_tally(&replies.tally);
     Written {
         base,

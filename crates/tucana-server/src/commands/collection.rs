@@ -244,6 +244,62 @@ pub(super) fn delete_members(
     Ok(())
 }
 
+/// OBJECT ENCODING of a collection: the encoding Redis 7.0 would give a collection of
+/// this size and content under the thresholds set with CONFIG SET (hashes and sorted
+/// sets: `listpack` while small, sets of integers: `intset`); tucana stores every size
+/// alike. Unlike Redis, which never converts back, a collection that shrinks answers
+/// the small encoding again. Reads the members only of a small collection.
+pub(super) fn redis_encoding(
+    kv: &mut dyn Kv,
+    key: &[u8],
+    meta: &Meta,
+) -> tucana::Result<&'static str> {
+    let threshold = |name: &str| u64::try_from(kv.settings().threshold(name)).unwrap_or(0);
+    let fits = |kv: &mut dyn Kv, family: Family, max_len: u64, values: bool| {
+        let all = all_members(kv, family, key, meta.version)?;
+        Ok::<bool, tucana::Error>(
+            all.iter()
+                .all(|(m, v)| m.len() as u64 <= max_len && (!values || v.len() as u64 <= max_len)),
+        )
+    };
+    Ok(match meta.kind {
+        Kind::Hash => {
+            let (entries, value) = (
+                threshold("hash-max-listpack-entries"),
+                threshold("hash-max-listpack-value"),
+            );
+            if meta.count <= entries && fits(kv, Family::Hash, value, true)? {
+                "listpack"
+            } else {
+                "hashtable"
+            }
+        }
+        Kind::ZSet => {
+            let (entries, value) = (
+                threshold("zset-max-listpack-entries"),
+                threshold("zset-max-listpack-value"),
+            );
+            if meta.count <= entries && fits(kv, Family::ZMember, value, false)? {
+                "listpack"
+            } else {
+                "skiplist"
+            }
+        }
+        Kind::Set => {
+            let integers = meta.count <= threshold("set-max-intset-entries")
+                && all_members(kv, Family::Set, key, meta.version)?
+                    .iter()
+                    .all(|(m, _)| super::parse_i64(m).is_some());
+            if integers {
+                "intset"
+            } else {
+                "hashtable"
+            }
+        }
+        Kind::List => "quicklist",
+    })
+}
+
 /// A float as Redis 7.0 replies one (`%.17g`; `inf`, `-inf`, `-0`).
 pub(super) fn format_double(d: f64) -> String {
     if d.is_nan() {
@@ -297,9 +353,9 @@ pub(super) fn parse_double(arg: &[u8]) -> Option<f64> {
     (!d.is_nan()).then_some(d)
 }
 
-/// A bulk reply of a float.
+/// A float reply: a RESP3 double, a bulk string in RESP2.
 pub(super) fn double_reply(d: f64) -> Reply {
-    Reply::Bulk(format_double(d).into_bytes())
+    Reply::Double(format_double(d))
 }
 
 /// A small random number generator for HRANDFIELD, SRANDMEMBER, SPOP (xorshift seeded from
@@ -419,7 +475,7 @@ pub(super) fn random_members(
 
 /// A byte string between `lo` and `hi` (`lo` <= `hi`): their common prefix, a random
 /// byte between theirs at the first difference, then random bytes.
-fn random_between(rng: &mut Rng, lo: &[u8], hi: &[u8]) -> Vec<u8> {
+pub(super) fn random_between(rng: &mut Rng, lo: &[u8], hi: &[u8]) -> Vec<u8> {
     let common = lo.iter().zip(hi).take_while(|(a, b)| a == b).count();
     let mut out = lo[..common].to_vec();
     let from = lo.get(common).copied().unwrap_or(0) as usize;

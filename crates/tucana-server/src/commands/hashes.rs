@@ -255,14 +255,17 @@ pub(super) fn cmd_hrandfield(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Resul
             .next()
             .map_or(Reply::Nil, |(f, _)| Reply::Bulk(f)));
     };
-    let mut out = Vec::new();
-    for (f, v) in picks {
-        out.push(Reply::Bulk(f));
-        if with_values {
-            out.push(Reply::Bulk(v));
-        }
+    if with_values {
+        // RESP3: [[field, value], ...], as Redis 7 answers.
+        let pairs = picks
+            .into_iter()
+            .map(|(f, v)| (Reply::Bulk(f), Reply::Bulk(v)))
+            .collect();
+        return Ok(Reply::Pairs(pairs));
     }
-    Ok(Reply::Array(out))
+    Ok(Reply::Array(
+        picks.into_iter().map(|(f, _)| Reply::Bulk(f)).collect(),
+    ))
 }
 
 /// Picks with repeats beyond this many are refused (Redis would build the reply until

@@ -54,8 +54,11 @@ fn info_text(state: &ServerState, sections: &[String], connected: u64) -> String
     if want("clients") {
         let lines = vec![
             ("connected_clients", connected.to_string()),
-            ("maxclients", state.config.max_clients.to_string()),
-            ("blocked_clients", "0".into()),
+            ("maxclients", state.settings.max_clients().to_string()),
+            (
+                "blocked_clients",
+                crate::metrics::get(&state.metrics.blocked_clients).to_string(),
+            ),
         ];
         section(&mut out, "Clients", lines);
     }

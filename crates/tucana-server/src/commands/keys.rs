@@ -1,5 +1,5 @@
 //! Commands on the whole keyspace of the selected database: SCAN, KEYS, the ordered
-//! TRANGE and TPREFIX, DBSIZE, FLUSHDB and FLUSHALL.
+//! TRANGE and TPREFIX, DBSIZE, RANDOMKEY, FLUSHDB and FLUSHALL.
 //!
 //! Owns the iteration bounds (literal prefixes, ZRANGEBYLEX-style bounds) and SCAN's
 //! cursor contract; the cursors themselves are kept by `store`. Reads take no lock and
@@ -360,6 +360,76 @@ pub(super) fn cmd_dbsize(call: &mut Call<'_>, _args: &[Vec<u8>]) -> tucana::Resu
         Some(ks) => Ok(ks.len().saturating_sub(hidden_records(ks, &[], now_ms())?)),
     })?;
     Ok(Reply::Int(n as i64))
+}
+
+/// `RANDOMKEY`: a live key picked at random (nil when there is none). The keyspace is
+/// ordered, not hashed, so the pick is the first live key at or after a random point
+/// between the first and the last stored key (wrapping around): every key can come back,
+/// not with equal chances (a key after a wide gap comes back more often).
+pub(super) fn cmd_randomkey(call: &mut Call<'_>, _args: &[Vec<u8>]) -> tucana::Result<Reply> {
+    if call.state.cluster.is_some() {
+        return Ok(Reply::error(
+            "ERR RANDOMKEY is not supported in cluster mode yet",
+        ));
+    }
+    let (may_expire, now) = (call.slot().may_expire(), now_ms());
+    let mut rng = super::collection::Rng::new();
+    call.slot().read(|ks| {
+        let Some(ks) = ks else {
+            return Ok(Reply::Nil);
+        };
+        let all = (Bound::<Vec<u8>>::Unbounded, Bound::<Vec<u8>>::Unbounded);
+        let (Some(first), Some(last)) = (
+            ks.range::<Vec<u8>, _>(all.clone()).next().transpose()?,
+            ks.range::<Vec<u8>, _>(all).next_back().transpose()?,
+        ) else {
+            return Ok(Reply::Nil);
+        };
+        let pivot = super::collection::random_between(&mut rng, &first.0, &last.0);
+        let after = first_live(
+            ks,
+            may_expire,
+            now,
+            Bound::Included(pivot.clone()),
+            Bound::Unbounded,
+        )?;
+        let key = match after {
+            Some(key) => Some(key),
+            None => first_live(
+                ks,
+                may_expire,
+                now,
+                Bound::Unbounded,
+                Bound::Excluded(pivot),
+            )?,
+        };
+        Ok(key.map_or(Reply::Nil, Reply::Bulk))
+    })
+}
+
+/// The first client's live key in `(lo, hi)`, skipping the reserved family in one seek.
+fn first_live(
+    ks: &Keyspace,
+    may_expire: bool,
+    now: u64,
+    lo: Bound<Vec<u8>>,
+    hi: Bound<Vec<u8>>,
+) -> tucana::Result<Option<Vec<u8>>> {
+    let mut range = ks.range::<Vec<u8>, _>((lo, hi.clone()));
+    while let Some(item) = range.next() {
+        let (key, _) = item?;
+        if is_reserved(&key) {
+            match after_reserved(&hi) {
+                Some(lo) => range = ks.range::<Vec<u8>, _>((lo, hi.clone())),
+                None => break,
+            }
+            continue;
+        }
+        if visible(ks, may_expire, &[], &key, now)? {
+            return Ok(Some(key));
+        }
+    }
+    Ok(None)
 }
 
 fn flush_option_ok(args: &[Vec<u8>]) -> bool {

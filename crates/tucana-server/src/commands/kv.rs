@@ -56,6 +56,9 @@ pub(super) trait Kv {
     /// The next `apply` writes a deadline: the store adds the keyspace's marker of
     /// deadlines to it if the keyspace has none yet.
     fn note_deadline(&mut self);
+
+    /// The server's run-time settings (OBJECT ENCODING reads Redis's thresholds there).
+    fn settings(&self) -> &crate::settings::Settings;
 }
 
 /// Appends the marker of deadlines to `ops` when a deadline is written to a keyspace that
@@ -94,6 +97,10 @@ pub(super) struct ReplicaKv<'a> {
 }
 
 impl Kv for ReplicaKv<'_> {
+    fn settings(&self) -> &crate::settings::Settings {
+        &self.state.settings
+    }
+
     fn get(&mut self, key: &[u8]) -> tucana::Result<Option<Vec<u8>>> {
         let value = match &self.replica {
             Some(replica) => replica.get(key)?,
@@ -145,6 +152,10 @@ pub(super) struct ReadKv<'a> {
 }
 
 impl Kv for ReadKv<'_> {
+    fn settings(&self) -> &crate::settings::Settings {
+        &self.state.settings
+    }
+
     fn get(&mut self, key: &[u8]) -> tucana::Result<Option<Vec<u8>>> {
         let value = match self.ks {
             Some(ks) => ks.get(key)?,
@@ -213,6 +224,10 @@ pub(super) struct LockedKv<'a> {
 }
 
 impl Kv for LockedKv<'_> {
+    fn settings(&self) -> &crate::settings::Settings {
+        &self.state.settings
+    }
+
     fn get(&mut self, key: &[u8]) -> tucana::Result<Option<Vec<u8>>> {
         let value = match self.guard.existing() {
             Some(ks) => ks.get(key)?,
@@ -319,6 +334,10 @@ impl TxKv<'_> {
 }
 
 impl Kv for TxKv<'_> {
+    fn settings(&self) -> &crate::settings::Settings {
+        &self.state.settings
+    }
+
     fn get(&mut self, key: &[u8]) -> tucana::Result<Option<Vec<u8>>> {
         if let Some(v) = self.overlay.get(key) {
             return Ok(v.clone());

@@ -21,7 +21,7 @@ use super::kv::Kv;
 use super::zsets::rank_window;
 use super::{not_an_integer, parse_i64, syntax_error};
 
-const LIST: Kind = Kind::List;
+pub(super) const LIST: Kind = Kind::List;
 const F: Family = Family::List;
 
 fn idx(i: u64) -> [u8; 8] {
@@ -124,7 +124,7 @@ pub(super) fn cmd_rpushx(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Re
 
 /// Pops up to `count` elements from one end of `update`'s list (known elements read from
 /// the store), in pop order.
-fn pop_from(
+pub(super) fn pop_from(
     kv: &mut dyn Kv,
     key: &[u8],
     update: &mut Update<'_>,
@@ -155,7 +155,9 @@ fn pop_from(
 fn pop(kv: &mut dyn Kv, args: &[Vec<u8>], left: bool) -> tucana::Result<Reply> {
     let count = match args.get(2) {
         None => None,
-        Some(_) if args.len() > 3 => return Ok(syntax_error()),
+        Some(_) if args.len() > 3 => {
+            return Ok(super::wrong_args(if left { "lpop" } else { "rpop" }))
+        }
         Some(n) => match parse_i64(n) {
             Some(n) if n >= 0 => Some(n as usize),
             _ => return Ok(Reply::error("ERR value is out of range, must be positive")),

@@ -181,6 +181,10 @@ struct Tombstoning<'k, 'a> {
 }
 
 impl Kv for Tombstoning<'_, '_> {
+    fn settings(&self) -> &crate::settings::Settings {
+        self.inner.settings()
+    }
+
     fn get(&mut self, key: &[u8]) -> tucana::Result<Option<Vec<u8>>> {
         self.inner.get(key)
     }

@@ -21,7 +21,11 @@
 //!   atomic engine batch;
 //! - `expire`: key deadlines as handlers see them (lazy expiry, the writes that keep a
 //!   key's deadline records in step) and EXPIRE, PERSIST, TTL and their family;
-//! - the handlers, by Redis's command groups: `strings` (GET, SET, INCR, ...), `keys`
+//! - the handlers, by Redis's command groups: `strings` (GET, SET, INCR, ...),
+//!   `string_edits` (GETRANGE, SETRANGE, SETBIT, BITCOUNT, LCS, INCRBYFLOAT), `moves`
+//!   (RENAME, COPY, TOUCH), `memory` (MEMORY USAGE), the collection types (`hashes`, `sets`, `zsets`,
+//!   `zset_algebra` for ZUNION/ZINTER/ZDIFF/ZRANGESTORE/ZRANDMEMBER, `lists`, `mpop` for
+//!   LMPOP/ZMPOP, over `collection`), `keys`
 //!   (SCAN, KEYS, TRANGE, TPREFIX, DBSIZE, FLUSHDB), `transaction` (MULTI, EXEC,
 //!   DISCARD), `session` (the `Session` and the commands that read or change it: AUTH,
 //!   HELLO, SELECT, CLIENT, QUIT, PING, ECHO), `admin` (COMMAND, CONFIG, TIME, SAVE,
@@ -35,6 +39,7 @@
 
 mod admin;
 mod batch;
+mod blocking;
 mod cluster;
 mod cluster_keys;
 mod collection;
@@ -44,26 +49,32 @@ mod info;
 mod keys;
 mod kv;
 mod lists;
+mod memory;
 mod migrating;
+mod moves;
+mod mpop;
 mod routing;
 mod session;
 mod sets;
+mod string_edits;
 mod strings;
 mod table;
 mod transaction;
+mod zset_algebra;
 mod zsets;
 
 use crate::resp::{Args, Reply};
 use crate::state::ServerState;
 use crate::store::Slot;
 
-pub use batch::{execute_batch, Written};
+pub use batch::{execute_batch, retry_blocked, Written};
+pub use blocking::Blocked;
 pub use session::Session;
 pub use table::{command_count, command_name, may_block};
 
 use kv::{Kv, LockedKv, ReadKv, ReplicaKv};
 use routing::{Routed, SlotKv};
-use table::{lookup, table, KvFn, Run, Spec, NOAUTH, NOMULTI, TXCTL};
+use table::{lookup, table, KvFn, Run, Spec, BLOCKS_CLIENT, NOAUTH, NOMULTI, TXCTL};
 
 /// The Redis version whose commands and replies we follow, reported to clients that ask
 /// (`HELLO`, `INFO`); some clients pick features by it.
@@ -147,7 +158,25 @@ fn execute_one(call: &mut Call<'_>, args: &Args) -> Reply {
     }
     call.state.metrics.count_command(index);
     let result = run_spec(call, spec, args, routed);
-    result.unwrap_or_else(|e| Reply::error(error_text(&e)))
+    let reply = result.unwrap_or_else(|e| Reply::error(error_text(&e)));
+    // A blocking pop that found nothing: the connection waits (`blocking`). EXEC runs
+    // its commands without coming here, so inside a transaction they never block.
+    // A retry that meets a key of another type keeps waiting, as Redis only serves a
+    // blocked client from a key of the type it waits for.
+    // (BLMOVE's destination of another type is answered, as Redis answers it.)
+    let nothing = matches!(reply, Reply::Nil | Reply::NilArray)
+        || (call.session.retrying
+            && matches!(&reply, Reply::Error(e) if e.starts_with("WRONGTYPE"))
+            && blocking::source_not_ready(call, args));
+    if spec.flags & BLOCKS_CLIENT != 0 && nothing {
+        if call.state.cluster.is_some() {
+            return Reply::error(
+                "ERR blocking pops do not wait in cluster mode yet (nothing to pop now)",
+            );
+        }
+        call.session.blocked = blocking::blocked_on(args);
+    }
+    reply
 }
 
 /// The error reply of an engine error: `READONLY` for a keyspace this server is no longer

@@ -21,7 +21,7 @@ use crate::cluster::Route;
 use crate::resp::Reply;
 
 use super::kv::{Bounds, Kv, Ops, Pairs};
-use super::table::{Run, Spec, NOMULTI, TXCTL};
+use super::table::{Run, Spec, NOMULTI, NUMKEYS, TXCTL};
 use super::Call;
 
 /// A request that may run here: its keys' hash slot, in this server's region `region`,
@@ -38,18 +38,31 @@ pub(super) fn crossslot() -> Reply {
 }
 
 /// The keys of `args` by the table's key positions `(first, last, step)` (a negative
-/// `last` counts from the end, as in Redis's command table).
+/// `last` counts from the end, as in Redis's command table). With `last` =
+/// [`NUMKEYS`], `first` is the position of a key count followed by that many keys, and
+/// `step` 1 says argument 1 is a key too (the destination of ZUNIONSTORE); a count that
+/// is not a number names no keys (the handler answers the error).
 pub(super) fn keys<'a>(spec: &Spec, args: &'a [Vec<u8>]) -> impl Iterator<Item = &'a [u8]> {
     let (first, last, step) = spec.keys;
     let n = args.len() as i32;
-    let last = if last < 0 { n + last } else { last.min(n - 1) };
-    let positions = if first <= 0 || step <= 0 {
-        0..0
+    let (head, positions, step) = if last == NUMKEYS {
+        let count = args
+            .get(first as usize)
+            .and_then(|c| super::parse_i64(c))
+            .unwrap_or(0)
+            .clamp(0, i64::from(n)) as i32;
+        let dest = if step == 1 { 1..2 } else { 0..0 };
+        (dest, first + 1..(first + 1 + count).min(n), 1)
     } else {
-        first..last + 1
+        let last = if last < 0 { n + last } else { last.min(n - 1) };
+        let positions = if first <= 0 || step <= 0 {
+            0..0
+        } else {
+            first..last + 1
+        };
+        (0..0, positions, step.max(1))
     };
-    positions
-        .step_by(step.max(1) as usize)
+    head.chain(positions.step_by(step as usize))
         .map(move |i| args[i as usize].as_slice())
 }
 
@@ -149,6 +162,10 @@ impl SlotKv<'_> {
 }
 
 impl Kv for SlotKv<'_> {
+    fn settings(&self) -> &crate::settings::Settings {
+        self.inner.settings()
+    }
+
     fn get(&mut self, key: &[u8]) -> tucana::Result<Option<Vec<u8>>> {
         let stored = self.stored(key);
         self.inner.get(&stored)
@@ -233,6 +250,12 @@ mod tests {
     fn keys_come_from_the_table_positions() {
         assert_eq!(slot_of(&["get", "foo"]).ok(), Some(Some(12182)));
         assert_eq!(slot_of(&["ping"]).ok(), Some(None));
+        // A key count that is not a number (or too big) names no keys past the arguments.
+        assert_eq!(slot_of(&["zunion", "x", "a"]).ok(), Some(None));
+        assert_eq!(
+            slot_of(&["zunion", "9", "{u}a"]).ok(),
+            Some(Some(key_slot(b"u")))
+        );
         // MSET's keys are every other argument: values do not count.
         assert_eq!(
             slot_of(&["mset", "{u}a", "x", "{u}b", "y"]).ok(),
@@ -264,12 +287,38 @@ mod tests {
             &["lmove", "{u}a", "{u}b", "LEFT", "RIGHT"],
             &["sinterstore", "{u}d", "{u}a", "{u}b"],
             &["sunion", "{u}a", "{u}b"],
+            &["rename", "{u}a", "{u}b"],
+            &["renamenx", "{u}a", "{u}b"],
+            &["copy", "{u}a", "{u}b", "REPLACE"],
+            &["lcs", "{u}a", "{u}b", "IDX"],
+            // Keys after a count: what follows them (weights, options) is not a key.
+            &["zunion", "2", "{u}a", "{u}b", "WEIGHTS", "1", "2"],
+            &[
+                "zunionstore",
+                "{u}d",
+                "2",
+                "{u}a",
+                "{u}b",
+                "AGGREGATE",
+                "MAX",
+            ],
+            &["sintercard", "1", "{u}a", "LIMIT", "5"],
+            &["lmpop", "2", "{u}a", "{u}b", "LEFT", "COUNT", "3"],
+            &["zmpop", "1", "{u}a", "MIN"],
+            &["zrangestore", "{u}d", "{u}a", "0", "-1"],
         ] {
             assert_eq!(slot_of(words).ok(), u, "{words:?}");
         }
         for words in [
             &["smove", "a", "b", "m"][..],
             &["rpoplpush", "a", "b"],
+            // A key moves within its slot only: across slots it would change servers.
+            &["rename", "a", "b"],
+            &["renamenx", "a", "b"],
+            &["copy", "a", "b"],
+            &["zunionstore", "d", "2", "{u}a", "{u}b"],
+            &["zinter", "2", "{u}a", "b"],
+            &["zrangestore", "d", "{u}a", "0", "-1"],
             &["sdiffstore", "{u}d", "{u}a", "b"],
         ] {
             assert!(

@@ -50,6 +50,10 @@ pub struct Session {
     /// Cluster mode: the regions' keyspaces the current batch wrote to (their backups
     /// must acknowledge the writes); taken after each batch.
     pub wrote_keyspaces: Vec<String>,
+    /// A blocking pop found nothing: what the connection waits for (taken by it).
+    pub blocked: Option<super::Blocked>,
+    /// The request running is a blocked one run again (`retry_blocked`).
+    pub(super) retrying: bool,
 }
 
 impl Session {
@@ -82,6 +86,8 @@ impl Session {
             shutdown_requested: false,
             last_write: None,
             wrote_keyspaces: Vec::new(),
+            blocked: None,
+            retrying: false,
         }
     }
 }

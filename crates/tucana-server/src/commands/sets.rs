@@ -1,6 +1,6 @@
 //! The set commands: SADD, SREM, SMEMBERS, SISMEMBER, SMISMEMBER, SCARD, SPOP,
 //! SRANDMEMBER, SMOVE, SSCAN, and the set algebra SINTER, SUNION, SDIFF with their
-//! `*STORE` forms.
+//! `*STORE` forms, and SINTERCARD.
 //!
 //! A set is its metadata at the client's key and one sub-record per member
 //! (`types::Family::Set`, member → empty); members come back in byte order (Redis
@@ -299,6 +299,19 @@ pub(super) fn cmd_sunionstore(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Resu
 
 pub(super) fn cmd_sdiffstore(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Reply> {
     store_command(kv, args, Op::Diff)
+}
+
+/// `SINTERCARD numkeys key... [LIMIT n]`: the size of the intersection (at most `n`).
+pub(super) fn cmd_sintercard(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Reply> {
+    let (keys, limit) = match super::zset_algebra::card_request(args, false) {
+        Ok(r) => r,
+        Err(reply) => return Ok(reply),
+    };
+    Ok(match algebra(kv, keys, Op::Inter)? {
+        Ok(members) if limit > 0 => Reply::Int(members.len().min(limit) as i64),
+        Ok(members) => Reply::Int(members.len() as i64),
+        Err(reply) => reply,
+    })
 }
 
 /// `SSCAN key cursor [MATCH pattern] [COUNT n]`: every member in one reply.

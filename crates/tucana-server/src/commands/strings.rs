@@ -24,7 +24,7 @@ use super::kv::Kv;
 use super::{not_an_integer, opt_bulk, parse_i64, syntax_error, wrong_args};
 
 /// A string value read for a command on strings: `Err(WRONGTYPE)` for a collection.
-fn string_only(value: Option<Vec<u8>>) -> Result<Option<Vec<u8>>, Reply> {
+pub(super) fn string_only(value: Option<Vec<u8>>) -> Result<Option<Vec<u8>>, Reply> {
     match value {
         Some(v) if is_typed(&v) => Err(wrongtype()),
         v => Ok(v),
@@ -33,7 +33,7 @@ fn string_only(value: Option<Vec<u8>>) -> Result<Option<Vec<u8>>, Reply> {
 
 /// The refusal of a value a string command would write that starts like a collection's
 /// metadata (`types::TYPED`), which could not be told from one.
-fn reserved_value<'a>(mut values: impl Iterator<Item = &'a Vec<u8>>) -> Option<Reply> {
+pub(super) fn reserved_value<'a>(mut values: impl Iterator<Item = &'a Vec<u8>>) -> Option<Reply> {
     values.any(|v| is_typed(v)).then(|| {
         Reply::error(
             "ERR values starting with \\xff\\xfftucana\\x00T are reserved for tucana's collections",
@@ -108,7 +108,10 @@ pub(super) fn cmd_object(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Re
         return Ok(Reply::Nil);
     };
     let name = match kind_of(&value) {
-        Some(kind) => kind.encoding(),
+        Some(_) => {
+            let meta = crate::types::Meta::decode(&value)?;
+            super::collection::redis_encoding(kv, &args[2], &meta)?
+        }
         None if value.len() <= 20 && parse_i64(&value).is_some() => "int",
         None if value.len() <= 44 => "embstr",
         None => "raw",
@@ -345,7 +348,7 @@ fn pairs(args: &[Vec<u8>]) -> Option<std::slice::Chunks<'_, Vec<u8>>> {
 }
 
 /// The stored deadline of `key` (even if passed), which its next write must delete.
-fn stored_deadline(kv: &mut dyn Kv, key: &[u8]) -> tucana::Result<Option<u64>> {
+pub(super) fn stored_deadline(kv: &mut dyn Kv, key: &[u8]) -> tucana::Result<Option<u64>> {
     if !kv.may_expire() {
         return Ok(None);
     }
@@ -431,7 +434,7 @@ pub(super) fn cmd_del(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Reply
 
 /// A read-modify-write that keeps the key's deadline (APPEND, INCR): the new value, or
 /// the reply when the old one does not fit.
-fn modify(
+pub(super) fn modify(
     kv: &mut dyn Kv,
     key: &[u8],
     f: impl FnOnce(Option<Vec<u8>>) -> Result<Vec<u8>, Reply>,

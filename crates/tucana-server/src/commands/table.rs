@@ -18,6 +18,10 @@ use super::admin::{
     cmd_bgrewriteaof, cmd_bgsave, cmd_command, cmd_config, cmd_replicaof, cmd_save, cmd_shutdown,
     cmd_time, cmd_wait,
 };
+use super::blocking::{
+    cmd_blmove, cmd_blmpop, cmd_blpop, cmd_brpop, cmd_brpoplpush, cmd_bzmpop, cmd_bzpopmax,
+    cmd_bzpopmin,
+};
 use super::cluster::{cmd_cluster, cmd_readonly, cmd_readwrite};
 use super::expire::{
     cmd_expire, cmd_expireat, cmd_expiretime, cmd_persist, cmd_pexpire, cmd_pexpireat,
@@ -30,19 +34,26 @@ use super::hashes::{
 };
 use super::info::cmd_info;
 use super::keys::{
-    cmd_dbsize, cmd_flushall, cmd_flushdb, cmd_keys, cmd_scan, cmd_tprefix, cmd_trange,
+    cmd_dbsize, cmd_flushall, cmd_flushdb, cmd_keys, cmd_randomkey, cmd_scan, cmd_tprefix,
+    cmd_trange,
 };
 use super::kv::Kv;
 use super::lists::{
     cmd_lindex, cmd_linsert, cmd_llen, cmd_lmove, cmd_lpop, cmd_lpos, cmd_lpush, cmd_lpushx,
     cmd_lrange, cmd_lrem, cmd_lset, cmd_ltrim, cmd_rpop, cmd_rpoplpush, cmd_rpush, cmd_rpushx,
 };
+use super::memory::cmd_memory;
 use super::migrating::{cmd_asking, cmd_import};
+use super::moves::{cmd_copy, cmd_rename, cmd_renamenx, cmd_touch};
+use super::mpop::{cmd_lmpop, cmd_zmpop};
 use super::session::{cmd_auth, cmd_client, cmd_echo, cmd_hello, cmd_ping, cmd_quit, cmd_select};
 use super::sets::{
-    cmd_sadd, cmd_scard, cmd_sdiff, cmd_sdiffstore, cmd_sinter, cmd_sinterstore, cmd_sismember,
-    cmd_smembers, cmd_smismember, cmd_smove, cmd_spop, cmd_srandmember, cmd_srem, cmd_sscan,
-    cmd_sunion, cmd_sunionstore,
+    cmd_sadd, cmd_scard, cmd_sdiff, cmd_sdiffstore, cmd_sinter, cmd_sintercard, cmd_sinterstore,
+    cmd_sismember, cmd_smembers, cmd_smismember, cmd_smove, cmd_spop, cmd_srandmember, cmd_srem,
+    cmd_sscan, cmd_sunion, cmd_sunionstore,
+};
+use super::string_edits::{
+    cmd_bitcount, cmd_getbit, cmd_getrange, cmd_incrbyfloat, cmd_lcs, cmd_setbit, cmd_setrange,
 };
 use super::strings::{
     cmd_append, cmd_decr, cmd_decrby, cmd_del, cmd_exists, cmd_get, cmd_getdel, cmd_getex,
@@ -50,6 +61,10 @@ use super::strings::{
     cmd_set, cmd_setex, cmd_setnx, cmd_strlen, cmd_type,
 };
 use super::transaction::{cmd_discard, cmd_exec, cmd_multi, cmd_unwatch, cmd_watch};
+use super::zset_algebra::{
+    cmd_zdiff, cmd_zdiffstore, cmd_zinter, cmd_zintercard, cmd_zinterstore, cmd_zrandmember,
+    cmd_zrangestore, cmd_zunion, cmd_zunionstore,
+};
 use super::zsets::{
     cmd_zadd, cmd_zcard, cmd_zcount, cmd_zincrby, cmd_zlexcount, cmd_zmscore, cmd_zpopmax,
     cmd_zpopmin, cmd_zrange, cmd_zrangebylex, cmd_zrangebyscore, cmd_zrank, cmd_zrem,
@@ -80,6 +95,9 @@ pub(super) const NOAUTH: u8 = 1;
 pub(super) const NOMULTI: u8 = 2;
 /// Runs at once inside `MULTI` instead of being queued (`EXEC`, `DISCARD`, `QUIT`, ...).
 pub(super) const TXCTL: u8 = 4;
+/// A blocking pop: outside `EXEC`, its timeout reply means "wait" (`blocking`), and it
+/// ends its pipelined batch.
+pub(super) const BLOCKS_CLIENT: u8 = 8;
 
 /// One command of the table.
 pub(super) struct Spec {
@@ -105,6 +123,21 @@ macro_rules! spec {
     };
 }
 
+/// A `last` key position meaning "the keys follow a count" (see `routing::keys`).
+pub(super) const NUMKEYS: i32 = i32::MIN;
+
+impl Spec {
+    /// The key positions `COMMAND` reports: Redis reports none (0, 0, 0) for commands
+    /// whose keys follow a count, or the destination alone (1, 1, 1).
+    pub(super) fn command_keys(&self) -> (i32, i32, i32) {
+        match self.keys {
+            (_, NUMKEYS, 1) => (1, 1, 1),
+            (_, NUMKEYS, _) => NO_KEYS,
+            keys => keys,
+        }
+    }
+}
+
 const NO_KEYS: (i32, i32, i32) = (0, 0, 0);
 const KEY1: (i32, i32, i32) = (1, 1, 1);
 const ALL_KEYS: (i32, i32, i32) = (1, -1, 1);
@@ -119,6 +152,14 @@ fn blocking(f: CallFn) -> Run {
 
 /// The commands of the collection types: hashes, sorted sets, sets, lists.
 fn collection_specs() -> Vec<Spec> {
+    let mut specs = hash_specs();
+    specs.extend(zset_specs());
+    specs.extend(set_and_list_specs());
+    specs.extend(blocking_specs());
+    specs
+}
+
+fn hash_specs() -> Vec<Spec> {
     vec![
         spec!("hset", -4, 0, KEY1, Run::Write(cmd_hset)),
         spec!("hmset", -4, 0, KEY1, Run::Write(cmd_hmset)),
@@ -136,6 +177,11 @@ fn collection_specs() -> Vec<Spec> {
         spec!("hincrbyfloat", 4, 0, KEY1, Run::Write(cmd_hincrbyfloat)),
         spec!("hrandfield", -2, 0, KEY1, Run::Read(cmd_hrandfield)),
         spec!("hscan", -3, 0, KEY1, Run::Read(cmd_hscan)),
+    ]
+}
+
+fn zset_specs() -> Vec<Spec> {
+    vec![
         spec!("zadd", -4, 0, KEY1, Run::Write(cmd_zadd)),
         spec!("zincrby", 4, 0, KEY1, Run::Write(cmd_zincrby)),
         spec!("zrem", -3, 0, KEY1, Run::Write(cmd_zrem)),
@@ -176,6 +222,45 @@ fn collection_specs() -> Vec<Spec> {
         spec!("zpopmin", -2, 0, KEY1, Run::Write(cmd_zpopmin)),
         spec!("zpopmax", -2, 0, KEY1, Run::Write(cmd_zpopmax)),
         spec!("zscan", -3, 0, KEY1, Run::Read(cmd_zscan)),
+        spec!("zunion", -3, 0, (1, NUMKEYS, 0), Run::Read(cmd_zunion)),
+        spec!("zinter", -3, 0, (1, NUMKEYS, 0), Run::Read(cmd_zinter)),
+        spec!("zdiff", -3, 0, (1, NUMKEYS, 0), Run::Read(cmd_zdiff)),
+        spec!(
+            "zintercard",
+            -3,
+            0,
+            (1, NUMKEYS, 0),
+            Run::Read(cmd_zintercard)
+        ),
+        spec!(
+            "zunionstore",
+            -4,
+            0,
+            (2, NUMKEYS, 1),
+            Run::Write(cmd_zunionstore)
+        ),
+        spec!(
+            "zinterstore",
+            -4,
+            0,
+            (2, NUMKEYS, 1),
+            Run::Write(cmd_zinterstore)
+        ),
+        spec!(
+            "zdiffstore",
+            -4,
+            0,
+            (2, NUMKEYS, 1),
+            Run::Write(cmd_zdiffstore)
+        ),
+        spec!("zrangestore", -5, 0, (1, 2, 1), Run::Write(cmd_zrangestore)),
+        spec!("zrandmember", -2, 0, KEY1, Run::Read(cmd_zrandmember)),
+        spec!("zmpop", -4, 0, (1, NUMKEYS, 0), Run::Write(cmd_zmpop)),
+    ]
+}
+
+fn set_and_list_specs() -> Vec<Spec> {
+    vec![
         spec!("sadd", -3, 0, KEY1, Run::Write(cmd_sadd)),
         spec!("srem", -3, 0, KEY1, Run::Write(cmd_srem)),
         spec!("smembers", 2, 0, KEY1, Run::Read(cmd_smembers)),
@@ -192,6 +277,13 @@ fn collection_specs() -> Vec<Spec> {
         spec!("sinterstore", -3, 0, ALL_KEYS, Run::Write(cmd_sinterstore)),
         spec!("sunionstore", -3, 0, ALL_KEYS, Run::Write(cmd_sunionstore)),
         spec!("sdiffstore", -3, 0, ALL_KEYS, Run::Write(cmd_sdiffstore)),
+        spec!(
+            "sintercard",
+            -3,
+            0,
+            (1, NUMKEYS, 0),
+            Run::Read(cmd_sintercard)
+        ),
         spec!("lpush", -3, 0, KEY1, Run::Write(cmd_lpush)),
         spec!("rpush", -3, 0, KEY1, Run::Write(cmd_rpush)),
         spec!("lpushx", -3, 0, KEY1, Run::Write(cmd_lpushx)),
@@ -208,6 +300,22 @@ fn collection_specs() -> Vec<Spec> {
         spec!("lpos", -3, 0, KEY1, Run::Read(cmd_lpos)),
         spec!("lmove", 5, 0, (1, 2, 1), Run::Write(cmd_lmove)),
         spec!("rpoplpush", 3, 0, (1, 2, 1), Run::Write(cmd_rpoplpush)),
+        spec!("lmpop", -4, 0, (1, NUMKEYS, 0), Run::Write(cmd_lmpop)),
+    ]
+}
+
+/// The blocking pops (`BLOCKS_CLIENT`).
+fn blocking_specs() -> Vec<Spec> {
+    const B: u8 = BLOCKS_CLIENT;
+    vec![
+        spec!("blpop", -3, B, (1, -2, 1), Run::Write(cmd_blpop)),
+        spec!("brpop", -3, B, (1, -2, 1), Run::Write(cmd_brpop)),
+        spec!("bzpopmin", -3, B, (1, -2, 1), Run::Write(cmd_bzpopmin)),
+        spec!("bzpopmax", -3, B, (1, -2, 1), Run::Write(cmd_bzpopmax)),
+        spec!("blmove", 6, B, (1, 2, 1), Run::Write(cmd_blmove)),
+        spec!("brpoplpush", 4, B, (1, 2, 1), Run::Write(cmd_brpoplpush)),
+        spec!("blmpop", -5, B, (2, NUMKEYS, 0), Run::Write(cmd_blmpop)),
+        spec!("bzmpop", -5, B, (2, NUMKEYS, 0), Run::Write(cmd_bzmpop)),
     ]
 }
 
@@ -247,6 +355,20 @@ pub(super) fn table() -> &'static [Spec] {
             spec!("incrby", 3, 0, KEY1, Run::Write(cmd_incrby)),
             spec!("decrby", 3, 0, KEY1, Run::Write(cmd_decrby)),
             spec!("object", -2, 0, (2, 2, 1), Run::Read(cmd_object)),
+            spec!("getrange", 4, 0, KEY1, Run::Read(cmd_getrange)),
+            spec!("substr", 4, 0, KEY1, Run::Read(cmd_getrange)),
+            spec!("setrange", 4, 0, KEY1, Run::Write(cmd_setrange)),
+            spec!("getbit", 3, 0, KEY1, Run::Read(cmd_getbit)),
+            spec!("setbit", 4, 0, KEY1, Run::Write(cmd_setbit)),
+            spec!("bitcount", -2, 0, KEY1, Run::Read(cmd_bitcount)),
+            spec!("incrbyfloat", 3, 0, KEY1, Run::Write(cmd_incrbyfloat)),
+            spec!("lcs", -3, 0, (1, 2, 1), Run::Read(cmd_lcs)),
+            spec!("rename", 3, 0, (1, 2, 1), Run::Write(cmd_rename)),
+            spec!("renamenx", 3, 0, (1, 2, 1), Run::Write(cmd_renamenx)),
+            spec!("copy", -3, 0, (1, 2, 1), Run::Write(cmd_copy)),
+            spec!("touch", -2, 0, ALL_KEYS, Run::Read(cmd_touch)),
+            spec!("memory", -2, 0, (2, 2, 1), Run::Read(cmd_memory)),
+            spec!("randomkey", 1, NOMULTI, NO_KEYS, other(cmd_randomkey)),
             spec!("scan", -2, NOMULTI, NO_KEYS, other(cmd_scan)),
             spec!("keys", 2, NOMULTI, NO_KEYS, other(cmd_keys)),
             spec!("trange", -3, NOMULTI, NO_KEYS, other(cmd_trange)),
@@ -354,21 +476,31 @@ pub(super) fn lookup(name: &[u8]) -> Option<usize> {
     index_by_name().get(&lower[..name.len()]).copied()
 }
 
-/// Whether running this request may wait on I/O: the connection then runs its batch on
-/// a thread that may block, so the async workers keep serving other connections.
-///
-/// Reads never block. Writes only take the keyspace's write lock (held for a log append
-/// by another writer) and append to the log buffer, so they run on the async worker too:
-/// a hop to the blocking pool costs more than they do. In sync mode the wait for the
-/// fsync that follows is asynchronous (`syncer`).
-pub fn may_block(name: &[u8]) -> bool {
+/// What a request may wait on, which decides where and how the connection runs it.
+#[derive(Clone, Copy, Default)]
+pub struct Blocking {
+    /// It may wait on I/O: the connection runs its batch on a thread that may block,
+    /// so the async workers keep serving other connections.
+    ///
+    /// Reads never block. Writes only take the keyspace's write lock (held for a log
+    /// append by another writer) and append to the log buffer, so they run on the async
+    /// worker too: a hop to the blocking pool costs more than they do. In sync mode the
+    /// wait for the fsync that follows is asynchronous (`syncer`).
+    pub device: bool,
+    /// A blocking pop: it may wait for another client's write, so it ends its batch
+    /// (see `blocking`).
+    pub client: bool,
+}
+
+/// How a request named `name` may block (one table lookup for both answers).
+pub fn may_block(name: &[u8]) -> Blocking {
     let Some(i) = lookup(name) else {
-        return false;
+        return Blocking::default();
     };
-    match table()[i].run {
-        Run::Read(_) => false,
-        Run::Write(_) => false,
-        Run::Other { blocks, .. } => blocks,
+    let spec = &table()[i];
+    Blocking {
+        device: matches!(spec.run, Run::Other { blocks: true, .. }),
+        client: spec.flags & BLOCKS_CLIENT != 0,
     }
 }
 

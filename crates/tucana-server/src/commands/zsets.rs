@@ -26,10 +26,10 @@ use super::collection::{
 use super::kv::Kv;
 use super::{not_an_integer, parse_i64, syntax_error};
 
-const ZSET: Kind = Kind::ZSet;
+pub(super) const ZSET: Kind = Kind::ZSet;
 
 /// Members with their scores, in the order a command answers them.
-type Items = Vec<(Vec<u8>, f64)>;
+pub(super) type Items = Vec<(Vec<u8>, f64)>;
 /// Bounds on members (a lex range).
 type LexBounds = (Bound<Vec<u8>>, Bound<Vec<u8>>);
 /// Where a range answer starts and how much of it: `(offset, limit)`.
@@ -44,7 +44,7 @@ fn score_of(kv: &mut dyn Kv, key: &[u8], version: u64, m: &[u8]) -> tucana::Resu
 
 /// Writes `member` with `score` (its old score `old` if it had one) into `update`; -0 is
 /// stored as 0, as Redis stores it.
-fn put_member(update: &mut Update<'_>, member: &[u8], score: f64, old: Option<f64>) {
+pub(super) fn put_member(update: &mut Update<'_>, member: &[u8], score: f64, old: Option<f64>) {
     let score = score + 0.0;
     if let Some(old) = old {
         update.delete(Family::ZScore, &score_key(old, member));
@@ -55,7 +55,7 @@ fn put_member(update: &mut Update<'_>, member: &[u8], score: f64, old: Option<f6
     update.put(Family::ZScore, &score_key(score, member), Vec::new());
 }
 
-fn delete_member(update: &mut Update<'_>, member: &[u8], score: f64) {
+pub(super) fn delete_member(update: &mut Update<'_>, member: &[u8], score: f64) {
     update.delete(Family::ZMember, member);
     update.delete(Family::ZScore, &score_key(score, member));
     update.meta.count = update.meta.count.saturating_sub(1);
@@ -423,7 +423,7 @@ pub(super) fn rank_window(start: i64, stop: i64, len: u64) -> Option<(usize, usi
 }
 
 /// (member, score) by rank, `rev` counting from the highest score.
-fn by_rank(
+pub(super) fn by_rank(
     kv: &mut dyn Kv,
     key: &[u8],
     version: u64,
@@ -442,36 +442,38 @@ fn by_rank(
     by_score(kv, key, version, (all, top), rev, (first, count))
 }
 
-fn range_reply(items: Items, with_scores: bool) -> Reply {
-    let mut out = Vec::with_capacity(items.len() * if with_scores { 2 } else { 1 });
-    for (m, s) in items {
-        out.push(Reply::Bulk(m));
-        if with_scores {
-            out.push(double_reply(s));
-        }
+pub(super) fn range_reply(items: Items, with_scores: bool) -> Reply {
+    if with_scores {
+        // RESP3: [[member, score], ...]; RESP2: [member, score, ...].
+        return Reply::Pairs(
+            items
+                .into_iter()
+                .map(|(m, s)| (Reply::Bulk(m), double_reply(s)))
+                .collect(),
+        );
     }
-    Reply::Array(out)
+    Reply::Array(items.into_iter().map(|(m, _)| Reply::Bulk(m)).collect())
 }
 
 /// What a ZRANGE-family request asks for.
 #[derive(Clone, Copy, PartialEq)]
-enum By {
+pub(super) enum By {
     Rank,
     Score,
     Lex,
 }
 
-struct RangeRequest {
+pub(super) struct RangeRequest {
     by: By,
     rev: bool,
-    with_scores: bool,
+    pub(super) with_scores: bool,
     /// LIMIT offset count (`None`: all).
     limit: Option<(i64, i64)>,
 }
 
 /// Parses `[BYSCORE|BYLEX] [REV] [LIMIT offset count] [WITHSCORES]` (ZRANGE) or, with
 /// `fixed`, only `[WITHSCORES] [LIMIT offset count]` after a command that names its kind.
-fn range_request(
+pub(super) fn range_request(
     args: &[Vec<u8>],
     mut req: RangeRequest,
     fixed: bool,
@@ -510,7 +512,7 @@ fn range_request(
 
 /// Runs a ZRANGE-family request on `key` with its two range arguments as given (for
 /// `rev` score and lex ranges the first is the maximum).
-fn run_range(
+pub(super) fn run_range(
     kv: &mut dyn Kv,
     key: &[u8],
     a: &[u8],
@@ -585,7 +587,7 @@ fn range_command(
     })
 }
 
-fn request(by: By, rev: bool) -> RangeRequest {
+pub(super) fn request(by: By, rev: bool) -> RangeRequest {
     RangeRequest {
         by,
         rev,
@@ -752,6 +754,14 @@ fn pop(kv: &mut dyn Kv, args: &[Vec<u8>], max: bool) -> tucana::Result<Reply> {
         delete_member(&mut update, m, *s);
     }
     update.apply(kv)?;
+    // Without a count, one flat [member, score] in RESP3 too.
+    if args.len() == 2 {
+        let flat = items
+            .into_iter()
+            .flat_map(|(m, s)| [Reply::Bulk(m), double_reply(s)])
+            .collect();
+        return Ok(Reply::Array(flat));
+    }
     Ok(range_reply(items, true))
 }
 

@@ -1,0 +1,239 @@
+//! The settings `CONFIG SET` may change while the server runs, and what it answers for
+//! the others.
+//!
+//! Owns the run-time values of `maxclients` and `timeout` (the idle timeout), which start
+//! from the command line (`ServerConfig`) and are read by the listener and the
+//! connections, and Redis's tuning knobs that have no effect here but are accepted so
+//! clients and Redis's own tests that set them keep working: the thresholds of Redis's
+//! compact encodings (tucana has one encoding per type, `types`), kept so `CONFIG GET`
+//! answers what was set (and `OBJECT ENCODING` answers by them, `commands::collection`).
+//! Every other setting is fixed for the life of the server and
+//! `CONFIG SET` names the ones that are not. It does not own the parsing of
+//! `CONFIG` requests (`commands::admin`).
+//!
+//! Thread-safety: atomics and one mutex; a change is seen by the next accept (maxclients)
+//! or the next read of a connection (timeout).
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+
+use crate::config::ServerConfig;
+
+/// Settings accepted with no effect, with Redis 7.0's defaults: the thresholds below
+/// which Redis uses its compact encodings.
+const ENCODING_THRESHOLDS: [(&str, &str); 14] = [
+    ("hash-max-listpack-entries", "512"),
+    ("hash-max-listpack-value", "64"),
+    ("hash-max-ziplist-entries", "512"),
+    ("hash-max-ziplist-value", "64"),
+    ("set-max-intset-entries", "512"),
+    ("set-max-listpack-entries", "128"),
+    ("set-max-listpack-value", "64"),
+    ("zset-max-listpack-entries", "128"),
+    ("zset-max-listpack-value", "64"),
+    ("zset-max-ziplist-entries", "128"),
+    ("zset-max-ziplist-value", "64"),
+    ("list-max-listpack-size", "-2"),
+    ("list-max-ziplist-size", "-2"),
+    ("list-compress-depth", "0"),
+];
+
+/// Redis 7 keeps the ziplist names as aliases of the listpack ones: setting either sets
+/// both.
+const ALIASES: [(&str, &str); 5] = [
+    ("hash-max-ziplist-entries", "hash-max-listpack-entries"),
+    ("hash-max-ziplist-value", "hash-max-listpack-value"),
+    ("zset-max-ziplist-entries", "zset-max-listpack-entries"),
+    ("zset-max-ziplist-value", "zset-max-listpack-value"),
+    ("list-max-ziplist-size", "list-max-listpack-size"),
+];
+
+/// Settings whose one value is what tucana does; setting that value is accepted.
+const FIXED_VALUES: [(&str, &str, &str); 3] = [
+    ("appendonly", "yes", "every write is in the log"),
+    (
+        "save",
+        "",
+        "there are no snapshots: every write is in the log",
+    ),
+    (
+        "maxmemory",
+        "0",
+        "tucana keeps data on disk and evicts nothing",
+    ),
+];
+
+/// The settings `CONFIG SET` changes for real, for its error messages.
+pub const SETTABLE: &str = "maxclients, timeout";
+
+/// The run-time settings of one server.
+pub struct Settings {
+    max_clients: AtomicU64,
+    /// 0: never. Milliseconds, as the command line may give it (tests do); CONFIG
+    /// speaks seconds.
+    idle_timeout_ms: AtomicU64,
+    inert: Mutex<BTreeMap<&'static str, String>>,
+}
+
+/// Why `CONFIG SET` refused a change (the text of its error reply, after `ERR `).
+pub type Refusal = String;
+
+impl Settings {
+    pub fn new(config: &ServerConfig) -> Settings {
+        Settings {
+            max_clients: AtomicU64::new(config.max_clients as u64),
+            idle_timeout_ms: AtomicU64::new(
+                config.idle_timeout.map_or(0, |d| d.as_millis() as u64),
+            ),
+            inert: Mutex::new(
+                ENCODING_THRESHOLDS
+                    .iter()
+                    .map(|&(k, v)| (k, v.to_string()))
+                    .collect(),
+            ),
+        }
+    }
+
+    pub fn max_clients(&self) -> u64 {
+        self.max_clients.load(Ordering::Relaxed)
+    }
+
+    /// The idle timeout (`None`: never).
+    pub fn idle_timeout(&self) -> Option<Duration> {
+        match self.idle_timeout_ms.load(Ordering::Relaxed) {
+            0 => None,
+            ms => Some(Duration::from_millis(ms)),
+        }
+    }
+
+    /// One of Redis's encoding thresholds (`hash-max-listpack-entries`, ...), as last
+    /// set; `OBJECT ENCODING` answers by them.
+    pub fn threshold(&self, name: &str) -> i64 {
+        let value = self.inert.lock().get(name).and_then(|v| v.parse().ok());
+        debug_assert!(value.is_some(), "{name} is not a threshold");
+        value.unwrap_or(0)
+    }
+
+    /// The settings kept here, as `CONFIG GET` lists them: `maxclients`, `timeout`
+    /// (seconds), the fixed values, then the accepted encoding thresholds.
+    pub fn values(&self) -> Vec<(String, String)> {
+        let mut out = vec![
+            ("maxclients".to_string(), self.max_clients().to_string()),
+            (
+                "timeout".to_string(),
+                (self.idle_timeout_ms.load(Ordering::Relaxed) / 1000).to_string(),
+            ),
+        ];
+        for (k, v, _) in FIXED_VALUES {
+            out.push((k.to_string(), v.to_string()));
+        }
+        for (k, v) in self.inert.lock().iter() {
+            out.push((k.to_string(), v.clone()));
+        }
+        out
+    }
+
+    /// Applies `pairs` (name, value) all or nothing: every one is checked before any
+    /// changes, as Redis 7 does.
+    pub fn set(&self, pairs: &[(&[u8], &[u8])]) -> Result<(), Refusal> {
+        enum Change {
+            MaxClients(u64),
+            Timeout(u64),
+            Inert(&'static str, String),
+            Nothing,
+        }
+        let mut changes = Vec::with_capacity(pairs.len());
+        for &(name, value) in pairs {
+            let name_text = String::from_utf8_lossy(name).to_ascii_lowercase();
+            let value_text = String::from_utf8_lossy(value).into_owned();
+            let number = || {
+                value_text.parse::<u64>().map_err(|_| {
+                    format!(
+                        "CONFIG SET failed (possibly related to argument '{name_text}') - argument couldn't be parsed into an integer"
+                    )
+                })
+            };
+            let change = match name_text.as_str() {
+                "maxclients" => match number()? {
+                    0 => return Err(format!("CONFIG SET failed (possibly related to argument '{name_text}') - argument must be between 1 and 4294967295 inclusive")),
+                    n => Change::MaxClients(n),
+                },
+                "timeout" => Change::Timeout(number()?),
+                _ => {
+                    if let Some(&(key, _)) =
+                        ENCODING_THRESHOLDS.iter().find(|(k, _)| *k == name_text)
+                    {
+                        value_text.parse::<i64>().map_err(|_| {
+                            format!("CONFIG SET failed (possibly related to argument '{name_text}') - argument couldn't be parsed into an integer")
+                        })?;
+                        Change::Inert(key, value_text)
+                    } else if let Some((_, fixed, why)) =
+                        FIXED_VALUES.iter().find(|(k, _, _)| *k == name_text)
+                    {
+                        if value_text.eq_ignore_ascii_case(fixed) {
+                            Change::Nothing
+                        } else {
+                            return Err(format!(
+                                "CONFIG SET '{name_text}' only accepts '{fixed}' here: {why}"
+                            ));
+                        }
+                    } else {
+                        return Err(format!(
+                            "CONFIG SET '{name_text}' is not supported: tucana serve is configured by its command line; at run time only {SETTABLE} change (and Redis's encoding thresholds are accepted, with no effect)"
+                        ));
+                    }
+                }
+            };
+            changes.push(change);
+        }
+        for change in changes {
+            match change {
+                Change::MaxClients(n) => self.max_clients.store(n, Ordering::Relaxed),
+                Change::Timeout(s) => self
+                    .idle_timeout_ms
+                    .store(s.saturating_mul(1000), Ordering::Relaxed),
+                Change::Inert(k, v) => {
+                    let mut inert = self.inert.lock();
+                    for &(a, b) in &ALIASES {
+                        if k == a {
+                            inert.insert(b, v.clone());
+                        } else if k == b {
+                            inert.insert(a, v.clone());
+                        }
+                    }
+                    inert.insert(k, v);
+                }
+                Change::Nothing => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn changes_apply_all_or_nothing() {
+        let s = Settings::new(&ServerConfig::default());
+        s.set(&[(b"timeout", b"30"), (b"MAXCLIENTS", b"7")])
+            .unwrap();
+        assert_eq!(s.idle_timeout(), Some(Duration::from_secs(30)));
+        assert_eq!(s.max_clients(), 7);
+        let err = s.set(&[(b"timeout", b"0"), (b"port", b"1")]).unwrap_err();
+        assert!(err.contains("'port' is not supported") && err.contains(SETTABLE));
+        assert_eq!(s.idle_timeout(), Some(Duration::from_secs(30)));
+        assert!(s.set(&[(b"timeout", b"x")]).is_err());
+        s.set(&[(b"hash-max-ziplist-value", b"16")]).unwrap();
+        assert!(s
+            .values()
+            .contains(&("hash-max-ziplist-value".into(), "16".into())));
+        assert_eq!(s.threshold("hash-max-listpack-value"), 16, "an alias");
+        s.set(&[(b"save", b"")]).unwrap();
+        assert!(s.set(&[(b"maxmemory", b"100mb")]).is_err());
+    }
+}
