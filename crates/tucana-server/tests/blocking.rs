@@ -8,35 +8,10 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use redis::{Connection, Value};
-use tucana::Database;
-use tucana_server::{spawn, RunningServer, ServerConfig};
+use tucana_server::RunningServer;
 
-fn start() -> RunningServer {
-    let db = Database::builder().open_in_memory().unwrap();
-    spawn(
-        db,
-        ServerConfig {
-            listen: "127.0.0.1:0".parse().unwrap(),
-            ..ServerConfig::default()
-        },
-    )
-    .unwrap()
-}
-
-fn connect(server: &RunningServer) -> Connection {
-    let client = redis::Client::open(format!("redis://{}/", server.addr)).unwrap();
-    let con = client.get_connection().unwrap();
-    con.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    con
-}
-
-fn query<T: redis::FromRedisValue>(con: &mut Connection, args: &[&str]) -> T {
-    let mut cmd = redis::cmd(args[0]);
-    for a in &args[1..] {
-        cmd.arg(*a);
-    }
-    cmd.query(con).unwrap_or_else(|e| panic!("{args:?}: {e}"))
-}
+mod client;
+use client::{connect, query, start};
 
 /// Runs `args` on a new connection in a thread; its reply comes back on join.
 fn blocked(server: &RunningServer, args: &[&str]) -> JoinHandle<Value> {

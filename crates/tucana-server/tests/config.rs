@@ -7,27 +7,10 @@ use std::io::Read;
 use std::time::Duration;
 
 use redis::Connection;
-use tucana::Database;
-use tucana_server::{spawn, RunningServer, ServerConfig};
+use tucana_server::RunningServer;
 
-fn start() -> RunningServer {
-    let db = Database::builder().open_in_memory().unwrap();
-    spawn(
-        db,
-        ServerConfig {
-            listen: "127.0.0.1:0".parse().unwrap(),
-            ..ServerConfig::default()
-        },
-    )
-    .unwrap()
-}
-
-fn connect(server: &RunningServer) -> Connection {
-    let client = redis::Client::open(format!("redis://{}/", server.addr)).unwrap();
-    let con = client.get_connection().unwrap();
-    con.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    con
-}
+mod client;
+use client::{connect, start};
 
 fn config_set(con: &mut Connection, pairs: &[&str]) -> redis::RedisResult<()> {
     let mut cmd = redis::cmd("CONFIG");

@@ -6,39 +6,10 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use redis::{Connection, RedisResult};
 use tucana::Database;
-use tucana_server::{spawn, RunningServer, ServerConfig};
 
-fn start_on(db: &Database) -> RunningServer {
-    spawn(
-        db.clone(),
-        ServerConfig {
-            listen: "127.0.0.1:0".parse().unwrap(),
-            ..ServerConfig::default()
-        },
-    )
-    .unwrap()
-}
-
-fn connect(server: &RunningServer) -> Connection {
-    let client = redis::Client::open(format!("redis://{}/", server.addr)).unwrap();
-    let con = client.get_connection().unwrap();
-    con.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    con
-}
-
-fn try_query<T: redis::FromRedisValue>(con: &mut Connection, args: &[&str]) -> RedisResult<T> {
-    let mut cmd = redis::cmd(args[0]);
-    for a in &args[1..] {
-        cmd.arg(*a);
-    }
-    cmd.query(con)
-}
-
-fn query<T: redis::FromRedisValue>(con: &mut Connection, args: &[&str]) -> T {
-    try_query(con, args).unwrap_or_else(|e| panic!("{args:?}: {e}"))
-}
+mod client;
+use client::{connect, query, start_on, try_query};
 
 #[test]
 fn big_collections_move_and_copy_whole_and_survive_a_restart() {

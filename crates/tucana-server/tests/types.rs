@@ -10,38 +10,15 @@ use std::time::{Duration, Instant};
 
 use redis::{Commands, Connection, RedisResult, Value};
 use tucana::Database;
-use tucana_server::{spawn, RunningServer, ServerConfig};
+use tucana_server::RunningServer;
 
-fn start_on(db: &Database) -> RunningServer {
-    spawn(
-        db.clone(),
-        ServerConfig {
-            listen: "127.0.0.1:0".parse().unwrap(),
-            ..ServerConfig::default()
-        },
-    )
-    .unwrap()
-}
+mod client;
+use client::{connect, query, start_on};
 
 fn start() -> (Database, RunningServer) {
     let db = Database::builder().open_in_memory().unwrap();
     let server = start_on(&db);
     (db, server)
-}
-
-fn connect(server: &RunningServer) -> Connection {
-    let client = redis::Client::open(format!("redis://{}/", server.addr)).unwrap();
-    let con = client.get_connection().unwrap();
-    con.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    con
-}
-
-fn query<T: redis::FromRedisValue>(con: &mut Connection, args: &[&str]) -> T {
-    let mut cmd = redis::cmd(args[0]);
-    for a in &args[1..] {
-        cmd.arg(*a);
-    }
-    cmd.query(con).unwrap_or_else(|e| panic!("{args:?}: {e}"))
 }
 
 /// Waits (up to a minute) until `done` holds; the wait is not measured.

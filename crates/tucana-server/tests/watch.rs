@@ -9,6 +9,9 @@ use redis::{Commands, Connection, RedisResult, Value};
 use tucana::Database;
 use tucana_server::{spawn, RunningServer, ServerConfig};
 
+mod client;
+use client::connect;
+
 fn start(active_expiry: bool) -> RunningServer {
     let db = Database::builder().open_in_memory().unwrap();
     spawn(
@@ -20,13 +23,6 @@ fn start(active_expiry: bool) -> RunningServer {
         },
     )
     .unwrap()
-}
-
-fn connect(server: &RunningServer) -> Connection {
-    let client = redis::Client::open(format!("redis://{}/", server.addr)).unwrap();
-    let con = client.get_connection().unwrap();
-    con.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    con
 }
 
 fn run(con: &mut Connection, args: &[&str]) -> RedisResult<Value> {
