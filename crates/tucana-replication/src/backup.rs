@@ -391,16 +391,21 @@ async fn on_frame<W: tokio::io::AsyncWrite + Unpin>(
             fail::fail_point!("backup-nodes", |_| tucana::failpoints::kill_self());
         }
         Frame::Commit { .. } => on_commit(shared, frame, incoming, writer, out).await?,
-        Frame::Dropped { region, .. } => {
+        Frame::Dropped { region, term } => {
             incoming.remove(&region);
             let db = shared.db.clone();
             let build_index = shared.config.build_index;
             tokio::task::spawn_blocking(move || {
                 if build_index {
-                    db.drop_keyspace(&region)
-                } else {
-                    db.open_replica(&region)
-                        .map_or(Ok(()), |r| r.drop_replica())
+                    return db.drop_keyspace(&region);
+                }
+                match db.open_replica(&region) {
+                    // Held at a newer term: another primary leads the region now and
+                    // ships it here; a former primary that let its copy go (to become a
+                    // backup itself) does not drop this one.
+                    Some(r) if r.state().term > term => Ok(()),
+                    Some(r) => r.drop_replica(),
+                    None => Ok(()),
                 }
             })
             .await

@@ -17,7 +17,7 @@ use tucana::replication::LogPosition;
 use tucana::Database;
 
 use super::ship::ship_round;
-use super::{update_horizons, Link, RegionLink, Shared, IDLE_TICK, REDIAL};
+use super::{update_horizons, Link, Shared, IDLE_TICK, REDIAL};
 use crate::frame::{Frame, RegionInfo, PROTOCOL_VERSION};
 use crate::transport;
 
@@ -93,7 +93,9 @@ async fn run_connection(shared: &Arc<Shared>, link: &Arc<Link>) -> std::io::Resu
         st.regions
             .retain(|name, _| regions.iter().any(|r| &r.name == name));
         for r in &regions {
-            renew(st.regions.entry(r.name.clone()).or_default(), r.term);
+            let entry = st.regions.entry(r.name.clone()).or_default();
+            entry.term = r.term;
+            entry.ready = false;
         }
     }
     let receiver = {
@@ -111,8 +113,7 @@ async fn run_connection(shared: &Arc<Shared>, link: &Arc<Link>) -> std::io::Resu
         }
     };
     let sender = async {
-        let mut announced: Vec<(String, u64)> =
-            regions.into_iter().map(|r| (r.name, r.term)).collect();
+        let mut announced: Vec<String> = regions.into_iter().map(|r| r.name).collect();
         loop {
             if link.ended(shared) {
                 writer.shutdown().await.ok();
@@ -136,46 +137,22 @@ async fn run_connection(shared: &Arc<Shared>, link: &Arc<Link>) -> std::io::Resu
     }
 }
 
-/// What a link knows of a region shipped at `term`: kept if it was already at that term,
-/// else started afresh. A region at another term here is another incarnation (this
-/// server lost the region and was promoted to it again, from a replica): the positions
-/// the backup acknowledged and the bytes it held of the old one say nothing of the new
-/// one's log, whose segment orders start elsewhere.
-///
-/// The story: a server led a region, its link to a backup went down (the backup was
-/// killed), it lost the region in a failover and was handed it back later, and the link
-/// came back up. The link kept the old incarnation's acknowledged position, of a
-/// segment order above the new log's: every write since counted as acknowledged by that
-/// backup before it had it, the backup was reported in sync at once, and when the server
-/// was killed the backup was promoted without the last second of buffered writes (48,146
-/// lost in the Redis Cluster side by side); M8 saw the same link's lag stuck, the
-/// acknowledged order above the log's.
-fn renew(state: &mut RegionLink, term: u64) {
-    if state.term != term {
-        *state = RegionLink::default();
-    }
-    state.term = term;
-    state.ready = false;
-}
-
-/// Announces keyspaces created since the connection opened (or at a new term: another
-/// incarnation, announced again), and drops those that are gone.
+/// Announces keyspaces created since the connection opened, and drops those that are gone.
 async fn announce_new_regions<W: tokio::io::AsyncWrite + Unpin>(
     shared: &Shared,
     link: &Link,
-    announced: &mut Vec<(String, u64)>,
+    announced: &mut Vec<String>,
     writer: &mut W,
     scratch: &mut Vec<u8>,
 ) -> std::io::Result<()> {
     let now = replicated_regions(&shared.db, link);
     let new: Vec<RegionInfo> = now
         .iter()
-        .filter(|r| !announced.contains(&(r.name.clone(), r.term)))
+        .filter(|r| !announced.contains(&r.name))
         .cloned()
         .collect();
     let gone: Vec<String> = announced
         .iter()
-        .map(|(name, _)| name)
         .filter(|name| !now.iter().any(|r| &r.name == *name))
         .cloned()
         .collect();
@@ -201,15 +178,17 @@ async fn announce_new_regions<W: tokio::io::AsyncWrite + Unpin>(
         )
         .await?;
     }
-    announced.retain(|(name, _)| !gone.contains(name) && !new.iter().any(|r| &r.name == name));
+    announced.retain(|name| !gone.contains(name));
     if !new.is_empty() {
         {
             let mut st = link.state.lock();
             for r in &new {
-                renew(st.regions.entry(r.name.clone()).or_default(), r.term);
+                let entry = st.regions.entry(r.name.clone()).or_default();
+                entry.term = r.term;
+                entry.ready = false;
             }
         }
-        announced.extend(new.iter().map(|r| (r.name.clone(), r.term)));
+        announced.extend(new.iter().map(|r| r.name.clone()));
         transport::write_frame(writer, &Frame::Regions(new), scratch).await?;
     }
     Ok(())
