@@ -428,7 +428,8 @@ fn kill_cycle(
     let writers = match moment {
         Moment::MidBurst => writers,
         Moment::DuringGc => {
-            overwrite(&victim_addr, &led[0], &format!("c{cycle}-g"), &mut acked)?;
+            let seeds = fleet.live().iter().map(|s| s.to_string()).collect();
+            overwrite(seeds, &led[0], &format!("c{cycle}-g"), &mut acked)?;
             let addr = victim_addr.clone();
             underway = Underway::Gc(std::thread::spawn(move || {
                 connect(&addr)
@@ -440,8 +441,11 @@ fn kill_cycle(
         }
         Moment::DuringSplit => {
             let split = fleet.split(&led[0])?;
+            // Under way, or already done (a small region moves in one batch).
+            wait_for("the split under way", || {
+                (fleet.migrating() || split.is_finished()).then_some(())
+            })?;
             underway = Underway::Split(split);
-            wait_for("the split under way", || fleet.migrating().then_some(()))?;
             std::thread::sleep(Duration::from_millis(rng.below(300)));
             writers
         }
@@ -509,15 +513,17 @@ fn kill_cycle(
     verify(fleet, &acked, moment, summary)
 }
 
-/// Writes 800 keys of ~1 KiB in `region` straight to its primary `addr`, twice (so the
-/// first versions are garbage for the collector), recording the second versions.
+/// Writes 800 keys of ~1 KiB in `region` through the cluster (`seeds`), twice (so the
+/// first versions are garbage for the collector), recording those acknowledged. A batch
+/// refused (the region handed over meanwhile by the coordinator's balancing: `TRYAGAIN`,
+/// then `MOVED`) is tried again a few times, then left out: it was not acknowledged.
 fn overwrite(
-    addr: &str,
+    seeds: Vec<String>,
     region: &Range,
     prefix: &str,
     acked: &mut BTreeMap<String, String>,
 ) -> Result<(), String> {
-    let mut conn = connect(addr).map_err(|e| format!("{addr}: {e}"))?;
+    let mut router = Router::new(seeds);
     let tag = tag_in(region.start, region.end);
     let filler = "x".repeat(1000);
     for version in 0..2 {
@@ -530,9 +536,15 @@ fn overwrite(
                 mset.arg(&key).arg(&value);
                 written.push((key, value));
             }
-            mset.query::<()>(&mut conn)
-                .map_err(|e| format!("MSET to {addr} before a GC pass: {e}"))?;
-            acked.extend(written);
+            for _ in 0..5 {
+                match router.query(&mset, &written[0].0) {
+                    Ok(redis::Value::Okay) => {
+                        acked.extend(written);
+                        break;
+                    }
+                    _ => std::thread::sleep(Duration::from_millis(100)),
+                }
+            }
         }
     }
     Ok(())
