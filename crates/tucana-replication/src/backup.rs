@@ -622,12 +622,22 @@ fn build_index_apply(
     bytes: Vec<u8>,
 ) -> std::io::Result<()> {
     let held = inc.held.entry(order).or_insert(0);
-    if offset != *held {
+    if offset > *held {
         return Err(std::io::Error::new(
             std::io::ErrorKind::InvalidData,
             format!("segment {order}: bytes from {offset}, {held} received"),
         ));
     }
+    // Bytes sent again (a primary asking for an acknowledgement) are applied once.
+    let skip = (*held - offset) as usize;
+    if skip >= bytes.len() {
+        return Ok(());
+    }
+    let bytes = if skip > 0 {
+        bytes[skip..].to_vec()
+    } else {
+        bytes
+    };
     *held += bytes.len() as u64;
     if relocation {
         return Ok(());

@@ -203,6 +203,7 @@ fn on_backup_frame(shared: &Shared, link: &Link, frame: Frame) -> std::io::Resul
             regions,
         } => {
             let mut st = link.state.lock();
+            let mut rejoined = Vec::new();
             st.backup_id = backup;
             st.wants_index = wants_index;
             for state in regions {
@@ -215,18 +216,22 @@ fn on_backup_frame(shared: &Shared, link: &Link, frame: Frame) -> std::io::Resul
                     .map(|(order, _, held)| (*order, *held))
                     .collect();
                 r.lowest_open = 0;
+                r.acked = LogPosition::default();
+                r.confirm_tail = true;
                 r.unacked.clear();
                 r.deltas.clear();
                 r.while_full.clear();
                 r.index_shipped();
                 r.applied_epoch = state.upstream_epoch;
-                r.need_full = wants_index
-                    && !(state.node_map_current
-                        && state.upstream_epoch != 0
-                        && state.upstream_epoch == newest);
+                let index_current = state.node_map_current
+                    && state.upstream_epoch != 0
+                    && state.upstream_epoch == newest;
+                r.need_full = wants_index && !index_current;
                 r.ready = true;
+                rejoined.push((state.name.clone(), r.applied_count, index_current));
             }
             drop(st);
+            link.rejoined(shared, &rejoined);
             link.wake.notify_one();
         }
         Frame::Ack {

@@ -101,8 +101,14 @@ struct RegionLink {
     applied_epoch: u64,
     /// Commits the backup reported applied on this link (`Applied` frames).
     applied_count: u64,
-    /// The foreground position the backup acknowledged.
+    /// The foreground position the backup acknowledged on this connection (each `Hello`
+    /// starts it again from nothing: a backup that restarted may hold less than it
+    /// acknowledged before, and a region led again is another log).
     acked: LogPosition,
+    /// The backup's first acknowledgement on this connection is still to be asked for:
+    /// the next round re-sends the last byte of the newest foreground segment if it has
+    /// nothing else of it to send, so a backup that holds everything says so.
+    confirm_tail: bool,
     /// Foreground positions shipped and not yet acknowledged, with when they were
     /// shipped, oldest first: the age of the front is the backup's lag in time.
     unacked: VecDeque<(LogPosition, Instant)>,
@@ -251,6 +257,9 @@ struct Joined {
     position: LogPosition,
     /// The link's `applied_count` then.
     applied_count: u64,
+    /// The backup answered then that it had applied the newest commit (a connection
+    /// again, to a backup whose index is current): it need not apply another one.
+    index_current: bool,
 }
 
 impl Link {
@@ -263,6 +272,27 @@ impl Link {
             state: Mutex::new(LinkState::default()),
             wake: Notify::new(),
         })
+    }
+
+    /// The backup answered a new connection for `regions` (each with the link's applied
+    /// count now, and whether the backup's index is the newest commit's): what it held
+    /// before may be gone (a restart keeps only what its last commit recorded), so it is
+    /// in sync again only once it has acknowledged where each region stands now, and
+    /// applied a commit since unless its index was current (`Primary::in_sync`).
+    fn rejoined(&self, shared: &Shared, regions: &[(String, u64, bool)]) {
+        let mut joined = self.joined.lock();
+        for (name, applied_count, index_current) in regions {
+            let Some(j) = joined.get_mut(name) else {
+                continue;
+            };
+            j.position = shared
+                .db
+                .ship_source(name)
+                .map(|s| s.log_position())
+                .unwrap_or_default();
+            j.applied_count = *applied_count;
+            j.index_current = *index_current;
+        }
     }
 
     /// Whether keyspace `name` is shipped to this backup.
@@ -464,6 +494,7 @@ impl Primary {
                     term,
                     position,
                     applied_count: applied.get(name).copied().unwrap_or(0),
+                    index_current: false,
                 },
             );
         }
@@ -489,7 +520,7 @@ impl Primary {
             r.ready
                 && r.term == joined.term
                 && !r.need_full
-                && r.applied_count > joined.applied_count
+                && (joined.index_current || r.applied_count > joined.applied_count)
                 && r.acked >= joined.position
         })
     }

@@ -64,15 +64,30 @@ async fn ship_log<W: tokio::io::AsyncWrite + Unpin>(
     writer: &mut W,
     scratch: &mut Vec<u8>,
 ) -> std::io::Result<bool> {
-    let (from, held) = {
+    let (from, held, confirm_tail) = {
         let st = link.state.lock();
         let r = &st.regions[name];
-        (r.lowest_open, r.held.clone())
+        (r.lowest_open, r.held.clone(), r.confirm_tail)
     };
-    let segments = source.segments(from, 1024);
+    const LISTED: usize = 1024;
+    let segments = source.segments(from, LISTED);
     let mut lowest_open = segments.last().map_or(from, |s| s.order + 1);
+    // The newest foreground segment, when the list reaches the log's end.
+    let tail = (segments.len() < LISTED)
+        .then(|| segments.iter().rfind(|s| !s.relocation).map(|s| s.order))
+        .flatten();
+    if confirm_tail && segments.len() < LISTED {
+        if let Some(r) = link.state.lock().regions.get_mut(name) {
+            r.confirm_tail = false;
+        }
+    }
     for seg in &segments {
         let mut at = held.get(&seg.order).copied().unwrap_or(0);
+        if confirm_tail && tail == Some(seg.order) && at > 0 && at == seg.ready_bytes {
+            // Nothing of it to send after a new connection: its last byte again (the
+            // backup skips what it holds), so the backup acknowledges where it stands.
+            at -= 1;
+        }
         while at < seg.ready_bytes {
             if *budget == 0 {
                 record_held(link, name, seg.order, at, lowest_open.min(seg.order));
