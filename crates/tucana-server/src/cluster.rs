@@ -420,6 +420,20 @@ async fn stay_registered(cluster: Arc<Cluster>, mut shutdown: watch::Receiver<bo
         client_addr: cluster.client_addr.clone(),
         repl_addr: cluster.repl_addr.clone(),
     };
+    // First out of every in-sync list: a backup holds, after a restart, only what its
+    // last commit recorded, maybe less than it acknowledged, and must not be promoted
+    // before its primary has seen it catch up again (`ClusterMap::out_of_sync`).
+    loop {
+        let left = tokio::select! {
+            r = cluster.change_map(|map| map.out_of_sync(&cluster.id)) => r,
+            _ = stopped(&mut shutdown) => return,
+        };
+        match left {
+            Ok(()) => break,
+            Err(e) => eprintln!("tucana serve: leaving the in-sync lists: {e}"),
+        }
+        tokio::time::sleep(RETRY).await;
+    }
     loop {
         let registered = tokio::select! {
             r = register(&cluster, &info) => r,

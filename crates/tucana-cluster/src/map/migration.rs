@@ -181,8 +181,8 @@ impl ClusterMap {
                     let epoch = map.config_epoch;
                     let target = &mut map.migrations[i].target;
                     target.primary = target.backups.remove(pos);
-                    let promoted = target.primary.clone();
-                    target.in_sync.retain(|b| *b != promoted);
+                    // The others catch up from the new primary (see `promote`).
+                    target.in_sync.clear();
                     target.epoch = epoch;
                     changed = true;
                 }

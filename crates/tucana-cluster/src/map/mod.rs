@@ -348,8 +348,10 @@ impl ClusterMap {
     /// `backup` becomes the primary of region `id`; the old primary leaves the region
     /// (it is presumed dead or fenced; it may come back later as a backup). The region's
     /// epoch is raised above every epoch of the map. Refused unless `backup` is in sync
-    /// (it might lack acknowledged writes); the other in-sync backups stay in sync (they
-    /// hold every write of the old reign, and the new one acknowledges none without them).
+    /// (it might lack acknowledged writes). The other backups are in sync no more: the
+    /// new primary's log is not the old one's, so each drops its copy and catches up
+    /// from nothing, and is marked in sync again once it has (promoted before that, one
+    /// would lose every write it had not caught up with).
     pub fn promote(&self, id: RegionId, backup: &ServerId) -> Result<ClusterMap> {
         self.change(id, |map, at| {
             let region = &mut map.regions[at];
@@ -364,7 +366,7 @@ impl ClusterMap {
                 )));
             }
             region.backups.remove(pos);
-            region.in_sync.retain(|s| s != backup);
+            region.in_sync.clear();
             region.handoff = None;
             region.primary = backup.clone();
             map.config_epoch += 1;
@@ -469,6 +471,29 @@ impl ClusterMap {
             )));
         }
         self.without_backup(server)
+    }
+
+    /// `server` out of every in-sync list (it restarted: it holds only what its last
+    /// commit recorded, and is in sync again once a primary has seen it catch up). The
+    /// map as it is when it is in none.
+    pub fn out_of_sync(&self, server: &ServerId) -> Result<ClusterMap> {
+        let mut map = self.clone();
+        let mut changed = false;
+        for region in &mut map.regions {
+            let before = region.in_sync.len();
+            region.in_sync.retain(|b| b != server);
+            changed |= region.in_sync.len() != before;
+        }
+        for migration in &mut map.migrations {
+            let before = migration.target.in_sync.len();
+            migration.target.in_sync.retain(|b| b != server);
+            changed |= migration.target.in_sync.len() != before;
+        }
+        if changed {
+            map.version += 1;
+            map.validate()?;
+        }
+        Ok(map)
     }
 
     /// `server` out of every region's backups (and in-sync lists), whatever it leads: a
