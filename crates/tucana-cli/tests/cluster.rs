@@ -904,3 +904,41 @@ fn assert_redirects(con: &mut redis::Connection, key: &str, new_primary: &str) {
     });
     assert!(err.to_string().contains(new_primary), "{err}");
 }
+
+/// The story (the fault campaign, M10, seed 2): a primary answered `GET` with a write its
+/// backup had not acknowledged; cut off, it was replaced by that backup, which lacked the
+/// write, and a client that had read the new value then read the old one. With sync
+/// durability a read of a region is answered only once its backups acknowledged what the
+/// read saw (and while this server may still lead it); else it is refused.
+#[test]
+fn a_read_never_shows_a_write_the_backups_have_not_acknowledged() {
+    let cluster = Cluster::start_with_flags(1, &["--repl-timeout-ms", "300"]);
+    cluster.create().unwrap();
+    let ranges = cluster.wait_for_map();
+    let (start, end, primary) = ranges[0].clone();
+    let backup = wait_until("the region's backup listed", || {
+        backups_by_range(&mut cluster.servers[0].connect())
+            .get(&(start, end))
+            .cloned()
+    });
+    let key = format!("{{{}}}:k", tag_in(start, end));
+    let mut con = cluster.servers[cluster.index_of(&primary)].connect();
+    let _: () = con.set(&key, "old").unwrap();
+    assert_eq!(con.get::<_, String>(&key).unwrap(), "old");
+
+    // The backup paused for less than its lease (it stays the region's backup).
+    let paused = &cluster.servers[cluster.index_of(&backup)];
+    paused.signal("-STOP");
+    let write = con.set::<_, _, ()>(&key, "new");
+    let read = con.get::<_, String>(&key);
+    paused.signal("-CONT");
+    let err = write.expect_err("a write acknowledged without its backup");
+    assert_eq!(err.code(), Some("NOREPLICAS"), "{err}");
+    // Applied here, so a read sees it, and waits for the backup, which is silent.
+    let err = read.expect_err("a read showed a write its backup had not acknowledged");
+    assert_eq!(err.code(), Some("NOREPLICAS"), "{err}");
+    // Once the backup has it, it reads back.
+    wait_until("the backup acknowledging the write", || {
+        (con.get::<_, String>(&key).ok()? == "new").then_some(())
+    });
+}

@@ -238,15 +238,58 @@ fn replicated_write(state: &ServerState, conn: &mut Connection) -> Vec<(String, 
     }
 }
 
+/// Cluster mode with sync durability: the batch's reads of regions this server leads
+/// must not show a write a failover could lose, nor come from a primary that may have
+/// been replaced (DESIGN.md, "Linearizable reads"). Returns each region read, at its log
+/// position now (at or past everything the reads saw), whose backups have not all
+/// acknowledged it yet: the replies wait for that. A region whose gate refuses (lease
+/// gone, led elsewhere now) turns the batch's read replies into that refusal.
+fn reads_to_confirm(
+    state: &ServerState,
+    conn: &mut Connection,
+    written: &Written,
+) -> Vec<(String, LogPosition)> {
+    let names = std::mem::take(&mut conn.session.read_keyspaces);
+    if !written.has_reads() || state.config.durability != DurabilityMode::Sync {
+        return Vec::new();
+    }
+    let Some(replication) = state.replication.as_ref() else {
+        return Vec::new();
+    };
+    let mut waits = Vec::new();
+    for name in names {
+        let Ok(ks) = state.store.db.open_keyspace(&name) else {
+            continue;
+        };
+        let position = ks.log_position();
+        match replication.read_answerable(&name, position) {
+            Some(Ok(())) => {}
+            Some(Err(text)) => {
+                written.reads_refused(&mut conn.out, &text);
+                return Vec::new();
+            }
+            None => waits.push((name, position)),
+        }
+    }
+    waits
+}
+
 /// Runs the batch on this thread. Sync durability: the replies then wait for the writes
-/// to be durable, and acknowledged by the backups; the thread serves other connections
-/// meanwhile.
+/// to be durable, and acknowledged by the backups (and, in cluster mode, for the
+/// backups' acknowledgement of what its reads saw); the thread serves other
+/// connections meanwhile.
 async fn run_here(state: &ServerState, conn: &mut Connection) {
     let written = conn.execute(state);
-    if written.is_empty() {
+    let reads = reads_to_confirm(state, conn, &written);
+    if written.is_empty() && reads.is_empty() {
         return;
     }
-    let acked = replicated_write(state, conn);
+    let mut acked = if written.is_empty() {
+        Vec::new()
+    } else {
+        replicated_write(state, conn)
+    };
+    acked.extend(reads);
     if let Some(syncer) = &state.syncer {
         if let Err(e) = syncer.durable(acked).await {
             written.not_durable(&mut conn.out, &e);
@@ -261,8 +304,14 @@ async fn run_blocking(state: &Arc<ServerState>, mut conn: Connection) -> io::Res
     let state = state.clone();
     tokio::task::spawn_blocking(move || {
         let written = conn.execute(&state);
-        if !written.is_empty() {
-            let acked = replicated_write(&state, &mut conn);
+        let reads = reads_to_confirm(&state, &mut conn, &written);
+        if !written.is_empty() || !reads.is_empty() {
+            let mut acked = if written.is_empty() {
+                Vec::new()
+            } else {
+                replicated_write(&state, &mut conn)
+            };
+            acked.extend(reads);
             if state.config.durability == DurabilityMode::Sync {
                 // This thread may block: the sync runs here (shared with whoever syncs
                 // at the same time), then the wait for the backups.

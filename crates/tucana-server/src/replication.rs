@@ -184,6 +184,22 @@ impl Replication {
         }
     }
 
+    /// A read of keyspace `name` that saw its log up to `position` may be answered now:
+    /// `Some(Ok)` if every backup acknowledged `position` and the gate (cluster mode)
+    /// passes, `Some(Err(reply))` if the gate refuses, `None` if the read must wait for
+    /// the acknowledgement (`wait_acked`) first.
+    pub fn read_answerable(&self, name: &str, position: LogPosition) -> Option<Result<(), String>> {
+        if let Some(p) = &self.primary {
+            if !p.acked_by_all(name, position) {
+                return None;
+            }
+        }
+        Some(match self.gate.get() {
+            Some(gate) => gate(name),
+            None => Ok(()),
+        })
+    }
+
     /// `WAIT`: how many backups acknowledged `position` within `timeout` (0 without any).
     pub fn wait_count(
         &self,

@@ -567,6 +567,25 @@ impl Primary {
         }
     }
 
+    /// Whether every backup keyspace `region` is shipped to acknowledged its log up to
+    /// `position` on its latest connection, up now or not (a read's fast path: nothing
+    /// the read saw can be lost in a failover). A backup that went away still holds what
+    /// it acknowledged, or, restarted, is out of sync until it caught up again, and so
+    /// cannot be promoted without it.
+    pub fn acked_by_all(&self, region: &str, position: LogPosition) -> bool {
+        self.shared
+            .links()
+            .iter()
+            .filter(|link| link.carries(region))
+            .all(|link| {
+                link.state
+                    .lock()
+                    .regions
+                    .get(region)
+                    .is_some_and(|r| r.acked >= position)
+            })
+    }
+
     /// Backups that keyspace `region` is shipped to.
     fn needed(&self, region: &str) -> usize {
         let links = self.shared.links.read();

@@ -45,6 +45,7 @@ pub fn execute_batch(
         out,
         tally: Tally::default(),
         written: Vec::new(),
+        read: Vec::new(),
     };
     let mut args: Vec<&[u8]> = Vec::new();
     let mut i = 0;
@@ -91,12 +92,14 @@ pub fn execute_batch(
     Written {
         base,
         ranges: replies.written,
+        reads: replies.read,
     }
 }
 
 /// Runs one request on the general path and encodes its reply; a blocking pop that
 /// found nothing notes where its placeholder reply starts.
 fn run_general(call: &mut Call<'_>, args: &Args, replies: &mut Replies<'_>) {
+    let reads = call.session.reads_noted;
     let reply = execute(call, args);
     if reply.is_error() {
         replies.tally.error();
@@ -106,6 +109,8 @@ fn run_general(call: &mut Call<'_>, args: &Args, replies: &mut Replies<'_>) {
     reply.encode(call.session.protocol, replies.out);
     if call.wrote {
         replies.written.push(at..replies.out.len());
+    } else if call.session.reads_noted != reads {
+        replies.read.push(at..replies.out.len());
     }
     if let Some(blocked) = &mut call.session.blocked {
         blocked.reply_at = at;
@@ -126,6 +131,7 @@ pub fn retry_blocked(
         out,
         tally: Tally::default(),
         written: Vec::new(),
+        read: Vec::new(),
     };
     session.retrying = true;
     let mut call = Call {
@@ -139,6 +145,7 @@ pub fn retry_blocked(
     Written {
         base,
         ranges: replies.written,
+        reads: replies.read,
     }
 }
 
@@ -149,6 +156,9 @@ struct Replies<'o> {
     tally: Tally,
     /// Where in `out` the replies of requests that wrote are (sync mode may replace them).
     written: Vec<Range<usize>>,
+    /// Where the replies of requests that read a region as its primary are (cluster
+    /// mode with sync durability may replace them: see `Session::read_keyspaces`).
+    read: Vec<Range<usize>>,
 }
 
 /// Where in a batch's output the replies of its writes are: in sync mode they may be
@@ -159,6 +169,8 @@ pub struct Written {
     base: usize,
     /// Ascending, at or after `base`.
     ranges: Vec<Range<usize>>,
+    /// The replies of reads of a region as its primary (cluster mode), ascending.
+    reads: Vec<Range<usize>>,
 }
 
 impl Written {
@@ -167,19 +179,60 @@ impl Written {
         self.ranges.is_empty()
     }
 
+    /// Whether the batch read a region as its primary (cluster mode).
+    pub fn has_reads(&self) -> bool {
+        !self.reads.is_empty()
+    }
+
     /// The sync after the batch failed, or its backups did not acknowledge it: the
     /// writes are applied (and visible) but not known to be durable, and their replies
-    /// now say so.
+    /// now say so, as do the replies of its reads (what they saw may be lost).
     pub fn not_durable(&self, out: &mut Vec<u8>, why: &NotDurable) {
-        replace_replies(out, self.base, &self.ranges, &why.reply_text());
+        let text = why.reply_text();
+        let read_text = read_refusal(&text);
+        let mut ranges: Vec<(Range<usize>, &str)> = self
+            .ranges
+            .iter()
+            .map(|r| (r.clone(), text.as_str()))
+            .chain(self.reads.iter().map(|r| (r.clone(), read_text.as_str())))
+            .collect();
+        ranges.sort_by_key(|(r, _)| r.start);
+        replace_replies(out, self.base, &ranges);
+    }
+
+    /// The batch's reads may not be answered (this server no longer leads their region,
+    /// or its lease is gone): their replies become the refusal `text` (a write's, which
+    /// is reworded for a read).
+    pub fn reads_refused(&self, out: &mut Vec<u8>, text: &str) {
+        let text = read_refusal(text);
+        let ranges: Vec<_> = self
+            .reads
+            .iter()
+            .map(|r| (r.clone(), text.as_str()))
+            .collect();
+        replace_replies(out, self.base, &ranges);
     }
 }
 
-/// Replaces the replies at `ranges` (ascending, at or after `base`) with the error `text`.
-fn replace_replies(out: &mut Vec<u8>, base: usize, ranges: &[Range<usize>], text: &str) {
+/// A write's refusal `text` (a gate's or the backups') as a read's: same error code, so
+/// clients react alike, with words about the read.
+fn read_refusal(text: &str) -> String {
+    let code = text.split(' ').next().unwrap_or_default();
+    match code {
+        "NOREPLICAS" => "NOREPLICAS the backups have not acknowledged what this read saw in time (a failover could lose it): not answered".into(),
+        "READONLY" => "READONLY this server may no longer lead this slot (its cluster lease is not valid, or a backup was promoted): the read is not answered".into(),
+        _ if text.starts_with("ERR the write was applied") => {
+            "ERR what this read saw could not be made durable: not answered".into()
+        }
+        _ => text.to_string(),
+    }
+}
+
+/// Replaces the replies at `ranges` (ascending, at or after `base`) with their error text.
+fn replace_replies(out: &mut Vec<u8>, base: usize, ranges: &[(Range<usize>, &str)]) {
     let old = out.split_off(base);
     let mut from = 0;
-    for range in ranges {
+    for (range, text) in ranges {
         let (start, end) = (range.start - base, range.end - base);
         assert!(from <= start && start <= end && end <= old.len());
         out.extend_from_slice(&old[from..start]);
@@ -412,6 +465,7 @@ fn fast_sets(
         out,
         tally,
         written,
+        ..
     } = replies;
     let pair = |j: usize| (requests.arg(j, 1), requests.arg(j, 2));
     let guard = state.store.slot(session.db_index).lock_writes();
@@ -489,10 +543,33 @@ mod tests {
     fn failed_syncs_replace_exactly_the_replies_of_writes() {
         let mut out = b"old:+OK\r\n$1\r\nv\r\n+OK\r\n".to_vec();
         let base = 4;
-        replace_replies(&mut out, base, &[4..9, 16..21], "ERR not durable");
+        replace_replies(
+            &mut out,
+            base,
+            &[(4..9, "ERR not durable"), (16..21, "ERR not durable")],
+        );
         assert_eq!(
             out,
             b"old:-ERR not durable\r\n$1\r\nv\r\n-ERR not durable\r\n"
         );
+    }
+
+    #[test]
+    fn a_failed_acknowledgement_refuses_the_reads_with_their_own_words() {
+        // A write (+OK) and a read ($1 v) of the same batch, the backups silent.
+        let mut out = b"+OK\r\n$1\r\nv\r\n".to_vec();
+        let written = Written {
+            base: 0,
+            ranges: vec![Range { start: 0, end: 5 }],
+            reads: vec![Range { start: 5, end: 12 }],
+        };
+        let why = NotDurable::Acks("NOREPLICAS Not enough good replicas to write.".into());
+        written.not_durable(&mut out, &why);
+        let text = String::from_utf8(out).unwrap();
+        let lines: Vec<&str> = text.split("\r\n").collect();
+        assert_eq!(lines[0], "-NOREPLICAS Not enough good replicas to write.");
+        assert!(lines[1].starts_with("-NOREPLICAS "), "{text}");
+        assert!(lines[1].contains("read"), "{text}");
+        assert_eq!(lines.len(), 3, "{text}");
     }
 }

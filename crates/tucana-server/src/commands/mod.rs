@@ -159,6 +159,14 @@ fn execute_one(call: &mut Call<'_>, args: &Args) -> Reply {
     call.state.metrics.count_command(index);
     let result = run_spec(call, spec, args, routed);
     let reply = result.unwrap_or_else(|e| Reply::error(error_text(&e)));
+    // A read of a region led here: answered once the backups hold what it saw
+    // (`Session::read_keyspaces`).
+    if let Some(r) = routed.filter(|r| !r.replica) {
+        if !call.wrote && !reply.is_error() {
+            call.session
+                .read_from(&crate::cluster::region_keyspace_name(r.region));
+        }
+    }
     // A blocking pop that found nothing: the connection waits (`blocking`). EXEC runs
     // its commands without coming here, so inside a transaction they never block.
     // A retry that meets a key of another type keeps waiting, as Redis only serves a

@@ -50,6 +50,13 @@ pub struct Session {
     /// Cluster mode: the regions' keyspaces the current batch wrote to (their backups
     /// must acknowledge the writes); taken after each batch.
     pub wrote_keyspaces: Vec<String>,
+    /// Cluster mode with sync durability: the regions' keyspaces the current batch read
+    /// as their primary (a reply may go only once the backups acknowledged what the read
+    /// saw); taken after each batch.
+    pub read_keyspaces: Vec<String>,
+    /// Reads noted (`read_from`) since the session began: the batch marks the replies
+    /// of the requests that noted one.
+    pub(super) reads_noted: u64,
     /// A blocking pop found nothing: what the connection waits for (taken by it).
     pub blocked: Option<super::Blocked>,
     /// The request running is a blocked one run again (`retry_blocked`).
@@ -61,6 +68,15 @@ impl Session {
     pub(super) fn wrote_to(&mut self, name: &str) {
         if !self.wrote_keyspaces.iter().any(|n| n == name) {
             self.wrote_keyspaces.push(name.to_string());
+        }
+    }
+
+    /// Notes that the request read keyspace `name` as its region's primary (cluster
+    /// mode with sync durability: see `read_keyspaces`).
+    pub(super) fn read_from(&mut self, name: &str) {
+        self.reads_noted += 1;
+        if !self.read_keyspaces.iter().any(|n| n == name) {
+            self.read_keyspaces.push(name.to_string());
         }
     }
 
@@ -86,6 +102,8 @@ impl Session {
             shutdown_requested: false,
             last_write: None,
             wrote_keyspaces: Vec::new(),
+            read_keyspaces: Vec::new(),
+            reads_noted: 0,
             blocked: None,
             retrying: false,
         }

@@ -199,6 +199,8 @@ pub(super) fn cmd_exec(call: &mut Call<'_>, _args: &[Vec<u8>]) -> tucana::Result
             call.wrote |= wrote;
             if wrote && region.is_some() {
                 call.session.wrote_to(slot.name());
+            } else if region.is_some() {
+                call.session.read_from(slot.name());
             }
         }
         Err(e) => {
