@@ -15,7 +15,7 @@ use crate::resp::{Args, Reply};
 
 use super::kv::Kv;
 use super::lists::{cmd_lmove, cmd_rpoplpush};
-use super::mpop::{mpop_request, pop_first, End, Popped};
+use super::mpop::{pop_first, End, Popped};
 
 /// What a blocked connection waits for: its request (run again when woken), the keys
 /// whose writes wake it, and its deadline (`None`: forever).
@@ -87,15 +87,8 @@ fn mpop_blocking(kv: &mut dyn Kv, args: &[Vec<u8>], lists: bool) -> tucana::Resu
     if let Err(reply) = timeout(&args[1]) {
         return Ok(reply);
     }
-    let (keys, end, count) = match mpop_request(&args[2..], lists) {
-        Ok(r) => r,
-        Err(reply) => return Ok(reply),
-    };
-    Ok(match pop_first(kv, keys, end, count)? {
-        Ok(Some(popped)) => popped.mpop_reply(),
-        Ok(None) => Reply::NilArray,
-        Err(reply) => reply,
-    })
+    // The rest is LMPOP's or ZMPOP's, with the timeout in the command's place.
+    super::mpop::mpop(kv, &args[1..], lists)
 }
 
 pub(super) fn cmd_blmpop(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Reply> {

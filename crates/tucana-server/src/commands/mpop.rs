@@ -139,7 +139,8 @@ pub(super) fn mpop_request(
     Ok((&args[1..=n], end, count.unwrap_or(1)))
 }
 
-fn mpop(kv: &mut dyn Kv, args: &[Vec<u8>], lists: bool) -> tucana::Result<Reply> {
+/// LMPOP/ZMPOP from their arguments after the command's name (`args[0]` is skipped).
+pub(super) fn mpop(kv: &mut dyn Kv, args: &[Vec<u8>], lists: bool) -> tucana::Result<Reply> {
     let (keys, end, count) = match mpop_request(&args[1..], lists) {
         Ok(r) => r,
         Err(reply) => return Ok(reply),
