@@ -370,6 +370,12 @@ pub fn backups_in_sync(addr: &str) -> Option<bool> {
     backups_in_sync_with(addr, None)
 }
 
+/// `CLUSTER INFO` of the server at `addr`, if it answers.
+pub fn cluster_info_with(addr: &str, password: Option<&str>) -> Option<String> {
+    let mut c = connect_with(addr, password).ok()?;
+    redis::cmd("CLUSTER").arg("INFO").query(&mut c).ok()
+}
+
 /// As [`backups_in_sync`], authenticating with `password`.
 pub fn backups_in_sync_with(addr: &str, password: Option<&str>) -> Option<bool> {
     let mut c = connect_with(addr, password).ok()?;

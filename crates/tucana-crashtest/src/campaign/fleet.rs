@@ -12,7 +12,9 @@ use std::time::Duration;
 
 use tucana_clusterprobe::etcd::Etcd;
 use tucana_clusterprobe::netns::Net;
-use tucana_clusterprobe::{backups_in_sync_with, served, slot_ranges_with, Range};
+use tucana_clusterprobe::{
+    backups_in_sync_with, cluster_info_with, served, slot_ranges_with, Range,
+};
 
 use crate::serve::{free_port, Place, Server};
 
@@ -170,10 +172,19 @@ impl Fleet {
             .find(|r| served(r, &live_refs))
     }
 
-    /// Waits (at most `patience`) until every slot is served by a live primary and every
-    /// region has a backup, all in sync; the map then.
+    /// Waits (at most `patience`) until every live server is registered (`CLUSTER INFO`
+    /// says its lease is valid: a restarted server takes itself out of the in-sync lists before
+    /// it registers, so the map is only then what the next fault meets), every slot is
+    /// served by a live primary and every region has a backup, all in sync; the map then.
     pub fn settle(&self, patience: Duration) -> Result<Vec<Range>, String> {
         tucana_clusterprobe::wait_for("the cluster settled", patience, || {
+            let registered = self.live().iter().all(|a| {
+                cluster_info_with(a, self.password())
+                    .is_some_and(|info| info.contains("tucana_lease_valid:1"))
+            });
+            if !registered {
+                return None;
+            }
             let ranges = self.served_map(None)?;
             if ranges.iter().any(|r| r.backups.is_empty()) {
                 return None;

@@ -352,6 +352,12 @@ fn info(cluster: &Cluster, view: &View) -> String {
         ("cluster_stats_messages_sent", "0".to_owned()),
         ("cluster_stats_messages_received", "0".to_owned()),
         ("total_cluster_links_buffer_limit_exceeded", "0".to_owned()),
+        // Tucana's own: whether this server is registered with a valid lease (only then
+        // does it acknowledge writes; a restarted server leaves the in-sync lists first).
+        (
+            "tucana_lease_valid",
+            u8::from(cluster.lease_valid()).to_string(),
+        ),
     ];
     let mut out = String::new();
     for (name, value) in lines {
