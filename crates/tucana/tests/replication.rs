@@ -208,8 +208,7 @@ impl Link {
     }
 
     fn primary_contents(&self) -> BTreeMap<Vec<u8>, Vec<u8>> {
-        let ks = self.primary.keyspace(NAME).unwrap();
-        ks.range::<&[u8], _>(..).map(|kv| kv.unwrap()).collect()
+        contents(&self.primary.keyspace(NAME).unwrap())
     }
 
     fn replica_contents(&self) -> BTreeMap<Vec<u8>, Vec<u8>> {
@@ -246,6 +245,11 @@ impl Link {
     }
 }
 
+/// Every pair of keyspace `ks`.
+fn contents(ks: &tucana::Keyspace) -> BTreeMap<Vec<u8>, Vec<u8>> {
+    ks.range::<&[u8], _>(..).map(|kv| kv.unwrap()).collect()
+}
+
 fn key(i: u32) -> Vec<u8> {
     format!("key{i:06}").into_bytes()
 }
@@ -276,10 +280,7 @@ fn a_backup_mirrors_every_shipped_commit_and_a_promoted_one_has_every_shipped_wr
     link.ship_log();
     let expected = link.primary_contents();
     let promoted = link.replica().promote(2).unwrap();
-    let got: BTreeMap<Vec<u8>, Vec<u8>> = promoted
-        .range::<&[u8], _>(..)
-        .map(|kv| kv.unwrap())
-        .collect();
+    let got = contents(&promoted);
     assert_eq!(got, expected);
     assert_eq!(promoted.term(), 2);
     promoted.put(b"written on the new primary", b"x").unwrap();
@@ -516,10 +517,7 @@ fn promotion_replays_past_segments_whose_space_the_primary_reused() {
     link.ship_log();
     let expected = link.primary_contents();
     let promoted = link.replica().promote(2).unwrap();
-    let got: BTreeMap<Vec<u8>, Vec<u8>> = promoted
-        .range::<&[u8], _>(..)
-        .map(|kv| kv.unwrap())
-        .collect();
+    let got = contents(&promoted);
     assert_eq!(got.len(), expected.len());
     assert!(
         got == expected,
