@@ -206,10 +206,9 @@ impl Replication {
     /// passes, `Some(Err(reply))` if the gate refuses, `None` if the read must wait for
     /// the acknowledgement (`wait_acked`) first.
     pub fn read_answerable(&self, name: &str, position: LogPosition) -> Option<Result<(), String>> {
-        if let Some(p) = &self.primary {
-            if !p.acked_by_all(name, position) {
-                return None;
-            }
+        // No primary side: no backup holds anything, the read waits for a local sync.
+        if !self.primary.as_ref()?.acked_by_all(name, position) {
+            return None;
         }
         Some(match self.gate.get() {
             Some(gate) => gate(name),

@@ -573,8 +573,13 @@ impl Primary {
     /// link last heard may be of another incarnation of the region (one this server led
     /// before), whose positions mean nothing in this one; the fault campaign (M10, seed
     /// 26) read a value so, and saw it gone after the failover.
+    ///
+    /// False when no backup carries the region (the map names none, as between a planned
+    /// failover and the coordinator's next repair): then only the local log holds what the
+    /// read saw, maybe not synced yet, and the read waits for a sync like a write.
     pub fn acked_by_all(&self, region: &str, position: LogPosition) -> bool {
-        self.acked_count(region, position) >= self.needed(region)
+        let needed = self.needed(region);
+        needed > 0 && self.acked_count(region, position) >= needed
     }
 
     /// Backups that keyspace `region` is shipped to.
