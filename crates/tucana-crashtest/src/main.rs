@@ -166,6 +166,11 @@ enum Cmd {
         /// Lost or unreadable acknowledged writes and check failures still fail it.
         #[arg(long)]
         violations_not_fatal: bool,
+        /// Lost acknowledged writes are reported but fail no run: for CI while the loss
+        /// M10 still finds in some runs (seeds 55, 57) is open (docs/reliability.md, M10).
+        /// Unreadable writes and check failures still fail it.
+        #[arg(long)]
+        lost_writes_not_fatal: bool,
     },
 }
 
@@ -248,6 +253,7 @@ fn main() -> ExitCode {
             dir,
             tucana,
             violations_not_fatal,
+            lost_writes_not_fatal,
         } => {
             let netns = match netns.as_str() {
                 "auto" => true,
@@ -259,7 +265,8 @@ fn main() -> ExitCode {
             };
             run_campaign(
                 (seed, duration_s, faults, servers as usize),
-                (netns, clients, lease_ms, !violations_not_fatal),
+                (netns, clients, lease_ms),
+                (!violations_not_fatal, !lost_writes_not_fatal),
                 lincheck,
                 dir,
                 tucana,
@@ -292,7 +299,8 @@ fn build_lincheck(dir: &std::path::Path) -> Result<PathBuf, String> {
 
 fn run_campaign(
     (seed, duration_s, faults, servers): (u64, u64, Vec<campaign::nemesis::Fault>, usize),
-    (netns, clients, lease_ms, violations_fatal): (bool, usize, u64, bool),
+    (netns, clients, lease_ms): (bool, usize, u64),
+    (violations_fatal, lost_fatal): (bool, bool),
     lincheck: Option<PathBuf>,
     dir: Option<PathBuf>,
     tucana: Option<PathBuf>,
@@ -323,6 +331,7 @@ fn run_campaign(
         tucana,
         lincheck,
         violations_fatal,
+        lost_fatal,
     };
     let summary = campaign::run(&config);
     for t in &summary.troubles {

@@ -46,6 +46,8 @@ pub struct Config {
     pub lincheck: PathBuf,
     /// Whether a history not shown linearizable fails the run.
     pub violations_fatal: bool,
+    /// Whether lost acknowledged writes fail the run.
+    pub lost_fatal: bool,
 }
 
 #[derive(Default)]
@@ -78,6 +80,8 @@ pub struct Summary {
     pub elapsed_s: f64,
     /// `Config::violations_fatal`.
     pub violations_fatal: bool,
+    /// `Config::lost_fatal`.
+    pub lost_fatal: bool,
 }
 
 fn pct(v: &[f64], p: f64) -> f64 {
@@ -95,7 +99,7 @@ impl Summary {
         let checker_found = matches!(self.linearizable.as_str(), "illegal" | "unknown");
         self.failure.is_some()
             || (self.linearizable != "ok" && (self.violations_fatal || !checker_found))
-            || !self.lost.is_empty()
+            || (!self.lost.is_empty() && self.lost_fatal)
             || !self.unreadable.is_empty()
             || self.check_failures > 0
     }
@@ -170,6 +174,7 @@ pub fn run(config: &Config) -> Summary {
     let started = Instant::now();
     let mut summary = Summary {
         violations_fatal: config.violations_fatal,
+        lost_fatal: config.lost_fatal,
         ..Summary::default()
     };
     if let Err(e) = std::fs::create_dir_all(&config.dir) {
