@@ -124,6 +124,15 @@ enum Cmd {
     /// for linearizability (Porcupine, tools/lincheck), acknowledged unique writes are
     /// read back, volumes are checked.
     Campaign {
+        /// The system under faults: Tucana, or Redis Cluster for contrast (6 nodes, 3
+        /// masters with a replica each, `appendonly yes`, node timeout = --lease-ms; no
+        /// etcd faults, no `tucana check`).
+        #[arg(long, value_enum, default_value = "tucana")]
+        target: campaign::fleet::Target,
+        /// Redis's `appendfsync` with `--target redis`: `everysec` (Redis's recommended
+        /// default) or `always`.
+        #[arg(long, value_name = "everysec|always", default_value = "everysec")]
+        redis_fsync: String,
         /// Seed of the fault schedule and the clients' operations.
         #[arg(long, default_value_t = 1)]
         seed: u64,
@@ -237,6 +246,8 @@ fn main() -> ExitCode {
             tucana,
         ),
         Cmd::Campaign {
+            target,
+            redis_fsync,
             seed,
             duration_s,
             faults,
@@ -257,7 +268,12 @@ fn main() -> ExitCode {
                     return ExitCode::from(2);
                 }
             };
+            if !matches!(redis_fsync.as_str(), "everysec" | "always") {
+                eprintln!("error: --redis-fsync {redis_fsync}: everysec or always");
+                return ExitCode::from(2);
+            }
             run_campaign(
+                (target, redis_fsync),
                 (seed, duration_s, faults, servers as usize),
                 (netns, clients, lease_ms, !violations_not_fatal),
                 lincheck,
@@ -291,6 +307,7 @@ fn build_lincheck(dir: &std::path::Path) -> Result<PathBuf, String> {
 }
 
 fn run_campaign(
+    (target, redis_fsync): (campaign::fleet::Target, String),
     (seed, duration_s, faults, servers): (u64, u64, Vec<campaign::nemesis::Fault>, usize),
     (netns, clients, lease_ms, violations_fatal): (bool, usize, u64, bool),
     lincheck: Option<PathBuf>,
@@ -312,6 +329,8 @@ fn run_campaign(
         }
     };
     let config = campaign::Config {
+        target,
+        redis_fsync,
         seed,
         duration_s,
         faults,
@@ -320,7 +339,11 @@ fn run_campaign(
         clients: clients.max(1),
         lease_ms,
         dir: dir.clone(),
-        tucana,
+        programs: campaign::fleet::Programs {
+            tucana,
+            redis_server: "redis-server".into(),
+            redis_cli: "redis-cli".into(),
+        },
         lincheck,
         violations_fatal,
     };
