@@ -152,7 +152,10 @@ mod tests {
             password: Some("pw"),
         };
         let args = server_args(&node).join(" ");
-        assert!(args.contains("--appendonly yes --appendfsync always"), "{args}");
+        assert!(
+            args.contains("--appendonly yes --appendfsync always"),
+            "{args}"
+        );
         assert!(args.contains("--cluster-enabled yes"));
         assert!(args.contains("--cluster-node-timeout 4000"));
         assert!(args.contains("--bind 10.215.3.2"));

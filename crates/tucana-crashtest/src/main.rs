@@ -314,6 +314,11 @@ fn run_campaign(
     dir: Option<PathBuf>,
     tucana: Option<PathBuf>,
 ) -> ExitCode {
+    // Redis Cluster's campaign runs no tucana: none need be built.
+    let tucana = match target {
+        campaign::fleet::Target::Redis => tucana.or_else(|| Some("tucana".into())),
+        campaign::fleet::Target::Tucana => tucana,
+    };
     let found = binary_and_dir(tucana, dir, "tucana-campaign-").and_then(|(t, d, temp)| {
         let l = match lincheck {
             Some(l) => l,

@@ -200,8 +200,7 @@ impl Fleet {
         if system.is_redis() {
             redis_cluster::create(&programs.redis_cli, &addrs, None)?;
         } else {
-            let output = 
-            Command::new(&programs.tucana)
+            let output = Command::new(&programs.tucana)
                 .args([
                     "cluster", "create", "--etcd", &endpoint, "--name", "compare",
                 ])

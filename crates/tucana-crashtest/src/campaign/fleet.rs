@@ -372,9 +372,9 @@ impl Fleet {
             let ranges = maps.pop()?;
             let same = |m: &Vec<Range>| {
                 m.len() == ranges.len()
-                    && m.iter().zip(&ranges).all(|(x, y)| {
-                        (x.start, x.end, &x.primary) == (y.start, y.end, &y.primary)
-                    })
+                    && m.iter()
+                        .zip(&ranges)
+                        .all(|(x, y)| (x.start, x.end, &x.primary) == (y.start, y.end, &y.primary))
             };
             if !maps.iter().all(same) {
                 return None;
@@ -384,10 +384,7 @@ impl Fleet {
                     return None;
                 }
                 let mut c = connect_with(&r.primary, self.password()).ok()?;
-                let info: String = redis::cmd("INFO")
-                    .arg("replication")
-                    .query(&mut c)
-                    .ok()?;
+                let info: String = redis::cmd("INFO").arg("replication").query(&mut c).ok()?;
                 redis_cluster::online_replicas(&info)?;
             }
             Some(ranges)

@@ -267,13 +267,9 @@ fn campaign(config: &Config, summary: &mut Summary) -> Result<(), String> {
         redis_cli: config.programs.redis_cli.clone(),
     };
     let mut fleet = match config.target {
-        Target::Tucana => Fleet::start(
-            programs,
-            &config.dir,
-            config.servers,
-            config.lease_ms,
-            net,
-        )?,
+        Target::Tucana => {
+            Fleet::start(programs, &config.dir, config.servers, config.lease_ms, net)?
+        }
         Target::Redis => Fleet::start_redis(
             programs,
             &config.dir,
