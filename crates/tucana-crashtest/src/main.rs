@@ -357,7 +357,18 @@ fn run_campaign(
         eprintln!("TROUBLE: {t}");
     }
     if !summary.lost.is_empty() {
-        eprintln!("LOST acknowledged writes: {}", summary.lost.join(" "));
+        // Redis Cluster loses thousands: the first 50 name them well enough.
+        let shown = &summary.lost[..summary.lost.len().min(50)];
+        eprintln!(
+            "LOST acknowledged writes: {} ({}{})",
+            summary.lost.len(),
+            shown.join(" "),
+            if shown.len() < summary.lost.len() {
+                " ..."
+            } else {
+                ""
+            }
+        );
     }
     if !summary.unreadable.is_empty() {
         eprintln!(
@@ -376,8 +387,12 @@ fn run_campaign(
         eprintln!("FAILED: {failure}");
     }
     if summary.failed() {
+        let kept = match target {
+            campaign::fleet::Target::Tucana => "volumes, etcd's data",
+            campaign::fleet::Target::Redis => "the nodes' AOF and nodes.conf",
+        };
         eprintln!(
-            "the history, volumes, etcd's data and the logs are kept in {} (seed {seed} replays the schedule)",
+            "the history, {kept} and the logs are kept in {} (seed {seed} replays the schedule)",
             dir.display()
         );
         if let Some(t) = temp {
@@ -473,7 +488,18 @@ fn run_cluster(
     });
     eprintln!("cluster: {:.1} s", started.elapsed().as_secs_f64());
     if !summary.lost.is_empty() {
-        eprintln!("LOST acknowledged writes: {}", summary.lost.join(" "));
+        // Redis Cluster loses thousands: the first 50 name them well enough.
+        let shown = &summary.lost[..summary.lost.len().min(50)];
+        eprintln!(
+            "LOST acknowledged writes: {} ({}{})",
+            summary.lost.len(),
+            shown.join(" "),
+            if shown.len() < summary.lost.len() {
+                " ..."
+            } else {
+                ""
+            }
+        );
     }
     if !summary.stale_acks.is_empty() {
         eprintln!(
