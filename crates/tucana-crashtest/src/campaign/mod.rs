@@ -222,7 +222,9 @@ pub fn run(config: &Config) -> Summary {
     summary
 }
 
-fn campaign(config: &Config, summary: &mut Summary) -> Result<(), String> {
+/// The network (namespaces if asked and possible), the fault kinds left for it and the
+/// target, and the cluster started; each said in `summary` and on stderr.
+fn start_fleet(config: &Config, summary: &mut Summary) -> Result<(Fleet, Vec<Fault>), String> {
     let count = match config.target {
         Target::Tucana => config.servers,
         Target::Redis => REDIS_NODES,
@@ -266,7 +268,7 @@ fn campaign(config: &Config, summary: &mut Summary) -> Result<(), String> {
         redis_server: config.programs.redis_server.clone(),
         redis_cli: config.programs.redis_cli.clone(),
     };
-    let mut fleet = match config.target {
+    let fleet = match config.target {
         Target::Tucana => {
             Fleet::start(programs, &config.dir, config.servers, config.lease_ms, net)?
         }
@@ -278,6 +280,11 @@ fn campaign(config: &Config, summary: &mut Summary) -> Result<(), String> {
             net,
         )?,
     };
+    Ok((fleet, faults))
+}
+
+fn campaign(config: &Config, summary: &mut Summary) -> Result<(), String> {
+    let (mut fleet, faults) = start_fleet(config, summary)?;
     let settle = Duration::from_secs(60);
     let first_map = fleet.settle(Duration::from_secs(120))?;
     let seeds = fleet.addrs();
