@@ -24,6 +24,10 @@ const PATIENCE: Duration = Duration::from_secs(60);
 /// An etcd server of a test's own.
 pub struct TestEtcd {
     child: Mutex<Child>,
+    /// How it was started (`restart` starts it the same way, on the same data).
+    command: Vec<std::ffi::OsString>,
+    host: String,
+    client_port: u16,
     endpoint: String,
     log: PathBuf,
     _dir: tempfile::TempDir,
@@ -40,7 +44,6 @@ impl TestEtcd {
     /// a test can reach etcd through a route of its own and cut it (the peer URL stays on
     /// loopback).
     pub fn start_on(host: &str) -> TestEtcd {
-        let binary = etcd_binary();
         let dir = tempfile::tempdir().expect("a temporary directory for etcd");
         // Both listeners are held until both ports are known, so the two differ.
         let (client_port, peer_port) = {
@@ -54,51 +57,70 @@ impl TestEtcd {
         let client_url = format!("http://{host}:{client_port}");
         let peer_url = format!("http://127.0.0.1:{peer_port}");
         let log = dir.path().join("etcd.log");
-        let out = std::fs::File::create(&log).expect("etcd's log file");
-        let mut command = Command::new(&binary);
-        command
-            .args(["--name", "test", "--data-dir"])
-            .arg(dir.path().join("data"))
-            .args(["--listen-client-urls", &client_url])
-            .args(["--advertise-client-urls", &client_url])
-            .args(["--listen-peer-urls", &peer_url])
-            .args(["--initial-advertise-peer-urls", &peer_url])
-            .args(["--initial-cluster", &format!("test={peer_url}")])
-            .args(["--initial-cluster-state", "new"])
-            .stdin(Stdio::null())
-            .stdout(out.try_clone().expect("etcd's log file"))
-            .stderr(out);
-        if std::env::consts::ARCH == "aarch64" {
-            // etcd 3.4 refuses to start on arm64 unless told it may.
-            command.env("ETCD_UNSUPPORTED_ARCH", "arm64");
+        let mut command: Vec<std::ffi::OsString> = vec![
+            etcd_binary().into(),
+            "--name".into(),
+            "test".into(),
+            "--data-dir".into(),
+            dir.path().join("data").into(),
+        ];
+        for (flag, value) in [
+            ("--listen-client-urls", &client_url),
+            ("--advertise-client-urls", &client_url),
+            ("--listen-peer-urls", &peer_url),
+            ("--initial-advertise-peer-urls", &peer_url),
+            ("--initial-cluster", &format!("test={peer_url}")),
+            ("--initial-cluster-state", &"new".to_owned()),
+        ] {
+            command.push(flag.into());
+            command.push(value.into());
         }
-        let child = command
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {}: {e}", binary.display()));
+        let child = spawn(&command, &log);
         let etcd = TestEtcd {
             child: Mutex::new(child),
+            command,
+            host: host.to_owned(),
+            client_port,
             endpoint: client_url,
             log,
             _dir: dir,
         };
+        etcd.wait_healthy();
+        etcd
+    }
+
+    /// Kills etcd (`kill -9`), waits `down`, and starts it again on its data, at the same
+    /// address; returns once it answers. Leases it held come back (etcd extends them by
+    /// their time to live when it starts).
+    pub fn restart_after(&self, down: Duration) {
+        {
+            let mut child = self.child.lock().unwrap();
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        std::thread::sleep(down);
+        *self.child.lock().unwrap() = spawn(&self.command, &self.log);
+        self.wait_healthy();
+    }
+
+    fn wait_healthy(&self) {
         let started = Instant::now();
-        while !healthy(host, client_port) {
-            if let Some(status) = etcd.child.lock().unwrap().try_wait().unwrap() {
+        while !healthy(&self.host, self.client_port) {
+            if let Some(status) = self.child.lock().unwrap().try_wait().unwrap() {
                 panic!(
                     "etcd exited ({status}) before answering:\n{}",
-                    etcd.log_text()
+                    self.log_text()
                 );
             }
             if started.elapsed() > PATIENCE {
                 panic!(
                     "etcd does not answer at {}:\n{}",
-                    etcd.endpoint,
-                    etcd.log_text()
+                    self.endpoint,
+                    self.log_text()
                 );
             }
             std::thread::sleep(Duration::from_millis(100));
         }
-        etcd
     }
 
     /// The client URL, e.g. `http://127.0.0.1:40123`.
@@ -119,6 +141,26 @@ impl Drop for TestEtcd {
             let _ = child.wait();
         }
     }
+}
+
+/// Starts `command` (the binary first) with its output appended to `log`.
+fn spawn(command: &[std::ffi::OsString], log: &PathBuf) -> Child {
+    let out = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .expect("etcd's log file");
+    let mut cmd = Command::new(&command[0]);
+    cmd.args(&command[1..])
+        .stdin(Stdio::null())
+        .stdout(out.try_clone().expect("etcd's log file"))
+        .stderr(out);
+    if std::env::consts::ARCH == "aarch64" {
+        // etcd 3.4 refuses to start on arm64 unless told it may.
+        cmd.env("ETCD_UNSUPPORTED_ARCH", "arm64");
+    }
+    cmd.spawn()
+        .unwrap_or_else(|e| panic!("cannot start {:?}: {e}", command[0]))
 }
 
 /// `etcd` on the PATH, or Debian's `/usr/bin/etcd`; panics with the installing hint.

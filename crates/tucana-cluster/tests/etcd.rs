@@ -145,6 +145,45 @@ async fn a_lease_revoked_behind_the_holders_back_is_lost() {
     assert!(store.servers().await.unwrap().0.is_empty());
 }
 
+/// The story (the fault campaign, M10): etcd killed for longer than the leases' time to
+/// live and restarted. Each server had given its lease up once the deadline passed and
+/// registered again, first waiting for its old key to expire (etcd, restarted, had
+/// extended it), and the coordinator, seeing the old keys go, failed over regions of
+/// servers that never died. A lease etcd still holds is kept, with the same key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_etcd_still_holds_after_a_restart_is_valid_again() {
+    let etcd = TestEtcd::start();
+    let store = connect(&etcd, "c1").await;
+    let a = server(7001);
+    let registration = store.register(&a, Duration::from_secs(2)).await.unwrap();
+    let etcd = std::sync::Arc::new(etcd);
+    let down = {
+        let etcd = etcd.clone();
+        // Down for longer than the time to live: the holder's deadline passes.
+        tokio::task::spawn_blocking(move || etcd.restart_after(Duration::from_secs(3)))
+    };
+    let mut status = registration.subscribe();
+    within(
+        "the lease invalid while etcd is down",
+        status.wait_for(|s| !s.valid_at(Instant::now(), Duration::ZERO)),
+    )
+    .await
+    .unwrap();
+    down.await.unwrap();
+    within(
+        "the lease valid again",
+        status.wait_for(|s| s.valid_at(Instant::now(), Duration::ZERO)),
+    )
+    .await
+    .unwrap();
+    assert!(!registration.status().lost);
+    let store = connect(&etcd, "c1").await;
+    assert_eq!(
+        ids(&store.servers().await.unwrap().0),
+        ids(std::slice::from_ref(&a))
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_map_changes_by_compare_and_swap() {
     let etcd = TestEtcd::start();

@@ -598,6 +598,23 @@ fn start_mute_backup_at(addr: &str, shipped: Arc<AtomicBool>) -> std::thread::Jo
     })
 }
 
+/// A primary (acknowledgement timeout `ack_timeout_ms`) whose backup acknowledged 100
+/// writes of `db0` up to `end`, then stopped: the primary's database, the backup's (its
+/// replica as it was), the primary, and `end`.
+fn backup_gone_after_writes(ack_timeout_ms: u64) -> (Database, Database, Primary, LogPosition) {
+    let primary_db = options().open_in_memory().unwrap();
+    let backup_db = options().open_in_memory().unwrap();
+    let backup = start_backup(&backup_db, false);
+    let primary = start_primary(&primary_db, &backup, Duration::from_millis(ack_timeout_ms));
+    acknowledged_writes(&primary_db, &primary, "db0", 0, 100);
+    let end = primary_db.ship_source("db0").unwrap().log_position();
+    assert_eq!(primary.acked_count("db0", end), 1);
+    backup.stop();
+    drop(backup);
+    eventually("the link down", || !primary.status()[0].connected);
+    (primary_db, backup_db, primary, end)
+}
+
 /// The story: a backup killed and restarted at once (before its lease ran out, so the
 /// cluster map still listed it in sync) comes back holding only what its last commit
 /// recorded, less than it had acknowledged. The primary's link kept the position
@@ -607,18 +624,8 @@ fn start_mute_backup_at(addr: &str, shipped: Arc<AtomicBool>) -> std::thread::Jo
 /// An acknowledgement counts only on the connection it came on.
 #[test]
 fn a_backup_that_comes_back_holding_less_acknowledges_nothing_it_lacks() {
-    let primary_db = options().open_in_memory().unwrap();
-    let backup_db = options().open_in_memory().unwrap();
-    let backup = start_backup(&backup_db, false);
-    let primary = start_primary(&primary_db, &backup, Duration::from_millis(300));
-    acknowledged_writes(&primary_db, &primary, "db0", 0, 100);
-    let end = primary_db.ship_source("db0").unwrap().log_position();
-    assert_eq!(primary.acked_count("db0", end), 1);
-
+    let (_primary_db, _backup_db, primary, end) = backup_gone_after_writes(300);
     let addr = primary.status()[0].addr.clone();
-    backup.stop();
-    drop(backup);
-    eventually("the link down", || !primary.status()[0].connected);
     let shipped = Arc::new(AtomicBool::new(false));
     let _mute = start_mute_backup_at(&addr, shipped.clone());
     eventually("the log shipped to the backup that came back", || {
@@ -642,15 +649,7 @@ fn a_backup_that_comes_back_holding_less_acknowledges_nothing_it_lacks() {
 /// end (a planned failover of an idle region must not wait for a write that never comes).
 #[test]
 fn a_backup_that_comes_back_holding_everything_acknowledges_the_end_without_new_writes() {
-    let primary_db = options().open_in_memory().unwrap();
-    let backup_db = options().open_in_memory().unwrap();
-    let backup = start_backup(&backup_db, false);
-    let primary = start_primary(&primary_db, &backup, Duration::from_secs(10));
-    acknowledged_writes(&primary_db, &primary, "db0", 0, 100);
-    let end = primary_db.ship_source("db0").unwrap().log_position();
-    backup.stop();
-    drop(backup);
-    eventually("the link down", || !primary.status()[0].connected);
+    let (_primary_db, backup_db, primary, end) = backup_gone_after_writes(10_000);
     let _again = start_backup_at(&backup_db, &primary);
     primary.wait_acked("db0", end).unwrap();
     assert_eq!(primary.acked_count("db0", end), 1);

@@ -39,6 +39,16 @@ pub fn ack_error_text(e: &AckError) -> String {
     }
 }
 
+/// A gate's refusal of a write that is applied here: `READONLY` (applied, not
+/// acknowledged) in place of a code that says the write was not applied.
+fn applied_not_acknowledged(refusal: &str) -> String {
+    if refusal.starts_with("MOVED ") || refusal.starts_with("CLUSTERDOWN ") {
+        format!("READONLY this server no longer leads this slot ({refusal}): the write is applied here but not acknowledged")
+    } else {
+        refusal.to_string()
+    }
+}
+
 /// Whether this server may acknowledge a write to a keyspace (cluster mode: its lease is
 /// valid and the map still names it the region's primary); `Err` is the reply.
 pub type AckGate = Box<dyn Fn(&str) -> Result<(), String> + Send + Sync>;
@@ -167,21 +177,28 @@ impl Replication {
     /// Blocks until every backup acknowledged keyspace `name`'s log up to `position`,
     /// then asks the gate (cluster mode) whether this server may still acknowledge it;
     /// `Err` is the write's reply.
+    ///
+    /// The write is applied here whatever the answer, and may have reached a backup that
+    /// is the region's primary now, so a refusal is never one that says "not applied":
+    /// the gate's `MOVED` or `CLUSTERDOWN` becomes `READONLY` (applied, not acknowledged,
+    /// which clients and the fault campaign take as indeterminate). Answered `MOVED`, a
+    /// write acknowledged by its backup just as the map moved the region was counted as
+    /// never applied, and another client had read it (M10, seed 28).
     pub fn wait_acked(&self, name: &str, position: LogPosition) -> Result<(), String> {
+        let gate = |name: &str| match self.gate.get() {
+            Some(gate) => gate(name).map_err(|refusal| applied_not_acknowledged(&refusal)),
+            None => Ok(()),
+        };
         if let Some(p) = &self.primary {
             if let Err(e) = p.wait_acked(name, position) {
-                // Fenced by a promoted backup: in cluster mode the map names the new
-                // primary, so a client is better served by the gate's redirection.
-                if let (AckError::Fenced { .. }, Some(gate)) = (&e, self.gate.get()) {
+                // Fenced by a promoted backup: in cluster mode the map may say more.
+                if matches!(e, AckError::Fenced { .. }) {
                     gate(name)?;
                 }
                 return Err(ack_error_text(&e));
             }
         }
-        match self.gate.get() {
-            Some(gate) => gate(name),
-            None => Ok(()),
-        }
+        gate(name)
     }
 
     /// A read of keyspace `name` that saw its log up to `position` may be answered now:
@@ -189,10 +206,9 @@ impl Replication {
     /// passes, `Some(Err(reply))` if the gate refuses, `None` if the read must wait for
     /// the acknowledgement (`wait_acked`) first.
     pub fn read_answerable(&self, name: &str, position: LogPosition) -> Option<Result<(), String>> {
-        if let Some(p) = &self.primary {
-            if !p.acked_by_all(name, position) {
-                return None;
-            }
+        // No primary side: no backup holds anything, the read waits for a local sync.
+        if !self.primary.as_ref()?.acked_by_all(name, position) {
+            return None;
         }
         Some(match self.gate.get() {
             Some(gate) => gate(name),
@@ -378,4 +394,20 @@ pub fn replica_info_lines(db: &Database) -> Vec<(String, String)> {
             ))
         })
         .collect()
+}
+
+#[cfg(test)]
+mod gate_tests {
+    use super::*;
+
+    #[test]
+    fn a_refused_write_that_is_applied_is_never_answered_as_not_applied() {
+        let moved = applied_not_acknowledged("MOVED 3999 127.0.0.1:7001");
+        assert!(moved.starts_with("READONLY "), "{moved}");
+        assert!(moved.contains("MOVED 3999 127.0.0.1:7001"), "{moved}");
+        let down = applied_not_acknowledged("CLUSTERDOWN Hash slot not served");
+        assert!(down.starts_with("READONLY "), "{down}");
+        let readonly = "READONLY this server's cluster lease is not valid";
+        assert_eq!(applied_not_acknowledged(readonly), readonly);
+    }
 }

@@ -30,8 +30,11 @@ pub struct LeaseStatus {
     pub deadline: Instant,
     /// The last keepalive round trip succeeded.
     pub keepalive_ok: bool,
-    /// etcd said the lease is gone (revoked or expired), or the deadline passed with no
-    /// renewal: it will never be valid again.
+    /// etcd said the lease is gone (revoked or expired): it will never be valid again.
+    /// Past the deadline with no renewal the lease is not valid (`valid_at`) but not lost:
+    /// the keepalive goes on, and if etcd still has the lease (it was down and restarted,
+    /// extending every lease it held) the holder is valid again with nothing done
+    /// meanwhile (nobody could have taken its place: its key was never gone).
     pub lost: bool,
 }
 
@@ -138,7 +141,13 @@ enum Renewal {
 }
 
 /// The keepalive loop: a renewal every third of the time to live; after a failure, a new
-/// stream and a retry every quarter second, until the deadline passes.
+/// stream and a retry every quarter second, past the deadline too, until etcd renews the
+/// lease or says it is gone.
+///
+/// Before, the lease was given up locally once the deadline passed: after etcd was
+/// restarted (which keeps leases alive), every server re-registered, each waiting for its
+/// old key to expire first, and the coordinator, seeing those keys go, failed over
+/// regions of servers that had never died (the fault campaign, M10).
 async fn keep_alive(
     mut client: Client,
     lease_id: i64,
@@ -153,12 +162,14 @@ async fn keep_alive(
         loop {
             let deadline = status.borrow().deadline;
             let sent = Instant::now();
-            if sent >= deadline {
-                status.send_modify(|s| s.lost = true);
-                return;
-            }
+            // Before the deadline, an attempt may not outlast it (the status must say
+            // invalid in time); past it, a period.
+            let patience = match deadline.checked_duration_since(sent) {
+                Some(left) if !left.is_zero() => period.min(left),
+                _ => period,
+            };
             let attempt = renew(&mut client, lease_id, lease_ttl, &mut stream);
-            match tokio::time::timeout(period.min(deadline - sent), attempt).await {
+            match tokio::time::timeout(patience, attempt).await {
                 Ok(Ok(Renewal::Renewed(ttl))) => {
                     status.send_modify(|s| {
                         s.deadline = s.deadline.max(sent + ttl);

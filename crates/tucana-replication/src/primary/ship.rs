@@ -76,17 +76,24 @@ async fn ship_log<W: tokio::io::AsyncWrite + Unpin>(
     let tail = (segments.len() < LISTED)
         .then(|| segments.iter().rfind(|s| !s.relocation).map(|s| s.order))
         .flatten();
-    if confirm_tail && segments.len() < LISTED {
+    if confirm_tail && segments.len() < LISTED && tail.is_none() {
+        // No foreground byte written yet: nothing to confirm.
         if let Some(r) = link.state.lock().regions.get_mut(name) {
             r.confirm_tail = false;
         }
     }
     for seg in &segments {
         let mut at = held.get(&seg.order).copied().unwrap_or(0);
-        if confirm_tail && tail == Some(seg.order) && at > 0 && at == seg.ready_bytes {
-            // Nothing of it to send after a new connection: its last byte again (the
-            // backup skips what it holds), so the backup acknowledges where it stands.
-            at -= 1;
+        if confirm_tail && tail == Some(seg.order) {
+            if at > 0 && at == seg.ready_bytes {
+                // Nothing of it to send after a new connection: its last byte again (the
+                // backup skips what it holds), so the backup acknowledges where it stands.
+                at -= 1;
+            }
+            // Reached: asked for now, or its bytes go anyway (and are acknowledged).
+            if let Some(r) = link.state.lock().regions.get_mut(name) {
+                r.confirm_tail = false;
+            }
         }
         while at < seg.ready_bytes {
             if *budget == 0 {

@@ -31,9 +31,10 @@ pub(crate) enum Links<'a> {
     /// volume, free in the commit's bitmap and in no list, and replay marks it allocated.
     Local,
     /// Promotion of a replica region: LINKs name the primary's segments; the map gives,
-    /// for each origin received since the commit, the backup's copy `(offset, size)`,
+    /// for each origin received since the commit, the backup's copies `(offset, size)`
+    /// of the segments the primary had there (more than one when it reused the space),
     /// already allocated.
-    Translated(&'a BTreeMap<u64, (DiskOffset, u64)>),
+    Translated(&'a BTreeMap<u64, Vec<(DiskOffset, u64)>>),
 }
 
 impl Region {
@@ -267,7 +268,8 @@ fn replay_scan(
             let Ok((next, next_size)) = rec.link_target(at) else {
                 break;
             };
-            let Some(next) = follow_link(shared, segments, links, next, next_size) else {
+            let first = (seq, rd.generation & GENERATION_MASK);
+            let Some(next) = follow_link(shared, segments, links, next, next_size, first) else {
                 break;
             };
             staged.push(Replayed::Link { at, len });
@@ -308,15 +310,32 @@ fn replay_scan(
     }
 }
 
+/// Whether the segment at `at` starts with a record of sequence number and generation
+/// `first` (a readable header; the record itself is verified when replay reads it).
+fn starts_with(shared: &Shared, at: DiskOffset, first: (SeqNo, u32)) -> bool {
+    let mut header = [0u8; HEADER_BYTES];
+    if shared.volume.storage().read_at(at.0, &mut header).is_err() {
+        return false;
+    }
+    Header::decode(&header, at)
+        .is_ok_and(|h| h.seq == first.0 && h.generation == first.1 && !h.is_relocated())
+}
+
 /// The segment a LINK names (`next`, `next_size` as the record says), as replay will read
 /// it; `None` ends replay (stale bytes of an older life, or a segment the backup never
-/// received).
+/// received). `first` is the sequence number and generation the record after the LINK
+/// has: of a promotion's copies at that origin, the one whose first record has them.
+///
+/// (Taking the newest copy at the origin instead stopped replay at the first LINK into
+/// space the primary had reused since the replica's last applied commit, and every write
+/// after it was lost: M10, seed 11.)
 fn follow_link(
     shared: &Shared,
     segments: &BTreeMap<u64, SegmentStats>,
     links: &Links<'_>,
     next: DiskOffset,
     next_size: u64,
+    first: (SeqNo, u32),
 ) -> Option<DiskOffset> {
     if !next.block_aligned() || next_size == 0 || !next_size.is_multiple_of(BLOCK_BYTES) {
         return None;
@@ -333,9 +352,8 @@ fn follow_link(
             allocator.mark_allocated(next, next_size / BLOCK_BYTES);
             Some(next)
         }
-        Links::Translated(map) => match map.get(&next.0) {
-            Some(&(copy, size)) if size == next_size => Some(copy),
-            _ => None,
-        },
+        Links::Translated(map) => map.get(&next.0)?.iter().find_map(|&(copy, size)| {
+            (size == next_size && starts_with(shared, copy, first)).then_some(copy)
+        }),
     }
 }

@@ -62,8 +62,8 @@ pub struct ReplicaState {
 pub(crate) struct PromotionStart {
     /// The last applied commit's entry, translated, at the promotion's term.
     pub desc: RegionDesc,
-    /// Copies received since that commit: origin → (copy, size).
-    pub later: BTreeMap<u64, (DiskOffset, u64)>,
+    /// Copies received since that commit: origin → every (copy, size) there, oldest first.
+    pub later: BTreeMap<u64, Vec<(DiskOffset, u64)>>,
     /// The same copies as extents (those replay does not reach are freed).
     pub later_extents: Vec<Extent>,
 }
@@ -473,8 +473,10 @@ impl Replica {
     }
 
     /// What promotion starts from: the last applied commit's entry (translated, with the
-    /// term to promote at), and the copies received since it, origin → (copy, size) (for
-    /// an origin the primary reused within that window, the newest).
+    /// term to promote at), and the copies received since it, origin → every (copy,
+    /// size) received at that origin in that window, oldest first (the primary reuses the
+    /// space of segments it freed: replay picks the one whose records follow in
+    /// sequence).
     pub fn promotion_start(&self, term: u64) -> Result<PromotionStart> {
         let mut st = self.state.lock();
         // From now on the replica refuses its primary's log and commits: bytes taken
@@ -495,7 +497,10 @@ impl Replica {
         let mut later_extents = Vec::new();
         for (order, c) in &st.copies {
             if *order >= rep.upstream_next_order {
-                later.insert(c.origin.0, (c.at, c.size_bytes));
+                later
+                    .entry(c.origin.0)
+                    .or_insert_with(Vec::new)
+                    .push((c.at, c.size_bytes));
                 later_extents.push((c.at, c.size_bytes / BLOCK_BYTES));
             }
         }
