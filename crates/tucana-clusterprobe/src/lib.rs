@@ -5,11 +5,13 @@
 //! and the map as `CLUSTER SLOTS` shows it ([`slot_ranges`]; the `_with` variants
 //! authenticate, for servers with `--requirepass`); an etcd of a run's own
 //! ([`etcd::Etcd`]) for the Tucana clusters the callers start; and network namespaces
-//! per server with the routes a partition cuts ([`netns::Net`]).
+//! per server with the routes a partition cuts ([`netns::Net`]); a server process
+//! started, signalled and restarted ([`process::Process`]); and how Redis Cluster is run
+//! and made ([`redis_cluster`]).
 //!
 //! Shared by tucana-crashtest's cluster crash test (M8) and fault campaign (M10) and
 //! tucana-bench's side by side with Redis Cluster, so that all measure with the same
-//! client. Owns no server process and decides no verdict; the callers do.
+//! client. Owns no server process but through [`process::Process`], and decides no verdict; the callers do.
 //!
 //! Thread-safety: a [`Client`] is one thread's (its connections are plain blocking
 //! ones); [`Writers`] runs one thread per writer, each with a client of its own, and
@@ -25,6 +27,8 @@ use tucana_cluster::key_slot;
 pub mod crate_client;
 pub mod etcd;
 pub mod netns;
+pub mod process;
+pub mod redis_cluster;
 
 /// A client that writes and reads keys of a cluster: what [`Writers`] and [`first_ack`]
 /// use. [`Router`] (ours, retries nothing) or [`crate_client::CrateCluster`] (the

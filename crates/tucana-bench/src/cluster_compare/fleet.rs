@@ -12,11 +12,13 @@
 //! Single-threaded.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use clap::ValueEnum;
-use tucana_clusterprobe::etcd::{free_port, Etcd};
+use tucana_clusterprobe::etcd::Etcd;
+use tucana_clusterprobe::process::{free_port_pair, Process};
+use tucana_clusterprobe::redis_cluster::{self, NodeConfig};
 use tucana_clusterprobe::{backups_in_sync, connect, served, slot_ranges, wait_for, Range};
 
 use crate::Result;
@@ -86,33 +88,14 @@ impl System {
     /// Arguments of one node listening on `port` with its files in `dir`.
     fn node_args(self, port: &str, dir: &str, etcd: &str, timeout_ms: u64) -> Vec<String> {
         let mut args: Vec<String> = match self {
-            System::Redis => vec![
-                "--port",
+            System::Redis => redis_cluster::server_args(&NodeConfig {
                 port,
-                "--bind",
-                "127.0.0.1",
-                "--dir",
+                bind: "127.0.0.1",
                 dir,
-                "--cluster-enabled",
-                "yes",
-                "--cluster-config-file",
-                "nodes.conf",
-                "--cluster-node-timeout",
-                &timeout_ms.to_string(),
-                "--appendonly",
-                "yes",
-                "--appendfsync",
-                "everysec",
-                "--save",
-                "",
-                "--daemonize",
-                "no",
-                "--logfile",
-                &format!("{dir}/redis.log"),
-            ]
-            .into_iter()
-            .map(String::from)
-            .collect(),
+                timeout_ms,
+                appendfsync: "everysec",
+                password: None,
+            }),
             System::Tucana | System::TucanaBuffered => {
                 let repl = port
                     .parse::<u32>()
@@ -158,112 +141,10 @@ pub(super) struct Programs {
     pub(super) redis_cli: PathBuf,
 }
 
-/// One server process of a fleet.
-struct Node {
-    program: PathBuf,
-    args: Vec<String>,
-    port: u16,
-    log: PathBuf,
-    child: Option<Child>,
-}
-
-impl Node {
-    fn spawn(&mut self) -> Result<()> {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.log)?;
-        let child = Command::new(&self.program)
-            .args(&self.args)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .spawn()
-            .map_err(|e| format!("starting {}: {e}", self.program.display()))?;
-        self.child = Some(child);
-        Ok(())
-    }
-
-    fn addr(&self) -> String {
-        format!("127.0.0.1:{}", self.port)
-    }
-
-    /// Waits until the node answers PING.
-    fn wait_ping(&mut self) -> Result<()> {
-        let addr = self.addr();
-        let log = self.log.display().to_string();
-        let child = self.child.as_mut().ok_or("the node is not running")?;
-        wait_for(&format!("{addr} answering PING"), PATIENCE, || {
-            if let Ok(Some(status)) = child.try_wait() {
-                return Some(Err(format!(
-                    "{addr} exited ({status}) before answering; its log: {log}"
-                )));
-            }
-            let mut c = connect(&addr).ok()?;
-            redis::cmd("PING")
-                .query::<String>(&mut c)
-                .ok()
-                .map(|_| Ok(()))
-        })??;
-        Ok(())
-    }
-
-    fn signal(&self, signal: i32) {
-        if let Some(child) = &self.child {
-            // SAFETY: kill(2) on a pid we started and have not reaped yet (the child is
-            // reaped only by `wait` below, after which it is dropped); no memory is touched.
-            unsafe {
-                libc::kill(child.id() as libc::pid_t, signal);
-            }
-        }
-    }
-
-    fn kill9(&mut self) {
-        self.signal(libc::SIGKILL);
-        if let Some(mut child) = self.child.take() {
-            let _ = child.wait();
-        }
-    }
-
-    /// SIGTERM, then SIGKILL after 30 s.
-    fn stop(&mut self) {
-        self.signal(libc::SIGTERM);
-        if let Some(child) = self.child.as_mut() {
-            let started = Instant::now();
-            while started.elapsed() < Duration::from_secs(30) {
-                if let Ok(Some(_)) = child.try_wait() {
-                    self.child = None;
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        }
-        self.kill9();
-    }
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        self.kill9();
-    }
-}
-
-/// A port `p` such that `p` and `p + 10000` are free (Redis Cluster's bus, Tucana's
-/// replication port).
-fn free_port_pair() -> Result<u16> {
-    for _ in 0..1000 {
-        let port = free_port()?;
-        if port < 55536 && std::net::TcpListener::bind(("127.0.0.1", port + 10000)).is_ok() {
-            return Ok(port);
-        }
-    }
-    Err("no free pair of ports P, P+10000".into())
-}
-
 /// A running cluster of one system.
 pub(super) struct Fleet {
     pub(super) system: System,
-    nodes: Vec<Node>,
+    nodes: Vec<Process>,
     /// Kept running for the fleet's life (dropped after the nodes: fields drop in order).
     _etcd: Option<Etcd>,
 }
@@ -295,14 +176,17 @@ impl Fleet {
             let node_dir = dir.join(format!("node-{port}"));
             std::fs::create_dir_all(&node_dir)?;
             let dir_text = node_dir.display().to_string();
-            let mut node = Node {
+            let mut node = Process {
                 program: if system.is_redis() {
                     programs.redis_server.clone()
                 } else {
                     programs.tucana.clone()
                 },
                 args: system.node_args(&port.to_string(), &dir_text, &endpoint, timeout_ms),
+                host: "127.0.0.1".into(),
                 port,
+                netns: None,
+                password: None,
                 log: node_dir.join("stderr.log"),
                 child: None,
             };
@@ -310,36 +194,30 @@ impl Fleet {
             nodes.push(node);
         }
         for node in &mut nodes {
-            node.wait_ping()?;
+            node.wait_ping(PATIENCE)?;
         }
-        let addrs: Vec<String> = nodes.iter().map(Node::addr).collect();
-        let output = if system.is_redis() {
-            Command::new(&programs.redis_cli)
-                .arg("--cluster")
-                .arg("create")
-                .args(&addrs)
-                .args(["--cluster-replicas", "1", "--cluster-yes"])
-                .stdin(Stdio::null())
-                .output()?
+        let addrs: Vec<String> = nodes.iter().map(Process::addr).collect();
+        if system.is_redis() {
+            redis_cluster::create(&programs.redis_cli, &addrs, None)?;
         } else {
-            Command::new(&programs.tucana)
+            let output = Command::new(&programs.tucana)
                 .args([
                     "cluster", "create", "--etcd", &endpoint, "--name", "compare",
                 ])
                 .args(["--replicas", "1"])
                 .args(&addrs)
                 .stdin(Stdio::null())
-                .output()?
-        };
-        if !output.status.success() {
-            return Err(format!(
-                "creating the {} cluster failed ({}): {}{}",
-                system.name(),
-                output.status,
-                String::from_utf8_lossy(&output.stdout),
-                String::from_utf8_lossy(&output.stderr)
-            )
-            .into());
+                .output()?;
+            if !output.status.success() {
+                return Err(format!(
+                    "creating the {} cluster failed ({}): {}{}",
+                    system.name(),
+                    output.status,
+                    String::from_utf8_lossy(&output.stdout),
+                    String::from_utf8_lossy(&output.stderr)
+                )
+                .into());
+            }
         }
         let fleet = Fleet {
             system,
@@ -352,7 +230,7 @@ impl Fleet {
 
     /// Every node's address, running or not.
     pub(super) fn addrs(&self) -> Vec<String> {
-        self.nodes.iter().map(Node::addr).collect()
+        self.nodes.iter().map(Process::addr).collect()
     }
 
     /// The running nodes' addresses.
@@ -360,7 +238,7 @@ impl Fleet {
         self.nodes
             .iter()
             .filter(|n| n.child.is_some())
-            .map(Node::addr)
+            .map(Process::addr)
             .collect()
     }
 
@@ -389,7 +267,7 @@ impl Fleet {
     /// Starts node `index` again on its directory and waits until it answers PING.
     pub(super) fn restart(&mut self, index: usize) -> Result<()> {
         self.nodes[index].spawn()?;
-        self.nodes[index].wait_ping()
+        Ok(self.nodes[index].wait_ping(PATIENCE)?)
     }
 
     /// The map once every slot is served by a running primary (any node's view).
@@ -463,53 +341,19 @@ impl Fleet {
     }
 }
 
-/// Whether a primary's `INFO replication` shows replicas, all online and caught up.
+/// Whether a primary's `INFO replication` shows replicas, all online and caught up
+/// (Redis: at the master's offset; Tucana: no bytes left to ship).
 fn caught_up(system: System, info: &str) -> bool {
-    let replicas: Vec<&str> = info
-        .lines()
-        .filter(|l| l.starts_with("slave") && l.contains(":ip="))
-        .collect();
-    if replicas.is_empty() || replicas.iter().any(|l| !l.contains("state=online")) {
-        return false;
-    }
     if system.is_redis() {
-        let field = |line: &str, name: &str| -> Option<u64> {
-            line.split([',', ':'])
-                .find_map(|kv| kv.trim().strip_prefix(name)?.parse().ok())
-        };
-        let Some(master) = info.lines().find_map(|l| {
-            l.trim()
-                .strip_prefix("master_repl_offset:")?
-                .parse::<u64>()
-                .ok()
-        }) else {
-            return false;
-        };
-        replicas.iter().all(|l| field(l, "offset=") == Some(master))
-    } else {
-        replicas.iter().all(|l| l.contains("lag_bytes=0,"))
+        return redis_cluster::caught_up(info);
     }
+    redis_cluster::online_replicas(info)
+        .is_some_and(|replicas| replicas.iter().all(|l| l.contains("lag_bytes=0,")))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn redis_replicas_are_caught_up_at_the_masters_offset() {
-        let info = "# Replication\r\nrole:master\r\nconnected_slaves:1\r\n\
-                    slave0:ip=127.0.0.1,port=7304,state=online,offset=1234,lag=0\r\n\
-                    master_repl_offset:1234\r\n";
-        assert!(caught_up(System::Redis, info));
-        let behind = info.replace("offset=1234", "offset=1200");
-        assert!(!caught_up(System::Redis, &behind));
-        let syncing = info.replace("state=online", "state=wait_bgsave");
-        assert!(!caught_up(System::Redis, &syncing));
-        assert!(!caught_up(
-            System::Redis,
-            "role:master\r\nconnected_slaves:0\r\n"
-        ));
-    }
 
     #[test]
     fn tucana_backups_are_caught_up_with_no_bytes_to_ship() {

@@ -17,6 +17,11 @@
 //! move-slots` of part of a region to another server); `failover` (`CLUSTER FAILOVER`
 //! on an in-sync backup).
 //!
+//! Against Redis Cluster (`--target redis`) the same schedule applies with these
+//! differences: no `etcd` kind ([`kinds_for`] drops it); the partition that cuts a server
+//! from etcd cuts it from every other server instead, and a minority is cut from the
+//! majority only; `migrate` is `redis-cli --cluster reshard` between two masters.
+//!
 //! After a fault that takes a primary away, the time until a write to each region it
 //! led is acknowledged by another server is a failover time.
 //!
@@ -26,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use tucana_clusterprobe::{connect_with, tag_in, Range};
 
-use super::fleet::Fleet;
+use super::fleet::{Fleet, Target};
 use crate::Rng;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -54,6 +59,22 @@ pub struct Step {
     pub hold_ms: u64,
     /// Quiet time after the fault healed and the cluster settled.
     pub gap_ms: u64,
+}
+
+/// The kinds of `asked` that can be injected into `target`'s cluster (with network
+/// namespaces or not), and a sentence for each kind dropped.
+pub fn kinds_for(asked: &[Fault], target: Target, netns: bool) -> (Vec<Fault>, Vec<String>) {
+    let mut notes = Vec::new();
+    let mut kinds = asked.to_vec();
+    if !netns && kinds.contains(&Fault::Partition) {
+        kinds.retain(|f| *f != Fault::Partition);
+        notes.push("partition faults dropped: no network namespaces".to_string());
+    }
+    if target == Target::Redis && kinds.contains(&Fault::Etcd) {
+        kinds.retain(|f| *f != Fault::Etcd);
+        notes.push("etcd faults dropped: Redis Cluster has no etcd".to_string());
+    }
+    (kinds, notes)
 }
 
 /// `count` steps drawn from `seed` among `faults`.
@@ -113,8 +134,7 @@ pub fn apply(fleet: &mut Fleet, step: &Step, lease_ms: u64) -> Result<Outcome, S
             fleet.up[i] = false;
             measure_failover(fleet, &victim, &led, at, &mut out);
             sleep_until(at, step.hold_ms);
-            fleet.servers[i].restart(&fleet.tucana.clone(), &fleet.log.clone())?;
-            fleet.up[i] = true;
+            fleet.restart(i)?;
         }
         Fault::Pause => {
             let (role, victim) = match step.variant % 2 {
@@ -135,10 +155,18 @@ pub fn apply(fleet: &mut Fleet, step: &Step, lease_ms: u64) -> Result<Outcome, S
         }
         Fault::Partition => partition(fleet, &map, step, lease_ms, &mut out)?,
         Fault::Etcd => {
+            // Dropped from a Redis Cluster's kinds ([`kinds_for`]); said if asked anyway.
+            let Some(etcd) = fleet.etcd.as_mut() else {
+                out.what = "etcd: skipped (no etcd)".into();
+                return Ok(out);
+            };
             out.what = format!("kill -9 etcd for {} ms", step.hold_ms);
-            fleet.etcd.kill();
+            etcd.kill();
             std::thread::sleep(Duration::from_millis(step.hold_ms));
-            fleet.etcd.restart(Duration::from_secs(60))?;
+            etcd.restart(Duration::from_secs(60))?;
+        }
+        Fault::Migrate if fleet.target == Target::Redis => {
+            migrate_redis(fleet, &map, step, &mut out)
         }
         Fault::Migrate => migrate(fleet, step, &mut out),
         Fault::Failover => {
@@ -284,6 +312,21 @@ fn partition(
             sleep_until(at, lease_ms + step.hold_ms);
             fleet.net.as_ref().expect("checked").link_up(i)?;
         }
+        1 if fleet.target == Target::Redis => {
+            // No etcd: the server cut from every other (clients still reach it), the
+            // partition in which Redis documents that a master acknowledges writes it
+            // then loses.
+            out.what = format!("cut {victim} from every other server");
+            for j in (0..n).filter(|&j| j != i) {
+                net.cut_pair(i, j)?;
+            }
+            measure_failover(fleet, &victim, &led, at, out);
+            sleep_until(at, lease_ms + step.hold_ms);
+            let net = fleet.net.as_ref().expect("checked");
+            for j in (0..n).filter(|&j| j != i) {
+                net.heal_pair(i, j)?;
+            }
+        }
         1 => {
             out.what = format!("cut {victim} from etcd");
             net.cut_etcd(i)?;
@@ -313,9 +356,16 @@ fn partition(
             let size = 1 + (step.pick2 % ((n as u64 - 1) / 2).max(1)) as usize;
             let minority: Vec<usize> = (0..size).map(|k| (i + k) % n).collect();
             let names: Vec<&str> = minority.iter().map(|&m| addrs[m].as_str()).collect();
-            out.what = format!("cut minority {names:?} from the majority and etcd");
+            let etcd = fleet.etcd.is_some();
+            out.what = if etcd {
+                format!("cut minority {names:?} from the majority and etcd")
+            } else {
+                format!("cut minority {names:?} from the majority")
+            };
             for &m in &minority {
-                net.cut_etcd(m)?;
+                if etcd {
+                    net.cut_etcd(m)?;
+                }
                 for j in (0..n).filter(|j| !minority.contains(j)) {
                     net.cut_pair(m, j)?;
                 }
@@ -326,7 +376,9 @@ fn partition(
             sleep_until(at, lease_ms + step.hold_ms);
             let net = fleet.net.as_ref().expect("checked");
             for &m in &minority {
-                net.heal_etcd(m)?;
+                if etcd {
+                    net.heal_etcd(m)?;
+                }
                 for j in (0..n).filter(|j| !minority.contains(j)) {
                     net.heal_pair(m, j)?;
                 }
@@ -391,9 +443,108 @@ fn migrate(fleet: &Fleet, step: &Step, out: &mut Outcome) {
     }
 }
 
+/// Redis Cluster's migration: `redis-cli --cluster reshard` of a quarter (at most 512)
+/// of a region's slots from its master to another live master (slots and keys moved
+/// with `CLUSTER SETSLOT` and `MIGRATE` by redis-cli).
+fn migrate_redis(fleet: &Fleet, map: &[Range], step: &Step, out: &mut Outcome) {
+    let regions: Vec<&Range> = map.iter().filter(|r| r.end > r.start).collect();
+    if regions.is_empty() {
+        out.what = "migrate: no region of two slots or more".into();
+        return;
+    }
+    let r = regions[(step.pick % regions.len() as u64) as usize];
+    let live = fleet.live();
+    let masters: Vec<String> = sorted(map.iter().map(|x| x.primary.clone()))
+        .into_iter()
+        .filter(|m| *m != r.primary && live.contains(m))
+        .collect();
+    if masters.is_empty() {
+        out.what = "migrate: no other live master".into();
+        return;
+    }
+    let to = &masters[(step.pick2 % masters.len() as u64) as usize];
+    let count = (u32::from(r.end - r.start + 1) / 4).clamp(1, 512);
+    out.what = format!("reshard {count} slots of {} to {to}", r.primary);
+    let id = |addr: &str| -> Result<String, String> {
+        let mut c = connect_with(addr, fleet.password()).map_err(|e| format!("{addr}: {e}"))?;
+        redis::cmd("CLUSTER")
+            .arg("MYID")
+            .query(&mut c)
+            .map_err(|e| format!("CLUSTER MYID on {addr}: {e}"))
+    };
+    let ids = id(&r.primary).and_then(|from| Ok((from, id(to)?)));
+    let (from, to_id) = match ids {
+        Ok(ids) => ids,
+        Err(e) => {
+            out.trouble = Some(e);
+            return;
+        }
+    };
+    let mut command = std::process::Command::new(&fleet.programs.redis_cli);
+    if let Some(p) = fleet.password() {
+        command.args(["--no-auth-warning", "-a", p]);
+    }
+    let output = command
+        .args(["--cluster", "reshard", &r.primary])
+        .args(["--cluster-from", &from, "--cluster-to", &to_id])
+        .args(["--cluster-slots", &count.to_string(), "--cluster-yes"])
+        .stdin(std::process::Stdio::null())
+        .output();
+    match output {
+        Err(e) => out.trouble = Some(format!("running redis-cli: {e}")),
+        Ok(o) if !o.status.success() => {
+            let text = String::from_utf8_lossy(&o.stdout);
+            let last: Vec<&str> = text.lines().rev().take(3).collect();
+            out.trouble = Some(format!(
+                "redis-cli --cluster reshard: {}: {} {}",
+                o.status,
+                last.join(" / "),
+                String::from_utf8_lossy(&o.stderr).trim()
+            ));
+        }
+        Ok(_) => {}
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn etcd_faults_are_dropped_for_redis_and_partitions_without_namespaces() {
+        let all = [
+            Fault::Kill,
+            Fault::Pause,
+            Fault::Partition,
+            Fault::Etcd,
+            Fault::Migrate,
+            Fault::Failover,
+        ];
+        let (redis, notes) = kinds_for(&all, Target::Redis, true);
+        assert_eq!(
+            redis,
+            [
+                Fault::Kill,
+                Fault::Pause,
+                Fault::Partition,
+                Fault::Migrate,
+                Fault::Failover
+            ]
+        );
+        assert_eq!(notes.len(), 1, "{notes:?}");
+        assert!(notes[0].contains("etcd"), "{notes:?}");
+        let steps = schedule(3, &redis, 500);
+        assert!(steps.iter().all(|s| s.fault != Fault::Etcd));
+        assert!(steps.iter().any(|s| s.fault == Fault::Partition));
+        let (tucana, notes) = kinds_for(&all, Target::Tucana, true);
+        assert_eq!(tucana, all, "Tucana keeps every kind");
+        assert!(notes.is_empty());
+        let (loopback, notes) = kinds_for(&all, Target::Redis, false);
+        assert!(!loopback.contains(&Fault::Partition) && !loopback.contains(&Fault::Etcd));
+        assert_eq!(notes.len(), 2, "{notes:?}");
+        let (left, _) = kinds_for(&[Fault::Etcd], Target::Redis, true);
+        assert!(left.is_empty(), "nothing left to inject: the run says so");
+    }
 
     #[test]
     fn a_seed_names_its_schedule_and_draws_only_the_kinds_asked() {
