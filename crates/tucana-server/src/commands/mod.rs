@@ -30,7 +30,7 @@
 //!   DISCARD), `session` (the `Session` and the commands that read or change it: AUTH,
 //!   HELLO, SELECT, CLIENT, QUIT, PING, ECHO), `admin` (COMMAND, CONFIG, TIME, SAVE,
 //!   BGSAVE, BGREWRITEAOF, SHUTDOWN), `info` (INFO's text, from `metrics`' counters
-//!   and the engine's `Stats`).
+//!   and the engine's `Stats`), `debug` (DEBUG's subcommands that mean something here).
 //!
 //! Thread-safety: a `Session` belongs to one connection; `execute_batch` may run on any
 //! thread and may block (engine writes take the database's write lock; `EXEC`, `FLUSHDB`
@@ -43,6 +43,7 @@ mod blocking;
 mod cluster;
 mod cluster_keys;
 mod collection;
+mod debug;
 mod expire;
 mod hashes;
 mod info;
@@ -147,8 +148,9 @@ fn execute_one(call: &mut Call<'_>, args: &Args) -> Reply {
         if spec.flags & TXCTL == 0 {
             if spec.flags & NOMULTI != 0 {
                 multi.failed = true;
+                // Redis's words first: clients and Redis's tests match them.
                 return Reply::error(format!(
-                    "ERR '{}' is not allowed inside a transaction (a transaction is one atomic batch of string commands on the selected database)",
+                    "ERR Command not allowed inside a transaction: '{}' (a transaction is one atomic batch on the selected database)",
                     spec.name
                 ));
             }

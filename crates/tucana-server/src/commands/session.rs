@@ -1,5 +1,5 @@
 //! The per-connection [`Session`] and the commands of Redis's `connection` group, which
-//! read or change it: AUTH, HELLO, SELECT, CLIENT, QUIT, PING, ECHO.
+//! read or change it: AUTH, HELLO, SELECT, CLIENT, QUIT, RESET, PING, ECHO.
 //!
 //! Owns the session's fields and the password check. It does not own the connection's
 //! socket or its lifetime: `close_after_reply` and `shutdown_requested` only ask the
@@ -125,6 +125,22 @@ pub(super) fn cmd_echo(_call: &mut Call<'_>, args: &[Vec<u8>]) -> tucana::Result
 pub(super) fn cmd_quit(call: &mut Call<'_>, _args: &[Vec<u8>]) -> tucana::Result<Reply> {
     call.session.close_after_reply = true;
     Ok(Reply::Ok)
+}
+
+/// `RESET`: the connection as it was when it opened: no transaction and no watches,
+/// RESP2, database 0, no name, and not authenticated when a password is required. It
+/// runs at once inside `MULTI`, which it discards.
+pub(super) fn cmd_reset(call: &mut Call<'_>, _args: &[Vec<u8>]) -> tucana::Result<Reply> {
+    let session = &mut *call.session;
+    session.multi = None;
+    session.watching.clear();
+    session.protocol = Protocol::Resp2;
+    session.db_index = 0;
+    session.name = None;
+    session.readonly = false;
+    session.asking = false;
+    session.authenticated = call.state.config.requirepass.is_none();
+    Ok(Reply::Status("RESET".into()))
 }
 
 pub(super) fn cmd_select(call: &mut Call<'_>, args: &[Vec<u8>]) -> tucana::Result<Reply> {
