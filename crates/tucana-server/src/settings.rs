@@ -53,7 +53,7 @@ const ALIASES: [(&str, &str); 5] = [
 ];
 
 /// Settings whose one value is what tucana does; setting that value is accepted.
-const FIXED_VALUES: [(&str, &str, &str); 3] = [
+const FIXED_VALUES: [(&str, &str, &str); 4] = [
     ("appendonly", "yes", "every write is in the log"),
     (
         "save",
@@ -64,6 +64,11 @@ const FIXED_VALUES: [(&str, &str, &str); 3] = [
         "maxmemory",
         "0",
         "tucana keeps data on disk and evicts nothing",
+    ),
+    (
+        "aof-use-rdb-preamble",
+        "no",
+        "the log holds write records only, never a snapshot",
     ),
 ];
 

@@ -13,8 +13,10 @@
 //!   then a walk of the whole committed volume verifying every invariant and checksum
 //!   (`Database::check`, an error reply if any fails), then each database's keyspace
 //!   handle is opened again from the engine and its flags (`may expire`) derived again
-//!   from what the volume holds. O(volume); refused in cluster mode.
+//!   from what the volume holds. O(volume); refused in cluster mode. `LOADAOF` (reload
+//!   from the append-only file) is the same here: every write is in the log.
 //! - `PROTOCOL type`: one reply of each RESP3 type, for client tests.
+//! - `OBJECT key`: the reference count (1) and the encoding `OBJECT ENCODING` answers.
 //! - `SLEEP seconds`: holds this connection (not the server: it runs on the blocking
 //!   pool).
 //! - `QUICKLIST-PACKED-THRESHOLD size`: accepted with no effect, as Redis's encoding
@@ -186,6 +188,24 @@ fn reload(call: &Call<'_>) -> tucana::Result<Reply> {
     Ok(Reply::Ok)
 }
 
+/// `DEBUG OBJECT key`: what is known of a value's representation, in Redis's
+/// `name:value` form: its reference count (1: nothing is shared) and the encoding
+/// `OBJECT ENCODING` answers. Redis's memory address, LRU clock and serialized length
+/// have no meaning here and are left out.
+fn object(call: &Call<'_>, key: &[u8]) -> tucana::Result<Reply> {
+    with_reader(call, |kv, _| {
+        let args = [b"OBJECT".to_vec(), b"ENCODING".to_vec(), key.to_vec()];
+        Ok(match super::strings::cmd_object(kv, &args)? {
+            Reply::Bulk(encoding) => Reply::Status(format!(
+                "refcount:1 encoding:{}",
+                String::from_utf8_lossy(&encoding)
+            )),
+            Reply::Nil => Reply::error("ERR no such key"),
+            other => other,
+        })
+    })
+}
+
 /// `DEBUG PROTOCOL type`: a sample reply of each RESP3 type (what Redis answers).
 fn protocol(kind: &[u8]) -> Reply {
     let n = |i: i64| Reply::Int(i);
@@ -235,8 +255,10 @@ pub(super) fn cmd_debug(call: &mut Call<'_>, args: &[Vec<u8>]) -> tucana::Result
         },
         (b"DIGEST-VALUE", keys) => digest_values(call, keys)?,
         (b"DIGEST", []) => digest_database(call)?,
-        (b"RELOAD", _) => reload(call)?,
+        // The log is tucana's append-only file: loading it again is a reload.
+        (b"RELOAD", _) | (b"LOADAOF", []) => reload(call)?,
         (b"PROTOCOL", [kind]) => protocol(kind),
+        (b"OBJECT", [key]) => object(call, key)?,
         (b"SLEEP", [seconds]) => {
             match std::str::from_utf8(seconds)
                 .ok()
@@ -264,12 +286,16 @@ pub(super) fn cmd_debug(call: &mut Call<'_>, args: &[Vec<u8>]) -> tucana::Result
                 "    A digest of the selected database's keys, values and deadlines.",
                 "DIGEST-VALUE <key> [<key> ...]",
                 "    A digest of each key's value.",
+                "OBJECT <key>",
+                "    The reference count and encoding of a key's value.",
                 "PROTOCOL <type>",
                 "    A sample reply of a RESP3 type.",
                 "QUICKLIST-PACKED-THRESHOLD <size>",
                 "    Accepted with no effect (every list element is its own record).",
                 "RELOAD",
                 "    Commit, verify the whole volume, and open the databases again.",
+                "LOADAOF",
+                "    The same as RELOAD (every write is in the log).",
                 "SET-ACTIVE-EXPIRE <0|1>",
                 "    Stop or restart the deletion of expired keys in the background.",
                 "SLEEP <seconds>",

@@ -80,6 +80,11 @@ impl Session {
         }
     }
 
+    /// `CLIENT ID`.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
     /// The selected database's index (`SELECT`).
     pub fn db_index(&self) -> u32 {
         self.db_index
@@ -293,11 +298,29 @@ pub(super) fn cmd_client(call: &mut Call<'_>, args: &[Vec<u8>]) -> tucana::Resul
                 printable(attr, 32)
             )),
         },
+        (b"UNBLOCK", [id, how @ ..]) if how.len() <= 1 => {
+            let how = match how.first().map(|h| h.to_ascii_uppercase()) {
+                None => crate::waiters::UnblockAs::Timeout,
+                Some(h) if h == b"TIMEOUT" => crate::waiters::UnblockAs::Timeout,
+                Some(h) if h == b"ERROR" => crate::waiters::UnblockAs::Error,
+                Some(_) => {
+                    return Ok(Reply::error(
+                        "ERR CLIENT UNBLOCK reason should be TIMEOUT or ERROR",
+                    ))
+                }
+            };
+            match parse_i64(id) {
+                Some(id) => Reply::Int(i64::from(
+                    u64::try_from(id).is_ok_and(|id| call.state.unblock.unblock(id, how)),
+                )),
+                None => not_an_integer(),
+            }
+        }
         (b"INFO", []) => Reply::Bulk(format!("{}\n", client_info_line(call)).into_bytes()),
         // Eviction and LRU do not exist here, so opting out of them changes nothing.
         (b"NO-EVICT" | b"NO-TOUCH", [_]) => Reply::Ok,
         _ => Reply::error(format!(
-            "ERR unknown subcommand or wrong number of arguments for '{}'. Supported: SETNAME GETNAME ID SETINFO INFO",
+            "ERR unknown subcommand or wrong number of arguments for '{}'. Supported: SETNAME GETNAME ID SETINFO INFO UNBLOCK",
             printable(&args[1], 32)
         )),
     })
