@@ -239,13 +239,15 @@ mod tests {
         let entry = table.register(7);
         assert!(table.unblock(7, UnblockAs::Error));
         assert!(!table.unblock(7, UnblockAs::Timeout), "already unblocked");
-        let fut = entry.unblocked();
-        let mut fut = std::pin::pin!(fut);
-        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-        assert_eq!(
-            fut.as_mut().poll(&mut cx),
-            std::task::Poll::Ready(UnblockAs::Error)
-        );
+        {
+            let fut = entry.unblocked();
+            let mut fut = std::pin::pin!(fut);
+            let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+            assert_eq!(
+                fut.as_mut().poll(&mut cx),
+                std::task::Poll::Ready(UnblockAs::Error)
+            );
+        }
         drop(entry);
         let again = table.register(7);
         drop(again);

@@ -489,3 +489,55 @@ OBJECT ENCODING l";
 fn object_encoding_replies_match_redis_server() {
     common::assert_same_replies(ENCODINGS);
 }
+
+/// The connection and debugging commands Redis's test suite leans on: DEBUG PROTOCOL's
+/// sample of each RESP3 type (and its RESP2 forms), RESET (leaves MULTI and RESP3),
+/// OBJECT REFCOUNT, COPY's DB option given a non-number, CONFIG inside MULTI and an
+/// unknown CONFIG subcommand, CLIENT UNBLOCK of no blocked client, and the digests of
+/// nothing.
+const CONNECTION_AND_DEBUG: &str = "FLUSHALL
+len HELLO 3
+DEBUG PROTOCOL bignum
+DEBUG PROTOCOL true
+DEBUG PROTOCOL false
+DEBUG PROTOCOL verbatim
+DEBUG PROTOCOL attrib
+DEBUG PROTOCOL map
+DEBUG PROTOCOL set
+DEBUG PROTOCOL array
+DEBUG PROTOCOL double
+DEBUG PROTOCOL null
+RESET
+DEBUG PROTOCOL bignum
+DEBUG PROTOCOL attrib
+DEBUG PROTOCOL verbatim
+DEBUG PROTOCOL true
+DEBUG PROTOCOL double
+MULTI
+SET a 1
+RESET
+EXEC
+GET a
+SET s hello_world
+OBJECT REFCOUNT s
+OBJECT REFCOUNT nokey
+COPY s t DB notanumber
+CONFIG FOO
+MULTI
+CONFIG GET timeout
+EXEC
+CLIENT UNBLOCK 999999
+CLIENT UNBLOCK 999999 ERROR
+CLIENT UNBLOCK x
+DEBUG SET-ACTIVE-EXPIRE 0
+DEBUG SET-ACTIVE-EXPIRE 1
+DEBUG QUICKLIST-PACKED-THRESHOLD 1b
+DEBUG QUICKLIST-PACKED-THRESHOLD 0
+DEBUG DIGEST-VALUE nokey
+FLUSHALL
+DEBUG DIGEST";
+
+#[test]
+fn connection_and_debug_replies_match_redis_server() {
+    common::assert_same_replies(CONNECTION_AND_DEBUG);
+}
