@@ -175,6 +175,24 @@ fn flushdb_modifies_only_the_watched_keys_that_are_live() {
     server.stop().unwrap();
 }
 
+/// SORT ... STORE writes its destination: an empty result deletes it, which aborts an
+/// EXEC watching it (Redis's suite: "EXEC fail on WATCHed key modified by SORT with
+/// STORE even if the result is empty").
+#[test]
+fn sort_store_modifies_its_destination() {
+    let server = start(true);
+    let mut con = connect(&server);
+    ok(&mut con, &["RPUSH", "foo", "bar"]);
+    ok(&mut con, &["WATCH", "foo"]);
+    assert_eq!(
+        ok(&mut con, &["SORT", "emptylist", "STORE", "foo"]),
+        Value::Int(0)
+    );
+    assert!(!exec_set(&mut con, "other", "x"));
+    assert_eq!(ok(&mut con, &["EXISTS", "foo"]), Value::Int(0));
+    server.stop().unwrap();
+}
+
 #[test]
 fn optimistic_increments_from_many_threads_count_exactly() {
     let server = start(true);

@@ -23,7 +23,7 @@
 //!   key's deadline records in step) and EXPIRE, PERSIST, TTL and their family;
 //! - the handlers, by Redis's command groups: `strings` (GET, SET, INCR, ...),
 //!   `string_edits` (GETRANGE, SETRANGE, SETBIT, BITCOUNT, LCS, INCRBYFLOAT), `moves`
-//!   (RENAME, COPY, TOUCH), `memory` (MEMORY USAGE), the collection types (`hashes`, `sets`, `zsets`,
+//!   (RENAME, COPY, TOUCH), `sort` (SORT, SORT_RO), `memory` (MEMORY USAGE), the collection types (`hashes`, `sets`, `zsets`,
 //!   `zset_algebra` for ZUNION/ZINTER/ZDIFF/ZRANGESTORE/ZRANDMEMBER, `lists`, `mpop` for
 //!   LMPOP/ZMPOP, over `collection`), `keys`
 //!   (SCAN, KEYS, TRANGE, TPREFIX, DBSIZE, FLUSHDB), `transaction` (MULTI, EXEC,
@@ -57,6 +57,7 @@ mod mpop;
 mod routing;
 mod session;
 mod sets;
+mod sort;
 mod string_edits;
 mod strings;
 mod table;

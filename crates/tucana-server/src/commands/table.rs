@@ -55,6 +55,7 @@ use super::sets::{
     cmd_sismember, cmd_smembers, cmd_smismember, cmd_smove, cmd_spop, cmd_srandmember, cmd_srem,
     cmd_sscan, cmd_sunion, cmd_sunionstore,
 };
+use super::sort::{cmd_sort, cmd_sort_ro};
 use super::string_edits::{
     cmd_bitcount, cmd_getbit, cmd_getrange, cmd_incrbyfloat, cmd_lcs, cmd_setbit, cmd_setrange,
 };
@@ -369,6 +370,8 @@ pub(super) fn table() -> &'static [Spec] {
             spec!("rename", 3, 0, (1, 2, 1), Run::Write(cmd_rename)),
             spec!("renamenx", 3, 0, (1, 2, 1), Run::Write(cmd_renamenx)),
             spec!("copy", -3, 0, (1, 2, 1), Run::Write(cmd_copy)),
+            spec!("sort", -2, 0, (1, 1, 1), Run::Write(cmd_sort)),
+            spec!("sort_ro", -2, 0, (1, 1, 1), Run::Read(cmd_sort_ro)),
             spec!("touch", -2, 0, ALL_KEYS, Run::Read(cmd_touch)),
             spec!("memory", -2, 0, (2, 2, 1), Run::Read(cmd_memory)),
             spec!("randomkey", 1, NOMULTI, NO_KEYS, other(cmd_randomkey)),
