@@ -79,7 +79,7 @@ start_server() {
     fi
     rm -f "${work}/volume.tucana"
     # Buffered durability: the suite tests replies, not fsyncs; sync mode only slows it.
-    "${bin}" --db "${work}/volume.tucana" serve --port 0 --durability buffered \
+    "${bin}" --db "${work}/volume.tucana" serve --port 0 --durability buffered --enable-debug-command \
         2>"${work}/server-${name}.log" &
     server_pid=$!
     port=""

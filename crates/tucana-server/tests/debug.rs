@@ -4,7 +4,8 @@
 //! content (equal for equal content whatever its history, different when it changes);
 //! DEBUG RELOAD and LOADAOF verify the committed volume and keep every key, member and
 //! deadline; RESET leaves a connection as new; CLIENT UNBLOCK ends a blocking pop with a
-//! null or an UNBLOCKED error. Nothing is timed: waits poll INFO until a state shows.
+//! null or an UNBLOCKED error. DEBUG needs `--enable-debug-command`. Nothing is timed:
+//! waits poll INFO until a state shows.
 
 use std::time::{Duration, Instant};
 
@@ -14,7 +15,28 @@ use tucana_server::{RunningServer, ServerConfig};
 
 mod client;
 mod common;
-use client::{connect, query, start, start_on, start_with, try_query};
+use client::{connect, query, start, start_with, try_query};
+
+/// A server over `db` that serves DEBUG (`--enable-debug-command`).
+fn debug_server(db: &Database) -> RunningServer {
+    start_with(
+        db,
+        ServerConfig {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            enable_debug_command: true,
+            ..ServerConfig::default()
+        },
+    )
+}
+
+#[test]
+fn debug_is_refused_unless_enabled() {
+    let server = start();
+    let mut con = connect(&server);
+    let err = try_query::<()>(&mut con, &["DEBUG", "SET-ACTIVE-EXPIRE", "0"]).unwrap_err();
+    assert!(err.to_string().contains("--enable-debug-command"), "{err}");
+    server.stop().unwrap();
+}
 
 /// The value of `field` in INFO's text.
 fn info_field(con: &mut Connection, field: &str) -> String {
@@ -37,7 +59,7 @@ fn wait_info(con: &mut Connection, field: &str, want: &str) {
 
 #[test]
 fn active_expiry_stops_and_starts_and_lazy_expiry_still_hides_keys() {
-    let server = start();
+    let server = debug_server(&Database::builder().open_in_memory().unwrap());
     let mut con = connect(&server);
     query::<()>(&mut con, &["DEBUG", "SET-ACTIVE-EXPIRE", "0"]);
     query::<()>(&mut con, &["SET", "gone", "v", "PX", "1"]);
@@ -65,7 +87,7 @@ fn digest(con: &mut Connection, key: &str) -> String {
 
 #[test]
 fn digests_follow_content_not_history() {
-    let server = start();
+    let server = debug_server(&Database::builder().open_in_memory().unwrap());
     let mut con = connect(&server);
     let zeros = "0".repeat(40);
     assert_eq!(query::<String>(&mut con, &["DEBUG", "DIGEST"]), zeros);
@@ -110,7 +132,7 @@ fn digests_follow_content_not_history() {
 fn reload_verifies_the_volume_and_keeps_keys_members_and_deadlines() {
     let dir = tempfile::tempdir().unwrap();
     let db = Database::open(dir.path().join("v.tucana")).unwrap();
-    let server = start_on(&db);
+    let server = debug_server(&db);
     let mut con = connect(&server);
     query::<i64>(&mut con, &["RPUSH", "l", "a", "b", "c"]);
     query::<i64>(&mut con, &["HSET", "h", "f", "v"]);
@@ -142,7 +164,7 @@ fn reload_verifies_the_volume_and_keeps_keys_members_and_deadlines() {
 
 #[test]
 fn debug_object_names_the_encoding() {
-    let server = start();
+    let server = debug_server(&Database::builder().open_in_memory().unwrap());
     let mut con = connect(&server);
     query::<i64>(&mut con, &["HSET", "small", "f", "v"]);
     let text: String = query(&mut con, &["DEBUG", "OBJECT", "small"]);

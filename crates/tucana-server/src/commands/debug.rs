@@ -23,6 +23,8 @@
 //!   thresholds are by `CONFIG SET` (`settings`): every list element is its own record
 //!   here, whatever its size, so there is no packed or plain node to choose.
 //!
+//! Served only when the server was started with `--enable-debug-command`
+//! (`ServerConfig::enable_debug_command`), as Redis 7 serves it only when configured.
 //! It owns no state: the active-expiry switch lives in `settings`.
 //!
 //! Thread-safety: plain functions; `RELOAD` and `SLEEP` wait, so the command is marked as
@@ -244,6 +246,11 @@ fn valid_memory_size(arg: &[u8]) -> bool {
 
 /// `DEBUG subcommand [argument...]`
 pub(super) fn cmd_debug(call: &mut Call<'_>, args: &[Vec<u8>]) -> tucana::Result<Reply> {
+    if !call.state.config.enable_debug_command {
+        return Ok(Reply::error(
+            "ERR DEBUG command not allowed: start the server with --enable-debug-command",
+        ));
+    }
     let sub = args[1].to_ascii_uppercase();
     Ok(match (sub.as_slice(), &args[2..]) {
         (b"SET-ACTIVE-EXPIRE", [flag]) => match flag.as_slice() {

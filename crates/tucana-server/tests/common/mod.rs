@@ -260,6 +260,7 @@ pub fn run_script(script: &str) -> Option<Vec<String>> {
         db,
         ServerConfig {
             listen: "127.0.0.1:0".parse().unwrap(),
+            enable_debug_command: true,
             ..ServerConfig::default()
         },
     )
