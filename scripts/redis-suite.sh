@@ -36,6 +36,8 @@ if ! command -v tclsh >/dev/null 2>&1; then
 fi
 
 units=("$@")
+# unit/info runs no test in external-server mode (the whole file is tagged
+# external:skip); it stays so that the table shows it (docs/redis-suite.md).
 if [[ ${#units[@]} -eq 0 ]]; then
     units=(
         unit/type/string unit/type/incr unit/keyspace unit/scan unit/multi
@@ -77,7 +79,7 @@ start_server() {
     fi
     rm -f "${work}/volume.tucana"
     # Buffered durability: the suite tests replies, not fsyncs; sync mode only slows it.
-    "${bin}" --db "${work}/volume.tucana" serve --port 0 --durability buffered \
+    "${bin}" --db "${work}/volume.tucana" serve --port 0 --durability buffered --enable-debug-command \
         2>"${work}/server-${name}.log" &
     server_pid=$!
     port=""

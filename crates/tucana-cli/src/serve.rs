@@ -84,6 +84,11 @@ pub struct ServeArgs {
     /// the cost of the CPU the thread spins.
     #[arg(long, default_value_t = tucana_server::config::DEFAULT_BUSY_POLL.as_micros() as u64, value_name = "US", value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
     busy_poll_us: u64,
+    /// Serve DEBUG (SET-ACTIVE-EXPIRE, DIGEST, RELOAD, ...), which Redis's own test
+    /// suite uses; off by default, as in Redis 7 (any client could stop expiry or have
+    /// the whole volume verified).
+    #[arg(long)]
+    enable_debug_command: bool,
     /// Number of databases for SELECT (0 is the keyspace `default`, n the keyspace `dbN`).
     #[arg(long, default_value_t = 16, value_name = "N")]
     databases: u32,
@@ -265,6 +270,7 @@ impl ServeArgs {
                 index_lag_max_bytes: self.repl_index_lag_bytes,
             },
             cluster: self.cluster(path),
+            enable_debug_command: self.enable_debug_command,
             ..ServerConfig::default()
         };
         // Refuse before touching the volume: a bad flag should not create one.

@@ -152,6 +152,10 @@ pub struct ServerConfig {
     /// Delete expired keys in the background (`sweeper`); off, they are only hidden
     /// (lazy expiry) until written or deleted. Tests turn it off to see lazy expiry alone.
     pub active_expiry: bool,
+    /// Serve `DEBUG` (Redis's test suite needs it). Off by default, as in Redis 7: it
+    /// lets any client stop expiry, verify the whole volume (`DEBUG RELOAD`, O(volume))
+    /// or hold its connection.
+    pub enable_debug_command: bool,
 }
 
 impl Default for ServerConfig {
@@ -179,6 +183,7 @@ impl Default for ServerConfig {
             },
             cluster: None,
             active_expiry: true,
+            enable_debug_command: false,
         }
     }
 }

@@ -482,6 +482,7 @@ async fn wait_blocked<S: AsyncRead + AsyncWrite + Unpin, F: std::future::Future<
     // Registered before the retry: a write that lands between the first try and now is
     // then seen by the retry, any later one notifies.
     let wait = crate::waiters::WaitTable::wait(slot.waiters(), &blocked.keys);
+    let unblockable = state.unblock.register(conn.session.id());
     let _counted = BlockedCount::new(state);
     let sleep = async {
         match blocked.deadline {
@@ -512,6 +513,16 @@ async fn wait_blocked<S: AsyncRead + AsyncWrite + Unpin, F: std::future::Future<
             _ = wait.notified() => {}
             _ = &mut sleep => {
                 Reply::NilArray.encode(conn.session.protocol, &mut conn.out);
+                return Ok(true);
+            }
+            how = unblockable.unblocked() => {
+                let reply = match how {
+                    crate::waiters::UnblockAs::Timeout => Reply::NilArray,
+                    crate::waiters::UnblockAs::Error => {
+                        Reply::error("UNBLOCKED client unblocked via CLIENT UNBLOCK")
+                    }
+                };
+                reply.encode(conn.session.protocol, &mut conn.out);
                 return Ok(true);
             }
             r = stream.read_buf(&mut conn.buf), if room => match r {

@@ -97,6 +97,20 @@ pub fn modified_key(stored: &[u8], slot_prefixed: bool) -> Option<Vec<u8>> {
     }
 }
 
+/// Whether the (unprefixed) `key` is live in `ks` at `now_ms`: stored, and its deadline,
+/// if any, not passed. An error reads as live (the caller then treats the key as
+/// present, which for WATCH is the safe side: EXEC aborts).
+pub fn live_in(ks: &tucana::Keyspace, key: &[u8], now_ms: u64) -> bool {
+    match ks.contains(key) {
+        Ok(false) => false,
+        Ok(true) => match ks.get(&deadline_key(key)) {
+            Ok(Some(d)) => decode_deadline(&d).map_or(true, |d| d >= now_ms),
+            Ok(None) | Err(_) => true,
+        },
+        Err(_) => true,
+    }
+}
+
 /// Now, in unix milliseconds (what deadlines are compared with).
 pub fn now_ms() -> u64 {
     SystemTime::now()

@@ -523,6 +523,14 @@ pub enum Reply {
     /// Pairs that RESP3 answers as an array of two-element arrays and RESP2 as one flat
     /// array (a sorted set's members with their scores, as Redis 7 answers them).
     Pairs(Vec<(Reply, Reply)>),
+    /// A number of any size, in decimal: a RESP3 big number; a bulk string in RESP2.
+    BigNumber(String),
+    /// Text with its 3-letter format (`txt`, `mkd`): a RESP3 verbatim string; a bulk
+    /// string of the text in RESP2.
+    Verbatim([u8; 3], Vec<u8>),
+    /// A reply preceded by RESP3 attributes (out-of-band key-value pairs a client may
+    /// ignore); RESP2 has no attributes, so only the reply is sent.
+    WithAttributes(Vec<(Reply, Reply)>, Box<Reply>),
 }
 
 impl Reply {
@@ -595,6 +603,26 @@ impl Reply {
                     b.encode(protocol, out);
                 }
             }
+            Reply::BigNumber(digits) if resp3 => line(out, b'(', digits.as_bytes()),
+            Reply::BigNumber(digits) => encode_bulk(digits.as_bytes(), out),
+            Reply::Verbatim(format, text) if resp3 => {
+                header(out, b'=', text.len() as i128 + 4);
+                out.extend_from_slice(format);
+                out.push(b':');
+                out.extend_from_slice(text);
+                out.extend_from_slice(b"\r\n");
+            }
+            Reply::Verbatim(_, text) => encode_bulk(text, out),
+            Reply::WithAttributes(attributes, reply) => {
+                if resp3 {
+                    header(out, b'|', attributes.len() as i128);
+                    for (k, v) in attributes {
+                        k.encode(protocol, out);
+                        v.encode(protocol, out);
+                    }
+                }
+                reply.encode(protocol, out);
+            }
         }
     }
 }
@@ -661,6 +689,37 @@ mod tests {
 
     fn args(list: &[&str]) -> Args {
         list.iter().map(|s| s.as_bytes().to_vec()).collect()
+    }
+
+    fn encoded(reply: &Reply, protocol: Protocol) -> String {
+        let mut out = Vec::new();
+        reply.encode(protocol, &mut out);
+        String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn resp3_only_types_fall_back_to_bulk_strings_in_resp2() {
+        let big = Reply::BigNumber("1234567999999999999999999999999999999".into());
+        assert_eq!(
+            encoded(&big, Protocol::Resp3),
+            "(1234567999999999999999999999999999999\r\n"
+        );
+        assert_eq!(
+            encoded(&big, Protocol::Resp2),
+            "$37\r\n1234567999999999999999999999999999999\r\n"
+        );
+        let text = Reply::Verbatim(*b"txt", b"a\nb".to_vec());
+        assert_eq!(encoded(&text, Protocol::Resp3), "=7\r\ntxt:a\nb\r\n");
+        assert_eq!(encoded(&text, Protocol::Resp2), "$3\r\na\nb\r\n");
+        let with = Reply::WithAttributes(
+            vec![(Reply::bulk("k"), Reply::Int(1))],
+            Box::new(Reply::bulk("v")),
+        );
+        assert_eq!(
+            encoded(&with, Protocol::Resp3),
+            "|1\r\n$1\r\nk\r\n:1\r\n$1\r\nv\r\n"
+        );
+        assert_eq!(encoded(&with, Protocol::Resp2), "$1\r\nv\r\n");
     }
 
     #[test]

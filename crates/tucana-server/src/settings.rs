@@ -8,14 +8,15 @@
 //! compact encodings (tucana has one encoding per type, `types`), kept so `CONFIG GET`
 //! answers what was set (and `OBJECT ENCODING` answers by them, `commands::collection`).
 //! Every other setting is fixed for the life of the server and
-//! `CONFIG SET` names the ones that are not. It does not own the parsing of
+//! `CONFIG SET` names the ones that are not. Also whether the sweeper deletes expired
+//! keys (`DEBUG SET-ACTIVE-EXPIRE`, `commands::debug`). It does not own the parsing of
 //! `CONFIG` requests (`commands::admin`).
 //!
 //! Thread-safety: atomics and one mutex; a change is seen by the next accept (maxclients)
 //! or the next read of a connection (timeout).
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -52,7 +53,7 @@ const ALIASES: [(&str, &str); 5] = [
 ];
 
 /// Settings whose one value is what tucana does; setting that value is accepted.
-const FIXED_VALUES: [(&str, &str, &str); 3] = [
+const FIXED_VALUES: [(&str, &str, &str); 4] = [
     ("appendonly", "yes", "every write is in the log"),
     (
         "save",
@@ -63,6 +64,11 @@ const FIXED_VALUES: [(&str, &str, &str); 3] = [
         "maxmemory",
         "0",
         "tucana keeps data on disk and evicts nothing",
+    ),
+    (
+        "aof-use-rdb-preamble",
+        "no",
+        "the log holds write records only, never a snapshot",
     ),
 ];
 
@@ -76,6 +82,9 @@ pub struct Settings {
     /// speaks seconds.
     idle_timeout_ms: AtomicU64,
     inert: Mutex<BTreeMap<&'static str, String>>,
+    /// The sweeper deletes expired keys (`DEBUG SET-ACTIVE-EXPIRE`, as in Redis: a test
+    /// turns it off to see lazy expiry alone). Lazy expiry is unaffected.
+    active_expire: AtomicBool,
 }
 
 /// Why `CONFIG SET` refused a change (the text of its error reply, after `ERR `).
@@ -94,7 +103,17 @@ impl Settings {
                     .map(|&(k, v)| (k, v.to_string()))
                     .collect(),
             ),
+            active_expire: AtomicBool::new(true),
         }
+    }
+
+    /// Whether the sweeper deletes expired keys now (`DEBUG SET-ACTIVE-EXPIRE`).
+    pub fn active_expire(&self) -> bool {
+        self.active_expire.load(Ordering::Relaxed)
+    }
+
+    pub fn set_active_expire(&self, on: bool) {
+        self.active_expire.store(on, Ordering::Relaxed);
     }
 
     pub fn max_clients(&self) -> u64 {
@@ -177,12 +196,12 @@ impl Settings {
                             Change::Nothing
                         } else {
                             return Err(format!(
-                                "CONFIG SET '{name_text}' only accepts '{fixed}' here: {why}"
+                                "CONFIG SET failed (possibly related to argument '{name_text}') - only '{fixed}' is accepted here: {why}"
                             ));
                         }
                     } else {
                         return Err(format!(
-                            "CONFIG SET '{name_text}' is not supported: tucana serve is configured by its command line; at run time only {SETTABLE} change (and Redis's encoding thresholds are accepted, with no effect)"
+                            "CONFIG SET failed (possibly related to argument '{name_text}') - not supported: tucana serve is configured by its command line; at run time only {SETTABLE} change (and Redis's encoding thresholds are accepted, with no effect)"
                         ));
                     }
                 }
@@ -225,7 +244,7 @@ mod tests {
         assert_eq!(s.idle_timeout(), Some(Duration::from_secs(30)));
         assert_eq!(s.max_clients(), 7);
         let err = s.set(&[(b"timeout", b"0"), (b"port", b"1")]).unwrap_err();
-        assert!(err.contains("'port' is not supported") && err.contains(SETTABLE));
+        assert!(err.contains("'port') - not supported") && err.contains(SETTABLE));
         assert_eq!(s.idle_timeout(), Some(Duration::from_secs(30)));
         assert!(s.set(&[(b"timeout", b"x")]).is_err());
         s.set(&[(b"hash-max-ziplist-value", b"16")]).unwrap();

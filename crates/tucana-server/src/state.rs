@@ -47,6 +47,8 @@ pub struct ServerState {
     pub cluster: Option<Arc<Cluster>>,
     /// Set to `true` once to stop the server (signals, `SHUTDOWN`, `ShutdownHandle`).
     pub shutdown: Arc<watch::Sender<bool>>,
+    /// The clients blocked now, for `CLIENT UNBLOCK`.
+    pub unblock: crate::waiters::UnblockTable,
     next_client_id: AtomicU64,
 }
 
@@ -110,6 +112,7 @@ impl ServerState {
             local_port,
             tls,
             shutdown: Arc::new(shutdown),
+            unblock: Default::default(),
             next_client_id: AtomicU64::new(1),
         })
     }

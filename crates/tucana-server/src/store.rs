@@ -242,13 +242,26 @@ impl WriteGuard<'_> {
         if self.existing().is_none() {
             return Ok(());
         }
+        // The watched keys the flush deletes: those live now (Redis 7 does not count a
+        // flush as a change of a watched key that had already expired).
+        let now = crate::expiry::now_ms();
+        let live: Vec<Vec<u8>> = match self.existing() {
+            Some(ks) => self
+                .slot
+                .watches
+                .keys()
+                .into_iter()
+                .filter(|k| crate::expiry::live_in(&ks, k, now))
+                .collect(),
+            None => Vec::new(),
+        };
         // Forget the handle first: a reader that still holds the old one gets
         // `KeyspaceNotFound` once it is dropped and starts over on `None`.
         let old = self.slot.handle.write().take();
         match db.drop_keyspace(&self.slot.name) {
             Ok(()) | Err(Error::KeyspaceNotFound(_)) => {
                 self.slot.may_expire.store(false, Ordering::Release);
-                self.slot.watches.bump_all();
+                self.slot.watches.bump(live.iter().map(Vec::as_slice));
                 Ok(())
             }
             Err(e) => {

@@ -60,14 +60,20 @@ pub async fn run(state: Arc<ServerState>, mut shutdown: watch::Receiver<bool>) {
         let cursors = cursors.clone();
         let _ = tokio::task::spawn_blocking(move || {
             let mut cursors = cursors.lock();
+            // `DEBUG SET-ACTIVE-EXPIRE 0` stops the deletions, not the collector.
+            let active = state.settings.active_expire();
             if let Some(cluster) = &state.cluster {
-                sweep_regions(&state, first);
+                if active {
+                    sweep_regions(&state, first);
+                }
                 for (_, slot) in cluster.led_regions(&state.store.db) {
                     collect_garbage(&slot, &mut cursors, true);
                 }
             } else {
                 for slot in state.store.slots() {
-                    state.metrics.count_expired(sweep_keys(slot, &[]));
+                    if active {
+                        state.metrics.count_expired(sweep_keys(slot, &[]));
+                    }
                     collect_garbage(slot, &mut cursors, false);
                 }
             }

@@ -7,7 +7,8 @@
 //! wakes the next waiter of each of its keys, so several elements pushed at once serve
 //! several waiters in order, and a waiter woken for nothing keeps its place. It does not
 //! own what a waiter does when woken (the connection retries its command) nor the
-//! commands (`commands::blocking`).
+//! commands (`commands::blocking`). Also the table of blocked clients by client id
+//! ([`UnblockTable`]), through which `CLIENT UNBLOCK` ends a client's wait.
 //!
 //! Thread-safety: `Send + Sync`; a mutex guards the queues; writers pay one atomic load
 //! when nobody waits. Notifications are `tokio::sync::Notify` permits: one sent before
@@ -119,6 +120,81 @@ impl Drop for Wait {
     }
 }
 
+/// How `CLIENT UNBLOCK` ends a client's wait: as if its timeout passed (a null reply),
+/// or with an `UNBLOCKED` error.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum UnblockAs {
+    Timeout,
+    Error,
+}
+
+/// The blocked clients of the server by client id, for `CLIENT UNBLOCK` (whatever
+/// database they wait in).
+#[derive(Default)]
+pub struct UnblockTable {
+    clients: Mutex<HashMap<u64, Arc<Unblock>>>,
+}
+
+/// One blocked client's way out.
+pub struct Unblock {
+    notify: Notify,
+    how: Mutex<Option<UnblockAs>>,
+}
+
+/// A blocked client's entry in the [`UnblockTable`]; leaves it when dropped.
+pub struct Unblockable<'a> {
+    table: &'a UnblockTable,
+    client_id: u64,
+    unblock: Arc<Unblock>,
+}
+
+impl UnblockTable {
+    /// Lists client `client_id` as blocked until the returned entry is dropped.
+    pub fn register(&self, client_id: u64) -> Unblockable<'_> {
+        let unblock = Arc::new(Unblock {
+            notify: Notify::new(),
+            how: Mutex::new(None),
+        });
+        self.clients.lock().insert(client_id, unblock.clone());
+        Unblockable {
+            table: self,
+            client_id,
+            unblock,
+        }
+    }
+
+    /// Ends the wait of client `client_id`, if it is blocked (`false` otherwise). It
+    /// leaves the table at once, so a second call answers `false`.
+    pub fn unblock(&self, client_id: u64, how: UnblockAs) -> bool {
+        let Some(unblock) = self.clients.lock().remove(&client_id) else {
+            return false;
+        };
+        *unblock.how.lock() = Some(how);
+        unblock.notify.notify_one();
+        true
+    }
+}
+
+impl Unblockable<'_> {
+    /// Until `CLIENT UNBLOCK` names this client (at once if it did since the last call).
+    pub async fn unblocked(&self) -> UnblockAs {
+        self.unblock.notify.notified().await;
+        self.unblock.how.lock().unwrap_or(UnblockAs::Timeout)
+    }
+}
+
+impl Drop for Unblockable<'_> {
+    fn drop(&mut self) {
+        let mut clients = self.table.clients.lock();
+        if clients
+            .get(&self.client_id)
+            .is_some_and(|u| Arc::ptr_eq(u, &self.unblock))
+        {
+            clients.remove(&self.client_id);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -154,5 +230,27 @@ mod tests {
         assert_eq!(table.waiting_on(b"other"), 0);
         drop(b);
         assert!(!table.any());
+    }
+
+    #[test]
+    fn client_unblock_reaches_only_a_blocked_client_once() {
+        let table = UnblockTable::default();
+        assert!(!table.unblock(7, UnblockAs::Error), "nobody is blocked");
+        let entry = table.register(7);
+        assert!(table.unblock(7, UnblockAs::Error));
+        assert!(!table.unblock(7, UnblockAs::Timeout), "already unblocked");
+        {
+            let fut = entry.unblocked();
+            let mut fut = std::pin::pin!(fut);
+            let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+            assert_eq!(
+                fut.as_mut().poll(&mut cx),
+                std::task::Poll::Ready(UnblockAs::Error)
+            );
+        }
+        drop(entry);
+        let again = table.register(7);
+        drop(again);
+        assert!(!table.unblock(7, UnblockAs::Timeout), "left when dropped");
     }
 }

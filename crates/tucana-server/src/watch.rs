@@ -1,5 +1,6 @@
 //! `WATCH`'s table of one database: a version per key that some connection watches,
-//! moved by every write of that key (value, deadline, deletion, expiry sweep, flush).
+//! moved by every write of that key (value, deadline, deletion, expiry sweep, flush of
+//! a live key).
 //!
 //! Owns the versions and the count of watchers per key; a key leaves the table when its
 //! last watcher goes ([`Watch`] releases on drop, so a connection that ends releases
@@ -73,14 +74,13 @@ impl WatchTable {
         }
     }
 
-    /// Marks every watched key modified (FLUSHDB).
-    pub fn bump_all(&self) {
+    /// The keys watched now (FLUSHDB marks those that are live modified: a flush does
+    /// not modify a key that had already expired, as in Redis 7).
+    pub fn keys(&self) -> Vec<Vec<u8>> {
         if !self.any() {
-            return;
+            return Vec::new();
         }
-        for entry in self.keys.lock().values_mut() {
-            entry.1 += 1;
-        }
+        self.keys.lock().keys().cloned().collect()
     }
 
     fn release(&self, key: &[u8]) {
@@ -130,7 +130,8 @@ mod tests {
         assert!(a.modified() && b.modified());
         let c = WatchTable::watch(&table, b"k");
         assert!(!c.modified());
-        table.bump_all();
+        assert_eq!(table.keys(), [b"k".to_vec()]);
+        table.bump(table.keys().iter().map(Vec::as_slice));
         assert!(c.modified());
         drop((a, b, c));
         assert!(!table.any());

@@ -270,3 +270,27 @@ fn a_client_that_hangs_up_while_blocked_is_forgotten() {
     assert_eq!(query::<i64>(&mut con, &["LLEN", "gone"]), 1);
     server.stop().unwrap();
 }
+
+/// A list SORT ... STORE creates serves a client blocked on it (Redis's suite: "BLPOP
+/// when result key is created by SORT..STORE").
+#[test]
+fn a_list_stored_by_sort_serves_a_blocked_client() {
+    let server = start();
+    let mut con = connect(&server);
+    let waiter = blocked(&server, &["BLPOP", "sorted", "0"]);
+    wait_blocked(&mut con, 1);
+    query::<i64>(&mut con, &["RPUSH", "src", "hola", "aguacate", "zanzibar"]);
+    assert_eq!(
+        query::<i64>(&mut con, &["SORT", "src", "ALPHA", "STORE", "sorted"]),
+        3
+    );
+    assert_eq!(
+        waiter.join().unwrap(),
+        Value::Array(vec![bulk("sorted"), bulk("aguacate")])
+    );
+    assert_eq!(
+        query::<Vec<String>>(&mut con, &["LRANGE", "sorted", "0", "-1"]),
+        ["hola", "zanzibar"]
+    );
+    server.stop().unwrap();
+}

@@ -489,3 +489,118 @@ OBJECT ENCODING l";
 fn object_encoding_replies_match_redis_server() {
     common::assert_same_replies(ENCODINGS);
 }
+
+/// The connection and debugging commands Redis's test suite leans on: DEBUG PROTOCOL's
+/// sample of each RESP3 type (and its RESP2 forms), RESET (leaves MULTI and RESP3),
+/// OBJECT REFCOUNT, COPY's DB option given a non-number, CONFIG inside MULTI and an
+/// unknown CONFIG subcommand, CLIENT UNBLOCK of no blocked client, and the digests of
+/// nothing.
+const CONNECTION_AND_DEBUG: &str = "FLUSHALL
+len HELLO 3
+DEBUG PROTOCOL bignum
+DEBUG PROTOCOL true
+DEBUG PROTOCOL false
+DEBUG PROTOCOL verbatim
+DEBUG PROTOCOL attrib
+DEBUG PROTOCOL map
+DEBUG PROTOCOL set
+DEBUG PROTOCOL array
+DEBUG PROTOCOL double
+DEBUG PROTOCOL null
+RESET
+DEBUG PROTOCOL bignum
+DEBUG PROTOCOL attrib
+DEBUG PROTOCOL verbatim
+DEBUG PROTOCOL true
+DEBUG PROTOCOL double
+MULTI
+SET a 1
+RESET
+EXEC
+GET a
+SET s hello_world
+OBJECT REFCOUNT s
+OBJECT REFCOUNT nokey
+COPY s t DB notanumber
+CONFIG FOO
+MULTI
+CONFIG GET timeout
+EXEC
+CLIENT UNBLOCK 999999
+CLIENT UNBLOCK 999999 ERROR
+CLIENT UNBLOCK x
+DEBUG SET-ACTIVE-EXPIRE 0
+DEBUG SET-ACTIVE-EXPIRE 1
+DEBUG QUICKLIST-PACKED-THRESHOLD 1b
+DEBUG QUICKLIST-PACKED-THRESHOLD 0
+DEBUG DIGEST-VALUE nokey
+FLUSHALL
+DEBUG DIGEST";
+
+#[test]
+fn connection_and_debug_replies_match_redis_server() {
+    common::assert_same_replies(CONNECTION_AND_DEBUG);
+}
+
+/// SORT and SORT_RO on each type: numbers and ALPHA, DESC, LIMIT, BY and GET patterns
+/// (strings and hash fields, missing weights), BY nosort, STORE (and an empty result
+/// deleting the destination), ties, and the errors.
+const SORT: &str = "FLUSHALL
+RPUSH l 3 1 2 10
+SORT l
+SORT l DESC
+SORT l LIMIT 1 2
+SORT l LIMIT -5 2
+SORT l LIMIT 2 -1
+SORT l LIMIT 10 2
+SORT l ALPHA
+SORT l ALPHA DESC
+RPUSH t 1.0 1 01
+SORT t
+SORT t DESC
+RPUSH bad 1 x
+SORT bad
+SORT bad ALPHA
+SADD s 5 3 9
+SORT s
+SORT s DESC LIMIT 0 2
+ZADD z 1 a 5 b 2 c
+SORT z BY nosort
+SORT z BY nosort DESC
+SORT z ALPHA
+SORT l BY nosort
+SORT l BY nosort DESC
+SET w_1 30
+SET w_2 10
+SET w_3 20
+SET w_10 5
+SORT l BY w_*
+SORT l BY w_* DESC GET # GET w_*
+SORT l BY missing_*
+SORT l BY w_* ALPHA
+HSET h_1 f x
+HSET h_2 f y
+SORT l BY w_* GET h_*->f
+SORT l BY h_*->f ALPHA GET #
+SORT l BY w_* STORE dst
+LRANGE dst 0 -1
+TYPE dst
+SORT l GET nothing_* STORE dst
+LRANGE dst 0 -1
+SORT empty STORE dst
+EXISTS dst
+SET str x
+SORT str
+HSET hash f v
+SORT hash
+SORT l STORE
+SORT l LIMIT 1
+SORT l LIMIT x 1
+SORT l FOO
+SORT_RO l DESC
+SORT_RO l STORE dst";
+
+#[test]
+fn sort_replies_match_redis_server() {
+    common::assert_same_replies(SORT);
+}

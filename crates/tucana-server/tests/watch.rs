@@ -144,6 +144,55 @@ fn a_watched_key_that_expires_aborts_exec() {
     }
 }
 
+/// Regression (Redis's suite, "FLUSHDB while watching stale keys should not fail EXEC"):
+/// FLUSHDB counted every watched key as modified, also one that had already expired
+/// before WATCH, so the EXEC aborted where Redis 7 runs it. A flush modifies only the
+/// watched keys that are live; a live one still aborts the EXEC.
+#[test]
+fn flushdb_modifies_only_the_watched_keys_that_are_live() {
+    let server = start(false);
+    let mut con = connect(&server);
+    let _: () = redis::cmd("SET")
+        .arg("stale")
+        .arg("v")
+        .arg("PX")
+        .arg(1)
+        .query(&mut con)
+        .unwrap();
+    let give_up = Instant::now() + Duration::from_secs(60);
+    while con.pttl::<_, i64>("stale").unwrap() != -2 {
+        assert!(Instant::now() < give_up);
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    ok(&mut con, &["WATCH", "stale"]);
+    ok(&mut con, &["FLUSHDB"]);
+    assert!(exec_set(&mut con, "other", "x"), "a stale watched key");
+
+    let _: () = con.set("live", "v").unwrap();
+    ok(&mut con, &["WATCH", "live"]);
+    ok(&mut con, &["FLUSHDB"]);
+    assert!(!exec_set(&mut con, "other", "x"), "a live watched key");
+    server.stop().unwrap();
+}
+
+/// SORT ... STORE writes its destination: an empty result deletes it, which aborts an
+/// EXEC watching it (Redis's suite: "EXEC fail on WATCHed key modified by SORT with
+/// STORE even if the result is empty").
+#[test]
+fn sort_store_modifies_its_destination() {
+    let server = start(true);
+    let mut con = connect(&server);
+    ok(&mut con, &["RPUSH", "foo", "bar"]);
+    ok(&mut con, &["WATCH", "foo"]);
+    assert_eq!(
+        ok(&mut con, &["SORT", "emptylist", "STORE", "foo"]),
+        Value::Int(0)
+    );
+    assert!(!exec_set(&mut con, "other", "x"));
+    assert_eq!(ok(&mut con, &["EXISTS", "foo"]), Value::Int(0));
+    server.stop().unwrap();
+}
+
 #[test]
 fn optimistic_increments_from_many_threads_count_exactly() {
     let server = start(true);

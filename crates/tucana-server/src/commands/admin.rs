@@ -80,10 +80,15 @@ pub(super) fn cmd_config(call: &mut Call<'_>, args: &[Vec<u8>]) -> tucana::Resul
             })
         }
         b"SET" => Ok(wrong_args("config|set")),
-        _ => Ok(Reply::error(format!(
+        b"RESETSTAT" | b"REWRITE" => Ok(Reply::error(format!(
             "ERR CONFIG {} is not supported: tucana serve is configured by its command line (CONFIG GET reads it, CONFIG SET changes {})",
             printable(&args[1], 32),
             crate::settings::SETTABLE
+        ))),
+        // Redis's words, which clients match.
+        _ => Ok(Reply::error(format!(
+            "ERR unknown subcommand '{}'. Try CONFIG HELP.",
+            printable(&args[1], 32)
         ))),
     }
 }

@@ -59,6 +59,12 @@ pub(super) trait Kv {
 
     /// The server's run-time settings (OBJECT ENCODING reads Redis's thresholds there).
     fn settings(&self) -> &crate::settings::Settings;
+
+    /// Cluster mode: the hash slot whose keys this store reads and writes (a command
+    /// that would name keys of other slots refuses, e.g. SORT's BY, GET and STORE).
+    fn hash_slot(&self) -> Option<u16> {
+        None
+    }
 }
 
 /// Appends the marker of deadlines to `ops` when a deadline is written to a keyspace that

@@ -23,14 +23,14 @@
 //!   key's deadline records in step) and EXPIRE, PERSIST, TTL and their family;
 //! - the handlers, by Redis's command groups: `strings` (GET, SET, INCR, ...),
 //!   `string_edits` (GETRANGE, SETRANGE, SETBIT, BITCOUNT, LCS, INCRBYFLOAT), `moves`
-//!   (RENAME, COPY, TOUCH), `memory` (MEMORY USAGE), the collection types (`hashes`, `sets`, `zsets`,
+//!   (RENAME, COPY, TOUCH), `sort` (SORT, SORT_RO), `memory` (MEMORY USAGE), the collection types (`hashes`, `sets`, `zsets`,
 //!   `zset_algebra` for ZUNION/ZINTER/ZDIFF/ZRANGESTORE/ZRANDMEMBER, `lists`, `mpop` for
 //!   LMPOP/ZMPOP, over `collection`), `keys`
 //!   (SCAN, KEYS, TRANGE, TPREFIX, DBSIZE, FLUSHDB), `transaction` (MULTI, EXEC,
 //!   DISCARD), `session` (the `Session` and the commands that read or change it: AUTH,
 //!   HELLO, SELECT, CLIENT, QUIT, PING, ECHO), `admin` (COMMAND, CONFIG, TIME, SAVE,
 //!   BGSAVE, BGREWRITEAOF, SHUTDOWN), `info` (INFO's text, from `metrics`' counters
-//!   and the engine's `Stats`).
+//!   and the engine's `Stats`), `debug` (DEBUG's subcommands that mean something here).
 //!
 //! Thread-safety: a `Session` belongs to one connection; `execute_batch` may run on any
 //! thread and may block (engine writes take the database's write lock; `EXEC`, `FLUSHDB`
@@ -43,6 +43,7 @@ mod blocking;
 mod cluster;
 mod cluster_keys;
 mod collection;
+mod debug;
 mod expire;
 mod hashes;
 mod info;
@@ -56,6 +57,7 @@ mod mpop;
 mod routing;
 mod session;
 mod sets;
+mod sort;
 mod string_edits;
 mod strings;
 mod table;
@@ -147,8 +149,9 @@ fn execute_one(call: &mut Call<'_>, args: &Args) -> Reply {
         if spec.flags & TXCTL == 0 {
             if spec.flags & NOMULTI != 0 {
                 multi.failed = true;
+                // Redis's words first: clients and Redis's tests match them.
                 return Reply::error(format!(
-                    "ERR '{}' is not allowed inside a transaction (a transaction is one atomic batch of string commands on the selected database)",
+                    "ERR Command not allowed inside a transaction: '{}' (a transaction is one atomic batch on the selected database)",
                     spec.name
                 ));
             }

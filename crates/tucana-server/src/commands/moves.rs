@@ -101,6 +101,9 @@ pub(super) fn cmd_copy(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Repl
         match args[i].to_ascii_uppercase().as_slice() {
             b"REPLACE" => replace = true,
             b"DB" if i + 1 < args.len() => {
+                if super::parse_i64(&args[i + 1]).is_none() {
+                    return Ok(super::not_an_integer());
+                }
                 return Ok(Reply::error(
                     "ERR COPY's DB option is not supported: a copy stays in the selected database",
                 ));

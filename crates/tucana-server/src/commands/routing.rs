@@ -162,6 +162,10 @@ impl SlotKv<'_> {
 }
 
 impl Kv for SlotKv<'_> {
+    fn hash_slot(&self) -> Option<u16> {
+        Some(self.hash_slot)
+    }
+
     fn settings(&self) -> &crate::settings::Settings {
         self.inner.settings()
     }

@@ -1,5 +1,5 @@
 //! The per-connection [`Session`] and the commands of Redis's `connection` group, which
-//! read or change it: AUTH, HELLO, SELECT, CLIENT, QUIT, PING, ECHO.
+//! read or change it: AUTH, HELLO, SELECT, CLIENT, QUIT, RESET, PING, ECHO.
 //!
 //! Owns the session's fields and the password check. It does not own the connection's
 //! socket or its lifetime: `close_after_reply` and `shutdown_requested` only ask the
@@ -80,6 +80,11 @@ impl Session {
         }
     }
 
+    /// `CLIENT ID`.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
     /// The selected database's index (`SELECT`).
     pub fn db_index(&self) -> u32 {
         self.db_index
@@ -125,6 +130,22 @@ pub(super) fn cmd_echo(_call: &mut Call<'_>, args: &[Vec<u8>]) -> tucana::Result
 pub(super) fn cmd_quit(call: &mut Call<'_>, _args: &[Vec<u8>]) -> tucana::Result<Reply> {
     call.session.close_after_reply = true;
     Ok(Reply::Ok)
+}
+
+/// `RESET`: the connection as it was when it opened: no transaction and no watches,
+/// RESP2, database 0, no name, and not authenticated when a password is required. It
+/// runs at once inside `MULTI`, which it discards.
+pub(super) fn cmd_reset(call: &mut Call<'_>, _args: &[Vec<u8>]) -> tucana::Result<Reply> {
+    let session = &mut *call.session;
+    session.multi = None;
+    session.watching.clear();
+    session.protocol = Protocol::Resp2;
+    session.db_index = 0;
+    session.name = None;
+    session.readonly = false;
+    session.asking = false;
+    session.authenticated = call.state.config.requirepass.is_none();
+    Ok(Reply::Status("RESET".into()))
 }
 
 pub(super) fn cmd_select(call: &mut Call<'_>, args: &[Vec<u8>]) -> tucana::Result<Reply> {
@@ -277,11 +298,29 @@ pub(super) fn cmd_client(call: &mut Call<'_>, args: &[Vec<u8>]) -> tucana::Resul
                 printable(attr, 32)
             )),
         },
+        (b"UNBLOCK", [id, how @ ..]) if how.len() <= 1 => {
+            let how = match how.first().map(|h| h.to_ascii_uppercase()) {
+                None => crate::waiters::UnblockAs::Timeout,
+                Some(h) if h == b"TIMEOUT" => crate::waiters::UnblockAs::Timeout,
+                Some(h) if h == b"ERROR" => crate::waiters::UnblockAs::Error,
+                Some(_) => {
+                    return Ok(Reply::error(
+                        "ERR CLIENT UNBLOCK reason should be TIMEOUT or ERROR",
+                    ))
+                }
+            };
+            match parse_i64(id) {
+                Some(id) => Reply::Int(i64::from(
+                    u64::try_from(id).is_ok_and(|id| call.state.unblock.unblock(id, how)),
+                )),
+                None => not_an_integer(),
+            }
+        }
         (b"INFO", []) => Reply::Bulk(format!("{}\n", client_info_line(call)).into_bytes()),
         // Eviction and LRU do not exist here, so opting out of them changes nothing.
         (b"NO-EVICT" | b"NO-TOUCH", [_]) => Reply::Ok,
         _ => Reply::error(format!(
-            "ERR unknown subcommand or wrong number of arguments for '{}'. Supported: SETNAME GETNAME ID SETINFO INFO",
+            "ERR unknown subcommand or wrong number of arguments for '{}'. Supported: SETNAME GETNAME ID SETINFO INFO UNBLOCK",
             printable(&args[1], 32)
         )),
     })

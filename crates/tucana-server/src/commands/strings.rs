@@ -95,9 +95,18 @@ pub(super) fn cmd_type(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Repl
 }
 
 /// `OBJECT ENCODING key` (and `OBJECT HELP`): the names Redis gives its encodings, which
-/// some clients and tests read; strings by their content, as Redis picks them.
+/// some clients and tests read; strings by their content, as Redis picks them. `OBJECT
+/// REFCOUNT key`: 1 (no value is shared).
 pub(super) fn cmd_object(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Reply> {
     let sub = args[1].to_ascii_uppercase();
+    if sub == b"REFCOUNT" && args.len() == 3 {
+        // Values are never shared between keys here (Redis shares small integers), so
+        // every value has one reference.
+        return Ok(match live_value(kv, &args[2])? {
+            Some(_) => Reply::Int(1),
+            None => Reply::Nil,
+        });
+    }
     if sub != b"ENCODING" || args.len() != 3 {
         return Ok(Reply::error(format!(
             "ERR unknown subcommand or wrong number of arguments for '{}'. Try OBJECT HELP.",

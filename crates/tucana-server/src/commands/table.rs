@@ -23,6 +23,7 @@ use super::blocking::{
     cmd_bzpopmin,
 };
 use super::cluster::{cmd_cluster, cmd_readonly, cmd_readwrite};
+use super::debug::cmd_debug;
 use super::expire::{
     cmd_expire, cmd_expireat, cmd_expiretime, cmd_persist, cmd_pexpire, cmd_pexpireat,
     cmd_pexpiretime, cmd_pttl, cmd_ttl,
@@ -46,12 +47,15 @@ use super::memory::cmd_memory;
 use super::migrating::{cmd_asking, cmd_import};
 use super::moves::{cmd_copy, cmd_rename, cmd_renamenx, cmd_touch};
 use super::mpop::{cmd_lmpop, cmd_zmpop};
-use super::session::{cmd_auth, cmd_client, cmd_echo, cmd_hello, cmd_ping, cmd_quit, cmd_select};
+use super::session::{
+    cmd_auth, cmd_client, cmd_echo, cmd_hello, cmd_ping, cmd_quit, cmd_reset, cmd_select,
+};
 use super::sets::{
     cmd_sadd, cmd_scard, cmd_sdiff, cmd_sdiffstore, cmd_sinter, cmd_sintercard, cmd_sinterstore,
     cmd_sismember, cmd_smembers, cmd_smismember, cmd_smove, cmd_spop, cmd_srandmember, cmd_srem,
     cmd_sscan, cmd_sunion, cmd_sunionstore,
 };
+use super::sort::{cmd_sort, cmd_sort_ro};
 use super::string_edits::{
     cmd_bitcount, cmd_getbit, cmd_getrange, cmd_incrbyfloat, cmd_lcs, cmd_setbit, cmd_setrange,
 };
@@ -366,6 +370,8 @@ pub(super) fn table() -> &'static [Spec] {
             spec!("rename", 3, 0, (1, 2, 1), Run::Write(cmd_rename)),
             spec!("renamenx", 3, 0, (1, 2, 1), Run::Write(cmd_renamenx)),
             spec!("copy", -3, 0, (1, 2, 1), Run::Write(cmd_copy)),
+            spec!("sort", -2, 0, (1, 1, 1), Run::Write(cmd_sort)),
+            spec!("sort_ro", -2, 0, (1, 1, 1), Run::Read(cmd_sort_ro)),
             spec!("touch", -2, 0, ALL_KEYS, Run::Read(cmd_touch)),
             spec!("memory", -2, 0, (2, 2, 1), Run::Read(cmd_memory)),
             spec!("randomkey", 1, NOMULTI, NO_KEYS, other(cmd_randomkey)),
@@ -386,11 +392,14 @@ pub(super) fn table() -> &'static [Spec] {
             spec!("ping", -1, 0, NO_KEYS, other(cmd_ping)),
             spec!("echo", 2, 0, NO_KEYS, other(cmd_echo)),
             spec!("quit", -1, NOAUTH | TXCTL, NO_KEYS, other(cmd_quit)),
+            spec!("reset", 1, NOAUTH | TXCTL, NO_KEYS, other(cmd_reset)),
             spec!("auth", -2, NOAUTH | NOMULTI, NO_KEYS, other(cmd_auth)),
             spec!("hello", -1, NOAUTH | NOMULTI, NO_KEYS, other(cmd_hello)),
             spec!("client", -2, NOMULTI, NO_KEYS, other(cmd_client)),
             spec!("command", -1, NOMULTI, NO_KEYS, other(cmd_command)),
-            spec!("config", -2, NOMULTI, NO_KEYS, other(cmd_config)),
+            spec!("config", -2, 0, NO_KEYS, other(cmd_config)),
+            // Not in MULTI: RELOAD takes every database's write lock, which EXEC holds.
+            spec!("debug", -2, NOMULTI, NO_KEYS, blocking(cmd_debug)),
             spec!("info", -1, NOMULTI, NO_KEYS, other(cmd_info)),
             spec!("time", 1, 0, NO_KEYS, other(cmd_time)),
             spec!("save", 1, NOMULTI, NO_KEYS, blocking(cmd_save)),

@@ -72,7 +72,11 @@ impl Raw {
         self.reader.read_until(b'\n', &mut line).unwrap();
         whole.extend_from_slice(&line);
         let mut elements = Vec::new();
-        if let Some(n) = aggregate_len(&line) {
+        if line[0] == b'|' {
+            // RESP3 attributes, then the reply they come with: one element.
+            self.read_attributed(&line, &mut whole);
+            elements.push(whole.clone());
+        } else if let Some(n) = aggregate_len(&line) {
             for _ in 0..n {
                 let mut one = Vec::new();
                 self.read_value(&mut one);
@@ -90,7 +94,9 @@ impl Raw {
         let mut line = Vec::new();
         self.reader.read_until(b'\n', &mut line).unwrap();
         out.extend_from_slice(&line);
-        if let Some(n) = aggregate_len(&line) {
+        if line[0] == b'|' {
+            self.read_attributed(&line, out);
+        } else if let Some(n) = aggregate_len(&line) {
             for _ in 0..n {
                 self.read_value(out);
             }
@@ -99,9 +105,20 @@ impl Raw {
         }
     }
 
-    /// The body of a bulk string whose header is `line`.
+    /// After a RESP3 attribute header `line` (`|n`): its n pairs and the reply after.
+    fn read_attributed(&mut self, line: &[u8], out: &mut Vec<u8>) {
+        let n: usize = std::str::from_utf8(&line[1..line.len() - 2])
+            .unwrap()
+            .parse()
+            .unwrap();
+        for _ in 0..2 * n + 1 {
+            self.read_value(out);
+        }
+    }
+
+    /// The body of a bulk (or RESP3 verbatim) string whose header is `line`.
     fn read_rest(&mut self, line: &[u8], out: &mut Vec<u8>) {
-        if line[0] == b'$' {
+        if line[0] == b'$' || line[0] == b'=' {
             let n: i64 = std::str::from_utf8(&line[1..line.len() - 2])
                 .unwrap()
                 .parse()
@@ -230,6 +247,9 @@ pub fn run_script(script: &str) -> Option<Vec<String>> {
                 "",
                 "--appendonly",
                 "no",
+                // DEBUG is off by default since Redis 7 (tests compare some of it).
+                "--enable-debug-command",
+                "yes",
             ])
             .stdout(Stdio::null())
             .spawn()
@@ -240,6 +260,7 @@ pub fn run_script(script: &str) -> Option<Vec<String>> {
         db,
         ServerConfig {
             listen: "127.0.0.1:0".parse().unwrap(),
+            enable_debug_command: true,
             ..ServerConfig::default()
         },
     )
