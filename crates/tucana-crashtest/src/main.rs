@@ -219,6 +219,8 @@ fn tucana_next_to_me() -> Result<PathBuf, String> {
 }
 
 fn main() -> ExitCode {
+    // The run's clock starts now (the servers' log lines carry it).
+    serve::run_clock_s();
     match Cli::parse().command {
         Cmd::Kill9 {
             cycles,

@@ -184,6 +184,16 @@ impl Drop for Server {
     }
 }
 
+/// Seconds since this run's clock started (the first call): the time servers' log lines
+/// carry, so they can be read beside the nemesis's steps.
+pub fn run_clock_s() -> f64 {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    START
+        .get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_secs_f64()
+}
+
 pub fn spawn(
     tucana: &Path,
     db: &Path,
@@ -192,11 +202,16 @@ pub fn spawn(
     netns: Option<&str>,
     log: &Path,
 ) -> Result<Child, String> {
-    let log = std::fs::OpenOptions::new()
+    let mut log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(log)
         .map_err(|e| format!("{}: {e}", log.display()))?;
+    // Each line the server logs goes to the shared log with the run's clock and the
+    // server's volume name in front (servers share one log).
+    let label = db
+        .file_stem()
+        .map_or_else(|| db.display().to_string(), |s| s.to_string_lossy().into_owned());
     // `ip netns exec` enters the namespace and execs the server: the child's pid is the
     // server's, so signals reach it.
     let mut command = match netns {
@@ -217,9 +232,20 @@ pub fn spawn(
         .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(log)
+        .stderr(Stdio::piped());
+    let mut child = command
         .spawn()
-        .map_err(|e| format!("starting {}: {e}", tucana.display()))
+        .map_err(|e| format!("starting {}: {e}", tucana.display()))?;
+    if let Some(stderr) = child.stderr.take() {
+        std::thread::spawn(move || {
+            use std::io::{BufRead, Write};
+            for line in std::io::BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                let _ = writeln!(log, "[{:9.3} s] {label} {line}", run_clock_s());
+            }
+        });
+    }
+    Ok(child)
 }
 
 /// Whether `tucana --db DB check` passes (its report goes to stderr).

@@ -294,6 +294,11 @@ fn campaign(config: &Config, summary: &mut Summary) -> Result<(), String> {
     let first_map = fleet.settle(Duration::from_secs(120))?;
     let seeds = fleet.addrs();
     let epoch = Instant::now();
+    // The steps' times count from here; the servers' log lines from the run's start.
+    eprintln!(
+        "campaign: clients start at {:.3} s of the servers' log clock",
+        crate::serve::run_clock_s()
+    );
     let workload = Workload::start(&seeds, fleet.password(), config.clients, config.seed, epoch);
     if let Err(e) = nemesis_loop(config, &mut fleet, &faults, epoch, summary) {
         workload.stop();
