@@ -209,9 +209,10 @@ pub fn spawn(
         .map_err(|e| format!("{}: {e}", log.display()))?;
     // Each line the server logs goes to the shared log with the run's clock and the
     // server's volume name in front (servers share one log).
-    let label = db
-        .file_stem()
-        .map_or_else(|| db.display().to_string(), |s| s.to_string_lossy().into_owned());
+    let label = db.file_stem().map_or_else(
+        || db.display().to_string(),
+        |s| s.to_string_lossy().into_owned(),
+    );
     // `ip netns exec` enters the namespace and execs the server: the child's pid is the
     // server's, so signals reach it.
     let mut command = match netns {
