@@ -336,6 +336,14 @@ fn open_region(db: &Database, info: &RegionInfo, build_index: bool) -> Result<Re
         // ("segment 0 changed size or place") on every connection and the region would
         // acknowledge nothing. Every acknowledged write is on the new primary, so the copy
         // goes and this backup catches up from nothing, as a new one does.
+        eprintln!(
+            "tucana: replica {}: dropped the copy of an earlier primary (term {}, its commit {}, {} segments) to take the primary of term {} from nothing",
+            info.name,
+            state.term,
+            state.upstream_epoch,
+            state.segments.len(),
+            info.term
+        );
         replica
             .drop_replica()
             .map_err(|e| Opened::Refused(e.to_string()))?;

@@ -68,14 +68,14 @@ fn follow(db: &Database, replication: &Replication, cluster: &Cluster, view: &Vi
             continue;
         }
         match promote_replica(db, &name, region.epoch) {
-            Ok(true) => {
+            Ok(Some(how)) => {
                 eprintln!(
-                    "tucana serve: promoted replica {name} to primary at epoch {}",
+                    "tucana serve: promoted replica {name} to primary at epoch {} ({how})",
                     region.epoch
                 );
                 cluster.forget_region(region.id);
             }
-            Ok(false) => {}
+            Ok(None) => {}
             Err(e) => {
                 // Not served (CLUSTERDOWN) rather than served empty; tried again with
                 // the next view.

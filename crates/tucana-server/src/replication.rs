@@ -364,15 +364,21 @@ pub fn promote_replicas(db: &Database) -> tucana::Result<Vec<String>> {
 }
 
 /// Cluster mode: makes the replica `name` this server's keyspace at `term` (the region's
-/// new epoch), if this volume holds that replica; whether it did.
-pub fn promote_replica(db: &Database, name: &str, term: u64) -> tucana::Result<bool> {
+/// new epoch), if this volume holds that replica; what it started from and what replay
+/// found, for the log (`None`: no such replica).
+pub fn promote_replica(db: &Database, name: &str, term: u64) -> tucana::Result<Option<String>> {
     match db.open_replica(name) {
         Some(replica) => {
-            let term = term.max(replica.state().term + 1);
-            replica.promote(term)?;
-            Ok(true)
+            let state = replica.state();
+            let term = term.max(state.term + 1);
+            let (_, replay) = replica.promote_reporting(term)?;
+            Ok(Some(format!(
+                "from the primary's commit {} and {} segment copies: {replay}",
+                state.upstream_epoch,
+                state.segments.len()
+            )))
         }
-        None => Ok(false),
+        None => Ok(None),
     }
 }
 

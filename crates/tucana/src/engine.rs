@@ -21,7 +21,7 @@ use crate::commit::Committer;
 use crate::error::{Error, Result};
 use crate::gc::Collector;
 use crate::recovery::Opened;
-use crate::region::{Links, Region, Regions};
+use crate::region::{Links, Region, Regions, ReplayReport};
 use crate::replica::{Delta, Replica};
 use crate::shared::Shared;
 use crate::stats::Stats;
@@ -161,7 +161,7 @@ impl Engine {
     /// Turns replica `name` into a writable region at `term`: its last applied commit as
     /// it is, then the log it received since replayed, LINK records followed through its
     /// segment map; the copies replay did not reach are freed. Durable when it returns.
-    pub fn promote_replica(&self, name: &str, term: u64) -> Result<Arc<Region>> {
+    pub fn promote_replica(&self, name: &str, term: u64) -> Result<(Arc<Region>, ReplayReport)> {
         let mut cs = self.committer.lock();
         self.shared.check_writable()?;
         let replica = self
@@ -179,13 +179,14 @@ impl Engine {
             later,
             later_extents,
         } = replica.promotion_start(term)?;
-        let (region, reached) = match Region::open(&self.shared, &desc, Links::Translated(&later)) {
-            Ok(opened) => opened,
-            Err(e) => {
-                replica.promotion_failed();
-                return Err(e);
-            }
-        };
+        let (region, reached, report) =
+            match Region::open(&self.shared, &desc, Links::Translated(&later)) {
+                Ok(opened) => opened,
+                Err(e) => {
+                    replica.promotion_failed();
+                    return Err(e);
+                }
+            };
         let unreached = later_extents
             .into_iter()
             .filter(|(at, _)| !reached.contains(at))
@@ -195,7 +196,7 @@ impl Engine {
         self.regions.remove_replica(name);
         self.regions.insert(region.clone());
         self.committer.commit_locked(&mut cs, &self.regions)?;
-        Ok(region)
+        Ok((region, report))
     }
 
     /// Drops replica `name` durably (its primary dropped the region, or replication of it

@@ -21,7 +21,7 @@ use crate::types::DiskOffset;
 pub use crate::commit::{CommitDelta, CommitObserver, RegionDelta};
 pub use crate::descriptor::{ReceivedSegment, RegionDesc, ReplicaDesc};
 pub use crate::index::NODE_BYTES;
-pub use crate::region::{LogPosition, ShipSegment};
+pub use crate::region::{LogPosition, ReplayReport, ReplayStop, ShipSegment};
 pub use crate::replica::{Delta, ReplicaState};
 
 impl Database {
@@ -362,8 +362,14 @@ impl ReplicaHandle {
 
     /// Turns the replica into a writable keyspace at `term` (higher than its own).
     pub fn promote(self, term: u64) -> Result<Keyspace> {
-        let region = self.engine.promote_replica(self.replica.name(), term)?;
-        Ok(Keyspace::new(self.engine.clone(), region))
+        Ok(self.promote_reporting(term)?.0)
+    }
+
+    /// `promote`, also saying what replay of the log received since the last applied
+    /// commit found (what a server logs: a replay that stops early drops writes).
+    pub fn promote_reporting(self, term: u64) -> Result<(Keyspace, ReplayReport)> {
+        let (region, report) = self.engine.promote_replica(self.replica.name(), term)?;
+        Ok((Keyspace::new(self.engine.clone(), region), report))
     }
 
     /// Drops the replica and its data (durably).

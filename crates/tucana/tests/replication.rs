@@ -279,10 +279,18 @@ fn a_backup_mirrors_every_shipped_commit_and_a_promoted_one_has_every_shipped_wr
     }
     link.ship_log();
     let expected = link.primary_contents();
-    let promoted = link.replica().promote(2).unwrap();
+    let (promoted, replay) = link.replica().promote_reporting(2).unwrap();
     let got = contents(&promoted);
     assert_eq!(got, expected);
     assert_eq!(promoted.term(), 2);
+    // Replay read every write after the last commit and stopped where the log ends
+    // (zeroes, or bytes of the copy's space that are not a record).
+    use tucana::replication::ReplayStop;
+    assert!(
+        matches!(replay.stop, ReplayStop::EndOfLog | ReplayStop::Invalid),
+        "{replay}"
+    );
+    assert!(replay.records >= 500, "{replay}");
     promoted.put(b"written on the new primary", b"x").unwrap();
     link.backup.check().unwrap();
     // The promoted keyspace is an ordinary one across a reopen.

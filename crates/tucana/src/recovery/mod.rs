@@ -171,7 +171,7 @@ fn open_regions(
             let replica = Replica::open(shared.clone(), rd)?;
             replicas.insert(rd.name.clone(), Arc::new(replica));
         } else {
-            let (region, _) = Region::open(shared, rd, Links::Local)?;
+            let (region, _, _) = Region::open(shared, rd, Links::Local)?;
             regions.insert(rd.name.clone(), Arc::new(region));
         }
     }

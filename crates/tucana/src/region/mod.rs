@@ -41,6 +41,7 @@ use crate::stats::KeyspaceStats;
 use crate::types::{DiskOffset, RegionId, SeqNo, TreeEpoch, BLOCK_BYTES};
 
 pub(crate) use open::Links;
+pub use open::{ReplayReport, ReplayStop};
 pub(crate) use read::Candidate;
 pub(crate) use registry::Regions;
 pub(crate) use relocate::Retire;

@@ -39,13 +39,14 @@ pub(crate) enum Links<'a> {
 
 impl Region {
     /// The region of descriptor entry `rd`, with the log written since that commit
-    /// replayed. Returns it and the segments replay followed past the committed tail (the
-    /// backup's offsets, for a promotion to free the others it received).
+    /// replayed. Returns it, the segments replay followed past the committed tail (the
+    /// backup's offsets, for a promotion to free the others it received), and what replay
+    /// found.
     pub fn open(
         shared: &Arc<Shared>,
         rd: &RegionDesc,
         links: Links<'_>,
-    ) -> Result<(Region, Vec<DiskOffset>)> {
+    ) -> Result<(Region, Vec<DiskOffset>, ReplayReport)> {
         recover_region(shared, rd, links)
     }
 }
@@ -83,7 +84,7 @@ fn recover_region(
     shared: &Arc<Shared>,
     rd: &RegionDesc,
     links: Links<'_>,
-) -> Result<(Region, Vec<DiskOffset>)> {
+) -> Result<(Region, Vec<DiskOffset>, ReplayReport)> {
     let (mut segments, newest_order) = committed_segments(shared, rd)?;
     let gc_tail = match rd.gc_tail {
         None => None,
@@ -136,7 +137,7 @@ fn recover_region(
     );
     region.apply_replayed(end.items)?;
     let reached = end.chain[1..].iter().map(|(off, _)| *off).collect();
-    Ok((region, reached))
+    Ok((region, reached, end.report))
 }
 
 /// The log segments a commit lists for region `rd`, checked (allocated, aligned, one
@@ -206,6 +207,73 @@ struct ReplayEnd {
     used_bytes: u64,
     next_seq: SeqNo,
     items: Vec<Replayed>,
+    report: ReplayReport,
+}
+
+/// What replay of a region's log found when the region was opened (local recovery or a
+/// promotion): how much it kept and why it stopped. A promotion that stops early loses
+/// what the replica received past that point, so the server says this when it promotes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReplayReport {
+    /// The commit's next sequence number, where replay started.
+    pub from_seq: u64,
+    /// Records kept (puts, deletes and links of complete units).
+    pub records: u64,
+    /// Segments followed past the committed tail.
+    pub segments: u64,
+    /// Why it stopped.
+    pub stop: ReplayStop,
+    /// Where the record it stopped at was (in this volume).
+    pub stop_at: DiskOffset,
+}
+
+/// Why replay stopped reading a region's log.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReplayStop {
+    /// Zero bytes where the next header would be: the end of what was written.
+    EndOfLog,
+    /// No room for a header before the segment's end, and no link out of it.
+    SegmentEnd,
+    /// Bytes that are not a valid record: where the log ends in space never zeroed
+    /// (stale bytes), or a torn write.
+    Invalid,
+    /// A record of another life of the log.
+    OtherGeneration { found: u32, expected: u32 },
+    /// A record of this life out of sequence.
+    OutOfSequence { found: u64, expected: u64 },
+    /// A relocated copy (stale bytes of a reused block).
+    Relocated,
+    /// A LINK to a segment replay cannot take: outside the volume or in use locally, or,
+    /// in a promotion, one the replica holds no copy of that starts where the link says.
+    UnresolvedLink { target: u64 },
+    /// The storage failed to read.
+    ReadFailed,
+}
+
+impl std::fmt::Display for ReplayReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "replayed {} records from seq {} over {} more segments, stopped at {}: ",
+            self.records, self.from_seq, self.segments, self.stop_at
+        )?;
+        match self.stop {
+            ReplayStop::EndOfLog => write!(f, "end of the written log"),
+            ReplayStop::SegmentEnd => write!(f, "end of a segment without a link"),
+            ReplayStop::Invalid => write!(f, "bytes that are not a record"),
+            ReplayStop::OtherGeneration { found, expected } => {
+                write!(f, "a record of generation {found}, not {expected}")
+            }
+            ReplayStop::OutOfSequence { found, expected } => {
+                write!(f, "a record of seq {found}, not {expected}")
+            }
+            ReplayStop::Relocated => write!(f, "a relocated record"),
+            ReplayStop::UnresolvedLink { target } => {
+                write!(f, "a link to segment {target}, which cannot be followed")
+            }
+            ReplayStop::ReadFailed => write!(f, "a read failure"),
+        }
+    }
 }
 
 /// Reads region `rd`'s log from its committed position, following LINK records into the
@@ -231,46 +299,62 @@ fn replay_scan(
     let mut in_batch = false;
     let mut header_buf = [0u8; HEADER_BYTES];
     let mut body = Vec::new();
-    loop {
+    let mut stop_at;
+    let stop = loop {
         let (base, size) = *chain.last().expect("chain is never empty");
-        if used + HEADER_BYTES as u64 > size {
-            break;
-        }
         let at = base.plus_bytes(used);
+        stop_at = at;
+        if used + HEADER_BYTES as u64 > size {
+            break ReplayStop::SegmentEnd;
+        }
         if storage.read_at(at.0, &mut header_buf).is_err() {
-            break;
+            break ReplayStop::ReadFailed;
         }
         let Ok(header) = Header::decode(&header_buf, at) else {
-            break;
+            break if header_buf.iter().all(|b| *b == 0) {
+                ReplayStop::EndOfLog
+            } else {
+                ReplayStop::Invalid
+            };
         };
         let len = header.total_bytes();
         if len > size - used {
-            break;
+            break ReplayStop::Invalid;
         }
         body.resize(len as usize, 0);
         if storage.read_at(at.0, &mut body).is_err() {
-            break;
+            break ReplayStop::ReadFailed;
         }
         let Ok(rec) = RecordRef::parse(&body, seed, true, at) else {
-            break;
+            break ReplayStop::Invalid;
         };
         // A relocated copy is never part of the chain (its segments have no links into
         // the chain; one can only be met here as stale bytes of a reused block).
-        if rec.header.generation != rd.generation & GENERATION_MASK
-            || rec.header.seq != seq
-            || rec.header.is_relocated()
-        {
-            break;
+        let expected = rd.generation & GENERATION_MASK;
+        if rec.header.generation != expected {
+            break ReplayStop::OtherGeneration {
+                found: rec.header.generation,
+                expected,
+            };
+        }
+        if rec.header.seq != seq {
+            break ReplayStop::OutOfSequence {
+                found: rec.header.seq.0,
+                expected: seq.0,
+            };
+        }
+        if rec.header.is_relocated() {
+            break ReplayStop::Relocated;
         }
         seq = SeqNo(seq.0 + 1);
         used += len;
         if rec.header.is_link() {
             let Ok((next, next_size)) = rec.link_target(at) else {
-                break;
+                break ReplayStop::Invalid;
             };
             let first = (seq, rd.generation & GENERATION_MASK);
             let Some(next) = follow_link(shared, segments, links, next, next_size, first) else {
-                break;
+                break ReplayStop::UnresolvedLink { target: next.0 };
             };
             staged.push(Replayed::Link { at, len });
             chain.push((next, next_size));
@@ -293,7 +377,7 @@ fn replay_scan(
                 complete = (chain.len(), used, seq);
             }
         }
-    }
+    };
     // Anything after the last complete unit is gone: a torn batch, and segments that only
     // its links reached (a promotion frees the copies it did not reach itself).
     let (chain_len, used, seq) = complete;
@@ -302,11 +386,19 @@ fn replay_scan(
             allocator.release(off, size / BLOCK_BYTES);
         }
     }
+    let report = ReplayReport {
+        from_seq: rd.next_seq.0,
+        records: items.len() as u64,
+        segments: chain.len() as u64 - 1,
+        stop,
+        stop_at,
+    };
     ReplayEnd {
         chain,
         used_bytes: used,
         next_seq: seq,
         items,
+        report,
     }
 }
 
