@@ -52,7 +52,9 @@ fn follow(db: &Database, replication: &Replication, cluster: &Cluster, view: &Vi
                 if source.term() < region.epoch && region.backups.contains(&cluster.id) {
                     // A former primary made a backup: its old keyspace would make it
                     // refuse the replica. Every write it acknowledged is on the backup
-                    // that was promoted, so the old copy goes.
+                    // that was promoted, so the old copy goes; unannounced, or its
+                    // shipper would tell that backup to drop its replica.
+                    replication.stop_shipping(&name);
                     match db.drop_keyspace(&name) {
                         Ok(()) => {
                             cluster.forget_region(region.id);

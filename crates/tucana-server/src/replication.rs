@@ -154,6 +154,13 @@ impl Replication {
         }
     }
 
+    /// See `Primary::stop_shipping`.
+    pub fn stop_shipping(&self, name: &str) {
+        if let Some(p) = &self.primary {
+            p.stop_shipping(name);
+        }
+    }
+
     /// `SAVE`: see `Primary::ship_index_now`.
     pub fn ship_index_now(&self) {
         if let Some(p) = &self.primary {
