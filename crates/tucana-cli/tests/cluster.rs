@@ -854,6 +854,14 @@ fn a_planned_failover_hands_a_region_to_its_backup_and_loses_nothing() {
     );
     let new_primary = cluster.wait_for_new_primary(0, start, &old_primary);
     assert_eq!(new_primary, backup, "the backup asked took over");
+    // The old primary backs the region in the same change of the map: no moment in which
+    // the new primary acknowledges writes with one copy (M10, seed 57).
+    let backups = backups_by_range(&mut cluster.servers[0].connect());
+    assert_eq!(
+        backups.get(&(start, end)),
+        Some(&old_primary),
+        "the region's backup once handed over: {backups:?}"
+    );
     wait_until("a write acknowledged by the new primary", || {
         writer
             .acked()

@@ -161,15 +161,25 @@ fn hand_over(
         eprintln!("tucana serve: handing region {id} over to {to} failed, serving it again: {why}");
     }
     let to = to.clone();
+    let me = cluster.id.clone();
     let result = handle.block_on(cluster.change_map(move |map| {
-        match map.region(id) {
-            Some(r) if r.epoch == epoch && r.handoff.as_ref() == Some(&to) => {}
+        let wanted = match map.region(id) {
+            Some(r) if r.epoch == epoch && r.handoff.as_ref() == Some(&to) => {
+                map.replicas.unwrap_or(r.backups.len())
+            }
             _ => return Ok(map.clone()), // Withdrawn, or decided by someone else.
+        };
+        if !promote {
+            return map.request_handoff(id, epoch, None);
         }
-        if promote {
-            map.promote(id, &to)
-        } else {
-            map.request_handoff(id, epoch, None)
+        // This server backs the region from now on when it would otherwise be short of
+        // backups (the promoted one leaves the list): until the coordinator's next repair
+        // the new primary would acknowledge writes with one copy (a suspect of M10's
+        // lost writes, seed 57).
+        let next = map.promote(id, &to)?;
+        match next.region(id) {
+            Some(r) if r.backups.len() < wanted => next.assign_backup(id, &me).or(Ok(next)),
+            _ => Ok(next),
         }
     }));
     match result {
