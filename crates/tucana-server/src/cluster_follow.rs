@@ -77,6 +77,17 @@ fn follow(db: &Database, replication: &Replication, cluster: &Cluster, view: &Vi
                 );
                 cluster.forget_region(region.id);
             }
+            Ok(None) if region.has_had_another_primary() && db.open_keyspace(&name).is_err() => {
+                // Named primary since the region's birth, and nothing of it here: its
+                // data is elsewhere (or was lost before this), and serving it empty
+                // would answer every read of an acknowledged write with nothing.
+                eprintln!(
+                    "tucana serve: made primary of region {} at epoch {}, but this server holds neither its keyspace nor a replica: not serving it empty",
+                    region.id, region.epoch
+                );
+                cluster.set_unpromoted(region.id, true);
+                continue;
+            }
             Ok(None) => {}
             Err(e) => {
                 // Not served (CLUSTERDOWN) rather than served empty; tried again with

@@ -379,10 +379,15 @@ pub fn promote_replica(db: &Database, name: &str, term: u64) -> tucana::Result<O
             let state = replica.state();
             let term = term.max(state.term + 1);
             let (_, replay) = replica.promote_reporting(term)?;
+            let copies: Vec<String> = state
+                .segments
+                .iter()
+                .map(|(order, origin, held)| format!("{order}@{}:{held}", origin.0))
+                .collect();
             Ok(Some(format!(
-                "from the primary's commit {} and {} segment copies: {replay}",
+                "from the primary's commit {} and segment copies [{}] (order@origin:bytes): {replay}",
                 state.upstream_epoch,
-                state.segments.len()
+                copies.join(" ")
             )))
         }
         None => Ok(None),

@@ -125,6 +125,7 @@ impl ClusterMap {
                 handoff: None,
                 backups,
                 epoch: map.config_epoch,
+                born_epoch: map.config_epoch,
             },
         });
         map.version += 1;

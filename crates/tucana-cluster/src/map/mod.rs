@@ -125,6 +125,20 @@ pub struct Region {
     /// acknowledged everything, and promotes it (DESIGN.md, "Planned failover").
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub handoff: Option<ServerId>,
+    /// The epoch the region was created at (with the cluster, or as a migration's
+    /// target); 0 in maps written before it existed. While `epoch` is still this, its
+    /// primary is the one it was created on and may start it empty; a primary named
+    /// since must hold its data (a replica to promote, or the keyspace), and a server
+    /// that holds neither refuses to serve it rather than serve it empty.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub born_epoch: u64,
+}
+
+impl Region {
+    /// Whether a primary of this region must hold its data already (see `born_epoch`).
+    pub fn has_had_another_primary(&self) -> bool {
+        self.born_epoch != 0 && self.epoch != self.born_epoch
+    }
 }
 
 /// The whole map. `regions` are sorted by their first slot and do not overlap; slots in no
@@ -204,6 +218,7 @@ impl ClusterMap {
                 epoch: i + 1,
                 in_sync: Vec::new(),
                 handoff: None,
+                born_epoch: i + 1,
             });
             start = end + 1;
         }

@@ -69,6 +69,7 @@ fn region_of_slot_finds_the_range() {
             epoch: 1,
             in_sync: vec![],
             handoff: None,
+            born_epoch: 1,
         },
     );
     map.validate().unwrap();
@@ -172,6 +173,16 @@ fn decode_rejects_garbage_with_an_error() {
     }
     let map = ClusterMap::even(&ids(2)).unwrap();
     assert_eq!(ClusterMap::decode(&map.encode(), "map").unwrap(), map);
+    // A map written before regions knew their birth: every primary may start empty, as
+    // before.
+    let old = String::from_utf8(map.encode())
+        .unwrap()
+        .replace(",\"born_epoch\":1", "")
+        .replace(",\"born_epoch\":2", "");
+    assert!(!old.contains("born_epoch"), "{old}");
+    let decoded = ClusterMap::decode(old.as_bytes(), "map").unwrap();
+    assert!(decoded.regions.iter().all(|r| r.born_epoch == 0));
+    assert!(!decoded.regions[0].has_had_another_primary());
 }
 
 #[test]
@@ -238,6 +249,9 @@ fn promote_assign_remove() {
     // acknowledged writes. It is in sync again only once the new primary saw it catch up.
     assert!(region.in_sync.is_empty(), "{:?}", region.in_sync);
     assert_eq!(region.epoch, 3);
+    // Created at epoch 1 on servers[0]: its primary now must hold its data.
+    assert!(!map.region(r1).unwrap().has_had_another_primary());
+    assert!(region.has_had_another_primary());
     assert_eq!(promoted.config_epoch, 3);
     assert_eq!(promoted.region(r2).unwrap().epoch, 2);
     assert!(promoted.version > map.version);

@@ -204,7 +204,7 @@ fn on_backup_frame(shared: &Shared, link: &Link, frame: Frame) -> std::io::Resul
         } => {
             let mut st = link.state.lock();
             let mut rejoined = Vec::new();
-            st.backup_id = backup;
+            st.backup_id = backup.clone();
             st.wants_index = wants_index;
             for state in regions {
                 let Some(r) = st.regions.get_mut(&state.name) else {
@@ -228,6 +228,24 @@ fn on_backup_frame(shared: &Shared, link: &Link, frame: Frame) -> std::io::Resul
                     && state.upstream_epoch == newest;
                 r.need_full = wants_index && !index_current;
                 r.ready = true;
+                if state.upstream_epoch != 0 || !state.segments.is_empty() {
+                    // A backup that holds something of the region: what shipping resumes
+                    // from (rare: once per reconnection; what a lost write is traced by).
+                    let held: Vec<String> = state
+                        .segments
+                        .iter()
+                        .map(|(order, origin, held)| format!("{order}@{origin}:{held}"))
+                        .collect();
+                    eprintln!(
+                        "tucana: backup {} holds {} at term {}: the primary's commit {} (newest {newest}), segments [{}] (order@origin:bytes); index sent {}",
+                        backup,
+                        state.name,
+                        state.term,
+                        state.upstream_epoch,
+                        held.join(" "),
+                        if r.need_full { "in full" } else { "as deltas" }
+                    );
+                }
                 rejoined.push((state.name.clone(), r.applied_count, index_current));
             }
             drop(st);

@@ -217,6 +217,8 @@ struct ReplayEnd {
 pub struct ReplayReport {
     /// The commit's next sequence number, where replay started.
     pub from_seq: u64,
+    /// Where replay started (the committed tail's end, in this volume).
+    pub from: DiskOffset,
     /// Records kept (puts, deletes and links of complete units).
     pub records: u64,
     /// Segments followed past the committed tail.
@@ -234,9 +236,12 @@ pub enum ReplayStop {
     EndOfLog,
     /// No room for a header before the segment's end, and no link out of it.
     SegmentEnd,
-    /// Bytes that are not a valid record: where the log ends in space never zeroed
+    /// Bytes that are not a record header: where the log ends in space never zeroed
     /// (stale bytes), or a torn write.
     Invalid,
+    /// A header whose record does not verify (or runs past the segment): torn, or stale
+    /// bytes of an older record; its sequence number and generation as the header says.
+    BadRecord { seq: u64, generation: u32 },
     /// A record of another life of the log.
     OtherGeneration { found: u32, expected: u32 },
     /// A record of this life out of sequence.
@@ -254,13 +259,17 @@ impl std::fmt::Display for ReplayReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "replayed {} records from seq {} over {} more segments, stopped at {}: ",
-            self.records, self.from_seq, self.segments, self.stop_at
+            "replayed {} records from seq {} at {} over {} more segments, stopped at {}: ",
+            self.records, self.from_seq, self.from, self.segments, self.stop_at
         )?;
         match self.stop {
             ReplayStop::EndOfLog => write!(f, "end of the written log"),
             ReplayStop::SegmentEnd => write!(f, "end of a segment without a link"),
-            ReplayStop::Invalid => write!(f, "bytes that are not a record"),
+            ReplayStop::Invalid => write!(f, "bytes that are not a record header"),
+            ReplayStop::BadRecord { seq, generation } => write!(
+                f,
+                "a header (seq {seq}, generation {generation}) whose record does not verify"
+            ),
             ReplayStop::OtherGeneration { found, expected } => {
                 write!(f, "a record of generation {found}, not {expected}")
             }
@@ -318,15 +327,19 @@ fn replay_scan(
             };
         };
         let len = header.total_bytes();
+        let bad = ReplayStop::BadRecord {
+            seq: header.seq.0,
+            generation: header.generation,
+        };
         if len > size - used {
-            break ReplayStop::Invalid;
+            break bad;
         }
         body.resize(len as usize, 0);
         if storage.read_at(at.0, &mut body).is_err() {
             break ReplayStop::ReadFailed;
         }
         let Ok(rec) = RecordRef::parse(&body, seed, true, at) else {
-            break ReplayStop::Invalid;
+            break bad;
         };
         // A relocated copy is never part of the chain (its segments have no links into
         // the chain; one can only be met here as stale bytes of a reused block).
@@ -388,6 +401,7 @@ fn replay_scan(
     }
     let report = ReplayReport {
         from_seq: rd.next_seq.0,
+        from: rd.tail.plus_bytes(rd.tail_used_bytes),
         records: items.len() as u64,
         segments: chain.len() as u64 - 1,
         stop,
