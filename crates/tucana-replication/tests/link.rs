@@ -698,3 +698,150 @@ fn a_keyspace_dropped_after_its_shipping_stopped_leaves_the_backups_replica_alon
     replica.promote(4).unwrap();
     assert_eq!(contents(&backup_db, "kept").len(), 40);
 }
+
+/// Seeds 81 and 102 of M10: a backup (new, or back at the same term after a while away),
+/// commits folded for a long time (the servers' default index lag is a minute), the
+/// primary's garbage collection freeing and reusing segments meanwhile, then the primary
+/// gone: the promoted backup must hold every write it acknowledged.
+#[test]
+fn a_backup_away_and_back_promotes_with_every_write_it_acknowledged() {
+    for away in [false, true] {
+        let primary_db = options().open_in_memory().unwrap();
+        primary_db.keyspace("r").unwrap();
+        let backup_db = options().open_in_memory().unwrap();
+        let backup = start_backup(&backup_db, false);
+        let addr = backup.local_addr().to_string();
+        let primary = Primary::start(
+            primary_db.clone(),
+            PrimaryConfig {
+                index_lag_max: Duration::from_secs(3600),
+                index_lag_max_bytes: 256 << 20,
+                backups: Vec::new(),
+                ..primary_config(&backup, Duration::from_secs(10))
+            },
+        )
+        .unwrap();
+        let carried = BTreeMap::from([(addr.clone(), BTreeMap::from([("r".to_string(), 7u64)]))]);
+        primary.set_backups(&carried);
+        let ks = primary_db.keyspace("r").unwrap();
+        let mut n = 0u32;
+        let mut write_round = |acked: bool, n: &mut u32| {
+            for i in 0..600u32 {
+                let key = format!("key{:05}", i % 300);
+                ks.put_with(key.as_bytes(), &[(*n % 251) as u8; 300], Durability::Sync)
+                    .unwrap();
+                if acked {
+                    primary.wait_acked("r", ks.log_position()).unwrap();
+                }
+                let unique = format!("u{n:07}");
+                ks.put_with(unique.as_bytes(), b"v", Durability::Sync)
+                    .unwrap();
+                if acked {
+                    primary.wait_acked("r", ks.log_position()).unwrap();
+                }
+                *n += 1;
+            }
+        };
+        write_round(true, &mut n);
+        primary_db.commit().unwrap();
+        write_round(true, &mut n);
+        if away {
+            // The backup leaves; the primary writes, commits and collects without it.
+            primary.set_backups(&BTreeMap::new());
+            for _ in 0..3 {
+                write_round(false, &mut n);
+                primary_db.commit().unwrap();
+                primary_db.gc().unwrap();
+                primary_db.commit().unwrap();
+            }
+            primary.set_backups(&carried);
+        }
+        for _ in 0..4 {
+            write_round(true, &mut n);
+            primary_db.commit().unwrap();
+            primary_db.gc().unwrap();
+            primary_db.commit().unwrap();
+        }
+        write_round(true, &mut n);
+        let expected = contents(&primary_db, "r");
+        primary.stop();
+        primary_db.abandon();
+        backup.stop();
+        let replica = backup_db.open_replica("r").unwrap();
+        let (promoted, replay) = replica.promote_reporting(8).unwrap();
+        let got: BTreeMap<Vec<u8>, Vec<u8>> = promoted
+            .range::<&[u8], _>(..)
+            .map(|kv| kv.unwrap())
+            .collect();
+        let missing = expected.keys().filter(|k| !got.contains_key(*k)).count();
+        assert_eq!(missing, 0, "away {away}: {missing} keys missing; {replay}");
+        assert_eq!(got, expected, "away {away}: {replay}");
+        backup_db.check().unwrap();
+    }
+}
+
+/// As above, with the primary a promoted backup itself (so were the primaries of seeds
+/// 81 and 102 when their backups lost writes): its log continues, at a new generation,
+/// in segments that hold the old primary's records first.
+#[test]
+fn the_backup_of_a_promoted_backup_promotes_with_every_write_it_acknowledged() {
+    let first_db = options().open_in_memory().unwrap();
+    first_db.keyspace("r").unwrap();
+    let second_db = options().open_in_memory().unwrap();
+    let second = start_backup(&second_db, false);
+    let first = start_primary(&first_db, &second, Duration::from_secs(10));
+    acknowledged_writes(&first_db, &first, "r", 0, 2000);
+    first_db.commit().unwrap();
+    acknowledged_writes(&first_db, &first, "r", 2000, 700);
+    first.stop();
+    first_db.abandon();
+    second.stop();
+    second_db
+        .open_replica("r")
+        .unwrap()
+        .promote(5)
+        .unwrap();
+
+    let third_db = options().open_in_memory().unwrap();
+    let third = start_backup(&third_db, false);
+    let addr = third.local_addr().to_string();
+    let primary = Primary::start(
+        second_db.clone(),
+        PrimaryConfig {
+            index_lag_max: Duration::from_secs(3600),
+            index_lag_max_bytes: 256 << 20,
+            backups: Vec::new(),
+            ..primary_config(&third, Duration::from_secs(10))
+        },
+    )
+    .unwrap();
+    primary.set_backups(&BTreeMap::from([(
+        addr,
+        BTreeMap::from([("r".to_string(), 5u64)]),
+    )]));
+    for round in 0..5u32 {
+        acknowledged_writes(&second_db, &primary, "r", 3000 + round * 700, 700);
+        acknowledged_writes(&second_db, &primary, "r", round * 300, 300);
+        second_db.commit().unwrap();
+        second_db.gc().unwrap();
+        second_db.commit().unwrap();
+    }
+    acknowledged_writes(&second_db, &primary, "r", 9000, 500);
+    let expected = contents(&second_db, "r");
+    primary.stop();
+    second_db.abandon();
+    third.stop();
+    let (promoted, replay) = third_db
+        .open_replica("r")
+        .unwrap()
+        .promote_reporting(6)
+        .unwrap();
+    let got: BTreeMap<Vec<u8>, Vec<u8>> = promoted
+        .range::<&[u8], _>(..)
+        .map(|kv| kv.unwrap())
+        .collect();
+    let missing = expected.keys().filter(|k| !got.contains_key(*k)).count();
+    assert_eq!(missing, 0, "{missing} keys missing; {replay}");
+    assert_eq!(got, expected, "{replay}");
+    third_db.check().unwrap();
+}
