@@ -796,11 +796,7 @@ fn the_backup_of_a_promoted_backup_promotes_with_every_write_it_acknowledged() {
     first.stop();
     first_db.abandon();
     second.stop();
-    second_db
-        .open_replica("r")
-        .unwrap()
-        .promote(5)
-        .unwrap();
+    second_db.open_replica("r").unwrap().promote(5).unwrap();
 
     let third_db = options().open_in_memory().unwrap();
     let third = start_backup(&third_db, false);
@@ -844,4 +840,44 @@ fn the_backup_of_a_promoted_backup_promotes_with_every_write_it_acknowledged() {
     assert_eq!(missing, 0, "{missing} keys missing; {replay}");
     assert_eq!(got, expected, "{replay}");
     third_db.check().unwrap();
+}
+
+/// The story: `FLUSHALL` in cluster mode drops each region's keyspace, and the next write
+/// creates it again. When both happened between two rounds of the shipper, it never saw
+/// the keyspace gone: it kept the old keyspace's shipping state, whose acknowledged
+/// position lay past everything the new keyspace had written, so writes to it were
+/// acknowledged at once, shipped to nobody. A keyspace of another incarnation (its
+/// records' seed) is a drop and a new keyspace.
+#[test]
+fn a_keyspace_dropped_and_created_again_between_rounds_is_shipped_anew() {
+    let primary_db = options().open_in_memory().unwrap();
+    let backup_db = options().open_in_memory().unwrap();
+    let backup = start_backup(&backup_db, false);
+    let primary = start_primary(&primary_db, &backup, Duration::from_secs(10));
+    acknowledged_writes(&primary_db, &primary, "r", 0, 500);
+    // Dropped and created again with no round in between: the shipper is busy with
+    // another keyspace's writes, and the two happen under one hold of nothing it takes.
+    primary_db.drop_keyspace("r").unwrap();
+    let ks = primary_db.keyspace("r").unwrap();
+    let old_seed = backup_db.open_replica("r").map(|r| r.state().seed);
+    ks.put_with(b"after the flush", b"x", Durability::Sync)
+        .unwrap();
+    primary.wait_acked("r", ks.log_position()).unwrap();
+    primary_db.commit().unwrap();
+    acknowledged_writes(&primary_db, &primary, "r", 1000, 3);
+    eventually("the new keyspace's replica applied a commit", || {
+        backup_db
+            .open_replica("r")
+            .is_some_and(|r| Some(r.state().seed) != old_seed && r.state().upstream_epoch > 0)
+    });
+    primary.stop();
+    primary_db.abandon();
+    backup.stop();
+    let promoted = backup_db.open_replica("r").unwrap().promote(9).unwrap();
+    assert_eq!(
+        promoted.get(b"after the flush").unwrap().as_deref(),
+        Some(&b"x"[..])
+    );
+    assert!(promoted.get(b"key000001").unwrap().is_none(), "flushed");
+    assert_eq!(promoted.len(), 4);
 }

@@ -113,7 +113,8 @@ async fn run_connection(shared: &Arc<Shared>, link: &Arc<Link>) -> std::io::Resu
         }
     };
     let sender = async {
-        let mut announced: Vec<String> = regions.into_iter().map(|r| r.name).collect();
+        let mut announced: Vec<(String, u32)> =
+            regions.into_iter().map(|r| (r.name, r.seed)).collect();
         loop {
             if link.ended(shared) {
                 writer.shutdown().await.ok();
@@ -138,28 +139,34 @@ async fn run_connection(shared: &Arc<Shared>, link: &Arc<Link>) -> std::io::Resu
 }
 
 /// Announces keyspaces created since the connection opened, and drops those that are gone.
+/// A keyspace is known by its name and its records' seed: one dropped and created again
+/// between two rounds (`FLUSHALL` then a write) is a drop and a new keyspace. Taken for
+/// the old one, its shipping state (acknowledged position, segments held) covered every
+/// write of the new one, which was acknowledged shipped to nobody.
 async fn announce_new_regions<W: tokio::io::AsyncWrite + Unpin>(
     shared: &Shared,
     link: &Link,
-    announced: &mut Vec<String>,
+    announced: &mut Vec<(String, u32)>,
     writer: &mut W,
     scratch: &mut Vec<u8>,
 ) -> std::io::Result<()> {
     let now = replicated_regions(&shared.db, link);
     let new: Vec<RegionInfo> = now
         .iter()
-        .filter(|r| !announced.contains(&r.name))
+        .filter(|r| !announced.contains(&(r.name.clone(), r.seed)))
         .cloned()
         .collect();
-    let gone: Vec<String> = announced
+    let gone: Vec<(String, u32)> = announced
         .iter()
-        .filter(|name| !now.iter().any(|r| &r.name == *name))
+        .filter(|(name, seed)| !now.iter().any(|r| &r.name == name && r.seed == *seed))
         .cloned()
         .collect();
     // A keyspace this backup no longer carries is only forgotten here; one dropped from
-    // the database is dropped at the backup too.
-    let (dropped, forgotten): (Vec<String>, Vec<String>) =
-        gone.iter().cloned().partition(|name| link.carries(name));
+    // the database (or replaced by a new one of its name) is dropped at the backup too.
+    let (dropped, forgotten): (Vec<String>, Vec<String>) = gone
+        .iter()
+        .map(|(name, _)| name.clone())
+        .partition(|name| link.carries(name));
     {
         let mut st = link.state.lock();
         for name in &forgotten {
@@ -178,17 +185,22 @@ async fn announce_new_regions<W: tokio::io::AsyncWrite + Unpin>(
         )
         .await?;
     }
-    announced.retain(|name| !gone.contains(name));
+    announced.retain(|entry| !gone.contains(entry));
     if !new.is_empty() {
         {
             let mut st = link.state.lock();
             for r in &new {
-                let entry = st.regions.entry(r.name.clone()).or_default();
-                entry.term = r.term;
-                entry.ready = false;
+                // A fresh state: nothing held, shipped or acknowledged of this keyspace.
+                st.regions.insert(
+                    r.name.clone(),
+                    super::RegionLink {
+                        term: r.term,
+                        ..Default::default()
+                    },
+                );
             }
         }
-        announced.extend(new.iter().map(|r| r.name.clone()));
+        announced.extend(new.iter().map(|r| (r.name.clone(), r.seed)));
         transport::write_frame(writer, &Frame::Regions(new), scratch).await?;
     }
     Ok(())
