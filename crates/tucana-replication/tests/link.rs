@@ -725,7 +725,7 @@ fn a_backup_away_and_back_promotes_with_every_write_it_acknowledged() {
         primary.set_backups(&carried);
         let ks = primary_db.keyspace("r").unwrap();
         let mut n = 0u32;
-        let mut write_round = |acked: bool, n: &mut u32| {
+        let write_round = |acked: bool, n: &mut u32| {
             for i in 0..600u32 {
                 let key = format!("key{:05}", i % 300);
                 ks.put_with(key.as_bytes(), &[(*n % 251) as u8; 300], Durability::Sync)
