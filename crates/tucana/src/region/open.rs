@@ -319,12 +319,11 @@ fn replay_scan(
         if storage.read_at(at.0, &mut header_buf).is_err() {
             break ReplayStop::ReadFailed;
         }
+        if header_buf.iter().all(|b| *b == 0) {
+            break ReplayStop::EndOfLog;
+        }
         let Ok(header) = Header::decode(&header_buf, at) else {
-            break if header_buf.iter().all(|b| *b == 0) {
-                ReplayStop::EndOfLog
-            } else {
-                ReplayStop::Invalid
-            };
+            break ReplayStop::Invalid;
         };
         let len = header.total_bytes();
         let bad = ReplayStop::BadRecord {
