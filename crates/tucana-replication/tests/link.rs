@@ -881,3 +881,62 @@ fn a_keyspace_dropped_and_created_again_between_rounds_is_shipped_anew() {
     assert!(promoted.get(b"key000001").unwrap().is_none(), "flushed");
     assert_eq!(promoted.len(), 4);
 }
+
+/// The story: two servers backing each other (server A the primary of one region and a
+/// backup of the other, server B the reverse, as in every cluster of three). A backup
+/// applies a commit by committing its own volume, and every commit of a volume was
+/// shipped, for every keyspace it leads, to that keyspace's backups, changed or not. So
+/// each applied commit was answered by a commit shipped back, applied, and answered
+/// again: a thousand commits a second between idle servers, and the backups, never
+/// done reading frames, stopped acknowledging writes for minutes (M10, seed 116). A
+/// commit that changed nothing of a keyspace is no longer shipped.
+#[test]
+fn two_servers_backing_each_other_go_quiet() {
+    let a_db = options().open_in_memory().unwrap();
+    let b_db = options().open_in_memory().unwrap();
+    let a_backup = start_backup(&a_db, false);
+    let b_backup = start_backup(&b_db, false);
+    let config = |backup: &Backup| PrimaryConfig {
+        backups: Vec::new(),
+        ..primary_config(backup, Duration::from_secs(10))
+    };
+    let a = Primary::start(a_db.clone(), config(&b_backup)).unwrap();
+    let b = Primary::start(b_db.clone(), config(&a_backup)).unwrap();
+    a.set_backups(&BTreeMap::from([(
+        b_backup.local_addr().to_string(),
+        BTreeMap::from([("led-by-a".to_string(), 1u64)]),
+    )]));
+    b.set_backups(&BTreeMap::from([(
+        a_backup.local_addr().to_string(),
+        BTreeMap::from([("led-by-b".to_string(), 1u64)]),
+    )]));
+    acknowledged_writes(&a_db, &a, "led-by-a", 0, 200);
+    acknowledged_writes(&b_db, &b, "led-by-b", 0, 200);
+    a_db.commit().unwrap();
+    b_db.commit().unwrap();
+    eventually("both replicas applied a commit", || {
+        b_db.open_replica("led-by-a")
+            .is_some_and(|r| r.state().upstream_epoch > 0)
+            && a_db
+                .open_replica("led-by-b")
+                .is_some_and(|r| r.state().upstream_epoch > 0)
+    });
+    // Let what is in flight settle, then nothing more may happen.
+    std::thread::sleep(Duration::from_millis(500));
+    let before = (a_db.stats().commit_epoch, b_db.stats().commit_epoch);
+    std::thread::sleep(Duration::from_millis(500));
+    let after = (a_db.stats().commit_epoch, b_db.stats().commit_epoch);
+    assert_eq!(
+        before, after,
+        "idle servers kept committing (commit epochs {before:?} then {after:?})"
+    );
+    // And they still ship what changes.
+    acknowledged_writes(&a_db, &a, "led-by-a", 200, 5);
+    a_db.commit().unwrap();
+    let newest = a_db.stats().commit_epoch;
+    eventually("the new commit applied", || {
+        b_db.open_replica("led-by-a")
+            .is_some_and(|r| r.state().upstream_epoch >= newest)
+    });
+    assert_eq!(replica_contents(&b_db, "led-by-a").len(), 205);
+}

@@ -235,9 +235,16 @@ fn on_backup_frame(shared: &Shared, link: &Link, frame: Frame) -> std::io::Resul
                 r.while_full.clear();
                 r.index_shipped();
                 r.applied_epoch = state.upstream_epoch;
+                // Current if it applied the newest commit that changed the region, or a
+                // later one (those that changed nothing of it are not shipped).
+                let last_change = shared
+                    .changed
+                    .lock()
+                    .get(&state.name)
+                    .map_or(newest, |(epoch, _)| *epoch);
                 let index_current = state.node_map_current
                     && state.upstream_epoch != 0
-                    && state.upstream_epoch == newest;
+                    && state.upstream_epoch >= last_change;
                 r.need_full = wants_index && !index_current;
                 r.ready = true;
                 if state.upstream_epoch != 0 || !state.segments.is_empty() {

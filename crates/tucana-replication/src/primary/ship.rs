@@ -230,7 +230,7 @@ async fn ship_commits<W: tokio::io::AsyncWrite + Unpin>(
             .is_some_and(|e| e <= index_now || !r.defers(r.folded.node_bytes(), config))
     });
     if due {
-        ship_folded(link, source, name, term, writer, scratch).await?;
+        ship_folded(shared, link, source, name, term, writer, scratch).await?;
     }
     Ok(())
 }
@@ -238,6 +238,7 @@ async fn ship_commits<W: tokio::io::AsyncWrite + Unpin>(
 /// Ships region `name`'s folded commits as one delta, read at the newest of them; if a
 /// newer commit is already durable (its delta is on its way to the queue), waits for it.
 async fn ship_folded<W: tokio::io::AsyncWrite + Unpin>(
+    shared: &Shared,
     link: &Link,
     source: &ShipSource,
     name: &str,
@@ -255,10 +256,16 @@ async fn ship_folded<W: tokio::io::AsyncWrite + Unpin>(
     else {
         return Ok(());
     };
+    // The newest commit that changed the region: commits after it that did not are not
+    // queued, and one of them being the newest does not mean a delta is on its way.
+    let last_change = shared.changed.lock().get(name).map(|(epoch, _)| *epoch);
     let source = source.clone();
     let (folded, delta) = tokio::task::spawn_blocking(move || {
         let delta = match source.pin_newest_commit() {
-            Ok(Some(pinned)) if Some(pinned.epoch) == folded.epoch() => {
+            Ok(Some(pinned))
+                if Some(pinned.epoch) == folded.epoch()
+                    || (folded.epoch().is_some() && folded.epoch() == last_change) =>
+            {
                 folded.delta(&pinned, term).map(Some)
             }
             Ok(_) => Ok(None),
