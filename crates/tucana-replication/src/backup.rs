@@ -177,6 +177,8 @@ fn other(e: Error) -> std::io::Error {
 struct Incoming {
     term: u64,
     seed: u32,
+    /// The primary's log generation on this connection.
+    generation: u32,
     /// Node images of the commit being shipped.
     nodes: Vec<(DiskOffset, Box<[u8; NODE_BYTES]>)>,
     /// The foreground position received and not acknowledged yet.
@@ -270,6 +272,7 @@ async fn open_regions<W: tokio::io::AsyncWrite + Unpin>(
                     Incoming {
                         term: info.term,
                         seed: info.seed,
+                        generation: info.generation,
                         ..Incoming::default()
                     },
                 );
@@ -366,6 +369,20 @@ fn open_region(db: &Database, info: &RegionInfo, build_index: bool) -> Result<Re
             "replica {:?} holds records of another seed: not this primary's region",
             info.name
         )));
+    }
+    if !state.segments.is_empty() && state.committed_generation != Some(info.generation) {
+        // The primary reopened the region since the last commit applied here (or none
+        // was): what it shipped after that commit may be lost on its side and replaced
+        // by other records. Kept, those bytes were skipped over when the new ones came,
+        // acknowledged for them, and broke the log at promotion.
+        eprintln!(
+            "tucana: replica {}: the primary's log is of generation {} now, {:?} at its commit {} here: keeping only what that commit covers",
+            info.name, info.generation, state.committed_generation, state.upstream_epoch
+        );
+        replica
+            .keep_committed()
+            .map_err(|e| Opened::Refused(e.to_string()))?;
+        state = replica.state();
     }
     replica.raise_term(info.term);
     Ok(RegionState {
@@ -606,10 +623,12 @@ async fn send_acks<W: tokio::io::AsyncWrite + Unpin>(
             && shared
                 .db
                 .open_replica(name)
-                .is_none_or(|r| r.state().upstream_epoch == 0)
+                .is_none_or(|r| r.state().committed_generation != Some(inc.generation))
         {
-            // No commit applied yet: nothing to promote from, so nothing is acknowledged
-            // (the position waits for the primary's first commit, which comes in full).
+            // No commit of this opening of the primary's region applied yet: nothing to
+            // promote from (the position waits for its first commit, which comes in
+            // full). Replay from an older one would stop at the first record of the new
+            // generation, so the bytes after it would be acknowledged and lost.
             continue;
         }
         if let Some((order, offset)) = inc.unacked.take() {

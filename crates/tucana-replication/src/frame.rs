@@ -15,7 +15,7 @@ use tucana::replication::{RegionDesc, NODE_BYTES};
 use tucana::types::DiskOffset;
 
 /// Version of the protocol in `Open`; a peer refuses another.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// Largest payload accepted: a `Nodes` frame of 1024 node images is 4 MiB.
 pub const MAX_PAYLOAD_BYTES: usize = 16 << 20;
@@ -43,6 +43,10 @@ pub struct RegionInfo {
     /// crc seed of its records.
     pub seed: u32,
     pub term: u64,
+    /// The generation of its log now: raised every time the primary opens the region
+    /// (a restart, a promotion). A backup whose last applied commit was of another
+    /// generation may hold bytes the primary lost in between (`Replica::keep_committed`).
+    pub generation: u32,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -495,6 +499,7 @@ impl Writer<'_> {
             self.str(&r.name);
             self.u32(r.seed);
             self.u64(r.term);
+            self.u32(r.generation);
         }
     }
 }
@@ -560,13 +565,14 @@ impl<'a> Reader<'a> {
     }
 
     fn regions(&mut self) -> Result<Vec<RegionInfo>, FrameError> {
-        let n = self.count(2 + 4 + 8)?;
+        let n = self.count(2 + 4 + 8 + 4)?;
         let mut out = Vec::with_capacity(n);
         for _ in 0..n {
             out.push(RegionInfo {
                 name: self.str()?,
                 seed: self.u32()?,
                 term: self.u64()?,
+                generation: self.u32()?,
             });
         }
         Ok(out)
@@ -583,11 +589,14 @@ mod tests {
     }
 
     fn region_info() -> impl Strategy<Value = RegionInfo> {
-        (name(), any::<u32>(), any::<u64>()).prop_map(|(name, seed, term)| RegionInfo {
-            name,
-            seed,
-            term,
-        })
+        (name(), any::<u32>(), any::<u64>(), any::<u32>()).prop_map(
+            |(name, seed, term, generation)| RegionInfo {
+                name,
+                seed,
+                term,
+                generation,
+            },
+        )
     }
 
     fn frame() -> impl Strategy<Value = Frame> {

@@ -705,7 +705,8 @@ fn a_keyspace_dropped_after_its_shipping_stopped_leaves_the_backups_replica_alon
 /// gone: the promoted backup must hold every write it acknowledged.
 #[test]
 fn a_backup_away_and_back_promotes_with_every_write_it_acknowledged() {
-    for away in [false, true] {
+    // (away at all, away only briefly: the log's tail is the same segment on return)
+    for (away, briefly) in [(false, false), (true, false), (true, true)] {
         let primary_db = options().open_in_memory().unwrap();
         primary_db.keyspace("r").unwrap();
         let backup_db = options().open_in_memory().unwrap();
@@ -745,7 +746,14 @@ fn a_backup_away_and_back_promotes_with_every_write_it_acknowledged() {
         write_round(true, &mut n);
         primary_db.commit().unwrap();
         write_round(true, &mut n);
-        if away {
+        if away && briefly {
+            primary.set_backups(&BTreeMap::new());
+            for i in 0..20u32 {
+                ks.put(format!("brief{i}").as_bytes(), b"x").unwrap();
+            }
+            primary_db.commit().unwrap();
+            primary.set_backups(&carried);
+        } else if away {
             // The backup leaves; the primary writes, commits and collects without it.
             primary.set_backups(&BTreeMap::new());
             for _ in 0..3 {
@@ -939,4 +947,88 @@ fn two_servers_backing_each_other_go_quiet() {
             .is_some_and(|r| r.state().upstream_epoch >= newest)
     });
     assert_eq!(replica_contents(&b_db, "led-by-a").len(), 205);
+}
+
+/// A primary killed and restarted while it stays the primary (its region had no backup in
+/// sync to promote) comes back with a shorter log than a backup already received: what
+/// it had shipped but not made durable is gone, and its next writes take those places.
+/// The backup, holding the old bytes there, must not keep them and skip the new ones: it
+/// would acknowledge the new writes, and its log would break where the old bytes end.
+#[test]
+fn a_backup_of_a_restarted_primary_keeps_nothing_the_primary_lost() {
+    let storage = Arc::new(tucana::volume::MemStorage::new());
+    let primary_db = options().open_storage(storage.clone()).unwrap();
+    let backup_db = options().open_in_memory().unwrap();
+    let backup = start_backup(&backup_db, false);
+    let primary = start_primary(&primary_db, &backup, Duration::from_secs(10));
+    acknowledged_writes(&primary_db, &primary, "r", 0, 200);
+    primary_db.commit().unwrap();
+    eventually("a commit applied", || {
+        backup_db
+            .open_replica("r")
+            .is_some_and(|r| r.state().upstream_epoch > 0)
+    });
+    acknowledged_writes(&primary_db, &primary, "r", 200, 50);
+    // Written and shipped, never made durable here: lost in the crash.
+    let ks = primary_db.keyspace("r").unwrap();
+    for i in 0..100u32 {
+        ks.put_with(
+            format!("lost{i:04}").as_bytes(),
+            &[7u8; 200],
+            Durability::Buffered,
+        )
+        .unwrap();
+    }
+    let shipped_to = ks.log_position();
+    primary.notify_write();
+    eventually("the unsynced writes received", || {
+        backup_db.open_replica("r").is_some_and(|r| {
+            r.state()
+                .segments
+                .iter()
+                .any(|(order, _, held)| *order == shipped_to.order && *held >= shipped_to.offset)
+        })
+    });
+    primary.stop();
+    drop(ks);
+    primary_db.abandon();
+
+    let primary_db = options().open_storage(storage).unwrap();
+    assert!(
+        primary_db
+            .open_keyspace("r")
+            .unwrap()
+            .get(b"lost0099")
+            .unwrap()
+            .is_none(),
+        "the crash lost the unsynced writes"
+    );
+    let primary = start_primary(&primary_db, &backup, Duration::from_secs(10));
+    // Past what the backup held, so that acknowledgements come again.
+    let ks = primary_db.keyspace("r").unwrap();
+    for i in 0..200u32 {
+        ks.put_with(
+            format!("new{i:04}").as_bytes(),
+            &[9u8; 200],
+            Durability::Sync,
+        )
+        .unwrap();
+    }
+    acknowledged_writes(&primary_db, &primary, "r", 1000, 100);
+    let expected = contents(&primary_db, "r");
+    primary.stop();
+    primary_db.abandon();
+    backup.stop();
+    let (promoted, replay) = backup_db
+        .open_replica("r")
+        .unwrap()
+        .promote_reporting(5)
+        .unwrap();
+    let got: BTreeMap<Vec<u8>, Vec<u8>> = promoted
+        .range::<&[u8], _>(..)
+        .map(|kv| kv.unwrap())
+        .collect();
+    let missing = expected.keys().filter(|k| !got.contains_key(*k)).count();
+    assert_eq!(missing, 0, "{missing} acknowledged keys missing; {replay}");
+    assert_eq!(got, expected, "{replay}");
 }

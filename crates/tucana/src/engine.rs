@@ -199,6 +199,20 @@ impl Engine {
         Ok((region, report))
     }
 
+    /// Makes replica `name` forget what it received past its last applied commit
+    /// (`Replica::keep_committed`), durably: the copies it lets go of are freed after
+    /// the commit this makes, which also records the shorter received counts.
+    pub fn keep_replica_committed(&self, name: &str) -> Result<()> {
+        let mut cs = self.committer.lock();
+        self.shared.check_writable()?;
+        let replica = self
+            .regions
+            .replica(name)
+            .ok_or_else(|| Error::KeyspaceNotFound(name.to_string()))?;
+        cs.drop_after_next_commit(replica.keep_committed());
+        self.committer.commit_locked(&mut cs, &self.regions)
+    }
+
     /// Drops replica `name` durably (its primary dropped the region, or replication of it
     /// stopped); its blocks are freed once no commit on disk needs them.
     pub fn drop_replica(&self, name: &str) -> Result<()> {

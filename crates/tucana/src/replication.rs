@@ -151,6 +151,13 @@ impl ShipSource {
         self.region.term()
     }
 
+    /// The log generation of this opening of the region: raised at every open (a
+    /// restart) and promotion, so a backup can tell that bytes it received past its last
+    /// applied commit may not be the primary's any more.
+    pub fn generation(&self) -> u32 {
+        self.region.generation()
+    }
+
     /// Raises the region's replication term (it becomes replicated, or a
     /// reconfiguration); persisted by the next commit.
     pub fn raise_term(&self, term: u64) {
@@ -370,6 +377,13 @@ impl ReplicaHandle {
     pub fn promote_reporting(self, term: u64) -> Result<(Keyspace, ReplayReport)> {
         let (region, report) = self.engine.promote_replica(self.replica.name(), term)?;
         Ok((Keyspace::new(self.engine.clone(), region), report))
+    }
+
+    /// Forgets every byte received past the last applied commit (durably): what a
+    /// backup does when its primary reopened the region since (see
+    /// `RegionInfo::generation` in the replication protocol).
+    pub fn keep_committed(&self) -> Result<()> {
+        self.engine.keep_replica_committed(self.replica.name())
     }
 
     /// Drops the replica and its data (durably).

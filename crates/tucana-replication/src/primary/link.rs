@@ -63,6 +63,7 @@ fn replicated_regions(db: &Database, link: &Link) -> Vec<RegionInfo> {
                 name,
                 seed: source.seed(),
                 term: source.term(),
+                generation: source.generation(),
             })
         })
         .collect()
@@ -242,8 +243,11 @@ fn on_backup_frame(shared: &Shared, link: &Link, frame: Frame) -> std::io::Resul
                     .lock()
                     .get(&state.name)
                     .map_or(newest, |(epoch, _)| *epoch);
+                // (0: no commit seen since this primary started, so nothing to
+                // compare with: the newest is sent in full.)
                 let index_current = state.node_map_current
                     && state.upstream_epoch != 0
+                    && last_change != 0
                     && state.upstream_epoch >= last_change;
                 r.need_full = wants_index && !index_current;
                 r.ready = true;

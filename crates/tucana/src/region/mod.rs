@@ -119,6 +119,9 @@ pub(crate) struct Region {
     shared: Arc<Shared>,
     log: Log,
     writer: Mutex<Writer>,
+    /// The writer's log generation, which never changes while the region is open (read
+    /// without the writer's lock).
+    generation: u32,
     /// Writes left that warm their index path before taking the writer lock
     /// (`lock_warm`): set when a writer finds the lock taken, 0 for a lone writer.
     warm_writes: AtomicU32,
@@ -165,6 +168,7 @@ impl Region {
             tree,
             shared,
             log,
+            generation: writer.generation,
             writer: Mutex::new(writer),
             warm_writes: AtomicU32::new(0),
             keys: AtomicU64::new(keys),
@@ -260,6 +264,11 @@ impl Region {
     #[inline]
     pub fn seed(&self) -> u32 {
         self.log.seed()
+    }
+
+    /// The log generation of this opening of the region (see `log::record`).
+    pub fn generation(&self) -> u32 {
+        self.generation
     }
 
     /// Heap nodes the index holds.

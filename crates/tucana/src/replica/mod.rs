@@ -54,6 +54,8 @@ pub struct ReplicaState {
     pub upstream_epoch: u64,
     /// Whether its node map matches that commit (else the next commit must come in full).
     pub node_map_current: bool,
+    /// The primary's log generation at that commit (`None`: no commit applied yet).
+    pub committed_generation: Option<u32>,
     /// Per segment it holds: the primary's order and offset, and the bytes received.
     pub segments: Vec<(u64, DiskOffset, u64)>,
 }
@@ -216,6 +218,7 @@ impl Replica {
                 .as_ref()
                 .map_or(0, |(_, rep)| rep.upstream_epoch),
             node_map_current: st.nodes_current,
+            committed_generation: st.committed.as_ref().map(|(desc, _)| desc.generation),
             segments: st
                 .copies
                 .iter()
@@ -318,6 +321,57 @@ impl Replica {
                 Ok(c)
             }
         }
+    }
+
+    /// Forgets every byte received past the last applied commit: copies of segments the
+    /// primary allocated after it go (their extents are returned, for the caller to free
+    /// after its next commit), and the others keep only the bytes that commit covers. A
+    /// primary that reopened its region since (a restart) has every byte its durable
+    /// commit covers, but may have lost bytes it shipped after, and writes other records
+    /// in their places: kept, they would stand where the primary's new bytes go (a
+    /// chunk is written only past what was received), and the acknowledgements of those
+    /// new writes would cover bytes this replica does not hold.
+    pub fn keep_committed(&self) -> Vec<Extent> {
+        let mut st = self.state.lock();
+        let Some((desc, rep)) = st.committed.clone() else {
+            let gone: Vec<Extent> = st
+                .copies
+                .values()
+                .map(|c| (c.at, c.size_bytes / BLOCK_BYTES))
+                .collect();
+            st.copies.clear();
+            return gone;
+        };
+        let covered: std::collections::HashMap<u64, u64> = desc
+            .segments
+            .iter()
+            .map(|(at, stats)| {
+                let mut bytes = stats.written_bytes;
+                if *at == desc.tail {
+                    bytes = bytes.max(desc.tail_used_bytes);
+                }
+                if let Some(pos) = desc.gc_tail.filter(|pos| pos.base == *at) {
+                    bytes = bytes.max(pos.used_bytes);
+                }
+                (stats.order, bytes)
+            })
+            .collect();
+        let later: Vec<u64> = st
+            .copies
+            .range(rep.upstream_next_order..)
+            .map(|(order, _)| *order)
+            .collect();
+        let gone = later
+            .into_iter()
+            .filter_map(|order| st.copies.remove(&order))
+            .map(|c| (c.at, c.size_bytes / BLOCK_BYTES))
+            .collect();
+        for (order, copy) in st.copies.iter_mut() {
+            if let Some(&bytes) = covered.get(order) {
+                copy.received_bytes = copy.received_bytes.min(bytes);
+            }
+        }
+        gone
     }
 
     /// The replica's entry for a commit of the volume, and from now until
