@@ -179,7 +179,7 @@ impl Engine {
             later,
             later_extents,
         } = replica.promotion_start(term)?;
-        let (region, reached, report) =
+        let (region, reached, mut report) =
             match Region::open(&self.shared, &desc, Links::Translated(&later)) {
                 Ok(opened) => opened,
                 Err(e) => {
@@ -187,10 +187,12 @@ impl Engine {
                     return Err(e);
                 }
             };
-        let unreached = later_extents
+        let unreached: Vec<_> = later_extents
             .into_iter()
             .filter(|(at, _)| !reached.contains(at))
             .collect();
+        report.unreplayed_bytes = replica.received_past(report.stop_at);
+        report.unreached_copies = unreached.len() as u64;
         cs.drop_after_next_commit(unreached);
         let region = Arc::new(region);
         self.regions.remove_replica(name);

@@ -294,6 +294,7 @@ fn a_backup_mirrors_every_shipped_commit_and_a_promoted_one_has_every_shipped_wr
         "{replay}"
     );
     assert!(replay.records >= 500, "{replay}");
+    assert_eq!(replay.unreplayed_bytes, 0, "{replay}");
     promoted.put(b"written on the new primary", b"x").unwrap();
     link.backup.check().unwrap();
     // The promoted keyspace is an ordinary one across a reopen.

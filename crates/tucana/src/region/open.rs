@@ -227,6 +227,12 @@ pub struct ReplayReport {
     pub stop: ReplayStop,
     /// Where the record it stopped at was (in this volume).
     pub stop_at: DiskOffset,
+    /// A promotion's: bytes the replica had received past `stop_at` in the copy it
+    /// stopped in, and copies received since the commit that replay never reached.
+    /// Nonzero bytes past a stop that is not a torn last batch are acknowledged writes
+    /// the promotion cannot take: a bug, said loudly.
+    pub unreplayed_bytes: u64,
+    pub unreached_copies: u64,
 }
 
 /// Why replay stopped reading a region's log.
@@ -281,7 +287,15 @@ impl std::fmt::Display for ReplayReport {
                 write!(f, "a link to segment {target}, which cannot be followed")
             }
             ReplayStop::ReadFailed => write!(f, "a read failure"),
+        }?;
+        if self.unreplayed_bytes > 0 || self.unreached_copies > 0 {
+            write!(
+                f,
+                "; {} bytes received past it, {} copies received since the commit not reached (relocation copies never are)",
+                self.unreplayed_bytes, self.unreached_copies
+            )?;
         }
+        Ok(())
     }
 }
 
@@ -405,6 +419,8 @@ fn replay_scan(
         segments: chain.len() as u64 - 1,
         stop,
         stop_at,
+        unreplayed_bytes: 0,
+        unreached_copies: 0,
     };
     ReplayEnd {
         chain,

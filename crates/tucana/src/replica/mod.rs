@@ -323,6 +323,15 @@ impl Replica {
         }
     }
 
+    /// Bytes received past `at` in the copy that holds it (0 if none does).
+    pub fn received_past(&self, at: DiskOffset) -> u64 {
+        let st = self.state.lock();
+        st.copies
+            .values()
+            .find(|c| c.at.0 <= at.0 && at.0 < c.at.0 + c.size_bytes)
+            .map_or(0, |c| (c.at.0 + c.received_bytes).saturating_sub(at.0))
+    }
+
     /// Forgets every byte received past the last applied commit: copies of segments the
     /// primary allocated after it go (their extents are returned, for the caller to free
     /// after its next commit), and the others keep only the bytes that commit covers. A
