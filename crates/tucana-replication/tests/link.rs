@@ -1032,3 +1032,109 @@ fn a_backup_of_a_restarted_primary_keeps_nothing_the_primary_lost() {
     assert_eq!(missing, 0, "{missing} acknowledged keys missing; {replay}");
     assert_eq!(got, expected, "{replay}");
 }
+
+/// Writers never pause while a new backup of a promoted primary joins, the primary
+/// commits, folds and collects: the promoted backup has every write it acknowledged.
+/// (The shape of M10 seeds 81 and 102, with their concurrency.)
+#[test]
+fn a_backup_joining_under_load_promotes_with_every_write_it_acknowledged() {
+    for round in 0..3u32 {
+        let first_db = options().open_in_memory().unwrap();
+        first_db.keyspace("r").unwrap();
+        let second_db = options().open_in_memory().unwrap();
+        let second = start_backup(&second_db, false);
+        let first = start_primary(&first_db, &second, Duration::from_secs(10));
+        acknowledged_writes(&first_db, &first, "r", 0, 1500);
+        first_db.commit().unwrap();
+        acknowledged_writes(&first_db, &first, "r", 1500, 300);
+        first.stop();
+        first_db.abandon();
+        second.stop();
+        second_db.open_replica("r").unwrap().promote(5).unwrap();
+
+        let third_db = options().open_in_memory().unwrap();
+        let third = start_backup(&third_db, false);
+        let addr = third.local_addr().to_string();
+        let primary = Arc::new(
+            Primary::start(
+                second_db.clone(),
+                PrimaryConfig {
+                    index_lag_max: Duration::from_secs(3600),
+                    index_lag_max_bytes: 256 << 20,
+                    backups: Vec::new(),
+                    ..primary_config(&third, Duration::from_secs(10))
+                },
+            )
+            .unwrap(),
+        );
+        let stop = Arc::new(AtomicBool::new(false));
+        let acked = Arc::new(parking_lot::Mutex::new(Vec::<Vec<u8>>::new()));
+        let writers: Vec<_> = (0..3u32)
+            .map(|w| {
+                let (db, primary, stop, acked) = (
+                    second_db.clone(),
+                    primary.clone(),
+                    stop.clone(),
+                    acked.clone(),
+                );
+                std::thread::spawn(move || {
+                    let ks = db.keyspace("r").unwrap();
+                    let mut i = 0u32;
+                    while !stop.load(Ordering::Acquire) {
+                        let key = format!("w{w}-{i:06}").into_bytes();
+                        ks.put_with(&key, &[(i % 250) as u8; 120], Durability::Sync)
+                            .unwrap();
+                        if primary.wait_acked("r", ks.log_position()).is_ok() {
+                            acked.lock().push(key);
+                        }
+                        if i % 97 == 0 {
+                            ks.put_with(
+                                format!("key{:06}", i % 500).as_bytes(),
+                                b"over",
+                                Durability::Sync,
+                            )
+                            .unwrap();
+                        }
+                        i += 1;
+                    }
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(100 + 50 * u64::from(round)));
+        primary.set_backups(&BTreeMap::from([(
+            addr,
+            BTreeMap::from([("r".to_string(), 5u64)]),
+        )]));
+        for _ in 0..6 {
+            std::thread::sleep(Duration::from_millis(80));
+            second_db.commit().unwrap();
+            second_db.gc().unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        stop.store(true, Ordering::Release);
+        for w in writers {
+            w.join().unwrap();
+        }
+        primary.stop();
+        second_db.abandon();
+        third.stop();
+        let (promoted, replay) = third_db
+            .open_replica("r")
+            .unwrap()
+            .promote_reporting(6)
+            .unwrap();
+        let acked = acked.lock();
+        let missing: Vec<&Vec<u8>> = acked
+            .iter()
+            .filter(|k| promoted.get(k).unwrap().is_none())
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "round {round}: {} of {} acknowledged writes missing (first {:?}); {replay}",
+            missing.len(),
+            acked.len(),
+            String::from_utf8_lossy(missing[0])
+        );
+        third_db.check().unwrap();
+    }
+}
