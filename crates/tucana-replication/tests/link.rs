@@ -1087,7 +1087,7 @@ fn a_backup_joining_under_load_promotes_with_every_write_it_acknowledged() {
                         if primary.wait_acked("r", ks.log_position()).is_ok() {
                             acked.lock().push(key);
                         }
-                        if i % 97 == 0 {
+                        if i.is_multiple_of(97) {
                             ks.put_with(
                                 format!("key{:06}", i % 500).as_bytes(),
                                 b"over",
