@@ -554,6 +554,28 @@ async fn on_commit<W: tokio::io::AsyncWrite + Unpin>(
                 ),
             ));
         }
+        if full {
+            // Once per join: where the replica's log stands against the commit it now
+            // starts from (what a promotion replays from; M10's lost writes are traced by
+            // it).
+            let tail_order = desc
+                .segments
+                .iter()
+                .find(|(at, _)| *at == desc.tail)
+                .map(|(_, s)| s.order);
+            let held = shared.db.open_replica(&region).and_then(|r| {
+                let order = tail_order?;
+                r.state()
+                    .segments
+                    .iter()
+                    .find(|(o, _, _)| *o == order)
+                    .map(|(_, _, held)| *held)
+            });
+            eprintln!(
+                "tucana: replica {region}: the primary's commit {upstream_epoch} in full (generation {}): tail segment {tail_order:?} at {} of which {held:?} received here",
+                desc.generation, desc.tail_used_bytes
+            );
+        }
         let delta = Delta {
             term,
             upstream_epoch,
