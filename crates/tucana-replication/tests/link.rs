@@ -699,6 +699,37 @@ fn a_keyspace_dropped_after_its_shipping_stopped_leaves_the_backups_replica_alon
     assert_eq!(contents(&backup_db, "kept").len(), 40);
 }
 
+/// A primary of `db` for `backup` (set later with `set_backups`) that folds commits for
+/// up to an hour (the servers' default is a minute): promotions replay long logs.
+fn folding_primary(db: &Database, backup: &Backup) -> Primary {
+    Primary::start(
+        db.clone(),
+        PrimaryConfig {
+            index_lag_max: Duration::from_secs(3600),
+            index_lag_max_bytes: 256 << 20,
+            backups: Vec::new(),
+            ..primary_config(backup, Duration::from_secs(10))
+        },
+    )
+    .unwrap()
+}
+
+/// Promotes `db`'s replica "r" at `term` and checks it holds exactly `expected`.
+fn promote_holding(db: &Database, term: u64, expected: &BTreeMap<Vec<u8>, Vec<u8>>, what: &str) {
+    let (promoted, replay) = db
+        .open_replica("r")
+        .unwrap()
+        .promote_reporting(term)
+        .unwrap();
+    let got: BTreeMap<Vec<u8>, Vec<u8>> = promoted
+        .range::<&[u8], _>(..)
+        .map(|kv| kv.unwrap())
+        .collect();
+    let missing = expected.keys().filter(|k| !got.contains_key(*k)).count();
+    assert_eq!(missing, 0, "{what}: {missing} keys missing; {replay}");
+    assert_eq!(&got, expected, "{what}: {replay}");
+}
+
 /// Seeds 81 and 102 of M10: a backup (new, or back at the same term after a while away),
 /// commits folded for a long time (the servers' default index lag is a minute), the
 /// primary's garbage collection freeing and reusing segments meanwhile, then the primary
@@ -712,16 +743,7 @@ fn a_backup_away_and_back_promotes_with_every_write_it_acknowledged() {
         let backup_db = options().open_in_memory().unwrap();
         let backup = start_backup(&backup_db, false);
         let addr = backup.local_addr().to_string();
-        let primary = Primary::start(
-            primary_db.clone(),
-            PrimaryConfig {
-                index_lag_max: Duration::from_secs(3600),
-                index_lag_max_bytes: 256 << 20,
-                backups: Vec::new(),
-                ..primary_config(&backup, Duration::from_secs(10))
-            },
-        )
-        .unwrap();
+        let primary = folding_primary(&primary_db, &backup);
         let carried = BTreeMap::from([(addr.clone(), BTreeMap::from([("r".to_string(), 7u64)]))]);
         primary.set_backups(&carried);
         let ks = primary_db.keyspace("r").unwrap();
@@ -775,17 +797,32 @@ fn a_backup_away_and_back_promotes_with_every_write_it_acknowledged() {
         primary.stop();
         primary_db.abandon();
         backup.stop();
-        let replica = backup_db.open_replica("r").unwrap();
-        let (promoted, replay) = replica.promote_reporting(8).unwrap();
-        let got: BTreeMap<Vec<u8>, Vec<u8>> = promoted
-            .range::<&[u8], _>(..)
-            .map(|kv| kv.unwrap())
-            .collect();
-        let missing = expected.keys().filter(|k| !got.contains_key(*k)).count();
-        assert_eq!(missing, 0, "away {away}: {missing} keys missing; {replay}");
-        assert_eq!(got, expected, "away {away}: {replay}");
+        promote_holding(
+            &backup_db,
+            8,
+            &expected,
+            &format!("away {away}, briefly {briefly}"),
+        );
         backup_db.check().unwrap();
     }
+}
+
+/// A backup's database whose replica "r" was promoted at term 5, its primary gone: it
+/// took `committed` acknowledged writes and a commit, then `after` more.
+fn promoted_backup(committed: u32, after: u32) -> Database {
+    let first_db = options().open_in_memory().unwrap();
+    first_db.keyspace("r").unwrap();
+    let second_db = options().open_in_memory().unwrap();
+    let second = start_backup(&second_db, false);
+    let first = start_primary(&first_db, &second, Duration::from_secs(10));
+    acknowledged_writes(&first_db, &first, "r", 0, committed);
+    first_db.commit().unwrap();
+    acknowledged_writes(&first_db, &first, "r", committed, after);
+    first.stop();
+    first_db.abandon();
+    second.stop();
+    second_db.open_replica("r").unwrap().promote(5).unwrap();
+    second_db
 }
 
 /// As above, with the primary a promoted backup itself (so were the primaries of seeds
@@ -793,32 +830,12 @@ fn a_backup_away_and_back_promotes_with_every_write_it_acknowledged() {
 /// in segments that hold the old primary's records first.
 #[test]
 fn the_backup_of_a_promoted_backup_promotes_with_every_write_it_acknowledged() {
-    let first_db = options().open_in_memory().unwrap();
-    first_db.keyspace("r").unwrap();
-    let second_db = options().open_in_memory().unwrap();
-    let second = start_backup(&second_db, false);
-    let first = start_primary(&first_db, &second, Duration::from_secs(10));
-    acknowledged_writes(&first_db, &first, "r", 0, 2000);
-    first_db.commit().unwrap();
-    acknowledged_writes(&first_db, &first, "r", 2000, 700);
-    first.stop();
-    first_db.abandon();
-    second.stop();
-    second_db.open_replica("r").unwrap().promote(5).unwrap();
+    let second_db = promoted_backup(2000, 700);
 
     let third_db = options().open_in_memory().unwrap();
     let third = start_backup(&third_db, false);
     let addr = third.local_addr().to_string();
-    let primary = Primary::start(
-        second_db.clone(),
-        PrimaryConfig {
-            index_lag_max: Duration::from_secs(3600),
-            index_lag_max_bytes: 256 << 20,
-            backups: Vec::new(),
-            ..primary_config(&third, Duration::from_secs(10))
-        },
-    )
-    .unwrap();
+    let primary = folding_primary(&second_db, &third);
     primary.set_backups(&BTreeMap::from([(
         addr,
         BTreeMap::from([("r".to_string(), 5u64)]),
@@ -835,18 +852,7 @@ fn the_backup_of_a_promoted_backup_promotes_with_every_write_it_acknowledged() {
     primary.stop();
     second_db.abandon();
     third.stop();
-    let (promoted, replay) = third_db
-        .open_replica("r")
-        .unwrap()
-        .promote_reporting(6)
-        .unwrap();
-    let got: BTreeMap<Vec<u8>, Vec<u8>> = promoted
-        .range::<&[u8], _>(..)
-        .map(|kv| kv.unwrap())
-        .collect();
-    let missing = expected.keys().filter(|k| !got.contains_key(*k)).count();
-    assert_eq!(missing, 0, "{missing} keys missing; {replay}");
-    assert_eq!(got, expected, "{replay}");
+    promote_holding(&third_db, 6, &expected, "");
     third_db.check().unwrap();
 }
 
@@ -1019,18 +1025,7 @@ fn a_backup_of_a_restarted_primary_keeps_nothing_the_primary_lost() {
     primary.stop();
     primary_db.abandon();
     backup.stop();
-    let (promoted, replay) = backup_db
-        .open_replica("r")
-        .unwrap()
-        .promote_reporting(5)
-        .unwrap();
-    let got: BTreeMap<Vec<u8>, Vec<u8>> = promoted
-        .range::<&[u8], _>(..)
-        .map(|kv| kv.unwrap())
-        .collect();
-    let missing = expected.keys().filter(|k| !got.contains_key(*k)).count();
-    assert_eq!(missing, 0, "{missing} acknowledged keys missing; {replay}");
-    assert_eq!(got, expected, "{replay}");
+    promote_holding(&backup_db, 5, &expected, "");
 }
 
 /// Writers never pause while a new backup of a promoted primary joins, the primary
@@ -1039,34 +1034,12 @@ fn a_backup_of_a_restarted_primary_keeps_nothing_the_primary_lost() {
 #[test]
 fn a_backup_joining_under_load_promotes_with_every_write_it_acknowledged() {
     for round in 0..3u32 {
-        let first_db = options().open_in_memory().unwrap();
-        first_db.keyspace("r").unwrap();
-        let second_db = options().open_in_memory().unwrap();
-        let second = start_backup(&second_db, false);
-        let first = start_primary(&first_db, &second, Duration::from_secs(10));
-        acknowledged_writes(&first_db, &first, "r", 0, 1500);
-        first_db.commit().unwrap();
-        acknowledged_writes(&first_db, &first, "r", 1500, 300);
-        first.stop();
-        first_db.abandon();
-        second.stop();
-        second_db.open_replica("r").unwrap().promote(5).unwrap();
+        let second_db = promoted_backup(1500, 300);
 
         let third_db = options().open_in_memory().unwrap();
         let third = start_backup(&third_db, false);
         let addr = third.local_addr().to_string();
-        let primary = Arc::new(
-            Primary::start(
-                second_db.clone(),
-                PrimaryConfig {
-                    index_lag_max: Duration::from_secs(3600),
-                    index_lag_max_bytes: 256 << 20,
-                    backups: Vec::new(),
-                    ..primary_config(&third, Duration::from_secs(10))
-                },
-            )
-            .unwrap(),
-        );
+        let primary = Arc::new(folding_primary(&second_db, &third));
         let stop = Arc::new(AtomicBool::new(false));
         let acked = Arc::new(parking_lot::Mutex::new(Vec::<Vec<u8>>::new()));
         let writers: Vec<_> = (0..3u32)

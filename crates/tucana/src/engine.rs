@@ -113,13 +113,24 @@ impl Engine {
 
     /// Drops a region durably; its blocks are freed once no commit on disk needs them.
     pub fn drop_region(&self, name: &str) -> Result<()> {
+        self.commit_releasing(name, |regions| {
+            regions.remove(name).map(|r| r.drop_and_list_extents())
+        })
+    }
+
+    /// Under the commit lock (the volume writable): what `release` lets go of in the
+    /// region or replica `name` (`None`: there is no such) is freed once no commit on
+    /// disk needs it, and a commit is made.
+    fn commit_releasing(
+        &self,
+        name: &str,
+        release: impl FnOnce(&Regions) -> Option<Result<Vec<crate::types::Extent>>>,
+    ) -> Result<()> {
         let mut cs = self.committer.lock();
         self.shared.check_writable()?;
-        let region = self
-            .regions
-            .remove(name)
-            .ok_or_else(|| Error::KeyspaceNotFound(name.to_string()))?;
-        cs.drop_after_next_commit(region.drop_and_list_extents()?);
+        let extents =
+            release(&self.regions).ok_or_else(|| Error::KeyspaceNotFound(name.to_string()))??;
+        cs.drop_after_next_commit(extents);
         self.committer.commit_locked(&mut cs, &self.regions)
     }
 
@@ -205,27 +216,17 @@ impl Engine {
     /// (`Replica::keep_committed`), durably: the copies it lets go of are freed after
     /// the commit this makes, which also records the shorter received counts.
     pub fn keep_replica_committed(&self, name: &str) -> Result<()> {
-        let mut cs = self.committer.lock();
-        self.shared.check_writable()?;
-        let replica = self
-            .regions
-            .replica(name)
-            .ok_or_else(|| Error::KeyspaceNotFound(name.to_string()))?;
-        cs.drop_after_next_commit(replica.keep_committed());
-        self.committer.commit_locked(&mut cs, &self.regions)
+        self.commit_releasing(name, |regions| {
+            regions.replica(name).map(|r| Ok(r.keep_committed()))
+        })
     }
 
     /// Drops replica `name` durably (its primary dropped the region, or replication of it
     /// stopped); its blocks are freed once no commit on disk needs them.
     pub fn drop_replica(&self, name: &str) -> Result<()> {
-        let mut cs = self.committer.lock();
-        self.shared.check_writable()?;
-        let replica = self
-            .regions
-            .remove_replica(name)
-            .ok_or_else(|| Error::KeyspaceNotFound(name.to_string()))?;
-        cs.drop_after_next_commit(replica.extents()?);
-        self.committer.commit_locked(&mut cs, &self.regions)
+        self.commit_releasing(name, |regions| {
+            regions.remove_replica(name).map(|r| r.extents())
+        })
     }
 
     /// Commits, then walks the whole committed volume and verifies it.
