@@ -370,8 +370,16 @@ fn partition(
                     net.cut_pair(m, j)?;
                 }
             }
+            // Only a region with a copy on the majority's side can fail over: one whose
+            // primary and backups are all cut off stays down until the cut heals, by
+            // design (no server outside may hold its acknowledged writes).
+            let cut: Vec<&str> = minority.iter().map(|&m| addrs[m].as_str()).collect();
             for &m in &minority {
-                measure_failover(fleet, &addrs[m], &led_by(map, &addrs[m]), at, out);
+                let movable: Vec<Range> = led_by(map, &addrs[m])
+                    .into_iter()
+                    .filter(|r| r.backups.iter().any(|b| !cut.contains(&b.as_str())))
+                    .collect();
+                measure_failover(fleet, &addrs[m], &movable, at, out);
             }
             sleep_until(at, lease_ms + step.hold_ms);
             let net = fleet.net.as_ref().expect("checked");
