@@ -320,40 +320,17 @@ fn replay_scan(
     // The last complete point: (chain length, used, seq).
     let mut complete = (1usize, used, seq);
     let mut in_batch = false;
-    let mut header_buf = [0u8; HEADER_BYTES];
     let mut body = Vec::new();
     let mut stop_at;
     let stop = loop {
         let (base, size) = *chain.last().expect("chain is never empty");
         let at = base.plus_bytes(used);
         stop_at = at;
-        if used + HEADER_BYTES as u64 > size {
-            break ReplayStop::SegmentEnd;
-        }
-        if storage.read_at(at.0, &mut header_buf).is_err() {
-            break ReplayStop::ReadFailed;
-        }
-        if header_buf.iter().all(|b| *b == 0) {
-            break ReplayStop::EndOfLog;
-        }
-        let Ok(header) = Header::decode(&header_buf, at) else {
-            break ReplayStop::Invalid;
+        let rec = match read_record(storage.as_ref(), seed, at, size - used, &mut body) {
+            Ok(rec) => rec,
+            Err(stop) => break stop,
         };
-        let len = header.total_bytes();
-        let bad = ReplayStop::BadRecord {
-            seq: header.seq.0,
-            generation: header.generation,
-        };
-        if len > size - used {
-            break bad;
-        }
-        body.resize(len as usize, 0);
-        if storage.read_at(at.0, &mut body).is_err() {
-            break ReplayStop::ReadFailed;
-        }
-        let Ok(rec) = RecordRef::parse(&body, seed, true, at) else {
-            break bad;
-        };
+        let len = rec.header.total_bytes();
         // A relocated copy is never part of the chain (its segments have no links into
         // the chain; one can only be met here as stale bytes of a reused block).
         let expected = rd.generation & GENERATION_MASK;
@@ -429,6 +406,41 @@ fn replay_scan(
         items,
         report,
     }
+}
+
+/// The record at `at`, with `room` bytes left in its segment, read into `body`; or why
+/// there is none.
+fn read_record<'a>(
+    storage: &dyn crate::volume::Storage,
+    seed: u32,
+    at: DiskOffset,
+    room: u64,
+    body: &'a mut Vec<u8>,
+) -> std::result::Result<RecordRef<'a>, ReplayStop> {
+    let mut header_buf = [0u8; HEADER_BYTES];
+    if room < HEADER_BYTES as u64 {
+        return Err(ReplayStop::SegmentEnd);
+    }
+    if storage.read_at(at.0, &mut header_buf).is_err() {
+        return Err(ReplayStop::ReadFailed);
+    }
+    if header_buf.iter().all(|b| *b == 0) {
+        return Err(ReplayStop::EndOfLog);
+    }
+    let header = Header::decode(&header_buf, at).map_err(|_| ReplayStop::Invalid)?;
+    let len = header.total_bytes();
+    let bad = ReplayStop::BadRecord {
+        seq: header.seq.0,
+        generation: header.generation,
+    };
+    if len > room {
+        return Err(bad);
+    }
+    body.resize(len as usize, 0);
+    if storage.read_at(at.0, body).is_err() {
+        return Err(ReplayStop::ReadFailed);
+    }
+    RecordRef::parse(body, seed, true, at).map_err(|_| bad)
 }
 
 /// Whether the segment at `at` starts with a record of sequence number and generation
