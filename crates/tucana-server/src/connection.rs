@@ -20,6 +20,10 @@
 //! authentication a connection decodes one request at a time, so the stricter pre-auth
 //! limits apply to every request up to the `AUTH` that lifts them.
 //!
+//! Pub/Sub: while its session is subscribed, the connection also waits for messages
+//! queued for it (`pubsub`) and writes them, between batches; a subscriber that passed
+//! its output limit is closed.
+//!
 //! Shutdown: between batches the connection checks the server's shutdown signal; it
 //! finishes the batch it is running, answers it and closes.
 //!
@@ -403,9 +407,19 @@ async fn serve_requests<S: AsyncRead + AsyncWrite + Unpin>(
             // More complete requests may be buffered; decode before reading.
             continue;
         }
+        // Pub/Sub: the connection's queue of messages, while it is subscribed.
+        let subscriber = conn.session.subscriber().cloned();
+        if subscriber.as_ref().is_some_and(|s| s.dropped()) {
+            return Ok(());
+        }
         conn.make_room();
+        // As in Redis, the idle timeout does not apply to a subscribed connection.
+        let idle_timeout = match subscriber {
+            Some(_) => None,
+            None => state.settings.idle_timeout(),
+        };
         let read = async {
-            match state.settings.idle_timeout() {
+            match idle_timeout {
                 Some(idle) => tokio::time::timeout(idle, stream.read_buf(&mut conn.buf)).await,
                 None => Ok(stream.read_buf(&mut conn.buf).await),
             }
@@ -414,7 +428,20 @@ async fn serve_requests<S: AsyncRead + AsyncWrite + Unpin>(
             Some(outbox) => outbox.poll_attention(cx),
             None => std::task::Poll::Pending,
         });
+        let message = async {
+            match &subscriber {
+                Some(s) => s.ready().await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
+            _ = message => {
+                if let Some(s) = &subscriber {
+                    if !send_messages(state, stream, outbox, s, &mut conn.out).await? {
+                        return Ok(());
+                    }
+                }
+            }
             r = read => match r {
                 Ok(Ok(0)) => return Ok(()),
                 Ok(Err(e)) => return Err(e),
@@ -433,6 +460,42 @@ async fn serve_requests<S: AsyncRead + AsyncWrite + Unpin>(
             }
             _ = &mut stop => return Ok(()),
         }
+    }
+}
+
+/// Writes the Pub/Sub messages queued for this connection (after whatever its outbox
+/// holds), until the queue is empty. `Ok(false)`: the subscriber passed its output
+/// limit (before or during a write), and the connection must close. `spare` is any
+/// reusable buffer, left empty.
+async fn send_messages<S: AsyncWrite + Unpin>(
+    state: &ServerState,
+    stream: &mut S,
+    outbox: Option<&Outbox>,
+    subscriber: &crate::pubsub::Subscriber,
+    spare: &mut Vec<u8>,
+) -> io::Result<bool> {
+    debug_assert!(spare.is_empty());
+    loop {
+        if subscriber.dropped() {
+            return Ok(false);
+        }
+        subscriber.take(spare);
+        if spare.is_empty() {
+            return Ok(true);
+        }
+        // A subscriber that does not read blocks this write; its queue keeps growing
+        // meanwhile, until a publisher drops it (and wakes this task).
+        let dropped = async {
+            while !subscriber.dropped() {
+                subscriber.ready().await;
+            }
+        };
+        tokio::select! {
+            r = write_now(state, stream, outbox, spare) => r?,
+            _ = dropped => return Ok(false),
+        }
+        subscriber.written();
+        spare.clear();
     }
 }
 

@@ -57,7 +57,10 @@ pub fn execute_batch(
         }
         // Cluster mode routes every key (`routing`); the fast paths do not. GETs look
         // deadlines up; a run of SETs that would drop one takes the general path.
-        let fast = session.authenticated && session.multi.is_none() && state.cluster.is_none();
+        let fast = session.authenticated
+            && session.multi.is_none()
+            && state.cluster.is_none()
+            && !session.in_resp2_pubsub();
         if fast && is_plain(&args, b"get", 2) {
             let run = run_length(requests, i, b"get", 2);
             fast_gets(state, session, requests, i..i + run, &mut replies);
