@@ -65,6 +65,20 @@ pub struct Session {
     pub(super) retrying: bool,
     /// Pub/Sub: the channels and patterns subscribed to, while there is one.
     pub(super) pubsub: Option<crate::pubsub::Subscription>,
+    /// `CLIENT REPLY`.
+    pub(super) reply_mode: ReplyMode,
+}
+
+/// `CLIENT REPLY ON | OFF | SKIP`: which replies the client gets (Pub/Sub's push frames
+/// and messages always go out).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum ReplyMode {
+    On,
+    Off,
+    /// `CLIENT REPLY SKIP` ran: its own reply is not sent, nor the next command's.
+    SkipThisAndNext,
+    /// The command running now gets no reply; the ones after it do.
+    SkipThis,
 }
 
 impl Session {
@@ -116,6 +130,29 @@ impl Session {
             blocked: None,
             retrying: false,
             pubsub: None,
+            reply_mode: ReplyMode::On,
+        }
+    }
+
+    /// Whether every reply is sent (`CLIENT REPLY ON`, the default).
+    pub(super) fn replies_on(&self) -> bool {
+        self.reply_mode == ReplyMode::On
+    }
+
+    /// After a command ran: whether its reply is withheld (`CLIENT REPLY`), moving a
+    /// `SKIP` on to the next command.
+    pub(super) fn take_reply_suppressed(&mut self) -> bool {
+        match self.reply_mode {
+            ReplyMode::On => false,
+            ReplyMode::Off => true,
+            ReplyMode::SkipThisAndNext => {
+                self.reply_mode = ReplyMode::SkipThis;
+                true
+            }
+            ReplyMode::SkipThis => {
+                self.reply_mode = ReplyMode::On;
+                true
+            }
         }
     }
 
@@ -174,6 +211,7 @@ pub(super) fn cmd_reset(call: &mut Call<'_>, _args: &[Vec<u8>]) -> tucana::Resul
     session.name = None;
     session.readonly = false;
     session.asking = false;
+    session.reply_mode = ReplyMode::On;
     session.authenticated = call.state.config.requirepass.is_none();
     let reply = Reply::Status("RESET".into());
     if earlier.is_empty() {
@@ -357,8 +395,27 @@ pub(super) fn cmd_client(call: &mut Call<'_>, args: &[Vec<u8>]) -> tucana::Resul
         (b"INFO", []) => Reply::Bulk(format!("{}\n", client_info_line(call)).into_bytes()),
         // Eviction and LRU do not exist here, so opting out of them changes nothing.
         (b"NO-EVICT" | b"NO-TOUCH", [_]) => Reply::Ok,
+        (b"REPLY", [mode]) => match mode.to_ascii_uppercase().as_slice() {
+            b"ON" => {
+                call.session.reply_mode = ReplyMode::On;
+                Reply::Ok
+            }
+            // Withheld (`take_reply_suppressed`).
+            b"OFF" => {
+                call.session.reply_mode = ReplyMode::Off;
+                Reply::Ok
+            }
+            // Under OFF, everything stays withheld (as in Redis, SKIP does not end OFF).
+            b"SKIP" => {
+                if call.session.reply_mode != ReplyMode::Off {
+                    call.session.reply_mode = ReplyMode::SkipThisAndNext;
+                }
+                Reply::Ok
+            }
+            _ => syntax_error(),
+        },
         _ => Reply::error(format!(
-            "ERR unknown subcommand or wrong number of arguments for '{}'. Supported: SETNAME GETNAME ID SETINFO INFO UNBLOCK",
+            "ERR unknown subcommand or wrong number of arguments for '{}'. Supported: SETNAME GETNAME ID SETINFO INFO UNBLOCK REPLY",
             printable(&args[1], 32)
         )),
     })
