@@ -498,6 +498,39 @@ fn client_reply_off_still_gets_push_frames() {
     assert_eq!(wire.call(&["ECHO", "after"]), Frame::Simple("after".into()));
 }
 
+/// A message a connection publishes to itself comes before PUBLISH's reply (as in
+/// Redis 7.0); inside MULTI, after EXEC's reply (Redis 7.0 puts it inside the array).
+#[test]
+fn messages_to_itself_come_before_publish_s_reply_and_after_exec_s() {
+    let server = start();
+    let mut wire = Wire::connect(&server);
+    wire.call(&["HELLO", "3"]);
+    wire.call(&["SUBSCRIBE", "c"]);
+    let message = wire.call(&["PUBLISH", "c", "x"]);
+    assert_eq!(
+        (message.kind(), message.words()),
+        ('>', words(&["message", "c", "x"]))
+    );
+    assert_eq!(wire.read(), Frame::Simple("1".into()));
+    wire.call(&["MULTI"]);
+    wire.call(&["PUBLISH", "c", "y"]);
+    wire.call(&["PING", "z"]);
+    assert_eq!(wire.call(&["EXEC"]).words(), words(&["1", "z"]));
+    assert_eq!(wire.read().words(), words(&["message", "c", "y"]));
+    // Unsubscribed inside EXEC: the last messages still come, after EXEC's reply.
+    wire.call(&["MULTI"]);
+    wire.call(&["PUBLISH", "c", "last"]);
+    wire.call(&["UNSUBSCRIBE", "c"]);
+    let exec = wire.call(&["EXEC"]);
+    let Frame::Aggregate('*', items) = exec else {
+        panic!("EXEC answered {exec:?}");
+    };
+    assert_eq!(items[0], Frame::Simple("1".into()));
+    assert_eq!(items[1].words(), words(&["unsubscribe", "c", "0"]));
+    assert_eq!(wire.read().words(), words(&["message", "c", "last"]));
+    assert_eq!(wire.call(&["PING"]), Frame::Simple("PONG".into()));
+}
+
 /// One connection's Pub/Sub session in RESP2, reply for reply against redis-server
 /// (each line answers exactly one frame).
 const PUBSUB: &str = "
@@ -533,6 +566,17 @@ RESET
 PUBSUB NUMSUB c
 PING
 CLIENT REPLY ON
+MULTI
+SUBSCRIBE a
+UNSUBSCRIBE a
+EXEC
+GET k
+MULTI
+SUBSCRIBE a
+EXEC
+GET k
+PUBSUB NUMSUB a
+RESET
 ";
 
 #[test]

@@ -11,8 +11,9 @@
 //! Ordering: a reply that changes the subscriptions is preceded by every message queued
 //! for the connection before it (they are taken out of the queue after the change, and
 //! no message for a channel left can be queued after that), so a client never reads a
-//! message of a channel after the reply that unsubscribed it. Messages a connection
-//! publishes to itself arrive after its PUBLISH's reply (Redis 7.0 writes them before).
+//! message of a channel after the reply that unsubscribed it. PUBLISH does the same, so
+//! a message a connection publishes to itself comes before the reply, as in Redis 7.0.
+//! Inside EXEC nothing is taken (EXEC's reply is one array): the messages follow it.
 //!
 //! Thread-safety: handlers run on the connection's thread with its session; the
 //! registry synchronises itself.
@@ -65,6 +66,16 @@ pub(super) fn drop_subscription(mut subscription: Subscription, earlier: &mut Ve
     subscription.drain_into(earlier);
 }
 
+/// Drops the session's subscription if it holds nothing any more (one emptied inside
+/// EXEC), appending its last queued messages to `after`.
+pub(super) fn drop_if_empty(session: &mut super::Session, after: &mut Vec<u8>) {
+    if session.pubsub.as_ref().is_some_and(|s| s.count() == 0) {
+        if let Some(subscription) = session.pubsub.take() {
+            drop_subscription(subscription, after);
+        }
+    }
+}
+
 /// A subscription change's push frame: `[kind, name or nil, subscriptions left]`.
 fn notice(word: &str, name: Option<&[u8]>, count: usize) -> Reply {
     Reply::Push(vec![
@@ -72,6 +83,14 @@ fn notice(word: &str, name: Option<&[u8]>, count: usize) -> Reply {
         name.map_or(Reply::Nil, |n| Reply::Bulk(n.to_vec())),
         Reply::Int(count as i64),
     ])
+}
+
+/// The messages queued for this connection so far, which go out before the reply being
+/// made; none inside EXEC (its reply is one array; they follow it).
+fn take_earlier(session: &super::Session, earlier: &mut Vec<u8>) {
+    if let (Some(subscription), false) = (&session.pubsub, session.in_exec) {
+        subscription.drain_into(earlier);
+    }
 }
 
 /// The frames of a subscription change, after the messages queued before it.
@@ -97,7 +116,7 @@ fn subscribe(call: &mut Call<'_>, args: &[Vec<u8>], kind: Kind, word: &str) -> R
         notices.push(notice(word, Some(name), subscription.count()));
     }
     let mut earlier = Vec::new();
-    subscription.drain_into(&mut earlier);
+    take_earlier(call.session, &mut earlier);
     frames(earlier, notices)
 }
 
@@ -121,10 +140,18 @@ fn unsubscribe(call: &mut Call<'_>, args: &[Vec<u8>], kind: Kind, word: &str) ->
             if names.is_empty() {
                 notices.push(notice(word, None, subscription.count()));
             }
-            subscription.drain_into(&mut earlier);
-            if subscription.count() == 0 {
-                if let Some(subscription) = call.session.pubsub.take() {
-                    drop_subscription(subscription, &mut earlier);
+            let left = subscription.count();
+            take_earlier(call.session, &mut earlier);
+            if left == 0 {
+                if let Some(mut subscription) = call.session.pubsub.take() {
+                    // Inside EXEC it stays, empty, until EXEC ends (`drop_if_empty`):
+                    // its queued messages go out after EXEC's reply.
+                    if call.session.in_exec {
+                        subscription.leave_all();
+                        call.session.pubsub = Some(subscription);
+                    } else {
+                        drop_subscription(subscription, &mut earlier);
+                    }
                 }
             }
         }
@@ -159,8 +186,14 @@ pub(super) fn cmd_punsubscribe(call: &mut Call<'_>, args: &[Vec<u8>]) -> tucana:
 /// `PUBLISH channel message`: how many subscriptions it was queued for.
 pub(super) fn cmd_publish(call: &mut Call<'_>, args: &[Vec<u8>]) -> tucana::Result<Reply> {
     let limit = call.state.settings.pubsub_limit();
-    let receivers = call.state.pubsub.publish(&args[1], &args[2], limit);
-    Ok(Reply::Int(receivers as i64))
+    let receivers = Reply::Int(call.state.pubsub.publish(&args[1], &args[2], limit) as i64);
+    // A message to itself goes out before the reply, as in Redis 7.0 (not inside EXEC).
+    let mut earlier = Vec::new();
+    take_earlier(call.session, &mut earlier);
+    Ok(match earlier.is_empty() {
+        true => receivers,
+        false => Reply::Frames(vec![Reply::Encoded(earlier), receivers]),
+    })
 }
 
 /// `PUBSUB CHANNELS [pattern] | NUMSUB [channel ...] | NUMPAT | HELP`.

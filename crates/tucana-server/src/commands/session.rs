@@ -67,6 +67,8 @@ pub struct Session {
     pub(super) pubsub: Option<crate::pubsub::Subscription>,
     /// `CLIENT REPLY`.
     pub(super) reply_mode: ReplyMode,
+    /// `EXEC` is running its queued commands.
+    pub(super) in_exec: bool,
 }
 
 /// `CLIENT REPLY ON | OFF | SKIP`: which replies the client gets (Pub/Sub's push frames
@@ -131,6 +133,7 @@ impl Session {
             retrying: false,
             pubsub: None,
             reply_mode: ReplyMode::On,
+            in_exec: false,
         }
     }
 
@@ -164,7 +167,7 @@ impl Session {
 
     /// RESP2 with a subscription: only the commands Redis allows in that context run.
     pub(super) fn in_resp2_pubsub(&self) -> bool {
-        self.pubsub.is_some() && self.protocol == Protocol::Resp2
+        self.pubsub.as_ref().is_some_and(|s| s.count() > 0) && self.protocol == Protocol::Resp2
     }
 }
 
