@@ -465,8 +465,9 @@ async fn serve_requests<S: AsyncRead + AsyncWrite + Unpin>(
 
 /// Writes the Pub/Sub messages queued for this connection (after whatever its outbox
 /// holds), until the queue is empty. `Ok(false)`: the subscriber passed its output
-/// limit (before or during a write), and the connection must close. `spare` is any
-/// reusable buffer, left empty.
+/// limit (before or during a write), and the connection must close. `spare` is the
+/// connection's reply buffer, empty between batches (anything in it would go out
+/// first), and is left empty.
 async fn send_messages<S: AsyncWrite + Unpin>(
     state: &ServerState,
     stream: &mut S,
@@ -474,7 +475,6 @@ async fn send_messages<S: AsyncWrite + Unpin>(
     subscriber: &crate::pubsub::Subscriber,
     spare: &mut Vec<u8>,
 ) -> io::Result<bool> {
-    debug_assert!(spare.is_empty());
     loop {
         if subscriber.dropped() {
             return Ok(false);

@@ -233,12 +233,17 @@ impl Subscriber {
         self.ready.notified().await;
     }
 
-    /// Moves the queued frames to `into` (cleared first) and counts them as being
-    /// written until [`Subscriber::written`].
+    /// Moves the queued frames to the end of `into` (normally empty: then its buffer
+    /// is swapped in, not copied) and counts them as being written until
+    /// [`Subscriber::written`].
     pub fn take(&self, into: &mut Vec<u8>) {
-        into.clear();
         let mut out = self.outbound.lock();
-        std::mem::swap(&mut out.queued, into);
+        if into.is_empty() {
+            std::mem::swap(&mut out.queued, into);
+        } else {
+            into.extend_from_slice(&out.queued);
+            out.queued.clear();
+        }
         out.taken = into.len();
     }
 
@@ -485,7 +490,9 @@ mod tests {
         b.subscribe(Kind::Channel, b"d");
         for _ in 0..10 {
             assert_eq!(pubsub.publish(b"d", &message, limit(2500)), 1);
+            taken.clear();
             b.subscriber().take(&mut taken);
+            assert_eq!(taken.len(), 1033, "one frame");
             b.subscriber().written();
         }
         assert!(
