@@ -572,8 +572,23 @@ async fn wait_blocked<S: AsyncRead + AsyncWrite + Unpin, F: std::future::Future<
         conn.out.clear();
         conn.make_room();
         let room = conn.buf.len() - conn.start < BLOCKED_INPUT_BYTES_MAX;
+        // A subscribed RESP3 connection gets its messages while it waits.
+        let subscriber = conn.session.subscriber().cloned();
+        let message = async {
+            match &subscriber {
+                Some(s) => s.ready().await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             _ = wait.notified() => {}
+            _ = message => {
+                if let Some(s) = &subscriber {
+                    if !send_messages(state, stream, outbox, s, &mut conn.out).await? {
+                        return Ok(false);
+                    }
+                }
+            }
             _ = &mut sleep => {
                 Reply::NilArray.encode(conn.session.protocol, &mut conn.out);
                 return Ok(true);

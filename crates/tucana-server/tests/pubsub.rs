@@ -531,6 +531,31 @@ fn messages_to_itself_come_before_publish_s_reply_and_after_exec_s() {
     assert_eq!(wire.call(&["PING"]), Frame::Simple("PONG".into()));
 }
 
+/// A subscribed RESP3 connection blocked in BLPOP gets its messages while it waits,
+/// then BLPOP's reply.
+#[test]
+fn a_blocked_resp3_subscriber_gets_its_messages_while_it_waits() {
+    let server = start();
+    let mut wire = Wire::connect(&server);
+    wire.call(&["HELLO", "3"]);
+    wire.call(&["SUBSCRIBE", "c"]);
+    wire.send(&["BLPOP", "list", "0"]);
+    let mut other = connect(&server);
+    // The BLPOP is waiting once INFO counts it (a hang guard bounds the wait).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !query::<String>(&mut other, &["INFO", "clients"]).contains("blocked_clients:1\r\n") {
+        assert!(Instant::now() < deadline, "BLPOP never blocked");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(publish(&mut other, "c", "while blocked"), 1);
+    assert_eq!(
+        wire.read().words(),
+        words(&["message", "c", "while blocked"])
+    );
+    let _: i64 = query(&mut other, &["LPUSH", "list", "x"]);
+    assert_eq!(wire.read().words(), words(&["list", "x"]));
+}
+
 /// One connection's Pub/Sub session in RESP2, reply for reply against redis-server
 /// (each line answers exactly one frame).
 const PUBSUB: &str = "
