@@ -410,7 +410,7 @@ async fn serve_requests<S: AsyncRead + AsyncWrite + Unpin>(
         // Pub/Sub: the connection's queue of messages, while it is subscribed.
         let subscriber = conn.session.subscriber().cloned();
         if subscriber.as_ref().is_some_and(|s| s.dropped()) {
-            return Ok(());
+            return Err(past_output_limit());
         }
         conn.make_room();
         // As in Redis, the idle timeout does not apply to a subscribed connection.
@@ -438,7 +438,7 @@ async fn serve_requests<S: AsyncRead + AsyncWrite + Unpin>(
             _ = message => {
                 if let Some(s) = &subscriber {
                     if !send_messages(state, stream, outbox, s, &mut conn.out).await? {
-                        return Ok(());
+                        return Err(past_output_limit());
                     }
                 }
             }
@@ -461,6 +461,13 @@ async fn serve_requests<S: AsyncRead + AsyncWrite + Unpin>(
             _ = &mut stop => return Ok(()),
         }
     }
+}
+
+/// The end of a subscriber dropped for passing its output limit: an error, so that
+/// nothing more is written to a client that does not read (`serve_connection` writes
+/// the outbox's rest only after an `Ok` end).
+fn past_output_limit() -> io::Error {
+    io::Error::other("a Pub/Sub subscriber passed its output limit")
 }
 
 /// Writes the Pub/Sub messages queued for this connection (after whatever its outbox
@@ -528,7 +535,8 @@ const BLOCKED_INPUT_BYTES_MAX: usize = 1 << 20;
 /// replies, queues this connection on the keys, and retries the request whenever it is
 /// woken, until it is served (its reply, made durable, is left in `conn.out`) or its
 /// deadline passes (a null array is). `Ok(false)`: the client hung up or the server
-/// is shutting down while it waited.
+/// is shutting down while it waited; `Err` also when a subscribed connection passed its
+/// Pub/Sub output limit meanwhile.
 async fn wait_blocked<S: AsyncRead + AsyncWrite + Unpin, F: std::future::Future<Output = ()>>(
     state: &ServerState,
     stream: &mut S,
@@ -585,7 +593,7 @@ async fn wait_blocked<S: AsyncRead + AsyncWrite + Unpin, F: std::future::Future<
             _ = message => {
                 if let Some(s) = &subscriber {
                     if !send_messages(state, stream, outbox, s, &mut conn.out).await? {
-                        return Ok(false);
+                        return Err(past_output_limit());
                     }
                 }
             }

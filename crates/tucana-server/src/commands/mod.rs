@@ -30,8 +30,9 @@
 //!   DISCARD), `session` (the `Session` and the commands that read or change it: AUTH,
 //!   HELLO, SELECT, CLIENT, QUIT, PING, ECHO), `admin` (COMMAND, CONFIG, TIME, SAVE,
 //!   BGSAVE, BGREWRITEAOF, SHUTDOWN), `pubsub` (SUBSCRIBE, PUBLISH and the rest of
-//!   Pub/Sub, and what a subscribed connection may run), `info` (INFO's text, from `metrics`' counters
-//!   and the engine's `Stats`), `debug` (DEBUG's subcommands that mean something here).
+//!   Pub/Sub, and what a subscribed connection may run), `info` (INFO's text, from
+//!   `metrics`' counters and the engine's `Stats`), `debug` (DEBUG's subcommands that
+//!   mean something here).
 //!
 //! Thread-safety: a `Session` belongs to one connection; `execute_batch` may run on any
 //! thread and may block (engine writes take the database's write lock; `EXEC`, `FLUSHDB`
