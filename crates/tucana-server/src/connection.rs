@@ -77,8 +77,10 @@ pub async fn serve_accepted(
             if let Ok(Ok(mut tls)) = handshake.await {
                 serve_connection(state, &mut tls, None, shutdown).await;
                 // Ends the TLS session properly (close_notify), so clients see a
-                // clean end of stream rather than a truncation.
-                let _ = tls.shutdown().await;
+                // clean end of stream rather than a truncation; bounded, as a client
+                // that stopped reading (a Pub/Sub subscriber dropped past its output
+                // limit) would never take it.
+                let _ = tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, tls.shutdown()).await;
             }
         }
     }
