@@ -113,6 +113,32 @@ pub struct ClusterConfig {
     pub balance_leaders: bool,
 }
 
+/// Pub/Sub's output limit: Redis's default `client-output-buffer-limit pubsub 32mb 8mb 60`.
+pub const DEFAULT_HARD_LIMIT_BYTES: u64 = 32 << 20;
+pub const DEFAULT_SOFT_LIMIT_BYTES: u64 = 8 << 20;
+pub const DEFAULT_SOFT_LIMIT_S: u64 = 60;
+
+/// The bound on a subscriber's outbound bytes (queued, or taken by its connection and
+/// not written yet). 0 turns a limit off.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OutputLimit {
+    /// Past this, the subscriber is dropped at once.
+    pub hard_bytes: u64,
+    /// Above this for `soft_s` seconds in a row, the subscriber is dropped.
+    pub soft_bytes: u64,
+    pub soft_s: u64,
+}
+
+impl Default for OutputLimit {
+    fn default() -> OutputLimit {
+        OutputLimit {
+            hard_bytes: DEFAULT_HARD_LIMIT_BYTES,
+            soft_bytes: DEFAULT_SOFT_LIMIT_BYTES,
+            soft_s: DEFAULT_SOFT_LIMIT_S,
+        }
+    }
+}
+
 /// Everything the server needs besides the opened database.
 #[derive(Clone, Debug)]
 pub struct ServerConfig {
@@ -156,6 +182,9 @@ pub struct ServerConfig {
     /// lets any client stop expiry, verify the whole volume (`DEBUG RELOAD`, O(volume))
     /// or hold its connection.
     pub enable_debug_command: bool,
+    /// The bound on a Pub/Sub subscriber's queued output (Redis's
+    /// `client-output-buffer-limit pubsub`; `CONFIG SET` changes it at run time).
+    pub pubsub_limit: OutputLimit,
 }
 
 impl Default for ServerConfig {
@@ -184,6 +213,7 @@ impl Default for ServerConfig {
             cluster: None,
             active_expiry: true,
             enable_debug_command: false,
+            pubsub_limit: OutputLimit::default(),
         }
     }
 }

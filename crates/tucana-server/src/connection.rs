@@ -20,6 +20,10 @@
 //! authentication a connection decodes one request at a time, so the stricter pre-auth
 //! limits apply to every request up to the `AUTH` that lifts them.
 //!
+//! Pub/Sub: while its session is subscribed, the connection also waits for messages
+//! queued for it (`pubsub`) and writes them, between batches; a subscriber that passed
+//! its output limit is closed.
+//!
 //! Shutdown: between batches the connection checks the server's shutdown signal; it
 //! finishes the batch it is running, answers it and closes.
 //!
@@ -73,8 +77,10 @@ pub async fn serve_accepted(
             if let Ok(Ok(mut tls)) = handshake.await {
                 serve_connection(state, &mut tls, None, shutdown).await;
                 // Ends the TLS session properly (close_notify), so clients see a
-                // clean end of stream rather than a truncation.
-                let _ = tls.shutdown().await;
+                // clean end of stream rather than a truncation; bounded, as a client
+                // that stopped reading (a Pub/Sub subscriber dropped past its output
+                // limit) would never take it.
+                let _ = tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, tls.shutdown()).await;
             }
         }
     }
@@ -403,9 +409,19 @@ async fn serve_requests<S: AsyncRead + AsyncWrite + Unpin>(
             // More complete requests may be buffered; decode before reading.
             continue;
         }
+        // Pub/Sub: the connection's queue of messages, while it is subscribed.
+        let subscriber = conn.session.subscriber().cloned();
+        if subscriber.as_ref().is_some_and(|s| s.dropped()) {
+            return Err(past_output_limit());
+        }
         conn.make_room();
+        // As in Redis, the idle timeout does not apply to a subscribed connection.
+        let idle_timeout = match subscriber {
+            Some(_) => None,
+            None => state.settings.idle_timeout(),
+        };
         let read = async {
-            match state.settings.idle_timeout() {
+            match idle_timeout {
                 Some(idle) => tokio::time::timeout(idle, stream.read_buf(&mut conn.buf)).await,
                 None => Ok(stream.read_buf(&mut conn.buf).await),
             }
@@ -414,7 +430,20 @@ async fn serve_requests<S: AsyncRead + AsyncWrite + Unpin>(
             Some(outbox) => outbox.poll_attention(cx),
             None => std::task::Poll::Pending,
         });
+        let message = async {
+            match &subscriber {
+                Some(s) => s.ready().await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
+            _ = message => {
+                if let Some(s) = &subscriber {
+                    if !send_messages(state, stream, outbox, s, &mut conn.out).await? {
+                        return Err(past_output_limit());
+                    }
+                }
+            }
             r = read => match r {
                 Ok(Ok(0)) => return Ok(()),
                 Ok(Err(e)) => return Err(e),
@@ -433,6 +462,49 @@ async fn serve_requests<S: AsyncRead + AsyncWrite + Unpin>(
             }
             _ = &mut stop => return Ok(()),
         }
+    }
+}
+
+/// The end of a subscriber dropped for passing its output limit: an error, so that
+/// nothing more is written to a client that does not read (`serve_connection` writes
+/// the outbox's rest only after an `Ok` end).
+fn past_output_limit() -> io::Error {
+    io::Error::other("a Pub/Sub subscriber passed its output limit")
+}
+
+/// Writes the Pub/Sub messages queued for this connection (after whatever its outbox
+/// holds), until the queue is empty. `Ok(false)`: the subscriber passed its output
+/// limit (before or during a write), and the connection must close. `spare` is the
+/// connection's reply buffer, empty between batches (anything in it would go out
+/// first), and is left empty.
+async fn send_messages<S: AsyncWrite + Unpin>(
+    state: &ServerState,
+    stream: &mut S,
+    outbox: Option<&Outbox>,
+    subscriber: &crate::pubsub::Subscriber,
+    spare: &mut Vec<u8>,
+) -> io::Result<bool> {
+    loop {
+        if subscriber.dropped() {
+            return Ok(false);
+        }
+        subscriber.take(spare);
+        if spare.is_empty() {
+            return Ok(true);
+        }
+        // A subscriber that does not read blocks this write; its queue keeps growing
+        // meanwhile, until a publisher drops it (and wakes this task).
+        let dropped = async {
+            while !subscriber.dropped() {
+                subscriber.ready().await;
+            }
+        };
+        tokio::select! {
+            r = write_now(state, stream, outbox, spare) => r?,
+            _ = dropped => return Ok(false),
+        }
+        subscriber.written();
+        spare.clear();
     }
 }
 
@@ -465,7 +537,8 @@ const BLOCKED_INPUT_BYTES_MAX: usize = 1 << 20;
 /// replies, queues this connection on the keys, and retries the request whenever it is
 /// woken, until it is served (its reply, made durable, is left in `conn.out`) or its
 /// deadline passes (a null array is). `Ok(false)`: the client hung up or the server
-/// is shutting down while it waited.
+/// is shutting down while it waited; `Err` also when a subscribed connection passed its
+/// Pub/Sub output limit meanwhile.
 async fn wait_blocked<S: AsyncRead + AsyncWrite + Unpin, F: std::future::Future<Output = ()>>(
     state: &ServerState,
     stream: &mut S,
@@ -509,8 +582,23 @@ async fn wait_blocked<S: AsyncRead + AsyncWrite + Unpin, F: std::future::Future<
         conn.out.clear();
         conn.make_room();
         let room = conn.buf.len() - conn.start < BLOCKED_INPUT_BYTES_MAX;
+        // A subscribed RESP3 connection gets its messages while it waits.
+        let subscriber = conn.session.subscriber().cloned();
+        let message = async {
+            match &subscriber {
+                Some(s) => s.ready().await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             _ = wait.notified() => {}
+            _ = message => {
+                if let Some(s) = &subscriber {
+                    if !send_messages(state, stream, outbox, s, &mut conn.out).await? {
+                        return Err(past_output_limit());
+                    }
+                }
+            }
             _ = &mut sleep => {
                 Reply::NilArray.encode(conn.session.protocol, &mut conn.out);
                 return Ok(true);

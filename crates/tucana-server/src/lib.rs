@@ -7,7 +7,8 @@
 //!   [`config`] (`ServerConfig`), `glob` (key patterns), `tls` (the rustls acceptor);
 //! - `expiry` (the stored layout of key deadlines), [`types`] (the stored layout of
 //!   hashes, sets, sorted sets and lists), `watch` (WATCH's versions of watched keys),
-//!   `waiters` (the clients blocked on keys by BLPOP and the other blocking pops);
+//!   `waiters` (the clients blocked on keys by BLPOP and the other blocking pops),
+//!   `pubsub` (Pub/Sub's channels, patterns and each subscriber's bounded queue);
 //! - `metrics` (the counters), `settings` (what CONFIG SET changes at run time), `store` (numbered databases → keyspaces, the
 //!   per-database write lock, SCAN cursors), `syncer` (sync durability: one thread
 //!   syncs for all waiting connections), `outbox` (replies sent together just before a
@@ -60,6 +61,7 @@ mod metrics;
 mod migration;
 mod outbox;
 mod prometheus;
+mod pubsub;
 mod replication;
 pub mod resp;
 pub mod server;

@@ -531,6 +531,14 @@ pub enum Reply {
     /// A reply preceded by RESP3 attributes (out-of-band key-value pairs a client may
     /// ignore); RESP2 has no attributes, so only the reply is sent.
     WithAttributes(Vec<(Reply, Reply)>, Box<Reply>),
+    /// An out-of-band message (Pub/Sub's): a RESP3 push frame; an array in RESP2.
+    Push(Vec<Reply>),
+    /// Several replies sent one after another for one request (`SUBSCRIBE a b` answers
+    /// one frame per channel).
+    Frames(Vec<Reply>),
+    /// Bytes already encoded for the connection's protocol (Pub/Sub messages queued
+    /// before a reply).
+    Encoded(Vec<u8>),
 }
 
 impl Reply {
@@ -623,6 +631,18 @@ impl Reply {
                 }
                 reply.encode(protocol, out);
             }
+            Reply::Push(items) => {
+                header(out, if resp3 { b'>' } else { b'*' }, items.len() as i128);
+                for item in items {
+                    item.encode(protocol, out);
+                }
+            }
+            Reply::Frames(replies) => {
+                for reply in replies {
+                    reply.encode(protocol, out);
+                }
+            }
+            Reply::Encoded(bytes) => out.extend_from_slice(bytes),
         }
     }
 }

@@ -9,8 +9,9 @@
 //! answers what was set (and `OBJECT ENCODING` answers by them, `commands::collection`).
 //! Every other setting is fixed for the life of the server and
 //! `CONFIG SET` names the ones that are not. Also whether the sweeper deletes expired
-//! keys (`DEBUG SET-ACTIVE-EXPIRE`, `commands::debug`). It does not own the parsing of
-//! `CONFIG` requests (`commands::admin`).
+//! keys (`DEBUG SET-ACTIVE-EXPIRE`, `commands::debug`), and the output limit of Pub/Sub
+//! subscribers (`client-output-buffer-limit`'s `pubsub` class, see `pubsub`). It does
+//! not own the parsing of `CONFIG` requests (`commands::admin`).
 //!
 //! Thread-safety: atomics and one mutex; a change is seen by the next accept (maxclients)
 //! or the next read of a connection (timeout).
@@ -21,7 +22,7 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
-use crate::config::ServerConfig;
+use crate::config::{OutputLimit, ServerConfig};
 
 /// Settings accepted with no effect, with Redis 7.0's defaults: the thresholds below
 /// which Redis uses its compact encodings.
@@ -73,7 +74,7 @@ const FIXED_VALUES: [(&str, &str, &str); 4] = [
 ];
 
 /// The settings `CONFIG SET` changes for real, for its error messages.
-pub const SETTABLE: &str = "maxclients, timeout";
+pub const SETTABLE: &str = "maxclients, timeout, client-output-buffer-limit (pubsub class)";
 
 /// The run-time settings of one server.
 pub struct Settings {
@@ -85,6 +86,10 @@ pub struct Settings {
     /// The sweeper deletes expired keys (`DEBUG SET-ACTIVE-EXPIRE`, as in Redis: a test
     /// turns it off to see lazy expiry alone). Lazy expiry is unaffected.
     active_expire: AtomicBool,
+    /// `client-output-buffer-limit pubsub <hard> <soft> <seconds>`.
+    pubsub_hard_bytes: AtomicU64,
+    pubsub_soft_bytes: AtomicU64,
+    pubsub_soft_s: AtomicU64,
 }
 
 /// Why `CONFIG SET` refused a change (the text of its error reply, after `ERR `).
@@ -104,7 +109,30 @@ impl Settings {
                     .collect(),
             ),
             active_expire: AtomicBool::new(true),
+            pubsub_hard_bytes: AtomicU64::new(config.pubsub_limit.hard_bytes),
+            pubsub_soft_bytes: AtomicU64::new(config.pubsub_limit.soft_bytes),
+            pubsub_soft_s: AtomicU64::new(config.pubsub_limit.soft_s),
         }
+    }
+
+    /// The bound on a Pub/Sub subscriber's outbound bytes.
+    pub fn pubsub_limit(&self) -> OutputLimit {
+        OutputLimit {
+            hard_bytes: self.pubsub_hard_bytes.load(Ordering::Relaxed),
+            soft_bytes: self.pubsub_soft_bytes.load(Ordering::Relaxed),
+            soft_s: self.pubsub_soft_s.load(Ordering::Relaxed),
+        }
+    }
+
+    /// `client-output-buffer-limit` as `CONFIG GET` answers it: Redis's three classes;
+    /// only `pubsub` is enforced (normal clients' replies are bounded by the batch
+    /// size, and tucana has no Redis replicas).
+    fn output_limit_text(&self) -> String {
+        let limit = self.pubsub_limit();
+        format!(
+            "normal 0 0 0 slave 268435456 67108864 60 pubsub {} {} {}",
+            limit.hard_bytes, limit.soft_bytes, limit.soft_s
+        )
     }
 
     /// Whether the sweeper deletes expired keys now (`DEBUG SET-ACTIVE-EXPIRE`).
@@ -149,6 +177,10 @@ impl Settings {
         for (k, v, _) in FIXED_VALUES {
             out.push((k.to_string(), v.to_string()));
         }
+        out.push((
+            "client-output-buffer-limit".to_string(),
+            self.output_limit_text(),
+        ));
         for (k, v) in self.inert.lock().iter() {
             out.push((k.to_string(), v.clone()));
         }
@@ -162,6 +194,7 @@ impl Settings {
             MaxClients(u64),
             Timeout(u64),
             Inert(&'static str, String),
+            PubSubLimit(OutputLimit),
             Nothing,
         }
         let mut changes = Vec::with_capacity(pairs.len());
@@ -181,6 +214,13 @@ impl Settings {
                     n => Change::MaxClients(n),
                 },
                 "timeout" => Change::Timeout(number()?),
+                "client-output-buffer-limit" => match parse_output_limit(&value_text) {
+                    Ok(Some(limit)) => Change::PubSubLimit(limit),
+                    Ok(None) => Change::Nothing,
+                    Err(why) => return Err(format!(
+                        "CONFIG SET failed (possibly related to argument '{name_text}') - {why}"
+                    )),
+                },
                 _ => {
                     if let Some(&(key, _)) =
                         ENCODING_THRESHOLDS.iter().find(|(k, _)| *k == name_text)
@@ -225,11 +265,79 @@ impl Settings {
                     }
                     inert.insert(k, v);
                 }
+                Change::PubSubLimit(limit) => {
+                    self.pubsub_hard_bytes
+                        .store(limit.hard_bytes, Ordering::Relaxed);
+                    self.pubsub_soft_bytes
+                        .store(limit.soft_bytes, Ordering::Relaxed);
+                    self.pubsub_soft_s.store(limit.soft_s, Ordering::Relaxed);
+                }
                 Change::Nothing => {}
             }
         }
         Ok(())
     }
+}
+
+/// A byte count as Redis writes one: digits with an optional unit (`k` 1000, `kb`
+/// 1024, `m`, `mb`, `g`, `gb`; any case).
+fn parse_bytes(text: &str) -> Option<u64> {
+    let lower = text.to_ascii_lowercase();
+    let digits_end = lower
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(lower.len());
+    let (digits, unit) = lower.split_at(digits_end);
+    let n: u64 = digits.parse().ok()?;
+    let scale: u64 = match unit {
+        "" | "b" => 1,
+        "k" => 1000,
+        "kb" => 1 << 10,
+        "m" => 1000 * 1000,
+        "mb" => 1 << 20,
+        "g" => 1000 * 1000 * 1000,
+        "gb" => 1 << 30,
+        _ => return None,
+    };
+    n.checked_mul(scale)
+}
+
+/// `client-output-buffer-limit`'s value: groups of `<class> <hard> <soft> <seconds>`.
+/// The `pubsub` class's limit is returned (`None`: not given); the `normal` and
+/// `replica` classes are accepted only at their Redis defaults, which is what tucana
+/// does for them (no limit on normal clients' replies beyond the batch's; no Redis
+/// replicas).
+fn parse_output_limit(text: &str) -> Result<Option<OutputLimit>, String> {
+    let words: Vec<&str> = text.split_ascii_whitespace().collect();
+    if words.is_empty() || !words.len().is_multiple_of(4) {
+        return Err("Wrong number of arguments in buffer limit configuration.".into());
+    }
+    let mut pubsub = None;
+    for group in words.chunks(4) {
+        let numbers: Option<Vec<u64>> = group[1..].iter().map(|w| parse_bytes(w)).collect();
+        let Some(numbers) = numbers else {
+            return Err(
+                "Error in hard, soft or soft_seconds setting in buffer limit configuration.".into(),
+            );
+        };
+        let limit = OutputLimit {
+            hard_bytes: numbers[0],
+            soft_bytes: numbers[1],
+            soft_s: numbers[2],
+        };
+        match group[0].to_ascii_lowercase().as_str() {
+            "pubsub" => pubsub = Some(limit),
+            "normal" if numbers == [0, 0, 0] => {}
+            "replica" | "slave" if numbers == [256 << 20, 64 << 20, 60] => {}
+            "normal" | "replica" | "slave" => {
+                return Err(format!(
+                    "only the pubsub class's limit can change here (the {} class keeps Redis's default)",
+                    group[0]
+                ))
+            }
+            _ => return Err("Invalid client class specified in buffer limit configuration.".into()),
+        }
+    }
+    Ok(pubsub)
 }
 
 #[cfg(test)]
@@ -254,5 +362,36 @@ mod tests {
         assert_eq!(s.threshold("hash-max-listpack-value"), 16, "an alias");
         s.set(&[(b"save", b"")]).unwrap();
         assert!(s.set(&[(b"maxmemory", b"100mb")]).is_err());
+    }
+
+    #[test]
+    fn the_pubsub_output_limit_is_set_as_redis_writes_it() {
+        let s = Settings::new(&ServerConfig::default());
+        assert_eq!(s.pubsub_limit(), OutputLimit::default());
+        s.set(&[(b"client-output-buffer-limit", b"pubsub 1mb 512k 5")])
+            .unwrap();
+        let limit = OutputLimit {
+            hard_bytes: 1 << 20,
+            soft_bytes: 512_000,
+            soft_s: 5,
+        };
+        assert_eq!(s.pubsub_limit(), limit);
+        assert!(s
+            .values()
+            .iter()
+            .any(|(k, v)| k == "client-output-buffer-limit"
+                && v.ends_with("pubsub 1048576 512000 5")));
+        for bad in [
+            &b"pubsub 1mb 0"[..],
+            b"pubsub 1xb 0 0",
+            b"normal 1 0 0",
+            b"friends 0 0 0",
+        ] {
+            assert!(s.set(&[(b"client-output-buffer-limit", bad)]).is_err());
+        }
+        assert_eq!(s.pubsub_limit(), limit, "a refused change changes nothing");
+        s.set(&[(b"client-output-buffer-limit", b"normal 0 0 0 pubsub 0 0 0")])
+            .unwrap();
+        assert_eq!(s.pubsub_limit().hard_bytes, 0);
     }
 }

@@ -49,6 +49,8 @@ pub struct ServerState {
     pub shutdown: Arc<watch::Sender<bool>>,
     /// The clients blocked now, for `CLIENT UNBLOCK`.
     pub unblock: crate::waiters::UnblockTable,
+    /// Pub/Sub's channels and patterns (`PUBLISH` reaches this server's subscribers).
+    pub pubsub: Arc<crate::pubsub::PubSub>,
     next_client_id: AtomicU64,
 }
 
@@ -113,6 +115,7 @@ impl ServerState {
             tls,
             shutdown: Arc::new(shutdown),
             unblock: Default::default(),
+            pubsub: Default::default(),
             next_client_id: AtomicU64::new(1),
         })
     }

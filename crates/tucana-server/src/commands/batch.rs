@@ -16,7 +16,7 @@ use tucana::Durability;
 
 use crate::expiry::{deadline_key, decode_deadline, is_reserved, now_ms};
 use crate::metrics::Tally;
-use crate::resp::{encode_bulk, encode_error, encode_nil, Args, Requests};
+use crate::resp::{encode_bulk, encode_error, encode_nil, Args, Reply, Requests};
 use crate::state::ServerState;
 use crate::syncer::NotDurable;
 
@@ -57,7 +57,11 @@ pub fn execute_batch(
         }
         // Cluster mode routes every key (`routing`); the fast paths do not. GETs look
         // deadlines up; a run of SETs that would drop one takes the general path.
-        let fast = session.authenticated && session.multi.is_none() && state.cluster.is_none();
+        let fast = session.authenticated
+            && session.multi.is_none()
+            && state.cluster.is_none()
+            && !session.in_resp2_pubsub()
+            && session.replies_on();
         if fast && is_plain(&args, b"get", 2) {
             let run = run_length(requests, i, b"get", 2);
             fast_gets(state, session, requests, i..i + run, &mut replies);
@@ -106,7 +110,12 @@ fn run_general(call: &mut Call<'_>, args: &Args, replies: &mut Replies<'_>) {
     }
     // The protocol in force when the reply was made (HELLO switches it).
     let at = replies.out.len();
-    reply.encode(call.session.protocol, replies.out);
+    if call.session.take_reply_suppressed() {
+        // CLIENT REPLY OFF or SKIP: only Pub/Sub's push frames go out, as in Redis.
+        encode_pushes(&reply, call.session.protocol, replies.out);
+    } else {
+        reply.encode(call.session.protocol, replies.out);
+    }
     if call.wrote {
         replies.written.push(at..replies.out.len());
     } else if call.session.reads_noted != reads {
@@ -114,6 +123,20 @@ fn run_general(call: &mut Call<'_>, args: &Args, replies: &mut Replies<'_>) {
     }
     if let Some(blocked) = &mut call.session.blocked {
         blocked.reply_at = at;
+    }
+}
+
+/// Encodes only the Pub/Sub frames of `reply` (those Redis sends even to a client
+/// that turned its replies off).
+fn encode_pushes(reply: &Reply, protocol: crate::resp::Protocol, out: &mut Vec<u8>) {
+    match reply {
+        Reply::Push(_) | Reply::Encoded(_) => reply.encode(protocol, out),
+        Reply::Frames(frames) => {
+            for frame in frames {
+                encode_pushes(frame, protocol, out);
+            }
+        }
+        _ => {}
     }
 }
 

@@ -259,6 +259,7 @@ fn persistence_lines(state: &ServerState, stats: &Stats) -> Lines<'static> {
 
 fn stats_lines(state: &ServerState) -> Lines<'static> {
     let m = &state.metrics;
+    let (channels, patterns) = state.pubsub.counts();
     vec![
         (
             "total_connections_received",
@@ -285,6 +286,12 @@ fn stats_lines(state: &ServerState) -> Lines<'static> {
         ("auth_failures", get(&m.auth_failures).to_string()),
         ("expired_keys", get(&m.expired_keys).to_string()),
         ("evicted_keys", "0".into()),
+        ("pubsub_channels", channels.to_string()),
+        ("pubsub_patterns", patterns.to_string()),
+        (
+            "client_output_buffer_limit_disconnections",
+            get(&state.pubsub.limit_disconnections).to_string(),
+        ),
     ]
 }
 

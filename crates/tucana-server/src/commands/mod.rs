@@ -29,8 +29,10 @@
 //!   (SCAN, KEYS, TRANGE, TPREFIX, DBSIZE, FLUSHDB), `transaction` (MULTI, EXEC,
 //!   DISCARD), `session` (the `Session` and the commands that read or change it: AUTH,
 //!   HELLO, SELECT, CLIENT, QUIT, PING, ECHO), `admin` (COMMAND, CONFIG, TIME, SAVE,
-//!   BGSAVE, BGREWRITEAOF, SHUTDOWN), `info` (INFO's text, from `metrics`' counters
-//!   and the engine's `Stats`), `debug` (DEBUG's subcommands that mean something here).
+//!   BGSAVE, BGREWRITEAOF, SHUTDOWN), `pubsub` (SUBSCRIBE, PUBLISH and the rest of
+//!   Pub/Sub, and what a subscribed connection may run), `info` (INFO's text, from
+//!   `metrics`' counters and the engine's `Stats`), `debug` (DEBUG's subcommands that
+//!   mean something here).
 //!
 //! Thread-safety: a `Session` belongs to one connection; `execute_batch` may run on any
 //! thread and may block (engine writes take the database's write lock; `EXEC`, `FLUSHDB`
@@ -54,6 +56,7 @@ mod memory;
 mod migrating;
 mod moves;
 mod mpop;
+mod pubsub;
 mod routing;
 mod session;
 mod sets;
@@ -134,6 +137,12 @@ fn execute_one(call: &mut Call<'_>, args: &Args) -> Reply {
         return Reply::error(
             "ERR keys starting with \\xff\\xfftucana\\x00 are reserved for tucana's deadlines",
         );
+    }
+    // Subscribed in RESP2, Redis runs only the Pub/Sub commands, PING, QUIT and RESET.
+    if call.session.in_resp2_pubsub() {
+        if let Some(refusal) = pubsub::refused_while_subscribed(spec.name, args) {
+            return refusal;
+        }
     }
     // Cluster mode: the keys must hash to one slot this server serves.
     let routed = match routing::route(call, spec, args) {

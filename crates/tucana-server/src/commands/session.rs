@@ -1,5 +1,6 @@
 //! The per-connection [`Session`] and the commands of Redis's `connection` group, which
-//! read or change it: AUTH, HELLO, SELECT, CLIENT, QUIT, RESET, PING, ECHO.
+//! read or change it: AUTH, HELLO, SELECT, CLIENT, QUIT, RESET, PING, ECHO (and the
+//! session's Pub/Sub subscriptions, which `pubsub` changes).
 //!
 //! Owns the session's fields and the password check. It does not own the connection's
 //! socket or its lifetime: `close_after_reply` and `shutdown_requested` only ask the
@@ -10,6 +11,7 @@
 
 use crate::resp::{Protocol, Reply};
 
+use super::pubsub::drop_subscription;
 use super::transaction::{Multi, Watched};
 use super::{
     not_an_integer, opt_bulk, parse_i64, printable, syntax_error, wrong_args, Call,
@@ -61,6 +63,24 @@ pub struct Session {
     pub blocked: Option<super::Blocked>,
     /// The request running is a blocked one run again (`retry_blocked`).
     pub(super) retrying: bool,
+    /// Pub/Sub: the channels and patterns subscribed to, while there is one.
+    pub(super) pubsub: Option<crate::pubsub::Subscription>,
+    /// `CLIENT REPLY`.
+    pub(super) reply_mode: ReplyMode,
+    /// `EXEC` is running its queued commands.
+    pub(super) in_exec: bool,
+}
+
+/// `CLIENT REPLY ON | OFF | SKIP`: which replies the client gets (Pub/Sub's push frames
+/// and messages always go out).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum ReplyMode {
+    On,
+    Off,
+    /// `CLIENT REPLY SKIP` ran: its own reply is not sent, nor the next command's.
+    SkipThisAndNext,
+    /// The command running now gets no reply; the ones after it do.
+    SkipThis,
 }
 
 impl Session {
@@ -111,11 +131,55 @@ impl Session {
             reads_noted: 0,
             blocked: None,
             retrying: false,
+            pubsub: None,
+            reply_mode: ReplyMode::On,
+            in_exec: false,
         }
+    }
+
+    /// Whether every reply is sent (`CLIENT REPLY ON`, the default).
+    pub(super) fn replies_on(&self) -> bool {
+        self.reply_mode == ReplyMode::On
+    }
+
+    /// After a command ran: whether its reply is withheld (`CLIENT REPLY`), moving a
+    /// `SKIP` on to the next command.
+    pub(super) fn take_reply_suppressed(&mut self) -> bool {
+        match self.reply_mode {
+            ReplyMode::On => false,
+            ReplyMode::Off => true,
+            ReplyMode::SkipThisAndNext => {
+                self.reply_mode = ReplyMode::SkipThis;
+                true
+            }
+            ReplyMode::SkipThis => {
+                self.reply_mode = ReplyMode::On;
+                true
+            }
+        }
+    }
+
+    /// Pub/Sub: this connection's queue of messages, while it is subscribed to a
+    /// channel or pattern (the connection writes what is queued there).
+    pub fn subscriber(&self) -> Option<&std::sync::Arc<crate::pubsub::Subscriber>> {
+        self.pubsub.as_ref().map(|s| s.subscriber())
+    }
+
+    /// RESP2 with a subscription: only the commands Redis allows in that context run.
+    pub(super) fn in_resp2_pubsub(&self) -> bool {
+        self.pubsub.as_ref().is_some_and(|s| s.count() > 0) && self.protocol == Protocol::Resp2
     }
 }
 
-pub(super) fn cmd_ping(_call: &mut Call<'_>, args: &[Vec<u8>]) -> tucana::Result<Reply> {
+pub(super) fn cmd_ping(call: &mut Call<'_>, args: &[Vec<u8>]) -> tucana::Result<Reply> {
+    // Subscribed in RESP2, Redis answers PING as a message: ["pong", message or ""].
+    if call.session.in_resp2_pubsub() && args.len() <= 2 {
+        let message = args.get(1).cloned().unwrap_or_default();
+        return Ok(Reply::Array(vec![
+            Reply::bulk("pong"),
+            Reply::Bulk(message),
+        ]));
+    }
     Ok(match args {
         [_] => Reply::Status("PONG".into()),
         [_, msg] => Reply::Bulk(msg.clone()),
@@ -132,11 +196,17 @@ pub(super) fn cmd_quit(call: &mut Call<'_>, _args: &[Vec<u8>]) -> tucana::Result
     Ok(Reply::Ok)
 }
 
-/// `RESET`: the connection as it was when it opened: no transaction and no watches,
-/// RESP2, database 0, no name, and not authenticated when a password is required. It
-/// runs at once inside `MULTI`, which it discards.
+/// `RESET`: the connection as it was when it opened: no transaction and no watches, no
+/// Pub/Sub subscription (without an unsubscribe reply, as Redis), RESP2, database 0, no
+/// name, and not authenticated when a password is required. It runs at once inside
+/// `MULTI`, which it discards.
 pub(super) fn cmd_reset(call: &mut Call<'_>, _args: &[Vec<u8>]) -> tucana::Result<Reply> {
     let session = &mut *call.session;
+    // Messages delivered before the RESET still go out, before its reply.
+    let mut earlier = Vec::new();
+    if let Some(subscription) = session.pubsub.take() {
+        drop_subscription(subscription, &mut earlier);
+    }
     session.multi = None;
     session.watching.clear();
     session.protocol = Protocol::Resp2;
@@ -144,8 +214,14 @@ pub(super) fn cmd_reset(call: &mut Call<'_>, _args: &[Vec<u8>]) -> tucana::Resul
     session.name = None;
     session.readonly = false;
     session.asking = false;
+    session.reply_mode = ReplyMode::On;
     session.authenticated = call.state.config.requirepass.is_none();
-    Ok(Reply::Status("RESET".into()))
+    let reply = Reply::Status("RESET".into());
+    if earlier.is_empty() {
+        Ok(reply)
+    } else {
+        Ok(Reply::Frames(vec![Reply::Encoded(earlier), reply]))
+    }
 }
 
 pub(super) fn cmd_select(call: &mut Call<'_>, args: &[Vec<u8>]) -> tucana::Result<Reply> {
@@ -241,6 +317,9 @@ pub(super) fn cmd_hello(call: &mut Call<'_>, args: &[Vec<u8>]) -> tucana::Result
         call.session.name = Some(name);
     }
     call.session.protocol = protocol;
+    if let Some(subscription) = &call.session.pubsub {
+        subscription.set_resp3(protocol == Protocol::Resp3);
+    }
     let proto = if protocol == Protocol::Resp3 { 3 } else { 2 };
     let s = |t: &str| Reply::bulk(t);
     Ok(Reply::Map(vec![
@@ -319,8 +398,27 @@ pub(super) fn cmd_client(call: &mut Call<'_>, args: &[Vec<u8>]) -> tucana::Resul
         (b"INFO", []) => Reply::Bulk(format!("{}\n", client_info_line(call)).into_bytes()),
         // Eviction and LRU do not exist here, so opting out of them changes nothing.
         (b"NO-EVICT" | b"NO-TOUCH", [_]) => Reply::Ok,
+        (b"REPLY", [mode]) => match mode.to_ascii_uppercase().as_slice() {
+            b"ON" => {
+                call.session.reply_mode = ReplyMode::On;
+                Reply::Ok
+            }
+            // Withheld (`take_reply_suppressed`).
+            b"OFF" => {
+                call.session.reply_mode = ReplyMode::Off;
+                Reply::Ok
+            }
+            // Under OFF, everything stays withheld (as in Redis, SKIP does not end OFF).
+            b"SKIP" => {
+                if call.session.reply_mode != ReplyMode::Off {
+                    call.session.reply_mode = ReplyMode::SkipThisAndNext;
+                }
+                Reply::Ok
+            }
+            _ => syntax_error(),
+        },
         _ => Reply::error(format!(
-            "ERR unknown subcommand or wrong number of arguments for '{}'. Supported: SETNAME GETNAME ID SETINFO INFO UNBLOCK",
+            "ERR unknown subcommand or wrong number of arguments for '{}'. Supported: SETNAME GETNAME ID SETINFO INFO UNBLOCK REPLY",
             printable(&args[1], 32)
         )),
     })

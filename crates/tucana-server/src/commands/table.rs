@@ -47,6 +47,9 @@ use super::memory::cmd_memory;
 use super::migrating::{cmd_asking, cmd_import};
 use super::moves::{cmd_copy, cmd_rename, cmd_renamenx, cmd_touch};
 use super::mpop::{cmd_lmpop, cmd_zmpop};
+use super::pubsub::{
+    cmd_psubscribe, cmd_publish, cmd_pubsub, cmd_punsubscribe, cmd_subscribe, cmd_unsubscribe,
+};
 use super::session::{
     cmd_auth, cmd_client, cmd_echo, cmd_hello, cmd_ping, cmd_quit, cmd_reset, cmd_select,
 };
@@ -391,6 +394,12 @@ pub(super) fn table() -> &'static [Spec] {
             spec!("unwatch", 1, 0, NO_KEYS, other(cmd_unwatch)),
             spec!("ping", -1, 0, NO_KEYS, other(cmd_ping)),
             spec!("echo", 2, 0, NO_KEYS, other(cmd_echo)),
+            spec!("subscribe", -2, 0, NO_KEYS, other(cmd_subscribe)),
+            spec!("unsubscribe", -1, 0, NO_KEYS, other(cmd_unsubscribe)),
+            spec!("psubscribe", -2, 0, NO_KEYS, other(cmd_psubscribe)),
+            spec!("punsubscribe", -1, 0, NO_KEYS, other(cmd_punsubscribe)),
+            spec!("publish", 3, 0, NO_KEYS, other(cmd_publish)),
+            spec!("pubsub", -2, 0, NO_KEYS, other(cmd_pubsub)),
             spec!("quit", -1, NOAUTH | TXCTL, NO_KEYS, other(cmd_quit)),
             spec!("reset", 1, NOAUTH | TXCTL, NO_KEYS, other(cmd_reset)),
             spec!("auth", -2, NOAUTH | NOMULTI, NO_KEYS, other(cmd_auth)),

@@ -171,6 +171,9 @@ pub(super) fn cmd_exec(call: &mut Call<'_>, _args: &[Vec<u8>]) -> tucana::Result
     }
     drop(watching);
     let mut replies = Vec::with_capacity(multi.queued.len());
+    // Pub/Sub replies inside EXEC leave queued messages where they are: EXEC's reply is
+    // one array, with no room for messages in it.
+    call.session.in_exec = true;
     for args in &multi.queued {
         let Some(index) = lookup(&args[0]) else {
             replies.push(unknown_command(args));
@@ -194,6 +197,7 @@ pub(super) fn cmd_exec(call: &mut Call<'_>, _args: &[Vec<u8>]) -> tucana::Result
         };
         replies.push(reply);
     }
+    call.session.in_exec = false;
     match tx.commit() {
         Ok(wrote) => {
             call.wrote |= wrote;
@@ -209,5 +213,15 @@ pub(super) fn cmd_exec(call: &mut Call<'_>, _args: &[Vec<u8>]) -> tucana::Result
             )))
         }
     }
-    Ok(Reply::Array(replies))
+    // A subscription the transaction emptied goes now; its last messages follow.
+    let mut after = Vec::new();
+    super::pubsub::drop_if_empty(call.session, &mut after);
+    if after.is_empty() {
+        Ok(Reply::Array(replies))
+    } else {
+        Ok(Reply::Frames(vec![
+            Reply::Array(replies),
+            Reply::Encoded(after),
+        ]))
+    }
 }
