@@ -204,6 +204,17 @@ impl Engine {
             .collect();
         report.unreplayed_bytes = replica.received_past(report.stop_at);
         report.unreached_copies = unreached.len() as u64;
+        if report.stopped_short() {
+            // Nothing is freed and the replica stays as it is: the promotion is refused
+            // (the region is not served) rather than made without writes the replica
+            // holds, and the bytes stay for whoever looks.
+            replica.promotion_failed();
+            return Err(Error::corruption(
+                "replica",
+                report.stop_at,
+                format!("promotion of {name:?} refused: {report}"),
+            ));
+        }
         cs.drop_after_next_commit(unreached);
         let region = Arc::new(region);
         self.regions.remove_replica(name);

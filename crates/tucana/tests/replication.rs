@@ -537,3 +537,81 @@ fn promotion_replays_past_segments_whose_space_the_primary_reused() {
     );
     link.backup.check().unwrap();
 }
+
+/// A replica that received bytes replay cannot take (past them lie writes the primary
+/// shipped and may have acknowledged) is not promoted: the promotion is refused, says
+/// why, and frees nothing. Bytes of a record cut off by the end of what was received are
+/// only the end of the log. (Seeds 81 and 102 of M10 promoted replicas whose replay kept
+/// nothing past their last commit, and lost every write after it without a word.)
+#[test]
+fn a_promotion_that_cannot_replay_what_the_replica_received_is_refused() {
+    for cut_record in [false, true] {
+        let mut link = Link::new();
+        let ks = link.primary.keyspace(NAME).unwrap();
+        for i in 0..200u32 {
+            ks.put(&key(i), b"committed").unwrap();
+        }
+        link.primary.commit().unwrap();
+        link.take_commits(false);
+        for i in 200..260u32 {
+            ks.put(&key(i), &[5u8; 300]).unwrap();
+        }
+        let source = link.primary.ship_source(NAME).unwrap();
+        let tail = source
+            .segments(0, usize::MAX)
+            .into_iter()
+            .rfind(|s| !s.relocation)
+            .unwrap();
+        let replica = link.replica();
+        let held = replica
+            .state()
+            .segments
+            .iter()
+            .find(|(order, _, _)| *order == tail.order)
+            .map_or(0, |(_, _, held)| *held);
+        let mut bytes = vec![0u8; (tail.ready_bytes - held) as usize];
+        source.read(tail.base, held, &mut bytes).unwrap();
+        if cut_record {
+            // All but the last 100 bytes: the last record arrives cut.
+            bytes.truncate(bytes.len() - 100);
+        } else {
+            // A stretch the primary never wrote in the middle (bytes of a record start
+            // overwritten), then the rest: replay stops there with writes past it.
+            let middle = bytes.len() / 2;
+            for b in &mut bytes[middle..middle + 64] {
+                *b = 0xee;
+            }
+        }
+        replica
+            .write_log(tail.base, tail.size_bytes, tail.order, held, &bytes)
+            .unwrap();
+        let result = replica.promote_reporting(2);
+        if cut_record {
+            let (promoted, replay) = result.unwrap();
+            assert!(!replay.stopped_short(), "{replay}");
+            assert_eq!(
+                promoted.get(&key(0)).unwrap().as_deref(),
+                Some(&b"committed"[..])
+            );
+            assert_eq!(
+                promoted.get(&key(258)).unwrap().as_deref(),
+                Some(&[5u8; 300][..])
+            );
+            assert!(
+                promoted.get(&key(259)).unwrap().is_none(),
+                "its record came cut"
+            );
+        } else {
+            let Err(e) = result else {
+                panic!("promoted past bytes replay could not take")
+            };
+            assert!(e.to_string().contains("refused"), "{e}");
+            // Still a replica, with what it received: a later promotion (once fixed, or
+            // of another copy) finds it all.
+            let state = link.replica().state();
+            assert!(state.upstream_epoch > 0);
+            assert!(link.backup.open_keyspace(NAME).is_err());
+        }
+        link.backup.check().unwrap();
+    }
+}

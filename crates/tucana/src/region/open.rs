@@ -247,7 +247,12 @@ pub enum ReplayStop {
     Invalid,
     /// A header whose record does not verify (or runs past the segment): torn, or stale
     /// bytes of an older record; its sequence number and generation as the header says.
-    BadRecord { seq: u64, generation: u32 },
+    BadRecord {
+        seq: u64,
+        generation: u32,
+        /// The record's length as its header says.
+        bytes: u64,
+    },
     /// A record of another life of the log.
     OtherGeneration { found: u32, expected: u32 },
     /// A record of this life out of sequence.
@@ -261,6 +266,21 @@ pub enum ReplayStop {
     ReadFailed,
 }
 
+impl ReplayReport {
+    /// Whether a promotion's replay stopped short of bytes the replica holds: received
+    /// bytes past the stop that are not just the start of a record cut off by the end of
+    /// what was received. Those bytes are writes the primary shipped, and maybe had
+    /// acknowledged, that replay cannot take: promoting would lose them.
+    pub fn stopped_short(&self) -> bool {
+        match self.stop {
+            // Nothing past it, or less than a header: the end of what was received.
+            _ if self.unreplayed_bytes < HEADER_BYTES as u64 => false,
+            ReplayStop::BadRecord { bytes, .. } => bytes <= self.unreplayed_bytes,
+            _ => true,
+        }
+    }
+}
+
 impl std::fmt::Display for ReplayReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
@@ -272,9 +292,13 @@ impl std::fmt::Display for ReplayReport {
             ReplayStop::EndOfLog => write!(f, "end of the written log"),
             ReplayStop::SegmentEnd => write!(f, "end of a segment without a link"),
             ReplayStop::Invalid => write!(f, "bytes that are not a record header"),
-            ReplayStop::BadRecord { seq, generation } => write!(
+            ReplayStop::BadRecord {
+                seq,
+                generation,
+                bytes,
+            } => write!(
                 f,
-                "a header (seq {seq}, generation {generation}) whose record does not verify"
+                "a header (seq {seq}, generation {generation}, {bytes} bytes) whose record does not verify"
             ),
             ReplayStop::OtherGeneration { found, expected } => {
                 write!(f, "a record of generation {found}, not {expected}")
@@ -432,6 +456,7 @@ fn read_record<'a>(
     let bad = ReplayStop::BadRecord {
         seq: header.seq.0,
         generation: header.generation,
+        bytes: len,
     };
     if len > room {
         return Err(bad);
