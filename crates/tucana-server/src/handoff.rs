@@ -115,7 +115,17 @@ pub fn follow(db: &Database, replication: &Arc<Replication>, cluster: &Arc<Clust
         .regions_led_by(&cluster.id)
         .filter_map(|r| r.handoff.clone().map(|to| (r.id, r.epoch, to)))
         .collect();
-    cluster.keep_draining(|id, epoch| asked.iter().any(|(i, e, _)| *i == id && *e == epoch));
+    // A region handed over stays draining until a later view: this one is not routed by
+    // yet (the follower runs first), and a command routed by the previous one, which
+    // still named this server, must keep getting TRYAGAIN. Cleared here, it went on,
+    // created the keyspace the follower had just dropped (to take the replica), and was
+    // acknowledged with no backup (M10 5-server seed 1132: the stray keyspace then made
+    // this server refuse the new primary's replica, and the region's writes waited for
+    // minutes). Draining a region this server does not lead changes nothing else.
+    let led: Vec<RegionId> = map.regions_led_by(&cluster.id).map(|r| r.id).collect();
+    cluster.keep_draining(|id, epoch| {
+        asked.iter().any(|(i, e, _)| *i == id && *e == epoch) || !led.contains(&id)
+    });
     let Ok(handle) = Handle::try_current() else {
         return;
     };
