@@ -20,7 +20,12 @@ fn samples() -> Vec<Vec<u8>> {
             primary: "p".into(),
             password: "x".into(),
             ack_durable: false,
-            regions: vec![RegionInfo { name: "db0".into(), seed: 7, term: 1 }],
+            regions: vec![RegionInfo {
+                name: "db0".into(),
+                seed: 7,
+                term: 1,
+                generation: 2,
+            }],
         },
         Frame::Log {
             region: "db0".into(),
@@ -32,8 +37,19 @@ fn samples() -> Vec<Vec<u8>> {
             relocation: false,
             bytes: vec![1, 2, 3, 4],
         },
-        Frame::Ack { region: "db0".into(), term: 1, order: 3, offset: 4, durable: true },
-        Frame::Nodes { region: "db0".into(), term: 1, upstream_epoch: 4, nodes: vec![(4096, Box::new([9; 4096]))] },
+        Frame::Ack {
+            region: "db0".into(),
+            term: 1,
+            order: 3,
+            offset: 4,
+            durable: true,
+        },
+        Frame::Nodes {
+            region: "db0".into(),
+            term: 1,
+            upstream_epoch: 4,
+            nodes: vec![(4096, Box::new([9; 4096]))],
+        },
     ];
     frames
         .iter()
@@ -64,7 +80,15 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(frame) = decode(kind, crc(kind, &payload), &payload) {
         let mut again = Vec::new();
         encode(&frame, &mut again);
-        let back = decode(again[4], crc(again[4], &again[HEADER_BYTES..]), &again[HEADER_BYTES..]);
-        assert_eq!(back.as_ref(), Ok(&frame), "a decoded frame does not encode back");
+        let back = decode(
+            again[4],
+            crc(again[4], &again[HEADER_BYTES..]),
+            &again[HEADER_BYTES..],
+        );
+        assert_eq!(
+            back.as_ref(),
+            Ok(&frame),
+            "a decoded frame does not encode back"
+        );
     }
 });
