@@ -1,7 +1,7 @@
 // lincheck: checks a history recorded by `tucana-crashtest campaign` for
-// linearizability with Porcupine (github.com/anishathalye/porcupine), one key at a
-// time, against the sequential model of one Redis string key under GET, SET, SET NX
-// and INCR.
+// linearizability with Porcupine (github.com/anishathalye/porcupine), one key (or one
+// hashtag's keys) at a time, against the sequential model of Redis string keys under
+// GET, SET, SET NX, INCR and MULTI/EXEC transactions of GETs and INCRs.
 //
 // Usage: lincheck [-timeout-s N] [-html PATH] HISTORY.json
 //
@@ -13,7 +13,10 @@
 // connection): it may take effect at any moment after its call, so it is given no end,
 // as Jepsen models it; an indeterminate get observed nothing and is dropped. For an
 // ok get, "output" is the value (null: no key); for setnx "1" or "0"; for incr the
-// new value.
+// new value. A transaction is {"op": "txn", "key": "{tag}", "txn": [{"op": "get"|"incr",
+// "key": str}, ...], "outputs": [str|null, ...]}: its commands applied at one instant,
+// each ok output what its command answered; every key of a transaction holds the same
+// hashtag, and operations are checked per hashtag (a key without one is its own).
 //
 // Indeterminate writes no read observed are dropped too (see unobserved), which keeps
 // the search from trying every subset of them: each one kept doubles it.
@@ -30,108 +33,188 @@ import (
 	"os"
 	"sort"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/anishathalye/porcupine"
 )
 
 type record struct {
-	Client   int     `json:"client"`
-	Key      string  `json:"key"`
-	Op       string  `json:"op"`
-	Value    string  `json:"value"`
-	Status   string  `json:"status"`
-	Output   *string `json:"output"`
-	CallNs   int64   `json:"call_ns"`
-	ReturnNs int64   `json:"return_ns"`
+	Client   int       `json:"client"`
+	Key      string    `json:"key"`
+	Op       string    `json:"op"`
+	Value    string    `json:"value"`
+	Txn      []command `json:"txn"`
+	Status   string    `json:"status"`
+	Output   *string   `json:"output"`
+	Outputs  []*string `json:"outputs"`
+	CallNs   int64     `json:"call_ns"`
+	ReturnNs int64     `json:"return_ns"`
+}
+
+// command is one command of a transaction.
+type command struct {
+	Op    string `json:"op"`
+	Key   string `json:"key"`
+	Value string `json:"value"`
 }
 
 type history struct {
 	Ops []record `json:"ops"`
 }
 
-// input is what a client asked; output what it got (known false: indeterminate).
+// input is what a client asked: one command, or (op "txn") a transaction of `txn`.
 type input struct {
 	key   string
 	op    string
 	value string
+	txn   []command
 }
 
+// output is what it got (known false: indeterminate); a transaction's `values` are its
+// commands' answers.
 type output struct {
-	known bool
-	value *string
+	known  bool
+	value  *string
+	values []*string
 }
 
-// state of one key: absent, or a string.
-type state struct {
-	present bool
-	value   string
+// state of a partition's keys: a key absent from the map holds nothing. Steps never
+// change a state they are given (Porcupine keeps them), they copy it.
+type state map[string]string
+
+func (s state) with(key, value string) state {
+	next := make(state, len(s)+1)
+	for k, v := range s {
+		next[k] = v
+	}
+	next[key] = value
+	return next
+}
+
+func equal(a, b state) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if w, ok := b[k]; !ok || w != v {
+			return false
+		}
+	}
+	return true
+}
+
+// apply runs one command on `s`: whether answering `value` (when `known`) is possible,
+// and the state after it.
+func apply(s state, c command, known bool, value *string) (bool, state) {
+	current, present := s[c.Key]
+	switch c.Op {
+	case "get":
+		if !known {
+			return true, s
+		}
+		if value == nil {
+			return !present, s
+		}
+		return present && current == *value, s
+	case "set":
+		return true, s.with(c.Key, c.Value)
+	case "setnx":
+		if !known {
+			if present {
+				return true, s
+			}
+			return true, s.with(c.Key, c.Value)
+		}
+		if value != nil && *value == "1" {
+			return !present, s.with(c.Key, c.Value)
+		}
+		return present, s
+	case "incr":
+		n := int64(0)
+		if present {
+			v, err := strconv.ParseInt(current, 10, 64)
+			if err != nil {
+				// INCR of a non-integer is refused: no effect, and it cannot have
+				// answered a value.
+				return !known, s
+			}
+			n = v
+		}
+		next := strconv.FormatInt(n+1, 10)
+		if !known {
+			return true, s.with(c.Key, next)
+		}
+		return value != nil && *value == next, s.with(c.Key, next)
+	}
+	return false, s
 }
 
 func step(st interface{}, in interface{}, out interface{}) (bool, interface{}) {
 	s := st.(state)
 	i := in.(input)
 	o := out.(output)
-	switch i.op {
-	case "get":
-		if !o.known {
-			return true, s
-		}
-		if o.value == nil {
-			return !s.present, s
-		}
-		return s.present && s.value == *o.value, s
-	case "set":
-		return true, state{true, i.value}
-	case "setnx":
-		if !o.known {
-			if s.present {
-				return true, s
-			}
-			return true, state{true, i.value}
-		}
-		if o.value != nil && *o.value == "1" {
-			return !s.present, state{true, i.value}
-		}
-		return s.present, s
-	case "incr":
-		n := int64(0)
-		if s.present {
-			v, err := strconv.ParseInt(s.value, 10, 64)
-			if err != nil {
-				// INCR of a non-integer is refused: no effect, and it cannot have
-				// answered a value.
-				return !o.known, s
-			}
-			n = v
-		}
-		next := state{true, strconv.FormatInt(n+1, 10)}
-		if !o.known {
-			return true, next
-		}
-		return o.value != nil && *o.value == next.value, next
+	if i.op != "txn" {
+		return apply(s, command{i.op, i.key, i.value}, o.known, o.value)
 	}
-	return false, s
+	for n, c := range i.txn {
+		var value *string
+		if o.known {
+			value = o.values[n]
+		}
+		ok, next := apply(s, c, o.known, value)
+		if !ok {
+			return false, st
+		}
+		s = next
+	}
+	return true, s
 }
 
 func describe(in interface{}, out interface{}) string {
 	i := in.(input)
 	o := out.(output)
-	res := "?"
-	if o.known {
-		res = "nil"
-		if o.value != nil {
-			res = strconv.Quote(*o.value)
+	answer := func(v *string) string {
+		if !o.known {
+			return "?"
+		}
+		if v == nil {
+			return "nil"
+		}
+		return strconv.Quote(*v)
+	}
+	one := func(c command, v *string) string {
+		switch c.Op {
+		case "get", "incr":
+			return fmt.Sprintf("%s(%s) -> %s", c.Op, c.Key, answer(v))
+		default:
+			return fmt.Sprintf("%s(%s, %q) -> %s", c.Op, c.Key, c.Value, answer(v))
 		}
 	}
-	switch i.op {
-	case "get":
-		return fmt.Sprintf("get(%s) -> %s", i.key, res)
-	case "incr":
-		return fmt.Sprintf("incr(%s) -> %s", i.key, res)
-	default:
-		return fmt.Sprintf("%s(%s, %q) -> %s", i.op, i.key, i.value, res)
+	if i.op != "txn" {
+		return one(command{i.op, i.key, i.value}, o.value)
 	}
+	parts := make([]string, len(i.txn))
+	for n, c := range i.txn {
+		var v *string
+		if o.known {
+			v = o.values[n]
+		}
+		parts[n] = one(c, v)
+	}
+	return "multi[" + strings.Join(parts, "; ") + "]"
+}
+
+// partitionOf is the part of a key Redis Cluster hashes: the first non-empty `{...}`,
+// else the whole key. Operations are checked per partition, a transaction's with its
+// keys' (they share one).
+func partitionOf(key string) string {
+	if open := strings.IndexByte(key, '{'); open >= 0 {
+		if end := strings.IndexByte(key[open+1:], '}'); end > 0 {
+			return key[open+1 : open+1+end]
+		}
+	}
+	return key
 }
 
 var model = porcupine.Model{
@@ -139,7 +222,7 @@ var model = porcupine.Model{
 		byKey := map[string][]porcupine.Operation{}
 		var keys []string
 		for _, op := range ops {
-			k := op.Input.(input).key
+			k := partitionOf(op.Input.(input).key)
 			if _, seen := byKey[k]; !seen {
 				keys = append(keys, k)
 			}
@@ -154,14 +237,20 @@ var model = porcupine.Model{
 	},
 	Init:              func() interface{} { return state{} },
 	Step:              step,
-	Equal:             func(a, b interface{}) bool { return a.(state) == b.(state) },
+	Equal:             func(a, b interface{}) bool { return equal(a.(state), b.(state)) },
 	DescribeOperation: describe,
 	DescribeState: func(st interface{}) string {
 		s := st.(state)
-		if !s.present {
-			return "nil"
+		keys := make([]string, 0, len(s))
+		for k := range s {
+			keys = append(keys, k)
 		}
-		return strconv.Quote(s.value)
+		sort.Strings(keys)
+		parts := make([]string, len(keys))
+		for n, k := range keys {
+			parts[n] = fmt.Sprintf("%s=%q", k, s[k])
+		}
+		return "{" + strings.Join(parts, ", ") + "}"
 	},
 }
 
@@ -177,7 +266,9 @@ var model = porcupine.Model{
 //     ok GET returned: a SET NX that took effect would hold the key for good, and the
 //     final read would return it; so it took no effect.
 //
-// INCR's effects are all observed (as counts), so indeterminate INCRs stay.
+// INCR's effects are all observed (as counts), so indeterminate INCRs stay, and so do
+// indeterminate transactions that write. The commands of transactions count as the
+// operations they are on their keys.
 func unobserved(ops []record) []bool {
 	type keyInfo struct {
 		ops      map[string]bool
@@ -186,32 +277,44 @@ func unobserved(ops []record) []bool {
 		final    int64 // the latest call of an ok get
 	}
 	keys := map[string]*keyInfo{}
-	for _, r := range ops {
-		k := keys[r.Key]
+	info := func(key string) *keyInfo {
+		k := keys[key]
 		if k == nil {
 			k = &keyInfo{ops: map[string]bool{}, read: map[string]bool{}, final: -1}
-			keys[r.Key] = k
+			keys[key] = k
 		}
-		k.ops[r.Op] = true
-		if r.Op == "get" && r.Status == "ok" {
-			if r.Output != nil {
-				k.read[*r.Output] = true
+		return k
+	}
+	for _, r := range ops {
+		for n, c := range commandsOf(r) {
+			k := info(c.Key)
+			k.ops[c.Op] = true
+			out := r.Output
+			if r.Op == "txn" && n < len(r.Outputs) {
+				out = r.Outputs[n]
 			}
-			if r.CallNs > k.final {
-				k.final = r.CallNs
+			if c.Op == "get" && r.Status == "ok" {
+				if out != nil {
+					k.read[*out] = true
+				}
+				if r.Op != "txn" && r.CallNs > k.final {
+					k.final = r.CallNs
+				}
 			}
 		}
 	}
 	for _, r := range ops {
-		k := keys[r.Key]
-		if !(r.Op == "get" && r.Status == "ok" && r.CallNs == k.final) && r.CallNs > k.lastCall {
-			k.lastCall = r.CallNs
+		for _, c := range commandsOf(r) {
+			k := keys[c.Key]
+			if !(r.Op == "get" && r.Status == "ok" && r.CallNs == k.final) && r.CallNs > k.lastCall {
+				k.lastCall = r.CallNs
+			}
 		}
 	}
 	drop := make([]bool, len(ops))
 	for n, r := range ops {
 		k := keys[r.Key]
-		if r.Status != "info" || k.read[r.Value] || k.ops["incr"] {
+		if r.Op == "txn" || r.Status != "info" || k.read[r.Value] || k.ops["incr"] {
 			continue
 		}
 		switch r.Op {
@@ -222,6 +325,56 @@ func unobserved(ops []record) []bool {
 		}
 	}
 	return drop
+}
+
+// commandsOf is what a record asked: its transaction's commands, or itself.
+func commandsOf(r record) []command {
+	if r.Op == "txn" {
+		return r.Txn
+	}
+	return []command{{r.Op, r.Key, r.Value}}
+}
+
+// checkRecord refuses a record the model cannot take.
+func checkRecord(r record) error {
+	known := func(op string) bool {
+		switch op {
+		case "get", "set", "setnx", "incr":
+			return true
+		}
+		return false
+	}
+	if r.Op != "txn" {
+		if !known(r.Op) {
+			return fmt.Errorf("unknown op %q", r.Op)
+		}
+		return nil
+	}
+	if len(r.Txn) == 0 {
+		return fmt.Errorf("a transaction without commands")
+	}
+	if r.Status == "ok" && len(r.Outputs) != len(r.Txn) {
+		return fmt.Errorf("a transaction of %d commands with %d outputs", len(r.Txn), len(r.Outputs))
+	}
+	for _, c := range r.Txn {
+		if !known(c.Op) {
+			return fmt.Errorf("unknown op %q in a transaction", c.Op)
+		}
+		if partitionOf(c.Key) != partitionOf(r.Key) {
+			return fmt.Errorf("a transaction on %q with a command on %q (another hashtag)", r.Key, c.Key)
+		}
+	}
+	return nil
+}
+
+// writes is whether a record may change a key.
+func writes(r record) bool {
+	for _, c := range commandsOf(r) {
+		if c.Op != "get" {
+			return true
+		}
+	}
+	return false
 }
 
 // operations turns records into Porcupine's operations: refused ones dropped,
@@ -240,12 +393,10 @@ func operations(h history) ([]porcupine.Operation, map[string]bool, error) {
 	keys := map[string]bool{}
 	var ops []porcupine.Operation
 	for n, r := range h.Ops {
-		switch r.Op {
-		case "get", "set", "setnx", "incr":
-		default:
-			return nil, nil, fmt.Errorf("operation %d: unknown op %q", n, r.Op)
+		if err := checkRecord(r); err != nil {
+			return nil, nil, fmt.Errorf("operation %d: %v", n, err)
 		}
-		in := input{r.Key, r.Op, r.Value}
+		in := input{r.Key, r.Op, r.Value, r.Txn}
 		switch r.Status {
 		case "fail":
 			continue
@@ -254,18 +405,20 @@ func operations(h history) ([]porcupine.Operation, map[string]bool, error) {
 				return nil, nil, fmt.Errorf("operation %d returns before its call", n)
 			}
 			ops = append(ops, porcupine.Operation{ClientId: r.Client, Input: in, Call: r.CallNs,
-				Output: output{true, r.Output}, Return: r.ReturnNs})
+				Output: output{true, r.Output, r.Outputs}, Return: r.ReturnNs})
 		case "info":
-			if r.Op == "get" || drop[n] {
+			if !writes(r) || drop[n] {
 				continue
 			}
 			// No end: it may take effect after everything else.
 			ops = append(ops, porcupine.Operation{ClientId: r.Client, Input: in, Call: r.CallNs,
-				Output: output{false, nil}, Return: end + 1})
+				Output: output{false, nil, nil}, Return: end + 1})
 		default:
 			return nil, nil, fmt.Errorf("operation %d: unknown status %q", n, r.Status)
 		}
-		keys[r.Key] = true
+		for _, c := range commandsOf(r) {
+			keys[c.Key] = true
+		}
 	}
 	return ops, keys, nil
 }
@@ -305,7 +458,7 @@ func main() {
 			r := porcupine.CheckOperationsTimeout(model, part, 10*time.Second)
 			if r == porcupine.Illegal {
 				fmt.Printf("lincheck: key %s is not linearizable (%d operations)\n",
-					part[0].Input.(input).key, len(part))
+					partitionOf(part[0].Input.(input).key), len(part))
 			}
 		}
 		if *html != "" {

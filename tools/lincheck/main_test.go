@@ -1,8 +1,9 @@
 // The checker's wiring can fail: deliberately non-linearizable tiny histories are
 // reported illegal (a read of an overwritten value, an acknowledged INCR lost, and the
 // dirty read the first netns campaign found: seed 2 read a write that timed out and was
-// lost in the failover, then the older value again), and a history with a refused and
-// an indeterminate write that may have landed is accepted; dropping unobserved
+// lost in the failover, then the older value again, and a transaction's reads seeing
+// half of another transaction), and histories with refused and indeterminate writes
+// (and transactions) that may have landed are accepted; dropping unobserved
 // indeterminate writes keeps what is observed.
 package main
 
@@ -53,6 +54,26 @@ func TestIndeterminateAndRefusedOpsAreModelled(t *testing.T) {
 func TestTheCampaignsDirtyReadIsIllegal(t *testing.T) {
 	if got := check(t, "testdata/dirty-read-campaign-seed2.json"); got != porcupine.Illegal {
 		t.Fatalf("dirty read: %s, want Illegal", got)
+	}
+}
+
+func TestATornTransactionIsIllegal(t *testing.T) {
+	if got := check(t, "testdata/torn-txn.json"); got != porcupine.Illegal {
+		t.Fatalf("torn transaction: %s, want Illegal", got)
+	}
+}
+
+func TestTransactionsApplyAtOneInstant(t *testing.T) {
+	if got := check(t, "testdata/txn-linearizable.json"); got != porcupine.Ok {
+		t.Fatalf("transactions: %s, want Ok", got)
+	}
+}
+
+func TestATransactionOverTwoHashtagsIsRefused(t *testing.T) {
+	h := history{Ops: []record{{Key: "{a}", Op: "txn", Status: "info",
+		Txn: []command{{Op: "incr", Key: "{a}x"}, {Op: "incr", Key: "{b}x"}}}}}
+	if _, _, err := operations(h); err == nil {
+		t.Fatal("a transaction over two hashtags was accepted")
 	}
 }
 

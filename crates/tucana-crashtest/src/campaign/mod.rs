@@ -168,8 +168,18 @@ impl Summary {
     }
 }
 
-/// A history with a stale read: the checker must call it illegal.
-const ILLEGAL_HISTORY: &str = include_str!("../../../../tools/lincheck/testdata/stale-read.json");
+/// Histories the checker must call illegal: a stale read, and a transaction's reads that
+/// saw half of another transaction.
+const ILLEGAL_HISTORIES: [(&str, &str); 2] = [
+    (
+        "a stale read",
+        include_str!("../../../../tools/lincheck/testdata/stale-read.json"),
+    ),
+    (
+        "a torn transaction",
+        include_str!("../../../../tools/lincheck/testdata/torn-txn.json"),
+    ),
+];
 
 /// Runs the checker on `history`; its verdict (`ok`, `illegal`, `unknown`) or why it
 /// could not run. Writes the visualisation to `html` on a violation.
@@ -201,24 +211,26 @@ pub fn run(config: &Config) -> Summary {
         summary.failure = Some(format!("{}: {e}", config.dir.display()));
         return summary;
     }
-    // The checker can fail: a stale read is a violation.
-    let selftest = config.dir.join("selftest-history.json");
-    let verdict = std::fs::write(&selftest, ILLEGAL_HISTORY)
-        .map_err(|e| e.to_string())
-        .and_then(|()| {
-            lincheck(
-                &config.lincheck,
-                &selftest,
-                &config.dir.join("selftest.html"),
-            )
-        });
-    if verdict.as_deref() != Ok("illegal") {
-        summary.failure = Some(format!(
-            "checker self-test: a history with a stale read was judged {verdict:?}, not illegal"
-        ));
-        return summary;
+    // The checker can fail: a stale read and a torn transaction are violations.
+    for (n, (what, history)) in ILLEGAL_HISTORIES.into_iter().enumerate() {
+        let selftest = config.dir.join(format!("selftest-history-{n}.json"));
+        let verdict = std::fs::write(&selftest, history)
+            .map_err(|e| e.to_string())
+            .and_then(|()| {
+                lincheck(
+                    &config.lincheck,
+                    &selftest,
+                    &config.dir.join(format!("selftest-{n}.html")),
+                )
+            });
+        if verdict.as_deref() != Ok("illegal") {
+            summary.failure = Some(format!(
+                "checker self-test: a history with {what} was judged {verdict:?}, not illegal"
+            ));
+            return summary;
+        }
+        eprintln!("campaign: checker self-test: {what} is reported illegal");
     }
-    eprintln!("campaign: checker self-test: a stale read is reported illegal");
     let result = campaign(config, &mut summary);
     summary.elapsed_s = started.elapsed().as_secs_f64();
     if let Err(e) = result {

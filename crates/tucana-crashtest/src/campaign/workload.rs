@@ -1,8 +1,9 @@
 //! The campaign's clients: threads, each with a Redis Cluster client of its own (the
 //! `redis` crate's `ClusterConnection`, the client a Rust user would pick), doing `GET`,
-//! `SET`, `SET NX` and `INCR` on a small set of keys and recording every operation's
-//! invocation and completion (the history the checker reads), plus `SET`s of unique keys
-//! whose acknowledgements are kept for the read-back at the end.
+//! `SET`, `SET NX`, `INCR` and `MULTI`/`EXEC` transactions within a hashtag on a small
+//! set of keys and recording every operation's invocation and completion (the history
+//! the checker reads), plus `SET`s of unique keys whose acknowledgements are kept for the
+//! read-back at the end.
 //!
 //! The client is built with no retries of its own: a request it retried after a dropped
 //! connection could be applied twice, which the checker would blame on the server. So a
@@ -10,7 +11,8 @@
 //! map) after any error.
 //!
 //! What an answer means (`Status`): `ok`; `fail` only for answers given before anything
-//! was applied (`MOVED`, `ASK`, `TRYAGAIN`, `CLUSTERDOWN`, a connection refused);
+//! was applied (`MOVED`, `ASK`, `TRYAGAIN`, `CLUSTERDOWN`, a connection refused, and
+//! `EXECABORT`: a transaction refused while queued);
 //! everything else (a timeout, a dropped connection, `READONLY` and `NOREPLICAS`, which
 //! Tucana gives for a write applied but not acknowledged) is `info`, indeterminate.
 //!
@@ -22,27 +24,58 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use redis::cluster::{ClusterClientBuilder, ClusterConnection};
+use redis::ConnectionLike;
 use serde::Serialize;
 use tucana_cluster::key_slot;
 
 use crate::Rng;
 
-/// One operation of the history, as tools/lincheck reads it.
+/// One operation of the history, as tools/lincheck reads it: a command, or (`op` is
+/// `txn`) a transaction of `txn`'s commands, whose answers are `outputs`, on keys of the
+/// hashtag `key`.
 #[derive(Clone, Debug, Serialize)]
 pub struct Op {
     pub client: usize,
     pub key: String,
     pub op: &'static str,
     pub value: String,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub txn: Vec<Command>,
     pub status: &'static str,
     pub output: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub outputs: Vec<Option<String>>,
+    /// Why it is not `ok`: the error or the unexpected reply (for whoever reads the
+    /// history; the checker does not).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
     pub call_ns: u64,
     pub return_ns: u64,
 }
 
+/// One command of a transaction.
+#[derive(Clone, Debug, Serialize)]
+pub struct Command {
+    pub op: &'static str,
+    pub key: String,
+}
+
 impl Op {
     fn is_write(&self) -> bool {
-        self.op != "get"
+        if self.op == "txn" {
+            self.txn.iter().any(|c| c.op != "get")
+        } else {
+            self.op != "get"
+        }
+    }
+
+    /// The keys it touches.
+    pub fn keys(&self) -> Vec<&str> {
+        if self.op == "txn" {
+            self.txn.iter().map(|c| c.key.as_str()).collect()
+        } else {
+            vec![self.key.as_str()]
+        }
     }
 }
 
@@ -82,6 +115,12 @@ const REGISTER_S: u64 = 30;
 const COUNTERS: u64 = 2;
 const COUNTER_S: u64 = 5;
 const SETNX_S: u64 = 3;
+/// Transactions: keys `{t<bucket>-<g>}a` and `…b`, a new pair of groups every 5 s (each
+/// indeterminate transaction that writes doubles the checker's search, as an `INCR`
+/// does). A transaction increments both or reads both, so any reader that sees them
+/// differ (but for the lone `INCR`s of `a`, which the model counts) saw half of one.
+const TXN_GROUPS: u64 = 2;
+const TXN_S: u64 = 5;
 
 /// A cluster client with no retries of its own, or why not.
 pub fn cluster_client(
@@ -104,8 +143,15 @@ pub fn cluster_client(
 
 /// Whether the error is an answer given before anything was applied.
 fn refused(e: &redis::RedisError) -> bool {
-    matches!(e.code(), Some("MOVED" | "ASK" | "TRYAGAIN" | "CLUSTERDOWN"))
-        || e.is_connection_refusal()
+    refused_code(e.code()) || e.is_connection_refusal()
+}
+
+/// Whether an error of this code is given before anything was applied.
+fn refused_code(code: Option<&str>) -> bool {
+    matches!(
+        code,
+        Some("MOVED" | "ASK" | "TRYAGAIN" | "CLUSTERDOWN" | "EXECABORT")
+    )
 }
 
 impl Workload {
@@ -214,7 +260,10 @@ fn one_op(
         }
         return status;
     }
-    let (op, key, value, cmd) = if roll < 45 {
+    if roll >= 90 {
+        return group_op(c, client, rng, epoch, shared);
+    }
+    let (op, key, value, cmd) = if roll < 40 {
         let key = if rng.below(2) == 0 {
             format!("r{}-{}", secs / REGISTER_S, rng.below(REGISTERS))
         } else {
@@ -223,13 +272,13 @@ fn one_op(
         let mut cmd = redis::cmd("GET");
         cmd.arg(&key);
         ("get", key, String::new(), cmd)
-    } else if roll < 70 {
+    } else if roll < 60 {
         let key = format!("r{}-{}", secs / REGISTER_S, rng.below(REGISTERS));
         let value = format!("{client}-{n}");
         let mut cmd = redis::cmd("SET");
         cmd.arg(&key).arg(&value);
         ("set", key, value, cmd)
-    } else if roll < 85 {
+    } else if roll < 75 {
         let key = format!("c{}-{}", secs / COUNTER_S, rng.below(COUNTERS));
         let mut cmd = redis::cmd("INCR");
         cmd.arg(&key);
@@ -241,6 +290,17 @@ fn one_op(
         cmd.arg(&key).arg(&value).arg("NX");
         ("setnx", key, value, cmd)
     };
+    one_command(c, client, (op, key, value, cmd), epoch, shared)
+}
+
+/// Does one command and records it; its status.
+fn one_command(
+    c: &mut ClusterConnection,
+    client: usize,
+    (op, key, value, cmd): (&'static str, String, String, redis::Cmd),
+    epoch: Instant,
+    shared: &Mutex<Shared>,
+) -> &'static str {
     let call_ns = since(epoch);
     let answer = cmd.query::<redis::Value>(c);
     let return_ns = since(epoch);
@@ -263,11 +323,20 @@ fn one_op(
         key,
         op,
         value,
+        txn: Vec::new(),
         status,
         output,
+        outputs: Vec::new(),
+        error: (status != "ok").then(|| format!("{answer:?}")),
         call_ns,
         return_ns,
     };
+    record_op(shared, record)
+}
+
+/// Adds `record` to the history (and an acknowledged write to the acks); its status.
+fn record_op(shared: &Mutex<Shared>, record: Op) -> &'static str {
+    let (status, return_ns) = (record.status, record.return_ns);
     let mut s = shared.lock().expect("not poisoned");
     if status == "ok" && record.is_write() {
         s.acks.push(Ack {
@@ -277,6 +346,96 @@ fn one_op(
     }
     s.history.push(record);
     status
+}
+
+/// An operation on one hashtag's two keys: mostly a transaction that increments both or
+/// reads both, sometimes a lone `GET` of one or `INCR` of the first. Records it; its
+/// status.
+fn group_op(
+    c: &mut ClusterConnection,
+    client: usize,
+    rng: &mut Rng,
+    epoch: Instant,
+    shared: &Mutex<Shared>,
+) -> &'static str {
+    let secs = since(epoch) / 1_000_000_000;
+    let tag = format!("{{t{}-{}}}", secs / TXN_S, rng.below(TXN_GROUPS));
+    let keys = [format!("{tag}a"), format!("{tag}b")];
+    let roll = rng.below(10);
+    if roll < 2 {
+        let (op, key) = if roll == 0 {
+            ("get", keys[rng.below(2) as usize].clone())
+        } else {
+            ("incr", keys[0].clone())
+        };
+        let mut cmd = redis::cmd(if op == "get" { "GET" } else { "INCR" });
+        cmd.arg(&key);
+        return one_command(c, client, (op, key, String::new(), cmd), epoch, shared);
+    }
+    let op = if roll < 6 { "incr" } else { "get" };
+    let txn: Vec<Command> = keys.into_iter().map(|key| Command { op, key }).collect();
+    let mut pipe = redis::pipe();
+    pipe.atomic();
+    for command in &txn {
+        pipe.cmd(if op == "get" { "GET" } else { "INCR" })
+            .arg(&command.key);
+    }
+    // The cluster client routes a MULTI by the command after it; the EXEC's answer is
+    // the one reply asked for (the queueing replies before it are checked by the
+    // client: an error among them is EXECABORT).
+    let call_ns = since(epoch);
+    let answer = c.req_packed_commands(&pipe.get_packed_pipeline(), txn.len() + 1, 1);
+    let return_ns = since(epoch);
+    let error = format!("{answer:?}");
+    let (status, outputs) = exec_outcome(answer, txn.len());
+    let record = Op {
+        client,
+        key: tag,
+        op: "txn",
+        value: String::new(),
+        txn,
+        status,
+        output: None,
+        outputs,
+        error: (status != "ok").then_some(error),
+        call_ns,
+        return_ns,
+    };
+    record_op(shared, record)
+}
+
+/// What an `EXEC` of `n` commands answered: its status and, when `ok`, each command's
+/// answer (a value, or none for a missing key).
+fn exec_outcome(
+    answer: redis::RedisResult<Vec<redis::Value>>,
+    n: usize,
+) -> (&'static str, Vec<Option<String>>) {
+    let exec = match answer {
+        Err(e) if refused(&e) => return ("fail", Vec::new()),
+        Err(_) => return ("info", Vec::new()),
+        Ok(mut replies) if replies.len() == 1 => replies.remove(0),
+        Ok(_) => return ("info", Vec::new()),
+    };
+    match exec {
+        redis::Value::Array(items) if items.len() == n => {
+            let mut outputs = Vec::with_capacity(n);
+            for item in items {
+                outputs.push(match item {
+                    redis::Value::Nil => None,
+                    redis::Value::BulkString(b) => Some(String::from_utf8_lossy(&b).into_owned()),
+                    redis::Value::Int(i) => Some(i.to_string()),
+                    // A command's error, or a reply of the wrong kind: nothing is
+                    // known of what the transaction did.
+                    _ => return ("info", Vec::new()),
+                });
+            }
+            ("ok", outputs)
+        }
+        // A null EXEC: aborted (a WATCH, which the workload does not use).
+        redis::Value::Nil => ("fail", Vec::new()),
+        redis::Value::ServerError(e) if refused_code(Some(e.code())) => ("fail", Vec::new()),
+        _ => ("info", Vec::new()),
+    }
 }
 
 /// How long to retry a read at the end after `failures` reads could not be done: the
@@ -301,7 +460,11 @@ pub fn final_reads(
     epoch: Instant,
     patience: Duration,
 ) -> Vec<String> {
-    let mut keys: Vec<String> = history.iter().map(|o| o.key.clone()).collect();
+    let mut keys: Vec<String> = history
+        .iter()
+        .flat_map(|o| o.keys())
+        .map(str::to_string)
+        .collect();
     keys.sort();
     keys.dedup();
     let mut unread = Vec::new();
@@ -322,8 +485,11 @@ pub fn final_reads(
             key,
             op: "get",
             value: String::new(),
+            txn: Vec::new(),
             status: "ok",
             output,
+            outputs: Vec::new(),
+            error: None,
             call_ns,
             return_ns,
         });
