@@ -93,7 +93,7 @@ lincheck="$(pwd)/${CARGO_TARGET_DIR:-target}/release/lincheck"
 [[ "${CARGO_TARGET_DIR:-}" == /* ]] && lincheck="${CARGO_TARGET_DIR}/release/lincheck"
 (cd tools/lincheck && go test ./... && go build -buildvcs=false -o "${lincheck}" .)
 if ! "${CARGO_TARGET_DIR:-target}/release/tucana-crashtest" campaign --seed "${m10_seed}" \
-    --duration-s "${M10_SECONDS:-60}" --faults "${M10_FAULTS:-kill,pause,partition,etcd,migrate,failover}" \
+    --duration-s "${M10_SECONDS:-60}" --faults "${M10_FAULTS:-kill,pause,partition,slow,etcd,migrate,failover}" \
     --lincheck "${lincheck}" --violations-not-fatal --lost-writes-not-fatal; then
     status=1
 fi

@@ -14,7 +14,10 @@
 //!   every namespace drops etcd's replies too, so the cut is both ways);
 //! - [`Net::cut_pair`]: two servers' routes to each other go;
 //! - [`Net::link_down`]: the host side of the veth goes down: the server reaches nothing
-//!   and nothing (clients included) reaches it.
+//!   and nothing (clients included) reaches it;
+//! - [`Net::shape`]: both ends of the veth get a token-bucket queue (`tc tbf`): everything
+//!   to and from the server (clients, peers, etcd) crosses a slow link that drops what
+//!   waits longer than its latency bound.
 //!
 //! Each has its heal. Clients run on the host and reach every server. Host forwarding
 //! (`net.ipv4.ip_forward`) is switched on while a `Net` lives and restored after.
@@ -25,17 +28,35 @@
 
 use std::process::Command;
 
+/// Runs `tc ARGS` (in namespace `netns`, if given); its stderr if it failed.
+fn tc(netns: Option<&str>, args: &[&str]) -> Result<(), String> {
+    let command = match netns {
+        Some(name) => {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", name, "tc"]);
+            c
+        }
+        None => Command::new("tc"),
+    };
+    run(command, "tc", args)
+}
+
 /// Runs `ip ARGS`; its stderr if it failed.
 pub fn ip(args: &[&str]) -> Result<(), String> {
-    let output = Command::new("ip")
+    run(Command::new("ip"), "ip", args)
+}
+
+/// Runs `command` with `args` (`name` for messages); its stderr if it failed.
+fn run(mut command: Command, name: &str, args: &[&str]) -> Result<(), String> {
+    let output = command
         .args(args)
         .output()
-        .map_err(|e| format!("cannot run ip: {e}"))?;
+        .map_err(|e| format!("cannot run {name}: {e}"))?;
     if output.status.success() {
         Ok(())
     } else {
         Err(format!(
-            "ip {}: {}",
+            "{name} {}: {}",
             args.join(" "),
             String::from_utf8_lossy(&output.stderr).trim()
         ))
@@ -213,6 +234,43 @@ impl Net {
 
     pub fn link_up(&self, i: usize) -> Result<(), String> {
         ip(&["link", "set", &self.nodes[i].host_link, "up"])
+    }
+
+    /// Server `i`'s link carries at most `rate_kbit` kbit/s each way, with a bucket of
+    /// `burst_kbit` and packets that would wait longer than `latency_ms` dropped.
+    pub fn shape(
+        &self,
+        i: usize,
+        rate_kbit: u64,
+        burst_kbit: u64,
+        latency_ms: u64,
+    ) -> Result<(), String> {
+        let node = &self.nodes[i];
+        let inner = node.host_link.replacen('h', "n", 1);
+        let (rate, burst, latency) = (
+            format!("{rate_kbit}kbit"),
+            format!("{burst_kbit}kbit"),
+            format!("{latency_ms}ms"),
+        );
+        let tbf = [
+            "root", "tbf", "rate", &rate, "burst", &burst, "latency", &latency,
+        ];
+        tc(
+            None,
+            &[&["qdisc", "replace", "dev", &node.host_link][..], &tbf].concat(),
+        )?;
+        tc(
+            Some(&node.netns),
+            &[&["qdisc", "replace", "dev", &inner][..], &tbf].concat(),
+        )
+    }
+
+    /// Server `i`'s link at full speed again.
+    pub fn unshape(&self, i: usize) -> Result<(), String> {
+        let node = &self.nodes[i];
+        let inner = node.host_link.replacen('h', "n", 1);
+        tc(None, &["qdisc", "del", "dev", &node.host_link, "root"])?;
+        tc(Some(&node.netns), &["qdisc", "del", "dev", &inner, "root"])
     }
 
     /// Deletes the links (one end takes the other and the addresses) and namespaces;

@@ -143,7 +143,7 @@ enum Cmd {
         #[arg(
             long,
             value_delimiter = ',',
-            default_value = "kill,pause,partition,etcd,migrate,failover"
+            default_value = "kill,pause,partition,slow,etcd,migrate,failover"
         )]
         faults: Vec<campaign::nemesis::Fault>,
         /// Servers to start.

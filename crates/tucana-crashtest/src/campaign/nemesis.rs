@@ -13,9 +13,11 @@
 //! for longer than the lease, then SIGCONT); `partition` (with namespaces only: a server
 //! isolated (its link down), a server cut from etcd, a primary cut from its backups, a
 //! minority of servers cut from the majority and from etcd while clients still reach
-//! them); `etcd` (kill -9 of etcd, a restart on its data); `migrate` (`tucana cluster
-//! move-slots` of part of a region to another server); `failover` (`CLUSTER FAILOVER`
-//! on an in-sync backup).
+//! them); `slow` (with namespaces only: a primary's, a backup's or any server's link
+//! shaped by `tc tbf` to 256 kbit/s – 4 Mbit/s each way, dropping what queues longer
+//! than 100–400 ms, for longer than the lease); `etcd` (kill -9 of etcd, a restart on
+//! its data); `migrate` (`tucana cluster move-slots` of part of a region to another
+//! server); `failover` (`CLUSTER FAILOVER` on an in-sync backup).
 //!
 //! Against Redis Cluster (`--target redis`) the same schedule applies with these
 //! differences: no `etcd` kind ([`kinds_for`] drops it); the partition that cuts a server
@@ -39,6 +41,7 @@ pub enum Fault {
     Kill,
     Pause,
     Partition,
+    Slow,
     Etcd,
     Migrate,
     Failover,
@@ -66,9 +69,11 @@ pub struct Step {
 pub fn kinds_for(asked: &[Fault], target: Target, netns: bool) -> (Vec<Fault>, Vec<String>) {
     let mut notes = Vec::new();
     let mut kinds = asked.to_vec();
-    if !netns && kinds.contains(&Fault::Partition) {
-        kinds.retain(|f| *f != Fault::Partition);
-        notes.push("partition faults dropped: no network namespaces".to_string());
+    for (kind, name) in [(Fault::Partition, "partition"), (Fault::Slow, "slow link")] {
+        if !netns && kinds.contains(&kind) {
+            kinds.retain(|f| *f != kind);
+            notes.push(format!("{name} faults dropped: no network namespaces"));
+        }
     }
     if target == Target::Redis && kinds.contains(&Fault::Etcd) {
         kinds.retain(|f| *f != Fault::Etcd);
@@ -154,6 +159,7 @@ pub fn apply(fleet: &mut Fleet, step: &Step, lease_ms: u64) -> Result<Outcome, S
             fleet.up[i] = true;
         }
         Fault::Partition => partition(fleet, &map, step, lease_ms, &mut out)?,
+        Fault::Slow => slow(fleet, &primaries, &backups, step, lease_ms, &mut out)?,
         Fault::Etcd => {
             // Dropped from a Redis Cluster's kinds ([`kinds_for`]); said if asked anyway.
             let Some(etcd) = fleet.etcd.as_mut() else {
@@ -396,6 +402,41 @@ fn partition(
     Ok(())
 }
 
+/// A server's link slowed (both ways, `tc tbf`) for longer than the lease, then
+/// restored. Writes slow down or time out (indeterminate), acknowledgements from its
+/// backups may come too late (`NOREPLICAS`), and its lease may lapse (a failover): what
+/// must not happen is an acknowledged write lost or a read out of order.
+fn slow(
+    fleet: &mut Fleet,
+    primaries: &[String],
+    backups: &[String],
+    step: &Step,
+    lease_ms: u64,
+    out: &mut Outcome,
+) -> Result<(), String> {
+    let Some(net) = fleet.net.as_ref() else {
+        out.what = "slow link: skipped (no network namespaces)".into();
+        return Ok(());
+    };
+    let all = fleet.addrs();
+    let pick = |list: &[String]| list[(step.pick % list.len() as u64) as usize].clone();
+    let (role, victim) = match step.variant % 3 {
+        0 => ("primary", pick(primaries)),
+        1 if !backups.is_empty() => ("backup", pick(backups)),
+        _ => ("server", pick(&all)),
+    };
+    let i = fleet.index_of(&victim).ok_or("victim not a server")?;
+    let rate_kbit = [256, 1024, 4096][(step.pick2 % 3) as usize];
+    let latency_ms = 100 + (step.pick2 / 3) % 301;
+    out.what = format!(
+        "slow link of {role} {victim}: {rate_kbit} kbit/s each way, {latency_ms} ms of queue"
+    );
+    let at = Instant::now();
+    net.shape(i, rate_kbit, 32, latency_ms)?;
+    sleep_until(at, lease_ms + step.hold_ms);
+    net.unshape(i)
+}
+
 /// `tucana cluster move-slots` of a suffix (a quarter, at most 512 slots) of a region
 /// to another live server.
 fn migrate(fleet: &Fleet, step: &Step, out: &mut Outcome) {
@@ -524,6 +565,7 @@ mod tests {
             Fault::Kill,
             Fault::Pause,
             Fault::Partition,
+            Fault::Slow,
             Fault::Etcd,
             Fault::Migrate,
             Fault::Failover,
@@ -535,6 +577,7 @@ mod tests {
                 Fault::Kill,
                 Fault::Pause,
                 Fault::Partition,
+                Fault::Slow,
                 Fault::Migrate,
                 Fault::Failover
             ]
@@ -549,7 +592,8 @@ mod tests {
         assert!(notes.is_empty());
         let (loopback, notes) = kinds_for(&all, Target::Redis, false);
         assert!(!loopback.contains(&Fault::Partition) && !loopback.contains(&Fault::Etcd));
-        assert_eq!(notes.len(), 2, "{notes:?}");
+        assert!(!loopback.contains(&Fault::Slow));
+        assert_eq!(notes.len(), 3, "{notes:?}");
         let (left, _) = kinds_for(&[Fault::Etcd], Target::Redis, true);
         assert!(left.is_empty(), "nothing left to inject: the run says so");
     }
