@@ -91,6 +91,12 @@ pub struct Summary {
     /// Findings that are not a verdict of the checker (a region that did not fail
     /// over, a cluster that did not settle, a fault that could not be applied).
     pub troubles: Vec<String>,
+    /// Writes sent to servers of a cut minority past the lease, and those acknowledged.
+    pub minority_probes: usize,
+    pub minority_acks: Vec<String>,
+    /// Whether an acknowledgement by a cut minority fails the run (Tucana's fencing
+    /// promise; Redis Cluster's is reported).
+    pub fencing_fatal: bool,
     pub failure: Option<String>,
     pub elapsed_s: f64,
     /// `Config::violations_fatal`.
@@ -117,6 +123,7 @@ impl Summary {
             || (!self.lost.is_empty() && self.lost_fatal)
             || !self.unreadable.is_empty()
             || self.check_failures > 0
+            || (!self.minority_acks.is_empty() && self.fencing_fatal)
     }
 
     pub fn figure_line(&self, config: &Config) -> String {
@@ -135,7 +142,8 @@ impl Summary {
             "campaign: target {}, seed {}, {:.0} s, {} servers, {}, faults {} ({} steps), ops {}, acknowledged {}, \
              refused {}, indeterminate {}, linearizable: {}, lost acknowledged writes: {} of {} unique ({} unreadable), \
              check failures: {}, failovers: {} (p50 {:.0} ms, p99 {:.0} ms), planned failovers: {} (p50 {:.0} ms), \
-             availability per region: min {:.2}, mean {:.2}, troubles: {}",
+             availability per region: min {:.2}, mean {:.2}, troubles: {}, \
+             minority acknowledged: {} of {} probes",
             self.target,
             config.seed,
             self.elapsed_s,
@@ -164,6 +172,8 @@ impl Summary {
             avail_min,
             avail_mean,
             self.troubles.len(),
+            self.minority_acks.len(),
+            self.minority_probes,
         )
     }
 }
@@ -205,6 +215,7 @@ pub fn run(config: &Config) -> Summary {
     let mut summary = Summary {
         violations_fatal: config.violations_fatal,
         lost_fatal: config.lost_fatal,
+        fencing_fatal: config.target == Target::Tucana,
         ..Summary::default()
     };
     if let Err(e) = std::fs::create_dir_all(&config.dir) {
@@ -426,6 +437,11 @@ fn nemesis_loop(
         summary.steps.push(outcome.what.clone());
         summary.failover_ms.extend(&outcome.failover_ms);
         summary.planned_ms.extend(outcome.planned_ms);
+        summary.minority_probes += outcome.minority_probes;
+        for ack in &outcome.minority_acks {
+            eprintln!("campaign: FENCING: {ack}");
+        }
+        summary.minority_acks.extend(outcome.minority_acks);
         if let Some(t) = outcome.trouble {
             summary
                 .troubles

@@ -109,7 +109,16 @@ pub struct Outcome {
     /// Something that should have happened did not (a region never failed over, a
     /// command failed): a finding, reported, not a crash of the campaign.
     pub trouble: Option<String>,
+    /// Writes sent straight to a server cut from etcd (alone or in a minority), past the
+    /// lease, for a region it led: how many.
+    pub minority_probes: usize,
+    /// Those it acknowledged (each described): a fencing violation.
+    pub minority_acks: Vec<String>,
 }
+
+/// How long past the lease a server cut from etcd (or a minority) is probed: by then
+/// it may acknowledge no write (its lease ran out, or it lost its majority).
+const MINORITY_PROBE_AFTER_MS: u64 = 1000;
 
 /// A bound on waiting for a failover or a planned failover.
 const FAILOVER_PATIENCE: Duration = Duration::from_secs(30);
@@ -327,7 +336,12 @@ fn partition(
                 net.cut_pair(i, j)?;
             }
             measure_failover(fleet, &victim, &led, at, out);
-            sleep_until(at, lease_ms + step.hold_ms);
+            sleep_until(at, lease_ms + MINORITY_PROBE_AFTER_MS);
+            probe_minority(fleet, &victim, &led, at, out);
+            sleep_until(
+                at,
+                lease_ms + step.hold_ms.max(MINORITY_PROBE_AFTER_MS + 500),
+            );
             let net = fleet.net.as_ref().expect("checked");
             for j in (0..n).filter(|&j| j != i) {
                 net.heal_pair(i, j)?;
@@ -337,7 +351,13 @@ fn partition(
             out.what = format!("cut {victim} from etcd");
             net.cut_etcd(i)?;
             measure_failover(fleet, &victim, &led, at, out);
-            sleep_until(at, lease_ms + step.hold_ms);
+            // Fenced: past its lease it acknowledges nothing, though clients reach it.
+            sleep_until(at, lease_ms + MINORITY_PROBE_AFTER_MS);
+            probe_minority(fleet, &victim, &led, at, out);
+            sleep_until(
+                at,
+                lease_ms + step.hold_ms.max(MINORITY_PROBE_AFTER_MS + 500),
+            );
             fleet.net.as_ref().expect("checked").heal_etcd(i)?;
         }
         2 => {
@@ -387,7 +407,15 @@ fn partition(
                     .collect();
                 measure_failover(fleet, &addrs[m], &movable, at, out);
             }
-            sleep_until(at, lease_ms + step.hold_ms);
+            // A partitioned minority acknowledges nothing once its lease is gone.
+            sleep_until(at, lease_ms + MINORITY_PROBE_AFTER_MS);
+            for &m in &minority {
+                probe_minority(fleet, &addrs[m], &led_by(map, &addrs[m]), at, out);
+            }
+            sleep_until(
+                at,
+                lease_ms + step.hold_ms.max(MINORITY_PROBE_AFTER_MS + 500),
+            );
             let net = fleet.net.as_ref().expect("checked");
             for &m in &minority {
                 if etcd {
@@ -400,6 +428,31 @@ fn partition(
         }
     }
     Ok(())
+}
+
+/// Sends a write straight to `server` (cut off from etcd, alone or with a minority,
+/// since `at`) for each
+/// region of `led` (those it led when cut), without following a redirect: an `OK` is
+/// an acknowledgement by a server that may no longer lead the region, counted in `out`.
+fn probe_minority(fleet: &Fleet, server: &str, led: &[Range], at: Instant, out: &mut Outcome) {
+    for (n, r) in led.iter().enumerate() {
+        let key = format!("{{{}}}:minority-probe-{n}", tag_in(r.start, r.end));
+        out.minority_probes += 1;
+        let answer = connect_with(server, fleet.password()).and_then(|mut c| {
+            redis::cmd("SET")
+                .arg(&key)
+                .arg("m")
+                .query::<redis::Value>(&mut c)
+        });
+        if matches!(answer, Ok(redis::Value::Okay)) {
+            out.minority_acks.push(format!(
+                "{server} acknowledged a write to slots {}-{} {:.0} ms after it was cut off",
+                r.start,
+                r.end,
+                at.elapsed().as_secs_f64() * 1000.0
+            ));
+        }
+    }
 }
 
 /// A server's link slowed (both ways, `tc tbf`) for longer than the lease, then
