@@ -376,55 +376,72 @@ fn partition(
                 net.heal_pair(p, b)?;
             }
         }
-        _ => {
-            // A minority (fewer than half) cut from the majority and from etcd; clients
-            // on the host still reach every server.
-            let size = 1 + (step.pick2 % ((n as u64 - 1) / 2).max(1)) as usize;
-            let minority: Vec<usize> = (0..size).map(|k| (i + k) % n).collect();
-            let names: Vec<&str> = minority.iter().map(|&m| addrs[m].as_str()).collect();
-            let etcd = fleet.etcd.is_some();
-            out.what = if etcd {
-                format!("cut minority {names:?} from the majority and etcd")
-            } else {
-                format!("cut minority {names:?} from the majority")
-            };
-            for &m in &minority {
-                if etcd {
-                    net.cut_etcd(m)?;
-                }
-                for j in (0..n).filter(|j| !minority.contains(j)) {
-                    net.cut_pair(m, j)?;
-                }
-            }
-            // Only a region with a copy on the majority's side can fail over: one whose
-            // primary and backups are all cut off stays down until the cut heals, by
-            // design (no server outside may hold its acknowledged writes).
-            let cut: Vec<&str> = minority.iter().map(|&m| addrs[m].as_str()).collect();
-            for &m in &minority {
-                let movable: Vec<Range> = led_by(map, &addrs[m])
-                    .into_iter()
-                    .filter(|r| r.backups.iter().any(|b| !cut.contains(&b.as_str())))
-                    .collect();
-                measure_failover(fleet, &addrs[m], &movable, at, out);
-            }
-            // A partitioned minority acknowledges nothing once its lease is gone.
-            sleep_until(at, lease_ms + MINORITY_PROBE_AFTER_MS);
-            for &m in &minority {
-                probe_minority(fleet, &addrs[m], &led_by(map, &addrs[m]), at, out);
-            }
-            sleep_until(
-                at,
-                lease_ms + step.hold_ms.max(MINORITY_PROBE_AFTER_MS + 500),
-            );
-            let net = fleet.net.as_ref().expect("checked");
-            for &m in &minority {
-                if etcd {
-                    net.heal_etcd(m)?;
-                }
-                for j in (0..n).filter(|j| !minority.contains(j)) {
-                    net.heal_pair(m, j)?;
-                }
-            }
+        _ => cut_minority(fleet, map, step, lease_ms, i, at, out)?,
+    }
+    Ok(())
+}
+
+/// A minority (fewer than half, from server `i` on) cut from the majority and from etcd
+/// (clients on the host still reach every server): regions with a copy outside fail
+/// over, and past the lease the minority is probed.
+fn cut_minority(
+    fleet: &Fleet,
+    map: &[Range],
+    step: &Step,
+    lease_ms: u64,
+    i: usize,
+    at: Instant,
+    out: &mut Outcome,
+) -> Result<(), String> {
+    let net = fleet.net.as_ref().ok_or("no network namespaces")?;
+    let n = fleet.servers.len();
+    let addrs = fleet.addrs();
+    // A minority (fewer than half) cut from the majority and from etcd; clients
+    // on the host still reach every server.
+    let size = 1 + (step.pick2 % ((n as u64 - 1) / 2).max(1)) as usize;
+    let minority: Vec<usize> = (0..size).map(|k| (i + k) % n).collect();
+    let names: Vec<&str> = minority.iter().map(|&m| addrs[m].as_str()).collect();
+    let etcd = fleet.etcd.is_some();
+    out.what = if etcd {
+        format!("cut minority {names:?} from the majority and etcd")
+    } else {
+        format!("cut minority {names:?} from the majority")
+    };
+    for &m in &minority {
+        if etcd {
+            net.cut_etcd(m)?;
+        }
+        for j in (0..n).filter(|j| !minority.contains(j)) {
+            net.cut_pair(m, j)?;
+        }
+    }
+    // Only a region with a copy on the majority's side can fail over: one whose
+    // primary and backups are all cut off stays down until the cut heals, by
+    // design (no server outside may hold its acknowledged writes).
+    let cut: Vec<&str> = minority.iter().map(|&m| addrs[m].as_str()).collect();
+    for &m in &minority {
+        let movable: Vec<Range> = led_by(map, &addrs[m])
+            .into_iter()
+            .filter(|r| r.backups.iter().any(|b| !cut.contains(&b.as_str())))
+            .collect();
+        measure_failover(fleet, &addrs[m], &movable, at, out);
+    }
+    // A partitioned minority acknowledges nothing once its lease is gone.
+    sleep_until(at, lease_ms + MINORITY_PROBE_AFTER_MS);
+    for &m in &minority {
+        probe_minority(fleet, &addrs[m], &led_by(map, &addrs[m]), at, out);
+    }
+    sleep_until(
+        at,
+        lease_ms + step.hold_ms.max(MINORITY_PROBE_AFTER_MS + 500),
+    );
+    let net = fleet.net.as_ref().expect("checked");
+    for &m in &minority {
+        if etcd {
+            net.heal_etcd(m)?;
+        }
+        for j in (0..n).filter(|j| !minority.contains(j)) {
+            net.heal_pair(m, j)?;
         }
     }
     Ok(())
