@@ -296,14 +296,10 @@ impl Fleet {
     /// `tucana cluster SUBCOMMAND --etcd E --name N ARGS...` (the subcommand first in
     /// `args`); its stdout, or its stderr as the error.
     pub fn tucana_cli(&self, args: &[&str]) -> Result<String, String> {
-        let etcd = self.etcd.as_ref().ok_or("no etcd: not a Tucana cluster")?;
-        let mut command = Command::new(&self.programs.tucana);
-        command
-            .args(&args[..2])
-            .args(["--etcd", &etcd.endpoint, "--name", NAME])
-            .args(&args[2..])
-            .stdin(Stdio::null());
-        let output = command.output().map_err(|e| e.to_string())?;
+        let output = self
+            .tucana_cli_command(args)?
+            .output()
+            .map_err(|e| e.to_string())?;
         if output.status.success() {
             Ok(String::from_utf8_lossy(&output.stdout).into_owned())
         } else {
@@ -313,6 +309,19 @@ impl Fleet {
                 String::from_utf8_lossy(&output.stderr).trim()
             ))
         }
+    }
+
+    /// The `tucana cluster` command for `args` (the subcommand's two words first), with
+    /// this cluster's etcd and name, not started.
+    pub fn tucana_cli_command(&self, args: &[&str]) -> Result<Command, String> {
+        let etcd = self.etcd.as_ref().ok_or("no etcd: not a Tucana cluster")?;
+        let mut command = Command::new(&self.programs.tucana);
+        command
+            .args(&args[..2])
+            .args(["--etcd", &etcd.endpoint, "--name", NAME])
+            .args(&args[2..])
+            .stdin(Stdio::null());
+        Ok(command)
     }
 
     /// The map as the first live server asked (other than `besides`) reports it, if it

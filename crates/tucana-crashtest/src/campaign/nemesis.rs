@@ -17,7 +17,8 @@
 //! shaped by `tc tbf` to 256 kbit/s – 4 Mbit/s each way, dropping what queues longer
 //! than 100–400 ms, for longer than the lease); `etcd` (kill -9 of etcd, a restart on
 //! its data); `migrate` (`tucana cluster move-slots` of part of a region to another
-//! server); `failover` (`CLUSTER FAILOVER` on an in-sync backup).
+//! server, alone or, every other time, with a kill -9 of the source's primary or of the
+//! target in the middle of it); `failover` (`CLUSTER FAILOVER` on an in-sync backup).
 //!
 //! Against Redis Cluster (`--target redis`) the same schedule applies with these
 //! differences: no `etcd` kind ([`kinds_for`] drops it); the partition that cuts a server
@@ -183,6 +184,7 @@ pub fn apply(fleet: &mut Fleet, step: &Step, lease_ms: u64) -> Result<Outcome, S
         Fault::Migrate if fleet.target == Target::Redis => {
             migrate_redis(fleet, &map, step, &mut out)
         }
+        Fault::Migrate if step.variant % 2 == 1 => migrate_under_kill(fleet, &map, step, &mut out)?,
         Fault::Migrate => migrate(fleet, step, &mut out),
         Fault::Failover => {
             let with_backup: Vec<&Range> = map.iter().filter(|r| !r.backups.is_empty()).collect();
@@ -251,10 +253,13 @@ fn sleep_until(from: Instant, ms: u64) {
 /// for at most [`FAILOVER_PATIENCE`] in all: each time from `at` into `out`; regions
 /// that never fail over are trouble.
 fn measure_failover(fleet: &Fleet, victim: &str, led: &[Range], at: Instant, out: &mut Outcome) {
+    // A key of each region's first slot, the slot whose owner is asked: the region may
+    // shrink meanwhile (a migration of its upper slots under the fault), and a key of
+    // a moved slot would be answered MOVED by the owner of the first for ever.
     let keys: Vec<String> = (0..led.len())
         .map(|n| {
             let r = &led[n];
-            format!("{{{}}}:failover-probe-{n}", tag_in(r.start, r.end))
+            format!("{{{}}}:failover-probe-{n}", tag_in(r.start, r.start))
         })
         .collect();
     let mut done = vec![false; led.len()];
@@ -453,7 +458,7 @@ fn cut_minority(
 /// an acknowledgement by a server that may no longer lead the region, counted in `out`.
 fn probe_minority(fleet: &Fleet, server: &str, led: &[Range], at: Instant, out: &mut Outcome) {
     for (n, r) in led.iter().enumerate() {
-        let key = format!("{{{}}}:minority-probe-{n}", tag_in(r.start, r.end));
+        let key = format!("{{{}}}:minority-probe-{n}", tag_in(r.start, r.start));
         out.minority_probes += 1;
         let answer = connect_with(server, fleet.password()).and_then(|mut c| {
             redis::cmd("SET")
@@ -507,15 +512,40 @@ fn slow(
     net.unshape(i)
 }
 
-/// `tucana cluster move-slots` of a suffix (a quarter, at most 512 slots) of a region
-/// to another live server.
-fn migrate(fleet: &Fleet, step: &Step, out: &mut Outcome) {
+/// A move the nemesis chose: slots `slots` of region `id` (led by `primary`) to `to`.
+struct Move {
+    id: String,
+    slots: String,
+    primary: String,
+    to: String,
+}
+
+impl Move {
+    fn args(&self) -> [&str; 10] {
+        [
+            "cluster",
+            "move-slots",
+            "--from-region",
+            &self.id,
+            "--slots",
+            &self.slots,
+            "--to",
+            &self.to,
+            "--wait-secs",
+            "60",
+        ]
+    }
+}
+
+/// Chooses a suffix (a quarter, at most 512 slots) of a region of two slots or more,
+/// and another live server to move it to; or says in `out` why there is none.
+fn plan_move(fleet: &Fleet, step: &Step, out: &mut Outcome) -> Option<Move> {
     let status = match fleet.tucana_cli(&["cluster", "status"]) {
         Ok(s) => s,
         Err(e) => {
             out.what = "migrate".into();
             out.trouble = Some(e);
-            return;
+            return None;
         }
     };
     // "region ID: slots A-B (N slots), epoch E, primary SERVERID ADDR live, ..."
@@ -534,32 +564,93 @@ fn migrate(fleet: &Fleet, step: &Step, out: &mut Outcome) {
         .collect();
     if regions.is_empty() {
         out.what = "migrate: no region of two slots or more".into();
-        return;
+        return None;
     }
-    let (id, a, b, primary) = &regions[(step.pick % regions.len() as u64) as usize];
-    let targets: Vec<String> = fleet.live().into_iter().filter(|s| s != primary).collect();
+    let (id, a, b, primary) = regions[(step.pick % regions.len() as u64) as usize].clone();
+    let targets: Vec<String> = fleet.live().into_iter().filter(|s| *s != primary).collect();
     if targets.is_empty() {
         out.what = "migrate: no other live server".into();
-        return;
+        return None;
     }
-    let to = &targets[(step.pick2 % targets.len() as u64) as usize];
+    let to = targets[(step.pick2 % targets.len() as u64) as usize].clone();
     let count = ((b - a + 1) / 4).clamp(1, 512);
-    let slots = format!("{}-{b}", b + 1 - count);
-    out.what = format!("move slots {slots} of region {id} ({primary}) to {to}");
-    if let Err(e) = fleet.tucana_cli(&[
-        "cluster",
-        "move-slots",
-        "--from-region",
+    Some(Move {
         id,
-        "--slots",
-        &slots,
-        "--to",
+        slots: format!("{}-{b}", b + 1 - count),
+        primary,
         to,
-        "--wait-secs",
-        "60",
-    ]) {
+    })
+}
+
+/// `tucana cluster move-slots` of a suffix of a region to another live server, alone.
+fn migrate(fleet: &Fleet, step: &Step, out: &mut Outcome) {
+    let Some(m) = plan_move(fleet, step, out) else {
+        return;
+    };
+    out.what = format!(
+        "move slots {} of region {} ({}) to {}",
+        m.slots, m.id, m.primary, m.to
+    );
+    if let Err(e) = fleet.tucana_cli(&m.args()) {
         out.trouble = Some(e);
     }
+}
+
+/// How long a migration may still run once the fault that overlapped it healed.
+const MIGRATION_PATIENCE: Duration = Duration::from_secs(90);
+
+/// A move (as [`migrate`]) with a fault in the middle of it: a few hundred milliseconds
+/// after `move-slots` began, kill -9 of the source region's primary or of the server
+/// the slots go to, restarted after the hold. The migration must still finish (by the
+/// promoted backup, or to the restarted target) and lose nothing; one still running
+/// [`MIGRATION_PATIENCE`] later is trouble. `move-slots` itself may give up waiting
+/// (said in the step, not trouble: the map's migration goes on without it).
+fn migrate_under_kill(
+    fleet: &mut Fleet,
+    map: &[Range],
+    step: &Step,
+    out: &mut Outcome,
+) -> Result<(), String> {
+    let Some(m) = plan_move(fleet, step, out) else {
+        return Ok(());
+    };
+    let (role, victim) = if (step.variant / 2).is_multiple_of(2) {
+        ("its source primary", m.primary.clone())
+    } else {
+        ("its target", m.to.clone())
+    };
+    let i = fleet.index_of(&victim).ok_or("victim not a server")?;
+    out.what = format!(
+        "move slots {} of region {} ({}) to {}, kill -9 of {role} {victim} mid-move",
+        m.slots, m.id, m.primary, m.to
+    );
+    let mover = fleet
+        .tucana_cli_command(&m.args())?
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("starting move-slots: {e}"))?;
+    std::thread::sleep(Duration::from_millis(100 + step.pick2 % 700));
+    let led = led_by(map, &victim);
+    let at = Instant::now();
+    fleet.servers[i].kill9();
+    fleet.up[i] = false;
+    measure_failover(fleet, &victim, &led, at, out);
+    sleep_until(at, step.hold_ms);
+    fleet.restart(i)?;
+    let moved = mover.wait_with_output().map_err(|e| e.to_string())?;
+    if !moved.status.success() {
+        let said = String::from_utf8_lossy(&moved.stderr);
+        out.what += &format!(" (move-slots: {})", said.trim());
+    }
+    let finished = tucana_clusterprobe::wait_for("the migration", MIGRATION_PATIENCE, || {
+        let status = fleet.tucana_cli(&["cluster", "status"]).ok()?;
+        (!status.lines().any(|l| l.starts_with("migrating:"))).then_some(())
+    });
+    if let Err(e) = finished {
+        out.trouble = Some(e);
+    }
+    Ok(())
 }
 
 /// Redis Cluster's migration: `redis-cli --cluster reshard` of a quarter (at most 512)
