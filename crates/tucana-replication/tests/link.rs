@@ -1111,3 +1111,54 @@ fn a_backup_joining_under_load_promotes_with_every_write_it_acknowledged() {
         third_db.check().unwrap();
     }
 }
+
+/// M10 seed 213 (and, by their pattern, seeds 81 and 102): garbage collection took out
+/// a segment written after the newest commit's tail, whose records it had relocated,
+/// before a new backup joined. The backup took that commit in full, then the log by
+/// segment as the primary listed them; the retired segment was no longer listed, so its
+/// bytes written after the commit, and the link to the next segment, never reached the
+/// backup. It acknowledged everything after, and its promotion replayed nothing past
+/// the commit's tail: every write since was lost. Garbage collection now leaves the
+/// newest commit's replay window alone.
+#[test]
+fn a_backup_joining_after_gc_took_a_segment_past_the_commit_promotes_with_every_write() {
+    let gc_options = || {
+        options()
+            .commit_interval(Some(Duration::from_secs(3600)))
+            .commit_dirty_bytes(u64::MAX / 2)
+            .flush_interval(Some(Duration::from_millis(20)))
+            .gc_tick(Duration::from_millis(5))
+            .gc_space_amp(1.05)
+    };
+    let db = gc_options().open_in_memory().unwrap();
+    let ks = db.keyspace("r").unwrap();
+    for i in 0..100u32 {
+        ks.put(format!("a{i:05}").as_bytes(), &[1u8; 300]).unwrap();
+    }
+    db.commit().unwrap();
+    // Segments past the commit's tail, nearly all dead: garbage collection's choice.
+    for round in 0..40u32 {
+        for i in 0..20u32 {
+            ks.put(format!("hot{i:03}").as_bytes(), &[round as u8; 600])
+                .unwrap();
+        }
+    }
+    // Time for the background collector (every 5 ms) to take what it may: before the
+    // fix it relocated the hot keys' records out of those segments and retired them.
+    std::thread::sleep(Duration::from_millis(1000));
+    let backup_db = options().open_in_memory().unwrap();
+    let backup = start_backup(&backup_db, false);
+    let addr = backup.local_addr().to_string();
+    let primary = folding_primary(&db, &backup);
+    primary.set_backups(&BTreeMap::from([(
+        addr,
+        BTreeMap::from([("r".to_string(), 5u64)]),
+    )]));
+    acknowledged_writes(&db, &primary, "r", 0, 300);
+    let expected = contents(&db, "r");
+    primary.stop();
+    db.abandon();
+    backup.stop();
+    promote_holding(&backup_db, 6, &expected, "");
+    backup_db.check().unwrap();
+}

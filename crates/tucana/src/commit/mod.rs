@@ -491,7 +491,12 @@ impl Committer {
     fn commit_durable(&self, regions: &[Arc<Region>], descs: &[RegionDesc], end_seal: bool) {
         let shared = &self.shared;
         for (region, d) in regions.iter().zip(descs) {
-            let reclaimed = region.commit_durable(d.tree_epoch, d.root, end_seal);
+            let tail_order = d
+                .segments
+                .iter()
+                .find(|(off, _)| *off == d.tail)
+                .map_or(0, |(_, stats)| stats.order);
+            let reclaimed = region.commit_durable(d.tree_epoch, d.root, tail_order, end_seal);
             shared.release_after_readers(reclaimed.nodes.into_iter().map(|b| (b, 1)).collect());
             let bytes: u64 = reclaimed
                 .segments_now

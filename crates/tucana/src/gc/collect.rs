@@ -170,7 +170,7 @@ pub(super) fn collect_segment(
             pinned.insert((region.id(), victim.0));
             Ok(Collected::Kept)
         }
-        Retire::Gone | Retire::NotShipped => Ok(Collected::Kept),
+        Retire::Gone | Retire::NotShipped | Retire::InReplayWindow => Ok(Collected::Kept),
         Retire::Live => Err(Error::corruption(
             "log segment",
             victim,

@@ -86,6 +86,13 @@ impl Writer {
         Some(stats)
     }
 
+    /// Whether the segment of order `order` was opened for garbage collection's copies.
+    pub fn is_relocation(&self, order: u64) -> bool {
+        self.by_order
+            .get(&order)
+            .is_some_and(|(_, relocation)| *relocation)
+    }
+
     /// The segments whose order is at least `order`, in order: `(order, start, stats,
     /// relocation)`, at most `max` of them.
     pub fn segments_from(

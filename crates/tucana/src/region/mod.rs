@@ -141,6 +141,10 @@ pub(crate) struct Region {
     /// Garbage collection retires no segment of this order or more
     /// (`Region::set_ship_horizon`).
     ship_horizon: AtomicU64,
+    /// The order of the newest durable commit's tail segment (`u64::MAX` while no commit
+    /// lists the region): garbage collection retires no foreground segment of this order
+    /// or more. See `Region::gc_candidates`.
+    replay_from_order: AtomicU64,
     /// A higher replication term is known elsewhere: writes are refused
     /// (`Region::fence`); 0 while none is.
     fenced_by: AtomicU64,
@@ -179,6 +183,7 @@ impl Region {
             committed_root: Mutex::new(committed_root),
             dropped: AtomicBool::new(false),
             ship_horizon: AtomicU64::new(u64::MAX),
+            replay_from_order: AtomicU64::new(u64::MAX),
             fenced_by: AtomicU64::new(0),
         }
     }
@@ -560,8 +565,11 @@ impl Region {
         &self,
         tree_epoch: TreeEpoch,
         root: DiskOffset,
+        tail_order: u64,
         end_seal: bool,
     ) -> Reclaimed {
+        // Commits become durable one at a time, their tails in log order.
+        self.set_replay_from_order(tail_order);
         let durable = {
             let mut w = self.writer.lock();
             if end_seal {
@@ -583,6 +591,12 @@ impl Region {
             segments_now,
             segments_after_readers,
         }
+    }
+
+    /// The newest durable commit's tail segment is of order `order` (an open sets the
+    /// one it opened from; each durable commit its own).
+    pub(crate) fn set_replay_from_order(&self, order: u64) {
+        self.replay_from_order.store(order, Ordering::Release);
     }
 
     /// Marks the region dropped (writes and reads answer `KeyspaceNotFound` from now on),

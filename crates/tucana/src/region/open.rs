@@ -104,6 +104,7 @@ fn recover_region(
         );
         next_order += 1;
     }
+    let committed_tail_order = segments[&rd.tail.0].order;
     let (tail_base, tail_size) = *end.chain.last().expect("chain is never empty");
     let mut prefix = vec![0u8; end.used_bytes as usize];
     shared.volume.storage().read_at(tail_base.0, &mut prefix)?;
@@ -135,6 +136,7 @@ fn recover_region(
         rd.keys,
         rd.root,
     );
+    region.set_replay_from_order(committed_tail_order);
     region.apply_replayed(end.items)?;
     let reached = end.chain[1..].iter().map(|(off, _)| *off).collect();
     Ok((region, reached, end.report))

@@ -63,6 +63,9 @@ pub(crate) enum Retire {
     Gone,
     /// A backup has not received all of it yet (`Region::set_ship_horizon`).
     NotShipped,
+    /// A foreground segment at or after the newest durable commit's tail: a backup that
+    /// joins now replays through it (`Region::gc_candidates`).
+    InReplayWindow,
 }
 
 impl Region {
@@ -74,24 +77,32 @@ impl Region {
     }
 
     /// Closed segments garbage collection may take, with their counts: every segment but
-    /// the tails and those a backup has not received entirely.
+    /// the tails, those a backup has not received entirely, and the foreground segments
+    /// of the newest durable commit's replay window (at or after its tail segment).
     ///
-    /// Segments inside a durable commit's replay window (at or after its tail segment)
-    /// are candidates too: retiring one only takes it out of the segment map; its bytes
-    /// stay until the freeing rule lets it go, two commits sealed after the retirement,
-    /// and both of those have their tails after it (it was closed before it was retired),
-    /// so neither superblock slot replays through a freed segment (DESIGN.md, "Garbage
-    /// collection"). Waiting for segments to leave both windows kept about two commit
-    /// intervals of a fast writer's log out of GC's reach.
+    /// Local recovery would not need that window kept: a retired segment's bytes stay
+    /// until two commits sealed after its retirement, whose tails both lie past it
+    /// (DESIGN.md, "Garbage collection"). A backup that joins does: it takes the newest
+    /// commit in full and then the log from that commit's tail on, segment by segment
+    /// as the primary lists them, and a retired segment is no longer listed. Its bytes
+    /// written after the commit (the link to the next segment among them) never reached
+    /// the backup, whose promotion then stopped at the commit's tail and lost every
+    /// acknowledged write after it (M10 seed 213, and the pattern of seeds 81 and 102).
+    /// The cost: segments written since the last commit wait for the next one (a second
+    /// by default) before garbage collection may take them.
     pub fn gc_candidates(&self) -> Vec<(DiskOffset, SegmentStats)> {
         let w = self.writer.lock();
         let (tail, gc_tail) = self.log.tail_segments();
         // Segments a backup has not received entirely are kept until it has.
         let horizon = self.ship_horizon.load(Ordering::Acquire);
+        let replay_from = self.replay_from_order.load(Ordering::Acquire);
         w.segments
             .iter()
             .filter(|(off, s)| {
-                **off != tail.0 && Some(DiskOffset(**off)) != gc_tail && s.order < horizon
+                **off != tail.0
+                    && Some(DiskOffset(**off)) != gc_tail
+                    && s.order < horizon
+                    && (s.order < replay_from || w.is_relocation(s.order))
             })
             .map(|(off, s)| (DiskOffset(*off), *s))
             .collect()
@@ -201,6 +212,11 @@ impl Region {
         }
         if seg.order >= self.ship_horizon.load(Ordering::Acquire) {
             return Ok(Retire::NotShipped);
+        }
+        if seg.order >= self.replay_from_order.load(Ordering::Acquire)
+            && !w.is_relocation(seg.order)
+        {
+            return Ok(Retire::InReplayWindow);
         }
         let end = base.0 + seg.size_bytes;
         let mut pinned = false;
