@@ -20,12 +20,13 @@ use crate::check::CheckReport;
 use crate::commit::Committer;
 use crate::error::{Error, Result};
 use crate::gc::Collector;
+use crate::log::record::{Header, RecordRef, HEADER_BYTES};
 use crate::recovery::Opened;
 use crate::region::{Links, Region, Regions, ReplayReport};
 use crate::replica::{Delta, Replica};
 use crate::shared::Shared;
 use crate::stats::Stats;
-use crate::types::BLOCK_BYTES;
+use crate::types::{DiskOffset, BLOCK_BYTES};
 
 pub(crate) struct Engine {
     pub shared: Arc<Shared>,
@@ -204,6 +205,12 @@ impl Engine {
             .collect();
         report.unreplayed_bytes = replica.received_past(report.stop_at);
         report.unreached_copies = unreached.len() as u64;
+        report.unreached_log_copies = unreached
+            .iter()
+            .filter(|(at, blocks)| {
+                self.holds_a_complete_log_batch(*at, blocks * BLOCK_BYTES, desc.seed)
+            })
+            .count() as u64;
         if report.stopped_short() {
             // Nothing is freed and the replica stays as it is: the promotion is refused
             // (the region is not served) rather than made without writes the replica
@@ -221,6 +228,44 @@ impl Engine {
         self.regions.insert(region.clone());
         self.committer.commit_locked(&mut cs, &self.regions)?;
         Ok((region, report))
+    }
+
+    /// Whether the copy at `at` (`size_bytes` long) holds the end of a batch of the
+    /// foreground log of a region whose records have crc seed `seed`: verified records
+    /// from its start, the last without `FLAG_BATCH_MORE`. Such a copy holds writes that
+    /// were complete (and may have been acknowledged), which a promotion's replay should
+    /// have reached. Not one that is empty, holds relocated copies, or only the start of
+    /// a batch whose end never arrived (replay rightly drops that).
+    fn holds_a_complete_log_batch(&self, at: DiskOffset, size_bytes: u64, seed: u32) -> bool {
+        let mut copy = vec![0u8; size_bytes as usize];
+        if self
+            .shared
+            .volume
+            .storage()
+            .read_at(at.0, &mut copy)
+            .is_err()
+        {
+            return false;
+        }
+        let mut pos = 0usize;
+        while pos + HEADER_BYTES <= copy.len() {
+            let here = DiskOffset(at.0 + pos as u64);
+            let Ok(header) = Header::decode(&copy[pos..pos + HEADER_BYTES], here) else {
+                return false;
+            };
+            let end = pos as u64 + header.total_bytes();
+            if header.is_relocated() || end > size_bytes {
+                return false;
+            }
+            if RecordRef::parse(&copy[pos..end as usize], seed, true, here).is_err() {
+                return false;
+            }
+            if !header.batch_more() {
+                return true;
+            }
+            pos = end as usize;
+        }
+        false
     }
 
     /// Makes replica `name` forget what it received past its last applied commit

@@ -615,3 +615,42 @@ fn a_promotion_that_cannot_replay_what_the_replica_received_is_refused() {
         link.backup.check().unwrap();
     }
 }
+
+/// M10 seed 213: the end of the committed tail segment (with its link to the next) never
+/// reached the backup, the segment after it did. Replay stops at the end of what it has
+/// in the first, with nothing past it there; the copy it never reached begins with a
+/// record of the log, so the promotion is refused rather than made without it.
+#[test]
+fn a_promotion_that_never_reaches_a_received_log_segment_is_refused() {
+    let mut link = Link::new();
+    let ks = link.primary.keyspace(NAME).unwrap();
+    for i in 0..100u32 {
+        ks.put(&key(i), b"committed").unwrap();
+    }
+    link.primary.commit().unwrap();
+    link.take_commits(false);
+    let source = link.primary.ship_source(NAME).unwrap();
+    let committed_tail = source
+        .segments(0, usize::MAX)
+        .into_iter()
+        .rfind(|s| !s.relocation)
+        .unwrap();
+    // Into the next segments (64 KiB each).
+    for i in 100..600u32 {
+        ks.put(&key(i), &[6u8; 300]).unwrap();
+    }
+    let replica = link.replica();
+    for seg in source.segments(committed_tail.order + 1, usize::MAX) {
+        let mut bytes = vec![0u8; seg.ready_bytes as usize];
+        source.read(seg.base, 0, &mut bytes).unwrap();
+        replica
+            .write_log(seg.base, seg.size_bytes, seg.order, 0, &bytes)
+            .unwrap();
+    }
+    let Err(e) = replica.promote_reporting(2) else {
+        panic!("promoted without a log segment it received")
+    };
+    assert!(e.to_string().contains("refused"), "{e}");
+    assert!(e.to_string().contains("of the foreground log"), "{e}");
+    link.backup.check().unwrap();
+}

@@ -235,6 +235,12 @@ pub struct ReplayReport {
     /// the promotion cannot take: a bug, said loudly.
     pub unreplayed_bytes: u64,
     pub unreached_copies: u64,
+    /// Of those, copies that hold a complete batch of the foreground log (relocation
+    /// copies never do, nor the rest of a batch whose end never arrived): log replay
+    /// should have reached them and did not. Any is a promotion stopped short (M10 seed
+    /// 213: the end of the commit's tail segment never arrived, the segments after it
+    /// did).
+    pub unreached_log_copies: u64,
 }
 
 /// Why replay stopped reading a region's log.
@@ -274,6 +280,9 @@ impl ReplayReport {
     /// what was received. Those bytes are writes the primary shipped, and maybe had
     /// acknowledged, that replay cannot take: promoting would lose them.
     pub fn stopped_short(&self) -> bool {
+        if self.unreached_log_copies > 0 {
+            return true;
+        }
         match self.stop {
             // Nothing past it, or less than a header: the end of what was received.
             _ if self.unreplayed_bytes < HEADER_BYTES as u64 => false,
@@ -317,8 +326,8 @@ impl std::fmt::Display for ReplayReport {
         if self.unreplayed_bytes > 0 || self.unreached_copies > 0 {
             write!(
                 f,
-                "; {} bytes received past it, {} copies received since the commit not reached (relocation copies never are)",
-                self.unreplayed_bytes, self.unreached_copies
+                "; {} bytes received past it, {} copies received since the commit not reached ({} of the foreground log; relocation copies never are)",
+                self.unreplayed_bytes, self.unreached_copies, self.unreached_log_copies
             )?;
         }
         Ok(())
@@ -424,6 +433,7 @@ fn replay_scan(
         stop_at,
         unreplayed_bytes: 0,
         unreached_copies: 0,
+        unreached_log_copies: 0,
     };
     ReplayEnd {
         chain,
