@@ -88,8 +88,9 @@ impl Region {
     /// written after the commit (the link to the next segment among them) never reached
     /// the backup, whose promotion then stopped at the commit's tail and lost every
     /// acknowledged write after it (M10 seed 213, and the pattern of seeds 81 and 102).
-    /// The cost: segments written since the last commit wait for the next one (a second
-    /// by default) before garbage collection may take them.
+    /// The cost: segments written since the last commit wait for the next one (5 s by
+    /// default, sooner under load: `commit_dirty_bytes`) before garbage collection may
+    /// take them.
     pub fn gc_candidates(&self) -> Vec<(DiskOffset, SegmentStats)> {
         let w = self.writer.lock();
         let (tail, gc_tail) = self.log.tail_segments();
