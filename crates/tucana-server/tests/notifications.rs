@@ -2,7 +2,8 @@
 //! and GET and at start, each event class published only when it is on (and nothing at
 //! all when notifications are off), the database in the channel names, the `new` event,
 //! expired keys notified once whether a write or the sweeper removed them, a
-//! transaction's events after its EXEC, and a differential script against redis-server
+//! transaction's events after its EXEC, a blocked pop's events when it is served, and a
+//! differential script against redis-server
 //! (skipped where it is not installed) comparing every event of every write command
 //! tucana has.
 //!
@@ -245,6 +246,35 @@ fn a_transaction_s_events_are_published_once_it_is_applied() {
             "__keyspace@0__:a del",
             "__keyspace@0__:l del",
             "__keyspace@0__:w set",
+        ])
+    );
+}
+
+#[test]
+fn a_blocked_pop_served_later_raises_its_pop_after_the_push() {
+    let server = start_notifying("Kgl", true);
+    let mut sub = Wire::connect(&server);
+    subscriber(&mut sub);
+    let mut blocked = Wire::connect(&server);
+    blocked.send(&["BLPOP", "q", "0"]);
+    let mut con = connect(&server);
+    // The BLPOP is waiting once INFO counts it (a hang guard bounds the wait).
+    let give_up = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !query::<String>(&mut con, &["INFO", "clients"]).contains("blocked_clients:1\r\n") {
+        assert!(std::time::Instant::now() < give_up, "BLPOP never blocked");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let _: i64 = query(&mut con, &["RPUSH", "q", "job"]);
+    assert_eq!(blocked.read().words(), words(&["q", "job"]));
+    let events = events_until_marker(&mut sub, || {
+        let _: i64 = query(&mut con, &["PUBLISH", "marker", "end"]);
+    });
+    assert_eq!(
+        events,
+        strings(&[
+            "__keyspace@0__:q rpush",
+            "__keyspace@0__:q lpop",
+            "__keyspace@0__:q del",
         ])
     );
 }
