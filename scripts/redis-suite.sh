@@ -4,7 +4,7 @@
 # failed tests per unit (issue 23's proof), and the few skipped because they would
 # derail the rest of their unit (scripts/redis-suite-skips.txt, with reasons).
 #
-#   scripts/redis-suite.sh                          # the units of issue 23, then unit/pubsub
+#   scripts/redis-suite.sh                          # the units of issue 23 and unit/pubsub
 #   scripts/redis-suite.sh unit/type/list unit/scan # some units
 #   TUCANA_BIN=target/release/tucana scripts/redis-suite.sh
 #   MIN_PASS_PERCENT=95 scripts/redis-suite.sh      # CI: exit 1 below 95 % (see below)
@@ -13,9 +13,8 @@
 # reasons, in docs/redis-suite.md), unless MIN_PASS_PERCENT is set: then 1 when fewer
 # than that percentage of the gated units' tests pass (passed / (passed + failed +
 # skipped), over all of them together), or when a gated unit did not finish. Every
-# unit run is gated except those in REPORT_ONLY (default: unit/pubsub, whose
-# keyspace-notification tests need `notify-keyspace-events`, not implemented), which are
-# run and printed but not counted. 1 as well when the server dies during a unit.
+# unit run is gated except those in REPORT_ONLY (space-separated; default: none), which
+# are run and printed but not counted. 1 as well when the server dies during a unit.
 #
 # Needs the suite (../shared/redis-tests/redis-7.0.15-tests.tar.gz next to the repository,
 # or REDIS_TESTS=path/to/tarball) and tclsh (Debian's `tcl`, installed here with
@@ -60,7 +59,7 @@ if [[ ${#units[@]} -eq 0 ]]; then
         unit/pubsub
     )
 fi
-read -r -a report_only <<<"${REPORT_ONLY-unit/pubsub}"
+read -r -a report_only <<<"${REPORT_ONLY-}"
 is_report_only() {
     local u
     for u in "${report_only[@]}"; do

@@ -89,6 +89,10 @@ pub struct ServeArgs {
     /// the whole volume verified).
     #[arg(long)]
     enable_debug_command: bool,
+    /// Keyspace notifications to publish (Redis's `notify-keyspace-events` flags, e.g.
+    /// `KEA`; empty: none). `CONFIG SET notify-keyspace-events` changes them at run time.
+    #[arg(long, default_value = "", value_name = "FLAGS")]
+    notify_keyspace_events: String,
     /// Number of databases for SELECT (0 is the keyspace `default`, n the keyspace `dbN`).
     #[arg(long, default_value_t = 16, value_name = "N")]
     databases: u32,
@@ -271,6 +275,7 @@ impl ServeArgs {
             },
             cluster: self.cluster(path),
             enable_debug_command: self.enable_debug_command,
+            notify_keyspace_events: self.notify_keyspace_events.clone(),
             ..ServerConfig::default()
         };
         // Refuse before touching the volume: a bad flag should not create one.

@@ -185,6 +185,9 @@ pub struct ServerConfig {
     /// The bound on a Pub/Sub subscriber's queued output (Redis's
     /// `client-output-buffer-limit pubsub`; `CONFIG SET` changes it at run time).
     pub pubsub_limit: OutputLimit,
+    /// Keyspace notifications at start (Redis's `notify-keyspace-events` flag string,
+    /// e.g. `KEA`; empty: none). `CONFIG SET notify-keyspace-events` changes them.
+    pub notify_keyspace_events: String,
 }
 
 impl Default for ServerConfig {
@@ -214,6 +217,7 @@ impl Default for ServerConfig {
             active_expiry: true,
             enable_debug_command: false,
             pubsub_limit: OutputLimit::default(),
+            notify_keyspace_events: String::new(),
         }
     }
 }
@@ -261,6 +265,13 @@ impl ServerConfig {
         }
         if self.max_scan_cursors == 0 {
             return Err("max scan cursors must be at least 1".into());
+        }
+        if crate::notify::parse(self.notify_keyspace_events.as_bytes()).is_none() {
+            return Err(format!(
+                "notify-keyspace-events {:?}: {}",
+                self.notify_keyspace_events,
+                crate::notify::INVALID
+            ));
         }
         if self.tls.is_some()
             && !self.replication.backups.is_empty()

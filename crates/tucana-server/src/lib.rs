@@ -8,7 +8,8 @@
 //! - `expiry` (the stored layout of key deadlines), [`types`] (the stored layout of
 //!   hashes, sets, sorted sets and lists), `watch` (WATCH's versions of watched keys),
 //!   `waiters` (the clients blocked on keys by BLPOP and the other blocking pops),
-//!   `pubsub` (Pub/Sub's channels, patterns and each subscriber's bounded queue);
+//!   `pubsub` (Pub/Sub's channels, patterns and each subscriber's bounded queue),
+//!   `notify` (keyspace notifications: event classes, their flag string, publishing);
 //! - `metrics` (the counters), `settings` (what CONFIG SET changes at run time), `store` (numbered databases → keyspaces, the
 //!   per-database write lock, SCAN cursors), `syncer` (sync durability: one thread
 //!   syncs for all waiting connections), `outbox` (replies sent together just before a
@@ -59,6 +60,7 @@ mod in_flight;
 mod in_sync;
 mod metrics;
 mod migration;
+mod notify;
 mod outbox;
 mod prometheus;
 mod pubsub;

@@ -10,14 +10,16 @@
 //! Every other setting is fixed for the life of the server and
 //! `CONFIG SET` names the ones that are not. Also whether the sweeper deletes expired
 //! keys (`DEBUG SET-ACTIVE-EXPIRE`, `commands::debug`), and the output limit of Pub/Sub
-//! subscribers (`client-output-buffer-limit`'s `pubsub` class, see `pubsub`). It does
-//! not own the parsing of `CONFIG` requests (`commands::admin`).
+//! subscribers (`client-output-buffer-limit`'s `pubsub` class, see `pubsub`), and the
+//! classes of keyspace notifications published (`notify-keyspace-events`, see `notify`;
+//! one atomic that every write command loads once). It does not own the parsing of
+//! `CONFIG` requests (`commands::admin`).
 //!
 //! Thread-safety: atomics and one mutex; a change is seen by the next accept (maxclients)
 //! or the next read of a connection (timeout).
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -74,7 +76,8 @@ const FIXED_VALUES: [(&str, &str, &str); 4] = [
 ];
 
 /// The settings `CONFIG SET` changes for real, for its error messages.
-pub const SETTABLE: &str = "maxclients, timeout, client-output-buffer-limit (pubsub class)";
+pub const SETTABLE: &str =
+    "maxclients, timeout, client-output-buffer-limit (pubsub class), notify-keyspace-events";
 
 /// The run-time settings of one server.
 pub struct Settings {
@@ -90,6 +93,8 @@ pub struct Settings {
     pubsub_hard_bytes: AtomicU64,
     pubsub_soft_bytes: AtomicU64,
     pubsub_soft_s: AtomicU64,
+    /// `notify-keyspace-events`: the classes published (`notify`'s flags; 0: none).
+    notify_flags: AtomicU32,
 }
 
 /// Why `CONFIG SET` refused a change (the text of its error reply, after `ERR `).
@@ -112,6 +117,10 @@ impl Settings {
             pubsub_hard_bytes: AtomicU64::new(config.pubsub_limit.hard_bytes),
             pubsub_soft_bytes: AtomicU64::new(config.pubsub_limit.soft_bytes),
             pubsub_soft_s: AtomicU64::new(config.pubsub_limit.soft_s),
+            // `ServerConfig::validate` refused a flag string that does not parse.
+            notify_flags: AtomicU32::new(
+                crate::notify::parse(config.notify_keyspace_events.as_bytes()).unwrap_or(0),
+            ),
         }
     }
 
@@ -133,6 +142,11 @@ impl Settings {
             "normal 0 0 0 slave 268435456 67108864 60 pubsub {} {} {}",
             limit.hard_bytes, limit.soft_bytes, limit.soft_s
         )
+    }
+
+    /// The keyspace notification classes published now (`notify`; 0: none).
+    pub fn notify_flags(&self) -> u32 {
+        self.notify_flags.load(Ordering::Relaxed)
     }
 
     /// Whether the sweeper deletes expired keys now (`DEBUG SET-ACTIVE-EXPIRE`).
@@ -181,6 +195,10 @@ impl Settings {
             "client-output-buffer-limit".to_string(),
             self.output_limit_text(),
         ));
+        out.push((
+            "notify-keyspace-events".to_string(),
+            crate::notify::to_text(self.notify_flags()),
+        ));
         for (k, v) in self.inert.lock().iter() {
             out.push((k.to_string(), v.clone()));
         }
@@ -195,6 +213,7 @@ impl Settings {
             Timeout(u64),
             Inert(&'static str, String),
             PubSubLimit(OutputLimit),
+            Notify(u32),
             Nothing,
         }
         let mut changes = Vec::with_capacity(pairs.len());
@@ -214,6 +233,13 @@ impl Settings {
                     n => Change::MaxClients(n),
                 },
                 "timeout" => Change::Timeout(number()?),
+                "notify-keyspace-events" => match crate::notify::parse(value) {
+                    Some(flags) => Change::Notify(flags),
+                    None => return Err(format!(
+                        "CONFIG SET failed (possibly related to argument '{name_text}') - {}",
+                        crate::notify::INVALID
+                    )),
+                },
                 "client-output-buffer-limit" => match parse_output_limit(&value_text) {
                     Ok(Some(limit)) => Change::PubSubLimit(limit),
                     Ok(None) => Change::Nothing,
@@ -272,6 +298,7 @@ impl Settings {
                         .store(limit.soft_bytes, Ordering::Relaxed);
                     self.pubsub_soft_s.store(limit.soft_s, Ordering::Relaxed);
                 }
+                Change::Notify(flags) => self.notify_flags.store(flags, Ordering::Relaxed),
                 Change::Nothing => {}
             }
         }

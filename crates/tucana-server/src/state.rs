@@ -120,6 +120,16 @@ impl ServerState {
         })
     }
 
+    /// Publishes keyspace notification `event` about `key` of database `db` to this
+    /// server's subscribers, on the channels `flags` (`Settings::notify_flags`, loaded
+    /// by the caller) ask for; the caller checked `notify::wants`.
+    pub fn notify(&self, flags: u32, db: u32, event: &str, key: &[u8]) {
+        let limit = self.settings.pubsub_limit();
+        crate::notify::publish(flags, db, event, key, |channel, message| {
+            self.pubsub.publish(channel, message, limit);
+        });
+    }
+
     /// A number for a new connection (`CLIENT ID`), never handed out before.
     pub fn new_client_id(&self) -> u64 {
         self.next_client_id.fetch_add(1, Ordering::Relaxed)

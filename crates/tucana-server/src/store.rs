@@ -30,6 +30,9 @@ use crate::watch::WatchTable;
 /// One numbered database.
 pub struct Slot {
     name: String,
+    /// The database's number (`SELECT`), named in keyspace notifications' channels; 0
+    /// for a cluster region's keyspace (cluster mode has database 0 only).
+    index: u32,
     /// Serialises the writers of this database (see the module doc).
     write_lock: Mutex<()>,
     /// `None` until the keyspace exists; replaced by `FLUSHDB`.
@@ -68,7 +71,10 @@ impl Store {
     pub fn new(db: Database, databases: u32, max_cursors: usize) -> Store {
         assert!(databases > 0 && max_cursors > 0);
         let slots = (0..databases)
-            .map(|index| Slot::named(&db, keyspace_name(index)))
+            .map(|index| Slot {
+                index,
+                ..Slot::named(&db, keyspace_name(index))
+            })
             .collect();
         Store {
             db,
@@ -116,6 +122,7 @@ impl Slot {
         };
         Slot {
             name,
+            index: 0,
             write_lock: Mutex::new(()),
             may_expire: AtomicBool::new(has_marker(handle.as_ref())),
             watches: Arc::default(),
@@ -144,6 +151,11 @@ impl Slot {
                 other => return other,
             }
         }
+    }
+
+    /// The database's number (0 for a cluster region's keyspace).
+    pub fn index(&self) -> u32 {
+        self.index
     }
 
     /// The keyspace's name (`keyspace_name` of the database's index).
@@ -197,6 +209,11 @@ pub struct WriteGuard<'a> {
 }
 
 impl WriteGuard<'_> {
+    /// The database's number (`Slot::index`).
+    pub fn index(&self) -> u32 {
+        self.slot.index
+    }
+
     /// See [`Slot::may_expire`].
     pub fn may_expire(&self) -> bool {
         self.slot.may_expire()

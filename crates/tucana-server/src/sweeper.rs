@@ -9,7 +9,9 @@
 //! [`BATCH_KEYS`] keys per batch and [`BATCHES_PER_TICK`] batches per database per tick,
 //! so a flood of expired keys does not hold the lock for long. Deletes are buffered: after
 //! a crash an unsynced delete is undone, and the key is hidden again by lazy expiry and
-//! swept again. It does not own lazy expiry (`commands::expire`).
+//! swept again. Each key deleted raises the keyspace notification `expired` (published
+//! under the lock, after its batch) when notifications of that class are on. It does not
+//! own lazy expiry (`commands::expire`).
 //!
 //! In cluster mode each hash slot has its own index (`slot R 'i' ...`): a tick sweeps the
 //! next [`SLOTS_PER_TICK`] slots of the regions this server leads, so a full round takes
@@ -72,7 +74,7 @@ pub async fn run(state: Arc<ServerState>, mut shutdown: watch::Receiver<bool>) {
             } else {
                 for slot in state.store.slots() {
                     if active {
-                        state.metrics.count_expired(sweep_keys(slot, &[]));
+                        state.metrics.count_expired(sweep_keys(&state, slot, &[]));
                     }
                     collect_garbage(slot, &mut cursors, false);
                 }
@@ -104,20 +106,26 @@ fn sweep_regions(state: &ServerState, first: u16) {
     let last = first.saturating_add(SLOTS_PER_TICK - 1).min(SLOTS - 1);
     for (range, slot) in cluster.led_regions(&state.store.db) {
         for hash_slot in range.start.max(first)..=range.end.min(last) {
-            metrics.count_expired(sweep_keys(&slot, &slot_prefix(hash_slot)));
+            metrics.count_expired(sweep_keys(state, &slot, &slot_prefix(hash_slot)));
         }
     }
 }
 
 /// Up to `BATCHES_PER_TICK` batches of the keys under `prefix` in `slot`; the number of
-/// keys deleted.
-fn sweep_keys(slot: &Slot, prefix: &[u8]) -> u64 {
+/// keys deleted. Each raises `expired` when that notification is on.
+fn sweep_keys(state: &ServerState, slot: &Slot, prefix: &[u8]) -> u64 {
     let mut deleted = 0;
     if !slot.may_expire() {
         return deleted;
     }
+    let flags = state.settings.notify_flags();
+    let mut notify = |key: &[u8]| {
+        if crate::notify::wants(flags, crate::notify::EXPIRED) {
+            state.notify(flags, slot.index(), "expired", key);
+        }
+    };
     for _ in 0..BATCHES_PER_TICK {
-        match sweep(slot, prefix, now_ms(), BATCH_KEYS) {
+        match sweep(slot, prefix, now_ms(), BATCH_KEYS, &mut notify) {
             Ok((handled, keys)) => {
                 deleted += keys as u64;
                 if handled < BATCH_KEYS {
@@ -137,12 +145,14 @@ fn sweep_keys(slot: &Slot, prefix: &[u8]) -> u64 {
 
 /// Deletes up to `max` keys of `slot` under `prefix` (a hash slot's in cluster mode, else
 /// empty) due at `now_ms`: the number of index entries handled (due keys, and stale
-/// entries) and of keys deleted.
+/// entries) and of keys deleted. `expired` is told each deleted key (the client's, without
+/// `prefix`) once the batch is applied, still under the write lock.
 pub fn sweep(
     slot: &Slot,
     prefix: &[u8],
     now_ms: u64,
     max: usize,
+    expired: &mut dyn FnMut(&[u8]),
 ) -> tucana::Result<(usize, usize)> {
     let Some(ks) = slot.existing() else {
         return Ok((0, 0));
@@ -182,6 +192,9 @@ pub fn sweep(
     // An expired key that is deleted is modified, for WATCH (stored keys: the prefix is
     // part of them).
     guard.modified(deleted.iter().map(Vec::as_slice), false);
+    for key in &deleted {
+        expired(&key[prefix.len()..]);
+    }
     Ok((due.len(), deleted.len()))
 }
 
@@ -210,18 +223,21 @@ mod tests {
             let slot = Slot::named(&db, format!("sweep{}", prefix.len()));
             put_expiring(&slot, &db, prefix, b"old", 10);
             put_expiring(&slot, &db, prefix, b"new", 1000);
-            assert_eq!(sweep(&slot, prefix, 500, 64).unwrap(), (1, 1));
+            let mut told = Vec::new();
+            let mut tell = |key: &[u8]| told.push(key.to_vec());
+            assert_eq!(sweep(&slot, prefix, 500, 64, &mut tell).unwrap(), (1, 1));
+            assert_eq!(told, [b"old".to_vec()], "the client's key, told once");
             let ks = slot.existing().unwrap();
             assert_eq!(ks.get(&[prefix, b"old"].concat()).unwrap(), None);
             assert!(ks.get(&[prefix, b"new"].concat()).unwrap().is_some());
             // Left: `new`, its two records and the marker.
             assert_eq!(ks.len(), 4);
-            assert_eq!(sweep(&slot, prefix, 500, 64).unwrap(), (0, 0));
+            assert_eq!(sweep(&slot, prefix, 500, 64, &mut |_| {}).unwrap(), (0, 0));
             // Bounded: one key per call.
             put_expiring(&slot, &db, prefix, b"a", 20);
             put_expiring(&slot, &db, prefix, b"b", 30);
-            assert_eq!(sweep(&slot, prefix, 500, 1).unwrap(), (1, 1));
-            assert_eq!(sweep(&slot, prefix, 500, 1).unwrap(), (1, 1));
+            assert_eq!(sweep(&slot, prefix, 500, 1, &mut |_| {}).unwrap(), (1, 1));
+            assert_eq!(sweep(&slot, prefix, 500, 1, &mut |_| {}).unwrap(), (1, 1));
             assert_eq!(ks.len(), 4);
         }
     }

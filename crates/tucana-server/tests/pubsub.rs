@@ -5,120 +5,16 @@
 //! its output limit while PUBLISH keeps answering. Plus a differential script against
 //! redis-server (skipped where it is not installed).
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use tucana::Database;
-use tucana_server::{spawn, RunningServer, ServerConfig};
+use tucana_server::{spawn, ServerConfig};
 
 mod client;
 mod common;
+mod wire;
 use client::{connect, query, start};
-
-/// A raw RESP connection that sends commands and reads frames one at a time, as a
-/// subscriber needs (one command may answer several frames, messages come unasked).
-struct Wire {
-    reader: BufReader<TcpStream>,
-}
-
-/// One decoded frame: a simple value's text (`+OK` → `OK`, `:3` → `3`, a null → `nil`),
-/// or an aggregate's elements, with its kind (`*`, `>`, `%`).
-#[derive(Debug, PartialEq, Eq, Clone)]
-enum Frame {
-    Simple(String),
-    Error(String),
-    Aggregate(char, Vec<Frame>),
-}
-
-impl Frame {
-    /// An array (RESP2) or push (RESP3) of simple values, as text.
-    fn words(&self) -> Vec<String> {
-        match self {
-            Frame::Aggregate(_, items) => items
-                .iter()
-                .map(|f| match f {
-                    Frame::Simple(s) => s.clone(),
-                    other => panic!("nested {other:?}"),
-                })
-                .collect(),
-            other => panic!("not an aggregate: {other:?}"),
-        }
-    }
-
-    fn kind(&self) -> char {
-        match self {
-            Frame::Aggregate(kind, _) => *kind,
-            _ => ' ',
-        }
-    }
-}
-
-impl Wire {
-    fn connect(server: &RunningServer) -> Wire {
-        let stream = TcpStream::connect(server.addr).unwrap();
-        // A hang guard, not a timing assertion.
-        stream
-            .set_read_timeout(Some(Duration::from_secs(60)))
-            .unwrap();
-        Wire {
-            reader: BufReader::new(stream),
-        }
-    }
-
-    fn send(&mut self, args: &[&str]) {
-        let mut req = format!("*{}\r\n", args.len()).into_bytes();
-        for a in args {
-            req.extend_from_slice(format!("${}\r\n{a}\r\n", a.len()).as_bytes());
-        }
-        self.reader.get_mut().write_all(&req).unwrap();
-    }
-
-    fn line(&mut self) -> String {
-        let mut line = String::new();
-        self.reader.read_line(&mut line).unwrap();
-        assert!(line.ends_with("\r\n"), "a cut frame: {line:?}");
-        line.truncate(line.len() - 2);
-        line
-    }
-
-    fn read(&mut self) -> Frame {
-        let line = self.line();
-        let (kind, rest) = line.split_at(1);
-        match kind {
-            "+" | ":" | "," | "#" => Frame::Simple(rest.to_string()),
-            "-" => Frame::Error(rest.to_string()),
-            "_" => Frame::Simple("nil".into()),
-            "$" => {
-                let n: i64 = rest.parse().unwrap();
-                if n < 0 {
-                    return Frame::Simple("nil".into());
-                }
-                let mut body = vec![0; n as usize + 2];
-                self.reader.read_exact(&mut body).unwrap();
-                body.truncate(n as usize);
-                Frame::Simple(String::from_utf8(body).unwrap())
-            }
-            "*" | ">" | "%" | "~" => {
-                let n: i64 = rest.parse().unwrap();
-                let count = if kind == "%" { n * 2 } else { n };
-                let items = (0..count.max(0)).map(|_| self.read()).collect();
-                Frame::Aggregate(kind.chars().next().unwrap(), items)
-            }
-            other => panic!("unexpected frame {other}{rest}"),
-        }
-    }
-
-    /// Sends a command and reads its one frame.
-    fn call(&mut self, args: &[&str]) -> Frame {
-        self.send(args);
-        self.read()
-    }
-}
-
-fn words(items: &[&str]) -> Vec<String> {
-    items.iter().map(|s| s.to_string()).collect()
-}
+use wire::{words, Frame, Wire};
 
 fn publish(con: &mut redis::Connection, channel: &str, message: &str) -> i64 {
     query(con, &["PUBLISH", channel, message])
@@ -451,8 +347,7 @@ fn a_subscriber_that_stops_reading_is_disconnected_past_its_limit() {
     );
     assert!(counts[..counts.len() - 1].iter().all(|&n| n == 2));
     // The slow connection ends: what was written before the drop, then end of stream.
-    let mut rest = Vec::new();
-    slow.reader.read_to_end(&mut rest).unwrap();
+    slow.read_to_end();
     let info: String = query(&mut publisher, &["INFO", "stats"]);
     assert!(
         info.contains("client_output_buffer_limit_disconnections:1\r\n"),

@@ -68,7 +68,8 @@ pub fn execute_batch(
             i += run;
             continue;
         }
-        if fast && is_plain(&args, b"set", 3) {
+        // With keyspace notifications on, SETs take the general path, which raises them.
+        if fast && is_plain(&args, b"set", 3) && state.settings.notify_flags() == 0 {
             let run = set_run_length(requests, i);
             let done = match run {
                 0 => 0,

@@ -5,7 +5,9 @@
 //!
 //! Owns the rule that keeps metadata and sub-records in step: every write of a collection
 //! goes through [`Update::apply`], which writes the metadata (or deletes the key when the
-//! last member went) in the same `Kv::apply` as the sub-records. The layout is `types`';
+//! last member went) in the same `Kv::apply` as the sub-records, and then raises the
+//! command's keyspace notifications in Redis's order ([`Events`]: `new` when the key was
+//! created, the command's event, `del` when the key was emptied). The layout is `types`';
 //! deadlines are `expire`'s.
 //!
 //! Thread-safety: plain functions on the store a handler is given.
@@ -81,6 +83,7 @@ pub(super) use open_or;
 /// kept by the caller), applied as one batch.
 pub(super) struct Update<'k> {
     key: &'k [u8],
+    kind: Kind,
     opened: Opened,
     pub(super) meta: Meta,
     writes: Writes,
@@ -92,6 +95,7 @@ impl<'k> Update<'k> {
         let meta = opened.meta.unwrap_or_else(|| Meta::new(kind));
         Update {
             key,
+            kind,
             opened,
             meta,
             writes: Writes::default(),
@@ -117,6 +121,7 @@ impl<'k> Update<'k> {
         }
         Ok(Update {
             key,
+            kind,
             opened: Opened {
                 meta: None,
                 exists: stored.value.is_some(),
@@ -140,16 +145,47 @@ impl<'k> Update<'k> {
 
     /// Applies the writes with the metadata: a collection left empty is deleted (with its
     /// deadline), as Redis deletes an emptied key; else it keeps its deadline. A command
-    /// that changed nothing of a missing key writes nothing.
-    pub(super) fn apply(self, kv: &mut dyn Kv) -> tucana::Result<()> {
-        self.finish().apply(kv)
+    /// that changed nothing of a missing key writes nothing. Then raises `event` (in the
+    /// class of the collection's kind), after `new` if the key was created and before
+    /// `del` if it was emptied.
+    pub(super) fn apply(self, kv: &mut dyn Kv, event: &'static str) -> tucana::Result<()> {
+        let (writes, events) = self.finish(kv.notify_flags(), Some(event));
+        writes.apply(kv)?;
+        events.raise(kv);
+        Ok(())
     }
 
-    /// The writes `apply` would apply (to apply two collections' updates as one batch).
-    pub(super) fn finish(mut self) -> Writes {
+    /// `apply` for the `*STORE` commands: an empty result raises no event of its own
+    /// (only `del`, when it replaced a key), as in Redis.
+    pub(super) fn apply_store(self, kv: &mut dyn Kv, event: &'static str) -> tucana::Result<()> {
+        let event = (self.meta.count > 0).then_some(event);
+        let (writes, events) = self.finish(kv.notify_flags(), event);
+        writes.apply(kv)?;
+        events.raise(kv);
+        Ok(())
+    }
+
+    /// The writes `apply` would apply, and the events it would raise after them (none
+    /// unless `flags`, `Kv::notify_flags`, has a class on), to apply two collections'
+    /// updates as one batch (SMOVE, LMOVE).
+    pub(super) fn finish(mut self, flags: u32, event: Option<&'static str>) -> (Writes, Events) {
+        let mut events = Events::default();
+        let existed = self.opened.exists;
+        let emptied = self.meta.count == 0;
+        if flags != 0 {
+            if !existed && !emptied {
+                events.add(crate::notify::NEW, "new", self.key);
+            }
+            if let Some(event) = event {
+                events.add(class_of(self.kind), event, self.key);
+            }
+            if existed && emptied {
+                events.add(crate::notify::GENERIC, "del", self.key);
+            }
+        }
         let stored_deadline = self.opened.stored_deadline_ms;
-        if self.meta.count == 0 {
-            if self.opened.exists || stored_deadline.is_some() {
+        if emptied {
+            if existed || stored_deadline.is_some() {
                 self.writes.delete(self.key, stored_deadline);
             }
         } else {
@@ -160,7 +196,39 @@ impl<'k> Update<'k> {
                 self.opened.live_deadline_ms,
             );
         }
-        self.writes
+        (self.writes, events)
+    }
+}
+
+/// The keyspace notification class of a collection kind's commands.
+pub(super) fn class_of(kind: Kind) -> u32 {
+    match kind {
+        Kind::Hash => crate::notify::HASH,
+        Kind::Set => crate::notify::SET,
+        Kind::ZSet => crate::notify::ZSET,
+        Kind::List => crate::notify::LIST,
+    }
+}
+
+/// Keyspace notifications of a command, raised in order once its writes are applied
+/// (empty, and allocation-free, while notifications are off).
+#[derive(Default)]
+pub(super) struct Events(Vec<(u32, &'static str, Vec<u8>)>);
+
+impl Events {
+    pub(super) fn add(&mut self, class: u32, event: &'static str, key: &[u8]) {
+        self.0.push((class, event, key.to_vec()));
+    }
+
+    /// Adds `other`'s events after these.
+    pub(super) fn append(&mut self, other: Events) {
+        self.0.extend(other.0);
+    }
+
+    pub(super) fn raise(self, kv: &mut dyn Kv) {
+        for (class, event, key) in self.0 {
+            kv.notify(class, event, &key);
+        }
     }
 }
 

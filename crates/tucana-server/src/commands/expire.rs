@@ -145,6 +145,9 @@ pub(super) fn live_len(kv: &mut dyn Kv, key: &[u8]) -> tucana::Result<Option<usi
 pub(super) struct Writes {
     ops: Ops,
     deadline: bool,
+    /// Keys whose deadline had passed that these writes delete or overwrite: lazy
+    /// expiry's deletions, each an `expired` notification once applied.
+    expired: Vec<Vec<u8>>,
 }
 
 impl Writes {
@@ -175,14 +178,26 @@ impl Writes {
         old_ms: Option<u64>,
         new_ms: Option<u64>,
     ) {
+        self.note_expired(key, old_ms);
         self.ops.push((key.to_vec(), Some(value)));
         self.deadline(key, old_ms, new_ms);
     }
 
     /// Deletes `key` with its deadline (stored as `old_ms`).
     pub(super) fn delete(&mut self, key: &[u8], old_ms: Option<u64>) {
+        self.note_expired(key, old_ms);
         self.ops.push((key.to_vec(), None));
         self.deadline(key, old_ms, None);
+    }
+
+    /// A write over `key` whose stored deadline `old_ms` has passed removes an expired
+    /// key (Redis deletes it when a command looks it up, with an `expired` event).
+    fn note_expired(&mut self, key: &[u8], old_ms: Option<u64>) {
+        if old_ms.is_some_and(|d| !live(Some(d), now_ms()))
+            && !self.expired.iter().any(|k| k == key)
+        {
+            self.expired.push(key.to_vec());
+        }
     }
 
     /// A write of a record in the reserved family (a collection's sub-record): the
@@ -196,6 +211,7 @@ impl Writes {
     pub(super) fn append(&mut self, other: Writes) {
         self.ops.extend(other.ops);
         self.deadline |= other.deadline;
+        self.expired.extend(other.expired);
     }
 
     /// Whether `key` is already written here (DEL of a key given twice).
@@ -203,12 +219,17 @@ impl Writes {
         self.ops.iter().any(|(k, _)| k == key)
     }
 
-    /// Applies every write as one atomic batch.
+    /// Applies every write as one atomic batch, then notifies the expired keys it
+    /// removed (before the command's own events, which its handler raises next).
     pub(super) fn apply(self, kv: &mut dyn Kv) -> tucana::Result<()> {
         if self.deadline {
             kv.note_deadline();
         }
-        kv.apply(self.ops)
+        kv.apply(self.ops)?;
+        for key in &self.expired {
+            kv.notify(crate::notify::EXPIRED, "expired", key);
+        }
+        Ok(())
     }
 }
 
@@ -322,12 +343,15 @@ fn expire_generic(
         return Ok(Reply::Int(0));
     }
     let mut writes = Writes::default();
-    if when <= now as i64 {
+    let event = if when <= now as i64 {
         writes.delete(key, stored.stored_deadline_ms);
+        "del"
     } else {
         writes.deadline(key, stored.stored_deadline_ms, Some(when as u64));
-    }
+        "expire"
+    };
     writes.apply(kv)?;
+    kv.notify(crate::notify::GENERIC, event, key);
     Ok(Reply::Int(1))
 }
 
@@ -356,6 +380,7 @@ pub(super) fn cmd_persist(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<R
     let mut writes = Writes::default();
     writes.deadline(&args[1], Some(deadline), None);
     writes.apply(kv)?;
+    kv.notify(crate::notify::GENERIC, "persist", &args[1]);
     Ok(Reply::Int(1))
 }
 

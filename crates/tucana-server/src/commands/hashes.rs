@@ -48,7 +48,7 @@ fn hset_generic(kv: &mut dyn Kv, args: &[Vec<u8>], name: &str) -> tucana::Result
         update.put(F, &pair[0], pair[1].clone());
     }
     update.meta.count += added.len() as u64;
-    update.apply(kv)?;
+    update.apply(kv, "hset")?;
     Ok(if name == "hmset" {
         Reply::Ok
     } else {
@@ -76,7 +76,7 @@ pub(super) fn cmd_hsetnx(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Re
     }
     update.put(F, &args[2], args[3].clone());
     update.meta.count += 1;
-    update.apply(kv)?;
+    update.apply(kv, "hset")?;
     Ok(Reply::Int(1))
 }
 
@@ -154,15 +154,16 @@ pub(super) fn cmd_hdel(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Repl
         return Ok(Reply::Int(0));
     }
     update.meta.count = update.meta.count.saturating_sub(gone.len() as u64);
-    update.apply(kv)?;
+    update.apply(kv, "hdel")?;
     Ok(Reply::Int(gone.len() as i64))
 }
 
-/// A read-modify-write of one field (HINCRBY, HINCRBYFLOAT): `f` maps the old value to
-/// the new one, or to the reply when it does not fit.
+/// A read-modify-write of one field (HINCRBY, HINCRBYFLOAT; `event` its notification):
+/// `f` maps the old value to the new one, or to the reply when it does not fit.
 fn modify_field(
     kv: &mut dyn Kv,
     args: &[Vec<u8>],
+    event: &'static str,
     f: impl FnOnce(Option<&[u8]>) -> Result<(Vec<u8>, Reply), Reply>,
 ) -> tucana::Result<Reply> {
     let key = &args[1];
@@ -180,7 +181,7 @@ fn modify_field(
         update.meta.count += 1;
     }
     update.put(F, &args[2], value);
-    update.apply(kv)?;
+    update.apply(kv, event)?;
     Ok(reply)
 }
 
@@ -188,7 +189,7 @@ pub(super) fn cmd_hincrby(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<R
     let Some(delta) = parse_i64(&args[3]) else {
         return Ok(not_an_integer());
     };
-    modify_field(kv, args, |old| {
+    modify_field(kv, args, "hincrby", |old| {
         let current = match old {
             None => 0,
             Some(v) => {
@@ -212,7 +213,7 @@ pub(super) fn cmd_hincrbyfloat(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Res
     if !delta.is_finite() {
         return Ok(Reply::error("ERR value is NaN or Infinity"));
     }
-    modify_field(kv, args, |old| {
+    modify_field(kv, args, "hincrbyfloat", |old| {
         let current = match old {
             None => 0.0,
             Some(v) => parse_double(v)

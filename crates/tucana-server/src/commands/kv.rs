@@ -5,8 +5,9 @@
 //! last applied commit on a backup ([`ReplicaKv`], cluster mode's `READONLY`).
 //!
 //! Owns how a handler's reads and writes reach the engine (buffered: durability is the
-//! batch's business, `batch::Written`) and the keyspace hit and miss counts of those
-//! reads. It does not own the locks (`store`) or the handlers (`strings`).
+//! batch's business, `batch::Written`), the keyspace hit and miss counts of those
+//! reads, and when a handler's keyspace notifications are published ([`Kv::notify`]: at
+//! once under the write lock, after the batch inside `EXEC`). It does not own the locks (`store`) or the handlers (`strings`).
 //!
 //! Thread-safety: a store lives for one command (or one `EXEC`) on one thread; the write
 //! lock it may hold is released when it is dropped.
@@ -59,6 +60,17 @@ pub(super) trait Kv {
 
     /// The server's run-time settings (OBJECT ENCODING reads Redis's thresholds there).
     fn settings(&self) -> &crate::settings::Settings;
+
+    /// The keyspace notification classes on for this command (`Settings::notify_flags`,
+    /// loaded once when a writing store is made; 0 in the read-only ones).
+    fn notify_flags(&self) -> u32 {
+        0
+    }
+
+    /// Keyspace notification `event` of `class` (`notify`'s flags) about `key` (the
+    /// client's): published when the class is on, after the write it reports (a handler
+    /// calls it after its `apply`). Nothing in the read-only stores.
+    fn notify(&mut self, _class: u32, _event: &'static str, _key: &[u8]) {}
 
     /// Cluster mode: the hash slot whose keys this store reads and writes (a command
     /// that would name keys of other slots refuses, e.g. SORT's BY, GET and STORE).
@@ -227,6 +239,21 @@ pub(super) struct LockedKv<'a> {
     pub(super) wrote: bool,
     /// `note_deadline` was called: the next `apply` writes a deadline.
     pub(super) deadline_noted: bool,
+    /// `Settings::notify_flags` when the command started.
+    notify_flags: u32,
+}
+
+impl<'a> LockedKv<'a> {
+    /// A store for one command holding `guard`.
+    pub(super) fn new(guard: WriteGuard<'a>, state: &'a ServerState) -> LockedKv<'a> {
+        LockedKv {
+            guard,
+            state,
+            wrote: false,
+            deadline_noted: false,
+            notify_flags: state.settings.notify_flags(),
+        }
+    }
 }
 
 impl Kv for LockedKv<'_> {
@@ -299,22 +326,62 @@ impl Kv for LockedKv<'_> {
     fn note_deadline(&mut self) {
         self.deadline_noted = true;
     }
+
+    fn notify_flags(&self) -> u32 {
+        self.notify_flags
+    }
+
+    /// Published at once, under the write lock: subscribers see a database's events in
+    /// the order of its writes.
+    fn notify(&mut self, class: u32, event: &'static str, key: &[u8]) {
+        if crate::notify::wants(self.notify_flags, class) {
+            self.state
+                .notify(self.notify_flags, self.guard.index(), event, key);
+        }
+    }
 }
 
 /// Inside `EXEC`: reads see the transaction's own writes, writes wait in an overlay that
 /// becomes one atomic batch at the end.
 pub(super) struct TxKv<'a> {
-    pub(super) guard: WriteGuard<'a>,
-    pub(super) state: &'a ServerState,
-    pub(super) overlay: HashMap<Vec<u8>, Option<Vec<u8>>>,
+    guard: WriteGuard<'a>,
+    state: &'a ServerState,
+    overlay: HashMap<Vec<u8>, Option<Vec<u8>>>,
     /// A queued command wrote a deadline: the batch at the end carries the marker.
-    pub(super) deadline_noted: bool,
+    deadline_noted: bool,
+    /// `Settings::notify_flags` when EXEC started.
+    notify_flags: u32,
+    /// The transaction's keyspace notifications, published once its batch is applied.
+    events: Vec<(&'static str, Vec<u8>)>,
 }
 
-impl TxKv<'_> {
+impl<'a> TxKv<'a> {
+    /// The store of one `EXEC` holding `guard`.
+    pub(super) fn new(guard: WriteGuard<'a>, state: &'a ServerState) -> TxKv<'a> {
+        TxKv {
+            guard,
+            state,
+            overlay: HashMap::new(),
+            deadline_noted: false,
+            notify_flags: state.settings.notify_flags(),
+            events: Vec::new(),
+        }
+    }
+
     /// The overlay as one atomic engine batch (with the marker of deadlines if one was
-    /// written); `Ok(false)` when there was nothing to write.
+    /// written), then the transaction's keyspace notifications, in the order its
+    /// commands raised them (none if the batch failed: nothing happened); `Ok(false)`
+    /// when there was nothing to write.
     pub(super) fn commit(&mut self) -> tucana::Result<bool> {
+        let wrote = self.commit_batch()?;
+        for (event, key) in std::mem::take(&mut self.events) {
+            self.state
+                .notify(self.notify_flags, self.guard.index(), event, &key);
+        }
+        Ok(wrote)
+    }
+
+    fn commit_batch(&mut self) -> tucana::Result<bool> {
         if self.overlay.is_empty() {
             return Ok(false);
         }
@@ -409,5 +476,15 @@ impl Kv for TxKv<'_> {
 
     fn note_deadline(&mut self) {
         self.deadline_noted = true;
+    }
+
+    fn notify_flags(&self) -> u32 {
+        self.notify_flags
+    }
+
+    fn notify(&mut self, class: u32, event: &'static str, key: &[u8]) {
+        if crate::notify::wants(self.notify_flags, class) {
+            self.events.push((event, key.to_vec()));
+        }
     }
 }

@@ -102,7 +102,7 @@ fn push(
     let mut update = Update::new(key, opened, LIST);
     push_all(&mut update, &args[2..], left);
     let len = update.meta.count;
-    update.apply(kv)?;
+    update.apply(kv, if left { "lpush" } else { "rpush" })?;
     Ok(Reply::Int(len as i64))
 }
 
@@ -173,7 +173,7 @@ fn pop(kv: &mut dyn Kv, args: &[Vec<u8>], left: bool) -> tucana::Result<Reply> {
     let mut update = Update::new(key, opened, LIST);
     let popped = pop_from(kv, key, &mut update, count.unwrap_or(1), left)?;
     if !popped.is_empty() {
-        update.apply(kv)?;
+        update.apply(kv, if left { "lpop" } else { "rpop" })?;
     }
     Ok(match count {
         None => popped.into_iter().next().map_or(Reply::Nil, Reply::Bulk),
@@ -223,7 +223,7 @@ pub(super) fn cmd_lset(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Repl
     };
     let mut update = Update::new(key, opened, LIST);
     update.put(F, &idx(meta.head + at), args[3].clone());
-    update.apply(kv)?;
+    update.apply(kv, "lset")?;
     Ok(Reply::Ok)
 }
 
@@ -262,7 +262,7 @@ pub(super) fn cmd_ltrim(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Rep
     update.meta.head = meta.head + first;
     update.meta.tail = update.meta.head + count;
     update.meta.count = count;
-    update.apply(kv)?;
+    update.apply(kv, "ltrim")?;
     Ok(Reply::Ok)
 }
 
@@ -323,7 +323,7 @@ pub(super) fn cmd_lrem(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Repl
         .collect();
     let mut update = Update::new(key, opened, LIST);
     rewrite(&mut update, &old, &new);
-    update.apply(kv)?;
+    update.apply(kv, "lrem")?;
     Ok(Reply::Int(removed as i64))
 }
 
@@ -346,7 +346,7 @@ pub(super) fn cmd_linsert(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<R
     let mut update = Update::new(key, opened, LIST);
     rewrite(&mut update, &old, &new);
     let len = update.meta.count;
-    update.apply(kv)?;
+    update.apply(kv, "linsert")?;
     Ok(Reply::Int(len as i64))
 }
 
@@ -448,20 +448,32 @@ fn lmove(
         return Err(damaged_list(src, 1, 0));
     };
     let push_one = std::slice::from_ref(&value);
-    let writes = match dst_opened {
+    // Redis's order: the destination's events (`new`, the push), then the source's
+    // (the pop, `del` if emptied).
+    let flags = kv.notify_flags();
+    let pop_event = if from_left { "lpop" } else { "rpop" };
+    let push_event = if to_left { "lpush" } else { "rpush" };
+    let (writes, events) = match dst_opened {
         None => {
             push_all(&mut from, push_one, to_left);
-            from.finish()
+            let (writes, mut events) = from.finish(flags, Some(push_event));
+            if flags != 0 {
+                events.add(crate::notify::LIST, pop_event, src);
+            }
+            (writes, events)
         }
         Some(opened) => {
-            let mut writes = from.finish();
+            let (mut writes, from_events) = from.finish(flags, Some(pop_event));
             let mut to = Update::new(dst, opened, LIST);
             push_all(&mut to, push_one, to_left);
-            writes.append(to.finish());
-            writes
+            let (to_writes, mut events) = to.finish(flags, Some(push_event));
+            writes.append(to_writes);
+            events.append(from_events);
+            (writes, events)
         }
     };
     writes.apply(kv)?;
+    events.raise(kv);
     Ok(Reply::Bulk(value))
 }
 

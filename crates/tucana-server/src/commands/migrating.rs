@@ -78,12 +78,7 @@ pub(super) fn run_routed(
             return Ok(reply);
         }
     }
-    let mut kv = LockedKv {
-        guard: region.lock_writes(),
-        state,
-        wrote: false,
-        deadline_noted: false,
-    };
+    let mut kv = LockedKv::new(region.lock_writes(), state);
     let stored = |key: &[u8]| storage_key(hash_slot, key);
     let present = |kv: &LockedKv<'_>, key: &[u8]| -> tucana::Result<bool> {
         match kv.guard.existing() {

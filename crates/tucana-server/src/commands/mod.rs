@@ -262,12 +262,7 @@ fn run_spec(
             run_kv(f, &mut kv, hash_slot, args)
         }),
         Run::Write(f) => {
-            let mut kv = LockedKv {
-                guard: slot.lock_writes(),
-                state,
-                wrote: false,
-                deadline_noted: false,
-            };
+            let mut kv = LockedKv::new(slot.lock_writes(), state);
             let reply = run_kv(f, &mut kv, hash_slot, args);
             call.wrote |= kv.wrote;
             if let (true, Some(region)) = (kv.wrote, &region) {

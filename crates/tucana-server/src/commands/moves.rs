@@ -77,6 +77,11 @@ fn rename(kv: &mut dyn Kv, args: &[Vec<u8>], nx: bool) -> tucana::Result<Reply> 
     }
     writes.delete(src, source.stored_deadline_ms);
     writes.apply(kv)?;
+    // Redis's events: the destination is added anew (`new`, even over an old key,
+    // which Redis deletes first), then `rename_from` and `rename_to`.
+    kv.notify(crate::notify::NEW, "new", dst);
+    kv.notify(crate::notify::GENERIC, "rename_from", src);
+    kv.notify(crate::notify::GENERIC, "rename_to", dst);
     Ok(if nx { Reply::Int(1) } else { Reply::Ok })
 }
 
@@ -127,6 +132,8 @@ pub(super) fn cmd_copy(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Repl
         return Ok(Reply::Int(0));
     }
     copy_writes(kv, src, value, source.deadline_ms(), dst, &target)?.apply(kv)?;
+    kv.notify(crate::notify::NEW, "new", dst);
+    kv.notify(crate::notify::GENERIC, "copy_to", dst);
     Ok(Reply::Int(1))
 }
 

@@ -94,7 +94,13 @@ pub(super) fn pop_first(
                 Popped::ZSet(key.clone(), items)
             }
         };
-        update.apply(kv)?;
+        let event = match end {
+            End::Left => "lpop",
+            End::Right => "rpop",
+            End::Min => "zpopmin",
+            End::Max => "zpopmax",
+        };
+        update.apply(kv, event)?;
         return Ok(Ok(Some(popped)));
     }
     Ok(Ok(None))

@@ -234,6 +234,15 @@ impl Kv for SlotKv<'_> {
     fn note_deadline(&mut self) {
         self.inner.note_deadline();
     }
+
+    fn notify_flags(&self) -> u32 {
+        self.inner.notify_flags()
+    }
+
+    /// The client's key, not the stored one: a notification names what the client wrote.
+    fn notify(&mut self, class: u32, event: &'static str, key: &[u8]) {
+        self.inner.notify(class, event, key);
+    }
 }
 
 #[cfg(test)]

@@ -49,7 +49,7 @@ pub(super) fn cmd_sadd(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Repl
         return Ok(Reply::Int(0));
     }
     update.meta.count += added.len() as u64;
-    update.apply(kv)?;
+    update.apply(kv, "sadd")?;
     Ok(Reply::Int(added.len() as i64))
 }
 
@@ -68,7 +68,7 @@ pub(super) fn cmd_srem(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Repl
         return Ok(Reply::Int(0));
     }
     update.meta.count = update.meta.count.saturating_sub(gone.len() as u64);
-    update.apply(kv)?;
+    update.apply(kv, "srem")?;
     Ok(Reply::Int(gone.len() as i64))
 }
 
@@ -155,7 +155,7 @@ pub(super) fn cmd_spop(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Repl
         update.meta.count = update.meta.count.saturating_sub(1);
         popped.push(m);
     }
-    update.apply(kv)?;
+    update.apply(kv, "spop")?;
     Ok(match count {
         None => popped.pop().map_or(Reply::Nil, Reply::Bulk),
         Some(_) => set_reply(popped),
@@ -213,14 +213,20 @@ pub(super) fn cmd_smove(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Rep
     let mut from = Update::new(src, src_opened, SET);
     from.delete(F, m);
     from.meta.count = from.meta.count.saturating_sub(1);
-    let mut writes = from.finish();
+    // Redis's order: the source's events (`srem`, `del` if emptied), then the
+    // destination's (`new`, `sadd`; none when it had the member).
+    let flags = kv.notify_flags();
+    let (mut writes, mut events) = from.finish(flags, Some("srem"));
     if !dst_has {
         let mut to = Update::new(dst, dst_opened, SET);
         to.put(F, m, Vec::new());
         to.meta.count += 1;
-        writes.append(to.finish());
+        let (to_writes, to_events) = to.finish(flags, Some("sadd"));
+        writes.append(to_writes);
+        events.append(to_events);
     }
     writes.apply(kv)?;
+    events.raise(kv);
     Ok(Reply::Int(1))
 }
 
@@ -273,7 +279,12 @@ fn store_command(kv: &mut dyn Kv, args: &[Vec<u8>], op: Op) -> tucana::Result<Re
         update.put(F, m, Vec::new());
     }
     update.meta.count = members.len() as u64;
-    update.apply(kv)?;
+    let event = match op {
+        Op::Inter => "sinterstore",
+        Op::Union => "sunionstore",
+        Op::Diff => "sdiffstore",
+    };
+    update.apply_store(kv, event)?;
     Ok(Reply::Int(members.len() as i64))
 }
 

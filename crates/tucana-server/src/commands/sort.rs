@@ -233,7 +233,7 @@ fn sort(kv: &mut dyn Kv, args: &[Vec<u8>], may_store: bool) -> tucana::Result<Re
     }
     update.meta.count = out.len() as u64;
     update.meta.tail = head + out.len() as u64;
-    update.apply(kv)?;
+    update.apply_store(kv, "sortstore")?;
     Ok(Reply::Int(out.len() as i64))
 }
 

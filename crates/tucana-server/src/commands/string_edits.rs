@@ -82,7 +82,7 @@ pub(super) fn cmd_setrange(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<
         return Ok(too_big());
     }
     let offset = offset as usize;
-    let result = modify(kv, &args[1], |old| {
+    let result = modify(kv, &args[1], "setrange", |old| {
         let mut value = old.unwrap_or_default();
         if value.len() < offset + piece.len() {
             value.resize(offset + piece.len(), 0);
@@ -134,7 +134,7 @@ pub(super) fn cmd_setbit(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Re
         _ => return Ok(Reply::error("ERR bit is not an integer or out of range")),
     };
     let mut old_bit = 0;
-    let result = modify(kv, &args[1], |old| {
+    let result = modify(kv, &args[1], "setbit", |old| {
         let mut value = old.unwrap_or_default();
         let byte = (offset / 8) as usize;
         if value.len() <= byte {
@@ -202,7 +202,7 @@ pub(super) fn cmd_incrbyfloat(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Resu
     let Some(delta) = parse_double(&args[2]) else {
         return Ok(not_a_float());
     };
-    let result = modify(kv, &args[1], |old| {
+    let result = modify(kv, &args[1], "incrbyfloat", |old| {
         let current = match old {
             None => 0.0,
             Some(v) => parse_double(&v).ok_or_else(not_a_float)?,

@@ -22,6 +22,7 @@ use super::collection::{delete_members, wrongtype};
 use super::expire::{live_len, live_value, read_stored, set_deadline, Writes};
 use super::kv::Kv;
 use super::{not_an_integer, opt_bulk, parse_i64, syntax_error, wrong_args};
+use crate::notify::{GENERIC, NEW, STRING};
 
 /// A string value read for a command on strings: `Err(WRONGTYPE)` for a collection.
 pub(super) fn string_only(value: Option<Vec<u8>>) -> Result<Option<Vec<u8>>, Reply> {
@@ -188,15 +189,16 @@ pub(super) fn cmd_set(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Reply
         None => None,
     };
     // A plain SET reads only the deadline record it must delete (none where no key can
-    // have one), not the value.
-    let stored = if o.nx || o.xx || o.get || o.keep_ttl {
-        read_stored(kv, key, now)?
-    } else {
-        super::expire::Stored {
-            value: None,
-            stored_deadline_ms: stored_deadline(kv, key)?,
-        }
-    };
+    // have one), not the value (unless a `new` notification must tell).
+    let stored =
+        if o.nx || o.xx || o.get || o.keep_ttl || crate::notify::wants(kv.notify_flags(), NEW) {
+            read_stored(kv, key, now)?
+        } else {
+            super::expire::Stored {
+                value: None,
+                stored_deadline_ms: stored_deadline(kv, key)?,
+            }
+        };
     if o.get && stored.value.as_deref().is_some_and(is_typed) {
         return Ok(wrongtype());
     }
@@ -222,12 +224,26 @@ pub(super) fn cmd_set(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Reply
             }
         }
         writes.apply(kv)?;
+        set_events(kv, key, exists, deadline.is_some());
     }
     Ok(match (o.get, apply) {
         (true, _) => opt_bulk(stored.value),
         (false, true) => Reply::Ok,
         (false, false) => Reply::Nil,
     })
+}
+
+/// The events of a SET (and SETEX, SETNX, GETSET, MSET): `new` for a key that did not
+/// exist, `set`, and `expire` when it came with a deadline (Redis raises them even for
+/// a deadline already past).
+fn set_events(kv: &mut dyn Kv, key: &[u8], existed: bool, with_deadline: bool) {
+    if !existed {
+        kv.notify(NEW, "new", key);
+    }
+    kv.notify(STRING, "set", key);
+    if with_deadline {
+        kv.notify(GENERIC, "expire", key);
+    }
 }
 
 /// SETEX and PSETEX: `key time value`.
@@ -254,6 +270,7 @@ fn setex_generic(
         Some(deadline),
     );
     writes.apply(kv)?;
+    set_events(kv, &args[1], stored.value.is_some(), true);
     Ok(Reply::Ok)
 }
 
@@ -299,12 +316,24 @@ pub(super) fn cmd_getex(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Rep
     }
     if let Some(new) = change {
         let mut writes = Writes::default();
-        match new {
-            Some(d) if d <= now as i64 => writes.delete(key, stored.stored_deadline_ms),
-            Some(d) => writes.deadline(key, stored.stored_deadline_ms, Some(d as u64)),
-            None => writes.deadline(key, stored.stored_deadline_ms, None),
-        }
+        let event = match new {
+            Some(d) if d <= now as i64 => {
+                writes.delete(key, stored.stored_deadline_ms);
+                Some("del")
+            }
+            Some(d) => {
+                writes.deadline(key, stored.stored_deadline_ms, Some(d as u64));
+                Some("expire")
+            }
+            None => {
+                writes.deadline(key, stored.stored_deadline_ms, None);
+                stored.deadline_ms().map(|_| "persist")
+            }
+        };
         writes.apply(kv)?;
+        if let Some(event) = event {
+            kv.notify(GENERIC, event, key);
+        }
     }
     Ok(opt_bulk(stored.value))
 }
@@ -320,6 +349,7 @@ pub(super) fn cmd_setnx(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Rep
     let mut writes = Writes::default();
     writes.put(&args[1], args[2].clone(), stored.stored_deadline_ms, None);
     writes.apply(kv)?;
+    set_events(kv, &args[1], false, false);
     Ok(Reply::Int(1))
 }
 
@@ -334,6 +364,7 @@ pub(super) fn cmd_getset(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Re
     let mut writes = Writes::default();
     writes.put(&args[1], args[2].clone(), stored.stored_deadline_ms, None);
     writes.apply(kv)?;
+    set_events(kv, &args[1], stored.value.is_some(), false);
     Ok(opt_bulk(stored.value))
 }
 
@@ -346,6 +377,7 @@ pub(super) fn cmd_getdel(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Re
         let mut writes = Writes::default();
         writes.delete(&args[1], stored.stored_deadline_ms);
         writes.apply(kv)?;
+        kv.notify(GENERIC, "del", &args[1]);
     }
     Ok(opt_bulk(stored.value))
 }
@@ -381,6 +413,32 @@ fn mset_writes(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Writes> {
     Ok(writes)
 }
 
+/// Whether each pair's key existed before MSET wrote it (a key given twice exists for
+/// its second write): read only when `new` notifications are on.
+fn mset_existed(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Vec<bool>> {
+    let mut existed = Vec::new();
+    if !crate::notify::wants(kv.notify_flags(), NEW) {
+        return Ok(existed);
+    }
+    let mut seen = std::collections::HashSet::new();
+    for pair in pairs(args).into_iter().flatten() {
+        let before = seen.contains(&pair[0]) || live_len(kv, &pair[0])?.is_some();
+        seen.insert(pair[0].clone());
+        existed.push(before);
+    }
+    Ok(existed)
+}
+
+/// MSET's events, pair by pair (`existed` from [`mset_existed`]; empty: no `new`).
+fn mset_events(kv: &mut dyn Kv, args: &[Vec<u8>], existed: &[bool]) {
+    if kv.notify_flags() == 0 {
+        return;
+    }
+    for (i, pair) in pairs(args).into_iter().flatten().enumerate() {
+        set_events(kv, &pair[0], existed.get(i).copied().unwrap_or(true), false);
+    }
+}
+
 pub(super) fn cmd_mset(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Reply> {
     if pairs(args).is_none() {
         return Ok(wrong_args("mset"));
@@ -388,7 +446,9 @@ pub(super) fn cmd_mset(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Repl
     if let Some(reply) = reserved_value(args[2..].iter().step_by(2)) {
         return Ok(reply);
     }
+    let existed = mset_existed(kv, args)?;
     mset_writes(kv, args)?.apply(kv)?;
+    mset_events(kv, args, &existed);
     Ok(Reply::Ok)
 }
 
@@ -404,7 +464,9 @@ pub(super) fn cmd_msetnx(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Re
             return Ok(Reply::Int(0));
         }
     }
+    let existed = mset_existed(kv, args)?;
     mset_writes(kv, args)?.apply(kv)?;
+    mset_events(kv, args, &existed);
     Ok(Reply::Int(1))
 }
 
@@ -412,6 +474,7 @@ pub(super) fn cmd_del(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Reply
     let now = now_ms();
     let mut writes = Writes::default();
     let mut n = 0;
+    let mut deleted = Vec::new();
     for key in &args[1..] {
         if writes.writes(key) {
             continue;
@@ -435,17 +498,23 @@ pub(super) fn cmd_del(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Reply
         }
         if stored.value.is_some() {
             n += 1;
+            deleted.push(key);
         }
     }
     writes.apply(kv)?;
+    for key in deleted {
+        kv.notify(GENERIC, "del", key);
+    }
     Ok(Reply::Int(n))
 }
 
 /// A read-modify-write that keeps the key's deadline (APPEND, INCR): the new value, or
-/// the reply when the old one does not fit.
+/// the reply when the old one does not fit. `event` is its notification (after `new`
+/// when the key did not exist).
 pub(super) fn modify(
     kv: &mut dyn Kv,
     key: &[u8],
+    event: &'static str,
     f: impl FnOnce(Option<Vec<u8>>) -> Result<Vec<u8>, Reply>,
 ) -> tucana::Result<Result<Vec<u8>, Reply>> {
     let stored = read_stored(kv, key, now_ms())?;
@@ -453,6 +522,13 @@ pub(super) fn modify(
         return Ok(Err(wrongtype()));
     }
     let keep = stored.deadline_ms();
+    let existed = stored.value.is_some();
+    // Kept only to tell an unchanged SETBIT (its event depends on it).
+    let old_value = if event == "setbit" {
+        stored.value.clone()
+    } else {
+        None
+    };
     let value = match f(stored.value) {
         Ok(v) => v,
         Err(reply) => return Ok(Err(reply)),
@@ -460,11 +536,18 @@ pub(super) fn modify(
     let mut writes = Writes::default();
     writes.put(key, value.clone(), stored.stored_deadline_ms, keep);
     writes.apply(kv)?;
+    if !existed {
+        kv.notify(NEW, "new", key);
+    }
+    // Redis raises `setbit` only when the bit changed (or the key was made).
+    if !(event == "setbit" && existed && old_value.as_deref() == Some(value.as_slice())) {
+        kv.notify(STRING, event, key);
+    }
     Ok(Ok(value))
 }
 
 pub(super) fn cmd_append(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Reply> {
-    let result = modify(kv, &args[1], |old| {
+    let result = modify(kv, &args[1], "append", |old| {
         let mut value = old.unwrap_or_default();
         value.extend_from_slice(&args[2]);
         match reserved_value([&value].into_iter()) {
@@ -477,7 +560,7 @@ pub(super) fn cmd_append(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Re
 
 fn incr_by(kv: &mut dyn Kv, key: &[u8], delta: i64) -> tucana::Result<Reply> {
     let mut next = 0;
-    let result = modify(kv, key, |old| {
+    let result = modify(kv, key, "incrby", |old| {
         let current = match old {
             None => 0,
             Some(v) => parse_i64(&v).ok_or_else(not_an_integer)?,

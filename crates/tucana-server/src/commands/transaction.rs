@@ -12,8 +12,6 @@
 //! appends one engine batch; it is marked as a command that may block, so the connection
 //! runs its batch on a thread that may (see `table::may_block`).
 
-use std::collections::HashMap;
-
 use crate::resp::{Args, Reply};
 
 use super::expire::live_len;
@@ -153,12 +151,7 @@ pub(super) fn cmd_exec(call: &mut Call<'_>, _args: &[Vec<u8>]) -> tucana::Result
     let slot = region
         .as_ref()
         .map_or_else(|| call.slot(), |(r, _)| r.as_ref());
-    let mut tx = TxKv {
-        guard: slot.lock_writes(),
-        state,
-        overlay: HashMap::new(),
-        deadline_noted: false,
-    };
+    let mut tx = TxKv::new(slot.lock_writes(), state);
     // Cluster mode: no transaction on a slot a migration moves (checked under the lock,
     // which orders it with the migrator's batches).
     if let (Some((_, id)), Some(hash_slot)) = (&region, hash_slot) {

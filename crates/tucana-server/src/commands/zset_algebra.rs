@@ -249,23 +249,29 @@ fn combine_command(kv: &mut dyn Kv, args: &[Vec<u8>], op: Op, name: &str) -> tuc
 }
 
 /// Replaces `dst` with a sorted set of `items` (deleted when empty); the reply is its size.
-fn store(kv: &mut dyn Kv, dst: &[u8], items: &Items) -> tucana::Result<Reply> {
+/// `event`: the command's name, its keyspace notification.
+fn store(kv: &mut dyn Kv, dst: &[u8], items: &Items, event: &'static str) -> tucana::Result<Reply> {
     let mut update = Update::replace(kv, dst, ZSET)?;
     for (m, s) in items {
         put_member(&mut update, m, *s, None);
     }
-    update.apply(kv)?;
+    update.apply_store(kv, event)?;
     Ok(Reply::Int(items.len() as i64))
 }
 
 /// ZUNIONSTORE, ZINTERSTORE, ZDIFFSTORE: `destination numkeys key... [options]`.
-fn store_command(kv: &mut dyn Kv, args: &[Vec<u8>], op: Op, name: &str) -> tucana::Result<Reply> {
+fn store_command(
+    kv: &mut dyn Kv,
+    args: &[Vec<u8>],
+    op: Op,
+    name: &'static str,
+) -> tucana::Result<Reply> {
     let (req, inputs) = match parse(kv, &args[2..], op, true, name)? {
         Ok(parsed) => parsed,
         Err(reply) => return Ok(reply),
     };
     let items = combine(&req, inputs, op);
-    store(kv, &args[1], &items)
+    store(kv, &args[1], &items, name)
 }
 
 pub(super) fn cmd_zunion(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Reply> {
@@ -370,7 +376,7 @@ pub(super) fn cmd_zrangestore(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Resu
         Ok(items) => items,
         Err(reply) => return Ok(reply),
     };
-    store(kv, &args[1], &items)
+    store(kv, &args[1], &items, "zrangestore")
 }
 
 /// `ZRANDMEMBER key [count [WITHSCORES]]`, as HRANDFIELD picks (`collection`).

@@ -183,7 +183,7 @@ pub(super) fn cmd_zadd(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Repl
     }
     // Nothing changed: nothing written (and WATCH not disturbed), as in Redis.
     if added + updated > 0 {
-        update.apply(kv)?;
+        update.apply(kv, if f.incr { "zincr" } else { "zadd" })?;
     }
     Ok(match (f.incr, incr_result) {
         // The score as computed (-0 answers -0, though 0 is stored, as in Redis).
@@ -210,10 +210,11 @@ pub(super) fn cmd_zincrby(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<R
     if score.is_nan() {
         return Ok(Reply::error("ERR resulting score is not a number (NaN)"));
     }
+    // An unchanged score writes nothing and raises no event, as in Redis.
     if old != Some(score) {
         put_member(&mut update, &args[3], score, old);
+        update.apply(kv, "zincr")?;
     }
-    update.apply(kv)?;
     Ok(double_reply(score))
 }
 
@@ -232,7 +233,7 @@ pub(super) fn cmd_zrem(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Repl
         }
     }
     if !gone.is_empty() {
-        update.apply(kv)?;
+        update.apply(kv, "zrem")?;
     }
     Ok(Reply::Int(gone.len() as i64))
 }
@@ -660,7 +661,12 @@ fn remrange(kv: &mut dyn Kv, args: &[Vec<u8>], by: By) -> tucana::Result<Reply> 
     for (m, s) in &items {
         delete_member(&mut update, m, *s);
     }
-    update.apply(kv)?;
+    let event = match by {
+        By::Score => "zremrangebyscore",
+        By::Rank => "zremrangebyrank",
+        By::Lex => "zremrangebylex",
+    };
+    update.apply(kv, event)?;
     Ok(Reply::Int(items.len() as i64))
 }
 
@@ -753,7 +759,7 @@ fn pop(kv: &mut dyn Kv, args: &[Vec<u8>], max: bool) -> tucana::Result<Reply> {
     for (m, s) in &items {
         delete_member(&mut update, m, *s);
     }
-    update.apply(kv)?;
+    update.apply(kv, if max { "zpopmax" } else { "zpopmin" })?;
     // Without a count, one flat [member, score] in RESP3 too.
     if args.len() == 2 {
         let flat = items

@@ -226,9 +226,9 @@ impl Raw {
     }
 }
 
-/// Runs `script` against a fresh redis-server and a fresh in-memory tucana; the lines
-/// whose replies differ, with both replies (`None`: redis-server is not installed).
-pub fn run_script(script: &str) -> Option<Vec<String>> {
+/// A fresh redis-server on a free port, and that port (`None`, after a message: it is
+/// not installed). Killed when the handle is dropped.
+pub fn start_redis_server() -> Option<(RedisServer, u16)> {
     if Command::new("redis-server")
         .arg("--version")
         .output()
@@ -238,7 +238,7 @@ pub fn run_script(script: &str) -> Option<Vec<String>> {
         return None;
     }
     let port = free_port();
-    let _redis = RedisServer(
+    let redis = RedisServer(
         Command::new("redis-server")
             .args([
                 "--port",
@@ -255,8 +255,14 @@ pub fn run_script(script: &str) -> Option<Vec<String>> {
             .spawn()
             .unwrap(),
     );
+    Some((redis, port))
+}
+
+/// An in-process tucana over an in-memory database, configured as the differential
+/// tests compare it (DEBUG served).
+pub fn start_tucana_for_comparison() -> tucana_server::RunningServer {
     let db = Database::builder().open_in_memory().unwrap();
-    let server = spawn(
+    spawn(
         db,
         ServerConfig {
             listen: "127.0.0.1:0".parse().unwrap(),
@@ -264,7 +270,14 @@ pub fn run_script(script: &str) -> Option<Vec<String>> {
             ..ServerConfig::default()
         },
     )
-    .unwrap();
+    .unwrap()
+}
+
+/// Runs `script` against a fresh redis-server and a fresh in-memory tucana; the lines
+/// whose replies differ, with both replies (`None`: redis-server is not installed).
+pub fn run_script(script: &str) -> Option<Vec<String>> {
+    let (_redis, port) = start_redis_server()?;
+    let server = start_tucana_for_comparison();
     let mut theirs = Raw::connect(&format!("127.0.0.1:{port}"));
     let mut ours = Raw::connect(&server.addr.to_string());
     let differences = script
