@@ -33,39 +33,22 @@ func check(t *testing.T, path string) porcupine.CheckResult {
 	return porcupine.CheckOperationsTimeout(model, ops, 10*time.Second)
 }
 
-func TestAStaleReadIsIllegal(t *testing.T) {
-	if got := check(t, "testdata/stale-read.json"); got != porcupine.Illegal {
-		t.Fatalf("stale read: %s, want Illegal", got)
-	}
-}
-
-func TestALostIncrIsIllegal(t *testing.T) {
-	if got := check(t, "testdata/lost-incr.json"); got != porcupine.Illegal {
-		t.Fatalf("lost incr: %s, want Illegal", got)
-	}
-}
-
-func TestIndeterminateAndRefusedOpsAreModelled(t *testing.T) {
-	if got := check(t, "testdata/linearizable.json"); got != porcupine.Ok {
-		t.Fatalf("linearizable history: %s, want Ok", got)
-	}
-}
-
-func TestTheCampaignsDirtyReadIsIllegal(t *testing.T) {
-	if got := check(t, "testdata/dirty-read-campaign-seed2.json"); got != porcupine.Illegal {
-		t.Fatalf("dirty read: %s, want Illegal", got)
-	}
-}
-
-func TestATornTransactionIsIllegal(t *testing.T) {
-	if got := check(t, "testdata/torn-txn.json"); got != porcupine.Illegal {
-		t.Fatalf("torn transaction: %s, want Illegal", got)
-	}
-}
-
-func TestTransactionsApplyAtOneInstant(t *testing.T) {
-	if got := check(t, "testdata/txn-linearizable.json"); got != porcupine.Ok {
-		t.Fatalf("transactions: %s, want Ok", got)
+// Each history of testdata with the verdict it must get.
+func TestHistoriesGetTheirVerdicts(t *testing.T) {
+	for _, c := range []struct {
+		what, path string
+		want       porcupine.CheckResult
+	}{
+		{"a stale read", "testdata/stale-read.json", porcupine.Illegal},
+		{"a lost incr", "testdata/lost-incr.json", porcupine.Illegal},
+		{"refused and indeterminate ops", "testdata/linearizable.json", porcupine.Ok},
+		{"the campaign's dirty read", "testdata/dirty-read-campaign-seed2.json", porcupine.Illegal},
+		{"a torn transaction", "testdata/torn-txn.json", porcupine.Illegal},
+		{"transactions at one instant", "testdata/txn-linearizable.json", porcupine.Ok},
+	} {
+		if got := check(t, c.path); got != c.want {
+			t.Errorf("%s (%s): %s, want %s", c.what, c.path, got, c.want)
+		}
 	}
 }
 

@@ -136,11 +136,7 @@ pub fn apply(fleet: &mut Fleet, step: &Step, lease_ms: u64) -> Result<Outcome, S
     let mut out = Outcome::default();
     match step.fault {
         Fault::Kill => {
-            let (role, victim) = match step.variant % 3 {
-                0 => ("primary", pick(&primaries, step.pick)),
-                1 if !backups.is_empty() => ("backup", pick(&backups, step.pick)),
-                _ => ("server", pick(&all, step.pick)),
-            };
+            let (role, victim) = victim_of(step, &primaries, &backups, &all);
             let i = fleet.index_of(&victim).ok_or("victim not a server")?;
             let led = led_by(&map, &victim);
             out.what = format!("kill -9 {role} {victim} (leads {} regions)", led.len());
@@ -227,6 +223,22 @@ pub fn apply(fleet: &mut Fleet, step: &Step, lease_ms: u64) -> Result<Outcome, S
         }
     }
     Ok(out)
+}
+
+/// A step's victim by role: a primary, a backup (if any) or any server, as its
+/// `variant` says; which one, as its `pick` says.
+fn victim_of(
+    step: &Step,
+    primaries: &[String],
+    backups: &[String],
+    all: &[String],
+) -> (&'static str, String) {
+    let pick = |list: &[String]| list[(step.pick % list.len() as u64) as usize].clone();
+    match step.variant % 3 {
+        0 => ("primary", pick(primaries)),
+        1 if !backups.is_empty() => ("backup", pick(backups)),
+        _ => ("server", pick(all)),
+    }
 }
 
 fn sorted(items: impl Iterator<Item = String>) -> Vec<String> {
@@ -341,11 +353,13 @@ fn partition(
                 net.cut_pair(i, j)?;
             }
             measure_failover(fleet, &victim, &led, at, out);
-            sleep_until(at, lease_ms + MINORITY_PROBE_AFTER_MS);
-            probe_minority(fleet, &victim, &led, at, out);
-            sleep_until(
+            probe_and_hold(
+                fleet,
+                &[(victim.as_str(), led.clone())],
+                step,
+                lease_ms,
                 at,
-                lease_ms + step.hold_ms.max(MINORITY_PROBE_AFTER_MS + 500),
+                out,
             );
             let net = fleet.net.as_ref().expect("checked");
             for j in (0..n).filter(|&j| j != i) {
@@ -357,11 +371,13 @@ fn partition(
             net.cut_etcd(i)?;
             measure_failover(fleet, &victim, &led, at, out);
             // Fenced: past its lease it acknowledges nothing, though clients reach it.
-            sleep_until(at, lease_ms + MINORITY_PROBE_AFTER_MS);
-            probe_minority(fleet, &victim, &led, at, out);
-            sleep_until(
+            probe_and_hold(
+                fleet,
+                &[(victim.as_str(), led.clone())],
+                step,
+                lease_ms,
                 at,
-                lease_ms + step.hold_ms.max(MINORITY_PROBE_AFTER_MS + 500),
+                out,
             );
             fleet.net.as_ref().expect("checked").heal_etcd(i)?;
         }
@@ -432,14 +448,11 @@ fn cut_minority(
         measure_failover(fleet, &addrs[m], &movable, at, out);
     }
     // A partitioned minority acknowledges nothing once its lease is gone.
-    sleep_until(at, lease_ms + MINORITY_PROBE_AFTER_MS);
-    for &m in &minority {
-        probe_minority(fleet, &addrs[m], &led_by(map, &addrs[m]), at, out);
-    }
-    sleep_until(
-        at,
-        lease_ms + step.hold_ms.max(MINORITY_PROBE_AFTER_MS + 500),
-    );
+    let probed: Vec<(&str, Vec<Range>)> = minority
+        .iter()
+        .map(|&m| (addrs[m].as_str(), led_by(map, &addrs[m])))
+        .collect();
+    probe_and_hold(fleet, &probed, step, lease_ms, at, out);
     let net = fleet.net.as_ref().expect("checked");
     for &m in &minority {
         if etcd {
@@ -450,6 +463,27 @@ fn cut_minority(
         }
     }
     Ok(())
+}
+
+/// Holds a cut made at `at` until [`MINORITY_PROBE_AFTER_MS`] past the lease, probes
+/// each server of `probed` for the regions it led ([`probe_minority`]), then holds the
+/// cut until the step's end (at least half a second more).
+fn probe_and_hold(
+    fleet: &Fleet,
+    probed: &[(&str, Vec<Range>)],
+    step: &Step,
+    lease_ms: u64,
+    at: Instant,
+    out: &mut Outcome,
+) {
+    sleep_until(at, lease_ms + MINORITY_PROBE_AFTER_MS);
+    for (server, led) in probed {
+        probe_minority(fleet, server, led, at, out);
+    }
+    sleep_until(
+        at,
+        lease_ms + step.hold_ms.max(MINORITY_PROBE_AFTER_MS + 500),
+    );
 }
 
 /// Sends a write straight to `server` (cut off from etcd, alone or with a minority,
@@ -493,13 +527,7 @@ fn slow(
         out.what = "slow link: skipped (no network namespaces)".into();
         return Ok(());
     };
-    let all = fleet.addrs();
-    let pick = |list: &[String]| list[(step.pick % list.len() as u64) as usize].clone();
-    let (role, victim) = match step.variant % 3 {
-        0 => ("primary", pick(primaries)),
-        1 if !backups.is_empty() => ("backup", pick(backups)),
-        _ => ("server", pick(&all)),
-    };
+    let (role, victim) = victim_of(step, primaries, backups, &fleet.addrs());
     let i = fleet.index_of(&victim).ok_or("victim not a server")?;
     let rate_kbit = [256, 1024, 4096][(step.pick2 % 3) as usize];
     let latency_ms = 100 + (step.pick2 / 3) % 301;
