@@ -60,6 +60,17 @@ pub struct Options {
     /// How a volume over several members (`Options::open_members`) picks the member of a
     /// new log segment: round-robin (the default) or least weighted queue length.
     pub member_dispatch: crate::volume::DispatchPolicy,
+    /// Writes in flight: a closed log segment (or relocation segment) is handed to a
+    /// background writer of its volume member and the writer goes on; it waits only when
+    /// this many segments (of `log_segment_bytes`) are in flight on that member (default
+    /// 4; 0: the writer's thread writes each closed segment itself, synchronously).
+    /// Readers read such a segment from its buffer until its write is done; syncs and
+    /// commits wait for the writes queued before them. Without background threads (no
+    /// `commit_interval` nor `flush_interval`) there is no writer thread either: the
+    /// queued writes are done by whoever must wait next (a full budget, a sync, a commit).
+    pub writes_in_flight_segments: usize,
+    /// Most bytes in flight over the whole volume (default 64 MiB).
+    pub writes_in_flight_volume_bytes: u64,
 }
 
 impl Default for Options {
@@ -77,6 +88,8 @@ impl Default for Options {
             gc_tick: GC_TICK,
             mapping_reservation_bytes: crate::volume::DEFAULT_MAPPING_RESERVATION_BYTES,
             member_dispatch: crate::volume::DispatchPolicy::RoundRobin,
+            writes_in_flight_segments: 4,
+            writes_in_flight_volume_bytes: 64 << 20,
         }
     }
 }
@@ -149,6 +162,19 @@ impl Options {
 
     pub fn member_dispatch(mut self, policy: crate::volume::DispatchPolicy) -> Options {
         self.member_dispatch = policy;
+        self
+    }
+
+    /// Segments in flight per member before a writer waits (0: write each closed segment
+    /// synchronously). See the field.
+    pub fn writes_in_flight_segments(mut self, segments: usize) -> Options {
+        self.writes_in_flight_segments = segments;
+        self
+    }
+
+    /// Bytes in flight over the volume before a writer waits. See the field.
+    pub fn writes_in_flight_volume_bytes(mut self, bytes: u64) -> Options {
+        self.writes_in_flight_volume_bytes = bytes;
         self
     }
 

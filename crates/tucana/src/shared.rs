@@ -21,6 +21,7 @@ use crate::alloc::Allocator;
 use crate::error::{Error, Result};
 use crate::options::Options;
 use crate::types::DiskOffset;
+use crate::volume::write_queue::WriteQueue;
 use crate::volume::Volume;
 
 /// State shared by the database and its regions.
@@ -28,6 +29,9 @@ pub(crate) struct Shared {
     pub options: Options,
     pub volume: Volume,
     pub allocator: Allocator,
+    /// Writes in flight: closed log segments written in the background per member
+    /// (`None`: `writes_in_flight_segments == 0`, each written by the writer at once).
+    pub writes: Option<WriteQueue>,
     poisoned: AtomicBool,
     /// `close` was called: writes are refused (reads go on while handles live).
     closed: AtomicBool,
@@ -85,7 +89,15 @@ pub(crate) struct PendingFrees {
 
 impl Shared {
     pub fn new(options: Options, volume: Volume, allocator: Allocator) -> Shared {
+        let writes = (options.writes_in_flight_segments > 0).then(|| {
+            WriteQueue::new(
+                options.writes_in_flight_segments as u64 * options.log_segment_bytes,
+                options.writes_in_flight_volume_bytes,
+                options.runs_background_threads(),
+            )
+        });
         Shared {
+            writes,
             options,
             volume,
             allocator,
@@ -113,6 +125,7 @@ impl Shared {
     }
 
     pub fn check_writable(&self) -> Result<()> {
+        self.check_writes()?;
         if self.poisoned.load(Ordering::Acquire) {
             return Err(Error::Poisoned);
         }
@@ -127,8 +140,39 @@ impl Shared {
         self.poisoned.store(true, Ordering::Release);
     }
 
+    /// Whether the store is poisoned, a failed background write included.
     pub fn is_poisoned(&self) -> bool {
-        self.poisoned.load(Ordering::Acquire)
+        self.poisoned.load(Ordering::Acquire) || self.writes.as_ref().is_some_and(|q| q.failed())
+    }
+
+    /// A background write that failed poisons the store; the first caller to see it gets
+    /// its error (what the writer got when it wrote the segment itself), later ones
+    /// `Poisoned`.
+    fn check_writes(&self) -> Result<()> {
+        match &self.writes {
+            Some(q) if q.failed() => {
+                self.poison();
+                q.check()
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Waits until every closed segment queued before this call is written, on every
+    /// member (a sync or commit must not `fdatasync` before them). A failed write
+    /// poisons the store and is returned.
+    pub fn wait_writes(&self) -> Result<()> {
+        match &self.writes {
+            Some(q) => q.wait_queued().inspect_err(|_| self.poison()),
+            None => Ok(()),
+        }
+    }
+
+    /// Every queued write done, errors left for the next caller (close).
+    pub fn drain_writes(&self) {
+        if let Some(q) = &self.writes {
+            q.drain();
+        }
     }
 
     pub fn maybe_wake_committer(&self) {
@@ -200,6 +244,7 @@ impl Shared {
     pub fn sync_to(&self, ticket: u64, flush_tails: impl FnOnce() -> Result<()>) -> Result<()> {
         // A poisoned store answers no sync with Ok, even one with nothing left to write:
         // the caller would take it for a healthy store.
+        self.check_writes()?;
         if self.is_poisoned() {
             return Err(Error::Poisoned);
         }
@@ -212,7 +257,10 @@ impl Shared {
         }
         self.check_writable()?;
         let target = self.write_ticket.load(Ordering::Acquire);
-        let result = flush_tails().and_then(|()| self.volume.storage().sync());
+        // Segments closed before the tails' flush are queued by now: wait for them too.
+        let result = flush_tails()
+            .and_then(|()| self.wait_writes())
+            .and_then(|()| self.volume.storage().sync());
         if let Err(e) = result {
             self.poison();
             return Err(e);

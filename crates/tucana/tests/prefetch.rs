@@ -145,6 +145,9 @@ fn load(n: u32, value_len: usize, prefetch_entries: usize) -> (Arc<Logging>, Dat
         let i = ((j as u64 * 7919) % n as u64) as u32;
         ks.put(&key(i), &value(i, value_len)).expect("put");
     }
+    // Closed segments are read from their buffers until their writes (in flight, done by
+    // the next thread that must wait: no background threads here) are done.
+    db.sync().expect("sync");
     storage.take();
     (storage, db, ks)
 }
@@ -568,6 +571,8 @@ fn a_long_record_is_asked_for_whole_before_it_is_read() {
     for i in 0..1000 {
         ks.put(&key(100_000 + i), &value(i, 100)).unwrap();
     }
+    // And out of the in-flight set: its write is done by the sync.
+    db.sync().unwrap();
     storage.take();
     let before = db.stats();
     assert_eq!(ks.get(b"long").unwrap(), Some(long));

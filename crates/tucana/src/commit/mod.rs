@@ -455,7 +455,10 @@ impl Committer {
                 .fetch_add(image.len() as u64, Ordering::Relaxed);
         }
 
-        // Make it all durable, then switch the superblock.
+        // Make it all durable, then switch the superblock: the closed log segments still
+        // in flight first (every segment the sealed trees point into was queued before
+        // this: it closed before the tails' flush of this commit).
+        shared.wait_writes()?;
         storage.sync()?;
         let sb = Superblock {
             epoch,

@@ -105,14 +105,19 @@ pub(super) fn collect_segment(
         // pass's buffer otherwise). The pin keeps the segment allocated while we read it
         // even if the region is dropped meanwhile: a dropped region's segments are freed
         // through the same reader grace period.
-        let _pin = crossbeam_epoch::pin();
-        // SAFETY: the victim is closed and flushed, and only this pass retires it: its
-        // bytes up to `written` are never written again while the region can reach it,
-        // and the pin outlives `buf`.
-        let buf = unsafe {
-            shared
-                .volume
-                .view(victim.0, stats.written_bytes as usize, buf)?
+        let pin = crossbeam_epoch::pin();
+        // A victim closed so recently that its write is still in flight is read from its
+        // buffer (it may not be in the volume yet); the pin keeps the buffer too.
+        let buf = match region.buffered_segment(victim, stats.written_bytes as usize, &pin) {
+            Some(bytes) => bytes,
+            // SAFETY: the victim is closed and written, and only this pass retires it:
+            // its bytes up to `written` are never written again while the region can
+            // reach it, and the pin outlives `buf`.
+            None => unsafe {
+                shared
+                    .volume
+                    .view(victim.0, stats.written_bytes as usize, buf)?
+            },
         };
         let puts = parse_puts(victim, buf)?;
         // Where the writers listed the segment's dead records (a segment this process

@@ -5,6 +5,7 @@
 //! exact live/dead byte counts per segment, `SegmentStats`, from the first record).
 //! Replay is `crate::recovery`'s; the region applies each record to its index.
 
+pub(crate) mod in_flight;
 pub mod record;
 pub mod tail;
 pub(crate) mod writer;

@@ -23,6 +23,7 @@ use std::sync::Arc;
 use crossbeam_epoch::{self as epoch, Atomic, Owned};
 
 use crate::error::Result;
+use crate::log::in_flight::InFlightTails;
 use crate::log::record::{self, HEADER_BYTES, LINK_RECORD_BYTES};
 use crate::log::tail::Tail;
 use crate::log::{GcTailPos, SegmentStats};
@@ -138,6 +139,9 @@ pub(crate) struct Log {
     /// copies made since the last commit and the index keeps pointing at the originals,
     /// which stay until two commits sealed after their segment's retirement.
     gc_tail: Atomic<Tail>,
+    /// Closed tails (of either kind) whose write is in flight: readers find them here
+    /// until their bytes are in the volume.
+    in_flight: Arc<InFlightTails>,
     /// Bytes of the records the index points at, over all segments.
     live_bytes: AtomicU64,
     /// Bytes written and dead (overwritten, deleted, tombstones, links), over all segments.
@@ -150,6 +154,11 @@ impl Drop for Log {
     /// open) leaked its tail, one log segment of memory (regression test
     /// `a_closed_region_frees_its_tail_buffer`).
     fn drop(&mut self) {
+        // Closed segments still in flight are written before the tails go (their jobs
+        // hold the in-flight slots, not this log; errors stay with the queue).
+        if let Some(queue) = &self.shared.writes {
+            queue.drain();
+        }
         for slot in [&self.tail, &self.gc_tail] {
             // SAFETY: `&mut self` means no `Arc<Region>` (the only owner of a `Log`) is
             // left, so no reader or writer can still reach either tail; tails swapped out
@@ -186,6 +195,7 @@ impl Log {
             generation: writer.generation,
             tail: Atomic::new(tail),
             gc_tail: gc_tail.map_or_else(Atomic::null, Atomic::new),
+            in_flight: Arc::new(InFlightTails::new()),
             live_bytes: AtomicU64::new(live),
             dead_bytes: AtomicU64::new(written - live),
         }
@@ -314,9 +324,7 @@ impl Log {
         };
         w.next_seq = SeqNo(seq.0 + 1);
         self.account_written(w, old_tail.base, LINK_RECORD_BYTES as u64, false);
-        self.close_segment(old_tail)?;
-        self.install_tail(&self.tail, w, base, size, guard);
-        Ok(())
+        self.install_tail(&self.tail, w, base, size, guard)
     }
 
     /// Closes the relocation tail (flushed, writeback started, like a foreground segment)
@@ -330,13 +338,7 @@ impl Log {
         guard: &epoch::Guard,
     ) -> Result<()> {
         let (base, size) = self.allocate_segment(w, record_len as u64, away_from)?;
-        let old = self.gc_tail.load(Ordering::Acquire, guard);
-        // SAFETY: protected by the guard.
-        if let Some(old_tail) = unsafe { old.as_ref() } {
-            self.close_segment(old_tail)?;
-        }
-        self.install_tail(&self.gc_tail, w, base, size, guard);
-        Ok(())
+        self.install_tail(&self.gc_tail, w, base, size, guard)
     }
 
     /// Allocates a log segment of the standard size, or bigger (block-rounded) for
@@ -370,7 +372,9 @@ impl Log {
     /// all, and has the kernel start putting it on the device now, as RocksDB's
     /// `bytes_per_sync` does (left dirty until the next commit's sync, a fast writer's log
     /// filled the page cache, and inside a memory cgroup the writer stalled in reclaim
-    /// waiting for writeback: a 3 GB load ran at a third of the LSMs' rate).
+    /// waiting for writeback: a 3 GB load ran at a third of the LSMs' rate). The
+    /// synchronous path (`writes_in_flight_segments == 0`); `replace_tail` queues the
+    /// same work otherwise.
     fn close_segment(&self, tail: &Tail) -> Result<()> {
         let storage = self.shared.volume.storage();
         let written = tail.flush(storage.as_ref())?;
@@ -381,9 +385,71 @@ impl Log {
         Ok(())
     }
 
-    /// Registers the fresh segment at `base` and makes a new tail over it the one `slot`
-    /// (the foreground's or the relocation tail) holds; the old tail is dropped once no
-    /// reader can hold it.
+    /// Closes the tail `slot` holds (if any) and puts `new` (or nothing) in its place
+    /// (writer lock held). With writes in flight, the closed tail goes to the in-flight
+    /// slots *before* `slot` stops naming it, and its write is queued on its member
+    /// (waiting here only while the budget is full); its job writes it, starts its
+    /// writeback and then lets it go. Without, it is written now and dropped after the
+    /// readers' grace period. Errors: a failed write (now, or an earlier queued one);
+    /// `slot` is left as it was.
+    fn replace_tail(
+        &self,
+        slot: &Atomic<Tail>,
+        new: Option<Tail>,
+        guard: &epoch::Guard,
+    ) -> Result<()> {
+        let old = slot.load(Ordering::Acquire, guard);
+        // SAFETY: protected by the guard; only the writer (us) replaces it.
+        let Some(old_tail) = (unsafe { old.as_ref() }) else {
+            if let Some(new) = new {
+                slot.store(Owned::new(new), Ordering::Release);
+            }
+            return Ok(());
+        };
+        let Some(queue) = self.shared.writes.as_ref() else {
+            self.close_segment(old_tail)?;
+            let new = new.map_or_else(epoch::Shared::null, |t| Owned::new(t).into_shared(guard));
+            slot.store(new, Ordering::Release);
+            // SAFETY: `old` is unreachable for new readers; in-flight readers hold guards.
+            unsafe { guard.defer_destroy(old) };
+            // Hand the deferred drop to the global queue now. Left in this thread's bag it
+            // waits for 63 more deferred items: a bulk load kept up to 64 closed 2 MiB
+            // buffers per writer thread alive (128 MiB of a load's resident memory), and
+            // the buffer pool never saw them come back.
+            guard.flush();
+            return Ok(());
+        };
+        let storage = self.shared.volume.storage();
+        let member = storage.member_of(old_tail.base.0).unwrap_or(0);
+        let reservation =
+            queue.reserve(member, old_tail.size_bytes, &|| self.in_flight.has_free())?;
+        // Findable in one place or the other at every instant: in flight first, then
+        // out of the tail slot (a reader that loads the new tail from `slot` sees the
+        // insertion, which happened before the store it read).
+        let i = self.in_flight.insert(old);
+        let new = new.map_or_else(epoch::Shared::null, |t| Owned::new(t).into_shared(guard));
+        slot.store(new, Ordering::Release);
+        let in_flight = Arc::clone(&self.in_flight);
+        let storage = Arc::clone(storage);
+        queue.push(
+            reservation,
+            Box::new(move || {
+                // SAFETY: this is slot `i`'s job, before its `complete`.
+                let t = unsafe { in_flight.get(i) };
+                // A failed write keeps the tail in its slot: readers keep reading its
+                // buffer (the bytes are not in the volume), and the store is poisoned.
+                let written = t.flush(storage.as_ref())?;
+                storage.start_writeback(t.base.0, t.size_bytes);
+                in_flight.complete(i);
+                Ok(written)
+            }),
+        );
+        Ok(())
+    }
+
+    /// Closes the tail `slot` holds (`replace_tail`), registers the fresh segment at
+    /// `base` and makes a new tail over it the one `slot` (the foreground's or the
+    /// relocation tail) holds.
     fn install_tail(
         &self,
         slot: &Atomic<Tail>,
@@ -391,8 +457,10 @@ impl Log {
         base: DiskOffset,
         size: u64,
         guard: &epoch::Guard,
-    ) {
+    ) -> Result<()> {
         let relocation = std::ptr::eq(slot, &self.gc_tail);
+        let tail = Tail::new(base, size, w.next_order);
+        self.replace_tail(slot, Some(tail), guard)?;
         w.add_segment(
             base,
             SegmentStats {
@@ -407,17 +475,7 @@ impl Log {
             w.dead_records.insert(base.0, Vec::new());
         }
         w.next_order += 1;
-        let tail = Tail::new(base, size, w.next_order - 1);
-        let prev = slot.swap(Owned::new(tail), Ordering::AcqRel, guard);
-        if !prev.is_null() {
-            // SAFETY: `prev` is unreachable for new readers; in-flight readers hold guards.
-            unsafe { guard.defer_destroy(prev) };
-            // Hand the deferred drop to the global queue now. Left in this thread's bag it
-            // waits for 63 more deferred items: a bulk load kept up to 64 closed 2 MiB
-            // buffers per writer thread alive (128 MiB of a load's resident memory), and
-            // the buffer pool never saw them come back.
-            guard.flush();
-        }
+        Ok(())
     }
 
     /// Writes the tail's pending bytes to the volume (not synced).
@@ -462,18 +520,12 @@ impl Log {
         if w.segments.get(&t.base.0).is_none_or(|s| s.live_bytes != 0) {
             return Ok(());
         }
-        self.close_segment(t)?;
-        let prev = self
-            .gc_tail
-            .swap(epoch::Shared::null(), Ordering::AcqRel, &guard);
-        // SAFETY: unreachable for new readers; in-flight readers hold guards.
-        unsafe { guard.defer_destroy(prev) };
-        guard.flush();
-        Ok(())
+        self.replace_tail(&self.gc_tail, None, &guard)
     }
 
-    /// The tail buffer, the foreground's or the relocation one, that holds `ptr`: its
-    /// bytes may not be in the volume yet. `None`: read the volume.
+    /// The buffer that holds `ptr`: the foreground's or the relocation tail's, or that of
+    /// a closed segment whose write is in flight; its bytes may not be in the volume yet.
+    /// `None`: read the volume.
     #[inline]
     pub fn buffered_tail<'g>(&self, ptr: u64, guard: &'g epoch::Guard) -> Option<&'g Tail> {
         // SAFETY: both are protected by the guard; the tail is never null after
@@ -484,11 +536,30 @@ impl Log {
                     return Some(t);
                 }
             }
-            self.gc_tail
-                .load(Ordering::Acquire, guard)
-                .as_ref()
-                .filter(|t| t.contains(ptr))
+            if let Some(t) = self.gc_tail.load(Ordering::Acquire, guard).as_ref() {
+                if t.contains(ptr) {
+                    return Some(t);
+                }
+            }
         }
+        // After both tail slots: a tail switched since is in flight (inserted there
+        // before its slot let go of it) or written.
+        self.in_flight.find(ptr, guard)
+    }
+
+    /// The buffer of the segment starting at `base` while it is a tail or its write is
+    /// in flight (shipping and GC read a whole segment from there); `None`: the volume.
+    pub fn buffered_segment<'g>(
+        &self,
+        base: DiskOffset,
+        guard: &'g epoch::Guard,
+    ) -> Option<&'g Tail> {
+        self.buffered_tail(base.0, guard).filter(|t| t.base == base)
+    }
+
+    /// Closed segments of the region whose write is still in flight.
+    pub fn segments_in_flight(&self) -> usize {
+        self.in_flight.len()
     }
 
     /// Where the tails stand, for a seal (writer lock held: nothing is appended to the
@@ -591,10 +662,10 @@ impl Log {
             copies.push((at, key, copy, len as u64));
             copied += 1;
         }
-        if copied < records.len() {
+        if copied < records.len() && self.shared.writes.is_none() {
             // Full: nothing more is appended to it, so its bytes go to the volume here
             // rather than in the switch, under the lock (a 2 MiB write for every segment
-            // the collector fills).
+            // the collector fills). With writes in flight the switch only queues it.
             let written = t.flush(self.shared.volume.storage().as_ref())?;
             self.shared
                 .bytes_written

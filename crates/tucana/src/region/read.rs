@@ -85,6 +85,23 @@ impl Region {
         })
     }
 
+    /// The first `len` bytes of the segment at `base` from its buffer, while it is a tail
+    /// or a closed segment whose write is in flight (invariant 2: its bytes may not be in
+    /// the volume yet), for as long as `guard` lives; `None`: read the volume.
+    pub fn buffered_segment<'g>(
+        &self,
+        base: DiskOffset,
+        len: usize,
+        guard: &'g epoch::Guard,
+    ) -> Option<&'g [u8]> {
+        self.log.buffered_segment(base, guard)?.read(base.0, len)
+    }
+
+    /// Closed segments of this region whose write is still in flight.
+    pub fn segments_in_flight(&self) -> usize {
+        self.log.segments_in_flight()
+    }
+
     /// Starts loading the header line and the next line of the record at `ptr`, when it
     /// is in memory without I/O (the tail buffer or the volume's mapping).
     fn hint_record_lines(&self, ptr: u64, tail: Option<&Tail>) {

@@ -70,19 +70,14 @@ impl Region {
     }
 
     /// Copies `buf.len()` bytes of the segment at `base` from `offset` into `buf`: from
-    /// its tail buffer while it is a tail, else from the volume (a segment is written out
-    /// before it stops being a tail). The bytes must be ready (`ShipSegment::ready_bytes`).
+    /// its buffer while it is a tail or its write is in flight, else from the volume. The
+    /// bytes must be ready (`ShipSegment::ready_bytes`).
     pub fn read_log(&self, base: DiskOffset, offset: u64, buf: &mut [u8]) -> Result<()> {
         self.check_usable()?;
         let at = base.0 + offset;
         {
             let guard = epoch::pin();
-            let (tail, gc_tail) = self.log.tails(&guard);
-            let open_tail = [tail, gc_tail]
-                .into_iter()
-                .flatten()
-                .find(|t| t.base == base);
-            if let Some(t) = open_tail {
+            if let Some(t) = self.log.buffered_segment(base, &guard) {
                 let bytes = t.read(at, buf.len()).ok_or_else(|| {
                     Error::corruption("log segment", base, "shipping bytes not published yet")
                 })?;

@@ -21,6 +21,7 @@ mod mmap;
 pub mod slot_header;
 pub mod storage;
 pub mod superblock;
+pub mod write_queue;
 
 use std::sync::Arc;
 

@@ -1,0 +1,448 @@
+//! Writes in flight: per volume member, a queue of writes handed over by the engine and
+//! done in the background, bounded by an in-flight budget in bytes (per member and over
+//! the volume). DESIGN.md, "Volumes over several devices", *Writes in flight*.
+//!
+//! Owns: the queues, their budget, the worker threads (one per member, started on the
+//! member's first write), the order of completion a sync waits for, and the first error
+//! of a failed write (kept until someone reports it). Does not own: what a job writes or
+//! what becomes of its buffer (the caller's closure: `log::in_flight` for closed log
+//! segments), nor syncing (`Storage::sync`, called by the engine after `wait_queued`).
+//!
+//! Two ways to run: with worker threads (`threaded`), a job runs on its member's worker
+//! as soon as the ones before it on that member are done; without (`threaded == false`,
+//! stores that run no background thread, such as the torture suites' deterministic runs),
+//! jobs wait in the queue and the caller's thread runs them where it would otherwise wait:
+//! when the budget is full, in `wait_queued` (every sync and commit), and in `drain`. The
+//! second keeps every I/O in one thread and in a repeatable order while still deferring
+//! writes exactly as the first does, so what readers and syncs must get right is tested
+//! deterministically.
+//!
+//! Thread-safety: every method may be called from any thread. One mutex guards the queue
+//! state (held only to push, pop and count, never during a write); a condvar wakes
+//! workers, writers waiting for budget and syncs waiting for completion.
+
+use std::collections::{BTreeSet, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use parking_lot::{Condvar, Mutex};
+
+use crate::error::{Error, Result};
+
+/// A write handed over: runs once, on a worker or on a waiting caller's thread, and
+/// returns the bytes it wrote. It must never panic.
+pub type Job = Box<dyn FnOnce() -> Result<u64> + Send>;
+
+/// The budget a reservation took, to be handed to `push` with its job.
+#[must_use = "a reservation holds budget until its job is pushed"]
+pub struct Reservation {
+    member: usize,
+    bytes: u64,
+}
+
+struct Queued {
+    seq: u64,
+    bytes: u64,
+    job: Job,
+}
+
+#[derive(Default)]
+struct MemberQueue {
+    pending: VecDeque<Queued>,
+    /// Sequence numbers of jobs taken out of `pending` and running now.
+    running: BTreeSet<u64>,
+    /// Bytes reserved or queued or running on this member.
+    in_flight_bytes: u64,
+    /// Jobs done on this member (statistics).
+    done_jobs: u64,
+    worker_started: bool,
+}
+
+impl MemberQueue {
+    /// The lowest sequence number not done yet on this member (`next` when none is).
+    fn lowest_incomplete(&self, next: u64) -> u64 {
+        let pending = self.pending.front().map_or(next, |q| q.seq);
+        let running = self.running.first().copied().unwrap_or(next);
+        pending.min(running)
+    }
+}
+
+struct State {
+    members: Vec<MemberQueue>,
+    /// The next job's sequence number (volume-wide, increasing with `push`).
+    next_seq: u64,
+    in_flight_bytes: u64,
+    /// The first failed job's error, until a caller reports it (`take_error`).
+    error: Option<Error>,
+    shutdown: bool,
+}
+
+struct Inner {
+    state: Mutex<State>,
+    changed: Condvar,
+    /// A job failed (stays set): what `failed` reads without the lock.
+    failed: AtomicBool,
+    bytes_written: AtomicU64,
+    member_budget_bytes: u64,
+    volume_budget_bytes: u64,
+    threaded: bool,
+}
+
+/// The queues of one open volume.
+pub struct WriteQueue {
+    inner: Arc<Inner>,
+    workers: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl WriteQueue {
+    /// Queues allowing `member_budget_bytes` in flight per member and
+    /// `volume_budget_bytes` over all of them (a single write larger than either still
+    /// goes, alone). `threaded`: a worker thread per member, else callers run the jobs.
+    pub fn new(member_budget_bytes: u64, volume_budget_bytes: u64, threaded: bool) -> WriteQueue {
+        WriteQueue {
+            inner: Arc::new(Inner {
+                state: Mutex::new(State {
+                    members: Vec::new(),
+                    next_seq: 1,
+                    in_flight_bytes: 0,
+                    error: None,
+                    shutdown: false,
+                }),
+                changed: Condvar::new(),
+                failed: AtomicBool::new(false),
+                bytes_written: AtomicU64::new(0),
+                member_budget_bytes,
+                volume_budget_bytes,
+                threaded,
+            }),
+            workers: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Whether a job ever failed (the store must then acknowledge nothing more).
+    #[inline]
+    pub fn failed(&self) -> bool {
+        self.inner.failed.load(Ordering::Acquire)
+    }
+
+    /// The first failed job's error, once (later calls: `Poisoned`); `Ok` if none failed.
+    pub fn check(&self) -> Result<()> {
+        if !self.failed() {
+            return Ok(());
+        }
+        Err(self
+            .inner
+            .state
+            .lock()
+            .error
+            .take()
+            .unwrap_or(Error::Poisoned))
+    }
+
+    /// Bytes the jobs wrote so far.
+    pub fn bytes_written(&self) -> u64 {
+        self.inner.bytes_written.load(Ordering::Relaxed)
+    }
+
+    /// Bytes reserved, queued or being written now, over all members.
+    pub fn in_flight_bytes(&self) -> u64 {
+        self.inner.state.lock().in_flight_bytes
+    }
+
+    /// Takes `bytes` of `member`'s budget for a write, waiting while the budget is full
+    /// or `ready()` is false (the caller's own limit, such as a free slot for the
+    /// buffer; `ready` is asked with the queue locked and must not take this queue's
+    /// locks). Without worker threads, runs queued jobs instead of waiting. Errors: a
+    /// failed job's (nothing is reserved then).
+    pub fn reserve(
+        &self,
+        member: usize,
+        bytes: u64,
+        ready: &dyn Fn() -> bool,
+    ) -> Result<Reservation> {
+        let inner = &self.inner;
+        let mut st = inner.state.lock();
+        loop {
+            if inner.failed.load(Ordering::Acquire) {
+                drop(st);
+                return Err(self.check().unwrap_err());
+            }
+            grow(&mut st, member);
+            let m = &st.members[member];
+            let fits = (m.in_flight_bytes == 0
+                || m.in_flight_bytes + bytes <= inner.member_budget_bytes)
+                && (st.in_flight_bytes == 0
+                    || st.in_flight_bytes + bytes <= inner.volume_budget_bytes);
+            if fits && ready() {
+                st.members[member].in_flight_bytes += bytes;
+                st.in_flight_bytes += bytes;
+                return Ok(Reservation { member, bytes });
+            }
+            if inner.threaded {
+                inner.changed.wait(&mut st);
+            } else if !run_one(inner, &mut st, None) {
+                // Nothing queued: another caller is running the jobs that hold the
+                // budget (or the caller's limit); it wakes us when one is done.
+                inner.changed.wait(&mut st);
+            }
+        }
+    }
+
+    /// Queues `job` with the budget `r` took; it runs after every job queued before it on
+    /// the same member.
+    pub fn push(&self, r: Reservation, job: Job) {
+        let inner = &self.inner;
+        let mut st = inner.state.lock();
+        let seq = st.next_seq;
+        st.next_seq += 1;
+        let m = &mut st.members[r.member];
+        m.pending.push_back(Queued {
+            seq,
+            bytes: r.bytes,
+            job,
+        });
+        let start = inner.threaded && !m.worker_started;
+        m.worker_started |= start;
+        drop(st);
+        if start {
+            let inner = Arc::clone(&self.inner);
+            let member = r.member;
+            let handle = std::thread::Builder::new()
+                .name(format!("tucana-write-{member}"))
+                .spawn(move || worker(&inner, member))
+                .expect("spawn a write worker thread");
+            self.workers.lock().push(handle);
+        }
+        inner.changed.notify_all();
+    }
+
+    /// Waits until every job pushed before this call is done, on every member (without
+    /// worker threads, runs them). Errors: a failed job's, reported once, then
+    /// `Poisoned`.
+    pub fn wait_queued(&self) -> Result<()> {
+        let inner = &self.inner;
+        let mut st = inner.state.lock();
+        let upto = st.next_seq;
+        loop {
+            let next = st.next_seq;
+            if st.members.iter().all(|m| m.lowest_incomplete(next) >= upto) {
+                break;
+            }
+            if inner.threaded {
+                inner.changed.wait(&mut st);
+            } else if !run_one(inner, &mut st, Some(upto)) {
+                // Others run the rest: wait for them.
+                inner.changed.wait(&mut st);
+            }
+        }
+        drop(st);
+        self.check()
+    }
+
+    /// Every job pushed so far done, errors ignored (they stay for `check`): for closing
+    /// and dropping.
+    pub fn drain(&self) {
+        let _ = self.wait_queued();
+    }
+
+    /// Per member: `(in-flight bytes, queued jobs, jobs done)`.
+    pub fn member_figures(&self) -> Vec<(u64, usize, u64)> {
+        let st = self.inner.state.lock();
+        st.members
+            .iter()
+            .map(|m| {
+                (
+                    m.in_flight_bytes,
+                    m.pending.len() + m.running.len(),
+                    m.done_jobs,
+                )
+            })
+            .collect()
+    }
+}
+
+impl Drop for WriteQueue {
+    /// Runs every queued job, then stops the workers.
+    fn drop(&mut self) {
+        self.drain();
+        self.inner.state.lock().shutdown = true;
+        self.inner.changed.notify_all();
+        for h in std::mem::take(&mut *self.workers.lock()) {
+            let _ = h.join();
+        }
+    }
+}
+
+fn grow(st: &mut State, member: usize) {
+    if st.members.len() <= member {
+        st.members.resize_with(member + 1, MemberQueue::default);
+    }
+}
+
+/// Takes the oldest queued job (of any member, with a sequence number below `below` when
+/// given) and runs it with the lock released. False when there was none.
+fn run_one(inner: &Inner, st: &mut parking_lot::MutexGuard<'_, State>, below: Option<u64>) -> bool {
+    let Some(member) = (0..st.members.len())
+        .filter(|&i| {
+            st.members[i]
+                .pending
+                .front()
+                .is_some_and(|q| below.is_none_or(|b| q.seq < b))
+        })
+        .min_by_key(|&i| st.members[i].pending.front().map(|q| q.seq))
+    else {
+        return false;
+    };
+    run_front(inner, st, member);
+    true
+}
+
+/// Runs `member`'s oldest queued job with the lock released, then counts it done.
+fn run_front(inner: &Inner, st: &mut parking_lot::MutexGuard<'_, State>, member: usize) {
+    let q = st.members[member]
+        .pending
+        .pop_front()
+        .expect("a queued job");
+    st.members[member].running.insert(q.seq);
+    let result = parking_lot::MutexGuard::unlocked(st, q.job);
+    let m = &mut st.members[member];
+    m.running.remove(&q.seq);
+    m.in_flight_bytes -= q.bytes;
+    m.done_jobs += 1;
+    st.in_flight_bytes -= q.bytes;
+    match result {
+        Ok(written) => {
+            inner.bytes_written.fetch_add(written, Ordering::Relaxed);
+        }
+        Err(e) => {
+            if !inner.failed.swap(true, Ordering::AcqRel) {
+                st.error = Some(e);
+            }
+        }
+    }
+    inner.changed.notify_all();
+}
+
+/// A member's worker: runs its jobs in order until the queue shuts down and is empty.
+fn worker(inner: &Inner, member: usize) {
+    let mut st = inner.state.lock();
+    loop {
+        if !st.members[member].pending.is_empty() {
+            run_front(inner, &mut st, member);
+        } else if st.shutdown {
+            return;
+        } else {
+            inner.changed.wait(&mut st);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+
+    fn counting_job(log: &Arc<Mutex<Vec<u32>>>, id: u32, bytes: u64) -> Job {
+        let log = Arc::clone(log);
+        Box::new(move || {
+            log.lock().push(id);
+            Ok(bytes)
+        })
+    }
+
+    #[test]
+    fn without_threads_jobs_wait_until_a_sync_or_a_full_budget_runs_them() {
+        let q = WriteQueue::new(2 * 100, 1000, false);
+        let log = Arc::new(Mutex::new(Vec::new()));
+        for id in 0..2 {
+            let r = q.reserve(0, 100, &|| true).unwrap();
+            q.push(r, counting_job(&log, id, 100));
+        }
+        assert!(log.lock().is_empty(), "deferred until someone must wait");
+        // The third write does not fit in member 0's budget: the oldest runs first.
+        let r = q.reserve(0, 100, &|| true).unwrap();
+        assert_eq!(*log.lock(), vec![0]);
+        q.push(r, counting_job(&log, 2, 100));
+        q.wait_queued().unwrap();
+        assert_eq!(*log.lock(), vec![0, 1, 2]);
+        assert_eq!(q.bytes_written(), 300);
+        assert_eq!(q.in_flight_bytes(), 0);
+    }
+
+    #[test]
+    fn a_failed_job_is_reported_once_then_the_queue_says_poisoned() {
+        let q = WriteQueue::new(1 << 20, 1 << 20, true);
+        let r = q.reserve(0, 10, &|| true).unwrap();
+        q.push(
+            r,
+            Box::new(|| Err(Error::Io(std::io::Error::other("device gone")))),
+        );
+        let first = q.wait_queued().unwrap_err();
+        assert!(matches!(first, Error::Io(_)), "{first}");
+        assert!(q.failed());
+        assert!(matches!(q.wait_queued(), Err(Error::Poisoned)));
+        assert!(matches!(q.reserve(0, 10, &|| true), Err(Error::Poisoned)));
+    }
+
+    #[test]
+    fn wait_queued_waits_for_earlier_jobs_on_every_member() {
+        let q = WriteQueue::new(1 << 20, 1 << 20, true);
+        let gate = Arc::new((Mutex::new(false), Condvar::new()));
+        let done = Arc::new(AtomicUsize::new(0));
+        for member in 0..3 {
+            let r = q.reserve(member, 10, &|| true).unwrap();
+            let (gate, done) = (Arc::clone(&gate), Arc::clone(&done));
+            q.push(
+                r,
+                Box::new(move || {
+                    let (open, cv) = &*gate;
+                    let mut open = open.lock();
+                    while !*open {
+                        cv.wait(&mut open);
+                    }
+                    done.fetch_add(1, Ordering::SeqCst);
+                    Ok(10)
+                }),
+            );
+        }
+        let opener = {
+            let gate = Arc::clone(&gate);
+            std::thread::spawn(move || {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+                *gate.0.lock() = true;
+                gate.1.notify_all();
+            })
+        };
+        q.wait_queued().unwrap();
+        assert_eq!(
+            done.load(Ordering::SeqCst),
+            3,
+            "returned before every member's job"
+        );
+        opener.join().unwrap();
+    }
+
+    #[test]
+    fn reserve_waits_for_the_budget_and_the_callers_own_limit() {
+        let q = WriteQueue::new(100, 150, false);
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let r = q.reserve(0, 100, &|| true).unwrap();
+        q.push(r, counting_job(&log, 0, 100));
+        // Member 1 has room, the volume does not (100 + 100 > 150): job 0 runs first.
+        let r = q.reserve(1, 100, &|| true).unwrap();
+        assert_eq!(*log.lock(), vec![0]);
+        q.push(r, counting_job(&log, 1, 100));
+        // The caller's limit holds it until job 1 ran.
+        let log2 = Arc::clone(&log);
+        let r = q.reserve(1, 10, &move || log2.lock().len() == 2).unwrap();
+        assert_eq!(*log.lock(), vec![0, 1]);
+        q.push(r, counting_job(&log, 2, 10));
+        drop(q);
+        assert_eq!(
+            *log.lock(),
+            vec![0, 1, 2],
+            "dropping the queue runs what is left"
+        );
+    }
+}
