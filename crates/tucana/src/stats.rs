@@ -48,6 +48,9 @@ pub struct Stats {
     /// Records range iterators and multi-gets did not ask for because the pages of a few
     /// of their batch were found in memory (`Storage::resident`).
     pub prefetch_skipped: u64,
+    /// Bytes of closed log segments handed to the background writers and not written yet
+    /// (writes in flight; 0 with `writes_in_flight_segments == 0`).
+    pub writes_in_flight_bytes: u64,
     pub keyspaces: Vec<KeyspaceStats>,
     /// Per member of a volume over several members (empty for one file): groups placed
     /// on it, bytes written and read.
@@ -73,7 +76,7 @@ impl Stats {
     pub fn to_json(&self) -> String {
         let mut s = String::new();
         s.push('{');
-        let fields: [(&str, u64); 21] = [
+        let fields: [(&str, u64); 22] = [
             ("keys", self.keys),
             ("live_log_bytes", self.live_log_bytes),
             ("dead_log_bytes", self.dead_log_bytes),
@@ -95,6 +98,7 @@ impl Stats {
             ("prefetch_calls", self.prefetch_calls),
             ("prefetch_bytes", self.prefetch_bytes),
             ("prefetch_skipped", self.prefetch_skipped),
+            ("writes_in_flight_bytes", self.writes_in_flight_bytes),
         ];
         for (name, value) in fields {
             s.push_str(&format!("\"{name}\":{value},"));

@@ -1,0 +1,424 @@
+//! Writes in flight (DESIGN.md, "Volumes over several devices", *Writes in flight*): a
+//! closed log segment is written by a background writer while its region goes on.
+//! These tests hold the background writes back behind a gate (a storage whose large
+//! writes wait until the test opens it), so what must stay true while a write is in
+//! flight is checked while it certainly is: readers read the segment from its buffer
+//! (the volume does not have its bytes yet, so a read from there fails its checksum), a
+//! sync waits for every write queued before it, a writer waits when the budget is full,
+//! a failed background write is reported by the next sync and poisons the store, and
+//! dropping the database writes what is queued.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::{Condvar, Mutex};
+use tucana::volume::{MemStorage, Storage};
+use tucana::{Database, Error};
+
+const SEGMENT_BYTES: u64 = 64 << 10;
+/// Writes at least this long are a closed segment's (a sync's flush of a tail writes the
+/// part since its last flush, far less in these tests).
+const BIG_WRITE_BYTES: usize = 32 << 10;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Event {
+    /// A write of a closed segment returned.
+    BigWrite {
+        offset: u64,
+    },
+    Sync,
+}
+
+/// Memory storage whose big writes wait while the gate is closed, and fail while `fail`
+/// is set; it records when each big write returned and each sync ran.
+struct Gated {
+    inner: MemStorage,
+    closed: Mutex<bool>,
+    opened: Condvar,
+    fail: AtomicBool,
+    events: Mutex<Vec<Event>>,
+    /// Big writes waiting at the gate now.
+    waiting: AtomicU64,
+}
+
+impl Gated {
+    fn new() -> Arc<Gated> {
+        Arc::new(Gated {
+            inner: MemStorage::new(),
+            closed: Mutex::new(false),
+            opened: Condvar::new(),
+            fail: AtomicBool::new(false),
+            events: Mutex::new(Vec::new()),
+            waiting: AtomicU64::new(0),
+        })
+    }
+
+    fn close_gate(&self) {
+        *self.closed.lock() = true;
+    }
+
+    fn open_gate(&self) {
+        *self.closed.lock() = false;
+        self.opened.notify_all();
+    }
+
+    fn events(&self) -> Vec<Event> {
+        self.events.lock().clone()
+    }
+}
+
+impl Storage for Gated {
+    fn len_bytes(&self) -> tucana::Result<u64> {
+        self.inner.len_bytes()
+    }
+    fn grow(&self, len_bytes: u64) -> tucana::Result<()> {
+        self.inner.grow(len_bytes)
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> tucana::Result<()> {
+        self.inner.read_at(offset, buf)
+    }
+    fn write_at(&self, offset: u64, data: &[u8]) -> tucana::Result<()> {
+        if data.len() < BIG_WRITE_BYTES {
+            return self.inner.write_at(offset, data);
+        }
+        self.waiting.fetch_add(1, Ordering::SeqCst);
+        let mut closed = self.closed.lock();
+        while *closed {
+            self.opened.wait(&mut closed);
+        }
+        drop(closed);
+        self.waiting.fetch_sub(1, Ordering::SeqCst);
+        if self.fail.load(Ordering::SeqCst) {
+            return Err(Error::Io(std::io::Error::other("injected write error")));
+        }
+        self.inner.write_at(offset, data)?;
+        self.events.lock().push(Event::BigWrite { offset });
+        Ok(())
+    }
+    fn sync(&self) -> tucana::Result<()> {
+        self.events.lock().push(Event::Sync);
+        self.inner.sync()
+    }
+}
+
+/// With background threads (so with a writer thread per member), but nothing timed that
+/// would run during a test: no commits, no GC, a flush interval of an hour.
+fn options() -> tucana::Options {
+    Database::builder()
+        .commit_interval(None)
+        .flush_interval(Some(Duration::from_secs(3600)))
+        .gc(false)
+        .log_segment_bytes(SEGMENT_BYTES)
+}
+
+fn key(i: u32) -> Vec<u8> {
+    format!("key{i:06}").into_bytes()
+}
+
+fn value(i: u32) -> Vec<u8> {
+    let mut v = format!("value of {i}:").into_bytes();
+    v.resize(1000, b'a' + (i % 26) as u8);
+    v
+}
+
+/// Waits (up to a minute: a loaded machine) until `cond` holds; panics otherwise.
+fn wait_until(what: &str, cond: impl Fn() -> bool) {
+    for _ in 0..6000 {
+        if cond() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    panic!("waited a minute for {what}");
+}
+
+#[test]
+fn readers_read_a_closed_segment_from_its_buffer_until_its_write_is_done() {
+    let storage = Gated::new();
+    let db = options().open_storage(storage.clone()).unwrap();
+    let ks = db.keyspace("ks").unwrap();
+    db.commit().unwrap();
+    storage.close_gate();
+    storage.events.lock().clear();
+    // About 3 closed segments (64 records of 1 KB each), under the budget of 4.
+    let n = 200u32;
+    for i in 0..n {
+        ks.put(&key(i), &value(i)).unwrap();
+    }
+    wait_until("the first closed segment's write at the gate", || {
+        storage.waiting.load(Ordering::SeqCst) == 1
+    });
+    assert!(db.stats().writes_in_flight_bytes >= 3 * SEGMENT_BYTES);
+    assert!(
+        storage.events().is_empty(),
+        "no closed segment reached the volume yet"
+    );
+
+    // Point reads, groups of gets, scans both ways: all from the buffers.
+    for i in 0..n {
+        assert_eq!(ks.get(&key(i)).unwrap(), Some(value(i)), "get {i}");
+    }
+    let keys: Vec<Vec<u8>> = (0..n).map(key).collect();
+    let got = ks.multi_get(&keys).unwrap();
+    for (i, v) in got.into_iter().enumerate() {
+        assert_eq!(v, Some(value(i as u32)), "multi_get {i}");
+    }
+    let mut seen = 0u32;
+    for item in ks.range::<&[u8], _>(..) {
+        let (k, v) = item.unwrap();
+        assert_eq!((k, v), (key(seen), value(seen)));
+        seen += 1;
+    }
+    assert_eq!(seen, n);
+    assert_eq!(ks.range::<&[u8], _>(..).rev().count(), n as usize);
+
+    // Shipping: the closed segments' bytes, which the volume does not have yet.
+    let source = db.ship_source("ks").unwrap();
+    let closed: Vec<_> = source
+        .segments(0, 100)
+        .into_iter()
+        .filter(|s| !s.open && s.ready_bytes > 0)
+        .collect();
+    assert!(closed.len() >= 3, "{closed:?}");
+    let mut shipped = Vec::new();
+    for s in &closed {
+        let mut buf = vec![0u8; s.ready_bytes as usize];
+        source.read(s.base, 0, &mut buf).unwrap();
+        let mut on_volume = vec![0u8; buf.len()];
+        storage.inner.read_at(s.base.0, &mut on_volume).unwrap();
+        assert_ne!(buf, on_volume, "segment {:?} is still in flight", s.base);
+        shipped.push((s.base, buf));
+    }
+
+    // A sync waits for every write queued before it: let it start, then open the gate.
+    let syncer = {
+        let db = db.clone();
+        std::thread::spawn(move || db.sync())
+    };
+    std::thread::sleep(Duration::from_millis(100));
+    storage.open_gate();
+    syncer.join().unwrap().unwrap();
+    let events = storage.events();
+    let sync_at = events
+        .iter()
+        .position(|e| *e == Event::Sync)
+        .expect("the sync reached the storage");
+    for (base, bytes) in &shipped {
+        let written_at = events
+            .iter()
+            .position(|e| *e == Event::BigWrite { offset: base.0 })
+            .unwrap_or_else(|| panic!("segment {base:?} was written: {events:?}"));
+        assert!(
+            written_at < sync_at,
+            "segment {base:?} written after the sync: {events:?}"
+        );
+        let mut on_volume = vec![0u8; bytes.len()];
+        storage.inner.read_at(base.0, &mut on_volume).unwrap();
+        assert_eq!(&on_volume, bytes, "shipped bytes are the volume's");
+    }
+    assert_eq!(db.stats().writes_in_flight_bytes, 0);
+    for i in 0..n {
+        assert_eq!(ks.get(&key(i)).unwrap(), Some(value(i)), "get {i} after");
+    }
+    drop(ks);
+    db.close().unwrap();
+}
+
+#[test]
+fn a_writer_waits_when_the_budget_is_full() {
+    let storage = Gated::new();
+    let db = options()
+        .writes_in_flight_segments(2)
+        .open_storage(storage.clone())
+        .unwrap();
+    let ks = db.keyspace("ks").unwrap();
+    storage.close_gate();
+    // About 10 segments' worth: more than the budget of 2.
+    let n = 640u32;
+    let done = Arc::new(AtomicU64::new(0));
+    let writer = {
+        let (ks, done) = (ks.clone(), Arc::clone(&done));
+        std::thread::spawn(move || {
+            for i in 0..n {
+                ks.put(&key(i), &value(i)).unwrap();
+                done.store(u64::from(i) + 1, Ordering::SeqCst);
+            }
+        })
+    };
+    // (`db.stats()` would wait for the writer's lock, which the waiting writer holds.)
+    wait_until("the first write at the gate", || {
+        storage.waiting.load(Ordering::SeqCst) == 1
+    });
+    // The writer cannot finish: the gate holds the budget (2 segments, about 128
+    // records; a third closed segment is the most it can reach).
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(!writer.is_finished(), "the writer went past a full budget");
+    let progressed = done.load(Ordering::SeqCst);
+    assert!(
+        progressed < 4 * 64,
+        "{progressed} records written past a full budget"
+    );
+    storage.open_gate();
+    writer.join().unwrap();
+    for i in 0..n {
+        assert_eq!(ks.get(&key(i)).unwrap(), Some(value(i)), "get {i}");
+    }
+    drop(ks);
+    db.close().unwrap();
+}
+
+#[test]
+fn a_failed_background_write_is_reported_by_the_next_sync_and_poisons_the_store() {
+    let storage = Gated::new();
+    let db = options().open_storage(storage.clone()).unwrap();
+    let ks = db.keyspace("ks").unwrap();
+    ks.put_with(b"durable", b"1", tucana::Durability::Sync)
+        .unwrap();
+    storage.close_gate();
+    storage.fail.store(true, Ordering::SeqCst);
+    // Two closed segments queued; their writer waits at the gate, so these return Ok
+    // (the error can only surface later).
+    for i in 0..150u32 {
+        ks.put(&key(i), &value(i)).unwrap();
+    }
+    storage.open_gate();
+    let err = db.sync().unwrap_err();
+    assert!(
+        matches!(err, Error::Io(_)),
+        "the sync reports the write's error: {err}"
+    );
+    storage.fail.store(false, Ordering::SeqCst);
+    assert!(matches!(ks.put(b"after", b"2"), Err(Error::Poisoned)));
+    assert!(matches!(db.sync(), Err(Error::Poisoned)));
+    assert!(matches!(db.commit(), Err(Error::Poisoned)));
+    // Reads go on, from the buffers the failed writes kept.
+    for i in 0..150u32 {
+        assert_eq!(ks.get(&key(i)).unwrap(), Some(value(i)), "get {i}");
+    }
+    drop(ks);
+    assert!(db.close().is_err());
+
+    let db = options().open_storage(storage).unwrap();
+    let ks = db.open_keyspace("ks").unwrap();
+    assert_eq!(ks.get(b"durable").unwrap().as_deref(), Some(&b"1"[..]));
+    db.check().unwrap();
+}
+
+#[test]
+fn dropping_the_database_writes_what_is_in_flight() {
+    let storage = Gated::new();
+    let db = options().open_storage(storage.clone()).unwrap();
+    let ks = db.keyspace("ks").unwrap();
+    db.commit().unwrap();
+    storage.close_gate();
+    let n = 200u32;
+    for i in 0..n {
+        ks.put(&key(i), &value(i)).unwrap();
+    }
+    drop(ks);
+    // Dropped as a crashing process would (no sync, no commit): the queue still writes
+    // what it was handed, like the kernel would have had a synchronous write.
+    let dropper = std::thread::spawn(move || db.abandon());
+    std::thread::sleep(Duration::from_millis(50));
+    storage.open_gate();
+    dropper.join().unwrap();
+    assert!(
+        storage
+            .events()
+            .iter()
+            .filter(|e| matches!(e, Event::BigWrite { .. }))
+            .count()
+            >= 3
+    );
+
+    // Replay follows the closed segments' chain: all but the unflushed tail's records.
+    let db = options().open_storage(storage).unwrap();
+    let ks = db.open_keyspace("ks").unwrap();
+    let recovered = ks.len();
+    assert!(recovered >= 180, "{recovered} of {n} records replayed");
+    for i in 0..recovered as u32 {
+        assert_eq!(ks.get(&key(i)).unwrap(), Some(value(i)), "get {i}");
+    }
+    db.check().unwrap();
+}
+
+/// Storage whose big writes take a while, so that segments stay in flight for long.
+struct Slow {
+    inner: MemStorage,
+}
+
+impl Storage for Slow {
+    fn len_bytes(&self) -> tucana::Result<u64> {
+        self.inner.len_bytes()
+    }
+    fn grow(&self, len_bytes: u64) -> tucana::Result<()> {
+        self.inner.grow(len_bytes)
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> tucana::Result<()> {
+        self.inner.read_at(offset, buf)
+    }
+    fn write_at(&self, offset: u64, data: &[u8]) -> tucana::Result<()> {
+        if data.len() >= BIG_WRITE_BYTES {
+            std::thread::sleep(Duration::from_micros(300));
+        }
+        self.inner.write_at(offset, data)
+    }
+    fn sync(&self) -> tucana::Result<()> {
+        self.inner.sync()
+    }
+}
+
+/// Readers racing a writer whose segments move from the tail slot to the in-flight set
+/// and then to the volume: every read finds its record in one of the three. Were a closed
+/// segment let go of by its tail slot before it is findable in flight, or taken out of
+/// flight before its write returned, a reader would read zeros from the volume there.
+#[test]
+fn readers_racing_segment_switches_always_find_their_records() {
+    let storage: Arc<dyn Storage> = Arc::new(Slow {
+        inner: MemStorage::new(),
+    });
+    let db = options().open_storage(storage).unwrap();
+    let ks = db.keyspace("ks").unwrap();
+    let written = Arc::new(AtomicU64::new(0));
+    let n = 3000u32;
+    let readers: Vec<_> = (0..2)
+        .map(|r| {
+            let (ks, written) = (ks.clone(), Arc::clone(&written));
+            std::thread::spawn(move || {
+                let mut x = 0x9e37_79b9u32.wrapping_mul(r + 1);
+                let mut reads = 0u64;
+                loop {
+                    let upto = written.load(Ordering::Acquire) as u32;
+                    if upto == n {
+                        return reads;
+                    }
+                    if upto == 0 {
+                        std::thread::yield_now();
+                        continue;
+                    }
+                    // Mostly the newest records (near the tail switch), some older ones.
+                    x ^= x << 13;
+                    x ^= x >> 17;
+                    x ^= x << 5;
+                    let i = if x % 4 == 0 {
+                        x % upto
+                    } else {
+                        upto - 1 - (x % upto.min(128))
+                    };
+                    assert_eq!(ks.get(&key(i)).unwrap(), Some(value(i)), "get {i}");
+                    reads += 1;
+                }
+            })
+        })
+        .collect();
+    for i in 0..n {
+        ks.put(&key(i), &value(i)).unwrap();
+        written.store(u64::from(i) + 1, Ordering::Release);
+    }
+    for r in readers {
+        assert!(r.join().unwrap() > 0);
+    }
+    drop(ks);
+    db.close().unwrap();
+}
