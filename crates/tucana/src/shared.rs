@@ -168,13 +168,6 @@ impl Shared {
         }
     }
 
-    /// Every queued write done, errors left for the next caller (close).
-    pub fn drain_writes(&self) {
-        if let Some(q) = &self.writes {
-            q.drain();
-        }
-    }
-
     pub fn maybe_wake_committer(&self) {
         if self.log_bytes_since_commit.load(Ordering::Relaxed) >= self.options.commit_dirty_bytes {
             self.wake_committer();

@@ -401,7 +401,7 @@ fn readers_racing_segment_switches_always_find_their_records() {
                     x ^= x << 13;
                     x ^= x >> 17;
                     x ^= x << 5;
-                    let i = if x % 4 == 0 {
+                    let i = if x.is_multiple_of(4) {
                         x % upto
                     } else {
                         upto - 1 - (x % upto.min(128))

@@ -69,6 +69,14 @@ fn options(config: &EngineConfig) -> tucana::Options {
     if let Some(bytes) = config.mapping_reservation_bytes {
         options = options.mapping_reservation_bytes(bytes);
     }
+    // Side-by-side runs of the write path (DESIGN.md, "Writes in flight"):
+    // TUCANA_BENCH_WRITES_IN_FLIGHT=0 is the synchronous path, N segments per member else.
+    if let Some(segments) = std::env::var("TUCANA_BENCH_WRITES_IN_FLIGHT")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        options = options.writes_in_flight_segments(segments);
+    }
     if !config.background_commit {
         // Only explicit `commit()` calls persist the index; the log tail since then is
         // what recovery replays.

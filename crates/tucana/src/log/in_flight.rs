@@ -44,6 +44,7 @@ impl InFlightTails {
     }
 
     /// Closed tails here now.
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.mask.load(Ordering::Acquire).count_ones() as usize
     }

@@ -557,11 +557,6 @@ impl Log {
         self.buffered_tail(base.0, guard).filter(|t| t.base == base)
     }
 
-    /// Closed segments of the region whose write is still in flight.
-    pub fn segments_in_flight(&self) -> usize {
-        self.in_flight.len()
-    }
-
     /// Where the tails stand, for a seal (writer lock held: nothing is appended to the
     /// foreground tail and no copy is accounted meanwhile).
     pub fn positions(&self, w: &Writer) -> TailPositions {

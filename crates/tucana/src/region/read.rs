@@ -97,11 +97,6 @@ impl Region {
         self.log.buffered_segment(base, guard)?.read(base.0, len)
     }
 
-    /// Closed segments of this region whose write is still in flight.
-    pub fn segments_in_flight(&self) -> usize {
-        self.log.segments_in_flight()
-    }
-
     /// Starts loading the header line and the next line of the record at `ptr`, when it
     /// is in memory without I/O (the tail buffer or the volume's mapping).
     fn hint_record_lines(&self, ptr: u64, tail: Option<&Tail>) {
