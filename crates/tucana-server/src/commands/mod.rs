@@ -65,6 +65,7 @@ mod string_edits;
 mod strings;
 mod table;
 mod transaction;
+mod tx_keys;
 mod zset_algebra;
 mod zsets;
 

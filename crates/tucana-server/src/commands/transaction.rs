@@ -174,12 +174,15 @@ pub(super) fn cmd_exec(call: &mut Call<'_>, _args: &[Vec<u8>]) -> tucana::Result
         };
         state.metrics.count_command(index);
         let spec = &table()[index];
-        let reply = match spec.run {
+        let in_tx =
+            super::tx_keys::run_in_transaction(spec.name, &mut tx, args, state.cluster.is_some());
+        let reply = match (in_tx, spec.run) {
+            (Some(result), _) => result.unwrap_or_else(|e| Reply::error(format!("ERR {e}"))),
             // A failed command leaves no partial writes in the overlay: every handler
             // writes with one `apply`, after its reads, as its last step.
-            Run::Read(f) | Run::Write(f) => run_kv(f, &mut tx, hash_slot, args)
+            (None, Run::Read(f) | Run::Write(f)) => run_kv(f, &mut tx, hash_slot, args)
                 .unwrap_or_else(|e| Reply::error(format!("ERR {e}"))),
-            Run::Other { f, .. } => {
+            (None, Run::Other { f, .. }) => {
                 let mut inner = Call {
                     state,
                     session: &mut *call.session,
