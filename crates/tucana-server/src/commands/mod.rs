@@ -259,6 +259,7 @@ fn run_spec(
                 ks,
                 state,
                 may_expire,
+                misses_of: Some(slot.index()),
             };
             run_kv(f, &mut kv, hash_slot, args)
         }),

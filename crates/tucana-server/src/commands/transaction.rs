@@ -40,6 +40,7 @@ fn is_live(call: &Call<'_>, db_index: u32, key: &[u8]) -> tucana::Result<bool> {
             ks,
             state,
             may_expire,
+            misses_of: None,
         };
         Ok(live_len(&mut kv, key)?.is_some())
     })
