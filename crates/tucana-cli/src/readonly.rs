@@ -20,6 +20,7 @@
 //! Thread-safety: the overlay is behind a mutex; the file is read with `pread`, which
 //! needs no shared position, so any thread may call any method.
 
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::fs::{File, TryLockError};
 use std::io;
@@ -156,15 +157,17 @@ impl Storage for ReadOnlyFile {
             let page = at / PAGE_BYTES;
             let within = (at % PAGE_BYTES) as usize;
             let take = (PAGE_BYTES as usize - within).min((end - at) as usize);
-            if !overlay.pages.contains_key(&page) {
-                let mut bytes = vec![0u8; PAGE_BYTES as usize].into_boxed_slice();
-                // A partial write keeps the rest of the page as it was.
-                if take < PAGE_BYTES as usize {
-                    self.read_file(page * PAGE_BYTES, &mut bytes)?;
+            let bytes = match overlay.pages.entry(page) {
+                Entry::Occupied(entry) => entry.into_mut(),
+                Entry::Vacant(entry) => {
+                    let mut bytes = vec![0u8; PAGE_BYTES as usize].into_boxed_slice();
+                    // A partial write keeps the rest of the page as it was.
+                    if take < PAGE_BYTES as usize {
+                        self.read_file(page * PAGE_BYTES, &mut bytes)?;
+                    }
+                    entry.insert(bytes)
                 }
-                overlay.pages.insert(page, bytes);
-            }
-            let bytes = overlay.pages.get_mut(&page).expect("inserted above");
+            };
             bytes[within..within + take].copy_from_slice(&data[(at - offset) as usize..][..take]);
             at += take as u64;
         }

@@ -683,10 +683,7 @@ fn keymiss_is_not_in_class_a() {
     let events = events_of(&server, &[&["GET", "missing"], &["SET", "k", "v"]]);
     assert_eq!(
         events,
-        strings(&[
-            "__keyspace@0__:k set",
-            "__keyevent@0__:set k",
-        ])
+        strings(&["__keyspace@0__:k set", "__keyevent@0__:set k",])
     );
     let server = start_notifying("Km", true);
     let events = events_of(&server, &[&["GET", "missing"], &["MGET", "a", "missing"]]);
