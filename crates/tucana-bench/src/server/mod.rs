@@ -124,6 +124,9 @@ const LARGE_SERVER: ServerKind = ServerKind::TucanaBuffered;
 /// The results file's name; `report` looks for it next to the suite's JSON file.
 pub const DEFAULT_JSON_FILE_NAME: &str = "server-results.json";
 
+/// The file of a run kept for its data-type tests, shown as a section of its own.
+pub const TYPES_JSON_FILE_NAME: &str = "server-types-results.json";
+
 /// redis-benchmark writes `-r` keys as 12 decimal digits.
 const MAX_KEYSPACE: u64 = 1_000_000_000_000;
 
