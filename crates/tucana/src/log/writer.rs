@@ -358,12 +358,18 @@ impl Log {
         // On a volume over several members, the member the dispatch policy names (not
         // the one holding `away_from`, when another will do).
         let avoid = away_from.and_then(|at| storage.member_of(at.0));
+        // Segments waiting in the write queue count as writes on their member (LWQL).
+        let queued = shared
+            .writes
+            .as_ref()
+            .map(|q| q.waiting_bytes())
+            .unwrap_or_default();
         let base = shared.allocator.allocate_on(
             storage.as_ref(),
             blocks,
             align,
             w.sealed_for_commit,
-            storage.dispatch_member(avoid),
+            storage.dispatch_member(avoid, &queued),
         )?;
         Ok((base, size))
     }

@@ -92,6 +92,17 @@ impl Load {
             .fold(0u64, u64::saturating_add)
     }
 
+    /// `weighted_length` with `queued_write_bytes` more of writes: the member's segments
+    /// waiting in the write queue (reserved or queued, their job not started), which the
+    /// member set does not see until their job issues them. Saturates.
+    pub fn weighted_length_with_queued(&self, queued_write_bytes: u64) -> u64 {
+        self.weighted_length().saturating_add(
+            self.ps_per_byte[Kind::Write as usize]
+                .load(Ordering::Relaxed)
+                .saturating_mul(queued_write_bytes),
+        )
+    }
+
     /// Bytes in flight over every type.
     pub fn in_flight_bytes(&self) -> u64 {
         self.in_flight_bytes

@@ -812,7 +812,7 @@ impl Storage for MemberSet {
         self.lookup(offset / SLOT_BYTES).map(|(m, _)| m)
     }
 
-    fn dispatch_member(&self, avoid: Option<usize>) -> Option<usize> {
+    fn dispatch_member(&self, avoid: Option<usize>, queued_write_bytes: &[u64]) -> Option<usize> {
         let n = self.members.len();
         let turn = (self.next_segment_member.fetch_add(1, Ordering::Relaxed) % n as u64) as usize;
         let lengths: Vec<u64> = match self.policy {
@@ -821,7 +821,11 @@ impl Storage for MemberSet {
             DispatchPolicy::LeastWeightedQueue => self
                 .members
                 .iter()
-                .map(|m| m.load.weighted_length())
+                .enumerate()
+                .map(|(m, member)| {
+                    let queued = queued_write_bytes.get(m).copied().unwrap_or(0);
+                    member.load.weighted_length_with_queued(queued)
+                })
                 .collect(),
         };
         let lengths: Vec<u64> = lengths

@@ -105,9 +105,12 @@ pub trait Storage: Send + Sync + 'static {
     /// volume over several members; `None` for one file. A hint to the allocator, which
     /// falls back to any member when the chosen one has no free run. `avoid`: a member
     /// not to choose when another will do (GC's relocation segment goes away from the
-    /// member of the victim it is reading: LOCS §3.3.3).
-    fn dispatch_member(&self, avoid: Option<usize>) -> Option<usize> {
-        let _ = avoid;
+    /// member of the victim it is reading: LOCS §3.3.3). `queued_write_bytes[m]`: bytes of
+    /// writes waiting for member `m` in the write queue (reserved or queued, not started;
+    /// missing entries are 0), counted as writes on that member by least-weighted-queue
+    /// dispatch.
+    fn dispatch_member(&self, avoid: Option<usize>, queued_write_bytes: &[u64]) -> Option<usize> {
+        let _ = (avoid, queued_write_bytes);
         None
     }
 

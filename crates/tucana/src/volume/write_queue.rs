@@ -54,6 +54,10 @@ struct MemberQueue {
     running: BTreeSet<u64>,
     /// Bytes reserved or queued or running on this member.
     in_flight_bytes: u64,
+    /// Of those, bytes whose job has not started (reserved, or queued): what dispatch
+    /// adds to the member's queue, since the member set sees a job's own I/O only once
+    /// it runs.
+    waiting_bytes: u64,
     /// Jobs done on this member (statistics).
     done_jobs: u64,
     worker_started: bool,
@@ -176,6 +180,7 @@ impl WriteQueue {
                     || st.in_flight_bytes + bytes <= inner.volume_budget_bytes);
             if fits && ready() {
                 st.members[member].in_flight_bytes += bytes;
+                st.members[member].waiting_bytes += bytes;
                 st.in_flight_bytes += bytes;
                 return Ok(Reservation { member, bytes });
             }
@@ -246,6 +251,14 @@ impl WriteQueue {
         let _ = self.wait_queued();
     }
 
+    /// Per member (index = member), bytes reserved or queued whose job has not started:
+    /// the writes least-weighted-queue dispatch counts on top of what the member set
+    /// sees in flight (DESIGN.md, *Dispatch*).
+    pub fn waiting_bytes(&self) -> Vec<u64> {
+        let st = self.inner.state.lock();
+        st.members.iter().map(|m| m.waiting_bytes).collect()
+    }
+
     /// Per member: `(in-flight bytes, queued jobs, jobs done)`.
     pub fn member_figures(&self) -> Vec<(u64, usize, u64)> {
         let st = self.inner.state.lock();
@@ -305,6 +318,7 @@ fn run_front(inner: &Inner, st: &mut parking_lot::MutexGuard<'_, State>, member:
         .pop_front()
         .expect("a queued job");
     st.members[member].running.insert(q.seq);
+    st.members[member].waiting_bytes -= q.bytes;
     let result = parking_lot::MutexGuard::unlocked(st, q.job);
     let m = &mut st.members[member];
     m.running.remove(&q.seq);
@@ -444,5 +458,46 @@ mod tests {
             vec![0, 1, 2],
             "dropping the queue runs what is left"
         );
+    }
+
+    #[test]
+    fn waiting_bytes_count_reserved_and_queued_jobs_not_running_ones() {
+        // What least-weighted dispatch adds to a member's queue: a segment counts from
+        // its reservation until its job starts (from then the member set sees its I/O).
+        let q = WriteQueue::new(1 << 20, 1 << 20, true);
+        assert!(q.waiting_bytes().is_empty());
+        let gate = Arc::new((Mutex::new(false), Condvar::new()));
+        let started = Arc::new(AtomicUsize::new(0));
+        let gated = |gate: &Arc<(Mutex<bool>, Condvar)>, started: &Arc<AtomicUsize>| -> Job {
+            let (gate, started) = (Arc::clone(gate), Arc::clone(started));
+            Box::new(move || {
+                started.fetch_add(1, Ordering::SeqCst);
+                let (open, cv) = &*gate;
+                let mut open = open.lock();
+                while !*open {
+                    cv.wait(&mut open);
+                }
+                Ok(100)
+            })
+        };
+        let r = q.reserve(1, 100, &|| true).unwrap();
+        assert_eq!(q.waiting_bytes(), vec![0, 100]);
+        q.push(r, gated(&gate, &started));
+        // The worker takes the job: it runs (held at the gate) and waits no more.
+        while started.load(Ordering::SeqCst) == 0 {
+            std::thread::yield_now();
+        }
+        assert_eq!(q.waiting_bytes(), vec![0, 0]);
+        let r = q.reserve(1, 300, &|| true).unwrap();
+        q.push(r, gated(&gate, &started));
+        let r = q.reserve(0, 50, &|| true).unwrap();
+        assert_eq!(q.waiting_bytes()[1], 300, "queued behind the running job");
+        assert_eq!(q.waiting_bytes()[0], 50, "reserved, not pushed yet");
+        q.push(r, gated(&gate, &started));
+        *gate.0.lock() = true;
+        gate.1.notify_all();
+        q.wait_queued().unwrap();
+        assert_eq!(q.waiting_bytes(), vec![0, 0]);
+        assert_eq!(q.in_flight_bytes(), 0);
     }
 }
