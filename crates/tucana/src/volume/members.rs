@@ -74,6 +74,24 @@ pub struct MemberStats {
     /// Moving averages of the member's time per byte written and read (picoseconds).
     pub write_ps_per_byte: u64,
     pub read_ps_per_byte: u64,
+    /// The member's write queue (writes in flight; 0 without): jobs queued or running,
+    /// bytes reserved, queued or being written, jobs done.
+    pub queue_jobs: u64,
+    pub queue_bytes: u64,
+    pub queue_done_jobs: u64,
+    /// Nanoseconds the member's write queue was empty while another member's was not.
+    pub idle_while_others_busy_ns: u64,
+}
+
+impl MemberStats {
+    /// Adds the member's write-queue figures.
+    pub fn with_queue(mut self, q: &crate::volume::QueueFigures) -> MemberStats {
+        self.queue_jobs = q.jobs;
+        self.queue_bytes = q.in_flight_bytes;
+        self.queue_done_jobs = q.done_jobs;
+        self.idle_while_others_busy_ns = q.idle_while_others_busy_ns;
+        self
+    }
 }
 
 /// Placement state, under `grow_lock`.
@@ -528,6 +546,7 @@ impl MemberSet {
                 weighted_queue_ps: member.load.weighted_length(),
                 write_ps_per_byte: member.load.ps_per_byte(Kind::Write),
                 read_ps_per_byte: member.load.ps_per_byte(Kind::Read),
+                ..MemberStats::default()
             })
             .collect()
     }

@@ -25,6 +25,7 @@ use std::collections::{BTreeSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::Instant;
 
 use parking_lot::{Condvar, Mutex};
 
@@ -60,6 +61,9 @@ struct MemberQueue {
     waiting_bytes: u64,
     /// Jobs done on this member (statistics).
     done_jobs: u64,
+    /// Nanoseconds this member had nothing in flight while another member had something
+    /// (statistics: LOCS's idle queues, which cost throughput).
+    idle_while_others_busy_ns: u64,
     worker_started: bool,
 }
 
@@ -79,6 +83,8 @@ struct State {
     in_flight_bytes: u64,
     /// The first failed job's error, until a caller reports it (`take_error`).
     error: Option<Error>,
+    /// When the members' busy/idle times were last added up (`account_idle`).
+    idle_accounted_at: Instant,
     shutdown: bool,
 }
 
@@ -111,6 +117,7 @@ impl WriteQueue {
                     next_seq: 1,
                     in_flight_bytes: 0,
                     error: None,
+                    idle_accounted_at: Instant::now(),
                     shutdown: false,
                 }),
                 changed: Condvar::new(),
@@ -121,6 +128,14 @@ impl WriteQueue {
                 threaded,
             }),
             workers: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Makes room for members `0..count` (a member otherwise gets its queue at its first
+    /// write), so that statistics cover every member from the start.
+    pub fn add_members(&self, count: usize) {
+        if count > 0 {
+            grow(&mut self.inner.state.lock(), count - 1);
         }
     }
 
@@ -179,6 +194,7 @@ impl WriteQueue {
                 && (st.in_flight_bytes == 0
                     || st.in_flight_bytes + bytes <= inner.volume_budget_bytes);
             if fits && ready() {
+                account_idle(&mut st);
                 st.members[member].in_flight_bytes += bytes;
                 st.members[member].waiting_bytes += bytes;
                 st.in_flight_bytes += bytes;
@@ -259,17 +275,18 @@ impl WriteQueue {
         st.members.iter().map(|m| m.waiting_bytes).collect()
     }
 
-    /// Per member: `(in-flight bytes, queued jobs, jobs done)`.
-    pub fn member_figures(&self) -> Vec<(u64, usize, u64)> {
-        let st = self.inner.state.lock();
+    /// Per member (index = member; members never written have no entry), its queue now
+    /// and since the queue was made.
+    pub fn member_figures(&self) -> Vec<QueueFigures> {
+        let mut st = self.inner.state.lock();
+        account_idle(&mut st);
         st.members
             .iter()
-            .map(|m| {
-                (
-                    m.in_flight_bytes,
-                    m.pending.len() + m.running.len(),
-                    m.done_jobs,
-                )
+            .map(|m| QueueFigures {
+                in_flight_bytes: m.in_flight_bytes,
+                jobs: (m.pending.len() + m.running.len()) as u64,
+                done_jobs: m.done_jobs,
+                idle_while_others_busy_ns: m.idle_while_others_busy_ns,
             })
             .collect()
     }
@@ -284,6 +301,37 @@ impl Drop for WriteQueue {
         for h in std::mem::take(&mut *self.workers.lock()) {
             let _ = h.join();
         }
+    }
+}
+
+/// One member's write queue, for statistics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QueueFigures {
+    /// Bytes reserved, queued or being written.
+    pub in_flight_bytes: u64,
+    /// Jobs queued or running.
+    pub jobs: u64,
+    /// Jobs done.
+    pub done_jobs: u64,
+    /// Nanoseconds with nothing in flight on this member while another member had
+    /// something in flight.
+    pub idle_while_others_busy_ns: u64,
+}
+
+/// Adds the time since the last call to the idle time of every member that had nothing
+/// in flight while another had something. Called (lock held) before any member's
+/// in-flight bytes change, and when figures are read: O(members), one clock read.
+fn account_idle(st: &mut State) {
+    let now = Instant::now();
+    let elapsed_ns =
+        u64::try_from(now.duration_since(st.idle_accounted_at).as_nanos()).unwrap_or(u64::MAX);
+    st.idle_accounted_at = now;
+    let busy = st.members.iter().filter(|m| m.in_flight_bytes > 0).count();
+    if busy == 0 {
+        return;
+    }
+    for m in st.members.iter_mut().filter(|m| m.in_flight_bytes == 0) {
+        m.idle_while_others_busy_ns = m.idle_while_others_busy_ns.saturating_add(elapsed_ns);
     }
 }
 
@@ -320,6 +368,7 @@ fn run_front(inner: &Inner, st: &mut parking_lot::MutexGuard<'_, State>, member:
     st.members[member].running.insert(q.seq);
     st.members[member].waiting_bytes -= q.bytes;
     let result = parking_lot::MutexGuard::unlocked(st, q.job);
+    account_idle(st);
     let m = &mut st.members[member];
     m.running.remove(&q.seq);
     m.in_flight_bytes -= q.bytes;
