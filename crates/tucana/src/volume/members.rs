@@ -803,6 +803,22 @@ impl Storage for MemberSet {
         }
     }
 
+    fn write_back_and_wait(&self, offset: u64, len_bytes: u64) -> Result<()> {
+        // Timed as a write: the member's queue holds these bytes, and its time per byte
+        // is the device's, while the writeback lasts.
+        let mut at = offset;
+        let end = offset.saturating_add(len_bytes);
+        while at < end {
+            let (member, local, room) = self.locate(at)?;
+            let piece = (end - at).min(room);
+            member.timed(Kind::Write, piece, || {
+                member.storage.write_back_and_wait(local, piece)
+            })?;
+            at += piece;
+        }
+        Ok(())
+    }
+
     fn resident(&self, offset: u64) -> Option<bool> {
         let (member, at, _) = self.locate(offset).ok()?;
         member.storage.resident(at)

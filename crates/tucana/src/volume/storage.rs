@@ -74,6 +74,17 @@ pub trait Storage: Send + Sync + 'static {
         let _ = (offset, len_bytes);
     }
 
+    /// Starts writing `offset..offset+len_bytes` (already handed to `write_at`) to the
+    /// device and waits until the device has it: the range's writeback, not durability
+    /// (no device cache flush, no file metadata; only `sync` makes writes durable). For
+    /// background segment writes that should last as long as the device takes
+    /// (`Options::segment_writes_wait_for_device`). Errors: the writeback's I/O error. The
+    /// default only starts the writeback.
+    fn write_back_and_wait(&self, offset: u64, len_bytes: u64) -> Result<()> {
+        self.start_writeback(offset, len_bytes);
+        Ok(())
+    }
+
     /// Whether the page holding byte `offset` is in memory, when the backend can tell
     /// cheaply (`None`: it cannot, or `offset` is out of range). A point-in-time hint, used
     /// to skip prefetching data that is already resident.
