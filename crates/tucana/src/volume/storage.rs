@@ -125,6 +125,14 @@ pub trait Storage: Send + Sync + 'static {
         None
     }
 
+    /// Where the groups the next `grow` adds go, for a volume over several members:
+    /// `Some(m)` on member `m`, `None` the backend's own placement (round-robin). The
+    /// allocator sets it around a growth for a member whose groups are full, under its
+    /// lock (so no other growth sees it). A no-op for one file.
+    fn place_growth_on(&self, member: Option<usize>) {
+        let _ = member;
+    }
+
     /// Per-member figures of a volume over several members; empty for one file.
     fn members(&self) -> Vec<crate::volume::MemberStats> {
         Vec::new()

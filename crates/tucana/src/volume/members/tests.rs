@@ -240,17 +240,30 @@ fn segments_go_round_robin_over_members_and_fall_back_when_one_is_full() {
         on.push(member.unwrap());
     }
     assert_eq!(on, [0, 1, 2, 0, 1, 2]);
-    // Member 1's only group filled up: its segments go elsewhere (and the volume
-    // grows when nothing is left).
-    while allocator
-        .allocate_on(&set, segment_blocks, segment_blocks, false, Some(1))
-        .map(|at| set.member_of(at.0) == Some(1))
-        .unwrap()
-    {}
-    let at = allocator
-        .allocate_on(&set, segment_blocks, segment_blocks, false, Some(1))
-        .unwrap();
-    assert_ne!(at.0 / GROUP_BYTES, 1);
+    // Member 1's only group filled up: the volume grows by a group placed on member 1
+    // (members grow independently), though members 0 and 2 still have room. (It used
+    // to fall back to their room, which capped a fast member at the groups it had.)
+    let groups_before = set.len_bytes().unwrap().div_ceil(GROUP_BYTES);
+    let at = loop {
+        let at = allocator
+            .allocate_on(&set, segment_blocks, segment_blocks, false, Some(1))
+            .unwrap();
+        assert_eq!(set.member_of(at.0), Some(1));
+        if at.0 / GROUP_BYTES != 1 {
+            break at;
+        }
+    };
+    assert!(at.0 / GROUP_BYTES >= groups_before, "{at:?}");
+    assert_eq!(set.member_stats()[1].groups, 2);
+    // Growth for no member in particular is placed round-robin again.
+    let before: Vec<u64> = set.member_stats().iter().map(|m| m.groups).collect();
+    set.grow(set.len_bytes().unwrap() + 3 * SLOT_BYTES).unwrap();
+    let after: Vec<u64> = set.member_stats().iter().map(|m| m.groups).collect();
+    assert_eq!(after.iter().sum::<u64>(), before.iter().sum::<u64>() + 3);
+    assert!(
+        after.iter().zip(&before).all(|(a, b)| a > b),
+        "{before:?} -> {after:?}"
+    );
 }
 
 #[test]
