@@ -57,7 +57,8 @@ pub struct DevicesArgs {
     /// A name for the case, printed and recorded.
     #[arg(long, default_value = "")]
     label: String,
-    /// Append the run's record (one JSON object per line) to this file.
+    /// Append the run's record (one JSON object per line) to this file; `report
+    /// --devices-json` makes BENCHMARKS.md's "Devices" section from it.
     #[arg(long)]
     json: Option<PathBuf>,
 }
@@ -151,6 +152,9 @@ pub fn run(args: &DevicesArgs) -> Result<()> {
         "mib_per_s": mib(record_bytes) / durable_s,
         "volume_written_mib_per_s": mib(stats.bytes_written) / durable_s,
         "per_member": members,
+        "loadavg": std::fs::read_to_string("/proc/loadavg")
+            .ok()
+            .and_then(|l| l.split_whitespace().next().map(str::to_string)),
     });
     let shares: Vec<String> = stats
         .members
