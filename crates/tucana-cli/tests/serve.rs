@@ -290,15 +290,12 @@ fn serve_over_three_members_writes_restarts_and_reads_back() {
         let _: () = pipe.query(&mut con).unwrap();
     }
     let info: String = redis::cmd("INFO").arg("members").query(&mut con).unwrap();
-    for m in 0..3 {
+    for (m, path) in paths.iter().enumerate() {
         let line = info
             .lines()
             .find(|l| l.starts_with(&format!("member{m}:")))
             .unwrap_or_else(|| panic!("no member{m} in {info}"));
-        assert!(
-            line.contains(&format!("path={}", paths[m].display())),
-            "{line}"
-        );
+        assert!(line.contains(&format!("path={}", path.display())), "{line}");
         assert!(line.contains("queue_jobs="), "{line}");
         let written: u64 = line
             .split(',')
