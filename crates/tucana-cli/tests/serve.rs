@@ -256,9 +256,9 @@ fn sigterm_and_sigint_stop_gracefully_and_keep_buffered_writes() {
     }
 }
 
-/// `tucana serve --member …` over three member files: writes through RESP spread over
-/// the members (INFO members shows each one written), survive a restart over the same
-/// members, a restart with two members swapped is refused naming them before anything
+/// `tucana serve --member …` over three member files (first with `--member-dispatch
+/// lwql --segment-writes-wait-for-device`): writes through RESP spread over the members
+/// (INFO members shows each one written), survive a restart over the same members, a restart with two members swapped is refused naming them before anything
 /// is served, and the volume checks clean over its members afterwards.
 #[test]
 fn serve_over_three_members_writes_restarts_and_reads_back() {
@@ -277,10 +277,18 @@ fn serve_over_three_members_writes_restarts_and_reads_back() {
         .chain(["--durability".to_string(), "sync".to_string()])
         .collect();
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    // The first run with least-weighted dispatch over device-paced writes; the policy is
+    // not stored, so the restart (round-robin) opens the same volume.
+    let mut first_args = args.clone();
+    first_args.extend([
+        "--member-dispatch",
+        "lwql",
+        "--segment-writes-wait-for-device",
+    ]);
     let value = |i: u32| format!("{i:06}:{}", "v".repeat(1000));
     // 8000 values of 1 KB: four 2 MiB segments at least, so every member gets one.
     let keys = 8000u32;
-    let mut served = serve(&paths[0], &args);
+    let mut served = serve(&paths[0], &first_args);
     let mut con = served.connect();
     for chunk in (0..keys).collect::<Vec<_>>().chunks(500) {
         let mut pipe = redis::pipe();
