@@ -15,7 +15,9 @@ mod commands;
 mod crash_writer;
 mod escape;
 mod load;
+mod lock_holder;
 mod output;
+mod readonly;
 mod replication;
 mod serve;
 mod shell;
@@ -210,6 +212,21 @@ impl Command {
     }
 }
 
+impl Command {
+    /// Whether the command only reads the volume: it opens it read-only (`readonly`),
+    /// so the file is left as it was and may be on read-only media or another user's.
+    fn only_reads(&self) -> bool {
+        matches!(
+            self,
+            Command::Get { .. }
+                | Command::Scan { .. }
+                | Command::Stats
+                | Command::Check
+                | Command::Keyspaces
+        )
+    }
+}
+
 /// How a command that did not fail ended; decides the exit code.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Outcome {
@@ -300,12 +317,16 @@ fn run(cli: Cli) -> Result<Outcome, CliError> {
             return replication::run_on_server(args, addr);
         }
     }
-    let db = open_members_with(
-        &cli.db,
-        &cli.members,
-        cli.command.creates_volume(),
-        cli.volume_options(Database::builder()),
-    )?;
+    let db = if cli.command.only_reads() && cli.members.is_empty() {
+        open_read_only(&cli.db)?
+    } else {
+        open_members_with(
+            &cli.db,
+            &cli.members,
+            cli.command.creates_volume(),
+            cli.volume_options(Database::builder()),
+        )?
+    };
     let result = commands::run(&db, &cli.keyspace, cli.command);
     // Close even when the command failed: `load` promises that the lines before a bad
     // one are durable, and close is what commits them.
@@ -377,10 +398,38 @@ fn open_volume_with(
             path.display()
         )));
     }
-    options
-        .create_if_missing(create)
-        .open(path)
-        .map_err(|e| CliError::from(e).context(format_args!("cannot open {}", path.display())))
+    let opened = options.create_if_missing(create).open(path);
+    opened.map_err(|e| open_error(path, e))
+}
+
+/// The volume at `path` opened read-only (`readonly`): nothing is written to its file.
+fn open_read_only(path: &Path) -> Result<Database, CliError> {
+    if !path.exists() {
+        return Err(CliError::msg(format!(
+            "no volume at {} (put, load and shell create one; --db names another)",
+            path.display()
+        )));
+    }
+    readonly::open(path, Database::builder()).map_err(|e| open_error(path, e))
+}
+
+/// Why the volume at `path` could not be opened; a lock names who holds it.
+fn open_error(path: &Path, error: tucana::Error) -> CliError {
+    let locked = matches!(error, tucana::Error::Locked);
+    let mut message = CliError::from(error).context(format_args!("cannot open {}", path.display()));
+    if locked {
+        let holder = lock_holder::describe(path)
+            .map(|h| format!("held by {h}"))
+            .unwrap_or_else(|| "its holder could not be found in /proc/locks".into());
+        message = CliError::msg(match message {
+            CliError::Message(m) => format!(
+                "{m}: {holder} (a `tucana serve` or another command on this volume; read-only \
+                 commands share it with each other, not with a writer)"
+            ),
+            CliError::StdoutClosed => holder,
+        });
+    }
+    message
 }
 
 #[cfg(test)]

@@ -304,6 +304,37 @@ fn describe_replication(config: &ServerConfig) -> String {
     out
 }
 
+/// Refuses, naming the address, when one of the server's ports is taken, before the
+/// volume is opened (or created): a second `tucana serve` on a busy port used to create
+/// its volume, print "stopped", then `Address already in use` without the address.
+/// A check, not a reservation: another program may still take a port before the server
+/// binds it, which then fails the same way, naming the address too.
+fn check_ports_free(config: &ServerConfig) -> Result<(), CliError> {
+    let mut addrs = vec![("port", config.listen)];
+    if let Some(metrics) = config.metrics_listen {
+        addrs.push(("--metrics-port", metrics));
+    }
+    if let Some(port) = config.replication.listen_port {
+        addrs.push(("--repl-port", SocketAddr::new(config.listen.ip(), port)));
+    }
+    for (what, addr) in addrs {
+        if addr.port() == 0 {
+            continue;
+        }
+        if let Err(e) = std::net::TcpListener::bind(addr) {
+            let hint = if e.kind() == std::io::ErrorKind::AddrInUse {
+                " (another server listens there: stop it, or pick another with --port)"
+            } else {
+                ""
+            };
+            return Err(CliError::msg(format!(
+                "cannot serve: {what} {addr} is not available: {e}{hint}"
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Serves the volume at `path` (with its further `members`, if any), opened with
 /// `volume_options` (the member flags) applied.
 pub fn run(
@@ -313,13 +344,17 @@ pub fn run(
     args: &ServeArgs,
 ) -> Result<Outcome, CliError> {
     let config = args.config(path)?;
+    check_ports_free(&config)?;
+    let listen = config.listen;
     let options = volume_options(tucana::Database::builder())
         .flush_interval(Some(Duration::from_millis(args.flush_interval_ms.max(1))));
     let db = crate::open_members_with(path, members, true, options)?;
     let durability = config.durability.name();
     let tls = if config.tls.is_some() { ", TLS" } else { "" };
     let replication = describe_replication(&config);
+    let started = std::cell::Cell::new(false);
     let served = tucana_server::serve_until_signal(db.clone(), config, |addr, metrics| {
+        started.set(true);
         eprintln!(
             "tucana serve: {} on {addr} ({durability} durability{tls}){replication}{}",
             path.display(),
@@ -329,12 +364,14 @@ pub fn run(
         );
     });
     let result = match served {
-        Err(e) => Err(CliError::msg(format!("cannot serve: {e}"))),
+        Err(e) => Err(CliError::msg(format!("cannot serve on {listen}: {e}"))),
         Ok(Err(e)) => Err(CliError::from(e).context("final commit")),
         Ok(Ok(())) => Ok(Outcome::Done),
     };
     let closed = db.close();
-    eprintln!("tucana serve: stopped");
+    if started.get() {
+        eprintln!("tucana serve: stopped");
+    }
     match (result, closed) {
         (Ok(outcome), Ok(())) => Ok(outcome),
         (Err(e), _) => Err(e),

@@ -24,7 +24,9 @@ commands (keys and values use the escapes \\\\ \\t \\n \\xNN; a space is \\x20):
   put KEY VALUE     set KEY to VALUE; prints ok
   get KEY           print the value of KEY, or (not found)
   del KEY           remove KEY; prints deleted, or (not found)
-  scan [FROM] [TO]  print key<TAB>value lines, FROM inclusive, TO exclusive
+  scan [--from KEY] [--to KEY] [--prefix PREFIX] [--rev] [--limit N]
+                    print key<TAB>value lines in key order, as `tucana scan` (from
+                    inclusive, to exclusive); `scan FROM [TO]` is short for --from, --to
   stats             print statistics as JSON
   commit            persist the index now; prints ok
   help              print this
@@ -36,11 +38,65 @@ enum ShellCommand {
     Put(Vec<u8>, Vec<u8>),
     Get(Vec<u8>),
     Del(Vec<u8>),
-    Scan(Option<Vec<u8>>, Option<Vec<u8>>),
+    Scan(ScanArgs),
     Stats,
     Commit,
     Help,
     Quit,
+}
+
+/// The options of `scan`, the same as `tucana scan`'s.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct ScanArgs {
+    from: Option<Vec<u8>>,
+    to: Option<Vec<u8>>,
+    prefix: Option<Vec<u8>>,
+    rev: bool,
+    limit: Option<u64>,
+}
+
+const SCAN_USAGE: &str = "scan [--from KEY] [--to KEY] [--prefix PREFIX] [--rev] [--limit N]";
+
+/// `scan`'s words: the CLI's options, or up to two bare keys (FROM, TO) as before.
+fn parse_scan(args: Vec<Vec<u8>>) -> Result<ScanArgs, String> {
+    let mut scan = ScanArgs::default();
+    let mut bare = Vec::new();
+    let mut words = args.into_iter();
+    while let Some(word) = words.next() {
+        let mut value = |name: &str| {
+            words
+                .next()
+                .ok_or_else(|| format!("usage: {SCAN_USAGE} ({name} needs a value)"))
+        };
+        match word.as_slice() {
+            b"--from" => scan.from = Some(value("--from")?),
+            b"--to" => scan.to = Some(value("--to")?),
+            b"--prefix" => scan.prefix = Some(value("--prefix")?),
+            b"--rev" => scan.rev = true,
+            b"--limit" => {
+                let n = value("--limit")?;
+                let n = std::str::from_utf8(&n).ok().and_then(|t| t.parse().ok());
+                scan.limit =
+                    Some(n.ok_or_else(|| format!("usage: {SCAN_USAGE} (--limit needs a number)"))?);
+            }
+            w if w.starts_with(b"--") => {
+                return Err(format!(
+                    "usage: {SCAN_USAGE} (unknown option {})",
+                    String::from_utf8_lossy(w)
+                ))
+            }
+            _ => bare.push(word),
+        }
+    }
+    if bare.len() > 2 || (!bare.is_empty() && (scan.from.is_some() || scan.to.is_some())) {
+        return Err(format!("usage: {SCAN_USAGE}"));
+    }
+    let mut bare = bare.into_iter();
+    if let Some(from) = bare.next() {
+        scan.from = Some(from);
+        scan.to = bare.next();
+    }
+    Ok(scan)
 }
 
 /// Runs commands from `input` until `quit` or end of input.
@@ -112,9 +168,9 @@ fn execute(
                 out.line("(not found)")
             }
         }
-        ShellCommand::Scan(from, to) => {
-            let bounds = ScanBounds::new(from, to, None);
-            scan(target, &bounds, false, None, out)
+        ShellCommand::Scan(args) => {
+            let bounds = ScanBounds::new(args.from, args.to, args.prefix.as_deref());
+            scan(target, &bounds, args.rev, args.limit, out)
         }
         ShellCommand::Stats => out.line(&target.db().stats().to_json()),
         ShellCommand::Commit => {
@@ -154,8 +210,7 @@ fn parse_line(line: &[u8]) -> Result<Option<ShellCommand>, String> {
         ("get", _) => return Err(usage("get KEY")),
         ("del", 1) => ShellCommand::Del(next(&mut args)),
         ("del", _) => return Err(usage("del KEY")),
-        ("scan", 0..=2) => ShellCommand::Scan(args.next(), args.next()),
-        ("scan", _) => return Err(usage("scan [FROM] [TO]")),
+        ("scan", _) => ShellCommand::Scan(parse_scan(args.collect())?),
         ("stats", 0) => ShellCommand::Stats,
         ("commit", 0) => ShellCommand::Commit,
         ("help", 0) => ShellCommand::Help,
@@ -194,17 +249,25 @@ mod tests {
             parse("del k\r\n"),
             Ok(Some(ShellCommand::Del(b"k".to_vec())))
         );
-        assert_eq!(parse("scan"), Ok(Some(ShellCommand::Scan(None, None))));
+        let scan = |from: Option<&str>, to: Option<&str>| {
+            Ok(Some(ShellCommand::Scan(ScanArgs {
+                from: from.map(|k| k.as_bytes().to_vec()),
+                to: to.map(|k| k.as_bytes().to_vec()),
+                ..ScanArgs::default()
+            })))
+        };
+        assert_eq!(parse("scan"), scan(None, None));
+        assert_eq!(parse("scan a"), scan(Some("a"), None));
+        assert_eq!(parse("scan a c"), scan(Some("a"), Some("c")));
+        assert_eq!(parse("scan --from a --to c"), scan(Some("a"), Some("c")));
         assert_eq!(
-            parse("scan a"),
-            Ok(Some(ShellCommand::Scan(Some(b"a".to_vec()), None)))
-        );
-        assert_eq!(
-            parse("scan a c"),
-            Ok(Some(ShellCommand::Scan(
-                Some(b"a".to_vec()),
-                Some(b"c".to_vec())
-            )))
+            parse("scan --prefix user: --rev --limit 10"),
+            Ok(Some(ShellCommand::Scan(ScanArgs {
+                prefix: Some(b"user:".to_vec()),
+                rev: true,
+                limit: Some(10),
+                ..ScanArgs::default()
+            })))
         );
         assert_eq!(parse("stats"), Ok(Some(ShellCommand::Stats)));
         assert_eq!(parse("commit"), Ok(Some(ShellCommand::Commit)));
@@ -225,6 +288,14 @@ mod tests {
         assert!(parse("put k v w").unwrap_err().contains("got 3 arguments"));
         assert!(parse("get").is_err());
         assert!(parse("scan a b c").is_err());
+        assert!(parse("scan --limit x")
+            .unwrap_err()
+            .contains("needs a number"));
+        assert!(parse("scan --from").unwrap_err().contains("needs a value"));
+        assert!(parse("scan --bogus")
+            .unwrap_err()
+            .contains("unknown option"));
+        assert!(parse("scan a --from b").is_err());
         assert!(parse("stats now").is_err());
         assert!(parse("frobnicate").unwrap_err().contains("unknown command"));
         assert!(parse("get k\\q")

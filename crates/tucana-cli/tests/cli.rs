@@ -468,9 +468,84 @@ fn a_second_process_on_a_locked_volume_gets_a_clear_error() {
     let message = stderr(&output);
     assert!(message.starts_with("error: cannot open "), "{message}");
     assert!(message.contains("locked"), "{message}");
+    // Issue 23: the message named neither the volume nor who holds it.
+    assert!(
+        message.contains(&volume.path.display().to_string()),
+        "{message}"
+    );
+    let holder = format!("held by pid {}", shell.id());
+    assert!(message.contains(&holder), "{message}");
+    assert!(
+        message.contains("shell"),
+        "the holder's command line: {message}"
+    );
 
     drop(shell_in);
     let status = shell.wait().expect("wait for shell");
     assert!(status.success(), "shell exited with {status}");
     assert_eq!(volume.ok(&["get", "held"]), "1\n");
+}
+
+/// Issue 23: `get`, `scan`, `stats`, `check` and `keyspaces` opened the volume for
+/// writing, and opening and closing it committed twice (the commit epoch advanced by 2,
+/// superblocks and index nodes were rewritten), so a volume on read-only media or owned
+/// by another user could not be inspected. Now they open it read-only: the file's bytes
+/// stay the same, several of them may run at once, and a writer is still excluded.
+#[test]
+fn read_only_commands_leave_the_volume_file_as_it_was() {
+    let volume = Volume::new();
+    volume.ok(&["put", "a", "1"]);
+    volume.ok(&["put", "b", "2"]);
+    volume.ok(&["--keyspace", "other", "put", "c", "3"]);
+    let before = std::fs::read(&volume.path).unwrap();
+    assert_eq!(volume.ok(&["get", "a"]), "1\n");
+    assert_eq!(volume.ok(&["scan"]), "a\t1\nb\t2\n");
+    assert_eq!(volume.ok(&["--keyspace", "other", "scan"]), "c\t3\n");
+    assert!(volume.ok(&["check"]).contains("volume is sound"));
+    assert_eq!(volume.ok(&["keyspaces"]), "default\nother\n");
+    let stats: serde_json::Value = serde_json::from_str(&volume.ok(&["stats"])).unwrap();
+    assert_eq!(stats["keys"], 3, "{stats}");
+    assert!(
+        std::fs::read(&volume.path).unwrap() == before,
+        "a read-only command changed the volume file"
+    );
+    let output = volume.run(&["get", "nothing"]);
+    assert_exit(&output, 1, &["get", "nothing"]);
+    let output = volume.run(&["--keyspace", "missing", "scan"]);
+    assert!(std::fs::read(&volume.path).unwrap() == before, "{output:?}");
+
+    // Two readers at once: a shell writing would be refused, a second reader is not.
+    let mut reader = volume
+        .command(&["scan"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn tucana scan");
+    let second = volume.run(&["get", "b"]);
+    reader.wait().unwrap();
+    assert_exit(&second, 0, &["get", "b"]);
+
+    // A write still works afterwards and is seen.
+    volume.ok(&["put", "d", "4"]);
+    assert_eq!(volume.ok(&["get", "d"]), "4\n");
+}
+
+/// Issue 23: the shell's `scan` took `[FROM] [TO]` while `tucana scan` takes options; the
+/// shell now takes the same options (and still the two bare keys).
+#[test]
+fn the_shells_scan_takes_the_clis_options() {
+    let volume = Volume::new();
+    let script = "put user:1 a\nput user:2 b\nput zed c\n\
+                  scan --prefix user: --rev --limit 1\n\
+                  scan --from user:2 --to zed\n\
+                  scan user:2\n";
+    let output = volume.run_with_stdin(&["shell"], script.as_bytes());
+    assert_exit(&output, 0, &["shell"]);
+    assert_eq!(
+        stdout(&output),
+        "ok\nok\nok\nuser:2\tb\nuser:2\tb\nuser:2\tb\nzed\tc\n"
+    );
+    assert_eq!(
+        volume.ok(&["scan", "--prefix", "user:", "--rev", "--limit", "1"]),
+        "user:2\tb\n"
+    );
 }

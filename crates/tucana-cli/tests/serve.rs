@@ -359,6 +359,28 @@ fn shutdown_command_exits_zero() {
     assert!(status.success(), "exit status {status:?}");
 }
 
+/// Issue 23: `serve` on a busy port created the volume, printed "stopped", then
+/// "Address already in use" without the address. Now the port is checked first.
+#[test]
+fn a_busy_port_is_named_and_no_volume_is_created() {
+    let (_dir, path) = volume();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port().to_string();
+    let output = Command::new(env!("CARGO_BIN_EXE_tucana"))
+        .arg("--db")
+        .arg(&path)
+        .args(["serve", "--port", &port])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains(&format!("127.0.0.1:{port}")), "{stderr}");
+    assert!(stderr.contains("in use"), "{stderr}");
+    assert!(!stderr.contains("stopped"), "it never started: {stderr}");
+    assert!(!path.exists(), "no volume created");
+}
+
 #[test]
 fn a_public_address_without_a_password_is_refused_before_the_volume_is_touched() {
     let (_dir, path) = volume();

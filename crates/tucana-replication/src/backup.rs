@@ -183,6 +183,8 @@ struct Incoming {
     nodes: Vec<(DiskOffset, Box<[u8; NODE_BYTES]>)>,
     /// The foreground position received and not acknowledged yet.
     unacked: Option<(u64, u64)>,
+    /// The last position acknowledged on this connection.
+    acked: Option<(u64, u64)>,
     /// Build-index baseline: bytes received per segment order, a record cut by the end of
     /// a frame, and a batch whose last record has not come.
     held: HashMap<u64, u64>,
@@ -621,8 +623,12 @@ async fn apply_commit(shared: &Arc<Shared>, region: &str, delta: Delta) -> std::
     Ok(())
 }
 
-/// Acknowledges every region's foreground position received since the last
-/// acknowledgement, after one sync of the volume in durable mode.
+/// Acknowledges, for every region with foreground bytes received since the last
+/// acknowledgement, how far promotion's replay would reach through what this backup holds
+/// (`ReplicaHandle::replayable_position`: contiguous from the last applied commit, so a
+/// segment that never arrived holds the acknowledgement back instead of being jumped
+/// over), after one sync of the volume in durable mode. The baseline (`build_index`)
+/// acknowledges what it applied.
 async fn send_acks<W: tokio::io::AsyncWrite + Unpin>(
     shared: &Arc<Shared>,
     durable: bool,
@@ -633,6 +639,39 @@ async fn send_acks<W: tokio::io::AsyncWrite + Unpin>(
     if !incoming.values().any(|inc| inc.unacked.is_some()) {
         return Ok(());
     }
+    // Positions are taken before the sync: it covers every byte they count.
+    let mut acks = Vec::new();
+    for (name, inc) in incoming.iter_mut() {
+        if inc.unacked.is_none() {
+            continue;
+        }
+        let position = if shared.config.build_index {
+            inc.unacked.take()
+        } else {
+            let Some(replica) = shared.db.open_replica(name) else {
+                continue;
+            };
+            if replica.state().committed_generation != Some(inc.generation) {
+                // No commit of this opening of the primary's region applied yet: nothing
+                // to promote from (the position waits for its first commit, which comes
+                // in full). Replay from an older one would stop at the first record of
+                // the new generation, so the bytes after it would be acknowledged and
+                // lost.
+                continue;
+            }
+            inc.unacked = None;
+            replica
+                .replayable_position()
+                .filter(|p| inc.acked.is_none_or(|acked| *p > acked))
+        };
+        if let Some(position) = position {
+            inc.acked = Some(position);
+            acks.push((name.clone(), inc.term, position));
+        }
+    }
+    if acks.is_empty() {
+        return Ok(());
+    }
     if durable {
         let db = shared.db.clone();
         tokio::task::spawn_blocking(move || db.sync())
@@ -640,29 +679,15 @@ async fn send_acks<W: tokio::io::AsyncWrite + Unpin>(
             .map_err(std::io::Error::other)?
             .map_err(other)?;
     }
-    for (name, inc) in incoming.iter_mut() {
-        if !shared.config.build_index
-            && shared
-                .db
-                .open_replica(name)
-                .is_none_or(|r| r.state().committed_generation != Some(inc.generation))
-        {
-            // No commit of this opening of the primary's region applied yet: nothing to
-            // promote from (the position waits for its first commit, which comes in
-            // full). Replay from an older one would stop at the first record of the new
-            // generation, so the bytes after it would be acknowledged and lost.
-            continue;
-        }
-        if let Some((order, offset)) = inc.unacked.take() {
-            let frame = Frame::Ack {
-                region: name.clone(),
-                term: inc.term,
-                order,
-                offset,
-                durable,
-            };
-            transport::write_frame(writer, &frame, out).await?;
-        }
+    for (region, term, (order, offset)) in acks {
+        let frame = Frame::Ack {
+            region,
+            term,
+            order,
+            offset,
+            durable,
+        };
+        transport::write_frame(writer, &frame, out).await?;
     }
     Ok(())
 }

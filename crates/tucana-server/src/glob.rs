@@ -5,52 +5,34 @@
 //! time whatever the pattern: a client cannot make the server spin with `*a*a*a*b`.
 //! Pure functions; thread-safe.
 
-/// Whether `key` matches `pattern`.
+/// Whether `key` matches `pattern`, as Redis 7's `stringmatchlen` decides, quirks
+/// included (each checked against redis-server in `tests/differential_commands.rs`):
+///
+/// - an empty key matches only the patterns `""` and `"*"` (Redis's matcher never runs
+///   on an empty key; `KEYS *` and `SCAN` without a pattern take every key before it);
+/// - a `[` with no closing `]` is a class of the rest of the pattern (`[abc` matches
+///   `a`), and a lone `[` at the end matches nothing;
+/// - `x-y` in a class is a range when two bytes follow the `x`, whatever they are
+///   (`[a-]` is the range from `]` to `a`), and `[]` is an empty class;
+/// - a `\` at the end of the pattern is a literal backslash.
 pub fn glob_match(pattern: &[u8], key: &[u8]) -> bool {
+    if key.is_empty() {
+        return pattern.is_empty() || pattern == b"*";
+    }
     let (mut p, mut k) = (0, 0);
     // Where to resume after the last `*`: (pattern position after it, key position).
     let mut star: Option<(usize, usize)> = None;
     while k < key.len() {
         if p < pattern.len() {
-            match pattern[p] {
-                b'*' => {
-                    star = Some((p + 1, k));
-                    p += 1;
-                    continue;
-                }
-                b'?' => {
-                    p += 1;
-                    k += 1;
-                    continue;
-                }
-                b'[' => {
-                    if let Some((matched, next)) = class_match(pattern, p, key[k]) {
-                        if matched {
-                            p = next;
-                            k += 1;
-                            continue;
-                        }
-                    } else if key[k] == b'[' {
-                        // An unterminated class is a literal '['.
-                        p += 1;
-                        k += 1;
-                        continue;
-                    }
-                }
-                b'\\' if p + 1 < pattern.len() => {
-                    if pattern[p + 1] == key[k] {
-                        p += 2;
-                        k += 1;
-                        continue;
-                    }
-                }
-                c => {
-                    if c == key[k] {
-                        p += 1;
-                        k += 1;
-                        continue;
-                    }
-                }
+            if pattern[p] == b'*' {
+                star = Some((p + 1, k));
+                p += 1;
+                continue;
+            }
+            if let Some(next) = element_match(pattern, p, key[k]) {
+                p = next;
+                k += 1;
+                continue;
             }
         }
         // Mismatch: let the last `*` eat one more byte, or fail.
@@ -66,9 +48,24 @@ pub fn glob_match(pattern: &[u8], key: &[u8]) -> bool {
     pattern[p..].iter().all(|&c| c == b'*')
 }
 
-/// Matches `c` against the class starting at `pattern[start] == '['`; `None` when the
-/// class has no closing `]`, else whether it matched and where the pattern continues.
-fn class_match(pattern: &[u8], start: usize, c: u8) -> Option<(bool, usize)> {
+/// Matches byte `c` against the pattern element at `pattern[p]` (not a `*`): where the
+/// pattern continues when it matched, `None` when not.
+fn element_match(pattern: &[u8], p: usize, c: u8) -> Option<usize> {
+    match pattern[p] {
+        b'?' => Some(p + 1),
+        b'[' => {
+            let (matched, next) = class_match(pattern, p, c);
+            matched.then_some(next)
+        }
+        b'\\' if p + 1 < pattern.len() => (pattern[p + 1] == c).then_some(p + 2),
+        b => (b == c).then_some(p + 1),
+    }
+}
+
+/// Matches `c` against the class starting at `pattern[start] == '['`: whether it
+/// matched and where the pattern continues. A class with no closing `]` takes the rest
+/// of the pattern, as in Redis.
+fn class_match(pattern: &[u8], start: usize, c: u8) -> (bool, usize) {
     let mut i = start + 1;
     let negate = pattern.get(i) == Some(&b'^');
     if negate {
@@ -76,29 +73,29 @@ fn class_match(pattern: &[u8], start: usize, c: u8) -> Option<(bool, usize)> {
     }
     let mut matched = false;
     loop {
-        let b = *pattern.get(i)?;
-        match b {
-            b']' => return Some((matched != negate, i + 1)),
-            b'\\' if i + 1 < pattern.len() => {
-                matched |= pattern[i + 1] == c;
-                i += 2;
+        let left = pattern.len().saturating_sub(i);
+        if left >= 2 && pattern[i] == b'\\' {
+            i += 1;
+            matched |= pattern[i] == c;
+        } else if left >= 1 && pattern[i] == b']' {
+            break;
+        } else if left == 0 {
+            // The pattern ended inside the class: it ends at the last byte.
+            i -= 1;
+            break;
+        } else if left >= 3 && pattern[i + 1] == b'-' {
+            let (mut lo, mut hi) = (pattern[i], pattern[i + 2]);
+            if lo > hi {
+                std::mem::swap(&mut lo, &mut hi);
             }
-            _ if pattern.get(i + 1) == Some(&b'-')
-                && pattern.get(i + 2).is_some_and(|&e| e != b']') =>
-            {
-                let (mut lo, mut hi) = (b, pattern[i + 2]);
-                if lo > hi {
-                    std::mem::swap(&mut lo, &mut hi);
-                }
-                matched |= (lo..=hi).contains(&c);
-                i += 3;
-            }
-            _ => {
-                matched |= b == c;
-                i += 1;
-            }
+            matched |= (lo..=hi).contains(&c);
+            i += 2;
+        } else {
+            matched |= pattern[i] == c;
         }
+        i += 1;
     }
+    (matched != negate, i + 1)
 }
 
 /// The literal bytes every match must start with (up to the first special character),
@@ -140,7 +137,18 @@ mod tests {
             ("user:*", "user:42"),
             ("a\\*b", "a*b"),
             ("*a*b", "xxaxxb"),
-            ("[", "["),
+            ("[abc", "b"),
+            ("[a-]", "_"),
+            ("[a-", "-"),
+            ("[^", "x"),
+            ("[^]", "x"),
+            ("[!-]", "["),
+            ("[\\", "\\"),
+            ("a\\", "a\\"),
+            ("[\\]]", "]"),
+            ("[z-a]", "h"),
+            ("a*", "a"),
+            ("", ""),
         ];
         let no = [
             ("h?llo", "hllo"),
@@ -150,6 +158,14 @@ mod tests {
             ("a\\*b", "axb"),
             ("*a*b", "xxaxxbx"),
             ("abc", "ab"),
+            ("[", "["),
+            ("x[ab", "xa["),
+            ("[]", "a"),
+            ("[]a]", "a"),
+            ("[a-]", "b"),
+            ("**", ""),
+            ("?", ""),
+            ("a[", "a["),
         ];
         for (p, k) in yes {
             assert!(glob_match(p.as_bytes(), k.as_bytes()), "{p} ~ {k}");

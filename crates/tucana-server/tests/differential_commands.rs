@@ -203,6 +203,104 @@ fn key_move_replies_match_redis_server() {
     common::assert_same_replies(KEYS);
 }
 
+/// Issue 23's differences between redis-server and tucana in commands tucana already
+/// served, found by differential testing and fixed here: glob patterns with an
+/// unclosed `[` (a class of the rest of the pattern in Redis; tucana read a literal `[`)
+/// or a range ending in `-` (`[a-]` is the range from `]` to `a`), `DECRBY` of
+/// `i64::MIN` (Redis: `decrement would overflow`; tucana: not an integer), `AUTH
+/// default x` with no password set (Redis: OK, the default user is `nopass`; tucana
+/// refused it), `KEYS` and `DBSIZE` inside `MULTI` (Redis queues them; tucana refused
+/// them), `SCAN -1` (a valid cursor to Redis's strtoul; tucana: invalid cursor).
+const FORMER_DIFFERENCES: &str = "FLUSHALL
+MSET a 1 b 2 c 3 [ 4 ] 5 ^ 6 _ 7 ` 8 x- 9 - 10 ab 11 [a 12 \\ 13 a\\ 14 xa[ 15 a[ 16
+sort KEYS [abc
+sort KEYS x[ab
+sort KEYS [a-]
+sort KEYS [^
+sort KEYS [
+sort KEYS [a-
+sort KEYS [-a]
+sort KEYS [\\
+sort KEYS a\\
+sort KEYS []
+sort KEYS []a]
+sort KEYS [!-]
+sort KEYS **
+sort KEYS [^]
+sort KEYS [a-c
+sort KEYS a[
+sort KEYS \\
+sort KEYS [\\]]
+sort KEYS [z-a]
+sort KEYS a*
+scankeys SCAN 0 MATCH [abc COUNT 100
+scankeys SCAN 0 MATCH [a-] COUNT 100
+SET n 5
+DECRBY n -9223372036854775808
+DECRBY n 9223372036854775807
+DECRBY n x
+GET n
+AUTH default x
+AUTH x
+AUTH other x
+len HELLO 2 AUTH default x
+HELLO 2 AUTH other x
+MULTI
+DBSIZE
+SET n2 1
+DEL a
+KEYS n?
+DBSIZE
+EXEC
+MULTI
+SET n3 1
+DBSIZE
+EXEC
+FLUSHALL
+SCAN -1
+SCAN -18446744073709551615
+SCAN 18446744073709551616
+SCAN 1x";
+
+#[test]
+fn former_differences_match_redis_server() {
+    common::assert_same_replies(FORMER_DIFFERENCES);
+}
+
+/// The empty key, which a script line cannot spell: Redis's matcher never runs on it,
+/// so only `*` (KEYS's and SCAN's match-all) and the empty pattern match it; `**`
+/// and `?*` do not.
+#[test]
+fn the_empty_key_matches_only_star_as_at_redis_server() {
+    let Some((_redis, port)) = common::start_redis_server() else {
+        return;
+    };
+    let server = common::start_tucana_for_comparison();
+    let mut theirs = common::Raw::connect(&format!("127.0.0.1:{port}"));
+    let mut ours = common::Raw::connect(&server.addr.to_string());
+    let words = |w: &[&str]| w.iter().map(|s| s.as_bytes().to_vec()).collect::<Vec<_>>();
+    for command in [
+        words(&["SET", "", "empty"]),
+        words(&["SET", "k", "v"]),
+        words(&["KEYS", "**"]),
+        words(&["KEYS", "?*"]),
+        words(&["KEYS", ""]),
+        words(&["SCAN", "0", "MATCH", "**"]),
+        words(&["DEL", "k"]),
+        words(&["KEYS", "*"]),
+        words(&["SCAN", "0", "MATCH", "*"]),
+    ] {
+        let (want, _) = theirs.call(&command);
+        let (got, _) = ours.call(&command);
+        assert_eq!(
+            String::from_utf8_lossy(&got),
+            String::from_utf8_lossy(&want),
+            "{command:?}"
+        );
+    }
+    server.stop().unwrap();
+}
+
 const ZSETS: &str = "FLUSHALL
 ZADD za 1 a 2 b 3 c
 ZADD zb 10 b 20 c 30 d

@@ -342,6 +342,13 @@ impl ReplicaHandle {
         self.replica.get(key)
     }
 
+    /// The foreground position this backup may acknowledge: how far promotion's replay
+    /// would reach through what it received, as (the primary's segment order, offset in
+    /// it); `None` before the first applied commit (see `Replica::replayable_position`).
+    pub fn replayable_position(&self) -> Option<(u64, u64)> {
+        self.replica.replayable_position()
+    }
+
     /// Raises the replica's term; frames of lower terms are refused from then on.
     pub fn raise_term(&self, term: u64) {
         self.replica.raise_term(term);

@@ -654,3 +654,73 @@ fn a_promotion_that_never_reaches_a_received_log_segment_is_refused() {
     assert!(e.to_string().contains("of the foreground log"), "{e}");
     link.backup.check().unwrap();
 }
+
+/// A backup used to acknowledge the highest foreground position it had received. When a
+/// segment's bytes never reached it (session 16, seed 213: a segment garbage collection
+/// retired before a new backup took its copy), it acknowledged the later segments
+/// anyway, and promotion's replay, which follows the LINK chain, stopped at the gap: the
+/// writes acknowledged past it were lost. It now acknowledges how far replay would
+/// reach: up to the LINK into the missing segment, and to the end once it arrives.
+#[test]
+fn a_backup_acknowledges_only_as_far_as_replay_reaches() {
+    let mut link = Link::new();
+    let ks = link.primary.keyspace(NAME).unwrap();
+    for i in 0..100u32 {
+        ks.put(&key(i), b"committed").unwrap();
+    }
+    link.primary.commit().unwrap();
+    link.take_commits(false);
+    let replica = link.replica();
+    let source = link.primary.ship_source(NAME).unwrap();
+    let at_commit = replica.replayable_position().expect("a commit was applied");
+    let end_at_commit = source.log_position();
+    assert_eq!(
+        at_commit,
+        (end_at_commit.order, end_at_commit.offset),
+        "everything the commit covers is replayable"
+    );
+    // Into the next segments (64 KiB each); every byte but the second new segment's.
+    for i in 100..1000u32 {
+        ks.put(&key(i), &[6u8; 300]).unwrap();
+    }
+    let end = source.log_position();
+    let new: Vec<_> = source
+        .segments(at_commit.0 + 1, usize::MAX)
+        .into_iter()
+        .filter(|s| !s.relocation)
+        .collect();
+    assert!(new.len() >= 3, "{new:?}");
+    let missing = new[1].order;
+    let ship = |seg: &tucana::replication::ShipSegment, from: u64| {
+        let mut bytes = vec![0u8; (seg.ready_bytes - from) as usize];
+        source.read(seg.base, from, &mut bytes).unwrap();
+        replica
+            .write_log(seg.base, seg.size_bytes, seg.order, from, &bytes)
+            .unwrap();
+    };
+    let tail_now = source
+        .segments(at_commit.0, 1)
+        .pop()
+        .expect("the committed tail segment");
+    ship(&tail_now, at_commit.1);
+    for seg in new.iter().filter(|s| s.order != missing) {
+        ship(seg, 0);
+    }
+    let (order, offset) = replica.replayable_position().unwrap();
+    assert_eq!(
+        order, new[0].order,
+        "held back at the segment before the gap"
+    );
+    assert!(
+        offset + 64 <= new[0].size_bytes && offset > 0,
+        "at its LINK: {offset}"
+    );
+    assert!((order, offset) < (end.order, end.offset));
+    // The missing segment arrives: replay reaches the end of the log.
+    ship(&new[1], 0);
+    assert_eq!(
+        replica.replayable_position().unwrap(),
+        (end.order, end.offset)
+    );
+    link.backup.check().unwrap();
+}

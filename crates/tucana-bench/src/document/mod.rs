@@ -54,6 +54,11 @@ pub struct ReportArgs {
     /// (default: `server-results.json` next to the suite's JSON file).
     #[arg(long)]
     server_json: Option<PathBuf>,
+    /// A second `server` run's JSON file, for issue 23's data-type tests, whose section
+    /// follows the first when the file exists (default: `server-types-results.json`
+    /// next to the suite's JSON file).
+    #[arg(long)]
+    server_types_json: Option<PathBuf>,
     /// The `replication` command's JSON file, whose section is added when the file
     /// exists (default: `replication-results.json` next to the suite's JSON file).
     #[arg(long)]
@@ -111,6 +116,11 @@ pub fn run(args: &ReportArgs) -> Result<()> {
             .with_file_name(crate::server::DEFAULT_JSON_FILE_NAME)
     });
     append_server_section(&mut markdown, &server_json)?;
+    let server_types_json = args.server_types_json.clone().unwrap_or_else(|| {
+        args.json
+            .with_file_name(crate::server::TYPES_JSON_FILE_NAME)
+    });
+    append_server_types_section(&mut markdown, &server_types_json)?;
     let replication_json = args.replication_json.clone().unwrap_or_else(|| {
         args.json
             .with_file_name(crate::replication::DEFAULT_JSON_FILE_NAME)
@@ -207,6 +217,25 @@ fn append_server_section(markdown: &mut String, path: &Path) -> Result<()> {
     let doc: Value = serde_json::from_str(&read_text(path)?)
         .map_err(|e| format!("{} is not a server run's JSON: {e}", path.display()))?;
     *markdown += &server::render(&doc, path);
+    Ok(())
+}
+
+/// Adds a second redis-benchmark section, of a run made for the data-type tests, when its
+/// JSON file exists; its headings say so (the first section's are the same words).
+fn append_server_types_section(markdown: &mut String, path: &Path) -> Result<()> {
+    if !path.exists() {
+        return Ok(());
+    }
+    let doc: Value = serde_json::from_str(&read_text(path)?)
+        .map_err(|e| format!("{} is not a server run's JSON: {e}", path.display()))?;
+    let section = server::render(&doc, path)
+        .replacen(
+            "## Redis protocol: ",
+            "## Redis data types (issue 23), a run of its own: ",
+            1,
+        )
+        .replace("\n### ", "\n### Data types: ");
+    *markdown += &section;
     Ok(())
 }
 

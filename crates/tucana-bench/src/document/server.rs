@@ -219,8 +219,22 @@ fn what_ran(md: &mut String, options: &Value, json_path: &Path) {
             // "Redis server v=7.0.15 sha=00000000:0 malloc=...": the version is enough.
             .map_or("no redis-server", |v| v.split(" sha=").next().unwrap_or(v)),
     );
+    if let Some(records) = options["type_keys"].as_u64().filter(|&n| n > 0) {
+        let _ = writeln!(
+            md,
+            "The data-type tests (issue 23) followed at each pipeline depth, after a load of \
+             {records} records of 10 fields of {} bytes (`HSET rec:N field0 v ... field9 v`) and of \
+             an index holding each record at its number (`ZADD rec-index N rec:N`): `HSET` of a \
+             random record, `HGETALL` of one, `ZADD` of a random member at a random score to the \
+             index and `ZRANGEBYSCORE rec-index N +inf LIMIT 0 10` (YCSB's Redis binding: records \
+             as hashes, its scan index a sorted set), then redis-benchmark's own `LPUSH` and `LPOP` \
+             (one list; the pops take what the pushes left), {records} random keys (`-r`).\n",
+            options["field_bytes"],
+        );
+    }
     *md += "Issue 6's target: Tucana at ≥ 1.0× redis-server's throughput while persisting \
-           every write to its log, with the data set allowed to be larger than memory.\n\n";
+           every write to its log, with the data set allowed to be larger than memory. \
+           Issue 23's: the same for the data-type tests.\n\n";
 }
 
 /// A debug build's warning (of the harness or of the `tucana` it ran), and a quick run's.

@@ -37,10 +37,11 @@ pub(crate) mod kind;
 pub(crate) mod process;
 pub(crate) mod redis_benchmark;
 pub(crate) mod resp;
+pub(crate) mod types;
 
 use kind::{default_tucana, require, version_of, Programs, ServerKind};
 use process::{load_average, Sample, Server};
-use redis_benchmark::{redis_benchmark, Shape};
+use redis_benchmark::{redis_benchmark, redis_benchmark_command, Shape};
 use resp::{info_field, load, KEY_BYTES, LOAD_CONNECTIONS, LOAD_PIPELINE};
 
 #[derive(Args, Debug, Clone)]
@@ -69,6 +70,17 @@ pub struct ServerArgs {
     /// Pipeline depths (redis-benchmark's -P), one test of each kind per depth.
     #[arg(long, value_delimiter = ',', default_values_t = [1u64, 16], value_parser = clap::value_parser!(u64).range(1..=10_000))]
     pipelines: Vec<u64>,
+    /// Records of the data-type tests (HSET/HGETALL of 10-field records, ZADD/
+    /// ZRANGEBYSCORE of one index, LPUSH/LPOP; `types`), loaded before them and requested
+    /// at random (0: skip those tests).
+    #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(0..=MAX_KEYSPACE))]
+    type_keys: u64,
+    /// Bytes per field of a record of the data-type tests (YCSB's default: 100).
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=1 << 16))]
+    field_bytes: u64,
+    /// Records of the data-type tests on the larger-than-memory data set (0: none).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=MAX_KEYSPACE))]
+    large_type_keys: u64,
     /// Keys of the larger-than-memory data set, served by tucana-buffered inside a memory
     /// cgroup (0: skip it).
     #[arg(long, default_value_t = 4_000_000, value_parser = clap::value_parser!(u64).range(0..=MAX_KEYSPACE))]
@@ -112,6 +124,9 @@ const LARGE_SERVER: ServerKind = ServerKind::TucanaBuffered;
 /// The results file's name; `report` looks for it next to the suite's JSON file.
 pub const DEFAULT_JSON_FILE_NAME: &str = "server-results.json";
 
+/// The file of a run kept for its data-type tests, shown as a section of its own.
+pub const TYPES_JSON_FILE_NAME: &str = "server-types-results.json";
+
 /// redis-benchmark writes `-r` keys as 12 decimal digits.
 const MAX_KEYSPACE: u64 = 1_000_000_000_000;
 
@@ -122,6 +137,8 @@ impl ServerArgs {
             self.keyspace = self.keyspace.min(2_000);
             self.large_keys = self.large_keys.min(5_000);
             self.large_requests = 1_000;
+            self.type_keys = self.type_keys.min(1_000);
+            self.large_type_keys = self.large_type_keys.min(1_000);
         }
     }
 }
@@ -227,6 +244,9 @@ fn run_options(args: &ServerArgs, programs: &Programs, versions: Versions) -> Ru
     options.set("keyspace", args.keyspace);
     options.set("pipelines", args.pipelines.clone());
     options.set("rounds", args.rounds);
+    options.set("type_keys", args.type_keys);
+    options.set("field_bytes", args.field_bytes);
+    options.set("large_type_keys", args.large_type_keys);
     options.set("large_keys", args.large_keys);
     options.set("large_value_bytes", args.large_value_bytes);
     options.set("large_requests", args.large_requests);
@@ -291,6 +311,8 @@ fn run_in_memory(
             value_bytes: args.value_bytes,
             keys: args.keyspace,
             pipelines: args.pipelines.clone(),
+            type_keys: args.type_keys,
+            field_bytes: args.field_bytes,
         };
         let data_dir = work.join(kind.name());
         std::fs::create_dir_all(&data_dir)?;
@@ -357,6 +379,8 @@ fn run_large(
         value_bytes: args.large_value_bytes,
         keys: args.large_keys,
         pipelines: args.pipelines.clone(),
+        type_keys: args.large_type_keys,
+        field_bytes: args.field_bytes,
     };
     let mut server = Server::start(kind, programs, &data_dir, group.as_ref())?;
     let first = records.len();
@@ -394,6 +418,7 @@ fn run_large(
 }
 
 /// One server's share of the run.
+#[derive(Clone)]
 struct Plan {
     dataset: &'static str,
     requests: u64,
@@ -401,6 +426,9 @@ struct Plan {
     value_bytes: u64,
     keys: u64,
     pipelines: Vec<u64>,
+    /// Records of the data-type tests (0: none), and bytes per field.
+    type_keys: u64,
+    field_bytes: u64,
 }
 
 impl Plan {
@@ -452,43 +480,109 @@ fn run_plan(
     print_row(&record);
     records.push(record);
 
+    let common = |record: &mut Record| {
+        record.set("connection_threads", threads);
+        record.set("busy_poll_us", busy_poll_us);
+        print_row(record);
+    };
     for &pipeline in &plan.pipelines {
         // SET first, as redis-benchmark's own order; both find every key present.
         for test in ["SET", "GET"] {
-            let before = server.sample();
-            let client_before = sys::children_cpu_time();
-            let result = redis_benchmark(
-                &programs.redis_benchmark,
-                server.port,
-                &plan.shape(),
+            let mut record = bench_one(server, plan, programs, group, pipeline, test, &[])?;
+            common(&mut record);
+            records.push(record);
+        }
+    }
+    if plan.type_keys == 0 {
+        return Ok(());
+    }
+    // The data-type tests: every record and index member first, then each test at each
+    // depth (`types`).
+    let started = Instant::now();
+    types::preload(server.port, plan.type_keys, plan.field_bytes)?;
+    server.settle()?;
+    println!(
+        "{:<20} {:<16} loaded {} records of {} fields and their index in {:.1} s",
+        plan.dataset,
+        name,
+        plan.type_keys,
+        types::FIELDS,
+        started.elapsed().as_secs_f64()
+    );
+    let type_plan = Plan {
+        keys: plan.type_keys,
+        ..plan.clone()
+    };
+    for &pipeline in &plan.pipelines {
+        for test in types::tests(plan.field_bytes) {
+            let mut record = bench_one(
+                server,
+                &type_plan,
+                programs,
+                group,
                 pipeline,
-                test,
+                test.name,
+                &test.command,
             )?;
-            // redis-benchmark has been waited for: its CPU time is in the children's.
-            let client_cpu = sys::children_cpu_time().saturating_sub(client_before);
-            let after = server.sample();
-            let mut record = Record::unmeasured(name, &format!("redis-{test}-P{pipeline}"));
-            record.ops_per_sec = Some(result.requests_per_sec);
-            record.p50_us = Some(result.p50_ms * 1000.0);
-            record.p99_us = Some(result.p99_ms * 1000.0);
-            fill(&mut record, plan, &before, &after, plan.requests, group);
-            record.set("pipeline", pipeline);
-            record.set("clients", plan.clients);
-            record.set("test", test);
-            record.set("avg_latency_us", result.avg_ms * 1000.0);
-            record.set("max_latency_us", result.max_ms * 1000.0);
-            record.set("elapsed_s", result.elapsed.as_secs_f64());
-            record.set(
-                "client_cpu_us_per_op",
-                client_cpu.as_secs_f64() * 1e6 / plan.requests.max(1) as f64,
-            );
-            record.set("connection_threads", threads);
-            record.set("busy_poll_us", busy_poll_us);
-            print_row(&record);
+            record.set("field_bytes", plan.field_bytes);
+            common(&mut record);
             records.push(record);
         }
     }
     Ok(())
+}
+
+/// One redis-benchmark test (`test` built in, or the command line `command`) and its
+/// record, named `redis-TEST-PN`.
+fn bench_one(
+    server: &mut Server,
+    plan: &Plan,
+    programs: &Programs,
+    group: Option<&cgroup::MemoryCgroup>,
+    pipeline: u64,
+    test: &str,
+    command: &[String],
+) -> Result<Record> {
+    let before = server.sample();
+    let client_before = sys::children_cpu_time();
+    let shape = plan.shape();
+    let result = if command.is_empty() {
+        redis_benchmark(
+            &programs.redis_benchmark,
+            server.port,
+            &shape,
+            pipeline,
+            test,
+        )?
+    } else {
+        redis_benchmark_command(
+            &programs.redis_benchmark,
+            server.port,
+            &shape,
+            pipeline,
+            test,
+            command,
+        )?
+    };
+    // redis-benchmark has been waited for: its CPU time is in the children's.
+    let client_cpu = sys::children_cpu_time().saturating_sub(client_before);
+    let after = server.sample();
+    let mut record = Record::unmeasured(server.kind.name(), &format!("redis-{test}-P{pipeline}"));
+    record.ops_per_sec = Some(result.requests_per_sec);
+    record.p50_us = Some(result.p50_ms * 1000.0);
+    record.p99_us = Some(result.p99_ms * 1000.0);
+    fill(&mut record, plan, &before, &after, plan.requests, group);
+    record.set("pipeline", pipeline);
+    record.set("clients", plan.clients);
+    record.set("test", test);
+    record.set("avg_latency_us", result.avg_ms * 1000.0);
+    record.set("max_latency_us", result.max_ms * 1000.0);
+    record.set("elapsed_s", result.elapsed.as_secs_f64());
+    record.set(
+        "client_cpu_us_per_op",
+        client_cpu.as_secs_f64() * 1e6 / plan.requests.max(1) as f64,
+    );
+    Ok(record)
 }
 
 /// The figures of one test from the server's samples before and after it.
@@ -545,7 +639,7 @@ fn fill(
 fn print_table_header() {
     println!();
     println!(
-        "{:<20} {:<16} {:<16} {:>10} {:>9} {:>9} {:>10} {:>10} {:>9} {:>10}",
+        "{:<20} {:<16} {:<24} {:>10} {:>9} {:>9} {:>10} {:>10} {:>9} {:>10}",
         "dataset",
         "server",
         "test",
@@ -562,7 +656,7 @@ fn print_table_header() {
 fn print_row(record: &Record) {
     let field = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.1}"));
     println!(
-        "{:<20} {:<16} {:<16} {:>10.0} {:>9} {:>9} {:>10} {:>10} {:>9} {:>10}",
+        "{:<20} {:<16} {:<24} {:>10.0} {:>9} {:>9} {:>10} {:>10} {:>9} {:>10}",
         record.get("dataset").and_then(Value::as_str).unwrap_or("-"),
         record.engine,
         record.workload,

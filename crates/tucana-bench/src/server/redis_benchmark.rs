@@ -39,7 +39,22 @@ pub(crate) fn redis_benchmark(
     pipeline: u64,
     test: &str,
 ) -> Result<BenchResult> {
-    run(program, port, false, shape, pipeline, test)
+    run(program, port, false, shape, pipeline, test, &[])
+}
+
+/// As [`redis_benchmark`] for a command line of our own (`command`, whose
+/// `__rand_int__` redis-benchmark replaces with a random 12-digit number below the
+/// shape's `keys`), recorded as `test` (its first word: redis-benchmark names the row
+/// after the whole line).
+pub(crate) fn redis_benchmark_command(
+    program: &Path,
+    port: u16,
+    shape: &Shape,
+    pipeline: u64,
+    test: &str,
+    command: &[String],
+) -> Result<BenchResult> {
+    run(program, port, false, shape, pipeline, test, command)
 }
 
 /// As [`redis_benchmark`], with `--cluster`: the cluster that the server on `port` is
@@ -51,9 +66,10 @@ pub(crate) fn redis_benchmark_cluster(
     pipeline: u64,
     test: &str,
 ) -> Result<BenchResult> {
-    run(program, port, true, shape, pipeline, test)
+    run(program, port, true, shape, pipeline, test, &[])
 }
 
+/// One invocation: the built-in `test` (`-t`), or `command` when not empty.
 fn run(
     program: &Path,
     port: u16,
@@ -61,22 +77,27 @@ fn run(
     shape: &Shape,
     pipeline: u64,
     test: &str,
+    command_line: &[String],
 ) -> Result<BenchResult> {
     let started = Instant::now();
     let mut command = Command::new(program);
     if cluster {
         command.arg("--cluster");
     }
-    let output = command
+    command
         .args(["-h", "127.0.0.1", "-p", &port.to_string()])
         .args(["-c", &shape.clients.to_string()])
         .args(["-n", &shape.requests.to_string()])
         .args(["-d", &shape.value_bytes.to_string()])
         .args(["-r", &shape.keys.to_string()])
         .args(["-P", &pipeline.to_string()])
-        .args(["-t", &test.to_ascii_lowercase(), "--csv"])
-        .stdin(Stdio::null())
-        .output()?;
+        .arg("--csv");
+    if command_line.is_empty() {
+        command.args(["-t", &test.to_ascii_lowercase()]);
+    } else {
+        command.args(command_line);
+    }
+    let output = command.stdin(Stdio::null()).output()?;
     let elapsed = started.elapsed();
     let stdout = String::from_utf8_lossy(&output.stdout);
     if !output.status.success() {
@@ -111,7 +132,12 @@ fn parse_csv(text: &str, test: &str) -> Option<BenchResult> {
     let header = split(lines.next()?);
     let row = lines
         .map(split)
-        .find(|cells| cells.first().is_some_and(|c| c == test))?;
+        // A command line of our own is named after the whole line.
+        .find(|cells| {
+            cells
+                .first()
+                .is_some_and(|c| c == test || c.starts_with(&format!("{test} ")))
+        })?;
     let column = |name: &str| -> Option<f64> {
         let at = header.iter().position(|h| h == name)?;
         row.get(at)?.parse().ok()
@@ -143,6 +169,10 @@ mod tests {
         assert_eq!(parse_csv(text, "SET").unwrap().avg_ms, 1.445);
         assert!(parse_csv(text, "INCR").is_none());
         assert!(parse_csv("", "GET").is_none());
+        let custom = "\"test\",\"rps\",\"avg_latency_ms\",\"min_latency_ms\",\"p50_latency_ms\",\"p95_latency_ms\",\"p99_latency_ms\",\"max_latency_ms\"\n\
+                      \"HGETALL rec:__rand_int__\",\"111111.12\",\"0.240\",\"0.064\",\"0.239\",\"0.327\",\"0.439\",\"0.519\"\n";
+        assert_eq!(parse_csv(custom, "HGETALL").unwrap().p99_ms, 0.439);
+        assert!(parse_csv(custom, "HGET").is_none());
     }
 
     #[test]

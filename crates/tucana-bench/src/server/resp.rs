@@ -109,6 +109,42 @@ pub(crate) fn load_keys(port: u16, keys: std::ops::Range<u64>, value: &[u8]) -> 
 }
 
 fn load_range(port: u16, range: std::ops::Range<u64>, value: &[u8]) -> Result<()> {
+    let set = |index: u64| command(&[b"SET", key(index).as_bytes(), value]);
+    send_range(port, range, &set, &|line| line == "+OK\r\n")
+}
+
+/// Sends `request(i)` for every `i` of `indexes` over a few pipelined connections, each a
+/// contiguous share; every reply must be one line that `ok` accepts (the loader of the
+/// data-type tests: HSETs of records, ZADDs of an index).
+pub(super) fn load_requests(
+    port: u16,
+    indexes: std::ops::Range<u64>,
+    request: &(dyn Fn(u64) -> Vec<u8> + Sync),
+    ok: &(dyn Fn(&str) -> bool + Sync),
+) -> Result<()> {
+    let count = indexes.end.saturating_sub(indexes.start);
+    let share = count.div_ceil(LOAD_CONNECTIONS);
+    std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..LOAD_CONNECTIONS)
+            .map(|c| {
+                let at = |i: u64| indexes.start + (i * share).min(count);
+                let range = at(c)..at(c + 1);
+                scope.spawn(move || send_range(port, range, request, ok))
+            })
+            .collect();
+        for worker in workers {
+            worker.join().map_err(|_| "a loader thread panicked")??;
+        }
+        Ok(())
+    })
+}
+
+fn send_range(
+    port: u16,
+    range: std::ops::Range<u64>,
+    request: &(dyn Fn(u64) -> Vec<u8> + Sync),
+    ok: &(dyn Fn(&str) -> bool + Sync),
+) -> Result<()> {
     let stream = connect(port)?;
     let mut writer = std::io::BufWriter::with_capacity(1 << 20, stream.try_clone()?);
     let mut reader = BufReader::new(stream);
@@ -117,14 +153,14 @@ fn load_range(port: u16, range: std::ops::Range<u64>, value: &[u8]) -> Result<()
     while next < range.end {
         let batch_end = (next + LOAD_PIPELINE).min(range.end);
         for index in next..batch_end {
-            writer.write_all(&command(&[b"SET", key(index).as_bytes(), value]))?;
+            writer.write_all(&request(index))?;
         }
         writer.flush()?;
         for index in next..batch_end {
             line.clear();
             reader.read_line(&mut line)?;
-            if line != "+OK\r\n" {
-                return Err(format!("SET {} answered {line:?}", key(index)).into());
+            if !ok(&line) {
+                return Err(format!("the loader's request {index} was answered {line:?}").into());
             }
         }
         next = batch_end;

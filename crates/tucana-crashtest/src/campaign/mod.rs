@@ -85,6 +85,8 @@ pub struct Summary {
     pub checked: bool,
     pub failover_ms: Vec<f64>,
     pub planned_ms: Vec<f64>,
+    /// Planned failovers that gave up (`nemesis::Outcome::planned_aborted`).
+    pub planned_aborted: usize,
     /// Per region of the first map: the fraction of the run's whole seconds with an
     /// acknowledged write to one of its slots.
     pub availability: Vec<f64>,
@@ -141,7 +143,7 @@ impl Summary {
         format!(
             "campaign: target {}, seed {}, {:.0} s, {} servers, {}, faults {} ({} steps), ops {}, acknowledged {}, \
              refused {}, indeterminate {}, linearizable: {}, lost acknowledged writes: {} of {} unique ({} unreadable), \
-             check failures: {}, failovers: {} (p50 {:.0} ms, p99 {:.0} ms), planned failovers: {} (p50 {:.0} ms), \
+             check failures: {}, failovers: {} (p50 {:.0} ms, p99 {:.0} ms), planned failovers: {} (p50 {:.0} ms, {} aborted), \
              availability per region: min {:.2}, mean {:.2}, troubles: {}, \
              minority acknowledged: {} of {} probes",
             self.target,
@@ -169,6 +171,7 @@ impl Summary {
             pct(&self.failover_ms, 0.99),
             self.planned_ms.len(),
             pct(&self.planned_ms, 0.5),
+            self.planned_aborted,
             avail_min,
             avail_mean,
             self.troubles.len(),
@@ -437,6 +440,7 @@ fn nemesis_loop(
         summary.steps.push(outcome.what.clone());
         summary.failover_ms.extend(&outcome.failover_ms);
         summary.planned_ms.extend(outcome.planned_ms);
+        summary.planned_aborted += usize::from(outcome.planned_aborted);
         summary.minority_probes += outcome.minority_probes;
         for ack in &outcome.minority_acks {
             eprintln!("campaign: FENCING: {ack}");

@@ -107,6 +107,10 @@ pub struct Outcome {
     pub failover_ms: Vec<f64>,
     /// A planned failover: request → the backup named primary, ms.
     pub planned_ms: Option<f64>,
+    /// A planned failover that did not happen, its region still led, and written to, by
+    /// its old primary: the handover gave up (its backup did not acknowledge the
+    /// handover's write in time), as Redis's manual failover gives up after its timeout.
+    pub planned_aborted: bool,
     /// Something that should have happened did not (a region never failed over, a
     /// command failed): a finding, reported, not a crash of the campaign.
     pub trouble: Option<String>,
@@ -216,6 +220,12 @@ pub fn apply(fleet: &mut Fleet, step: &Step, lease_ms: u64) -> Result<Outcome, S
                     );
                     match done {
                         Ok(()) => out.planned_ms = Some(at.elapsed().as_secs_f64() * 1000.0),
+                        Err(_) if old_primary_serves_on(fleet, r) => {
+                            out.planned_aborted = true;
+                            out.what.push_str(
+                                ", aborted: the backup did not catch up in time and the primary serves on",
+                            );
+                        }
                         Err(e) => out.trouble = Some(e),
                     }
                 }
@@ -223,6 +233,25 @@ pub fn apply(fleet: &mut Fleet, step: &Step, lease_ms: u64) -> Result<Outcome, S
         }
     }
     Ok(out)
+}
+
+/// Whether `r`'s primary still leads it in the served map and acknowledges a write to
+/// its first slot sent straight to it: a planned failover that gave up, not a stuck one.
+fn old_primary_serves_on(fleet: &Fleet, r: &Range) -> bool {
+    let leads = fleet.served_map(None).is_some_and(|m| {
+        m.iter()
+            .any(|x| x.start <= r.start && r.start <= x.end && x.primary == r.primary)
+    });
+    let key = format!("{{{}}}:aborted-failover-probe", tag_in(r.start, r.start));
+    leads
+        && connect_with(&r.primary, fleet.password())
+            .and_then(|mut c| {
+                redis::cmd("SET")
+                    .arg(&key)
+                    .arg("a")
+                    .query::<redis::Value>(&mut c)
+            })
+            .is_ok_and(|v| matches!(v, redis::Value::Okay))
 }
 
 /// A step's victim by role: a primary, a backup (if any) or any server, as its

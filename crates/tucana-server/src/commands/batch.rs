@@ -62,7 +62,11 @@ pub fn execute_batch(
             && state.cluster.is_none()
             && !session.in_resp2_pubsub()
             && session.replies_on();
-        if fast && is_plain(&args, b"get", 2) {
+        // A GET that misses raises `keymiss` when the `m` class is on: the general path.
+        if fast
+            && is_plain(&args, b"get", 2)
+            && !crate::notify::wants(state.settings.notify_flags(), crate::notify::KEY_MISS)
+        {
             let run = run_length(requests, i, b"get", 2);
             fast_gets(state, session, requests, i..i + run, &mut replies);
             i += run;

@@ -135,6 +135,7 @@ pub(super) fn source_not_ready(call: &super::Call<'_>, args: &[Vec<u8>]) -> bool
             ks,
             state: call.state,
             may_expire: slot.may_expire(),
+            misses_of: None,
         };
         super::expire::live_value(&mut kv, &args[1])
     });

@@ -122,6 +122,7 @@ fn with_reader<R>(
             ks,
             state,
             may_expire: slot.may_expire(),
+            misses_of: None,
         };
         f(&mut kv, ks)
     })

@@ -61,7 +61,7 @@ pub(super) fn read_stored(kv: &mut dyn Kv, key: &[u8], now_ms: u64) -> tucana::R
     if !live(stored_deadline_ms, now_ms) {
         value = None;
     }
-    kv.count_lookup(value.is_some());
+    kv.count_lookup(key, value.is_some());
     Ok(Stored {
         value,
         stored_deadline_ms,

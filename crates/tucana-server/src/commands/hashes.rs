@@ -37,11 +37,13 @@ fn hset_generic(kv: &mut dyn Kv, args: &[Vec<u8>], name: &str) -> tucana::Result
         Ok(o) => o,
         Err(reply) => return Ok(reply),
     };
+    // A new hash has no fields to look up (a record's first HSET, YCSB's load).
+    let existed = opened.meta.is_some();
     let mut update = Update::new(key, opened, HASH);
     let mut added = std::collections::HashSet::new();
     for pair in args[2..].chunks(2) {
-        let is_new =
-            !added.contains(&pair[0]) && field(kv, key, update.meta.version, &pair[0])?.is_none();
+        let is_new = !added.contains(&pair[0])
+            && (!existed || field(kv, key, update.meta.version, &pair[0])?.is_none());
         if is_new {
             added.insert(pair[0].clone());
         }

@@ -40,10 +40,15 @@ fn range_of(
 /// number naming where the last call stopped, kept by the server (`max_scan_cursors`,
 /// oldest forgotten first; a forgotten one answers `ERR invalid cursor`).
 pub(super) fn cmd_scan(call: &mut Call<'_>, args: &[Vec<u8>]) -> tucana::Result<Reply> {
-    let Some(cursor) = std::str::from_utf8(&args[1])
-        .ok()
-        .and_then(|s| s.parse::<u64>().ok())
-    else {
+    let text = std::str::from_utf8(&args[1]).ok();
+    let Some(cursor) = text.and_then(|s| s.parse::<u64>().ok()) else {
+        // Redis reads the cursor with strtoul, so `-1` is a valid (huge) cursor there,
+        // past every position: an iteration that has finished. (strtoul takes any `-n`
+        // down to -u64::MAX.)
+        let negative = text.and_then(|s| s.parse::<i128>().ok());
+        if negative.is_some_and(|n| n < 0 && n >= -i128::from(u64::MAX)) {
+            return Ok(scan_reply(call, call.session.db_index, Vec::new(), None));
+        }
         return Ok(Reply::error("ERR invalid cursor"));
     };
     let mut pattern: Option<&[u8]> = None;

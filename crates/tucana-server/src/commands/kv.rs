@@ -47,8 +47,9 @@ pub(super) trait Kv {
     /// A read that is not counted as a keyspace hit or miss (deadline records, and
     /// values whose deadline decides whether they count, see `count_lookup`).
     fn lookup(&mut self, key: &[u8]) -> tucana::Result<Option<Vec<u8>>>;
-    /// Counts a client's lookup as a keyspace hit or miss.
-    fn count_lookup(&mut self, hit: bool);
+    /// Counts a client's lookup of `key` (as this store names it) as a keyspace hit or
+    /// miss; a read-only command's miss also raises `keymiss` (see `ReadKv`).
+    fn count_lookup(&mut self, key: &[u8], hit: bool);
     /// The records in `bounds`, in key order (`rev`: descending), at most `limit`; not
     /// counted as lookups (the collection commands read sub-records with it).
     fn range(&mut self, bounds: Bounds, rev: bool, limit: usize) -> tucana::Result<Pairs>;
@@ -142,7 +143,7 @@ impl Kv for ReplicaKv<'_> {
         }
     }
 
-    fn count_lookup(&mut self, hit: bool) {
+    fn count_lookup(&mut self, _key: &[u8], hit: bool) {
         self.state.metrics.count_lookup(hit);
     }
 
@@ -167,6 +168,32 @@ pub(super) struct ReadKv<'a> {
     pub(super) state: &'a ServerState,
     /// `Slot::may_expire` when the read started.
     pub(super) may_expire: bool,
+    /// A read-only command's store: the database whose misses raise `keymiss` (Redis's
+    /// `m` class; `None` for the server's own reads, such as WATCH's).
+    pub(super) misses_of: Option<u32>,
+}
+
+impl ReadKv<'_> {
+    /// A client's read of `key` (stored name) found nothing: `keymiss`, when the `m`
+    /// class is on (one atomic load per miss). In cluster mode the event names the
+    /// client's key, without the slot prefix, in database 0.
+    fn missed(&self, key: &[u8]) {
+        let Some(db) = self.misses_of else {
+            return;
+        };
+        let flags = self.state.settings.notify_flags();
+        if !crate::notify::wants(flags, crate::notify::KEY_MISS) {
+            return;
+        }
+        let key = match self.state.cluster {
+            Some(_) => match tucana_cluster::split_storage_key(key) {
+                Ok((_, key)) => key,
+                Err(_) => return,
+            },
+            None => key,
+        };
+        self.state.notify(flags, db, "keymiss", key);
+    }
 }
 
 impl Kv for ReadKv<'_> {
@@ -180,6 +207,9 @@ impl Kv for ReadKv<'_> {
             None => None,
         };
         self.state.metrics.count_lookup(value.is_some());
+        if value.is_none() {
+            self.missed(key);
+        }
         Ok(value)
     }
 
@@ -196,8 +226,11 @@ impl Kv for ReadKv<'_> {
             Some(ks) => ks.multi_get(keys)?,
             None => vec![None; keys.len()],
         };
-        for value in &values {
+        for (key, value) in keys.iter().zip(&values) {
             self.state.metrics.count_lookup(value.is_some());
+            if value.is_none() {
+                self.missed(key);
+            }
         }
         Ok(values)
     }
@@ -217,8 +250,11 @@ impl Kv for ReadKv<'_> {
         }
     }
 
-    fn count_lookup(&mut self, hit: bool) {
+    fn count_lookup(&mut self, key: &[u8], hit: bool) {
         self.state.metrics.count_lookup(hit);
+        if !hit {
+            self.missed(key);
+        }
     }
 
     fn range(&mut self, bounds: Bounds, rev: bool, limit: usize) -> tucana::Result<Pairs> {
@@ -311,7 +347,7 @@ impl Kv for LockedKv<'_> {
         }
     }
 
-    fn count_lookup(&mut self, hit: bool) {
+    fn count_lookup(&mut self, _key: &[u8], hit: bool) {
         self.state.metrics.count_lookup(hit);
     }
 
@@ -440,7 +476,7 @@ impl Kv for TxKv<'_> {
         }
     }
 
-    fn count_lookup(&mut self, hit: bool) {
+    fn count_lookup(&mut self, _key: &[u8], hit: bool) {
         self.state.metrics.count_lookup(hit);
     }
 

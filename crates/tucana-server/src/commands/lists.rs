@@ -134,7 +134,14 @@ pub(super) fn pop_from(
     let meta = update.meta;
     let n = (count as u64).min(meta.count);
     let first = if left { 0 } else { meta.count - n };
-    let mut popped = elements(kv, key, &meta, first, n as usize)?;
+    let mut popped = if n == 1 {
+        // One element (LPOP, RPOP, LMOVE): a point read; a range read would build an
+        // iterator (copying a leaf of the index) for one record.
+        let element = kv.lookup(&sub_key(F, key, meta.version, &idx(meta.head + first)))?;
+        element.into_iter().collect()
+    } else {
+        elements(kv, key, &meta, first, n as usize)?
+    };
     if popped.len() as u64 != n {
         return Err(damaged_list(key, n, popped.len()));
     }

@@ -68,6 +68,7 @@ pub(super) fn run_routed(
                 ks,
                 state,
                 may_expire: region.may_expire(),
+                misses_of: Some(0),
             };
             run_kv(f, &mut kv, Some(hash_slot), args)
         })?;
@@ -216,8 +217,8 @@ impl Kv for Tombstoning<'_, '_> {
         self.inner.lookup(key)
     }
 
-    fn count_lookup(&mut self, hit: bool) {
-        self.inner.count_lookup(hit);
+    fn count_lookup(&mut self, key: &[u8], hit: bool) {
+        self.inner.count_lookup(key, hit);
     }
 
     fn may_expire(&self) -> bool {

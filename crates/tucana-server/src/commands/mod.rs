@@ -65,6 +65,7 @@ mod string_edits;
 mod strings;
 mod table;
 mod transaction;
+mod tx_keys;
 mod zset_algebra;
 mod zsets;
 
@@ -258,6 +259,7 @@ fn run_spec(
                 ks,
                 state,
                 may_expire,
+                misses_of: Some(slot.index()),
             };
             run_kv(f, &mut kv, hash_slot, args)
         }),

@@ -198,8 +198,9 @@ impl Kv for SlotKv<'_> {
         self.inner.lookup(&stored)
     }
 
-    fn count_lookup(&mut self, hit: bool) {
-        self.inner.count_lookup(hit);
+    fn count_lookup(&mut self, key: &[u8], hit: bool) {
+        let stored = self.stored(key);
+        self.inner.count_lookup(&stored, hit);
     }
 
     /// The bounds slot-prefixed (an unbounded end becomes the end of the slot's keys),

@@ -251,6 +251,21 @@ fn same_secret(a: &[u8], b: &[u8]) -> bool {
 /// Checks a user name and password; `Err` is the reply when they are wrong.
 fn authenticate(call: &mut Call<'_>, user: Option<&[u8]>, password: &[u8]) -> Result<(), Reply> {
     let Some(expected) = call.state.config.requirepass.as_deref() else {
+        // No password: Redis's `default` user is `nopass`, so naming it signs in with
+        // any password; the one-argument form and any other user are refused.
+        match user {
+            Some(name) if name == b"default" => {
+                call.session.authenticated = true;
+                return Ok(());
+            }
+            Some(_) => {
+                call.state.metrics.count_auth_failure();
+                return Err(Reply::error(
+                    "WRONGPASS invalid username-password pair or user is disabled.",
+                ));
+            }
+            None => {}
+        }
         return Err(Reply::error(
             "ERR AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?",
         ));

@@ -589,8 +589,10 @@ pub(super) fn cmd_incrby(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Re
 }
 
 pub(super) fn cmd_decrby(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Reply> {
-    match parse_i64(&args[2]).and_then(i64::checked_neg) {
-        Some(delta) => incr_by(kv, &args[1], delta),
+    match parse_i64(&args[2]).map(i64::checked_neg) {
+        Some(Some(delta)) => incr_by(kv, &args[1], delta),
+        // i64::MIN has no negation: Redis's words for it.
+        Some(None) => Ok(Reply::error("ERR decrement would overflow")),
         None => Ok(not_an_integer()),
     }
 }

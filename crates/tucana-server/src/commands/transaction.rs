@@ -40,6 +40,7 @@ fn is_live(call: &Call<'_>, db_index: u32, key: &[u8]) -> tucana::Result<bool> {
             ks,
             state,
             may_expire,
+            misses_of: None,
         };
         Ok(live_len(&mut kv, key)?.is_some())
     })
@@ -174,12 +175,15 @@ pub(super) fn cmd_exec(call: &mut Call<'_>, _args: &[Vec<u8>]) -> tucana::Result
         };
         state.metrics.count_command(index);
         let spec = &table()[index];
-        let reply = match spec.run {
+        let in_tx =
+            super::tx_keys::run_in_transaction(spec.name, &mut tx, args, state.cluster.is_some());
+        let reply = match (in_tx, spec.run) {
+            (Some(result), _) => result.unwrap_or_else(|e| Reply::error(format!("ERR {e}"))),
             // A failed command leaves no partial writes in the overlay: every handler
             // writes with one `apply`, after its reads, as its last step.
-            Run::Read(f) | Run::Write(f) => run_kv(f, &mut tx, hash_slot, args)
+            (None, Run::Read(f) | Run::Write(f)) => run_kv(f, &mut tx, hash_slot, args)
                 .unwrap_or_else(|e| Reply::error(format!("ERR {e}"))),
-            Run::Other { f, .. } => {
+            (None, Run::Other { f, .. }) => {
                 let mut inner = Call {
                     state,
                     session: &mut *call.session,

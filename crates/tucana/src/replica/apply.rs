@@ -129,6 +129,7 @@ impl Replica {
                 upstream_next_order: delta.next_order,
             },
         ));
+        self.restart_frontier(&mut st);
         released.sort();
         released.dedup();
         Ok(released)

@@ -16,6 +16,7 @@
 //! whole delta.
 
 mod apply;
+mod frontier;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -29,6 +30,7 @@ use crate::shared::Shared;
 use crate::types::{DiskOffset, Extent, RegionId, BLOCK_BYTES};
 
 pub use apply::Delta;
+use frontier::Frontier;
 
 /// A replica's copy of one of its primary's segments.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -95,6 +97,9 @@ struct State {
     /// A commit of the volume is running and captured this replica: segments allocated
     /// now must stay out of its bitmap image (as for a sealed region's writer).
     sealed_for_commit: bool,
+    /// How far promotion's replay would reach through the copies (`frontier`): the
+    /// position this backup acknowledges. `None` before the first applied commit.
+    frontier: Option<Frontier>,
     /// A promotion took this replica's state (`promotion_start`): it takes nothing more
     /// from its primary, so nothing is acknowledged that the promoted region lacks.
     promoting: bool,
@@ -118,6 +123,7 @@ impl Replica {
             state: Mutex::new(State {
                 term,
                 committed: None,
+                frontier: None,
                 copies: BTreeMap::new(),
                 nodes: HashMap::new(),
                 nodes_current: true,
@@ -173,7 +179,10 @@ impl Replica {
             desc.received = Vec::new();
             (desc, rep)
         });
-        Ok(Replica {
+        let frontier = committed
+            .as_ref()
+            .and_then(|(desc, _)| Frontier::at_commit(desc, &copies));
+        let replica = Replica {
             id: rd.id,
             name: rd.name.clone(),
             seed: rd.seed,
@@ -181,6 +190,7 @@ impl Replica {
             state: Mutex::new(State {
                 term: rd.term,
                 committed,
+                frontier,
                 copies,
                 nodes: HashMap::new(),
                 nodes_current: rep.upstream_epoch == 0,
@@ -190,7 +200,9 @@ impl Replica {
                 copies_sealed: 0,
                 copies_durable: 0,
             }),
-        })
+        };
+        replica.advance_frontier(&mut replica.state.lock());
+        Ok(replica)
     }
 
     pub fn name(&self) -> &str {
@@ -280,7 +292,36 @@ impl Replica {
             .get_mut(&order)
             .expect("registered above")
             .received_bytes += new.len() as u64;
+        self.advance_frontier(&mut st);
         Ok(())
+    }
+
+    /// The foreground position this replica may acknowledge: how far promotion's replay
+    /// would reach through what it received, as (the primary's segment order, offset in
+    /// it); `None` before its first applied commit.
+    pub fn replayable_position(&self) -> Option<(u64, u64)> {
+        self.state.lock().frontier.map(|f| f.position())
+    }
+
+    /// Moves the frontier over what has arrived (`Frontier::advance`).
+    fn advance_frontier(&self, st: &mut State) {
+        if let Some(f) = st.frontier.as_mut() {
+            f.advance(&self.shared, self.seed, &st.copies, &mut Vec::new());
+        }
+    }
+
+    /// The frontier after a commit was applied or the copies cut back to it: from the
+    /// commit's tail, unless the frontier is already past it in the same life of the log.
+    fn restart_frontier(&self, st: &mut State) {
+        let start = st
+            .committed
+            .as_ref()
+            .and_then(|(desc, _)| Frontier::at_commit(desc, &st.copies));
+        st.frontier = match (st.frontier, start) {
+            (Some(now), Some(start)) if now.covers(&start) => Some(now),
+            (_, start) => start,
+        };
+        self.advance_frontier(st);
     }
 
     /// The copy of the primary's segment of order `order` (at `origin`, `size_bytes`
@@ -380,6 +421,9 @@ impl Replica {
                 copy.received_bytes = copy.received_bytes.min(bytes);
             }
         }
+        // Nothing past the commit is held any more: the frontier starts again from it.
+        st.frontier = None;
+        self.restart_frontier(&mut st);
         gone
     }
 
