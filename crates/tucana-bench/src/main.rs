@@ -28,6 +28,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 mod cgroup;
 mod cluster_compare;
 mod coldscan;
+mod devices;
 mod document;
 mod engine;
 mod format;
@@ -86,6 +87,11 @@ enum Command {
     /// writes (failover time, writes lost); one JSON file that `report` adds to
     /// BENCHMARKS.md.
     ClusterCompare(cluster_compare::ClusterCompareArgs),
+    /// One load of a volume over the given member files (one or several), with a dispatch
+    /// policy and writes in flight per member: `scripts/bench-devices.sh` runs it over
+    /// throttled loop devices for the cases of issue 21; prints one line (and appends a
+    /// JSON record with --json).
+    Devices(devices::DevicesArgs),
 }
 
 #[derive(Args, Debug)]
@@ -242,6 +248,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Server(args) => return server::run(args),
         Command::Replication(args) => return replication::run(args),
         Command::ClusterCompare(args) => return cluster_compare::run(args),
+        Command::Devices(args) => return devices::run(args),
     };
     machine.disk = measure::watch_device_of(&common.dir);
     let kind = common.engine.kind()?;
@@ -308,6 +315,7 @@ fn run(cli: Cli) -> Result<()> {
         | Command::Server(_)
         | Command::Replication(_)
         | Command::ClusterCompare(_)
+        | Command::Devices(_)
         | Command::Gc(_) => {
             unreachable!("returned above")
         }

@@ -66,12 +66,57 @@ pub struct Cli {
     #[arg(long = "member", global = true, value_name = "PATH")]
     members: Vec<PathBuf>,
 
+    /// How a volume over several members picks the member of each new log segment:
+    /// round-robin, or least weighted queue length (`lwql`). Not stored in the volume:
+    /// give it at each open.
+    #[arg(long, global = true, value_enum, default_value_t = MemberDispatch::RoundRobin)]
+    member_dispatch: MemberDispatch,
+
+    /// Background segment writes last until the device has the bytes (writeback waited
+    /// for), so least-weighted-queue dispatch sees each device's backlog
+    /// (`Options::segment_writes_wait_for_device`).
+    #[arg(long, global = true)]
+    segment_writes_wait_for_device: bool,
+
     /// The keyspace to work in; commands that write create it if missing.
     #[arg(long, global = true, value_name = "NAME", default_value = "default")]
     keyspace: String,
 
     #[command(subcommand)]
     command: Command,
+}
+
+/// `--member-dispatch`'s values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum MemberDispatch {
+    RoundRobin,
+    Lwql,
+}
+
+impl Cli {
+    /// The volume options the member flags ask for, on top of `options`.
+    fn volume_options(&self, options: tucana::Options) -> tucana::Options {
+        volume_options(
+            self.member_dispatch,
+            self.segment_writes_wait_for_device,
+            options,
+        )
+    }
+}
+
+/// `options` with the member flags' settings.
+fn volume_options(
+    dispatch: MemberDispatch,
+    wait_for_device: bool,
+    options: tucana::Options,
+) -> tucana::Options {
+    let policy = match dispatch {
+        MemberDispatch::RoundRobin => tucana::volume::DispatchPolicy::RoundRobin,
+        MemberDispatch::Lwql => tucana::volume::DispatchPolicy::LeastWeightedQueue,
+    };
+    options
+        .member_dispatch(policy)
+        .segment_writes_wait_for_device(wait_for_device)
 }
 
 #[derive(Debug, Subcommand)]
@@ -260,7 +305,8 @@ fn run(cli: Cli) -> Result<Outcome, CliError> {
     }
     if let Command::Serve(args) = &cli.command {
         // The server opens the volume with its own options and closes it itself.
-        return serve::run(&cli.db, &cli.members, args);
+        let options = |o| cli.volume_options(o);
+        return serve::run(&cli.db, &cli.members, &options, args);
     }
     if let Command::Cluster(args) = &cli.command {
         // Speaks to etcd only; no volume.
@@ -278,7 +324,7 @@ fn run(cli: Cli) -> Result<Outcome, CliError> {
             &cli.db,
             &cli.members,
             cli.command.creates_volume(),
-            Database::builder(),
+            cli.volume_options(Database::builder()),
         )?
     };
     let result = commands::run(&db, &cli.keyspace, cli.command);

@@ -335,16 +335,18 @@ fn check_ports_free(config: &ServerConfig) -> Result<(), CliError> {
     Ok(())
 }
 
-/// Serves the volume at `path` (with its further `members`, if any).
+/// Serves the volume at `path` (with its further `members`, if any), opened with
+/// `volume_options` (the member flags) applied.
 pub fn run(
     path: &Path,
     members: &[std::path::PathBuf],
+    volume_options: &dyn Fn(tucana::Options) -> tucana::Options,
     args: &ServeArgs,
 ) -> Result<Outcome, CliError> {
     let config = args.config(path)?;
     check_ports_free(&config)?;
     let listen = config.listen;
-    let options = tucana::Database::builder()
+    let options = volume_options(tucana::Database::builder())
         .flush_interval(Some(Duration::from_millis(args.flush_interval_ms.max(1))));
     let db = crate::open_members_with(path, members, true, options)?;
     let durability = config.durability.name();

@@ -109,11 +109,88 @@ fn prometheus_text(state: &ServerState) -> String {
             count
         );
     }
+    member_text(&stats, &mut out);
     if let Some(replication) = &state.replication {
         replication_text(replication, &mut out);
     }
     cluster_text(state, &mut out);
     out
+}
+
+/// Per member of a volume over several (labelled with its index and file): bytes written
+/// and read, requests and bytes in flight through the member set, its write queue (jobs,
+/// bytes) and the time its queue sat empty while another member's did not. Absent for a
+/// single-file volume.
+fn member_text(stats: &Stats, out: &mut String) {
+    if stats.members.is_empty() {
+        return;
+    }
+    type Field = fn(&tucana::volume::MemberStats) -> f64;
+    let metrics: [(&str, &str, &str, Field); 7] = [
+        (
+            "member_written_bytes_total",
+            COUNTER,
+            "Bytes written to the member since open.",
+            |m| m.bytes_written as f64,
+        ),
+        (
+            "member_read_bytes_total",
+            COUNTER,
+            "Bytes read from the member with explicit reads since open.",
+            |m| m.bytes_read as f64,
+        ),
+        (
+            "member_in_flight_requests",
+            GAUGE,
+            "Requests issued to the member and not completed.",
+            |m| m.in_flight_requests as f64,
+        ),
+        (
+            "member_in_flight_bytes",
+            GAUGE,
+            "Bytes of the requests issued to the member and not completed.",
+            |m| m.in_flight_bytes as f64,
+        ),
+        (
+            "member_queue_jobs",
+            GAUGE,
+            "Segment writes queued or running on the member's write queue.",
+            |m| m.queue_jobs as f64,
+        ),
+        (
+            "member_queue_bytes",
+            GAUGE,
+            "Bytes reserved, queued or being written on the member's write queue.",
+            |m| m.queue_bytes as f64,
+        ),
+        (
+            "member_idle_while_others_busy_seconds_total",
+            COUNTER,
+            "Time the member's write queue was empty while another member's was not.",
+            |m| m.idle_while_others_busy_ns as f64 / 1e9,
+        ),
+    ];
+    for (name, kind, help, value) in metrics {
+        let _ = writeln!(
+            out,
+            "# HELP tucana_{name} {help}\n# TYPE tucana_{name} {kind}"
+        );
+        for (i, m) in stats.members.iter().enumerate() {
+            let _ = writeln!(
+                out,
+                "tucana_{name}{{member=\"{i}\",path=\"{}\"}} {}",
+                label_value(&m.name),
+                value(m)
+            );
+        }
+    }
+}
+
+/// `text` as a Prometheus label value: backslash, double quote and newline escaped.
+fn label_value(text: &str) -> String {
+    text.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
 }
 
 /// Cluster mode's metrics, per region of the map (labelled with its id): this server's
@@ -443,4 +520,39 @@ fn engine_metrics(stats: &Stats) -> Vec<Metric> {
             stats.bytes_written,
         ),
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn members_have_labelled_series_and_a_single_file_has_none() {
+        let mut stats = Stats::default();
+        let mut out = String::new();
+        member_text(&stats, &mut out);
+        assert!(out.is_empty());
+        stats.members = (0..3)
+            .map(|i| tucana::volume::MemberStats {
+                name: format!("/nvme{i}/\"v\""),
+                bytes_written: 1000 * i,
+                queue_jobs: i,
+                idle_while_others_busy_ns: 1_500_000_000,
+                ..Default::default()
+            })
+            .collect();
+        member_text(&stats, &mut out);
+        assert!(
+            out.contains(
+                "tucana_member_written_bytes_total{member=\"2\",path=\"/nvme2/\\\"v\\\"\"} 2000\n"
+            ),
+            "{out}"
+        );
+        assert!(
+            out.contains("tucana_member_queue_jobs{member=\"1\",path=\"/nvme1/\\\"v\\\"\"} 1\n"),
+            "{out}"
+        );
+        assert!(out.contains("} 1.5\n"), "{out}");
+        assert_eq!(out.matches("# TYPE tucana_member_").count(), 7);
+    }
 }

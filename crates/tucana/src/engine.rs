@@ -373,6 +373,14 @@ impl Engine {
             members: storage.members(),
             ..Stats::default()
         };
+        if let Some(queue) = &shared.writes {
+            let figures = queue.member_figures();
+            for (m, member) in stats.members.iter_mut().enumerate() {
+                if let Some(q) = figures.get(m) {
+                    *member = std::mem::take(member).with_queue(q);
+                }
+            }
+        }
         for region in self.regions.list() {
             let ks = region.stats();
             stats.keys += ks.keys;

@@ -71,6 +71,14 @@ pub struct Options {
     pub writes_in_flight_segments: usize,
     /// Most bytes in flight over the whole volume (default 64 MiB).
     pub writes_in_flight_volume_bytes: u64,
+    /// Whether a background segment write lasts until the device has the bytes
+    /// (`Storage::write_back_and_wait`: writeback started and waited for, no device
+    /// cache flush) instead of returning once they are in the page cache with writeback
+    /// started (default false). With it, a member's write queue and its measured time per
+    /// byte are the device's, which least-weighted-queue dispatch needs to tell a slow or
+    /// busy device from a fast one; without, buffered writes finish at memory speed on
+    /// every member and the device's backlog is in the kernel, invisible.
+    pub segment_writes_wait_for_device: bool,
 }
 
 impl Default for Options {
@@ -90,6 +98,7 @@ impl Default for Options {
             member_dispatch: crate::volume::DispatchPolicy::RoundRobin,
             writes_in_flight_segments: 4,
             writes_in_flight_volume_bytes: 64 << 20,
+            segment_writes_wait_for_device: false,
         }
     }
 }
@@ -175,6 +184,13 @@ impl Options {
     /// Bytes in flight over the volume before a writer waits. See the field.
     pub fn writes_in_flight_volume_bytes(mut self, bytes: u64) -> Options {
         self.writes_in_flight_volume_bytes = bytes;
+        self
+    }
+
+    /// Whether background segment writes wait until the device has their bytes. See the
+    /// field.
+    pub fn segment_writes_wait_for_device(mut self, wait: bool) -> Options {
+        self.segment_writes_wait_for_device = wait;
         self
     }
 

@@ -90,11 +90,14 @@ pub(crate) struct PendingFrees {
 impl Shared {
     pub fn new(options: Options, volume: Volume, allocator: Allocator) -> Shared {
         let writes = (options.writes_in_flight_segments > 0).then(|| {
-            WriteQueue::new(
+            let queue = WriteQueue::new(
                 options.writes_in_flight_segments as u64 * options.log_segment_bytes,
                 options.writes_in_flight_volume_bytes,
                 options.runs_background_threads(),
-            )
+            );
+            // Every member from the start, so one never written counts its idle time.
+            queue.add_members(volume.storage().members().len().max(1));
+            queue
         });
         Shared {
             writes,

@@ -125,7 +125,7 @@ impl Stats {
                 s.push(',');
             }
             s.push_str(&format!(
-                "{{\"name\":{},\"uuid\":{},\"groups\":{},\"bytes_written\":{},\"bytes_read\":{},\"in_flight_requests\":{},\"in_flight_bytes\":{},\"weighted_queue_ps\":{},\"write_ps_per_byte\":{},\"read_ps_per_byte\":{}}}",
+                "{{\"name\":{},\"uuid\":{},\"groups\":{},\"bytes_written\":{},\"bytes_read\":{},\"in_flight_requests\":{},\"in_flight_bytes\":{},\"weighted_queue_ps\":{},\"write_ps_per_byte\":{},\"read_ps_per_byte\":{},\"writeback_ps_per_byte\":{},\"queue_jobs\":{},\"queue_bytes\":{},\"queue_done_jobs\":{},\"idle_while_others_busy_ns\":{}}}",
                 json_string(&m.name),
                 json_string(&m.uuid),
                 m.groups,
@@ -135,7 +135,12 @@ impl Stats {
                 m.in_flight_bytes,
                 m.weighted_queue_ps,
                 m.write_ps_per_byte,
-                m.read_ps_per_byte
+                m.read_ps_per_byte,
+                m.writeback_ps_per_byte,
+                m.queue_jobs,
+                m.queue_bytes,
+                m.queue_done_jobs,
+                m.idle_while_others_busy_ns
             ));
         }
         s.push_str("]}");

@@ -26,6 +26,7 @@ use crate::Result;
 
 mod cluster;
 mod coldscan;
+mod devices;
 mod gc;
 mod merge;
 mod plots;
@@ -83,6 +84,11 @@ pub struct ReportArgs {
     /// (default: `coldscan.json` next to the suite's JSON file, when it exists).
     #[arg(long)]
     coldscan_json: Option<PathBuf>,
+    /// The records of `tucana-bench devices` runs (one JSON object per line, as
+    /// `scripts/bench-devices.sh` appends them), whose "Devices" section is added
+    /// (default: `devices.jsonl` next to the suite's JSON file, when it exists).
+    #[arg(long)]
+    devices_json: Option<PathBuf>,
 }
 
 /// The `coldscan` command's JSON file when `--coldscan-json` is not given, next to the
@@ -125,6 +131,14 @@ pub fn run(args: &ReportArgs) -> Result<()> {
             .with_file_name(crate::cluster_compare::DEFAULT_JSON_FILE_NAME)
     });
     append_cluster_section(&mut markdown, &cluster_json)?;
+    let devices_json = args
+        .devices_json
+        .clone()
+        .unwrap_or_else(|| args.json.with_file_name("devices.jsonl"));
+    if devices_json.exists() {
+        markdown += "\n";
+        markdown += &devices::render(&read_text(&devices_json)?, &devices_json);
+    }
     std::fs::write(&args.out, markdown)?;
     println!(
         "wrote {} and {} plot(s) in {}",

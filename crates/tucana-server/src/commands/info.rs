@@ -144,9 +144,10 @@ fn stat_cpu_ticks(text: &str) -> Option<[u64; 4]> {
 }
 
 /// `INFO members`: per member of a volume over several (`member<i>`), its file, the groups
-/// placed on it, bytes written and read, requests and bytes in flight, and its weighted
+/// placed on it, bytes written and read, requests and bytes in flight, its weighted
 /// queue (what least-weighted-queue dispatch compares; DESIGN.md, "Volumes over several
-/// devices").
+/// devices"), its write queue (jobs queued or running, their bytes, jobs done) and the
+/// time its write queue was empty while another member's was not.
 fn member_lines(stats: &Stats) -> Vec<(String, String)> {
     stats
         .members
@@ -156,14 +157,18 @@ fn member_lines(stats: &Stats) -> Vec<(String, String)> {
             (
                 format!("member{i}"),
                 format!(
-                    "path={},groups={},bytes_written={},bytes_read={},in_flight_requests={},in_flight_bytes={},weighted_queue_ps={}",
+                    "path={},groups={},bytes_written={},bytes_read={},in_flight_requests={},in_flight_bytes={},weighted_queue_ps={},queue_jobs={},queue_bytes={},queue_done_jobs={},idle_while_others_busy_ns={}",
                     m.name,
                     m.groups,
                     m.bytes_written,
                     m.bytes_read,
                     m.in_flight_requests,
                     m.in_flight_bytes,
-                    m.weighted_queue_ps
+                    m.weighted_queue_ps,
+                    m.queue_jobs,
+                    m.queue_bytes,
+                    m.queue_done_jobs,
+                    m.idle_while_others_busy_ns
                 ),
             )
         })
@@ -396,6 +401,9 @@ mod tests {
                 groups: 3 + i,
                 bytes_written: 100 * i,
                 in_flight_requests: i,
+                queue_jobs: 2 * i,
+                queue_bytes: 4096 * i,
+                idle_while_others_busy_ns: 7,
                 ..Default::default()
             })
             .collect();
@@ -404,7 +412,7 @@ mod tests {
         assert_eq!(lines[1].0, "member1");
         assert_eq!(
             lines[1].1,
-            "path=/nvme1/v,groups=4,bytes_written=100,bytes_read=0,in_flight_requests=1,in_flight_bytes=0,weighted_queue_ps=0"
+            "path=/nvme1/v,groups=4,bytes_written=100,bytes_read=0,in_flight_requests=1,in_flight_bytes=0,weighted_queue_ps=0,queue_jobs=2,queue_bytes=4096,queue_done_jobs=0,idle_while_others_busy_ns=7"
         );
     }
 

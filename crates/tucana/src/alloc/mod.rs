@@ -308,6 +308,26 @@ impl Allocator {
                 st.take(start_block, blocks, post_seal);
                 return Ok(DiskOffset(start_block * BLOCK_BYTES));
             }
+            // The chosen member's groups are full: grow the volume by a group placed on
+            // it (members grow independently). Falling back to the others' room instead
+            // capped a member at the groups it had: on members of 10, 20 and 40 MiB/s,
+            // least-weighted dispatch filled the fast member's one group and then sent
+            // its segments to the slow ones, which set the pace.
+            let new_group = st.groups_len() as u64;
+            let needed = new_group * GROUP_BLOCKS
+                + bitmap::align_up(GROUP_RESERVED_BLOCKS, align_blocks)
+                + blocks;
+            if volume_bytes_valid(needed * BLOCK_BYTES) {
+                storage.place_growth_on(Some(member));
+                let grown = st.grow(storage, needed);
+                storage.place_growth_on(None);
+                let from = grown?;
+                if let Some(start_block) = st.find_run_where(from, blocks, align_blocks, on_member)
+                {
+                    st.take(start_block, blocks, post_seal);
+                    return Ok(DiskOffset(start_block * BLOCK_BYTES));
+                }
+            }
         }
         self.allocate(storage, blocks, align_blocks, post_seal)
     }

@@ -358,12 +358,18 @@ impl Log {
         // On a volume over several members, the member the dispatch policy names (not
         // the one holding `away_from`, when another will do).
         let avoid = away_from.and_then(|at| storage.member_of(at.0));
+        // Segments waiting in the write queue count as writes on their member (LWQL).
+        let queued = shared
+            .writes
+            .as_ref()
+            .map(|q| q.waiting_bytes())
+            .unwrap_or_default();
         let base = shared.allocator.allocate_on(
             storage.as_ref(),
             blocks,
             align,
             w.sealed_for_commit,
-            storage.dispatch_member(avoid),
+            storage.dispatch_member(avoid, &queued),
         )?;
         Ok((base, size))
     }
@@ -431,6 +437,7 @@ impl Log {
         slot.store(new, Ordering::Release);
         let in_flight = Arc::clone(&self.in_flight);
         let storage = Arc::clone(storage);
+        let wait_for_device = self.shared.options.segment_writes_wait_for_device;
         queue.push(
             reservation,
             Box::new(move || {
@@ -439,7 +446,11 @@ impl Log {
                 // A failed write keeps the tail in its slot: readers keep reading its
                 // buffer (the bytes are not in the volume), and the store is poisoned.
                 let written = t.flush(storage.as_ref())?;
-                storage.start_writeback(t.base.0, t.size_bytes);
+                if wait_for_device {
+                    storage.write_back_and_wait(t.base.0, t.size_bytes)?;
+                } else {
+                    storage.start_writeback(t.base.0, t.size_bytes);
+                }
                 in_flight.complete(i);
                 Ok(written)
             }),

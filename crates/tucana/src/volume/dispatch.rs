@@ -23,20 +23,26 @@ pub enum DispatchPolicy {
     LeastWeightedQueue,
 }
 
-/// Request types, as LOCS weighs them (its erase is our trim).
+/// Request types, as LOCS weighs them (its erase is our trim), and the wait for a
+/// written range to reach the device (`Storage::write_back_and_wait`): with buffered
+/// writes, the `pwrite` costs a copy and the device's time is spent in writeback, so the
+/// two are measured apart and a queued segment weighs both.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
     Read = 0,
     Write = 1,
     Trim = 2,
+    Writeback = 3,
 }
 
-const KINDS: usize = 3;
+const KINDS: usize = 4;
 
 /// Time per byte a member starts with for each type before it has completed a request
-/// of that type (ns per byte: ~1 GB/s reads, ~0.5 GB/s writes, trims 16× cheaper than
-/// writes per byte). Only their ratios matter until measurements replace them.
-const INITIAL_PS_PER_BYTE: [u64; KINDS] = [1_000, 2_000, 125];
+/// of that type (ps per byte: ~1 GB/s reads, ~0.5 GB/s writes, trims 16× cheaper than
+/// writes per byte). Only their ratios matter until measurements replace them. Writeback
+/// starts at 0, "not measured": a member whose segment writes do not wait for the device
+/// weighs none, and the first measurement replaces it whole.
+const INITIAL_PS_PER_BYTE: [u64; KINDS] = [1_000, 2_000, 125, 0];
 
 /// Weight of a new sample in the moving average of time per byte (1/8).
 const EWMA_SHIFT: u32 = 3;
@@ -77,7 +83,8 @@ impl Load {
             let slot = &self.ps_per_byte[kind as usize];
             let old = slot.load(Ordering::Relaxed);
             let sample = elapsed_ns.saturating_mul(1000) / bytes;
-            slot.store(ewma(old, sample), Ordering::Relaxed);
+            let new = if old == 0 { sample } else { ewma(old, sample) };
+            slot.store(new, Ordering::Relaxed);
         }
     }
 
@@ -90,6 +97,19 @@ impl Load {
                     .saturating_mul(self.in_flight_bytes[k].load(Ordering::Relaxed))
             })
             .fold(0u64, u64::saturating_add)
+    }
+
+    /// `weighted_length` with `queued_write_bytes` more of segment writes: the member's
+    /// segments waiting in the write queue (reserved or queued, their job not started),
+    /// which the member set does not see until their job issues them. Each will cost a
+    /// write and, where segment writes wait for the device, a writeback: both weigh.
+    /// Saturates.
+    pub fn weighted_length_with_queued(&self, queued_write_bytes: u64) -> u64 {
+        let ps_per_byte = self.ps_per_byte[Kind::Write as usize]
+            .load(Ordering::Relaxed)
+            .saturating_add(self.ps_per_byte[Kind::Writeback as usize].load(Ordering::Relaxed));
+        self.weighted_length()
+            .saturating_add(ps_per_byte.saturating_mul(queued_write_bytes))
     }
 
     /// Bytes in flight over every type.
@@ -213,5 +233,48 @@ mod tests {
         load.start(Kind::Read, 100);
         load.finish(Kind::Read, 100, 1_000_000_000);
         assert_eq!(load.ps_per_byte(Kind::Read), INITIAL_PS_PER_BYTE[0]);
+    }
+
+    #[test]
+    fn queued_segments_weigh_their_write_and_their_writeback() {
+        // Buffered writes: the pwrite is a copy at memory speed on every member, and the
+        // device's time is in the writeback. Mixed into one estimate, a slow device's
+        // time per byte came out about half of what it is (one copy sample per writeback
+        // sample), and least-weighted dispatch gave the 10 MiB/s member of 10/20/40 more
+        // than its share. Apart, a queued segment weighs both.
+        let slow = Load::default();
+        let fast = Load::default();
+        assert_eq!(slow.ps_per_byte(Kind::Writeback), 0, "not measured yet");
+        for _ in 0..64 {
+            for load in [&slow, &fast] {
+                load.start(Kind::Write, 2 << 20);
+                load.finish(Kind::Write, 2 << 20, 1_000_000); // ~2 GB/s copy
+            }
+            slow.start(Kind::Writeback, 2 << 20);
+            slow.finish(Kind::Writeback, 2 << 20, 200_000_000); // 10 MiB/s
+            fast.start(Kind::Writeback, 2 << 20);
+            fast.finish(Kind::Writeback, 2 << 20, 50_000_000); // 40 MiB/s
+        }
+        let (slow_ps, fast_ps) = (
+            slow.ps_per_byte(Kind::Writeback),
+            fast.ps_per_byte(Kind::Writeback),
+        );
+        assert!(
+            slow_ps > 3 * fast_ps && slow_ps < 5 * fast_ps,
+            "{slow_ps} {fast_ps}"
+        );
+        // One segment queued on the slow member weighs about as much as four on the fast.
+        let one_slow = slow.weighted_length_with_queued(2 << 20);
+        let four_fast = fast.weighted_length_with_queued(8 << 20);
+        let three_fast = fast.weighted_length_with_queued(6 << 20);
+        assert!(
+            three_fast < one_slow && one_slow < four_fast * 5 / 4,
+            "{one_slow} {three_fast} {four_fast}"
+        );
+        // The first writeback measured replaces "not measured" whole.
+        let fresh = Load::default();
+        fresh.start(Kind::Writeback, 1 << 20);
+        fresh.finish(Kind::Writeback, 1 << 20, 1_048_576);
+        assert_eq!(fresh.ps_per_byte(Kind::Writeback), 1000);
     }
 }

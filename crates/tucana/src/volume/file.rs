@@ -245,6 +245,14 @@ impl Storage for FileStorage {
         }
     }
 
+    fn write_back_and_wait(&self, offset: u64, len_bytes: u64) -> Result<()> {
+        if len_bytes == 0 {
+            return Ok(());
+        }
+        write_back_and_wait(&self.file, offset, len_bytes)
+            .map_err(|e| with_path(&self.path, "sync_file_range", e))
+    }
+
     fn resident(&self, offset: u64) -> Option<bool> {
         // mincore through the mapping: for a file we own it reports the page cache.
         self.map.resident(offset)
@@ -423,6 +431,37 @@ fn start_writeback(file: &File, offset: u64, len_bytes: u64) {
 
 #[cfg(not(target_os = "linux"))]
 fn start_writeback(_file: &File, _offset: u64, _len_bytes: u64) {}
+
+#[cfg(target_os = "linux")]
+fn write_back_and_wait(file: &File, offset: u64, len_bytes: u64) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+
+    let (Ok(offset), Ok(len)) = (
+        libc::off64_t::try_from(offset),
+        libc::off64_t::try_from(len_bytes),
+    ) else {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "range past what sync_file_range takes",
+        ));
+    };
+    let flags = libc::SYNC_FILE_RANGE_WAIT_BEFORE
+        | libc::SYNC_FILE_RANGE_WRITE
+        | libc::SYNC_FILE_RANGE_WAIT_AFTER;
+    // SAFETY: sync_file_range takes a file descriptor we own for the duration of the call
+    // and plain integers; it touches no memory of ours.
+    let rc = unsafe { libc::sync_file_range(file.as_raw_fd(), offset, len, flags) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn write_back_and_wait(file: &File, _offset: u64, _len_bytes: u64) -> io::Result<()> {
+    file.sync_data()
+}
 
 #[cfg(not(target_os = "linux"))]
 fn punch_hole(_file: &File, _offset: u64, _len: u64) -> io::Result<()> {

@@ -74,6 +74,27 @@ pub struct MemberStats {
     /// Moving averages of the member's time per byte written and read (picoseconds).
     pub write_ps_per_byte: u64,
     pub read_ps_per_byte: u64,
+    /// Moving average of the time per byte of waiting for written segments to reach the
+    /// device (0 until measured: only with `Options::segment_writes_wait_for_device`).
+    pub writeback_ps_per_byte: u64,
+    /// The member's write queue (writes in flight; 0 without): jobs queued or running,
+    /// bytes reserved, queued or being written, jobs done.
+    pub queue_jobs: u64,
+    pub queue_bytes: u64,
+    pub queue_done_jobs: u64,
+    /// Nanoseconds the member's write queue was empty while another member's was not.
+    pub idle_while_others_busy_ns: u64,
+}
+
+impl MemberStats {
+    /// Adds the member's write-queue figures.
+    pub fn with_queue(mut self, q: &crate::volume::QueueFigures) -> MemberStats {
+        self.queue_jobs = q.jobs;
+        self.queue_bytes = q.in_flight_bytes;
+        self.queue_done_jobs = q.done_jobs;
+        self.idle_while_others_busy_ns = q.idle_while_others_busy_ns;
+        self
+    }
 }
 
 /// Placement state, under `grow_lock`.
@@ -100,6 +121,9 @@ pub struct MemberSet {
     grow_lock: Mutex<Placement>,
     /// Round-robin counter of `dispatch_member` (and its tie-breaker under LWQL).
     next_segment_member: AtomicU64,
+    /// The member new groups go to (`Storage::place_growth_on`); `usize::MAX`:
+    /// round-robin.
+    growth_member: std::sync::atomic::AtomicUsize,
     policy: DispatchPolicy,
 }
 
@@ -341,6 +365,7 @@ impl MemberSet {
             map,
             len_bytes: AtomicU64::new(0),
             next_segment_member: AtomicU64::new(0),
+            growth_member: std::sync::atomic::AtomicUsize::new(usize::MAX),
             policy: DispatchPolicy::RoundRobin,
             grow_lock: Mutex::new(Placement {
                 next_member: 0,
@@ -411,11 +436,17 @@ impl MemberSet {
         Ok(())
     }
 
-    /// Gives `group` a slot on the member round-robin names: writes its header, then
-    /// publishes it in the map.
+    /// Gives `group` a slot on the member round-robin names (or the one
+    /// `place_growth_on` named): writes its header, then publishes it in the map.
     fn place(&self, placement: &mut Placement, group: u64) -> Result<()> {
-        let m = placement.next_member;
-        placement.next_member = (m + 1) % self.members.len();
+        let m = match self.growth_member.load(Ordering::Acquire) {
+            m if m < self.members.len() => m,
+            _ => {
+                let m = placement.next_member;
+                placement.next_member = (m + 1) % self.members.len();
+                m
+            }
+        };
         let member = &self.members[m];
         let slot = match placement.free_slots[m].pop() {
             Some(slot) => slot,
@@ -528,6 +559,8 @@ impl MemberSet {
                 weighted_queue_ps: member.load.weighted_length(),
                 write_ps_per_byte: member.load.ps_per_byte(Kind::Write),
                 read_ps_per_byte: member.load.ps_per_byte(Kind::Read),
+                writeback_ps_per_byte: member.load.ps_per_byte(Kind::Writeback),
+                ..MemberStats::default()
             })
             .collect()
     }
@@ -784,6 +817,22 @@ impl Storage for MemberSet {
         }
     }
 
+    fn write_back_and_wait(&self, offset: u64, len_bytes: u64) -> Result<()> {
+        // Timed as a writeback: the member's queue holds these bytes while it lasts, and
+        // its time per byte is the device's (apart from the copy's, `Kind::Write`).
+        let mut at = offset;
+        let end = offset.saturating_add(len_bytes);
+        while at < end {
+            let (member, local, room) = self.locate(at)?;
+            let piece = (end - at).min(room);
+            member.timed(Kind::Writeback, piece, || {
+                member.storage.write_back_and_wait(local, piece)
+            })?;
+            at += piece;
+        }
+        Ok(())
+    }
+
     fn resident(&self, offset: u64) -> Option<bool> {
         let (member, at, _) = self.locate(offset).ok()?;
         member.storage.resident(at)
@@ -808,11 +857,16 @@ impl Storage for MemberSet {
         self.member_stats()
     }
 
+    fn place_growth_on(&self, member: Option<usize>) {
+        self.growth_member
+            .store(member.unwrap_or(usize::MAX), Ordering::Release);
+    }
+
     fn member_of(&self, offset: u64) -> Option<usize> {
         self.lookup(offset / SLOT_BYTES).map(|(m, _)| m)
     }
 
-    fn dispatch_member(&self, avoid: Option<usize>) -> Option<usize> {
+    fn dispatch_member(&self, avoid: Option<usize>, queued_write_bytes: &[u64]) -> Option<usize> {
         let n = self.members.len();
         let turn = (self.next_segment_member.fetch_add(1, Ordering::Relaxed) % n as u64) as usize;
         let lengths: Vec<u64> = match self.policy {
@@ -821,7 +875,11 @@ impl Storage for MemberSet {
             DispatchPolicy::LeastWeightedQueue => self
                 .members
                 .iter()
-                .map(|m| m.load.weighted_length())
+                .enumerate()
+                .map(|(m, member)| {
+                    let queued = queued_write_bytes.get(m).copied().unwrap_or(0);
+                    member.load.weighted_length_with_queued(queued)
+                })
                 .collect(),
         };
         let lengths: Vec<u64> = lengths

@@ -34,6 +34,7 @@ pub use members::{MemberSet, MemberStats};
 pub(crate) use mmap::MIN_RESERVATION_BYTES as DEFAULT_MAPPING_RESERVATION_BYTES;
 use std::sync::atomic::Ordering;
 pub use storage::Storage;
+pub use write_queue::QueueFigures;
 
 /// Shared handle to the volume's storage with the engine's read helpers.
 #[derive(Clone)]

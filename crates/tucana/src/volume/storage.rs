@@ -74,6 +74,17 @@ pub trait Storage: Send + Sync + 'static {
         let _ = (offset, len_bytes);
     }
 
+    /// Starts writing `offset..offset+len_bytes` (already handed to `write_at`) to the
+    /// device and waits until the device has it: the range's writeback, not durability
+    /// (no device cache flush, no file metadata; only `sync` makes writes durable). For
+    /// background segment writes that should last as long as the device takes
+    /// (`Options::segment_writes_wait_for_device`). Errors: the writeback's I/O error. The
+    /// default only starts the writeback.
+    fn write_back_and_wait(&self, offset: u64, len_bytes: u64) -> Result<()> {
+        self.start_writeback(offset, len_bytes);
+        Ok(())
+    }
+
     /// Whether the page holding byte `offset` is in memory, when the backend can tell
     /// cheaply (`None`: it cannot, or `offset` is out of range). A point-in-time hint, used
     /// to skip prefetching data that is already resident.
@@ -105,10 +116,21 @@ pub trait Storage: Send + Sync + 'static {
     /// volume over several members; `None` for one file. A hint to the allocator, which
     /// falls back to any member when the chosen one has no free run. `avoid`: a member
     /// not to choose when another will do (GC's relocation segment goes away from the
-    /// member of the victim it is reading: LOCS §3.3.3).
-    fn dispatch_member(&self, avoid: Option<usize>) -> Option<usize> {
-        let _ = avoid;
+    /// member of the victim it is reading: LOCS §3.3.3). `queued_write_bytes[m]`: bytes of
+    /// writes waiting for member `m` in the write queue (reserved or queued, not started;
+    /// missing entries are 0), counted as writes on that member by least-weighted-queue
+    /// dispatch.
+    fn dispatch_member(&self, avoid: Option<usize>, queued_write_bytes: &[u64]) -> Option<usize> {
+        let _ = (avoid, queued_write_bytes);
         None
+    }
+
+    /// Where the groups the next `grow` adds go, for a volume over several members:
+    /// `Some(m)` on member `m`, `None` the backend's own placement (round-robin). The
+    /// allocator sets it around a growth for a member whose groups are full, under its
+    /// lock (so no other growth sees it). A no-op for one file.
+    fn place_growth_on(&self, member: Option<usize>) {
+        let _ = member;
     }
 
     /// Per-member figures of a volume over several members; empty for one file.

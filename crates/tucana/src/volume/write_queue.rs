@@ -25,6 +25,7 @@ use std::collections::{BTreeSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::Instant;
 
 use parking_lot::{Condvar, Mutex};
 
@@ -54,8 +55,15 @@ struct MemberQueue {
     running: BTreeSet<u64>,
     /// Bytes reserved or queued or running on this member.
     in_flight_bytes: u64,
+    /// Of those, bytes whose job has not started (reserved, or queued): what dispatch
+    /// adds to the member's queue, since the member set sees a job's own I/O only once
+    /// it runs.
+    waiting_bytes: u64,
     /// Jobs done on this member (statistics).
     done_jobs: u64,
+    /// Nanoseconds this member had nothing in flight while another member had something
+    /// (statistics: LOCS's idle queues, which cost throughput).
+    idle_while_others_busy_ns: u64,
     worker_started: bool,
 }
 
@@ -75,6 +83,8 @@ struct State {
     in_flight_bytes: u64,
     /// The first failed job's error, until a caller reports it (`take_error`).
     error: Option<Error>,
+    /// When the members' busy/idle times were last added up (`account_idle`).
+    idle_accounted_at: Instant,
     shutdown: bool,
 }
 
@@ -107,6 +117,7 @@ impl WriteQueue {
                     next_seq: 1,
                     in_flight_bytes: 0,
                     error: None,
+                    idle_accounted_at: Instant::now(),
                     shutdown: false,
                 }),
                 changed: Condvar::new(),
@@ -117,6 +128,14 @@ impl WriteQueue {
                 threaded,
             }),
             workers: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Makes room for members `0..count` (a member otherwise gets its queue at its first
+    /// write), so that statistics cover every member from the start.
+    pub fn add_members(&self, count: usize) {
+        if count > 0 {
+            grow(&mut self.inner.state.lock(), count - 1);
         }
     }
 
@@ -175,7 +194,9 @@ impl WriteQueue {
                 && (st.in_flight_bytes == 0
                     || st.in_flight_bytes + bytes <= inner.volume_budget_bytes);
             if fits && ready() {
+                account_idle(&mut st);
                 st.members[member].in_flight_bytes += bytes;
+                st.members[member].waiting_bytes += bytes;
                 st.in_flight_bytes += bytes;
                 return Ok(Reservation { member, bytes });
             }
@@ -246,17 +267,26 @@ impl WriteQueue {
         let _ = self.wait_queued();
     }
 
-    /// Per member: `(in-flight bytes, queued jobs, jobs done)`.
-    pub fn member_figures(&self) -> Vec<(u64, usize, u64)> {
+    /// Per member (index = member), bytes reserved or queued whose job has not started:
+    /// the writes least-weighted-queue dispatch counts on top of what the member set
+    /// sees in flight (DESIGN.md, *Dispatch*).
+    pub fn waiting_bytes(&self) -> Vec<u64> {
         let st = self.inner.state.lock();
+        st.members.iter().map(|m| m.waiting_bytes).collect()
+    }
+
+    /// Per member (index = member; members never written have no entry), its queue now
+    /// and since the queue was made.
+    pub fn member_figures(&self) -> Vec<QueueFigures> {
+        let mut st = self.inner.state.lock();
+        account_idle(&mut st);
         st.members
             .iter()
-            .map(|m| {
-                (
-                    m.in_flight_bytes,
-                    m.pending.len() + m.running.len(),
-                    m.done_jobs,
-                )
+            .map(|m| QueueFigures {
+                in_flight_bytes: m.in_flight_bytes,
+                jobs: (m.pending.len() + m.running.len()) as u64,
+                done_jobs: m.done_jobs,
+                idle_while_others_busy_ns: m.idle_while_others_busy_ns,
             })
             .collect()
     }
@@ -271,6 +301,37 @@ impl Drop for WriteQueue {
         for h in std::mem::take(&mut *self.workers.lock()) {
             let _ = h.join();
         }
+    }
+}
+
+/// One member's write queue, for statistics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QueueFigures {
+    /// Bytes reserved, queued or being written.
+    pub in_flight_bytes: u64,
+    /// Jobs queued or running.
+    pub jobs: u64,
+    /// Jobs done.
+    pub done_jobs: u64,
+    /// Nanoseconds with nothing in flight on this member while another member had
+    /// something in flight.
+    pub idle_while_others_busy_ns: u64,
+}
+
+/// Adds the time since the last call to the idle time of every member that had nothing
+/// in flight while another had something. Called (lock held) before any member's
+/// in-flight bytes change, and when figures are read: O(members), one clock read.
+fn account_idle(st: &mut State) {
+    let now = Instant::now();
+    let elapsed_ns =
+        u64::try_from(now.duration_since(st.idle_accounted_at).as_nanos()).unwrap_or(u64::MAX);
+    st.idle_accounted_at = now;
+    let busy = st.members.iter().filter(|m| m.in_flight_bytes > 0).count();
+    if busy == 0 {
+        return;
+    }
+    for m in st.members.iter_mut().filter(|m| m.in_flight_bytes == 0) {
+        m.idle_while_others_busy_ns = m.idle_while_others_busy_ns.saturating_add(elapsed_ns);
     }
 }
 
@@ -305,7 +366,9 @@ fn run_front(inner: &Inner, st: &mut parking_lot::MutexGuard<'_, State>, member:
         .pop_front()
         .expect("a queued job");
     st.members[member].running.insert(q.seq);
+    st.members[member].waiting_bytes -= q.bytes;
     let result = parking_lot::MutexGuard::unlocked(st, q.job);
+    account_idle(st);
     let m = &mut st.members[member];
     m.running.remove(&q.seq);
     m.in_flight_bytes -= q.bytes;
@@ -444,5 +507,46 @@ mod tests {
             vec![0, 1, 2],
             "dropping the queue runs what is left"
         );
+    }
+
+    #[test]
+    fn waiting_bytes_count_reserved_and_queued_jobs_not_running_ones() {
+        // What least-weighted dispatch adds to a member's queue: a segment counts from
+        // its reservation until its job starts (from then the member set sees its I/O).
+        let q = WriteQueue::new(1 << 20, 1 << 20, true);
+        assert!(q.waiting_bytes().is_empty());
+        let gate = Arc::new((Mutex::new(false), Condvar::new()));
+        let started = Arc::new(AtomicUsize::new(0));
+        let gated = |gate: &Arc<(Mutex<bool>, Condvar)>, started: &Arc<AtomicUsize>| -> Job {
+            let (gate, started) = (Arc::clone(gate), Arc::clone(started));
+            Box::new(move || {
+                started.fetch_add(1, Ordering::SeqCst);
+                let (open, cv) = &*gate;
+                let mut open = open.lock();
+                while !*open {
+                    cv.wait(&mut open);
+                }
+                Ok(100)
+            })
+        };
+        let r = q.reserve(1, 100, &|| true).unwrap();
+        assert_eq!(q.waiting_bytes(), vec![0, 100]);
+        q.push(r, gated(&gate, &started));
+        // The worker takes the job: it runs (held at the gate) and waits no more.
+        while started.load(Ordering::SeqCst) == 0 {
+            std::thread::yield_now();
+        }
+        assert_eq!(q.waiting_bytes(), vec![0, 0]);
+        let r = q.reserve(1, 300, &|| true).unwrap();
+        q.push(r, gated(&gate, &started));
+        let r = q.reserve(0, 50, &|| true).unwrap();
+        assert_eq!(q.waiting_bytes()[1], 300, "queued behind the running job");
+        assert_eq!(q.waiting_bytes()[0], 50, "reserved, not pushed yet");
+        q.push(r, gated(&gate, &started));
+        *gate.0.lock() = true;
+        gate.1.notify_all();
+        q.wait_queued().unwrap();
+        assert_eq!(q.waiting_bytes(), vec![0, 0]);
+        assert_eq!(q.in_flight_bytes(), 0);
     }
 }

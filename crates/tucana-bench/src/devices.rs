@@ -1,0 +1,190 @@
+//! `tucana-bench devices`: one load of a volume over the member files it is given, for
+//! the comparisons of issue 21 (DESIGN.md, "Volumes over several devices"): one member
+//! against three, least-weighted-queue dispatch against round-robin on members of unequal
+//! speeds, and the writes in flight per member from 1 to N.
+//!
+//! Owns: one run (open over the members, a load of records by a few threads, a sync
+//! that makes it durable, the figures) and its printed line and JSON record. Does not
+//! own: the devices. `scripts/bench-devices.sh` makes them (loop devices, a file system
+//! on each, a blkio cgroup throttling each, a memory cgroup), runs this once per case
+//! inside them and takes them down; run alone, this measures whatever the paths are on.
+//!
+//! Thread-safety: the load's threads share the database handle; the figures are read
+//! after they are joined.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use clap::{Args, ValueEnum};
+use serde_json::json;
+
+use crate::Result;
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum Policy {
+    RoundRobin,
+    Lwql,
+}
+
+#[derive(Args, Debug)]
+pub struct DevicesArgs {
+    /// A member file of the volume, in order; one is a single-file volume. Created
+    /// (they must not exist, or be empty).
+    #[arg(long = "member", value_name = "PATH", required = true)]
+    members: Vec<PathBuf>,
+    /// How segments are dispatched over the members.
+    #[arg(long, value_enum, default_value_t = Policy::RoundRobin)]
+    policy: Policy,
+    /// Records loaded.
+    #[arg(long, default_value_t = 250_000)]
+    records: u64,
+    /// Bytes per value (keys are 16 bytes).
+    #[arg(long, default_value_t = 1000)]
+    value_bytes: usize,
+    /// Threads sharing the load.
+    #[arg(long, default_value_t = 2)]
+    threads: u64,
+    /// Segment writes in flight per member (`Options::writes_in_flight_segments`).
+    #[arg(long, default_value_t = 4)]
+    writes_in_flight: usize,
+    /// Segment writes wait until the device has their bytes
+    /// (`Options::segment_writes_wait_for_device`).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    wait_for_device: bool,
+    /// Run inside a memory cgroup limited to this many bytes (page cache included).
+    #[arg(long)]
+    memory_limit_bytes: Option<u64>,
+    /// A name for the case, printed and recorded.
+    #[arg(long, default_value = "")]
+    label: String,
+    /// Append the run's record (one JSON object per line) to this file; `report
+    /// --devices-json` makes BENCHMARKS.md's "Devices" section from it.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+/// A key: 16 bytes, spread over the key space in a fixed order (not the load's order).
+fn key(i: u64) -> [u8; 16] {
+    let mixed = i.wrapping_mul(0x9e37_79b9_7f4a_7c15).rotate_left(17) ^ i;
+    let mut k = [0u8; 16];
+    k[..8].copy_from_slice(&mixed.to_be_bytes());
+    k[8..].copy_from_slice(&i.to_be_bytes());
+    k
+}
+
+fn value(i: u64, len: usize) -> Vec<u8> {
+    // Not all one byte, so nothing below could shortcut it.
+    (0..len)
+        .map(|j| (i as usize).wrapping_mul(31).wrapping_add(j) as u8)
+        .collect()
+}
+
+pub fn run(args: &DevicesArgs) -> Result<()> {
+    let _cgroup = match args.memory_limit_bytes {
+        Some(limit) => Some(crate::cgroup::enter(limit)?),
+        None => None,
+    };
+    let policy = match args.policy {
+        Policy::RoundRobin => tucana::volume::DispatchPolicy::RoundRobin,
+        Policy::Lwql => tucana::volume::DispatchPolicy::LeastWeightedQueue,
+    };
+    let options = tucana::Database::builder()
+        .member_dispatch(policy)
+        .writes_in_flight_segments(args.writes_in_flight)
+        .segment_writes_wait_for_device(args.wait_for_device);
+    let db = options.open_members(&args.members)?;
+    let ks = db.keyspace("devices")?;
+    let threads = args.threads.max(1);
+    let started = Instant::now();
+    std::thread::scope(|scope| -> Result<()> {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let ks = ks.clone();
+                scope.spawn(move || -> tucana::Result<()> {
+                    let mut i = t;
+                    while i < args.records {
+                        ks.put(&key(i), &value(i, args.value_bytes))?;
+                        i += threads;
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().expect("a load thread panicked")?;
+        }
+        Ok(())
+    })?;
+    let loaded_s = started.elapsed().as_secs_f64();
+    // Durable: every queued segment written and every member synced.
+    db.sync()?;
+    let durable_s = started.elapsed().as_secs_f64();
+    let stats = db.stats();
+    db.close()?;
+    let record_bytes = args.records * (16 + args.value_bytes as u64);
+    let mib = |bytes: u64| bytes as f64 / (1u64 << 20) as f64;
+    let members: Vec<serde_json::Value> = stats
+        .members
+        .iter()
+        .map(|m| {
+            json!({
+                "name": m.name,
+                "bytes_written": m.bytes_written,
+                "write_ps_per_byte": m.write_ps_per_byte,
+                "queue_done_jobs": m.queue_done_jobs,
+                "idle_while_others_busy_ms": m.idle_while_others_busy_ns / 1_000_000,
+            })
+        })
+        .collect();
+    let record = json!({
+        "label": args.label,
+        "members": args.members.len(),
+        "policy": format!("{:?}", args.policy),
+        "records": args.records,
+        "value_bytes": args.value_bytes,
+        "threads": threads,
+        "writes_in_flight": args.writes_in_flight,
+        "wait_for_device": args.wait_for_device,
+        "memory_limit_bytes": args.memory_limit_bytes,
+        "loaded_s": loaded_s,
+        "durable_s": durable_s,
+        "ops_per_s": args.records as f64 / durable_s,
+        "mib_per_s": mib(record_bytes) / durable_s,
+        "volume_written_mib_per_s": mib(stats.bytes_written) / durable_s,
+        "per_member": members,
+        "loadavg": std::fs::read_to_string("/proc/loadavg")
+            .ok()
+            .and_then(|l| l.split_whitespace().next().map(str::to_string)),
+    });
+    let shares: Vec<String> = stats
+        .members
+        .iter()
+        .map(|m| format!("{:.0}", mib(m.bytes_written)))
+        .collect();
+    println!(
+        "{:<28} {:>2} member(s) {:<10} in-flight {:>2}: {:>9.0} ops/s {:>7.1} MiB/s (records; volume {:.1} MiB/s) in {:.1} s (load {:.1} s){}",
+        args.label,
+        args.members.len(),
+        format!("{:?}", args.policy),
+        args.writes_in_flight,
+        args.records as f64 / durable_s,
+        mib(record_bytes) / durable_s,
+        mib(stats.bytes_written) / durable_s,
+        durable_s,
+        loaded_s,
+        if shares.is_empty() {
+            String::new()
+        } else {
+            format!("; MiB per member {}", shares.join("/"))
+        }
+    );
+    if let Some(path) = &args.json {
+        use std::io::Write;
+        let mut file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)?;
+        writeln!(file, "{record}")?;
+    }
+    Ok(())
+}

@@ -1,0 +1,185 @@
+//! The "Devices" section of BENCHMARKS.md: the `devices` command's records (one JSON object
+//! per line, appended by each run of `scripts/bench-devices.sh`): issue 21's targets (3
+//! equal members against 1, least weighted queue length against round-robin on unequal
+//! members), every run, and the writes in flight per member on one unthrottled member.
+//!
+//! Owns the section's layout only; the figures are the records'. Pure; single-threaded.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use serde_json::Value;
+
+use crate::format::{fmt_number, number, ratio_cell};
+
+/// The median `mib_per_s` of the records with this label, policy and writes in flight.
+fn median_mib(records: &[Value], label: &str, policy: &str, in_flight: u64) -> Option<f64> {
+    let mut values: Vec<f64> = records
+        .iter()
+        .filter(|r| {
+            r["label"] == label && r["policy"] == policy && r["writes_in_flight"] == in_flight
+        })
+        .filter_map(|r| number(&r["mib_per_s"]))
+        .collect();
+    if values.is_empty() {
+        return None;
+    }
+    values.sort_by(f64::total_cmp);
+    let mid = values.len() / 2;
+    Some(if values.len() % 2 == 1 {
+        values[mid]
+    } else {
+        (values[mid - 1] + values[mid]) / 2.0
+    })
+}
+
+pub(super) fn render(text: &str, path: &Path) -> String {
+    let records: Vec<Value> = text
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let mut md = String::new();
+    md += "## Devices: one volume over several throttled members\n\n";
+    let _ = writeln!(
+        md,
+        "From `{}` ({} runs of `tucana-bench devices`). `scripts/bench-devices.sh` (as root) makes three \
+         loop devices (`losetup --direct-io=on`) over sparse files, an ext4 file system on each \
+         (member files: raw block devices are not members yet), throttles each loop device's reads \
+         and writes with the cgroup v1 blkio controller (`blkio.throttle.write_bps_device` and \
+         `read_bps_device`, its MAJ:MIN) in a cgroup the benchmark process joins, and runs each \
+         load inside a memory cgroup (`--memory-limit-bytes`). A load: two threads put 16-byte \
+         keys with 1000-byte values into one keyspace, then one sync; MiB/s is record bytes \
+         (key + value) over the time until that sync returned. `wait=true` is \
+         `Options::segment_writes_wait_for_device` (each background segment write lasts until \
+         its writeback is done); `wait=false` is the default buffered path.\n",
+        path.display(),
+        records.len()
+    );
+    md += "### Issue 21's targets (medians of the rounds, wait=true)\n\n";
+    md += "| comparison | ratio | target | devices' ceiling |\n|---|---|---|---|\n";
+    let targets = [
+        (
+            "3 equal members at 20 MiB/s ÷ 1 member (round-robin)",
+            median_mib(&records, "equal-3x20 wait=true", "RoundRobin", 4),
+            median_mib(&records, "equal-1x20 wait=true", "RoundRobin", 4),
+            "≥ 2.7",
+            "3",
+        ),
+        (
+            "3 equal members at 20 MiB/s ÷ 1 member (LWQL)",
+            median_mib(&records, "equal-3x20 wait=true", "Lwql", 4),
+            median_mib(&records, "equal-1x20 wait=true", "RoundRobin", 4),
+            "≥ 2.7",
+            "3",
+        ),
+        (
+            "members at 10/20/40 MiB/s: LWQL ÷ round-robin",
+            median_mib(&records, "unequal-10/20/40 wait=true", "Lwql", 4),
+            median_mib(&records, "unequal-10/20/40 wait=true", "RoundRobin", 4),
+            "≥ 1.5",
+            "2.33 (70 ÷ 3 × 10)",
+        ),
+        (
+            "members at 10/20/40 MiB/s, wait=false: LWQL ÷ round-robin",
+            median_mib(&records, "unequal-10/20/40 wait=false", "Lwql", 4),
+            median_mib(&records, "unequal-10/20/40 wait=false", "RoundRobin", 4),
+            "(none)",
+            "2.33",
+        ),
+    ];
+    for (what, ours, theirs, target, ceiling) in targets {
+        let _ = writeln!(
+            md,
+            "| {what} | {} | {target} | {ceiling} |",
+            ratio_cell(ours, theirs, true)
+        );
+    }
+    let with_load = records.iter().any(|r| r["loadavg"].is_string());
+    md += "\n### Every run\n\n";
+    md += "| case | members | policy | in flight | ops/s | MiB/s | MiB per member | idle while others busy (ms, per member) |";
+    md += if with_load { " load average |\n" } else { "\n" };
+    md += "|---|---|---|---|---|---|---|---|";
+    md += if with_load { "---|\n" } else { "\n" };
+    for r in &records {
+        let per_member = r["per_member"].as_array().cloned().unwrap_or_default();
+        let shares: Vec<String> = per_member
+            .iter()
+            .map(|m| {
+                format!(
+                    "{:.0}",
+                    m["bytes_written"].as_f64().unwrap_or(0.0) / (1u64 << 20) as f64
+                )
+            })
+            .collect();
+        let idle: Vec<String> = per_member
+            .iter()
+            .map(|m| m["idle_while_others_busy_ms"].to_string())
+            .collect();
+        let _ = write!(
+            md,
+            "| {} | {} | {} | {} | {} | {} | {} | {} |",
+            r["label"].as_str().unwrap_or("?"),
+            r["members"],
+            r["policy"].as_str().unwrap_or("?"),
+            r["writes_in_flight"],
+            fmt_number(number(&r["ops_per_s"])),
+            fmt_number(number(&r["mib_per_s"])),
+            if shares.is_empty() {
+                "–".to_string()
+            } else {
+                shares.join(" / ")
+            },
+            if idle.is_empty() {
+                "–".to_string()
+            } else {
+                idle.join(" / ")
+            },
+        );
+        if with_load {
+            let _ = write!(md, " {} |", r["loadavg"].as_str().unwrap_or("?"));
+        }
+        md.push('\n');
+    }
+    let _ = writeln!(
+        md,
+        "\nReproduce (as root; `CASES`, `RECORDS`, `MEMORY_LIMIT_BYTES` and more in the \
+         script's header):\n\n```sh\nROUNDS=2 JSON={} scripts/bench-devices.sh\nscripts/bench.sh report bench/results.json ...   # as under Reproduce at the top\n```",
+        path.display()
+    );
+    md
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn targets_are_medians_of_the_rounds_and_every_run_is_listed() {
+        let line = |label: &str, policy: &str, mib: f64| {
+            serde_json::json!({
+                "label": label, "policy": policy, "writes_in_flight": 4, "members": 3,
+                "mib_per_s": mib, "ops_per_s": mib * 1000.0, "loadavg": "1.00",
+                "per_member": [{"bytes_written": 1u64 << 20, "idle_while_others_busy_ms": 5}],
+            })
+            .to_string()
+        };
+        let text = [
+            line("unequal-10/20/40 wait=true", "Lwql", 60.0),
+            line("unequal-10/20/40 wait=true", "Lwql", 66.0),
+            line("unequal-10/20/40 wait=true", "Lwql", 70.0),
+            line("unequal-10/20/40 wait=true", "RoundRobin", 30.0),
+            "not json".to_string(),
+        ]
+        .join("\n");
+        let md = render(&text, Path::new("bench/devices.jsonl"));
+        assert!(md.contains("(4 runs of"), "{md}");
+        // 66 ÷ 30.
+        assert!(
+            md.contains("| members at 10/20/40 MiB/s: LWQL ÷ round-robin | **2.20** |"),
+            "{md}"
+        );
+        assert_eq!(md.matches("| unequal-10/20/40 wait=true |").count(), 4);
+        assert!(md.contains("| 1 | 5 | 1.00 |"), "{md}");
+    }
+}

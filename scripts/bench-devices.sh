@@ -1,0 +1,147 @@
+#!/usr/bin/env bash
+# The devices benchmark of issue 21 (`tucana-bench devices` over throttled devices):
+# makes N loop devices over files in a data directory, puts an ext4 file system on each
+# (members are files: raw block devices are not accepted as members yet) and mounts it,
+# throttles each loop device with the cgroup v1 blkio controller
+# (blkio.throttle.write_bps_device / read_bps_device with its MAJ:MIN) in a cgroup the
+# benchmark process joins, runs the cases below (each inside a memory cgroup, the
+# harness's --memory-limit-bytes), prints one line per run, and takes everything down
+# again (also on failure or Ctrl-C).
+#
+# Cases: 3 equal members at 20 MiB/s against 1 (target >= 2.7x); unequal members 10/20/40
+# MiB/s, least weighted queue length against round-robin (target >= 1.5x); writes in
+# flight per member 1 -> 16 on one unthrottled member. Each throttled case runs with
+# segment writes waiting for the device (what LWQL needs to see a device's backlog) and,
+# for comparison, without (buffered writes: see BENCHMARKS.md, "Devices", for what the
+# throttle does to them).
+#
+# Needs root, losetup, mkfs.ext4 and /sys/fs/cgroup/blkio (cgroup v1); skips with a
+# message (exit 0) where any is missing. Settings (environment): DATA_DIR (default
+# /var/tmp/tucana-devices), RECORDS (300000 records of 16 + VALUE_BYTES bytes),
+# VALUE_BYTES (1000), MEMORY_LIMIT_BYTES (134217728), LOOP_BYTES (size of each backing
+# file, sparse; 1G), ROUNDS (1), JSON (a file the runs' records are appended to), BENCH
+# (the tucana-bench binary; built in release when unset), CASES (default "equal unequal
+# depth").
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+skip() {
+    echo "bench-devices: skipped: $*"
+    exit 0
+}
+[ "$(id -u)" = 0 ] || skip "needs root (loop devices, mounts, cgroups)"
+blkio=/sys/fs/cgroup/blkio
+[ -f "${blkio}/blkio.throttle.write_bps_device" ] ||
+    skip "no cgroup v1 blkio controller at ${blkio}"
+for tool in losetup mkfs.ext4 mount umount; do
+    command -v "${tool}" >/dev/null || skip "no ${tool}"
+done
+
+data_dir="${DATA_DIR:-/var/tmp/tucana-devices}"
+records="${RECORDS:-300000}"
+value_bytes="${VALUE_BYTES:-1000}"
+memory_limit="${MEMORY_LIMIT_BYTES:-134217728}"
+loop_bytes="${LOOP_BYTES:-1G}"
+rounds="${ROUNDS:-1}"
+cases="${CASES:-equal unequal depth}"
+json="${JSON:-${data_dir}/devices.jsonl}"
+if [ -z "${BENCH:-}" ]; then
+    cargo build -q --release -p tucana-bench
+    BENCH="${CARGO_TARGET_DIR:-target}/release/tucana-bench"
+fi
+
+loops=()
+mounted=()
+cgroup="${blkio}/tucana-devices-$$"
+cleanup() {
+    set +e
+    for m in "${mounted[@]}"; do umount "${m}"; done
+    for l in "${loops[@]}"; do losetup -d "${l}"; done
+    [ -d "${cgroup}" ] && rmdir "${cgroup}"
+    rm -rf "${data_dir}/backing" "${data_dir}/m"*
+}
+trap cleanup EXIT
+
+mkdir -p "${data_dir}/backing"
+for i in 0 1 2; do
+    truncate -s "${loop_bytes}" "${data_dir}/backing/${i}.img"
+    # Direct I/O from the loop device to its backing file: the data is not cached twice,
+    # and the loop device's own rate is what the throttle sets.
+    loop="$(losetup --direct-io=on -f --show "${data_dir}/backing/${i}.img")"
+    loops+=("${loop}")
+    # Inode tables and journal initialised now, not by a kernel thread during the runs.
+    mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0,nodiscard "${loop}"
+    mkdir -p "${data_dir}/m${i}"
+    mount -o noatime "${loop}" "${data_dir}/m${i}"
+    mounted+=("${data_dir}/m${i}")
+done
+mkdir "${cgroup}"
+
+# throttle R0 R1 R2: MiB/s for reads and writes of each loop device (0: none).
+throttle() {
+    local i=0
+    for rate in "$@"; do
+        local dev
+        dev="$(cat "/sys/block/$(basename "${loops[$i]}")/dev")"
+        echo "${dev} $((rate << 20))" >"${cgroup}/blkio.throttle.write_bps_device"
+        echo "${dev} $((rate << 20))" >"${cgroup}/blkio.throttle.read_bps_device"
+        i=$((i + 1))
+    done
+}
+
+# run LABEL MEMBERS POLICY IN_FLIGHT WAIT: one load over members 0..MEMBERS-1, inside the
+# blkio cgroup (and the memory cgroup the harness makes).
+run() {
+    local label="$1" n="$2" policy="$3" in_flight="$4" wait="$5"
+    local args=()
+    for ((i = 0; i < n; i++)); do
+        rm -f "${data_dir}/m${i}/member.tucana"
+        args+=(--member "${data_dir}/m${i}/member.tucana")
+    done
+    sync
+    sh -c 'echo $$ >"$1/cgroup.procs" && shift && exec "$@"' sh "${cgroup}" \
+        "${BENCH}" devices "${args[@]}" --policy "${policy}" --records "${records}" \
+        --value-bytes "${value_bytes}" --writes-in-flight "${in_flight}" \
+        --wait-for-device "${wait}" --memory-limit-bytes "${memory_limit}" \
+        --label "${label}" --json "${json}"
+    for ((i = 0; i < n; i++)); do rm -f "${data_dir}/m${i}/member.tucana"; done
+}
+
+echo "bench-devices: ${records} records of $((16 + value_bytes)) bytes, memory limit ${memory_limit}, loop devices ${loops[*]}, $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
+for round in $(seq 1 "${rounds}"); do
+    for case in ${cases}; do
+        case "${case}" in
+        equal)
+            throttle 20 20 20
+            for wait in true false; do
+                run "equal-1x20 wait=${wait}" 1 round-robin 4 "${wait}"
+                run "equal-3x20 wait=${wait}" 3 round-robin 4 "${wait}"
+                run "equal-3x20 wait=${wait}" 3 lwql 4 "${wait}"
+            done
+            ;;
+        unequal)
+            throttle 10 20 40
+            for wait in true false; do
+                run "unequal-10/20/40 wait=${wait}" 3 round-robin 4 "${wait}"
+                run "unequal-10/20/40 wait=${wait}" 3 lwql 4 "${wait}"
+            done
+            ;;
+        unequal-deep)
+            # The same with more segments in flight per member.
+            throttle 10 20 40
+            for in_flight in 8 16; do
+                run "unequal-10/20/40 wait=true" 3 round-robin "${in_flight}" true
+                run "unequal-10/20/40 wait=true" 3 lwql "${in_flight}" true
+            done
+            ;;
+        depth)
+            throttle 0 0 0
+            for in_flight in 1 2 4 8 16; do
+                run "depth unthrottled" 1 round-robin "${in_flight}" true
+            done
+            ;;
+        *) echo "bench-devices: unknown case ${case}" >&2; exit 2 ;;
+        esac
+    done
+done
+echo "bench-devices: records appended to ${json}"
