@@ -321,8 +321,11 @@ impl Allocator {
                 storage.place_growth_on(Some(member));
                 let grown = st.grow(storage, needed);
                 storage.place_growth_on(None);
-                let from = grown?;
-                if let Some(start_block) = st.find_run_where(from, blocks, align_blocks, on_member)
+                // A member that cannot grow (its device is full) leaves the run to the
+                // others' room below, as before this placement.
+                if let Some(start_block) = grown
+                    .ok()
+                    .and_then(|from| st.find_run_where(from, blocks, align_blocks, on_member))
                 {
                     st.take(start_block, blocks, post_seal);
                     return Ok(DiskOffset(start_block * BLOCK_BYTES));

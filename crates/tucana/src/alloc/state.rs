@@ -237,13 +237,13 @@ impl State {
         }
     }
 
-    /// Grows the volume so that a run ending at `needed_end_block` fits; returns the block
-    /// where a search for it should start.
     /// Groups the volume has now.
     pub(super) fn groups_len(&self) -> usize {
         self.groups.len()
     }
 
+    /// Grows the volume so that a run ending at `needed_end_block` fits; returns the block
+    /// where a search for it should start.
     pub(super) fn grow(&mut self, storage: &dyn Storage, needed_end_block: u64) -> Result<u64> {
         let old_bytes = self.volume_blocks * BLOCK_BYTES;
         let policy_bytes = old_bytes + (old_bytes / 8).max(GROWTH_MIN_BYTES);
