@@ -34,6 +34,7 @@ mod format;
 mod gc;
 mod measure;
 mod micro;
+mod offcpu;
 mod recovery;
 mod replication;
 mod results;
