@@ -88,10 +88,10 @@ pub struct ReportArgs {
     /// device), shown in the machine section in place of the suite run's own, if any.
     #[arg(long)]
     device_ceiling_json: Option<PathBuf>,
-    /// The JSON file of a suite run made with `--offcpu`, whose "where the time went"
-    /// tables get a section of their own after the suite's.
+    /// The JSON file of a suite run made with `--offcpu` (repeatable), whose "where the
+    /// time went" tables get a section of their own after the suite's.
     #[arg(long)]
-    offcpu_json: Option<PathBuf>,
+    offcpu_json: Vec<PathBuf>,
 }
 
 /// The `coldscan` command's JSON file when `--coldscan-json` is not given, next to the
@@ -105,11 +105,13 @@ pub fn run(args: &ReportArgs) -> Result<()> {
         // Named in the report command under "Reproduce" (the default file needs no flag).
         doc["options"]["coldscan_run"] = serde_json::json!({ "json": path.display().to_string() });
     }
-    if let Some(path) = &args.offcpu_json {
-        doc["options"]["offcpu_run"] = serde_json::json!({ "json": path.display().to_string() });
-    }
+    doc["options"]["offcpu_runs"] = args
+        .offcpu_json
+        .iter()
+        .map(|path| serde_json::json!({ "json": path.display().to_string() }))
+        .collect();
     let mut markdown = suite::render(&doc, &args.json, &plots);
-    if let Some(path) = &args.offcpu_json {
+    for path in &args.offcpu_json {
         let run: Value = serde_json::from_str(&read_text(path)?)
             .map_err(|e| format!("{} is not a suite run's JSON: {e}", path.display()))?;
         if run["options"]["offcpu"].as_bool() != Some(true) {

@@ -27,14 +27,15 @@ const COLUMNS: &str = "Client threads are the harness's threads that issue the p
     their CPU seconds, seconds spent runnable, and their most frequent D waits (as a share \
     of all their samples, idle threads included). The device is the data directory's, from \
     `/proc/diskstats`: MB/s written and read (10^6 bytes, every process on the device) and \
-    the average number of requests in flight (weighted I/O time ÷ wall time).";
+    the average number of requests in flight (weighted I/O time ÷ wall time). Phases whose \
+    clients the sampler saw for less than a second in all are left out.";
 
 /// The tables of `records` that carry `offcpu` figures, one per data set; nothing when
 /// none does.
 pub(super) fn tables(md: &mut String, records: &[Value], heading_level: &str) {
     let measured: Vec<Value> = records
         .iter()
-        .filter(|r| r["offcpu"].is_object())
+        .filter(|r| r["offcpu"].is_object() && clients_were_seen(&r["offcpu"]))
         .cloned()
         .collect();
     if measured.is_empty() {
@@ -64,6 +65,21 @@ pub(super) fn tables(md: &mut String, records: &[Value], heading_level: &str) {
     }
 }
 
+/// The least time the clients must have been seen for, in all, for a phase to get a row:
+/// over a few sampling intervals the clock and `schedstat` readings, taken microseconds
+/// apart, weigh too much (a tiny data set's phases).
+const MIN_CLIENT_SECONDS: f64 = 1.0;
+
+/// Whether the sampler saw the phase's clients for at least [`MIN_CLIENT_SECONDS`].
+fn clients_were_seen(figures: &Value) -> bool {
+    let clients = &figures["clients"];
+    ["run_s", "runnable_s", "blocked_s"]
+        .iter()
+        .filter_map(|field| number(&clients[*field]))
+        .sum::<f64>()
+        >= MIN_CLIENT_SECONDS
+}
+
 fn table_row(md: &mut String, row: &str, engine: &str, record: &Value) {
     let figures = &record["offcpu"];
     let clients = &figures["clients"];
@@ -90,7 +106,7 @@ fn table_row(md: &mut String, row: &str, engine: &str, record: &Value) {
 /// The section of a separate `--offcpu` suite run (`report --offcpu-json`): where it
 /// comes from, its command, its notes, then its tables.
 pub(super) fn render_run(doc: &Value, path: &Path) -> String {
-    let mut md = String::from("## Where the time went: a run with `--offcpu`\n\n");
+    let mut md = format!("## Where the time went: `{}`\n\n", path.display());
     let _ = writeln!(
         md,
         "From `{}`, one `tucana-bench suite --offcpu` run (a sampler thread read every \
@@ -114,6 +130,7 @@ mod tests {
     fn phases_with_figures_get_a_row_and_others_none() {
         let offcpu = serde_json::json!({
             "clients": {"run_frac": 0.3, "runnable_frac": 0.05, "blocked_frac": 0.65,
+                        "run_s": 3.0, "runnable_s": 0.5, "blocked_s": 6.5,
                         "top_waits": [{"state": "D", "wchan": "balance_dirty_pages", "frac": 0.4}]},
             "engine": {"run_s": 12.5, "runnable_s": 0.5,
                        "top_d_waits": [{"state": "D", "wchan": "jbd2_log_wait_commit", "frac": 0.1}]},
@@ -126,6 +143,9 @@ mod tests {
                  "threads": 2, "ops_per_sec": 100000.0, "offcpu": offcpu},
                 {"engine": "tucana", "workload": "ycsb_a", "dataset": "larger-than-memory",
                  "threads": 2, "ops_per_sec": 5.0},
+                {"engine": "tucana", "workload": "ycsb_b", "dataset": "larger-than-memory",
+                 "threads": 2, "ops_per_sec": 5.0, "offcpu": {"clients": {"run_s": 0.2,
+                 "runnable_s": 0.3, "blocked_s": 0.0}}},
             ],
         });
         let md = render_run(&doc, Path::new("bench/x.json"));
@@ -134,8 +154,16 @@ mod tests {
             "{md}"
         );
         assert!(!md.contains("| ycsb_a |"), "{md}");
+        assert!(
+            !md.contains("| ycsb_b |"),
+            "a phase whose clients were not seen: {md}"
+        );
         assert!(md.contains("scripts/bench.sh suite --offcpu"), "{md}");
         assert!(md.contains("> shared"), "{md}");
+        assert!(
+            md.starts_with("## Where the time went: `bench/x.json`\n"),
+            "{md}"
+        );
 
         let mut plain = String::new();
         tables(

@@ -121,7 +121,12 @@ fn report_command(md: &mut String, options: &Value, json_path: &Path) {
     if let Some(path) = options["device_ceiling_run"]["report_json"].as_str() {
         let _ = write!(md, " --device-ceiling-json {}", shell_quote(path));
     }
-    if let Some(path) = options["offcpu_run"]["json"].as_str() {
+    for path in options["offcpu_runs"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|run| run["json"].as_str())
+    {
         let _ = write!(md, " --offcpu-json {}", shell_quote(path));
     }
 }
