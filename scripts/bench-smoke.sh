@@ -52,8 +52,28 @@ grep -q "## Absolute figures" "${work}/BENCHMARKS.md"
 grep -q "ycsb_e" "${work}/BENCHMARKS.md"
 
 # The second mode: a sync per write, joined to the same document.
-"${bench}" suite --quick --sync --gc-records 0 --engines tucana --dir "${work}" \
+# It also samples where each phase's time went (--offcpu), which the report shows as a
+# section of its own.
+"${bench}" suite --quick --sync --gc-records 0 --engines tucana --dir "${work}" --offcpu \
     --json "${work}/sync.json" --note "smoke test" </dev/null >"${work}/sync.log"
+python3 - "${work}/sync.json" <<'PY'
+import json, sys
+doc = json.load(open(sys.argv[1]))
+assert doc["options"]["offcpu"] is True
+measured = [r for r in doc["records"] if "ops" in r]
+assert measured, "no measured record"
+for record in measured:
+    figures = record.get("offcpu")
+    assert isinstance(figures, dict), f"{record['workload']}: no offcpu figures"
+    for group in ["clients", "engine"]:
+        for field in ["run_frac", "runnable_frac", "blocked_frac", "top_waits"]:
+            assert field in figures[group], f"{record['workload']}: no offcpu.{group}.{field}"
+    assert "bad_lines" not in figures, f"{record['workload']}: {figures.get('first_bad_line')}"
+print(f"bench smoke: offcpu figures in {len(measured)} records")
+PY
+"${bench}" report "${work}/results.json" --offcpu-json "${work}/sync.json" \
+    --out "${work}/BENCHMARKS-offcpu.md" --plots-dir "${work}/plots" >/dev/null
+grep -q "^## Where the time went: " "${work}/BENCHMARKS-offcpu.md"
 "${bench}" report "${work}/results.json" --sync-json "${work}/sync.json" \
     --out "${work}/BENCHMARKS-sync.md" --plots-dir "${work}/plots" >/dev/null
 grep -q ", sync per write |" "${work}/BENCHMARKS-sync.md"

@@ -35,6 +35,7 @@ mod format;
 mod gc;
 mod measure;
 mod micro;
+mod offcpu;
 mod recovery;
 mod replication;
 mod results;

@@ -11,7 +11,8 @@
 //! twice: this process's storage-layer bytes (/proc/self/io, exact but blind to what an
 //! engine's writeback costs the device beyond the page) and the data directory's block
 //! device (every process on it, so other work on the machine shows up). Peak RSS is reset
-//! at the start of each phase, so it is the phase's own peak.
+//! at the start of each phase, so it is the phase's own peak. With `--offcpu` a phase also
+//! runs module `offcpu`'s sampler (where the time went: running, runnable, blocked).
 
 use std::path::PathBuf;
 use std::sync::OnceLock;
@@ -19,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 
-use crate::sys;
+use crate::{offcpu, sys};
 
 /// Latencies above this are recorded as this; an hour-long operation is a hang, not a
 /// latency worth resolving.
@@ -66,6 +67,20 @@ impl Latencies {
     }
 }
 
+/// Spawns a phase's client thread number `thread` in `scope`, named so that module
+/// `offcpu` tells the threads issuing the operations from the engine's own.
+pub fn spawn_client<'scope, T: Send + 'scope>(
+    scope: &'scope std::thread::Scope<'scope, '_>,
+    thread: usize,
+    body: impl FnOnce() -> T + Send + 'scope,
+) -> std::thread::ScopedJoinHandle<'scope, T> {
+    std::thread::Builder::new()
+        .name(format!("{}{thread}", offcpu::CLIENT_THREAD_PREFIX))
+        .spawn_scoped(scope, body)
+        // As `Scope::spawn`, which panics the same way when the OS refuses a thread.
+        .expect("failed to spawn a client thread")
+}
+
 /// The block device whose statistics every phase reads: set once, from the data directory.
 static DEVICE_STAT: OnceLock<PathBuf> = OnceLock::new();
 
@@ -110,12 +125,16 @@ pub struct PhaseTimer {
     process_io_start: Option<sys::ProcessIo>,
     device_io_start: Option<sys::ProcessIo>,
     peak_rss_reset: bool,
+    /// Where the time went (`--offcpu`), when enabled.
+    offcpu: Option<offcpu::PhaseSampler>,
 }
 
 impl PhaseTimer {
     pub fn start() -> PhaseTimer {
         let peak_rss_reset = sys::reset_peak_rss();
+        let offcpu = offcpu::PhaseSampler::start();
         PhaseTimer {
+            offcpu,
             process_io_start: sys::process_io(),
             device_io_start: device_io(),
             peak_rss_reset,
@@ -129,6 +148,7 @@ impl PhaseTimer {
     pub fn finish(self, ops: u64, per_thread: &[Latencies]) -> Measurement {
         let elapsed = self.wall_start.elapsed();
         let cpu = sys::process_cpu_time().saturating_sub(self.cpu_start);
+        let offcpu = self.offcpu.map(offcpu::PhaseSampler::finish);
         let io = IoDelta {
             process: delta(self.process_io_start, sys::process_io()),
             device: delta(self.device_io_start, device_io()),
@@ -150,6 +170,7 @@ impl PhaseTimer {
             cpu,
             io,
             peak_rss_bytes,
+            offcpu,
             latencies,
         }
     }
@@ -164,6 +185,8 @@ pub struct Measurement {
     pub io: IoDelta,
     /// Peak resident memory of the process during the phase.
     pub peak_rss_bytes: Option<u64>,
+    /// Where the time went (module `offcpu`), when the sampler is enabled.
+    pub offcpu: Option<serde_json::Value>,
     latencies: Latencies,
 }
 

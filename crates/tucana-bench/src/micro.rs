@@ -222,7 +222,7 @@ impl Run<'_> {
                 .enumerate()
                 .map(|(thread, lat)| {
                     let body = &body;
-                    scope.spawn(move || body(thread, lat))
+                    crate::measure::spawn_client(scope, thread, move || body(thread, lat))
                 })
                 .collect();
             handles

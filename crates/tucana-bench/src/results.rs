@@ -27,6 +27,8 @@ pub struct Machine {
     pub kernel: Option<String>,
     /// The block device under the data directory, set once the directory is known.
     pub disk: Option<String>,
+    /// fio's figures for that device (`scripts/device-ceiling.sh --json`), when given.
+    pub device_ceiling: Option<Value>,
 }
 
 impl Machine {
@@ -37,6 +39,7 @@ impl Machine {
             mem_total_bytes: sys::mem_total_bytes(),
             kernel: sys::kernel(),
             disk: None,
+            device_ceiling: None,
         }
     }
 
@@ -47,6 +50,7 @@ impl Machine {
             "mem_total_bytes": self.mem_total_bytes,
             "kernel": self.kernel,
             "disk": self.disk,
+            "device_ceiling": self.device_ceiling,
         })
     }
 }
@@ -150,6 +154,9 @@ impl Record {
         if let Some(io) = m.io.device {
             record.set("device_read_bytes", io.read_bytes);
             record.set("device_write_bytes", io.write_bytes);
+        }
+        if let Some(figures) = &m.offcpu {
+            record.set("offcpu", figures.clone());
         }
         record
     }
@@ -294,6 +301,9 @@ pub fn print_phase_row(record: &Record) {
             .peak_rss_bytes
             .map_or_else(|| "-".to_string(), |b| format!("{}M", b >> 20)),
     );
+    if let Some(figures) = record.get("offcpu") {
+        print_note(&crate::offcpu::describe(figures));
+    }
 }
 
 /// A line under a row, for what does not fit the columns.

@@ -98,6 +98,15 @@ pub struct SuiteArgs {
     /// phases it finished are kept and the stop is recorded as a failure.
     #[arg(long, default_value_t = 0)]
     large_time_limit_secs: u64,
+    /// Where each phase's time went: its client and engine threads' running, runnable and
+    /// blocked shares, their sampled wait channels, and the device's throughput and queue
+    /// depth (a sampler thread reads /proc every 10 ms; off by default).
+    #[arg(long)]
+    offcpu: bool,
+    /// The JSON file of `scripts/device-ceiling.sh --json` (fio on the data directory's
+    /// device), shown in the machine section.
+    #[arg(long)]
+    device_ceiling_json: Option<PathBuf>,
     /// Internal: run only the larger-than-memory data set on this engine (a child process
     /// of the suite, so that the cgroup's OOM killer can only end that engine's run).
     #[arg(long, hide = true, requires = "child_json")]
@@ -155,6 +164,7 @@ pub fn run(args: &SuiteArgs) -> Result<()> {
     machine.disk = measure::watch_device_of(&args.dir);
     let mut options = RunOptions::with_argv_and_engines(kinds.iter().map(|k| k.name()));
     options.set("threads", args.threads);
+    where_the_time_goes(&args, &mut machine, &mut options)?;
     options.set("sync", args.sync);
     options.set("cache_bytes", args.cache_bytes);
     options.set("seed", args.seed);
@@ -237,6 +247,46 @@ pub fn run(args: &SuiteArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// Turns on the `--offcpu` sampler and reads `--device-ceiling-json` into the machine's
+/// description, noting both in the run's options.
+fn where_the_time_goes(
+    args: &SuiteArgs,
+    machine: &mut Machine,
+    options: &mut RunOptions,
+) -> Result<()> {
+    if args.offcpu {
+        crate::offcpu::enable(crate::sys::device_stat_path(&args.dir).map(|(_, name)| name));
+    }
+    options.set("offcpu", args.offcpu);
+    if let Some(path) = &args.device_ceiling_json {
+        let figures = read_device_ceiling(path)?;
+        options.set(
+            "device_ceiling_run",
+            json!({ "dir": figures["dir"], "json": path.display().to_string() }),
+        );
+        machine.device_ceiling = Some(figures);
+    }
+    Ok(())
+}
+
+/// The figures `scripts/device-ceiling.sh --json` wrote.
+pub fn read_device_ceiling(path: &std::path::Path) -> Result<Value> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("--device-ceiling-json {}: {e}", path.display()))?;
+    let figures: Value = serde_json::from_str(&text)
+        .map_err(|e| format!("--device-ceiling-json {}: {e}", path.display()))?;
+    if figures["seq_write_mb_s"].as_f64().is_none() || figures["rand_read_iops"].as_f64().is_none()
+    {
+        return Err(format!(
+            "--device-ceiling-json {}: no seq_write_mb_s and rand_read_iops (not written by \
+             scripts/device-ceiling.sh?)",
+            path.display()
+        )
+        .into());
+    }
+    Ok(figures)
 }
 
 /// What every data set and engine of the run shares.

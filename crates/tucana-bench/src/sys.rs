@@ -302,6 +302,13 @@ pub fn peak_rss_bytes() -> Option<u64> {
     }
 }
 
+/// The calling thread's kernel id: the name of its `/proc/self/task` entry.
+pub fn thread_id() -> Option<u32> {
+    // SAFETY: gettid(2) takes no arguments, cannot fail and touches no memory of ours.
+    let tid = unsafe { libc::gettid() };
+    u32::try_from(tid).ok()
+}
+
 /// Clock ticks per second, the unit of utime and stime in /proc/PID/stat.
 pub fn clock_ticks_per_sec() -> u64 {
     // SAFETY: sysconf reads a constant of the system and touches no memory of ours.

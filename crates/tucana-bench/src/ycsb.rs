@@ -610,7 +610,7 @@ impl Run<'_> {
                 .map(|(thread, lat)| {
                     let body = &body;
                     let progress = &progress;
-                    scope.spawn(move || body(thread, lat, progress))
+                    crate::measure::spawn_client(scope, thread, move || body(thread, lat, progress))
                 })
                 .collect();
             handles

@@ -29,6 +29,7 @@ mod coldscan;
 mod devices;
 mod gc;
 mod merge;
+mod offcpu;
 mod plots;
 mod records;
 mod replication;
@@ -89,6 +90,14 @@ pub struct ReportArgs {
     /// (default: `devices.jsonl` next to the suite's JSON file, when it exists).
     #[arg(long)]
     devices_json: Option<PathBuf>,
+    /// The JSON file of `scripts/device-ceiling.sh --json` (fio on the data directory's
+    /// device), shown in the machine section in place of the suite run's own, if any.
+    #[arg(long)]
+    device_ceiling_json: Option<PathBuf>,
+    /// The JSON file of a suite run made with `--offcpu` (repeatable), whose "where the
+    /// time went" tables get a section of their own after the suite's.
+    #[arg(long)]
+    offcpu_json: Vec<PathBuf>,
 }
 
 /// The `coldscan` command's JSON file when `--coldscan-json` is not given, next to the
@@ -102,7 +111,20 @@ pub fn run(args: &ReportArgs) -> Result<()> {
         // Named in the report command under "Reproduce" (the default file needs no flag).
         doc["options"]["coldscan_run"] = serde_json::json!({ "json": path.display().to_string() });
     }
+    doc["options"]["offcpu_runs"] = args
+        .offcpu_json
+        .iter()
+        .map(|path| serde_json::json!({ "json": path.display().to_string() }))
+        .collect();
     let mut markdown = suite::render(&doc, &args.json, &plots);
+    for path in &args.offcpu_json {
+        let run: Value = serde_json::from_str(&read_text(path)?)
+            .map_err(|e| format!("{} is not a suite run's JSON: {e}", path.display()))?;
+        if run["options"]["offcpu"].as_bool() != Some(true) {
+            return Err(format!("{} is not a suite run made with --offcpu", path.display()).into());
+        }
+        markdown += &offcpu::render_run(&run, path);
+    }
     insert_notes(&mut markdown, &args.note);
     let coldscan_json = match &args.coldscan_json {
         Some(path) => Some(path.clone()),
@@ -172,6 +194,15 @@ fn read_suite_and_merged_runs(args: &ReportArgs) -> Result<Value> {
     if let Some(sync_path) = &args.sync_json {
         let sync = serde_json::from_str(&read_text(sync_path)?)?;
         merge::merge_sync(&mut doc, &sync, sync_path)?;
+    }
+    if let Some(path) = &args.device_ceiling_json {
+        let figures = crate::suite::read_device_ceiling(path)?;
+        doc["options"]["device_ceiling_run"] = serde_json::json!({
+            "dir": figures["dir"],
+            "json": path.display().to_string(),
+            "report_json": path.display().to_string(),
+        });
+        doc["machine"]["device_ceiling"] = figures;
     }
     Ok(doc)
 }

@@ -34,6 +34,7 @@ pub(super) fn render(doc: &Value, json_path: &Path, plots: &[(String, PathBuf)])
     ratios(&mut md, records, &datasets, &engines);
     plot_links(&mut md, plots);
     absolute_figures(&mut md, records, &datasets, &engines);
+    super::offcpu::tables(&mut md, records, "##");
     super::gc::render(&mut md, doc);
     configurations(&mut md, options);
     method(&mut md);
@@ -72,6 +73,19 @@ fn title(md: &mut String, doc: &Value, json_path: &Path) {
 /// script builds and runs the same program.
 fn reproduce(md: &mut String, options: &Value, json_path: &Path) {
     *md += "## Reproduce\n\n```sh\nscripts/bench-deps.sh   # librocksdb-dev, clang, fonts (Debian/Ubuntu, as root)\n";
+    if let Some(ceiling) = options["device_ceiling_run"].as_object() {
+        let _ = writeln!(
+            md,
+            "scripts/device-ceiling.sh {} --json {}",
+            shell_quote(ceiling.get("dir").and_then(Value::as_str).unwrap_or("DIR")),
+            shell_quote(
+                ceiling
+                    .get("json")
+                    .and_then(Value::as_str)
+                    .unwrap_or("FILE")
+            )
+        );
+    }
     let also_gc_argvs = also_gc_runs(options).iter().map(|run| &run["argv"]);
     for argv in [&options["argv"], &options["gc_run"]["argv"]]
         .into_iter()
@@ -104,6 +118,17 @@ fn report_command(md: &mut String, options: &Value, json_path: &Path) {
     if let Some(path) = options["coldscan_run"]["json"].as_str() {
         let _ = write!(md, " --coldscan-json {}", shell_quote(path));
     }
+    if let Some(path) = options["device_ceiling_run"]["report_json"].as_str() {
+        let _ = write!(md, " --device-ceiling-json {}", shell_quote(path));
+    }
+    for path in options["offcpu_runs"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|run| run["json"].as_str())
+    {
+        let _ = write!(md, " --offcpu-json {}", shell_quote(path));
+    }
 }
 
 /// The `--also-gc-json` runs `merge::add_also_gc` kept.
@@ -114,12 +139,13 @@ fn also_gc_runs(options: &Value) -> &[Value] {
         .unwrap_or_default()
 }
 
-/// "Machine": CPU, memory, kernel, disk and the data directory.
+/// "Machine": CPU, memory, kernel, disk, the data directory and, when measured, the
+/// device's ceiling (fio).
 fn machine(md: &mut String, machine: &Value, options: &Value) {
     *md += "## Machine\n\n";
     let _ = writeln!(
         md,
-        "- CPU: {} ({} cores)\n- memory: {}\n- kernel: {}\n- disk: {}\n- data directory: {} ({})\n",
+        "- CPU: {} ({} cores)\n- memory: {}\n- kernel: {}\n- disk: {}\n- data directory: {} ({})",
         machine["cpu_model"].as_str().unwrap_or("unknown"),
         machine["cores"],
         machine["mem_total_bytes"]
@@ -129,6 +155,36 @@ fn machine(md: &mut String, machine: &Value, options: &Value) {
         machine["disk"].as_str().unwrap_or("unknown"),
         options["dir"].as_str().unwrap_or("?"),
         options["fs"].as_str().unwrap_or("?"),
+    );
+    device_ceiling(md, &machine["device_ceiling"]);
+    *md += "\n";
+}
+
+/// The machine section's line of fio's figures (`scripts/device-ceiling.sh`), if any.
+fn device_ceiling(md: &mut String, ceiling: &Value) {
+    let (Some(write_mb_s), Some(read_iops)) = (
+        number(&ceiling["seq_write_mb_s"]),
+        number(&ceiling["rand_read_iops"]),
+    ) else {
+        return;
+    };
+    let _ = writeln!(
+        md,
+        "- device ceiling ({} on {} under {}, {}, {} s per test): sequential write of \
+         {} {} MB/s; random read of {} {} IOPS ({} MB/s){}",
+        ceiling["tool"].as_str().unwrap_or("fio"),
+        ceiling["device"].as_str().unwrap_or("?"),
+        ceiling["dir"].as_str().unwrap_or("?"),
+        ceiling["ioengine"].as_str().unwrap_or("?"),
+        ceiling["runtime_s"],
+        ceiling["seq_write_block"].as_str().unwrap_or("?"),
+        fmt_number(Some(write_mb_s)),
+        ceiling["rand_read_block"].as_str().unwrap_or("?"),
+        fmt_number(Some(read_iops)),
+        fmt_number(number(&ceiling["rand_read_mb_s"])),
+        ceiling["note"]
+            .as_str()
+            .map_or(String::new(), |note| format!(". {note}")),
     );
 }
 
@@ -357,6 +413,85 @@ fn method(md: &mut String) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 22 said the micro rows (fillrandom … deleterandom) of the "Tucana ÷ peer"
+    /// throughput tables were printed as peer ÷ Tucana. Every cell of the committed
+    /// BENCHMARKS.md checks out as Tucana ÷ peer against the absolute figures beside it, so
+    /// this pins the direction for micro rows at each thread count, for throughput and CPU
+    /// both, with peers ahead on some rows and behind on others.
+    #[test]
+    fn micro_rows_are_tucana_over_peer() {
+        let record = |engine: &str, workload: &str, threads: u64, ops: f64, cpu: f64| {
+            serde_json::json!({"engine": engine, "workload": workload, "dataset": "in-memory",
+                               "threads": threads, "ops_per_sec": ops, "cpu_us_per_op": cpu})
+        };
+        let doc = serde_json::json!({
+            "machine": {}, "options": {},
+            "records": [
+                record("tucana", "ycsb_load", 2, 300.0, 1.0),
+                record("rocksdb", "ycsb_load", 2, 100.0, 3.0),
+                record("tucana", "fillrandom", 1, 400.0, 1.0),
+                record("rocksdb", "fillrandom", 1, 100.0, 2.0),
+                record("lmdb", "fillrandom", 1, 800.0, 0.5),
+                record("tucana", "readseq", 2, 100.0, 4.0),
+                record("rocksdb", "readseq", 2, 200.0, 1.0),
+                record("lmdb", "readseq", 2, 50.0, 8.0),
+                record("tucana", "deleterandom", 2, 90.0, 1.0),
+                record("rocksdb", "deleterandom", 2, 30.0, 5.0),
+            ],
+        });
+        let md = render(&doc, Path::new("bench/results.json"), &[]);
+        let throughput = md
+            .split("### in-memory: throughput (ops/s)")
+            .nth(1)
+            .and_then(|rest| rest.split("### in-memory: CPU").next())
+            .expect("a throughput table");
+        assert!(
+            throughput.contains("| workload | vs rocksdb | vs lmdb |"),
+            "{md}"
+        );
+        assert!(throughput.contains("| ycsb_load | **3.00** | – |"), "{md}");
+        assert!(
+            throughput.contains("| fillrandom t1 | **4.00** | 0.50 |"),
+            "{md}"
+        );
+        assert!(
+            throughput.contains("| readseq t2 | 0.50 | **2.00** |"),
+            "{md}"
+        );
+        assert!(
+            throughput.contains("| deleterandom t2 | **3.00** | – |"),
+            "{md}"
+        );
+        let cpu = md
+            .split("### in-memory: CPU time per operation")
+            .nth(1)
+            .expect("a CPU table");
+        assert!(cpu.contains("| fillrandom t1 | **0.50** | 2.00 |"), "{md}");
+        assert!(cpu.contains("| readseq t2 | 4.00 | **0.50** |"), "{md}");
+    }
+
+    #[test]
+    fn the_machine_section_has_the_device_ceiling_when_measured() {
+        let mut md = String::new();
+        let machine = serde_json::json!({"cores": 2, "device_ceiling": {
+            "tool": "fio-3.33", "device": "/dev/vda", "dir": "/var/tmp/b", "ioengine": "io_uring",
+            "runtime_s": 20, "seq_write_block": "1 MiB, depth 8, O_DIRECT", "seq_write_mb_s": 1900.4,
+            "rand_read_block": "4 KiB, depth 32, O_DIRECT", "rand_read_iops": 61384,
+            "rand_read_mb_s": 251.4}});
+        super::machine(&mut md, &machine, &serde_json::json!({}));
+        assert!(
+            md.contains("- device ceiling (fio-3.33 on /dev/vda under /var/tmp/b, io_uring, 20 s per test): sequential write of 1 MiB, depth 8, O_DIRECT 1900 MB/s; random read of 4 KiB, depth 32, O_DIRECT 61384 IOPS (251.4 MB/s)\n"),
+            "{md}"
+        );
+        let mut without = String::new();
+        super::machine(
+            &mut without,
+            &serde_json::json!({"cores": 2}),
+            &serde_json::json!({}),
+        );
+        assert!(!without.contains("device ceiling"), "{without}");
+    }
 
     #[test]
     fn report_has_ratios_figures_and_configurations() {
