@@ -887,19 +887,20 @@ mod tests {
         db.commit()?;
         let shared = &db.engine.shared;
         let (region, _) = written_segments(&db, "t");
-        let mut budget = f64::INFINITY;
         let mut pinned = Default::default();
-        let mut buf = Vec::new();
-        for (victim, stats) in victims(&region, Policy::Forced, &pinned) {
-            let collected = collect::collect_segment(
+        let mut collect = |victim, stats, pinned: &mut _| {
+            collect::collect_segment(
                 shared,
                 &region,
                 victim,
                 stats,
-                &mut budget,
-                &mut buf,
-                &mut pinned,
-            )?;
+                &mut f64::INFINITY,
+                &mut Vec::new(),
+                pinned,
+            )
+        };
+        for (victim, stats) in victims(&region, Policy::Forced, &pinned) {
+            let collected = collect(victim, stats, &mut pinned)?;
             assert!(matches!(collected, Collected::Retired), "{victim:?}");
         }
         assert!(db.stats().writes_in_flight_bytes > 0);
@@ -922,15 +923,7 @@ mod tests {
             .first()
             .expect("a closed relocation segment whose write is in flight");
         assert!(stats.live_bytes > 0);
-        let collected = collect::collect_segment(
-            shared,
-            &region,
-            victim,
-            stats,
-            &mut budget,
-            &mut buf,
-            &mut pinned,
-        )?;
+        let collected = collect(victim, stats, &mut pinned)?;
         assert!(
             matches!(collected, Collected::Retired),
             "its live records were copied and it was retired"
