@@ -894,7 +894,7 @@ mod tests {
                 &region,
                 victim,
                 stats,
-                &mut f64::INFINITY,
+                &mut { f64::INFINITY },
                 &mut Vec::new(),
                 pinned,
             )
