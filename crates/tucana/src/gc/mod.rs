@@ -888,7 +888,7 @@ mod tests {
         let shared = &db.engine.shared;
         let (region, _) = written_segments(&db, "t");
         let mut pinned = Default::default();
-        let mut collect = |victim, stats, pinned: &mut _| {
+        let collect = |victim, stats, pinned: &mut _| {
             collect::collect_segment(
                 shared,
                 &region,
