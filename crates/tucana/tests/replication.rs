@@ -10,7 +10,9 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 use proptest::prelude::*;
-use tucana::replication::{CommitDelta, CommitObserver, Delta, FoldedCommits, ReplicaHandle};
+use tucana::replication::{
+    CommitDelta, CommitObserver, Delta, FoldedCommits, ReplicaHandle, ShipSegment, ShipSource,
+};
 use tucana::volume::MemStorage;
 use tucana::{Database, Options};
 
@@ -46,6 +48,16 @@ struct Link {
 }
 
 const NAME: &str = "t";
+
+/// Ships the bytes of `seg` from `from` to its ready end into `replica`, as the network
+/// shipper's log frames do.
+fn ship_segment(source: &ShipSource, replica: &ReplicaHandle, seg: &ShipSegment, from: u64) {
+    let mut bytes = vec![0u8; (seg.ready_bytes - from) as usize];
+    source.read(seg.base, from, &mut bytes).unwrap();
+    replica
+        .write_log(seg.base, seg.size_bytes, seg.order, from, &bytes)
+        .unwrap();
+}
 
 impl Link {
     fn new() -> Link {
@@ -97,11 +109,7 @@ impl Link {
         for seg in &segments {
             let from = have.get(&seg.order).copied().unwrap_or(0);
             if seg.ready_bytes > from {
-                let mut bytes = vec![0u8; (seg.ready_bytes - from) as usize];
-                source.read(seg.base, from, &mut bytes).unwrap();
-                replica
-                    .write_log(seg.base, seg.size_bytes, seg.order, from, &bytes)
-                    .unwrap();
+                ship_segment(&source, &replica, seg, from);
             }
             if seg.open {
                 horizon = horizon.min(seg.order);
@@ -641,11 +649,7 @@ fn a_promotion_that_never_reaches_a_received_log_segment_is_refused() {
     }
     let replica = link.replica();
     for seg in source.segments(committed_tail.order + 1, usize::MAX) {
-        let mut bytes = vec![0u8; seg.ready_bytes as usize];
-        source.read(seg.base, 0, &mut bytes).unwrap();
-        replica
-            .write_log(seg.base, seg.size_bytes, seg.order, 0, &bytes)
-            .unwrap();
+        ship_segment(&source, &replica, &seg, 0);
     }
     let Err(e) = replica.promote_reporting(2) else {
         panic!("promoted without a log segment it received")
@@ -691,13 +695,7 @@ fn a_backup_acknowledges_only_as_far_as_replay_reaches() {
         .collect();
     assert!(new.len() >= 3, "{new:?}");
     let missing = new[1].order;
-    let ship = |seg: &tucana::replication::ShipSegment, from: u64| {
-        let mut bytes = vec![0u8; (seg.ready_bytes - from) as usize];
-        source.read(seg.base, from, &mut bytes).unwrap();
-        replica
-            .write_log(seg.base, seg.size_bytes, seg.order, from, &bytes)
-            .unwrap();
-    };
+    let ship = |seg, from| ship_segment(&source, &replica, seg, from);
     let tail_now = source
         .segments(at_commit.0, 1)
         .pop()
