@@ -10,7 +10,6 @@
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
-use std::net::TcpListener;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -39,11 +38,8 @@ fn wait_until<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
 }
 
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    // Below the ephemeral range: a restarted server binds its port again.
+    tucana_cluster::testing::free_port("127.0.0.1")
 }
 
 struct Server {

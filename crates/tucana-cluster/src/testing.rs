@@ -45,14 +45,12 @@ impl TestEtcd {
     /// loopback).
     pub fn start_on(host: &str) -> TestEtcd {
         let dir = tempfile::tempdir().expect("a temporary directory for etcd");
-        // Both listeners are held until both ports are known, so the two differ.
-        let (client_port, peer_port) = {
-            let a = TcpListener::bind((host, 0)).expect("a free port");
-            let b = TcpListener::bind("127.0.0.1:0").expect("a free port");
-            (
-                a.local_addr().expect("its address").port(),
-                b.local_addr().expect("its address").port(),
-            )
+        let client_port = free_port(host);
+        let peer_port = loop {
+            let port = free_port("127.0.0.1");
+            if port != client_port {
+                break port;
+            }
         };
         let client_url = format!("http://{host}:{client_port}");
         let peer_url = format!("http://127.0.0.1:{peer_port}");
@@ -179,6 +177,37 @@ fn etcd_binary() -> PathBuf {
              etcd-server and protobuf-compiler), then run the tests again"
         ),
     }
+}
+
+/// A port free on `host` now, chosen below the kernel's ephemeral range, so that a server
+/// a test restarts can bind it again.
+///
+/// The story: a test that restarted etcd after three seconds down found its peer port
+/// taken ("bind: address already in use", CI). The port had come from binding port 0, which
+/// draws from the ephemeral range, the same range the kernel gives outgoing connections
+/// their source ports from, and clients were reconnecting to etcd all the while. No
+/// connection is ever given a port below that range, and ports there are only taken by
+/// binding them by number, so one that is free now stays free unless another test draws
+/// the same number (tried at random among ~20,000, and checked by binding it).
+pub fn free_port(host: &str) -> u16 {
+    use std::hash::{BuildHasher, Hasher};
+    const LOWEST: u16 = 10_000;
+    let ephemeral_from = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse::<u16>().ok())
+        .filter(|&from| from > LOWEST + 1_000)
+        .unwrap_or(32_768);
+    let span = u64::from(ephemeral_from - LOWEST);
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u32(std::process::id());
+    let start = hasher.finish();
+    for attempt in 0..span {
+        let port = LOWEST + ((start + attempt * 7_919) % span) as u16;
+        if TcpListener::bind((host, port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port on {host} between {LOWEST} and {ephemeral_from}")
 }
 
 /// Whether etcd's `/health` endpoint at `host:port` says it is healthy.

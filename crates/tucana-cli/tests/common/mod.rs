@@ -10,7 +10,6 @@
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader};
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -40,11 +39,8 @@ pub fn wait_until<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
 }
 
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    // Below the ephemeral range: a restarted server binds its port again.
+    tucana_cluster::testing::free_port("127.0.0.1")
 }
 
 /// One `tucana serve --cluster-etcd` process, on a fixed port so a restart keeps its
