@@ -784,6 +784,94 @@ fn a_killed_primary_is_replaced_by_its_backup_and_no_acknowledged_write_is_lost(
     assert_all_readable(&cluster.servers[cluster.index_of(leader)], &tag, &acked);
 }
 
+/// The story: in the fault campaign (seed 1301) a server's disk filled. Its store,
+/// refused a write, was poisoned and acknowledged nothing more, but the server kept
+/// renewing its lease in etcd, so the coordinator saw it alive: the regions it led took
+/// no write and did not fail over until the campaign ended. A server whose store failed
+/// now leaves the cluster (revoking its lease) and exits, and a backup takes over.
+///
+/// The failure here is a real refused write: the primary's file size limit (`prlimit`)
+/// is set to its volume's length, so the next time the volume must grow the file system
+/// refuses (EFBIG, as a full disk refuses with ENOSPC).
+#[test]
+fn a_primary_whose_store_fails_leaves_the_cluster_and_its_backup_takes_over() {
+    let mut cluster = Cluster::start_with(1);
+    cluster.create().unwrap();
+    let ranges = cluster.wait_for_map();
+    let (start, end, old_primary) = ranges[0].clone();
+    let victim = cluster.index_of(&old_primary);
+    let survivor = (victim + 1) % 3;
+    let tag = tag_in(start, end);
+
+    let writer = Writer::start(&urls(&cluster.servers), &tag);
+    wait_until("writes acknowledged before the failure", || {
+        (writer.acked().len() >= 50).then_some(())
+    });
+    let volume_len_bytes = std::fs::metadata(&cluster.servers[victim].volume)
+        .unwrap()
+        .len();
+    let limited = Command::new("prlimit")
+        .arg("--pid")
+        .arg(cluster.servers[victim].pid())
+        .arg(format!("--fsize={volume_len_bytes}"))
+        .status()
+        .expect("run prlimit (util-linux)");
+    assert!(limited.success(), "prlimit failed");
+
+    // Large writes straight to the primary until its store refuses one.
+    let value = vec![b'v'; 64 << 10];
+    let mut con = cluster.servers[victim].connect();
+    let mut big_acked = Vec::new();
+    let refused = (0..4096)
+        .find_map(|i| {
+            let key = format!("{{{tag}}}:big:{i}");
+            match con.set::<_, _, ()>(&key, &value[..]) {
+                Ok(()) => {
+                    big_acked.push(key);
+                    None
+                }
+                Err(e) => Some(e),
+            }
+        })
+        .expect("256 MiB written past a file size limit, and no write refused");
+    let failed_at = Instant::now();
+    eprintln!(
+        "the primary refused a write after {} large ones: {refused}",
+        big_acked.len()
+    );
+
+    // It leaves the cluster and exits by itself, saying it failed.
+    let status = wait_until("the failed primary exiting", || {
+        cluster.servers[victim]
+            .child
+            .as_mut()
+            .unwrap()
+            .try_wait()
+            .unwrap()
+    });
+    assert!(
+        !status.success(),
+        "a failed store exits with an error: {status}"
+    );
+    let new_primary = cluster.wait_for_new_primary(survivor, start, &old_primary);
+    assert_ne!(new_primary, old_primary);
+    wait_until("a write acknowledged by the new primary", || {
+        writer
+            .acked()
+            .iter()
+            .any(|(_, at)| *at > failed_at)
+            .then_some(())
+    });
+    let acked = writer.finish();
+    let promoted = &cluster.servers[cluster.index_of(&new_primary)];
+    assert_all_readable(promoted, &tag, &acked);
+    let mut con = promoted.connect();
+    for key in &big_acked {
+        let read: Option<Vec<u8>> = con.get(key).unwrap();
+        assert_eq!(read.as_deref(), Some(&value[..]), "acknowledged {key} lost");
+    }
+}
+
 #[test]
 fn a_paused_primary_acknowledges_nothing_once_its_backup_is_promoted() {
     let cluster = Cluster::start_with(1);

@@ -54,6 +54,7 @@ pub mod config;
 mod connection;
 mod coordinator;
 mod expiry;
+mod fail_stop;
 mod glob;
 mod handoff;
 mod in_flight;

@@ -123,6 +123,7 @@ impl Server {
             }
             tokio::spawn(crate::migration::run(state.clone(), shutdown.clone()));
             tokio::spawn(crate::splitter::run(state.clone(), shutdown.clone()));
+            tokio::spawn(crate::fail_stop::run(state.clone(), shutdown.clone()));
         }
         // Ends by itself at shutdown; not in `tasks`, which holds the connections.
         if state.config.active_expiry {
@@ -388,6 +389,16 @@ pub fn serve_until_signal(
             use tokio::signal::unix::{signal, SignalKind};
             let mut interrupt = signal(SignalKind::interrupt())?;
             let mut terminate = signal(SignalKind::terminate())?;
+            // A write past the process's file size limit (`ulimit -f`) then fails with
+            // EFBIG, which poisons the store like any refused write (and, in a cluster,
+            // hands its regions over: `fail_stop`), instead of SIGXFSZ killing the process
+            // with every buffered write lost.
+            let mut file_too_large = signal(SignalKind::from_raw(libc::SIGXFSZ))?;
+            tokio::spawn(async move {
+                while file_too_large.recv().await.is_some() {
+                    eprintln!("tucana serve: a write went past the file size limit (SIGXFSZ)");
+                }
+            });
             tokio::spawn(async move {
                 tokio::select! {
                     _ = interrupt.recv() => {}

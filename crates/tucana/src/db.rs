@@ -126,6 +126,13 @@ impl Database {
         self.engine.gc_full()
     }
 
+    /// Whether a write, sync or commit failed (the device refused it: disk full, an I/O
+    /// error): the store then refuses every write and commit, and acknowledges nothing
+    /// more, until it is opened again (recovery replays what was durable).
+    pub fn is_poisoned(&self) -> bool {
+        self.engine.is_poisoned()
+    }
+
     pub fn stats(&self) -> Stats {
         self.engine.stats()
     }

@@ -348,6 +348,10 @@ impl Engine {
         self.stop_background();
     }
 
+    pub fn is_poisoned(&self) -> bool {
+        self.shared.is_poisoned()
+    }
+
     pub fn stats(&self) -> Stats {
         let shared = &self.shared;
         let storage = shared.volume.storage();
