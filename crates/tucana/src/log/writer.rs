@@ -57,6 +57,28 @@ pub(crate) struct Writer {
     /// tail; only the ordering of foreground bytes matters to it, and every segment from
     /// before the open lies below any position written since.
     by_order: BTreeMap<u64, (u64, bool)>,
+    /// How many `segments` there are and their total size, readable without the lock.
+    totals: Arc<SegmentTotals>,
+}
+
+/// The count and total size of a region's log segments, kept beside `Writer::segments`
+/// (changed only with it, under the writer lock) so that statistics read them without
+/// that lock: `stats()`, and `INFO` with it, used to wait behind a writer that held the
+/// lock while the device drained a full budget of writes in flight.
+#[derive(Default)]
+pub(crate) struct SegmentTotals {
+    count: AtomicU64,
+    size_bytes: AtomicU64,
+}
+
+impl SegmentTotals {
+    pub fn count(&self) -> u64 {
+        self.count.load(Ordering::Relaxed)
+    }
+
+    pub fn size_bytes(&self) -> u64 {
+        self.size_bytes.load(Ordering::Relaxed)
+    }
 }
 
 impl Writer {
@@ -69,14 +91,26 @@ impl Writer {
             sealed_for_commit: false,
             dead_records: HashMap::new(),
             by_order: BTreeMap::new(),
+            totals: Arc::default(),
         }
+    }
+
+    /// The segments' count and size, for reading without the writer lock.
+    pub fn totals(&self) -> Arc<SegmentTotals> {
+        self.totals.clone()
     }
 
     /// Registers a segment of the region (`relocation`: opened for garbage collection's
     /// copies).
     pub fn add_segment(&mut self, base: DiskOffset, stats: SegmentStats, relocation: bool) {
-        self.segments.insert(base.0, stats);
+        if let Some(replaced) = self.segments.insert(base.0, stats) {
+            self.count_out(&replaced);
+        }
         self.by_order.insert(stats.order, (base.0, relocation));
+        self.totals.count.fetch_add(1, Ordering::Relaxed);
+        self.totals
+            .size_bytes
+            .fetch_add(stats.size_bytes, Ordering::Relaxed);
     }
 
     /// Takes a segment out of the region; its counts.
@@ -84,7 +118,15 @@ impl Writer {
         let stats = self.segments.remove(&base.0)?;
         self.by_order.remove(&stats.order);
         self.dead_records.remove(&base.0);
+        self.count_out(&stats);
         Some(stats)
+    }
+
+    fn count_out(&self, stats: &SegmentStats) {
+        self.totals.count.fetch_sub(1, Ordering::Relaxed);
+        self.totals
+            .size_bytes
+            .fetch_sub(stats.size_bytes, Ordering::Relaxed);
     }
 
     /// Whether the segment of order `order` was opened for garbage collection's copies.

@@ -34,7 +34,7 @@ use crate::error::{Error, Result};
 use crate::index::{self, Tree, NODE_BYTES};
 use crate::log::record::{self, HEADER_BYTES};
 use crate::log::tail::Tail;
-use crate::log::writer::{Log, TailPositions, Writer};
+use crate::log::writer::{Log, SegmentTotals, TailPositions, Writer};
 use crate::log::SegmentStats;
 use crate::shared::Shared;
 use crate::stats::KeyspaceStats;
@@ -119,6 +119,8 @@ pub(crate) struct Region {
     shared: Arc<Shared>,
     log: Log,
     writer: Mutex<Writer>,
+    /// The writer's segment count and size, read without its lock.
+    segment_totals: Arc<SegmentTotals>,
     /// The writer's log generation, which never changes while the region is open (read
     /// without the writer's lock).
     generation: u32,
@@ -173,6 +175,7 @@ impl Region {
             shared,
             log,
             generation: writer.generation,
+            segment_totals: writer.totals(),
             writer: Mutex::new(writer),
             warm_writes: AtomicU32::new(0),
             keys: AtomicU64::new(keys),
@@ -695,22 +698,51 @@ impl Region {
     // ----- segments ------------------------------------------------------------------
 
     pub fn segment_count(&self) -> u64 {
-        self.writer.lock().segments.len() as u64
+        self.segment_totals.count()
     }
 
     /// Total size of the region's log segments (what the log occupies in the volume).
     pub fn log_size_bytes(&self) -> u64 {
-        self.writer
-            .lock()
-            .segments
-            .values()
-            .map(|s| s.size_bytes)
-            .sum()
+        self.segment_totals.size_bytes()
     }
 
     /// The region's segments with their counts (for tests).
     #[cfg(test)]
     pub fn segments(&self) -> BTreeMap<u64, SegmentStats> {
         self.writer.lock().segments.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    /// The story: `INFO` on a server under a heavy write load answered only when a writer
+    /// let go of its region's lock, which it may hold while the device takes a full budget
+    /// of writes in flight: `stats()` read the segment count and the log's size under that
+    /// lock. They come from counters now. Here `stats()` is asked while the lock is held,
+    /// and its figures must match the segment map's.
+    #[test]
+    fn stats_are_read_without_the_writer_lock() {
+        let db = crate::Database::builder().open_in_memory().unwrap();
+        let keyspace = db.keyspace("t").unwrap();
+        for i in 0..60_000u32 {
+            keyspace.put(&i.to_be_bytes(), &[7u8; 100]).unwrap();
+        }
+        let region = db.engine.regions.get("t").unwrap();
+        let held = region.writer.lock();
+        let count = held.segments.len() as u64;
+        let size_bytes: u64 = held.segments.values().map(|s| s.size_bytes).sum();
+        assert!(count > 1, "the load fills more than one segment: {count}");
+        let (sender, receiver) = std::sync::mpsc::channel();
+        let asking = db.clone();
+        std::thread::spawn(move || sender.send(asking.stats()));
+        let stats = receiver
+            .recv_timeout(Duration::from_secs(60))
+            .expect("stats() waits for the writer lock");
+        drop(held);
+        assert_eq!(stats.keyspaces[0].log_segments, count);
+        assert_eq!(stats.keyspaces[0].log_size_bytes, size_bytes);
+        assert_eq!(stats.log_size_bytes, size_bytes);
     }
 }
