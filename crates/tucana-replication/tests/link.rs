@@ -2,7 +2,7 @@
 //! shipping, acknowledgements, commits applied, promotion, and fencing of the old primary.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -59,9 +59,14 @@ fn start_primary_lagging(
 /// A primary's configuration for `backup`: every commit's index shipped as it is made,
 /// catch-up unpaced.
 fn primary_config(backup: &Backup, ack_timeout: Duration) -> PrimaryConfig {
+    primary_config_to(&backup.local_addr().to_string(), ack_timeout)
+}
+
+/// `primary_config` for a backup at `addr`.
+fn primary_config_to(addr: &str, ack_timeout: Duration) -> PrimaryConfig {
     PrimaryConfig {
         id: "primary".into(),
-        backups: vec![backup.local_addr().to_string()],
+        backups: vec![addr.to_owned()],
         password: "secret".into(),
         ack_durable: false,
         ack_timeout,
@@ -543,7 +548,17 @@ fn a_region_led_again_while_its_link_was_down_is_acknowledged_afresh() {
 
 /// A backup that answers the primary's `Open` saying it holds nothing of any region,
 /// then takes every frame and acknowledges none; `shipped` is set at the first log bytes.
+/// It takes every connection the primary opens.
 fn start_mute_backup_at(addr: &str, shipped: Arc<AtomicBool>) -> std::thread::JoinHandle<()> {
+    start_counted_mute_backup_at(addr, shipped, Arc::default())
+}
+
+/// `start_mute_backup_at`, counting the connections it took in `connections`.
+fn start_counted_mute_backup_at(
+    addr: &str,
+    shipped: Arc<AtomicBool>,
+    connections: Arc<AtomicUsize>,
+) -> std::thread::JoinHandle<()> {
     let mut tries = 0;
     let listener = loop {
         match std::net::TcpListener::bind(addr) {
@@ -564,38 +579,78 @@ fn start_mute_backup_at(addr: &str, shipped: Arc<AtomicBool>) -> std::thread::Jo
             .unwrap();
         runtime.block_on(async move {
             let listener = tokio::net::TcpListener::from_std(listener).unwrap();
-            let (stream, _) = listener.accept().await.unwrap();
-            let (mut reader, mut writer) = tokio::io::split(stream);
-            let mut scratch = Vec::new();
-            let Ok(Some(Frame::Open { regions, .. })) =
-                transport::read_frame(&mut reader, &mut scratch).await
-            else {
-                panic!("the primary did not open");
-            };
-            let hello = Frame::Hello {
-                backup: "mute".into(),
-                wants_index: true,
-                regions: regions
-                    .iter()
-                    .map(|r| RegionState {
-                        name: r.name.clone(),
-                        term: r.term,
-                        upstream_epoch: 0,
-                        node_map_current: false,
-                        segments: Vec::new(),
-                    })
-                    .collect(),
-            };
-            transport::write_frame(&mut writer, &hello, &mut scratch)
-                .await
-                .unwrap();
-            while let Ok(Some(frame)) = transport::read_frame(&mut reader, &mut scratch).await {
-                if matches!(frame, Frame::Log { .. }) {
-                    shipped.store(true, Ordering::Release);
-                }
+            loop {
+                let (stream, _) = listener.accept().await.unwrap();
+                connections.fetch_add(1, Ordering::AcqRel);
+                tokio::spawn(be_mute(stream, shipped.clone()));
             }
         });
     })
+}
+
+/// One connection of a mute backup (`start_mute_backup_at`).
+async fn be_mute(stream: tokio::net::TcpStream, shipped: Arc<AtomicBool>) {
+    let (mut reader, mut writer) = tokio::io::split(stream);
+    let mut scratch = Vec::new();
+    let Ok(Some(Frame::Open { regions, .. })) =
+        transport::read_frame(&mut reader, &mut scratch).await
+    else {
+        return; // the primary gave up on this connection before opening it
+    };
+    let hello = Frame::Hello {
+        backup: "mute".into(),
+        wants_index: true,
+        regions: regions
+            .iter()
+            .map(|r| RegionState {
+                name: r.name.clone(),
+                term: r.term,
+                upstream_epoch: 0,
+                node_map_current: false,
+                segments: Vec::new(),
+            })
+            .collect(),
+    };
+    transport::write_frame(&mut writer, &hello, &mut scratch)
+        .await
+        .unwrap();
+    while let Ok(Some(frame)) = transport::read_frame(&mut reader, &mut scratch).await {
+        if matches!(frame, Frame::Log { .. }) {
+            shipped.store(true, Ordering::Release);
+        }
+    }
+}
+
+/// The story: in the fault campaign (M10, seed 245) a slow link (`tc tbf`) between a
+/// primary and its backup was healed, but their connection stayed silent (most likely in
+/// TCP's retransmission backoff after the slow spell) with shipped log unacknowledged for
+/// longer than a planned failover waits, and the failover gave up. Nothing in the link noticed. Now a link
+/// that hears nothing from its backup while log it shipped waits for an acknowledgement
+/// drops the connection and dials again; a mute backup (it takes frames and answers none)
+/// stands in for the stalled connection.
+#[test]
+fn a_link_that_hears_nothing_with_log_unacknowledged_dials_again() {
+    let primary_db = options().open_in_memory().unwrap();
+    let addr = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .to_string();
+    let (shipped, connections) = (Arc::new(AtomicBool::new(false)), Arc::default());
+    let _mute = start_counted_mute_backup_at(&addr, shipped.clone(), Arc::clone(&connections));
+    let _primary = Primary::start(
+        primary_db.clone(),
+        primary_config_to(&addr, Duration::from_secs(1)),
+    )
+    .unwrap();
+    let ks = primary_db.keyspace("db0").unwrap();
+    ks.put(b"k", b"v").unwrap();
+    eventually("log shipped to the backup", || {
+        shipped.load(Ordering::Acquire)
+    });
+    eventually("a second connection after the silence", || {
+        connections.load(Ordering::Acquire) >= 2
+    });
 }
 
 /// A primary (acknowledgement timeout `ack_timeout_ms`) whose backup acknowledged 100

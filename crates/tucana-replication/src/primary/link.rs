@@ -17,7 +17,7 @@ use tucana::replication::LogPosition;
 use tucana::Database;
 
 use super::ship::ship_round;
-use super::{update_horizons, Link, Shared, IDLE_TICK, REDIAL};
+use super::{stall_limit, update_horizons, Link, Shared, IDLE_TICK, REDIAL};
 use crate::frame::{Frame, RegionInfo, PROTOCOL_VERSION};
 use crate::transport;
 
@@ -90,6 +90,7 @@ async fn run_connection(shared: &Arc<Shared>, link: &Arc<Link>) -> std::io::Resu
         let mut st = link.state.lock();
         st.connected = true;
         st.down_since = None;
+        st.last_heard = Some(Instant::now());
         st.last_error = None;
         st.regions
             .retain(|name, _| regions.iter().any(|r| &r.name == name));
@@ -105,6 +106,7 @@ async fn run_connection(shared: &Arc<Shared>, link: &Arc<Link>) -> std::io::Resu
         async move {
             let mut scratch = Vec::new();
             while let Some(frame) = transport::read_frame(&mut reader, &mut scratch).await? {
+                link.state.lock().last_heard = Some(Instant::now());
                 on_backup_frame(&shared, &link, frame)?;
             }
             Err::<(), _>(std::io::Error::new(
@@ -133,11 +135,37 @@ async fn run_connection(shared: &Arc<Shared>, link: &Arc<Link>) -> std::io::Resu
             }
         }
     };
+    let watchdog = async {
+        let silence = stall_limit(&shared.config);
+        loop {
+            tokio::time::sleep(STALL_CHECK).await;
+            if link.stalled(silence) {
+                eprintln!(
+                    "tucana: replication to {}: nothing heard for {} ms with log \
+                     unacknowledged; dialing again",
+                    link.addr,
+                    silence.as_millis()
+                );
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!(
+                        "nothing heard from the backup for {} ms with shipped log \
+                         unacknowledged: the connection is dropped and dialed again",
+                        silence.as_millis()
+                    ),
+                ));
+            }
+        }
+    };
     tokio::select! {
         r = receiver => r,
         r = sender => r,
+        r = watchdog => r,
     }
 }
+
+/// How often a connection checks that it is not stalled (`Link::stalled`).
+const STALL_CHECK: std::time::Duration = std::time::Duration::from_millis(250);
 
 /// Announces keyspaces created since the connection opened, and drops those that are gone.
 /// A keyspace is known by its name and its records' seed: one dropped and created again

@@ -306,6 +306,29 @@ impl Link {
     fn ended(&self, shared: &Shared) -> bool {
         shared.stop.load(Ordering::Acquire) || self.retired.load(Ordering::Acquire)
     }
+
+    /// Whether the connection looks stalled: the backup has said nothing for `silence`,
+    /// and log shipped at least that long ago is still unacknowledged (a quiet link with
+    /// nothing outstanding is not stalled).
+    fn stalled(&self, silence: Duration) -> bool {
+        let st = self.state.lock();
+        let now = Instant::now();
+        let long_ago = |at: Instant| now.saturating_duration_since(at) >= silence;
+        st.last_heard.is_some_and(long_ago)
+            && st
+                .regions
+                .values()
+                .any(|r| r.unacked.front().is_some_and(|(_, at)| long_ago(*at)))
+    }
+}
+
+/// How long a link may hear nothing from its backup while shipped log waits for an
+/// acknowledgement before it drops the connection and dials again: the write timeout
+/// (at least a second). A connection through a link that was slow or cut and came back
+/// can sit in TCP's retransmission backoff for a minute or two; writes meanwhile fail
+/// (`NoReplicas`) and a planned failover gives up. A new connection starts at once.
+fn stall_limit(config: &PrimaryConfig) -> Duration {
+    config.ack_timeout.max(Duration::from_secs(1))
 }
 
 #[derive(Default)]
@@ -317,6 +340,8 @@ struct LinkState {
     last_error: Option<String>,
     /// Since when the link has been down (None while it is up or before it first fails).
     down_since: Option<Instant>,
+    /// When this connection opened or last brought a frame from the backup.
+    last_heard: Option<Instant>,
     shipped_log_bytes: u64,
     shipped_index_bytes: u64,
 }
