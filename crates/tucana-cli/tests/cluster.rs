@@ -518,6 +518,43 @@ impl Cluster {
     }
 }
 
+/// The map's first region, as a failover test of it sees it: its slots, its primary
+/// (the victim, and its index), another server to ask, and a hashtag of the region.
+struct FirstRegion {
+    start: u16,
+    end: u16,
+    old_primary: String,
+    victim: usize,
+    survivor: usize,
+    tag: String,
+}
+
+impl Cluster {
+    /// Waits for the map (made by `create`); its first region.
+    fn first_region(&self) -> FirstRegion {
+        let (start, end, old_primary) = self.wait_for_map()[0].clone();
+        let victim = self.index_of(&old_primary);
+        FirstRegion {
+            start,
+            end,
+            victim,
+            survivor: (victim + 1) % 3,
+            tag: tag_in(start, end),
+            old_primary,
+        }
+    }
+
+    /// A `Writer` of `{tag}:n` keys through the cluster, once 50 of its writes were
+    /// acknowledged.
+    fn writer_under_way(&self, tag: &str) -> Writer {
+        let writer = Writer::start(&urls(&self.servers), tag);
+        wait_until("writes acknowledged", || {
+            (writer.acked().len() >= 50).then_some(())
+        });
+        writer
+    }
+}
+
 /// `INFO replication` of a server.
 fn replication_info(server: &Server) -> String {
     redis::cmd("INFO")
@@ -648,16 +685,16 @@ fn backups_by_range(con: &mut redis::Connection) -> BTreeMap<(u16, u16), String>
 fn a_killed_primary_is_replaced_by_its_backup_and_no_acknowledged_write_is_lost() {
     let mut cluster = Cluster::start_with_flags(1, &["--cluster-balance-leaders", "true"]);
     cluster.create().unwrap();
-    let ranges = cluster.wait_for_map();
-    let (start, end, old_primary) = ranges[0].clone();
-    let victim = cluster.index_of(&old_primary);
-    let survivor = (victim + 1) % 3;
-    let tag = tag_in(start, end);
+    let FirstRegion {
+        start,
+        end,
+        old_primary,
+        victim,
+        survivor,
+        tag,
+    } = cluster.first_region();
 
-    let writer = Writer::start(&urls(&cluster.servers), &tag);
-    wait_until("writes acknowledged before the kill", || {
-        (writer.acked().len() >= 50).then_some(())
-    });
+    let writer = cluster.writer_under_way(&tag);
     cluster.servers[victim].kill();
     let killed_at = Instant::now();
     let new_primary = cluster.wait_for_new_primary(survivor, start, &old_primary);
@@ -797,16 +834,16 @@ fn a_killed_primary_is_replaced_by_its_backup_and_no_acknowledged_write_is_lost(
 fn a_primary_whose_store_fails_leaves_the_cluster_and_its_backup_takes_over() {
     let mut cluster = Cluster::start_with(1);
     cluster.create().unwrap();
-    let ranges = cluster.wait_for_map();
-    let (start, end, old_primary) = ranges[0].clone();
-    let victim = cluster.index_of(&old_primary);
-    let survivor = (victim + 1) % 3;
-    let tag = tag_in(start, end);
+    let FirstRegion {
+        start,
+        old_primary,
+        victim,
+        survivor,
+        tag,
+        ..
+    } = cluster.first_region();
 
-    let writer = Writer::start(&urls(&cluster.servers), &tag);
-    wait_until("writes acknowledged before the failure", || {
-        (writer.acked().len() >= 50).then_some(())
-    });
+    let writer = cluster.writer_under_way(&tag);
     let volume_len_bytes = std::fs::metadata(&cluster.servers[victim].volume)
         .unwrap()
         .len();
@@ -876,11 +913,14 @@ fn a_primary_whose_store_fails_leaves_the_cluster_and_its_backup_takes_over() {
 fn a_paused_primary_acknowledges_nothing_once_its_backup_is_promoted() {
     let cluster = Cluster::start_with(1);
     cluster.create().unwrap();
-    let ranges = cluster.wait_for_map();
-    let (start, end, old_primary) = ranges[0].clone();
-    let victim = cluster.index_of(&old_primary);
-    let survivor = (victim + 1) % 3;
-    let tag = tag_in(start, end);
+    let FirstRegion {
+        start,
+        old_primary,
+        victim,
+        survivor,
+        tag,
+        ..
+    } = cluster.first_region();
 
     let mut con = cluster.servers[victim].connect();
     let mut acked = Vec::new();
