@@ -392,6 +392,10 @@ impl Engine {
             stats.dead_log_bytes += ks.dead_log_bytes;
             stats.log_size_bytes += ks.log_size_bytes;
             stats.index_nodes += ks.index_nodes;
+            stats.index_leaf_splits += ks.index_writes.leaf_splits;
+            stats.index_restemmed_halves += ks.index_writes.restemmed_halves;
+            stats.index_split_key_reads += ks.index_writes.split_key_reads;
+            stats.index_insert_key_reads += ks.index_writes.insert_key_reads;
             stats.keyspaces.push(ks);
         }
         stats.index_bytes = stats.index_nodes * crate::index::NODE_BYTES as u64;

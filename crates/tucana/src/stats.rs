@@ -51,6 +51,14 @@ pub struct Stats {
     /// Bytes of closed log segments handed to the background writers and not written yet
     /// (writes in flight; 0 with `writes_in_flight_segments == 0`).
     pub writes_in_flight_bytes: u64,
+    /// Leaf splits of the indexes since open (all keyspaces).
+    pub index_leaf_splits: u64,
+    /// Halves of those splits that got a longer stem, reading every key of the half.
+    pub index_restemmed_halves: u64,
+    /// Full keys (log records) leaf splits read under the writer lock since open.
+    pub index_split_key_reads: u64,
+    /// Full keys (log records) inserts read to place a key among tied prefixes since open.
+    pub index_insert_key_reads: u64,
     pub keyspaces: Vec<KeyspaceStats>,
     /// Per member of a volume over several members (empty for one file): groups placed
     /// on it, bytes written and read.
@@ -69,6 +77,8 @@ pub struct KeyspaceStats {
     /// space garbage collection can give back (`Options::gc_space_amp`).
     pub log_size_bytes: u64,
     pub index_nodes: u64,
+    /// Leaf splits of the keyspace's index and the keys they and inserts read.
+    pub index_writes: crate::index::WriteCounts,
 }
 
 impl Stats {
@@ -76,7 +86,7 @@ impl Stats {
     pub fn to_json(&self) -> String {
         let mut s = String::new();
         s.push('{');
-        let fields: [(&str, u64); 22] = [
+        let fields: [(&str, u64); 26] = [
             ("keys", self.keys),
             ("live_log_bytes", self.live_log_bytes),
             ("dead_log_bytes", self.dead_log_bytes),
@@ -99,6 +109,10 @@ impl Stats {
             ("prefetch_bytes", self.prefetch_bytes),
             ("prefetch_skipped", self.prefetch_skipped),
             ("writes_in_flight_bytes", self.writes_in_flight_bytes),
+            ("index_leaf_splits", self.index_leaf_splits),
+            ("index_restemmed_halves", self.index_restemmed_halves),
+            ("index_split_key_reads", self.index_split_key_reads),
+            ("index_insert_key_reads", self.index_insert_key_reads),
         ];
         for (name, value) in fields {
             s.push_str(&format!("\"{name}\":{value},"));

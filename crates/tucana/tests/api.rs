@@ -338,6 +338,15 @@ fn stats_move_with_writes_commits_and_syncs() {
         .collect();
     per_ks.sort();
     assert_eq!(per_ks, vec![("a".to_string(), 300), ("b".to_string(), 200)]);
+    // 300 keys do not fit one leaf (200 entries): keyspace "a"'s index split, and the
+    // engine's figure is the sum of the keyspaces'.
+    assert!(written.index_leaf_splits >= 1, "{written:?}");
+    let splits: u64 = written
+        .keyspaces
+        .iter()
+        .map(|k| k.index_writes.leaf_splits)
+        .sum();
+    assert_eq!(written.index_leaf_splits, splits);
 
     db.sync().unwrap();
     let synced = db.stats();
@@ -372,6 +381,7 @@ fn stats_move_with_writes_commits_and_syncs() {
     let json = churned.to_json();
     assert!(json.contains("\"keys\":400,"), "json: {json}");
     assert!(json.contains("\"name\":\"a\""), "json: {json}");
+    assert!(json.contains("\"index_leaf_splits\":"), "json: {json}");
 }
 
 #[test]

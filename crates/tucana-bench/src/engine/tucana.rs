@@ -185,6 +185,11 @@ impl Engine for TucanaEngine {
     }
 
     fn close(self: Box<Self>) -> Result<()> {
+        // A debugging aid, off by default: the engine's counters (index splits and the
+        // keys they read, GC, prefetch) at the end of each run, on stderr.
+        if std::env::var_os("TUCANA_BENCH_PRINT_STATS").is_some() {
+            eprintln!("tucana stats at close: {}", self.db.stats().to_json());
+        }
         Ok((*self).into_database().close()?)
     }
 

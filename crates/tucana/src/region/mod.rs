@@ -350,6 +350,7 @@ impl Region {
             log_segments: self.segment_count(),
             log_size_bytes: self.log_size_bytes() + self.retired_segment_bytes(),
             index_nodes: self.heap_nodes(),
+            index_writes: self.tree.write_counts(),
         }
     }
 

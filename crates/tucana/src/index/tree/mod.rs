@@ -47,6 +47,7 @@ use parking_lot::Mutex;
 
 use crate::index::node::heap::{alloc_internal, alloc_leaf, as_internal, free_node};
 use crate::index::node::{disk_word, Header, NodeRef};
+use crate::index::Ctx;
 use crate::types::{DiskOffset, RegionId, TreeEpoch};
 
 /// A root made immutable by [`Tree::seal`]: what snapshots read and commits persist.
@@ -99,6 +100,70 @@ pub struct Tree {
     /// Nodes made in the running epoch (new or copied): about what the next commit
     /// writes (nodes made and retired within the epoch are counted too).
     dirty_nodes: AtomicU64,
+    /// What the writer's leaf work cost in key reads (see [`WriteCounts`]); written by the
+    /// writer only, read by anyone.
+    leaf_splits: AtomicU64,
+    restemmed_halves: AtomicU64,
+    split_key_reads: AtomicU64,
+    insert_key_reads: AtomicU64,
+    stem_shrinks: AtomicU64,
+}
+
+/// Counts of the writer's leaf work since the tree was made: how often splits and inserts
+/// read full keys through [`Ctx`] (for a region, log records, which larger than memory
+/// are page faults taken under the writer lock). A point-in-time reading.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WriteCounts {
+    /// Leaf splits.
+    pub leaf_splits: u64,
+    /// Halves of leaf splits that got a longer stem (each read all its keys).
+    pub restemmed_halves: u64,
+    /// Keys leaf splits read: split point, separator and longer stems.
+    pub split_key_reads: u64,
+    /// Keys leaf inserts read to place a key among entries whose prefixes tie.
+    pub insert_key_reads: u64,
+    /// Leaf stems cut short by an insert of a key without them.
+    pub stem_shrinks: u64,
+}
+
+/// A [`Ctx`] that counts the full keys read through it (`key_cmp`, `key_into`): what
+/// [`WriteCounts`] is made of. Single-threaded (the writer's).
+pub(super) struct CountingCtx<'a, C> {
+    ctx: &'a C,
+    reads: std::cell::Cell<u64>,
+}
+
+impl<'a, C: Ctx> CountingCtx<'a, C> {
+    pub(super) fn new(ctx: &'a C) -> CountingCtx<'a, C> {
+        CountingCtx {
+            ctx,
+            reads: std::cell::Cell::new(0),
+        }
+    }
+
+    pub(super) fn reads(&self) -> u64 {
+        self.reads.get()
+    }
+}
+
+impl<C: Ctx> Ctx for CountingCtx<'_, C> {
+    fn key_cmp(&self, ptr: u64, key: &[u8]) -> crate::error::Result<std::cmp::Ordering> {
+        self.reads.set(self.reads.get() + 1);
+        self.ctx.key_cmp(ptr, key)
+    }
+
+    fn key_into(&self, ptr: u64, out: &mut Vec<u8>) -> crate::error::Result<()> {
+        self.reads.set(self.reads.get() + 1);
+        self.ctx.key_into(ptr, out)
+    }
+
+    fn with_node<R>(
+        &self,
+        off: DiskOffset,
+        f: impl FnOnce(&[u8]) -> crate::error::Result<R>,
+    ) -> crate::error::Result<R> {
+        self.ctx.with_node(off, f)
+    }
 }
 
 /// Marks a writer method as running; two at once is a caller bug (the region's writer lock
@@ -122,6 +187,11 @@ impl Tree {
             retired: Mutex::new(Vec::new()),
             heap_nodes: AtomicU64::new(0),
             dirty_nodes: AtomicU64::new(0),
+            leaf_splits: AtomicU64::new(0),
+            restemmed_halves: AtomicU64::new(0),
+            split_key_reads: AtomicU64::new(0),
+            insert_key_reads: AtomicU64::new(0),
+            stem_shrinks: AtomicU64::new(0),
         }
     }
 
@@ -156,6 +226,25 @@ impl Tree {
     /// Nodes made since the last seal, at most: what the next commit writes, about.
     pub fn dirty_nodes(&self) -> u64 {
         self.dirty_nodes.load(Relaxed)
+    }
+
+    /// The writer's leaf work so far, in key reads.
+    pub fn write_counts(&self) -> WriteCounts {
+        WriteCounts {
+            leaf_splits: self.leaf_splits.load(Relaxed),
+            restemmed_halves: self.restemmed_halves.load(Relaxed),
+            split_key_reads: self.split_key_reads.load(Relaxed),
+            insert_key_reads: self.insert_key_reads.load(Relaxed),
+            stem_shrinks: self.stem_shrinks.load(Relaxed),
+        }
+    }
+
+    /// Adds `n` to one of the writer's counters (writer only: a load and a store, no
+    /// read-modify-write on the hot path).
+    fn count(counter: &AtomicU64, n: u64) {
+        if n > 0 {
+            counter.store(counter.load(Relaxed) + n, Relaxed);
+        }
     }
 
     /// Counts a node made in the running epoch.

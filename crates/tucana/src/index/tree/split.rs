@@ -19,7 +19,7 @@ use std::ptr::NonNull;
 use std::sync::atomic::Ordering::*;
 
 use super::write::{common_len, prefix_after_shrink};
-use super::Tree;
+use super::{CountingCtx, Tree};
 use crate::error::{Error, Result};
 use crate::index::node::heap::{as_internal, as_leaf};
 use crate::index::node::view::{no_restart, HeapInternal, HeapLeaf, InternalRead, LeafRead};
@@ -63,6 +63,7 @@ impl Tree {
             right,
             keep,
             left_stem,
+            ..
         } = self.split_prepare(ctx, old, running, key)?;
         // SAFETY: `old` is the live root.
         let level = unsafe { old.as_ref() }.meta().level + 1;
@@ -118,6 +119,25 @@ impl Tree {
         running: u64,
         key: &[u8],
     ) -> Result<Split> {
+        let counting = CountingCtx::new(ctx);
+        let split = self.split_leaf_prepare_counted(&counting, leaf, running, key);
+        Self::count(&self.leaf_splits, 1);
+        Self::count(&self.split_key_reads, counting.reads());
+        if let Ok(s) = &split {
+            let halves = s.left_stem.is_some() as u64 + s.right_restemmed as u64;
+            Self::count(&self.restemmed_halves, halves);
+        }
+        split
+    }
+
+    /// `split_leaf_prepare` through a counting `Ctx`.
+    fn split_leaf_prepare_counted<C: Ctx>(
+        &self,
+        ctx: &C,
+        leaf: &LeafNode,
+        running: u64,
+        key: &[u8],
+    ) -> Result<Split> {
         let own = HeapLeaf {
             node: leaf,
             version: None,
@@ -152,6 +172,7 @@ impl Tree {
             right.ptr[j].store(leaf.ptr[i].load(Relaxed), Relaxed);
             right.hash[j].store(leaf.hash[i].load(Relaxed), Relaxed);
         }
+        let right_restemmed = right_stem.is_some();
         let stem = match &right_stem {
             Some(rs) => rs.stem.clone(),
             None => stem.to_vec(),
@@ -167,6 +188,7 @@ impl Tree {
             right: r,
             keep,
             left_stem,
+            right_restemmed,
         })
     }
 
@@ -222,6 +244,7 @@ impl Tree {
             right: r,
             keep,
             left_stem,
+            right_restemmed: right_stem.is_some(),
         })
     }
 
@@ -253,20 +276,27 @@ impl Tree {
     }
 
     /// A longer stem for entries `range` of `leaf` (one half of a split), if they share
-    /// more bytes than its stem and their prefixes tie somewhere (the case a longer stem
-    /// helps: equal prefixes make lookups read keys from the log). Reads every key of the
-    /// half from the log to build the new prefixes; `None` leaves the half as it is.
+    /// more bytes than its stem and their prefixes tie often enough to pay for it (at
+    /// least one neighbour pair in `RESTEM_TIE_SHARE_DIVISOR`: see there). Reads every key
+    /// of the half from the log to build the new prefixes; `None` leaves the half as it
+    /// is, which is always correct (a tie costs inserts a few key reads, lookups none).
     fn grown_stem<C: Ctx>(
         ctx: &C,
         leaf: &LeafNode,
         range: std::ops::Range<usize>,
     ) -> Result<Option<Restem>> {
         let stem_len = leaf.hdr.meta().stem_len as usize;
-        let ties = range
-            .clone()
-            .skip(1)
-            .any(|i| leaf.prefix[i - 1].load(Relaxed) == leaf.prefix[i].load(Relaxed));
-        if !ties || stem_len >= MAX_STEM_BYTES {
+        if stem_len >= MAX_STEM_BYTES || !ties_pay_for_a_stem(leaf, range.clone()) {
+            return Ok(None);
+        }
+        // The first byte after the stem of the half's first and last keys is the top
+        // byte of their prefixes (0 for a key that ends at the stem): if those differ,
+        // the half shares no more than the stem, and no key need be read to know it.
+        let (pf, pl) = (
+            leaf.prefix[range.start].load(Relaxed),
+            leaf.prefix[range.end - 1].load(Relaxed),
+        );
+        if (pf ^ pl) >> 56 != 0 {
             return Ok(None);
         }
         let (mut first, mut last) = (Vec::new(), Vec::new());
@@ -473,6 +503,29 @@ impl Tree {
 /// Entries a leaf split leaves on the side a sequential load moves away from.
 const LEAF_SPLIT_EDGE: usize = C_LEAF / 10;
 
+/// A split half grows its stem only when at least one in this many of its neighbour
+/// pairs tie on their prefix. Growing reads all the half's ~100 keys from the log under
+/// the writer lock; a tie left in place costs an insert that lands in it a key read or
+/// two (`leaf_position`: a binary search of the tie by full key), and a lookup nothing
+/// (the hash picks the candidate). A half with a share `t` of tied pairs takes about
+/// `100 t` inserts into ties before it splits again, ~`150 t` key reads, so growing
+/// pays only when ties are dense. With YCSB's keys (3M loaded) halves tie at a share of
+/// 1/64 to 1/16 and the old rule (any tie) re-stemmed half of all splits; see DESIGN.md,
+/// "What a larger-than-memory load waits on".
+const RESTEM_TIE_SHARE_DIVISOR: usize = 4;
+
+/// Whether entries `range` of the writer's `leaf` tie often enough on their prefixes
+/// for a longer stem to repay reading their keys (`RESTEM_TIE_SHARE_DIVISOR`). Reads
+/// only the node.
+fn ties_pay_for_a_stem(leaf: &LeafNode, range: std::ops::Range<usize>) -> bool {
+    let pairs = range.len().saturating_sub(1);
+    let ties = range
+        .skip(1)
+        .filter(|&i| leaf.prefix[i - 1].load(Relaxed) == leaf.prefix[i].load(Relaxed))
+        .count();
+    ties > 0 && ties * RESTEM_TIE_SHARE_DIVISOR >= pairs
+}
+
 /// The right half of a split, built but not yet reachable, and what the left half keeps.
 struct Split {
     /// The separator the parent gets between the halves.
@@ -483,6 +536,8 @@ struct Split {
     keep: usize,
     /// The kept half's longer stem and its new prefixes, if it gets one.
     left_stem: Option<Restem>,
+    /// Whether the right half got a longer stem (counted in `WriteCounts`).
+    right_restemmed: bool,
 }
 
 /// New prefixes and stem for a node whose stem grows (a split that finds the keys or

@@ -19,7 +19,7 @@ use std::ptr::NonNull;
 use std::sync::atomic::Ordering::*;
 
 use super::read::GetDescent;
-use super::{HeapNode, RetiredNode, Sealed, Tree};
+use super::{CountingCtx, HeapNode, RetiredNode, Sealed, Tree};
 use crate::error::Result;
 use crate::index::node::heap::{as_internal, as_leaf, heap_copy};
 use crate::index::node::image::{heap_from_image, DiskNode};
@@ -114,6 +114,7 @@ impl Tree {
             let stem = own.stem();
             let keep = common_len(&stem[..stem_len], key);
             if keep < stem_len {
+                Self::count(&self.stem_shrinks, 1);
                 Self::shrink_stem(leaf, &stem[..stem_len], keep);
             }
         }
@@ -121,7 +122,10 @@ impl Tree {
             StemPos::Inside(kp) => kp,
             other => unreachable!("key outside the stem after shrinking it: {other:?}"),
         };
-        let (pos, found) = no_restart(leaf_position(&own, ctx, key, kh))?;
+        let counting = CountingCtx::new(ctx);
+        let position = no_restart(leaf_position(&own, &counting, key, kh));
+        Self::count(&self.insert_key_reads, counting.reads());
+        let (pos, found) = position?;
         if found {
             // One atomic word: a reader sees the old or the new pointer, both valid for
             // this key, so no version bump (readers of this leaf need not restart).
@@ -224,7 +228,10 @@ impl Tree {
             node: leaf,
             version: None,
         };
-        let (pos, found) = no_restart(leaf_position(&own, ctx, key, kh))?;
+        let counting = CountingCtx::new(ctx);
+        let position = no_restart(leaf_position(&own, &counting, key, kh));
+        Self::count(&self.insert_key_reads, counting.reads());
+        let (pos, found) = position?;
         if !found {
             // The probe found it a moment ago; only a log answering differently could get
             // here. Nothing was removed.
