@@ -376,7 +376,10 @@ impl Engine {
         let trims = shared.trim_figures();
         for (m, member) in stats.members.iter_mut().enumerate() {
             if let Some(t) = trims.get(m) {
-                *member = std::mem::take(member).with_trims(t);
+                member.trims_queued = t.queued;
+                member.trims_issued = t.issued;
+                member.trims_forced = t.forced;
+                member.trims_pending_bytes = t.pending_bytes;
             }
         }
         for t in &trims {

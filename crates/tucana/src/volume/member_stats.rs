@@ -1,6 +1,6 @@
 //! Per-member figures of a volume over several members (`Stats::members`): what the
 //! member set counts itself, plus what the engine adds from its write queue and its trim
-//! scheduler.
+//! scheduler (`Engine::stats` sets the trim fields).
 //!
 //! Owns: the plain-data struct and the merging of the engine's figures into it. Does not
 //! own: counting any of them (`members.rs`, `write_queue.rs`, `crate::trim`).
@@ -54,15 +54,6 @@ impl MemberStats {
         self.queue_bytes = q.in_flight_bytes;
         self.queue_done_jobs = q.done_jobs;
         self.idle_while_others_busy_ns = q.idle_while_others_busy_ns;
-        self
-    }
-
-    /// Adds the member's trim figures.
-    pub fn with_trims(mut self, t: &crate::trim::TrimFigures) -> MemberStats {
-        self.trims_queued = t.queued;
-        self.trims_issued = t.issued;
-        self.trims_forced = t.forced;
-        self.trims_pending_bytes = t.pending_bytes;
         self
     }
 }

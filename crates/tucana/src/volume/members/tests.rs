@@ -490,7 +490,10 @@ fn an_issued_trim_weighs_in_least_weighted_dispatch_until_it_is_done() {
     go_tx.send(()).unwrap();
     trimming.join().unwrap().unwrap();
     let after = set.member_stats();
-    assert_eq!((after[1].in_flight_bytes, after[1].weighted_queue_ps), (0, 0));
+    assert_eq!(
+        (after[1].in_flight_bytes, after[1].weighted_queue_ps),
+        (0, 0)
+    );
     let picks: Vec<Option<usize>> = (0..3).map(|_| set.dispatch_member(None, &[])).collect();
     assert!(picks.contains(&Some(1)), "{picks:?}");
 }
