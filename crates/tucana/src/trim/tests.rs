@@ -314,3 +314,25 @@ fn free_a_keyspace_at_release(db: &crate::Database) {
     }
     panic!("no segment came back");
 }
+
+#[test]
+fn out_of_range_trim_options_are_refused_with_a_message() {
+    let refusals = [
+        crate::Options::default().trim_max_write_share(1.5),
+        crate::Options::default().trim_max_write_share(f64::NAN),
+        crate::Options::default().trim_force_below_free_fraction(-0.1),
+        crate::Options::default().trim_pass_bytes_max(0),
+    ];
+    for options in refusals {
+        match options.open_in_memory() {
+            Err(crate::Error::InvalidArgument(why)) => assert!(why.contains("trim_"), "{why}"),
+            Err(e) => panic!("{e}"),
+            Ok(_) => panic!("opened with bad trim options"),
+        }
+    }
+    assert!(crate::Options::default()
+        .trim_max_write_share(0.0)
+        .trim_force_below_free_fraction(1.0)
+        .open_in_memory()
+        .is_ok());
+}
