@@ -386,7 +386,7 @@ impl Shared {
             .map(|q| q.member_figures())
             .unwrap_or_default();
         let policy = self.options.trim_policy();
-        (0..self.trims.len())
+        (0..self.trims.member_count())
             .map(|m| {
                 let loads = members.get(m);
                 let queued = queues.get(m).map_or(0, |q| q.in_flight_bytes);
@@ -419,7 +419,7 @@ impl Shared {
     /// Per member (member 0 for one file): trims queued, issued, forced and bytes listed.
     pub fn trim_figures(&self) -> Vec<TrimFigures> {
         let storage = self.volume.storage();
-        let mut pending = vec![0u64; self.trims.len()];
+        let mut pending = vec![0u64; self.trims.member_count()];
         for (offset, len_bytes) in self.allocator.deferred_runs() {
             let m = storage
                 .member_of(offset)

@@ -125,7 +125,7 @@ impl TrimCounters {
     }
 
     /// Members counted.
-    pub fn len(&self) -> usize {
+    pub fn member_count(&self) -> usize {
         self.members.len()
     }
 

@@ -269,7 +269,7 @@ fn a_pass_issues_at_most_its_cap_per_member_and_close_flushes_the_rest() {
     // Whole runs go until the cap is reached: at most one run (a segment) past it.
     let issued_bytes = listed.pending_bytes - one.pending_bytes;
     assert!(
-        issued_bytes >= 1 << 20 && issued_bytes < (1 << 20) + (256 << 10) + 1,
+        ((1 << 20)..=(1 << 20) + (256 << 10)).contains(&issued_bytes),
         "{issued_bytes} bytes issued"
     );
     // Nothing old enough: a pass that asks for an hour's age issues nothing.

@@ -475,6 +475,8 @@ fn punch_hole(_file: &File, _offset: u64, _len: u64) -> io::Result<()> {
 /// The free and total bytes of the file system holding `file` (`fstatvfs`); `None` when
 /// the call fails.
 #[cfg(unix)]
+// The fields are `u64` here, narrower on some other targets.
+#[allow(clippy::unnecessary_cast)]
 fn device_space(file: &File) -> Option<crate::volume::DeviceSpace> {
     use std::os::fd::AsRawFd;
 
