@@ -25,7 +25,9 @@
 # VALUE_BYTES (1000), MEMORY_LIMIT_BYTES (134217728), LOOP_BYTES (size of each backing
 # file, sparse; 1G), ROUNDS (1), JSON (a file the runs' records are appended to), BENCH
 # (the tucana-bench binary; built in release when unset), CASES (default "equal unequal
-# depth"; also "unequal-deep" and "gc-burst"), SETTLE_SECONDS (10).
+# depth"; also "unequal-deep" and "gc-burst"), SETTLE_SECONDS (10), MOUNT_OPTIONS (of
+# the members' file systems, noatime; noatime,discard makes each punch a synchronous
+# discard of the loop device).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -51,6 +53,7 @@ cases="${CASES:-equal unequal depth}"
 json="${JSON:-${data_dir}/devices.jsonl}"
 trims_json="${TRIMS_JSON:-${data_dir}/trims.jsonl}"
 settle_seconds="${SETTLE_SECONDS:-10}"
+mount_options="${MOUNT_OPTIONS:-noatime}"
 if [ -z "${BENCH:-}" ]; then
     cargo build -q --release -p tucana-bench
     BENCH="${CARGO_TARGET_DIR:-target}/release/tucana-bench"
@@ -78,7 +81,7 @@ for i in 0 1 2; do
     # Inode tables and journal initialised now, not by a kernel thread during the runs.
     mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0,nodiscard "${loop}"
     mkdir -p "${data_dir}/m${i}"
-    mount -o noatime "${loop}" "${data_dir}/m${i}"
+    mount -o "${mount_options}" "${loop}" "${data_dir}/m${i}"
     mounted+=("${data_dir}/m${i}")
 done
 mkdir "${cgroup}"
