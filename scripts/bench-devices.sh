@@ -13,7 +13,11 @@
 # flight per member 1 -> 16 on one unthrottled member. Each throttled case runs with
 # segment writes waiting for the device (what LWQL needs to see a device's backlog) and,
 # for comparison, without (buffered writes: see BENCHMARKS.md, "Devices", for what the
-# throttle does to them).
+# throttle does to them). Case gc-burst (not in the default CASES): one member at 20
+# MiB/s, load, overwrite every record while a reader gets random records, then
+# SETTLE_SECONDS more of reading while background GC collects; trims scheduled against
+# trims punched at release, alternated, read p50/p99/p99.9 printed (records into
+# TRIMS_JSON, default ${DATA_DIR}/trims.jsonl, apart from the load records).
 #
 # Needs root, losetup, mkfs.ext4 and /sys/fs/cgroup/blkio (cgroup v1); skips with a
 # message (exit 0) where any is missing. Settings (environment): DATA_DIR (default
@@ -21,7 +25,9 @@
 # VALUE_BYTES (1000), MEMORY_LIMIT_BYTES (134217728), LOOP_BYTES (size of each backing
 # file, sparse; 1G), ROUNDS (1), JSON (a file the runs' records are appended to), BENCH
 # (the tucana-bench binary; built in release when unset), CASES (default "equal unequal
-# depth").
+# depth"; also "unequal-deep" and "gc-burst"), SETTLE_SECONDS (10), MOUNT_OPTIONS (of
+# the members' file systems, noatime; noatime,discard makes each punch a synchronous
+# discard of the loop device).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -45,6 +51,9 @@ loop_bytes="${LOOP_BYTES:-1G}"
 rounds="${ROUNDS:-1}"
 cases="${CASES:-equal unequal depth}"
 json="${JSON:-${data_dir}/devices.jsonl}"
+trims_json="${TRIMS_JSON:-${data_dir}/trims.jsonl}"
+settle_seconds="${SETTLE_SECONDS:-10}"
+mount_options="${MOUNT_OPTIONS:-noatime}"
 if [ -z "${BENCH:-}" ]; then
     cargo build -q --release -p tucana-bench
     BENCH="${CARGO_TARGET_DIR:-target}/release/tucana-bench"
@@ -72,7 +81,7 @@ for i in 0 1 2; do
     # Inode tables and journal initialised now, not by a kernel thread during the runs.
     mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0,nodiscard "${loop}"
     mkdir -p "${data_dir}/m${i}"
-    mount -o noatime "${loop}" "${data_dir}/m${i}"
+    mount -o "${mount_options}" "${loop}" "${data_dir}/m${i}"
     mounted+=("${data_dir}/m${i}")
 done
 mkdir "${cgroup}"
@@ -107,6 +116,19 @@ run() {
     for ((i = 0; i < n; i++)); do rm -f "${data_dir}/m${i}/member.tucana"; done
 }
 
+# gc_burst LABEL TRIMS: the GC-burst case on member 0, inside the blkio cgroup.
+gc_burst() {
+    local label="$1" trims="$2"
+    rm -f "${data_dir}/m0/member.tucana"
+    sync
+    sh -c 'echo $$ >"$1/cgroup.procs" && shift && exec "$@"' sh "${cgroup}" \
+        "${BENCH}" devices --member "${data_dir}/m0/member.tucana" --gc-burst \
+        --trims "${trims}" --settle-seconds "${settle_seconds}" --records "${records}" \
+        --value-bytes "${value_bytes}" --memory-limit-bytes "${memory_limit}" \
+        --label "${label}" --json "${trims_json}"
+    rm -f "${data_dir}/m0/member.tucana"
+}
+
 echo "bench-devices: ${records} records of $((16 + value_bytes)) bytes, memory limit ${memory_limit}, loop devices ${loops[*]}, $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
 for round in $(seq 1 "${rounds}"); do
     for case in ${cases}; do
@@ -139,6 +161,11 @@ for round in $(seq 1 "${rounds}"); do
             for in_flight in 1 2 4 8 16; do
                 run "depth unthrottled" 1 round-robin "${in_flight}" true
             done
+            ;;
+        gc-burst)
+            throttle 20 0 0
+            gc_burst "gc-burst 1x20" scheduled
+            gc_burst "gc-burst 1x20" at-release
             ;;
         *) echo "bench-devices: unknown case ${case}" >&2; exit 2 ;;
         esac

@@ -1,7 +1,9 @@
 //! `tucana-bench devices`: one load of a volume over the member files it is given, for
 //! the comparisons of issue 21 (DESIGN.md, "Volumes over several devices"): one member
 //! against three, least-weighted-queue dispatch against round-robin on members of unequal
-//! speeds, and the writes in flight per member from 1 to N.
+//! speeds, the writes in flight per member from 1 to N, and (`--gc-burst`, in
+//! `devices/gc_burst.rs`) read latency during a GC burst with trims scheduled or punched
+//! at release.
 //!
 //! Owns: one run (open over the members, a load of records by a few threads, a sync
 //! that makes it durable, the figures) and its printed line and JSON record. Does not
@@ -19,6 +21,8 @@ use clap::{Args, ValueEnum};
 use serde_json::json;
 
 use crate::Result;
+
+mod gc_burst;
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub enum Policy {
@@ -61,6 +65,39 @@ pub struct DevicesArgs {
     /// --devices-json` makes BENCHMARKS.md's "Devices" section from it.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Instead of the load: load, then overwrite every record while one thread reads
+    /// random records, then keep reading `--settle-seconds` while background GC collects;
+    /// prints read latency (`devices/gc_burst.rs`).
+    #[arg(long)]
+    gc_burst: bool,
+    /// With `--gc-burst`: when freed segments are trimmed.
+    #[arg(long, value_enum, default_value_t = gc_burst::Trims::Scheduled)]
+    trims: gc_burst::Trims,
+    /// With `--gc-burst`: seconds of reading after the overwrites are durable.
+    #[arg(long, default_value_t = 10)]
+    settle_seconds: u64,
+}
+
+impl DevicesArgs {
+    fn dispatch_policy(&self) -> tucana::volume::DispatchPolicy {
+        match self.policy {
+            Policy::RoundRobin => tucana::volume::DispatchPolicy::RoundRobin,
+            Policy::Lwql => tucana::volume::DispatchPolicy::LeastWeightedQueue,
+        }
+    }
+}
+
+/// Appends `record` as one line to `--json`'s file, if given.
+fn append_json(args: &DevicesArgs, record: &serde_json::Value) -> Result<()> {
+    if let Some(path) = &args.json {
+        use std::io::Write;
+        let mut file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)?;
+        writeln!(file, "{record}")?;
+    }
+    Ok(())
 }
 
 /// A key: 16 bytes, spread over the key space in a fixed order (not the load's order).
@@ -80,16 +117,15 @@ fn value(i: u64, len: usize) -> Vec<u8> {
 }
 
 pub fn run(args: &DevicesArgs) -> Result<()> {
+    if args.gc_burst {
+        return gc_burst::run(args, args.trims);
+    }
     let _cgroup = match args.memory_limit_bytes {
         Some(limit) => Some(crate::cgroup::enter(limit)?),
         None => None,
     };
-    let policy = match args.policy {
-        Policy::RoundRobin => tucana::volume::DispatchPolicy::RoundRobin,
-        Policy::Lwql => tucana::volume::DispatchPolicy::LeastWeightedQueue,
-    };
     let options = tucana::Database::builder()
-        .member_dispatch(policy)
+        .member_dispatch(args.dispatch_policy())
         .writes_in_flight_segments(args.writes_in_flight)
         .segment_writes_wait_for_device(args.wait_for_device);
     let db = options.open_members(&args.members)?;
@@ -178,13 +214,5 @@ pub fn run(args: &DevicesArgs) -> Result<()> {
             format!("; MiB per member {}", shares.join("/"))
         }
     );
-    if let Some(path) = &args.json {
-        use std::io::Write;
-        let mut file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)?;
-        writeln!(file, "{record}")?;
-    }
-    Ok(())
+    append_json(args, &record)
 }

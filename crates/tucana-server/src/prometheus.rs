@@ -119,14 +119,15 @@ fn prometheus_text(state: &ServerState) -> String {
 
 /// Per member of a volume over several (labelled with its index and file): bytes written
 /// and read, requests and bytes in flight through the member set, its write queue (jobs,
-/// bytes) and the time its queue sat empty while another member's did not. Absent for a
+/// bytes), the time its queue sat empty while another member's did not, and its trims
+/// (queued, issued, forced, bytes pending). Absent for a
 /// single-file volume.
 fn member_text(stats: &Stats, out: &mut String) {
     if stats.members.is_empty() {
         return;
     }
     type Field = fn(&tucana::volume::MemberStats) -> f64;
-    let metrics: [(&str, &str, &str, Field); 7] = [
+    let metrics: [(&str, &str, &str, Field); 11] = [
         (
             "member_written_bytes_total",
             COUNTER,
@@ -168,6 +169,30 @@ fn member_text(stats: &Stats, out: &mut String) {
             COUNTER,
             "Time the member's write queue was empty while another member's was not.",
             |m| m.idle_while_others_busy_ns as f64 / 1e9,
+        ),
+        (
+            "member_trims_queued_total",
+            COUNTER,
+            "Freed log segments of the member listed for a scheduled trim.",
+            |m| m.trims_queued as f64,
+        ),
+        (
+            "member_trims_issued_total",
+            COUNTER,
+            "Trims issued on the member with its queue quiet (or at close or release).",
+            |m| m.trims_issued as f64,
+        ),
+        (
+            "member_trims_forced_total",
+            COUNTER,
+            "Trims issued on the member because its device was short of free space.",
+            |m| m.trims_forced as f64,
+        ),
+        (
+            "member_trims_pending_bytes",
+            GAUGE,
+            "Bytes of freed log segments of the member listed and not trimmed yet.",
+            |m| m.trims_pending_bytes as f64,
         ),
     ];
     for (name, kind, help, value) in metrics {
@@ -519,6 +544,24 @@ fn engine_metrics(stats: &Stats) -> Vec<Metric> {
             "Bytes written to the volume since open.",
             stats.bytes_written,
         ),
+        (
+            "trims_issued_total",
+            COUNTER,
+            "Trims of freed log segments issued since open (forced ones apart).",
+            stats.trims_issued,
+        ),
+        (
+            "trims_forced_total",
+            COUNTER,
+            "Trims forced by low free space since open.",
+            stats.trims_forced,
+        ),
+        (
+            "trims_pending_bytes",
+            GAUGE,
+            "Bytes of freed log segments listed and not trimmed yet.",
+            stats.trims_pending_bytes,
+        ),
     ]
 }
 
@@ -538,6 +581,7 @@ mod tests {
                 bytes_written: 1000 * i,
                 queue_jobs: i,
                 idle_while_others_busy_ns: 1_500_000_000,
+                trims_pending_bytes: (256 << 10) * i,
                 ..Default::default()
             })
             .collect();
@@ -553,6 +597,10 @@ mod tests {
             "{out}"
         );
         assert!(out.contains("} 1.5\n"), "{out}");
-        assert_eq!(out.matches("# TYPE tucana_member_").count(), 7);
+        assert_eq!(out.matches("# TYPE tucana_member_").count(), 11);
+        assert!(
+            out.contains("tucana_member_trims_pending_bytes{member=\"2\",path=\"/nvme2/\\\"v\\\"\"} 524288\n"),
+            "{out}"
+        );
     }
 }

@@ -140,7 +140,9 @@ fn gc_loop(engine: Weak<Engine>) {
             .collector
             .background_step(&engine.regions)
             .unwrap_or(false);
-        engine.shared.punch_deferred(DEFERRED_PUNCH_AGE);
+        // Trims of segments freed at least that long ago, for members whose queues are
+        // quiet or whose devices are short of space (`crate::trim`).
+        engine.shared.schedule_trims(DEFERRED_PUNCH_AGE);
         // Segments it retired come back only through commits: let the committer judge now.
         engine.shared.wake_committer();
     }

@@ -337,7 +337,7 @@ impl Engine {
         }
         let committed = self.committer.commit_locked(&mut cs, &self.regions);
         // The file keeps no free segment the background collector left unpunched.
-        self.shared.punch_deferred(std::time::Duration::ZERO);
+        self.shared.flush_trims();
         committed
     }
 
@@ -377,6 +377,21 @@ impl Engine {
             members: storage.members(),
             ..Stats::default()
         };
+        let trims = shared.trim_figures();
+        for (m, member) in stats.members.iter_mut().enumerate() {
+            if let Some(t) = trims.get(m) {
+                member.trims_queued = t.queued;
+                member.trims_issued = t.issued;
+                member.trims_forced = t.forced;
+                member.trims_pending_bytes = t.pending_bytes;
+            }
+        }
+        for t in &trims {
+            stats.trims_queued += t.queued;
+            stats.trims_issued += t.issued;
+            stats.trims_forced += t.forced;
+            stats.trims_pending_bytes += t.pending_bytes;
+        }
         if let Some(queue) = &shared.writes {
             let figures = queue.member_figures();
             for (m, member) in stats.members.iter_mut().enumerate() {

@@ -40,6 +40,7 @@ mod replica;
 pub mod replication;
 mod shared;
 mod stats;
+pub mod trim;
 pub mod types;
 pub mod volume;
 

@@ -79,6 +79,20 @@ pub struct Options {
     /// busy device from a fast one; without, buffered writes finish at memory speed on
     /// every member and the device's backlog is in the kernel, invisible.
     pub segment_writes_wait_for_device: bool,
+    /// When freed log segments are punched (trimmed): scheduled by the background loop
+    /// per member (the default), or at once as they are released (for comparison).
+    /// Without the background loop (nothing timed, or no `gc`) they are punched at
+    /// release either way. DESIGN.md, "Volumes over several devices", *Trims*.
+    pub trim_schedule: crate::trim::TrimSchedule,
+    /// A member's listed trims are issued when writes are at most this share of the
+    /// bytes queued on it (default 0.5; an idle member has none).
+    pub trim_max_write_share: f64,
+    /// Most bytes of trims a pass (every `gc_tick`) issues per member, forced ones aside
+    /// (default 64 MiB).
+    pub trim_pass_bytes_max: u64,
+    /// A member whose file system has less than this share of its bytes available has
+    /// all its listed trims issued at the next pass, whatever its load (default 0.10).
+    pub trim_force_below_free_fraction: f64,
 }
 
 impl Default for Options {
@@ -99,6 +113,10 @@ impl Default for Options {
             writes_in_flight_segments: 4,
             writes_in_flight_volume_bytes: 64 << 20,
             segment_writes_wait_for_device: false,
+            trim_schedule: crate::trim::TrimSchedule::Scheduled,
+            trim_max_write_share: 0.5,
+            trim_pass_bytes_max: 64 << 20,
+            trim_force_below_free_fraction: 0.10,
         }
     }
 }
@@ -194,6 +212,41 @@ impl Options {
         self
     }
 
+    /// When freed log segments are punched. See the field.
+    pub fn trim_schedule(mut self, schedule: crate::trim::TrimSchedule) -> Options {
+        self.trim_schedule = schedule;
+        self
+    }
+
+    /// Writes' share of a member's queued bytes at or under which its trims go (0.0 to
+    /// 1.0). See the field.
+    pub fn trim_max_write_share(mut self, share: f64) -> Options {
+        self.trim_max_write_share = share;
+        self
+    }
+
+    /// Most bytes of trims one pass issues per member (positive). See the field.
+    pub fn trim_pass_bytes_max(mut self, bytes: u64) -> Options {
+        self.trim_pass_bytes_max = bytes;
+        self
+    }
+
+    /// Share of a member's file system under which its trims are forced (0.0 to 1.0).
+    /// See the field.
+    pub fn trim_force_below_free_fraction(mut self, fraction: f64) -> Options {
+        self.trim_force_below_free_fraction = fraction;
+        self
+    }
+
+    /// The trim scheduler's policy, from these options.
+    pub(crate) fn trim_policy(&self) -> crate::trim::TrimPolicy {
+        crate::trim::TrimPolicy {
+            max_write_share: self.trim_max_write_share,
+            pass_bytes_max: self.trim_pass_bytes_max,
+            force_below_free_fraction: self.trim_force_below_free_fraction,
+        }
+    }
+
     /// Whether an open store runs the background committer (and, with `gc`, the
     /// collector's loop): only when something is timed.
     pub(crate) fn runs_background_threads(&self) -> bool {
@@ -215,6 +268,18 @@ impl Options {
         {
             return Err(Error::InvalidArgument(
                 "gc_space_amp must be more than 1.0 and gc_rate_bytes_per_sec positive".into(),
+            ));
+        }
+        // NaN is rejected too (it is in no range).
+        let unit = 0.0..=1.0;
+        if !unit.contains(&self.trim_max_write_share)
+            || !unit.contains(&self.trim_force_below_free_fraction)
+            || self.trim_pass_bytes_max == 0
+        {
+            return Err(Error::InvalidArgument(
+                "trim_max_write_share and trim_force_below_free_fraction must be from 0.0 to \
+                 1.0 and trim_pass_bytes_max positive"
+                    .into(),
             ));
         }
         Ok(())

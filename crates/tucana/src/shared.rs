@@ -20,6 +20,7 @@ use parking_lot::{Condvar, Mutex};
 use crate::alloc::Allocator;
 use crate::error::{Error, Result};
 use crate::options::Options;
+use crate::trim::{Decision, MemberQueue, TrimCounters, TrimFigures, TrimSchedule};
 use crate::types::DiskOffset;
 use crate::volume::write_queue::WriteQueue;
 use crate::volume::Volume;
@@ -67,6 +68,8 @@ pub(crate) struct Shared {
     /// Nanoseconds a foreground writer sleeps per KiB it appends; 0 unless garbage
     /// collection is behind its space target (see `pace_writer`).
     pub write_delay_ns_per_kib: AtomicU64,
+    /// Trims (punches of freed log segments) queued, issued and forced per member.
+    pub trims: TrimCounters,
 }
 
 /// A paced writer sleeps once it owes this much (the kernel's timer slack makes shorter
@@ -99,7 +102,9 @@ impl Shared {
             queue.add_members(volume.storage().members().len().max(1));
             queue
         });
+        let trims = TrimCounters::new(volume.storage().members().len());
         Shared {
+            trims,
             writes,
             options,
             volume,
@@ -296,24 +301,36 @@ impl Shared {
     /// holds the commit state). A failed punch loses nothing (the bytes stay allocated in
     /// the file), so it is not an error.
     ///
-    /// With the collector's loop running, log segments (and other large extents) are not
-    /// punched here: the next segments are allocated from them, and `punch_deferred`
-    /// gives back those still free `DEFERRED_PUNCH_AGE` later
-    /// (`Allocator::release_punching`). A GC burst frees and reuses hundreds of MiB a
-    /// second; punching each segment as it came back, then allocating it again, held the
-    /// file's inode lock (every `pwrite` waits for it) for a quarter of the burst on a
-    /// file system that discards punched blocks synchronously.
+    /// With the collector's loop running and trims scheduled (`Options::trim_schedule`),
+    /// log segments (and other large extents) are not punched here: they are listed per
+    /// member, the next segments are allocated from them, and `schedule_trims` punches
+    /// those still free `DEFERRED_PUNCH_AGE` later when the member's queue is quiet or
+    /// its device short of space (`crate::trim`). A GC burst frees and reuses hundreds of
+    /// MiB a second; punching each segment as it came back, then allocating it again,
+    /// held the file's inode lock (every `pwrite` waits for it) for a quarter of the
+    /// burst on a file system that discards punched blocks synchronously.
     pub fn release_extents(&self, extents: &[(DiskOffset, u64)]) {
         let storage = self.volume.storage();
+        // Only the loop punches deferred runs between a forced pass and close.
+        let defer = self.options.trim_schedule == TrimSchedule::Scheduled
+            && self.options.gc
+            && self.options.runs_background_threads();
         self.allocator.release_punching(
             extents,
             PUNCH_MIN_BLOCKS,
-            // Only the loop punches deferred runs between a forced pass and close.
-            self.options.gc && self.options.runs_background_threads(),
+            defer,
             &mut |offset, len_bytes| {
                 let _ = storage.punch_hole(offset, len_bytes);
             },
         );
+        for (offset, _) in extents.iter().filter(|(_, b)| *b >= PUNCH_MIN_BLOCKS) {
+            let member = storage.member_of(offset.0).unwrap_or(0);
+            if defer {
+                self.trims.add_queued(member);
+            } else {
+                self.trims.add_issued(member);
+            }
+        }
     }
 
     /// Hands the extents waiting in `releasable` to the allocator (`release_extents`).
@@ -322,14 +339,99 @@ impl Shared {
         self.release_extents(&releasable);
     }
 
-    /// Punches the free blocks of the runs `release_extents` deferred at least `min_age`
-    /// ago (`Duration::ZERO`: all of them). Returns the bytes punched.
-    pub fn punch_deferred(&self, min_age: Duration) -> u64 {
+    /// One pass of the trim scheduler (`crate::trim`): per member, from its queue
+    /// (writes reserved, queued or in flight; reads in flight) and its device's free
+    /// space, holds its listed trims, issues up to `trim_pass_bytes_max` of them, or
+    /// forces all; only runs listed at least `min_age` ago are looked at (new segments
+    /// take younger ones first). Returns the bytes punched.
+    pub fn schedule_trims(&self, min_age: Duration) -> u64 {
+        let decisions = self.trim_decisions();
+        let mut issued_bytes = vec![0u64; decisions.len()];
         let storage = self.volume.storage();
-        self.allocator
-            .punch_deferred(min_age, &mut |offset, len_bytes| {
+        let trims = &self.trims;
+        self.allocator.punch_deferred_selected(
+            min_age,
+            &mut |offset, len_bytes| {
+                let m = storage
+                    .member_of(offset)
+                    .unwrap_or(0)
+                    .min(decisions.len() - 1);
+                match decisions[m] {
+                    Decision::Hold => false,
+                    Decision::Force => {
+                        trims.add_forced(m);
+                        true
+                    }
+                    Decision::Issue { bytes_max } if issued_bytes[m] < bytes_max => {
+                        issued_bytes[m] += len_bytes;
+                        trims.add_issued(m);
+                        true
+                    }
+                    Decision::Issue { .. } => false,
+                }
+            },
+            &mut |offset, len_bytes| {
                 let _ = storage.punch_hole(offset, len_bytes);
+            },
+        )
+    }
+
+    /// Each member's decision for this pass (`crate::trim::decide`).
+    fn trim_decisions(&self) -> Vec<Decision> {
+        let storage = self.volume.storage();
+        let members = storage.members();
+        let queues = self
+            .writes
+            .as_ref()
+            .map(|q| q.member_figures())
+            .unwrap_or_default();
+        let policy = self.options.trim_policy();
+        (0..self.trims.member_count())
+            .map(|m| {
+                let loads = members.get(m);
+                let queued = queues.get(m).map_or(0, |q| q.in_flight_bytes);
+                // A running segment job's write is in both figures: the larger counts it once.
+                let queue = MemberQueue {
+                    write_bytes: queued.max(loads.map_or(0, |l| l.in_flight_write_bytes)),
+                    read_bytes: loads.map_or(0, |l| l.in_flight_read_bytes),
+                };
+                crate::trim::decide(queue, storage.device_space(m), &policy)
             })
+            .collect()
+    }
+
+    /// Punches every listed run (close): no load to wait for any more. Returns the bytes.
+    pub fn flush_trims(&self) -> u64 {
+        let storage = self.volume.storage();
+        let trims = &self.trims;
+        self.allocator.punch_deferred_selected(
+            Duration::ZERO,
+            &mut |offset, _| {
+                trims.add_issued(storage.member_of(offset).unwrap_or(0));
+                true
+            },
+            &mut |offset, len_bytes| {
+                let _ = storage.punch_hole(offset, len_bytes);
+            },
+        )
+    }
+
+    /// Per member (member 0 for one file): trims queued, issued, forced and bytes listed.
+    pub fn trim_figures(&self) -> Vec<TrimFigures> {
+        let storage = self.volume.storage();
+        let mut pending = vec![0u64; self.trims.member_count()];
+        for (offset, len_bytes) in self.allocator.deferred_runs() {
+            let m = storage
+                .member_of(offset)
+                .unwrap_or(0)
+                .min(pending.len() - 1);
+            pending[m] += len_bytes;
+        }
+        pending
+            .iter()
+            .enumerate()
+            .map(|(m, &bytes)| self.trims.figures(m, bytes))
+            .collect()
     }
 
     /// Nudges the readers' grace period up to `nudges` times while extents wait in limbo
@@ -352,5 +454,6 @@ impl Shared {
 /// segments (64 KiB at least) and runs of nodes; single blocks are not worth a system call.
 const PUNCH_MIN_BLOCKS: u64 = 16;
 
-/// How long a released log segment waits, unpunched, for a new segment to reuse it.
+/// How long a released log segment waits, unpunched, for a new segment to reuse it,
+/// before the trim scheduler looks at it.
 pub(crate) const DEFERRED_PUNCH_AGE: Duration = Duration::from_millis(500);

@@ -59,6 +59,14 @@ pub struct Stats {
     pub index_split_key_reads: u64,
     /// Full keys (log records) inserts read to place a key among tied prefixes since open.
     pub index_insert_key_reads: u64,
+    /// Trims (punches of freed log segments) over all members since open: listed for a
+    /// scheduled pass, issued (by a pass, at close, or at release with
+    /// `TrimSchedule::AtRelease`), forced by low free space; and bytes listed now
+    /// (`MemberStats` has them per member).
+    pub trims_queued: u64,
+    pub trims_issued: u64,
+    pub trims_forced: u64,
+    pub trims_pending_bytes: u64,
     pub keyspaces: Vec<KeyspaceStats>,
     /// Per member of a volume over several members (empty for one file): groups placed
     /// on it, bytes written and read.
@@ -86,7 +94,7 @@ impl Stats {
     pub fn to_json(&self) -> String {
         let mut s = String::new();
         s.push('{');
-        let fields: [(&str, u64); 26] = [
+        let fields: [(&str, u64); 30] = [
             ("keys", self.keys),
             ("live_log_bytes", self.live_log_bytes),
             ("dead_log_bytes", self.dead_log_bytes),
@@ -113,6 +121,10 @@ impl Stats {
             ("index_restemmed_halves", self.index_restemmed_halves),
             ("index_split_key_reads", self.index_split_key_reads),
             ("index_insert_key_reads", self.index_insert_key_reads),
+            ("trims_queued", self.trims_queued),
+            ("trims_issued", self.trims_issued),
+            ("trims_forced", self.trims_forced),
+            ("trims_pending_bytes", self.trims_pending_bytes),
         ];
         for (name, value) in fields {
             s.push_str(&format!("\"{name}\":{value},"));
@@ -139,7 +151,7 @@ impl Stats {
                 s.push(',');
             }
             s.push_str(&format!(
-                "{{\"name\":{},\"uuid\":{},\"groups\":{},\"bytes_written\":{},\"bytes_read\":{},\"in_flight_requests\":{},\"in_flight_bytes\":{},\"weighted_queue_ps\":{},\"write_ps_per_byte\":{},\"read_ps_per_byte\":{},\"writeback_ps_per_byte\":{},\"queue_jobs\":{},\"queue_bytes\":{},\"queue_done_jobs\":{},\"idle_while_others_busy_ns\":{}}}",
+                "{{\"name\":{},\"uuid\":{},\"groups\":{},\"bytes_written\":{},\"bytes_read\":{},\"in_flight_requests\":{},\"in_flight_bytes\":{},\"weighted_queue_ps\":{},\"write_ps_per_byte\":{},\"read_ps_per_byte\":{},\"writeback_ps_per_byte\":{},\"queue_jobs\":{},\"queue_bytes\":{},\"queue_done_jobs\":{},\"idle_while_others_busy_ns\":{},\"trims_queued\":{},\"trims_issued\":{},\"trims_forced\":{},\"trims_pending_bytes\":{}}}",
                 json_string(&m.name),
                 json_string(&m.uuid),
                 m.groups,
@@ -154,7 +166,11 @@ impl Stats {
                 m.queue_jobs,
                 m.queue_bytes,
                 m.queue_done_jobs,
-                m.idle_while_others_busy_ns
+                m.idle_while_others_busy_ns,
+                m.trims_queued,
+                m.trims_issued,
+                m.trims_forced,
+                m.trims_pending_bytes
             ));
         }
         s.push_str("]}");

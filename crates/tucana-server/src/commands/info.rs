@@ -147,7 +147,8 @@ fn stat_cpu_ticks(text: &str) -> Option<[u64; 4]> {
 /// placed on it, bytes written and read, requests and bytes in flight, its weighted
 /// queue (what least-weighted-queue dispatch compares; DESIGN.md, "Volumes over several
 /// devices"), its write queue (jobs queued or running, their bytes, jobs done) and the
-/// time its write queue was empty while another member's was not.
+/// time its write queue was empty while another member's was not, and its trims (queued,
+/// issued, forced by low free space, bytes pending: `tucana::trim`).
 fn member_lines(stats: &Stats) -> Vec<(String, String)> {
     stats
         .members
@@ -157,7 +158,7 @@ fn member_lines(stats: &Stats) -> Vec<(String, String)> {
             (
                 format!("member{i}"),
                 format!(
-                    "path={},groups={},bytes_written={},bytes_read={},in_flight_requests={},in_flight_bytes={},weighted_queue_ps={},queue_jobs={},queue_bytes={},queue_done_jobs={},idle_while_others_busy_ns={}",
+                    "path={},groups={},bytes_written={},bytes_read={},in_flight_requests={},in_flight_bytes={},weighted_queue_ps={},queue_jobs={},queue_bytes={},queue_done_jobs={},idle_while_others_busy_ns={},trims_queued={},trims_issued={},trims_forced={},trims_pending_bytes={}",
                     m.name,
                     m.groups,
                     m.bytes_written,
@@ -168,7 +169,11 @@ fn member_lines(stats: &Stats) -> Vec<(String, String)> {
                     m.queue_jobs,
                     m.queue_bytes,
                     m.queue_done_jobs,
-                    m.idle_while_others_busy_ns
+                    m.idle_while_others_busy_ns,
+                    m.trims_queued,
+                    m.trims_issued,
+                    m.trims_forced,
+                    m.trims_pending_bytes
                 ),
             )
         })
@@ -293,6 +298,10 @@ fn persistence_lines(state: &ServerState, stats: &Stats) -> Lines<'static> {
         ("gc_relocated_bytes", stats.gc_relocated_bytes.to_string()),
         ("gc_reclaimed_bytes", stats.gc_reclaimed_bytes.to_string()),
         ("gc_paced_ns", stats.gc_paced_ns.to_string()),
+        ("trims_queued", stats.trims_queued.to_string()),
+        ("trims_issued", stats.trims_issued.to_string()),
+        ("trims_forced", stats.trims_forced.to_string()),
+        ("trims_pending_bytes", stats.trims_pending_bytes.to_string()),
     ]
 }
 
@@ -404,6 +413,8 @@ mod tests {
                 queue_jobs: 2 * i,
                 queue_bytes: 4096 * i,
                 idle_while_others_busy_ns: 7,
+                trims_forced: i,
+                trims_pending_bytes: (256 << 10) * i,
                 ..Default::default()
             })
             .collect();
@@ -412,7 +423,7 @@ mod tests {
         assert_eq!(lines[1].0, "member1");
         assert_eq!(
             lines[1].1,
-            "path=/nvme1/v,groups=4,bytes_written=100,bytes_read=0,in_flight_requests=1,in_flight_bytes=0,weighted_queue_ps=0,queue_jobs=2,queue_bytes=4096,queue_done_jobs=0,idle_while_others_busy_ns=7"
+            "path=/nvme1/v,groups=4,bytes_written=100,bytes_read=0,in_flight_requests=1,in_flight_bytes=0,weighted_queue_ps=0,queue_jobs=2,queue_bytes=4096,queue_done_jobs=0,idle_while_others_busy_ns=7,trims_queued=0,trims_issued=0,trims_forced=1,trims_pending_bytes=262144"
         );
     }
 

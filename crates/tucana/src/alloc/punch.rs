@@ -3,7 +3,7 @@
 //! Owns: `Allocator::release_punching` (large extents punched before their release, a
 //! freed index node punched with the free run around it), the deferred runs
 //! (`DeferredRun`, listed in `State::deferred` and taken first by large allocations through
-//! `State::take_deferred`), `Allocator::punch_deferred`, and the union of runs that makes
+//! `State::take_deferred`), `Allocator::punch_deferred` (all runs old enough, or those a selector accepts), and the union of runs that makes
 //! one punch call per free stretch. Does not own: the system call (the caller's `punch`),
 //! when deferred runs are old enough (the caller's `min_age`), nor the bitmap and its runs
 //! (`state`).
@@ -192,15 +192,29 @@ impl Allocator {
     /// and forgets them. The lock is held throughout, so no allocation takes a block of a
     /// run being punched. Returns the bytes punched.
     pub fn punch_deferred(&self, min_age: Duration, punch: &mut dyn FnMut(u64, u64)) -> u64 {
+        self.punch_deferred_selected(min_age, &mut |_, _| true, punch)
+    }
+
+    /// As `punch_deferred`, for the runs `select(offset_bytes, len_bytes)` accepts (asked
+    /// once per run old enough, oldest first, with the allocator's lock held: it must not
+    /// call the allocator); the others stay listed. The trim scheduler's pass
+    /// (`Shared::schedule_trims`) selects by member and budget.
+    pub fn punch_deferred_selected(
+        &self,
+        min_age: Duration,
+        select: &mut dyn FnMut(u64, u64) -> bool,
+        punch: &mut dyn FnMut(u64, u64),
+    ) -> u64 {
         let mut st = self.state.lock();
         let now = Instant::now();
         let mut due: Vec<(u64, u64)> = Vec::new();
         st.deferred.retain(|d| {
-            let old = now.duration_since(d.released_at) >= min_age;
-            if old {
+            let chosen = now.duration_since(d.released_at) >= min_age
+                && select(d.start_block * BLOCK_BYTES, d.blocks * BLOCK_BYTES);
+            if chosen {
                 due.push((d.start_block, d.start_block + d.blocks));
             }
-            !old
+            !chosen
         });
         let mut runs: Vec<(u64, u64)> = Vec::new();
         for (lo, hi) in due {
@@ -223,6 +237,17 @@ impl Allocator {
         let punched = punch_union(runs, punch);
         drop(st);
         punched
+    }
+
+    /// The deferred runs listed now, `(offset_bytes, len_bytes)`, oldest first (free or
+    /// not: a run partly allocated again stays listed until a pass looks at it).
+    pub fn deferred_runs(&self) -> Vec<(u64, u64)> {
+        self.state
+            .lock()
+            .deferred
+            .iter()
+            .map(|d| (d.start_block * BLOCK_BYTES, d.blocks * BLOCK_BYTES))
+            .collect()
     }
 
     /// Bytes of the runs released unpunched and not yet given to `punch_deferred`: free

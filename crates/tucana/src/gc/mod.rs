@@ -390,7 +390,7 @@ impl Collector {
         self.shared.nudge_readers_grace(GRACE_ATTEMPTS, true);
         // Hands what is releasable to the allocator, punching holes (deferred ones too).
         committer.commit(regions)?;
-        self.shared.punch_deferred(Duration::ZERO);
+        self.shared.flush_trims();
         self.shared.gc_passes.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }

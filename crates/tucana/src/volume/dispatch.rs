@@ -120,6 +120,11 @@ impl Load {
             .sum()
     }
 
+    /// Bytes in flight of one type.
+    pub fn in_flight_bytes_of(&self, kind: Kind) -> u64 {
+        self.in_flight_bytes[kind as usize].load(Ordering::Relaxed)
+    }
+
     pub fn in_flight_requests(&self) -> u64 {
         self.in_flight_requests.load(Ordering::Relaxed)
     }

@@ -270,6 +270,10 @@ impl Storage for FileStorage {
     fn io_bytes(&self) -> (u64, u64) {
         FileStorage::io_bytes(self)
     }
+
+    fn device_space(&self, member: usize) -> Option<crate::volume::DeviceSpace> {
+        (member == 0).then(|| device_space(&self.file)).flatten()
+    }
 }
 
 /// Opens `path` read+write, creating it (and its missing parent directories, all synced)
@@ -466,6 +470,35 @@ fn write_back_and_wait(file: &File, _offset: u64, _len_bytes: u64) -> io::Result
 #[cfg(not(target_os = "linux"))]
 fn punch_hole(_file: &File, _offset: u64, _len: u64) -> io::Result<()> {
     Ok(())
+}
+
+/// The free and total bytes of the file system holding `file` (`fstatvfs`); `None` when
+/// the call fails.
+#[cfg(unix)]
+// The fields are `u64` here, narrower on some other targets.
+#[allow(clippy::unnecessary_cast)]
+fn device_space(file: &File) -> Option<crate::volume::DeviceSpace> {
+    use std::os::fd::AsRawFd;
+
+    let mut st = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: fstatvfs writes one `statvfs` into the pointer we pass, which points to
+    // uninitialised memory of that type we own; the descriptor is ours for the call.
+    let rc = unsafe { libc::fstatvfs(file.as_raw_fd(), st.as_mut_ptr()) };
+    if rc != 0 {
+        return None;
+    }
+    // SAFETY: fstatvfs returned 0, so it filled the whole struct.
+    let st = unsafe { st.assume_init() };
+    let unit = st.f_frsize as u64;
+    Some(crate::volume::DeviceSpace {
+        available_bytes: (st.f_bavail as u64).saturating_mul(unit),
+        total_bytes: (st.f_blocks as u64).saturating_mul(unit),
+    })
+}
+
+#[cfg(not(unix))]
+fn device_space(_file: &File) -> Option<crate::volume::DeviceSpace> {
+    None
 }
 
 #[cfg(test)]

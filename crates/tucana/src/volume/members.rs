@@ -27,6 +27,8 @@ use crate::volume::slot_header::{
 };
 use crate::volume::{FileStorage, Storage};
 
+pub use super::member_stats::MemberStats;
+
 /// Groups per chunk of the map, and chunks: 2^20 groups (128 PiB) at most.
 const CHUNK_GROUPS: usize = 1024;
 const CHUNKS: usize = 1024;
@@ -53,47 +55,6 @@ impl Member {
         let elapsed_ns = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
         self.load.finish(kind, bytes, elapsed_ns);
         result
-    }
-}
-
-/// Per-member figures for `Stats` and `check`.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct MemberStats {
-    pub name: String,
-    pub uuid: String,
-    /// Groups placed on this member.
-    pub groups: u64,
-    pub bytes_written: u64,
-    pub bytes_read: u64,
-    /// Requests issued through the member set and not yet completed, and their bytes.
-    pub in_flight_requests: u64,
-    pub in_flight_bytes: u64,
-    /// In-flight bytes weighted by the member's time per byte of each type, in
-    /// picoseconds: what least-weighted-queue dispatch compares.
-    pub weighted_queue_ps: u64,
-    /// Moving averages of the member's time per byte written and read (picoseconds).
-    pub write_ps_per_byte: u64,
-    pub read_ps_per_byte: u64,
-    /// Moving average of the time per byte of waiting for written segments to reach the
-    /// device (0 until measured: only with `Options::segment_writes_wait_for_device`).
-    pub writeback_ps_per_byte: u64,
-    /// The member's write queue (writes in flight; 0 without): jobs queued or running,
-    /// bytes reserved, queued or being written, jobs done.
-    pub queue_jobs: u64,
-    pub queue_bytes: u64,
-    pub queue_done_jobs: u64,
-    /// Nanoseconds the member's write queue was empty while another member's was not.
-    pub idle_while_others_busy_ns: u64,
-}
-
-impl MemberStats {
-    /// Adds the member's write-queue figures.
-    pub fn with_queue(mut self, q: &crate::volume::QueueFigures) -> MemberStats {
-        self.queue_jobs = q.jobs;
-        self.queue_bytes = q.in_flight_bytes;
-        self.queue_done_jobs = q.done_jobs;
-        self.idle_while_others_busy_ns = q.idle_while_others_busy_ns;
-        self
     }
 }
 
@@ -556,6 +517,9 @@ impl MemberSet {
                 bytes_read: member.read_bytes.load(Ordering::Relaxed),
                 in_flight_requests: member.load.in_flight_requests(),
                 in_flight_bytes: member.load.in_flight_bytes(),
+                in_flight_read_bytes: member.load.in_flight_bytes_of(Kind::Read),
+                in_flight_write_bytes: member.load.in_flight_bytes_of(Kind::Write)
+                    + member.load.in_flight_bytes_of(Kind::Writeback),
                 weighted_queue_ps: member.load.weighted_length(),
                 write_ps_per_byte: member.load.ps_per_byte(Kind::Write),
                 read_ps_per_byte: member.load.ps_per_byte(Kind::Read),
@@ -855,6 +819,10 @@ impl Storage for MemberSet {
 
     fn members(&self) -> Vec<MemberStats> {
         self.member_stats()
+    }
+
+    fn device_space(&self, member: usize) -> Option<crate::volume::DeviceSpace> {
+        self.members.get(member)?.storage.device_space(0)
     }
 
     fn place_growth_on(&self, member: Option<usize>) {

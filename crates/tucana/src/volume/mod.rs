@@ -16,6 +16,7 @@
 pub mod dispatch;
 pub mod file;
 pub mod mem;
+mod member_stats;
 pub mod members;
 mod mmap;
 pub mod slot_header;
@@ -33,7 +34,7 @@ pub use mem::{FailingSync, MemStorage};
 pub use members::{MemberSet, MemberStats};
 pub(crate) use mmap::MIN_RESERVATION_BYTES as DEFAULT_MAPPING_RESERVATION_BYTES;
 use std::sync::atomic::Ordering;
-pub use storage::Storage;
+pub use storage::{DeviceSpace, Storage};
 pub use write_queue::QueueFigures;
 
 /// Shared handle to the volume's storage with the engine's read helpers.

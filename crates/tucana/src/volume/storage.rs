@@ -6,6 +6,14 @@
 
 use crate::error::Result;
 
+/// Free and total bytes of the file system (or device) a volume or member lives on, as
+/// `statvfs` reports them (`available_bytes`: what an unprivileged writer may still take).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceSpace {
+    pub available_bytes: u64,
+    pub total_bytes: u64,
+}
+
 /// A volume's bytes: one file, a block device, memory, or a fault-injecting simulation.
 pub trait Storage: Send + Sync + 'static {
     /// Current length of the volume in bytes.
@@ -131,6 +139,14 @@ pub trait Storage: Send + Sync + 'static {
     /// lock (so no other growth sees it). A no-op for one file.
     fn place_growth_on(&self, member: Option<usize>) {
         let _ = member;
+    }
+
+    /// Free space of the file system (or device) holding member `member` (0 for one
+    /// file), for the trim scheduler: forced trims when it runs low (`crate::trim`).
+    /// `None`: unknown (memory, a backend that cannot tell), never low.
+    fn device_space(&self, member: usize) -> Option<DeviceSpace> {
+        let _ = member;
+        None
     }
 
     /// Per-member figures of a volume over several members; empty for one file.

@@ -424,3 +424,76 @@ fn least_weighted_dispatch_always_picks_a_least_loaded_member() {
         }
     }
 }
+
+/// Memory storage whose hole punches wait for the test's word, having said they started.
+struct PunchGate {
+    inner: MemStorage,
+    entered: Mutex<std::sync::mpsc::Sender<()>>,
+    go: Mutex<std::sync::mpsc::Receiver<()>>,
+}
+
+impl Storage for PunchGate {
+    fn len_bytes(&self) -> Result<u64> {
+        self.inner.len_bytes()
+    }
+    fn grow(&self, len_bytes: u64) -> Result<()> {
+        self.inner.grow(len_bytes)
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.inner.read_at(offset, buf)
+    }
+    fn write_at(&self, offset: u64, data: &[u8]) -> Result<()> {
+        self.inner.write_at(offset, data)
+    }
+    fn sync(&self) -> Result<()> {
+        self.inner.sync()
+    }
+    fn punch_hole(&self, offset: u64, len: u64) -> Result<()> {
+        self.entered.lock().send(()).unwrap();
+        self.go.lock().recv().unwrap();
+        self.inner.punch_hole(offset, len)
+    }
+}
+
+#[test]
+fn an_issued_trim_weighs_in_least_weighted_dispatch_until_it_is_done() {
+    // Trims listed by the scheduler are not requests yet and weigh nothing (they live in
+    // the allocator, not here); a trim issued counts on its member from the call to its
+    // return, so segments go elsewhere meanwhile (LOCS's erase in a channel's queue).
+    let (entered_tx, entered_rx) = std::sync::mpsc::channel();
+    let (go_tx, go_rx) = std::sync::mpsc::channel();
+    let gated = Arc::new(PunchGate {
+        inner: MemStorage::new(),
+        entered: Mutex::new(entered_tx),
+        go: Mutex::new(go_rx),
+    });
+    let mems = mems(3);
+    let mut members = named(&mems);
+    members[1].1 = gated.clone();
+    let set = Arc::new(
+        MemberSet::open(members, true)
+            .unwrap()
+            .with_policy(DispatchPolicy::LeastWeightedQueue),
+    );
+    assert!(set.member_stats().iter().all(|m| m.weighted_queue_ps == 0));
+    let trimming = {
+        let set = Arc::clone(&set);
+        // Member 1's first group, past its slot header.
+        std::thread::spawn(move || set.punch_hole(SLOT_BYTES + (1 << 20), 4 << 20))
+    };
+    entered_rx.recv().unwrap();
+    let during = set.member_stats();
+    assert_eq!(during[1].in_flight_bytes, 4 << 20, "{during:?}");
+    assert!(during[1].weighted_queue_ps > 0 && during[0].weighted_queue_ps == 0);
+    let picks: Vec<Option<usize>> = (0..4).map(|_| set.dispatch_member(None, &[])).collect();
+    assert!(!picks.contains(&Some(1)), "{picks:?}");
+    go_tx.send(()).unwrap();
+    trimming.join().unwrap().unwrap();
+    let after = set.member_stats();
+    assert_eq!(
+        (after[1].in_flight_bytes, after[1].weighted_queue_ps),
+        (0, 0)
+    );
+    let picks: Vec<Option<usize>> = (0..3).map(|_| set.dispatch_member(None, &[])).collect();
+    assert!(picks.contains(&Some(1)), "{picks:?}");
+}
