@@ -589,6 +589,8 @@ struct Run<'a> {
 #[derive(Default)]
 struct Tally {
     ops: u64,
+    /// Operations that wrote (updates, read-modify-writes, inserts).
+    writes: u64,
     user_read_bytes: u64,
     user_write_bytes: u64,
 }
@@ -622,6 +624,7 @@ impl Run<'_> {
         for result in results {
             let tally = result.map_err(|e| format!("{phase}: {e}"))?;
             total.ops += tally.ops;
+            total.writes += tally.writes;
             total.user_read_bytes += tally.user_read_bytes;
             total.user_write_bytes += tally.user_write_bytes;
         }
@@ -709,6 +712,7 @@ impl Run<'_> {
         let records_at_start = self.state.issued.load(Ordering::Acquire);
         let expected_inserts = (operations as f64 * workload.insert * 2.0) as u64;
         let chooser_items = records_at_start + expected_inserts;
+        let syncs_before = self.engine.footprint().syncs;
         let (m, tally) = self.parallel(phase, operations, |thread, lat, progress| {
             let mut rng = thread_rng(self.config.seed, phase, thread);
             let mut scrambled = ScrambledZipfian::new(chooser_items);
@@ -744,10 +748,12 @@ impl Run<'_> {
                         tally.user_read_bytes += self.read(keynum, &mut key, &mut scratch, lat)?;
                     }
                     Op::Update => {
+                        tally.writes += 1;
                         let keynum = choose(&mut rng);
                         tally.user_write_bytes += self.update(keynum, &mut key, &mut value, lat)?;
                     }
                     Op::ReadModifyWrite => {
+                        tally.writes += 1;
                         let keynum = choose(&mut rng);
                         // One latency sample for the pair, as YCSB times it.
                         let start = std::time::Instant::now();
@@ -758,6 +764,7 @@ impl Run<'_> {
                         lat.record(start.elapsed());
                     }
                     Op::Insert => {
+                        tally.writes += 1;
                         let keynum = self.state.issued.fetch_add(1, Ordering::AcqRel);
                         if keynum >= self.state.capacity() {
                             return Err("more inserts than the run has room for".into());
@@ -779,7 +786,22 @@ impl Run<'_> {
             }
             Ok(tally)
         })?;
-        self.record(phase, &m, &tally)
+        let mut record = self.record(phase, &m, &tally)?;
+        // The engine's fsyncs during the workload, for engines that count them: with
+        // sync writes, how many writes each shares (group commit).
+        if let (Some(before), Some(after)) = (syncs_before, self.engine.footprint().syncs) {
+            let syncs = after - before;
+            record.set("syncs", syncs);
+            record.set("writes", tally.writes);
+            if self.config.engine.sync_writes && tally.writes > 0 {
+                println!(
+                    "  {phase}: {syncs} fsyncs for {} writes ({:.3} fsyncs per write)",
+                    tally.writes,
+                    syncs as f64 / tally.writes as f64
+                );
+            }
+        }
+        Ok(record)
     }
 
     /// Reads record `keynum`, which must exist; returns the user bytes read.
