@@ -54,7 +54,9 @@ impl Model {
             std::thread::sleep(Duration::from_micros(200));
         }
         let result = if self.fail_next.swap(false, Ordering::SeqCst) {
-            Err(Error::Io(std::io::Error::other("injected fdatasync failure")))
+            Err(Error::Io(std::io::Error::other(
+                "injected fdatasync failure",
+            )))
         } else {
             self.durable.fetch_max(covers, Ordering::SeqCst);
             Ok(())
@@ -138,7 +140,10 @@ fn many_writers_each_acknowledged_only_after_an_fdatasync_that_covers_it() {
                     }
                     sync(&group, &model, ticket).unwrap();
                     let durable = model.durable.load(Ordering::SeqCst);
-                    assert!(durable >= ticket, "ticket {ticket} acknowledged at {durable}");
+                    assert!(
+                        durable >= ticket,
+                        "ticket {ticket} acknowledged at {durable}"
+                    );
                 }
             })
         })
@@ -187,7 +192,10 @@ fn a_failed_fdatasync_fails_every_waiter_and_acknowledges_nothing_after_it() {
     model.gate_closed.store(false, Ordering::SeqCst);
 
     let err = failing.join().unwrap().unwrap_err();
-    assert!(matches!(err, Error::Io(_)), "the syncer gets the I/O error: {err}");
+    assert!(
+        matches!(err, Error::Io(_)),
+        "the syncer gets the I/O error: {err}"
+    );
     for handle in behind {
         let err = handle.join().unwrap().unwrap_err();
         assert!(matches!(err, Error::Poisoned), "a waiter behind: {err}");

@@ -14,7 +14,7 @@
 //! serialise on `grow_lock`. I/O to disjoint ranges runs in parallel, as for one file.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;

@@ -4,6 +4,7 @@
 use super::*;
 use crate::volume::dispatch::{DispatchPolicy, Kind};
 use crate::volume::MemStorage;
+use std::sync::atomic::AtomicBool;
 
 fn mems(n: usize) -> Vec<Arc<MemStorage>> {
     (0..n).map(|_| Arc::new(MemStorage::new())).collect()
@@ -481,7 +482,10 @@ fn a_sync_waits_for_a_members_fdatasync_another_caller_has_in_flight() {
     };
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     while gated.started.load(Ordering::SeqCst) < before + 1 {
-        assert!(std::time::Instant::now() < deadline, "the first sync never started");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the first sync never started"
+        );
         std::thread::sleep(std::time::Duration::from_millis(1));
     }
     assert!(!set.members[1].dirty.load(Ordering::SeqCst));
