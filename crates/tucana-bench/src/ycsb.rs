@@ -27,7 +27,7 @@ use std::ops::{Bound, ControlFlow};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
-use indicatif::{ProgressBar, ProgressStyle};
+use indicatif::ProgressBar;
 use rand::rngs::StdRng;
 use rand::Rng;
 
@@ -601,7 +601,8 @@ impl Run<'_> {
     where
         F: Fn(usize, &mut Latencies, &ProgressBar) -> Result<Tally> + Sync,
     {
-        let progress = progress_bar(self.engine_name, &self.config.dataset, phase, total_ops);
+        let progress =
+            results::progress_bar(self.engine_name, &self.config.dataset, phase, total_ops);
         let mut latencies: Vec<Latencies> =
             (0..self.config.threads).map(|_| Latencies::new()).collect();
         let timer = PhaseTimer::start();
@@ -742,18 +743,18 @@ impl Run<'_> {
                         }
                     }
                 };
-                match workload.pick(&mut rng) {
+                let op = workload.pick(&mut rng);
+                tally.writes += u64::from(!matches!(op, Op::Read | Op::Scan));
+                match op {
                     Op::Read => {
                         let keynum = choose(&mut rng);
                         tally.user_read_bytes += self.read(keynum, &mut key, &mut scratch, lat)?;
                     }
                     Op::Update => {
-                        tally.writes += 1;
                         let keynum = choose(&mut rng);
                         tally.user_write_bytes += self.update(keynum, &mut key, &mut value, lat)?;
                     }
                     Op::ReadModifyWrite => {
-                        tally.writes += 1;
                         let keynum = choose(&mut rng);
                         // One latency sample for the pair, as YCSB times it.
                         let start = std::time::Instant::now();
@@ -764,7 +765,6 @@ impl Run<'_> {
                         lat.record(start.elapsed());
                     }
                     Op::Insert => {
-                        tally.writes += 1;
                         let keynum = self.state.issued.fetch_add(1, Ordering::AcqRel);
                         if keynum >= self.state.capacity() {
                             return Err("more inserts than the run has room for".into());
@@ -787,20 +787,9 @@ impl Run<'_> {
             Ok(tally)
         })?;
         let mut record = self.record(phase, &m, &tally)?;
-        // The engine's fsyncs during the workload, for engines that count them: with
-        // sync writes, how many writes each shares (group commit).
-        if let (Some(before), Some(after)) = (syncs_before, self.engine.footprint().syncs) {
-            let syncs = after - before;
-            record.set("syncs", syncs);
-            record.set("writes", tally.writes);
-            if self.config.engine.sync_writes && tally.writes > 0 {
-                println!(
-                    "  {phase}: {syncs} fsyncs for {} writes ({:.3} fsyncs per write)",
-                    tally.writes,
-                    syncs as f64 / tally.writes as f64
-                );
-            }
-        }
+        let syncs = syncs_before.zip(self.engine.footprint().syncs);
+        let sync = self.config.engine.sync_writes;
+        results::set_syncs(&mut record, syncs, tally.writes, sync);
         Ok(record)
     }
 
@@ -918,18 +907,6 @@ impl Run<'_> {
         results::print_phase_row(&record);
         Ok(record)
     }
-}
-
-/// A progress bar on stderr; hidden when stderr is not a terminal (CI, redirected runs).
-pub fn progress_bar(engine: &str, dataset: &str, phase: &str, total: u64) -> ProgressBar {
-    let bar = ProgressBar::new(total);
-    let style =
-        ProgressStyle::with_template("{prefix:>40} [{bar:30}] {pos}/{len} ({per_sec}, {eta} left)")
-            .unwrap_or_else(|_| ProgressStyle::default_bar())
-            .progress_chars("=> ");
-    bar.set_style(style);
-    bar.set_prefix(format!("{engine} {dataset} {phase}"));
-    bar
 }
 
 #[cfg(test)]
