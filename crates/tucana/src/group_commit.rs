@@ -156,8 +156,8 @@ impl GroupCommit {
             st.failed = true;
         }
         // The leader first: parking_lot requeues the notified threads onto the mutex in
-        // this order, so the next `fdatasync` starts before the chain of wake-ups of the
-        // acknowledged writers.
+        // this order, so the next `fdatasync` usually starts before the chain of wake-ups
+        // of the acknowledged writers (a running thread may still take the mutex first).
         self.leader.notify_all();
         self.waiters.notify_all();
         result
