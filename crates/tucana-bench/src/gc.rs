@@ -640,7 +640,7 @@ fn delete_all(kind: &dyn EngineKind, config: &GcConfig) -> Result<Record> {
 fn load_for_delete(engine: &dyn Engine, engine_name: &str, config: &GcConfig) -> Result<u64> {
     let records = config.delete_records;
     let data = Records::new(config.layout, config.seed);
-    let progress = ycsb::progress_bar(engine_name, DATASET, "delete_all load", records);
+    let progress = crate::results::progress_bar(engine_name, DATASET, "delete_all load", records);
     let batch_size = config.load_batch.max(1) as u64;
     let mut batch: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
     let mut user_bytes = 0u64;
@@ -669,7 +669,7 @@ fn timed_deletes(
     config: &GcConfig,
 ) -> Result<(Measurement, u64)> {
     let records = config.delete_records;
-    let progress = ycsb::progress_bar(engine_name, DATASET, "delete_all", records);
+    let progress = crate::results::progress_bar(engine_name, DATASET, "delete_all", records);
     let mut latencies: Vec<Latencies> = (0..config.threads).map(|_| Latencies::new()).collect();
     let timer = PhaseTimer::start();
     let shares: Vec<Result<u64>> = std::thread::scope(|scope| {

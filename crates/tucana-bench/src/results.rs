@@ -12,6 +12,7 @@
 use std::io::Write;
 use std::path::Path;
 
+use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{json, Map, Value};
 
 use crate::format::fmt_bytes;
@@ -348,6 +349,37 @@ pub fn write_json_with(
     serde_json::to_writer_pretty(&mut file, &document)?;
     file.write_all(b"\n")?;
     Ok(())
+}
+
+/// A progress bar on stderr; hidden when stderr is not a terminal (CI, redirected runs).
+pub fn progress_bar(engine: &str, dataset: &str, phase: &str, total: u64) -> ProgressBar {
+    let bar = ProgressBar::new(total);
+    let style =
+        ProgressStyle::with_template("{prefix:>40} [{bar:30}] {pos}/{len} ({per_sec}, {eta} left)")
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> ");
+    bar.set_style(style);
+    bar.set_prefix(format!("{engine} {dataset} {phase}"));
+    bar
+}
+
+/// Records the engine's syncs during a phase (`(before, after)` of its counter, `None` for
+/// engines that do not count them) beside the phase's `writes`, and with sync writes
+/// (`sync_writes`) prints how many writes each sync served (group commit).
+pub fn set_syncs(record: &mut Record, syncs: Option<(u64, u64)>, writes: u64, sync_writes: bool) {
+    let Some((before, after)) = syncs else {
+        return;
+    };
+    let syncs = after - before;
+    record.set("syncs", syncs);
+    record.set("writes", writes);
+    if sync_writes && writes > 0 {
+        println!(
+            "  {} fsyncs for {writes} writes ({:.3} fsyncs per write)",
+            syncs,
+            syncs as f64 / writes as f64
+        );
+    }
 }
 
 #[cfg(test)]

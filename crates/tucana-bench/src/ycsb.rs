@@ -27,7 +27,7 @@ use std::ops::{Bound, ControlFlow};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
-use indicatif::{ProgressBar, ProgressStyle};
+use indicatif::ProgressBar;
 use rand::rngs::StdRng;
 use rand::Rng;
 
@@ -589,6 +589,8 @@ struct Run<'a> {
 #[derive(Default)]
 struct Tally {
     ops: u64,
+    /// Operations that wrote (updates, read-modify-writes, inserts).
+    writes: u64,
     user_read_bytes: u64,
     user_write_bytes: u64,
 }
@@ -599,7 +601,8 @@ impl Run<'_> {
     where
         F: Fn(usize, &mut Latencies, &ProgressBar) -> Result<Tally> + Sync,
     {
-        let progress = progress_bar(self.engine_name, &self.config.dataset, phase, total_ops);
+        let progress =
+            results::progress_bar(self.engine_name, &self.config.dataset, phase, total_ops);
         let mut latencies: Vec<Latencies> =
             (0..self.config.threads).map(|_| Latencies::new()).collect();
         let timer = PhaseTimer::start();
@@ -622,6 +625,7 @@ impl Run<'_> {
         for result in results {
             let tally = result.map_err(|e| format!("{phase}: {e}"))?;
             total.ops += tally.ops;
+            total.writes += tally.writes;
             total.user_read_bytes += tally.user_read_bytes;
             total.user_write_bytes += tally.user_write_bytes;
         }
@@ -709,6 +713,7 @@ impl Run<'_> {
         let records_at_start = self.state.issued.load(Ordering::Acquire);
         let expected_inserts = (operations as f64 * workload.insert * 2.0) as u64;
         let chooser_items = records_at_start + expected_inserts;
+        let syncs_before = self.engine.footprint().syncs;
         let (m, tally) = self.parallel(phase, operations, |thread, lat, progress| {
             let mut rng = thread_rng(self.config.seed, phase, thread);
             let mut scrambled = ScrambledZipfian::new(chooser_items);
@@ -738,7 +743,9 @@ impl Run<'_> {
                         }
                     }
                 };
-                match workload.pick(&mut rng) {
+                let op = workload.pick(&mut rng);
+                tally.writes += u64::from(!matches!(op, Op::Read | Op::Scan));
+                match op {
                     Op::Read => {
                         let keynum = choose(&mut rng);
                         tally.user_read_bytes += self.read(keynum, &mut key, &mut scratch, lat)?;
@@ -779,7 +786,11 @@ impl Run<'_> {
             }
             Ok(tally)
         })?;
-        self.record(phase, &m, &tally)
+        let mut record = self.record(phase, &m, &tally)?;
+        let syncs = syncs_before.zip(self.engine.footprint().syncs);
+        let sync = self.config.engine.sync_writes;
+        results::set_syncs(&mut record, syncs, tally.writes, sync);
+        Ok(record)
     }
 
     /// Reads record `keynum`, which must exist; returns the user bytes read.
@@ -896,18 +907,6 @@ impl Run<'_> {
         results::print_phase_row(&record);
         Ok(record)
     }
-}
-
-/// A progress bar on stderr; hidden when stderr is not a terminal (CI, redirected runs).
-pub fn progress_bar(engine: &str, dataset: &str, phase: &str, total: u64) -> ProgressBar {
-    let bar = ProgressBar::new(total);
-    let style =
-        ProgressStyle::with_template("{prefix:>40} [{bar:30}] {pos}/{len} ({per_sec}, {eta} left)")
-            .unwrap_or_else(|_| ProgressStyle::default_bar())
-            .progress_chars("=> ");
-    bar.set_style(style);
-    bar.set_prefix(format!("{engine} {dataset} {phase}"));
-    bar
 }
 
 #[cfg(test)]

@@ -58,8 +58,9 @@ impl Engine {
         }
     }
 
-    /// Group commit: makes every write with a ticket up to `ticket` durable. Whoever
-    /// holds the sync lock flushes every region's tail for everybody waiting behind it.
+    /// Group commit: makes every write with a ticket up to `ticket` durable. The waiting
+    /// writers flush every region's tail for each other, the next group while the current
+    /// one's `fdatasync` runs (`group_commit.rs`).
     pub fn sync_to(&self, ticket: u64) -> Result<()> {
         self.shared.sync_to(ticket, || {
             for region in self.regions.list() {

@@ -28,6 +28,7 @@ mod descriptor;
 mod engine;
 pub mod error;
 mod gc;
+mod group_commit;
 pub mod index;
 mod keyspace;
 pub mod log;

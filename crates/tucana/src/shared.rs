@@ -9,7 +9,8 @@
 //! garbage collection, which all reach it through an `Arc<Shared>`.
 //!
 //! Thread-safety: `Sync`; counters are relaxed atomics (statistics, not invariants), the
-//! flags acquire/release; `sync_lock` serialises group syncs, `frees` is a short mutex.
+//! flags acquire/release; `group` runs group syncs (`group_commit.rs`), `frees` is a short
+//! mutex.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -19,6 +20,7 @@ use parking_lot::{Condvar, Mutex};
 
 use crate::alloc::Allocator;
 use crate::error::{Error, Result};
+use crate::group_commit::GroupCommit;
 use crate::options::Options;
 use crate::trim::{Decision, MemberQueue, TrimCounters, TrimFigures, TrimSchedule};
 use crate::types::DiskOffset;
@@ -38,9 +40,8 @@ pub(crate) struct Shared {
     closed: AtomicBool,
     /// Number of the newest write whose records are in a log buffer.
     pub write_ticket: AtomicU64,
-    /// Every write with a ticket at or below this is durable.
-    synced_ticket: AtomicU64,
-    sync_lock: Mutex<()>,
+    /// Group sync: which writes are flushed and durable, who flushes and syncs next.
+    group: GroupCommit,
     pub log_bytes_since_commit: AtomicU64,
     pub bytes_written: AtomicU64,
     pub commits: AtomicU64,
@@ -112,8 +113,7 @@ impl Shared {
             poisoned: AtomicBool::new(false),
             closed: AtomicBool::new(false),
             write_ticket: AtomicU64::new(0),
-            synced_ticket: AtomicU64::new(0),
-            sync_lock: Mutex::new(()),
+            group: GroupCommit::new(),
             log_bytes_since_commit: AtomicU64::new(0),
             bytes_written: AtomicU64::new(0),
             commits: AtomicU64::new(0),
@@ -239,36 +239,37 @@ impl Shared {
         self.closed.store(true, Ordering::Release);
     }
 
-    /// Group commit: makes every write with a ticket up to `ticket` durable. Whoever holds
-    /// the sync lock runs `flush_tails` (every region's tail to the file) and one
-    /// `fdatasync` for everybody waiting behind it. A failure poisons.
-    pub fn sync_to(&self, ticket: u64, flush_tails: impl FnOnce() -> Result<()>) -> Result<()> {
+    /// Group commit: makes every write with a ticket up to `ticket` durable, pipelined
+    /// (`group_commit.rs`): the waiting writers flush for each other (`flush_tails`: every
+    /// region's tail to the file, then the segments queued before it) while the previous
+    /// group's `fdatasync` runs, one `fdatasync` in flight. A failure poisons.
+    pub fn sync_to(&self, ticket: u64, flush_tails: impl Fn() -> Result<()>) -> Result<()> {
         // A poisoned store answers no sync with Ok, even one with nothing left to write:
         // the caller would take it for a healthy store.
         self.check_writes()?;
         if self.is_poisoned() {
             return Err(Error::Poisoned);
         }
-        if self.synced_ticket.load(Ordering::Acquire) >= ticket {
-            return Ok(());
-        }
-        let _sync = self.sync_lock.lock();
-        if self.synced_ticket.load(Ordering::Acquire) >= ticket {
-            return Ok(());
-        }
-        self.check_writable()?;
-        let target = self.write_ticket.load(Ordering::Acquire);
-        // Segments closed before the tails' flush are queued by now: wait for them too.
-        let result = flush_tails()
-            .and_then(|()| self.wait_writes())
-            .and_then(|()| self.volume.storage().sync());
-        if let Err(e) = result {
-            self.poison();
-            return Err(e);
-        }
-        self.synced_ticket.fetch_max(target, Ordering::AcqRel);
-        self.syncs.fetch_add(1, Ordering::Relaxed);
-        Ok(())
+        let flush = || {
+            // Read before the flush: every write up to it has its bytes in a tail or in a
+            // segment queued before `wait_writes` below.
+            let target = self.write_ticket.load(Ordering::Acquire);
+            flush_tails()?;
+            self.wait_writes()?;
+            Ok(target)
+        };
+        let fdatasync = || {
+            self.volume.storage().sync()?;
+            self.syncs.fetch_add(1, Ordering::Relaxed);
+            Ok(())
+        };
+        self.group
+            .sync_to(ticket, || self.check_writable(), flush, fdatasync)
+            .inspect_err(|e| {
+                if !matches!(e, Error::Closed) {
+                    self.poison();
+                }
+            })
     }
 
     /// The newest write ticket handed out: `sync_to` it covers every write so far.

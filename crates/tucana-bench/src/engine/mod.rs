@@ -198,6 +198,9 @@ pub struct Footprint {
     pub gc_paced_ns: Option<u64>,
     /// Durable commits of the engine's index since open.
     pub commits: Option<u64>,
+    /// Syncs of the engine's files since open (Tucana: `Stats::syncs`, one per group
+    /// commit's `fdatasync`).
+    pub syncs: Option<u64>,
 }
 
 /// One open engine with one key space (table, keyspace, database) for the benchmark.

@@ -174,6 +174,7 @@ impl Engine for TucanaEngine {
             gc_reclaimed_bytes: Some(stats.gc_reclaimed_bytes),
             gc_paced_ns: Some(stats.gc_paced_ns),
             commits: Some(stats.commits),
+            syncs: Some(stats.syncs),
         }
     }
 

@@ -14,14 +14,14 @@
 //! serialise on `grow_lock`. I/O to disjoint ranges runs in parallel, as for one file.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
 
 use crate::error::{Error, Result};
 use crate::types::BLOCK_BYTES;
-use crate::volume::dispatch::{least_weighted, DispatchPolicy, Kind, Load};
+use crate::volume::dispatch::{least_weighted, DispatchPolicy, Kind};
 use crate::volume::slot_header::{
     new_uuid, uuid_hex, SlotHeader, Uuid, HEADER_OFFSET, MEMBERS_MAX, SLOT_BYTES,
 };
@@ -32,31 +32,6 @@ pub use super::member_stats::MemberStats;
 /// Groups per chunk of the map, and chunks: 2^20 groups (128 PiB) at most.
 const CHUNK_GROUPS: usize = 1024;
 const CHUNKS: usize = 1024;
-
-/// One member: its backend, its name for messages, its identity and counters.
-struct Member {
-    storage: Arc<dyn Storage>,
-    name: String,
-    uuid: Uuid,
-    /// Written (or grown, or punched) since its last `sync` began.
-    dirty: AtomicBool,
-    written_bytes: AtomicU64,
-    read_bytes: AtomicU64,
-    /// Requests in flight and measured speeds, for dispatch and statistics.
-    load: Load,
-}
-
-impl Member {
-    /// Runs one request of `kind` and `bytes` on this member, counted in its load.
-    fn timed<T>(&self, kind: Kind, bytes: u64, io: impl FnOnce() -> Result<T>) -> Result<T> {
-        self.load.start(kind, bytes);
-        let started = std::time::Instant::now();
-        let result = io();
-        let elapsed_ns = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
-        self.load.finish(kind, bytes, elapsed_ns);
-        result
-    }
-}
 
 /// Placement state, under `grow_lock`.
 struct Placement {
@@ -312,15 +287,7 @@ impl MemberSet {
         let set = MemberSet {
             members: members
                 .into_iter()
-                .map(|(name, storage, uuid)| Member {
-                    storage,
-                    name,
-                    uuid,
-                    dirty: AtomicBool::new(false),
-                    written_bytes: AtomicU64::new(0),
-                    read_bytes: AtomicU64::new(0),
-                    load: Load::default(),
-                })
+                .map(|(name, storage, uuid)| Member::new(name, storage, uuid))
                 .collect(),
             volume_uuid,
             map,
@@ -701,27 +668,18 @@ impl Storage for MemberSet {
     }
 
     fn sync(&self) -> Result<()> {
-        // A member is synced if a write completed on it since its flag was last cleared;
-        // clearing before the fdatasync keeps any write that completes during it dirty.
-        let dirty: Vec<&Member> = self
-            .members
-            .iter()
-            .filter(|m| m.dirty.swap(false, Ordering::AcqRel))
-            .collect();
-        let sync_one = |member: &Member| {
-            member.storage.sync().inspect_err(|_| {
-                member.dirty.store(true, Ordering::Release);
-            })
-        };
-        match dirty.as_slice() {
+        // Every member a write may be waiting on: dirty, or being synced by another
+        // caller (a commit's sync beside a group sync) whose `fdatasync` may not be done.
+        let busy: Vec<&Member> = self.members.iter().filter(|m| m.needs_sync()).collect();
+        match busy.as_slice() {
             [] => Ok(()),
-            [only] => sync_one(only),
+            [only] => only.sync(),
             [first, rest @ ..] => std::thread::scope(|scope| {
                 let others: Vec<_> = rest
                     .iter()
-                    .map(|member| scope.spawn(move || sync_one(member)))
+                    .map(|member| scope.spawn(move || member.sync()))
                     .collect();
-                let mut result = sync_one(first);
+                let mut result = first.sync();
                 for handle in others {
                     let other = handle.join().expect("a member's sync panicked");
                     result = result.and(other);
@@ -862,6 +820,10 @@ impl Storage for MemberSet {
         self.verify()
     }
 }
+
+mod member;
+
+use member::Member;
 
 #[cfg(test)]
 mod tests;

@@ -4,6 +4,7 @@
 use super::*;
 use crate::volume::dispatch::{DispatchPolicy, Kind};
 use crate::volume::MemStorage;
+use std::sync::atomic::AtomicBool;
 
 fn mems(n: usize) -> Vec<Arc<MemStorage>> {
     (0..n).map(|_| Arc::new(MemStorage::new())).collect()
@@ -496,4 +497,85 @@ fn an_issued_trim_weighs_in_least_weighted_dispatch_until_it_is_done() {
     );
     let picks: Vec<Option<usize>> = (0..3).map(|_| set.dispatch_member(None, &[])).collect();
     assert!(picks.contains(&Some(1)), "{picks:?}");
+}
+
+/// Memory storage whose `sync` waits while its gate is closed, counting finished syncs.
+#[derive(Default)]
+struct GatedSync {
+    inner: MemStorage,
+    gate_closed: AtomicBool,
+    started: AtomicU64,
+    finished: AtomicU64,
+}
+
+impl Storage for GatedSync {
+    fn len_bytes(&self) -> Result<u64> {
+        self.inner.len_bytes()
+    }
+    fn grow(&self, len_bytes: u64) -> Result<()> {
+        self.inner.grow(len_bytes)
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.inner.read_at(offset, buf)
+    }
+    fn write_at(&self, offset: u64, data: &[u8]) -> Result<()> {
+        self.inner.write_at(offset, data)
+    }
+    fn sync(&self) -> Result<()> {
+        self.started.fetch_add(1, Ordering::SeqCst);
+        while self.gate_closed.load(Ordering::SeqCst) {
+            std::thread::sleep(std::time::Duration::from_micros(200));
+        }
+        self.finished.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+}
+
+/// A commit's sync and a group sync run side by side (pipelined group commit, issue 22).
+/// The member set used to clear a member's dirty flag and then `fdatasync` it; a second
+/// sync arriving in between found every member clean and returned at once, while the
+/// first one's `fdatasync`, the only one covering a write that completed before both
+/// calls, was still running: a write acknowledged before it was durable. Now the second
+/// sync waits for the `fdatasync` in flight.
+#[test]
+fn a_sync_waits_for_a_members_fdatasync_another_caller_has_in_flight() {
+    let gated = Arc::new(GatedSync::default());
+    let members: Vec<(String, Arc<dyn Storage>)> = vec![
+        ("m0".into(), Arc::new(MemStorage::new())),
+        ("m1".into(), gated.clone()),
+    ];
+    let set = Arc::new(MemberSet::open(members, true).unwrap());
+    set.sync().unwrap();
+    let before = gated.finished.load(Ordering::SeqCst);
+    set.write_at(SLOT_BYTES + 10, b"on member 1").unwrap();
+    gated.gate_closed.store(true, Ordering::SeqCst);
+    let first = {
+        let set = set.clone();
+        std::thread::spawn(move || set.sync())
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while gated.started.load(Ordering::SeqCst) < before + 1 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the first sync never started"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    assert!(!set.members[1].dirty.load(Ordering::SeqCst));
+    let second = {
+        let (set, gated) = (set.clone(), gated.clone());
+        std::thread::spawn(move || {
+            set.sync().unwrap();
+            // What the second sync's caller may now acknowledge must be durable.
+            gated.finished.load(Ordering::SeqCst)
+        })
+    };
+    // Give the second sync time to (wrongly) return while the first is held.
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    gated.gate_closed.store(false, Ordering::SeqCst);
+    first.join().unwrap().unwrap();
+    let finished_when_second_returned = second.join().unwrap();
+    assert_eq!(finished_when_second_returned, before + 1);
+    // Nothing was written since: the second sync ran no `fdatasync` of its own.
+    assert_eq!(gated.started.load(Ordering::SeqCst), before + 1);
 }

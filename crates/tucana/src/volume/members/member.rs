@@ -1,0 +1,91 @@
+//! One member of a volume over several: its backend, name, identity, counters, and the
+//! dirty flag and sync lock behind `MemberSet::sync`.
+//!
+//! Owns: the member's `fdatasync` protocol: a sync of a member waits for one already in
+//! flight (a commit's beside a group sync's), then runs its own if a write completed since
+//! that one began; so whoever asks for a sync returns only once every write to the member
+//! that completed before the call is durable. Does not own: routing or placement
+//! (`members.rs`).
+//!
+//! Thread-safety: `Send + Sync`; the counters and the dirty flag are atomics, `sync_lock`
+//! is held for the length of one `fdatasync` of the member.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use crate::error::Result;
+use crate::volume::dispatch::{Kind, Load};
+use crate::volume::slot_header::Uuid;
+use crate::volume::Storage;
+
+/// One member: its backend, its name for messages, its identity and counters.
+pub(super) struct Member {
+    pub(super) storage: Arc<dyn Storage>,
+    pub(super) name: String,
+    pub(super) uuid: Uuid,
+    /// Written (or grown, or punched) since its last `fdatasync` began. Set after each
+    /// write completes; cleared under `sync_lock` just before an `fdatasync`.
+    pub(super) dirty: AtomicBool,
+    /// Held while one `fdatasync` of this member runs.
+    sync_lock: Mutex<()>,
+    pub(super) written_bytes: AtomicU64,
+    pub(super) read_bytes: AtomicU64,
+    /// Requests in flight and measured speeds, for dispatch and statistics.
+    pub(super) load: Load,
+}
+
+impl Member {
+    pub(super) fn new(name: String, storage: Arc<dyn Storage>, uuid: Uuid) -> Member {
+        Member {
+            storage,
+            name,
+            uuid,
+            dirty: AtomicBool::new(false),
+            sync_lock: Mutex::new(()),
+            written_bytes: AtomicU64::new(0),
+            read_bytes: AtomicU64::new(0),
+            load: Load::default(),
+        }
+    }
+
+    /// Runs one request of `kind` and `bytes` on this member, counted in its load.
+    pub(super) fn timed<T>(
+        &self,
+        kind: Kind,
+        bytes: u64,
+        io: impl FnOnce() -> Result<T>,
+    ) -> Result<T> {
+        self.load.start(kind, bytes);
+        let started = std::time::Instant::now();
+        let result = io();
+        let elapsed_ns = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.load.finish(kind, bytes, elapsed_ns);
+        result
+    }
+
+    /// Whether a write to this member may not be durable yet: it is dirty, or an
+    /// `fdatasync` of it is running. When neither holds, every write that completed before
+    /// the call is durable: the flag, read clean, was cleared under the lock (the clear
+    /// is ordered after the lock's acquisition), and the lock, read free afterwards, was
+    /// released after that `fdatasync` returned.
+    pub(super) fn needs_sync(&self) -> bool {
+        self.dirty.load(Ordering::Acquire) || self.sync_lock.is_locked()
+    }
+
+    /// Makes every write to this member that completed before the call durable. Waits for
+    /// an `fdatasync` in flight; runs one if the member was written since it began. A
+    /// failed `fdatasync` leaves the member dirty (the next sync tries again; the store is
+    /// poisoned by then, so nothing is acknowledged on its word).
+    pub(super) fn sync(&self) -> Result<()> {
+        let _one = self.sync_lock.lock();
+        // Cleared before the `fdatasync`: a write that completes during it stays dirty.
+        if !self.dirty.swap(false, Ordering::AcqRel) {
+            return Ok(());
+        }
+        self.storage.sync().inspect_err(|_| {
+            self.dirty.store(true, Ordering::Release);
+        })
+    }
+}
