@@ -122,8 +122,9 @@ impl GroupCommit {
                 Step::Done => return Ok(()),
                 Step::Flush => {
                     st.flushing = true;
-                    let flushed = MutexGuard::unlocked(&mut st, &mut flush);
+                    let flushed = MutexGuard::unlocked(&mut st, || unwinding(&mut flush));
                     st.flushing = false;
+                    let flushed = self.unless_panicked(&mut st, flushed);
                     if let Ok(to) = flushed {
                         st.flushed_ticket = st.flushed_ticket.max(to);
                     }
@@ -131,8 +132,9 @@ impl GroupCommit {
                 }
                 Step::Sync(covers) => {
                     st.syncing = Some(covers);
-                    let synced = MutexGuard::unlocked(&mut st, &mut fdatasync);
+                    let synced = MutexGuard::unlocked(&mut st, || unwinding(&mut fdatasync));
                     st.syncing = None;
+                    let synced = self.unless_panicked(&mut st, synced);
                     if synced.is_ok() {
                         st.synced_ticket = st.synced_ticket.max(covers);
                     }
@@ -144,6 +146,25 @@ impl GroupCommit {
                     st.leader_waiting = false;
                 }
                 Step::Wait => self.waiters.wait(&mut st),
+            }
+        }
+    }
+
+    /// A stage's result, or, if the stage panicked, the group marked failed and every
+    /// waiter woken before the panic goes on: left marked as flushing or syncing, the
+    /// group would keep every later waiter asleep for good.
+    fn unless_panicked<T>(
+        &self,
+        st: &mut MutexGuard<'_, State>,
+        outcome: std::thread::Result<Result<T>>,
+    ) -> Result<T> {
+        match outcome {
+            Ok(result) => result,
+            Err(panic) => {
+                st.failed = true;
+                self.leader.notify_all();
+                self.waiters.notify_all();
+                std::panic::resume_unwind(panic)
             }
         }
     }
@@ -162,6 +183,11 @@ impl GroupCommit {
         self.waiters.notify_all();
         result
     }
+}
+
+/// Runs a stage, catching a panic so that the group can be marked failed first.
+fn unwinding<T>(stage: &mut impl FnMut() -> Result<T>) -> std::thread::Result<Result<T>> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(stage))
 }
 
 #[cfg(test)]

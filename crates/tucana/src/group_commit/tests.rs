@@ -247,3 +247,29 @@ fn an_unhealthy_store_gets_its_error_and_no_io() {
     // Closing is not a failure of the group: it still works for a healthy caller.
     group.sync_to(1, || Ok(()), || Ok(1), || Ok(())).unwrap();
 }
+
+/// A stage that panics (a bug) used to leave the group marked as flushing: every later
+/// waiter slept for good, where the old sync lock was simply released by the unwind. The
+/// panic now goes on to its caller with the group marked failed, so later callers get an
+/// error instead of hanging.
+#[test]
+fn a_panicking_stage_fails_the_group_instead_of_hanging_later_waiters() {
+    let group = Arc::new(GroupCommit::new());
+    let panicked = {
+        let group = Arc::clone(&group);
+        std::thread::spawn(move || {
+            group.sync_to(1, || Ok(()), || panic!("a bug in the flush"), || Ok(()))
+        })
+        .join()
+    };
+    assert!(panicked.is_err(), "the panic reaches its caller");
+    let (done, answer) = std::sync::mpsc::channel();
+    {
+        let group = Arc::clone(&group);
+        std::thread::spawn(move || done.send(group.sync_to(2, || Ok(()), || Ok(2), || Ok(()))));
+    }
+    let later = answer
+        .recv_timeout(Duration::from_secs(60))
+        .expect("a waiter after the panic hangs");
+    assert!(matches!(later, Err(Error::Poisoned)), "{later:?}");
+}
