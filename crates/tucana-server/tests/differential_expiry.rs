@@ -3,7 +3,6 @@
 //! depend on time; a relative TTL is compared by its sign only. Skipped, with a message,
 //! where `redis-server` is not installed (`bash scripts/server-deps.sh --bench`).
 
-use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -21,11 +20,8 @@ impl Drop for RedisServer {
 }
 
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    // Below the ephemeral range: no server of another test, bound to port 0, can hold it.
+    tucana_cluster::testing::free_port("127.0.0.1")
 }
 
 fn connect(url: &str) -> Connection {

@@ -10,11 +10,8 @@ use tucana::Database;
 use tucana_server::{spawn, RunningServer, ServerConfig};
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    // Below the ephemeral range: no server of another test, bound to port 0, can hold it.
+    tucana_cluster::testing::free_port("127.0.0.1")
 }
 
 fn config() -> ServerConfig {

@@ -9,7 +9,7 @@
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -26,11 +26,8 @@ impl Drop for RedisServer {
 }
 
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    // Below the ephemeral range: no server of another test, bound to port 0, can hold it.
+    tucana_cluster::testing::free_port("127.0.0.1")
 }
 
 pub struct Raw {
@@ -276,9 +273,15 @@ pub fn start_tucana_for_comparison() -> tucana_server::RunningServer {
 /// Runs `script` against a fresh redis-server and a fresh in-memory tucana; the lines
 /// whose replies differ, with both replies (`None`: redis-server is not installed).
 pub fn run_script(script: &str) -> Option<Vec<String>> {
-    let (_redis, port) = start_redis_server()?;
+    let (mut redis, port) = start_redis_server()?;
     let server = start_tucana_for_comparison();
     let mut theirs = Raw::connect(&format!("127.0.0.1:{port}"));
+    // A redis-server that could not bind its port has exited, and whatever answered there
+    // is not it.
+    assert!(
+        redis.0.try_wait().unwrap().is_none(),
+        "redis-server exited (port {port} taken?)"
+    );
     let mut ours = Raw::connect(&server.addr.to_string());
     let differences = script
         .lines()
