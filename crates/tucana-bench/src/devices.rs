@@ -100,6 +100,29 @@ fn append_json(args: &DevicesArgs, record: &serde_json::Value) -> Result<()> {
     Ok(())
 }
 
+/// Puts records `0..records` (value seed `round`) from `threads` threads.
+fn put_all(ks: &tucana::Keyspace, args: &DevicesArgs, threads: u64, round: u64) -> Result<()> {
+    std::thread::scope(|scope| -> Result<()> {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let ks = ks.clone();
+                scope.spawn(move || -> tucana::Result<()> {
+                    let mut i = t;
+                    while i < args.records {
+                        ks.put(&key(i), &value(i ^ round, args.value_bytes))?;
+                        i += threads;
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().expect("a load thread panicked")?;
+        }
+        Ok(())
+    })
+}
+
 /// A key: 16 bytes, spread over the key space in a fixed order (not the load's order).
 fn key(i: u64) -> [u8; 16] {
     let mixed = i.wrapping_mul(0x9e37_79b9_7f4a_7c15).rotate_left(17) ^ i;
@@ -132,25 +155,7 @@ pub fn run(args: &DevicesArgs) -> Result<()> {
     let ks = db.keyspace("devices")?;
     let threads = args.threads.max(1);
     let started = Instant::now();
-    std::thread::scope(|scope| -> Result<()> {
-        let handles: Vec<_> = (0..threads)
-            .map(|t| {
-                let ks = ks.clone();
-                scope.spawn(move || -> tucana::Result<()> {
-                    let mut i = t;
-                    while i < args.records {
-                        ks.put(&key(i), &value(i, args.value_bytes))?;
-                        i += threads;
-                    }
-                    Ok(())
-                })
-            })
-            .collect();
-        for h in handles {
-            h.join().expect("a load thread panicked")?;
-        }
-        Ok(())
-    })?;
+    put_all(&ks, args, threads, 0)?;
     let loaded_s = started.elapsed().as_secs_f64();
     // Durable: every queued segment written and every member synced.
     db.sync()?;

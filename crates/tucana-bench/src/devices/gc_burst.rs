@@ -20,7 +20,7 @@ use hdrhistogram::Histogram;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
 
-use super::{key, value, DevicesArgs};
+use super::{key, put_all, DevicesArgs};
 use crate::Result;
 
 /// When freed segments are trimmed (`Options::trim_schedule`).
@@ -28,29 +28,6 @@ use crate::Result;
 pub enum Trims {
     Scheduled,
     AtRelease,
-}
-
-/// Puts records `0..records` (value seed `round`) from `threads` threads.
-fn put_all(ks: &tucana::Keyspace, args: &DevicesArgs, threads: u64, round: u64) -> Result<()> {
-    std::thread::scope(|scope| -> Result<()> {
-        let handles: Vec<_> = (0..threads)
-            .map(|t| {
-                let ks = ks.clone();
-                scope.spawn(move || -> tucana::Result<()> {
-                    let mut i = t;
-                    while i < args.records {
-                        ks.put(&key(i), &value(i ^ round, args.value_bytes))?;
-                        i += threads;
-                    }
-                    Ok(())
-                })
-            })
-            .collect();
-        for h in handles {
-            h.join().expect("a load thread panicked")?;
-        }
-        Ok(())
-    })
 }
 
 /// Gets random records until `stop`, recording each get's latency in microseconds.
