@@ -631,6 +631,11 @@ async fn be_mute(stream: tokio::net::TcpStream, shipped: Arc<AtomicBool>) {
 #[test]
 fn a_link_that_hears_nothing_with_log_unacknowledged_dials_again() {
     let primary_db = options().open_in_memory().unwrap();
+    // Written before the primary starts, so that its `Open` lists the keyspace: the mute
+    // backup answers that one `Hello` only, and a keyspace announced later would never be
+    // shipped to it (a CI run created it after the connection opened).
+    let ks = primary_db.keyspace("db0").unwrap();
+    ks.put(b"k", b"v").unwrap();
     let addr = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -643,8 +648,6 @@ fn a_link_that_hears_nothing_with_log_unacknowledged_dials_again() {
         primary_config_to(&addr, Duration::from_secs(1)),
     )
     .unwrap();
-    let ks = primary_db.keyspace("db0").unwrap();
-    ks.put(b"k", b"v").unwrap();
     eventually("log shipped to the backup", || {
         shipped.load(Ordering::Acquire)
     });
