@@ -496,6 +496,68 @@ fn cluster_commands_answer_as_redis_documents() {
     assert!(err.starts_with("MOVED"), "{err}");
     let err = send(&mut con, &["EXEC"]).unwrap_err();
     assert!(err.starts_with("EXECABORT"), "{err}");
+
+    check_keyspace_events(&cluster, &mine[0], &own.2);
+}
+
+/// Keyspace notifications in cluster mode, as Redis Cluster has them: the server that
+/// owns a key publishes its events to its own subscribers only, naming the client's key
+/// (not the slot-prefixed key it stores) in database 0; the other servers' subscribers
+/// hear nothing of it.
+fn check_keyspace_events(cluster: &Cluster, key: &str, owner: &str) {
+    let owner = cluster.index_of(owner);
+    let other = (owner + 1) % cluster.servers.len();
+    let mut subscribers = Vec::new();
+    for index in [owner, other] {
+        let mut con = cluster.servers[index].connect();
+        send(
+            &mut con,
+            &["CONFIG", "SET", "notify-keyspace-events", "KEA"],
+        )
+        .unwrap();
+        subscribers.push(cluster.servers[index].connect());
+    }
+    let mut subs: Vec<redis::PubSub<'_>> = subscribers
+        .iter_mut()
+        .map(|con| {
+            let mut sub = con.as_pubsub();
+            sub.psubscribe("*").unwrap();
+            sub
+        })
+        .collect();
+
+    let hash = format!("{{{key}}}:h");
+    let mut con = cluster.servers[owner].connect();
+    send(&mut con, &["SET", key, "v"]).unwrap();
+    send(&mut con, &["HSET", &hash, "f", "1"]).unwrap();
+    send(&mut con, &["DEL", key]).unwrap();
+    for index in [owner, other] {
+        let mut con = cluster.servers[index].connect();
+        send(&mut con, &["PUBLISH", "marker", "end"]).unwrap();
+    }
+
+    let events_until_marker = |sub: &mut redis::PubSub<'_>| {
+        let mut events = Vec::new();
+        loop {
+            let msg = sub.get_message().unwrap();
+            let payload: String = msg.get_payload().unwrap();
+            if msg.get_channel_name() == "marker" {
+                return events;
+            }
+            events.push(format!("{} {payload}", msg.get_channel_name()));
+        }
+    };
+    let expected: Vec<String> = [
+        format!("__keyspace@0__:{key} set"),
+        format!("__keyevent@0__:set {key}"),
+        format!("__keyspace@0__:{hash} hset"),
+        format!("__keyevent@0__:hset {hash}"),
+        format!("__keyspace@0__:{key} del"),
+        format!("__keyevent@0__:del {key}"),
+    ]
+    .into();
+    assert_eq!(events_until_marker(&mut subs[0]), expected);
+    assert_eq!(events_until_marker(&mut subs[1]), Vec::<String>::new());
 }
 
 // ---- backups and failover (issue 19, third slice) -----------------------------------
