@@ -24,6 +24,13 @@ use crate::log::tail::Tail;
 use crate::prefetch::ResidencyGate;
 use crate::types::{DiskOffset, BLOCK_BYTES};
 
+/// The CPU's cache line.
+const CACHE_LINE_BYTES: usize = 64;
+
+/// Most bytes of a record `hint_record_lines` asks the CPU for: four lines, about a
+/// record of 200-byte values; a longer record's other lines are missed when it is read.
+const HINT_RECORD_MAX_BYTES: u64 = 256;
+
 thread_local! {
     /// The candidate records of a group of gets, for `prefetch_records` (kept per thread so
     /// a group allocates nothing).
@@ -97,8 +104,23 @@ impl Region {
         self.log.buffered_segment(base, guard)?.read(base.0, len)
     }
 
-    /// Starts loading the header line and the next line of the record at `ptr`, when it
-    /// is in memory without I/O (the tail buffer or the volume's mapping).
+    /// Starts loading the first cache lines of each record at `ptrs` (see
+    /// `hint_record_lines`), so their misses overlap: a range moving to a leaf asks for
+    /// the first few records it will read.
+    pub fn hint_records(&self, ptrs: &[u64]) {
+        if ptrs.is_empty() {
+            return;
+        }
+        let guard = epoch::pin();
+        for &ptr in ptrs {
+            self.hint_record_lines(ptr, self.log.buffered_tail(ptr, &guard));
+        }
+    }
+
+    /// Starts loading the cache lines of the record at `ptr`, when it is in memory
+    /// without I/O (the tail buffer or the volume's mapping): from its header for about
+    /// the region's average record size, at most `HINT_RECORD_MAX_BYTES`. A record's
+    /// checksum reads every byte, so a line left out is a miss waited for later.
     fn hint_record_lines(&self, ptr: u64, tail: Option<&Tail>) {
         let bytes = match tail {
             Some(t) => t.read(ptr, 1),
@@ -108,7 +130,14 @@ impl Region {
             _ => unsafe { self.shared.volume.storage().mapped(ptr, 1) },
         };
         if let Some(bytes) = bytes {
-            crate::prefetch::cache_lines(bytes.as_ptr(), [0, 64]);
+            let keys = self.keys.load(Ordering::Relaxed).max(1);
+            let span = (self.live_bytes() / keys).clamp(HEADER_BYTES as u64, HINT_RECORD_MAX_BYTES);
+            let skew = bytes.as_ptr() as usize % CACHE_LINE_BYTES;
+            let lines = (skew + span as usize).div_ceil(CACHE_LINE_BYTES);
+            crate::prefetch::cache_lines(
+                bytes.as_ptr().wrapping_sub(skew),
+                (0..lines).map(|line| line * CACHE_LINE_BYTES),
+            );
         }
     }
 
