@@ -126,6 +126,17 @@ impl Database {
         self.engine.gc_full()
     }
 
+    /// Rewrites the live records of every keyspace in key order where they are scattered,
+    /// then garbage-collects fully (as `gc`). The log is in write order, so a scan of data
+    /// that is not in memory reads one random page per record; after this, a scan of what
+    /// was reorganised reads the device sequentially until those keys are written again.
+    /// Each record of a scattered leaf is copied once (the walk goes leaf by leaf; a leaf
+    /// whose records already lie back to back is left alone). Readers and writers keep
+    /// going meanwhile: a key written during the walk keeps its new value.
+    pub fn reorganise(&self) -> Result<crate::gc::ReorganiseReport> {
+        self.engine.reorganise()
+    }
+
     /// Whether a write, sync or commit failed (the device refused it: disk full, an I/O
     /// error): the store then refuses every write and commit, and acknowledges nothing
     /// more, until it is opened again (recovery replays what was durable).

@@ -296,6 +296,11 @@ impl Engine {
         self.collector.full_pass(&self.regions, &self.committer)
     }
 
+    /// Rewrites scattered records in key order, then a full pass (`Database::reorganise`).
+    pub fn reorganise(&self) -> Result<crate::gc::ReorganiseReport> {
+        self.collector.reorganise(&self.regions, &self.committer)
+    }
+
     /// Keeps the background threads' handles, for `finish` to join.
     pub fn add_background(&self, handle: JoinHandle<()>) {
         self.background.lock().push(handle);

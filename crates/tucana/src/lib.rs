@@ -69,6 +69,7 @@ pub mod fuzzing {
 pub use check::CheckReport;
 pub use db::Database;
 pub use error::{Error, Result};
+pub use gc::ReorganiseReport;
 pub use keyspace::{Batch, Durability, Keyspace, Snapshot};
 pub use options::Options;
 pub use range::Range;

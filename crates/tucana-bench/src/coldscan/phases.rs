@@ -103,9 +103,10 @@ pub(super) fn measure_open(
     record.set("items_per_sec", output.items as f64 / seconds);
     record.set("mb_per_sec", output.user_bytes as f64 / 1e6 / seconds);
     record.set("checksum", format!("{:#018x}", output.checksum));
-    if let Some(entries) = variant.prefetch_entries() {
+    if let (Some(entries), Some(setting)) = (variant.prefetch_entries(), variant.prefetch_setting())
+    {
         record.set("prefetch_entries", entries as u64);
-        record.set("prefetch", if entries == 0 { "off" } else { "on" });
+        record.set("prefetch", setting);
     }
     if let (Some(before), Some(after)) = (before, after) {
         record.set("prefetch_calls", after.0 - before.0);

@@ -27,7 +27,12 @@ const LOAD_BATCH_KEYS: u64 = 1000;
 /// One way of running an engine: Tucana with a prefetch window, or a peer.
 #[derive(Clone, Copy)]
 pub(super) enum Variant {
-    Tucana { prefetch_entries: usize },
+    /// `reorganised`: the store was settled by `Database::reorganise` (its records
+    /// rewritten in key order) instead of left as loaded.
+    Tucana {
+        prefetch_entries: usize,
+        reorganised: bool,
+    },
     Peer(&'static dyn EngineKind),
 }
 
@@ -41,18 +46,49 @@ impl Variant {
 
     pub(super) fn prefetch_entries(&self) -> Option<usize> {
         match self {
-            Variant::Tucana { prefetch_entries } => Some(*prefetch_entries),
+            Variant::Tucana {
+                prefetch_entries, ..
+            } => Some(*prefetch_entries),
             Variant::Peer(_) => None,
         }
     }
 
-    /// "tucana (prefetch 64)", "rocksdb".
+    pub(super) fn reorganised(&self) -> bool {
+        matches!(
+            self,
+            Variant::Tucana {
+                reorganised: true,
+                ..
+            }
+        )
+    }
+
+    /// "tucana (prefetch 64)", "tucana (prefetch 64, reorganised)", "rocksdb".
     pub(super) fn label(&self) -> String {
+        let reorganised = if self.reorganised() {
+            ", reorganised"
+        } else {
+            ""
+        };
         match self.prefetch_entries() {
-            Some(0) => "tucana (prefetch off)".to_string(),
-            Some(n) => format!("tucana (prefetch {n})"),
+            Some(0) => format!("tucana (prefetch off{reorganised})"),
+            Some(n) => format!("tucana (prefetch {n}{reorganised})"),
             None => self.engine_name().to_string(),
         }
+    }
+
+    /// The `prefetch` field of its records: "off", "on", "on, reorganised"; `None` for a
+    /// peer.
+    pub(super) fn prefetch_setting(&self) -> Option<String> {
+        let setting = match self.prefetch_entries()? {
+            0 => "off",
+            _ => "on",
+        };
+        Some(if self.reorganised() {
+            format!("{setting}, reorganised")
+        } else {
+            setting.to_string()
+        })
     }
 }
 
@@ -65,7 +101,9 @@ pub(super) enum Store {
 impl Store {
     pub(super) fn open(variant: Variant, dir: &Path, config: &EngineConfig) -> Result<Store> {
         Ok(match variant {
-            Variant::Tucana { prefetch_entries } => {
+            Variant::Tucana {
+                prefetch_entries, ..
+            } => {
                 let db = tucana_options(prefetch_entries).open(dir.join(VOLUME_FILE))?;
                 let keyspace = db.keyspace(KEYSPACE)?;
                 Store::Tucana { db, keyspace }
@@ -178,9 +216,20 @@ pub(super) fn load(plan: &Plan, variant: Variant, dir: &Path) -> Result<(Duratio
                 position = end;
             }
             drop(ks);
+            let settle = if variant.reorganised() {
+                let report = db.reorganise()?;
+                format!(
+                    "Database::reorganise: {} of {} leaves rewritten in key order, {} records \
+                     copied",
+                    report.leaves_rewritten, report.leaves_seen, report.records_copied
+                )
+            } else {
+                // No overwrites or deletes: nothing for GC to do; the index is committed at
+                // close.
+                "nothing to do (no dead records; index committed at close)".to_string()
+            };
             db.close()?;
-            // No overwrites or deletes: nothing for GC to do, and the index is committed.
-            "nothing to do (no dead records; index committed at close)".to_string()
+            settle
         }
         Variant::Peer(kind) => {
             let mut engine = kind.open(dir, &plan.engine_config)?;

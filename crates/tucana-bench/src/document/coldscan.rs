@@ -150,8 +150,13 @@ fn ratios(md: &mut String, records: &[Value], engines: &[String]) {
     }
 }
 
+/// The `prefetch` field of the records of a store reorganised after its load
+/// (`coldscan --reorganise`).
+const REORGANISED: &str = "on, reorganised";
+
 /// One metric's ratios: prefetch on ÷ off, then Tucana (prefetch on) ÷ each peer, a row per
-/// phase every engine ran.
+/// phase every engine ran; with a reorganised store, its ratios to the store as loaded and
+/// to each peer.
 fn ratio_table(
     md: &mut String,
     records: &[Value],
@@ -179,8 +184,22 @@ fn ratio_table(
     for peer in peers {
         let _ = write!(md, " vs {peer} |");
     }
+    // A run with `--reorganise`: its store's figures against the store as loaded, and
+    // against each peer.
+    let reorganised = records.iter().any(|r| r["prefetch"] == REORGANISED);
+    if reorganised {
+        *md += " reorganised ÷ as loaded |";
+        for peer in peers {
+            let _ = write!(md, " reorganised vs {peer} |");
+        }
+    }
+    let columns = if reorganised {
+        2 * peers.len() + 1
+    } else {
+        peers.len()
+    };
     *md += "\n|---|---|";
-    *md += &"---|".repeat(peers.len());
+    *md += &"---|".repeat(columns);
     *md += "\n";
     for (workload, title) in workloads {
         let ours = find(workload, "tucana", Some("on")).and_then(|r| number(&r[metric]));
@@ -190,9 +209,20 @@ fn ratio_table(
             "| {title} | {} |",
             ratio_cell(ours, off, higher_is_better)
         );
-        for peer in peers {
-            let theirs = find(workload, peer, None).and_then(|r| number(&r[metric]));
-            let _ = write!(md, " {} |", ratio_cell(ours, theirs, higher_is_better));
+        let theirs: Vec<Option<f64>> = peers
+            .iter()
+            .map(|peer| find(workload, peer, None).and_then(|r| number(&r[metric])))
+            .collect();
+        for &their in &theirs {
+            let _ = write!(md, " {} |", ratio_cell(ours, their, higher_is_better));
+        }
+        if reorganised {
+            let sorted =
+                find(workload, "tucana", Some(REORGANISED)).and_then(|r| number(&r[metric]));
+            let _ = write!(md, " {} |", ratio_cell(sorted, ours, higher_is_better));
+            for &their in &theirs {
+                let _ = write!(md, " {} |", ratio_cell(sorted, their, higher_is_better));
+            }
         }
         *md += "\n";
     }

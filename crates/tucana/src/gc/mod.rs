@@ -22,6 +22,9 @@
 
 mod collect;
 mod policy;
+mod reorganise;
+
+pub use reorganise::ReorganiseReport;
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -393,6 +396,23 @@ impl Collector {
         self.shared.flush_trims();
         self.shared.gc_passes.fetch_add(1, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Rewrites every region's scattered leaves in key order (`reorganise`), then runs a
+    /// full pass, which gives back the segments the originals left dead.
+    pub fn reorganise(&self, regions: &Regions, committer: &Committer) -> Result<ReorganiseReport> {
+        let mut report = ReorganiseReport::default();
+        {
+            let _one_pass = self.state.lock();
+            for region in regions.list() {
+                if region.is_dropped() {
+                    continue;
+                }
+                reorganise::reorganise_region(&region, &mut report)?;
+            }
+        }
+        self.full_pass(regions, committer)?;
+        Ok(report)
     }
 
     /// Whether a commit would move freed space along. Space comes back only after two

@@ -104,6 +104,13 @@ impl Region {
         self.log.buffered_segment(base, guard)?.read(base.0, len)
     }
 
+    /// Whether the record at `ptr` lies in a tail still being appended to (the
+    /// foreground's or the relocation log's): its segment is not closed yet.
+    pub fn in_open_tail(&self, ptr: u64) -> bool {
+        let guard = epoch::pin();
+        self.log.buffered_tail(ptr, &guard).is_some()
+    }
+
     /// Starts loading the first cache lines of each record at `ptrs` (see
     /// `hint_record_lines`), so their misses overlap: a range moving to a leaf asks for
     /// the first few records it will read.
