@@ -398,6 +398,11 @@ fn configurations(md: &mut String, options: &Value) {
     let Some(configurations) = options["configurations"].as_object() else {
         return;
     };
+    *md += "Each engine's settings as the run's binary recorded them; where a setting is a \
+            choice, its value names the documentation it follows (the adapters in \
+            `crates/tucana-bench/src/engine/` cite the crate docs and wiki pages in their \
+            module comments). Versions come from the build (Cargo.lock, the RocksDB sources \
+            compiled, LMDB's own report), not from hand-typed text.\n\n";
     for (engine, configuration) in configurations {
         let _ = writeln!(md, "### {engine}\n");
         if let Some(fields) = configuration.as_object() {

@@ -200,3 +200,39 @@ impl Engine for FjallEngine {
         drop(self);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The adapter claims key-value separation for the 1000 B records of the
+    /// larger-than-memory set and inline values for the 100 B ones of the in-memory set;
+    /// fjall's default threshold (1 KiB) would have kept both inline. After a memtable
+    /// flush, the large values must sit in blob files and the small ones must not.
+    #[test]
+    fn large_values_go_to_blob_files_and_small_ones_stay_inline() {
+        let config = EngineConfig::default();
+        for (value_bytes, separated) in [(100usize, false), (1000, true)] {
+            let dir = tempfile::tempdir().expect("temporary directory");
+            let db = Database::builder(dir.path())
+                .cache_size(config.cache_bytes)
+                .open()
+                .expect("open");
+            let keyspace = db.keyspace("bench", keyspace_options).expect("keyspace");
+            assert!(keyspace.is_kv_separated());
+            for i in 0u32..100 {
+                keyspace
+                    .insert(i.to_be_bytes(), vec![i as u8; value_bytes])
+                    .expect("insert");
+            }
+            keyspace.rotate_memtable_and_wait().expect("flush");
+            assert_eq!(
+                keyspace.blob_file_count() > 0,
+                separated,
+                "{value_bytes} B values"
+            );
+            let value = keyspace.get(7u32.to_be_bytes()).expect("get");
+            assert_eq!(value.as_deref(), Some(&vec![7u8; value_bytes][..]));
+        }
+    }
+}
