@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # System packages the benchmark harness needs beyond Rust, on Debian/Ubuntu:
-#   librocksdb-dev     RocksDB 7.8, linked by the `rocksdb` feature (ROCKSDB_LIB_DIR) instead
-#                      of the ~16-minute bundled C++ build (feature `rocksdb-bundled`);
-#   clang, libclang-dev bindgen of librocksdb-sys needs libclang even when linking the system lib;
+#   g++                the `rocksdb` feature compiles RocksDB from the sources bundled in
+#                      librocksdb-sys (about 16+ minutes on 2 cores). Debian's librocksdb-dev
+#                      is too old for the current `rocksdb` crate and is not used;
+#   clang, libclang-dev bindgen of librocksdb-sys loads libclang at build time;
 #   fonts-dejavu-core  the font the plots are drawn with.
 # Idempotent; run as root (or with sudo). CI does not need it: the smoke test builds no peer.
 set -euo pipefail
 
-packages=(librocksdb-dev libclang-dev clang fonts-dejavu-core pkg-config)
+packages=(g++ libclang-dev clang fonts-dejavu-core pkg-config)
 missing=()
 for package in "${packages[@]}"; do
     if ! dpkg-query -W -f='${Status}' "${package}" 2>/dev/null | grep -q "install ok installed"; then

@@ -1,22 +1,23 @@
 #!/usr/bin/env bash
 # Builds tucana-bench in release mode with every peer and the plots, then runs it with the
-# given arguments. RocksDB links Debian's librocksdb (scripts/bench-deps.sh installs it)
-# unless BUNDLED_ROCKSDB=1, which compiles RocksDB from source (about 16 minutes here).
+# given arguments.
 #   scripts/bench.sh suite --dir /var/tmp --json bench/results.json
 #   scripts/bench.sh report bench/results.json
+#
+# RocksDB is compiled from the sources bundled in librocksdb-sys (the current `rocksdb`
+# crate cannot link Debian's librocksdb 7.8): about 16+ minutes on 2 cores the first time,
+# cached afterwards. scripts/bench-deps.sh installs the C++ compiler and the libclang that
+# bindgen needs. Its C++ is built with -march=native, as RocksDB's own Makefile does unless
+# PORTABLE is set (without SSE4.2 its CRC32c falls back to software: librocksdb-sys's build
+# warns about it); CXXFLAGS reaches only the C++ of the build, so the Rust crates, Tucana
+# included, keep their usual code generation. The build honours CARGO_TARGET_DIR.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-features="all-peers,plots"
-if [[ "${BUNDLED_ROCKSDB:-0}" == 1 ]]; then
-    unset ROCKSDB_LIB_DIR
-    features="${features},rocksdb-bundled"
-else
-    export ROCKSDB_LIB_DIR="${ROCKSDB_LIB_DIR:-/usr/lib/$(gcc -dumpmachine 2>/dev/null || echo x86_64-linux-gnu)}"
-    if [[ ! -e "${ROCKSDB_LIB_DIR}/librocksdb.so" ]]; then
-        echo "no librocksdb.so in ${ROCKSDB_LIB_DIR}: run scripts/bench-deps.sh (or BUNDLED_ROCKSDB=1)" >&2
-        exit 1
-    fi
+if [[ -n "${ROCKSDB_LIB_DIR:-}" ]]; then
+    echo "ROCKSDB_LIB_DIR is set (${ROCKSDB_LIB_DIR}): the rocksdb feature builds the bundled sources; unset it" >&2
+    exit 1
 fi
-cargo build --release -p tucana-bench --features "${features}"
-exec target/release/tucana-bench "$@"
+export CXXFLAGS="${CXXFLAGS:--march=native}"
+cargo build --release -p tucana-bench --features all-peers,plots
+exec "${CARGO_TARGET_DIR:-target}/release/tucana-bench" "$@"

@@ -1,28 +1,99 @@
-//! Records which RocksDB the `rocksdb` feature links, so the results can say it:
-//! librocksdb-sys links the library in `ROCKSDB_LIB_DIR` when that is set at build time,
-//! else it compiles its bundled sources. The `rocksdb-bundled` feature asks for the latter
-//! and refuses a build that would silently do the former.
+//! Records which versions of the peers this binary is built with, so the results say it
+//! from the build rather than from a hand-typed string:
+//! - each peer crate's version, from the workspace's Cargo.lock (the versions cargo
+//!   resolved and compiled), as `TUCANA_BENCH_<CRATE>_VERSION`;
+//! - with the `rocksdb` feature, the version of the RocksDB sources librocksdb-sys compiled
+//!   (its `rocksdb/include/rocksdb/version.h`, found through the `cargo_manifest_dir`
+//!   metadata librocksdb-sys's build script publishes to direct dependents), as
+//!   `TUCANA_BENCH_ROCKSDB_LIBRARY`.
+//!
+//! LMDB's version needs no help: heed asks the linked library at run time.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 
+/// Crates whose versions the results name (missing ones are recorded as "unknown").
+const CRATES: [&str; 6] = [
+    "rocksdb",
+    "librocksdb-sys",
+    "fjall",
+    "lsm-tree",
+    "redb",
+    "heed",
+];
+
 fn main() {
-    println!("cargo:rerun-if-env-changed=ROCKSDB_LIB_DIR");
-    let bundled_requested = std::env::var_os("CARGO_FEATURE_ROCKSDB_BUNDLED").is_some();
-    let link = match std::env::var("ROCKSDB_LIB_DIR") {
-        Ok(dir) if !dir.is_empty() => {
-            assert!(
-                !bundled_requested,
-                "feature rocksdb-bundled needs ROCKSDB_LIB_DIR unset (it is {dir})"
+    let manifest_dir = std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR");
+    let lock = Path::new(&manifest_dir).join("../../Cargo.lock");
+    println!("cargo:rerun-if-changed={}", lock.display());
+    let versions = std::fs::read_to_string(&lock)
+        .map(|text| locked_versions(&text))
+        .unwrap_or_default();
+    for name in CRATES {
+        let version = versions.get(name).map_or("unknown", String::as_str);
+        let var = name.to_uppercase().replace('-', "_");
+        println!("cargo:rustc-env=TUCANA_BENCH_{var}_VERSION={version}");
+    }
+
+    println!("cargo:rerun-if-env-changed=DEP_ROCKSDB_CARGO_MANIFEST_DIR");
+    if let Ok(dir) = std::env::var("DEP_ROCKSDB_CARGO_MANIFEST_DIR") {
+        let header = Path::new(&dir).join("rocksdb/include/rocksdb/version.h");
+        let library = std::fs::read_to_string(&header)
+            .ok()
+            .and_then(|text| rocksdb_version(&text))
+            .map_or_else(
+                || format!("RocksDB (version unknown: {} unreadable)", header.display()),
+                |version| {
+                    format!(
+                        "RocksDB {version}, compiled from the sources bundled in librocksdb-sys"
+                    )
+                },
             );
-            // librocksdb.so is a symlink to the versioned file: its name says the version.
-            let so = Path::new(&dir).join("librocksdb.so");
-            let version = std::fs::canonicalize(&so)
-                .ok()
-                .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
-                .unwrap_or_else(|| "librocksdb (version unknown)".to_string());
-            format!("system library {version} from {dir}")
+        println!("cargo:rustc-env=TUCANA_BENCH_ROCKSDB_LIBRARY={library}");
+    }
+}
+
+/// Every `[[package]]`'s name and version in a Cargo.lock; a crate locked at two versions
+/// gets both, comma-separated.
+fn locked_versions(lock: &str) -> BTreeMap<String, String> {
+    let mut versions: BTreeMap<String, String> = BTreeMap::new();
+    let mut name: Option<&str> = None;
+    for line in lock.lines() {
+        if line.starts_with("[[package]]") {
+            name = None;
+        } else if let Some(value) = quoted_value(line, "name") {
+            name = Some(value);
+        } else if let (Some(value), Some(package)) = (quoted_value(line, "version"), name) {
+            versions
+                .entry(package.to_string())
+                .and_modify(|known| {
+                    known.push_str(", ");
+                    known.push_str(value);
+                })
+                .or_insert_with(|| value.to_string());
         }
-        _ => "bundled sources of librocksdb-sys 0.10.0+7.9.2 (RocksDB 7.9.2)".to_string(),
+    }
+    versions
+}
+
+/// `value` of a line `key = "value"`.
+fn quoted_value<'a>(line: &'a str, key: &str) -> Option<&'a str> {
+    let rest = line.strip_prefix(key)?.trim_start().strip_prefix('=')?;
+    rest.trim().strip_prefix('"')?.strip_suffix('"')
+}
+
+/// "MAJOR.MINOR.PATCH" from RocksDB's version.h.
+fn rocksdb_version(header: &str) -> Option<String> {
+    let define = |what: &str| {
+        header.lines().find_map(|line| {
+            let number = line.strip_prefix("#define ")?.strip_prefix(what)?.trim();
+            number.parse::<u32>().ok()
+        })
     };
-    println!("cargo:rustc-env=TUCANA_BENCH_ROCKSDB_LINK={link}");
+    Some(format!(
+        "{}.{}.{}",
+        define("ROCKSDB_MAJOR")?,
+        define("ROCKSDB_MINOR")?,
+        define("ROCKSDB_PATCH")?
+    ))
 }

@@ -72,7 +72,8 @@ fn title(md: &mut String, doc: &Value, json_path: &Path) {
 /// command that joins them. The binary's own path (`argv[0]`) is machine-specific; the
 /// script builds and runs the same program.
 fn reproduce(md: &mut String, options: &Value, json_path: &Path) {
-    *md += "## Reproduce\n\n```sh\nscripts/bench-deps.sh   # librocksdb-dev, clang, fonts (Debian/Ubuntu, as root)\n";
+    *md += "## Reproduce\n\n```sh\nscripts/bench-deps.sh   # g++, clang/libclang (bindgen), fonts (Debian/Ubuntu, as root)\n\
+            # scripts/bench.sh's first build compiles RocksDB from librocksdb-sys's bundled sources (16+ minutes on 2 cores)\n";
     if let Some(ceiling) = options["device_ceiling_run"].as_object() {
         let _ = writeln!(
             md,
@@ -157,7 +158,31 @@ fn machine(md: &mut String, machine: &Value, options: &Value) {
         options["fs"].as_str().unwrap_or("?"),
     );
     device_ceiling(md, &machine["device_ceiling"]);
+    peer_versions(md, options);
     *md += "\n";
+}
+
+/// The machine section's line naming each peer as the run's binary was built: the
+/// `crate` and `library` fields its adapter recorded (from Cargo.lock, librocksdb-sys's
+/// sources and LMDB's own report, through build.rs; nothing typed by hand).
+fn peer_versions(md: &mut String, options: &Value) {
+    let Some(configurations) = options["configurations"].as_object() else {
+        return;
+    };
+    let peers: Vec<String> = configurations
+        .iter()
+        .filter(|(engine, _)| engine.as_str() != "tucana")
+        .filter_map(|(engine, configuration)| {
+            let built = configuration["crate"].as_str()?;
+            Some(match configuration["library"].as_str() {
+                Some(library) => format!("{engine}: {built}; {library}"),
+                None => format!("{engine}: {built}"),
+            })
+        })
+        .collect();
+    if !peers.is_empty() {
+        let _ = writeln!(md, "- peers as built: {}", peers.join(" · "));
+    }
 }
 
 /// The machine section's line of fio's figures (`scripts/device-ceiling.sh`), if any.
@@ -373,6 +398,11 @@ fn configurations(md: &mut String, options: &Value) {
     let Some(configurations) = options["configurations"].as_object() else {
         return;
     };
+    *md += "Each engine's settings as the run's binary recorded them; where a setting is a \
+            choice, its value names the documentation it follows (the adapters in \
+            `crates/tucana-bench/src/engine/` cite the crate docs and wiki pages in their \
+            module comments). Versions come from the build (Cargo.lock, the RocksDB sources \
+            compiled, LMDB's own report), not from hand-typed text.\n\n";
     for (engine, configuration) in configurations {
         let _ = writeln!(md, "### {engine}\n");
         if let Some(fields) = configuration.as_object() {
@@ -555,5 +585,37 @@ mod tests {
             md.contains("| tucana | 1000 | 500.0 | 56.0 KiB | 1.0 MiB | – | 64.0 KiB | 8.0 KiB |"),
             "{md}"
         );
+    }
+
+    /// The machine section names each peer as the run's binary recorded it (crate and,
+    /// where the adapter reports one, library), and leaves Tucana and engines that
+    /// recorded no crate out of that line.
+    #[test]
+    fn machine_names_the_peers_as_built() {
+        let options = serde_json::json!({
+            "dir": "/tmp", "fs": "ext4",
+            "configurations": {
+                "tucana": {"crate": "tucana (this repository)"},
+                "rocksdb": {"crate": "rocksdb 9.9.9 (librocksdb-sys 0.1.0+1.2.3)",
+                            "library": "RocksDB 1.2.3, compiled from the sources bundled in librocksdb-sys"},
+                "fjall": {"crate": "fjall 3.0.0 (lsm-tree 3.0.0)"},
+                "memory": {"cache_size_bytes": 1},
+            },
+        });
+        let mut md = String::new();
+        machine(&mut md, &serde_json::json!({"cores": 2}), &options);
+        let line = md
+            .lines()
+            .find(|line| line.starts_with("- peers as built: "))
+            .unwrap_or_else(|| panic!("no peers line in {md}"));
+        assert_eq!(
+            line,
+            "- peers as built: fjall: fjall 3.0.0 (lsm-tree 3.0.0) · rocksdb: rocksdb 9.9.9 \
+             (librocksdb-sys 0.1.0+1.2.3); RocksDB 1.2.3, compiled from the sources bundled in \
+             librocksdb-sys"
+        );
+        let mut none = String::new();
+        machine(&mut none, &serde_json::json!({}), &serde_json::json!({}));
+        assert!(!none.contains("peers as built"), "{none}");
     }
 }

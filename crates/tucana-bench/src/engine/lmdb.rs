@@ -1,7 +1,8 @@
 //! LMDB (through `heed`) behind the [`Engine`] trait (feature `lmdb`): one environment,
 //! one named database of raw bytes.
 //!
-//! Configuration, and why: a 64 GiB map (LMDB's guide: the map size is the database's
+//! Configuration, and where each setting comes from (LMDB's API documentation,
+//! `mdb_env_set_mapsize` and `mdb_env_open`'s flags, through heed 0.23): a 64 GiB map (LMDB's guide: the map size is the database's
 //! maximum size, so make it larger than anything the run can reach; it is sparse and costs
 //! nothing until used), `NO_READAHEAD` (the guide's advice when the data set may exceed
 //! memory: readahead only evicts useful pages on random reads). LMDB has no cache of its
@@ -19,7 +20,7 @@ use std::ops::{Bound, ControlFlow};
 use std::path::Path;
 
 use heed::types::Bytes;
-use heed::{Database, Env, EnvFlags, EnvOpenOptions};
+use heed::{CommitOrAbort, Database, Env, EnvFlags, EnvOpenOptions};
 
 use super::{Direction, Engine, EngineConfig, EngineKind, Flusher, Footprint, Visit};
 use crate::Result;
@@ -44,7 +45,8 @@ impl EngineKind for Lmdb {
 
     fn configuration(&self, config: &EngineConfig) -> serde_json::Value {
         serde_json::json!({
-            "crate": "heed 0.22 (LMDB 0.9.x bundled by lmdb-master-sys)",
+            "crate": format!("heed {}", env!("TUCANA_BENCH_HEED_VERSION")),
+            "library": format!("{} (bundled by lmdb-master-sys, as the linked library reports it)", heed::lmdb_version().string),
             "map_size_bytes": MAP_BYTES,
             "flags": format!("{:?}", flags(config)),
             "cache": "none of its own: reads through the page cache via mmap",
@@ -69,9 +71,18 @@ impl EngineKind for Lmdb {
         // SAFETY: heed's requirement is that the same environment is not opened twice in
         // one process; the directory is fresh and owned by this engine alone.
         let env = unsafe { options.open(dir)? };
-        let mut txn = env.write_txn()?;
-        let db: Database<Bytes, Bytes> = env.create_database(&mut txn, Some("bench"))?;
-        txn.commit()?;
+        // heed 0.23 opens databases inside a committed write transaction; what it hands
+        // back after the commit is a `Database<'static, ..>` (a dbi number and the
+        // environment's identity, checked against each transaction's).
+        let txn = env.write_txn()?;
+        let db: Database<'static, Bytes, Bytes> = env
+            .create_databases_and_commit(txn, |opener, txn| {
+                opener
+                    .create_database::<Bytes, Bytes>(txn, Some("bench"))
+                    .map(CommitOrAbort::<_, ()>::Commit)
+            })
+            .map_err(|error: heed::Error| error)?
+            .unwrap_commit();
         let flusher = (!config.sync_writes).then(|| {
             let env = env.clone();
             Flusher::start("lmdb", config.flush_interval, move || Ok(env.force_sync()?))
@@ -83,7 +94,7 @@ impl EngineKind for Lmdb {
 struct LmdbEngine {
     flusher: Option<Flusher>,
     env: Env,
-    db: Database<Bytes, Bytes>,
+    db: Database<'static, Bytes, Bytes>,
 }
 
 impl Engine for LmdbEngine {

@@ -108,7 +108,12 @@ pub trait EngineKind: Sync {
 /// of engines that have no timer of their own. A failed flush is printed, not fatal: the
 /// next sync or close reports it to the benchmark.
 #[cfg_attr(
-    not(any(feature = "rocksdb", feature = "lmdb", feature = "redb")),
+    not(any(
+        feature = "rocksdb",
+        feature = "lmdb",
+        feature = "redb",
+        feature = "fjall"
+    )),
     allow(dead_code)
 )]
 pub struct Flusher {
@@ -118,7 +123,12 @@ pub struct Flusher {
 }
 
 #[cfg_attr(
-    not(any(feature = "rocksdb", feature = "lmdb", feature = "redb")),
+    not(any(
+        feature = "rocksdb",
+        feature = "lmdb",
+        feature = "redb",
+        feature = "fjall"
+    )),
     allow(dead_code)
 )]
 impl Flusher {
