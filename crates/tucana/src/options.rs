@@ -47,6 +47,13 @@ pub struct Options {
     /// asked for whole before it is read.
     /// 0 turns all of it off.
     pub scan_prefetch_entries: usize,
+    /// When set, the background collector reorganises the log (`Database::reorganise`:
+    /// scattered records rewritten in key order, so that scans of data not in memory read
+    /// the device sequentially) once foreground writes have stopped for this long, within
+    /// GC's rate budget, a few leaves per step, resuming where it stopped; after a whole
+    /// walk it waits for new writes before it walks again. Off by default: it writes each
+    /// scattered record once more.
+    pub reorganise_after_idle: Option<Duration>,
     /// How often the background collector wakes to take a step (default 100 ms). For the
     /// torture suites, which need background GC steps within a few milliseconds of work to
     /// crash inside them; not a tuning knob (the budget follows the foreground, not the tick).
@@ -107,6 +114,7 @@ impl Default for Options {
             gc_space_amp: 1.5,
             gc_rate_bytes_per_sec: 64 << 20,
             scan_prefetch_entries: 64,
+            reorganise_after_idle: None,
             gc_tick: GC_TICK,
             mapping_reservation_bytes: crate::volume::DEFAULT_MAPPING_RESERVATION_BYTES,
             member_dispatch: crate::volume::DispatchPolicy::RoundRobin,
@@ -164,6 +172,13 @@ impl Options {
     /// a burst it may copy more. See the field.
     pub fn gc_rate_bytes_per_sec(mut self, rate: u64) -> Options {
         self.gc_rate_bytes_per_sec = rate;
+        self
+    }
+
+    /// Reorganise the log in the background after this long without foreground writes
+    /// (default: never). See the field.
+    pub fn reorganise_after_idle(mut self, idle: Option<Duration>) -> Options {
+        self.reorganise_after_idle = idle;
         self
     }
 

@@ -48,6 +48,8 @@ pub(crate) struct Shared {
     pub syncs: AtomicU64,
     /// Garbage collection passes that did something (background steps and forced passes).
     pub gc_passes: AtomicU64,
+    /// Bytes of records the reorganiser rewrote in key order (and the index took).
+    pub reorganised_bytes: AtomicU64,
     /// Bytes of live records garbage collection copied.
     pub gc_relocated_bytes: AtomicU64,
     /// Bytes of log segments garbage collection handed back for reuse.
@@ -119,6 +121,7 @@ impl Shared {
             commits: AtomicU64::new(0),
             syncs: AtomicU64::new(0),
             gc_passes: AtomicU64::new(0),
+            reorganised_bytes: AtomicU64::new(0),
             gc_relocated_bytes: AtomicU64::new(0),
             gc_reclaimed_bytes: AtomicU64::new(0),
             foreground_bytes: AtomicU64::new(0),

@@ -37,6 +37,9 @@ pub struct Stats {
     pub gc_relocated_bytes: u64,
     /// Bytes of emptied log segments garbage collection handed back since open.
     pub gc_reclaimed_bytes: u64,
+    /// Bytes of records the reorganiser rewrote in key order since open
+    /// (`Database::reorganise`, `Options::reorganise_after_idle`).
+    pub reorganised_bytes: u64,
     /// Nanoseconds foreground writers slept because garbage collection fell far behind
     /// its space target (write pacing; 0 unless it did).
     pub gc_paced_ns: u64,
@@ -94,7 +97,7 @@ impl Stats {
     pub fn to_json(&self) -> String {
         let mut s = String::new();
         s.push('{');
-        let fields: [(&str, u64); 30] = [
+        let fields: [(&str, u64); 31] = [
             ("keys", self.keys),
             ("live_log_bytes", self.live_log_bytes),
             ("dead_log_bytes", self.dead_log_bytes),
@@ -112,6 +115,7 @@ impl Stats {
             ("gc_passes", self.gc_passes),
             ("gc_relocated_bytes", self.gc_relocated_bytes),
             ("gc_reclaimed_bytes", self.gc_reclaimed_bytes),
+            ("reorganised_bytes", self.reorganised_bytes),
             ("gc_paced_ns", self.gc_paced_ns),
             ("prefetch_calls", self.prefetch_calls),
             ("prefetch_bytes", self.prefetch_bytes),

@@ -88,6 +88,8 @@ struct GcState {
     /// Holds the victim being collected when the volume has no mapping; kept to spare an
     /// allocation per victim.
     buf: Vec<u8>,
+    /// The background reorganiser (`Options::reorganise_after_idle`).
+    idle_walk: reorganise::IdleWalk,
 }
 
 impl GcState {
@@ -104,6 +106,7 @@ impl GcState {
             collecting: false,
             amp_peak: 0.0,
             buf: Vec::new(),
+            idle_walk: reorganise::IdleWalk::new(),
         }
     }
 }
@@ -216,6 +219,14 @@ impl Collector {
         }
         if worked {
             self.shared.gc_passes.fetch_add(1, Ordering::Relaxed);
+        }
+        if let (Some(idle_after), false) = (opts.reorganise_after_idle, worked) {
+            // Idle time goes to the reorganiser, within what is left of the step's budget.
+            let budget = step_bytes.min(state.tokens_bytes).max(0.0) as u64;
+            let spent = state
+                .idle_walk
+                .step(&regions, foreground, appended, idle_after, budget)?;
+            state.tokens_bytes -= spent as f64;
         }
         state.collecting = worked;
         self.update_write_pacing(state, &regions, victims_found);
@@ -408,7 +419,7 @@ impl Collector {
                 if region.is_dropped() {
                     continue;
                 }
-                reorganise::reorganise_region(&region, &mut report)?;
+                reorganise::reorganise_leaves(&region, None, (u64::MAX, u64::MAX), &mut report)?;
             }
         }
         self.full_pass(regions, committer)?;
