@@ -79,6 +79,19 @@ impl MemberSet {
         create_if_missing: bool,
         min_reservation_bytes: u64,
     ) -> Result<MemberSet> {
+        MemberSet::open_paths_formatting(paths, create_if_missing, false, min_reservation_bytes)
+    }
+
+    /// As `open_paths`; a path naming a block device opens it as one
+    /// (`crate::volume::BlockDevice`), and `format_block_devices` lets creation format a
+    /// device that carries nothing Tucana wrote (without it such a device is "not a
+    /// member", never written). Errors also: a device under one slot (128 MiB).
+    pub fn open_paths_formatting(
+        paths: &[PathBuf],
+        create_if_missing: bool,
+        format_block_devices: bool,
+        min_reservation_bytes: u64,
+    ) -> Result<MemberSet> {
         if paths.len() < 2 || paths.len() > MEMBERS_MAX {
             return Err(Error::InvalidArgument(format!(
                 "a volume over several members takes 2 to {MEMBERS_MAX} paths, not {}",
@@ -101,26 +114,40 @@ impl MemberSet {
             }
             identities.push(id);
         }
-        let any_exists = !identities.is_empty();
+        // Files are created only when none exists; devices always exist.
+        let any_file_exists = paths
+            .iter()
+            .any(|p| p.exists() && !crate::volume::blockdev::is_block_device(p));
         let mut members = Vec::with_capacity(paths.len());
+        let mut blank = Vec::with_capacity(paths.len());
         for (i, path) in paths.iter().enumerate() {
-            let storage = FileStorage::open_with_min_reservation(
-                path,
-                create_if_missing && !any_exists,
-                min_reservation_bytes,
-            )
-            .map_err(|e| match e {
-                Error::Io(io) if io.kind() == std::io::ErrorKind::NotFound => {
-                    Error::Members(format!("member {i} ({}) is missing: {io}", path.display()))
-                }
-                other => other,
-            })?;
-            members.push((
-                path.display().to_string(),
-                Arc::new(storage) as Arc<dyn Storage>,
-            ));
+            let name = path.display().to_string();
+            let storage: Arc<dyn Storage> = if crate::volume::blockdev::is_block_device(path) {
+                let device = crate::volume::BlockDevice::open(path, min_reservation_bytes)?;
+                // Blank: formatting was asked for and nothing of ours is on it.
+                blank.push(
+                    format_block_devices
+                        && !crate::volume::blockdev::carries_tucana(&device, &name)?,
+                );
+                Arc::new(device)
+            } else {
+                let file = FileStorage::open_with_min_reservation(
+                    path,
+                    create_if_missing && !any_file_exists,
+                    min_reservation_bytes,
+                )
+                .map_err(|e| match e {
+                    Error::Io(io) if io.kind() == std::io::ErrorKind::NotFound => {
+                        Error::Members(format!("member {i} ({name}) is missing: {io}"))
+                    }
+                    other => other,
+                })?;
+                blank.push(file.len_bytes()? == 0);
+                Arc::new(file)
+            };
+            members.push((name, storage));
         }
-        MemberSet::open(members, create_if_missing)
+        MemberSet::open_with_blank(members, &blank, create_if_missing)
     }
 
     /// As `open_paths`, over any backends (memory or simulated disks in tests), each with
@@ -129,11 +156,32 @@ impl MemberSet {
         members: Vec<(String, Arc<dyn Storage>)>,
         create_if_missing: bool,
     ) -> Result<MemberSet> {
+        let blank: Vec<bool> = members
+            .iter()
+            .map(|(_, s)| Ok(s.capacity_bytes().is_none() && s.len_bytes()? == 0))
+            .collect::<Result<_>>()?;
+        MemberSet::open_with_blank(members, &blank, create_if_missing)
+    }
+
+    /// As `open`; `blank[i]`: member `i` holds nothing and may be written by a creation
+    /// (an empty file, or a device formatting was asked for that carries nothing of ours).
+    fn open_with_blank(
+        members: Vec<(String, Arc<dyn Storage>)>,
+        blank: &[bool],
+        create_if_missing: bool,
+    ) -> Result<MemberSet> {
         if members.len() < 2 || members.len() > MEMBERS_MAX {
             return Err(Error::InvalidArgument(format!(
                 "a volume over several members takes 2 to {MEMBERS_MAX}, not {}",
                 members.len()
             )));
+        }
+        for (i, (name, storage)) in members.iter().enumerate() {
+            if let Some(capacity) = storage.capacity_bytes().filter(|&c| c < SLOT_BYTES) {
+                return Err(Error::Members(format!(
+                    "member {i} ({name}) is a device of {capacity} bytes: a member holds whole slots of {SLOT_BYTES} bytes, at least one"
+                )));
+            }
         }
         let mut headers = Vec::with_capacity(members.len());
         for (name, storage) in &members {
@@ -148,8 +196,16 @@ impl MemberSet {
                 return Err(swapped(0, &members[0].0, h.member_index));
             }
             // No table: a fresh volume only if no member holds anything.
-            if let Some(i) = lens.iter().position(|&len| len != 0) {
-                let why = if i == 0 {
+            if let Some(i) = blank.iter().position(|&b| !b) {
+                let device = members[i].1.kind() == crate::volume::StorageKind::BlockDevice;
+                let why = if let Some(h) = &headers[i] {
+                    &*format!(
+                        "carries a slot header of another Tucana volume ({}): never formatted over; wipe its first slot to reuse it",
+                        uuid_hex(&h.volume_uuid)
+                    )
+                } else if device {
+                    "is a block device with no Tucana volume on it: it is formatted only when formatting is asked for (Options::format_block_devices, tucana --format-device), which erases what it holds"
+                } else if i == 0 {
                     "has data but no member table: not member 0 of a Tucana volume"
                 } else {
                     "has data but member 0 is empty"
@@ -169,7 +225,7 @@ impl MemberSet {
         };
         let table = &table_header.table;
         let volume_uuid = table_header.volume_uuid;
-        if resumable_creation(&members, &headers, &lens, volume_uuid)? {
+        if resumable_creation(&members, &headers, &lens, blank, volume_uuid)? {
             return MemberSet::create(members);
         }
         if table_header.member_index != 0 {
@@ -306,7 +362,11 @@ impl MemberSet {
         let mut placement = set.grow_lock.lock();
         let mut highest: Option<u64> = None;
         for (m, member) in set.members.iter().enumerate() {
-            let slots = lens[m].div_ceil(SLOT_BYTES);
+            // A file's last slot may be partly grown; a device holds only whole slots.
+            let slots = match member.storage.capacity_bytes() {
+                Some(_) => lens[m] / SLOT_BYTES,
+                None => lens[m].div_ceil(SLOT_BYTES),
+            };
             placement.slot_counts[m] = slots;
             for slot in (0..slots).rev() {
                 let header = read_header(member.storage.as_ref(), slot, &member.name)?;
@@ -367,13 +427,28 @@ impl MemberSet {
     /// Gives `group` a slot on the member round-robin names (or the one
     /// `place_growth_on` named): writes its header, then publishes it in the map.
     fn place(&self, placement: &mut Placement, group: u64) -> Result<()> {
-        let m = match self.growth_member.load(Ordering::Acquire) {
-            m if m < self.members.len() => m,
-            _ => {
-                let m = placement.next_member;
-                placement.next_member = (m + 1) % self.members.len();
-                m
-            }
+        let n = self.members.len();
+        let named = self.growth_member.load(Ordering::Acquire);
+        let m = if named < n && self.has_room(placement, named) {
+            named
+        } else {
+            // Round-robin over the members with room: a full device is passed over, so
+            // the group goes to another member instead of failing.
+            let Some(m) = (0..n)
+                .map(|k| (placement.next_member + k) % n)
+                .find(|&m| self.has_room(placement, m))
+            else {
+                let full: Vec<String> = self.members.iter().map(|m| m.name.clone()).collect();
+                return Err(Error::Io(std::io::Error::new(
+                    std::io::ErrorKind::StorageFull,
+                    format!(
+                        "no member has room for group {group}: every member is a full block device ({})",
+                        full.join(", ")
+                    ),
+                )));
+            };
+            placement.next_member = (m + 1) % n;
+            m
         };
         let member = &self.members[m];
         let slot = match placement.free_slots[m].pop() {
@@ -403,6 +478,16 @@ impl MemberSet {
         placement.groups[m] += 1;
         placement.placed_groups = placement.placed_groups.max(group + 1);
         Ok(())
+    }
+
+    /// Whether member `m` can take one more group: a free slot, or room to grow one (a
+    /// file always has; a device only below its capacity).
+    fn has_room(&self, placement: &Placement, m: usize) -> bool {
+        !placement.free_slots[m].is_empty()
+            || self.members[m]
+                .storage
+                .capacity_bytes()
+                .is_none_or(|cap| (placement.slot_counts[m] + 1) * SLOT_BYTES <= cap)
     }
 
     /// The map entry of `group`, its chunk allocated if needed; `None` past the map.
@@ -478,6 +563,7 @@ impl MemberSet {
             .enumerate()
             .map(|(m, member)| MemberStats {
                 name: member.name.clone(),
+                kind: member.storage.kind().as_str().to_string(),
                 uuid: uuid_hex(&member.uuid),
                 groups: placement.groups[m],
                 bytes_written: member.written_bytes.load(Ordering::Relaxed),
@@ -505,6 +591,15 @@ impl MemberSet {
                 return Err(Error::Members(format!("group {group} has no member")));
             };
             let member = &self.members[m];
+            if let Some(cap) = member.storage.capacity_bytes() {
+                if (slot + 1) * SLOT_BYTES > cap {
+                    return Err(self.corrupt(
+                        m,
+                        slot,
+                        format!("holds group {group} past the end of the device ({cap} bytes)"),
+                    ));
+                }
+            }
             match read_header(member.storage.as_ref(), slot, &member.name)? {
                 Some(h)
                     if h.volume_uuid == self.volume_uuid
@@ -526,7 +621,11 @@ impl MemberSet {
 
 /// Reads and decodes the header of `slot` of a member; `None` when it has none (a slot
 /// past the member's end included).
-fn read_header(storage: &dyn Storage, slot: u64, name: &str) -> Result<Option<SlotHeader>> {
+pub(crate) fn read_header(
+    storage: &dyn Storage,
+    slot: u64,
+    name: &str,
+) -> Result<Option<SlotHeader>> {
     let at = slot * SLOT_BYTES + HEADER_OFFSET;
     if storage.len_bytes()? < at + BLOCK_BYTES {
         return Ok(None);
@@ -563,6 +662,7 @@ fn resumable_creation(
     members: &[(String, Arc<dyn Storage>)],
     headers: &[Option<SlotHeader>],
     lens: &[u64],
+    blank: &[bool],
     volume_uuid: Uuid,
 ) -> Result<bool> {
     if !crate::volume::superblock::creation_was_interrupted(members[0].1.as_ref())? {
@@ -570,10 +670,14 @@ fn resumable_creation(
     }
     let table_len = headers[0].as_ref().map_or(0, |h| h.table.len());
     Ok(members.len() == table_len
-        && headers.iter().zip(lens).all(|(h, &len)| match h {
-            Some(h) => h.volume_uuid == volume_uuid,
-            None => len == 0 || len == SLOT_BYTES,
-        }))
+        && headers
+            .iter()
+            .zip(lens)
+            .zip(blank)
+            .all(|((h, &len), &blank)| match h {
+                Some(h) => h.volume_uuid == volume_uuid,
+                None => blank || len == SLOT_BYTES,
+            }))
 }
 
 fn swapped(i: usize, name: &str, holds: u32) -> Error {
@@ -589,10 +693,14 @@ fn unpack(packed: u64) -> (usize, u64) {
     )
 }
 
-/// (device, inode) of an existing file; `None` if it cannot be stat'ed (missing).
+/// (device, inode) of an existing file, or (`u64::MAX`, device number) of a block device
+/// (two device nodes of one device are one member); `None` if it cannot be stat'ed.
 fn file_identity(path: &Path) -> Option<(u64, u64)> {
-    use std::os::unix::fs::MetadataExt;
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
     let metadata = std::fs::metadata(path).ok()?;
+    if metadata.file_type().is_block_device() {
+        return Some((u64::MAX, metadata.rdev()));
+    }
     Some((metadata.dev(), metadata.ino()))
 }
 

@@ -14,6 +14,28 @@ pub struct DeviceSpace {
     pub total_bytes: u64,
 }
 
+/// What a backend stores its bytes in, for statistics and messages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StorageKind {
+    File,
+    BlockDevice,
+    Memory,
+    /// Several members, or a wrapper (simulations in tests).
+    Other,
+}
+
+impl StorageKind {
+    /// The kind as statistics print it: `file`, `block-device`, `memory`, `other`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StorageKind::File => "file",
+            StorageKind::BlockDevice => "block-device",
+            StorageKind::Memory => "memory",
+            StorageKind::Other => "other",
+        }
+    }
+}
+
 /// A volume's bytes: one file, a block device, memory, or a fault-injecting simulation.
 pub trait Storage: Send + Sync + 'static {
     /// Current length of the volume in bytes.
@@ -146,6 +168,17 @@ pub trait Storage: Send + Sync + 'static {
     /// `None`: unknown (memory, a backend that cannot tell), never low.
     fn device_space(&self, member: usize) -> Option<DeviceSpace> {
         let _ = member;
+        None
+    }
+
+    /// What the backend stores its bytes in.
+    fn kind(&self) -> StorageKind {
+        StorageKind::Other
+    }
+
+    /// The most bytes the backend can ever hold, when fixed (a block device: `grow` past
+    /// it fails); `None` when it grows as needed (a file, memory).
+    fn capacity_bytes(&self) -> Option<u64> {
         None
     }
 
