@@ -927,6 +927,10 @@ impl Storage for MemberSet {
     fn verify_members(&self) -> Result<()> {
         self.verify()
     }
+
+    fn kind(&self) -> crate::volume::StorageKind {
+        crate::volume::StorageKind::Members
+    }
 }
 
 mod member;

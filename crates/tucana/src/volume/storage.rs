@@ -20,17 +20,21 @@ pub enum StorageKind {
     File,
     BlockDevice,
     Memory,
-    /// Several members, or a wrapper (simulations in tests).
+    /// A volume over several members (each has its own kind).
+    Members,
+    /// A wrapper (simulations in tests) or another backend.
     Other,
 }
 
 impl StorageKind {
-    /// The kind as statistics print it: `file`, `block-device`, `memory`, `other`.
+    /// The kind as statistics print it: `file`, `block-device`, `memory`, `members`,
+    /// `other`.
     pub fn as_str(self) -> &'static str {
         match self {
             StorageKind::File => "file",
             StorageKind::BlockDevice => "block-device",
             StorageKind::Memory => "memory",
+            StorageKind::Members => "members",
             StorageKind::Other => "other",
         }
     }
