@@ -133,7 +133,10 @@ fn a_volume_of_one_device_refuses_foreign_data_then_formats_writes_and_reopens()
     assert!(err.to_string().contains("format"), "{err}");
     assert!(dev.bytes() == before, "the device was written");
 
-    let db = options().format_block_devices(true).open(dev.path()).unwrap();
+    let db = options()
+        .format_block_devices(true)
+        .open(dev.path())
+        .unwrap();
     put_range(&db, 0..5000);
     db.close().unwrap();
     // Reopened without the flag: it carries a volume now.
@@ -143,7 +146,10 @@ fn a_volume_of_one_device_refuses_foreign_data_then_formats_writes_and_reopens()
     assert!(report.keys >= 5000, "{report:?}");
     // The flag never formats a device that carries a volume.
     db.close().unwrap();
-    let db = options().format_block_devices(true).open(dev.path()).unwrap();
+    let db = options()
+        .format_block_devices(true)
+        .open(dev.path())
+        .unwrap();
     assert_range(&db, 0..5000, "reopened with the flag");
     db.close().unwrap();
 }
@@ -164,7 +170,10 @@ fn a_device_beside_two_files_writes_reopens_checks_and_reports_its_kind() {
     assert!(err.to_string().contains(&dev.name()), "{err}");
     assert!(!paths[1].exists() || std::fs::metadata(&paths[1]).unwrap().len() == 0);
 
-    let db = options().format_block_devices(true).open_members(&paths).unwrap();
+    let db = options()
+        .format_block_devices(true)
+        .open_members(&paths)
+        .unwrap();
     put_range(&db, 0..20_000);
     db.commit().unwrap();
     db.close().unwrap();
@@ -194,7 +203,10 @@ fn a_swapped_duplicated_or_foreign_device_is_refused_by_name_and_nothing_written
     let files = [dir.path().join("f1"), dir.path().join("f2")];
     // The device is member 1, so each wrong set below fails first on the device.
     let ours = vec![files[0].clone(), dev.path().to_path_buf(), files[1].clone()];
-    let db = options().format_block_devices(true).open_members(&ours).unwrap();
+    let db = options()
+        .format_block_devices(true)
+        .open_members(&ours)
+        .unwrap();
     put_range(&db, 0..2000);
     db.close().unwrap();
     let theirs = vec![
@@ -233,13 +245,21 @@ fn a_swapped_duplicated_or_foreign_device_is_refused_by_name_and_nothing_written
     );
     // Duplicated: the device twice.
     refused(
-        vec![files[0].clone(), dev.path().to_path_buf(), dev.path().to_path_buf()],
+        vec![
+            files[0].clone(),
+            dev.path().to_path_buf(),
+            dev.path().to_path_buf(),
+        ],
         &dev.name(),
         "same file",
     );
     // Foreign: member 0 of another volume in place of ours.
     refused(
-        vec![files[0].clone(), other.path().to_path_buf(), files[1].clone()],
+        vec![
+            files[0].clone(),
+            other.path().to_path_buf(),
+            files[1].clone(),
+        ],
         &other.name(),
         "another volume",
     );
@@ -310,7 +330,10 @@ fn a_full_device_passes_its_groups_to_another_member_or_fails_naming_itself() {
     let set = MemberSet::open_paths_formatting(&devices, true, true, 1 << 30).unwrap();
     let err = set.grow(3 * SLOT_BYTES).unwrap_err();
     let text = err.to_string();
-    assert!(text.contains(&c.name()) && text.contains(&d.name()), "{text}");
+    assert!(
+        text.contains(&c.name()) && text.contains(&d.name()),
+        "{text}"
+    );
     assert!(text.contains("full"), "{text}");
     assert_eq!(set.len_bytes().unwrap(), 2 * SLOT_BYTES);
 }
@@ -351,13 +374,20 @@ fn a_volume_of_one_device_filled_up_fails_cleanly_and_keeps_what_was_synced() {
         text.contains(&dev.name()) && text.contains("full"),
         "{text}"
     );
-    assert!(synced > 1000, "only {synced} keys before the device was full");
+    assert!(
+        synced > 1000,
+        "only {synced} keys before the device was full"
+    );
     drop(ks);
     db.abandon();
     let db = options().open(dev.path()).unwrap();
     let ks = db.keyspace("ks").unwrap();
     for i in 0..synced {
-        assert_eq!(ks.get(&key(i)).unwrap().as_deref(), Some(&big[..]), "key {i}");
+        assert_eq!(
+            ks.get(&key(i)).unwrap().as_deref(),
+            Some(&big[..]),
+            "key {i}"
+        );
     }
     drop(ks);
     db.check().unwrap();
@@ -370,7 +400,10 @@ fn a_volume_of_one_device_survives_a_crash_without_sync() {
     let Some(dev) = LoopDevice::new(dir.path(), "crash", 64 << 20, b"") else {
         return;
     };
-    let db = options().format_block_devices(true).open(dev.path()).unwrap();
+    let db = options()
+        .format_block_devices(true)
+        .open(dev.path())
+        .unwrap();
     put_range(&db, 0..3000);
     db.commit().unwrap();
     put_range(&db, 3000..6000);
@@ -511,7 +544,10 @@ fn freed_ranges_reading_back_as_stale_garbage_are_never_taken_for_data() {
         drop(ks);
         db.abandon();
     }
-    assert!(storage.punches.load(Ordering::Relaxed) > 10, "too few punches");
+    assert!(
+        storage.punches.load(Ordering::Relaxed) > 10,
+        "too few punches"
+    );
     let db = opts().open_storage(storage.clone()).unwrap();
     db.check().unwrap();
     let ks = db.keyspace("ks").unwrap();

@@ -175,8 +175,10 @@ impl BlockDevice {
                 "not a block device",
             ));
         }
-        let device_bytes = device_len_bytes(&file).map_err(|e| with_path(path, "BLKGETSIZE64", e))?;
-        let sector_bytes = logical_block_bytes(&file).map_err(|e| with_path(path, "BLKSSZGET", e))?;
+        let device_bytes =
+            device_len_bytes(&file).map_err(|e| with_path(path, "BLKGETSIZE64", e))?;
+        let sector_bytes =
+            logical_block_bytes(&file).map_err(|e| with_path(path, "BLKSSZGET", e))?;
         if sector_bytes == 0 || !(BLOCK_BYTES as u32).is_multiple_of(sector_bytes) {
             return Err(invalid(
                 path,
