@@ -482,7 +482,7 @@ impl Storage for StaleDiscards {
     }
     fn punch_hole(&self, offset: u64, len: u64) -> tucana::Result<()> {
         let n = self.punches.fetch_add(1, Ordering::Relaxed);
-        if n % 2 == 0 {
+        if n.is_multiple_of(2) {
             let mut x = n.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
             let garbage: Vec<u8> = (0..len)
                 .map(|_| {
