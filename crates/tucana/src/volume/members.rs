@@ -119,7 +119,7 @@ impl MemberSet {
                         uuid_hex(&h.volume_uuid)
                     )
                 } else if device {
-                    "is a block device with no Tucana volume on it: it is formatted only when formatting is asked for (Options::format_block_devices, tucana --format-device), which erases what it holds"
+                    "is a block device that holds no member of a Tucana volume: a device is formatted only when formatting is asked for (Options::format_block_devices, tucana --format-device, which erases what it holds), and never when it carries a Tucana superblock"
                 } else if i == 0 {
                     "has data but no member table: not member 0 of a Tucana volume"
                 } else {
