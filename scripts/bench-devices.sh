@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The devices benchmark of issue 21 (`tucana-bench devices` over throttled devices):
 # makes N loop devices over files in a data directory, puts an ext4 file system on each
-# (members are files: raw block devices are not accepted as members yet) and mounts it,
-# throttles each loop device with the cgroup v1 blkio controller
+# and mounts it (members are files on them), or with RAW_DEVICES=1 gives the loop devices
+# themselves to the volume as raw block-device members (O_DIRECT writes, discards;
+# each run formats them with --format-devices after blkdiscard wiped the last run's
+# volume), throttles each loop device with the cgroup v1 blkio controller
 # (blkio.throttle.write_bps_device / read_bps_device with its MAJ:MIN) in a cgroup the
 # benchmark process joins, runs the cases below (each inside a memory cgroup, the
 # harness's --memory-limit-bytes), prints one line per run, and takes everything down
@@ -27,7 +29,8 @@
 # (the tucana-bench binary; built in release when unset), CASES (default "equal unequal
 # depth"; also "unequal-deep" and "gc-burst"), SETTLE_SECONDS (10), MOUNT_OPTIONS (of
 # the members' file systems, noatime; noatime,discard makes each punch a synchronous
-# discard of the loop device).
+# discard of the loop device), RAW_DEVICES (0; 1: members are the loop devices, no file
+# system; each needs whole 128 MiB slots, so LOOP_BYTES of 1G holds 8).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -39,7 +42,8 @@ skip() {
 blkio=/sys/fs/cgroup/blkio
 [ -f "${blkio}/blkio.throttle.write_bps_device" ] ||
     skip "no cgroup v1 blkio controller at ${blkio}"
-for tool in losetup mkfs.ext4 mount umount; do
+raw_devices="${RAW_DEVICES:-0}"
+for tool in losetup mkfs.ext4 mount umount blkdiscard; do
     command -v "${tool}" >/dev/null || skip "no ${tool}"
 done
 
@@ -78,12 +82,29 @@ for i in 0 1 2; do
     # and the loop device's own rate is what the throttle sets.
     loop="$(losetup --direct-io=on -f --show "${data_dir}/backing/${i}.img")"
     loops+=("${loop}")
+    [ "${raw_devices}" = 1 ] && continue
     # Inode tables and journal initialised now, not by a kernel thread during the runs.
     mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0,nodiscard "${loop}"
     mkdir -p "${data_dir}/m${i}"
     mount -o "${mount_options}" "${loop}" "${data_dir}/m${i}"
     mounted+=("${data_dir}/m${i}")
 done
+
+# member I: the path of member I, made empty for a new volume (a raw device is discarded
+# whole: the backing file gives the space back and the device reads zeros, so the next
+# run formats it afresh; a file is removed).
+member() {
+    local i="$1"
+    if [ "${raw_devices}" = 1 ]; then
+        blkdiscard "${loops[$i]}"
+        echo "${loops[$i]}"
+    else
+        rm -f "${data_dir}/m${i}/member.tucana"
+        echo "${data_dir}/m${i}/member.tucana"
+    fi
+}
+format_args=()
+[ "${raw_devices}" = 1 ] && format_args=(--format-devices)
 mkdir "${cgroup}"
 
 # throttle R0 R1 R2: MiB/s for reads and writes of each loop device (0: none).
@@ -102,14 +123,14 @@ throttle() {
 # blkio cgroup (and the memory cgroup the harness makes).
 run() {
     local label="$1" n="$2" policy="$3" in_flight="$4" wait="$5"
+    [ "${raw_devices}" = 1 ] && label="raw ${label}"
     local args=()
     for ((i = 0; i < n; i++)); do
-        rm -f "${data_dir}/m${i}/member.tucana"
-        args+=(--member "${data_dir}/m${i}/member.tucana")
+        args+=(--member "$(member "${i}")")
     done
     sync
     sh -c 'echo $$ >"$1/cgroup.procs" && shift && exec "$@"' sh "${cgroup}" \
-        "${BENCH}" devices "${args[@]}" --policy "${policy}" --records "${records}" \
+        "${BENCH}" devices "${args[@]}" "${format_args[@]}" --policy "${policy}" --records "${records}" \
         --value-bytes "${value_bytes}" --writes-in-flight "${in_flight}" \
         --wait-for-device "${wait}" --memory-limit-bytes "${memory_limit}" \
         --label "${label}" --json "${json}"
@@ -119,17 +140,19 @@ run() {
 # gc_burst LABEL TRIMS: the GC-burst case on member 0, inside the blkio cgroup.
 gc_burst() {
     local label="$1" trims="$2"
-    rm -f "${data_dir}/m0/member.tucana"
+    [ "${raw_devices}" = 1 ] && label="raw ${label}"
+    local m0
+    m0="$(member 0)"
     sync
     sh -c 'echo $$ >"$1/cgroup.procs" && shift && exec "$@"' sh "${cgroup}" \
-        "${BENCH}" devices --member "${data_dir}/m0/member.tucana" --gc-burst \
+        "${BENCH}" devices --member "${m0}" "${format_args[@]}" --gc-burst \
         --trims "${trims}" --settle-seconds "${settle_seconds}" --records "${records}" \
         --value-bytes "${value_bytes}" --memory-limit-bytes "${memory_limit}" \
         --label "${label}" --json "${trims_json}"
     rm -f "${data_dir}/m0/member.tucana"
 }
 
-echo "bench-devices: ${records} records of $((16 + value_bytes)) bytes, memory limit ${memory_limit}, loop devices ${loops[*]}, $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "bench-devices: ${records} records of $((16 + value_bytes)) bytes, memory limit ${memory_limit}, loop devices ${loops[*]} ($([ "${raw_devices}" = 1 ] && echo "raw members" || echo "ext4, member files")), $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
 for round in $(seq 1 "${rounds}"); do
     for case in ${cases}; do
         case "${case}" in

@@ -32,10 +32,15 @@ pub enum Policy {
 
 #[derive(Args, Debug)]
 pub struct DevicesArgs {
-    /// A member file of the volume, in order; one is a single-file volume. Created
-    /// (they must not exist, or be empty).
+    /// A member file (or raw block device) of the volume, in order; one is a
+    /// single-file volume. Files are created (they must not exist, or be empty); a
+    /// device must carry no Tucana volume and is formatted only with
+    /// `--format-devices`.
     #[arg(long = "member", value_name = "PATH", required = true)]
     members: Vec<PathBuf>,
+    /// Format the raw block devices given as members (`Options::format_block_devices`).
+    #[arg(long)]
+    format_devices: bool,
     /// How segments are dispatched over the members.
     #[arg(long, value_enum, default_value_t = Policy::RoundRobin)]
     policy: Policy,
@@ -150,7 +155,8 @@ pub fn run(args: &DevicesArgs) -> Result<()> {
     let options = tucana::Database::builder()
         .member_dispatch(args.dispatch_policy())
         .writes_in_flight_segments(args.writes_in_flight)
-        .segment_writes_wait_for_device(args.wait_for_device);
+        .segment_writes_wait_for_device(args.wait_for_device)
+        .format_block_devices(args.format_devices);
     let db = options.open_members(&args.members)?;
     let ks = db.keyspace("devices")?;
     let threads = args.threads.max(1);
@@ -170,6 +176,7 @@ pub fn run(args: &DevicesArgs) -> Result<()> {
         .map(|m| {
             json!({
                 "name": m.name,
+                "kind": m.kind,
                 "bytes_written": m.bytes_written,
                 "write_ps_per_byte": m.write_ps_per_byte,
                 "queue_done_jobs": m.queue_done_jobs,
@@ -180,6 +187,8 @@ pub fn run(args: &DevicesArgs) -> Result<()> {
     let record = json!({
         "label": args.label,
         "members": args.members.len(),
+        "volume_kind": stats.volume_kind,
+        "raw_devices": args.format_devices,
         "policy": format!("{:?}", args.policy),
         "records": args.records,
         "value_bytes": args.value_bytes,
@@ -203,9 +212,16 @@ pub fn run(args: &DevicesArgs) -> Result<()> {
         .map(|m| format!("{:.0}", mib(m.bytes_written)))
         .collect();
     println!(
-        "{:<28} {:>2} member(s) {:<10} in-flight {:>2}: {:>9.0} ops/s {:>7.1} MiB/s (records; volume {:.1} MiB/s) in {:.1} s (load {:.1} s){}",
+        "{:<28} {:>2} {}(s) {:<10} in-flight {:>2}: {:>9.0} ops/s {:>7.1} MiB/s (records; volume {:.1} MiB/s) in {:.1} s (load {:.1} s){}",
         args.label,
         args.members.len(),
+        if stats.volume_kind == "block-device"
+            || stats.members.iter().any(|m| m.kind == "block-device")
+        {
+            "raw device"
+        } else {
+            "member"
+        },
         format!("{:?}", args.policy),
         args.writes_in_flight,
         args.records as f64 / durable_s,

@@ -78,6 +78,12 @@ pub struct Cli {
     #[arg(long, global = true)]
     segment_writes_wait_for_device: bool,
 
+    /// Format a block device given as --db or --member that carries no Tucana volume,
+    /// erasing what it holds (`Options::format_block_devices`). Without it such a device
+    /// is refused, naming it; a device carrying a Tucana volume is never formatted.
+    #[arg(long, global = true)]
+    format_device: bool,
+
     /// The keyspace to work in; commands that write create it if missing.
     #[arg(long, global = true, value_name = "NAME", default_value = "default")]
     keyspace: String,
@@ -99,7 +105,7 @@ impl Cli {
         volume_options(
             self.member_dispatch,
             self.segment_writes_wait_for_device,
-            options,
+            options.format_block_devices(self.format_device),
         )
     }
 }

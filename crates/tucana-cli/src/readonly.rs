@@ -15,7 +15,8 @@
 //!
 //! Owns the overlay of written pages. Does not own the volume's format: every byte's
 //! meaning is the engine's. Volumes over several members (`--member`) are opened as
-//! before, read-write.
+//! before, read-write. A volume on a raw block device is read the same way (its length is
+//! the device's).
 //!
 //! Thread-safety: the overlay is behind a mutex; the file is read with `pread`, which
 //! needs no shared position, so any thread may call any method.
@@ -24,7 +25,7 @@ use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::fs::{File, TryLockError};
 use std::io;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, FileTypeExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
@@ -40,6 +41,8 @@ pub struct ReadOnlyFile {
     path: PathBuf,
     /// The file's length when opened.
     file_len: u64,
+    /// A raw block device rather than a file.
+    device: bool,
     overlay: Mutex<Overlay>,
 }
 
@@ -75,17 +78,25 @@ impl ReadOnlyFile {
             Err(TryLockError::Error(e)) => return Err(io_error(path, "lock", e)),
         }
         let metadata = file.metadata().map_err(|e| io_error(path, "stat", e))?;
-        if !metadata.is_file() {
+        let file_len = if metadata.file_type().is_block_device() {
+            // A volume on a raw device spans the whole device, in whole blocks.
+            tucana::volume::blockdev::device_len_bytes(&file)
+                .map_err(|e| io_error(path, "BLKGETSIZE64", e))?
+                / PAGE_BYTES
+                * PAGE_BYTES
+        } else if metadata.is_file() {
+            metadata.len()
+        } else {
             return Err(Error::Io(io::Error::new(
                 io::ErrorKind::InvalidInput,
-                format!("{}: not a regular file", path.display()),
+                format!("{}: not a regular file or block device", path.display()),
             )));
-        }
-        let file_len = metadata.len();
+        };
         Ok(ReadOnlyFile {
             file,
             path: path.to_path_buf(),
             file_len,
+            device: metadata.file_type().is_block_device(),
             overlay: Mutex::new(Overlay {
                 len: file_len,
                 pages: HashMap::new(),
@@ -115,6 +126,14 @@ impl ReadOnlyFile {
 }
 
 impl Storage for ReadOnlyFile {
+    fn kind(&self) -> tucana::volume::StorageKind {
+        if self.device {
+            tucana::volume::StorageKind::BlockDevice
+        } else {
+            tucana::volume::StorageKind::File
+        }
+    }
+
     fn len_bytes(&self) -> Result<u64> {
         Ok(self.overlay.lock().unwrap().len)
     }

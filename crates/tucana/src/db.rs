@@ -19,16 +19,28 @@ use crate::volume::Storage;
 
 impl Options {
     /// Opens (or creates) the volume in the file at `path`, locked against other processes.
+    /// A path naming a block device opens the device (`crate::volume::BlockDevice`): one
+    /// carrying no Tucana volume is refused, naming it, unless
+    /// `Options::format_block_devices`.
     pub fn open(self, path: impl AsRef<Path>) -> Result<Database> {
-        let storage = crate::volume::FileStorage::open_with_min_reservation(
-            path.as_ref(),
-            self.create_if_missing,
-            self.mapping_reservation_bytes,
-        )?;
+        let path = path.as_ref();
+        let storage: Arc<dyn Storage> = if crate::volume::blockdev::is_block_device(path) {
+            Arc::new(crate::volume::blockdev::open_single(
+                path,
+                self.format_block_devices,
+                self.mapping_reservation_bytes,
+            )?)
+        } else {
+            Arc::new(crate::volume::FileStorage::open_with_min_reservation(
+                path,
+                self.create_if_missing,
+                self.mapping_reservation_bytes,
+            )?)
+        };
         // A lone member of a volume over several is refused, naming the missing ones:
         // it would otherwise open as a volume whose groups are elsewhere.
-        crate::volume::members::refuse_lone_member(&storage, &path.as_ref().display().to_string())?;
-        self.open_storage(Arc::new(storage))
+        crate::volume::members::refuse_lone_member(storage.as_ref(), &path.display().to_string())?;
+        self.open_storage(storage)
     }
 
     /// Opens (or, when every file is missing or empty and `create_if_missing`, creates) a
@@ -41,9 +53,10 @@ impl Options {
         }
         let paths: Vec<std::path::PathBuf> =
             paths.iter().map(|p| p.as_ref().to_path_buf()).collect();
-        let set = crate::volume::MemberSet::open_paths(
+        let set = crate::volume::MemberSet::open_paths_formatting(
             &paths,
             self.create_if_missing,
+            self.format_block_devices,
             self.mapping_reservation_bytes,
         )?
         .with_policy(self.member_dispatch);

@@ -370,6 +370,7 @@ impl Engine {
             bytes_read,
             volume_bytes: storage.len_bytes().unwrap_or(0),
             space_used_bytes: storage.space_used_bytes().unwrap_or(0),
+            volume_kind: storage.kind().as_str().to_string(),
             allocated_bytes: shared.allocator.allocated_blocks() * BLOCK_BYTES,
             commit_epoch: self.committer.epoch().0,
             gc_passes: shared.gc_passes.load(Ordering::Relaxed),

@@ -22,6 +22,12 @@ pub struct Options {
     pub log_segment_bytes: u64,
     /// Create the volume if the file does not exist.
     pub create_if_missing: bool,
+    /// Format a block device (the volume's, or a member's) that carries no Tucana volume,
+    /// erasing what it holds. Off by default: opening never writes over a device holding
+    /// someone else's data (DESIGN.md, "Raw block devices"). A device that carries a
+    /// Tucana volume is opened as that volume (or refused as another volume's member),
+    /// never formatted.
+    pub format_block_devices: bool,
     /// Background garbage collection of the log, in a thread of its own beside the
     /// background committer; both exist when `commit_interval` or `flush_interval` is set
     /// (GC needs commits to free anything). `Database::gc` works either way.
@@ -110,6 +116,7 @@ impl Default for Options {
             flush_interval: Some(Duration::from_millis(200)),
             log_segment_bytes: 2 << 20,
             create_if_missing: true,
+            format_block_devices: false,
             gc: true,
             gc_space_amp: 1.5,
             gc_rate_bytes_per_sec: 64 << 20,
@@ -152,6 +159,12 @@ impl Options {
 
     pub fn create_if_missing(mut self, create: bool) -> Options {
         self.create_if_missing = create;
+        self
+    }
+
+    /// See `Options::format_block_devices`.
+    pub fn format_block_devices(mut self, format: bool) -> Options {
+        self.format_block_devices = format;
         self
     }
 

@@ -25,6 +25,9 @@ pub struct Stats {
     pub volume_bytes: u64,
     /// Bytes the volume occupies on the device.
     pub space_used_bytes: u64,
+    /// What the volume is stored in: `file`, `block-device`, `members` (a volume over
+    /// several, each with its own kind in `members`), `memory` or `other`.
+    pub volume_kind: String,
     /// Blocks allocated in the allocator bitmap.
     pub allocated_bytes: u64,
     /// Newest durable commit epoch.
@@ -149,14 +152,17 @@ impl Stats {
                 ks.index_nodes
             ));
         }
-        s.push_str("],\"members\":[");
+        s.push_str("],\"volume_kind\":");
+        s.push_str(&json_string(&self.volume_kind));
+        s.push_str(",\"members\":[");
         for (i, m) in self.members.iter().enumerate() {
             if i > 0 {
                 s.push(',');
             }
             s.push_str(&format!(
-                "{{\"name\":{},\"uuid\":{},\"groups\":{},\"bytes_written\":{},\"bytes_read\":{},\"in_flight_requests\":{},\"in_flight_bytes\":{},\"weighted_queue_ps\":{},\"write_ps_per_byte\":{},\"read_ps_per_byte\":{},\"writeback_ps_per_byte\":{},\"queue_jobs\":{},\"queue_bytes\":{},\"queue_done_jobs\":{},\"idle_while_others_busy_ns\":{},\"trims_queued\":{},\"trims_issued\":{},\"trims_forced\":{},\"trims_pending_bytes\":{}}}",
+                "{{\"name\":{},\"kind\":{},\"uuid\":{},\"groups\":{},\"bytes_written\":{},\"bytes_read\":{},\"in_flight_requests\":{},\"in_flight_bytes\":{},\"weighted_queue_ps\":{},\"write_ps_per_byte\":{},\"read_ps_per_byte\":{},\"writeback_ps_per_byte\":{},\"queue_jobs\":{},\"queue_bytes\":{},\"queue_done_jobs\":{},\"idle_while_others_busy_ns\":{},\"trims_queued\":{},\"trims_issued\":{},\"trims_forced\":{},\"trims_pending_bytes\":{}}}",
                 json_string(&m.name),
+                json_string(&m.kind),
                 json_string(&m.uuid),
                 m.groups,
                 m.bytes_written,

@@ -59,6 +59,7 @@ pub fn run(args: &DevicesArgs, trims: Trims) -> Result<()> {
         .writes_in_flight_segments(args.writes_in_flight)
         .segment_writes_wait_for_device(args.wait_for_device)
         .trim_schedule(schedule)
+        .format_block_devices(args.format_devices)
         .open_members(&args.members)?;
     let ks = db.keyspace("devices")?;
     let threads = args.threads.max(1);

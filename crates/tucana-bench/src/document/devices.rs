@@ -45,7 +45,9 @@ pub(super) fn render(text: &str, path: &Path) -> String {
         md,
         "From `{}` ({} runs of `tucana-bench devices`). `scripts/bench-devices.sh` (as root) makes three \
          loop devices (`losetup --direct-io=on`) over sparse files, an ext4 file system on each \
-         (member files: raw block devices are not members yet), throttles each loop device's reads \
+         with a member file on it (with `RAW_DEVICES=1`, the loop devices themselves are the \
+         members, raw block devices written with `O_DIRECT`, and the runs' labels start with \
+         `raw `, so the targets below are the member files' runs), throttles each loop device's reads \
          and writes with the cgroup v1 blkio controller (`blkio.throttle.write_bps_device` and \
          `read_bps_device`, its MAJ:MIN) in a cgroup the benchmark process joins, and runs each \
          load inside a memory cgroup (`--memory-limit-bytes`). A load: two threads put 16-byte \

@@ -271,6 +271,10 @@ impl Storage for FileStorage {
         FileStorage::io_bytes(self)
     }
 
+    fn kind(&self) -> crate::volume::StorageKind {
+        crate::volume::StorageKind::File
+    }
+
     fn device_space(&self, member: usize) -> Option<crate::volume::DeviceSpace> {
         (member == 0).then(|| device_space(&self.file)).flatten()
     }
@@ -346,7 +350,7 @@ fn sync_dir(dir: &Path) -> Result<()> {
 }
 
 /// An `Error::Io` of the same kind whose message names the path and the operation.
-fn with_path(path: &Path, operation: &str, e: io::Error) -> Error {
+pub(super) fn with_path(path: &Path, operation: &str, e: io::Error) -> Error {
     Error::Io(io::Error::new(
         e.kind(),
         format!("{}: {operation}: {e}", path.display()),
@@ -395,7 +399,7 @@ fn punch_hole(file: &File, offset: u64, len: u64) -> io::Result<()> {
 /// MADV_RANDOM only turns off readahead on faults; pages this brings in are found by the
 /// faults that follow (minor faults).
 #[cfg(target_os = "linux")]
-fn prefetch(file: &File, offset: u64, len_bytes: u64) {
+pub(super) fn prefetch(file: &File, offset: u64, len_bytes: u64) {
     use std::os::fd::AsRawFd;
 
     let (Ok(offset), Ok(len)) = (
@@ -412,7 +416,7 @@ fn prefetch(file: &File, offset: u64, len_bytes: u64) {
 }
 
 #[cfg(not(target_os = "linux"))]
-fn prefetch(_file: &File, _offset: u64, _len_bytes: u64) {}
+pub(super) fn prefetch(_file: &File, _offset: u64, _len_bytes: u64) {}
 
 #[cfg(target_os = "linux")]
 fn start_writeback(file: &File, offset: u64, len_bytes: u64) {

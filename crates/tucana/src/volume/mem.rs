@@ -134,6 +134,10 @@ impl Storage for MemStorage {
     fn io_bytes(&self) -> (u64, u64) {
         MemStorage::io_bytes(self)
     }
+
+    fn kind(&self) -> crate::volume::StorageKind {
+        crate::volume::StorageKind::Memory
+    }
 }
 
 /// Memory storage whose `sync` fails while it is set broken: for tests of what a failed

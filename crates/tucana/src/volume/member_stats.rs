@@ -11,6 +11,8 @@
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct MemberStats {
     pub name: String,
+    /// What the member is: `file` or `block-device` (`StorageKind::as_str`).
+    pub kind: String,
     pub uuid: String,
     /// Groups placed on this member.
     pub groups: u64,

@@ -13,7 +13,6 @@
 //! once (after their slot header was written), read without a lock; placement and growth
 //! serialise on `grow_lock`. I/O to disjoint ranges runs in parallel, as for one file.
 
-use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
@@ -25,7 +24,7 @@ use crate::volume::dispatch::{least_weighted, DispatchPolicy, Kind};
 use crate::volume::slot_header::{
     new_uuid, uuid_hex, SlotHeader, Uuid, HEADER_OFFSET, MEMBERS_MAX, SLOT_BYTES,
 };
-use crate::volume::{FileStorage, Storage};
+use crate::volume::Storage;
 
 pub use super::member_stats::MemberStats;
 
@@ -66,67 +65,24 @@ pub struct MemberSet {
 const SLOT_BITS: u32 = 40;
 
 impl MemberSet {
-    /// Opens (or, when every member is empty and `create_if_missing`, creates) a volume
-    /// over the member files at `paths`, in order. Each file is locked as `FileStorage`
-    /// locks a single-file volume.
-    ///
-    /// Errors (nothing is written before every check passed): `Error::Members` naming the
-    /// member for a duplicate path, a missing file, a member of another volume, a member
-    /// given at another position, a member missing from the list or not in the table;
-    /// `Error::InvalidArgument` for fewer than two or more than `MEMBERS_MAX` paths.
-    pub fn open_paths(
-        paths: &[PathBuf],
-        create_if_missing: bool,
-        min_reservation_bytes: u64,
-    ) -> Result<MemberSet> {
-        if paths.len() < 2 || paths.len() > MEMBERS_MAX {
-            return Err(Error::InvalidArgument(format!(
-                "a volume over several members takes 2 to {MEMBERS_MAX} paths, not {}",
-                paths.len()
-            )));
-        }
-        // Duplicates first, by file identity (two spellings of one file, or a hard link),
-        // before anything is locked: the second lock would only say "locked".
-        let mut identities: Vec<(u64, u64)> = Vec::new();
-        for (i, path) in paths.iter().enumerate() {
-            let Some(id) = file_identity(path) else {
-                continue;
-            };
-            if let Some(j) = identities.iter().position(|&other| other == id) {
-                return Err(Error::Members(format!(
-                    "member {i} ({}) is the same file as member {j} ({})",
-                    path.display(),
-                    paths[j].display()
-                )));
-            }
-            identities.push(id);
-        }
-        let any_exists = !identities.is_empty();
-        let mut members = Vec::with_capacity(paths.len());
-        for (i, path) in paths.iter().enumerate() {
-            let storage = FileStorage::open_with_min_reservation(
-                path,
-                create_if_missing && !any_exists,
-                min_reservation_bytes,
-            )
-            .map_err(|e| match e {
-                Error::Io(io) if io.kind() == std::io::ErrorKind::NotFound => {
-                    Error::Members(format!("member {i} ({}) is missing: {io}", path.display()))
-                }
-                other => other,
-            })?;
-            members.push((
-                path.display().to_string(),
-                Arc::new(storage) as Arc<dyn Storage>,
-            ));
-        }
-        MemberSet::open(members, create_if_missing)
-    }
-
     /// As `open_paths`, over any backends (memory or simulated disks in tests), each with
     /// the name its errors use.
     pub fn open(
         members: Vec<(String, Arc<dyn Storage>)>,
+        create_if_missing: bool,
+    ) -> Result<MemberSet> {
+        let blank: Vec<bool> = members
+            .iter()
+            .map(|(_, s)| Ok(s.capacity_bytes().is_none() && s.len_bytes()? == 0))
+            .collect::<Result<_>>()?;
+        MemberSet::open_with_blank(members, &blank, create_if_missing)
+    }
+
+    /// As `open`; `blank[i]`: member `i` holds nothing and may be written by a creation
+    /// (an empty file, or a device formatting was asked for that carries nothing of ours).
+    fn open_with_blank(
+        members: Vec<(String, Arc<dyn Storage>)>,
+        blank: &[bool],
         create_if_missing: bool,
     ) -> Result<MemberSet> {
         if members.len() < 2 || members.len() > MEMBERS_MAX {
@@ -134,6 +90,13 @@ impl MemberSet {
                 "a volume over several members takes 2 to {MEMBERS_MAX}, not {}",
                 members.len()
             )));
+        }
+        for (i, (name, storage)) in members.iter().enumerate() {
+            if let Some(capacity) = storage.capacity_bytes().filter(|&c| c < SLOT_BYTES) {
+                return Err(Error::Members(format!(
+                    "member {i} ({name}) is a device of {capacity} bytes: a member holds whole slots of {SLOT_BYTES} bytes, at least one"
+                )));
+            }
         }
         let mut headers = Vec::with_capacity(members.len());
         for (name, storage) in &members {
@@ -148,8 +111,16 @@ impl MemberSet {
                 return Err(swapped(0, &members[0].0, h.member_index));
             }
             // No table: a fresh volume only if no member holds anything.
-            if let Some(i) = lens.iter().position(|&len| len != 0) {
-                let why = if i == 0 {
+            if let Some(i) = blank.iter().position(|&b| !b) {
+                let device = members[i].1.kind() == crate::volume::StorageKind::BlockDevice;
+                let why = if let Some(h) = &headers[i] {
+                    &*format!(
+                        "carries a slot header of another Tucana volume ({}): never formatted over; wipe its first slot to reuse it",
+                        uuid_hex(&h.volume_uuid)
+                    )
+                } else if device {
+                    "is a block device that holds no member of a Tucana volume: a device is formatted only when formatting is asked for (Options::format_block_devices, tucana --format-device, which erases what it holds), and never when it carries a Tucana superblock"
+                } else if i == 0 {
                     "has data but no member table: not member 0 of a Tucana volume"
                 } else {
                     "has data but member 0 is empty"
@@ -169,7 +140,7 @@ impl MemberSet {
         };
         let table = &table_header.table;
         let volume_uuid = table_header.volume_uuid;
-        if resumable_creation(&members, &headers, &lens, volume_uuid)? {
+        if resumable_creation(&members, &headers, &lens, blank, volume_uuid)? {
             return MemberSet::create(members);
         }
         if table_header.member_index != 0 {
@@ -306,7 +277,11 @@ impl MemberSet {
         let mut placement = set.grow_lock.lock();
         let mut highest: Option<u64> = None;
         for (m, member) in set.members.iter().enumerate() {
-            let slots = lens[m].div_ceil(SLOT_BYTES);
+            // A file's last slot may be partly grown; a device holds only whole slots.
+            let slots = match member.storage.capacity_bytes() {
+                Some(_) => lens[m] / SLOT_BYTES,
+                None => lens[m].div_ceil(SLOT_BYTES),
+            };
             placement.slot_counts[m] = slots;
             for slot in (0..slots).rev() {
                 let header = read_header(member.storage.as_ref(), slot, &member.name)?;
@@ -367,13 +342,28 @@ impl MemberSet {
     /// Gives `group` a slot on the member round-robin names (or the one
     /// `place_growth_on` named): writes its header, then publishes it in the map.
     fn place(&self, placement: &mut Placement, group: u64) -> Result<()> {
-        let m = match self.growth_member.load(Ordering::Acquire) {
-            m if m < self.members.len() => m,
-            _ => {
-                let m = placement.next_member;
-                placement.next_member = (m + 1) % self.members.len();
-                m
-            }
+        let n = self.members.len();
+        let named = self.growth_member.load(Ordering::Acquire);
+        let m = if named < n && self.has_room(placement, named) {
+            named
+        } else {
+            // Round-robin over the members with room: a full device is passed over, so
+            // the group goes to another member instead of failing.
+            let Some(m) = (0..n)
+                .map(|k| (placement.next_member + k) % n)
+                .find(|&m| self.has_room(placement, m))
+            else {
+                let full: Vec<String> = self.members.iter().map(|m| m.name.clone()).collect();
+                return Err(Error::Io(std::io::Error::new(
+                    std::io::ErrorKind::StorageFull,
+                    format!(
+                        "no member has room for group {group}: every member is a full block device ({})",
+                        full.join(", ")
+                    ),
+                )));
+            };
+            placement.next_member = (m + 1) % n;
+            m
         };
         let member = &self.members[m];
         let slot = match placement.free_slots[m].pop() {
@@ -403,6 +393,16 @@ impl MemberSet {
         placement.groups[m] += 1;
         placement.placed_groups = placement.placed_groups.max(group + 1);
         Ok(())
+    }
+
+    /// Whether member `m` can take one more group: a free slot, or room to grow one (a
+    /// file always has; a device only below its capacity).
+    fn has_room(&self, placement: &Placement, m: usize) -> bool {
+        !placement.free_slots[m].is_empty()
+            || self.members[m]
+                .storage
+                .capacity_bytes()
+                .is_none_or(|cap| (placement.slot_counts[m] + 1) * SLOT_BYTES <= cap)
     }
 
     /// The map entry of `group`, its chunk allocated if needed; `None` past the map.
@@ -478,6 +478,7 @@ impl MemberSet {
             .enumerate()
             .map(|(m, member)| MemberStats {
                 name: member.name.clone(),
+                kind: member.storage.kind().as_str().to_string(),
                 uuid: uuid_hex(&member.uuid),
                 groups: placement.groups[m],
                 bytes_written: member.written_bytes.load(Ordering::Relaxed),
@@ -505,6 +506,15 @@ impl MemberSet {
                 return Err(Error::Members(format!("group {group} has no member")));
             };
             let member = &self.members[m];
+            if let Some(cap) = member.storage.capacity_bytes() {
+                if (slot + 1) * SLOT_BYTES > cap {
+                    return Err(self.corrupt(
+                        m,
+                        slot,
+                        format!("holds group {group} past the end of the device ({cap} bytes)"),
+                    ));
+                }
+            }
             match read_header(member.storage.as_ref(), slot, &member.name)? {
                 Some(h)
                     if h.volume_uuid == self.volume_uuid
@@ -526,7 +536,11 @@ impl MemberSet {
 
 /// Reads and decodes the header of `slot` of a member; `None` when it has none (a slot
 /// past the member's end included).
-fn read_header(storage: &dyn Storage, slot: u64, name: &str) -> Result<Option<SlotHeader>> {
+pub(crate) fn read_header(
+    storage: &dyn Storage,
+    slot: u64,
+    name: &str,
+) -> Result<Option<SlotHeader>> {
     let at = slot * SLOT_BYTES + HEADER_OFFSET;
     if storage.len_bytes()? < at + BLOCK_BYTES {
         return Ok(None);
@@ -563,6 +577,7 @@ fn resumable_creation(
     members: &[(String, Arc<dyn Storage>)],
     headers: &[Option<SlotHeader>],
     lens: &[u64],
+    blank: &[bool],
     volume_uuid: Uuid,
 ) -> Result<bool> {
     if !crate::volume::superblock::creation_was_interrupted(members[0].1.as_ref())? {
@@ -570,10 +585,14 @@ fn resumable_creation(
     }
     let table_len = headers[0].as_ref().map_or(0, |h| h.table.len());
     Ok(members.len() == table_len
-        && headers.iter().zip(lens).all(|(h, &len)| match h {
-            Some(h) => h.volume_uuid == volume_uuid,
-            None => len == 0 || len == SLOT_BYTES,
-        }))
+        && headers
+            .iter()
+            .zip(lens)
+            .zip(blank)
+            .all(|((h, &len), &blank)| match h {
+                Some(h) => h.volume_uuid == volume_uuid,
+                None => blank || len == SLOT_BYTES,
+            }))
 }
 
 fn swapped(i: usize, name: &str, holds: u32) -> Error {
@@ -587,13 +606,6 @@ fn unpack(packed: u64) -> (usize, u64) {
         ((packed >> SLOT_BITS) - 1) as usize,
         packed & ((1 << SLOT_BITS) - 1),
     )
-}
-
-/// (device, inode) of an existing file; `None` if it cannot be stat'ed (missing).
-fn file_identity(path: &Path) -> Option<(u64, u64)> {
-    use std::os::unix::fs::MetadataExt;
-    let metadata = std::fs::metadata(path).ok()?;
-    Some((metadata.dev(), metadata.ino()))
 }
 
 impl Storage for MemberSet {
@@ -819,9 +831,14 @@ impl Storage for MemberSet {
     fn verify_members(&self) -> Result<()> {
         self.verify()
     }
+
+    fn kind(&self) -> crate::volume::StorageKind {
+        crate::volume::StorageKind::Members
+    }
 }
 
 mod member;
+mod paths;
 
 use member::Member;
 

@@ -13,6 +13,7 @@
 //! group g: [  reserved x2       ][bitmap buddy A (2 blocks)][bitmap buddy B (2 blocks)][2 spare][data ...]
 //! ```
 
+pub mod blockdev;
 pub mod dispatch;
 pub mod file;
 pub mod mem;
@@ -28,13 +29,14 @@ use std::sync::Arc;
 
 use crate::error::Result;
 use crate::types::{DiskOffset, BLOCK_BYTES};
+pub use blockdev::BlockDevice;
 pub use dispatch::DispatchPolicy;
 pub use file::FileStorage;
 pub use mem::{FailingSync, MemStorage};
 pub use members::{MemberSet, MemberStats};
 pub(crate) use mmap::MIN_RESERVATION_BYTES as DEFAULT_MAPPING_RESERVATION_BYTES;
 use std::sync::atomic::Ordering;
-pub use storage::{DeviceSpace, Storage};
+pub use storage::{DeviceSpace, Storage, StorageKind};
 pub use write_queue::QueueFigures;
 
 /// Shared handle to the volume's storage with the engine's read helpers.
@@ -79,7 +81,7 @@ impl Volume {
 /// writes take.
 #[repr(C, align(4096))]
 #[derive(Clone, Copy)]
-struct AlignedBlock([u8; BLOCK_BYTES as usize]);
+pub(crate) struct AlignedBlock(pub(crate) [u8; BLOCK_BYTES as usize]);
 
 const _: () = assert!(std::mem::size_of::<AlignedBlock>() == BLOCK_BYTES as usize);
 

@@ -14,6 +14,32 @@ pub struct DeviceSpace {
     pub total_bytes: u64,
 }
 
+/// What a backend stores its bytes in, for statistics and messages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StorageKind {
+    File,
+    BlockDevice,
+    Memory,
+    /// A volume over several members (each has its own kind).
+    Members,
+    /// A wrapper (simulations in tests) or another backend.
+    Other,
+}
+
+impl StorageKind {
+    /// The kind as statistics print it: `file`, `block-device`, `memory`, `members`,
+    /// `other`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StorageKind::File => "file",
+            StorageKind::BlockDevice => "block-device",
+            StorageKind::Memory => "memory",
+            StorageKind::Members => "members",
+            StorageKind::Other => "other",
+        }
+    }
+}
+
 /// A volume's bytes: one file, a block device, memory, or a fault-injecting simulation.
 pub trait Storage: Send + Sync + 'static {
     /// Current length of the volume in bytes.
@@ -146,6 +172,17 @@ pub trait Storage: Send + Sync + 'static {
     /// `None`: unknown (memory, a backend that cannot tell), never low.
     fn device_space(&self, member: usize) -> Option<DeviceSpace> {
         let _ = member;
+        None
+    }
+
+    /// What the backend stores its bytes in.
+    fn kind(&self) -> StorageKind {
+        StorageKind::Other
+    }
+
+    /// The most bytes the backend can ever hold, when fixed (a block device: `grow` past
+    /// it fails); `None` when it grows as needed (a file, memory).
+    fn capacity_bytes(&self) -> Option<u64> {
         None
     }
 

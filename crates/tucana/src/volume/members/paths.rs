@@ -1,0 +1,113 @@
+//! Opening a member set by paths: each path a file (`FileStorage`) or a raw block device
+//! (`BlockDevice`), duplicates refused by identity before anything is locked, and which
+//! members are blank (may be written by a creation).
+//!
+//! Owns: turning paths into backends. Does not own: the checks of the set
+//! (`MemberSet::open_with_blank`, in `members.rs`).
+//!
+//! Thread-safety: runs once, on the opening thread.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use super::MemberSet;
+use crate::error::{Error, Result};
+use crate::volume::slot_header::MEMBERS_MAX;
+use crate::volume::{FileStorage, Storage};
+
+impl MemberSet {
+    /// Opens (or, when every member is empty and `create_if_missing`, creates) a volume
+    /// over the member files at `paths`, in order. Each file is locked as `FileStorage`
+    /// locks a single-file volume.
+    ///
+    /// Errors (nothing is written before every check passed): `Error::Members` naming the
+    /// member for a duplicate path, a missing file, a member of another volume, a member
+    /// given at another position, a member missing from the list or not in the table;
+    /// `Error::InvalidArgument` for fewer than two or more than `MEMBERS_MAX` paths.
+    pub fn open_paths(
+        paths: &[PathBuf],
+        create_if_missing: bool,
+        min_reservation_bytes: u64,
+    ) -> Result<MemberSet> {
+        MemberSet::open_paths_formatting(paths, create_if_missing, false, min_reservation_bytes)
+    }
+
+    /// As `open_paths`; a path naming a block device opens it as one
+    /// (`crate::volume::BlockDevice`), and `format_block_devices` lets creation format a
+    /// device that carries nothing Tucana wrote (without it such a device is "not a
+    /// member", never written). Errors also: a device under one slot (128 MiB).
+    pub fn open_paths_formatting(
+        paths: &[PathBuf],
+        create_if_missing: bool,
+        format_block_devices: bool,
+        min_reservation_bytes: u64,
+    ) -> Result<MemberSet> {
+        if paths.len() < 2 || paths.len() > MEMBERS_MAX {
+            return Err(Error::InvalidArgument(format!(
+                "a volume over several members takes 2 to {MEMBERS_MAX} paths, not {}",
+                paths.len()
+            )));
+        }
+        // Duplicates first, by file identity (two spellings of one file, or a hard link),
+        // before anything is locked: the second lock would only say "locked".
+        let mut identities: Vec<(u64, u64)> = Vec::new();
+        for (i, path) in paths.iter().enumerate() {
+            let Some(id) = file_identity(path) else {
+                continue;
+            };
+            if let Some(j) = identities.iter().position(|&other| other == id) {
+                return Err(Error::Members(format!(
+                    "member {i} ({}) is the same file as member {j} ({})",
+                    path.display(),
+                    paths[j].display()
+                )));
+            }
+            identities.push(id);
+        }
+        // Files are created only when none exists; devices always exist.
+        let any_file_exists = paths
+            .iter()
+            .any(|p| p.exists() && !crate::volume::blockdev::is_block_device(p));
+        let mut members = Vec::with_capacity(paths.len());
+        let mut blank = Vec::with_capacity(paths.len());
+        for (i, path) in paths.iter().enumerate() {
+            let name = path.display().to_string();
+            let storage: Arc<dyn Storage> = if crate::volume::blockdev::is_block_device(path) {
+                let device = crate::volume::BlockDevice::open(path, min_reservation_bytes)?;
+                // Blank: formatting was asked for and nothing of ours is on it.
+                blank.push(
+                    format_block_devices
+                        && !crate::volume::blockdev::carries_tucana(&device, &name)?,
+                );
+                Arc::new(device)
+            } else {
+                let file = FileStorage::open_with_min_reservation(
+                    path,
+                    create_if_missing && !any_file_exists,
+                    min_reservation_bytes,
+                )
+                .map_err(|e| match e {
+                    Error::Io(io) if io.kind() == std::io::ErrorKind::NotFound => {
+                        Error::Members(format!("member {i} ({name}) is missing: {io}"))
+                    }
+                    other => other,
+                })?;
+                blank.push(file.len_bytes()? == 0);
+                Arc::new(file)
+            };
+            members.push((name, storage));
+        }
+        MemberSet::open_with_blank(members, &blank, create_if_missing)
+    }
+}
+
+/// (device, inode) of an existing file, or (`u64::MAX`, device number) of a block device
+/// (two device nodes of one device are one member); `None` if it cannot be stat'ed.
+fn file_identity(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let metadata = std::fs::metadata(path).ok()?;
+    if metadata.file_type().is_block_device() {
+        return Some((u64::MAX, metadata.rdev()));
+    }
+    Some((metadata.dev(), metadata.ino()))
+}
