@@ -104,6 +104,14 @@ pub fn run(db: &Database, keyspace: &str, command: Command) -> Result<Outcome, C
             ))?;
             Outcome::Done
         }
+        Command::Reorganise => {
+            let report = db.reorganise()?;
+            out.line(&format!(
+                "{{\"leaves_seen\":{},\"leaves_rewritten\":{},\"records_copied\":{},\"bytes_taken\":{}}}",
+                report.leaves_seen, report.leaves_rewritten, report.records_copied, report.bytes_taken
+            ))?;
+            Outcome::Done
+        }
         Command::Shell => {
             let stdin = io::stdin();
             let interactive = stdin.is_terminal();

@@ -175,6 +175,10 @@ pub enum Command {
     /// space, frees them, gives the bytes back to the file system) and prints what it did
     /// as JSON.
     Gc,
+    /// Rewrites the records of every keyspace in key order where they are scattered (so
+    /// that scans of data not in memory read the device sequentially), then
+    /// garbage-collects, and prints what it did as JSON.
+    Reorganise,
     /// Reads commands from stdin, one per line, and prints their results (`help` lists them).
     Shell,
     /// Writes a seeded random mix until killed, acknowledging each call on stdout; the

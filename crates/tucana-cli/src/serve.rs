@@ -40,6 +40,12 @@ pub struct ServeArgs {
     /// With buffered durability, writes are flushed and synced at least this often.
     #[arg(long, default_value_t = 1000, value_name = "MS")]
     flush_interval_ms: u64,
+    /// Once no write has come for this long, rewrite scattered records in key order in the
+    /// background (within garbage collection's rate budget), so that scans of data not in
+    /// memory read the device sequentially; each scattered record is written once more.
+    /// Off unless given (`Options::reorganise_after_idle`).
+    #[arg(long, value_name = "MS")]
+    reorganise_after_idle_ms: Option<u64>,
     /// Require `AUTH PASSWORD` (or `HELLO 3 AUTH default PASSWORD`) before other commands.
     #[arg(
         long,
@@ -347,7 +353,8 @@ pub fn run(
     check_ports_free(&config)?;
     let listen = config.listen;
     let options = volume_options(tucana::Database::builder())
-        .flush_interval(Some(Duration::from_millis(args.flush_interval_ms.max(1))));
+        .flush_interval(Some(Duration::from_millis(args.flush_interval_ms.max(1))))
+        .reorganise_after_idle(args.reorganise_after_idle_ms.map(Duration::from_millis));
     let db = crate::open_members_with(path, members, true, options)?;
     let durability = config.durability.name();
     let tls = if config.tls.is_some() { ", TLS" } else { "" };
