@@ -265,7 +265,7 @@ fn whole_key_commands_on_a_packed_hash() {
     hset(&mut con, "big2", &fields(0..130));
     assert_eq!(query::<String>(&mut con, &["RENAME", "big2", "c"]), "OK");
     assert_eq!(query::<i64>(&mut con, &["HLEN", "c"]), 130);
-    // MOVE to another database: refused or moved, the hash stays whole.
+    // MOVE to another database: not served (an error) or moved; the hash stays whole.
     match try_query::<i64>(&mut con, &["MOVE", "big", "1"]) {
         Ok(1) => {
             query::<String>(&mut con, &["SELECT", "1"]);

@@ -361,12 +361,9 @@ pub(super) fn redis_encoding(
     meta: &Meta,
 ) -> tucana::Result<&'static str> {
     let threshold = |name: &str| u64::try_from(kv.settings().threshold(name)).unwrap_or(0);
-    let fits = |kv: &mut dyn Kv, family: Family, max_len: u64, values: bool| {
+    let fits = |kv: &mut dyn Kv, family: Family, max_len: u64| {
         let all = all_members(kv, family, key, meta.version)?;
-        Ok::<bool, tucana::Error>(
-            all.iter()
-                .all(|(m, v)| m.len() as u64 <= max_len && (!values || v.len() as u64 <= max_len)),
-        )
+        Ok::<bool, tucana::Error>(all.iter().all(|(m, _)| m.len() as u64 <= max_len))
     };
     Ok(match meta.kind {
         Kind::Hash if meta.packed => {
@@ -396,7 +393,7 @@ pub(super) fn redis_encoding(
                 threshold("zset-max-listpack-entries"),
                 threshold("zset-max-listpack-value"),
             );
-            if meta.count <= entries && fits(kv, Family::ZMember, value, false)? {
+            if meta.count <= entries && fits(kv, Family::ZMember, value)? {
                 "listpack"
             } else {
                 "skiplist"
