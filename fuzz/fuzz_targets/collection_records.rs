@@ -13,7 +13,10 @@ fuzz_target!(|data: &[u8]| {
     // Raw bytes, and the same bytes behind the metadata prefix so the fields are reached.
     for bytes in [data.to_vec(), [TYPED, data].concat()] {
         if let Ok(meta) = Meta::decode(&bytes) {
-            assert_eq!(meta.encode(), bytes, "metadata round trip");
+            // A packed hash's value is its own encoder's (fuzz_targets/packed_hash.rs).
+            if !meta.packed {
+                assert_eq!(meta.encode(), bytes, "metadata round trip");
+            }
         }
     }
     for bytes in [data.to_vec(), [b"\xff\xfftucana\x00".as_slice(), data].concat()] {

@@ -176,7 +176,8 @@ fn acknowledged_deadlines_survive_kill_9() {
 
 /// Collections written in sync mode survive kill -9 whole: after the restart every
 /// collection has the members its acknowledged writes gave it, its count agrees with
-/// them (metadata and members are one batch), and the volume checks clean.
+/// them (metadata and members are one batch), and the volume checks clean. `h` passed
+/// from the packed layout to the per-field one at its 129th field; `p` stayed packed.
 #[test]
 fn acknowledged_collection_writes_survive_kill_9() {
     let (_dir, path) = volume();
@@ -187,8 +188,12 @@ fn acknowledged_collection_writes_survive_kill_9() {
         let _: i64 = con.zadd("z", format!("m{i}"), i).unwrap();
         let _: i64 = con.rpush("l", i).unwrap();
         let _: i64 = con.sadd("s", i % 50).unwrap();
+        if i < 100 {
+            let _: i64 = con.hset("p", format!("f{i}"), i).unwrap();
+        }
     }
     let _: i64 = con.hdel("h", "f0").unwrap();
+    let _: i64 = con.hdel("p", "f0").unwrap();
     let _: Vec<String> = redis::cmd("ZPOPMIN")
         .arg("z")
         .arg(10)
@@ -209,6 +214,10 @@ fn acknowledged_collection_writes_survive_kill_9() {
     assert_eq!(h.len(), 199);
     assert_eq!(con.hlen::<_, i64>("h").unwrap(), 199);
     assert_eq!(h.get("f199"), Some(&199));
+    let p: std::collections::HashMap<String, i64> = con.hgetall("p").unwrap();
+    assert_eq!(p.len(), 99);
+    assert_eq!(con.hlen::<_, i64>("p").unwrap(), 99);
+    assert_eq!(p.get("f99"), Some(&99));
     let z: Vec<(String, i64)> = con.zrange_withscores("z", 0, -1).unwrap();
     assert_eq!(z.len(), 190);
     assert_eq!(z[0], ("m10".to_string(), 10));
@@ -217,14 +226,15 @@ fn acknowledged_collection_writes_survive_kill_9() {
     assert_eq!(l, (5..195).collect::<Vec<i64>>());
     assert_eq!(con.scard::<_, i64>("s").unwrap(), 50);
     let n: i64 = redis::cmd("DBSIZE").query(&mut con).unwrap();
-    assert_eq!(n, 4);
+    assert_eq!(n, 5);
     assert!(served.signal("-TERM").success());
     // The records are exactly the collections' (nothing left behind): 199 fields, 190
-    // members twice, 190 elements, 50 members, 4 metadata records and the marker.
+    // members twice, 190 elements, 50 members, 5 metadata records (the packed hash is
+    // one: its 99 fields are in it) and the marker.
     let db = tucana::Database::open(&path).expect("reopen after kill -9");
     assert_eq!(
         db.keyspace("default").unwrap().len(),
-        199 + 380 + 190 + 50 + 4 + 1
+        199 + 380 + 190 + 50 + 5 + 1
     );
     db.check().expect("check after kill -9");
     db.close().unwrap();

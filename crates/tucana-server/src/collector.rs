@@ -8,7 +8,9 @@
 //! invisible and only take space. This pass walks the keyspace's sub-records from a
 //! cursor, a bounded number per call, and for each (key, version) group reads the key's
 //! metadata once; a group whose version is not the key's live one is deleted, under the
-//! write lock, in batches. A full round is O(sub-records), spread over ticks.
+//! write lock, in batches. A full round is O(sub-records), spread over ticks. A packed
+//! hash (`types::packed`) has no sub-records and its metadata's version is 0, which no
+//! sub-record carries: every group at its key is garbage (the per-field hash it replaced).
 //!
 //! Correctness: the walk decides without the lock, which is not enough by itself: a
 //! writer's batch is atomic across a crash but not to a concurrent reader, which can see
@@ -261,5 +263,29 @@ mod tests {
             .collect::<Vec<_>>()
         );
         assert_eq!(collect(&slot, &mut cursor, false).unwrap(), 0);
+    }
+
+    /// A big per-field hash deleted (its fields left to this collector) and its key then
+    /// written as a packed hash: the old fields are garbage, the packed value stays.
+    #[test]
+    fn records_under_a_packed_hash_are_garbage() {
+        let db = tucana::Database::builder().open_in_memory().unwrap();
+        let slot = Slot::named(&db, "0".into());
+        let guard = slot.lock_writes();
+        let ks = guard.keyspace(&db).unwrap();
+        let packed = crate::types::packed::encode([(&b"f"[..], &b"v"[..])].into_iter());
+        let mut batch = ks.batch();
+        batch.put(crate::expiry::MARKER, b"");
+        batch.put(b"h", &packed);
+        for f in [&b"a"[..], b"b"] {
+            batch.put(&sub_key(Family::Hash, b"h", 77, f), b"old");
+        }
+        batch.commit().unwrap();
+        guard.set_may_expire();
+        drop(guard);
+        assert_eq!(collect(&slot, &mut Cursor::default(), false).unwrap(), 2);
+        let ks = slot.existing().unwrap();
+        assert_eq!(ks.get(b"h").unwrap(), Some(packed));
+        assert_eq!(ks.prefix(RESERVED).count(), 1, "only the marker is left");
     }
 }

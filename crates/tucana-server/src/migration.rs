@@ -299,7 +299,8 @@ fn owner_key(rest: &[u8]) -> Option<Vec<u8>> {
 /// Adds to `copy` the client's key `key` (stored under the 2-byte `prefix`) with `value`,
 /// and what travels with it: its deadline record and index entry, and, for a collection,
 /// every sub-record of it (all versions: old ones are the collector's garbage on either
-/// side). So a collection moves whole in one batch, never half here and half there.
+/// side). So a collection moves whole in one batch, never half here and half there. A
+/// packed hash is all in its value (a walk finds only old versions' garbage, if any).
 fn add_key(
     ks: &tucana::Keyspace,
     prefix: &[u8],

@@ -5,7 +5,7 @@
 //! Owns the encoding and decoding of those records: the metadata value
 //! `R 'T' kind version count [head tail]`, the sub-record keys
 //! `R family key-len key version suffix`, the order-preserving encoding of scores, and the
-//! allocation of versions. Decoders of what was read from disk return an error on damage,
+//! allocation of versions; the packed layout of small hashes is [`packed`]'s. Decoders of what was read from disk return an error on damage,
 //! never panic. It does not own what the commands do with the records
 //! (`commands::collection` and the handlers) nor the reserved prefix (`expiry`).
 //!
@@ -15,6 +15,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::expiry::RESERVED;
+
+pub mod packed;
 
 /// What a collection's metadata value starts with: a string value may not (the string
 /// commands refuse it), so a value at a client's key is metadata exactly when it does.
@@ -85,6 +87,10 @@ pub struct Meta {
     /// Lists: the index of the first element and one past the last (others: 0).
     pub head: u64,
     pub tail: u64,
+    /// A packed hash ([`packed`]): its fields are in its value, it has no sub-records and
+    /// its `version` is 0, which no sub-record has ([`next_version`] never returns it),
+    /// so a walk of its version's sub-records finds none.
+    pub packed: bool,
 }
 
 impl Meta {
@@ -96,10 +102,14 @@ impl Meta {
             count: 0,
             head: LIST_MIDDLE,
             tail: LIST_MIDDLE,
+            packed: false,
         }
     }
 
+    /// The per-field layout's metadata value. A packed hash's value is
+    /// [`packed::encode`]'s: asking this for it is a programmer error.
     pub fn encode(&self) -> Vec<u8> {
+        assert!(!self.packed, "a packed hash's value is packed::encode's");
         let mut out = Vec::with_capacity(TYPED.len() + 33);
         out.extend_from_slice(TYPED);
         out.push(self.kind.byte());
@@ -112,8 +122,13 @@ impl Meta {
         out
     }
 
-    /// The metadata in a value that starts with [`TYPED`]; anything else is damage.
+    /// The metadata in a value that starts with [`TYPED`]; anything else is damage. A
+    /// packed hash's whole value is checked ([`packed::parse`]).
     pub fn decode(bytes: &[u8]) -> tucana::Result<Meta> {
+        if packed::is_packed(bytes) {
+            let count = packed::parse(bytes)?.len() as u64;
+            return Ok(Meta::packed(count));
+        }
         let rest = bytes
             .strip_prefix(TYPED)
             .ok_or_else(|| damaged("metadata record", bytes))?;
@@ -140,7 +155,20 @@ impl Meta {
             count: word(1),
             head,
             tail,
+            packed: false,
         })
+    }
+
+    /// The metadata of a packed hash of `count` fields.
+    pub fn packed(count: u64) -> Meta {
+        Meta {
+            kind: Kind::Hash,
+            version: 0,
+            count,
+            head: LIST_MIDDLE,
+            tail: LIST_MIDDLE,
+            packed: true,
+        }
     }
 }
 
@@ -149,12 +177,15 @@ pub fn is_typed(value: &[u8]) -> bool {
     value.starts_with(TYPED)
 }
 
-/// The kind of a typed value, if its kind byte is known.
+/// The kind of a typed value, if its kind byte is known (a packed hash is a hash).
 pub fn kind_of(value: &[u8]) -> Option<Kind> {
     value
         .strip_prefix(TYPED)
         .and_then(|r| r.first())
-        .and_then(|&b| Kind::from_byte(b))
+        .and_then(|&b| match b {
+            packed::KIND_BYTE => Some(Kind::Hash),
+            b => Kind::from_byte(b),
+        })
 }
 
 /// The sub-record families.

@@ -462,3 +462,56 @@ ZRANGE lex 0 -1";
 fn collection_replies_match_redis_server() {
     common::assert_same_replies(SCRIPT);
 }
+
+/// Hashes across tucana's packed-layout bounds (128 fields, 4096 bytes of fields and
+/// values; DESIGN.md, "Packed small hashes"): the replies before and after a conversion,
+/// in one HSET and field by field, inside MULTI, and back down to few fields.
+#[test]
+fn hashes_across_the_packed_bounds_match_redis_server() {
+    let fields = |range: std::ops::Range<usize>| -> String {
+        range.map(|i| format!(" f{i:03} v{i:03}")).collect()
+    };
+    let big = "x".repeat(2000);
+    let mut script = vec![
+        "FLUSHALL".to_string(),
+        format!("HSET one{}", fields(0..129)),
+        "HLEN one".into(),
+        format!("HSET edge{}", fields(0..128)),
+        "HLEN edge".into(),
+        "HGET edge f127".into(),
+        "HSETNX edge f000 no".into(),
+        "HSETNX edge f128 yes".into(),
+        "HLEN edge".into(),
+        "HGET edge f128".into(),
+        "pairs HGETALL edge".into(),
+        format!("HSET multi{}", fields(0..127)),
+        "MULTI".into(),
+        "HSET multi f127 a f128 b".into(),
+        "HLEN multi".into(),
+        "HINCRBY multi n 5".into(),
+        "HGET multi f128".into(),
+        "EXEC".into(),
+        format!("HSET bytes a {big} b {big}"),
+        "HSTRLEN bytes b".into(),
+        format!("HSET bytes c {}", "y".repeat(200)),
+        "HLEN bytes".into(),
+        "HSTRLEN bytes c".into(),
+        "HINCRBYFLOAT bytes n 2.5".into(),
+        "sort HKEYS bytes".into(),
+    ];
+    let mut del = "HDEL edge".to_string();
+    for i in 1..129 {
+        del.push_str(&format!(" f{i:03}"));
+    }
+    script.push(del);
+    script.extend([
+        "pairs HGETALL edge".into(),
+        "HDEL edge f000".into(),
+        "EXISTS edge".into(),
+        "RENAME one moved".into(),
+        "HGET moved f100".into(),
+        "COPY bytes copied".into(),
+        "HSTRLEN copied a".into(),
+    ]);
+    common::assert_same_replies(&script.join("\n"));
+}

@@ -30,6 +30,8 @@ pub(super) fn wrongtype() -> Reply {
 /// deadline record its next write must keep or drop.
 pub(super) struct Opened {
     pub(super) meta: Option<Meta>,
+    /// A packed hash's fields and values, in field order (`types::packed`).
+    pub(super) packed: Option<Pairs>,
     /// A live value is at the key (this collection, or what `replace` overwrites).
     exists: bool,
     stored_deadline_ms: Option<u64>,
@@ -45,8 +47,18 @@ pub(super) fn open(
 ) -> tucana::Result<Result<Opened, Reply>> {
     let stored = read_stored(kv, key, now_ms())?;
     let live_deadline_ms = stored.deadline_ms();
+    let mut packed = None;
     let meta = match &stored.value {
         None => None,
+        Some(v) if crate::types::packed::is_packed(v) => {
+            if kind != Kind::Hash {
+                return Ok(Err(wrongtype()));
+            }
+            let entries = crate::types::packed::decode(v)?;
+            let meta = Meta::packed(entries.len() as u64);
+            packed = Some(entries);
+            Some(meta)
+        }
         Some(v) if crate::types::is_typed(v) => {
             let meta = Meta::decode(v)?;
             if meta.kind != kind {
@@ -59,6 +71,7 @@ pub(super) fn open(
     Ok(Ok(Opened {
         exists: meta.is_some(),
         meta,
+        packed,
         stored_deadline_ms: stored.stored_deadline_ms,
         live_deadline_ms,
     }))
@@ -87,6 +100,8 @@ pub(super) struct Update<'k> {
     opened: Opened,
     pub(super) meta: Meta,
     writes: Writes,
+    /// The metadata value to write when it is not `meta.encode()` (a packed hash's).
+    value: Option<Vec<u8>>,
 }
 
 impl<'k> Update<'k> {
@@ -99,6 +114,7 @@ impl<'k> Update<'k> {
             opened,
             meta,
             writes: Writes::default(),
+            value: None,
         }
     }
 
@@ -124,13 +140,26 @@ impl<'k> Update<'k> {
             kind,
             opened: Opened {
                 meta: None,
+                packed: None,
                 exists: stored.value.is_some(),
                 stored_deadline_ms: stored.stored_deadline_ms,
                 live_deadline_ms: None,
             },
             meta: Meta::new(kind),
             writes,
+            value: None,
         })
+    }
+
+    /// Writes `value` at the key instead of `meta.encode()` (a packed hash, whose fields
+    /// are in it; `meta.count` must still say how many).
+    pub(super) fn set_value(&mut self, value: Vec<u8>) {
+        self.value = Some(value);
+    }
+
+    /// The opened key's packed fields (`Opened::packed`), taken out.
+    pub(super) fn take_packed(&mut self) -> Option<Pairs> {
+        self.opened.packed.take()
     }
 
     pub(super) fn put(&mut self, family: Family, suffix: &[u8], value: Vec<u8>) {
@@ -189,9 +218,13 @@ impl<'k> Update<'k> {
                 self.writes.delete(self.key, stored_deadline);
             }
         } else {
+            let value = match self.value.take() {
+                Some(value) => value,
+                None => self.meta.encode(),
+            };
             self.writes.put(
                 self.key,
-                self.meta.encode(),
+                value,
                 stored_deadline,
                 self.opened.live_deadline_ms,
             );
@@ -301,7 +334,8 @@ pub(super) fn delete_members(
     let Ok(meta) = Meta::decode(value) else {
         return Ok(());
     };
-    if meta.count > DELETE_INLINE_MAX {
+    // A packed hash has no sub-records: deleting its value deletes it all.
+    if meta.packed || meta.count > DELETE_INLINE_MAX {
         return Ok(());
     }
     for &family in Family::of(meta.kind) {
@@ -314,40 +348,52 @@ pub(super) fn delete_members(
 
 /// OBJECT ENCODING of a collection: the encoding Redis 7.0 would give a collection of
 /// this size and content under the thresholds set with CONFIG SET (hashes and sorted
-/// sets: `listpack` while small, sets of integers: `intset`); tucana stores every size
-/// alike. Unlike Redis, which never converts back, a collection that shrinks answers
-/// the small encoding again. Reads the members only of a small collection.
+/// sets: `listpack` while small, sets of integers: `intset`). A hash of the per-field
+/// layout (`hashes`) answers `hashtable`, as Redis's converted hashes do (never back); a
+/// packed one `listpack` unless its size or a field or value is past Redis's thresholds
+/// (tucana packs up to 128 fields and 4 KiB, Redis's default value bound is 64 bytes).
+/// Sorted sets are stored alike at every size; unlike Redis, which never converts back,
+/// one that shrinks answers the small encoding again. Reads the members only of a small
+/// collection.
 pub(super) fn redis_encoding(
     kv: &mut dyn Kv,
     key: &[u8],
     meta: &Meta,
 ) -> tucana::Result<&'static str> {
     let threshold = |name: &str| u64::try_from(kv.settings().threshold(name)).unwrap_or(0);
-    let fits = |kv: &mut dyn Kv, family: Family, max_len: u64, values: bool| {
+    let fits = |kv: &mut dyn Kv, family: Family, max_len: u64| {
         let all = all_members(kv, family, key, meta.version)?;
-        Ok::<bool, tucana::Error>(
-            all.iter()
-                .all(|(m, v)| m.len() as u64 <= max_len && (!values || v.len() as u64 <= max_len)),
-        )
+        Ok::<bool, tucana::Error>(all.iter().all(|(m, _)| m.len() as u64 <= max_len))
     };
     Ok(match meta.kind {
-        Kind::Hash => {
+        Kind::Hash if meta.packed => {
             let (entries, value) = (
                 threshold("hash-max-listpack-entries"),
                 threshold("hash-max-listpack-value"),
             );
-            if meta.count <= entries && fits(kv, Family::Hash, value, true)? {
+            let short = |b: &[u8]| b.len() as u64 <= value;
+            let small = meta.count <= entries
+                && match kv.lookup(key)? {
+                    Some(v) if crate::types::packed::is_packed(&v) => {
+                        crate::types::packed::parse(&v)?
+                            .iter()
+                            .all(|(f, v)| short(f) && short(v))
+                    }
+                    _ => false,
+                };
+            if small {
                 "listpack"
             } else {
                 "hashtable"
             }
         }
+        Kind::Hash => "hashtable",
         Kind::ZSet => {
             let (entries, value) = (
                 threshold("zset-max-listpack-entries"),
                 threshold("zset-max-listpack-value"),
             );
-            if meta.count <= entries && fits(kv, Family::ZMember, value, false)? {
+            if meta.count <= entries && fits(kv, Family::ZMember, value)? {
                 "listpack"
             } else {
                 "skiplist"
@@ -448,7 +494,7 @@ impl Rng {
 
 /// Indexes into `n` members for a random pick of `count` (see HRANDFIELD): `None` one,
 /// positive distinct ones, negative with repeats.
-fn random_picks(n: usize, count: Option<i64>) -> Vec<usize> {
+pub(super) fn random_picks(n: usize, count: Option<i64>) -> Vec<usize> {
     let mut rng = Rng::new();
     if n == 0 {
         return Vec::new();

@@ -97,7 +97,12 @@ fn value_digest(kv: &mut dyn Kv, key: &[u8], value: &[u8]) -> tucana::Result<Str
         Kind::ZSet => (Family::ZMember, true),
         Kind::List => (Family::List, false),
     };
-    for (suffix, member) in all_members(kv, family, key, meta.version)? {
+    let members = if meta.packed {
+        crate::types::packed::decode(value)?
+    } else {
+        all_members(kv, family, key, meta.version)?
+    };
+    for (suffix, member) in members {
         if meta.kind == Kind::List {
             d.feed(&member);
             continue;

@@ -1,21 +1,32 @@
 //! The hash commands: HSET, HMSET, HSETNX, HGET, HMGET, HGETALL, HKEYS, HVALS, HLEN,
 //! HEXISTS, HSTRLEN, HDEL, HINCRBY, HINCRBYFLOAT, HRANDFIELD, HSCAN.
 //!
-//! A hash is its metadata at the client's key and one sub-record per field
-//! (`types::Family::Hash`, field → value); fields come back in field order, not in
-//! Redis's insertion order (Redis promises no order). Owns the commands' semantics;
-//! storage is `collection`'s and `types`'.
+//! A hash has one of two layouts (DESIGN.md, "Packed small hashes"): *packed*, every
+//! field and value inside the metadata record at the client's key (`types::packed`), while
+//! it has at most 128 fields and 4 KiB of fields and values (fixed bounds: Redis's
+//! `hash-max-listpack-*` settings only change what OBJECT ENCODING answers, see
+//! `collection::redis_encoding`); else *per-field*, the metadata and one sub-record per
+//! field (`types::Family::Hash`, field → value). A new hash starts packed; a write that would take it past a bound converts it
+//! (a fresh version, every field its own record, in the command's one batch); it never
+//! converts back, as in Redis. Every command reads both layouts, so the hashes of volumes
+//! written before the packed layout keep working. Fields come back in field order, not in
+//! Redis's insertion order (Redis promises no order). Owns the commands' semantics and
+//! the choice of layout; the bytes are `types`' and `types::packed`'s, the batch
+//! `collection`'s.
 //!
 //! Thread-safety: plain functions on the store a handler is given.
 
+use std::collections::BTreeMap;
+
 use crate::glob::glob_match;
 use crate::resp::Reply;
-use crate::types::{sub_key, Family, Kind};
+use crate::types::{packed, sub_key, Family, Kind, Meta};
 
 use super::collection::{
-    all_members, open, open_or, parse_double, random_members, scan_options, scan_reply, Update,
+    all_members, open, open_or, parse_double, random_members, random_picks, scan_options,
+    scan_reply, Opened, Update,
 };
-use super::kv::Kv;
+use super::kv::{Kv, Pairs};
 use super::{not_an_integer, opt_bulk, parse_i64, wrong_args};
 
 const HASH: Kind = Kind::Hash;
@@ -26,31 +37,156 @@ fn field(kv: &mut dyn Kv, key: &[u8], version: u64, f: &[u8]) -> tucana::Result<
     kv.lookup(&sub_key(F, key, version, f))
 }
 
+/// A live hash opened for reading, in either layout.
+enum Fields {
+    /// Packed: its fields and values, in field order.
+    Packed(Pairs),
+    /// Per-field: the version its sub-records carry.
+    Split(u64),
+}
+
+impl Fields {
+    fn of(opened: Opened, meta: &Meta) -> Fields {
+        match opened.packed {
+            Some(pairs) => Fields::Packed(pairs),
+            None => Fields::Split(meta.version),
+        }
+    }
+
+    /// The value of field `f` of `key`.
+    fn get(&self, kv: &mut dyn Kv, key: &[u8], f: &[u8]) -> tucana::Result<Option<Vec<u8>>> {
+        match self {
+            Fields::Packed(pairs) => Ok(pairs
+                .binary_search_by(|(k, _)| k.as_slice().cmp(f))
+                .ok()
+                .map(|i| pairs[i].1.clone())),
+            Fields::Split(version) => field(kv, key, *version, f),
+        }
+    }
+
+    /// Every field and value of `key`, in field order.
+    fn all(self, kv: &mut dyn Kv, key: &[u8]) -> tucana::Result<Pairs> {
+        match self {
+            Fields::Packed(pairs) => Ok(pairs),
+            Fields::Split(version) => all_members(kv, F, key, version),
+        }
+    }
+}
+
+/// Opens `key` as a hash for a handler that returns `$missing` when it is missing;
+/// evaluates to its metadata and [`Fields`].
+macro_rules! open_fields {
+    ($kv:expr, $key:expr, $missing:expr) => {{
+        let (opened, meta) = open_or!($kv, $key, HASH, $missing);
+        let fields = Fields::of(opened, &meta);
+        (meta, fields)
+    }};
+}
+
+/// One command's writes to a hash, in either layout: a packed hash's fields are edited in
+/// memory and written back as one value, converted to the per-field layout at
+/// [`Writer::apply`] when they no longer fit; a per-field hash's go to [`Update`].
+struct Writer<'k> {
+    key: &'k [u8],
+    update: Update<'k>,
+    /// `Some` while the hash is packed (a new hash starts packed).
+    packed: Option<BTreeMap<Vec<u8>, Vec<u8>>>,
+}
+
+impl<'k> Writer<'k> {
+    /// Opens `key` for writing; `Err` is `WRONGTYPE`.
+    fn open(kv: &mut dyn Kv, key: &'k [u8]) -> tucana::Result<Result<Writer<'k>, Reply>> {
+        let opened = match open(kv, key, HASH)? {
+            Ok(o) => o,
+            Err(reply) => return Ok(Err(reply)),
+        };
+        let existed = opened.meta.is_some();
+        let mut update = Update::new(key, opened, HASH);
+        let packed = match update.take_packed() {
+            Some(pairs) => Some(pairs.into_iter().collect()),
+            None if !existed => Some(BTreeMap::new()),
+            None => None,
+        };
+        Ok(Ok(Writer {
+            key,
+            update,
+            packed,
+        }))
+    }
+
+    /// The current value of field `f` (this command's writes included when packed).
+    fn get(&self, kv: &mut dyn Kv, f: &[u8]) -> tucana::Result<Option<Vec<u8>>> {
+        match &self.packed {
+            Some(map) => Ok(map.get(f).cloned()),
+            None => field(kv, self.key, self.update.meta.version, f),
+        }
+    }
+
+    /// Sets field `f`; the caller keeps `count` of a per-field hash.
+    fn put(&mut self, f: &[u8], value: Vec<u8>) {
+        match &mut self.packed {
+            Some(map) => {
+                map.insert(f.to_vec(), value);
+            }
+            None => self.update.put(F, f, value),
+        }
+    }
+
+    /// Deletes field `f` (which exists); the caller keeps `count` of a per-field hash.
+    fn delete(&mut self, f: &[u8]) {
+        match &mut self.packed {
+            Some(map) => {
+                map.remove(f);
+            }
+            None => self.update.delete(F, f),
+        }
+    }
+
+    /// Applies the command's writes as one batch, raising `event`. A packed hash is
+    /// written back packed while it fits; else it converts here: a fresh version and
+    /// every field as its own record, with the new metadata over the packed value.
+    fn apply(mut self, kv: &mut dyn Kv, event: &'static str) -> tucana::Result<()> {
+        if let Some(map) = self.packed.take() {
+            let bytes: usize = map.iter().map(|(f, v)| f.len() + v.len()).sum();
+            if map.is_empty() {
+                self.update.meta.count = 0; // deleted with its last field
+            } else if packed::fits(map.len(), bytes) {
+                self.update.meta.count = map.len() as u64;
+                let entries = map.iter().map(|(f, v)| (f.as_slice(), v.as_slice()));
+                self.update.set_value(packed::encode(entries));
+            } else {
+                self.update.meta = Meta::new(HASH);
+                self.update.meta.count = map.len() as u64;
+                for (f, v) in map {
+                    self.update.put(F, &f, v);
+                }
+            }
+        }
+        self.update.apply(kv, event)
+    }
+}
+
 /// HSET and HMSET: `key field value [field value ...]`; HSET answers the number of new
 /// fields, HMSET `OK`.
 fn hset_generic(kv: &mut dyn Kv, args: &[Vec<u8>], name: &str) -> tucana::Result<Reply> {
     if !args.len().is_multiple_of(2) {
         return Ok(wrong_args(name));
     }
-    let key = &args[1];
-    let opened = match open(kv, key, HASH)? {
-        Ok(o) => o,
+    let mut w = match Writer::open(kv, &args[1])? {
+        Ok(w) => w,
         Err(reply) => return Ok(reply),
     };
-    // A new hash has no fields to look up (a record's first HSET, YCSB's load).
-    let existed = opened.meta.is_some();
-    let mut update = Update::new(key, opened, HASH);
     let mut added = std::collections::HashSet::new();
     for pair in args[2..].chunks(2) {
-        let is_new = !added.contains(&pair[0])
-            && (!existed || field(kv, key, update.meta.version, &pair[0])?.is_none());
+        // A packed hash's lookup is in memory and sees this command's own fields.
+        let is_new = !added.contains(&pair[0]) && w.get(kv, &pair[0])?.is_none();
         if is_new {
             added.insert(pair[0].clone());
         }
-        update.put(F, &pair[0], pair[1].clone());
+        w.put(&pair[0], pair[1].clone());
     }
-    update.meta.count += added.len() as u64;
-    update.apply(kv, "hset")?;
+    w.update.meta.count += added.len() as u64;
+    w.apply(kv, "hset")?;
     Ok(if name == "hmset" {
         Reply::Ok
     } else {
@@ -67,39 +203,37 @@ pub(super) fn cmd_hmset(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Rep
 }
 
 pub(super) fn cmd_hsetnx(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Reply> {
-    let key = &args[1];
-    let opened = match open(kv, key, HASH)? {
-        Ok(o) => o,
+    let mut w = match Writer::open(kv, &args[1])? {
+        Ok(w) => w,
         Err(reply) => return Ok(reply),
     };
-    let mut update = Update::new(key, opened, HASH);
-    if field(kv, key, update.meta.version, &args[2])?.is_some() {
+    if w.get(kv, &args[2])?.is_some() {
         return Ok(Reply::Int(0));
     }
-    update.put(F, &args[2], args[3].clone());
-    update.meta.count += 1;
-    update.apply(kv, "hset")?;
+    w.put(&args[2], args[3].clone());
+    w.update.meta.count += 1;
+    w.apply(kv, "hset")?;
     Ok(Reply::Int(1))
 }
 
 pub(super) fn cmd_hget(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Reply> {
-    let (_, meta) = open_or!(kv, &args[1], HASH, Reply::Nil);
-    Ok(opt_bulk(field(kv, &args[1], meta.version, &args[2])?))
+    let (_, fields) = open_fields!(kv, &args[1], Reply::Nil);
+    Ok(opt_bulk(fields.get(kv, &args[1], &args[2])?))
 }
 
 pub(super) fn cmd_hmget(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Reply> {
     let nils = Reply::Array(vec![Reply::Nil; args.len() - 2]);
-    let (_, meta) = open_or!(kv, &args[1], HASH, nils);
+    let (_, fields) = open_fields!(kv, &args[1], nils);
     let mut out = Vec::with_capacity(args.len() - 2);
     for f in &args[2..] {
-        out.push(opt_bulk(field(kv, &args[1], meta.version, f)?));
+        out.push(opt_bulk(fields.get(kv, &args[1], f)?));
     }
     Ok(Reply::Array(out))
 }
 
 pub(super) fn cmd_hgetall(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Reply> {
-    let (_, meta) = open_or!(kv, &args[1], HASH, Reply::Map(Vec::new()));
-    let pairs = all_members(kv, F, &args[1], meta.version)?;
+    let (_, fields) = open_fields!(kv, &args[1], Reply::Map(Vec::new()));
+    let pairs = fields.all(kv, &args[1])?;
     Ok(Reply::Map(
         pairs
             .into_iter()
@@ -109,16 +243,16 @@ pub(super) fn cmd_hgetall(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<R
 }
 
 pub(super) fn cmd_hkeys(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Reply> {
-    let (_, meta) = open_or!(kv, &args[1], HASH, Reply::Array(Vec::new()));
-    let pairs = all_members(kv, F, &args[1], meta.version)?;
+    let (_, fields) = open_fields!(kv, &args[1], Reply::Array(Vec::new()));
+    let pairs = fields.all(kv, &args[1])?;
     Ok(Reply::Array(
         pairs.into_iter().map(|(f, _)| Reply::Bulk(f)).collect(),
     ))
 }
 
 pub(super) fn cmd_hvals(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Reply> {
-    let (_, meta) = open_or!(kv, &args[1], HASH, Reply::Array(Vec::new()));
-    let pairs = all_members(kv, F, &args[1], meta.version)?;
+    let (_, fields) = open_fields!(kv, &args[1], Reply::Array(Vec::new()));
+    let pairs = fields.all(kv, &args[1])?;
     Ok(Reply::Array(
         pairs.into_iter().map(|(_, v)| Reply::Bulk(v)).collect(),
     ))
@@ -130,33 +264,37 @@ pub(super) fn cmd_hlen(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Repl
 }
 
 pub(super) fn cmd_hexists(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Reply> {
-    let (_, meta) = open_or!(kv, &args[1], HASH, Reply::Int(0));
-    let found = field(kv, &args[1], meta.version, &args[2])?.is_some();
+    let (_, fields) = open_fields!(kv, &args[1], Reply::Int(0));
+    let found = fields.get(kv, &args[1], &args[2])?.is_some();
     Ok(Reply::Int(found as i64))
 }
 
 pub(super) fn cmd_hstrlen(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Reply> {
-    let (_, meta) = open_or!(kv, &args[1], HASH, Reply::Int(0));
-    let len = field(kv, &args[1], meta.version, &args[2])?.map_or(0, |v| v.len());
+    let (_, fields) = open_fields!(kv, &args[1], Reply::Int(0));
+    let len = fields.get(kv, &args[1], &args[2])?.map_or(0, |v| v.len());
     Ok(Reply::Int(len as i64))
 }
 
 pub(super) fn cmd_hdel(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Reply> {
-    let key = &args[1];
-    let (opened, meta) = open_or!(kv, key, HASH, Reply::Int(0));
-    let mut update = Update::new(key, opened, HASH);
+    let mut w = match Writer::open(kv, &args[1])? {
+        Ok(w) => w,
+        Err(reply) => return Ok(reply),
+    };
+    if w.update.meta.count == 0 {
+        return Ok(Reply::Int(0)); // missing (HDEL creates nothing)
+    }
     let mut gone = std::collections::HashSet::new();
     for f in &args[2..] {
-        if !gone.contains(f) && field(kv, key, meta.version, f)?.is_some() {
-            update.delete(F, f);
+        if !gone.contains(f) && w.get(kv, f)?.is_some() {
+            w.delete(f);
             gone.insert(f.clone());
         }
     }
     if gone.is_empty() {
         return Ok(Reply::Int(0));
     }
-    update.meta.count = update.meta.count.saturating_sub(gone.len() as u64);
-    update.apply(kv, "hdel")?;
+    w.update.meta.count = w.update.meta.count.saturating_sub(gone.len() as u64);
+    w.apply(kv, "hdel")?;
     Ok(Reply::Int(gone.len() as i64))
 }
 
@@ -168,22 +306,20 @@ fn modify_field(
     event: &'static str,
     f: impl FnOnce(Option<&[u8]>) -> Result<(Vec<u8>, Reply), Reply>,
 ) -> tucana::Result<Reply> {
-    let key = &args[1];
-    let opened = match open(kv, key, HASH)? {
-        Ok(o) => o,
+    let mut w = match Writer::open(kv, &args[1])? {
+        Ok(w) => w,
         Err(reply) => return Ok(reply),
     };
-    let mut update = Update::new(key, opened, HASH);
-    let old = field(kv, key, update.meta.version, &args[2])?;
+    let old = w.get(kv, &args[2])?;
     let (value, reply) = match f(old.as_deref()) {
         Ok(done) => done,
         Err(reply) => return Ok(reply),
     };
     if old.is_none() {
-        update.meta.count += 1;
+        w.update.meta.count += 1;
     }
-    update.put(F, &args[2], value);
-    update.apply(kv, event)?;
+    w.put(&args[2], value);
+    w.apply(kv, event)?;
     Ok(reply)
 }
 
@@ -250,8 +386,14 @@ pub(super) fn cmd_hrandfield(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Resul
     } else {
         Reply::Nil
     };
-    let (_, meta) = open_or!(kv, &args[1], HASH, missing);
-    let picks = random_members(kv, F, &args[1], &meta, count)?;
+    let (meta, fields) = open_fields!(kv, &args[1], missing);
+    let picks = match fields {
+        Fields::Packed(pairs) => random_picks(pairs.len(), count)
+            .into_iter()
+            .map(|i| pairs[i].clone())
+            .collect(),
+        Fields::Split(_) => random_members(kv, F, &args[1], &meta, count)?,
+    };
     let Some(_) = count else {
         return Ok(picks
             .into_iter()
@@ -298,9 +440,9 @@ pub(super) fn cmd_hscan(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Rep
         Ok(p) => p,
         Err(reply) => return Ok(reply),
     };
-    let (_, meta) = open_or!(kv, &args[1], HASH, scan_reply(Vec::new()));
+    let (_, fields) = open_fields!(kv, &args[1], scan_reply(Vec::new()));
     let mut items = Vec::new();
-    for (f, v) in all_members(kv, F, &args[1], meta.version)? {
+    for (f, v) in fields.all(kv, &args[1])? {
         if pattern.as_ref().is_none_or(|p| glob_match(p, &f)) {
             items.push(Reply::Bulk(f));
             items.push(Reply::Bulk(v));

@@ -43,7 +43,8 @@ pub(super) fn cmd_memory(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Re
         return Ok(Reply::Nil);
     };
     let mut bytes = (key.len() + value.len()) as u64;
-    if is_typed(&value) {
+    // A packed hash is all in its value (`Meta::packed`: no sub-records to sample).
+    if is_typed(&value) && !crate::types::packed::is_packed(&value) {
         let meta = Meta::decode(&value)?;
         for &family in Family::of(meta.kind) {
             let prefix_len = sub_prefix(family, key, meta.version).len();

@@ -1,8 +1,8 @@
 //! Commands that move or copy a whole key, whatever its type: RENAME, RENAMENX, COPY,
 //! and TOUCH (which only looks).
 //!
-//! Owns what moves with a key: a string's value, or a collection's metadata and every
-//! sub-record (rewritten under the new key with a fresh version, since a sub-record's key
+//! Owns what moves with a key: a string's value or a packed hash's (`types::packed`),
+//! or a collection's metadata and every sub-record (rewritten under the new key with a fresh version, since a sub-record's key
 //! names its collection's key, `types`), and its deadline. The source's removal, the
 //! destination's old value (a small collection's members with it, a big one's left to
 //! the collector) and the new records are one `Kv::apply`, so a crash keeps the key at
@@ -37,7 +37,11 @@ fn copy_writes(
     if let Some(old) = dst_stored.value.as_deref().filter(|v| is_typed(v)) {
         delete_members(kv, dst, old, &mut writes)?;
     }
-    let new_value = if is_typed(value) {
+    let new_value = if crate::types::packed::is_packed(value) {
+        // A packed hash has no sub-records and its value names no key: it moves as is.
+        crate::types::packed::parse(value)?;
+        value.to_vec()
+    } else if is_typed(value) {
         let meta = Meta::decode(value)?;
         let copy = Meta {
             version: crate::types::next_version(),

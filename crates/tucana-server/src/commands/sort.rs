@@ -133,6 +133,13 @@ fn lookup(kv: &mut dyn Kv, pattern: &[u8], element: &[u8]) -> tucana::Result<Opt
                 return Ok(None);
             }
             let field = &pattern[arrow + 2..];
+            if meta.packed {
+                let entries = crate::types::packed::parse(&value)?;
+                return Ok(entries
+                    .into_iter()
+                    .find(|(f, _)| *f == field)
+                    .map(|(_, v)| v.to_vec()));
+            }
             kv.get(&sub_key(Family::Hash, &key, meta.version, field))
         }
     }
