@@ -25,8 +25,8 @@
 # one, printed), M10_SECONDS (default 60 of faults, about 2.5 minutes in all; M10_SEED: a
 # fresh one, printed; M10_FAULTS, default every kind),
 # FUZZ_SECONDS per target (default 60, the target of row M5 in docs/reliability.md:
-# 7 targets x 60 s is 7 minutes of fuzzing, about 11 minutes for this script on the
-# 2-core CI machine, which keeps all of .ci/run near 15 minutes, well inside its 30).
+# 11 targets x 60 s is 11 minutes of fuzzing; all of .ci/run took about 32 minutes on
+# the 2-core CI machine in session 19, inside its 40).
 # Installs what it needs: the nightly toolchain's presence is checked, cargo-fuzz is
 # installed with `cargo install --locked cargo-fuzz` if missing.
 set -euo pipefail

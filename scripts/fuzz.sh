@@ -15,7 +15,7 @@ seconds="${1:-60}"
 shift || true
 targets=("$@")
 if [ "${#targets[@]}" -eq 0 ]; then
-    targets=(superblock descriptor node log_record buddy open resp_decode repl_frame node_rewrite collection_records)
+    targets=(superblock descriptor node log_record buddy open resp_decode repl_frame node_rewrite collection_records packed_hash)
 fi
 
 if ! cargo +nightly --version >/dev/null 2>&1; then
