@@ -559,7 +559,7 @@ mod tests {
     }
 
     /// An in-memory store committed only by hand, with 64 KiB log segments.
-    fn manual_small_segments() -> crate::Database {
+    pub(super) fn manual_small_segments() -> crate::Database {
         crate::Database::builder()
             .commit_interval(None)
             .flush_interval(None)

@@ -236,16 +236,7 @@ fn relocate_chunk(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// An in-memory store committed only by hand, with 64 KiB log segments.
-    fn small_segments() -> crate::Database {
-        crate::Database::builder()
-            .commit_interval(None)
-            .flush_interval(None)
-            .log_segment_bytes(64 << 10)
-            .open_in_memory()
-            .unwrap()
-    }
+    use crate::gc::tests::manual_small_segments as small_segments;
 
     fn key(i: u64) -> Vec<u8> {
         format!("key{i:08}").into_bytes()
