@@ -103,9 +103,22 @@ impl Header {
     }
 }
 
-/// Crc seed of a region's records.
+/// Crc seed of the records of a region of a volume written before seeds were recorded
+/// in the descriptor (`TDESC004`): the region id's alone.
 pub fn region_seed(region: RegionId) -> u32 {
     crc32c::crc32c(&region.0.to_le_bytes())
+}
+
+/// Crc seed of a region created now: its id's seed mixed with 32 bits that differ from
+/// one creation to the next (std's per-process random hash keys), so that regions of the
+/// same id in two volumes never share a seed and a reformatted device's old records never
+/// verify in the new volume (DESIGN.md, "Raw block devices"). The descriptor records
+/// it, so nothing recomputes it.
+pub fn fresh_region_seed(region: RegionId) -> u32 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write(&region.0.to_le_bytes());
+    region_seed(region) ^ hasher.finish() as u32
 }
 
 /// Writes a record into `out` (exactly `HEADER_BYTES + key.len() + value.len()` bytes).

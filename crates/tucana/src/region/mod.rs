@@ -219,7 +219,7 @@ impl Region {
             Identity {
                 id,
                 name: name.to_string(),
-                seed: record::region_seed(id),
+                seed: record::fresh_region_seed(id),
                 term: 0,
             },
             Tree::new(id, TreeEpoch(1)),
