@@ -59,6 +59,15 @@ struct Side {
 }
 
 impl Side {
+    /// A side that has not started, reusing the buffers of two leaf copies.
+    fn with_buffers(leaf: LeafCopy, next: LeafCopy) -> Side {
+        Side {
+            leaf,
+            next,
+            ..Side::default()
+        }
+    }
+
     /// Makes the leaf `seek` lands on current: the one copied ahead if there is one (it
     /// only ever is for the fence seek that moves this side on), else a fresh copy.
     fn load_leaf(
@@ -82,6 +91,51 @@ impl Side {
         }
         self.next_fetched = 0;
         Ok(())
+    }
+}
+
+/// The buffers a range allocates as it goes (four leaf copies, the prefetch batch),
+/// handed from a dropped range to the next one its thread makes. A seek and a few nexts
+/// otherwise allocated them afresh each time, and with two threads seeking, glibc's
+/// allocator fell back on an arena lock the threads shared: 40% of `seekrandom`'s CPU at
+/// two threads went to malloc and free and their futex waits (session 20's profile).
+#[derive(Default)]
+struct Buffers {
+    leaves: [LeafCopy; 4],
+    batch: Vec<u64>,
+}
+
+/// Leaf copies grow to the leaves they held; one much bigger than a leaf's entries (a
+/// bulk of pointers no leaf has) is not kept.
+const SPARE_ENTRIES_MAX: usize = 4096;
+
+thread_local! {
+    /// The buffers of the last range this thread dropped (see `Buffers`).
+    static SPARE: std::cell::Cell<Option<Buffers>> = const { std::cell::Cell::new(None) };
+}
+
+impl Drop for Range {
+    fn drop(&mut self) {
+        if let Some(epoch) = self.live_epoch.take() {
+            self.region.close_snapshot(epoch);
+        }
+        let mut leaves = [
+            std::mem::take(&mut self.front.leaf),
+            std::mem::take(&mut self.front.next),
+            std::mem::take(&mut self.back.leaf),
+            std::mem::take(&mut self.back.next),
+        ];
+        if leaves.iter().any(|l| l.ptrs.capacity() > SPARE_ENTRIES_MAX) {
+            return;
+        }
+        for leaf in &mut leaves {
+            leaf.clear();
+        }
+        let mut batch = std::mem::take(&mut self.prefetch_batch);
+        batch.clear();
+        let spare = Buffers { leaves, batch };
+        // Gone while the thread exits: the buffers are freed instead.
+        let _ = SPARE.try_with(|slot| slot.set(Some(spare)));
     }
 }
 
@@ -140,8 +194,11 @@ fn prefetch_start_within_lo(leaf: &LeafCopy, lo: &Bound<Vec<u8>>) -> usize {
 pub struct Range {
     region: Arc<Region>,
     root: Option<u64>,
-    /// Keeps what the iterator's log pointers name alive (see `SnapshotPin`).
+    /// Keeps what a snapshot range's log pointers name alive (see `SnapshotPin`).
     pub(crate) pin: Option<Arc<SnapshotPin>>,
+    /// A live range's registration (`Region::register_live_reader`), closed on drop: the
+    /// same as a `SnapshotPin`'s, without its allocation.
+    live_epoch: Option<TreeEpoch>,
     /// Remaining bounds: shrink as items are returned from either end.
     lo: Bound<Vec<u8>>,
     hi: Bound<Vec<u8>>,
@@ -204,29 +261,32 @@ impl Range {
         };
         // A live range copies log pointers out of leaves and reads the records later,
         // without an epoch guard in between: register it like a snapshot.
-        let pin = root.is_none().then(|| {
-            let epoch = region.register_live_reader();
-            Arc::new(SnapshotPin {
-                region: region.clone(),
-                root: 0,
-                epoch,
-            })
-        });
+        let live_epoch = root.is_none().then(|| region.register_live_reader());
         let prefetch_entries = region.shared().options.scan_prefetch_entries;
         let prefetch_gate = ResidencyGate::with_streak(region.prefetch_streak());
+        let spare = SPARE
+            .try_with(|spare| spare.take())
+            .ok()
+            .flatten()
+            .unwrap_or_default();
+        let Buffers {
+            leaves: [front_leaf, front_next, back_leaf, back_next],
+            batch,
+        } = spare;
         Range {
             region,
             root,
-            pin,
+            pin: None,
+            live_epoch,
             lo,
             hi,
-            front: Side::default(),
-            back: Side::default(),
+            front: Side::with_buffers(front_leaf, front_next),
+            back: Side::with_buffers(back_leaf, back_next),
             done: empty,
             prefetch_entries,
             prefetch_window: prefetch_entries.min(PREFETCH_FIRST_ENTRIES),
             prefetch_batches: 0,
-            prefetch_batch: Vec::new(),
+            prefetch_batch: batch,
             prefetch_gate,
         }
     }

@@ -683,17 +683,24 @@ impl Region {
         epoch
     }
 
+    /// Closes a registration made at `epoch` (a snapshot's or a live range's).
+    ///
+    /// An epoch whose count falls to zero keeps its entry until `oldest_snapshot` prunes
+    /// it: live ranges register and close at the same epoch between two commits, and
+    /// removing the map's only entry and inserting it again freed and allocated a node
+    /// per range.
     pub fn close_snapshot(&self, epoch: TreeEpoch) {
         let mut snaps = self.snapshots.lock();
         let count = snaps.get_mut(&epoch).expect("snapshot was registered");
         *count -= 1;
-        if *count == 0 {
-            snaps.remove(&epoch);
-        }
     }
 
+    /// The oldest epoch a snapshot or live range still reads; prunes the epochs nobody
+    /// reads any more.
     pub fn oldest_snapshot(&self) -> Option<TreeEpoch> {
-        self.snapshots.lock().keys().next().copied()
+        let mut snaps = self.snapshots.lock();
+        snaps.retain(|_, count| *count > 0);
+        snaps.keys().next().copied()
     }
 
     // ----- segments ------------------------------------------------------------------

@@ -369,7 +369,11 @@ impl Region {
         }
         let storage = self.shared.volume.storage();
         let issue = gate.issue(ptrs, probes, |ptr| storage.resident(ptr));
-        self.prefetch_streak.store(gate.streak(), Ordering::Relaxed);
+        // Stored only when it changes: every reader of the region loads it, and a store
+        // per batch moved its cache line between cores at every seek.
+        if self.prefetch_streak.load(Ordering::Relaxed) != gate.streak() {
+            self.prefetch_streak.store(gate.streak(), Ordering::Relaxed);
+        }
         if !issue {
             self.shared
                 .prefetch_skipped

@@ -58,6 +58,15 @@ pub struct LeafCopy {
 }
 
 impl LeafCopy {
+    /// Empties the copy, keeping its buffers' capacity.
+    pub fn clear(&mut self) {
+        self.ptrs.clear();
+        self.prefixes.clear();
+        self.stem.clear();
+        self.low = None;
+        self.high = None;
+    }
+
     /// True if `key` lies inside the leaf's fences, as every key of a sound leaf does.
     pub fn holds(&self, key: &[u8]) -> bool {
         self.low.as_deref().is_none_or(|l| l <= key) && self.high.as_deref().is_none_or(|h| key < h)
