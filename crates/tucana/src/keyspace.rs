@@ -139,7 +139,7 @@ impl Keyspace {
         let pin = SnapshotPin {
             region: self.region.clone(),
             root: 0,
-            epoch: self.region.register_live_reader(),
+            ticket: self.region.register_live_reader(),
         };
         multi_get(&pin.region, None, keys)
     }
@@ -207,12 +207,12 @@ impl Keyspace {
 
     /// A consistent point-in-time view; never blocks writers.
     pub fn snapshot(&self) -> Snapshot {
-        let (root, epoch) = self.region.open_snapshot();
+        let (root, ticket) = self.region.open_snapshot();
         Snapshot {
             pin: Arc::new(SnapshotPin {
                 region: self.region.clone(),
                 root,
-                epoch,
+                ticket,
             }),
         }
     }

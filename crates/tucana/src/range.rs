@@ -16,21 +16,21 @@ use std::sync::Arc;
 use crate::error::{Error, Result};
 use crate::index::{LeafCopy, Seek};
 use crate::prefetch::ResidencyGate;
-use crate::region::Region;
-use crate::types::{DiskOffset, TreeEpoch};
+use crate::region::{ReaderTicket, Region};
+use crate::types::DiskOffset;
 
 /// Registration of a reader that holds log pointers between calls: a snapshot (`root` is
 /// its sealed root) or a live-tree range (`root` unused). While it lives, log segments and
-/// nodes retired in `epoch` or later are not freed.
+/// nodes retired after the ticket's epoch are not freed.
 pub(crate) struct SnapshotPin {
     pub region: Arc<Region>,
     pub root: u64,
-    pub epoch: TreeEpoch,
+    pub ticket: ReaderTicket,
 }
 
 impl Drop for SnapshotPin {
     fn drop(&mut self) {
-        self.region.close_snapshot(self.epoch);
+        self.region.close_snapshot(self.ticket);
     }
 }
 
@@ -116,8 +116,8 @@ thread_local! {
 
 impl Drop for Range {
     fn drop(&mut self) {
-        if let Some(epoch) = self.live_epoch.take() {
-            self.region.close_snapshot(epoch);
+        if let Some(ticket) = self.live_ticket.take() {
+            self.region.close_snapshot(ticket);
         }
         let mut leaves = [
             std::mem::take(&mut self.front.leaf),
@@ -198,7 +198,7 @@ pub struct Range {
     pub(crate) pin: Option<Arc<SnapshotPin>>,
     /// A live range's registration (`Region::register_live_reader`), closed on drop: the
     /// same as a `SnapshotPin`'s, without its allocation.
-    live_epoch: Option<TreeEpoch>,
+    live_ticket: Option<ReaderTicket>,
     /// Remaining bounds: shrink as items are returned from either end.
     lo: Bound<Vec<u8>>,
     hi: Bound<Vec<u8>>,
@@ -261,7 +261,7 @@ impl Range {
         };
         // A live range copies log pointers out of leaves and reads the records later,
         // without an epoch guard in between: register it like a snapshot.
-        let live_epoch = root.is_none().then(|| region.register_live_reader());
+        let live_ticket = root.is_none().then(|| region.register_live_reader());
         let prefetch_entries = region.shared().options.scan_prefetch_entries;
         let prefetch_gate = ResidencyGate::with_streak(region.prefetch_streak());
         let spare = SPARE
@@ -277,7 +277,7 @@ impl Range {
             region,
             root,
             pin: None,
-            live_epoch,
+            live_ticket,
             lo,
             hi,
             front: Side::with_buffers(front_leaf, front_next),

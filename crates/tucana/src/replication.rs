@@ -102,7 +102,7 @@ pub struct PinnedCommit {
     /// Above every order the commit's segments have.
     pub next_order: u64,
     source: ShipSource,
-    pin: crate::types::TreeEpoch,
+    pin: crate::region::ReaderTicket,
 }
 
 impl Drop for PinnedCommit {

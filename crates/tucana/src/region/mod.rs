@@ -19,11 +19,11 @@
 
 mod open;
 mod read;
+mod readers;
 mod registry;
 mod relocate;
 mod ship;
 
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -43,6 +43,7 @@ use crate::types::{DiskOffset, RegionId, SeqNo, TreeEpoch, BLOCK_BYTES};
 pub(crate) use open::Links;
 pub use open::{ReplayReport, ReplayStop};
 pub(crate) use read::Candidate;
+pub use readers::ReaderTicket;
 pub(crate) use registry::Regions;
 pub(crate) use relocate::Retire;
 use relocate::RetiredSegment;
@@ -131,8 +132,8 @@ pub(crate) struct Region {
     /// The residency streak of the last prefetch batch any reader probed (see
     /// `prefetch::ResidencyGate`); new ranges start from it.
     prefetch_streak: AtomicUsize,
-    /// Tree epochs of live snapshots (with counts).
-    snapshots: Mutex<BTreeMap<TreeEpoch, usize>>,
+    /// Tree epochs still read: snapshots, live ranges, pinned commits.
+    readers: readers::Readers,
     /// Sealed tree epochs of the last two durable commits (older first).
     durable_epochs: Mutex<[Option<TreeEpoch>; 2]>,
     /// Segments emptied by garbage collection, not yet handed to the allocator.
@@ -180,7 +181,7 @@ impl Region {
             warm_writes: AtomicU32::new(0),
             keys: AtomicU64::new(keys),
             prefetch_streak: AtomicUsize::new(0),
-            snapshots: Mutex::new(BTreeMap::new()),
+            readers: readers::Readers::new(),
             durable_epochs: Mutex::new([None, None]),
             retired_segments: Mutex::new(Vec::new()),
             committed_root: Mutex::new(committed_root),
@@ -655,52 +656,38 @@ impl Region {
     // ----- snapshots -----------------------------------------------------------------
 
     /// Seals the running tree epoch and pins the sealed root for a snapshot.
-    pub fn open_snapshot(&self) -> (u64, TreeEpoch) {
+    pub fn open_snapshot(&self) -> (u64, ReaderTicket) {
         let _w = self.writer.lock();
         let sealed = self.tree.seal();
-        *self.snapshots.lock().entry(sealed.epoch).or_insert(0) += 1;
-        (sealed.root, sealed.epoch)
+        (sealed.root, self.readers.register(sealed.epoch))
     }
 
     /// Registers a live-tree iterator: it holds log pointers between calls without an
     /// epoch guard, so nothing retired from now on may be freed while it lives. It counts
     /// as a snapshot of the epoch before the running one (anything retired in the running
-    /// epoch or later waits). Returns the epoch to pass to `close_snapshot`.
-    pub fn register_live_reader(&self) -> TreeEpoch {
-        let mut snaps = self.snapshots.lock();
-        // Read under the snapshots lock: a reclaim deciding now sees this registration or
-        // ran before it, when this reader held no pointer yet.
-        let epoch = TreeEpoch(self.tree.running_epoch().0.saturating_sub(1));
-        *snaps.entry(epoch).or_insert(0) += 1;
-        epoch
+    /// epoch or later waits). Returns the ticket to pass to `close_snapshot`.
+    pub fn register_live_reader(&self) -> ReaderTicket {
+        // Read under the registration's lock: a reclaim deciding now sees this
+        // registration or ran before it, when this reader held no pointer yet.
+        self.readers
+            .register_with(|| TreeEpoch(self.tree.running_epoch().0.saturating_sub(1)))
     }
 
     /// Registers a reader of the tree sealed at `epoch` (a committed one): nothing retired
-    /// after it is freed until `close_snapshot(epoch)`. The caller holds the commit lock,
-    /// so that a commit does not free the tree between reading `epoch` and this call.
-    pub fn register_snapshot_at(&self, epoch: TreeEpoch) -> TreeEpoch {
-        *self.snapshots.lock().entry(epoch).or_insert(0) += 1;
-        epoch
+    /// after it is freed until `close_snapshot`. The caller holds the commit lock, so that
+    /// a commit does not free the tree between reading `epoch` and this call.
+    pub fn register_snapshot_at(&self, epoch: TreeEpoch) -> ReaderTicket {
+        self.readers.register(epoch)
     }
 
-    /// Closes a registration made at `epoch` (a snapshot's or a live range's).
-    ///
-    /// An epoch whose count falls to zero keeps its entry until `oldest_snapshot` prunes
-    /// it: live ranges register and close at the same epoch between two commits, and
-    /// removing the map's only entry and inserting it again freed and allocated a node
-    /// per range.
-    pub fn close_snapshot(&self, epoch: TreeEpoch) {
-        let mut snaps = self.snapshots.lock();
-        let count = snaps.get_mut(&epoch).expect("snapshot was registered");
-        *count -= 1;
+    /// Closes a registration (a snapshot's, a live range's or a pinned commit's).
+    pub fn close_snapshot(&self, ticket: ReaderTicket) {
+        self.readers.close(ticket);
     }
 
-    /// The oldest epoch a snapshot or live range still reads; prunes the epochs nobody
-    /// reads any more.
+    /// The oldest epoch a snapshot or live range still reads.
     pub fn oldest_snapshot(&self) -> Option<TreeEpoch> {
-        let mut snaps = self.snapshots.lock();
-        snaps.retain(|_, count| *count > 0);
-        snaps.keys().next().copied()
+        self.readers.oldest()
     }
 
     // ----- segments ------------------------------------------------------------------
@@ -716,7 +703,7 @@ impl Region {
 
     /// The region's segments with their counts (for tests).
     #[cfg(test)]
-    pub fn segments(&self) -> BTreeMap<u64, SegmentStats> {
+    pub fn segments(&self) -> std::collections::BTreeMap<u64, SegmentStats> {
         self.writer.lock().segments.clone()
     }
 }
