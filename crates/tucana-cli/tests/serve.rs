@@ -255,7 +255,11 @@ fn acknowledged_pipelined_collection_runs_survive_kill_9() {
         for i in 0..50 {
             let n = round * 50 + i;
             pipe.cmd("RPUSH").arg("l").arg(n).ignore();
-            pipe.cmd("ZADD").arg("z").arg(n).arg(format!("m{n}")).ignore();
+            pipe.cmd("ZADD")
+                .arg("z")
+                .arg(n)
+                .arg(format!("m{n}"))
+                .ignore();
             pipe.cmd("HSET")
                 .arg(format!("h{round}"))
                 .arg(format!("f{i}"))

@@ -15,7 +15,9 @@ use tucana_server::{spawn, DurabilityMode, ServerConfig};
 const SETUP: &[&str] = &["RPUSH e 1 2", "PEXPIRE e 1", "ZADD ez 1 a", "PEXPIRE ez 1"];
 
 fn words(line: &str) -> Vec<Vec<u8>> {
-    line.split_whitespace().map(|w| w.as_bytes().to_vec()).collect()
+    line.split_whitespace()
+        .map(|w| w.as_bytes().to_vec())
+        .collect()
 }
 
 /// The pipeline: runs of collection writes mixed with what ends a run.
@@ -77,19 +79,21 @@ fn script() -> Vec<String> {
     lines.push("LPOP big 200".into());
     lines.extend((0..5).map(|_| "RPOP big".to_string()));
     lines.extend((0..40).map(|i| format!("ZADD rec-index {} m{}", (i * 7) % 23, i % 31)));
-    lines.extend([
-        "LRANGE l 0 -1",
-        "LRANGE e 0 -1",
-        "LRANGE ez 0 -1",
-        "LRANGE z 0 -1",
-        "ZRANGE rec-index 0 -1 WITHSCORES",
-        "HGETALL h",
-        "SMEMBERS s",
-        "EXISTS big",
-        "TYPE z",
-        "DBSIZE",
-    ]
-    .map(String::from));
+    lines.extend(
+        [
+            "LRANGE l 0 -1",
+            "LRANGE e 0 -1",
+            "LRANGE ez 0 -1",
+            "LRANGE z 0 -1",
+            "ZRANGE rec-index 0 -1 WITHSCORES",
+            "HGETALL h",
+            "SMEMBERS s",
+            "EXISTS big",
+            "TYPE z",
+            "DBSIZE",
+        ]
+        .map(String::from),
+    );
     lines
 }
 
@@ -153,7 +157,10 @@ fn pipelined_collection_writes_answer_as_one_at_a_time_in_both_durability_modes(
         .map(|r| String::from_utf8_lossy(r).into_owned())
         .collect();
     assert!(text.iter().any(|r| r.starts_with("-WRONGTYPE")));
-    assert!(text.contains(&"*-1\r\n".to_string()), "LPOP l 3 of a gone list");
+    assert!(
+        text.contains(&"*-1\r\n".to_string()),
+        "LPOP l 3 of a gone list"
+    );
 }
 
 #[test]

@@ -507,13 +507,12 @@ impl Kv for TxKv<'_> {
         if limit == 0 || bounds_empty(&bounds) {
             return Ok(Vec::new());
         }
-        let stored: Box<dyn Iterator<Item = tucana::Result<(Vec<u8>, Vec<u8>)>> + '_> = match &self
-            .ks
-        {
-            None => Box::new(std::iter::empty()),
-            Some(ks) if rev => Box::new(ks.range::<Vec<u8>, _>(bounds.clone()).rev()),
-            Some(ks) => Box::new(ks.range::<Vec<u8>, _>(bounds.clone())),
-        };
+        let stored: Box<dyn Iterator<Item = tucana::Result<(Vec<u8>, Vec<u8>)>> + '_> =
+            match &self.ks {
+                None => Box::new(std::iter::empty()),
+                Some(ks) if rev => Box::new(ks.range::<Vec<u8>, _>(bounds.clone()).rev()),
+                Some(ks) => Box::new(ks.range::<Vec<u8>, _>(bounds.clone())),
+            };
         let written = self.overlay.range::<Vec<u8>, _>(bounds);
         let written: Box<dyn Iterator<Item = (&Vec<u8>, &Option<Vec<u8>>)> + '_> = if rev {
             Box::new(written.rev())
@@ -659,10 +658,22 @@ mod tests {
     #[test]
     fn bounds_that_hold_no_key_are_seen_before_a_btreemap_refuses_them() {
         let b = |s: &str| s.as_bytes().to_vec();
-        assert!(bounds_empty(&(Bound::Included(b("b")), Bound::Included(b("a")))));
-        assert!(bounds_empty(&(Bound::Excluded(b("a")), Bound::Excluded(b("a")))));
-        assert!(bounds_empty(&(Bound::Included(b("a")), Bound::Excluded(b("a")))));
-        assert!(!bounds_empty(&(Bound::Included(b("a")), Bound::Included(b("a")))));
+        assert!(bounds_empty(&(
+            Bound::Included(b("b")),
+            Bound::Included(b("a"))
+        )));
+        assert!(bounds_empty(&(
+            Bound::Excluded(b("a")),
+            Bound::Excluded(b("a"))
+        )));
+        assert!(bounds_empty(&(
+            Bound::Included(b("a")),
+            Bound::Excluded(b("a"))
+        )));
+        assert!(!bounds_empty(&(
+            Bound::Included(b("a")),
+            Bound::Included(b("a"))
+        )));
         assert!(!bounds_empty(&(Bound::Unbounded, Bound::Excluded(b("a")))));
         assert!(!bounds_empty(&(Bound::Included(b("a")), Bound::Unbounded)));
     }

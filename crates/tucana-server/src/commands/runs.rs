@@ -114,8 +114,7 @@ pub(super) fn run_length(requests: Requests<'_>, first: usize) -> usize {
 
 /// Whether a run may be taken now for `session` (see the module doc for why not).
 pub(super) fn runs_allowed(state: &ServerState, session: &Session) -> bool {
-    state.settings.notify_flags() == 0
-        && !state.store.slot(session.db_index).waiters().any()
+    state.settings.notify_flags() == 0 && !state.store.slot(session.db_index).waiters().any()
 }
 
 /// Where a run's replies go, in its batch: the encoded replies, the batch's counts, and
@@ -194,7 +193,10 @@ mod tests {
 
     /// The requests of `lines` (inline commands) in one buffer.
     fn wire(lines: &[String]) -> Vec<u8> {
-        lines.iter().flat_map(|l| format!("{l}\r\n").into_bytes()).collect()
+        lines
+            .iter()
+            .flat_map(|l| format!("{l}\r\n").into_bytes())
+            .collect()
     }
 
     /// Runs `wire` as one pipelined batch; its replies.
