@@ -507,14 +507,13 @@ impl Kv for TxKv<'_> {
         if limit == 0 || bounds_empty(&bounds) {
             return Ok(Vec::new());
         }
-        let stored: Box<dyn Iterator<Item = tucana::Result<(Vec<u8>, Vec<u8>)>> + '_> =
-            match &self.ks {
-                None => Box::new(std::iter::empty()),
-                Some(ks) if rev => Box::new(ks.range::<Vec<u8>, _>(bounds.clone()).rev()),
-                Some(ks) => Box::new(ks.range::<Vec<u8>, _>(bounds.clone())),
-            };
+        let stored: Box<StoredRecords<'_>> = match &self.ks {
+            None => Box::new(std::iter::empty()),
+            Some(ks) if rev => Box::new(ks.range::<Vec<u8>, _>(bounds.clone()).rev()),
+            Some(ks) => Box::new(ks.range::<Vec<u8>, _>(bounds.clone())),
+        };
         let written = self.overlay.range::<Vec<u8>, _>(bounds);
-        let written: Box<dyn Iterator<Item = (&Vec<u8>, &Option<Vec<u8>>)> + '_> = if rev {
+        let written: Box<OverlayWrites<'_>> = if rev {
             Box::new(written.rev())
         } else {
             Box::new(written)
@@ -540,6 +539,12 @@ impl Kv for TxKv<'_> {
         }
     }
 }
+
+/// Records read from the keyspace for [`TxKv::range`], in the walk's order.
+type StoredRecords<'a> = dyn Iterator<Item = tucana::Result<(Vec<u8>, Vec<u8>)>> + 'a;
+
+/// The overlay's writes in a range, in the walk's order: a put or (`None`) a delete.
+type OverlayWrites<'a> = dyn Iterator<Item = (&'a Vec<u8>, &'a Option<Vec<u8>>)> + 'a;
 
 /// Whether `bounds` hold no key (a range a `BTreeMap` would refuse: start past end, or
 /// equal with either end excluded).
