@@ -240,6 +240,70 @@ fn acknowledged_collection_writes_survive_kill_9() {
     db.close().unwrap();
 }
 
+/// Pipelined runs of collection writes (consecutive LPUSH, LPOP, ZADD, HSET, ... run as
+/// one engine batch per run, `commands/runs.rs`) in sync mode survive kill -9 as they
+/// were acknowledged: every pipeline's pushes, pops, members and fields are there, a list
+/// emptied and pushed again inside one run is its new incarnation alone, counts agree
+/// with the records, nothing else is left behind, and the volume checks clean.
+#[test]
+fn acknowledged_pipelined_collection_runs_survive_kill_9() {
+    let (_dir, path) = volume();
+    let mut served = serve(&path, &["--durability", "sync"]);
+    let mut con = served.connect();
+    for round in 0..20 {
+        let mut pipe = redis::pipe();
+        for i in 0..50 {
+            let n = round * 50 + i;
+            pipe.cmd("RPUSH").arg("l").arg(n).ignore();
+            pipe.cmd("ZADD")
+                .arg("z")
+                .arg(n)
+                .arg(format!("m{n}"))
+                .ignore();
+            pipe.cmd("HSET")
+                .arg(format!("h{round}"))
+                .arg(format!("f{i}"))
+                .arg(i)
+                .ignore();
+        }
+        for _ in 0..10 {
+            pipe.cmd("LPOP").arg("l").ignore();
+        }
+        let () = pipe.query(&mut con).unwrap();
+    }
+    let mut pipe = redis::pipe();
+    pipe.cmd("LPOP").arg("l").arg(800);
+    pipe.cmd("RPUSH").arg("l").arg("last");
+    pipe.cmd("ZREM").arg("z").arg("m0");
+    let (popped, len, removed): (Vec<i64>, i64, i64) = pipe.query(&mut con).unwrap();
+    assert_eq!(popped, (200..1000).collect::<Vec<i64>>());
+    assert_eq!((len, removed), (1, 1));
+    served.child.kill().expect("kill -9");
+    served.child.wait().unwrap();
+
+    let mut served = serve(&path, &["--durability", "sync"]);
+    let mut con = served.connect();
+    let l: Vec<String> = con.lrange("l", 0, -1).unwrap();
+    assert_eq!(l, ["last"]);
+    assert_eq!(con.zcard::<_, i64>("z").unwrap(), 999);
+    let z: Vec<(String, i64)> = con.zrange_withscores("z", 0, 1).unwrap();
+    assert_eq!(z, [("m1".to_string(), 1), ("m2".to_string(), 2)]);
+    for round in 0..20 {
+        let h: std::collections::HashMap<String, i64> = con.hgetall(format!("h{round}")).unwrap();
+        assert_eq!(h.len(), 50, "h{round}");
+        assert_eq!(h.get("f49"), Some(&49));
+    }
+    let n: i64 = redis::cmd("DBSIZE").query(&mut con).unwrap();
+    assert_eq!(n, 22);
+    assert!(served.signal("-TERM").success());
+    // The list's one element and metadata, 999 members twice and the sorted set's
+    // metadata, 20 packed hashes, and the marker.
+    let db = tucana::Database::open(&path).expect("reopen after kill -9");
+    assert_eq!(db.keyspace("default").unwrap().len(), 2 + 1999 + 20 + 1);
+    db.check().expect("check after kill -9");
+    db.close().unwrap();
+}
+
 #[test]
 fn sigterm_and_sigint_stop_gracefully_and_keep_buffered_writes() {
     for signal in ["-TERM", "-INT"] {

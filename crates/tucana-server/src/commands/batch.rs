@@ -1,6 +1,6 @@
 //! Running a pipelined batch of requests: [`execute_batch`] and the fast paths of plain
-//! `GET key` and `SET key value` runs, and [`Written`], where in the batch's output the
-//! replies of its writes are.
+//! `GET key` and `SET key value` runs (runs of collection writes are `runs`'), and
+//! [`Written`], where in the batch's output the replies of its writes are.
 //!
 //! Owns the order requests run in and the encoding of their replies into the
 //! connection's output buffer, and the batch's [`Tally`] of counts. It does not own
@@ -20,6 +20,7 @@ use crate::resp::{encode_bulk, encode_error, encode_nil, Args, Reply, Requests};
 use crate::state::ServerState;
 use crate::syncer::NotDurable;
 
+use super::runs;
 use super::table::lookup;
 use super::{execute, Call, Session};
 
@@ -32,8 +33,10 @@ use super::{execute, Call, Session};
 /// Plain `GET key` and `SET key value` (the bulk of a cache's traffic) take a fast path
 /// when the connection is authenticated and not in `MULTI`: a run of consecutive ones
 /// reads one keyspace handle (GET, values encoded from where they lie) or takes the write
-/// lock once and applies the run as one engine batch (SET). Their replies are what the
-/// general path would answer; anything else goes through [`execute`].
+/// lock once and applies the run as one engine batch (SET). A run of collection writes
+/// (LPUSH, LPOP, ZADD, HSET, ...) runs its handlers under one hold of the write lock with
+/// their writes in one engine batch (`runs`). Their replies are what the general path
+/// would answer; anything else goes through [`execute`].
 pub fn execute_batch(
     state: &ServerState,
     session: &mut Session,
@@ -48,6 +51,8 @@ pub fn execute_batch(
         read: Vec::new(),
     };
     let mut args: Vec<&[u8]> = Vec::new();
+    // Requests before this index run on the general path (a run of them failed).
+    let mut one_by_one_until = 0;
     let mut i = 0;
     while i < requests.len() {
         requests.args_into(i, &mut args);
@@ -82,6 +87,23 @@ pub fn execute_batch(
             if done > 0 {
                 i += done;
                 continue;
+            }
+        }
+        // A run of collection writes (LPUSH, LPOP, ZADD, HSET, ...): one lock hold, one
+        // engine batch (`runs`); a run whose batch failed goes one by one.
+        if fast && i >= one_by_one_until {
+            let run = runs::run_length(requests, i);
+            if run >= 2 && runs::runs_allowed(state, session) {
+                let output = runs::RunOutput {
+                    out: &mut *replies.out,
+                    tally: &mut replies.tally,
+                    written: &mut replies.written,
+                };
+                if runs::fast_collection_writes(state, session, requests, i..i + run, output) {
+                    i += run;
+                    continue;
+                }
+                one_by_one_until = i + run;
             }
         }
         let owned: Args = args.iter().map(|a| a.to_vec()).collect();

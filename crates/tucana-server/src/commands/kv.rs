@@ -1,18 +1,19 @@
 //! The [`Kv`] trait the string commands are written against, and its stores: one that
 //! reads the keyspace as it is ([`ReadKv`]), one that reads and writes under the
-//! database's write lock ([`LockedKv`]), the overlay of `EXEC` ([`TxKv`]), whose writes
-//! become one atomic engine batch when the transaction ends, and the reads of a replica's
-//! last applied commit on a backup ([`ReplicaKv`], cluster mode's `READONLY`).
+//! database's write lock ([`LockedKv`]), the overlay of `EXEC` and of a pipelined run
+//! of collection writes ([`TxKv`]), whose writes become one atomic engine batch at the
+//! end, and the reads of a replica's last applied commit on a backup ([`ReplicaKv`],
+//! cluster mode's `READONLY`).
 //!
 //! Owns how a handler's reads and writes reach the engine (buffered: durability is the
 //! batch's business, `batch::Written`), the keyspace hit and miss counts of those
 //! reads, and when a handler's keyspace notifications are published ([`Kv::notify`]: at
 //! once under the write lock, after the batch inside `EXEC`). It does not own the locks (`store`) or the handlers (`strings`).
 //!
-//! Thread-safety: a store lives for one command (or one `EXEC`) on one thread; the write
+//! Thread-safety: a store lives for one command (or one `EXEC`, or one run) on one thread; the write
 //! lock it may hold is released when it is dropped.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::ops::Bound;
 
 use tucana::{Durability, Keyspace};
@@ -377,14 +378,24 @@ impl Kv for LockedKv<'_> {
     }
 }
 
-/// Inside `EXEC`: reads see the transaction's own writes, writes wait in an overlay that
-/// becomes one atomic batch at the end.
+/// Inside `EXEC`, and for a pipelined run of collection writes (`runs`): reads see the
+/// store's own writes, writes wait in an overlay that becomes one atomic batch at the end.
+///
+/// The database's write lock is held from construction to drop, so the keyspace handle
+/// (taken once) and every record outside the overlay stay as they were: no other writer,
+/// FLUSHDB or reload can run meanwhile.
 pub(super) struct TxKv<'a> {
     guard: WriteGuard<'a>,
     state: &'a ServerState,
-    overlay: HashMap<Vec<u8>, Option<Vec<u8>>>,
+    /// The keyspace when the store was made (`None`: not created yet; the commit creates it).
+    ks: Option<Keyspace>,
+    /// Writes not applied yet, by key: a put (`Some`) or a delete (`None`), which hides the
+    /// stored record. Ordered, so that `range` merges it with the keyspace's records lazily.
+    overlay: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
     /// A queued command wrote a deadline: the batch at the end carries the marker.
     deadline_noted: bool,
+    /// `apply` was called with writes since the last `take_wrote`.
+    wrote: bool,
     /// `Settings::notify_flags` when EXEC started.
     notify_flags: u32,
     /// The transaction's keyspace notifications, published once its batch is applied.
@@ -392,16 +403,24 @@ pub(super) struct TxKv<'a> {
 }
 
 impl<'a> TxKv<'a> {
-    /// The store of one `EXEC` holding `guard`.
+    /// The store of one `EXEC` (or one run) holding `guard`.
     pub(super) fn new(guard: WriteGuard<'a>, state: &'a ServerState) -> TxKv<'a> {
         TxKv {
+            ks: guard.existing(),
             guard,
             state,
-            overlay: HashMap::new(),
+            overlay: BTreeMap::new(),
             deadline_noted: false,
+            wrote: false,
             notify_flags: state.settings.notify_flags(),
             events: Vec::new(),
         }
+    }
+
+    /// Whether `apply` was given writes since the last call (a run's command that wrote:
+    /// in sync mode its reply waits for the sync).
+    pub(super) fn take_wrote(&mut self) -> bool {
+        std::mem::take(&mut self.wrote)
     }
 
     /// The overlay as one atomic engine batch (with the marker of deadlines if one was
@@ -421,7 +440,7 @@ impl<'a> TxKv<'a> {
         if self.overlay.is_empty() {
             return Ok(false);
         }
-        let mut ops: Ops = self.overlay.drain().collect();
+        let mut ops: Ops = std::mem::take(&mut self.overlay).into_iter().collect();
         let marking = with_marker(&mut ops, self.deadline_noted, self.guard.may_expire());
         let ks = self.guard.keyspace(&self.state.store.db)?;
         let mut batch = ks.batch();
@@ -440,6 +459,17 @@ impl<'a> TxKv<'a> {
             .modified(ops.iter().map(|(k, _)| k.as_slice()), slot_prefixed);
         Ok(true)
     }
+
+    /// A record as this store sees it: the overlay's write, else the keyspace's.
+    fn read(&self, key: &[u8]) -> tucana::Result<Option<Vec<u8>>> {
+        if let Some(v) = self.overlay.get(key) {
+            return Ok(v.clone());
+        }
+        match &self.ks {
+            Some(ks) => ks.get(key),
+            None => Ok(None),
+        }
+    }
 }
 
 impl Kv for TxKv<'_> {
@@ -447,19 +477,16 @@ impl Kv for TxKv<'_> {
         &self.state.settings
     }
 
+    /// Counted as a hit or miss also when the overlay answers, as the command would be
+    /// counted alone.
     fn get(&mut self, key: &[u8]) -> tucana::Result<Option<Vec<u8>>> {
-        if let Some(v) = self.overlay.get(key) {
-            return Ok(v.clone());
-        }
-        let value = match self.guard.existing() {
-            Some(ks) => ks.get(key)?,
-            None => None,
-        };
+        let value = self.read(key)?;
         self.state.metrics.count_lookup(value.is_some());
         Ok(value)
     }
 
     fn apply(&mut self, ops: Ops) -> tucana::Result<()> {
+        self.wrote |= !ops.is_empty();
         for (key, value) in ops {
             self.overlay.insert(key, value);
         }
@@ -467,43 +494,31 @@ impl Kv for TxKv<'_> {
     }
 
     fn lookup(&mut self, key: &[u8]) -> tucana::Result<Option<Vec<u8>>> {
-        if let Some(v) = self.overlay.get(key) {
-            return Ok(v.clone());
-        }
-        match self.guard.existing() {
-            Some(ks) => ks.get(key),
-            None => Ok(None),
-        }
+        self.read(key)
     }
 
     fn count_lookup(&mut self, _key: &[u8], hit: bool) {
         self.state.metrics.count_lookup(hit);
     }
 
-    /// The keyspace's records with the overlay's writes laid over them: every record of
-    /// the bounds is read (the overlay's deletes may hide any of them), then cut.
+    /// The keyspace's records with the overlay's writes laid over them, merged as they
+    /// are read: O(limit + the overlay's writes in the bounds) records, not the bounds'.
     fn range(&mut self, bounds: Bounds, rev: bool, limit: usize) -> tucana::Result<Pairs> {
-        let stored = read_range(
-            self.guard.existing().as_ref(),
-            bounds.clone(),
-            false,
-            usize::MAX,
-        )?;
-        let mut merged: std::collections::BTreeMap<Vec<u8>, Vec<u8>> = stored.into_iter().collect();
-        for (key, value) in &self.overlay {
-            if !std::ops::RangeBounds::contains(&bounds, key) {
-                continue;
-            }
-            match value {
-                Some(v) => merged.insert(key.clone(), v.clone()),
-                None => merged.remove(key),
-            };
+        if limit == 0 || bounds_empty(&bounds) {
+            return Ok(Vec::new());
         }
-        Ok(if rev {
-            merged.into_iter().rev().take(limit).collect()
+        let stored: Box<StoredRecords<'_>> = match &self.ks {
+            None => Box::new(std::iter::empty()),
+            Some(ks) if rev => Box::new(ks.range::<Vec<u8>, _>(bounds.clone()).rev()),
+            Some(ks) => Box::new(ks.range::<Vec<u8>, _>(bounds.clone())),
+        };
+        let written = self.overlay.range::<Vec<u8>, _>(bounds);
+        let written: Box<OverlayWrites<'_>> = if rev {
+            Box::new(written.rev())
         } else {
-            merged.into_iter().take(limit).collect()
-        })
+            Box::new(written)
+        };
+        merge_overlay(stored, written, rev, limit)
     }
 
     fn may_expire(&self) -> bool {
@@ -522,5 +537,149 @@ impl Kv for TxKv<'_> {
         if crate::notify::wants(self.notify_flags, class) {
             self.events.push((event, key.to_vec()));
         }
+    }
+}
+
+/// Records read from the keyspace for [`TxKv::range`], in the walk's order.
+type StoredRecords<'a> = dyn Iterator<Item = tucana::Result<(Vec<u8>, Vec<u8>)>> + 'a;
+
+/// The overlay's writes in a range, in the walk's order: a put or (`None`) a delete.
+type OverlayWrites<'a> = dyn Iterator<Item = (&'a Vec<u8>, &'a Option<Vec<u8>>)> + 'a;
+
+/// Whether `bounds` hold no key (a range a `BTreeMap` would refuse: start past end, or
+/// equal with either end excluded).
+fn bounds_empty(bounds: &Bounds) -> bool {
+    match bounds {
+        (Bound::Included(lo), Bound::Included(hi)) => lo > hi,
+        (Bound::Included(lo) | Bound::Excluded(lo), Bound::Excluded(hi))
+        | (Bound::Excluded(lo), Bound::Included(hi)) => lo >= hi,
+        _ => false,
+    }
+}
+
+/// Merges stored records with the overlay's writes of the same bounds, both in the
+/// order `rev` says: an overlay entry replaces (put) or hides (delete) the stored record
+/// of its key. Stops after `limit` records.
+fn merge_overlay<'o>(
+    stored: impl Iterator<Item = tucana::Result<(Vec<u8>, Vec<u8>)>>,
+    written: impl Iterator<Item = (&'o Vec<u8>, &'o Option<Vec<u8>>)>,
+    rev: bool,
+    limit: usize,
+) -> tucana::Result<Pairs> {
+    let mut stored = stored.peekable();
+    let mut written = written.peekable();
+    let mut out = Vec::new();
+    // Whether `a` comes before `b` in the walk's order.
+    let before = |a: &[u8], b: &[u8]| if rev { a > b } else { a < b };
+    while out.len() < limit {
+        let next_stored = match stored.peek() {
+            Some(Err(_)) => return Err(stored.next().expect("peeked").unwrap_err()),
+            Some(Ok((k, _))) => Some(k.as_slice()),
+            None => None,
+        };
+        let take_written = match (next_stored, written.peek()) {
+            (_, None) => false,
+            (None, Some(_)) => true,
+            (Some(s), Some((w, _))) => !before(s, w),
+        };
+        if take_written {
+            let (key, value) = written.next().expect("peeked");
+            // The overlay's write replaces a stored record of the same key.
+            if next_stored == Some(key.as_slice()) {
+                stored.next();
+            }
+            if let Some(value) = value {
+                out.push((key.clone(), value.clone()));
+            }
+            continue;
+        }
+        match stored.next() {
+            Some(Ok(pair)) => out.push(pair),
+            Some(Err(e)) => return Err(e),
+            None => break,
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pairs(list: &[(&str, &str)]) -> Pairs {
+        list.iter()
+            .map(|(k, v)| (k.as_bytes().to_vec(), v.as_bytes().to_vec()))
+            .collect()
+    }
+
+    /// `merge_overlay` of stored `a b c d` and an overlay that replaces `b`, deletes `c`,
+    /// adds `bb` and `e`, walked as `rev` says, at most `limit`.
+    fn merged(rev: bool, limit: usize) -> Pairs {
+        let stored = pairs(&[("a", "1"), ("b", "2"), ("c", "3"), ("d", "4")]);
+        let overlay: BTreeMap<Vec<u8>, Option<Vec<u8>>> = [
+            ("b", Some("B")),
+            ("bb", Some("BB")),
+            ("c", None),
+            ("e", Some("E")),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.as_bytes().to_vec(), v.map(|v| v.as_bytes().to_vec())))
+        .collect();
+        let stored: Vec<tucana::Result<(Vec<u8>, Vec<u8>)>> = if rev {
+            stored.into_iter().rev().map(Ok).collect()
+        } else {
+            stored.into_iter().map(Ok).collect()
+        };
+        let written: Vec<_> = if rev {
+            overlay.iter().rev().collect()
+        } else {
+            overlay.iter().collect()
+        };
+        merge_overlay(stored.into_iter(), written.into_iter(), rev, limit).unwrap()
+    }
+
+    #[test]
+    fn the_overlay_replaces_hides_and_adds_records_in_walk_order() {
+        let all = pairs(&[("a", "1"), ("b", "B"), ("bb", "BB"), ("d", "4"), ("e", "E")]);
+        assert_eq!(merged(false, usize::MAX), all);
+        let mut reversed = all.clone();
+        reversed.reverse();
+        assert_eq!(merged(true, usize::MAX), reversed);
+        assert_eq!(merged(false, 3), all[..3].to_vec());
+        assert_eq!(merged(true, 2), reversed[..2].to_vec());
+    }
+
+    #[test]
+    fn a_failed_read_of_the_stored_records_is_the_merges_error() {
+        let stored = vec![
+            Ok((b"a".to_vec(), b"1".to_vec())),
+            Err(tucana::Error::InvalidArgument("damaged".into())),
+        ];
+        let overlay: BTreeMap<Vec<u8>, Option<Vec<u8>>> = BTreeMap::new();
+        let merged = merge_overlay(stored.into_iter(), overlay.iter(), false, 10);
+        assert!(merged.is_err());
+    }
+
+    #[test]
+    fn bounds_that_hold_no_key_are_seen_before_a_btreemap_refuses_them() {
+        let b = |s: &str| s.as_bytes().to_vec();
+        assert!(bounds_empty(&(
+            Bound::Included(b("b")),
+            Bound::Included(b("a"))
+        )));
+        assert!(bounds_empty(&(
+            Bound::Excluded(b("a")),
+            Bound::Excluded(b("a"))
+        )));
+        assert!(bounds_empty(&(
+            Bound::Included(b("a")),
+            Bound::Excluded(b("a"))
+        )));
+        assert!(!bounds_empty(&(
+            Bound::Included(b("a")),
+            Bound::Included(b("a"))
+        )));
+        assert!(!bounds_empty(&(Bound::Unbounded, Bound::Excluded(b("a")))));
+        assert!(!bounds_empty(&(Bound::Included(b("a")), Bound::Unbounded)));
     }
 }

@@ -11,14 +11,16 @@
 //! - `batch`: [`execute_batch`] runs a pipelined batch; runs of plain `GET key` and
 //!   `SET key value` (most of a cache's traffic) take fast paths that answer exactly as
 //!   the general path would, without building owned arguments or [`Reply`] values;
+//!   `runs` runs consecutive collection writes (LPUSH, LPOP, ZADD, HSET, ...) under one
+//!   hold of the write lock as one engine batch, each through its own handler;
 //!   everything else goes through [`execute`] here (authentication, arity, `MULTI`
 //!   queueing), which finds the handler in
 //! - `table`: the command table ([`table::Spec`]), lookup by name, and which commands
 //!   may block;
 //! - `kv`: the [`kv::Kv`] trait the string commands are written against, and its three
 //!   stores: reads directly on the keyspace (no lock), writes under the database's write
-//!   lock (see `store` for why), and inside `EXEC` an overlay whose writes become one
-//!   atomic engine batch;
+//!   lock (see `store` for why), and inside `EXEC` (and a run of collection writes) an
+//!   overlay whose writes become one atomic engine batch;
 //! - `expire`: key deadlines as handlers see them (lazy expiry, the writes that keep a
 //!   key's deadline records in step) and EXPIRE, PERSIST, TTL and their family;
 //! - the handlers, by Redis's command groups: `strings` (GET, SET, INCR, ...),
@@ -58,6 +60,7 @@ mod moves;
 mod mpop;
 mod pubsub;
 mod routing;
+mod runs;
 mod session;
 mod sets;
 mod sort;

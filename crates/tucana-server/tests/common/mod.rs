@@ -87,6 +87,28 @@ impl Raw {
         (whole, elements)
     }
 
+    /// Sends every request in one write (one pipelined batch, as far as the server's
+    /// reads take it so), then reads their replies: each one's bytes, in order.
+    pub fn pipeline(&mut self, requests: &[Vec<Vec<u8>>]) -> Vec<Vec<u8>> {
+        let mut wire = Vec::new();
+        for args in requests {
+            wire.extend_from_slice(format!("*{}\r\n", args.len()).as_bytes());
+            for a in args {
+                wire.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
+                wire.extend_from_slice(a);
+                wire.extend_from_slice(b"\r\n");
+            }
+        }
+        self.reader.get_mut().write_all(&wire).unwrap();
+        (0..requests.len())
+            .map(|_| {
+                let mut one = Vec::new();
+                self.read_value(&mut one);
+                one
+            })
+            .collect()
+    }
+
     fn read_value(&mut self, out: &mut Vec<u8>) {
         let mut line = Vec::new();
         self.reader.read_until(b'\n', &mut line).unwrap();
