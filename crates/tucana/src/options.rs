@@ -82,7 +82,7 @@ pub struct Options {
     /// `commit_interval` nor `flush_interval`) there is no writer thread either: the
     /// queued writes are done by whoever must wait next (a full budget, a sync, a commit).
     pub writes_in_flight_segments: usize,
-    /// Segment writes running at once per member (default 2; at least 1): the worker
+    /// Segment writes running at once per member (default 4; at least 1): the worker
     /// threads each member's write queue may use. With 1, a member's queued writes are
     /// done one after another; with more, up to this many `pwrite`s (or direct writes to
     /// a raw device) are in progress on it together and complete in any order. At most
@@ -133,7 +133,7 @@ impl Default for Options {
             mapping_reservation_bytes: crate::volume::DEFAULT_MAPPING_RESERVATION_BYTES,
             member_dispatch: crate::volume::DispatchPolicy::RoundRobin,
             writes_in_flight_segments: 4,
-            writes_in_flight_depth: 2,
+            writes_in_flight_depth: 4,
             writes_in_flight_volume_bytes: 64 << 20,
             segment_writes_wait_for_device: false,
             trim_schedule: crate::trim::TrimSchedule::Scheduled,

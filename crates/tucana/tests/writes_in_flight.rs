@@ -582,6 +582,14 @@ impl Storage for NodeGated {
     }
 }
 
+struct OpenOnDrop<'a>(&'a NodeGated);
+
+impl Drop for OpenOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.set_gate(false);
+    }
+}
+
 #[test]
 fn a_commit_writes_its_node_runs_in_flight_and_syncs_only_after_them() {
     // A commit hands its index node runs to the members' write queues instead of writing
@@ -590,7 +598,12 @@ fn a_commit_writes_its_node_runs_in_flight_and_syncs_only_after_them() {
     // nodes it leads to would be a tree of missing nodes after a crash). Opening the gate
     // lets the commit finish; every node run is done before the first sync after it.
     let storage = NodeGated::new();
-    let db = options().open_storage(storage.clone()).unwrap();
+    // A budget the commit's node runs fit in: with a full budget the committer would
+    // wait for the held runs in `reserve`, before it could write anything else.
+    let db = options()
+        .writes_in_flight_segments(64)
+        .open_storage(storage.clone())
+        .unwrap();
     let ks = db.keyspace("ks").unwrap();
     for i in 0..3000u32 {
         ks.put(&key(i), &value(i)).unwrap();
@@ -600,20 +613,25 @@ fn a_commit_writes_its_node_runs_in_flight_and_syncs_only_after_them() {
     let mark = storage.events().len();
     std::thread::scope(|scope| {
         let commit = scope.spawn(|| db.commit());
+        // Opens the gate however this closure ends, so a failed assertion does not
+        // leave the scope waiting forever for the held commit.
+        let _open = OpenOnDrop(&storage);
+        // The sync above left the tails empty, so the committer's own writes after the
+        // mark are the descriptor and the bitmap images, which come after the node runs
+        // were queued; the worker may reach the gate before or after them.
         wait_until("the committer writes past its held node runs", || {
             let events = storage.events();
-            let held = events[mark..]
-                .iter()
-                .position(|e| *e == NodeEvent::NodeRunHeld);
-            held.is_some_and(|h| {
-                events[mark + h..].contains(&NodeEvent::OtherWrite { by_worker: false })
-            })
+            events[mark..].contains(&NodeEvent::NodeRunHeld)
+                && events[mark..].contains(&NodeEvent::OtherWrite { by_worker: false })
         });
         assert!(
             !storage.events()[mark..].contains(&NodeEvent::Sync),
             "synced while node runs were held"
         );
-        assert!(!commit.is_finished(), "the commit finished without its nodes");
+        assert!(
+            !commit.is_finished(),
+            "the commit finished without its nodes"
+        );
         storage.set_gate(false);
         commit.join().unwrap().unwrap();
     });
@@ -627,7 +645,10 @@ fn a_commit_writes_its_node_runs_in_flight_and_syncs_only_after_them() {
         .iter()
         .rposition(|e| *e == NodeEvent::NodeRunDone)
         .expect("the commit wrote node runs");
-    assert!(last_node < first_sync, "a node run finished after the sync: {after:?}");
+    assert!(
+        last_node < first_sync,
+        "a node run finished after the sync: {after:?}"
+    );
     for i in (0..3000u32).step_by(7) {
         assert_eq!(ks.get(&key(i)).unwrap(), Some(value(i)), "get {i}");
     }
@@ -638,7 +659,11 @@ fn a_commit_writes_its_node_runs_in_flight_and_syncs_only_after_them() {
     let db = options().open_storage(storage).unwrap();
     let ks = db.open_keyspace("ks").unwrap();
     for i in (0..3000u32).step_by(5) {
-        assert_eq!(ks.get(&key(i)).unwrap(), Some(value(i)), "get {i} after reopening");
+        assert_eq!(
+            ks.get(&key(i)).unwrap(),
+            Some(value(i)),
+            "get {i} after reopening"
+        );
     }
     db.check().unwrap();
 }

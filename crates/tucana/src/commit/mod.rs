@@ -290,7 +290,9 @@ impl Committer {
         let nodes = images.iter().flatten().map(|(off, image)| (*off, &**image));
         match &shared.writes {
             Some(queue) => crate::volume::queue_block_runs(queue, &storage, nodes)?,
-            None => crate::volume::write_block_runs(storage.as_ref(), nodes, &shared.bytes_written)?,
+            None => {
+                crate::volume::write_block_runs(storage.as_ref(), nodes, &shared.bytes_written)?
+            }
         }
 
         // 5-6. Descriptor, bitmaps, superblock.

@@ -694,8 +694,11 @@ mod tests {
         let most = Arc::new(AtomicUsize::new(0));
         for _ in 0..5 {
             let r = q.reserve(0, 10, &|| true).unwrap();
-            let (gate, running_now, most) =
-                (Arc::clone(&gate), Arc::clone(&running_now), Arc::clone(&most));
+            let (gate, running_now, most) = (
+                Arc::clone(&gate),
+                Arc::clone(&running_now),
+                Arc::clone(&most),
+            );
             q.push(
                 r,
                 Box::new(move || {
@@ -707,7 +710,9 @@ mod tests {
                 }),
             );
         }
-        await_true("two jobs running", || running_now.load(Ordering::SeqCst) == 2);
+        await_true("two jobs running", || {
+            running_now.load(Ordering::SeqCst) == 2
+        });
         let f = q.member_figures()[0];
         assert_eq!((f.jobs, f.running_jobs), (5, 2));
         gate.open();
@@ -743,7 +748,10 @@ mod tests {
         await_true("three jobs running", || started.load(Ordering::SeqCst) == 3);
         gate.open();
         let first = q.wait_queued().unwrap_err();
-        assert!(first.to_string().contains("member 0 write failed"), "{first}");
+        assert!(
+            first.to_string().contains("member 0 write failed"),
+            "{first}"
+        );
         assert!(matches!(q.wait_queued(), Err(Error::Poisoned)));
         assert!(matches!(q.check(), Err(Error::Poisoned)));
         assert_eq!(q.bytes_written(), 200, "the two that succeeded");
