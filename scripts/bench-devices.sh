@@ -12,9 +12,14 @@
 #
 # Cases: 3 equal members at 20 MiB/s against 1 (target >= 2.7x); unequal members 10/20/40
 # MiB/s, least weighted queue length against round-robin (target >= 1.5x); writes in
-# flight per member 1 -> 16 on one unthrottled member. Each throttled case runs with
-# segment writes waiting for the device (what LWQL needs to see a device's backlog) and,
-# for comparison, without (buffered writes: see BENCHMARKS.md, "Devices", for what the
+# flight per member 1 -> 16 on one unthrottled member (segments queued, one written at a
+# time). Case inflight-depth (not in the default CASES): one member, DEPTH_THROTTLE MiB/s
+# (default 0: unthrottled), 8 segments queued, the segment writes running at once per
+# member (`--writes-in-flight-depth`) taking each of DEPTHS (default "1 2 4 8") in turn
+# within each round, segment writes waiting for the device unless DEPTH_WAIT=false, with
+# the device's own MiB/s (its /sys/block stat) and the CPU per record printed. Each
+# throttled case runs with segment writes waiting for the device (what LWQL needs to see
+# a device's backlog) and, for comparison, without (buffered writes: see BENCHMARKS.md, "Devices", for what the
 # throttle does to them). Case gc-burst (not in the default CASES): one member at 20
 # MiB/s, load, overwrite every record while a reader gets random records, then
 # SETTLE_SECONDS more of reading while background GC collects; trims scheduled against
@@ -30,7 +35,8 @@
 # depth"; also "unequal-deep" and "gc-burst"), SETTLE_SECONDS (10), MOUNT_OPTIONS (of
 # the members' file systems, noatime; noatime,discard makes each punch a synchronous
 # discard of the loop device), RAW_DEVICES (0; 1: members are the loop devices, no file
-# system; each needs whole 128 MiB slots, so LOOP_BYTES of 1G holds 8).
+# system; each needs whole 128 MiB slots, so LOOP_BYTES of 1G holds 8), DEPTHS,
+# DEPTH_THROTTLE and DEPTH_WAIT (case inflight-depth).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -119,15 +125,19 @@ throttle() {
     done
 }
 
-# run LABEL MEMBERS POLICY IN_FLIGHT WAIT: one load over members 0..MEMBERS-1, inside the
-# blkio cgroup (and the memory cgroup the harness makes).
+# run LABEL MEMBERS POLICY IN_FLIGHT WAIT [DEPTH]: one load over members 0..MEMBERS-1,
+# inside the blkio cgroup (and the memory cgroup the harness makes); DEPTH segment writes
+# run at once per member (default: the engine's). One member: its device's bytes written
+# are measured too.
 run() {
-    local label="$1" n="$2" policy="$3" in_flight="$4" wait="$5"
+    local label="$1" n="$2" policy="$3" in_flight="$4" wait="$5" depth="${6:-}"
     [ "${raw_devices}" = 1 ] && label="raw ${label}"
     local args=()
     for ((i = 0; i < n; i++)); do
         args+=(--member "$(member "${i}")")
     done
+    [ -n "${depth}" ] && args+=(--writes-in-flight-depth "${depth}")
+    [ "${n}" = 1 ] && args+=(--device-stat "/sys/block/$(basename "${loops[0]}")/stat")
     sync
     sh -c 'echo $$ >"$1/cgroup.procs" && shift && exec "$@"' sh "${cgroup}" \
         "${BENCH}" devices "${args[@]}" "${format_args[@]}" --policy "${policy}" --records "${records}" \
@@ -182,7 +192,14 @@ for round in $(seq 1 "${rounds}"); do
         depth)
             throttle 0 0 0
             for in_flight in 1 2 4 8 16; do
-                run "depth unthrottled" 1 round-robin "${in_flight}" true
+                run "depth unthrottled" 1 round-robin "${in_flight}" true 1
+            done
+            ;;
+        inflight-depth)
+            throttle "${DEPTH_THROTTLE:-0}" 0 0
+            for depth in ${DEPTHS:-1 2 4 8}; do
+                run "inflight-depth ${DEPTH_THROTTLE:-0} wait=${DEPTH_WAIT:-true}" 1 round-robin 8 \
+                    "${DEPTH_WAIT:-true}" "${depth}"
             done
             ;;
         gc-burst)

@@ -56,6 +56,13 @@ pub struct DevicesArgs {
     /// Segment writes in flight per member (`Options::writes_in_flight_segments`).
     #[arg(long, default_value_t = 4)]
     writes_in_flight: usize,
+    /// Segment writes running at once per member (`Options::writes_in_flight_depth`).
+    #[arg(long, default_value_t = tucana::Options::default().writes_in_flight_depth)]
+    writes_in_flight_depth: usize,
+    /// A block device's `/sys/block/NAME/stat`: the bytes the device wrote during the
+    /// run (its sectors written, before and after) are printed and recorded.
+    #[arg(long, value_name = "PATH")]
+    device_stat: Option<PathBuf>,
     /// Segment writes wait until the device has their bytes
     /// (`Options::segment_writes_wait_for_device`).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
@@ -144,6 +151,21 @@ fn value(i: u64, len: usize) -> Vec<u8> {
         .collect()
 }
 
+/// Bytes written by the device whose `/sys/block/NAME/stat` is `--device-stat` (field 7:
+/// sectors written, in 512-byte units whatever the device's block size), if given.
+fn device_written_bytes(args: &DevicesArgs) -> Result<Option<u64>> {
+    let Some(path) = &args.device_stat else {
+        return Ok(None);
+    };
+    let text = std::fs::read_to_string(path)?;
+    let sectors: u64 = text
+        .split_whitespace()
+        .nth(6)
+        .and_then(|f| f.parse().ok())
+        .ok_or_else(|| format!("{}: no sectors-written field in {text:?}", path.display()))?;
+    Ok(Some(sectors * 512))
+}
+
 pub fn run(args: &DevicesArgs) -> Result<()> {
     if args.gc_burst {
         return gc_burst::run(args, args.trims);
@@ -155,17 +177,28 @@ pub fn run(args: &DevicesArgs) -> Result<()> {
     let options = tucana::Database::builder()
         .member_dispatch(args.dispatch_policy())
         .writes_in_flight_segments(args.writes_in_flight)
+        .writes_in_flight_depth(args.writes_in_flight_depth)
         .segment_writes_wait_for_device(args.wait_for_device)
         .format_block_devices(args.format_devices);
     let db = options.open_members(&args.members)?;
     let ks = db.keyspace("devices")?;
     let threads = args.threads.max(1);
+    let device_before = device_written_bytes(args)?;
+    let cpu_before = crate::sys::process_cpu_time();
     let started = Instant::now();
     put_all(&ks, args, threads, 0)?;
     let loaded_s = started.elapsed().as_secs_f64();
     // Durable: every queued segment written and every member synced.
     db.sync()?;
     let durable_s = started.elapsed().as_secs_f64();
+    let cpu_s = crate::sys::process_cpu_time()
+        .saturating_sub(cpu_before)
+        .as_secs_f64();
+    let device_mib_per_s = match (device_before, device_written_bytes(args)?) {
+        (Some(a), Some(b)) => Some(b.saturating_sub(a) as f64 / (1u64 << 20) as f64 / durable_s),
+        _ => None,
+    };
+    let cpu_us_per_record = cpu_s * 1e6 / args.records.max(1) as f64;
     let stats = db.stats();
     db.close()?;
     let record_bytes = args.records * (16 + args.value_bytes as u64);
@@ -194,7 +227,10 @@ pub fn run(args: &DevicesArgs) -> Result<()> {
         "value_bytes": args.value_bytes,
         "threads": threads,
         "writes_in_flight": args.writes_in_flight,
+        "writes_in_flight_depth": args.writes_in_flight_depth,
         "wait_for_device": args.wait_for_device,
+        "cpu_us_per_record": cpu_us_per_record,
+        "device_written_mib_per_s": device_mib_per_s,
         "memory_limit_bytes": args.memory_limit_bytes,
         "loaded_s": loaded_s,
         "durable_s": durable_s,
@@ -212,7 +248,7 @@ pub fn run(args: &DevicesArgs) -> Result<()> {
         .map(|m| format!("{:.0}", mib(m.bytes_written)))
         .collect();
     println!(
-        "{:<28} {:>2} {}(s) {:<10} in-flight {:>2}: {:>9.0} ops/s {:>7.1} MiB/s (records; volume {:.1} MiB/s) in {:.1} s (load {:.1} s){}",
+        "{:<28} {:>2} {}(s) {:<10} in-flight {:>2} depth {}: {:>9.0} ops/s {:>7.1} MiB/s (records; volume {:.1} MiB/s{}) in {:.1} s (load {:.1} s), {:.1} us CPU per record{}",
         args.label,
         args.members.len(),
         if stats.volume_kind == "block-device"
@@ -224,11 +260,14 @@ pub fn run(args: &DevicesArgs) -> Result<()> {
         },
         format!("{:?}", args.policy),
         args.writes_in_flight,
+        args.writes_in_flight_depth,
         args.records as f64 / durable_s,
         mib(record_bytes) / durable_s,
         mib(stats.bytes_written) / durable_s,
+        device_mib_per_s.map_or(String::new(), |d| format!("; device {d:.1} MiB/s")),
         durable_s,
         loaded_s,
+        cpu_us_per_record,
         if shares.is_empty() {
             String::new()
         } else {

@@ -82,6 +82,13 @@ pub struct Options {
     /// `commit_interval` nor `flush_interval`) there is no writer thread either: the
     /// queued writes are done by whoever must wait next (a full budget, a sync, a commit).
     pub writes_in_flight_segments: usize,
+    /// Segment writes running at once per member (default 4; at least 1): the worker
+    /// threads each member's write queue may use. With 1, a member's queued writes are
+    /// done one after another; with more, up to this many `pwrite`s (or direct writes to
+    /// a raw device) are in progress on it together and complete in any order. At most
+    /// `writes_in_flight_segments` are ever queued, so a depth above it adds nothing.
+    /// DESIGN.md, *Writes in flight*.
+    pub writes_in_flight_depth: usize,
     /// Most bytes in flight over the whole volume (default 64 MiB).
     pub writes_in_flight_volume_bytes: u64,
     /// Whether a background segment write lasts until the device has the bytes
@@ -126,6 +133,7 @@ impl Default for Options {
             mapping_reservation_bytes: crate::volume::DEFAULT_MAPPING_RESERVATION_BYTES,
             member_dispatch: crate::volume::DispatchPolicy::RoundRobin,
             writes_in_flight_segments: 4,
+            writes_in_flight_depth: 4,
             writes_in_flight_volume_bytes: 64 << 20,
             segment_writes_wait_for_device: false,
             trim_schedule: crate::trim::TrimSchedule::Scheduled,
@@ -224,6 +232,12 @@ impl Options {
     /// synchronously). See the field.
     pub fn writes_in_flight_segments(mut self, segments: usize) -> Options {
         self.writes_in_flight_segments = segments;
+        self
+    }
+
+    /// Segment writes running at once per member (at least 1). See the field.
+    pub fn writes_in_flight_depth(mut self, depth: usize) -> Options {
+        self.writes_in_flight_depth = depth.max(1);
         self
     }
 

@@ -99,6 +99,7 @@ impl Shared {
             let queue = WriteQueue::new(
                 options.writes_in_flight_segments as u64 * options.log_segment_bytes,
                 options.writes_in_flight_volume_bytes,
+                options.writes_in_flight_depth,
                 options.runs_background_threads(),
             );
             // Every member from the start, so one never written counts its idle time.

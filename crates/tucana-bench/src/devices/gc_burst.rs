@@ -57,6 +57,7 @@ pub fn run(args: &DevicesArgs, trims: Trims) -> Result<()> {
     let db = tucana::Database::builder()
         .member_dispatch(args.dispatch_policy())
         .writes_in_flight_segments(args.writes_in_flight)
+        .writes_in_flight_depth(args.writes_in_flight_depth)
         .segment_writes_wait_for_device(args.wait_for_device)
         .trim_schedule(schedule)
         .format_block_devices(args.format_devices)

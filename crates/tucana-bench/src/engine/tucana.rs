@@ -77,6 +77,13 @@ fn options(config: &EngineConfig) -> tucana::Options {
     {
         options = options.writes_in_flight_segments(segments);
     }
+    // TUCANA_BENCH_WRITES_IN_FLIGHT_DEPTH=D: D segment writes running at once per member.
+    if let Some(depth) = std::env::var("TUCANA_BENCH_WRITES_IN_FLIGHT_DEPTH")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        options = options.writes_in_flight_depth(depth);
+    }
     if !config.background_commit {
         // Only explicit `commit()` calls persist the index; the log tail since then is
         // what recovery replays.

@@ -283,11 +283,17 @@ impl Committer {
         if run.1 > 0 {
             allocator.release(run.0, run.1);
         }
-        crate::volume::write_block_runs(
-            storage.as_ref(),
-            images.iter().flatten().map(|(off, image)| (*off, &**image)),
-            &shared.bytes_written,
-        )?;
+        // The node runs: in flight on their members' write queues when there are queues
+        // (written while the descriptor is made; `write_commit` waits for them before its
+        // first sync, so no superblock is durable before the nodes it leads to), else
+        // written here.
+        let nodes = images.iter().flatten().map(|(off, image)| (*off, &**image));
+        match &shared.writes {
+            Some(queue) => crate::volume::queue_block_runs(queue, &storage, nodes)?,
+            None => {
+                crate::volume::write_block_runs(storage.as_ref(), nodes, &shared.bytes_written)?
+            }
+        }
 
         // 5-6. Descriptor, bitmaps, superblock.
         let descs: Vec<RegionDesc> = regions
@@ -455,9 +461,10 @@ impl Committer {
                 .fetch_add(image.len() as u64, Ordering::Relaxed);
         }
 
-        // Make it all durable, then switch the superblock: the closed log segments still
-        // in flight first (every segment the sealed trees point into was queued before
-        // this: it closed before the tails' flush of this commit).
+        // Make it all durable, then switch the superblock: the closed log segments and
+        // node runs still in flight first (every segment the sealed trees point into was
+        // queued before this: it closed before the tails' flush of this commit; the node
+        // runs were queued by `commit_steps` above).
         shared.wait_writes()?;
         storage.sync()?;
         let sb = Superblock {

@@ -36,6 +36,8 @@ pub struct MemberStats {
     /// The member's write queue (writes in flight; 0 without): jobs queued or running,
     /// bytes reserved, queued or being written, jobs done.
     pub queue_jobs: u64,
+    /// Of `queue_jobs`, those running now (at most `Options::writes_in_flight_depth`).
+    pub queue_running_jobs: u64,
     pub queue_bytes: u64,
     pub queue_done_jobs: u64,
     /// Nanoseconds the member's write queue was empty while another member's was not.
@@ -53,6 +55,7 @@ impl MemberStats {
     /// Adds the member's write-queue figures.
     pub fn with_queue(mut self, q: &crate::volume::QueueFigures) -> MemberStats {
         self.queue_jobs = q.jobs;
+        self.queue_running_jobs = q.running_jobs;
         self.queue_bytes = q.in_flight_bytes;
         self.queue_done_jobs = q.done_jobs;
         self.idle_while_others_busy_ns = q.idle_while_others_busy_ns;

@@ -102,20 +102,80 @@ pub(crate) fn write_block_runs<'a>(
     while i < images.len() {
         let start = images[i].0;
         run.clear();
-        let mut j = i;
-        while j < images.len() && images[j].0 .0 == start.0 + (j - i) as u64 * BLOCK_BYTES {
-            run.push(AlignedBlock(*images[j].1));
-            j += 1;
-        }
-        // SAFETY: `AlignedBlock` is a byte array with no padding (its size is its
-        // alignment, asserted above), so the run's initialized elements are
-        // `run.len() * { BLOCK_BYTES as usize }` initialized bytes, borrowed no longer than `run`.
-        let bytes = unsafe {
-            std::slice::from_raw_parts(run.as_ptr().cast::<u8>(), run.len() * BLOCK_BYTES as usize)
-        };
+        let j = adjacent_run_end(&images, i, usize::MAX);
+        run.extend(images[i..j].iter().map(|(_, image)| AlignedBlock(**image)));
+        let bytes = run_bytes(&run);
         storage.write_uncached_at(start.0, bytes)?;
         bytes_written.fetch_add(bytes.len() as u64, Ordering::Relaxed);
         i = j;
     }
     Ok(())
+}
+
+/// Blocks per job of `queue_block_runs` at most (1 MiB): a long run is cut, so that a
+/// member's several workers can write its pieces at once.
+const QUEUED_RUN_BLOCKS_MAX: usize = 256;
+
+/// `write_block_runs` through the write queue: each run of adjacent blocks (cut at
+/// `QUEUED_RUN_BLOCKS_MAX`) is copied into aligned memory and becomes a job on the member
+/// that holds its start, so a commit's node runs are written in flight, on every member at
+/// once, while the committer goes on; the caller must `wait_queued` before it syncs
+/// (DESIGN.md, *Writes in flight*, node runs). Waits only while the queue's budget is
+/// full. Errors: an earlier job's failure (reported by `reserve`); a failure of these
+/// jobs is reported by the queue later, as a segment's is.
+pub(crate) fn queue_block_runs<'a>(
+    queue: &write_queue::WriteQueue,
+    storage: &Arc<dyn Storage>,
+    images: impl Iterator<Item = (DiskOffset, &'a [u8; BLOCK_BYTES as usize])>,
+) -> Result<()> {
+    let mut images: Vec<(DiskOffset, &[u8; BLOCK_BYTES as usize])> = images.collect();
+    images.sort_by_key(|(off, _)| *off);
+    let mut i = 0;
+    while i < images.len() {
+        let start = images[i].0;
+        let j = adjacent_run_end(&images, i, QUEUED_RUN_BLOCKS_MAX);
+        let run: Vec<AlignedBlock> = images[i..j]
+            .iter()
+            .map(|(_, image)| AlignedBlock(**image))
+            .collect();
+        let len_bytes = (j - i) as u64 * BLOCK_BYTES;
+        let member = storage.member_of(start.0).unwrap_or(0);
+        let reservation = queue.reserve(member, len_bytes, &|| true)?;
+        let storage = Arc::clone(storage);
+        queue.push(
+            reservation,
+            Box::new(move || {
+                storage.write_uncached_at(start.0, run_bytes(&run))?;
+                Ok(len_bytes)
+            }),
+        );
+        i = j;
+    }
+    Ok(())
+}
+
+/// The end (exclusive) of the run of adjacent blocks starting at `images[i]` in sorted
+/// `images`, at most `blocks_max` long.
+fn adjacent_run_end(
+    images: &[(DiskOffset, &[u8; BLOCK_BYTES as usize])],
+    i: usize,
+    blocks_max: usize,
+) -> usize {
+    let start = images[i].0;
+    let mut j = i;
+    while j < images.len()
+        && j - i < blocks_max
+        && images[j].0 .0 == start.0 + (j - i) as u64 * BLOCK_BYTES
+    {
+        j += 1;
+    }
+    j
+}
+
+/// A run of aligned blocks as bytes.
+fn run_bytes(run: &[AlignedBlock]) -> &[u8] {
+    // SAFETY: `AlignedBlock` is a byte array with no padding (its size is its
+    // alignment, asserted above), so the run's elements are
+    // `run.len() * { BLOCK_BYTES as usize }` initialized bytes, borrowed no longer than `run`.
+    unsafe { std::slice::from_raw_parts(run.as_ptr().cast::<u8>(), std::mem::size_of_val(run)) }
 }

@@ -2,14 +2,16 @@
 //! done in the background, bounded by an in-flight budget in bytes (per member and over
 //! the volume). DESIGN.md, "Volumes over several devices", *Writes in flight*.
 //!
-//! Owns: the queues, their budget, the worker threads (one per member, started on the
-//! member's first write), the order of completion a sync waits for, and the first error
+//! Owns: the queues, their budget, the worker threads (up to `depth` per member, started
+//! as the member's queue needs them: a member has that many writes running at once, which
+//! complete in any order), the order of completion a sync waits for, and the first error
 //! of a failed write (kept until someone reports it). Does not own: what a job writes or
 //! what becomes of its buffer (the caller's closure: `log::in_flight` for closed log
 //! segments), nor syncing (`Storage::sync`, called by the engine after `wait_queued`).
 //!
-//! Two ways to run: with worker threads (`threaded`), a job runs on its member's worker
-//! as soon as the ones before it on that member are done; without (`threaded == false`,
+//! Two ways to run: with worker threads (`threaded`), a job starts on one of its
+//! member's workers as soon as the ones before it on that member have started and fewer
+//! than `depth` run there (jobs start in order, finish in any order); without (`threaded == false`,
 //! stores that run no background thread, such as the torture suites' deterministic runs),
 //! jobs wait in the queue and the caller's thread runs them where it would otherwise wait:
 //! when the budget is full, in `wait_queued` (every sync and commit), and in `drain`. The
@@ -51,7 +53,8 @@ struct Queued {
 #[derive(Default)]
 struct MemberQueue {
     pending: VecDeque<Queued>,
-    /// Sequence numbers of jobs taken out of `pending` and running now.
+    /// Sequence numbers of jobs taken out of `pending` and running now (at most the
+    /// queue's depth with worker threads; they complete in any order).
     running: BTreeSet<u64>,
     /// Bytes reserved or queued or running on this member.
     in_flight_bytes: u64,
@@ -64,11 +67,15 @@ struct MemberQueue {
     /// Nanoseconds this member had nothing in flight while another member had something
     /// (statistics: LOCS's idle queues, which cost throughput).
     idle_while_others_busy_ns: u64,
-    worker_started: bool,
+    /// Worker threads started for this member (at most the queue's depth).
+    workers_started: usize,
 }
 
 impl MemberQueue {
     /// The lowest sequence number not done yet on this member (`next` when none is).
+    /// Right with jobs completing out of order: `pending` is in sequence order (pushed
+    /// under the lock in the order numbers are given, taken from the front), so its front
+    /// is its lowest, and every running job is in `running`, whatever finished before it.
     fn lowest_incomplete(&self, next: u64) -> u64 {
         let pending = self.pending.front().map_or(next, |q| q.seq);
         let running = self.running.first().copied().unwrap_or(next);
@@ -96,6 +103,8 @@ struct Inner {
     bytes_written: AtomicU64,
     member_budget_bytes: u64,
     volume_budget_bytes: u64,
+    /// Most jobs running at once per member (worker threads per member).
+    depth: usize,
     threaded: bool,
 }
 
@@ -108,8 +117,14 @@ pub struct WriteQueue {
 impl WriteQueue {
     /// Queues allowing `member_budget_bytes` in flight per member and
     /// `volume_budget_bytes` over all of them (a single write larger than either still
-    /// goes, alone). `threaded`: a worker thread per member, else callers run the jobs.
-    pub fn new(member_budget_bytes: u64, volume_budget_bytes: u64, threaded: bool) -> WriteQueue {
+    /// goes, alone). `threaded`: up to `depth` worker threads per member (at least one),
+    /// each running one job at a time; else callers run the jobs, one at a time.
+    pub fn new(
+        member_budget_bytes: u64,
+        volume_budget_bytes: u64,
+        depth: usize,
+        threaded: bool,
+    ) -> WriteQueue {
         WriteQueue {
             inner: Arc::new(Inner {
                 state: Mutex::new(State {
@@ -125,6 +140,7 @@ impl WriteQueue {
                 bytes_written: AtomicU64::new(0),
                 member_budget_bytes,
                 volume_budget_bytes,
+                depth: depth.max(1),
                 threaded,
             }),
             workers: Mutex::new(Vec::new()),
@@ -210,8 +226,8 @@ impl WriteQueue {
         }
     }
 
-    /// Queues `job` with the budget `r` took; it runs after every job queued before it on
-    /// the same member.
+    /// Queues `job` with the budget `r` took; it starts after every job queued before it
+    /// on the same member has started (and, with a depth of 1, is done).
     pub fn push(&self, r: Reservation, job: Job) {
         let inner = &self.inner;
         let mut st = inner.state.lock();
@@ -223,8 +239,11 @@ impl WriteQueue {
             bytes: r.bytes,
             job,
         });
-        let start = inner.threaded && !m.worker_started;
-        m.worker_started |= start;
+        // One more worker when the member has more jobs than workers (each worker is
+        // either running one of them or about to take one), up to the depth.
+        let jobs = m.pending.len() + m.running.len();
+        let start = inner.threaded && m.workers_started < inner.depth && jobs > m.workers_started;
+        m.workers_started += usize::from(start);
         drop(st);
         if start {
             let inner = Arc::clone(&self.inner);
@@ -242,9 +261,21 @@ impl WriteQueue {
     /// worker threads, runs them). Errors: a failed job's, reported once, then
     /// `Poisoned`.
     pub fn wait_queued(&self) -> Result<()> {
+        let upto = self.inner.state.lock().next_seq;
+        self.wait_below(upto)
+    }
+
+    /// The sequence number the next job pushed will get: jobs pushed so far are below it.
+    #[cfg(test)]
+    fn next_seq(&self) -> u64 {
+        self.inner.state.lock().next_seq
+    }
+
+    /// Waits until every job numbered below `upto` is done, on every member (jobs pushed
+    /// since may still run); `wait_queued` with its snapshot taken earlier.
+    fn wait_below(&self, upto: u64) -> Result<()> {
         let inner = &self.inner;
         let mut st = inner.state.lock();
-        let upto = st.next_seq;
         loop {
             let next = st.next_seq;
             if st.members.iter().all(|m| m.lowest_incomplete(next) >= upto) {
@@ -285,6 +316,7 @@ impl WriteQueue {
             .map(|m| QueueFigures {
                 in_flight_bytes: m.in_flight_bytes,
                 jobs: (m.pending.len() + m.running.len()) as u64,
+                running_jobs: m.running.len() as u64,
                 done_jobs: m.done_jobs,
                 idle_while_others_busy_ns: m.idle_while_others_busy_ns,
             })
@@ -311,6 +343,8 @@ pub struct QueueFigures {
     pub in_flight_bytes: u64,
     /// Jobs queued or running.
     pub jobs: u64,
+    /// Of those, jobs running now (at most the queue's depth).
+    pub running_jobs: u64,
     /// Jobs done.
     pub done_jobs: u64,
     /// Nanoseconds with nothing in flight on this member while another member had
@@ -387,7 +421,9 @@ fn run_front(inner: &Inner, st: &mut parking_lot::MutexGuard<'_, State>, member:
     inner.changed.notify_all();
 }
 
-/// A member's worker: runs its jobs in order until the queue shuts down and is empty.
+/// One of a member's workers: takes the member's oldest queued job, runs it, and again,
+/// until the queue shuts down and is empty. With several workers per member, jobs start
+/// in order and complete in any order.
 fn worker(inner: &Inner, member: usize) {
     let mut st = inner.state.lock();
     loop {
@@ -416,7 +452,7 @@ mod tests {
 
     #[test]
     fn without_threads_jobs_wait_until_a_sync_or_a_full_budget_runs_them() {
-        let q = WriteQueue::new(2 * 100, 1000, false);
+        let q = WriteQueue::new(2 * 100, 1000, 4, false);
         let log = Arc::new(Mutex::new(Vec::new()));
         for id in 0..2 {
             let r = q.reserve(0, 100, &|| true).unwrap();
@@ -435,7 +471,7 @@ mod tests {
 
     #[test]
     fn a_failed_job_is_reported_once_then_the_queue_says_poisoned() {
-        let q = WriteQueue::new(1 << 20, 1 << 20, true);
+        let q = WriteQueue::new(1 << 20, 1 << 20, 1, true);
         let r = q.reserve(0, 10, &|| true).unwrap();
         q.push(
             r,
@@ -450,7 +486,7 @@ mod tests {
 
     #[test]
     fn wait_queued_waits_for_earlier_jobs_on_every_member() {
-        let q = WriteQueue::new(1 << 20, 1 << 20, true);
+        let q = WriteQueue::new(1 << 20, 1 << 20, 1, true);
         let gate = Arc::new((Mutex::new(false), Condvar::new()));
         let done = Arc::new(AtomicUsize::new(0));
         for member in 0..3 {
@@ -488,7 +524,7 @@ mod tests {
 
     #[test]
     fn reserve_waits_for_the_budget_and_the_callers_own_limit() {
-        let q = WriteQueue::new(100, 150, false);
+        let q = WriteQueue::new(100, 150, 4, false);
         let log = Arc::new(Mutex::new(Vec::new()));
         let r = q.reserve(0, 100, &|| true).unwrap();
         q.push(r, counting_job(&log, 0, 100));
@@ -513,7 +549,7 @@ mod tests {
     fn waiting_bytes_count_reserved_and_queued_jobs_not_running_ones() {
         // What least-weighted dispatch adds to a member's queue: a segment counts from
         // its reservation until its job starts (from then the member set sees its I/O).
-        let q = WriteQueue::new(1 << 20, 1 << 20, true);
+        let q = WriteQueue::new(1 << 20, 1 << 20, 1, true);
         assert!(q.waiting_bytes().is_empty());
         let gate = Arc::new((Mutex::new(false), Condvar::new()));
         let started = Arc::new(AtomicUsize::new(0));
@@ -548,5 +584,236 @@ mod tests {
         q.wait_queued().unwrap();
         assert_eq!(q.waiting_bytes(), vec![0, 0]);
         assert_eq!(q.in_flight_bytes(), 0);
+    }
+
+    /// A gate jobs wait at until it is opened; counts the jobs that reached it.
+    struct Gate {
+        open: Mutex<bool>,
+        cv: Condvar,
+    }
+
+    impl Gate {
+        fn new() -> Arc<Gate> {
+            Arc::new(Gate {
+                open: Mutex::new(false),
+                cv: Condvar::new(),
+            })
+        }
+
+        fn wait(&self) {
+            let mut open = self.open.lock();
+            while !*open {
+                self.cv.wait(&mut open);
+            }
+        }
+
+        fn open(&self) {
+            *self.open.lock() = true;
+            self.cv.notify_all();
+        }
+    }
+
+    /// Spins until `done()` (another thread's progress), failing after 30 s: a liveness
+    /// bound for a hang, not a timing assertion.
+    fn await_true(what: &str, done: impl Fn() -> bool) {
+        let deadline = Instant::now() + std::time::Duration::from_secs(30);
+        while !done() {
+            assert!(Instant::now() < deadline, "never happened: {what}");
+            std::thread::yield_now();
+        }
+    }
+
+    #[test]
+    fn several_jobs_run_at_once_on_a_member_and_a_sync_waits_for_exactly_those_before_it() {
+        // Depth 3 on one member: job a is held at its gate while job b, queued after it,
+        // runs and finishes (out of order). A sync taken then must still wait for a (the
+        // member's lowest unfinished job), and must not wait for c, queued after it.
+        let q = Arc::new(WriteQueue::new(1 << 20, 1 << 20, 3, true));
+        let (gate_a, gate_c) = (Gate::new(), Gate::new());
+        let (a_done, b_done, c_done) = (
+            Arc::new(AtomicBool::new(false)),
+            Arc::new(AtomicBool::new(false)),
+            Arc::new(AtomicBool::new(false)),
+        );
+        let held = |gate: &Arc<Gate>, done: &Arc<AtomicBool>| -> Job {
+            let (gate, done) = (Arc::clone(gate), Arc::clone(done));
+            Box::new(move || {
+                gate.wait();
+                done.store(true, Ordering::SeqCst);
+                Ok(10)
+            })
+        };
+        let r = q.reserve(0, 10, &|| true).unwrap();
+        q.push(r, held(&gate_a, &a_done));
+        let r = q.reserve(0, 10, &|| true).unwrap();
+        let b = Arc::clone(&b_done);
+        q.push(
+            r,
+            Box::new(move || {
+                b.store(true, Ordering::SeqCst);
+                Ok(10)
+            }),
+        );
+        await_true("b finishing while a runs", || b_done.load(Ordering::SeqCst));
+        assert!(!a_done.load(Ordering::SeqCst), "a is still held");
+        // The sync's snapshot (what `wait_queued` takes first) covers a and b; c is
+        // pushed after it.
+        let upto = q.next_seq();
+        let returned = Arc::new(AtomicBool::new(false));
+        let waiter = {
+            let (q, a_done, returned) =
+                (Arc::clone(&q), Arc::clone(&a_done), Arc::clone(&returned));
+            std::thread::spawn(move || {
+                q.wait_below(upto).unwrap();
+                assert!(a_done.load(Ordering::SeqCst), "returned before a was done");
+                returned.store(true, Ordering::SeqCst);
+            })
+        };
+        let r = q.reserve(0, 10, &|| true).unwrap();
+        q.push(r, held(&gate_c, &c_done));
+        await_true("a and c both running", || {
+            q.member_figures()[0].running_jobs == 2
+        });
+        assert_eq!(q.member_figures()[0].jobs, 2);
+        assert!(!returned.load(Ordering::SeqCst), "a is not done");
+        gate_a.open();
+        waiter.join().unwrap();
+        assert!(returned.load(Ordering::SeqCst));
+        assert!(!c_done.load(Ordering::SeqCst), "the sync did not need c");
+        gate_c.open();
+        q.wait_queued().unwrap();
+        assert_eq!(q.bytes_written(), 30);
+        assert_eq!(q.member_figures()[0].done_jobs, 3);
+    }
+
+    #[test]
+    fn a_member_runs_at_most_its_depth_of_jobs_at_once() {
+        let q = WriteQueue::new(1 << 20, 1 << 20, 2, true);
+        let gate = Gate::new();
+        let running_now = Arc::new(AtomicUsize::new(0));
+        let most = Arc::new(AtomicUsize::new(0));
+        for _ in 0..5 {
+            let r = q.reserve(0, 10, &|| true).unwrap();
+            let (gate, running_now, most) = (
+                Arc::clone(&gate),
+                Arc::clone(&running_now),
+                Arc::clone(&most),
+            );
+            q.push(
+                r,
+                Box::new(move || {
+                    let now = running_now.fetch_add(1, Ordering::SeqCst) + 1;
+                    most.fetch_max(now, Ordering::SeqCst);
+                    gate.wait();
+                    running_now.fetch_sub(1, Ordering::SeqCst);
+                    Ok(10)
+                }),
+            );
+        }
+        await_true("two jobs running", || {
+            running_now.load(Ordering::SeqCst) == 2
+        });
+        let f = q.member_figures()[0];
+        assert_eq!((f.jobs, f.running_jobs), (5, 2));
+        gate.open();
+        q.wait_queued().unwrap();
+        assert_eq!(most.load(Ordering::SeqCst), 2, "never more than the depth");
+        assert_eq!(q.member_figures()[0].running_jobs, 0);
+    }
+
+    #[test]
+    fn an_error_in_one_of_several_concurrent_jobs_is_reported_once_and_the_others_finish() {
+        // Three jobs run at once on one member; the middle one fails while the others are
+        // still running. Its error is reported once (the others' success does not hide
+        // it, nor do they report twice), the bytes of the others are counted, and the
+        // budget is given back by all three.
+        let q = WriteQueue::new(1 << 20, 1 << 20, 3, true);
+        let gate = Gate::new();
+        let started = Arc::new(AtomicUsize::new(0));
+        for id in 0..3u64 {
+            let r = q.reserve(0, 100, &|| true).unwrap();
+            let (gate, started) = (Arc::clone(&gate), Arc::clone(&started));
+            q.push(
+                r,
+                Box::new(move || {
+                    started.fetch_add(1, Ordering::SeqCst);
+                    gate.wait();
+                    if id == 1 {
+                        return Err(Error::Io(std::io::Error::other("member 0 write failed")));
+                    }
+                    Ok(100)
+                }),
+            );
+        }
+        await_true("three jobs running", || started.load(Ordering::SeqCst) == 3);
+        gate.open();
+        let first = q.wait_queued().unwrap_err();
+        assert!(
+            first.to_string().contains("member 0 write failed"),
+            "{first}"
+        );
+        assert!(matches!(q.wait_queued(), Err(Error::Poisoned)));
+        assert!(matches!(q.check(), Err(Error::Poisoned)));
+        assert_eq!(q.bytes_written(), 200, "the two that succeeded");
+        assert_eq!(q.in_flight_bytes(), 0);
+        assert_eq!(q.member_figures()[0].done_jobs, 3);
+    }
+
+    #[test]
+    fn without_threads_a_deep_queue_still_runs_jobs_in_order_in_the_callers_thread() {
+        let q = WriteQueue::new(1 << 20, 1 << 20, 8, false);
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let me = std::thread::current().id();
+        for id in 0..6 {
+            let r = q.reserve(id as usize % 2, 10, &|| true).unwrap();
+            let log = Arc::clone(&log);
+            q.push(
+                r,
+                Box::new(move || {
+                    assert_eq!(std::thread::current().id(), me, "a worker thread ran it");
+                    log.lock().push(id);
+                    Ok(10)
+                }),
+            );
+        }
+        assert!(log.lock().is_empty());
+        q.wait_queued().unwrap();
+        assert_eq!(*log.lock(), vec![0, 1, 2, 3, 4, 5]);
+    }
+
+    proptest::proptest! {
+        /// `lowest_incomplete` against the minimum of the unfinished jobs, over random
+        /// pushes, starts (from the front, as workers take them) and completions in any
+        /// order (as several workers finish them).
+        #[test]
+        fn lowest_incomplete_is_the_least_unfinished_job_whatever_finishes_first(
+            steps in proptest::collection::vec((0u8..3, 0usize..8), 1..200)
+        ) {
+            let mut m = MemberQueue::default();
+            let mut next = 1u64;
+            let mut unfinished = BTreeSet::new();
+            for (op, pick) in steps {
+                match op {
+                    0 => {
+                        m.pending.push_back(Queued { seq: next, bytes: 1, job: Box::new(|| Ok(1)) });
+                        unfinished.insert(next);
+                        next += 1;
+                    }
+                    1 => {
+                        if let Some(q) = m.pending.pop_front() {
+                            m.running.insert(q.seq);
+                        }
+                    }
+                    _ => {
+                        if let Some(&seq) = m.running.iter().nth(pick % m.running.len().max(1)) {
+                            m.running.remove(&seq);
+                            unfinished.remove(&seq);
+                        }
+                    }
+                }
+                let expected = unfinished.first().copied().unwrap_or(next);
+                proptest::prop_assert_eq!(m.lowest_incomplete(next), expected);
+            }
+        }
     }
 }
