@@ -212,81 +212,7 @@ mod tests {
         out
     }
 
-    /// Requests that mix runs of collection writes with what ends them: pops past the
-    /// end of a list (nil, then the key is gone), WRONGTYPE in the middle of a run, a key
-    /// changing type inside a run (emptied list, then a sorted set at the same key), a
-    /// string SET (its own fast path), errors of the general path, an expired list and
-    /// an expired sorted set (set up before, see `with_expired`), a run longer than
-    /// `RUN_MAX_REQUESTS`, and reads of the results.
-    fn script() -> Vec<String> {
-        let mut lines: Vec<String> = [
-            "LPUSH l a b c",
-            "RPUSH l d",
-            "LPOP l",
-            "RPOP l",
-            "LPOP l 2",
-            "LPOP l",
-            "LPOP l 3",
-            "RPOP l",
-            "RPUSH l e",
-            "LPUSHX nope x",
-            "RPUSHX l f",
-            "ZADD l 1 m",
-            "LPOP e",
-            "RPUSH e x",
-            "LPUSH ez y",
-            "LLEN l",
-            "ZADD z 1 a 2 b 3 c",
-            "ZADD z 5 a",
-            "ZADD z NX 9 a",
-            "ZADD z XX CH 7 b",
-            "ZADD z INCR 1 c",
-            "ZINCRBY z 2.5 a",
-            "ZADD z 1 x y",
-            "ZREM z a b c",
-            "ZADD z 1 q",
-            "LPUSH z x",
-            "ZREM z q",
-            "LPUSH z x",
-            "RPUSH z y",
-            "HSET h f v g w",
-            "HSETNX h f x",
-            "HINCRBY h n 5",
-            "HINCRBY h f 1",
-            "HDEL h f g n",
-            "HMSET h a 1",
-            "SADD s a b a",
-            "SREM s a",
-            "SADD h x",
-            "SET str v",
-            "LPUSH str x",
-            "SADD str x",
-            "LPUSH",
-            "LPOP l -1",
-            "LPOP l",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-        lines.extend((0..300).map(|i| format!("RPUSH big {i}")));
-        lines.extend((0..150).map(|_| "LPOP big".to_string()));
-        lines.push("LPOP big 200".into());
-        lines.extend((0..5).map(|_| "RPOP big".to_string()));
-        for read in [
-            "LRANGE l 0 -1",
-            "LRANGE e 0 -1",
-            "LRANGE ez 0 -1",
-            "LRANGE z 0 -1",
-            "HGETALL h",
-            "SMEMBERS s",
-            "EXISTS big",
-            "TYPE z",
-            "DBSIZE",
-        ] {
-            lines.push(read.into());
-        }
-        lines
-    }
+    include!("../../tests/common/pipelined_runs_script.rs");
 
     /// A list `e` and a sorted set `ez` whose deadlines have passed.
     fn with_expired(state: &ServerState, session: &mut Session) {
@@ -338,8 +264,11 @@ mod tests {
         assert_eq!(run_length(requests, 38), 0, "SET");
         assert_eq!(run_length(requests, 39), 2, "LPUSH str, SADD str");
         assert_eq!(run_length(requests, 41), 0, "LPUSH without arguments");
-        // LPOP l -1 and LPOP l, then the pushes and pops of `big`, cut at the bound.
-        assert_eq!(run_length(requests, 42), RUN_MAX_REQUESTS);
+        // LPOP l -1 and LPOP l, up to DEL.
+        assert_eq!(run_length(requests, 42), 2);
+        assert_eq!(run_length(requests, 44), 0, "DEL");
+        // LPOP l, RPUSH l, then the pushes and pops of `big`, cut at the bound.
+        assert_eq!(run_length(requests, 45), RUN_MAX_REQUESTS);
         // A reserved key takes the general path (which refuses it).
         let key = [crate::expiry::RESERVED, b"k"].concat();
         let mut reserved = format!("*3\r\n$5\r\nLPUSH\r\n${}\r\n", key.len()).into_bytes();
