@@ -11,8 +11,9 @@
 //! the process (the reverse-map walk, the unmap and its TLB shootdown). `pread` reads all
 //! the record's pages in one request and leaves nothing mapped. Which one is cheaper
 //! depends on the share of reads that miss, so readers sample it: one read in
-//! `SAMPLE_EVERY` (per thread) asks `Storage::resident` about its record's page first, and
-//! a moving average of the answers turns the copying mode on above `COLD_ENTER_SHARE`
+//! `SAMPLE_EVERY` (per thread) asks `Storage::resident` about its record's page first (and
+//! the residency probes of the scans' prefetch gate count too: a scan's own reads find
+//! the pages it just asked for), and a moving average of the answers turns the copying mode on above `COLD_ENTER_SHARE`
 //! and off below `COLD_LEAVE_SHARE`.
 //!
 //! Owns: the sampling, the moving average and the mode. Does not own: the reads
@@ -97,8 +98,13 @@ impl ReadMode {
     }
 
     /// Adds one sample (`missed`: the page was not resident) to the moving average and
-    /// sets the mode from it.
+    /// sets the mode from it. Besides `copy_next`'s own, range iterators and groups of gets
+    /// give the probes of their prefetch gate (taken before they ask for the pages, so
+    /// they see what a read would have found).
     pub(crate) fn sample(&self, missed: bool) {
+        if !self.enabled {
+            return;
+        }
         let share = self.miss_share.load(Ordering::Relaxed);
         let target = if missed { SHARE_ONE } else { 0 };
         // share + (target - share) / 2^shift, in unsigned arithmetic.

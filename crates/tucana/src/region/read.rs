@@ -423,7 +423,14 @@ impl Region {
             return;
         }
         let storage = self.shared.volume.storage();
-        let issue = gate.issue(ptrs, probes, |ptr| storage.resident(ptr));
+        let mode = &self.shared.read_mode;
+        let issue = gate.issue(ptrs, probes, |ptr| {
+            let resident = storage.resident(ptr);
+            if let Some(resident) = resident {
+                mode.sample(!resident);
+            }
+            resident
+        });
         self.prefetch_streak.store(gate.streak(), Ordering::Relaxed);
         if !issue {
             self.shared
