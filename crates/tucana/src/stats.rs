@@ -103,7 +103,7 @@ impl Stats {
     pub fn to_json(&self) -> String {
         let mut s = String::new();
         s.push('{');
-        let fields: [(&str, u64); 31] = [
+        let fields: [(&str, u64); 32] = [
             ("keys", self.keys),
             ("live_log_bytes", self.live_log_bytes),
             ("dead_log_bytes", self.dead_log_bytes),
