@@ -145,7 +145,10 @@ fn records_missing_from_memory_are_copied_in_one_request_each() {
     let copied = db.stats().copied_record_reads - before;
     // Three sampled misses (one read in 128 is sampled) turn copying on; the tail
     // segment's records come from its buffer.
-    assert!(copied > u64::from(n) * 3 / 4, "{copied} of {n} reads copied");
+    assert!(
+        copied > u64::from(n) * 3 / 4,
+        "{copied} of {n} reads copied"
+    );
     let sizes = random_reads(&storage.take());
     // Every record has the average size, so the first request reads all of it.
     assert_eq!(sizes.len() as u64, copied, "one request per copied record");
@@ -209,8 +212,14 @@ fn records_longer_than_the_average_are_copied_whole() {
     let before = db.stats().copied_record_reads;
     read_all(&ks, n, len);
     let copied = db.stats().copied_record_reads - before;
-    assert!(copied > u64::from(n) * 3 / 4, "{copied} of {n} reads copied");
+    assert!(
+        copied > u64::from(n) * 3 / 4,
+        "{copied} of {n} reads copied"
+    );
     let requests = random_reads(&storage.take()).len() as u64;
     assert!(requests > copied, "long records take a second request");
-    assert!(requests <= copied + u64::from(n / 50), "at most two per long record");
+    assert!(
+        requests <= copied + u64::from(n / 50),
+        "at most two per long record"
+    );
 }

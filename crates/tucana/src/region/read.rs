@@ -86,7 +86,10 @@ impl Region {
         with_scratch(|scratch| {
             let volume = &self.shared.volume;
             let storage = volume.storage();
-            if self.shared.read_mode.copy_next(|| storage.resident(ptr)) {
+            // Only whole-record reads are copied: a reader of the header and key alone
+            // (a key compare, a length) touches the header's page through the mapping,
+            // where a copy of the average record would read its second page too.
+            if verify && self.shared.read_mode.copy_next(|| storage.resident(ptr)) {
                 let bytes = self.copy_record(ptr, scratch)?;
                 return Ok(f(RecordRef::parse(bytes, self.seed(), verify, at)?));
             }
@@ -113,25 +116,36 @@ impl Region {
         let at = DiskOffset(ptr);
         let storage = self.shared.volume.storage();
         let keys = self.keys.load(Ordering::Relaxed).max(1);
-        let guess_bytes = (self.live_bytes() / keys).clamp(HEADER_BYTES as u64, COPY_FIRST_MAX_BYTES);
+        let guess_bytes =
+            (self.live_bytes() / keys).clamp(HEADER_BYTES as u64, COPY_FIRST_MAX_BYTES);
         // A little past the average (records' sizes vary by a few bytes of key), but not
         // into a page the average record would not reach.
         let average_end = ptr.saturating_add(guess_bytes);
-        let page_end = average_end.div_ceil(BLOCK_BYTES).saturating_mul(BLOCK_BYTES);
+        let page_end = average_end
+            .div_ceil(BLOCK_BYTES)
+            .saturating_mul(BLOCK_BYTES);
         let end = average_end
             .saturating_add(guess_bytes / 8 + 64)
             .min(page_end);
         let volume_bytes = storage.len_bytes()?;
         let first = end.min(volume_bytes).saturating_sub(ptr) as usize;
         if first < HEADER_BYTES {
-            return Err(Error::corruption("log record", at, "pointer past the log end"));
+            return Err(Error::corruption(
+                "log record",
+                at,
+                "pointer past the log end",
+            ));
         }
         scratch.clear();
         scratch.resize(first, 0);
         storage.read_random_at(ptr, scratch)?;
         let total = Header::decode(&scratch[..HEADER_BYTES], at)?.total_bytes();
         if ptr.saturating_add(total) > volume_bytes {
-            return Err(Error::corruption("log record", at, "record past the log end"));
+            return Err(Error::corruption(
+                "log record",
+                at,
+                "record past the log end",
+            ));
         }
         let total = total as usize;
         if total > first {

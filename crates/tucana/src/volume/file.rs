@@ -138,8 +138,7 @@ impl FileStorage {
                 ),
             )));
         }
-        file
-            .read_exact_at(buf, offset)
+        file.read_exact_at(buf, offset)
             .map_err(|e| with_path(&self.path, "read", e))?;
         self.read_bytes
             .fetch_add(buf.len() as u64, Ordering::Relaxed);
