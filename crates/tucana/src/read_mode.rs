@@ -1,8 +1,6 @@
-//! How a record outside the tail buffers is read whole (a value, a scan's item): through
-//! the volume's mapping (no system call, the default) or copied with `pread`
-//! (`Storage::read_random_at`) while the data set looks larger than memory. Reads of a
-//! header and key alone (key compares, lengths) always go through the mapping: they touch
-//! one page, where a copy of the average record may read two.
+//! How a record outside the tail buffers is read: through the volume's mapping (no system
+//! call, the default) or copied with `pread` (`Storage::read_random_at`) while the data
+//! set looks larger than memory.
 //!
 //! Why two ways (DESIGN.md, "What a larger-than-memory read costs"): a record in the page
 //! cache costs nothing through the mapping and a system call through `pread`, so data in

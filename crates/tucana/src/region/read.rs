@@ -86,10 +86,11 @@ impl Region {
         with_scratch(|scratch| {
             let volume = &self.shared.volume;
             let storage = volume.storage();
-            // Only whole-record reads are copied: a reader of the header and key alone
-            // (a key compare, a length) touches the header's page through the mapping,
-            // where a copy of the average record would read its second page too.
-            if verify && self.shared.read_mode.copy_next(|| storage.resident(ptr)) {
+            // Header-and-key readers (key compares, a replaced record's length) are copied
+            // too: left on the mapping they map pages again, and the cgroup's reclaim
+            // pays for unmapping them (measured, DESIGN.md), which cost more than the
+            // second page a copy of the average record sometimes reads.
+            if self.shared.read_mode.copy_next(|| storage.resident(ptr)) {
                 let bytes = self.copy_record(ptr, scratch)?;
                 return Ok(f(RecordRef::parse(bytes, self.seed(), verify, at)?));
             }
