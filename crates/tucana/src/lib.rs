@@ -35,6 +35,7 @@ pub mod log;
 mod options;
 mod prefetch;
 mod range;
+mod read_mode;
 mod recovery;
 mod region;
 mod replica;

@@ -60,6 +60,12 @@ pub struct Options {
     /// walk it waits for new writes before it walks again. Off by default: it writes each
     /// scattered record once more.
     pub reorganise_after_idle: Option<Duration>,
+    /// While sampled reads find about one record in eight or more missing from memory,
+    /// records outside the tail are copied with `pread` (one request for all their pages,
+    /// nothing mapped) instead of read through the mapping (a fault per page); in memory
+    /// they are read through the mapping, with no system call (`read_mode.rs`). Default
+    /// on; off reads through the mapping always.
+    pub cold_reads_copied: bool,
     /// How often the background collector wakes to take a step (default 100 ms). For the
     /// torture suites, which need background GC steps within a few milliseconds of work to
     /// crash inside them; not a tuning knob (the budget follows the foreground, not the tick).
@@ -129,6 +135,7 @@ impl Default for Options {
             gc_rate_bytes_per_sec: 64 << 20,
             scan_prefetch_entries: 64,
             reorganise_after_idle: None,
+            cold_reads_copied: true,
             gc_tick: GC_TICK,
             mapping_reservation_bytes: crate::volume::DEFAULT_MAPPING_RESERVATION_BYTES,
             member_dispatch: crate::volume::DispatchPolicy::RoundRobin,
@@ -200,6 +207,13 @@ impl Options {
     /// (default: never). See the field.
     pub fn reorganise_after_idle(mut self, idle: Option<Duration>) -> Options {
         self.reorganise_after_idle = idle;
+        self
+    }
+
+    /// Copy records with `pread` while the data set looks larger than memory (default
+    /// on). See the field.
+    pub fn cold_reads_copied(mut self, on: bool) -> Options {
+        self.cold_reads_copied = on;
         self
     }
 

@@ -22,6 +22,7 @@ use crate::alloc::Allocator;
 use crate::error::{Error, Result};
 use crate::group_commit::GroupCommit;
 use crate::options::Options;
+use crate::read_mode::ReadMode;
 use crate::trim::{Decision, MemberQueue, TrimCounters, TrimFigures, TrimSchedule};
 use crate::types::DiskOffset;
 use crate::volume::write_queue::WriteQueue;
@@ -65,6 +66,10 @@ pub(crate) struct Shared {
     pub prefetch_bytes: AtomicU64,
     /// Records not asked for because a probe found their batch resident.
     pub prefetch_skipped: AtomicU64,
+    /// Whether readers copy records with `pread` or read them through the mapping.
+    pub read_mode: ReadMode,
+    /// Records read by copy (`ReadMode` said so).
+    pub copied_record_reads: AtomicU64,
     /// Wakes the background committer early (dirty-bytes threshold reached).
     wake: (Mutex<bool>, Condvar),
     pub frees: Arc<Mutex<PendingFrees>>,
@@ -107,6 +112,7 @@ impl Shared {
             queue
         });
         let trims = TrimCounters::new(volume.storage().members().len());
+        let read_mode = ReadMode::new(options.cold_reads_copied);
         Shared {
             trims,
             writes,
@@ -130,6 +136,8 @@ impl Shared {
             prefetch_calls: AtomicU64::new(0),
             prefetch_bytes: AtomicU64::new(0),
             prefetch_skipped: AtomicU64::new(0),
+            read_mode,
+            copied_record_reads: AtomicU64::new(0),
             wake: (Mutex::new(false), Condvar::new()),
             frees: Arc::new(Mutex::new(PendingFrees::default())),
             write_delay_ns_per_kib: AtomicU64::new(0),

@@ -33,6 +33,8 @@ impl EngineKind for Tucana {
             "gc": if options.gc { "background GC on" } else { "background GC off" },
             "gc_space_amp": options.gc_space_amp,
             "gc_rate_bytes_per_sec": options.gc_rate_bytes_per_sec,
+            "scan_prefetch_entries": options.scan_prefetch_entries,
+            "cold_reads_copied": options.cold_reads_copied,
             "cache": "none of its own: the index is in memory, values are read through the page cache",
         })
     }
@@ -71,6 +73,18 @@ fn options(config: &EngineConfig) -> tucana::Options {
     }
     // Side-by-side runs of the write path (DESIGN.md, "Writes in flight"):
     // TUCANA_BENCH_WRITES_IN_FLIGHT=0 is the synchronous path, N segments per member else.
+    // Experiments on the read path (DESIGN.md, "What a larger-than-memory read costs"):
+    // the same binary with records always read through the mapping, or another scan
+    // prefetch window.
+    if std::env::var("TUCANA_BENCH_COLD_READS_COPIED").as_deref() == Ok("0") {
+        options = options.cold_reads_copied(false);
+    }
+    if let Some(entries) = std::env::var("TUCANA_BENCH_SCAN_PREFETCH_ENTRIES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        options = options.scan_prefetch_entries(entries);
+    }
     if let Some(segments) = std::env::var("TUCANA_BENCH_WRITES_IN_FLIGHT")
         .ok()
         .and_then(|v| v.parse().ok())

@@ -417,8 +417,9 @@ impl Region {
     }
 
     /// The writer lock, for a write of `keys`. When another writer holds it, the index
-    /// nodes these keys go to are first brought into the cache, reading only (a lookup
-    /// that compares no key, `CandidateCtx`; its answer is not used): a region's writers
+    /// nodes these keys go to, and the records they replace, are first brought into the
+    /// cache, reading only (a lookup that compares no key, `CandidateCtx`, then the
+    /// candidate record's header): a region's writers
     /// take turns under the lock, and a cache miss taken under it (random keys miss on
     /// their leaf) makes every one of them wait, while one taken here, instead of waiting,
     /// costs nobody. A lone writer takes the lock at once: warming would only double its
@@ -441,7 +442,14 @@ impl Region {
         let guard = epoch::pin();
         let ctx = read::CandidateCtx::new(self);
         for key in keys {
-            let _ = self.tree.get(&ctx, None, key, &guard);
+            // The record a write replaces is read under the lock twice over: the insert
+            // confirms the key against it, and its length is counted dead (`apply`). Read
+            // it here first, so that when it was evicted from memory the device read (a
+            // fault, or a copy) is taken outside the lock too. Its pointer stays valid
+            // under `guard`; a candidate of another key (a collision) is only a wasted read.
+            if let Ok(Some(ptr)) = self.tree.get(&ctx, None, key, &guard) {
+                let _ = self.record_header(ptr);
+            }
         }
         self.writer.lock()
     }

@@ -4,8 +4,10 @@
 //!
 //! Owns: the read path of DESIGN.md "Read path": candidate lookups confirmed by the one
 //! record read that fetches the value, groups of gets whose cache misses overlap, record
-//! prefetch requests for the volume, cache-line hints. Does not own: range iteration
-//! (`crate::range`), the index's descent (`crate::index`).
+//! prefetch requests for the volume, cache-line hints, and a record's read from the volume
+//! through the mapping or copied with `pread` (`copy_record`). Does not own: range
+//! iteration (`crate::range`), the index's descent (`crate::index`), the choice between
+//! mapped and copied reads (`crate::read_mode`).
 //!
 //! Thread-safety: every read takes no lock; it pins `crossbeam_epoch` for as long as it
 //! holds a pointer into a tail buffer or a node, and a caller that keeps log pointers
@@ -30,6 +32,11 @@ const CACHE_LINE_BYTES: usize = 64;
 /// Most bytes of a record `hint_record_lines` asks the CPU for: four lines, about a
 /// record of 200-byte values; a longer record's other lines are missed when it is read.
 const HINT_RECORD_MAX_BYTES: u64 = 256;
+
+/// Most bytes a copied record's first request reads (`Region::copy_record`): about the
+/// region's average record, capped so that one huge value does not make every small
+/// record's read that long.
+const COPY_FIRST_MAX_BYTES: u64 = 64 << 10;
 
 thread_local! {
     /// The candidate records of a group of gets, for `prefetch_records` (kept per thread so
@@ -78,6 +85,15 @@ impl Region {
         }
         with_scratch(|scratch| {
             let volume = &self.shared.volume;
+            let storage = volume.storage();
+            // Header-and-key readers (key compares, a replaced record's length) are copied
+            // too: left on the mapping they map pages again, and the cgroup's reclaim
+            // pays for unmapping them (measured, DESIGN.md), which cost more than the
+            // second page a copy of the average record sometimes reads.
+            if self.shared.read_mode.copy_next(|| storage.resident(ptr)) {
+                let bytes = self.copy_record(ptr, scratch)?;
+                return Ok(f(RecordRef::parse(bytes, self.seed(), verify, at)?));
+            }
             // SAFETY: records outside the tail belong to closed segments, which are
             // never written again while the region can reach them.
             let head = unsafe { volume.view(ptr, HEADER_BYTES, scratch)? };
@@ -90,6 +106,57 @@ impl Region {
             let bytes = unsafe { volume.view(ptr, total, scratch)? };
             Ok(f(RecordRef::parse(bytes, self.seed(), verify, at)?))
         })
+    }
+
+    /// Copies the record at `ptr` (outside the tail buffers) from the volume into
+    /// `scratch` with `Storage::read_random_at`: from its header, about the region's
+    /// average record in one request (all its pages at once, where a mapped read faults
+    /// them in one after the other), then the rest of a longer one. A record shorter than
+    /// the average may bring in one page past its end. See `read_mode.rs`.
+    fn copy_record<'s>(&self, ptr: u64, scratch: &'s mut Vec<u8>) -> Result<&'s [u8]> {
+        let at = DiskOffset(ptr);
+        let storage = self.shared.volume.storage();
+        let keys = self.keys.load(Ordering::Relaxed).max(1);
+        let guess_bytes =
+            (self.live_bytes() / keys).clamp(HEADER_BYTES as u64, COPY_FIRST_MAX_BYTES);
+        // A little past the average (records' sizes vary by a few bytes of key), but not
+        // into a page the average record would not reach.
+        let average_end = ptr.saturating_add(guess_bytes);
+        let page_end = average_end
+            .div_ceil(BLOCK_BYTES)
+            .saturating_mul(BLOCK_BYTES);
+        let end = average_end
+            .saturating_add(guess_bytes / 8 + 64)
+            .min(page_end);
+        let volume_bytes = storage.len_bytes()?;
+        let first = end.min(volume_bytes).saturating_sub(ptr) as usize;
+        if first < HEADER_BYTES {
+            return Err(Error::corruption(
+                "log record",
+                at,
+                "pointer past the log end",
+            ));
+        }
+        scratch.clear();
+        scratch.resize(first, 0);
+        storage.read_random_at(ptr, scratch)?;
+        let total = Header::decode(&scratch[..HEADER_BYTES], at)?.total_bytes();
+        if ptr.saturating_add(total) > volume_bytes {
+            return Err(Error::corruption(
+                "log record",
+                at,
+                "record past the log end",
+            ));
+        }
+        let total = total as usize;
+        if total > first {
+            scratch.resize(total, 0);
+            storage.read_random_at(ptr + first as u64, &mut scratch[first..])?;
+        }
+        self.shared
+            .copied_record_reads
+            .fetch_add(1, Ordering::Relaxed);
+        Ok(&scratch[..total])
     }
 
     /// The first `len` bytes of the segment at `base` from its buffer, while it is a tail
@@ -131,6 +198,9 @@ impl Region {
     fn hint_record_lines(&self, ptr: u64, tail: Option<&Tail>) {
         let bytes = match tail {
             Some(t) => t.read(ptr, 1),
+            // Records are copied, not mapped: their pages are not in the process's page
+            // tables, so a hint would only cost a page walk.
+            None if self.shared.read_mode.copying() => None,
             // SAFETY: `ptr` names a record of a closed segment that the caller's reader
             // can reach, never written while reachable; the slice is dropped at once
             // (only its address is used).
@@ -368,7 +438,14 @@ impl Region {
             return;
         }
         let storage = self.shared.volume.storage();
-        let issue = gate.issue(ptrs, probes, |ptr| storage.resident(ptr));
+        let mode = &self.shared.read_mode;
+        let issue = gate.issue(ptrs, probes, |ptr| {
+            let resident = storage.resident(ptr);
+            if let Some(resident) = resident {
+                mode.sample(!resident);
+            }
+            resident
+        });
         // Stored only when it changes: every reader of the region loads it, and a store
         // per batch moved its cache line between cores at every seek.
         if self.prefetch_streak.load(Ordering::Relaxed) != gate.streak() {

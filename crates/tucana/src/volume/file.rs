@@ -1,6 +1,8 @@
 //! The file backend: a volume in one file, read and written with `pread`/`pwrite`, read
 //! zero-copy through a read-only mapping; index node images go past the page cache through
-//! a second, `O_DIRECT` descriptor of the same file (`Storage::write_uncached_at`).
+//! a second, `O_DIRECT` descriptor of the same file (`Storage::write_uncached_at`), and
+//! records copied while the data set is larger than memory are read through a third,
+//! read-only descriptor advised `POSIX_FADV_RANDOM` (`Storage::read_random_at`).
 //!
 //! Owns: opening (and creating) the volume file, the exclusive lock that makes this handle
 //! the file's only writer, the file's length (it only grows), durability (`sync_data`),
@@ -42,6 +44,11 @@ pub struct FileStorage {
     /// Cleared when a direct write fails with `EINVAL` (an alignment this file system
     /// wants and we do not meet): later uncached writes go through the page cache.
     direct_ok: std::sync::atomic::AtomicBool,
+    /// The same file opened read-only and advised `POSIX_FADV_RANDOM` (no readahead), for
+    /// `read_random_at`; `None` where it could not be opened (then `file` serves). A
+    /// descriptor of its own because the advice belongs to the open file description,
+    /// and `file`'s large reads (GC's victims, recovery) want readahead.
+    random: Option<File>,
     path: PathBuf,
     /// The file's length; changed only by `grow`, under `grow_lock`, after `set_len`.
     len_bytes: AtomicU64,
@@ -87,11 +94,13 @@ impl FileStorage {
         let len_bytes = metadata.len();
         let map = GrowingMap::with_min_reservation(&file, len_bytes, min_reservation_bytes)?;
         let direct = open_direct(path);
+        let random = open_random(path);
         Ok(FileStorage {
             map,
             file,
             direct_ok: std::sync::atomic::AtomicBool::new(direct.is_some()),
             direct,
+            random,
             path: path.to_path_buf(),
             len_bytes: AtomicU64::new(len_bytes),
             grow_lock: Mutex::new(()),
@@ -111,6 +120,29 @@ impl FileStorage {
             self.written_bytes.load(Ordering::Relaxed),
             self.read_bytes.load(Ordering::Relaxed),
         )
+    }
+
+    /// `read_at` through `file` (this handle's main descriptor or its random-read one).
+    fn read_through(&self, file: &File, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let len_bytes = self.len_bytes.load(Ordering::Acquire);
+        if offset
+            .checked_add(buf.len() as u64)
+            .is_none_or(|end| end > len_bytes)
+        {
+            return Err(Error::Io(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!(
+                    "{}: read of {} bytes at {offset:#x} past the end of the volume ({len_bytes} bytes)",
+                    self.path.display(),
+                    buf.len()
+                ),
+            )));
+        }
+        file.read_exact_at(buf, offset)
+            .map_err(|e| with_path(&self.path, "read", e))?;
+        self.read_bytes
+            .fetch_add(buf.len() as u64, Ordering::Relaxed);
+        Ok(())
     }
 
     /// Panics unless `offset..offset+len` lies inside the volume: the engine writes only
@@ -149,26 +181,11 @@ impl Storage for FileStorage {
     }
 
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
-        let len_bytes = self.len_bytes.load(Ordering::Acquire);
-        if offset
-            .checked_add(buf.len() as u64)
-            .is_none_or(|end| end > len_bytes)
-        {
-            return Err(Error::Io(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                format!(
-                    "{}: read of {} bytes at {offset:#x} past the end of the volume ({len_bytes} bytes)",
-                    self.path.display(),
-                    buf.len()
-                ),
-            )));
-        }
-        self.file
-            .read_exact_at(buf, offset)
-            .map_err(|e| with_path(&self.path, "read", e))?;
-        self.read_bytes
-            .fetch_add(buf.len() as u64, Ordering::Relaxed);
-        Ok(())
+        self.read_through(&self.file, offset, buf)
+    }
+
+    fn read_random_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.read_through(self.random.as_ref().unwrap_or(&self.file), offset, buf)
     }
 
     fn write_at(&self, offset: u64, data: &[u8]) -> Result<()> {
@@ -329,6 +346,23 @@ fn open_direct(path: &Path) -> Option<File> {
         .custom_flags(libc::O_DIRECT)
         .open(path)
         .ok()
+}
+
+/// Opens `path` read-only for `read_random_at`, advised `POSIX_FADV_RANDOM`: a read through
+/// it brings in exactly the pages it names, in one request, and no readahead around them.
+#[cfg(target_os = "linux")]
+fn open_random(path: &Path) -> Option<File> {
+    use std::os::fd::AsRawFd;
+    let file = OpenOptions::new().read(true).open(path).ok()?;
+    // SAFETY: posix_fadvise takes a descriptor we own for the duration of the call and
+    // plain integers; it touches no memory of ours. A failure only leaves readahead on.
+    let _ = unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_RANDOM) };
+    Some(file)
+}
+
+#[cfg(not(target_os = "linux"))]
+fn open_random(_path: &Path) -> Option<File> {
+    None
 }
 
 #[cfg(not(target_os = "linux"))]

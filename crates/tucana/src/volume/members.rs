@@ -608,6 +608,38 @@ fn unpack(packed: u64) -> (usize, u64) {
     )
 }
 
+impl MemberSet {
+    /// `read_at` or, with `random`, `read_random_at`: each member's piece read the same way.
+    fn read_pieces(&self, offset: u64, buf: &mut [u8], random: bool) -> Result<()> {
+        let len_bytes = self.len_bytes.load(Ordering::Acquire);
+        if offset
+            .checked_add(buf.len() as u64)
+            .is_none_or(|end| end > len_bytes)
+        {
+            return Err(Error::Io(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                format!(
+                    "read of {} bytes at {offset:#x} past the end of the volume ({len_bytes} bytes)",
+                    buf.len()
+                ),
+            )));
+        }
+        self.each_piece(offset, buf.len(), |member, at, range| {
+            let n = range.len() as u64;
+            member.timed(Kind::Read, n, || {
+                let piece = &mut buf[range];
+                if random {
+                    member.storage.read_random_at(at, piece)
+                } else {
+                    member.storage.read_at(at, piece)
+                }
+            })?;
+            member.read_bytes.fetch_add(n, Ordering::Relaxed);
+            Ok(())
+        })
+    }
+}
+
 impl Storage for MemberSet {
     fn len_bytes(&self) -> Result<u64> {
         Ok(self.len_bytes.load(Ordering::Acquire))
@@ -626,27 +658,11 @@ impl Storage for MemberSet {
     }
 
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
-        let len_bytes = self.len_bytes.load(Ordering::Acquire);
-        if offset
-            .checked_add(buf.len() as u64)
-            .is_none_or(|end| end > len_bytes)
-        {
-            return Err(Error::Io(std::io::Error::new(
-                std::io::ErrorKind::UnexpectedEof,
-                format!(
-                    "read of {} bytes at {offset:#x} past the end of the volume ({len_bytes} bytes)",
-                    buf.len()
-                ),
-            )));
-        }
-        self.each_piece(offset, buf.len(), |member, at, range| {
-            let n = range.len() as u64;
-            member.timed(Kind::Read, n, || {
-                member.storage.read_at(at, &mut buf[range])
-            })?;
-            member.read_bytes.fetch_add(n, Ordering::Relaxed);
-            Ok(())
-        })
+        self.read_pieces(offset, buf, false)
+    }
+
+    fn read_random_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.read_pieces(offset, buf, true)
     }
 
     fn write_at(&self, offset: u64, data: &[u8]) -> Result<()> {

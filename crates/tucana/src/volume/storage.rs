@@ -51,6 +51,14 @@ pub trait Storage: Send + Sync + 'static {
     /// Reads exactly `buf.len()` bytes at `offset`. Reading past the end is an error.
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()>;
 
+    /// As `read_at`, for a small read at a random place (a log record copied while the
+    /// data set is larger than memory, see `read_mode.rs`): the backend should bring in
+    /// exactly the pages of the range, in one request, with no readahead around them.
+    /// The default is `read_at`.
+    fn read_random_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.read_at(offset, buf)
+    }
+
     /// Writes all of `data` at `offset` (inside the current length).
     fn write_at(&self, offset: u64, data: &[u8]) -> Result<()>;
 
