@@ -382,6 +382,7 @@ impl Engine {
             prefetch_bytes: shared.prefetch_bytes.load(Ordering::Relaxed),
             prefetch_skipped: shared.prefetch_skipped.load(Ordering::Relaxed),
             copied_record_reads: shared.copied_record_reads.load(Ordering::Relaxed),
+            deferred_puts: shared.deferred_puts.load(Ordering::Relaxed),
             writes_in_flight_bytes: shared.writes.as_ref().map_or(0, |q| q.in_flight_bytes()),
             members: storage.members(),
             ..Stats::default()

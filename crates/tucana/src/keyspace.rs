@@ -154,8 +154,12 @@ impl Keyspace {
         Ok(self.write(&[Op { key, value: None }], durability)? == 1)
     }
 
-    /// Live keys in the keyspace.
+    /// Live keys in the keyspace. Applies deferred puts first (`Options::deferred_updates`):
+    /// one the index has not taken yet may be of a new key.
     pub fn len(&self) -> u64 {
+        // A failure poisons the volume (as a failed write does); the count is then the
+        // index's.
+        let _ = self.region.apply_deferred(true);
         self.region.keys()
     }
 

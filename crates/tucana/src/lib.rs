@@ -72,7 +72,7 @@ pub use db::Database;
 pub use error::{Error, Result};
 pub use gc::ReorganiseReport;
 pub use keyspace::{Batch, Durability, Keyspace, Snapshot};
-pub use options::Options;
+pub use options::{DeferredUpdates, Options};
 pub use range::Range;
 pub use stats::{KeyspaceStats, Stats};
 pub use types::{MAX_KEY_BYTES, MAX_VALUE_BYTES};

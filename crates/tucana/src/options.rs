@@ -66,6 +66,11 @@ pub struct Options {
     /// they are read through the mapping, with no system call (`read_mode.rs`). Default
     /// on; off reads through the mapping always.
     pub cold_reads_copied: bool,
+    /// When a lone put of a key the index already holds is applied to the index later, in
+    /// batches, instead of at once (`region/deferred.rs`): applying it reads the record it
+    /// replaces, one device read at a time when the data is not in memory; deferred, those
+    /// reads are asked for together. Default `Off` (see the enum).
+    pub deferred_updates: DeferredUpdates,
     /// How often the background collector wakes to take a step (default 100 ms). For the
     /// torture suites, which need background GC steps within a few milliseconds of work to
     /// crash inside them; not a tuning knob (the budget follows the foreground, not the tick).
@@ -121,6 +126,20 @@ pub struct Options {
     pub trim_force_below_free_fraction: f64,
 }
 
+/// When a put of a key the index already holds is deferred (`Options::deferred_updates`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DeferredUpdates {
+    /// Every put is applied to the index at once.
+    #[default]
+    Off,
+    /// While reads find the data mostly not in memory (the copying read mode of
+    /// `Options::cold_reads_copied`, which must be on): then an update's read of the
+    /// record it replaces is a device read.
+    WhenCold,
+    /// Always (for tests: exercises the deferred path on data in memory).
+    Always,
+}
+
 impl Default for Options {
     fn default() -> Options {
         Options {
@@ -136,6 +155,7 @@ impl Default for Options {
             scan_prefetch_entries: 64,
             reorganise_after_idle: None,
             cold_reads_copied: true,
+            deferred_updates: DeferredUpdates::Off,
             gc_tick: GC_TICK,
             mapping_reservation_bytes: crate::volume::DEFAULT_MAPPING_RESERVATION_BYTES,
             member_dispatch: crate::volume::DispatchPolicy::RoundRobin,
@@ -214,6 +234,13 @@ impl Options {
     /// on). See the field.
     pub fn cold_reads_copied(mut self, on: bool) -> Options {
         self.cold_reads_copied = on;
+        self
+    }
+
+    /// When puts of existing keys are applied to the index in batches (default `Off`).
+    /// See the field.
+    pub fn deferred_updates(mut self, when: DeferredUpdates) -> Options {
+        self.deferred_updates = when;
         self
     }
 

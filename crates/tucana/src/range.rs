@@ -217,6 +217,9 @@ pub struct Range {
     prefetch_batch: Vec<u64>,
     /// Stops the prefetching of a range whose records are found in memory.
     prefetch_gate: ResidencyGate,
+    /// Applying the region's deferred puts failed when the range began: returned by the
+    /// first call, which ends the range (the live tree may lack acknowledged writes).
+    failed: Option<Error>,
 }
 
 /// What a range reports when the fences its path gave a leaf are impossible: the leaf it
@@ -259,6 +262,12 @@ impl Range {
             | (Bound::Excluded(l), Bound::Excluded(h)) => l >= h,
             _ => false,
         };
+        // A live range reads the tree, so deferred puts go into it first
+        // (`region/deferred.rs`).
+        let failed = match root {
+            None => region.apply_deferred(true).err(),
+            Some(_) => None,
+        };
         // A live range copies log pointers out of leaves and reads the records later,
         // without an epoch guard in between: register it like a snapshot.
         let live_ticket = root.is_none().then(|| region.register_live_reader());
@@ -288,6 +297,7 @@ impl Range {
             prefetch_batches: 0,
             prefetch_batch: batch,
             prefetch_gate,
+            failed,
         }
     }
 
@@ -590,6 +600,10 @@ impl Iterator for Range {
     type Item = Result<(Vec<u8>, Vec<u8>)>;
 
     fn next(&mut self) -> Option<Self::Item> {
+        if let Some(e) = self.failed.take() {
+            self.done = true;
+            return Some(Err(e));
+        }
         if self.done {
             return None;
         }
@@ -609,6 +623,10 @@ impl Iterator for Range {
 
 impl DoubleEndedIterator for Range {
     fn next_back(&mut self) -> Option<Self::Item> {
+        if let Some(e) = self.failed.take() {
+            self.done = true;
+            return Some(Err(e));
+        }
         if self.done {
             return None;
         }

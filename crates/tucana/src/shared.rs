@@ -70,6 +70,8 @@ pub(crate) struct Shared {
     pub read_mode: ReadMode,
     /// Records read by copy (`ReadMode` said so).
     pub copied_record_reads: AtomicU64,
+    /// Puts deferred (`Options::deferred_updates`).
+    pub deferred_puts: AtomicU64,
     /// Wakes the background committer early (dirty-bytes threshold reached).
     wake: (Mutex<bool>, Condvar),
     pub frees: Arc<Mutex<PendingFrees>>,
@@ -138,6 +140,7 @@ impl Shared {
             prefetch_skipped: AtomicU64::new(0),
             read_mode,
             copied_record_reads: AtomicU64::new(0),
+            deferred_puts: AtomicU64::new(0),
             wake: (Mutex::new(false), Condvar::new()),
             frees: Arc::new(Mutex::new(PendingFrees::default())),
             write_delay_ns_per_kib: AtomicU64::new(0),

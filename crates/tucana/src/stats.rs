@@ -57,6 +57,9 @@ pub struct Stats {
     /// Records read by copying them with `pread` since open, because sampled reads found
     /// the data mostly not in memory (`Options::cold_reads_copied`).
     pub copied_record_reads: u64,
+    /// Puts of existing keys deferred since open, applied to the index later in batches
+    /// (`Options::deferred_updates`).
+    pub deferred_puts: u64,
     /// Bytes of closed log segments handed to the background writers and not written yet
     /// (writes in flight; 0 with `writes_in_flight_segments == 0`).
     pub writes_in_flight_bytes: u64,
@@ -103,7 +106,7 @@ impl Stats {
     pub fn to_json(&self) -> String {
         let mut s = String::new();
         s.push('{');
-        let fields: [(&str, u64); 32] = [
+        let fields: [(&str, u64); 33] = [
             ("keys", self.keys),
             ("live_log_bytes", self.live_log_bytes),
             ("dead_log_bytes", self.dead_log_bytes),
@@ -127,6 +130,7 @@ impl Stats {
             ("prefetch_bytes", self.prefetch_bytes),
             ("prefetch_skipped", self.prefetch_skipped),
             ("copied_record_reads", self.copied_record_reads),
+            ("deferred_puts", self.deferred_puts),
             ("writes_in_flight_bytes", self.writes_in_flight_bytes),
             ("index_leaf_splits", self.index_leaf_splits),
             ("index_restemmed_halves", self.index_restemmed_halves),

@@ -27,7 +27,7 @@ use std::time::Duration;
 use proptest::prelude::*;
 use proptest::sample::Index;
 use proptest::test_runner::{Config, FileFailurePersistence};
-use tucana::{Database, Durability, Keyspace, Options, Range, Snapshot};
+use tucana::{Database, DeferredUpdates, Durability, Keyspace, Options, Range, Snapshot};
 
 const KEYSPACES: [&str; 2] = ["alpha", "beta"];
 const MAX_OPS: usize = 300;
@@ -519,6 +519,10 @@ enum Mode {
     Background,
     /// As `Manual`, on a volume over three member files (`Options::open_members`).
     Members,
+    /// As `Manual` and as `Background`, with every put of an existing key deferred
+    /// (`DeferredUpdates::Always`): applied to the index later, in batches.
+    DeferredManual,
+    DeferredBackground,
 }
 
 impl Mode {
@@ -526,7 +530,7 @@ impl Mode {
     fn members(self) -> usize {
         match self {
             Mode::Members => 3,
-            Mode::Manual | Mode::Background => 1,
+            Mode::Manual | Mode::Background | Mode::DeferredManual | Mode::DeferredBackground => 1,
         }
     }
 }
@@ -545,6 +549,12 @@ impl Mode {
             Mode::Background => Database::builder()
                 .commit_interval(Some(Duration::from_millis(20)))
                 .commit_dirty_bytes(256 * 1024),
+            Mode::DeferredManual => Mode::Manual
+                .options()
+                .deferred_updates(DeferredUpdates::Always),
+            Mode::DeferredBackground => Mode::Background
+                .options()
+                .deferred_updates(DeferredUpdates::Always),
         }
     }
 }
@@ -864,5 +874,26 @@ proptest! {
     #[test]
     fn model_over_three_members(ops in ops_strategy()) {
         run(Mode::Members, &ops);
+    }
+}
+
+proptest! {
+    #![proptest_config(config(32))]
+
+    /// The first with puts of existing keys deferred: a put the index has not taken yet
+    /// must still be what every read, range, snapshot, commit and reopen sees.
+    #[test]
+    fn model_with_deferred_updates(ops in ops_strategy()) {
+        run(Mode::DeferredManual, &ops);
+    }
+}
+
+proptest! {
+    #![proptest_config(config(16))]
+
+    /// The same with background commits applying deferred puts while the case writes.
+    #[test]
+    fn model_with_deferred_updates_and_background_commits(ops in ops_strategy()) {
+        run(Mode::DeferredBackground, &ops);
     }
 }

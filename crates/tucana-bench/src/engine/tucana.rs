@@ -3,7 +3,7 @@
 use std::ops::{Bound, ControlFlow};
 use std::path::Path;
 
-use tucana::{Database, Durability, Keyspace};
+use tucana::{Database, DeferredUpdates, Durability, Keyspace};
 
 use super::{Direction, Engine, EngineConfig, EngineKind, Footprint, Visit};
 use crate::Result;
@@ -35,6 +35,7 @@ impl EngineKind for Tucana {
             "gc_rate_bytes_per_sec": options.gc_rate_bytes_per_sec,
             "scan_prefetch_entries": options.scan_prefetch_entries,
             "cold_reads_copied": options.cold_reads_copied,
+            "deferred_updates": format!("{:?}", options.deferred_updates),
             "cache": "none of its own: the index is in memory, values are read through the page cache",
         })
     }
@@ -76,6 +77,13 @@ fn options(config: &EngineConfig) -> tucana::Options {
     // Experiments on the read path (DESIGN.md, "What a larger-than-memory read costs"):
     // the same binary with records always read through the mapping, or another scan
     // prefetch window.
+    // TUCANA_BENCH_DEFERRED_UPDATES=when-cold|always|off: `Options::deferred_updates`.
+    match std::env::var("TUCANA_BENCH_DEFERRED_UPDATES").as_deref() {
+        Ok("when-cold") => options = options.deferred_updates(DeferredUpdates::WhenCold),
+        Ok("always") => options = options.deferred_updates(DeferredUpdates::Always),
+        Ok("off") => options = options.deferred_updates(DeferredUpdates::Off),
+        _ => {}
+    }
     if std::env::var("TUCANA_BENCH_COLD_READS_COPIED").as_deref() == Ok("0") {
         options = options.cold_reads_copied(false);
     }

@@ -245,13 +245,22 @@ impl Committer {
         let storage = shared.volume.storage().clone();
         let allocator = &shared.allocator;
 
+        // 0. Deferred puts (`region/deferred.rs`) go into the trees before anything is
+        // sealed; their device reads are taken here, outside every writer lock.
+        for region in regions {
+            region.apply_deferred(true)?;
+        }
+
         // 1. Frees that are safe now become free space in this commit's bitmap.
         shared.release_releasable();
         allocator.begin_commit();
         *started = true;
 
         // 2. Seal.
-        let sealed: Vec<SealedRegion> = regions.iter().map(|r| r.seal_for_commit()).collect();
+        let sealed: Vec<SealedRegion> = regions
+            .iter()
+            .map(|r| r.seal_for_commit())
+            .collect::<Result<_>>()?;
         let replica_descs: Vec<RegionDesc> = replicas.iter().map(|r| r.seal_for_commit()).collect();
         shared.log_bytes_since_commit.store(0, Ordering::Relaxed);
 

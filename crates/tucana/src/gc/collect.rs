@@ -101,6 +101,10 @@ pub(super) fn collect_segment(
     pinned: &mut HashSet<(RegionId, u64)>,
 ) -> Result<Collected> {
     if stats.live_bytes > 0 {
+        // A deferred put (`region/deferred.rs`) is in no tree yet, so the checks below
+        // would take its record for dead: apply them first. Later ones are records
+        // appended after this, never in a closed victim.
+        region.apply_deferred(true)?;
         // Read in place through the volume's mapping when it has one (a copy into the
         // pass's buffer otherwise). The pin keeps the segment allocated while we read it
         // even if the region is dropped meanwhile: a dropped region's segments are freed

@@ -17,6 +17,7 @@
 //! optimistically and read records from the tail buffer or the volume. Regions never share
 //! a lock on the write path except the allocator's, taken once per log segment.
 
+mod deferred;
 mod open;
 mod read;
 mod readers;
@@ -151,6 +152,8 @@ pub(crate) struct Region {
     /// A higher replication term is known elsewhere: writes are refused
     /// (`Region::fence`); 0 while none is.
     fenced_by: AtomicU64,
+    /// Puts logged but not yet applied to the tree (`deferred.rs`).
+    deferred: deferred::Deferred,
 }
 
 impl Region {
@@ -189,6 +192,7 @@ impl Region {
             ship_horizon: AtomicU64::new(u64::MAX),
             replay_from_order: AtomicU64::new(u64::MAX),
             fenced_by: AtomicU64::new(0),
+            deferred: deferred::Deferred::default(),
         }
     }
 
@@ -364,7 +368,11 @@ impl Region {
         self.check_usable()?;
         let shared = &self.shared;
         self.check_writable()?;
-        let mut w = self.lock_warm(ops.iter().take(WARM_OPS_MAX).map(|op| op.key));
+        // A lone put may be deferred (`deferred.rs`): it must not read the record it
+        // replaces, so its path is not warmed either.
+        let deferrable = ops.len() == 1 && ops[0].value.is_some() && self.defer_put_now();
+        let warm = if deferrable { 0 } else { WARM_OPS_MAX };
+        let mut w = self.lock_warm(ops.iter().take(warm).map(|op| op.key));
         // Checked again under the lock: a drop, close or fence may have drained writers
         // meanwhile.
         self.check_usable()?;
@@ -394,7 +402,21 @@ impl Region {
             ptrs[i] = at;
         }
         let mut existed = 0;
+        let mut deferred = false;
         for (op, ptr) in ops.iter().zip(ptrs.iter()) {
+            if deferrable
+                && self
+                    .try_defer(&mut w, op.key, *ptr)
+                    .inspect_err(|_| shared.poison())?
+            {
+                // An update (the index holds the key, or a key of its prefix and hash).
+                existed += 1;
+                deferred = true;
+                continue;
+            }
+            if !self.deferred.is_empty() {
+                self.apply_deferred_of(&mut w, op.key)?;
+            }
             if self
                 .apply(&mut w, op.key, op.value.is_some(), *ptr)
                 .inspect_err(|_| shared.poison())?
@@ -404,6 +426,9 @@ impl Region {
         }
         let ticket = shared.write_ticket.fetch_add(1, Ordering::AcqRel) + 1;
         drop(w);
+        if deferred && self.deferred.len() >= deferred::DEFERRED_BATCH {
+            self.apply_deferred(false)?;
+        }
         shared
             .log_bytes_since_commit
             .fetch_add(appended, Ordering::Relaxed);
@@ -505,11 +530,15 @@ impl Region {
     /// lock, with the log positions the sealed tree is complete up to. Segments the
     /// writer allocates from now on must not appear in the commit's bitmap image, until
     /// `commit_durable` with `end_seal`.
-    pub fn seal_for_commit(&self) -> SealedRegion {
+    pub fn seal_for_commit(&self) -> Result<SealedRegion> {
+        // The sealed tree must hold every logged put: deferred ones are applied first,
+        // most of them outside the lock.
+        self.apply_deferred(true)?;
         let mut w = self.writer.lock();
+        self.apply_all_deferred(&mut w)?;
         let sealed = self.tree.seal();
         w.sealed_for_commit = true;
-        SealedRegion {
+        Ok(SealedRegion {
             root_word: sealed.root,
             tree_epoch: sealed.epoch,
             generation: w.generation,
@@ -522,7 +551,7 @@ impl Region {
                 .map(|(off, s)| (DiskOffset(*off), *s))
                 .collect(),
             next_order: w.next_order,
-        }
+        })
     }
 
     /// Writes the foreground tail's pending bytes to the volume (not synced): what a
@@ -665,7 +694,12 @@ impl Region {
 
     /// Seals the running tree epoch and pins the sealed root for a snapshot.
     pub fn open_snapshot(&self) -> (u64, ReaderTicket) {
-        let _w = self.writer.lock();
+        // Deferred puts are applied first, so the snapshot holds every acknowledged
+        // write. One that fails to apply has poisoned the volume (as a failed write
+        // does): the snapshot is then of the tree without it.
+        let _ = self.apply_deferred(true);
+        let mut w = self.writer.lock();
+        let _ = self.apply_all_deferred(&mut w);
         let sealed = self.tree.seal();
         (sealed.root, self.readers.register(sealed.epoch))
     }

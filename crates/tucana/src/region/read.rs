@@ -351,10 +351,23 @@ impl Region {
         f: impl FnOnce(&[u8]) -> R,
     ) -> Result<Option<R>> {
         let guard = epoch::pin();
-        let Some(ptr) = self.tree.get(self, root, key, &guard)? else {
-            return Ok(None);
+        let Some(ptr) = self.live_deferred(root, key) else {
+            let Some(ptr) = self.tree.get(self, root, key, &guard)? else {
+                return Ok(None);
+            };
+            return self.value_at(ptr, key, f).map(Some);
         };
         self.value_at(ptr, key, f).map(Some)
+    }
+
+    /// The deferred put of `key` (`deferred.rs`), for a reader of the live tree (`root`
+    /// `None`): newer than anything the tree holds for the key.
+    #[inline]
+    fn live_deferred(&self, root: Option<u64>, key: &[u8]) -> Option<u64> {
+        if root.is_some() {
+            return None;
+        }
+        self.deferred.get(key)
     }
 
     /// The log pointer the index holds for `key` under `root` (index only, no record read).
@@ -362,6 +375,9 @@ impl Region {
     /// registered live reader, see `register_live_reader`).
     pub fn lookup(&self, root: Option<u64>, key: &[u8]) -> Result<Option<u64>> {
         self.check_usable()?;
+        if let Some(ptr) = self.live_deferred(root, key) {
+            return Ok(Some(ptr));
+        }
         let guard = epoch::pin();
         self.tree.get(self, root, key, &guard)
     }
@@ -373,6 +389,20 @@ impl Region {
     /// (a long pivot kept in the log, a restart) makes the answer `Unsure`.
     pub fn lookup_candidate(&self, root: Option<u64>, key: &[u8]) -> Result<Candidate> {
         self.check_usable()?;
+        if let Some(ptr) = self.live_deferred(root, key) {
+            return Ok(Candidate::Maybe(ptr));
+        }
+        self.tree_candidate_under(root, key)
+    }
+
+    /// `lookup_candidate` in the live tree alone, deferred puts left out: the entry a
+    /// put of `key` would replace.
+    pub(super) fn tree_candidate(&self, key: &[u8]) -> Result<Candidate> {
+        self.check_usable()?;
+        self.tree_candidate_under(None, key)
+    }
+
+    fn tree_candidate_under(&self, root: Option<u64>, key: &[u8]) -> Result<Candidate> {
         let guard = epoch::pin();
         let ctx = CandidateCtx::new(self);
         let found = self.tree.get(&ctx, root, key, &guard)?;
