@@ -268,7 +268,15 @@ impl Committer {
         {
             let mut alloc = || -> Result<DiskOffset> {
                 if run.1 == 0 {
-                    run = allocator.allocate_up_to(storage.as_ref(), NODE_RUN_BLOCKS)?;
+                    // Each run goes to the member the dispatch policy names, as a log
+                    // segment does (its queued writes counted); `None` for one file.
+                    let queued = shared
+                        .writes
+                        .as_ref()
+                        .map(|q| q.waiting_bytes())
+                        .unwrap_or_default();
+                    let member = storage.dispatch_member(None, &queued);
+                    run = allocator.allocate_up_to_on(storage.as_ref(), NODE_RUN_BLOCKS, member)?;
                 }
                 let at = run.0;
                 run = (at.plus_bytes(BLOCK_BYTES), run.1 - 1);
