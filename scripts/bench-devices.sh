@@ -260,8 +260,8 @@ for round in $(seq 1 "${rounds}"); do
             ;;
         gc-burst)
             throttle 20 0 0
-            gc_burst "gc-burst 1x20" scheduled
-            gc_burst "gc-burst 1x20" at-release
+            gc_burst "gc-burst 1x20 ${mount_options}" scheduled
+            gc_burst "gc-burst 1x20 ${mount_options}" at-release
             ;;
         *) echo "bench-devices: unknown case ${case}" >&2; exit 2 ;;
         esac

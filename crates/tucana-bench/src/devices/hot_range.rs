@@ -89,7 +89,10 @@ fn read_hot(ks: &tucana::Keyspace, hot: u64, seed: u64, stop: &AtomicBool) -> Hi
         let started = Instant::now();
         let found = ks.get(&key(i));
         let us = started.elapsed().as_micros() as u64;
-        assert!(matches!(found, Ok(Some(_))), "hot record {i} lost: {found:?}");
+        assert!(
+            matches!(found, Ok(Some(_))),
+            "hot record {i} lost: {found:?}"
+        );
         hist.saturating_record(us.max(1));
     }
     hist
@@ -198,8 +201,8 @@ pub fn run(args: &DevicesArgs) -> Result<()> {
             let (db, stop) = (&db, &stop);
             scope.spawn(move || sample_until(db, stop))
         };
-        let written = put_keys(&ks, 0, args.records, args.value_bytes, threads)
-            .and_then(|()| Ok(db.sync()?));
+        let written =
+            put_keys(&ks, 0, args.records, args.value_bytes, threads).and_then(|()| Ok(db.sync()?));
         let load_s = started.elapsed().as_secs_f64();
         stop.store(true, Ordering::Relaxed);
         let mut hist =

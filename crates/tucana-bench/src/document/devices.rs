@@ -187,7 +187,11 @@ fn hot_table(hot: &[Value]) -> String {
     for r in hot {
         let written: Vec<String> = r["written_mib_per_member"]
             .as_array()
-            .map(|a| a.iter().map(|m| format!("{:.0}", m.as_f64().unwrap_or(0.0))).collect())
+            .map(|a| {
+                a.iter()
+                    .map(|m| format!("{:.0}", m.as_f64().unwrap_or(0.0)))
+                    .collect()
+            })
             .unwrap_or_default();
         let _ = writeln!(
             md,
@@ -262,7 +266,10 @@ mod tests {
             ),
             "{md}"
         );
-        assert!(md.contains("| hot-range 3x20 wait=true | Lwql | 60"), "{md}");
+        assert!(
+            md.contains("| hot-range 3x20 wait=true | Lwql | 60"),
+            "{md}"
+        );
         assert!(md.contains("| 100 / 101 / 99 | 2.00 |"), "{md}");
         // Not in the load runs' table.
         assert!(!md.contains("| hot-range 3x20 wait=true | 3 |"), "{md}");

@@ -454,7 +454,6 @@ impl Allocator {
     }
 }
 
-
 /// Grows the volume (allocator lock held) by a new group placed on `member`, with room
 /// for an aligned run of `blocks`: the search start for the run (`State::grow`'s), or
 /// `None` when the volume cannot grow so (past its maximum size, or the member's device

@@ -312,7 +312,13 @@ mod tests {
         // In-flight requests add to it, and least-weighted dispatch passes over it.
         let idle = Load::default();
         assert_eq!(
-            least_weighted(&[load.weighted_length_at(later), idle.weighted_length_at(later)], 0),
+            least_weighted(
+                &[
+                    load.weighted_length_at(later),
+                    idle.weighted_length_at(later)
+                ],
+                0
+            ),
             1
         );
         // A slower reader (measured) drains the same bytes more slowly.
@@ -322,7 +328,11 @@ mod tests {
             slow.finish(Kind::Read, mib, 4 * mib); // 4000 ps per byte
         }
         slow.announce_read_at(mib, now);
-        assert!(slow.weighted_length_at(now) > 3 * mib * ps, "{}", slow.weighted_length_at(now));
+        assert!(
+            slow.weighted_length_at(now) > 3 * mib * ps,
+            "{}",
+            slow.weighted_length_at(now)
+        );
     }
 
     #[test]

@@ -279,7 +279,7 @@ fn node_runs_go_to_the_dispatched_member_and_grow_on_it_when_it_is_full() {
         .with_policy(DispatchPolicy::LeastWeightedQueue);
     let allocator = Allocator::create(set.len_bytes().unwrap());
     let run_blocks = 256; // 1 MiB, a commit's `NODE_RUN_BLOCKS`
-    // Member 1 is busy reading: least-weighted dispatch keeps node runs off it.
+                          // Member 1 is busy reading: least-weighted dispatch keeps node runs off it.
     set.members[1].load.start(Kind::Read, 64 << 20);
     let mut on = Vec::new();
     for _ in 0..6 {
@@ -298,7 +298,9 @@ fn node_runs_go_to_the_dispatched_member_and_grow_on_it_when_it_is_full() {
     // still have room; without a member named, first fit as before.
     let groups_before = set.len_bytes().unwrap().div_ceil(GROUP_BYTES);
     let at = loop {
-        let (at, _) = allocator.allocate_up_to_on(&set, run_blocks, Some(2)).unwrap();
+        let (at, _) = allocator
+            .allocate_up_to_on(&set, run_blocks, Some(2))
+            .unwrap();
         assert_eq!(set.member_of(at.0), Some(2));
         if at.0 / GROUP_BYTES != 2 {
             break at;
@@ -348,7 +350,9 @@ fn least_weighted_dispatch_passes_over_a_member_busy_reading() {
     let past_the_end = MemberSet::open(named(&mems), false)
         .unwrap()
         .with_policy(DispatchPolicy::Member(7));
-    assert!(past_the_end.dispatch_member(None, &[]).is_some_and(|m| m < 3));
+    assert!(past_the_end
+        .dispatch_member(None, &[])
+        .is_some_and(|m| m < 3));
 }
 
 #[test]
@@ -364,14 +368,19 @@ fn prefetches_on_a_member_count_as_its_reads_for_least_weighted_dispatch() {
     // longer than this test, however loaded the machine.
     let slow_reads = |set: &MemberSet, m: usize| {
         set.members[m].load.start(Kind::Read, 1 << 20);
-        set.members[m].load.finish(Kind::Read, 1 << 20, 10_000_000_000);
+        set.members[m]
+            .load
+            .finish(Kind::Read, 1 << 20, 10_000_000_000);
     };
     slow_reads(&set, 1);
     // 64 MiB asked ahead in member 1's group (group 1, slot 0 of member 1).
     set.prefetch(SLOT_BYTES + 8 * BLOCK_BYTES, 64 << 20);
     let stats = set.member_stats();
     assert!(stats[1].weighted_queue_ps > 0, "{stats:?}");
-    assert_eq!((stats[0].weighted_queue_ps, stats[2].weighted_queue_ps), (0, 0));
+    assert_eq!(
+        (stats[0].weighted_queue_ps, stats[2].weighted_queue_ps),
+        (0, 0)
+    );
     let picks: Vec<Option<usize>> = (0..4).map(|_| set.dispatch_member(None, &[])).collect();
     assert!(!picks.contains(&Some(1)), "{picks:?}");
     // A prefetch across a group boundary is announced on both members, each its piece.
@@ -380,7 +389,10 @@ fn prefetches_on_a_member_count_as_its_reads_for_least_weighted_dispatch() {
     slow_reads(&fresh, 1);
     fresh.prefetch(SLOT_BYTES - (1 << 20), 2 << 20);
     let both = fresh.member_stats();
-    assert!(both[0].weighted_queue_ps > 0 && both[1].weighted_queue_ps > 0, "{both:?}");
+    assert!(
+        both[0].weighted_queue_ps > 0 && both[1].weighted_queue_ps > 0,
+        "{both:?}"
+    );
 }
 
 #[test]
