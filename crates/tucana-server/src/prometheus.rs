@@ -127,7 +127,7 @@ fn member_text(stats: &Stats, out: &mut String) {
         return;
     }
     type Field = fn(&tucana::volume::MemberStats) -> f64;
-    let metrics: [(&str, &str, &str, Field); 11] = [
+    let metrics: [(&str, &str, &str, Field); 12] = [
         (
             "member_written_bytes_total",
             COUNTER,

@@ -61,59 +61,7 @@ pub(super) fn render(text: &str, path: &Path) -> String {
         path.display(),
         records.len() + hot.len()
     );
-    md += "### Issue 21's targets (medians of the rounds, wait=true)\n\n";
-    md += "| comparison | ratio | target | devices' ceiling |\n|---|---|---|---|\n";
-    let targets = [
-        (
-            "3 equal members at 20 MiB/s ÷ 1 member (round-robin)",
-            median_mib(&records, "equal-3x20 wait=true", "RoundRobin", 4),
-            median_mib(&records, "equal-1x20 wait=true", "RoundRobin", 4),
-            "≥ 2.7",
-            "3",
-        ),
-        (
-            "3 equal members at 20 MiB/s ÷ 1 member (LWQL)",
-            median_mib(&records, "equal-3x20 wait=true", "Lwql", 4),
-            median_mib(&records, "equal-1x20 wait=true", "RoundRobin", 4),
-            "≥ 2.7",
-            "3",
-        ),
-        (
-            "members at 10/20/40 MiB/s: LWQL ÷ round-robin",
-            median_mib(&records, "unequal-10/20/40 wait=true", "Lwql", 4),
-            median_mib(&records, "unequal-10/20/40 wait=true", "RoundRobin", 4),
-            "≥ 1.5",
-            "2.33 (70 ÷ 3 × 10)",
-        ),
-        (
-            "members at 10/20/40 MiB/s, wait=false: LWQL ÷ round-robin",
-            median_mib(&records, "unequal-10/20/40 wait=false", "Lwql", 4),
-            median_mib(&records, "unequal-10/20/40 wait=false", "RoundRobin", 4),
-            "(none)",
-            "2.33",
-        ),
-    ];
-    for (what, ours, theirs, target, ceiling) in targets {
-        let _ = writeln!(
-            md,
-            "| {what} | {} | {target} | {ceiling} |",
-            ratio_cell(ours, theirs, true)
-        );
-    }
-    let mut hot_labels: Vec<&str> = hot.iter().filter_map(|r| r["label"].as_str()).collect();
-    hot_labels.sort_unstable();
-    hot_labels.dedup();
-    for hot_label in hot_labels {
-        let _ = writeln!(
-            md,
-            "| {hot_label}: hot read range on member 0, LWQL ÷ round-robin (writers' MiB/s) | {} | ≥ 1.15 | (see below) |",
-            ratio_cell(
-                median_mib(&hot, hot_label, "Lwql", 4),
-                median_mib(&hot, hot_label, "RoundRobin", 4),
-                true
-            )
-        );
-    }
+    md += &targets_table(&records, &hot);
     let with_load = records.iter().any(|r| r["loadavg"].is_string());
     md += "\n### Every run\n\n";
     md += "| case | members | policy | in flight | ops/s | MiB/s | MiB per member | idle while others busy (ms, per member) |";
@@ -169,6 +117,66 @@ pub(super) fn render(text: &str, path: &Path) -> String {
          script's header):\n\n```sh\nROUNDS=2 JSON={} scripts/bench-devices.sh\nscripts/bench.sh report bench/results.json ...   # as under Reproduce at the top\n```",
         path.display()
     );
+    md
+}
+
+/// Issue 21's targets: ratios of the medians of the rounds (wait=true), one row per
+/// comparison, and one per label of the hot-range runs.
+fn targets_table(records: &[Value], hot: &[Value]) -> String {
+    let mut md = String::new();
+    md += "### Issue 21's targets (medians of the rounds, wait=true)\n\n";
+    md += "| comparison | ratio | target | devices' ceiling |\n|---|---|---|---|\n";
+    let targets = [
+        (
+            "3 equal members at 20 MiB/s ÷ 1 member (round-robin)",
+            median_mib(records, "equal-3x20 wait=true", "RoundRobin", 4),
+            median_mib(records, "equal-1x20 wait=true", "RoundRobin", 4),
+            "≥ 2.7",
+            "3",
+        ),
+        (
+            "3 equal members at 20 MiB/s ÷ 1 member (LWQL)",
+            median_mib(records, "equal-3x20 wait=true", "Lwql", 4),
+            median_mib(records, "equal-1x20 wait=true", "RoundRobin", 4),
+            "≥ 2.7",
+            "3",
+        ),
+        (
+            "members at 10/20/40 MiB/s: LWQL ÷ round-robin",
+            median_mib(records, "unequal-10/20/40 wait=true", "Lwql", 4),
+            median_mib(records, "unequal-10/20/40 wait=true", "RoundRobin", 4),
+            "≥ 1.5",
+            "2.33 (70 ÷ 3 × 10)",
+        ),
+        (
+            "members at 10/20/40 MiB/s, wait=false: LWQL ÷ round-robin",
+            median_mib(records, "unequal-10/20/40 wait=false", "Lwql", 4),
+            median_mib(records, "unequal-10/20/40 wait=false", "RoundRobin", 4),
+            "(none)",
+            "2.33",
+        ),
+    ];
+    for (what, ours, theirs, target, ceiling) in targets {
+        let _ = writeln!(
+            md,
+            "| {what} | {} | {target} | {ceiling} |",
+            ratio_cell(ours, theirs, true)
+        );
+    }
+    let mut hot_labels: Vec<&str> = hot.iter().filter_map(|r| r["label"].as_str()).collect();
+    hot_labels.sort_unstable();
+    hot_labels.dedup();
+    for hot_label in hot_labels {
+        let _ = writeln!(
+            md,
+            "| {hot_label}: hot read range on member 0, LWQL ÷ round-robin (writers' MiB/s) | {} | ≥ 1.15 | (see below) |",
+            ratio_cell(
+                median_mib(hot, hot_label, "Lwql", 4),
+                median_mib(hot, hot_label, "RoundRobin", 4),
+                true
+            )
+        );
+    }
     md
 }
 
