@@ -255,6 +255,9 @@ for round in $(seq 1 "${rounds}"); do
             throttle 20 20 20
             hot_label="hot-range 3x20 wait=true"
             [ -n "${queue_depth}" ] && hot_label="${hot_label} queue=${queue_depth}"
+            [ "${READERS:-4}" != 4 ] && hot_label="${hot_label} readers=${READERS}"
+            [ "${HOT_RECORDS:-150000}" != 150000 ] && hot_label="${hot_label} hot=${HOT_RECORDS}"
+            [ "${memory_limit}" != 134217728 ] && hot_label="${hot_label} memory=${memory_limit}"
             hot_range "${hot_label}" round-robin
             hot_range "${hot_label}" lwql
             ;;
