@@ -355,9 +355,10 @@ fn segment_writes_that_wait_for_the_device_write_reopen_and_check() {
 fn a_pinned_member_gets_every_segment_and_every_node_run() {
     // A commit's node runs used to take the allocator's first fit (group 0, on member
     // 0) whatever the dispatch policy said; now they go where the policy sends them, as
-    // segments do. With every dispatch pinned to member 1, member 1 holds the log and
-    // the index; members 0 and 2 get only what is placed by first fit (member 0: the
-    // superblock, descriptors and bitmaps).
+    // segments do (and so does a keyspace's first segment, which took first fit too).
+    // With every dispatch pinned to member 1, member 1 holds the log and the index;
+    // members 0 and 2 get only what is placed by first fit (member 0: the superblock,
+    // descriptors and bitmaps).
     let dir = tempfile::tempdir().unwrap();
     let paths = member_paths(dir.path(), "p", 3);
     {
