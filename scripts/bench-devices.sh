@@ -24,7 +24,16 @@
 # MiB/s, load, overwrite every record while a reader gets random records, then
 # SETTLE_SECONDS more of reading while background GC collects; trims scheduled against
 # trims punched at release, alternated, read p50/p99/p99.9 printed (records into
-# TRIMS_JSON, default ${DATA_DIR}/trims.jsonl, apart from the load records).
+# TRIMS_JSON, default ${DATA_DIR}/trims.jsonl, apart from the load records). Case
+# hot-range (not in the default CASES): 3 members at 20 MiB/s reads and writes; HOT_RECORDS
+# (150000) records placed on member 0, then RECORDS new records loaded while READERS (4)
+# threads get random hot records; round-robin against least weighted queue length, with
+# the writers' MiB/s, the hot reads per second and the spread of the members' queues
+# printed (records into JSON with the others, "case": "hot-range"). QUEUE_DEPTH (unset:
+# members on the throttled loop devices): each member's file system is on an upper loop
+# device QUEUE_DEPTH requests deep over a file on the throttled one, so that its reads
+# and writes share a queue (blkio alone throttles them with separate budgets); INNER_BYTES
+# (900M) is the size of the upper device's file.
 #
 # Needs root, losetup, mkfs.ext4 and /sys/fs/cgroup/blkio (cgroup v1); skips with a
 # message (exit 0) where any is missing. Settings (environment): DATA_DIR (default
@@ -32,7 +41,7 @@
 # VALUE_BYTES (1000), MEMORY_LIMIT_BYTES (134217728), LOOP_BYTES (size of each backing
 # file, sparse; 1G), ROUNDS (1), JSON (a file the runs' records are appended to), BENCH
 # (the tucana-bench binary; built in release when unset), CASES (default "equal unequal
-# depth"; also "unequal-deep" and "gc-burst"), SETTLE_SECONDS (10), MOUNT_OPTIONS (of
+# depth"; also "unequal-deep", "inflight-depth", "hot-range" and "gc-burst"), SETTLE_SECONDS (10), MOUNT_OPTIONS (of
 # the members' file systems, noatime; noatime,discard makes each punch a synchronous
 # discard of the loop device), RAW_DEVICES (0; 1: members are the loop devices, no file
 # system; each needs whole 128 MiB slots, so LOOP_BYTES of 1G holds 8), DEPTHS,
@@ -69,15 +78,22 @@ if [ -z "${BENCH:-}" ]; then
     BENCH="${CARGO_TARGET_DIR:-target}/release/tucana-bench"
 fi
 
+queue_depth="${QUEUE_DEPTH:-}"
+[ -n "${queue_depth}" ] && [ "${raw_devices}" = 1 ] &&
+    skip "QUEUE_DEPTH needs member files (RAW_DEVICES=0)"
 loops=()
 mounted=()
+upper_loops=()
+lower_mounted=()
 cgroup="${blkio}/tucana-devices-$$"
 cleanup() {
     set +e
     for m in "${mounted[@]}"; do umount "${m}"; done
+    for l in "${upper_loops[@]}"; do losetup -d "${l}"; done
+    for m in "${lower_mounted[@]}"; do umount "${m}"; done
     for l in "${loops[@]}"; do losetup -d "${l}"; done
     [ -d "${cgroup}" ] && rmdir "${cgroup}"
-    rm -rf "${data_dir}/backing" "${data_dir}/m"*
+    rm -rf "${data_dir}/backing" "${data_dir}/m"* "${data_dir}/lower"*
 }
 trap cleanup EXIT
 
@@ -91,8 +107,24 @@ for i in 0 1 2; do
     [ "${raw_devices}" = 1 ] && continue
     # Inode tables and journal initialised now, not by a kernel thread during the runs.
     mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0,nodiscard "${loop}"
+    members_device="${loop}"
+    if [ -n "${queue_depth}" ]; then
+        # A device whose reads and writes share one queue: an upper loop device, QUEUE_DEPTH
+        # requests deep, over a file on the throttled loop device. blkio throttles reads
+        # and writes with separate budgets, so on a throttled loop device alone a member's
+        # reads never slow its writes; here a request waiting at the throttle below holds
+        # one of the upper device's few tags, and reads and writes wait for each other.
+        mkdir -p "${data_dir}/lower${i}"
+        mount -o noatime "${loop}" "${data_dir}/lower${i}"
+        lower_mounted+=("${data_dir}/lower${i}")
+        truncate -s "${INNER_BYTES:-900M}" "${data_dir}/lower${i}/inner.img"
+        members_device="$(losetup --direct-io=on -f --show "${data_dir}/lower${i}/inner.img")"
+        upper_loops+=("${members_device}")
+        echo "${queue_depth}" >"/sys/block/$(basename "${members_device}")/queue/nr_requests"
+        mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0,nodiscard "${members_device}"
+    fi
     mkdir -p "${data_dir}/m${i}"
-    mount -o "${mount_options}" "${loop}" "${data_dir}/m${i}"
+    mount -o "${mount_options}" "${members_device}" "${data_dir}/m${i}"
     mounted+=("${data_dir}/m${i}")
 done
 
@@ -147,6 +179,23 @@ run() {
     for ((i = 0; i < n; i++)); do rm -f "${data_dir}/m${i}/member.tucana"; done
 }
 
+# hot_range LABEL POLICY: the hot-range case over members 0..2, inside the blkio cgroup.
+hot_range() {
+    local label="$1" policy="$2"
+    [ "${raw_devices}" = 1 ] && label="raw ${label}"
+    local args=()
+    for i in 0 1 2; do
+        args+=(--member "$(member "${i}")")
+    done
+    sync
+    sh -c 'echo $$ >"$1/cgroup.procs" && shift && exec "$@"' sh "${cgroup}" \
+        "${BENCH}" devices "${args[@]}" "${format_args[@]}" --hot-range --policy "${policy}" \
+        --hot-records "${HOT_RECORDS:-150000}" --readers "${READERS:-4}" \
+        --records "${records}" --value-bytes "${value_bytes}" --wait-for-device true \
+        --memory-limit-bytes "${memory_limit}" --label "${label}" --json "${json}"
+    for i in 0 1 2; do rm -f "${data_dir}/m${i}/member.tucana"; done
+}
+
 # gc_burst LABEL TRIMS: the GC-burst case on member 0, inside the blkio cgroup.
 gc_burst() {
     local label="$1" trims="$2"
@@ -162,7 +211,7 @@ gc_burst() {
     rm -f "${data_dir}/m0/member.tucana"
 }
 
-echo "bench-devices: ${records} records of $((16 + value_bytes)) bytes, memory limit ${memory_limit}, loop devices ${loops[*]} ($([ "${raw_devices}" = 1 ] && echo "raw members" || echo "ext4, member files")), $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "bench-devices: ${records} records of $((16 + value_bytes)) bytes, memory limit ${memory_limit}, loop devices ${loops[*]} ($([ "${raw_devices}" = 1 ] && echo "raw members" || echo "ext4, member files")${queue_depth:+, over upper loop devices ${upper_loops[*]} ${queue_depth} requests deep}), $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
 for round in $(seq 1 "${rounds}"); do
     for case in ${cases}; do
         case "${case}" in
@@ -202,10 +251,20 @@ for round in $(seq 1 "${rounds}"); do
                     "${DEPTH_WAIT:-true}" "${depth}"
             done
             ;;
+        hot-range)
+            throttle 20 20 20
+            hot_label="hot-range 3x20 wait=true"
+            [ -n "${queue_depth}" ] && hot_label="${hot_label} queue=${queue_depth}"
+            [ "${READERS:-4}" != 4 ] && hot_label="${hot_label} readers=${READERS}"
+            [ "${HOT_RECORDS:-150000}" != 150000 ] && hot_label="${hot_label} hot=${HOT_RECORDS}"
+            [ "${memory_limit}" != 134217728 ] && hot_label="${hot_label} memory=${memory_limit}"
+            hot_range "${hot_label}" round-robin
+            hot_range "${hot_label}" lwql
+            ;;
         gc-burst)
             throttle 20 0 0
-            gc_burst "gc-burst 1x20" scheduled
-            gc_burst "gc-burst 1x20" at-release
+            gc_burst "gc-burst 1x20 ${mount_options}" scheduled
+            gc_burst "gc-burst 1x20 ${mount_options}" at-release
             ;;
         *) echo "bench-devices: unknown case ${case}" >&2; exit 2 ;;
         esac

@@ -1,9 +1,10 @@
 //! `tucana-bench devices`: one load of a volume over the member files it is given, for
 //! the comparisons of issue 21 (DESIGN.md, "Volumes over several devices"): one member
 //! against three, least-weighted-queue dispatch against round-robin on members of unequal
-//! speeds, the writes in flight per member from 1 to N, and (`--gc-burst`, in
+//! speeds, the writes in flight per member from 1 to N, (`--gc-burst`, in
 //! `devices/gc_burst.rs`) read latency during a GC burst with trims scheduled or punched
-//! at release.
+//! at release, and (`--hot-range`, in `devices/hot_range.rs`) the two policies while
+//! readers keep one member busy with a hot key range.
 //!
 //! Owns: one run (open over the members, a load of records by a few threads, a sync
 //! that makes it durable, the figures) and its printed line and JSON record. Does not
@@ -23,6 +24,7 @@ use serde_json::json;
 use crate::Result;
 
 mod gc_burst;
+mod hot_range;
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub enum Policy {
@@ -88,6 +90,16 @@ pub struct DevicesArgs {
     /// With `--gc-burst`: seconds of reading after the overwrites are durable.
     #[arg(long, default_value_t = 10)]
     settle_seconds: u64,
+    /// Instead of the load: a hot range of `--hot-records` placed on member 0, then the
+    /// load while `--readers` threads get hot records (`devices/hot_range.rs`).
+    #[arg(long)]
+    hot_range: bool,
+    /// With `--hot-range`: records of the hot range.
+    #[arg(long, default_value_t = 150_000)]
+    hot_records: u64,
+    /// With `--hot-range`: threads reading the hot range.
+    #[arg(long, default_value_t = 4)]
+    readers: u64,
 }
 
 impl DevicesArgs {
@@ -169,6 +181,9 @@ fn device_written_bytes(args: &DevicesArgs) -> Result<Option<u64>> {
 pub fn run(args: &DevicesArgs) -> Result<()> {
     if args.gc_burst {
         return gc_burst::run(args, args.trims);
+    }
+    if args.hot_range {
+        return hot_range::run(args);
     }
     let _cgroup = match args.memory_limit_bytes {
         Some(limit) => Some(crate::cgroup::enter(limit)?),

@@ -379,6 +379,7 @@ fn serve_over_three_members_writes_restarts_and_reads_back() {
             .unwrap_or_else(|| panic!("no member{m} in {info}"));
         assert!(line.contains(&format!("path={}", path.display())), "{line}");
         assert!(line.contains("queue_jobs="), "{line}");
+        assert!(line.contains("queue_running_jobs="), "{line}");
         let written: u64 = line
             .split(',')
             .find_map(|f| f.strip_prefix("bytes_written="))

@@ -127,7 +127,7 @@ fn member_text(stats: &Stats, out: &mut String) {
         return;
     }
     type Field = fn(&tucana::volume::MemberStats) -> f64;
-    let metrics: [(&str, &str, &str, Field); 11] = [
+    let metrics: [(&str, &str, &str, Field); 12] = [
         (
             "member_written_bytes_total",
             COUNTER,
@@ -157,6 +157,12 @@ fn member_text(stats: &Stats, out: &mut String) {
             GAUGE,
             "Segment writes queued or running on the member's write queue.",
             |m| m.queue_jobs as f64,
+        ),
+        (
+            "member_queue_running_jobs",
+            GAUGE,
+            "Of the member's queued segment writes, those running now (at most the depth).",
+            |m| m.queue_running_jobs as f64,
         ),
         (
             "member_queue_bytes",
@@ -580,6 +586,7 @@ mod tests {
                 name: format!("/nvme{i}/\"v\""),
                 bytes_written: 1000 * i,
                 queue_jobs: i,
+                queue_running_jobs: 2 * i,
                 idle_while_others_busy_ns: 1_500_000_000,
                 trims_pending_bytes: (256 << 10) * i,
                 ..Default::default()
@@ -596,8 +603,14 @@ mod tests {
             out.contains("tucana_member_queue_jobs{member=\"1\",path=\"/nvme1/\\\"v\\\"\"} 1\n"),
             "{out}"
         );
+        assert!(
+            out.contains(
+                "tucana_member_queue_running_jobs{member=\"2\",path=\"/nvme2/\\\"v\\\"\"} 4\n"
+            ),
+            "{out}"
+        );
         assert!(out.contains("} 1.5\n"), "{out}");
-        assert_eq!(out.matches("# TYPE tucana_member_").count(), 11);
+        assert_eq!(out.matches("# TYPE tucana_member_").count(), 12);
         assert!(
             out.contains("tucana_member_trims_pending_bytes{member=\"2\",path=\"/nvme2/\\\"v\\\"\"} 524288\n"),
             "{out}"

@@ -350,3 +350,42 @@ fn segment_writes_that_wait_for_the_device_write_reopen_and_check() {
     }
     assert_eq!(db.check().unwrap().keys, 12_000);
 }
+
+#[test]
+fn a_pinned_member_gets_every_segment_and_every_node_run() {
+    // A commit's node runs used to take the allocator's first fit (group 0, on member
+    // 0) whatever the dispatch policy said; now they go where the policy sends them, as
+    // segments do (and so does a keyspace's first segment, which took first fit too).
+    // With every dispatch pinned to member 1, member 1 holds the log and the index;
+    // members 0 and 2 get only what is placed by first fit (member 0: the superblock,
+    // descriptors and bitmaps).
+    let dir = tempfile::tempdir().unwrap();
+    let paths = member_paths(dir.path(), "p", 3);
+    {
+        let db = options()
+            .member_dispatch(tucana::volume::DispatchPolicy::Member(1))
+            .open_members(&paths)
+            .unwrap();
+        let ks = db.keyspace("ks").unwrap();
+        for i in 0..100_000u32 {
+            ks.put(format!("key{i:08}").as_bytes(), &[i as u8; 100])
+                .unwrap();
+        }
+        db.commit().unwrap();
+        let stats = db.stats();
+        let written: Vec<u64> = stats.members.iter().map(|m| m.bytes_written).collect();
+        assert!(written[1] > 10 << 20, "{written:?}");
+        assert!(written[0] < 1 << 20, "{written:?}");
+        assert!(written[2] < 1 << 20, "{written:?}");
+        assert_eq!(db.check().unwrap().keys, 100_000);
+        db.close().unwrap();
+    }
+    let db = options().open_members(&paths).unwrap();
+    let ks = db.keyspace("ks").unwrap();
+    for i in (0..100_000u32).step_by(97) {
+        assert_eq!(
+            ks.get(format!("key{i:08}").as_bytes()).unwrap().as_deref(),
+            Some(&[i as u8; 100][..])
+        );
+    }
+}

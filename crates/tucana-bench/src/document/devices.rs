@@ -1,7 +1,8 @@
 //! The "Devices" section of BENCHMARKS.md: the `devices` command's records (one JSON object
 //! per line, appended by each run of `scripts/bench-devices.sh`): issue 21's targets (3
 //! equal members against 1, least weighted queue length against round-robin on unequal
-//! members), every run, and the writes in flight per member on one unthrottled member.
+//! members and with a hot read range on one member), every load run, and the hot-range
+//! runs (records with `"case": "hot-range"`) in a table of their own.
 //!
 //! Owns the section's layout only; the figures are the records'. Pure; single-threaded.
 
@@ -34,11 +35,13 @@ fn median_mib(records: &[Value], label: &str, policy: &str, in_flight: u64) -> O
 }
 
 pub(super) fn render(text: &str, path: &Path) -> String {
-    let records: Vec<Value> = text
+    let all: Vec<Value> = text
         .lines()
         .filter(|l| !l.trim().is_empty())
         .filter_map(|l| serde_json::from_str(l).ok())
         .collect();
+    let (hot, records): (Vec<Value>, Vec<Value>) =
+        all.into_iter().partition(|r| r["case"] == "hot-range");
     let mut md = String::new();
     md += "## Devices: one volume over several throttled members\n\n";
     let _ = writeln!(
@@ -56,47 +59,9 @@ pub(super) fn render(text: &str, path: &Path) -> String {
          `Options::segment_writes_wait_for_device` (each background segment write lasts until \
          its writeback is done); `wait=false` is the default buffered path.\n",
         path.display(),
-        records.len()
+        records.len() + hot.len()
     );
-    md += "### Issue 21's targets (medians of the rounds, wait=true)\n\n";
-    md += "| comparison | ratio | target | devices' ceiling |\n|---|---|---|---|\n";
-    let targets = [
-        (
-            "3 equal members at 20 MiB/s ÷ 1 member (round-robin)",
-            median_mib(&records, "equal-3x20 wait=true", "RoundRobin", 4),
-            median_mib(&records, "equal-1x20 wait=true", "RoundRobin", 4),
-            "≥ 2.7",
-            "3",
-        ),
-        (
-            "3 equal members at 20 MiB/s ÷ 1 member (LWQL)",
-            median_mib(&records, "equal-3x20 wait=true", "Lwql", 4),
-            median_mib(&records, "equal-1x20 wait=true", "RoundRobin", 4),
-            "≥ 2.7",
-            "3",
-        ),
-        (
-            "members at 10/20/40 MiB/s: LWQL ÷ round-robin",
-            median_mib(&records, "unequal-10/20/40 wait=true", "Lwql", 4),
-            median_mib(&records, "unequal-10/20/40 wait=true", "RoundRobin", 4),
-            "≥ 1.5",
-            "2.33 (70 ÷ 3 × 10)",
-        ),
-        (
-            "members at 10/20/40 MiB/s, wait=false: LWQL ÷ round-robin",
-            median_mib(&records, "unequal-10/20/40 wait=false", "Lwql", 4),
-            median_mib(&records, "unequal-10/20/40 wait=false", "RoundRobin", 4),
-            "(none)",
-            "2.33",
-        ),
-    ];
-    for (what, ours, theirs, target, ceiling) in targets {
-        let _ = writeln!(
-            md,
-            "| {what} | {} | {target} | {ceiling} |",
-            ratio_cell(ours, theirs, true)
-        );
-    }
+    md += &targets_table(&records, &hot);
     let with_load = records.iter().any(|r| r["loadavg"].is_string());
     md += "\n### Every run\n\n";
     md += "| case | members | policy | in flight | ops/s | MiB/s | MiB per member | idle while others busy (ms, per member) |";
@@ -143,12 +108,113 @@ pub(super) fn render(text: &str, path: &Path) -> String {
         }
         md.push('\n');
     }
+    if !hot.is_empty() {
+        md += &hot_table(&hot);
+    }
     let _ = writeln!(
         md,
         "\nReproduce (as root; `CASES`, `RECORDS`, `MEMORY_LIMIT_BYTES` and more in the \
          script's header):\n\n```sh\nROUNDS=2 JSON={} scripts/bench-devices.sh\nscripts/bench.sh report bench/results.json ...   # as under Reproduce at the top\n```",
         path.display()
     );
+    md
+}
+
+/// Issue 21's targets: ratios of the medians of the rounds (wait=true), one row per
+/// comparison, and one per label of the hot-range runs.
+fn targets_table(records: &[Value], hot: &[Value]) -> String {
+    let mut md = String::new();
+    md += "### Issue 21's targets (medians of the rounds, wait=true)\n\n";
+    md += "| comparison | ratio | target | devices' ceiling |\n|---|---|---|---|\n";
+    let targets = [
+        (
+            "3 equal members at 20 MiB/s ÷ 1 member (round-robin)",
+            median_mib(records, "equal-3x20 wait=true", "RoundRobin", 4),
+            median_mib(records, "equal-1x20 wait=true", "RoundRobin", 4),
+            "≥ 2.7",
+            "3",
+        ),
+        (
+            "3 equal members at 20 MiB/s ÷ 1 member (LWQL)",
+            median_mib(records, "equal-3x20 wait=true", "Lwql", 4),
+            median_mib(records, "equal-1x20 wait=true", "RoundRobin", 4),
+            "≥ 2.7",
+            "3",
+        ),
+        (
+            "members at 10/20/40 MiB/s: LWQL ÷ round-robin",
+            median_mib(records, "unequal-10/20/40 wait=true", "Lwql", 4),
+            median_mib(records, "unequal-10/20/40 wait=true", "RoundRobin", 4),
+            "≥ 1.5",
+            "2.33 (70 ÷ 3 × 10)",
+        ),
+        (
+            "members at 10/20/40 MiB/s, wait=false: LWQL ÷ round-robin",
+            median_mib(records, "unequal-10/20/40 wait=false", "Lwql", 4),
+            median_mib(records, "unequal-10/20/40 wait=false", "RoundRobin", 4),
+            "(none)",
+            "2.33",
+        ),
+    ];
+    for (what, ours, theirs, target, ceiling) in targets {
+        let _ = writeln!(
+            md,
+            "| {what} | {} | {target} | {ceiling} |",
+            ratio_cell(ours, theirs, true)
+        );
+    }
+    let mut hot_labels: Vec<&str> = hot.iter().filter_map(|r| r["label"].as_str()).collect();
+    hot_labels.sort_unstable();
+    hot_labels.dedup();
+    for hot_label in hot_labels {
+        let _ = writeln!(
+            md,
+            "| {hot_label}: hot read range on member 0, LWQL ÷ round-robin (writers' MiB/s) | {} | ≥ 1.15 | (see below) |",
+            ratio_cell(
+                median_mib(hot, hot_label, "Lwql", 4),
+                median_mib(hot, hot_label, "RoundRobin", 4),
+                true
+            )
+        );
+    }
+    md
+}
+
+/// The hot-range runs: writers load 3 members while readers get a key range placed on
+/// member 0 (`devices/hot_range.rs`).
+fn hot_table(hot: &[Value]) -> String {
+    let mut md = String::new();
+    md += "\n### A hot read range on member 0 (`CASES=hot-range`)\n\n";
+    md += "Before each run, `hot_records` records are placed on member 0 and its cached pages \
+           dropped; then two writers put `records` new records (and sync) while `readers` \
+           threads get random hot records. Queue spread: the largest minus the smallest \
+           member's weighted queue (what least-weighted dispatch compares) and write-queue \
+           bytes, sampled every 20 ms and averaged.\n\n";
+    md += "| case | policy | writers' MiB/s | hot reads/s | read p99 (µs) | weighted queue spread (ms) | write-queue spread (MiB) | MiB written per member | load average |\n";
+    md += "|---|---|---|---|---|---|---|---|---|\n";
+    for r in hot {
+        let written: Vec<String> = r["written_mib_per_member"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|m| format!("{:.0}", m.as_f64().unwrap_or(0.0)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            r["label"].as_str().unwrap_or("?"),
+            r["policy"].as_str().unwrap_or("?"),
+            fmt_number(number(&r["mib_per_s"])),
+            fmt_number(number(&r["reads_per_s"])),
+            r["read_p99_us"],
+            fmt_number(number(&r["weighted_queue_spread_ms"])),
+            fmt_number(number(&r["write_queue_spread_mib"])),
+            written.join(" / "),
+            r["loadavg"].as_str().unwrap_or("?"),
+        );
+    }
     md
 }
 
@@ -183,5 +249,37 @@ mod tests {
         );
         assert_eq!(md.matches("| unequal-10/20/40 wait=true |").count(), 4);
         assert!(md.contains("| 1 | 5 | 1.00 |"), "{md}");
+        assert!(!md.contains("hot read range"), "{md}");
+        assert!(!md.contains("hot-range"), "{md}");
+    }
+
+    #[test]
+    fn hot_range_runs_get_their_own_table_and_target_row() {
+        let hot = |policy: &str, mib: f64| {
+            serde_json::json!({
+                "case": "hot-range", "label": "hot-range 3x20 wait=true", "policy": policy,
+                "writes_in_flight": 4, "mib_per_s": mib, "reads_per_s": 4000.0,
+                "read_p99_us": 6000, "weighted_queue_spread_ms": 300.0,
+                "write_queue_spread_mib": 1.5, "written_mib_per_member": [100.0, 101.0, 99.0],
+                "loadavg": "2.00",
+            })
+            .to_string()
+        };
+        let text = [hot("RoundRobin", 50.0), hot("Lwql", 60.0)].join("\n");
+        let md = render(&text, Path::new("bench/devices.jsonl"));
+        assert!(md.contains("(2 runs of"), "{md}");
+        assert!(
+            md.contains(
+                "| hot-range 3x20 wait=true: hot read range on member 0, LWQL ÷ round-robin (writers' MiB/s) | **1.20** | ≥ 1.15 |"
+            ),
+            "{md}"
+        );
+        assert!(
+            md.contains("| hot-range 3x20 wait=true | Lwql | 60"),
+            "{md}"
+        );
+        assert!(md.contains("| 100 / 101 / 99 | 2.00 |"), "{md}");
+        // Not in the load runs' table.
+        assert!(!md.contains("| hot-range 3x20 wait=true | 3 |"), "{md}");
     }
 }

@@ -146,7 +146,8 @@ fn stat_cpu_ticks(text: &str) -> Option<[u64; 4]> {
 /// `INFO members`: per member of a volume over several (`member<i>`), its file, the groups
 /// placed on it, bytes written and read, requests and bytes in flight, its weighted
 /// queue (what least-weighted-queue dispatch compares; DESIGN.md, "Volumes over several
-/// devices"), its write queue (jobs queued or running, their bytes, jobs done) and the
+/// devices"), its write queue (jobs queued or running, of those the ones running now,
+/// their bytes, jobs done) and the
 /// time its write queue was empty while another member's was not, and its trims (queued,
 /// issued, forced by low free space, bytes pending: `tucana::trim`).
 fn member_lines(stats: &Stats) -> Vec<(String, String)> {
@@ -158,7 +159,7 @@ fn member_lines(stats: &Stats) -> Vec<(String, String)> {
             (
                 format!("member{i}"),
                 format!(
-                    "path={},kind={},groups={},bytes_written={},bytes_read={},in_flight_requests={},in_flight_bytes={},weighted_queue_ps={},queue_jobs={},queue_bytes={},queue_done_jobs={},idle_while_others_busy_ns={},trims_queued={},trims_issued={},trims_forced={},trims_pending_bytes={}",
+                    "path={},kind={},groups={},bytes_written={},bytes_read={},in_flight_requests={},in_flight_bytes={},weighted_queue_ps={},queue_jobs={},queue_running_jobs={},queue_bytes={},queue_done_jobs={},idle_while_others_busy_ns={},trims_queued={},trims_issued={},trims_forced={},trims_pending_bytes={}",
                     m.name,
                     m.kind,
                     m.groups,
@@ -168,6 +169,7 @@ fn member_lines(stats: &Stats) -> Vec<(String, String)> {
                     m.in_flight_bytes,
                     m.weighted_queue_ps,
                     m.queue_jobs,
+                    m.queue_running_jobs,
                     m.queue_bytes,
                     m.queue_done_jobs,
                     m.idle_while_others_busy_ns,
@@ -414,6 +416,7 @@ mod tests {
                 bytes_written: 100 * i,
                 in_flight_requests: i,
                 queue_jobs: 2 * i,
+                queue_running_jobs: i,
                 queue_bytes: 4096 * i,
                 idle_while_others_busy_ns: 7,
                 trims_forced: i,
@@ -426,7 +429,7 @@ mod tests {
         assert_eq!(lines[1].0, "member1");
         assert_eq!(
             lines[1].1,
-            "path=/nvme1/v,kind=file,groups=4,bytes_written=100,bytes_read=0,in_flight_requests=1,in_flight_bytes=0,weighted_queue_ps=0,queue_jobs=2,queue_bytes=4096,queue_done_jobs=0,idle_while_others_busy_ns=7,trims_queued=0,trims_issued=0,trims_forced=1,trims_pending_bytes=262144"
+            "path=/nvme1/v,kind=file,groups=4,bytes_written=100,bytes_read=0,in_flight_requests=1,in_flight_bytes=0,weighted_queue_ps=0,queue_jobs=2,queue_running_jobs=1,queue_bytes=4096,queue_done_jobs=0,idle_while_others_busy_ns=7,trims_queued=0,trims_issued=0,trims_forced=1,trims_pending_bytes=262144"
         );
     }
 

@@ -313,23 +313,11 @@ impl Allocator {
             // capped a member at the groups it had: on members of 10, 20 and 40 MiB/s,
             // least-weighted dispatch filled the fast member's one group and then sent
             // its segments to the slow ones, which set the pace.
-            let new_group = st.groups_len() as u64;
-            let needed = new_group * GROUP_BLOCKS
-                + bitmap::align_up(GROUP_RESERVED_BLOCKS, align_blocks)
-                + blocks;
-            if volume_bytes_valid(needed * BLOCK_BYTES) {
-                storage.place_growth_on(Some(member));
-                let grown = st.grow(storage, needed);
-                storage.place_growth_on(None);
-                // A member that cannot grow (its device is full) leaves the run to the
-                // others' room below, as before this placement.
-                if let Some(start_block) = grown
-                    .ok()
-                    .and_then(|from| st.find_run_where(from, blocks, align_blocks, on_member))
-                {
-                    st.take(start_block, blocks, post_seal);
-                    return Ok(DiskOffset(start_block * BLOCK_BYTES));
-                }
+            if let Some(start_block) = grow_on(&mut st, storage, member, blocks, align_blocks)
+                .and_then(|from| st.find_run_where(from, blocks, align_blocks, on_member))
+            {
+                st.take(start_block, blocks, post_seal);
+                return Ok(DiskOffset(start_block * BLOCK_BYTES));
             }
         }
         self.allocate(storage, blocks, align_blocks, post_seal)
@@ -357,6 +345,37 @@ impl Allocator {
         assert!((1..=max_blocks).contains(&blocks));
         st.take(start_block, blocks, false);
         Ok((DiskOffset(start_block * BLOCK_BYTES), blocks))
+    }
+
+    /// As `allocate_up_to`, preferring a run on member `member` of a volume over several
+    /// members, as `allocate_on` does for segments: the first free run among that
+    /// member's groups; when none has a free block, a new group placed on it; when the
+    /// member cannot grow (or `member` is `None`), exactly `allocate_up_to`. For a
+    /// commit's node runs, placed by the dispatch policy (`Storage::dispatch_member`).
+    pub fn allocate_up_to_on(
+        &self,
+        storage: &dyn Storage,
+        max_blocks: u64,
+        member: Option<usize>,
+    ) -> Result<(DiskOffset, u64)> {
+        if let Some(member) = member {
+            assert!(max_blocks >= 1, "allocating an empty run");
+            let max_blocks = max_blocks.min(GROUP_BLOCKS - GROUP_RESERVED_BLOCKS);
+            let mut st = self.state.lock();
+            let on_member = |g: usize| storage.member_of(g as u64 * GROUP_BYTES) == Some(member);
+            let run = st
+                .find_run_up_to_where(st.cursor_block, max_blocks, on_member)
+                .or_else(|| {
+                    grow_on(&mut st, storage, member, max_blocks, 1)
+                        .and_then(|from| st.find_run_up_to_where(from, max_blocks, on_member))
+                });
+            if let Some((start_block, blocks)) = run {
+                assert!((1..=max_blocks).contains(&blocks));
+                st.take(start_block, blocks, false);
+                return Ok((DiskOffset(start_block * BLOCK_BYTES), blocks));
+            }
+        }
+        self.allocate_up_to(storage, max_blocks)
     }
 
     /// Frees a run. Panics (programmer error) unless the run is block-aligned, inside the
@@ -433,6 +452,29 @@ impl Allocator {
     pub fn volume_bytes(&self) -> u64 {
         self.state.lock().volume_blocks * BLOCK_BYTES
     }
+}
+
+/// Grows the volume (allocator lock held) by a new group placed on `member`, with room
+/// for an aligned run of `blocks`: the search start for the run (`State::grow`'s), or
+/// `None` when the volume cannot grow so (past its maximum size, or the member's device
+/// is full: the caller then takes room on any member).
+fn grow_on(
+    st: &mut State,
+    storage: &dyn Storage,
+    member: usize,
+    blocks: u64,
+    align_blocks: u64,
+) -> Option<u64> {
+    let new_group = st.groups_len() as u64;
+    let needed =
+        new_group * GROUP_BLOCKS + bitmap::align_up(GROUP_RESERVED_BLOCKS, align_blocks) + blocks;
+    if !volume_bytes_valid(needed * BLOCK_BYTES) {
+        return None;
+    }
+    storage.place_growth_on(Some(member));
+    let grown = st.grow(storage, needed);
+    storage.place_growth_on(None);
+    grown.ok()
 }
 
 #[cfg(test)]

@@ -211,8 +211,18 @@ impl State {
 
     /// First free run of up to `max_blocks` from `cursor_block`: (start block, blocks).
     pub(super) fn find_run_up_to(&self, cursor_block: u64, max_blocks: u64) -> Option<(u64, u64)> {
-        self.search_from(cursor_block, |_, group, from| {
-            if group.free_blocks == 0 {
+        self.find_run_up_to_where(cursor_block, max_blocks, |_| true)
+    }
+
+    /// As `find_run_up_to`, among the groups `keep` accepts.
+    pub(super) fn find_run_up_to_where(
+        &self,
+        cursor_block: u64,
+        max_blocks: u64,
+        keep: impl Fn(usize) -> bool,
+    ) -> Option<(u64, u64)> {
+        self.search_from(cursor_block, |g, group, from| {
+            if group.free_blocks == 0 || !keep(g) {
                 return None;
             }
             bitmap::first_run_up_to(&group.bits, from, max_blocks)

@@ -274,10 +274,12 @@ impl Committer {
             Vec::with_capacity(regions.len());
         let mut run = (DiskOffset::NONE, 0u64);
         let mut roots = Vec::with_capacity(regions.len());
+        // This commit's node runs placed so far, per member (see `allocate_node_run`).
+        let mut placed_bytes: Vec<u64> = Vec::new();
         {
             let mut alloc = || -> Result<DiskOffset> {
                 if run.1 == 0 {
-                    run = allocator.allocate_up_to(storage.as_ref(), NODE_RUN_BLOCKS)?;
+                    run = allocate_node_run(shared, storage.as_ref(), &mut placed_bytes)?;
                 }
                 let at = run.0;
                 run = (at.plus_bytes(BLOCK_BYTES), run.1 - 1);
@@ -556,6 +558,41 @@ fn region_desc(region: &Region, s: &SealedRegion, root: DiskOffset) -> RegionDes
         replica: None,
         received: Vec::new(),
     }
+}
+
+/// The next run (up to `NODE_RUN_BLOCKS`) for a commit's index nodes: on the member the
+/// dispatch policy names, as a log segment is (`None` for one file: first fit). The
+/// member's queued writes count, and so do `placed_bytes[m]`, this commit's runs placed
+/// on member `m` so far (queued only once the trees are persisted), so that
+/// least-weighted dispatch spreads a large commit instead of giving every run to the
+/// member that was least loaded when it began; the new run is added to them.
+fn allocate_node_run(
+    shared: &Shared,
+    storage: &dyn crate::volume::Storage,
+    placed_bytes: &mut Vec<u64>,
+) -> Result<(DiskOffset, u64)> {
+    let mut queued = shared
+        .writes
+        .as_ref()
+        .map(|q| q.waiting_bytes())
+        .unwrap_or_default();
+    if queued.len() < placed_bytes.len() {
+        queued.resize(placed_bytes.len(), 0);
+    }
+    for (q, p) in queued.iter_mut().zip(placed_bytes.iter()) {
+        *q += p;
+    }
+    let member = storage.dispatch_member(None, &queued);
+    let run = shared
+        .allocator
+        .allocate_up_to_on(storage, NODE_RUN_BLOCKS, member)?;
+    if let Some(m) = storage.member_of(run.0 .0) {
+        if placed_bytes.len() <= m {
+            placed_bytes.resize(m + 1, 0);
+        }
+        placed_bytes[m] += run.1 * BLOCK_BYTES;
+    }
+    Ok(run)
 }
 
 #[cfg(test)]

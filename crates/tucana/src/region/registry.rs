@@ -81,9 +81,20 @@ impl Regions {
         let size = shared.options.log_segment_bytes;
         let blocks = size / BLOCK_BYTES;
         let storage = shared.volume.storage();
-        let base = shared
-            .allocator
-            .allocate(storage.as_ref(), blocks, blocks, false)?;
+        // The keyspace's first segment is placed as every later one is: on the member
+        // the dispatch policy names (`None` for one file: first fit).
+        let queued = shared
+            .writes
+            .as_ref()
+            .map(|q| q.waiting_bytes())
+            .unwrap_or_default();
+        let base = shared.allocator.allocate_on(
+            storage.as_ref(),
+            blocks,
+            blocks,
+            false,
+            storage.dispatch_member(None, &queued),
+        )?;
         let id = RegionId(self.next_id.fetch_add(1, Ordering::AcqRel));
         let region = Arc::new(Region::create(shared, id, name, base, size));
         self.by_name

@@ -193,9 +193,14 @@ impl Replica {
             let mut run = (DiskOffset::NONE, 0u64);
             for (off, _) in &delta.nodes {
                 if run.1 == 0 {
-                    run = shared
-                        .allocator
-                        .allocate_up_to(storage.as_ref(), NODE_RUN_BLOCKS.min(left))?;
+                    // On the member the dispatch policy names, as the primary's own
+                    // node runs (`None` for one file). A backup writes them itself.
+                    let member = storage.dispatch_member(None, &[]);
+                    run = shared.allocator.allocate_up_to_on(
+                        storage.as_ref(),
+                        NODE_RUN_BLOCKS.min(left),
+                        member,
+                    )?;
                     runs.push(run);
                 }
                 if nodes.insert(off.0, run.0 .0).is_some() {

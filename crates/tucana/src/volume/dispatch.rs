@@ -3,14 +3,19 @@
 //! request type, each weighted by the member's measured time per byte of that type.
 //!
 //! Owns: the policy, the weighted length and the choice (pure functions, unit-tested), and
-//! the per-member load counters (`Load`) the member set keeps around each request. Does
-//! not own: issuing I/O or placing groups (`members.rs`).
+//! the per-member load counters (`Load`) the member set keeps around each request,
+//! including reads the engine announces without waiting for them (prefetches: a backlog
+//! of read work that drains at the member's measured read speed). Does not own: issuing
+//! I/O or placing groups (`members.rs`).
 //!
 //! Thread-safety: `Load` is atomics only, updated with relaxed ordering: the figures steer
 //! a heuristic and feed statistics, they order nothing. Two racing updates of a latency
-//! estimate may lose one sample, which the moving average absorbs.
+//! estimate may lose one sample, which the moving average absorbs; the announced-read
+//! backlog is one `fetch_update`, so no announcement is lost.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+use std::time::Instant;
 
 /// How a volume over several members picks the member of a new log segment.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -21,6 +26,10 @@ pub enum DispatchPolicy {
     /// The member whose in-flight bytes, weighted by its measured time per byte of each
     /// request type, are least; ties go round-robin.
     LeastWeightedQueue,
+    /// Always this member (0-based), while it exists and is not the one to avoid;
+    /// otherwise members in turn. For placing data on a known member (benchmarks: a hot
+    /// range loaded onto one device; tests), not for serving.
+    Member(usize),
 }
 
 /// Request types, as LOCS weighs them (its erase is our trim), and the wait for a
@@ -54,6 +63,10 @@ pub struct Load {
     in_flight_bytes: [AtomicU64; KINDS],
     in_flight_requests: AtomicU64,
     ps_per_byte: [AtomicU64; KINDS],
+    /// When the reads announced so far (`announce_read`) will be done, at the member's
+    /// measured read speed, in nanoseconds since `clock_ns`'s start (0: never announced).
+    /// Past deadlines weigh nothing.
+    announced_reads_done_ns: AtomicU64,
 }
 
 impl Default for Load {
@@ -62,6 +75,7 @@ impl Default for Load {
             in_flight_bytes: Default::default(),
             in_flight_requests: AtomicU64::new(0),
             ps_per_byte: INITIAL_PS_PER_BYTE.map(AtomicU64::new),
+            announced_reads_done_ns: AtomicU64::new(0),
         }
     }
 }
@@ -88,15 +102,46 @@ impl Load {
         }
     }
 
-    /// `Σ ps_per_byte[type] × in-flight bytes[type]`: picoseconds of queued work.
+    /// The engine asked the member to read `bytes` ahead (a prefetch: `madvise` or
+    /// readahead, which returns at once and reports no completion). Counted as read work
+    /// queued behind what was announced before, at the member's measured time per byte
+    /// of a read, draining in real time: a prefetch weighs from its request until the
+    /// member could have read it, since the device's own completion is not seen.
+    pub fn announce_read(&self, bytes: u64) {
+        self.announce_read_at(bytes, clock_ns());
+    }
+
+    /// `announce_read` at `now_ns` (`clock_ns`'s scale), for tests.
+    pub(crate) fn announce_read_at(&self, bytes: u64, now_ns: u64) {
+        let work_ns = self.ps_per_byte(Kind::Read).saturating_mul(bytes) / 1000;
+        // The closure always returns `Some`: the update cannot fail.
+        let _ = self.announced_reads_done_ns.fetch_update(
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+            |done| Some(done.max(now_ns).saturating_add(work_ns)),
+        );
+    }
+
+    /// `Σ ps_per_byte[type] × in-flight bytes[type]`, plus what is left of the announced
+    /// reads: picoseconds of queued work.
     pub fn weighted_length(&self) -> u64 {
+        self.weighted_length_at(clock_ns())
+    }
+
+    /// `weighted_length` at `now_ns` (`clock_ns`'s scale), for tests.
+    pub(crate) fn weighted_length_at(&self, now_ns: u64) -> u64 {
+        let announced_ps = self
+            .announced_reads_done_ns
+            .load(Ordering::Relaxed)
+            .saturating_sub(now_ns)
+            .saturating_mul(1000);
         (0..KINDS)
             .map(|k| {
                 self.ps_per_byte[k]
                     .load(Ordering::Relaxed)
                     .saturating_mul(self.in_flight_bytes[k].load(Ordering::Relaxed))
             })
-            .fold(0u64, u64::saturating_add)
+            .fold(announced_ps, u64::saturating_add)
     }
 
     /// `weighted_length` with `queued_write_bytes` more of segment writes: the member's
@@ -133,6 +178,16 @@ impl Load {
     pub fn ps_per_byte(&self, kind: Kind) -> u64 {
         self.ps_per_byte[kind as usize].load(Ordering::Relaxed)
     }
+}
+
+/// Nanoseconds since the first call in this process (a monotonic clock for the
+/// announced-read deadlines; starts above 0 so that 0 means "never announced").
+fn clock_ns() -> u64 {
+    static START: OnceLock<Instant> = OnceLock::new();
+    let start = *START.get_or_init(Instant::now);
+    u64::try_from(start.elapsed().as_nanos())
+        .unwrap_or(u64::MAX)
+        .saturating_add(1)
 }
 
 /// Moving average: `old + (sample - old) / 8`.
@@ -226,6 +281,58 @@ mod tests {
         fast.finish(Kind::Write, 2 << 20, 100);
         assert_eq!((fast.in_flight_bytes(), fast.in_flight_requests()), (0, 0));
         assert_eq!(fast.weighted_length(), 0);
+    }
+
+    #[test]
+    fn announced_reads_weigh_until_the_member_could_have_read_them() {
+        // A prefetch (a scan's window, a `multi_get` batch) returns before the device
+        // reads anything and reports no completion, so the member set never saw it in
+        // flight: a member serving a hot range through prefetches looked idle to
+        // least-weighted dispatch. Now an announced read is a backlog of read work that
+        // drains in real time at the member's measured speed.
+        let load = Load::default();
+        let ps = load.ps_per_byte(Kind::Read); // 1000 ps per byte: 1 MiB is ~1.05 ms
+        let mib = 1u64 << 20;
+        let now = 1_000_000;
+        assert_eq!(load.weighted_length_at(now), 0);
+        load.announce_read_at(mib, now);
+        assert_eq!(load.weighted_length_at(now), mib * ps);
+        // A second announcement queues behind the first.
+        load.announce_read_at(mib, now);
+        assert_eq!(load.weighted_length_at(now), 2 * mib * ps);
+        // Half a read's time later, one and a half reads are left.
+        let half_ns = mib * ps / 1000 / 2;
+        assert_eq!(load.weighted_length_at(now + half_ns), 3 * mib * ps / 2);
+        // Once they could all have been read, nothing is left; a later announcement
+        // starts from its own time, not from the old deadline.
+        let later = now + 10 * mib * ps / 1000;
+        assert_eq!(load.weighted_length_at(later), 0);
+        load.announce_read_at(mib, later);
+        assert_eq!(load.weighted_length_at(later), mib * ps);
+        // In-flight requests add to it, and least-weighted dispatch passes over it.
+        let idle = Load::default();
+        assert_eq!(
+            least_weighted(
+                &[
+                    load.weighted_length_at(later),
+                    idle.weighted_length_at(later)
+                ],
+                0
+            ),
+            1
+        );
+        // A slower reader (measured) drains the same bytes more slowly.
+        let slow = Load::default();
+        for _ in 0..64 {
+            slow.start(Kind::Read, mib);
+            slow.finish(Kind::Read, mib, 4 * mib); // 4000 ps per byte
+        }
+        slow.announce_read_at(mib, now);
+        assert!(
+            slow.weighted_length_at(now) > 3 * mib * ps,
+            "{}",
+            slow.weighted_length_at(now)
+        );
     }
 
     #[test]

@@ -749,6 +749,9 @@ impl Storage for MemberSet {
                 return;
             };
             let piece = (end - at).min(room);
+            // Read work the member will do that no request of ours waits for:
+            // least-weighted dispatch counts it as announced (`Load::announce_read`).
+            member.load.announce_read(piece);
             member.storage.prefetch(local, piece);
             at += piece;
         }
@@ -824,8 +827,9 @@ impl Storage for MemberSet {
         let n = self.members.len();
         let turn = (self.next_segment_member.fetch_add(1, Ordering::Relaxed) % n as u64) as usize;
         let lengths: Vec<u64> = match self.policy {
+            DispatchPolicy::Member(m) if m < n && Some(m) != avoid => return Some(m),
             // Round-robin is least-weighted with every member weighing the same.
-            DispatchPolicy::RoundRobin => vec![0; n],
+            DispatchPolicy::RoundRobin | DispatchPolicy::Member(_) => vec![0; n],
             DispatchPolicy::LeastWeightedQueue => self
                 .members
                 .iter()

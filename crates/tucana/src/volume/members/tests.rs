@@ -268,6 +268,51 @@ fn segments_go_round_robin_over_members_and_fall_back_when_one_is_full() {
 }
 
 #[test]
+fn node_runs_go_to_the_dispatched_member_and_grow_on_it_when_it_is_full() {
+    // A commit's node runs used to take the allocator's first fit, wherever it was:
+    // the member the dispatch policy would have passed over (busy, or slow) got them as
+    // often as any. Now each run is placed as a segment is.
+    use crate::alloc::{Allocator, GROUP_BYTES};
+    let mems = mems(3);
+    let set = MemberSet::open(named(&mems), true)
+        .unwrap()
+        .with_policy(DispatchPolicy::LeastWeightedQueue);
+    let allocator = Allocator::create(set.len_bytes().unwrap());
+    let run_blocks = 256; // 1 MiB, a commit's `NODE_RUN_BLOCKS`
+                          // Member 1 is busy reading: least-weighted dispatch keeps node runs off it.
+    set.members[1].load.start(Kind::Read, 64 << 20);
+    let mut on = Vec::new();
+    for _ in 0..6 {
+        let member = set.dispatch_member(None, &[]);
+        let (at, blocks) = allocator
+            .allocate_up_to_on(&set, run_blocks, member)
+            .unwrap();
+        assert_eq!(blocks, run_blocks);
+        assert_eq!(set.member_of(at.0), member, "{at:?}");
+        on.push(member.unwrap());
+    }
+    assert!(!on.contains(&1), "{on:?}");
+    assert!(on.contains(&0) && on.contains(&2), "{on:?}");
+    set.members[1].load.finish(Kind::Read, 64 << 20, 1_000);
+    // A member whose groups are full grows by a group placed on it, though the others
+    // still have room; without a member named, first fit as before.
+    let groups_before = set.len_bytes().unwrap().div_ceil(GROUP_BYTES);
+    let at = loop {
+        let (at, _) = allocator
+            .allocate_up_to_on(&set, run_blocks, Some(2))
+            .unwrap();
+        assert_eq!(set.member_of(at.0), Some(2));
+        if at.0 / GROUP_BYTES != 2 {
+            break at;
+        }
+    };
+    assert!(at.0 / GROUP_BYTES >= groups_before, "{at:?}");
+    assert_eq!(set.member_stats()[2].groups, 2);
+    let (anywhere, _) = allocator.allocate_up_to_on(&set, run_blocks, None).unwrap();
+    assert!(set.member_of(anywhere.0).is_some());
+}
+
+#[test]
 fn least_weighted_dispatch_passes_over_a_member_busy_reading() {
     let mems = mems(3);
     let set = MemberSet::open(named(&mems), true)
@@ -294,6 +339,60 @@ fn least_weighted_dispatch_passes_over_a_member_busy_reading() {
     rr.members[1].load.start(Kind::Read, 8 << 20);
     let turns: Vec<Option<usize>> = (0..3).map(|_| rr.dispatch_member(None, &[])).collect();
     assert_eq!(turns, [Some(0), Some(1), Some(2)]);
+    // A pinned member takes everything but what must avoid it, load or not.
+    let pinned = MemberSet::open(named(&mems), false)
+        .unwrap()
+        .with_policy(DispatchPolicy::Member(1));
+    pinned.members[1].load.start(Kind::Read, 8 << 20);
+    let on: Vec<Option<usize>> = (0..3).map(|_| pinned.dispatch_member(None, &[])).collect();
+    assert_eq!(on, [Some(1); 3]);
+    assert_ne!(pinned.dispatch_member(Some(1), &[]), Some(1));
+    let past_the_end = MemberSet::open(named(&mems), false)
+        .unwrap()
+        .with_policy(DispatchPolicy::Member(7));
+    assert!(past_the_end
+        .dispatch_member(None, &[])
+        .is_some_and(|m| m < 3));
+}
+
+#[test]
+fn prefetches_on_a_member_count_as_its_reads_for_least_weighted_dispatch() {
+    // What the engine asks to read ahead (scans, `multi_get`) is read work the member
+    // set never saw in flight; announced, it steers segments and node runs away from a
+    // member serving a hot range, and shows in that member's weighted queue.
+    let three = mems(3);
+    let set = MemberSet::open(named(&three), true)
+        .unwrap()
+        .with_policy(DispatchPolicy::LeastWeightedQueue);
+    // A slow reader (one 1 MiB read took 10 s), so that the announced work lasts far
+    // longer than this test, however loaded the machine.
+    let slow_reads = |set: &MemberSet, m: usize| {
+        set.members[m].load.start(Kind::Read, 1 << 20);
+        set.members[m]
+            .load
+            .finish(Kind::Read, 1 << 20, 10_000_000_000);
+    };
+    slow_reads(&set, 1);
+    // 64 MiB asked ahead in member 1's group (group 1, slot 0 of member 1).
+    set.prefetch(SLOT_BYTES + 8 * BLOCK_BYTES, 64 << 20);
+    let stats = set.member_stats();
+    assert!(stats[1].weighted_queue_ps > 0, "{stats:?}");
+    assert_eq!(
+        (stats[0].weighted_queue_ps, stats[2].weighted_queue_ps),
+        (0, 0)
+    );
+    let picks: Vec<Option<usize>> = (0..4).map(|_| set.dispatch_member(None, &[])).collect();
+    assert!(!picks.contains(&Some(1)), "{picks:?}");
+    // A prefetch across a group boundary is announced on both members, each its piece.
+    let fresh = MemberSet::open(named(&mems(2)), true).unwrap();
+    slow_reads(&fresh, 0);
+    slow_reads(&fresh, 1);
+    fresh.prefetch(SLOT_BYTES - (1 << 20), 2 << 20);
+    let both = fresh.member_stats();
+    assert!(
+        both[0].weighted_queue_ps > 0 && both[1].weighted_queue_ps > 0,
+        "{both:?}"
+    );
 }
 
 #[test]
