@@ -349,12 +349,6 @@ impl Range {
         }
     }
 
-    /// Reads the record at `ptr` as an owned pair.
-    fn item(&self, ptr: u64) -> Result<(Vec<u8>, Vec<u8>)> {
-        self.region
-            .with_record(ptr, true, |r| (r.key.to_vec(), r.value.to_vec()))
-    }
-
     /// Keeps the cache lines of the next `hint_window` records of one end asked for
     /// (`prefetch::cache_lines` through `Region::hint_records`): once half the window was
     /// read, asks for the rest in one go, into the next leaf when it was copied ahead
@@ -558,25 +552,40 @@ impl Range {
         }
     }
 
-    fn next_front(&mut self) -> Result<Option<(Vec<u8>, Vec<u8>)>> {
+    fn next_front<R>(&mut self, f: impl FnOnce(&[u8], &[u8]) -> R) -> Result<Option<R>> {
+        let mut f = Some(f);
         loop {
             if self.front.started && self.front.pos < self.front.leaf.ptrs.len() {
                 self.prefetch_ahead(true);
                 self.hint_ahead(true);
                 let ptr = self.front.leaf.ptrs[self.front.pos];
                 self.front.pos += 1;
-                let (key, value) = self.item(ptr)?;
-                if !self.front.leaf.holds(&key) {
-                    return Err(fences_broken());
+                let Range {
+                    region,
+                    front,
+                    lo,
+                    hi,
+                    ..
+                } = self;
+                let step = region.with_record(ptr, true, |r| {
+                    if !front.leaf.holds(r.key) {
+                        return Err(fences_broken());
+                    }
+                    if !above_lo(r.key, lo) {
+                        return Ok(None);
+                    }
+                    if !below_hi(r.key, hi) {
+                        return Ok(Some(None));
+                    }
+                    exclude_up_to(lo, r.key);
+                    let f = f.take().expect("an item is lent once");
+                    Ok(Some(Some(f(r.key, r.value))))
+                })??;
+                match step {
+                    // Below the bound (the bound's own key, excluded): the next entry.
+                    None => continue,
+                    Some(item) => return Ok(item),
                 }
-                if !above_lo(&key, &self.lo) {
-                    continue;
-                }
-                if !below_hi(&key, &self.hi) {
-                    return Ok(None);
-                }
-                exclude_up_to(&mut self.lo, &key);
-                return Ok(Some((key, value)));
             }
             if self.front.exhausted {
                 return Ok(None);
@@ -621,25 +630,39 @@ impl Range {
         }
     }
 
-    fn next_back_inner(&mut self) -> Result<Option<(Vec<u8>, Vec<u8>)>> {
+    fn next_back_inner<R>(&mut self, f: impl FnOnce(&[u8], &[u8]) -> R) -> Result<Option<R>> {
+        let mut f = Some(f);
         loop {
             if self.back.started && self.back.pos > 0 {
                 self.prefetch_ahead(false);
                 self.hint_ahead(false);
                 self.back.pos -= 1;
                 let ptr = self.back.leaf.ptrs[self.back.pos];
-                let (key, value) = self.item(ptr)?;
-                if !self.back.leaf.holds(&key) {
-                    return Err(fences_broken());
+                let Range {
+                    region,
+                    back,
+                    lo,
+                    hi,
+                    ..
+                } = self;
+                let step = region.with_record(ptr, true, |r| {
+                    if !back.leaf.holds(r.key) {
+                        return Err(fences_broken());
+                    }
+                    if !below_hi(r.key, hi) {
+                        return Ok(None);
+                    }
+                    if !above_lo(r.key, lo) {
+                        return Ok(Some(None));
+                    }
+                    exclude_up_to(hi, r.key);
+                    let f = f.take().expect("an item is lent once");
+                    Ok(Some(Some(f(r.key, r.value))))
+                })??;
+                match step {
+                    None => continue,
+                    Some(item) => return Ok(item),
                 }
-                if !below_hi(&key, &self.hi) {
-                    continue;
-                }
-                if !above_lo(&key, &self.lo) {
-                    return Ok(None);
-                }
-                exclude_up_to(&mut self.hi, &key);
-                return Ok(Some((key, value)));
             }
             if self.back.exhausted {
                 return Ok(None);
@@ -685,14 +708,30 @@ impl Range {
     }
 }
 
-impl Iterator for Range {
-    type Item = Result<(Vec<u8>, Vec<u8>)>;
-
-    fn next(&mut self) -> Option<Self::Item> {
+impl Range {
+    /// The next pair from the front, lent to `f` rather than copied into two vectors (what
+    /// `Iterator::next` does): `f` sees the record's bytes in place, inside the read's
+    /// epoch pin, so keep it short. `None` once the range is done.
+    pub fn next_with<R>(&mut self, f: impl FnOnce(&[u8], &[u8]) -> R) -> Option<Result<R>> {
         if self.done {
             return None;
         }
-        match self.next_front() {
+        let step = self.next_front(f);
+        self.finish(step)
+    }
+
+    /// `next_with` from the back.
+    pub fn next_back_with<R>(&mut self, f: impl FnOnce(&[u8], &[u8]) -> R) -> Option<Result<R>> {
+        if self.done {
+            return None;
+        }
+        let step = self.next_back_inner(f);
+        self.finish(step)
+    }
+
+    /// An end's step as an iterator's item: the range is done at its end or an error.
+    fn finish<R>(&mut self, step: Result<Option<R>>) -> Option<Result<R>> {
+        match step {
             Ok(Some(item)) => Some(Ok(item)),
             Ok(None) => {
                 self.done = true;
@@ -706,22 +745,17 @@ impl Iterator for Range {
     }
 }
 
+impl Iterator for Range {
+    type Item = Result<(Vec<u8>, Vec<u8>)>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        self.next_with(|key, value| (key.to_vec(), value.to_vec()))
+    }
+}
+
 impl DoubleEndedIterator for Range {
     fn next_back(&mut self) -> Option<Self::Item> {
-        if self.done {
-            return None;
-        }
-        match self.next_back_inner() {
-            Ok(Some(item)) => Some(Ok(item)),
-            Ok(None) => {
-                self.done = true;
-                None
-            }
-            Err(e) => {
-                self.done = true;
-                Some(Err(e))
-            }
-        }
+        self.next_back_with(|key, value| (key.to_vec(), value.to_vec()))
     }
 }
 
