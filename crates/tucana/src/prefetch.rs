@@ -20,7 +20,8 @@
 //! and the same remedy applies on a smaller scale (start the loads of what comes next
 //! before waiting on what comes now).
 //!
-//! Thread-safety: plain functions over caller-owned buffers.
+//! Thread-safety: plain functions over caller-owned buffers, and one per-thread counter
+//! (how many batches this thread's hot gates passed unprobed, `HOT_PROBE_EVERY_BATCHES`).
 
 use crate::types::BLOCK_BYTES;
 

@@ -2,9 +2,11 @@
 //! records ahead of each end asked for in batches (WiscKey §3.3.3 prefetch) and the
 //! cache lines of the next records hinted, since the log is in write order, not key order.
 //!
-//! Owns: `Range`, the copied leaf each end works in, the prefetch windows, and the
-//! registration that keeps what a reader's log pointers name alive (`SnapshotPin`). Does
-//! not own: reading a record or a leaf (`Region`), the index walk (`crate::index`).
+//! Owns: `Range`, the copied leaf each end works in, the prefetch windows, the windows of
+//! records hinted to the CPU's cache (`hint_span`), lending pairs in place (`next_with`),
+//! and the registration that keeps what a reader's log pointers name alive
+//! (`SnapshotPin`). Does not own: reading a record or a leaf (`Region`), the index walk
+//! (`crate::index`).
 //!
 //! Thread-safety: a `Range` is `Send` and used by one thread at a time; it holds log
 //! pointers between calls, which its registration (a snapshot's or a live reader's) keeps
