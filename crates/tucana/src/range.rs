@@ -2,9 +2,11 @@
 //! records ahead of each end asked for in batches (WiscKey §3.3.3 prefetch) and the
 //! cache lines of the next records hinted, since the log is in write order, not key order.
 //!
-//! Owns: `Range`, the copied leaf each end works in, the prefetch windows, and the
-//! registration that keeps what a reader's log pointers name alive (`SnapshotPin`). Does
-//! not own: reading a record or a leaf (`Region`), the index walk (`crate::index`).
+//! Owns: `Range`, the copied leaf each end works in, the prefetch windows, the windows of
+//! records hinted to the CPU's cache (`hint_span`), lending pairs in place (`next_with`),
+//! and the registration that keeps what a reader's log pointers name alive
+//! (`SnapshotPin`). Does not own: reading a record or a leaf (`Region`), the index walk
+//! (`crate::index`).
 //!
 //! Thread-safety: a `Range` is `Send` and used by one thread at a time; it holds log
 //! pointers between calls, which its registration (a snapshot's or a live reader's) keeps
@@ -56,6 +58,11 @@ struct Side {
     next_ready: bool,
     /// Entries of `next` asked for, counted from the end this side enters it by.
     next_fetched: usize,
+    /// Edge of the records whose cache lines were asked for (see `Range::hint_ahead`):
+    /// front `pos..hinted`, back `hinted..pos`.
+    hinted: usize,
+    /// Entries of `next` whose cache lines were asked for, counted like `next_fetched`.
+    next_hinted: usize,
 }
 
 impl Side {
@@ -80,16 +87,25 @@ impl Side {
         if self.next_ready {
             std::mem::swap(&mut self.leaf, &mut self.next);
             self.next_ready = false;
-            self.fetched = if forward {
-                self.next_fetched
+            let len = self.leaf.ptrs.len();
+            let fetched = self.next_fetched.min(len);
+            let hinted = self.next_hinted.min(len);
+            (self.fetched, self.hinted) = if forward {
+                (fetched, hinted)
             } else {
-                self.leaf.ptrs.len() - self.next_fetched
+                (len - fetched, len - hinted)
             };
         } else {
-            region.copy_leaf(root, seek, &mut self.leaf)?;
-            self.fetched = if forward { 0 } else { self.leaf.ptrs.len() };
+            match (seek, forward && !self.started) {
+                // A forward range's first leaf: only from its lower bound on.
+                (Seek::AtOrAfter(key), true) => region.copy_leaf_from(root, key, &mut self.leaf)?,
+                _ => region.copy_leaf(root, seek, &mut self.leaf)?,
+            }
+            let edge = if forward { 0 } else { self.leaf.ptrs.len() };
+            (self.fetched, self.hinted) = (edge, edge);
         }
         self.next_fetched = 0;
+        self.next_hinted = 0;
         Ok(())
     }
 }
@@ -151,13 +167,53 @@ fn exclude_up_to(bound: &mut Bound<Vec<u8>>, key: &[u8]) {
     }
 }
 
-/// How many items ahead a range asks the CPU for a record's cache lines: enough that
-/// several misses are in flight at once, few enough that the lines are still in cache
-/// when their item comes (the items in between take about 100 ns each). When a side
-/// moves to a leaf it asks for its first this many at once, which the steady state
-/// (item i asks for item i + this) never covers: a seek followed by a few nexts would
-/// otherwise wait for their misses one after the other.
-const CACHE_AHEAD_ITEMS: usize = 4;
+/// The first batch of records a range asks the CPU for (the first items after a seek):
+/// a seek that reads one item pays what it did when only these were hinted.
+const HINT_FIRST_ITEMS: usize = 4;
+
+/// Most items a side keeps asked for ahead of the one it reads: the hint window doubles
+/// from `HINT_FIRST_ITEMS` at each top-up up to this. Enough that the hints of one
+/// top-up (half of it) overlap their page walks and misses; few enough that the lines
+/// are still in cache when their item comes. Measured 4, 8, 16 and 32 (DESIGN.md,
+/// *Hint windows*): 16 and 32 cost more than they saved.
+const HINT_AHEAD_MAX_ITEMS: usize = 8;
+
+/// What a side asks the CPU for next (`Range::hint_ahead`), or `None` while more than
+/// half of `window` is asked for already. A side at `pos` in a leaf of `len` entries,
+/// whose records `pos..hinted` (forward) or `hinted..pos` (backward) and the first
+/// `hinted_beyond` of the next leaf (counted from the end it is entered by) were asked
+/// for, tops up to `window` items ahead: returns the entries of this leaf to ask for,
+/// and how many of the next leaf should be asked for in all (entries `hinted_beyond..`
+/// that, when the next leaf is known).
+fn hint_span(
+    forward: bool,
+    pos: usize,
+    hinted: usize,
+    len: usize,
+    window: usize,
+    hinted_beyond: usize,
+) -> Option<(std::ops::Range<usize>, usize)> {
+    let pos = pos.min(len);
+    let (ahead, within, beyond) = if forward {
+        let ahead = hinted.saturating_sub(pos) + hinted_beyond;
+        let from = hinted.clamp(pos, len);
+        let to = (pos + window).min(len);
+        (
+            ahead,
+            from..to.max(from),
+            (pos + window).saturating_sub(len),
+        )
+    } else {
+        let ahead = pos.saturating_sub(hinted) + hinted_beyond;
+        let to = hinted.min(pos);
+        let from = pos.saturating_sub(window).min(to);
+        (ahead, from..to, window.saturating_sub(pos))
+    };
+    if ahead > window / 2 || (within.is_empty() && beyond <= hinted_beyond) {
+        return None;
+    }
+    Some((within, beyond))
+}
 
 /// The first prefetch window of a range (see `Range::prefetch_window`).
 const PREFETCH_FIRST_ENTRIES: usize = 8;
@@ -217,6 +273,9 @@ pub struct Range {
     prefetch_batch: Vec<u64>,
     /// Stops the prefetching of a range whose records are found in memory.
     prefetch_gate: ResidencyGate,
+    /// Items each side keeps asked for in the CPU's cache (`hint_ahead`): starts at
+    /// `HINT_FIRST_ITEMS`, doubles at each top-up up to `HINT_AHEAD_MAX_ITEMS`.
+    hint_window: usize,
     /// Applying the region's deferred puts failed when the range began: returned by the
     /// first call, which ends the range (the live tree may lack acknowledged writes).
     failed: Option<Error>,
@@ -297,16 +356,50 @@ impl Range {
             prefetch_batches: 0,
             prefetch_batch: batch,
             prefetch_gate,
+            hint_window: HINT_FIRST_ITEMS,
             failed,
         }
     }
 
-    /// Reads the record at `ptr` as an owned pair.
-    /// The record at `ptr`; `ahead` is one the range reads a few items later (see
-    /// `Region::with_record_ahead`), 0 for none.
-    fn item(&self, ptr: u64, ahead: u64) -> Result<(Vec<u8>, Vec<u8>)> {
-        self.region
-            .with_record_ahead(ptr, ahead, true, |r| (r.key.to_vec(), r.value.to_vec()))
+    /// Keeps the cache lines of the next `hint_window` records of one end asked for
+    /// (`prefetch::cache_lines` through `Region::hint_records`): once half the window was
+    /// read, asks for the rest in one go, into the next leaf when it was copied ahead
+    /// (`prefetch_ahead`). The records are in write order, one cache miss and one page
+    /// walk each; asked for together, the misses and walks overlap.
+    fn hint_ahead(&mut self, forward: bool) {
+        let Range {
+            region,
+            front,
+            back,
+            hint_window,
+            ..
+        } = self;
+        let side = if forward { front } else { back };
+        let hinted_beyond = if side.next_ready { side.next_hinted } else { 0 };
+        let Some((within, beyond)) = hint_span(
+            forward,
+            side.pos,
+            side.hinted,
+            side.leaf.ptrs.len(),
+            *hint_window,
+            hinted_beyond,
+        ) else {
+            return;
+        };
+        region.hint_records(&side.leaf.ptrs[within.clone()]);
+        side.hinted = if forward { within.end } else { within.start };
+        if side.next_ready && beyond > hinted_beyond {
+            let next = &side.next.ptrs;
+            let (done, want) = (hinted_beyond.min(next.len()), beyond.min(next.len()));
+            let entries = if forward {
+                &next[done..want]
+            } else {
+                &next[next.len() - want..next.len() - done]
+            };
+            region.hint_records(entries);
+            side.next_hinted = want;
+        }
+        *hint_window = (*hint_window * 2).min(HINT_AHEAD_MAX_ITEMS);
     }
 
     /// Index of the first entry of the front leaf that is not below `lo`.
@@ -444,6 +537,7 @@ impl Range {
                 if let Some(seek) = seek {
                     side.next_ready = region.copy_leaf(*root, seek, &mut side.next).is_ok();
                     side.next_fetched = 0;
+                    side.next_hinted = 0;
                 }
             }
             if side.next_ready {
@@ -470,26 +564,40 @@ impl Range {
         }
     }
 
-    fn next_front(&mut self) -> Result<Option<(Vec<u8>, Vec<u8>)>> {
+    fn next_front<R>(&mut self, f: impl FnOnce(&[u8], &[u8]) -> R) -> Result<Option<R>> {
+        let mut f = Some(f);
         loop {
             if self.front.started && self.front.pos < self.front.leaf.ptrs.len() {
                 self.prefetch_ahead(true);
+                self.hint_ahead(true);
                 let ptr = self.front.leaf.ptrs[self.front.pos];
-                let ahead = self.front.pos + CACHE_AHEAD_ITEMS;
-                let ahead = self.front.leaf.ptrs.get(ahead).copied().unwrap_or(0);
                 self.front.pos += 1;
-                let (key, value) = self.item(ptr, ahead)?;
-                if !self.front.leaf.holds(&key) {
-                    return Err(fences_broken());
+                let Range {
+                    region,
+                    front,
+                    lo,
+                    hi,
+                    ..
+                } = self;
+                let step = region.with_record(ptr, true, |r| {
+                    if !front.leaf.holds(r.key) {
+                        return Err(fences_broken());
+                    }
+                    if !above_lo(r.key, lo) {
+                        return Ok(None);
+                    }
+                    if !below_hi(r.key, hi) {
+                        return Ok(Some(None));
+                    }
+                    exclude_up_to(lo, r.key);
+                    let f = f.take().expect("an item is lent once");
+                    Ok(Some(Some(f(r.key, r.value))))
+                })??;
+                match step {
+                    // Below the bound (the bound's own key, excluded): the next entry.
+                    None => continue,
+                    Some(item) => return Ok(item),
                 }
-                if !above_lo(&key, &self.lo) {
-                    continue;
-                }
-                if !below_hi(&key, &self.hi) {
-                    return Ok(None);
-                }
-                exclude_up_to(&mut self.lo, &key);
-                return Ok(Some((key, value)));
             }
             if self.front.exhausted {
                 return Ok(None);
@@ -523,36 +631,50 @@ impl Range {
                 }
             }
             self.front.started = true;
+            // The first records are asked for before the bound's own record is read to
+            // place the side (when its prefix ties), so that read's miss overlaps theirs.
+            self.front.pos = match &self.lo {
+                Bound::Included(k) | Bound::Excluded(k) => self.front.leaf.tie_span(k).start,
+                Bound::Unbounded => 0,
+            };
+            self.hint_ahead(true);
             self.front.pos = self.first_not_below_lo()?;
-            let first = self.front.pos;
-            let end = (first + CACHE_AHEAD_ITEMS).min(self.front.leaf.ptrs.len());
-            self.region
-                .hint_records(self.front.leaf.ptrs.get(first..end).unwrap_or(&[]));
         }
     }
 
-    fn next_back_inner(&mut self) -> Result<Option<(Vec<u8>, Vec<u8>)>> {
+    fn next_back_inner<R>(&mut self, f: impl FnOnce(&[u8], &[u8]) -> R) -> Result<Option<R>> {
+        let mut f = Some(f);
         loop {
             if self.back.started && self.back.pos > 0 {
                 self.prefetch_ahead(false);
+                self.hint_ahead(false);
                 self.back.pos -= 1;
                 let ptr = self.back.leaf.ptrs[self.back.pos];
-                let ahead = match self.back.pos.checked_sub(CACHE_AHEAD_ITEMS) {
-                    Some(i) => self.back.leaf.ptrs[i],
-                    None => 0,
-                };
-                let (key, value) = self.item(ptr, ahead)?;
-                if !self.back.leaf.holds(&key) {
-                    return Err(fences_broken());
+                let Range {
+                    region,
+                    back,
+                    lo,
+                    hi,
+                    ..
+                } = self;
+                let step = region.with_record(ptr, true, |r| {
+                    if !back.leaf.holds(r.key) {
+                        return Err(fences_broken());
+                    }
+                    if !below_hi(r.key, hi) {
+                        return Ok(None);
+                    }
+                    if !above_lo(r.key, lo) {
+                        return Ok(Some(None));
+                    }
+                    exclude_up_to(hi, r.key);
+                    let f = f.take().expect("an item is lent once");
+                    Ok(Some(Some(f(r.key, r.value))))
+                })??;
+                match step {
+                    None => continue,
+                    Some(item) => return Ok(item),
                 }
-                if !below_hi(&key, &self.hi) {
-                    continue;
-                }
-                if !above_lo(&key, &self.lo) {
-                    return Ok(None);
-                }
-                exclude_up_to(&mut self.hi, &key);
-                return Ok(Some((key, value)));
             }
             if self.back.exhausted {
                 return Ok(None);
@@ -587,11 +709,58 @@ impl Range {
                 }
             }
             self.back.started = true;
+            // As in `next_front`: hinted before the bound's record is read.
+            self.back.pos = match &self.hi {
+                Bound::Included(k) | Bound::Excluded(k) => self.back.leaf.tie_span(k).end,
+                Bound::Unbounded => self.back.leaf.ptrs.len(),
+            };
+            self.hint_ahead(false);
             self.back.pos = self.end_not_above_hi()?;
-            let end = self.back.pos;
-            let first = end.saturating_sub(CACHE_AHEAD_ITEMS);
-            self.region
-                .hint_records(self.back.leaf.ptrs.get(first..end).unwrap_or(&[]));
+        }
+    }
+}
+
+impl Range {
+    /// The next pair from the front, lent to `f` rather than copied into two vectors (what
+    /// `Iterator::next` does): `f` sees the record's bytes in place, inside the read's
+    /// epoch pin, so keep it short. `None` once the range is done.
+    pub fn next_with<R>(&mut self, f: impl FnOnce(&[u8], &[u8]) -> R) -> Option<Result<R>> {
+        if let Some(e) = self.failed.take() {
+            self.done = true;
+            return Some(Err(e));
+        }
+        if self.done {
+            return None;
+        }
+        let step = self.next_front(f);
+        self.finish(step)
+    }
+
+    /// `next_with` from the back.
+    pub fn next_back_with<R>(&mut self, f: impl FnOnce(&[u8], &[u8]) -> R) -> Option<Result<R>> {
+        if let Some(e) = self.failed.take() {
+            self.done = true;
+            return Some(Err(e));
+        }
+        if self.done {
+            return None;
+        }
+        let step = self.next_back_inner(f);
+        self.finish(step)
+    }
+
+    /// An end's step as an iterator's item: the range is done at its end or an error.
+    fn finish<R>(&mut self, step: Result<Option<R>>) -> Option<Result<R>> {
+        match step {
+            Ok(Some(item)) => Some(Ok(item)),
+            Ok(None) => {
+                self.done = true;
+                None
+            }
+            Err(e) => {
+                self.done = true;
+                Some(Err(e))
+            }
         }
     }
 }
@@ -600,46 +769,53 @@ impl Iterator for Range {
     type Item = Result<(Vec<u8>, Vec<u8>)>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        if let Some(e) = self.failed.take() {
-            self.done = true;
-            return Some(Err(e));
-        }
-        if self.done {
-            return None;
-        }
-        match self.next_front() {
-            Ok(Some(item)) => Some(Ok(item)),
-            Ok(None) => {
-                self.done = true;
-                None
-            }
-            Err(e) => {
-                self.done = true;
-                Some(Err(e))
-            }
-        }
+        self.next_with(|key, value| (key.to_vec(), value.to_vec()))
     }
 }
 
 impl DoubleEndedIterator for Range {
     fn next_back(&mut self) -> Option<Self::Item> {
-        if let Some(e) = self.failed.take() {
-            self.done = true;
-            return Some(Err(e));
-        }
-        if self.done {
-            return None;
-        }
-        match self.next_back_inner() {
-            Ok(Some(item)) => Some(Ok(item)),
-            Ok(None) => {
-                self.done = true;
-                None
-            }
-            Err(e) => {
-                self.done = true;
-                Some(Err(e))
-            }
-        }
+        self.next_back_with(|key, value| (key.to_vec(), value.to_vec()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::hint_span;
+
+    #[test]
+    fn the_hint_window_tops_up_at_half_and_stops_at_the_leaf_end_forward() {
+        // Nothing asked for yet at 10 of 100: the whole window.
+        assert_eq!(hint_span(true, 10, 10, 100, 8, 0), Some((10..18, 0)));
+        // More than half of it still ahead: nothing.
+        assert_eq!(hint_span(true, 13, 18, 100, 8, 0), None);
+        // Half read: top up to a full window from the hinted edge.
+        assert_eq!(hint_span(true, 14, 18, 100, 8, 0), Some((18..22, 0)));
+        // Near the end: up to the end, the rest counted against the next leaf.
+        assert_eq!(hint_span(true, 96, 98, 100, 8, 0), Some((98..100, 4)));
+        // All of this leaf asked for, and enough of the next: nothing.
+        assert_eq!(hint_span(true, 99, 100, 100, 8, 4), None);
+        // At the end with nothing of the next leaf asked for.
+        assert_eq!(hint_span(true, 100, 100, 100, 8, 0), Some((100..100, 8)));
+        // A hinted edge behind the position (items skipped) counts as nothing ahead.
+        assert_eq!(hint_span(true, 30, 20, 100, 8, 0), Some((30..38, 0)));
+        // An empty leaf.
+        assert_eq!(hint_span(true, 0, 0, 0, 4, 0), Some((0..0, 4)));
+        // A position past the leaf (a damaged count) never slices out of it.
+        assert_eq!(hint_span(true, 7, 0, 5, 4, 0), Some((5..5, 4)));
+    }
+
+    #[test]
+    fn the_hint_window_runs_backward_from_the_position() {
+        // Back side at 50 (the next item is 49), nothing asked for.
+        assert_eq!(hint_span(false, 50, 50, 100, 8, 0), Some((42..50, 0)));
+        assert_eq!(hint_span(false, 47, 42, 100, 8, 0), None);
+        assert_eq!(hint_span(false, 46, 42, 100, 8, 0), Some((38..42, 0)));
+        // Near the start: down to 0, the rest from the end of the previous leaf.
+        assert_eq!(hint_span(false, 3, 3, 100, 8, 0), Some((0..3, 5)));
+        assert_eq!(hint_span(false, 2, 0, 100, 8, 5), None);
+        assert_eq!(hint_span(false, 0, 0, 100, 8, 2), Some((0..0, 8)));
+        // Items skipped past the hinted edge.
+        assert_eq!(hint_span(false, 10, 20, 100, 4, 0), Some((6..10, 0)));
     }
 }

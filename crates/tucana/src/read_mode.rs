@@ -17,7 +17,7 @@
 //! and off below `COLD_LEAVE_SHARE`.
 //!
 //! Owns: the sampling, the moving average and the mode. Does not own: the reads
-//! themselves (`Region::with_record_ahead`), nor the residency probe (`Storage`).
+//! themselves (`Region::with_record`), nor the residency probe (`Storage`).
 //!
 //! Thread-safety: `ReadMode` is shared by every reader of a volume; its state is two
 //! relaxed atomics. Concurrent samples may overwrite each other's update of the average,

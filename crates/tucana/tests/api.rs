@@ -532,3 +532,72 @@ fn a_small_mapping_reservation_still_reads_a_larger_volume() {
     assert_eq!(ks.range::<&[u8], _>(..).count(), 3000);
     db.check().unwrap();
 }
+
+/// `Range::next_with` and `next_back_with` lend each pair in place: the same pairs, in the
+/// same order, as the owning `Iterator` and `DoubleEndedIterator`, from either end and
+/// with both ends interleaved until they meet, over bounds inside and across leaves.
+#[test]
+fn lent_pairs_are_the_iterators_pairs_from_both_ends() {
+    let (_dir, path) = temp_volume();
+    let db = quiet_open(&path);
+    let ks = db.keyspace("lend").unwrap();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(41);
+    let mut model = std::collections::BTreeMap::new();
+    for _ in 0..3000 {
+        let key = format!("k{:06}", rng.random_range(0..20_000u32)).into_bytes();
+        let value = vec![rng.random::<u8>(); rng.random_range(0..300)];
+        ks.put(&key, &value).unwrap();
+        model.insert(key, value);
+    }
+    db.commit().unwrap();
+    for round in 0..40 {
+        let a = format!("k{:06}", rng.random_range(0..21_000u32)).into_bytes();
+        let b = format!("k{:06}", rng.random_range(0..21_000u32)).into_bytes();
+        let (lo, hi) = if a <= b { (a, b) } else { (b, a) };
+        let want: Vec<(Vec<u8>, Vec<u8>)> = model
+            .range(lo.clone()..hi.clone())
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let owned: Vec<_> = ks
+            .range(lo.clone()..hi.clone())
+            .map(|r| r.unwrap())
+            .collect();
+        assert_eq!(owned, want, "round {round}");
+        // Lent, front only and back only.
+        let mut range = ks.range(lo.clone()..hi.clone());
+        let mut front = Vec::new();
+        while let Some(pair) = range.next_with(|k, v| (k.to_vec(), v.to_vec())) {
+            front.push(pair.unwrap());
+        }
+        assert_eq!(front, want, "round {round}");
+        assert!(
+            range.next_back_with(|_, _| ()).is_none(),
+            "a done range stays done"
+        );
+        let mut range = ks.range(lo.clone()..hi.clone());
+        let mut back = Vec::new();
+        while let Some(pair) = range.next_back_with(|k, v| (k.to_vec(), v.to_vec())) {
+            back.push(pair.unwrap());
+        }
+        back.reverse();
+        assert_eq!(back, want, "round {round}");
+        // Interleaved: lent from the front, owned from the back, until they meet.
+        let mut range = ks.range(lo.clone()..hi.clone());
+        let (mut head, mut tail) = (Vec::new(), Vec::new());
+        loop {
+            let step = if rng.random_bool(0.5) {
+                range
+                    .next_with(|k, v| (k.to_vec(), v.to_vec()))
+                    .map(|pair| head.push(pair.unwrap()))
+            } else {
+                range.next_back().map(|pair| tail.push(pair.unwrap()))
+            };
+            if step.is_none() {
+                break;
+            }
+        }
+        tail.reverse();
+        head.extend(tail);
+        assert_eq!(head, want, "round {round}");
+    }
+}

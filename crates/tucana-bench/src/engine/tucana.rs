@@ -1,6 +1,6 @@
 //! Tucana behind the [`Engine`] trait: one volume file, one keyspace.
 
-use std::ops::{Bound, ControlFlow};
+use std::ops::Bound;
 use std::path::Path;
 
 use tucana::{Database, DeferredUpdates, Durability, Keyspace};
@@ -157,22 +157,19 @@ impl Engine for TucanaEngine {
         direction: Direction,
         visit: &mut Visit<'_>,
     ) -> Result<()> {
-        let range = self.keyspace.range::<&[u8], _>((lower, upper));
-        let mut step = |item: tucana::Result<(Vec<u8>, Vec<u8>)>| -> Result<ControlFlow<()>> {
-            let (key, value) = item?;
-            Ok(visit(&key, &value))
-        };
-        match direction {
-            Direction::Forward => {
-                for item in range {
-                    if step(item)?.is_break() {
-                        break;
-                    }
-                }
-            }
-            Direction::Reverse => {
-                for item in range.rev() {
-                    if step(item)?.is_break() {
+        // Pairs lent in place (`Range::next_with`), as LMDB's cursor lends its page's
+        // bytes: the owned pairs of `Iterator::next` would be two allocations per item
+        // that only this adapter, not the engine's caller, asked for.
+        let mut range = self.keyspace.range::<&[u8], _>((lower, upper));
+        loop {
+            let step = match direction {
+                Direction::Forward => range.next_with(|key, value| visit(key, value)),
+                Direction::Reverse => range.next_back_with(|key, value| visit(key, value)),
+            };
+            match step {
+                None => break,
+                Some(flow) => {
+                    if flow?.is_break() {
                         break;
                     }
                 }

@@ -1230,6 +1230,51 @@ fn tie_span_brackets_the_entries_equal_prefixes_cannot_order() {
     assert!(stemmed > 0, "no leaf had a stem");
 }
 
+/// `Tree::copy_leaf_from` (a forward range's first leaf) against `copy_leaf`: the same
+/// leaf and fences, its entries from the first one `tie_span` cannot place below the key,
+/// so nothing at or above the key is left out.
+#[test]
+fn a_leaf_copied_from_a_key_is_the_leafs_tail_from_that_key() {
+    let mut rng = StdRng::seed_from_u64(29);
+    let tree = Tree::new(REGION, TreeEpoch(1));
+    let mut ctx = FakeCtx::default();
+    let mut model = Model::new();
+    for _ in 0..5000 {
+        let k = format!("user{:010}", rng.random_range(0..100_000u64) * 37);
+        put(&tree, &mut ctx, &mut model, k.as_bytes());
+    }
+    let guard = crossbeam_epoch::pin();
+    let (mut whole, mut from) = (LeafCopy::default(), LeafCopy::default());
+    let mut trimmed = 0;
+    for _ in 0..300 {
+        let bound = match rng.random_range(0..3) {
+            0 => format!("user{:010}", rng.random_range(0..4_000_000u64)).into_bytes(),
+            1 => model
+                .keys()
+                .nth(rng.random_range(0..model.len()))
+                .cloned()
+                .unwrap(),
+            _ => [&b"a"[..], b"user", b"v", b""][rng.random_range(0..4)].to_vec(),
+        };
+        tree.copy_leaf(&ctx, None, Seek::AtOrAfter(&bound), &guard, &mut whole)
+            .unwrap();
+        tree.copy_leaf_from(&ctx, None, &bound, &guard, &mut from)
+            .unwrap();
+        let start = whole.tie_span(&bound).start;
+        assert_eq!(from.ptrs, whole.ptrs[start..]);
+        assert_eq!(from.prefixes, whole.prefixes[start..]);
+        assert_eq!(
+            (&from.stem, &from.low, &from.high),
+            (&whole.stem, &whole.low, &whole.high)
+        );
+        assert!(whole.ptrs[..start]
+            .iter()
+            .all(|&p| ctx.key(p) < bound.as_slice()));
+        trimmed += usize::from(start > 0);
+    }
+    assert!(trimmed > 100, "only {trimmed} copies left anything out");
+}
+
 /// A leaf split whose boundary entries differ in their prefixes builds the separator from
 /// the prefixes (stem + the right key's bytes up to the first differing one) instead of
 /// reading both keys from the log: random keys load without a single log read. The

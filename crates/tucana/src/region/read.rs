@@ -52,25 +52,8 @@ impl Region {
         verify: bool,
         f: impl FnOnce(RecordRef<'_>) -> R,
     ) -> Result<R> {
-        self.with_record_ahead(ptr, 0, verify, f)
-    }
-
-    /// `with_record`, first asking the CPU for the first cache lines of the record at
-    /// `ahead` (0: none), one an iterator will read a few items later. An in-memory scan
-    /// otherwise waits for one cache and TLB miss per record, one after the other: the
-    /// log is in write order, not key order.
-    pub fn with_record_ahead<R>(
-        &self,
-        ptr: u64,
-        ahead: u64,
-        verify: bool,
-        f: impl FnOnce(RecordRef<'_>) -> R,
-    ) -> Result<R> {
         let at = DiskOffset(ptr);
         let guard = epoch::pin();
-        if ahead != 0 {
-            self.hint_record_lines(ahead, self.log.buffered_tail(ahead, &guard));
-        }
         {
             if let Some(t) = self.log.buffered_tail(ptr, &guard) {
                 let head = t.read(ptr, HEADER_BYTES).ok_or_else(|| {
@@ -178,24 +161,30 @@ impl Region {
         self.log.buffered_tail(ptr, &guard).is_some()
     }
 
-    /// Starts loading the first cache lines of each record at `ptrs` (see
-    /// `hint_record_lines`), so their misses overlap: a range moving to a leaf asks for
-    /// the first few records it will read.
+    /// Starts loading the cache lines of each record at `ptrs` (see `hint_record_lines`),
+    /// one after the other, so that their misses overlap: a range asks for the next
+    /// several records it will read in one call (`range::hint_span`). Issued together, the
+    /// hints' page walks overlap too (each record of a scan is on its own page of the
+    /// log, so each hint is a TLB miss as well as a cache miss); one hint per item, a few
+    /// hundred instructions apart, had the walks taken one at a time.
     pub fn hint_records(&self, ptrs: &[u64]) {
         if ptrs.is_empty() {
             return;
         }
+        let keys = self.keys.load(Ordering::Relaxed).max(1);
+        let span_bytes =
+            (self.live_bytes() / keys).clamp(HEADER_BYTES as u64, HINT_RECORD_MAX_BYTES);
         let guard = epoch::pin();
         for &ptr in ptrs {
-            self.hint_record_lines(ptr, self.log.buffered_tail(ptr, &guard));
+            self.hint_record_lines(ptr, span_bytes, self.log.buffered_tail(ptr, &guard));
         }
     }
 
     /// Starts loading the cache lines of the record at `ptr`, when it is in memory
-    /// without I/O (the tail buffer or the volume's mapping): from its header for about
-    /// the region's average record size, at most `HINT_RECORD_MAX_BYTES`. A record's
-    /// checksum reads every byte, so a line left out is a miss waited for later.
-    fn hint_record_lines(&self, ptr: u64, tail: Option<&Tail>) {
+    /// without I/O (the tail buffer or the volume's mapping): `span_bytes` from its
+    /// header (about the region's average record, at most `HINT_RECORD_MAX_BYTES`). A
+    /// record's checksum reads every byte, so a line left out is a miss waited for later.
+    fn hint_record_lines(&self, ptr: u64, span_bytes: u64, tail: Option<&Tail>) {
         let bytes = match tail {
             Some(t) => t.read(ptr, 1),
             // Records are copied, not mapped: their pages are not in the process's page
@@ -207,10 +196,8 @@ impl Region {
             _ => unsafe { self.shared.volume.storage().mapped(ptr, 1) },
         };
         if let Some(bytes) = bytes {
-            let keys = self.keys.load(Ordering::Relaxed).max(1);
-            let span = (self.live_bytes() / keys).clamp(HEADER_BYTES as u64, HINT_RECORD_MAX_BYTES);
             let skew = bytes.as_ptr() as usize % CACHE_LINE_BYTES;
-            let lines = (skew + span as usize).div_ceil(CACHE_LINE_BYTES);
+            let lines = (skew + span_bytes as usize).div_ceil(CACHE_LINE_BYTES);
             crate::prefetch::cache_lines(
                 bytes.as_ptr().wrapping_sub(skew),
                 (0..lines).map(|line| line * CACHE_LINE_BYTES),
@@ -308,9 +295,13 @@ impl Region {
                         self.prefetch_records(ptrs, &mut gate, 2);
                     });
                 }
+                let keys_now = self.keys.load(Ordering::Relaxed).max(1);
+                let span_bytes = (self.live_bytes() / keys_now)
+                    .clamp(HEADER_BYTES as u64, HINT_RECORD_MAX_BYTES);
                 for slot in found.iter().take(group.len()) {
                     if let Some(Ok(Candidate::Maybe(ptr))) = slot {
-                        self.hint_record_lines(*ptr, self.log.buffered_tail(*ptr, &guard));
+                        let tail = self.log.buffered_tail(*ptr, &guard);
+                        self.hint_record_lines(*ptr, span_bytes, tail);
                     }
                 }
             }
@@ -457,6 +448,14 @@ impl Region {
     /// `gate` (the caller's, kept across its batches) probes `probes` records first and
     /// skips the batch once the data looks resident (see `prefetch::ResidencyGate`).
     pub fn prefetch_records(&self, ptrs: &mut Vec<u64>, gate: &mut ResidencyGate, probes: usize) {
+        // Decided before the tail filter below, which pins the epoch and looks up every
+        // record's segment: most batches of a cached scan are skipped unprobed.
+        if gate.passes_unprobed() {
+            self.shared
+                .prefetch_skipped
+                .fetch_add(ptrs.len() as u64, Ordering::Relaxed);
+            return;
+        }
         {
             let guard = epoch::pin();
             // SAFETY: protected by the guard; never null after construction. A tail
@@ -469,7 +468,7 @@ impl Region {
         }
         let storage = self.shared.volume.storage();
         let mode = &self.shared.read_mode;
-        let issue = gate.issue(ptrs, probes, |ptr| {
+        let issue = gate.probe(ptrs, probes, |ptr| {
             let resident = storage.resident(ptr);
             if let Some(resident) = resident {
                 mode.sample(!resident);
@@ -520,6 +519,19 @@ impl Region {
         self.check_usable()?;
         let guard = epoch::pin();
         self.tree.copy_leaf(self, root, seek, &guard, out)
+    }
+
+    /// Copies the leaf holding `key`, leaving out its entries certainly below it (see
+    /// `index::Tree::copy_leaf_from`): a forward range's first leaf.
+    pub fn copy_leaf_from(
+        &self,
+        root: Option<u64>,
+        key: &[u8],
+        out: &mut index::LeafCopy,
+    ) -> Result<()> {
+        self.check_usable()?;
+        let guard = epoch::pin();
+        self.tree.copy_leaf_from(self, root, key, &guard, out)
     }
 }
 
