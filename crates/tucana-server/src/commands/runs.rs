@@ -247,11 +247,13 @@ mod tests {
     }
 
     /// A run reads each key's deadline record once and keeps it (`TxKv::for_run`). The
-    /// kept reading goes stale when the run itself writes that record: a pop that empties
-    /// a list deletes the key and its deadline, and a push in the same run makes a new
-    /// list that has none. Were the stale deadline believed, the new list would expire
-    /// with the old one's deadline; the overlay's delete must win. The same script runs
-    /// one request at a time on another server, and the deadlines must agree.
+    /// kept reading goes stale when the run itself writes that record: a push onto a
+    /// list whose deadline has passed makes a new list and deletes the old deadline, and
+    /// a pop that empties a list deletes the key and its deadline. Were the stale
+    /// deadline believed, the run's next push would find its own new list expired and
+    /// start another (losing the first push), and a refilled key would carry the old
+    /// deadline; the overlay's delete must win. The same script runs one request at a
+    /// time on another server, and replies and deadlines must agree.
     #[test]
     fn a_run_that_empties_and_refills_a_list_with_a_deadline_forgets_the_deadline() {
         let setup = [
@@ -259,6 +261,8 @@ mod tests {
             "PEXPIRE q 100000",
             "ZADD zq 1 a",
             "PEXPIRE zq 100000",
+            "RPUSH old 1",
+            "PEXPIRE old 1",
         ];
         let lines: Vec<String> = [
             "LPUSH q 0",
@@ -272,6 +276,8 @@ mod tests {
             "ZREM zq b",
             "ZADD zq 3 c",
             "LPUSH keep x",
+            "RPUSH old a",
+            "RPUSH old b",
         ]
         .map(String::from)
         .to_vec();
@@ -281,6 +287,8 @@ mod tests {
             "PTTL zq",
             "ZRANGE zq 0 -1",
             "PTTL keep",
+            "PTTL old",
+            "LRANGE old 0 -1",
         ];
         let (piped, alone) = (state(), state());
         let (mut piped_session, mut alone_session) = (Session::new(1, true), Session::new(2, true));
@@ -290,6 +298,8 @@ mod tests {
             (&alone, &mut alone_session, false),
         ] {
             batch(state, session, &wire(&setup.map(String::from)));
+            // `old`'s deadline passes; the sweeper is not running.
+            std::thread::sleep(std::time::Duration::from_millis(5));
             let mut replies = Vec::new();
             if pipelined {
                 replies.extend(batch(state, session, &wire(&lines)));
@@ -302,11 +312,15 @@ mod tests {
             answers.push(String::from_utf8_lossy(&replies).into_owned());
         }
         assert_eq!(answers[0], answers[1]);
+        let expected_checks = concat!(
+            ":-1\r\n*2\r\n$5\r\nnewer\r\n$3\r\nnew\r\n",
+            ":-1\r\n*1\r\n$1\r\nc\r\n",
+            ":-1\r\n",
+            ":-1\r\n*2\r\n$1\r\na\r\n$1\r\nb\r\n",
+        );
         assert!(
-            answers[0].ends_with(
-                ":-1\r\n*2\r\n$5\r\nnewer\r\n$3\r\nnew\r\n:-1\r\n*1\r\n$1\r\nc\r\n:-1\r\n"
-            ),
-            "the refilled list and set have no deadline: {}",
+            answers[0].ends_with(expected_checks),
+            "no refilled or remade key keeps a deadline, and `old` is remade once: {}",
             answers[0]
         );
     }
