@@ -36,6 +36,13 @@ pub fn deadline_key(key: &[u8]) -> Vec<u8> {
     out
 }
 
+/// Whether `stored` is a deadline record's key (`R 'd' key`, unprefixed by a slot).
+pub fn is_deadline_key(stored: &[u8]) -> bool {
+    stored.len() > RESERVED.len()
+        && stored.starts_with(RESERVED)
+        && stored[RESERVED.len()] == DEADLINE
+}
+
 /// The prefix of every index entry.
 pub fn index_prefix() -> Vec<u8> {
     let mut out = RESERVED.to_vec();

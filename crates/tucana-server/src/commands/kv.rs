@@ -13,7 +13,7 @@
 //! Thread-safety: a store lives for one command (or one `EXEC`, or one run) on one thread; the write
 //! lock it may hold is released when it is dropped.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::ops::Bound;
 
 use tucana::{Durability, Keyspace};
@@ -392,6 +392,13 @@ pub(super) struct TxKv<'a> {
     /// Writes not applied yet, by key: a put (`Some`) or a delete (`None`), which hides the
     /// stored record. Ordered, so that `range` merges it with the keyspace's records lazily.
     overlay: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
+    /// Deadline records read from the keyspace since the last commit, by key. The write
+    /// lock keeps the keyspace as it was until the commit, so a second read of the same
+    /// record answers from here: a run of 16 pops of one list reads its deadline once,
+    /// not 16 times (each engine lookup of a reserved key is a descent whose pivots tie
+    /// on their prefixes, DESIGN.md "Data types"). `None`: not kept (EXEC, whose
+    /// queued commands of other kinds may reach the keyspace outside this store).
+    deadlines_read: Option<HashMap<Vec<u8>, Option<Vec<u8>>>>,
     /// A queued command wrote a deadline: the batch at the end carries the marker.
     deadline_noted: bool,
     /// `apply` was called with writes since the last `take_wrote`.
@@ -410,10 +417,21 @@ impl<'a> TxKv<'a> {
             guard,
             state,
             overlay: BTreeMap::new(),
+            deadlines_read: None,
             deadline_noted: false,
             wrote: false,
             notify_flags: state.settings.notify_flags(),
             events: Vec::new(),
+        }
+    }
+
+    /// The store of a pipelined run of collection writes (`runs`): as [`TxKv::new`], and
+    /// deadline records read once per key (every command of a run is a handler reading
+    /// and writing through this store).
+    pub(super) fn for_run(guard: WriteGuard<'a>, state: &'a ServerState) -> TxKv<'a> {
+        TxKv {
+            deadlines_read: Some(HashMap::new()),
+            ..TxKv::new(guard, state)
         }
     }
 
@@ -439,6 +457,11 @@ impl<'a> TxKv<'a> {
     fn commit_batch(&mut self) -> tucana::Result<bool> {
         if self.overlay.is_empty() {
             return Ok(false);
+        }
+        // After the batch the keyspace holds the overlay's writes: what was read before
+        // may no longer be what is stored.
+        if let Some(read) = &mut self.deadlines_read {
+            read.clear();
         }
         let mut ops: Ops = std::mem::take(&mut self.overlay).into_iter().collect();
         let marking = with_marker(&mut ops, self.deadline_noted, self.guard.may_expire());
@@ -494,7 +517,20 @@ impl Kv for TxKv<'_> {
     }
 
     fn lookup(&mut self, key: &[u8]) -> tucana::Result<Option<Vec<u8>>> {
-        self.read(key)
+        if self.deadlines_read.is_none()
+            || !crate::expiry::is_deadline_key(key)
+            || self.overlay.contains_key(key)
+        {
+            return self.read(key);
+        }
+        if let Some(value) = self.deadlines_read.as_ref().and_then(|r| r.get(key)) {
+            return Ok(value.clone());
+        }
+        let value = self.read(key)?;
+        if let Some(read) = &mut self.deadlines_read {
+            read.insert(key.to_vec(), value.clone());
+        }
+        Ok(value)
     }
 
     fn count_lookup(&mut self, _key: &[u8], hit: bool) {

@@ -138,7 +138,7 @@ pub(super) fn fast_collection_writes(
     output: RunOutput<'_>,
 ) -> bool {
     let slot = state.store.slot(session.db_index);
-    let mut tx = TxKv::new(slot.lock_writes(), state);
+    let mut tx = TxKv::for_run(slot.lock_writes(), state);
     let out = output.out;
     let mark = out.len();
     let mut commands: Vec<usize> = Vec::with_capacity(run.len());
@@ -244,6 +244,85 @@ mod tests {
         let text = String::from_utf8_lossy(&together);
         assert!(text.contains("-WRONGTYPE"), "{text}");
         assert!(text.contains("$-1\r\n*-1\r\n"), "pops past the end: {text}");
+    }
+
+    /// A run reads each key's deadline record once and keeps it (`TxKv::for_run`). The
+    /// kept reading goes stale when the run itself writes that record: a push onto a
+    /// list whose deadline has passed makes a new list and deletes the old deadline, and
+    /// a pop that empties a list deletes the key and its deadline. Were the stale
+    /// deadline believed, the run's next push would find its own new list expired and
+    /// start another (losing the first push), and a refilled key would carry the old
+    /// deadline; the overlay's delete must win. The same script runs one request at a
+    /// time on another server, and replies and deadlines must agree.
+    #[test]
+    fn a_run_that_empties_and_refills_a_list_with_a_deadline_forgets_the_deadline() {
+        let setup = [
+            "RPUSH q 1 2",
+            "PEXPIRE q 100000",
+            "ZADD zq 1 a",
+            "PEXPIRE zq 100000",
+            "RPUSH old 1",
+            "PEXPIRE old 1",
+        ];
+        let lines: Vec<String> = [
+            "LPUSH q 0",
+            "LPOP q",
+            "LPOP q",
+            "LPOP q",
+            "RPUSH q new",
+            "LPUSH q newer",
+            "ZADD zq 2 b",
+            "ZREM zq a",
+            "ZREM zq b",
+            "ZADD zq 3 c",
+            "LPUSH keep x",
+            "RPUSH old a",
+            "RPUSH old b",
+        ]
+        .map(String::from)
+        .to_vec();
+        let checks = [
+            "PTTL q",
+            "LRANGE q 0 -1",
+            "PTTL zq",
+            "ZRANGE zq 0 -1",
+            "PTTL keep",
+            "PTTL old",
+            "LRANGE old 0 -1",
+        ];
+        let (piped, alone) = (state(), state());
+        let (mut piped_session, mut alone_session) = (Session::new(1, true), Session::new(2, true));
+        let mut answers = Vec::new();
+        for (state, session, pipelined) in [
+            (&piped, &mut piped_session, true),
+            (&alone, &mut alone_session, false),
+        ] {
+            batch(state, session, &wire(&setup.map(String::from)));
+            // `old`'s deadline passes; the sweeper is not running.
+            std::thread::sleep(std::time::Duration::from_millis(5));
+            let mut replies = Vec::new();
+            if pipelined {
+                replies.extend(batch(state, session, &wire(&lines)));
+            } else {
+                for line in &lines {
+                    replies.extend(batch(state, session, &wire(std::slice::from_ref(line))));
+                }
+            }
+            replies.extend(batch(state, session, &wire(&checks.map(String::from))));
+            answers.push(String::from_utf8_lossy(&replies).into_owned());
+        }
+        assert_eq!(answers[0], answers[1]);
+        let expected_checks = concat!(
+            ":-1\r\n*2\r\n$5\r\nnewer\r\n$3\r\nnew\r\n",
+            ":-1\r\n*1\r\n$1\r\nc\r\n",
+            ":-1\r\n",
+            ":-1\r\n*2\r\n$1\r\na\r\n$1\r\nb\r\n",
+        );
+        assert!(
+            answers[0].ends_with(expected_checks),
+            "no refilled or remade key keeps a deadline, and `old` is remade once: {}",
+            answers[0]
+        );
     }
 
     #[test]

@@ -1727,6 +1727,48 @@ fn lookups_below_above_and_inside_an_internal_stem() {
 /// stems shrink and regrow all the time. Everything must match a `BTreeMap`: gets,
 /// ranges both ways from many seek points, the structural check, in memory and on disk,
 /// and after more writes on the reopened tree.
+/// Keys laid out as the server's collection sub-records (`R 'L' len key version index`):
+/// 28 shared bytes, more than an internal node's stem holds, so internal pivots tie on
+/// their prefix and `cmp_pivot` compares the bytes after it in chunks; the suffixes
+/// differ in the first, second and third chunk, end early, or run past a chunk's end.
+#[test]
+fn keys_sharing_more_than_an_internal_stem_match_a_btreemap() {
+    let mut rng = StdRng::seed_from_u64(31);
+    let tree = Tree::new(REGION, TreeEpoch(1));
+    let mut ctx = FakeCtx::default();
+    let mut model = Model::new();
+    let shared: Vec<u8> = (0..28u8).map(|i| i.wrapping_mul(37) | 0x80).collect();
+    for i in 0..12_000u64 {
+        let mut k = shared.clone();
+        match i % 5 {
+            // A list's indexes: consecutive from the middle of the u64 range.
+            0 | 1 => k.extend_from_slice(&((1u64 << 63) - i).to_be_bytes()),
+            // Members: long, differing late, some prefixes of others.
+            2 => {
+                k.extend_from_slice(b"rec:00000000");
+                k.extend_from_slice(format!("{:06}", rng.random_range(0..50_000)).as_bytes());
+                k.truncate(28 + rng.random_range(8..=18));
+            }
+            3 => k.extend(
+                (0..rng.random_range(0..30)).map(|_| b"\0\x01\xff"[rng.random_range(0..3)]),
+            ),
+            _ => k.truncate(rng.random_range(20..=28)),
+        }
+        put(&tree, &mut ctx, &mut model, &k);
+    }
+    for _ in 0..3000 {
+        let nth = rng.random_range(0..model.len());
+        let k = model.keys().nth(nth).cloned().unwrap();
+        del(&tree, &ctx, &mut model, &k);
+    }
+    assert_matches(&tree, &ctx, None, &model, &mut rng);
+    // And through disk images, whose key area is read by another view.
+    let sealed = tree.seal();
+    let (root, _) = ctx.persist(&tree, sealed);
+    let disk = Tree::from_disk(REGION, root, TreeEpoch(2));
+    assert_matches(&disk, &ctx, None, &model, &mut rng);
+}
+
 #[test]
 fn tied_and_random_keys_interleaved_match_a_btreemap() {
     let mut rng = StdRng::seed_from_u64(25);
