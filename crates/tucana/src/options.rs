@@ -69,7 +69,7 @@ pub struct Options {
     /// When a lone put of a key the index already holds is applied to the index later, in
     /// batches, instead of at once (`region/deferred.rs`): applying it reads the record it
     /// replaces, one device read at a time when the data is not in memory; deferred, those
-    /// reads are asked for together. Default `Off` (see the enum).
+    /// reads are asked for together. Default `WhenCold` (see the enum).
     pub deferred_updates: DeferredUpdates,
     /// How often the background collector wakes to take a step (default 100 ms). For the
     /// torture suites, which need background GC steps within a few milliseconds of work to
@@ -130,11 +130,11 @@ pub struct Options {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum DeferredUpdates {
     /// Every put is applied to the index at once.
-    #[default]
     Off,
     /// While reads find the data mostly not in memory (the copying read mode of
-    /// `Options::cold_reads_copied`, which must be on): then an update's read of the
-    /// record it replaces is a device read.
+    /// `Options::cold_reads_copied`, which must be on) and the record a put replaces is
+    /// not in memory either: then applying it at once would wait for a device read.
+    #[default]
     WhenCold,
     /// Always (for tests: exercises the deferred path on data in memory).
     Always,
@@ -155,7 +155,7 @@ impl Default for Options {
             scan_prefetch_entries: 64,
             reorganise_after_idle: None,
             cold_reads_copied: true,
-            deferred_updates: DeferredUpdates::Off,
+            deferred_updates: DeferredUpdates::WhenCold,
             gc_tick: GC_TICK,
             mapping_reservation_bytes: crate::volume::DEFAULT_MAPPING_RESERVATION_BYTES,
             member_dispatch: crate::volume::DispatchPolicy::RoundRobin,
@@ -237,7 +237,8 @@ impl Options {
         self
     }
 
-    /// When puts of existing keys are applied to the index in batches (default `Off`).
+    /// When puts of existing keys are applied to the index in batches (default
+    /// `WhenCold`).
     /// See the field.
     pub fn deferred_updates(mut self, when: DeferredUpdates) -> Options {
         self.deferred_updates = when;
