@@ -147,6 +147,15 @@ impl Shared {
         }
     }
 
+    /// Bytes waiting in each member's write queue (none without writes in flight): what
+    /// least-weighted dispatch counts as a member's queued writes.
+    pub fn queued_write_bytes(&self) -> Vec<u64> {
+        self.writes
+            .as_ref()
+            .map(|q| q.waiting_bytes())
+            .unwrap_or_default()
+    }
+
     pub fn check_writable(&self) -> Result<()> {
         self.check_writes()?;
         if self.poisoned.load(Ordering::Acquire) {

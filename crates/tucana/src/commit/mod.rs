@@ -571,11 +571,7 @@ fn allocate_node_run(
     storage: &dyn crate::volume::Storage,
     placed_bytes: &mut Vec<u64>,
 ) -> Result<(DiskOffset, u64)> {
-    let mut queued = shared
-        .writes
-        .as_ref()
-        .map(|q| q.waiting_bytes())
-        .unwrap_or_default();
+    let mut queued = shared.queued_write_bytes();
     if queued.len() < placed_bytes.len() {
         queued.resize(placed_bytes.len(), 0);
     }

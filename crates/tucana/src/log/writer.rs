@@ -401,11 +401,7 @@ impl Log {
         // the one holding `away_from`, when another will do).
         let avoid = away_from.and_then(|at| storage.member_of(at.0));
         // Segments waiting in the write queue count as writes on their member (LWQL).
-        let queued = shared
-            .writes
-            .as_ref()
-            .map(|q| q.waiting_bytes())
-            .unwrap_or_default();
+        let queued = shared.queued_write_bytes();
         let base = shared.allocator.allocate_on(
             storage.as_ref(),
             blocks,

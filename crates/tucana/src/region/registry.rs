@@ -83,11 +83,7 @@ impl Regions {
         let storage = shared.volume.storage();
         // The keyspace's first segment is placed as every later one is: on the member
         // the dispatch policy names (`None` for one file: first fit).
-        let queued = shared
-            .writes
-            .as_ref()
-            .map(|q| q.waiting_bytes())
-            .unwrap_or_default();
+        let queued = shared.queued_write_bytes();
         let base = shared.allocator.allocate_on(
             storage.as_ref(),
             blocks,
