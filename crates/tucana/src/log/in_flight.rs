@@ -82,8 +82,14 @@ impl InFlightTails {
     /// no reader pinned before can hold it.
     pub fn complete(&self, i: usize) {
         let guard = epoch::pin();
-        self.mask.fetch_and(!(1 << i), Ordering::AcqRel);
+        // The slot is emptied before its bit is cleared: the writer takes a clear bit for
+        // an empty slot and fills it at once (`insert`), so clearing the bit first let a
+        // new tail land in the slot before this swap, which then took (and destroyed)
+        // that tail instead of this one, and the new tail's job read a null slot. A
+        // reader that sees the bit set and the slot empty goes to the volume, which
+        // holds this tail's bytes by now.
         let prev = self.slots[i].swap(epoch::Shared::null(), Ordering::AcqRel, &guard);
+        self.mask.fetch_and(!(1 << i), Ordering::AcqRel);
         if !prev.is_null() {
             // SAFETY: unreachable for new readers (bit cleared, slot null); readers that
             // loaded it hold guards pinned before this point.
@@ -156,6 +162,49 @@ mod tests {
         slots.complete(i);
         assert!(slots.find(1 << 20, &guard).is_none());
         assert_eq!(slots.len(), 0);
+    }
+
+    /// The story: kill -9 cycle 60 of a CI run (M3, GC-heavy writer) ended with the
+    /// writer's own segfault, in a write-queue worker locking a null address. `complete`
+    /// cleared a slot's bit before emptying the slot; the writer, inserting the next
+    /// closed tail at that moment, took the free bit and stored its tail in the slot, and
+    /// the completion's swap then took that new tail and destroyed it: the new tail's job
+    /// found its slot empty. Here one thread inserts while others complete, each job
+    /// checking that its slot still holds its own tail until it completes it.
+    #[test]
+    fn a_completion_never_takes_the_tail_inserted_after_it() {
+        use std::sync::mpsc;
+        let slots = std::sync::Arc::new(InFlightTails::new());
+        let (jobs, queue) = mpsc::channel::<(usize, u64)>();
+        let queue = std::sync::Arc::new(std::sync::Mutex::new(queue));
+        let workers: Vec<_> = (0..3)
+            .map(|_| {
+                let (slots, queue) = (slots.clone(), queue.clone());
+                std::thread::spawn(move || loop {
+                    let Ok((i, order)) = queue.lock().unwrap().recv() else {
+                        return;
+                    };
+                    // SAFETY: this thread is slot `i`'s job until `complete(i)`.
+                    let tail = unsafe { slots.get(i) };
+                    assert_eq!(tail.order, order, "slot {i} holds another job's tail");
+                    slots.complete(i);
+                })
+            })
+            .collect();
+        for order in 0..200_000u64 {
+            while !slots.has_free() {
+                std::hint::spin_loop();
+            }
+            let guard = epoch::pin();
+            let tail =
+                Owned::new(Tail::new(DiskOffset(order << 16), 4096, order)).into_shared(&guard);
+            let i = slots.insert(tail);
+            jobs.send((i, order)).unwrap();
+        }
+        drop(jobs);
+        for w in workers {
+            w.join().expect("a job found its slot holding another tail");
+        }
     }
 
     #[test]
