@@ -126,14 +126,27 @@ fn append_json(args: &DevicesArgs, record: &serde_json::Value) -> Result<()> {
 
 /// Puts records `0..records` (value seed `round`) from `threads` threads.
 fn put_all(ks: &tucana::Keyspace, args: &DevicesArgs, threads: u64, round: u64) -> Result<()> {
+    put_keys(ks, 0, args.records, round, args.value_bytes, threads)
+}
+
+/// Puts `key(first + i)` for `i` in `0..count` (values seeded `(first + i) ^ round`) from
+/// `threads` threads.
+fn put_keys(
+    ks: &tucana::Keyspace,
+    first: u64,
+    count: u64,
+    round: u64,
+    value_bytes: usize,
+    threads: u64,
+) -> Result<()> {
     std::thread::scope(|scope| -> Result<()> {
         let handles: Vec<_> = (0..threads)
             .map(|t| {
                 let ks = ks.clone();
                 scope.spawn(move || -> tucana::Result<()> {
                     let mut i = t;
-                    while i < args.records {
-                        ks.put(&key(i), &value(i ^ round, args.value_bytes))?;
+                    while i < count {
+                        ks.put(&key(first + i), &value((first + i) ^ round, value_bytes))?;
                         i += threads;
                     }
                     Ok(())

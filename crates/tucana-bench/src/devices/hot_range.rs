@@ -27,7 +27,7 @@ use hdrhistogram::Histogram;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
 
-use super::{key, value, DevicesArgs};
+use super::{key, put_keys, DevicesArgs};
 use crate::Result;
 
 /// How often the sampler reads the members' figures.
@@ -35,35 +35,6 @@ const SAMPLE_MS: u64 = 20;
 
 /// The hot keys are `key(HOT_BASE + i)`, apart from the writers' `key(0..records)`.
 const HOT_BASE: u64 = 1 << 40;
-
-/// Puts `key(first + i)` for `i` in `0..count` from `threads` threads.
-fn put_keys(
-    ks: &tucana::Keyspace,
-    first: u64,
-    count: u64,
-    value_bytes: usize,
-    threads: u64,
-) -> Result<()> {
-    std::thread::scope(|scope| -> Result<()> {
-        let handles: Vec<_> = (0..threads)
-            .map(|t| {
-                let ks = ks.clone();
-                scope.spawn(move || -> tucana::Result<()> {
-                    let mut i = t;
-                    while i < count {
-                        ks.put(&key(first + i), &value(first + i, value_bytes))?;
-                        i += threads;
-                    }
-                    Ok(())
-                })
-            })
-            .collect();
-        for h in handles {
-            h.join().expect("a load thread panicked")?;
-        }
-        Ok(())
-    })
-}
 
 /// Drops the cached pages of `path` (clean after the close's sync), so that reads of it
 /// go to the device. Errors: the file cannot be opened.
@@ -165,7 +136,7 @@ pub fn run(args: &DevicesArgs) -> Result<()> {
             .member_dispatch(tucana::volume::DispatchPolicy::Member(0))
             .open_members(&args.members)?;
         let ks = db.keyspace("devices")?;
-        put_keys(&ks, HOT_BASE, hot, args.value_bytes, threads)?;
+        put_keys(&ks, HOT_BASE, hot, 0, args.value_bytes, threads)?;
         db.sync()?;
         let on: Vec<String> = db
             .stats()
@@ -201,8 +172,8 @@ pub fn run(args: &DevicesArgs) -> Result<()> {
             let (db, stop) = (&db, &stop);
             scope.spawn(move || sample_until(db, stop))
         };
-        let written =
-            put_keys(&ks, 0, args.records, args.value_bytes, threads).and_then(|()| Ok(db.sync()?));
+        let written = put_keys(&ks, 0, args.records, 0, args.value_bytes, threads)
+            .and_then(|()| Ok(db.sync()?));
         let load_s = started.elapsed().as_secs_f64();
         stop.store(true, Ordering::Relaxed);
         let mut hist =
