@@ -209,16 +209,21 @@ impl Keyspace {
         }
     }
 
-    /// A consistent point-in-time view; never blocks writers.
-    pub fn snapshot(&self) -> Snapshot {
-        let (root, ticket) = self.region.open_snapshot();
-        Snapshot {
+    /// A consistent point-in-time view holding every write acknowledged before the call;
+    /// never blocks writers.
+    ///
+    /// Errors: only when updates this keyspace deferred (`Options::deferred_updates`)
+    /// cannot be brought into the index first, because the device failed a read or write
+    /// (the volume is poisoned then, as after any failed write).
+    pub fn snapshot(&self) -> Result<Snapshot> {
+        let (root, ticket) = self.region.open_snapshot()?;
+        Ok(Snapshot {
             pin: Arc::new(SnapshotPin {
                 region: self.region.clone(),
                 root,
                 ticket,
             }),
-        }
+        })
     }
 }
 

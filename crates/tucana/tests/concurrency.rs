@@ -240,7 +240,7 @@ fn writer(index: usize, ks: Keyspace, announce: Vec<Sender<Announcement>>) -> (V
         if version % SNAPSHOT_EVERY_OPS == 0 {
             snapshots.push_back((
                 version + SNAPSHOT_CHECK_AFTER_OPS,
-                ks.snapshot(),
+                ks.snapshot().expect("snapshot"),
                 model.clone(),
             ));
         }
@@ -333,7 +333,7 @@ fn reader(
 
         if announced >= next_snapshot_at && recorded.len() < READER_SNAPSHOTS_MAX {
             next_snapshot_at = announced + READER_SNAPSHOT_EVERY_ANNOUNCEMENTS;
-            let snap = ks.snapshot();
+            let snap = ks.snapshot().expect("snapshot");
             let first = read_all("reader snapshot", snap.range::<&[u8], _>(..));
             // Let the writers move on before reading the same snapshot again.
             thread::sleep(Duration::from_millis(1));

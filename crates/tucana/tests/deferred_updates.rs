@@ -95,7 +95,7 @@ fn deferred_puts_are_seen_by_every_reader_before_and_after_they_are_applied() {
     for i in 0..50 {
         assert_eq!(ks.get(&key(i)).expect("get"), Some(value(i, 1)));
     }
-    let snapshot = ks.snapshot();
+    let snapshot = ks.snapshot().expect("snapshot");
     assert_reads(&ks, &model, "fewer than a batch deferred");
     // Many updates, some of one key several times: batches are applied by the writers.
     for round in 2..5 {

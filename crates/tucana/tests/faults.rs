@@ -8,10 +8,12 @@ use std::sync::Arc;
 use tucana::volume::{MemStorage, Storage};
 use tucana::{Database, Durability, Error};
 
-/// Memory storage whose writes and syncs fail while `broken` is set.
+/// Memory storage whose writes and syncs fail while `broken` is set, and whose reads fail
+/// while `reads_broken` is.
 struct Flaky {
     inner: MemStorage,
     broken: AtomicBool,
+    reads_broken: AtomicBool,
 }
 
 impl Flaky {
@@ -32,6 +34,9 @@ impl Storage for Flaky {
         self.inner.grow(len_bytes)
     }
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> tucana::Result<()> {
+        if self.reads_broken.load(Ordering::SeqCst) {
+            return Err(Error::Io(std::io::Error::other("injected read error")));
+        }
         self.inner.read_at(offset, buf)
     }
     fn write_at(&self, offset: u64, data: &[u8]) -> tucana::Result<()> {
@@ -55,6 +60,7 @@ fn a_failed_sync_poisons_the_store_and_nothing_more_is_acknowledged() {
     let storage = Arc::new(Flaky {
         inner: MemStorage::new(),
         broken: AtomicBool::new(false),
+        reads_broken: AtomicBool::new(false),
     });
     let db = options().open_storage(storage.clone()).unwrap();
     let ks = db.keyspace("ks").unwrap();
@@ -99,6 +105,7 @@ fn a_failed_commit_poisons_the_store_and_reopen_recovers_the_previous_one() {
     let storage = Arc::new(Flaky {
         inner: MemStorage::new(),
         broken: AtomicBool::new(false),
+        reads_broken: AtomicBool::new(false),
     });
     let db = options().open_storage(storage.clone()).unwrap();
     let ks = db.keyspace("ks").unwrap();
@@ -117,4 +124,40 @@ fn a_failed_commit_poisons_the_store_and_reopen_recovers_the_previous_one() {
     let ks = db.open_keyspace("ks").unwrap();
     assert_eq!(ks.len(), 2_000, "synced writes come back through replay");
     db.check().unwrap();
+}
+
+/// Session 21's deferred updates made `Keyspace::snapshot` apply the deferred puts first
+/// and ignore a failure to do so: the snapshot was then taken of an index without an
+/// acknowledged put, and read the value it replaced. A snapshot now fails instead.
+#[test]
+fn a_snapshot_fails_rather_than_miss_a_deferred_update_it_could_not_apply() {
+    let storage = Arc::new(Flaky {
+        inner: MemStorage::new(),
+        broken: AtomicBool::new(false),
+        reads_broken: AtomicBool::new(false),
+    });
+    let db = options()
+        .log_segment_bytes(64 * 1024)
+        .deferred_updates(tucana::DeferredUpdates::Always)
+        .open_storage(storage.clone())
+        .unwrap();
+    let ks = db.keyspace("ks").unwrap();
+    // Enough records that the first ones sit in closed segments, read from the device.
+    for i in 0..2000u32 {
+        ks.put(format!("key{i:05}").as_bytes(), &[b'a'; 100])
+            .unwrap();
+    }
+    db.commit().unwrap();
+    ks.put(b"key00000", b"new").unwrap();
+    assert_eq!(db.stats().deferred_puts, 1, "the update was deferred");
+    // Applying it reads the record it replaces: that read fails.
+    storage.reads_broken.store(true, Ordering::SeqCst);
+    assert!(
+        ks.snapshot().is_err(),
+        "a snapshot without the deferred put would read the old value"
+    );
+    storage.reads_broken.store(false, Ordering::SeqCst);
+    // The live keyspace still answers with the acknowledged put.
+    assert_eq!(ks.get(b"key00000").unwrap().as_deref(), Some(&b"new"[..]));
+    db.abandon();
 }

@@ -531,7 +531,7 @@ fn snapshot_and_live_iterator_survive_a_gc_pass() {
         ks.put(format!("k{i:05}").as_bytes(), format!("old{i}").as_bytes())
             .unwrap();
     }
-    let snap = ks.snapshot();
+    let snap = ks.snapshot().expect("snapshot");
     let mut live = ks.range::<&[u8], _>(..);
     // Read a little, so the iterator holds a copied leaf of pointers.
     let first = live.next().unwrap().unwrap();

@@ -753,7 +753,7 @@ impl Harness {
                 }
                 self.snapshots.push(Snap {
                     ks: *ks,
-                    snapshot: self.keyspaces[*ks].snapshot(),
+                    snapshot: self.keyspaces[*ks].snapshot().expect("snapshot"),
                     model: self.models[*ks].clone(),
                 });
             }

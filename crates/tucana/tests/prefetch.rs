@@ -445,7 +445,7 @@ fn multi_get_agrees_with_get() {
     );
 
     // A snapshot's multi_get sees the snapshot, not later writes.
-    let snap = ks.snapshot();
+    let snap = ks.snapshot().expect("snapshot");
     let frozen = model.clone();
     for i in 0..2000u32 {
         if i % 3 == 0 {

@@ -359,7 +359,10 @@ fn run_case(seed: u64, case: u64, members: usize, t: &mut Tally) -> Result<(), S
             }
             75..82 => {
                 if snapshots.len() < 4 {
-                    snapshots.push((ks, live.keyspaces[ks].snapshot(), models[ks].latest()));
+                    let snap = live.keyspaces[ks]
+                        .snapshot()
+                        .map_err(|e| at(format!("ks{ks} snapshot: {e}")))?;
+                    snapshots.push((ks, snap, models[ks].latest()));
                 }
             }
             82..90 => {

@@ -693,15 +693,16 @@ impl Region {
     // ----- snapshots -----------------------------------------------------------------
 
     /// Seals the running tree epoch and pins the sealed root for a snapshot.
-    pub fn open_snapshot(&self) -> (u64, ReaderTicket) {
+    pub fn open_snapshot(&self) -> Result<(u64, ReaderTicket)> {
         // Deferred puts are applied first, so the snapshot holds every acknowledged
-        // write. One that fails to apply has poisoned the volume (as a failed write
-        // does): the snapshot is then of the tree without it.
-        let _ = self.apply_deferred(true);
+        // write. One that fails to apply (a device error, which poisons the volume as a
+        // failed write does) fails the snapshot: a snapshot without it would miss an
+        // acknowledged write.
+        self.apply_deferred(true)?;
         let mut w = self.writer.lock();
-        let _ = self.apply_all_deferred(&mut w);
+        self.apply_all_deferred(&mut w)?;
         let sealed = self.tree.seal();
-        (sealed.root, self.readers.register(sealed.epoch))
+        Ok((sealed.root, self.readers.register(sealed.epoch)))
     }
 
     /// Registers a live-tree iterator: it holds log pointers between calls without an
