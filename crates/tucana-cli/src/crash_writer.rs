@@ -1,4 +1,4 @@
-//! `tucana --db P crash-writer --seed S [--gc]` (hidden): the victim of the kill -9 test
+//! `tucana --db P crash-writer --seed S [--gc] [--deferred-updates]` (hidden): the victim of the kill -9 test
 //! (M3 in docs/reliability.md, driven by `tucana-crashtest kill9`).
 //!
 //! Owns: a seeded, endless stream of writes against one volume and the line protocol that
@@ -13,6 +13,11 @@
 //! punches happen), and forced passes (`Database::gc`) among the writes. Kills then land
 //! during relocation, retirement, commit pairs and hole punching.
 //!
+//! With `--deferred-updates` the engine defers every put that replaces a key
+//! (`DeferredUpdates::Always`; by default it does so only while the data is out of
+//! memory, which a small test volume never is): kills then land while updates are logged
+//! and acknowledged but not yet in the index, and while a batch of them is applied.
+//!
 //! Protocol, one line per event on stdout, each written with a single flushed write so a
 //! kill leaves at most a torn *last* line (which the driver ignores):
 //!
@@ -25,6 +30,8 @@
 //!                                    this life's GC so far (`Stats::gc_passes`,
 //!                                    `gc_relocated_bytes`, `gc_reclaimed_bytes`); only
 //!                                    between an ack and the next begin, when they changed
+//! deferstats <puts>                  this life's deferred puts so far (`Stats::deferred_puts`),
+//!                                    with `--deferred-updates`, like gcstats
 //! ```
 //!
 //! where `<op>` is one of
@@ -50,7 +57,7 @@ use std::io::Write;
 use std::path::Path;
 use std::time::Duration;
 
-use tucana::{Database, Durability, Keyspace};
+use tucana::{Database, DeferredUpdates, Durability, Keyspace};
 
 use crate::{CliError, Outcome};
 
@@ -158,9 +165,20 @@ fn gc_stats(db: &Database) -> (u64, u64, u64) {
     )
 }
 
-/// Opens the volume with options drawn from `rng` (the GC-heavy ones with `gc`) and
-/// announces them with the `open` line.
-fn open(path: &Path, gc: bool, rng: &mut Rng, acks: &mut Acks) -> Result<Database, CliError> {
+/// How the writer runs: `crash-writer`'s flags.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Mode {
+    /// `--gc`: garbage-collection heavy (see the module doc).
+    pub gc: bool,
+    /// `--deferred-updates`: every update of an existing key is deferred.
+    pub deferred: bool,
+}
+
+/// Opens the volume with options drawn from `rng` (the GC-heavy ones with `mode.gc`) and
+/// announces them with the `open` line. Deferral draws nothing, so a seed's stream of
+/// writes is the same with and without it.
+fn open(path: &Path, mode: Mode, rng: &mut Rng, acks: &mut Acks) -> Result<Database, CliError> {
+    let gc = mode.gc;
     let options = if gc {
         // The committer must run for the collector's commit pairs (and so for its punches).
         let segment_bytes = 64u64 << 10;
@@ -193,6 +211,9 @@ fn open(path: &Path, gc: bool, rng: &mut Rng, acks: &mut Acks) -> Result<Databas
         // The plain mode keeps the engine's default tick, as users get it.
         builder = builder.gc_tick(Duration::from_millis(gc_tick_ms));
     }
+    if mode.deferred {
+        builder = builder.deferred_updates(DeferredUpdates::Always);
+    }
     let db = builder
         .open(path)
         .map_err(|e| CliError::from(e).context(format_args!("cannot open {}", path.display())))?;
@@ -201,18 +222,24 @@ fn open(path: &Path, gc: bool, rng: &mut Rng, acks: &mut Acks) -> Result<Databas
     } else {
         String::new()
     };
+    let deferred_text = if mode.deferred {
+        " deferred_updates=always"
+    } else {
+        ""
+    };
     acks.line(format!(
         "open segment_bytes={segment_bytes} flush_ms={flush_ms} commit_ms={commit_ms} \
-         commit_dirty_bytes={commit_dirty_bytes}{gc_text}"
+         commit_dirty_bytes={commit_dirty_bytes}{gc_text}{deferred_text}"
     ))?;
     Ok(db)
 }
 
-/// Runs until killed: see the module doc. `gc` is the GC-heavy mode.
-pub fn run(path: &Path, seed: u64, gc: bool) -> Result<Outcome, CliError> {
+/// Runs until killed: see the module doc.
+pub fn run(path: &Path, seed: u64, mode: Mode) -> Result<Outcome, CliError> {
+    let gc = mode.gc;
     let mut rng = Rng(seed);
     let mut acks = Acks(std::io::stdout());
-    let db = open(path, gc, &mut rng, &mut acks)?;
+    let db = open(path, mode, &mut rng, &mut acks)?;
     let mut keyspaces: Vec<Keyspace> = Vec::new();
     for name in KEYSPACES {
         keyspaces.push(db.keyspace(name)?);
@@ -220,6 +247,7 @@ pub fn run(path: &Path, seed: u64, gc: bool) -> Result<Outcome, CliError> {
     }
     let keys = if gc { GC_KEYS } else { PLAIN_KEYS };
     let mut reported = (0, 0, 0);
+    let mut reported_deferred = 0;
     let mut id = 0u64;
     loop {
         let ks_index = rng.below(keyspaces.len() as u64) as usize;
@@ -285,6 +313,13 @@ pub fn run(path: &Path, seed: u64, gc: bool) -> Result<Outcome, CliError> {
                 reported = now;
                 let (passes, relocated, reclaimed) = now;
                 acks.line(format!("gcstats {passes} {relocated} {reclaimed}"))?;
+            }
+        }
+        if mode.deferred && id.is_multiple_of(GC_STATS_EVERY) {
+            let now = db.stats().deferred_puts;
+            if now != reported_deferred {
+                reported_deferred = now;
+                acks.line(format!("deferstats {now}"))?;
             }
         }
     }

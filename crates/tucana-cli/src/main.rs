@@ -191,6 +191,9 @@ pub enum Command {
         /// background GC stepping every few milliseconds, forced passes among the writes.
         #[arg(long)]
         gc: bool,
+        /// Defer every update of an existing key (`DeferredUpdates::Always`).
+        #[arg(long)]
+        deferred_updates: bool,
     },
     /// Serves the volume over RESP (the Redis protocol) until SIGINT, SIGTERM or SHUTDOWN.
     ///
@@ -309,9 +312,18 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: Cli) -> Result<Outcome, CliError> {
-    if let Command::CrashWriter { seed, gc } = cli.command {
+    if let Command::CrashWriter {
+        seed,
+        gc,
+        deferred_updates,
+    } = cli.command
+    {
         // Opens with its own options and never closes: it runs until it is killed.
-        return crash_writer::run(&cli.db, seed, gc);
+        let mode = crash_writer::Mode {
+            gc,
+            deferred: deferred_updates,
+        };
+        return crash_writer::run(&cli.db, seed, mode);
     }
     if let Command::Serve(args) = &cli.command {
         // The server opens the volume with its own options and closes it itself.

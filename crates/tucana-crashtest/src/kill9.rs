@@ -15,6 +15,11 @@
 //! forced pass. Their writers report what their collector did (`gcstats`), summed in the
 //! figures as evidence that the kills landed on a collector at work.
 //!
+//! Independently of that, a share of the cycles (`Config::deferred_percent`, by another
+//! part of the writer's seed) runs the writer with every update deferred
+//! (`--deferred-updates`): kills then land while acknowledged updates are in the log but
+//! not yet in the index. Their writers report how many puts they deferred (`deferstats`).
+//!
 //! The driver is single-threaded apart from one thread per cycle that reads the writer's
 //! stdout into a channel, so the kill can be timed while lines arrive.
 
@@ -41,6 +46,8 @@ pub struct Config {
     pub progress_every: u64,
     /// Percent of the cycles whose writer runs GC-heavy (`crash-writer --gc`).
     pub gc_percent: u64,
+    /// Percent of the cycles whose writer defers every update (`--deferred-updates`).
+    pub deferred_percent: u64,
 }
 
 /// The figures of a run.
@@ -65,6 +72,10 @@ pub struct Summary {
     pub gc_cycles_relocating: u64,
     /// What the GC-heavy writers reported last before their kill, summed.
     pub gc: GcStats,
+    /// Cycles whose writer deferred every update.
+    pub deferred_cycles: u64,
+    /// Puts those writers reported deferred before their kill, summed.
+    pub deferred_puts: u64,
     /// The first failure, described.
     pub failure: Option<String>,
 }
@@ -72,7 +83,12 @@ pub struct Summary {
 impl Summary {
     /// Counts what a killed writer's session shows: where the kill landed, and for a
     /// GC-heavy writer what its collector had done.
-    fn count_session(&mut self, session: &Session, mode: Mode) {
+    fn count_session(&mut self, session: &Session, plan: CyclePlan) {
+        let mode = plan.mode;
+        if plan.deferred {
+            self.deferred_cycles += 1;
+            self.deferred_puts += session.deferred_puts.unwrap_or(0);
+        }
         if !session.opened {
             self.kills_during_open += 1;
         }
@@ -108,7 +124,7 @@ impl Summary {
         format!(
             "M3 kill cycles: {}, lost durable writes: {}, non-prefix states: {}, check failures: {}, \
              gc cycles: {} (killed in a forced pass: {}, writers that relocated: {}, relocated {:.1} MiB, \
-             reclaimed {:.1} MiB), seed: {}",
+             reclaimed {:.1} MiB), deferred-update cycles: {} (puts deferred: {}), seed: {}",
             self.cycles,
             self.lost_durable_writes,
             self.non_prefix_states,
@@ -118,6 +134,8 @@ impl Summary {
             self.gc_cycles_relocating,
             mib(self.gc.relocated_bytes),
             mib(self.gc.reclaimed_bytes),
+            self.deferred_cycles,
+            self.deferred_puts,
             seed
         )
     }
@@ -147,10 +165,12 @@ enum KillPlan {
 #[derive(Clone, Copy, Debug)]
 struct CyclePlan {
     mode: Mode,
+    /// The writer defers every update (`--deferred-updates`).
+    deferred: bool,
     kill: KillPlan,
 }
 
-fn plan(rng: &mut Rng, mode: Mode) -> CyclePlan {
+fn plan(rng: &mut Rng, mode: Mode, deferred: bool) -> CyclePlan {
     let kill = match mode {
         Mode::Plain => match rng.below(10) {
             0 => KillPlan::AfterTime(Duration::from_micros(rng.below(40_000))),
@@ -184,7 +204,11 @@ fn plan(rng: &mut Rng, mode: Mode) -> CyclePlan {
             }
         },
     };
-    CyclePlan { mode, kill }
+    CyclePlan {
+        mode,
+        deferred,
+        kill,
+    }
 }
 
 /// Reads complete lines until EOF; a torn last line (no newline) is dropped.
@@ -301,7 +325,7 @@ fn spawn(
     config: &Config,
     volume: &Path,
     seed: u64,
-    mode: Mode,
+    plan: CyclePlan,
     stderr: &Path,
 ) -> Result<Child, String> {
     let stderr_file = std::fs::File::create(stderr)
@@ -313,8 +337,11 @@ fn spawn(
         .arg("crash-writer")
         .arg("--seed")
         .arg(seed.to_string());
-    if mode == Mode::Gc {
+    if plan.mode == Mode::Gc {
         command.arg("--gc");
+    }
+    if plan.deferred {
+        command.arg("--deferred-updates");
     }
     command
         .stdin(Stdio::null())
@@ -344,7 +371,9 @@ pub fn run(config: &Config) -> Summary {
         } else {
             Mode::Plain
         };
-        let plan = plan(&mut rng, mode);
+        // Another part of the seed, so that deferral falls on GC-heavy and plain cycles alike.
+        let deferred = (writer_seed / 100) % 100 < config.deferred_percent;
+        let plan = plan(&mut rng, mode, deferred);
         let fail = |summary: &mut Summary, what: String| {
             summary.failure = Some(format!(
                 "cycle {cycle} (writer seed {writer_seed}, kill plan {plan:?}): {what}"
@@ -357,7 +386,7 @@ pub fn run(config: &Config) -> Summary {
                 return summary;
             }
         };
-        summary.count_session(&session, plan.mode);
+        summary.count_session(&session, plan);
         match verify_cycle(&volume, &base, &session, &mut summary) {
             Ok(recovered) => base = recovered,
             Err(e) => {
@@ -403,7 +432,7 @@ fn kill_writer(
     writer_seed: u64,
     plan: CyclePlan,
 ) -> Result<Session, String> {
-    let mut child = spawn(config, volume, writer_seed, plan.mode, stderr)?;
+    let mut child = spawn(config, volume, writer_seed, plan, stderr)?;
     let spawned = Instant::now();
     let (tx, rx) = mpsc::channel();
     let stdout = child.stdout.take().expect("stdout is piped");

@@ -1,16 +1,18 @@
 //! `tucana-crashtest`: crash tests against the real `tucana` binary.
 //!
-//! `tucana-crashtest kill9 --cycles N --seed S [--dir D] [--tucana PATH] [--gc-percent P]`
+//! `tucana-crashtest kill9 --cycles N --seed S [--dir D] [--tucana PATH] [--gc-percent P]
+//! [--deferred-percent P]`
 //! runs the kill -9 cycles of row M3 in `docs/reliability.md` (see `kill9.rs`) and ends
 //! with its figure line:
 //!
 //! ```text
 //! M3 kill cycles: N, lost durable writes: 0, non-prefix states: 0, check failures: 0,
 //! gc cycles: G (killed in a forced pass: F, writers that relocated: W, relocated R MiB,
-//! reclaimed C MiB), seed: S
+//! reclaimed C MiB), deferred-update cycles: D (puts deferred: P), seed: S
 //! ```
 //!
 //! (one line), where the GC figures are those of the cycles whose writer ran GC-heavy,
+//! and the deferral figures those of the cycles whose writer deferred every update,
 //! summed from what each writer's engine reported before its kill.
 //!
 //! `tucana-crashtest failover ...` runs M7's replicated pairs (`failover.rs`);
@@ -69,6 +71,11 @@ enum Cmd {
         #[arg(long, value_name = "P", default_value_t = 50,
               value_parser = clap::value_parser!(u64).range(0..=100))]
         gc_percent: u64,
+        /// Percent of the cycles (chosen by another part of their writer's seed) whose
+        /// writer defers every update of an existing key (`DeferredUpdates::Always`).
+        #[arg(long, value_name = "P", default_value_t = 30,
+              value_parser = clap::value_parser!(u64).range(0..=100))]
+        deferred_percent: u64,
     },
     /// Replicated `tucana serve` pairs: kill -9 the primary (then promote the backup),
     /// kill -9 the backup (then let it catch up), or pause the primary past a promotion;
@@ -229,7 +236,16 @@ fn main() -> ExitCode {
             tucana,
             progress,
             gc_percent,
-        } => run_kill9(cycles, seed, dir, tucana, progress, gc_percent),
+            deferred_percent,
+        } => run_kill9(
+            cycles,
+            seed,
+            dir,
+            tucana,
+            progress,
+            gc_percent,
+            deferred_percent,
+        ),
         Cmd::Failover {
             cycles,
             seed,
@@ -534,6 +550,7 @@ fn run_kill9(
     tucana: Option<PathBuf>,
     progress: u64,
     gc_percent: u64,
+    deferred_percent: u64,
 ) -> ExitCode {
     let (tucana, dir, temp) = match binary_and_dir(tucana, dir, "tucana-kill9-") {
         Ok(found) => found,
@@ -549,6 +566,7 @@ fn run_kill9(
         tucana,
         progress_every: progress,
         gc_percent,
+        deferred_percent,
     };
     let started = std::time::Instant::now();
     let summary = kill9::run(&config);

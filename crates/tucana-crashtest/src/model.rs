@@ -68,6 +68,8 @@ pub enum Line {
     },
     Error(u64, String),
     GcStats(GcStats),
+    /// Puts the writer's engine deferred in its life so far (`deferstats` lines).
+    DeferStats(u64),
 }
 
 /// Garbage collection a writer's engine reported for its life so far (`gcstats` lines).
@@ -166,6 +168,10 @@ pub fn parse_line(line: &str) -> Result<Line, String> {
                 reclaimed_bytes: num(reclaimed)?,
             }))
         }
+        ["deferstats", puts] => puts
+            .parse::<u64>()
+            .map(Line::DeferStats)
+            .map_err(|_| format!("bad number in {line:?}")),
         _ => Err(format!("unknown line {line:?}")),
     }
 }
@@ -183,6 +189,8 @@ pub struct Session {
     pub last_id: Option<u64>,
     /// The writer's last report of its garbage collection (none before its first).
     pub gc_stats: Option<GcStats>,
+    /// The writer's last report of its deferred puts (none before its first).
+    pub deferred_puts: Option<u64>,
 }
 
 impl Session {
@@ -222,6 +230,12 @@ impl Session {
                         return Err("gcstats while an op was in flight".into());
                     }
                     s.gc_stats = Some(stats);
+                }
+                Line::DeferStats(puts) => {
+                    if s.in_flight.is_some() {
+                        return Err("deferstats while an op was in flight".into());
+                    }
+                    s.deferred_puts = Some(puts);
                 }
             }
         }
@@ -545,5 +559,20 @@ mod tests {
         // Stats belong between an ack and the next begin.
         assert!(Session::from_lines(["begin 0 gc", "gcstats 1 2 3"]).is_err());
         assert!(parse_line("gcstats 1 x 3").is_err());
+    }
+
+    #[test]
+    fn deferred_put_reports_are_kept_between_ops_only() {
+        let s = session(&[
+            "ks a",
+            "begin 0 put a x t 1",
+            "ack 0 buffered put a x t 1",
+            "deferstats 7",
+            "deferstats 9",
+        ]);
+        assert_eq!(s.deferred_puts, Some(9));
+        assert!(Session::from_lines(["ks a", "begin 0 put a x t 1", "deferstats 1"]).is_err());
+        assert!(parse_line("deferstats -1").is_err());
+        assert!(parse_line("deferstats").is_err());
     }
 }

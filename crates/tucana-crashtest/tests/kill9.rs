@@ -95,6 +95,29 @@ fn gc_heavy_cycles_kill_a_collector_at_work() {
 }
 
 #[test]
+fn deferred_update_cycles_kill_a_writer_with_updates_not_yet_in_the_index() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    // GC-heavy writers rewrite a dozen hot keys, so nearly every put is an update and is
+    // deferred; their lives are long enough to report it.
+    let stdout = run_kill9(
+        &dir.path().join("run"),
+        &[
+            "--cycles",
+            "10",
+            "--seed",
+            "5",
+            "--gc-percent",
+            "100",
+            "--deferred-percent",
+            "100",
+        ],
+    );
+    let line = stdout.trim();
+    assert_eq!(figure(line, "deferred-update cycles: "), 10, "{line}");
+    assert!(figure(line, "puts deferred: ") > 0, "{line}");
+}
+
+#[test]
 fn a_second_run_refuses_a_directory_that_holds_a_volume() {
     let tucana = tucana_binary();
     let dir = tempfile::tempdir().expect("temporary directory");

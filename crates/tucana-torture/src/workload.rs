@@ -18,7 +18,7 @@ use std::time::Duration;
 use rand::rngs::StdRng;
 use rand::Rng;
 use tucana::volume::Storage;
-use tucana::{Database, Durability, Error, Keyspace, Options};
+use tucana::{Database, DeferredUpdates, Durability, Error, Keyspace, Options};
 
 use crate::model::{KeyspaceModel, Outcome, State, Verdict, Write};
 
@@ -42,6 +42,17 @@ pub fn options(background: bool) -> Options {
         .commit_dirty_bytes(256 << 10)
         .gc(background)
         .gc_tick(Duration::from_millis(1))
+}
+
+/// `options`, deferring every update of an existing key when `deferred` (by default the
+/// engine defers only while its data is out of memory, which a test volume never is), so
+/// that crashes and faults also fall while acknowledged updates are not in the index yet.
+pub fn deferring(options: Options, deferred: bool) -> Options {
+    if deferred {
+        options.deferred_updates(DeferredUpdates::Always)
+    } else {
+        options
+    }
 }
 
 /// What a workload's operations look like.

@@ -17,6 +17,10 @@
 //! failed punch only keeps the bytes: the engine goes on). The figures line counts the
 //! I/O positions inside GC passes and the hole punches among them.
 //!
+//! Workloads 2 and 3 of every four defer every update of an existing key
+//! (`workload::deferring`): their sweeps fail the reads and writes of deferred batches
+//! being applied (at a commit, a GC pass, or when a batch or delete meets a deferred key).
+//!
 //! Failures during the volume's creation are not swept (an interrupted creation leaves a
 //! file the engine refuses to open, by design). `count` is the number of workloads.
 
@@ -51,6 +55,9 @@ struct Tally {
     non_prefix: u64,
     failed_recoveries: u64,
     panics: u64,
+    /// Workloads that deferred every update, and the puts their dry runs deferred.
+    deferred_workloads: u64,
+    deferred_puts: u64,
     failures: Vec<String>,
 }
 
@@ -76,7 +83,7 @@ pub fn run(args: &RunArgs) -> Report {
     }
     Report {
         figures: format!(
-            "M2 workloads: {}, I/O positions: {} (inside gc passes: {}, hole punches: {}), runs: {}, faults fired: {}, acknowledgements after a failed write or sync: {}, lost durable writes: {}, non-prefix states: {}, failed recoveries: {}, panics: {}, seed: {}",
+            "M2 workloads: {}, I/O positions: {} (inside gc passes: {}, hole punches: {}), runs: {}, faults fired: {}, acknowledgements after a failed write or sync: {}, lost durable writes: {}, non-prefix states: {}, failed recoveries: {}, panics: {}, deferred-update workloads: {} (puts deferred: {}), seed: {}",
             args.case.map_or(args.count, |_| 1),
             t.io_positions,
             t.gc_io_positions,
@@ -88,6 +95,8 @@ pub fn run(args: &RunArgs) -> Report {
             t.non_prefix,
             t.failed_recoveries,
             t.panics,
+            t.deferred_workloads,
+            t.deferred_puts,
             args.seed
         ),
         failures: t.failures,
@@ -113,11 +122,18 @@ fn workload_ops(seed: u64, case: u64) -> (u64, Vec<Op>) {
     (sim_seed, ops)
 }
 
+/// Whether workload `case` defers every update (2 and 3 of every four: a plain and a
+/// GC-heavy one).
+fn defers(case: u64) -> bool {
+    case % 4 >= 2
+}
+
 /// A fresh volume with the keyspaces created and committed, ready to arm a fault.
-fn setup(sim_seed: u64) -> (Arc<SimStorage>, tucana::Database, Vec<Keyspace>) {
+fn setup(sim_seed: u64, deferred: bool) -> (Arc<SimStorage>, tucana::Database, Vec<Keyspace>) {
     let sim = Arc::new(SimStorage::new(sim_seed));
     let storage: Arc<dyn Storage> = sim.clone();
-    let db = workload::open(workload::options(false), &storage).expect("create a fresh volume");
+    let options = workload::deferring(workload::options(false), deferred);
+    let db = workload::open(options, &storage).expect("create a fresh volume");
     let keyspaces = (0..KEYSPACES)
         .map(|i| db.keyspace(&format!("ks{i}")).expect("create a keyspace"))
         .collect();
@@ -129,8 +145,9 @@ fn run_case(args: &RunArgs, case: u64, t: &mut Tally) {
     let (sim_seed, ops) = workload_ops(args.seed, case);
     let names: Vec<String> = (0..KEYSPACES).map(|i| format!("ks{i}")).collect();
 
+    let deferred = defers(case);
     // Dry run: how many I/Os the workload makes.
-    let (sim, db, keyspaces) = setup(sim_seed);
+    let (sim, db, keyspaces) = setup(sim_seed, deferred);
     let base_io = sim.io_count();
     let mut models = vec![KeyspaceModel::default(); KEYSPACES];
     let mut gc_ios = 0;
@@ -149,6 +166,10 @@ fn run_case(args: &RunArgs, case: u64, t: &mut Tally) {
     }
     let total = sim.io_count() - base_io;
     let kinds = sim.io_kinds();
+    if deferred {
+        t.deferred_workloads += 1;
+        t.deferred_puts += db.stats().deferred_puts;
+    }
     db.abandon();
     t.io_positions += total;
     t.gc_io_positions += gc_ios;
@@ -172,7 +193,18 @@ fn run_case(args: &RunArgs, case: u64, t: &mut Tally) {
                 args.seed
             );
             t.runs += 1;
-            match catch(|| sweep_one(sim_seed, &ops, &names, base_io + n, mode, &mut crash_rng)) {
+            let sweep = || {
+                sweep_one(
+                    sim_seed,
+                    deferred,
+                    &ops,
+                    &names,
+                    base_io + n,
+                    mode,
+                    &mut crash_rng,
+                )
+            };
+            match catch(sweep) {
                 Err(p) => {
                     t.panics += 1;
                     t.failures.push(format!("{where_}: panic: {p}"));
@@ -217,13 +249,14 @@ struct SweepResult {
 
 fn sweep_one(
     sim_seed: u64,
+    deferred: bool,
     ops: &[Op],
     names: &[String],
     at_io: u64,
     mode: Mode,
     crash_rng: &mut rand::rngs::StdRng,
 ) -> SweepResult {
-    let (sim, db, keyspaces) = setup(sim_seed);
+    let (sim, db, keyspaces) = setup(sim_seed, deferred);
     sim.arm(match mode {
         Mode::Once => Fault::FailOnce { at_io },
         Mode::FromThenOn => Fault::FailFrom { at_io },
