@@ -287,7 +287,7 @@ impl Committer {
             };
             for (region, s) in regions.iter().zip(&sealed) {
                 let mut written = Vec::new();
-                roots.push(region.persist(s.root_word, &mut alloc, &mut written)?);
+                roots.push(region.persist(s, &mut alloc, &mut written)?);
                 images.push(written);
             }
         }

@@ -65,9 +65,21 @@ pub(crate) fn alloc_slot() -> NonNull<u8> {
 /// # Safety
 /// `p` came from [`alloc_slot`], is freed once, and nobody uses it any more.
 pub(crate) unsafe fn free_slot(p: NonNull<u8>) {
-    let addr = p.as_ptr().expose_provenance();
-    debug_assert!(addr.is_multiple_of(SLOT_BYTES));
-    ARENA.lock().free.push(addr);
+    // SAFETY: the caller's promise, for one slot.
+    unsafe { free_slots([p]) }
+}
+
+/// Gives slots back under one lock of the arena (a batch of retired nodes).
+///
+/// # Safety
+/// Each of `slots` came from [`alloc_slot`], is freed once, and nobody uses it any more.
+pub(crate) unsafe fn free_slots(slots: impl IntoIterator<Item = NonNull<u8>>) {
+    let mut arena = ARENA.lock();
+    for p in slots {
+        let addr = p.as_ptr().expose_provenance();
+        debug_assert!(addr.is_multiple_of(SLOT_BYTES));
+        arena.free.push(addr);
+    }
 }
 
 /// Allocates one chunk and asks for huge pages; returns its address.

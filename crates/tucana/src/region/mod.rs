@@ -499,6 +499,9 @@ impl Region {
             let len = self.record_header(old)?.total_bytes();
             self.log.account_dead(w, DiskOffset(old), len);
         }
+        if self.tree.young_heap_due() {
+            self.tree.free_young_heap(self.oldest_snapshot());
+        }
         Ok(old.is_some())
     }
 
@@ -567,15 +570,21 @@ impl Region {
         self.log.flush_gc_tail()
     }
 
-    /// Persists the sealed tree at `root_word` (`Tree::persist`): node images to write,
-    /// at blocks from `alloc`. Returns the root's offset.
+    /// Persists the tree sealed at `sealed` (`Tree::persist`): node images to write, at
+    /// blocks from `alloc`. Returns the root's offset. From then on the commit reads none
+    /// of the sealed tree's heap nodes, so those retired since can be freed.
     pub fn persist(
         &self,
-        root_word: u64,
+        sealed: &SealedRegion,
         alloc: &mut dyn FnMut() -> Result<DiskOffset>,
         images: &mut Vec<(DiskOffset, Box<[u8; NODE_BYTES]>)>,
     ) -> Result<DiskOffset> {
-        self.tree.persist(root_word, self.id, alloc, images)
+        let root = self
+            .tree
+            .persist(sealed.root_word, self.id, alloc, images)?;
+        self.tree.mark_persisted(sealed.tree_epoch);
+        self.tree.free_young_heap(self.oldest_snapshot());
+        Ok(root)
     }
 
     /// Nodes retired at or before `sealed` whose blocks are not free yet: not in the tree

@@ -151,6 +151,15 @@ pub(crate) unsafe fn free_node(p: NonNull<Header>) {
     unsafe { crate::index::arena::free_slot(p.cast()) }
 }
 
+/// Frees heap nodes, under one lock of the arena.
+///
+/// # Safety
+/// As [`free_node`], for each node.
+pub(crate) unsafe fn free_nodes(nodes: impl IntoIterator<Item = NonNull<Header>>) {
+    // SAFETY: the caller's promise, node by node.
+    unsafe { crate::index::arena::free_slots(nodes.into_iter().map(NonNull::cast)) }
+}
+
 impl InternalNode {
     /// Copies key-area bytes `[at, at + out.len())` into `out`; bytes past the area read as
     /// zero (only a torn read asks for them, and validation then fails).

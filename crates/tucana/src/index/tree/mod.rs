@@ -28,8 +28,9 @@
 //!   root's version is read, like any parent) or from a sealed root a caller captured
 //!   under the writer lock (`Some`: immutable, so never re-checked). A live root word
 //!   loaded earlier is not a snapshot: a root split may truncate it before a seal.
-//! - `persist`, `reclaim`, `retired_disk_blocks` may run on another thread beside the writer.
-//!   Calls of `persist` must not overlap each other.
+//! - `persist`, `mark_persisted`, `reclaim`, `free_young_heap` and `retired_disk_blocks`
+//!   may run on another thread beside the writer. Calls of `persist` must not overlap each
+//!   other.
 
 mod check;
 mod persist;
@@ -49,6 +50,9 @@ use crate::index::node::heap::{alloc_internal, alloc_leaf, as_internal, free_nod
 use crate::index::node::{disk_word, Header, NodeRef};
 use crate::index::Ctx;
 use crate::types::{DiskOffset, RegionId, TreeEpoch};
+
+/// Retired heap nodes the writer lets gather before it frees them (`free_young_heap`).
+const YOUNG_HEAP_BATCH: u64 = 64;
 
 /// A root made immutable by [`Tree::seal`]: what snapshots read and commits persist.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -94,7 +98,22 @@ pub struct Tree {
     /// Nodes whose epoch equals this are writable in place; older ones are copied first.
     running: AtomicU64,
     writer_busy: AtomicBool,
+    /// Retired nodes whose heap memory is gone (or never was): disk blocks waiting for
+    /// the commits that free them.
     retired: Mutex<Vec<Retired>>,
+    /// Retired heap nodes whose memory is still held: freed early by `free_young_heap`
+    /// once no commit, snapshot or reader can read them (their disk blocks then move to
+    /// `retired`), or with their blocks by `reclaim`.
+    young: Mutex<Vec<Retired>>,
+    /// Entries in `young`, readable without its lock.
+    young_len: AtomicU64,
+    /// `young_len` at which the writer's next `free_young_heap` pass is due: a batch of
+    /// retirements past what the last pass had to keep (so that a pass that can free
+    /// nothing, while an old snapshot is open, is not repeated at every write).
+    young_due: AtomicU64,
+    /// Every sealed epoch up to this one that a commit persists has been persisted: no
+    /// commit reads heap nodes retired in `persisted + 1` or earlier.
+    persisted: AtomicU64,
     /// Heap nodes reachable from the root or retired but not yet reclaimed.
     heap_nodes: AtomicU64,
     /// Nodes made in the running epoch (new or copied): about what the next commit
@@ -185,6 +204,11 @@ impl Tree {
             running: AtomicU64::new(running.0),
             writer_busy: AtomicBool::new(false),
             retired: Mutex::new(Vec::new()),
+            young: Mutex::new(Vec::new()),
+            young_len: AtomicU64::new(0),
+            young_due: AtomicU64::new(YOUNG_HEAP_BATCH),
+            // No sealed tree of this process older than `running` holds a heap node.
+            persisted: AtomicU64::new(running.0.saturating_sub(1)),
             heap_nodes: AtomicU64::new(0),
             dirty_nodes: AtomicU64::new(0),
             leaf_splits: AtomicU64::new(0),
@@ -271,10 +295,18 @@ impl Tree {
     }
 
     fn retire(&self, node: RetiredNode, running: u64) {
-        self.retired.lock().push(Retired {
+        let retired = Retired {
             epoch: TreeEpoch(running),
             node,
-        });
+        };
+        match retired.node {
+            RetiredNode::Heap(_) => {
+                let mut young = self.young.lock();
+                young.push(retired);
+                self.young_len.store(young.len() as u64, Relaxed);
+            }
+            RetiredNode::Disk(_) => self.retired.lock().push(retired),
+        }
     }
 }
 
@@ -300,7 +332,8 @@ impl Drop for Tree {
             }
         }
         free_subtree(*self.root.get_mut());
-        for r in self.retired.get_mut().drain(..) {
+        let young = std::mem::take(self.young.get_mut());
+        for r in self.retired.get_mut().drain(..).chain(young) {
             if let RetiredNode::Heap(h) = r.node {
                 // SAFETY: a retired node is not reachable from the root; freed once.
                 unsafe { free_node(h.0) };

@@ -11,15 +11,17 @@
 //! another thread beside the writer and readers (calls of `persist` must not overlap);
 //! `external_pivots` is the writer's. Its `unsafe`: nodes reachable from a sealed root
 //! are immutable and live until reclaimed, which needs a durable epoch past the commit
-//! persisting them; retired nodes are live until the closure `reclaim` defers runs,
-//! after every reader that could have found them unpinned.
+//! persisting them, or until `free_young_heap` frees their memory, which needs that
+//! commit's `mark_persisted` (and no older snapshot); retired nodes are live until the
+//! closure `reclaim` or `free_young_heap` defers runs, after every reader that could have
+//! found them unpinned.
 
 use std::ptr::NonNull;
 use std::sync::atomic::Ordering::*;
 
-use super::{Retired, RetiredNode, Tree};
+use super::{HeapNode, Retired, RetiredNode, Tree};
 use crate::error::Result;
-use crate::index::node::heap::{as_internal, free_node};
+use crate::index::node::heap::{as_internal, free_nodes};
 use crate::index::node::image::{encode_image, DiskNode};
 use crate::index::node::view::{no_restart, HeapInternal, InternalRead};
 use crate::index::node::{disk_word, Header, NodeRef, C_INT, NODE_BYTES, W_DISK};
@@ -48,7 +50,8 @@ impl Tree {
             Some(NodeRef::Disk(off)) => Ok(off),
             Some(NodeRef::Heap(p)) => {
                 // SAFETY: a sealed root's nodes are live until reclaimed, which needs a
-                // durable epoch past the commit that is running this.
+                // durable epoch past the commit that is running this, or freed early by
+                // `free_young_heap`, which needs `mark_persisted` of this seal first.
                 let epoch = unsafe { p.as_ref() }.epoch();
                 assert!(
                     epoch < self.running.load(Acquire),
@@ -110,9 +113,18 @@ impl Tree {
     ) -> Vec<DiskOffset> {
         let free = |r: &Retired| r.epoch <= durable && oldest_snapshot.is_none_or(|s| s >= r.epoch);
         let taken: Vec<Retired> = {
+            // Both lists at once (always `retired` first): a node moving from one to the
+            // other is never missed.
             let mut list = self.retired.lock();
-            let (take, keep): (Vec<Retired>, Vec<Retired>) = list.drain(..).partition(free);
+            let mut young = self.young.lock();
+            let (mut take, keep): (Vec<Retired>, Vec<Retired>) = list.drain(..).partition(free);
             *list = keep;
+            let (take_young, keep): (Vec<Retired>, Vec<Retired>) = young.drain(..).partition(free);
+            *young = keep;
+            self.young_len.store(young.len() as u64, Relaxed);
+            self.young_due
+                .store(young.len() as u64 + super::YOUNG_HEAP_BATCH, Relaxed);
+            take.extend(take_young);
             take
         };
         if taken.is_empty() {
@@ -133,32 +145,100 @@ impl Tree {
                 RetiredNode::Disk(off) => blocks.push(off),
             }
         }
+        self.free_heap_after_readers(heap);
+        blocks
+    }
+
+    /// Records that the commit of the tree sealed at `epoch` has built the images of its
+    /// nodes (`persist` returned): it reads none of their heap memory any more.
+    pub fn mark_persisted(&self, epoch: TreeEpoch) {
+        self.persisted.fetch_max(epoch.0, AcqRel);
+    }
+
+    /// Retired heap nodes held in memory and not yet freed (`free_young_heap` frees them).
+    pub fn young_heap_nodes(&self) -> u64 {
+        self.young_len.load(Relaxed)
+    }
+
+    /// True when enough heap nodes were retired since the last `free_young_heap` pass
+    /// for the writer to run another.
+    pub fn young_heap_due(&self) -> bool {
+        self.young_len.load(Relaxed) >= self.young_due.load(Relaxed)
+    }
+
+    /// Frees the heap memory of retired nodes that nobody can read any more, without
+    /// waiting for the commits that free their disk blocks: retired in an epoch `e` with
+    /// every sealed tree older than `e` either persisted already (`mark_persisted`, so no
+    /// commit walks it) or read by no snapshot (`oldest_snapshot` is none or `>= e`).
+    /// Their disk blocks, if they have any, stay in the retired list for `reclaim`. A node
+    /// retired in `e` belongs only to sealed trees older than `e`: the live tree and every
+    /// later seal no longer reach it. Returns the number of nodes freed.
+    ///
+    /// Without this, a node replaced by copy-on-write held its 4 KiB until the second
+    /// durable commit after it: under random writes, nearly every leaf twice over.
+    pub fn free_young_heap(&self, oldest_snapshot: Option<TreeEpoch>) -> u64 {
+        let persisted = self.persisted.load(Acquire);
+        let free = |r: &Retired| {
+            r.epoch.0 <= persisted.saturating_add(1) && oldest_snapshot.is_none_or(|s| s >= r.epoch)
+        };
+        let mut heap = Vec::new();
+        {
+            // Both lists at once (always `retired` first), so that `retired_disk_blocks`
+            // never misses a block on its way from one to the other.
+            let mut list = self.retired.lock();
+            let mut young = self.young.lock();
+            let (take, keep): (Vec<Retired>, Vec<Retired>) = young.drain(..).partition(free);
+            *young = keep;
+            self.young_len.store(young.len() as u64, Relaxed);
+            self.young_due
+                .store(young.len() as u64 + super::YOUNG_HEAP_BATCH, Relaxed);
+            for r in take {
+                let RetiredNode::Heap(h) = r.node else {
+                    unreachable!("only heap nodes are young")
+                };
+                // SAFETY: retired nodes stay live until freed below.
+                let off = unsafe { h.0.as_ref() }.disk_offset();
+                if off != 0 {
+                    list.push(Retired {
+                        epoch: r.epoch,
+                        node: RetiredNode::Disk(DiskOffset(off)),
+                    });
+                }
+                heap.push(h);
+            }
+        }
+        let freed = heap.len() as u64;
+        if freed > 0 {
+            self.free_heap_after_readers(heap);
+        }
+        freed
+    }
+
+    /// Frees `heap` once every reader pinned now has unpinned.
+    fn free_heap_after_readers(&self, heap: Vec<HeapNode>) {
         self.heap_nodes.fetch_sub(heap.len() as u64, Relaxed);
         let guard = crossbeam_epoch::pin();
         // SAFETY: the nodes are unreachable from the live root and from every sealed root
-        // anyone may still read (the epoch rules above); readers that found them before are
-        // pinned, and the closure runs only after they unpin. Each node is freed once: it
-        // left the retired list above.
+        // anyone may still read (the epoch rules of the callers); readers that found them
+        // before are pinned, and the closure runs only after they unpin. Each node is freed
+        // once: it left the retired lists in the caller.
         unsafe {
-            guard.defer_unchecked(move || {
-                for h in heap {
-                    free_node(h.0);
-                }
-            });
+            guard.defer_unchecked(move || free_nodes(heap.into_iter().map(|h| h.0)));
         }
         guard.flush();
-        blocks
     }
 
     /// True if replaced nodes wait for commits (and readers) before they are freed.
     pub fn has_retired(&self) -> bool {
-        !self.retired.lock().is_empty()
+        !self.retired.lock().is_empty() || !self.young.lock().is_empty()
     }
 
     /// Disk blocks of retired nodes retired in an epoch `<= upto` (for the commit's free log).
     pub fn retired_disk_blocks(&self, upto: TreeEpoch) -> Vec<DiskOffset> {
         let list = self.retired.lock();
+        let young = self.young.lock();
         list.iter()
+            .chain(young.iter())
             .filter(|r| r.epoch <= upto)
             .filter_map(|r| match &r.node {
                 RetiredNode::Disk(off) => Some(*off),
