@@ -413,7 +413,9 @@ mod tests {
             "{md}"
         );
         assert!(
-            md.contains("| YCSB A, members at 10/20/40 MiB/s: LWQL ÷ round-robin (ops/s) | **1.50** |"),
+            md.contains(
+                "| YCSB A, members at 10/20/40 MiB/s: LWQL ÷ round-robin (ops/s) | **1.50** |"
+            ),
             "{md}"
         );
         assert!(md.contains("| 10 / 20 / 40 | 1 / 2 / 3 | 3.00 |"), "{md}");
