@@ -15,6 +15,9 @@ use crate::error::{Error, Result};
 use crate::volume::slot_header::MEMBERS_MAX;
 use crate::volume::{FileStorage, Storage};
 
+/// A member's name for messages and its backend.
+type NamedStorage = (String, Arc<dyn Storage>);
+
 impl MemberSet {
     /// Opens (or, when every member is empty and `create_if_missing`, creates) a volume
     /// over the member files at `paths`, in order. Each file is locked as `FileStorage`
@@ -65,7 +68,7 @@ impl MemberSet {
         create_if_missing: bool,
         format_block_devices: bool,
         min_reservation_bytes: u64,
-    ) -> Result<(Vec<(String, Arc<dyn Storage>)>, Vec<bool>)> {
+    ) -> Result<(Vec<NamedStorage>, Vec<bool>)> {
         // Duplicates first, by file identity (two spellings of one file, or a hard link),
         // before anything is locked: the second lock would only say "locked".
         let mut identities: Vec<(u64, u64)> = Vec::new();
