@@ -33,7 +33,12 @@
 # members on the throttled loop devices): each member's file system is on an upper loop
 # device QUEUE_DEPTH requests deep over a file on the throttled one, so that its reads
 # and writes share a queue (blkio alone throttles them with separate budgets); INNER_BYTES
-# (900M) is the size of the upper device's file.
+# (900M) is the size of the upper device's file. Case ycsb-a (not in the default CASES):
+# RECORDS loaded inside the memory cgroup, then YCSB A (zipfian, half reads, half updates)
+# by YCSB_THREADS (4) clients for YCSB_SECONDS (20), segment writes waiting for the
+# device: 1 member at 20 MiB/s, 3 at 20 MiB/s (round-robin and LWQL), then 10/20/40 MiB/s
+# round-robin and LWQL; ops/s, queue spread and MiB written and read per member printed
+# (records into JSON with the others, "case": "ycsb-a").
 #
 # Needs root, losetup, mkfs.ext4 and /sys/fs/cgroup/blkio (cgroup v1); skips with a
 # message (exit 0) where any is missing. Settings (environment): DATA_DIR (default
@@ -41,7 +46,7 @@
 # VALUE_BYTES (1000), MEMORY_LIMIT_BYTES (134217728), LOOP_BYTES (size of each backing
 # file, sparse; 1G), ROUNDS (1), JSON (a file the runs' records are appended to), BENCH
 # (the tucana-bench binary; built in release when unset), CASES (default "equal unequal
-# depth"; also "unequal-deep", "inflight-depth", "hot-range" and "gc-burst"), SETTLE_SECONDS (10), MOUNT_OPTIONS (of
+# depth"; also "unequal-deep", "inflight-depth", "hot-range", "ycsb-a" and "gc-burst"), SETTLE_SECONDS (10), MOUNT_OPTIONS (of
 # the members' file systems, noatime; noatime,discard makes each punch a synchronous
 # discard of the loop device), RAW_DEVICES (0; 1: members are the loop devices, no file
 # system; each needs whole 128 MiB slots, so LOOP_BYTES of 1G holds 8), DEPTHS,
@@ -196,6 +201,24 @@ hot_range() {
     for i in 0 1 2; do rm -f "${data_dir}/m${i}/member.tucana"; done
 }
 
+# ycsb_a LABEL MEMBERS POLICY: the ycsb-a case over members 0..MEMBERS-1, inside the blkio
+# cgroup.
+ycsb_a() {
+    local label="$1" n="$2" policy="$3"
+    [ "${raw_devices}" = 1 ] && label="raw ${label}"
+    local args=()
+    for ((i = 0; i < n; i++)); do
+        args+=(--member "$(member "${i}")")
+    done
+    sync
+    sh -c 'echo $$ >"$1/cgroup.procs" && shift && exec "$@"' sh "${cgroup}" \
+        "${BENCH}" devices "${args[@]}" "${format_args[@]}" --ycsb-a --policy "${policy}" \
+        --seconds "${YCSB_SECONDS:-20}" --ycsb-threads "${YCSB_THREADS:-4}" \
+        --records "${records}" --value-bytes "${value_bytes}" --wait-for-device true \
+        --memory-limit-bytes "${memory_limit}" --label "${label}" --json "${json}"
+    for ((i = 0; i < n; i++)); do rm -f "${data_dir}/m${i}/member.tucana"; done
+}
+
 # gc_burst LABEL TRIMS: the GC-burst case on member 0, inside the blkio cgroup.
 gc_burst() {
     local label="$1" trims="$2"
@@ -260,6 +283,15 @@ for round in $(seq 1 "${rounds}"); do
             [ "${memory_limit}" != 134217728 ] && hot_label="${hot_label} memory=${memory_limit}"
             hot_range "${hot_label}" round-robin
             hot_range "${hot_label}" lwql
+            ;;
+        ycsb-a)
+            throttle 20 20 20
+            ycsb_a "ycsb-a equal-1x20" 1 round-robin
+            ycsb_a "ycsb-a equal-3x20" 3 round-robin
+            ycsb_a "ycsb-a equal-3x20" 3 lwql
+            throttle 10 20 40
+            ycsb_a "ycsb-a unequal-10/20/40" 3 round-robin
+            ycsb_a "ycsb-a unequal-10/20/40" 3 lwql
             ;;
         gc-burst)
             throttle 20 0 0

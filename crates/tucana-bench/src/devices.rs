@@ -4,7 +4,8 @@
 //! speeds, the writes in flight per member from 1 to N, (`--gc-burst`, in
 //! `devices/gc_burst.rs`) read latency during a GC burst with trims scheduled or punched
 //! at release, and (`--hot-range`, in `devices/hot_range.rs`) the two policies while
-//! readers keep one member busy with a hot key range.
+//! readers keep one member busy with a hot key range, and (`--ycsb-a`, in
+//! `devices/ycsb_a.rs`) YCSB A for a fixed time after a larger-than-memory load.
 //!
 //! Owns: one run (open over the members, a load of records by a few threads, a sync
 //! that makes it durable, the figures) and its printed line and JSON record. Does not
@@ -25,6 +26,7 @@ use crate::Result;
 
 mod gc_burst;
 mod hot_range;
+mod ycsb_a;
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub enum Policy {
@@ -100,6 +102,16 @@ pub struct DevicesArgs {
     /// With `--hot-range`: threads reading the hot range.
     #[arg(long, default_value_t = 4)]
     readers: u64,
+    /// Instead of the load alone: the load, then YCSB A (zipfian, half reads, half
+    /// updates) for `--seconds` (`devices/ycsb_a.rs`).
+    #[arg(long)]
+    ycsb_a: bool,
+    /// With `--ycsb-a`: seconds of the workload.
+    #[arg(long, default_value_t = 20)]
+    seconds: u64,
+    /// With `--ycsb-a`: client threads of the workload.
+    #[arg(long, default_value_t = 4)]
+    ycsb_threads: u64,
 }
 
 impl DevicesArgs {
@@ -197,6 +209,9 @@ pub fn run(args: &DevicesArgs) -> Result<()> {
     }
     if args.hot_range {
         return hot_range::run(args);
+    }
+    if args.ycsb_a {
+        return ycsb_a::run(args);
     }
     let _cgroup = match args.memory_limit_bytes {
         Some(limit) => Some(crate::cgroup::enter(limit)?),

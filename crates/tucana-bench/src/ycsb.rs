@@ -364,7 +364,7 @@ pub const PHASES: [&str; 8] = [
 ];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Op {
+pub(crate) enum Op {
     Read,
     Update,
     Insert,
@@ -382,7 +382,8 @@ impl Workload {
         );
     }
 
-    fn pick(&self, rng: &mut StdRng) -> Op {
+    /// Draws the next operation by the workload's proportions.
+    pub(crate) fn pick(&self, rng: &mut StdRng) -> Op {
         let mut u: f64 = rng.random();
         for (share, op) in [
             (self.read, Op::Read),

@@ -124,6 +124,7 @@ pub fn run(db: &Database, keyspace: &str, command: Command) -> Result<Outcome, C
         // `main` runs the server itself: it opens the volume with its own options.
         Command::Serve(_) => unreachable!("serve is dispatched by main"),
         Command::Cluster(_) => unreachable!("cluster is dispatched by main"),
+        Command::AddMember { .. } => unreachable!("add-member is dispatched by main"),
         Command::Replication(args) => replication::run_on_volume(db, &args)?,
     };
     out.flush()?;

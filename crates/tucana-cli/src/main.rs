@@ -195,6 +195,16 @@ pub enum Command {
         #[arg(long)]
         deferred_updates: bool,
     },
+    /// Adds PATH as the next member of the (closed) volume over --db and --member, then
+    /// checks the volume over every member; give PATH as the last --member from then on.
+    ///
+    /// PATH: an empty or missing file, or a block device with --format-device. Refused,
+    /// naming it, when it is a member already, of another volume, or holds data; a
+    /// single-file volume cannot take members. Interrupted, it can be run again.
+    AddMember {
+        /// The new member's file or block device.
+        path: PathBuf,
+    },
     /// Serves the volume over RESP (the Redis protocol) until SIGINT, SIGTERM or SHUTDOWN.
     ///
     /// Redis clients, redis-cli and redis-benchmark work against it. SELECT 0 is the
@@ -339,6 +349,9 @@ fn run(cli: Cli) -> Result<Outcome, CliError> {
             return replication::run_on_server(args, addr);
         }
     }
+    if let Command::AddMember { path } = &cli.command {
+        return add_member(&cli, path);
+    }
     let db = if cli.command.only_reads() && cli.members.is_empty() {
         open_read_only(&cli.db)?
     } else {
@@ -366,6 +379,40 @@ fn run(cli: Cli) -> Result<Outcome, CliError> {
             "{message}; closing the volume failed too (changes may not be durable): {close_error}"
         ))),
     }
+}
+
+/// `add-member PATH`: adds it, prints what was added, then opens the volume over every
+/// member and checks it.
+fn add_member(cli: &Cli, new: &Path) -> Result<Outcome, CliError> {
+    let mut paths = vec![cli.db.clone()];
+    paths.extend(cli.members.iter().cloned());
+    let options = cli.volume_options(Database::builder());
+    let added = options.add_member(&paths, new).map_err(|e| {
+        CliError::from(e).context(format_args!(
+            "cannot add {} to the volume over {} members at {}",
+            new.display(),
+            paths.len(),
+            cli.db.display()
+        ))
+    })?;
+    println!(
+        "added {} as member {} (uuid {}, group {}, member table generation {})",
+        new.display(),
+        added.index,
+        added.uuid,
+        added.group,
+        added.generation
+    );
+    paths.push(new.to_path_buf());
+    let db = open_members_with(&cli.db, &paths[1..], false, options)?;
+    let checked = db.check().map_err(|e| {
+        CliError::from(e).context("checking the volume over every member after the add")
+    });
+    let closed = db.close().map_err(CliError::from);
+    checked?;
+    closed?;
+    println!("checked the volume over {} members", paths.len());
+    Ok(Outcome::Done)
 }
 
 /// The volume at `path`, with its further members when there are any.

@@ -278,6 +278,44 @@ fn a_volume_over_three_members_is_used_checked_and_refused_when_swapped() {
 }
 
 #[test]
+fn add_member_adds_a_file_to_a_volume_over_members_and_check_covers_it() {
+    let volume = Volume::new();
+    let m1 = volume.dir.path().join("m1");
+    let m2 = volume.dir.path().join("m2");
+    let (m1, m2) = (m1.to_str().unwrap(), m2.to_str().unwrap());
+    volume.ok(&["--member", m1, "put", "a", "1"]);
+    let out = volume.ok(&["--member", m1, "add-member", m2]);
+    assert!(out.contains("as member 2"), "{out}");
+    assert!(out.contains("checked the volume over 3 members"), "{out}");
+    assert_eq!(
+        volume.ok(&["--member", m1, "--member", m2, "get", "a"]),
+        "1\n"
+    );
+    let report = volume.ok(&["--member", m1, "--member", m2, "check"]);
+    assert!(report.contains("members: 3\n"), "{report}");
+    // Without the new member, the volume is refused, naming it.
+    let without = volume.run(&["--member", m1, "get", "a"]);
+    assert_ne!(without.status.code(), Some(0));
+    assert!(
+        stderr(&without).contains("member 2"),
+        "{}",
+        stderr(&without)
+    );
+    // A member is not added twice, nor to a single-file volume.
+    let twice = volume.run(&["--member", m1, "--member", m2, "add-member", m1]);
+    assert_ne!(twice.status.code(), Some(0));
+    let single = Volume::new();
+    single.ok(&["put", "a", "1"]);
+    let refused = single.run(&["add-member", m2]);
+    assert_ne!(refused.status.code(), Some(0));
+    assert!(
+        stderr(&refused).contains("single-file volume"),
+        "{}",
+        stderr(&refused)
+    );
+}
+
+#[test]
 fn stats_is_json_with_a_keys_field() {
     let volume = Volume::new();
     volume.ok(&["put", "a", "1"]);

@@ -1,6 +1,7 @@
 //! Volumes over several members on the simulated disk: each member is a window of one
 //! `SimStorage` (member `m` at offset `m << 40`), and `volume` opens the engine's
-//! `MemberSet` over them, so every suite can run on a 3-member volume.
+//! `MemberSet` over them, so every suite can run on a 3-member volume; `add_member` adds
+//! the next window as a member (the add's power-loss test, `tests/add_member.rs`).
 //!
 //! Owns: the window (`Window`, a `Storage` that shifts offsets into its range and keeps
 //! its own length) and the member lengths read back from a crash image. Does not own: the
@@ -17,7 +18,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use tucana::volume::{MemberSet, Storage};
+use tucana::volume::{AddedMember, MemberSet, Storage};
 use tucana::Result;
 
 use crate::sim::{SimStorage, BLOCK_BYTES};
@@ -73,6 +74,21 @@ pub fn volume(sim: &Arc<SimStorage>, members: usize) -> Result<Arc<dyn Storage>>
     if members <= 1 {
         return Ok(sim.clone());
     }
+    Ok(Arc::new(MemberSet::open(windows(sim, members), true)?))
+}
+
+/// Adds window `members` as the next member of the closed volume over windows
+/// `0..members` (`MemberSet::add_member`; blank when nothing was ever written in it).
+pub fn add_member(sim: &Arc<SimStorage>, members: usize) -> Result<AddedMember> {
+    let mut all = windows(sim, members + 1);
+    let new = all.pop().expect("the new member's window");
+    let blank = new.1.len_bytes()? == 0;
+    MemberSet::add_member(all, new, blank)
+}
+
+/// Windows `0..members` of the simulated disk, each as long as its written blocks reach
+/// (rounded up to a slot).
+fn windows(sim: &Arc<SimStorage>, members: usize) -> Vec<(String, Arc<dyn Storage>)> {
     let mut ends = vec![0u64; members];
     for block in sim.current_image().written_blocks() {
         let at = block * BLOCK_BYTES;
@@ -82,8 +98,7 @@ pub fn volume(sim: &Arc<SimStorage>, members: usize) -> Result<Arc<dyn Storage>>
             ends[m] = ends[m].max(end);
         }
     }
-    let windows = ends
-        .iter()
+    ends.iter()
         .enumerate()
         .map(|(m, &end)| {
             let window: Arc<dyn Storage> = Arc::new(Window {
@@ -93,6 +108,5 @@ pub fn volume(sim: &Arc<SimStorage>, members: usize) -> Result<Arc<dyn Storage>>
             });
             (format!("sim member {m}"), window)
         })
-        .collect();
-    Ok(Arc::new(MemberSet::open(windows, true)?))
+        .collect()
 }

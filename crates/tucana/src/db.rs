@@ -63,6 +63,26 @@ impl Options {
         self.open_storage(Arc::new(set))
     }
 
+    /// Adds `new` as the next member of the closed volume over `paths` (every current
+    /// member, in order; DESIGN.md, "Adding a member"); open it afterwards with `new` last.
+    /// A missing file is created; a block device is written only with
+    /// `format_block_devices`. Errors: `MemberSet::add_member`'s (a single-file volume, a
+    /// wrong member set, a new member that is someone's).
+    pub fn add_member<P: AsRef<Path>>(
+        &self,
+        paths: &[P],
+        new: &Path,
+    ) -> Result<crate::volume::AddedMember> {
+        let paths: Vec<std::path::PathBuf> =
+            paths.iter().map(|p| p.as_ref().to_path_buf()).collect();
+        crate::volume::MemberSet::add_member_paths(
+            &paths,
+            new,
+            self.format_block_devices,
+            self.mapping_reservation_bytes,
+        )
+    }
+
     /// Opens a volume held in memory (lost when dropped); for tests and tools.
     pub fn open_in_memory(self) -> Result<Database> {
         self.open_storage(Arc::new(crate::volume::MemStorage::new()))

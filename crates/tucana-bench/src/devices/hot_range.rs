@@ -72,12 +72,12 @@ fn read_hot(ks: &tucana::Keyspace, hot: u64, seed: u64, stop: &AtomicBool) -> Hi
 /// The sampler's figures: per member, the sums of its weighted queue (ps) and write-queue
 /// bytes over the samples; over the samples, the sums of the spreads; the sample count.
 #[derive(Default)]
-struct Samples {
-    weighted_ps: Vec<f64>,
-    queue_bytes: Vec<f64>,
-    weighted_spread_ps: f64,
-    queue_spread_bytes: f64,
-    count: u64,
+pub(super) struct Samples {
+    pub(super) weighted_ps: Vec<f64>,
+    pub(super) queue_bytes: Vec<f64>,
+    pub(super) weighted_spread_ps: f64,
+    pub(super) queue_spread_bytes: f64,
+    pub(super) count: u64,
 }
 
 impl Samples {
@@ -100,13 +100,13 @@ impl Samples {
         self.count += 1;
     }
 
-    fn mean(&self, sum: f64) -> f64 {
+    pub(super) fn mean(&self, sum: f64) -> f64 {
         sum / self.count.max(1) as f64
     }
 }
 
 /// Samples `db`'s members every `SAMPLE_MS` until `stop`.
-fn sample_until(db: &tucana::Database, stop: &AtomicBool) -> Samples {
+pub(super) fn sample_until(db: &tucana::Database, stop: &AtomicBool) -> Samples {
     let mut samples = Samples::default();
     while !stop.load(Ordering::Relaxed) {
         samples.add(&db.stats().members);

@@ -2,7 +2,8 @@
 //! per line, appended by each run of `scripts/bench-devices.sh`): issue 21's targets (3
 //! equal members against 1, least weighted queue length against round-robin on unequal
 //! members and with a hot read range on one member), every load run, and the hot-range
-//! runs (records with `"case": "hot-range"`) in a table of their own.
+//! runs (records with `"case": "hot-range"`) and the YCSB A runs (`"case": "ycsb-a"`) in
+//! tables of their own.
 //!
 //! Owns the section's layout only; the figures are the records'. Pure; single-threaded.
 
@@ -13,14 +14,28 @@ use serde_json::Value;
 
 use crate::format::{fmt_number, number, ratio_cell};
 
+/// The section's heading (its first line starts so), for `report --devices-only`.
+pub(super) const HEADING: &str = "## Devices: ";
+
 /// The median `mib_per_s` of the records with this label, policy and writes in flight.
 fn median_mib(records: &[Value], label: &str, policy: &str, in_flight: u64) -> Option<f64> {
+    median_of(records, label, policy, in_flight, "mib_per_s")
+}
+
+/// The median `field` of the records with this label, policy and writes in flight.
+fn median_of(
+    records: &[Value],
+    label: &str,
+    policy: &str,
+    in_flight: u64,
+    field: &str,
+) -> Option<f64> {
     let mut values: Vec<f64> = records
         .iter()
         .filter(|r| {
             r["label"] == label && r["policy"] == policy && r["writes_in_flight"] == in_flight
         })
-        .filter_map(|r| number(&r["mib_per_s"]))
+        .filter_map(|r| number(&r[field]))
         .collect();
     if values.is_empty() {
         return None;
@@ -40,10 +55,13 @@ pub(super) fn render(text: &str, path: &Path) -> String {
         .filter(|l| !l.trim().is_empty())
         .filter_map(|l| serde_json::from_str(l).ok())
         .collect();
+    let (ycsb_a, all): (Vec<Value>, Vec<Value>) =
+        all.into_iter().partition(|r| r["case"] == "ycsb-a");
     let (hot, records): (Vec<Value>, Vec<Value>) =
         all.into_iter().partition(|r| r["case"] == "hot-range");
     let mut md = String::new();
-    md += "## Devices: one volume over several throttled members\n\n";
+    md += HEADING;
+    md += "one volume over several throttled members\n\n";
     let _ = writeln!(
         md,
         "From `{}` ({} runs of `tucana-bench devices`). `scripts/bench-devices.sh` (as root) makes three \
@@ -59,9 +77,10 @@ pub(super) fn render(text: &str, path: &Path) -> String {
          `Options::segment_writes_wait_for_device` (each background segment write lasts until \
          its writeback is done); `wait=false` is the default buffered path.\n",
         path.display(),
-        records.len() + hot.len()
+        records.len() + hot.len() + ycsb_a.len()
     );
     md += &targets_table(&records, &hot);
+    md += &ycsb_a_targets(&ycsb_a);
     let with_load = records.iter().any(|r| r["loadavg"].is_string());
     md += "\n### Every run\n\n";
     md += "| case | members | policy | in flight | ops/s | MiB/s | MiB per member | idle while others busy (ms, per member) |";
@@ -110,6 +129,9 @@ pub(super) fn render(text: &str, path: &Path) -> String {
     }
     if !hot.is_empty() {
         md += &hot_table(&hot);
+    }
+    if !ycsb_a.is_empty() {
+        md += &ycsb_a_table(&ycsb_a);
     }
     let _ = writeln!(
         md,
@@ -218,6 +240,88 @@ fn hot_table(hot: &[Value]) -> String {
     md
 }
 
+/// The YCSB A runs' rows of the targets table (ratios of the medians of ops/s); nothing
+/// without such runs. The issue's targets were written for the load; A is held to them too.
+fn ycsb_a_targets(runs: &[Value]) -> String {
+    if runs.is_empty() {
+        return String::new();
+    }
+    let ops = |label: &str, policy: &str| median_of(runs, label, policy, 4, "ops_per_s");
+    let rows = [
+        (
+            "YCSB A, 3 equal members at 20 MiB/s ÷ 1 member (round-robin, ops/s)",
+            ops("ycsb-a equal-3x20", "RoundRobin"),
+            ops("ycsb-a equal-1x20", "RoundRobin"),
+            "≥ 2.7 (written for the load)",
+            "3",
+        ),
+        (
+            "YCSB A, 3 equal members at 20 MiB/s ÷ 1 member (LWQL, ops/s)",
+            ops("ycsb-a equal-3x20", "Lwql"),
+            ops("ycsb-a equal-1x20", "RoundRobin"),
+            "≥ 2.7 (written for the load)",
+            "3",
+        ),
+        (
+            "YCSB A, members at 10/20/40 MiB/s: LWQL ÷ round-robin (ops/s)",
+            ops("ycsb-a unequal-10/20/40", "Lwql"),
+            ops("ycsb-a unequal-10/20/40", "RoundRobin"),
+            "≥ 1.5 (written for the load)",
+            "2.33",
+        ),
+    ];
+    let mut md = String::new();
+    for (what, ours, theirs, target, ceiling) in rows {
+        let _ = writeln!(
+            md,
+            "| {what} | {} | {target} | {ceiling} |",
+            ratio_cell(ours, theirs, true)
+        );
+    }
+    md
+}
+
+/// The YCSB A runs: a larger-than-memory load, then workload A for a fixed time
+/// (`devices/ycsb_a.rs`).
+fn ycsb_a_table(runs: &[Value]) -> String {
+    let mut md = String::new();
+    md += "\n### YCSB A after a larger-than-memory load (`CASES=ycsb-a`)\n\n";
+    md += "Inside the memory cgroup, `records` records are loaded and synced; then \
+           `ycsb_threads` clients run YCSB A (scrambled zipfian keys, half reads, half \
+           updates of whole records) for `seconds`, segment writes waiting for the device. \
+           ops/s: the workload's operations over its time. Queue spread as in the hot-range \
+           table; MiB written and read per member: during the workload only.\n\n";
+    md += "| case | policy | ops/s | read p99 (µs) | update p99 (µs) | load MiB/s | weighted queue spread (ms) | MiB written per member | MiB read per member | load average |\n";
+    md += "|---|---|---|---|---|---|---|---|---|---|\n";
+    let list = |v: &Value| -> String {
+        v.as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|m| format!("{:.0}", m.as_f64().unwrap_or(0.0)))
+                    .collect::<Vec<_>>()
+                    .join(" / ")
+            })
+            .unwrap_or_default()
+    };
+    for r in runs {
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            r["label"].as_str().unwrap_or("?"),
+            r["policy"].as_str().unwrap_or("?"),
+            fmt_number(number(&r["ops_per_s"])),
+            r["read_p99_us"],
+            r["update_p99_us"],
+            fmt_number(number(&r["load_mib_per_s"])),
+            fmt_number(number(&r["weighted_queue_spread_ms"])),
+            list(&r["written_mib_per_member"]),
+            list(&r["read_mib_per_member"]),
+            r["loadavg"].as_str().unwrap_or("?"),
+        );
+    }
+    md
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -281,5 +385,41 @@ mod tests {
         assert!(md.contains("| 100 / 101 / 99 | 2.00 |"), "{md}");
         // Not in the load runs' table.
         assert!(!md.contains("| hot-range 3x20 wait=true | 3 |"), "{md}");
+    }
+
+    #[test]
+    fn ycsb_a_runs_get_their_own_table_and_ratios_of_their_ops() {
+        let run = |label: &str, policy: &str, ops: f64| {
+            serde_json::json!({
+                "case": "ycsb-a", "label": label, "policy": policy, "writes_in_flight": 4,
+                "ops_per_s": ops, "read_p99_us": 900, "update_p99_us": 40,
+                "load_mib_per_s": 20.0, "weighted_queue_spread_ms": 12.0,
+                "written_mib_per_member": [10.0, 20.0, 40.0],
+                "read_mib_per_member": [1.0, 2.0, 3.0], "loadavg": "3.00",
+            })
+            .to_string()
+        };
+        let text = [
+            run("ycsb-a equal-1x20", "RoundRobin", 1000.0),
+            run("ycsb-a equal-3x20", "RoundRobin", 2500.0),
+            run("ycsb-a unequal-10/20/40", "RoundRobin", 2000.0),
+            run("ycsb-a unequal-10/20/40", "Lwql", 3000.0),
+        ]
+        .join("\n");
+        let md = render(&text, Path::new("bench/devices.jsonl"));
+        assert!(md.contains("(4 runs of"), "{md}");
+        assert!(
+            md.contains("| YCSB A, 3 equal members at 20 MiB/s ÷ 1 member (round-robin, ops/s) | **2.50** |"),
+            "{md}"
+        );
+        assert!(
+            md.contains(
+                "| YCSB A, members at 10/20/40 MiB/s: LWQL ÷ round-robin (ops/s) | **1.50** |"
+            ),
+            "{md}"
+        );
+        assert!(md.contains("| 10 / 20 / 40 | 1 / 2 / 3 | 3.00 |"), "{md}");
+        // Not in the load runs' table.
+        assert!(!md.contains("| ycsb-a equal-1x20 | 1 |"), "{md}");
     }
 }

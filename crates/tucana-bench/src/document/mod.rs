@@ -90,6 +90,11 @@ pub struct ReportArgs {
     /// (default: `devices.jsonl` next to the suite's JSON file, when it exists).
     #[arg(long)]
     devices_json: Option<PathBuf>,
+    /// Only replace the "Devices" section of the existing `--out` document (from its
+    /// heading to the next `## ` heading or the end) with one made from the devices
+    /// records; nothing else is read, drawn or rewritten.
+    #[arg(long)]
+    devices_only: bool,
     /// The JSON file of `scripts/device-ceiling.sh --json` (fio on the data directory's
     /// device), shown in the machine section in place of the suite run's own, if any.
     #[arg(long)]
@@ -100,11 +105,59 @@ pub struct ReportArgs {
     offcpu_json: Vec<PathBuf>,
 }
 
+/// `--devices-only`: the document at `--out` with its Devices section made again.
+fn replace_devices_section(args: &ReportArgs) -> Result<()> {
+    let devices_json = args
+        .devices_json
+        .clone()
+        .unwrap_or_else(|| args.json.with_file_name("devices.jsonl"));
+    let section = devices::render(&read_text(&devices_json)?, &devices_json);
+    let old = read_text(&args.out)?;
+    let new = splice_section(&old, devices::HEADING, &section).ok_or_else(|| {
+        format!(
+            "{} has no \"{}\" section to replace",
+            args.out.display(),
+            devices::HEADING
+        )
+    })?;
+    std::fs::write(&args.out, new)?;
+    println!(
+        "replaced the Devices section of {} from {}",
+        args.out.display(),
+        devices_json.display()
+    );
+    Ok(())
+}
+
+/// `doc` with the section whose heading line starts with `heading` (up to the next
+/// `## ` heading or the end) replaced by `section`; `None` without such a heading.
+fn splice_section(doc: &str, heading: &str, section: &str) -> Option<String> {
+    let start = if doc.starts_with(heading) {
+        0
+    } else {
+        doc.find(&format!("\n{heading}"))? + 1
+    };
+    let end = doc[start + heading.len()..]
+        .find("\n## ")
+        .map_or(doc.len(), |i| start + heading.len() + i + 1);
+    let mut out = String::with_capacity(doc.len() + section.len());
+    out += &doc[..start];
+    out += section;
+    if end < doc.len() && !section.ends_with("\n\n") {
+        out.push('\n');
+    }
+    out += &doc[end..];
+    Some(out)
+}
+
 /// The `coldscan` command's JSON file when `--coldscan-json` is not given, next to the
 /// suite's.
 const COLDSCAN_JSON_FILE_NAME: &str = "coldscan.json";
 
 pub fn run(args: &ReportArgs) -> Result<()> {
+    if args.devices_only {
+        return replace_devices_section(args);
+    }
     let mut doc = read_suite_and_merged_runs(args)?;
     let plots = draw_plots(args, &doc)?;
     if let Some(path) = &args.coldscan_json {
@@ -311,4 +364,26 @@ fn append_coldscan_section(markdown: &mut String, path: &Path) -> Result<()> {
     }
     *markdown += &coldscan::render(&doc, path);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_named_section_is_replaced_wherever_it_is() {
+        let doc = "# Title\n\n## A\n\na\n\n## Devices: old\n\nold rows\n\n## B\n\nb\n";
+        let new = splice_section(doc, "## Devices: ", "## Devices: new\n\nnew rows\n").unwrap();
+        assert_eq!(
+            new,
+            "# Title\n\n## A\n\na\n\n## Devices: new\n\nnew rows\n\n## B\n\nb\n"
+        );
+        // Last section: up to the end.
+        let doc = "# T\n\n## Devices: old\n\nold\n";
+        assert_eq!(
+            splice_section(doc, "## Devices: ", "## Devices: new\n").unwrap(),
+            "# T\n\n## Devices: new\n"
+        );
+        assert_eq!(splice_section("# T\n\n## A\n", "## Devices: ", "x"), None);
+    }
 }

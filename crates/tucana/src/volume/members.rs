@@ -5,7 +5,8 @@
 //! Owns: opening and validating a member set (refusing a missing, swapped, duplicated or
 //! foreign member before writing anything), the map group → (member, slot) rebuilt from the
 //! slot headers, placing new groups on members (round-robin), per-member dirtiness and the
-//! parallel `fdatasync`, per-member counters, and re-verifying the headers for `check`.
+//! parallel `fdatasync`, per-member counters, and re-verifying the headers for `check`;
+//! reading headers (both copies of the table) and adding a member are `members/table.rs`'s.
 //! Does not own: the members' I/O (each is a `Storage`: `FileStorage` with its own mapping,
 //! or memory in tests), what the bytes mean, nor which blocks are free (`alloc`).
 //!
@@ -19,7 +20,6 @@ use std::sync::{Arc, OnceLock};
 use parking_lot::Mutex;
 
 use crate::error::{Error, Result};
-use crate::types::BLOCK_BYTES;
 use crate::volume::dispatch::{least_weighted, DispatchPolicy, Kind};
 use crate::volume::slot_header::{
     new_uuid, uuid_hex, SlotHeader, Uuid, HEADER_OFFSET, MEMBERS_MAX, SLOT_BYTES,
@@ -146,39 +146,8 @@ impl MemberSet {
         if table_header.member_index != 0 {
             return Err(swapped(0, &members[0].0, table_header.member_index));
         }
-        for (i, header) in headers.iter().enumerate() {
-            let name = &members[i].0;
-            let Some(h) = header else {
-                return Err(Error::Members(format!(
-                    "member {i} ({name}) is not a member of a Tucana volume (no slot header)"
-                )));
-            };
-            if h.volume_uuid != volume_uuid {
-                return Err(Error::Members(format!(
-                    "member {i} ({name}) belongs to another volume ({}, this one is {})",
-                    uuid_hex(&h.volume_uuid),
-                    uuid_hex(&volume_uuid)
-                )));
-            }
-            if let Some(j) = headers[..i]
-                .iter()
-                .position(|o| o.as_ref().is_some_and(|o| o.member_index == h.member_index))
-            {
-                return Err(Error::Members(format!(
-                    "member {i} ({name}) holds member {} of the volume, as does member {j} ({}): a copy of one member",
-                    h.member_index, members[j].0
-                )));
-            }
-            if h.member_index as usize != i {
-                return Err(swapped(i, name, h.member_index));
-            }
-            if table.get(i) != Some(&h.member_uuid) {
-                return Err(Error::Members(format!(
-                    "member {i} ({name}) has member uuid {}, the volume's table says {}",
-                    uuid_hex(&h.member_uuid),
-                    table.get(i).map_or("nothing".into(), uuid_hex)
-                )));
-            }
+        for i in 0..headers.len() {
+            check_member(i, &members, &headers, table, volume_uuid)?;
         }
         if members.len() < table.len() {
             let missing: Vec<String> = (members.len()..table.len())
@@ -214,6 +183,7 @@ impl MemberSet {
                 member_uuid: uuids[i],
                 group: i as u64,
                 table: if i == 0 { uuids.clone() } else { Vec::new() },
+                generation: 0,
             };
             if i == 0 {
                 // Recovery creates a volume whose slots hold this marker, and only such
@@ -381,6 +351,7 @@ impl MemberSet {
             member_uuid: member.uuid,
             group,
             table: Vec::new(),
+            generation: 0,
         };
         member
             .storage
@@ -500,6 +471,7 @@ impl MemberSet {
     /// Re-reads every placed group's slot header and checks it names its volume, member
     /// and group as the map does. Errors name the member and slot.
     pub fn verify(&self) -> Result<()> {
+        self.verify_table()?;
         let groups = self.grow_lock.lock().placed_groups;
         for group in 0..groups {
             let Some((m, slot)) = self.lookup(group) else {
@@ -532,22 +504,6 @@ impl MemberSet {
         }
         Ok(())
     }
-}
-
-/// Reads and decodes the header of `slot` of a member; `None` when it has none (a slot
-/// past the member's end included).
-pub(crate) fn read_header(
-    storage: &dyn Storage,
-    slot: u64,
-    name: &str,
-) -> Result<Option<SlotHeader>> {
-    let at = slot * SLOT_BYTES + HEADER_OFFSET;
-    if storage.len_bytes()? < at + BLOCK_BYTES {
-        return Ok(None);
-    }
-    let mut bytes = vec![0u8; BLOCK_BYTES as usize];
-    storage.read_at(at, &mut bytes)?;
-    SlotHeader::decode(&bytes, name)
 }
 
 /// Whether a single-file volume's storage is in fact member 0 of a volume over several:
@@ -593,6 +549,56 @@ fn resumable_creation(
                 Some(h) => h.volume_uuid == volume_uuid,
                 None => blank || len == SLOT_BYTES,
             }))
+}
+
+/// Open's checks of member `i` against its slot-0 header and the table (named errors:
+/// not a member, another volume, a copy, swapped, not in the table, a foreign uuid).
+fn check_member(
+    i: usize,
+    members: &[(String, Arc<dyn Storage>)],
+    headers: &[Option<SlotHeader>],
+    table: &[Uuid],
+    volume_uuid: Uuid,
+) -> Result<()> {
+    let name = &members[i].0;
+    let Some(h) = &headers[i] else {
+        return Err(Error::Members(format!(
+            "member {i} ({name}) is not a member of a Tucana volume (no slot header)"
+        )));
+    };
+    if h.volume_uuid != volume_uuid {
+        return Err(Error::Members(format!(
+            "member {i} ({name}) belongs to another volume ({}, this one is {})",
+            uuid_hex(&h.volume_uuid),
+            uuid_hex(&volume_uuid)
+        )));
+    }
+    if let Some(j) = headers[..i]
+        .iter()
+        .position(|o| o.as_ref().is_some_and(|o| o.member_index == h.member_index))
+    {
+        return Err(Error::Members(format!(
+                "member {i} ({name}) holds member {} of the volume, as does member {j} ({}): a copy of one member",
+                h.member_index, members[j].0
+            )));
+    }
+    if h.member_index as usize != i {
+        return Err(swapped(i, name, h.member_index));
+    }
+    if i >= table.len() {
+        return Err(Error::Members(format!(
+                "member {i} ({name}) is not in the volume's member table of {} members: a member whose add did not finish (run the add again)",
+                table.len()
+            )));
+    }
+    if table.get(i) != Some(&h.member_uuid) {
+        return Err(Error::Members(format!(
+            "member {i} ({name}) has member uuid {}, the volume's table says {}",
+            uuid_hex(&h.member_uuid),
+            table.get(i).map_or("nothing".into(), uuid_hex)
+        )));
+    }
+    Ok(())
 }
 
 fn swapped(i: usize, name: &str, holds: u32) -> Error {
@@ -859,8 +865,11 @@ impl Storage for MemberSet {
 
 mod member;
 mod paths;
+mod table;
 
 use member::Member;
+pub(crate) use table::read_header;
+pub use table::AddedMember;
 
 #[cfg(test)]
 mod tests;

@@ -17,8 +17,16 @@
 //!     48     8 group held by this slot
 //!     56     4 member count                  } slot 0 of member 0 only (the table);
 //!     60 16×n  member uuids in member order   } zero in every other header
+//!   4084     8 table generation (0 at creation; +1 per member added)
 //!   4092     4 crc32c of the block with this field zeroed
 //! ```
+//!
+//! Slot 0 of member 0 has two copies of its header, the table's two places: block 6 and
+//! block 7 (the group's second spare). Creation writes block 6 (generation 0); adding a
+//! member writes the copy that is not the newest, with the next generation, so a torn
+//! write leaves the newest one whole (`read_header` reads both in slot 0 and takes the
+//! valid one of highest generation). Generation 0 was the field's zero bytes before it
+//! existed, so headers written earlier decode unchanged.
 //!
 //! Thread-safety: plain values and functions.
 
@@ -35,6 +43,10 @@ pub const HEADER_BLOCK: u64 = 6;
 /// Offset of the header inside its slot.
 pub const HEADER_OFFSET: u64 = HEADER_BLOCK * BLOCK_BYTES;
 
+/// Offset, inside slot 0, of the second copy of slot 0's header (the member table's other
+/// place): block 7, the group's second spare reserved block.
+pub const TABLE_COPY_OFFSET: u64 = (HEADER_BLOCK + 1) * BLOCK_BYTES;
+
 /// Most members a volume has (the table must fit one block).
 pub const MEMBERS_MAX: usize = 128;
 
@@ -42,9 +54,10 @@ const MAGIC: [u8; 8] = *b"TUCANAM\0";
 const VERSION: u32 = 1;
 const HEADER_BYTES: usize = BLOCK_BYTES as usize;
 const CRC_AT: usize = HEADER_BYTES - 4;
+const GENERATION_AT: usize = CRC_AT - 8;
 const TABLE_AT: usize = 60;
 
-const _: () = assert!(TABLE_AT + 16 * MEMBERS_MAX <= CRC_AT);
+const _: () = assert!(TABLE_AT + 16 * MEMBERS_MAX <= GENERATION_AT);
 
 /// A 128-bit random identity.
 pub type Uuid = [u8; 16];
@@ -59,6 +72,9 @@ pub struct SlotHeader {
     pub group: u64,
     /// The member table (every member's uuid, in order): in slot 0 of member 0 only.
     pub table: Vec<Uuid>,
+    /// The table's generation: 0 as created, one more per member added (0 where there
+    /// is no table).
+    pub generation: u64,
 }
 
 impl SlotHeader {
@@ -77,6 +93,7 @@ impl SlotHeader {
         for (i, uuid) in self.table.iter().enumerate() {
             bytes[TABLE_AT + 16 * i..TABLE_AT + 16 * (i + 1)].copy_from_slice(uuid);
         }
+        bytes[GENERATION_AT..CRC_AT].copy_from_slice(&self.generation.to_le_bytes());
         let crc = header_crc(&bytes);
         bytes[CRC_AT..].copy_from_slice(&crc.to_le_bytes());
         bytes
@@ -115,6 +132,9 @@ impl SlotHeader {
             member_uuid: uuid_at(32),
             group: u64::from_le_bytes(bytes[48..56].try_into().expect("8 bytes")),
             table: (0..count).map(|i| uuid_at(TABLE_AT + 16 * i)).collect(),
+            generation: u64::from_le_bytes(
+                bytes[GENERATION_AT..CRC_AT].try_into().expect("8 bytes"),
+            ),
         }))
     }
 }
@@ -160,6 +180,7 @@ mod tests {
             member_uuid: [9; 16],
             group: 41,
             table: (0..table).map(|i| [i as u8; 16]).collect(),
+            generation: table as u64,
         }
     }
 
@@ -181,6 +202,20 @@ mod tests {
             assert_eq!(SlotHeader::decode(&bad, "t").unwrap(), None, "bit {bit}");
         }
         assert_eq!(SlotHeader::decode(&good[..100], "t").unwrap(), None);
+    }
+
+    #[test]
+    fn a_header_written_before_the_generation_field_decodes_as_generation_0() {
+        // Headers of volumes made before members could be added have zeros where the
+        // generation now is; they must decode unchanged, as generation 0.
+        let mut h = sample(3);
+        h.generation = 0;
+        let bytes = h.encode();
+        assert!(bytes[GENERATION_AT..CRC_AT].iter().all(|&b| b == 0));
+        assert_eq!(
+            SlotHeader::decode(&bytes, "t").unwrap().unwrap().generation,
+            0
+        );
     }
 
     #[test]

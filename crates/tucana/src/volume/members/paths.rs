@@ -15,6 +15,9 @@ use crate::error::{Error, Result};
 use crate::volume::slot_header::MEMBERS_MAX;
 use crate::volume::{FileStorage, Storage};
 
+/// A member's name for messages and its backend.
+type NamedStorage = (String, Arc<dyn Storage>);
+
 impl MemberSet {
     /// Opens (or, when every member is empty and `create_if_missing`, creates) a volume
     /// over the member files at `paths`, in order. Each file is locked as `FileStorage`
@@ -48,6 +51,24 @@ impl MemberSet {
                 paths.len()
             )));
         }
+        let (members, blank) = MemberSet::open_storages(
+            paths,
+            create_if_missing,
+            format_block_devices,
+            min_reservation_bytes,
+        )?;
+        MemberSet::open_with_blank(members, &blank, create_if_missing)
+    }
+
+    /// The backends of `paths` (files created only when `create_if_missing` and none of
+    /// them exists) and which are blank; a duplicate (by identity) is refused before
+    /// anything is locked.
+    pub(super) fn open_storages(
+        paths: &[PathBuf],
+        create_if_missing: bool,
+        format_block_devices: bool,
+        min_reservation_bytes: u64,
+    ) -> Result<(Vec<NamedStorage>, Vec<bool>)> {
         // Duplicates first, by file identity (two spellings of one file, or a hard link),
         // before anything is locked: the second lock would only say "locked".
         let mut identities: Vec<(u64, u64)> = Vec::new();
@@ -97,7 +118,7 @@ impl MemberSet {
             };
             members.push((name, storage));
         }
-        MemberSet::open_with_blank(members, &blank, create_if_missing)
+        Ok((members, blank))
     }
 }
 

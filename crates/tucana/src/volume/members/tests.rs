@@ -2,6 +2,7 @@
 //! boundaries, reopening, and the headers `verify` checks.
 
 use super::*;
+use crate::types::BLOCK_BYTES;
 use crate::volume::dispatch::{DispatchPolicy, Kind};
 use crate::volume::MemStorage;
 use std::sync::atomic::AtomicBool;
