@@ -2151,3 +2151,28 @@ fn a_remove_of_an_absent_key_leaves_the_finger_whole() {
     assert_eq!((finger.descents(), finger.hits()), (3, 1));
     assert_matches(&tree, &ctx, None, &model, &mut rng);
 }
+
+#[test]
+fn a_remove_copies_nothing_for_an_absent_key_behind_sealed_nodes() {
+    // A remove searches a path already written since the last seal once, with no probe
+    // first (nothing there needs a copy); a path with a sealed node on it is probed first,
+    // so an absent key still copies nothing. Both answer as the model does.
+    let tree = Tree::new(REGION, TreeEpoch(1));
+    let mut ctx = FakeCtx::default();
+    let mut model = Model::new();
+    let mut rng = StdRng::seed_from_u64(0xf5);
+    for i in 0..20_000u64 {
+        put(&tree, &mut ctx, &mut model, &redis_key(i * 2));
+    }
+    tree.seal();
+    assert_eq!(tree.dirty_nodes(), 0);
+    del(&tree, &ctx, &mut model, &redis_key(3));
+    assert_eq!(tree.dirty_nodes(), 0, "an absent key behind sealed nodes copied them");
+    del(&tree, &ctx, &mut model, &redis_key(4));
+    let copied = tree.dirty_nodes();
+    assert!(copied >= 2, "the path to a present key is copied");
+    del(&tree, &ctx, &mut model, &redis_key(5));
+    del(&tree, &ctx, &mut model, &redis_key(6));
+    assert_eq!(tree.dirty_nodes(), copied, "a written path is not copied again");
+    assert_matches(&tree, &ctx, None, &model, &mut rng);
+}

@@ -252,12 +252,21 @@ impl Tree {
         finger: Option<&mut Finger>,
     ) -> Result<Option<u64>> {
         let kh = key_hash(key);
-        let mut probe = GetDescent { key, hash: kh };
-        if self.descend(ctx, None, &mut probe)?.is_none() {
-            return Ok(None);
-        }
         path.clear();
-        let node = self.writable_leaf(ctx, key, Some(path))?;
+        // A path already of the running epoch (written since the last seal) is searched
+        // once: nothing is copied, so an absent key costs nothing more. Otherwise a probe
+        // first, so that a remove of an absent key copies nothing.
+        let node = match self.running_leaf(ctx, key, path)? {
+            Some(node) => node,
+            None => {
+                let mut probe = GetDescent { key, hash: kh };
+                if self.descend(ctx, None, &mut probe)?.is_none() {
+                    return Ok(None);
+                }
+                path.clear();
+                self.writable_leaf(ctx, key, Some(path))?
+            }
+        };
         let shape = self.shape_changes.load(Relaxed);
         let removed = self.leaf_remove(ctx, path, node, key, kh)?;
         if let Some(f) = finger {
@@ -461,6 +470,41 @@ impl Tree {
                 prefetch_leaf_word(parent.child[idx].load(Relaxed));
             }
             node = self.writable_child(ctx, parent, idx, running)?;
+        }
+    }
+
+    /// The leaf `key` belongs in if it and every node above it are heap nodes of the
+    /// running epoch (writable in place, nothing to copy), with the internal nodes passed
+    /// and the child index taken in each in `path`; `None` (and `path` partly filled) at
+    /// the first node that is not. Writer only.
+    fn running_leaf<C: Ctx>(
+        &self,
+        ctx: &C,
+        key: &[u8],
+        path: &mut Vec<(NonNull<Header>, usize)>,
+    ) -> Result<Option<NonNull<Header>>> {
+        let running = self.running.load(Relaxed);
+        let mut word = self.root.load(Relaxed);
+        loop {
+            let node = match NodeRef::decode(word) {
+                // SAFETY: the root and the children of live nodes on the writer's path
+                // are live.
+                Some(NodeRef::Heap(p)) if unsafe { p.as_ref() }.epoch() == running => p,
+                _ => return Ok(None),
+            };
+            // SAFETY: live (above); the kind is checked before the cast.
+            if unsafe { node.as_ref() }.meta().is_leaf() {
+                return Ok(Some(node));
+            }
+            // SAFETY: live, and the kind was checked.
+            let parent = unsafe { as_internal(node) };
+            let own = HeapInternal {
+                node: parent,
+                version: None,
+            };
+            let idx = no_restart(child_index(&own, ctx, key, true))?;
+            path.push((node, idx));
+            word = parent.child[idx].load(Relaxed);
         }
     }
 
