@@ -606,7 +606,10 @@ fn fill(
     if let (Some(a), Some(b)) = (before.cpu_ticks, after.cpu_ticks) {
         let cpu_s = b.saturating_sub(a) as f64 / ticks_per_sec;
         record.cpu_us_per_op = Some(cpu_s * 1e6 / requests.max(1) as f64);
-        record.set("process_cpu_us_per_op", cpu_s * 1e6 / requests.max(1) as f64);
+        record.set(
+            "process_cpu_us_per_op",
+            cpu_s * 1e6 / requests.max(1) as f64,
+        );
         record.set("server_process_cpu_s", cpu_s);
     }
     if let (Some(a), Some(b)) = (before.tree_cpu_ticks, after.tree_cpu_ticks) {

@@ -400,7 +400,10 @@ mod tests {
         };
         assert!(child_ticks >= 10, "the child burnt CPU");
         let live = live_descendants_ticks(Path::new("/proc"), pid);
-        assert!(live >= child_ticks, "live child counted: {live} < {child_ticks}");
+        assert!(
+            live >= child_ticks,
+            "live child counted: {live} < {child_ticks}"
+        );
         child.kill().unwrap();
         child.wait().unwrap();
         let after = read_stat(Path::new("/proc"), pid).unwrap();

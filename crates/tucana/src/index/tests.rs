@@ -1990,7 +1990,8 @@ fn damaged_internal_stems_are_corruption_not_a_panic() {
 /// A list element's key as the server lays it out: a shared 30-byte beginning, then the
 /// element's index (8 bytes, big-endian).
 fn list_key(index: u64) -> Vec<u8> {
-    let mut k = b"\xff\xfftucana\x00L\x00\x00\x00\x06mylist\x00\x00\x01\x02\x03\x04\x05\x06".to_vec();
+    let mut k =
+        b"\xff\xfftucana\x00L\x00\x00\x00\x06mylist\x00\x00\x01\x02\x03\x04\x05\x06".to_vec();
     k.extend_from_slice(&index.to_be_bytes());
     k
 }
@@ -2024,12 +2025,24 @@ fn a_run_of_pushes_and_pops_in_one_leaf_descends_once() {
     }
     let mut finger = Finger::default();
     for i in 1..=16 {
-        put_near(&tree, &mut finger, &mut ctx, &mut model, &list_key(head - i));
+        put_near(
+            &tree,
+            &mut finger,
+            &mut ctx,
+            &mut model,
+            &list_key(head - i),
+        );
     }
     assert_eq!((finger.descents(), finger.hits()), (1, 15));
     let mut finger = Finger::default();
     for i in 0..16 {
-        del_near(&tree, &mut finger, &ctx, &mut model, &list_key(head - 16 + i));
+        del_near(
+            &tree,
+            &mut finger,
+            &ctx,
+            &mut model,
+            &list_key(head - 16 + i),
+        );
     }
     assert_eq!((finger.descents(), finger.hits()), (1, 15));
     // A key of another leaf descends again; an absent key inside the leaf is absent.
@@ -2125,7 +2138,10 @@ fn batches_through_fingers_match_a_btreemap() {
         }
     }
     assert_matches(&tree, &ctx, None, &model, &mut rng);
-    assert!(hits > descents, "{hits} writes through fingers, {descents} descents");
+    assert!(
+        hits > descents,
+        "{hits} writes through fingers, {descents} descents"
+    );
 }
 
 #[test]
@@ -2167,12 +2183,20 @@ fn a_remove_copies_nothing_for_an_absent_key_behind_sealed_nodes() {
     tree.seal();
     assert_eq!(tree.dirty_nodes(), 0);
     del(&tree, &ctx, &mut model, &redis_key(3));
-    assert_eq!(tree.dirty_nodes(), 0, "an absent key behind sealed nodes copied them");
+    assert_eq!(
+        tree.dirty_nodes(),
+        0,
+        "an absent key behind sealed nodes copied them"
+    );
     del(&tree, &ctx, &mut model, &redis_key(4));
     let copied = tree.dirty_nodes();
     assert!(copied >= 2, "the path to a present key is copied");
     del(&tree, &ctx, &mut model, &redis_key(5));
     del(&tree, &ctx, &mut model, &redis_key(6));
-    assert_eq!(tree.dirty_nodes(), copied, "a written path is not copied again");
+    assert_eq!(
+        tree.dirty_nodes(),
+        copied,
+        "a written path is not copied again"
+    );
     assert_matches(&tree, &ctx, None, &model, &mut rng);
 }
