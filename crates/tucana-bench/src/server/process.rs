@@ -1,7 +1,8 @@
 //! A running server, ours to stop: start it (inside a memory cgroup if asked) and wait
 //! for PING, let it finish what the load left it to do, sample what it used around each
-//! test (CPU time, sleeps and peak RSS from /proc, log syncs from INFO, device traffic),
-//! and stop it (SIGTERM, then SIGKILL), also on drop.
+//! test (CPU time of the process and of its whole process tree, sleeps and peak RSS from
+//! /proc, log syncs from INFO, device traffic), and stop it (SIGTERM, then SIGKILL), also
+//! on drop.
 //!
 //! Owns the server processes and the /proc readings; the wire is `resp`'s. Single-threaded.
 
@@ -34,7 +35,11 @@ pub(super) struct Server {
 
 /// What a server has used so far, read around each test.
 pub(super) struct Sample {
+    /// The server process's own threads (`/proc/PID/stat` utime + stime).
     pub(super) cpu_ticks: Option<u64>,
+    /// The process and every descendant, live or reaped (`process_tree_cpu_ticks`):
+    /// redis-server's forked AOF-rewrite and snapshot children included.
+    pub(super) tree_cpu_ticks: Option<u64>,
     /// Voluntary context switches of the server's threads (see `process_sleeps`).
     pub(super) sleeps: Option<u64>,
     pub(super) peak_rss_bytes: Option<u64>,
@@ -127,6 +132,7 @@ impl Server {
         let pid = self.child.id();
         Sample {
             cpu_ticks: process_cpu_ticks(pid),
+            tree_cpu_ticks: process_tree_cpu_ticks(pid),
             sleeps: process_sleeps(pid),
             peak_rss_bytes: process_peak_rss_bytes(pid),
             syncs: if self.kind.is_tucana() {
@@ -183,13 +189,92 @@ pub(crate) fn process_cpu_ticks(pid: u32) -> Option<u64> {
 }
 
 fn parse_stat_cpu_ticks(text: &str) -> Option<u64> {
+    let stat = parse_stat(text)?;
+    Some(stat.own_ticks)
+}
+
+/// The fields of one `/proc/PID/stat` that the process-tree sum needs.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct StatCpu {
+    parent_pid: u32,
+    /// utime + stime: the process's threads, live and ended.
+    own_ticks: u64,
+    /// cutime + cstime: children the process has waited for (and their own reaped ones).
+    reaped_children_ticks: u64,
+}
+
+fn parse_stat(text: &str) -> Option<StatCpu> {
     // The command name (field 2) is in parentheses and may hold spaces or ')': the fields
-    // after the last ')' start at field 3 (state); utime and stime are fields 14 and 15.
+    // after the last ')' start at field 3 (state); ppid is field 4, utime, stime, cutime
+    // and cstime are fields 14 to 17.
     let rest = &text[text.rfind(')')? + 1..];
     let fields: Vec<&str> = rest.split_whitespace().collect();
-    let utime: u64 = fields.get(11)?.parse().ok()?;
-    let stime: u64 = fields.get(12)?.parse().ok()?;
-    Some(utime + stime)
+    let field = |i: usize| -> Option<u64> { fields.get(i)?.parse().ok() };
+    Some(StatCpu {
+        parent_pid: u32::try_from(field(1)?).ok()?,
+        own_ticks: field(11)? + field(12)?,
+        reaped_children_ticks: field(13)? + field(14)?,
+    })
+}
+
+fn read_stat(proc_dir: &Path, pid: u32) -> Option<StatCpu> {
+    parse_stat(&std::fs::read_to_string(proc_dir.join(pid.to_string()).join("stat")).ok()?)
+}
+
+/// How often the process-tree sum is tried before giving up on a tree whose children keep
+/// being reaped while it is read (each try takes well under a millisecond).
+const TREE_READ_ATTEMPTS: usize = 20;
+
+/// The CPU of `pid`'s whole process tree so far, in clock ticks: its own threads, the
+/// children it has waited for (cutime + cstime, which the kernel adds at the wait and
+/// which hold those children's own reaped children), and every live descendant (found by
+/// parent pid in /proc; each counted with its own reaped children). redis-server's AOF
+/// rewrite runs in a forked child that redis waits for, so its CPU is in one of the two
+/// terms, live or reaped, never both: a child reaped while the tree is read would move
+/// from one to the other, so the root is read before and after the walk and the sum is
+/// taken again if its reaped total changed. Exact to the tick for a parent that waits
+/// for its children (a parent that ignores SIGCHLD loses an ended child's time; neither
+/// server does).
+pub(crate) fn process_tree_cpu_ticks(pid: u32) -> Option<u64> {
+    tree_cpu_ticks(Path::new("/proc"), pid)
+}
+
+fn tree_cpu_ticks(proc_dir: &Path, pid: u32) -> Option<u64> {
+    for _ in 0..TREE_READ_ATTEMPTS {
+        let first = read_stat(proc_dir, pid)?;
+        let live = live_descendants_ticks(proc_dir, pid);
+        let again = read_stat(proc_dir, pid)?;
+        if again.reaped_children_ticks == first.reaped_children_ticks {
+            return Some(again.own_ticks + again.reaped_children_ticks + live);
+        }
+    }
+    None
+}
+
+/// own + reaped ticks of every live descendant of `root` (children, their children, ...).
+/// A process that ends between the listing and its read is skipped: its parent's reaped
+/// total has it, or will once it is waited for.
+fn live_descendants_ticks(proc_dir: &Path, root: u32) -> u64 {
+    let Ok(entries) = std::fs::read_dir(proc_dir) else {
+        return 0;
+    };
+    let processes: Vec<(u32, StatCpu)> = entries
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|pid| Some((pid, read_stat(proc_dir, pid)?)))
+        .collect();
+    let mut ancestors = vec![root];
+    let mut counted = std::collections::HashSet::from([root]);
+    let mut total = 0;
+    // Down the tree by parent pid; each process once, should a pid be reused mid-listing.
+    while let Some(parent) = ancestors.pop() {
+        for (pid, stat) in &processes {
+            if stat.parent_pid == parent && counted.insert(*pid) {
+                total += stat.own_ticks + stat.reaped_children_ticks;
+                ancestors.push(*pid);
+            }
+        }
+    }
+    total
 }
 
 /// Voluntary context switches of all the threads of `pid`: each is a thread going to
@@ -251,6 +336,83 @@ mod tests {
         let stat = "42 (a) (b) S 1 42 42 0 -1 4194304 100 0 0 0 7 5 0 0 20 0 3 0 100 1000 50";
         assert_eq!(parse_stat_cpu_ticks(stat), Some(12));
         assert_eq!(parse_stat_cpu_ticks("42 (a) S 1"), None);
+    }
+
+    /// A /proc/PID/stat line with the fields the tree sum reads.
+    fn stat_line(pid: u32, ppid: u32, utime: u64, stime: u64, cutime: u64, cstime: u64) -> String {
+        format!(
+            "{pid} (a b) S {ppid} {pid} {pid} 0 -1 4194304 100 0 0 0 {utime} {stime} \
+             {cutime} {cstime} 20 0 1 0 100 1000 50"
+        )
+    }
+
+    #[test]
+    fn tree_sum_counts_live_descendants_and_reaped_children_once() {
+        // 100 is the server: own 10 + 3, reaped children 40 + 2 (an AOF rewrite that
+        // ended); 101 its live forked child (own 5 + 1, its own reaped 7 + 0); 102 the
+        // child's child; 103 and 104 are not in the tree (104's parent is 1, 103 is the
+        // harness beside it); "self" and a file are not processes.
+        let dir = tempfile::tempdir().unwrap();
+        let write = |pid: u32, line: String| {
+            std::fs::create_dir(dir.path().join(pid.to_string())).unwrap();
+            std::fs::write(dir.path().join(pid.to_string()).join("stat"), line).unwrap();
+        };
+        write(100, stat_line(100, 99, 10, 3, 40, 2));
+        write(101, stat_line(101, 100, 5, 1, 7, 0));
+        write(102, stat_line(102, 101, 2, 2, 0, 0));
+        write(103, stat_line(103, 99, 50, 50, 0, 0));
+        write(104, stat_line(104, 1, 50, 50, 0, 0));
+        std::fs::create_dir(dir.path().join("self")).unwrap();
+        std::fs::write(dir.path().join("uptime"), "1 1").unwrap();
+        assert_eq!(tree_cpu_ticks(dir.path(), 100), Some(13 + 42 + 13 + 4));
+        assert_eq!(tree_cpu_ticks(dir.path(), 101), Some(13 + 4));
+        assert_eq!(tree_cpu_ticks(dir.path(), 105), None, "no such process");
+        assert_eq!(
+            parse_stat(&stat_line(7, 1, 1, 2, 3, 4)),
+            Some(StatCpu {
+                parent_pid: 1,
+                own_ticks: 3,
+                reaped_children_ticks: 7
+            })
+        );
+    }
+
+    #[test]
+    fn tree_sum_counts_a_real_forked_child_while_it_runs_and_after_it_is_reaped() {
+        // The redis case: a child forked to burn CPU, first live, then killed and waited
+        // for. Process CPU never sees it; the tree does, both times. Our own threads keep
+        // running (other tests), so only lower bounds on the child's share are asserted.
+        let pid = std::process::id();
+        let reaped_before = read_stat(Path::new("/proc"), pid)
+            .unwrap()
+            .reaped_children_ticks;
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", "while :; do :; done"])
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let child_ticks = loop {
+            let ticks = process_cpu_ticks(child.id()).unwrap();
+            if ticks >= 10 || Instant::now() > deadline {
+                break ticks;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert!(child_ticks >= 10, "the child burnt CPU");
+        let live = live_descendants_ticks(Path::new("/proc"), pid);
+        assert!(
+            live >= child_ticks,
+            "live child counted: {live} < {child_ticks}"
+        );
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let after = read_stat(Path::new("/proc"), pid).unwrap();
+        assert!(
+            after.reaped_children_ticks >= reaped_before + child_ticks,
+            "reaped child counted"
+        );
+        let tree = process_tree_cpu_ticks(pid).unwrap();
+        assert!(tree >= after.own_ticks + reaped_before + child_ticks);
     }
 
     #[test]

@@ -53,7 +53,7 @@ mod tests;
 pub use node::image::{image_contents, rewrite_image, verify_image, ImageContents, ImagePivot};
 pub use node::{C_INT, C_LEAF, KEY_AREA_BYTES, MAX_INLINE_PIVOT, NODE_BYTES};
 pub use tree::{
-    HeapNode, LeafCopy, Retired, RetiredNode, Sealed, Seek, Tree, TreeCheck, WriteCounts,
+    Finger, HeapNode, LeafCopy, Retired, RetiredNode, Sealed, Seek, Tree, TreeCheck, WriteCounts,
 };
 
 use crate::error::Result;

@@ -167,7 +167,7 @@ impl Region {
             if self.deferred.get(key) != Some(*ptr) {
                 continue;
             }
-            self.apply(w, key, true, DiskOffset(*ptr))
+            self.apply(w, key, true, DiskOffset(*ptr), None)
                 .inspect_err(|_| self.shared.poison())?;
             let mut map = self.deferred.lock();
             map.remove(key);

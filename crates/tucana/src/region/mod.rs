@@ -403,6 +403,9 @@ impl Region {
         }
         let mut existed = 0;
         let mut deferred = false;
+        // A batch's neighbouring keys (a run's pushes or pops of one list) often share a
+        // leaf: each after the first is applied there without a descent.
+        let mut finger = index::Finger::default();
         for (op, ptr) in ops.iter().zip(ptrs.iter()) {
             if deferrable
                 && self
@@ -418,7 +421,13 @@ impl Region {
                 self.apply_deferred_of(&mut w, op.key)?;
             }
             if self
-                .apply(&mut w, op.key, op.value.is_some(), *ptr)
+                .apply(
+                    &mut w,
+                    op.key,
+                    op.value.is_some(),
+                    *ptr,
+                    (ops.len() > 1).then_some(&mut finger),
+                )
                 .inspect_err(|_| shared.poison())?
             {
                 existed += 1;
@@ -481,15 +490,30 @@ impl Region {
 
     /// Applies one logged write to the tree and the byte counts (also used by replay).
     /// Returns whether the key existed.
-    fn apply(&self, w: &mut Writer, key: &[u8], put: bool, ptr: DiskOffset) -> Result<bool> {
+    /// With a `finger` (a batch of several writes), a key that falls in the leaf the
+    /// previous one reached is applied there without a descent from the root.
+    fn apply(
+        &self,
+        w: &mut Writer,
+        key: &[u8],
+        put: bool,
+        ptr: DiskOffset,
+        finger: Option<&mut index::Finger>,
+    ) -> Result<bool> {
         let old = if put {
-            let old = self.tree.insert(self, key, ptr.0)?;
+            let old = match finger {
+                Some(finger) => self.tree.insert_near(self, finger, key, ptr.0)?,
+                None => self.tree.insert(self, key, ptr.0)?,
+            };
             if old.is_none() {
                 self.keys.fetch_add(1, Ordering::Relaxed);
             }
             old
         } else {
-            let old = self.tree.remove(self, key)?;
+            let old = match finger {
+                Some(finger) => self.tree.remove_near(self, finger, key)?,
+                None => self.tree.remove(self, key)?,
+            };
             if old.is_some() {
                 self.keys.fetch_sub(1, Ordering::Relaxed);
             }
@@ -519,7 +543,7 @@ impl Region {
                         key.clear();
                         key.extend_from_slice(r.key);
                     })?;
-                    self.apply(&mut w, &key, put, at)?;
+                    self.apply(&mut w, &key, put, at, None)?;
                 }
                 Replayed::Link { at, len } => self.log.account_replayed(&mut w, at, len, false),
             }

@@ -5,6 +5,8 @@
 //! of its role with its argument:
 //! - `write`: the writer's changes (insert, remove, replace a pointer, seal) and
 //!   copy-on-write of sealed and disk nodes on the writer's path;
+//! - `finger`: a batch's inserts and removes that land in the leaf the previous one
+//!   reached, without a descent from the root;
 //! - `split`: top-down splits of full nodes and the stems they grow or shrink;
 //! - `read`: lock-free descents for readers (get, points-at, leaf copies);
 //! - `persist`: the commit's side: disk images of sealed trees, retired nodes' blocks,
@@ -33,12 +35,14 @@
 //!   other.
 
 mod check;
+mod finger;
 mod persist;
 mod read;
 mod split;
 mod write;
 
 pub use check::TreeCheck;
+pub use finger::Finger;
 pub use read::{LeafCopy, Seek};
 
 use std::ptr::NonNull;
@@ -126,6 +130,9 @@ pub struct Tree {
     split_key_reads: AtomicU64,
     insert_key_reads: AtomicU64,
     stem_shrinks: AtomicU64,
+    /// Changes of the tree's shape by the writer (splits, pruned leaves, seals): a
+    /// [`Finger`] taken before one no longer names a node the writer may trust.
+    shape_changes: AtomicU64,
 }
 
 /// Counts of the writer's leaf work since the tree was made: how often splits and inserts
@@ -216,6 +223,7 @@ impl Tree {
             split_key_reads: AtomicU64::new(0),
             insert_key_reads: AtomicU64::new(0),
             stem_shrinks: AtomicU64::new(0),
+            shape_changes: AtomicU64::new(0),
         }
     }
 
@@ -272,6 +280,11 @@ impl Tree {
     }
 
     /// Counts a node made in the running epoch.
+    /// Records a change of shape: every [`Finger`] taken before it is stale. Writer only.
+    fn shape_changed(&self) {
+        self.shape_changes.fetch_add(1, Relaxed);
+    }
+
     fn made_node(&self) {
         self.heap_nodes.fetch_add(1, Relaxed);
         self.dirty_nodes.fetch_add(1, Relaxed);

@@ -45,6 +45,7 @@ impl Tree {
         key: &[u8],
     ) -> Result<Sep> {
         let split = self.split_prepare(ctx, child, running, key)?;
+        self.shape_changed();
         Self::insert_pivot(parent, idx, &split.sep, heap_word(split.right));
         self.truncate(child, split.keep, split.left_stem);
         Ok(split.sep)
@@ -65,6 +66,7 @@ impl Tree {
             left_stem,
             ..
         } = self.split_prepare(ctx, old, running, key)?;
+        self.shape_changed();
         // SAFETY: `old` is the live root.
         let level = unsafe { old.as_ref() }.meta().level + 1;
         let nr = self.new_internal(running, level);

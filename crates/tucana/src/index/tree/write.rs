@@ -19,7 +19,7 @@ use std::ptr::NonNull;
 use std::sync::atomic::Ordering::*;
 
 use super::read::GetDescent;
-use super::{CountingCtx, HeapNode, RetiredNode, Sealed, Tree};
+use super::{CountingCtx, Finger, HeapNode, RetiredNode, Sealed, Tree};
 use crate::error::Result;
 use crate::index::node::heap::{as_internal, as_leaf, heap_copy};
 use crate::index::node::image::{heap_from_image, DiskNode};
@@ -36,8 +36,24 @@ impl Tree {
     /// Maps `key` to the log pointer `ptr` (non-zero). Returns the pointer it replaced.
     /// Writer only. Allocates only when it copies or splits a node.
     pub fn insert<C: Ctx>(&self, ctx: &C, key: &[u8], ptr: u64) -> Result<Option<u64>> {
-        assert!(ptr != 0, "log pointer 0 names no record");
         let _w = self.writer();
+        self.insert_from_root(ctx, key, ptr, None)
+    }
+
+    /// `insert`'s descent from the root, splitting full nodes on the way down. With a
+    /// `finger`, leaves it naming the leaf reached and the path to it (left empty when
+    /// the tree was). Writer only; the caller holds the writer check.
+    pub(super) fn insert_from_root<C: Ctx>(
+        &self,
+        ctx: &C,
+        key: &[u8],
+        ptr: u64,
+        mut finger: Option<&mut Finger>,
+    ) -> Result<Option<u64>> {
+        assert!(ptr != 0, "log pointer 0 names no record");
+        if let Some(f) = finger.as_deref_mut() {
+            f.clear();
+        }
         let running = self.running.load(Relaxed);
         let kp = key_prefix(key);
         let kh = key_hash(key);
@@ -64,6 +80,10 @@ impl Tree {
         loop {
             // SAFETY: live (above).
             if unsafe { node.as_ref() }.meta().is_leaf() {
+                if let Some(f) = finger {
+                    // After every split of this insert: the path as it stands now.
+                    f.reached(self, node);
+                }
                 // SAFETY: live, and the kind was checked.
                 return self.leaf_insert(ctx, unsafe { as_leaf(node) }, key, kh, ptr);
             }
@@ -91,11 +111,14 @@ impl Tree {
                 // SAFETY: live, as above (a new right sibling is on the writer's path now).
                 assert!(!unsafe { child.as_ref() }.meta().is_full());
             }
+            if let Some(f) = finger.as_deref_mut() {
+                f.path.push((node, idx));
+            }
             node = child;
         }
     }
 
-    fn leaf_insert<C: Ctx>(
+    pub(super) fn leaf_insert<C: Ctx>(
         &self,
         ctx: &C,
         leaf: &LeafNode,
@@ -213,16 +236,64 @@ impl Tree {
     /// leaves are not merged otherwise (future work).
     pub fn remove<C: Ctx>(&self, ctx: &C, key: &[u8]) -> Result<Option<u64>> {
         let _w = self.writer();
+        let mut path = Vec::new();
+        self.remove_from_root(ctx, key, &mut path, None)
+    }
+
+    /// `remove`'s descent from the root, after a probe that copies nothing for an absent
+    /// key. `path` (cleared first) gets the internal nodes passed and the child index
+    /// taken in each. With a `finger`, leaves it naming the leaf reached and `path` when
+    /// the leaf stays in the tree. Writer only; the caller holds the writer check.
+    pub(super) fn remove_from_root<C: Ctx>(
+        &self,
+        ctx: &C,
+        key: &[u8],
+        path: &mut Vec<(NonNull<Header>, usize)>,
+        finger: Option<&mut Finger>,
+    ) -> Result<Option<u64>> {
         let kh = key_hash(key);
-        let mut probe = GetDescent { key, hash: kh };
-        if self.descend(ctx, None, &mut probe)?.is_none() {
-            return Ok(None);
+        path.clear();
+        // A path already of the running epoch (written since the last seal) is searched
+        // once: nothing is copied, so an absent key costs nothing more. Otherwise a probe
+        // first, so that a remove of an absent key copies nothing.
+        let node = match self.running_leaf(ctx, key, path)? {
+            Some(node) => node,
+            None => {
+                let mut probe = GetDescent { key, hash: kh };
+                if self.descend(ctx, None, &mut probe)?.is_none() {
+                    return Ok(None);
+                }
+                path.clear();
+                self.writable_leaf(ctx, key, Some(path))?
+            }
+        };
+        let shape = self.shape_changes.load(Relaxed);
+        let removed = self.leaf_remove(ctx, path, node, key, kh)?;
+        if let Some(f) = finger {
+            f.clear();
+            // A pruned leaf (a change of shape) is no place to start from.
+            if self.shape_changes.load(Relaxed) == shape {
+                f.path.extend_from_slice(path);
+                f.reached(self, node);
+            }
         }
+        Ok(removed)
+    }
+
+    /// Removes `key` from the writable `node`, the leaf its range is in, reached through
+    /// `path` (writable internal nodes and the child index taken in each); prunes the leaf
+    /// if that empties it. Returns the pointer `key` mapped to, `None` if it is absent.
+    pub(super) fn leaf_remove<C: Ctx>(
+        &self,
+        ctx: &C,
+        path: &[(NonNull<Header>, usize)],
+        node: NonNull<Header>,
+        key: &[u8],
+        kh: u32,
+    ) -> Result<Option<u64>> {
         let running = self.running.load(Relaxed);
-        // Internal nodes on the way down and the child index taken in each.
-        let mut path: Vec<(NonNull<Header>, usize)> = Vec::new();
-        let node = self.writable_leaf(ctx, key, Some(&mut path))?;
-        // SAFETY: `writable_leaf` returns a live leaf of the running epoch.
+        // SAFETY: callers pass a live leaf of the running epoch (`writable_leaf`'s, or a
+        // finger's that no change of shape made stale).
         let leaf = unsafe { as_leaf(node) };
         let own = HeapLeaf {
             node: leaf,
@@ -233,8 +304,8 @@ impl Tree {
         Self::count(&self.insert_key_reads, counting.reads());
         let (pos, found) = position?;
         if !found {
-            // The probe found it a moment ago; only a log answering differently could get
-            // here. Nothing was removed.
+            // After the probe, only a log answering differently could get here; through a
+            // finger, the key is absent. Nothing was removed.
             return Ok(None);
         }
         let m = leaf.hdr.meta();
@@ -252,7 +323,7 @@ impl Tree {
         });
         leaf.hdr.write_end();
         if m.count == 1 {
-            self.prune_empty(&path, node, running);
+            self.prune_empty(path, node, running);
         }
         Ok(Some(old))
     }
@@ -265,6 +336,7 @@ impl Tree {
     /// The detached nodes are retired: in no sealed tree (they are of the running epoch),
     /// freed after the readers' grace period.
     fn prune_empty(&self, path: &[(NonNull<Header>, usize)], leaf: NonNull<Header>, running: u64) {
+        self.shape_changed();
         let mut detached = vec![leaf];
         let mut cut = false;
         for &(p, idx) in path.iter().rev() {
@@ -353,6 +425,8 @@ impl Tree {
         let epoch = self.running.load(Relaxed);
         let root = self.root.load(Relaxed);
         self.running.store(epoch + 1, Release);
+        // The running epoch's nodes are sealed now: a finger's nodes are not writable.
+        self.shape_changed();
         self.dirty_nodes.store(0, Relaxed);
         Sealed {
             root,
@@ -396,6 +470,41 @@ impl Tree {
                 prefetch_leaf_word(parent.child[idx].load(Relaxed));
             }
             node = self.writable_child(ctx, parent, idx, running)?;
+        }
+    }
+
+    /// The leaf `key` belongs in if it and every node above it are heap nodes of the
+    /// running epoch (writable in place, nothing to copy), with the internal nodes passed
+    /// and the child index taken in each in `path`; `None` (and `path` partly filled) at
+    /// the first node that is not. Writer only.
+    fn running_leaf<C: Ctx>(
+        &self,
+        ctx: &C,
+        key: &[u8],
+        path: &mut Vec<(NonNull<Header>, usize)>,
+    ) -> Result<Option<NonNull<Header>>> {
+        let running = self.running.load(Relaxed);
+        let mut word = self.root.load(Relaxed);
+        loop {
+            let node = match NodeRef::decode(word) {
+                // SAFETY: the root and the children of live nodes on the writer's path
+                // are live.
+                Some(NodeRef::Heap(p)) if unsafe { p.as_ref() }.epoch() == running => p,
+                _ => return Ok(None),
+            };
+            // SAFETY: live (above); the kind is checked before the cast.
+            if unsafe { node.as_ref() }.meta().is_leaf() {
+                return Ok(Some(node));
+            }
+            // SAFETY: live, and the kind was checked.
+            let parent = unsafe { as_internal(node) };
+            let own = HeapInternal {
+                node: parent,
+                version: None,
+            };
+            let idx = no_restart(child_index(&own, ctx, key, true))?;
+            path.push((node, idx));
+            word = parent.child[idx].load(Relaxed);
         }
     }
 

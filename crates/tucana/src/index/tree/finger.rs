@@ -1,0 +1,155 @@
+//! A finger: where the writer's previous insert or remove of a batch landed, so that the
+//! next key of the batch that falls in the same leaf is applied there without a descent
+//! from the root (a list's run of pushes or pops, sorted keys of one collection).
+//!
+//! Owns: the finger's state (the leaf, the internal nodes above it with the child index
+//! taken in each, the tree's count of shape changes when it was taken), the test of
+//! whether a key's range is that leaf, and the writer's insert and remove through it.
+//! Does not own: descents from the root, splits, pruning (`write`, `split`), searches
+//! inside a node (`search`).
+//!
+//! Thread safety: a finger belongs to one writer for one batch, under the writer lock of
+//! its region; every method here is the writer's (`Tree::writer` catches overlaps). Its
+//! `unsafe` is of one kind: turning a node pointer the finger kept into a reference.
+//! Such a node was on the writer's path, of the running epoch, when the finger was taken,
+//! and the tree's count of shape changes has not moved since: no split, pruned leaf or
+//! seal happened, so the node is still reachable from the root and writable in place
+//! (only a change of shape or a seal detaches or freezes a node of the running epoch;
+//! copy-on-write replaces nodes of older epochs only, which no finger names).
+
+use std::ptr::NonNull;
+use std::sync::atomic::Ordering::*;
+
+use super::Tree;
+use crate::error::Result;
+use crate::index::node::heap::{as_internal, as_leaf};
+use crate::index::node::view::{no_restart, HeapInternal};
+use crate::index::node::Header;
+use crate::index::search::child_index;
+use crate::index::{key_hash, Ctx};
+
+/// Where the previous write of a batch landed. Start each batch with `Finger::default()`
+/// and pass it to [`Tree::insert_near`] and [`Tree::remove_near`] for each of its keys.
+#[derive(Debug, Default)]
+pub struct Finger {
+    /// The leaf reached last; `None` until a write reached one (or after one emptied it).
+    leaf: Option<NonNull<Header>>,
+    /// The internal nodes from the root down to the leaf and the child index taken in each.
+    pub(super) path: Vec<(NonNull<Header>, usize)>,
+    /// `Tree::shape_changes` when the leaf was reached.
+    shape: u64,
+    /// Writes applied through the finger, and writes that descended from the root.
+    hits: u64,
+    descents: u64,
+}
+
+impl Finger {
+    /// Forgets the leaf (the path is refilled by the next descent).
+    pub(super) fn clear(&mut self) {
+        self.leaf = None;
+        self.path.clear();
+    }
+
+    /// Records `leaf`, reached through `self.path`, as the tree's shape stands now.
+    pub(super) fn reached(&mut self, tree: &Tree, leaf: NonNull<Header>) {
+        self.leaf = Some(leaf);
+        self.shape = tree.shape_changes.load(Relaxed);
+    }
+
+    /// Writes applied in the leaf the previous one reached (no descent).
+    pub fn hits(&self) -> u64 {
+        self.hits
+    }
+
+    /// Writes that descended from the root.
+    pub fn descents(&self) -> u64 {
+        self.descents
+    }
+}
+
+impl Tree {
+    /// `insert` for one key of a batch: in the finger's leaf when `key`'s range is that
+    /// leaf and it has room, else by a descent from the root that moves the finger.
+    pub fn insert_near<C: Ctx>(
+        &self,
+        ctx: &C,
+        finger: &mut Finger,
+        key: &[u8],
+        ptr: u64,
+    ) -> Result<Option<u64>> {
+        let _w = self.writer();
+        if let Some(node) = self.finger_leaf(ctx, finger, key)? {
+            // SAFETY: a finger's leaf is live and writable (module doc).
+            let leaf = unsafe { as_leaf(node) };
+            if !leaf.hdr.meta().is_full() {
+                assert!(ptr != 0, "log pointer 0 names no record");
+                finger.hits += 1;
+                return self.leaf_insert(ctx, leaf, key, key_hash(key), ptr);
+            }
+        }
+        finger.descents += 1;
+        self.insert_from_root(ctx, key, ptr, Some(finger))
+    }
+
+    /// `remove` for one key of a batch: in the finger's leaf when `key`'s range is that
+    /// leaf (absent if the leaf does not hold it), else by a descent from the root that
+    /// moves the finger. A leaf the remove empties leaves the tree and the finger.
+    pub fn remove_near<C: Ctx>(
+        &self,
+        ctx: &C,
+        finger: &mut Finger,
+        key: &[u8],
+    ) -> Result<Option<u64>> {
+        let _w = self.writer();
+        if let Some(node) = self.finger_leaf(ctx, finger, key)? {
+            finger.hits += 1;
+            let removed = self.leaf_remove(ctx, &finger.path, node, key, key_hash(key))?;
+            if finger.shape != self.shape_changes.load(Relaxed) {
+                finger.clear();
+            }
+            return Ok(removed);
+        }
+        finger.descents += 1;
+        // Not the finger's own path: a remove of an absent key leaves the finger as it was.
+        let mut path = Vec::new();
+        self.remove_from_root(ctx, key, &mut path, Some(finger))
+    }
+
+    /// The finger's leaf if `key`'s range is that leaf: the finger is not stale, and at
+    /// every internal node from the leaf's parent up, `key` takes the child the finger
+    /// took, until both of the leaf's fences are found (a child index above 0 has its
+    /// lower fence in that node, one below the node's pivot count its upper fence) or the
+    /// root is passed. Usually only the parent is searched. No log record is read unless
+    /// a pivot compare needs one, as in a descent.
+    fn finger_leaf<C: Ctx>(
+        &self,
+        ctx: &C,
+        finger: &Finger,
+        key: &[u8],
+    ) -> Result<Option<NonNull<Header>>> {
+        let Some(leaf) = finger.leaf else {
+            return Ok(None);
+        };
+        if finger.shape != self.shape_changes.load(Relaxed) {
+            return Ok(None);
+        }
+        let (mut lower, mut upper) = (false, false);
+        for &(node, idx) in finger.path.iter().rev() {
+            // SAFETY: a finger's internal nodes are live and writable (module doc).
+            let parent = unsafe { as_internal(node) };
+            let own = HeapInternal {
+                node: parent,
+                version: None,
+            };
+            if no_restart(child_index(&own, ctx, key, true))? != idx {
+                return Ok(None);
+            }
+            lower |= idx > 0;
+            upper |= idx < parent.hdr.meta().count as usize;
+            if lower && upper {
+                break;
+            }
+        }
+        Ok(Some(leaf))
+    }
+}
