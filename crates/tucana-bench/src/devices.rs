@@ -124,6 +124,21 @@ impl DevicesArgs {
 }
 
 /// Appends `record` as one line to `--json`'s file, if given.
+/// The 1-minute load average (`/proc/loadavg`'s first figure), for a run's record.
+fn loadavg_1m() -> Option<String> {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|l| l.split_whitespace().next().map(str::to_string))
+}
+
+/// Per-member figures joined by `/` with `digits` decimals, for a run's line.
+fn per_member(v: &[f64], digits: usize) -> String {
+    v.iter()
+        .map(|x| format!("{x:.digits$}"))
+        .collect::<Vec<_>>()
+        .join("/")
+}
+
 fn append_json(args: &DevicesArgs, record: &serde_json::Value) -> Result<()> {
     if let Some(path) = &args.json {
         use std::io::Write;
@@ -281,9 +296,7 @@ pub fn run(args: &DevicesArgs) -> Result<()> {
         "mib_per_s": mib(record_bytes) / durable_s,
         "volume_written_mib_per_s": mib(stats.bytes_written) / durable_s,
         "per_member": members,
-        "loadavg": std::fs::read_to_string("/proc/loadavg")
-            .ok()
-            .and_then(|l| l.split_whitespace().next().map(str::to_string)),
+        "loadavg": loadavg_1m(),
     });
     let shares: Vec<String> = stats
         .members

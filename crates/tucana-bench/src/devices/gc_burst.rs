@@ -114,9 +114,7 @@ pub fn run(args: &DevicesArgs, trims: Trims) -> Result<()> {
         "trims_forced": delta(|s| s.trims_forced),
         "trims_pending_bytes_at_end": after.trims_pending_bytes,
         "space_used_bytes_at_end": after.space_used_bytes,
-        "loadavg": std::fs::read_to_string("/proc/loadavg")
-            .ok()
-            .and_then(|l| l.split_whitespace().next().map(str::to_string)),
+        "loadavg": super::loadavg_1m(),
     });
     println!(
         "{:<28} trims {:<10}: reads {:>8} p50 {:>6} us p99 {:>7} us p99.9 {:>7} us max {:>8} us; overwrite {:.1} s, window {:.1} s; GC reclaimed {:.0} MiB; trims issued {} forced {}, {:.0} MiB pending at the end",

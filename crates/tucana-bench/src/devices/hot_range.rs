@@ -249,16 +249,8 @@ fn report(
         "write_queue_mib_per_member": queue_mib,
         "written_mib_per_member": written_mib,
         "read_mib_per_member": read_mib,
-        "loadavg": std::fs::read_to_string("/proc/loadavg")
-            .ok()
-            .and_then(|l| l.split_whitespace().next().map(str::to_string)),
+        "loadavg": super::loadavg_1m(),
     });
-    let list = |v: &[f64], digits: usize| {
-        v.iter()
-            .map(|x| format!("{x:.digits$}"))
-            .collect::<Vec<_>>()
-            .join("/")
-    };
     println!(
         "{:<28} {:<10}: writes {:>6.1} MiB/s in {:.1} s, hot reads {:>7.0}/s p99 {} us; queue spread {:.1} ms weighted, {:.1} MiB queued (mean per member {} ms, {} MiB); MiB written {}, read {}",
         args.label,
@@ -269,10 +261,10 @@ fn report(
         hist.value_at_quantile(0.99),
         ms(samples.mean(samples.weighted_spread_ps)),
         mib(samples.mean(samples.queue_spread_bytes)),
-        list(&weighted_ms, 1),
-        list(&queue_mib, 1),
-        list(&written_mib, 0),
-        list(&read_mib, 0),
+        super::per_member(&weighted_ms, 1),
+        super::per_member(&queue_mib, 1),
+        super::per_member(&written_mib, 0),
+        super::per_member(&read_mib, 0),
     );
     super::append_json(args, &record)
 }

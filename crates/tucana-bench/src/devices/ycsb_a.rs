@@ -226,16 +226,8 @@ fn report(
         "weighted_queue_ms_per_member": weighted_ms,
         "written_mib_per_member": written_mib,
         "read_mib_per_member": read_mib,
-        "loadavg": std::fs::read_to_string("/proc/loadavg")
-            .ok()
-            .and_then(|l| l.split_whitespace().next().map(str::to_string)),
+        "loadavg": super::loadavg_1m(),
     });
-    let list = |v: &[f64], digits: usize| {
-        v.iter()
-            .map(|x| format!("{x:.digits$}"))
-            .collect::<Vec<_>>()
-            .join("/")
-    };
     println!(
         "{:<28} {} member(s) {:<10}: YCSB A {:>8.0} ops/s over {:.1} s (read p99 {} us, update p99 {} us; load {:.1} MiB/s); queue spread {:.1} ms weighted, {:.1} MiB queued (mean per member {} ms); during A MiB written {}, read {}",
         args.label,
@@ -248,9 +240,9 @@ fn report(
         load_mib_per_s,
         ms(samples.mean(samples.weighted_spread_ps)),
         mib(samples.mean(samples.queue_spread_bytes)),
-        list(&weighted_ms, 1),
-        list(&written_mib, 0),
-        list(&read_mib, 0),
+        super::per_member(&weighted_ms, 1),
+        super::per_member(&written_mib, 0),
+        super::per_member(&read_mib, 0),
     );
     super::append_json(args, &record)
 }
