@@ -468,8 +468,11 @@ pub fn open_and_read(volume: Sparse) {
                 break;
             }
         }
-        let snapshot = ks.snapshot();
-        let _ = snapshot.get(b"key000001");
+        // A snapshot of a damaged volume may fail (applying deferred updates reads
+        // records); both are fine here, a panic is not.
+        if let Ok(snapshot) = ks.snapshot() {
+            let _ = snapshot.get(b"key000001");
+        }
         let _ = ks.len();
         // Writing to a damaged volume must fail cleanly or work; both are fine here.
         let _ = ks.put(b"fuzz", b"written after open");
