@@ -7,11 +7,13 @@ use crate::volume::dispatch::{DispatchPolicy, Kind};
 use crate::volume::MemStorage;
 use std::sync::atomic::AtomicBool;
 
-fn mems(n: usize) -> Vec<Arc<MemStorage>> {
+/// `n` empty memory members (also for `table::tests`).
+pub(super) fn mems(n: usize) -> Vec<Arc<MemStorage>> {
     (0..n).map(|_| Arc::new(MemStorage::new())).collect()
 }
 
-fn named(mems: &[Arc<MemStorage>]) -> Vec<(String, Arc<dyn Storage>)> {
+/// The members named `mem0`, `mem1`… as `MemberSet::open` takes them.
+pub(super) fn named(mems: &[Arc<MemStorage>]) -> Vec<(String, Arc<dyn Storage>)> {
     mems.iter()
         .enumerate()
         .map(|(i, m)| (format!("mem{i}"), m.clone() as Arc<dyn Storage>))

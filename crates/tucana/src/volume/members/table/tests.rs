@@ -7,16 +7,7 @@ use std::sync::Arc;
 use super::*;
 use crate::volume::MemStorage;
 
-fn mems(n: usize) -> Vec<Arc<MemStorage>> {
-    (0..n).map(|_| Arc::new(MemStorage::new())).collect()
-}
-
-fn named(mems: &[Arc<MemStorage>]) -> Vec<(String, Arc<dyn Storage>)> {
-    mems.iter()
-        .enumerate()
-        .map(|(i, m)| (format!("mem{i}"), m.clone() as Arc<dyn Storage>))
-        .collect()
-}
+use crate::volume::members::tests::{mems, named};
 
 /// A created volume over `n` members, past its first commit (no creation to redo).
 fn volume(n: usize) -> Vec<Arc<MemStorage>> {
