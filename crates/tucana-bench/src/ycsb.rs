@@ -506,8 +506,7 @@ pub trait PhaseWatch {
     /// the engine's files, `live_user_bytes` the keys and values loaded.
     fn start(&mut self, dir: &Path, live_user_bytes: u64) -> Result<()>;
 
-    /// Called after the workload's last operation, the engine still open; may add to the
-    /// workload's record.
+    /// Called after the workload's last operation, engine still open; may add to its record.
     fn finish(&mut self, engine: &dyn Engine, record: &mut Record) -> Result<()>;
 }
 
@@ -852,10 +851,11 @@ impl Run<'_> {
         key_name(keynum, key);
         let mut count = 0usize;
         lat.time(|| {
-            self.engine.scan(
+            self.engine.scan_at_most(
                 Bound::Included(key),
                 Bound::Unbounded,
                 Direction::Forward,
+                length as usize,
                 &mut |k, v| {
                     if scanned.len() <= count {
                         scanned.push((Vec::new(), Vec::new()));

@@ -377,6 +377,8 @@ impl Engine {
             gc_relocated_bytes: shared.gc_relocated_bytes.load(Ordering::Relaxed),
             gc_reclaimed_bytes: shared.gc_reclaimed_bytes.load(Ordering::Relaxed),
             reorganised_bytes: shared.reorganised_bytes.load(Ordering::Relaxed),
+            scattered_reads: shared.scattered_reads.load(Ordering::Relaxed),
+            scattered_reads_dropped: shared.scattered_reads_dropped.load(Ordering::Relaxed),
             gc_paced_ns: shared.gc_paced_ns.load(Ordering::Relaxed),
             prefetch_calls: shared.prefetch_calls.load(Ordering::Relaxed),
             prefetch_bytes: shared.prefetch_bytes.load(Ordering::Relaxed),

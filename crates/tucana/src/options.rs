@@ -60,6 +60,12 @@ pub struct Options {
     /// walk it waits for new writes before it walks again. Off by default: it writes each
     /// scattered record once more.
     pub reorganise_after_idle: Option<Duration>,
+    /// A live forward scan that read records from the device and found them scattered
+    /// over the log reports them, and the background collector copies those still live
+    /// in key order, within GC's rate budget (`region/key_order.rs`): a range scanned
+    /// cold once is read as a few pages the next time. On by default; it writes each
+    /// such record once more, and only for data that is read from the device.
+    pub reorganise_scanned: bool,
     /// While sampled reads find about one record in eight or more missing from memory,
     /// records outside the tail are copied with `pread` (one request for all their pages,
     /// nothing mapped) instead of read through the mapping (a fault per page); in memory
@@ -154,6 +160,7 @@ impl Default for Options {
             gc_rate_bytes_per_sec: 64 << 20,
             scan_prefetch_entries: 64,
             reorganise_after_idle: None,
+            reorganise_scanned: true,
             cold_reads_copied: true,
             deferred_updates: DeferredUpdates::WhenCold,
             gc_tick: GC_TICK,
@@ -220,6 +227,12 @@ impl Options {
     /// a burst it may copy more. See the field.
     pub fn gc_rate_bytes_per_sec(mut self, rate: u64) -> Options {
         self.gc_rate_bytes_per_sec = rate;
+        self
+    }
+
+    /// Rewrite in key order what cold scans found scattered (default: on). See the field.
+    pub fn reorganise_scanned(mut self, on: bool) -> Options {
+        self.reorganise_scanned = on;
         self
     }
 

@@ -87,6 +87,9 @@ pub(crate) struct ResidencyGate {
     /// its first `HOT_START_FREE_BATCHES`, so a short scan over data in memory makes no
     /// system call at all.
     free_passes: u8,
+    /// Some probe found its page not resident (or could not tell): the reader has read
+    /// from the device.
+    missed: bool,
 }
 
 impl ResidencyGate {
@@ -101,7 +104,13 @@ impl ResidencyGate {
             } else {
                 0
             },
+            missed: false,
         }
+    }
+
+    /// Whether some probe of this gate found its page not resident (or could not tell).
+    pub(crate) fn missed(&self) -> bool {
+        self.missed
     }
 
     /// Probes in a row that found their page resident.
@@ -163,6 +172,7 @@ impl ResidencyGate {
         for &ptr in ptrs.iter().step_by(step) {
             if resident(ptr) != Some(true) {
                 self.resident_streak = 0;
+                self.missed = true;
                 return true;
             }
             self.resident_streak += 1;

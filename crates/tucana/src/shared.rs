@@ -51,6 +51,11 @@ pub(crate) struct Shared {
     pub gc_passes: AtomicU64,
     /// Bytes of records the reorganiser rewrote in key order (and the index took).
     pub reorganised_bytes: AtomicU64,
+    /// Scans that read scattered records from the device and reported them for a
+    /// rewrite in key order (`Region::report_scattered_read`), and reports dropped
+    /// because the region's queue was full.
+    pub scattered_reads: AtomicU64,
+    pub scattered_reads_dropped: AtomicU64,
     /// Bytes of live records garbage collection copied.
     pub gc_relocated_bytes: AtomicU64,
     /// Bytes of log segments garbage collection handed back for reuse.
@@ -131,6 +136,8 @@ impl Shared {
             syncs: AtomicU64::new(0),
             gc_passes: AtomicU64::new(0),
             reorganised_bytes: AtomicU64::new(0),
+            scattered_reads: AtomicU64::new(0),
+            scattered_reads_dropped: AtomicU64::new(0),
             gc_relocated_bytes: AtomicU64::new(0),
             gc_reclaimed_bytes: AtomicU64::new(0),
             foreground_bytes: AtomicU64::new(0),

@@ -43,6 +43,10 @@ pub struct Stats {
     /// Bytes of records the reorganiser rewrote in key order since open
     /// (`Database::reorganise`, `Options::reorganise_after_idle`).
     pub reorganised_bytes: u64,
+    /// Live scans since open that read scattered records from the device and queued them
+    /// for a rewrite in key order; reports dropped because the queue was full.
+    pub scattered_reads: u64,
+    pub scattered_reads_dropped: u64,
     /// Nanoseconds foreground writers slept because garbage collection fell far behind
     /// its space target (write pacing; 0 unless it did).
     pub gc_paced_ns: u64,
@@ -106,7 +110,7 @@ impl Stats {
     pub fn to_json(&self) -> String {
         let mut s = String::new();
         s.push('{');
-        let fields: [(&str, u64); 33] = [
+        let fields: [(&str, u64); 35] = [
             ("keys", self.keys),
             ("live_log_bytes", self.live_log_bytes),
             ("dead_log_bytes", self.dead_log_bytes),
@@ -125,6 +129,8 @@ impl Stats {
             ("gc_relocated_bytes", self.gc_relocated_bytes),
             ("gc_reclaimed_bytes", self.gc_reclaimed_bytes),
             ("reorganised_bytes", self.reorganised_bytes),
+            ("scattered_reads", self.scattered_reads),
+            ("scattered_reads_dropped", self.scattered_reads_dropped),
             ("gc_paced_ns", self.gc_paced_ns),
             ("prefetch_calls", self.prefetch_calls),
             ("prefetch_bytes", self.prefetch_bytes),

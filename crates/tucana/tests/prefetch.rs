@@ -290,6 +290,51 @@ fn a_short_scan_starts_with_a_small_window() {
     assert!((1..=16).contains(&asked), "{asked} pages asked for");
 }
 
+/// A scan that says how many items it will take (`Range::limit`) asks for no record past
+/// the last of them; without it the doubling window runs ahead of a 30-item scan.
+#[test]
+fn a_limited_scan_asks_for_no_record_past_its_limit() {
+    let (storage, _db, ks) = load(3000, 200, 64);
+    let limited: Vec<_> = ks
+        .range(b"k000100".to_vec()..)
+        .limit(30)
+        .map(|r| r.unwrap())
+        .collect();
+    assert_eq!(limited.len(), 30);
+    let asked_limited = pages_asked(&storage);
+    // Thirty records, each in at most two pages.
+    assert!(
+        (1..=60).contains(&asked_limited),
+        "{asked_limited} pages asked for"
+    );
+    let taken: Vec<_> = ks
+        .range(b"k000100".to_vec()..)
+        .take(30)
+        .map(|r| r.unwrap())
+        .collect();
+    assert_eq!(taken, limited);
+    let asked_taken = pages_asked(&storage);
+    assert!(
+        asked_taken > asked_limited,
+        "{asked_taken} pages asked for by take(30), {asked_limited} by limit(30)"
+    );
+}
+
+/// `limit` ends the range after that many items, from both ends together.
+#[test]
+fn a_limit_counts_items_from_both_ends() {
+    let (_storage, _db, ks) = load(500, 20, 64);
+    assert_eq!(ks.range::<Vec<u8>, _>(..).limit(0).count(), 0);
+    assert_eq!(ks.range::<Vec<u8>, _>(..).limit(7).count(), 7);
+    assert_eq!(ks.range::<Vec<u8>, _>(..).limit(600).count(), 500);
+    let mut range = ks.range::<Vec<u8>, _>(..).limit(5);
+    let front = range.next().unwrap().unwrap();
+    let back = range.next_back().unwrap().unwrap();
+    assert_eq!((front.0, back.0), (key(0), key(499)));
+    let rest: Vec<_> = range.map(|r| r.unwrap().0).collect();
+    assert_eq!(rest, vec![key(1), key(2), key(3)]);
+}
+
 #[test]
 fn records_in_the_tail_buffer_are_not_prefetched() {
     // 50 small records fit in the first segment: nothing is on the volume yet.

@@ -243,6 +243,21 @@ pub trait Engine: Send + Sync {
         visit: &mut Visit<'_>,
     ) -> Result<()>;
 
+    /// `scan` for a caller that takes at most `limit` pairs, as YCSB's own scan passes
+    /// its record count to the database binding: an engine whose iterators read ahead
+    /// may stop there (Tucana's `Range::limit`); by default the count is not used.
+    fn scan_at_most(
+        &self,
+        lower: Bound<&[u8]>,
+        upper: Bound<&[u8]>,
+        direction: Direction,
+        limit: usize,
+        visit: &mut Visit<'_>,
+    ) -> Result<()> {
+        let _ = limit;
+        self.scan(lower, upper, direction, visit)
+    }
+
     /// Makes every write acknowledged so far durable.
     fn sync(&self) -> Result<()>;
 

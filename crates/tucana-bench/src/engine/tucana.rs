@@ -52,6 +52,9 @@ impl EngineKind for Tucana {
             db,
             keyspace,
             durability,
+            // TUCANA_BENCH_SCAN_LIMIT=0: scans do not tell the range their count (the
+            // side-by-side run of `Range::limit`, DESIGN.md "Prefetch").
+            scan_limit: std::env::var("TUCANA_BENCH_SCAN_LIMIT").as_deref() != Ok("0"),
         }))
     }
 
@@ -83,6 +86,10 @@ fn options(config: &EngineConfig) -> tucana::Options {
         Ok("always") => options = options.deferred_updates(DeferredUpdates::Always),
         Ok("off") => options = options.deferred_updates(DeferredUpdates::Off),
         _ => {}
+    }
+    // TUCANA_BENCH_REORGANISE_SCANNED=0: `Options::reorganise_scanned` off.
+    if std::env::var("TUCANA_BENCH_REORGANISE_SCANNED").as_deref() == Ok("0") {
+        options = options.reorganise_scanned(false);
     }
     if std::env::var("TUCANA_BENCH_COLD_READS_COPIED").as_deref() == Ok("0") {
         options = options.cold_reads_copied(false);
@@ -118,6 +125,8 @@ struct TucanaEngine {
     db: Database,
     keyspace: Keyspace,
     durability: Durability,
+    /// Whether `scan_at_most` passes its count to the range (`Range::limit`).
+    scan_limit: bool,
 }
 
 impl TucanaEngine {
@@ -157,25 +166,25 @@ impl Engine for TucanaEngine {
         direction: Direction,
         visit: &mut Visit<'_>,
     ) -> Result<()> {
-        // Pairs lent in place (`Range::next_with`), as LMDB's cursor lends its page's
-        // bytes: the owned pairs of `Iterator::next` would be two allocations per item
-        // that only this adapter, not the engine's caller, asked for.
-        let mut range = self.keyspace.range::<&[u8], _>((lower, upper));
-        loop {
-            let step = match direction {
-                Direction::Forward => range.next_with(|key, value| visit(key, value)),
-                Direction::Reverse => range.next_back_with(|key, value| visit(key, value)),
-            };
-            match step {
-                None => break,
-                Some(flow) => {
-                    if flow?.is_break() {
-                        break;
-                    }
-                }
-            }
-        }
-        Ok(())
+        let range = self.keyspace.range::<&[u8], _>((lower, upper));
+        visit_range(range, direction, visit)
+    }
+
+    fn scan_at_most(
+        &self,
+        lower: Bound<&[u8]>,
+        upper: Bound<&[u8]>,
+        direction: Direction,
+        limit: usize,
+        visit: &mut Visit<'_>,
+    ) -> Result<()> {
+        let range = self.keyspace.range::<&[u8], _>((lower, upper));
+        let range = if self.scan_limit {
+            range.limit(limit)
+        } else {
+            range
+        };
+        visit_range(range, direction, visit)
     }
 
     fn sync(&self) -> Result<()> {
@@ -222,5 +231,30 @@ impl Engine for TucanaEngine {
 
     fn abandon(self: Box<Self>) {
         (*self).into_database().abandon();
+    }
+}
+
+/// Lends `range`'s pairs to `visit` in `direction` order until it breaks or the range
+/// ends: in place (`Range::next_with`), as LMDB's cursor lends its page's bytes, since the
+/// owned pairs of `Iterator::next` would be two allocations per item that only this
+/// adapter, not the engine's caller, asked for.
+fn visit_range(
+    mut range: tucana::Range,
+    direction: Direction,
+    visit: &mut Visit<'_>,
+) -> Result<()> {
+    loop {
+        let step = match direction {
+            Direction::Forward => range.next_with(|key, value| visit(key, value)),
+            Direction::Reverse => range.next_back_with(|key, value| visit(key, value)),
+        };
+        match step {
+            None => return Ok(()),
+            Some(flow) => {
+                if flow?.is_break() {
+                    return Ok(());
+                }
+            }
+        }
     }
 }

@@ -543,10 +543,19 @@ impl Kv for TxKv<'_> {
         if limit == 0 || bounds_empty(&bounds) {
             return Ok(Vec::new());
         }
+        // Each overlay write in the bounds consumes at most one stored record besides the
+        // `limit` returned, so the stored walk needs no more: told so, a cold range asks
+        // the device for no record past them (`Range::limit`).
+        let stored_max =
+            limit.saturating_add(self.overlay.range::<Vec<u8>, _>(bounds.clone()).count());
         let stored: Box<StoredRecords<'_>> = match &self.ks {
             None => Box::new(std::iter::empty()),
-            Some(ks) if rev => Box::new(ks.range::<Vec<u8>, _>(bounds.clone()).rev()),
-            Some(ks) => Box::new(ks.range::<Vec<u8>, _>(bounds.clone())),
+            Some(ks) if rev => Box::new(
+                ks.range::<Vec<u8>, _>(bounds.clone())
+                    .limit(stored_max)
+                    .rev(),
+            ),
+            Some(ks) => Box::new(ks.range::<Vec<u8>, _>(bounds.clone()).limit(stored_max)),
         };
         let written = self.overlay.range::<Vec<u8>, _>(bounds);
         let written: Box<OverlayWrites<'_>> = if rev {

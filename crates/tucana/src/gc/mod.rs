@@ -220,6 +220,13 @@ impl Collector {
         if worked {
             self.shared.gc_passes.fetch_add(1, Ordering::Relaxed);
         }
+        if opts.reorganise_scanned {
+            // What cold scans found scattered, within what is left of the step's budget.
+            let budget = step_bytes.min(state.tokens_bytes).max(0.0) as u64;
+            let spent = reorganise::rewrite_scattered_reads(&regions, budget)?;
+            step_bytes -= spent as f64;
+            state.tokens_bytes -= spent as f64;
+        }
         if let (Some(idle_after), false) = (opts.reorganise_after_idle, worked) {
             // Idle time goes to the reorganiser, within what is left of the step's budget.
             let budget = step_bytes.min(state.tokens_bytes).max(0.0) as u64;
@@ -407,6 +414,14 @@ impl Collector {
         self.shared.flush_trims();
         self.shared.gc_passes.fetch_add(1, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Copies every scattered read the scans reported (`reorganise::rewrite_scattered_reads`)
+    /// at once, without a budget: what the background step does over its next steps.
+    #[cfg(test)]
+    pub fn rewrite_scattered_reads_now(&self, regions: &Regions) -> Result<u64> {
+        let _one_pass = self.state.lock();
+        reorganise::rewrite_scattered_reads(&regions.list(), u64::MAX)
     }
 
     /// Rewrites every region's scattered leaves in key order (`reorganise`), then runs a

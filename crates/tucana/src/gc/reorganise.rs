@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use crate::error::Result;
 use crate::index::{LeafCopy, Seek};
 use crate::log::record::HEADER_BYTES;
-use crate::region::Region;
+use crate::region::{scattered, Region};
 use crate::types::RegionId;
 
 /// Records handed to one `Region::relocate` call, so that the writer lock is taken once
@@ -28,11 +28,6 @@ use crate::types::RegionId;
 /// bounds the memory of a walk over large values.
 const CHUNK_RECORDS: usize = 512;
 const CHUNK_MAX_BYTES: u64 = 4 << 20;
-
-/// A leaf is rewritten when its records break into more runs (stretches that lie close
-/// together in the log, in key order) than one per this many records: a scan of it would
-/// read that many separate places.
-const RECORDS_PER_RUN_IN_ORDER: usize = 8;
 
 /// Leaves one background step looks at, at most: a step reads only the leaves (copies of
 /// index nodes in memory) and the records of scattered ones, but a walk over a large
@@ -55,26 +50,6 @@ pub struct ReorganiseReport {
 /// One record of a leaf, read for its copy: `(offset, key, value)`.
 type Record = (u64, Vec<u8>, Vec<u8>);
 
-/// Whether records at `offsets` (in key order) are scattered: they form more runs than
-/// one per `RECORDS_PER_RUN_IN_ORDER`, a run going on while each record starts after the
-/// one before and less than `gap_bytes` past its start. Offsets alone, so that a walk
-/// reads no record of a leaf in order.
-fn scattered(offsets: &[u64], gap_bytes: u64) -> bool {
-    let breaks = offsets
-        .windows(2)
-        .filter(|pair| pair[1] <= pair[0] || pair[1] - pair[0] >= gap_bytes)
-        .count();
-    let runs = breaks + 1;
-    runs > offsets.len().div_ceil(RECORDS_PER_RUN_IN_ORDER)
-}
-
-/// The `gap_bytes` of `scattered` for `region`: a page, or two average records if
-/// that is more (so records longer than a page, back to back, count as in order).
-fn run_gap_bytes(region: &Region) -> u64 {
-    let average = region.live_bytes() / region.keys().max(1);
-    (2 * average).max(crate::types::BLOCK_BYTES)
-}
-
 /// Rewrites the scattered leaves of `region`'s live index in key order, from the leaf
 /// holding `from` (the first leaf for `None`) until the walk has copied `max_bytes` or
 /// reached the last leaf; adds what it did to `report`. Returns where the next walk of
@@ -87,7 +62,7 @@ pub(super) fn reorganise_leaves(
     (max_bytes, max_leaves): (u64, u64),
     report: &mut ReorganiseReport,
 ) -> Result<Option<Vec<u8>>> {
-    let gap_bytes = run_gap_bytes(region);
+    let gap_bytes = region.run_gap_bytes();
     let mut leaves = 0u64;
     let mut leaf = LeafCopy::default();
     let mut seek_key = from;
@@ -205,6 +180,41 @@ impl IdleWalk {
     }
 }
 
+/// Copies in key order the records live scans reported reading scattered from the device
+/// (`Region::report_scattered_read`, read-guided reorganisation), oldest report first,
+/// until `budget_bytes` of copies were taken; returns the bytes taken. A report carries
+/// its records' bytes, so nothing is read here. It is dropped when a segment was retired
+/// since its scan began: its segment may have been freed and reused since, and a record
+/// of the same key written at the same offset would pass for the one the scan read. Of
+/// the records it names, those in an open tail and those the index no longer points at
+/// (overwritten, deleted, or copied already for an earlier report of the same range) are
+/// left alone, so a range scanned many times is copied once. Reports left over wait for
+/// the next step.
+pub(super) fn rewrite_scattered_reads(regions: &[Arc<Region>], budget_bytes: u64) -> Result<u64> {
+    let mut report = ReorganiseReport::default();
+    for region in regions {
+        while report.bytes_taken < budget_bytes && !region.is_dropped() {
+            let Some(read) = region.next_scattered_read() else {
+                break;
+            };
+            if read.retired_before() != region.segments_retired() {
+                continue;
+            }
+            let mut live = Vec::new();
+            for (ptr, key, value) in read.records() {
+                if !region.in_open_tail(ptr) && region.is_live(key, ptr)? {
+                    live.push((ptr, key, value));
+                }
+            }
+            // One record alone is in order with itself: not worth a copy.
+            if live.len() > 1 {
+                relocate_in_order(region, &live, &mut report)?;
+            }
+        }
+    }
+    Ok(report.bytes_taken)
+}
+
 fn record_len(record: &Record) -> u64 {
     (HEADER_BYTES + record.1.len() + record.2.len()) as u64
 }
@@ -222,14 +232,25 @@ fn relocate_chunk(
         .iter()
         .map(|(at, key, value)| (*at, key.as_slice(), value.as_slice()))
         .collect();
-    let taken = region.relocate(&borrowed)?;
+    relocate_in_order(region, &borrowed, report)?;
+    chunk.clear();
+    Ok(())
+}
+
+/// Copies `records` (`(offset, key, value)`, in key order) into the relocation log and
+/// counts what the index took.
+fn relocate_in_order(
+    region: &Region,
+    records: &[(u64, &[u8], &[u8])],
+    report: &mut ReorganiseReport,
+) -> Result<()> {
+    let taken = region.relocate(records)?;
     report.bytes_taken += taken;
     region
         .shared()
         .reorganised_bytes
         .fetch_add(taken, std::sync::atomic::Ordering::Relaxed);
-    report.records_copied += chunk.len() as u64;
-    chunk.clear();
+    report.records_copied += records.len() as u64;
     Ok(())
 }
 
@@ -237,6 +258,7 @@ fn relocate_chunk(
 mod tests {
     use super::*;
     use crate::gc::tests::manual_small_segments as small_segments;
+    use crate::region::ScatteredRead;
 
     fn key(i: u64) -> Vec<u8> {
         format!("key{i:08}").into_bytes()
@@ -285,6 +307,151 @@ mod tests {
             .filter(|(pair, &len)| pair[1] != pair[0] + len)
             .count();
         (offsets.len(), breaks + 1)
+    }
+
+    /// The closed-segment records of keys `from..to` of `region`, in key order: how many,
+    /// and in how many runs (back to back in the log) they lie.
+    fn runs_between(ks: &crate::Keyspace, region: &Region, from: u64, to: u64) -> (usize, usize) {
+        let mut offsets = Vec::new();
+        for i in from..to {
+            let ptr = region.lookup(None, &key(i)).unwrap().expect("a loaded key");
+            if !region.in_open_tail(ptr) {
+                offsets.push((ptr, region.record_header(ptr).unwrap().total_bytes()));
+            }
+        }
+        assert!(ks.get(&key(from)).unwrap().is_some());
+        let breaks = offsets
+            .windows(2)
+            .filter(|pair| pair[1].0 != pair[0].0 + pair[0].1)
+            .count();
+        (offsets.len(), breaks + 1)
+    }
+
+    /// A store whose background collector never steps on its own (a tick of an hour), so
+    /// a test decides when reports are copied.
+    fn quiet_collector() -> crate::Database {
+        crate::Database::builder()
+            .commit_interval(None)
+            .flush_interval(None)
+            .log_segment_bytes(64 << 10)
+            .gc_tick(Duration::from_secs(3600))
+            .open_in_memory()
+            .unwrap()
+    }
+
+    #[test]
+    fn a_cold_scan_of_scattered_records_has_them_rewritten_in_key_order_once() {
+        let db = quiet_collector();
+        let ks = db.keyspace("t").unwrap();
+        load_scrambled(&ks, 4000);
+        db.commit().unwrap();
+        let region: Arc<Region> = db.engine.regions.get("t").unwrap();
+        let (records, runs_before) = runs_between(&ks, &region, 1000, 1300);
+        assert!(records > 250, "{records} records outside the tail");
+        assert!(runs_before > records / 2, "{runs_before} runs before");
+
+        // The in-memory volume cannot tell what is resident, so its scans count as cold.
+        let scanned = |from: u64, to: u64| {
+            ks.range(key(from)..key(to))
+                .map(|item| item.unwrap())
+                .collect::<Vec<_>>()
+        };
+        let items = scanned(1000, 1300);
+        assert_eq!(items.len(), 300);
+        assert_eq!(db.stats().scattered_reads, 1);
+        // The same range scanned again before the collector gets to it: two reports.
+        assert_eq!(scanned(1000, 1300), items);
+        assert_eq!(db.stats().scattered_reads, 2);
+
+        let taken = db
+            .engine
+            .collector
+            .rewrite_scattered_reads_now(&db.engine.regions)
+            .unwrap();
+        // The second report found every record copied already: nothing copied twice.
+        let record_bytes = (HEADER_BYTES + key(0).len() + value(0, 0).len()) as u64;
+        assert_eq!(taken, records as u64 * record_bytes);
+        assert_eq!(db.stats().reorganised_bytes, taken);
+        let (_, runs_after) = runs_between(&ks, &region, 1000, 1300);
+        assert!(runs_after <= 2, "{runs_after} runs after");
+        assert_eq!(scanned(1000, 1300), items);
+        // In order now: a scan reports nothing more.
+        assert_eq!(db.stats().scattered_reads, 2);
+        // A scan of fewer than `SCATTERED_READ_MIN_RECORDS` reports nothing.
+        assert_eq!(scanned(2000, 2010).len(), 10);
+        assert_eq!(db.stats().scattered_reads, 2);
+        db.commit().unwrap();
+        db.check().unwrap();
+    }
+
+    #[test]
+    fn a_scan_report_is_dropped_once_a_segment_was_retired_after_its_scan_began() {
+        // A report's pointers were read from the live index while its scan ran. If a
+        // segment was retired since, it may have been freed and reused, and a newer
+        // record of the same key may sit at the very offset the report names: the index
+        // points there, so "still live" would pass, and the report's older bytes would
+        // replace the newer value. Such a report must be dropped whole. Here the report
+        // is forged so that every pointer is live and every value differs.
+        let db = quiet_collector();
+        let ks = db.keyspace("t").unwrap();
+        load_scrambled(&ks, 4000);
+        db.commit().unwrap();
+        let region: Arc<Region> = db.engine.regions.get("t").unwrap();
+        let before = region.segments_retired();
+        let forged = b"bytes a scan read before the segment was reused".to_vec();
+        let mut read = ScatteredRead::new(before);
+        for i in 1000..1100 {
+            let ptr = region.lookup(None, &key(i)).unwrap().unwrap();
+            if !region.in_open_tail(ptr) {
+                read.push(ptr, &key(i), &forged);
+            }
+        }
+        // Other keys written twice: the segments of their first round empty, and a pass
+        // retires them; the loaded segments keep no garbage, so the pass leaves them be.
+        for round in 1..3 {
+            for i in 10_000..11_000 {
+                ks.put(&key(i), &value(i, round)).unwrap();
+            }
+        }
+        db.gc().unwrap();
+        assert!(region.segments_retired() > before, "no segment was retired");
+        let still = region.lookup(None, &key(1000)).unwrap().unwrap();
+        assert_eq!(Some(still), read.records().next().map(|r| r.0), "key moved");
+        assert!(region.report_scattered_read(read));
+        let taken = db
+            .engine
+            .collector
+            .rewrite_scattered_reads_now(&db.engine.regions)
+            .unwrap();
+        assert_eq!(taken, 0);
+        for i in 1000..1100 {
+            assert_eq!(ks.get(&key(i)).unwrap(), Some(value(i, 0)), "key {i}");
+        }
+        db.check().unwrap();
+    }
+
+    #[test]
+    fn scans_report_nothing_with_reorganise_scanned_off_or_from_a_snapshot() {
+        let db = crate::Database::builder()
+            .commit_interval(None)
+            .flush_interval(None)
+            .log_segment_bytes(64 << 10)
+            .reorganise_scanned(false)
+            .open_in_memory()
+            .unwrap();
+        let ks = db.keyspace("t").unwrap();
+        load_scrambled(&ks, 2000);
+        db.commit().unwrap();
+        assert_eq!(ks.range(key(0)..key(500)).count(), 500);
+        assert_eq!(db.stats().scattered_reads, 0);
+
+        let db = quiet_collector();
+        let ks = db.keyspace("t").unwrap();
+        load_scrambled(&ks, 2000);
+        db.commit().unwrap();
+        let snapshot = ks.snapshot().unwrap();
+        assert_eq!(snapshot.range(key(0)..key(500)).count(), 500);
+        assert_eq!(db.stats().scattered_reads, 0);
     }
 
     #[test]
@@ -386,25 +553,5 @@ mod tests {
         }
         db.commit().unwrap();
         db.check().unwrap();
-    }
-
-    #[test]
-    fn records_back_to_back_are_in_order_and_a_shuffle_is_scattered() {
-        let in_order: Vec<u64> = (0..16).map(|i| 4096 + i * 100).collect();
-        assert!(!scattered(&in_order, 4096));
-        // Two runs of eight: still one run per eight records.
-        let mut two_runs = in_order.clone();
-        for o in &mut two_runs[8..] {
-            *o += 1_000_000;
-        }
-        assert!(!scattered(&two_runs, 4096));
-        // Every record somewhere else, backwards as often as not.
-        let shuffled: Vec<u64> = (0..16).map(|i| 4096 + ((i * 7) % 16) * 100).collect();
-        assert!(scattered(&shuffled, 4096));
-        // Ascending but a page or more apart: each record a read of its own.
-        let spread: Vec<u64> = (0..16).map(|i| i * 8192).collect();
-        assert!(scattered(&spread, 4096));
-        // The same spacing is a run where records are that long.
-        assert!(!scattered(&spread, 16384));
     }
 }

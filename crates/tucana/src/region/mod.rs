@@ -18,6 +18,7 @@
 //! a lock on the write path except the allocator's, taken once per log segment.
 
 mod deferred;
+mod key_order;
 mod open;
 mod read;
 mod readers;
@@ -41,6 +42,7 @@ use crate::shared::Shared;
 use crate::stats::KeyspaceStats;
 use crate::types::{DiskOffset, RegionId, SeqNo, TreeEpoch, BLOCK_BYTES};
 
+pub(crate) use key_order::{scattered, ScatteredRead};
 pub(crate) use open::Links;
 pub use open::{ReplayReport, ReplayStop};
 pub(crate) use read::Candidate;
@@ -154,6 +156,9 @@ pub(crate) struct Region {
     fenced_by: AtomicU64,
     /// Puts logged but not yet applied to the tree (`deferred.rs`).
     deferred: deferred::Deferred,
+    /// Scans' reports of scattered records, and the retired-segment count that vouches
+    /// for their pointers (`key_order.rs`).
+    scattered_reads: key_order::ScatteredReads,
 }
 
 impl Region {
@@ -193,6 +198,7 @@ impl Region {
             replay_from_order: AtomicU64::new(u64::MAX),
             fenced_by: AtomicU64::new(0),
             deferred: deferred::Deferred::default(),
+            scattered_reads: key_order::ScatteredReads::default(),
         }
     }
 

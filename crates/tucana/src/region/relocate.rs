@@ -228,6 +228,8 @@ impl Region {
             return Ok(Retire::PinnedByPivot);
         }
         self.log.forget_segment(&mut w, base);
+        // Before the segment can be freed: scans' reports that may name it are dropped.
+        self.scattered_reads.segment_retired();
         // Read under the writer lock: a seal (which takes it) cannot slip in between, so
         // every tree sealed at this epoch or later is free of pointers into the segment.
         let epoch = self.tree.running_epoch();
