@@ -191,6 +191,12 @@ impl Database {
             .into_iter()
             .map(|m| m.name)
             .collect();
+        if existing.is_empty() {
+            // Refused before the new path is created or opened.
+            return Err(Error::InvalidArgument(
+                crate::volume::members::SINGLE_FILE.into(),
+            ));
+        }
         let (new, blank) = crate::volume::MemberSet::open_new_member(
             path.as_ref(),
             &existing,
