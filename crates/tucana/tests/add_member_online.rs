@@ -169,7 +169,7 @@ fn writers_run_through_an_online_add_and_every_value_reads_back_over_the_new_set
 /// and no file in `dir` changed; the set still has `members` members.
 fn refused(db: &Database, dir: &Path, new: &Path, members: usize, needles: &[&str]) {
     let before = snapshot(dir);
-    let err = db.add_member(new).err().expect("the add is refused");
+    let err = db.add_member(new).expect_err("the add is refused");
     let text = err.to_string();
     for needle in needles {
         assert!(text.contains(needle), "{text:?} lacks {needle:?}");
@@ -217,7 +217,7 @@ fn an_online_add_refuses_what_the_offline_add_refuses_and_writes_nothing() {
     let single = dir.path().join("single");
     let db = options().open(&single).unwrap();
     let new = dir.path().join("never");
-    let err = db.add_member(&new).err().expect("a single file is refused");
+    let err = db.add_member(&new).expect_err("a single file is refused");
     assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
     assert!(!new.exists(), "a refused add created {}", new.display());
     db.close().unwrap();

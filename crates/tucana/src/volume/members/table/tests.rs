@@ -225,8 +225,7 @@ fn a_failed_table_sync_in_an_online_add_says_so_and_publishes_nothing() {
         .add_member_online(("mem2".into(), Arc::new(MemStorage::new())), true, &|| {
             unsure.store(true, std::sync::atomic::Ordering::SeqCst)
         })
-        .err()
-        .expect("the table's sync failed");
+        .expect_err("the table's sync failed");
     assert!(err.to_string().contains("injected sync failure"), "{err}");
     assert!(unsure.load(std::sync::atomic::Ordering::SeqCst));
     assert_eq!(set.member_stats().len(), 2);
