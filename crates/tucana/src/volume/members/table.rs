@@ -1,5 +1,5 @@
-//! Slot headers as open reads them, and adding a member to a closed volume over several
-//! (DESIGN.md, "Adding a member").
+//! Slot headers as open reads them, and adding a member to a volume over several, closed
+//! or open (DESIGN.md, "Adding a member").
 //!
 //! Owns: reading a slot's header (in slot 0, the newer of its two copies, blocks 6 and 7:
 //! the member table's two places), the table check of `verify`, and the add: the new
@@ -14,8 +14,15 @@
 //! it says which member is missing. A torn table write leaves the other copy, the newest
 //! before the add.
 //!
-//! Thread-safety: the add runs on the caller's thread over a volume no one else has open
-//! (its members are locked as for open); reading headers is plain I/O.
+//! An add to an open volume makes the same checks and writes, then publishes the member
+//! (the list, then its group in the map): until the table naming it is durable, nothing
+//! of the volume can be dispatched, placed or synced on it.
+//!
+//! Thread-safety: the offline add runs on the caller's thread over a volume no one else
+//! has open (its members are locked as for open). The online add runs under the set's
+//! `grow_lock` from its checks to its publication (adds and placements are serialised;
+//! reads, writes into placed groups and syncs go on), and syncs member 0 through its
+//! sync protocol, beside a commit's. Reading headers is plain I/O.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -141,7 +148,7 @@ impl MemberSet {
         }
         let set = MemberSet::open_with_blank(members, &vec![false; n], false)?;
         let mut placement = set.grow_lock.lock();
-        let (added, _) = set.add_under_lock(&mut placement, new, new_blank, &|| {})?;
+        let (added, ..) = set.add_under_lock(&mut placement, new, new_blank, &|| {})?;
         Ok(added)
     }
 
@@ -161,42 +168,34 @@ impl MemberSet {
         table_unsure: &dyn Fn(),
     ) -> Result<AddedMember> {
         let mut placement = self.grow_lock.lock();
-        let (added, uuid) =
+        let (added, uuid, slots) =
             self.add_under_lock(&mut placement, new.clone(), new_blank, table_unsure)?;
+        // Nothing below can fail: the table naming the member is durable, and the set
+        // must now use it (an error here would leave the two apart).
         let (name, storage) = new;
-        // Its slots as open would count them (a device holds only whole slots); all but
-        // slot 0 are free, lowest last.
-        let len = storage.len_bytes()?;
-        let slots = match storage.capacity_bytes() {
-            Some(_) => len / SLOT_BYTES,
-            None => len.div_ceil(SLOT_BYTES),
-        }
-        .max(1);
         placement.free_slots.push((1..slots).rev().collect());
         placement.slot_counts.push(slots);
         placement.groups.push(1);
         self.members.push(Member::new(name, storage, uuid));
-        let entry = self.entry(added.group).ok_or_else(|| {
-            Error::InvalidArgument(format!(
-                "group {} is past the most a volume has",
-                added.group
-            ))
-        })?;
+        let entry = self
+            .entry(added.group)
+            .expect("the add checked the group has a map entry");
         entry.store((added.index as u64 + 1) << SLOT_BITS, Ordering::Release);
         placement.placed_groups = added.group + 1;
         Ok(added)
     }
 
     /// The add's checks and its two writes, each synced (`grow_lock` held by the caller,
-    /// so the group placed next is fixed). Returns what was added and the new member's
-    /// uuid; publishes nothing.
+    /// so the group placed next is fixed). Returns what was added, the new member's uuid
+    /// and its slots as open would count them (a device holds only whole slots; all but
+    /// slot 0 free); publishes nothing.
     fn add_under_lock(
         &self,
         placement: &mut Placement,
         new: (String, Arc<dyn Storage>),
         new_blank: bool,
         table_unsure: &dyn Fn(),
-    ) -> Result<(AddedMember, Uuid)> {
+    ) -> Result<(AddedMember, Uuid, u64)> {
         let n = self.members.len();
         if n >= MEMBERS_MAX {
             return Err(Error::InvalidArgument(format!(
@@ -212,10 +211,21 @@ impl MemberSet {
         // The next group: placed on the new member, so new segments dispatched to it
         // find a group there as soon as the allocator grows into it.
         let group = placement.placed_groups;
+        if self.entry(group).is_none() {
+            return Err(Error::InvalidArgument(format!(
+                "group {group} is past the most a volume has"
+            )));
+        }
         let uuid = new_uuid()?;
         if new_storage.len_bytes()? < SLOT_BYTES {
             new_storage.grow(SLOT_BYTES)?;
         }
+        let len = new_storage.len_bytes()?;
+        let slots = match new_storage.capacity_bytes() {
+            Some(_) => len / SLOT_BYTES,
+            None => len.div_ceil(SLOT_BYTES),
+        }
+        .max(1);
         let header = SlotHeader {
             member_index: n as u32,
             volume_uuid: self.volume_uuid,
@@ -249,7 +259,7 @@ impl MemberSet {
             group,
             generation: table.generation,
         };
-        Ok((added, uuid))
+        Ok((added, uuid, slots))
     }
 
     /// Refuses a new member `n` that is already a member, of another volume, or holds
