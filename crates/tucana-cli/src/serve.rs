@@ -95,6 +95,11 @@ pub struct ServeArgs {
     /// the whole volume verified).
     #[arg(long)]
     enable_debug_command: bool,
+    /// Serve TUCANA.ADDMEMBER path, which adds a member to the served volume over several
+    /// members while it serves (add `--member path` to the next start); off by default (any
+    /// client could have the server create and write a file wherever it may).
+    #[arg(long)]
+    enable_add_member_command: bool,
     /// Keyspace notifications to publish (Redis's `notify-keyspace-events` flags, e.g.
     /// `KEA`; empty: none). `CONFIG SET notify-keyspace-events` changes them at run time.
     #[arg(long, default_value = "", value_name = "FLAGS")]
@@ -281,6 +286,7 @@ impl ServeArgs {
             },
             cluster: self.cluster(path),
             enable_debug_command: self.enable_debug_command,
+            enable_add_member_command: self.enable_add_member_command,
             notify_keyspace_events: self.notify_keyspace_events.clone(),
             ..ServerConfig::default()
         };

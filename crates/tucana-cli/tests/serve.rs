@@ -423,6 +423,99 @@ fn serve_over_three_members_writes_restarts_and_reads_back() {
     db.close().unwrap();
 }
 
+/// `TUCANA.ADDMEMBER` on a server over two members: refused unless the server was started
+/// with `--enable-add-member-command`; then it adds a third member while the server
+/// serves (a member of the set is refused, naming it), later writes reach the new member
+/// (INFO members), a restart without the new `--member` is refused naming it missing,
+/// and a restart with it serves every value.
+#[test]
+fn tucana_addmember_grows_a_served_volume_and_a_restart_takes_the_new_member() {
+    let dir = tempfile::tempdir().unwrap();
+    let paths: Vec<PathBuf> = (0..3)
+        .map(|i| dir.path().join(format!("member{i}.tucana")))
+        .collect();
+    let p = |i: usize| paths[i].display().to_string();
+    let two = [
+        "--member".to_string(),
+        p(1),
+        "--durability".into(),
+        "sync".into(),
+    ];
+    let two: Vec<&str> = two.iter().map(String::as_str).collect();
+    let value = |i: u32| format!("{i:06}:{}", "v".repeat(1000));
+    let put = |con: &mut redis::Connection, keys: std::ops::Range<u32>| {
+        for chunk in keys.collect::<Vec<_>>().chunks(500) {
+            let mut pipe = redis::pipe();
+            for &i in chunk {
+                pipe.set(format!("key{i:06}"), value(i)).ignore();
+            }
+            let _: () = pipe.query(con).unwrap();
+        }
+    };
+    let add = |con: &mut redis::Connection, path: &str| -> redis::RedisResult<String> {
+        redis::cmd("TUCANA.ADDMEMBER").arg(path).query(con)
+    };
+
+    let mut served = serve(&paths[0], &two);
+    let mut con = served.connect();
+    put(&mut con, 0..2000);
+    let err = add(&mut con, &p(2)).unwrap_err().to_string();
+    assert!(err.contains("--enable-add-member-command"), "{err}");
+    assert!(!paths[2].exists(), "a refused add created the file");
+    assert!(served.signal("-TERM").success());
+
+    let mut with_flag = two.clone();
+    with_flag.push("--enable-add-member-command");
+    let mut served = serve(&paths[0], &with_flag);
+    let mut con = served.connect();
+    let err = add(&mut con, &p(1)).unwrap_err().to_string();
+    assert!(err.contains("same file as member 1"), "{err}");
+    let reply = add(&mut con, &p(2)).unwrap();
+    assert!(reply.starts_with("index=2 "), "{reply}");
+    // 8000 values of 1 KB after the add: four 2 MiB segments at least, one for each member.
+    put(&mut con, 2000..10_000);
+    let info: String = redis::cmd("INFO").arg("members").query(&mut con).unwrap();
+    let line = info
+        .lines()
+        .find(|l| l.starts_with("member2:"))
+        .unwrap_or_else(|| panic!("no member2 in {info}"));
+    assert!(line.contains(&format!("path={}", p(2))), "{line}");
+    let written: u64 = line
+        .split(',')
+        .find_map(|f| f.strip_prefix("bytes_written="))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no bytes_written in {line}"));
+    assert!(written > 1 << 20, "{line}");
+    assert!(served.signal("-TERM").success());
+
+    // The old command line is refused now, naming the missing member.
+    let old = Command::new(env!("CARGO_BIN_EXE_tucana"))
+        .arg("--db")
+        .arg(&paths[0])
+        .args(["--member", &p(1), "serve", "--port", "0"])
+        .output()
+        .unwrap();
+    assert!(!old.status.success());
+    let stderr = String::from_utf8_lossy(&old.stderr);
+    assert!(
+        stderr.contains("missing") && stderr.contains("member 2"),
+        "{stderr}"
+    );
+    let third = p(2);
+    let mut three = two.clone();
+    three.extend(["--member", &third]);
+    let mut served = serve(&paths[0], &three);
+    let mut con = served.connect();
+    for i in (0..10_000).step_by(7) {
+        let got: String = con.get(format!("key{i:06}")).unwrap();
+        assert_eq!(got, value(i), "key{i:06}");
+    }
+    assert!(served.signal("-TERM").success());
+    let db = tucana::Database::builder().open_members(&paths).unwrap();
+    assert_eq!(db.check().unwrap().keys, 10_000);
+    db.close().unwrap();
+}
+
 #[test]
 fn shutdown_command_exits_zero() {
     let (_dir, path) = volume();

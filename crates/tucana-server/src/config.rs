@@ -182,6 +182,10 @@ pub struct ServerConfig {
     /// lets any client stop expiry, verify the whole volume (`DEBUG RELOAD`, O(volume))
     /// or hold its connection.
     pub enable_debug_command: bool,
+    /// Serve `TUCANA.ADDMEMBER path` (adds a member to the open volume over several).
+    /// Off by default: it lets a client have the server create and write a file at any
+    /// path the server may write.
+    pub enable_add_member_command: bool,
     /// The bound on a Pub/Sub subscriber's queued output (Redis's
     /// `client-output-buffer-limit pubsub`; `CONFIG SET` changes it at run time).
     pub pubsub_limit: OutputLimit,
@@ -216,6 +220,7 @@ impl Default for ServerConfig {
             cluster: None,
             active_expiry: true,
             enable_debug_command: false,
+            enable_add_member_command: false,
             pubsub_limit: OutputLimit::default(),
             notify_keyspace_events: String::new(),
         }

@@ -15,6 +15,7 @@
 //!
 //! Thread-safety: each suite runs its cases one after another on the calling thread.
 
+pub mod member_add;
 pub mod members;
 pub mod model;
 pub mod sim;

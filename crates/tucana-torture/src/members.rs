@@ -1,7 +1,9 @@
 //! Volumes over several members on the simulated disk: each member is a window of one
 //! `SimStorage` (member `m` at offset `m << 40`), and `volume` opens the engine's
 //! `MemberSet` over them, so every suite can run on a 3-member volume; `add_member` adds
-//! the next window as a member (the add's power-loss test, `tests/add_member.rs`).
+//! the next window as a member of a closed volume, `new_member` gives it for an add to an
+//! open one (the adds' power-loss tests, `tests/add_member.rs`, `tests/add_member_online.rs`,
+//! over `member_add`'s volume and checks).
 //!
 //! Owns: the window (`Window`, a `Storage` that shifts offsets into its range and keeps
 //! its own length) and the member lengths read back from a crash image. Does not own: the
@@ -81,9 +83,20 @@ pub fn volume(sim: &Arc<SimStorage>, members: usize) -> Result<Arc<dyn Storage>>
 /// `0..members` (`MemberSet::add_member`; blank when nothing was ever written in it).
 pub fn add_member(sim: &Arc<SimStorage>, members: usize) -> Result<AddedMember> {
     let mut all = windows(sim, members + 1);
-    let new = all.pop().expect("the new member's window");
-    let blank = new.1.len_bytes()? == 0;
-    MemberSet::add_member(all, new, blank)
+    all.pop();
+    let (name, storage, blank) = new_member(sim, members)?;
+    MemberSet::add_member(all, (name, storage), blank)
+}
+
+/// Window `index` as a member to add (to a closed volume, or to an open one with
+/// `Database::add_member_storage`): its name, its storage and whether it is blank (nothing
+/// was ever written in it).
+pub fn new_member(sim: &Arc<SimStorage>, index: usize) -> Result<(String, Arc<dyn Storage>, bool)> {
+    let (name, storage) = windows(sim, index + 1)
+        .pop()
+        .expect("the new member's window");
+    let blank = storage.len_bytes()? == 0;
+    Ok((name, storage, blank))
 }
 
 /// Windows `0..members` of the simulated disk, each as long as its written blocks reach

@@ -8,73 +8,11 @@
 use std::sync::Arc;
 
 use rand::SeedableRng;
-use tucana::{Database, Keyspace};
+use tucana_torture::member_add::{open, two_member_volume, use_three_members, verify, RECORDS};
 use tucana_torture::members;
 use tucana_torture::sim::{Fault, SimStorage};
-use tucana_torture::workload;
 
-const RECORDS: u64 = 600;
 const CRASH_IMAGES_PER_IO: u64 = 4;
-
-fn key(i: u64) -> Vec<u8> {
-    format!("key-{i:06}").into_bytes()
-}
-
-fn value(i: u64, round: u64) -> Vec<u8> {
-    format!("value-{i}-{round}-").repeat(8).into_bytes()
-}
-
-fn open(sim: &Arc<SimStorage>, members: usize) -> tucana::Result<Database> {
-    let storage = members::volume(sim, members)?;
-    workload::open(workload::options(false), &storage)
-}
-
-/// Every record `0..records` has its value of `round`, and `check` passes.
-fn verify(db: &Database, ks: &Keyspace, records: u64, round: u64, where_: &str) {
-    for i in 0..records {
-        assert_eq!(
-            ks.get(&key(i)).unwrap().as_deref(),
-            Some(&value(i, round)[..]),
-            "{where_}: record {i}"
-        );
-    }
-    db.check()
-        .unwrap_or_else(|e| panic!("{where_}: check: {e}"));
-}
-
-/// A volume over two members holding `RECORDS` records, closed: its durable image.
-fn two_member_volume() -> tucana_torture::sim::Image {
-    let sim = Arc::new(SimStorage::new(11));
-    let db = open(&sim, 2).expect("create a volume over two members");
-    let ks = db.keyspace("k").unwrap();
-    for i in 0..RECORDS {
-        ks.put(&key(i), &value(i, 0)).unwrap();
-    }
-    db.close().unwrap();
-    sim.durable_image()
-}
-
-/// Over three members: the records are there, `check` passes, and a second round of
-/// writes puts segments on member 2 (the new one) by dispatch.
-fn use_three_members(sim: &Arc<SimStorage>, where_: &str) {
-    let db = open(sim, 3).unwrap_or_else(|e| panic!("{where_}: open over 3: {e}"));
-    let ks = db.open_keyspace("k").unwrap();
-    verify(&db, &ks, RECORDS, 0, where_);
-    let before = db.stats().members[2].bytes_written;
-    // Enough for a dozen segments or more, so every member's turn comes.
-    for i in 0..RECORDS * 10 {
-        ks.put(&key(i), &value(i, 1)).unwrap();
-    }
-    db.sync().unwrap();
-    let stats = db.stats();
-    assert!(
-        stats.members[2].bytes_written > before,
-        "{where_}: no writes dispatched to the new member: {:?}",
-        stats.members
-    );
-    verify(&db, &ks, RECORDS, 1, where_);
-    db.close().unwrap();
-}
 
 #[test]
 fn an_add_over_a_closed_volume_gives_the_new_member_segments_and_check_passes() {

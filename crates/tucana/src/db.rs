@@ -170,6 +170,53 @@ impl Database {
         self.engine.reorganise()
     }
 
+    /// Adds the file or block device at `path` as the next member of this open volume
+    /// over several members, while readers and writers run (DESIGN.md, "Adding a
+    /// member"); reopen it afterwards with `path` last. New segments and node runs reach
+    /// it by dispatch; existing data stays where it is. A missing file is created; a block
+    /// device is written only with `Options::format_block_devices`.
+    ///
+    /// Errors, nothing written: a single-file volume or one of `MEMBERS_MAX` members
+    /// (`Error::InvalidArgument`); a path that is already a member, belongs to another
+    /// volume or holds data (`Error::Members`, naming it); a poisoned or closed store. An
+    /// I/O error of the member table's write poisons the store.
+    pub fn add_member(&self, path: impl AsRef<Path>) -> Result<crate::volume::AddedMember> {
+        let options = &self.engine.shared.options;
+        let existing: Vec<String> = self
+            .engine
+            .shared
+            .volume
+            .storage()
+            .members()
+            .into_iter()
+            .map(|m| m.name)
+            .collect();
+        if existing.is_empty() {
+            // Refused before the new path is created or opened.
+            return Err(Error::InvalidArgument(
+                crate::volume::members::SINGLE_FILE.into(),
+            ));
+        }
+        let (new, blank) = crate::volume::MemberSet::open_new_member(
+            path.as_ref(),
+            &existing,
+            options.format_block_devices,
+            options.mapping_reservation_bytes,
+        )?;
+        self.engine.add_member(new, blank)
+    }
+
+    /// As `add_member`, for any backend (simulated disks in tests): `name` for messages,
+    /// `blank` whether it holds nothing and may be written.
+    pub fn add_member_storage(
+        &self,
+        name: &str,
+        storage: Arc<dyn Storage>,
+        blank: bool,
+    ) -> Result<crate::volume::AddedMember> {
+        self.engine.add_member((name.to_string(), storage), blank)
+    }
+
     /// Whether a write, sync or commit failed (the device refused it: disk full, an I/O
     /// error): the store then refuses every write and commit, and acknowledges nothing
     /// more, until it is opened again (recovery replays what was durable).

@@ -354,6 +354,28 @@ impl Engine {
         self.stop_background();
     }
 
+    /// Adds a member to the open volume (DESIGN.md, "Adding a member", online): the member
+    /// set checks, writes and publishes it (`Storage::add_member`), then the write queue
+    /// and the trim counters count it. A failed write or sync of the member table poisons
+    /// the store (what of the table is durable is unknown, as after any failed sync).
+    pub fn add_member(
+        &self,
+        new: (String, Arc<dyn crate::volume::Storage>),
+        blank: bool,
+    ) -> Result<crate::volume::AddedMember> {
+        let shared = &self.shared;
+        shared.check_writable()?;
+        let added = shared
+            .volume
+            .storage()
+            .add_member(new, blank, &|| shared.poison())?;
+        if let Some(queue) = &shared.writes {
+            queue.add_members(added.index + 1);
+        }
+        shared.trims.grow_to(added.index + 1);
+        Ok(added)
+    }
+
     pub fn is_poisoned(&self) -> bool {
         self.shared.is_poisoned()
     }

@@ -15,8 +15,9 @@
 //! invariants). Passes are serialised by the allocator's lock, which `punch_deferred_selected`
 //! holds throughout a pass.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
+use crate::volume::slot_header::MEMBERS_MAX;
 use crate::volume::DeviceSpace;
 
 /// When freed log segments are punched.
@@ -112,27 +113,37 @@ struct Counters {
     forced: AtomicU64,
 }
 
-/// Per-member trim counters (member 0 for one file).
+/// Per-member trim counters (member 0 for one file). Room for `MEMBERS_MAX` members from
+/// the start, `member_count` of them counted: a member added to the open volume
+/// (`grow_to`) gets counters without a lock on the counting paths.
 pub struct TrimCounters {
-    members: Vec<Counters>,
+    members: Box<[Counters]>,
+    count: AtomicUsize,
 }
 
 impl TrimCounters {
     pub fn new(members: usize) -> TrimCounters {
         TrimCounters {
-            members: (0..members.max(1)).map(|_| Counters::default()).collect(),
+            members: (0..MEMBERS_MAX).map(|_| Counters::default()).collect(),
+            count: AtomicUsize::new(members.clamp(1, MEMBERS_MAX)),
         }
     }
 
     /// Members counted.
     pub fn member_count(&self) -> usize {
-        self.members.len()
+        self.count.load(Ordering::Acquire)
+    }
+
+    /// Counts `members` members from now on (never fewer than before).
+    pub fn grow_to(&self, members: usize) {
+        self.count
+            .fetch_max(members.min(MEMBERS_MAX), Ordering::AcqRel);
     }
 
     fn at(&self, member: usize) -> &Counters {
         // An offset outside every group (not expected) counts on the last member rather
         // than panicking in a statistics path.
-        &self.members[member.min(self.members.len() - 1)]
+        &self.members[member.min(self.member_count() - 1)]
     }
 
     pub fn add_queued(&self, member: usize) {

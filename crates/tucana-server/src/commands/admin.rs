@@ -1,5 +1,5 @@
 //! Commands about the server rather than the data: COMMAND (the table as clients read
-//! it), CONFIG GET and SET (the run-time settings are `settings`'), TIME, SAVE, BGSAVE, BGREWRITEAOF, SHUTDOWN (INFO has its own file,
+//! it), CONFIG GET and SET (the run-time settings are `settings`'), TIME, SAVE, BGSAVE, BGREWRITEAOF, SHUTDOWN, TUCANA.ADDMEMBER (INFO has its own file,
 //! `info`).
 //!
 //! Owns how the command table, the configuration and the engine's maintenance (commit,
@@ -169,6 +169,31 @@ pub(super) fn cmd_bgrewriteaof(call: &mut Call<'_>, _args: &[Vec<u8>]) -> tucana
     Ok(Reply::Status(
         "Background append only file rewriting started".into(),
     ))
+}
+
+/// `TUCANA.ADDMEMBER path`: adds the file or block device at `path` (on the server's
+/// machine; a missing file is created) as the next member of the served volume over
+/// several members, while it serves (`Database::add_member`; DESIGN.md, "Adding a
+/// member"). Replies `index=… uuid=… group=… generation=…`; a refusal is an `ERR` naming
+/// why, with nothing written. Served only with `--enable-add-member-command`.
+pub(super) fn cmd_addmember(call: &mut Call<'_>, args: &[Vec<u8>]) -> tucana::Result<Reply> {
+    use std::os::unix::ffi::OsStrExt;
+    if !call.state.config.enable_add_member_command {
+        return Ok(Reply::error(
+            "ERR TUCANA.ADDMEMBER not allowed: start the server with --enable-add-member-command",
+        ));
+    }
+    let path = std::path::Path::new(std::ffi::OsStr::from_bytes(&args[1]));
+    Ok(match call.state.store.db.add_member(path) {
+        Ok(added) => Reply::Bulk(
+            format!(
+                "index={} uuid={} group={} generation={}",
+                added.index, added.uuid, added.group, added.generation
+            )
+            .into_bytes(),
+        ),
+        Err(e) => Reply::error(format!("ERR TUCANA.ADDMEMBER: {e}").replace(['\r', '\n'], " ")),
+    })
 }
 
 /// `SHUTDOWN [NOSAVE|SAVE|NOW|FORCE|ABORT]`: stops the server as SIGTERM does (connections

@@ -15,8 +15,8 @@ use std::sync::OnceLock;
 use crate::resp::Reply;
 
 use super::admin::{
-    cmd_bgrewriteaof, cmd_bgsave, cmd_command, cmd_config, cmd_replicaof, cmd_save, cmd_shutdown,
-    cmd_time, cmd_wait,
+    cmd_addmember, cmd_bgrewriteaof, cmd_bgsave, cmd_command, cmd_config, cmd_replicaof, cmd_save,
+    cmd_shutdown, cmd_time, cmd_wait,
 };
 use super::blocking::{
     cmd_blmove, cmd_blmpop, cmd_blpop, cmd_brpop, cmd_brpoplpush, cmd_bzmpop, cmd_bzpopmax,
@@ -429,6 +429,13 @@ pub(super) fn table() -> &'static [Spec] {
             spec!("readwrite", 1, NOMULTI, NO_KEYS, other(cmd_readwrite)),
             spec!("asking", 1, TXCTL, NO_KEYS, other(cmd_asking)),
             spec!("tucana.import", -5, NOMULTI, NO_KEYS, other(cmd_import)),
+            spec!(
+                "tucana.addmember",
+                2,
+                NOMULTI,
+                NO_KEYS,
+                blocking(cmd_addmember)
+            ),
         ];
         table.extend(collection_specs());
         table

@@ -11,8 +11,9 @@
 //! or memory in tests), what the bytes mean, nor which blocks are free (`alloc`).
 //!
 //! Thread-safety: `Send + Sync`. The map is append-only: entries are atomics published
-//! once (after their slot header was written), read without a lock; placement and growth
-//! serialise on `grow_lock`. I/O to disjoint ranges runs in parallel, as for one file.
+//! once (after their slot header was written), read without a lock; so is the member list
+//! (`MemberList`: a member added to the open volume is published before any map entry
+//! names it); placement, growth and adds serialise on `grow_lock`. I/O to disjoint ranges runs in parallel, as for one file.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -48,7 +49,8 @@ struct Placement {
 
 /// A volume over several members. See the module doc.
 pub struct MemberSet {
-    members: Vec<Member>,
+    /// Fixed capacity, appended to by an add on the open volume (`table.rs`).
+    members: MemberList,
     volume_uuid: Uuid,
     /// group → `(member + 1) << 40 | slot`, 0 while unplaced.
     map: Box<[OnceLock<Box<[AtomicU64]>>]>,
@@ -226,10 +228,12 @@ impl MemberSet {
         let map = (0..CHUNKS).map(|_| OnceLock::new()).collect();
         let n = members.len();
         let set = MemberSet {
-            members: members
-                .into_iter()
-                .map(|(name, storage, uuid)| Member::new(name, storage, uuid))
-                .collect(),
+            members: MemberList::new(
+                members
+                    .into_iter()
+                    .map(|(name, storage, uuid)| Member::new(name, storage, uuid))
+                    .collect(),
+            ),
             volume_uuid,
             map,
             len_bytes: AtomicU64::new(0),
@@ -471,8 +475,13 @@ impl MemberSet {
     /// Re-reads every placed group's slot header and checks it names its volume, member
     /// and group as the map does. Errors name the member and slot.
     pub fn verify(&self) -> Result<()> {
-        self.verify_table()?;
-        let groups = self.grow_lock.lock().placed_groups;
+        // Under the lock: an add on the open volume publishes its member under it, after
+        // its table is durable, so the table and the member list are read in one state.
+        let groups = {
+            let placement = self.grow_lock.lock();
+            self.verify_table()?;
+            placement.placed_groups
+        };
         for group in 0..groups {
             let Some((m, slot)) = self.lookup(group) else {
                 return Err(Error::Members(format!("group {group} has no member")));
@@ -839,6 +848,7 @@ impl Storage for MemberSet {
             DispatchPolicy::LeastWeightedQueue => self
                 .members
                 .iter()
+                .take(n)
                 .enumerate()
                 .map(|(m, member)| {
                     let queued = queued_write_bytes.get(m).copied().unwrap_or(0);
@@ -858,6 +868,15 @@ impl Storage for MemberSet {
         self.verify()
     }
 
+    fn add_member(
+        &self,
+        new: (String, Arc<dyn Storage>),
+        blank: bool,
+        table_unsure: &dyn Fn(),
+    ) -> Result<AddedMember> {
+        self.add_member_online(new, blank, table_unsure)
+    }
+
     fn kind(&self) -> crate::volume::StorageKind {
         crate::volume::StorageKind::Members
     }
@@ -867,9 +886,10 @@ mod member;
 mod paths;
 mod table;
 
-use member::Member;
+use member::{Member, MemberList};
 pub(crate) use table::read_header;
 pub use table::AddedMember;
+pub(crate) use table::SINGLE_FILE;
 
 #[cfg(test)]
 mod tests;

@@ -199,6 +199,23 @@ pub trait Storage: Send + Sync + 'static {
         Vec::new()
     }
 
+    /// Adds `new` (named for messages; `blank`: it holds nothing and may be written) as
+    /// the next member of this open volume over several members (DESIGN.md, "Adding a
+    /// member"); new segments and node runs reach it by dispatch from then on.
+    /// `table_unsure` is called when the member table's write or sync failed. The
+    /// default refuses: a single-file volume has no member table.
+    fn add_member(
+        &self,
+        new: (String, std::sync::Arc<dyn Storage>),
+        blank: bool,
+        table_unsure: &dyn Fn(),
+    ) -> Result<crate::volume::AddedMember> {
+        let _ = (new, blank, table_unsure);
+        Err(crate::error::Error::InvalidArgument(
+            crate::volume::members::SINGLE_FILE.into(),
+        ))
+    }
+
     /// Re-reads and verifies what the backend keeps on the device about its own layout
     /// (a volume over several members: every slot header against the group map), for
     /// `check`. Errors name the member. The default has nothing to verify.

@@ -4,20 +4,25 @@
 //! Owns: the member's `fdatasync` protocol: a sync of a member waits for one already in
 //! flight (a commit's beside a group sync's), then runs its own if a write completed since
 //! that one began; so whoever asks for a sync returns only once every write to the member
-//! that completed before the call is durable. Does not own: routing or placement
-//! (`members.rs`).
+//! that completed before the call is durable. And `MemberList`, the set's members: a
+//! fixed array of `MEMBERS_MAX` slots, each filled once, and a published length, so a
+//! member added to an open volume appears without a lock on any reader's path. Does not
+//! own: routing or placement (`members.rs`), nor the add (`table.rs`).
 //!
 //! Thread-safety: `Send + Sync`; the counters and the dirty flag are atomics, `sync_lock`
-//! is held for the length of one `fdatasync` of the member.
+//! is held for the length of one `fdatasync` of the member. `MemberList::push` is called
+//! by one thread at a time (the set's `grow_lock`); readers take `len` (acquire) and index
+//! below it, which sees each member whole (its slot was filled before the length's
+//! release store).
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
 
 use crate::error::Result;
 use crate::volume::dispatch::{Kind, Load};
-use crate::volume::slot_header::Uuid;
+use crate::volume::slot_header::{Uuid, MEMBERS_MAX};
 use crate::volume::Storage;
 
 /// One member: its backend, its name for messages, its identity and counters.
@@ -87,5 +92,75 @@ impl Member {
         self.storage.sync().inspect_err(|_| {
             self.dirty.store(true, Ordering::Release);
         })
+    }
+}
+
+/// The members of a set, in order: `MEMBERS_MAX` slots filled once each, the first `len`
+/// of them published. Indexing below `len` is one more acquire load than a `Vec` (the
+/// slot's), which is what lets an open volume gain a member while readers, writers,
+/// commits and the dispatcher run, with no lock and no reference count on their path.
+pub(super) struct MemberList {
+    slots: Box<[OnceLock<Member>]>,
+    len: AtomicUsize,
+}
+
+impl MemberList {
+    pub(super) fn new(members: Vec<Member>) -> MemberList {
+        assert!(
+            members.len() <= MEMBERS_MAX,
+            "more members than a volume has"
+        );
+        let list = MemberList {
+            slots: (0..MEMBERS_MAX).map(|_| OnceLock::new()).collect(),
+            len: AtomicUsize::new(0),
+        };
+        for member in members {
+            list.push(member);
+        }
+        list
+    }
+
+    /// Members published.
+    #[inline]
+    pub(super) fn len(&self) -> usize {
+        self.len.load(Ordering::Acquire)
+    }
+
+    /// Publishes `member` as the next one. One caller at a time (the set's `grow_lock`,
+    /// or the constructor); panics past `MEMBERS_MAX` (the add refuses that first).
+    pub(super) fn push(&self, member: Member) {
+        let at = self.len.load(Ordering::Acquire);
+        if self.slots[at].set(member).is_err() {
+            panic!("member slot {at} filled twice: two adds at once");
+        }
+        self.len.store(at + 1, Ordering::Release);
+    }
+
+    pub(super) fn get(&self, m: usize) -> Option<&Member> {
+        if m < self.len() {
+            self.slots[m].get()
+        } else {
+            None
+        }
+    }
+
+    pub(super) fn iter(&self) -> impl Iterator<Item = &Member> {
+        self.slots[..self.len()].iter().map(|slot| {
+            slot.get()
+                .expect("a member slot below the published length is filled")
+        })
+    }
+}
+
+impl std::ops::Index<usize> for MemberList {
+    type Output = Member;
+
+    /// Member `m`, which must be published (its index came from the group map or from
+    /// below `len`, both written after the member was).
+    #[inline]
+    fn index(&self, m: usize) -> &Member {
+        self.slots[m]
+            .get()
+            .expect("a member index from the map or below the length is published")
     }
 }

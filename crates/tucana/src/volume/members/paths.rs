@@ -2,7 +2,7 @@
 //! (`BlockDevice`), duplicates refused by identity before anything is locked, and which
 //! members are blank (may be written by a creation).
 //!
-//! Owns: turning paths into backends. Does not own: the checks of the set
+//! Owns: turning paths into backends (a member to add to an open volume included). Does not own: the checks of the set
 //! (`MemberSet::open_with_blank`, in `members.rs`).
 //!
 //! Thread-safety: runs once, on the opening thread.
@@ -16,7 +16,7 @@ use crate::volume::slot_header::MEMBERS_MAX;
 use crate::volume::{FileStorage, Storage};
 
 /// A member's name for messages and its backend.
-type NamedStorage = (String, Arc<dyn Storage>);
+pub type NamedStorage = (String, Arc<dyn Storage>);
 
 impl MemberSet {
     /// Opens (or, when every member is empty and `create_if_missing`, creates) a volume
@@ -119,6 +119,52 @@ impl MemberSet {
             members.push((name, storage));
         }
         Ok((members, blank))
+    }
+}
+
+impl MemberSet {
+    /// The backend of a member to add to an open volume whose members are named
+    /// `existing` (their paths): the file is created if missing; a block device is
+    /// opened as `open_paths_formatting` does. Returns it with its name and whether it is
+    /// blank. Errors: a path that is one of `existing` (by identity: `Error::Members`,
+    /// naming both, before anything is created or locked), or the open's.
+    pub fn open_new_member(
+        path: &Path,
+        existing: &[String],
+        format_block_devices: bool,
+        min_reservation_bytes: u64,
+    ) -> Result<(NamedStorage, bool)> {
+        if let Some(id) = file_identity(path) {
+            if let Some((j, name)) = existing
+                .iter()
+                .enumerate()
+                .find(|(_, name)| file_identity(Path::new(name)) == Some(id))
+            {
+                return Err(Error::Members(format!(
+                    "new member ({}) is the same file as member {j} ({name})",
+                    path.display()
+                )));
+            }
+        }
+        if !path.exists() {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(path)
+                .map_err(|e| {
+                    Error::Members(format!(
+                        "new member ({}): cannot create: {e}",
+                        path.display()
+                    ))
+                })?;
+        }
+        let (mut members, blank) = MemberSet::open_storages(
+            &[path.to_path_buf()],
+            false,
+            format_block_devices,
+            min_reservation_bytes,
+        )?;
+        Ok((members.pop().expect("one path, one member"), blank[0]))
     }
 }
 

@@ -1,5 +1,5 @@
-//! Slot headers as open reads them, and adding a member to a closed volume over several
-//! (DESIGN.md, "Adding a member").
+//! Slot headers as open reads them, and adding a member to a volume over several, closed
+//! or open (DESIGN.md, "Adding a member").
 //!
 //! Owns: reading a slot's header (in slot 0, the newer of its two copies, blocks 6 and 7:
 //! the member table's two places), the table check of `verify`, and the add: the new
@@ -14,19 +14,31 @@
 //! it says which member is missing. A torn table write leaves the other copy, the newest
 //! before the add.
 //!
-//! Thread-safety: the add runs on the caller's thread over a volume no one else has open
-//! (its members are locked as for open); reading headers is plain I/O.
+//! An add to an open volume makes the same checks and writes, then publishes the member
+//! (the list, then its group in the map): until the table naming it is durable, nothing
+//! of the volume can be dispatched, placed or synced on it.
+//!
+//! Thread-safety: the offline add runs on the caller's thread over a volume no one else
+//! has open (its members are locked as for open). The online add runs under the set's
+//! `grow_lock` from its checks to its publication (adds and placements are serialised;
+//! reads, writes into placed groups and syncs go on), and syncs member 0 through its
+//! sync protocol, beside a commit's. Reading headers is plain I/O.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::MemberSet;
+use std::sync::atomic::Ordering;
+
+use super::{Member, MemberSet, Placement, SLOT_BITS};
 use crate::error::{Error, Result};
 use crate::types::BLOCK_BYTES;
 use crate::volume::slot_header::{
-    new_uuid, uuid_hex, SlotHeader, HEADER_OFFSET, MEMBERS_MAX, SLOT_BYTES, TABLE_COPY_OFFSET,
+    new_uuid, uuid_hex, SlotHeader, Uuid, HEADER_OFFSET, MEMBERS_MAX, SLOT_BYTES, TABLE_COPY_OFFSET,
 };
 use crate::volume::Storage;
+
+/// Why a single-file volume takes no member.
+pub(crate) const SINGLE_FILE: &str = "a member can be added only to a volume created over several members (a single-file volume has no slot headers to hold a member table)";
 
 /// What an add did: the new member's position, uuid and the group its slot 0 holds.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -132,63 +144,91 @@ impl MemberSet {
     ) -> Result<AddedMember> {
         let n = members.len();
         if n < 2 {
-            return Err(Error::InvalidArgument(
-                "a member can be added only to a volume created over several members (a single-file volume has no slot headers to hold a member table)".into(),
-            ));
+            return Err(Error::InvalidArgument(SINGLE_FILE.into()));
         }
+        let set = MemberSet::open_with_blank(members, &vec![false; n], false)?;
+        let mut placement = set.grow_lock.lock();
+        let (added, ..) = set.add_under_lock(&mut placement, new, new_blank, &|| {})?;
+        Ok(added)
+    }
+
+    /// Adds `new` as the next member of this set while the volume is open (DESIGN.md,
+    /// "Adding a member", online): the same checks and writes as `add_member`, under
+    /// `grow_lock` (no group is placed meanwhile, so the next group is still the one the
+    /// new header names), then the member is published: first in the list, then group
+    /// G in the map, so from then on dispatch and growth see it. `table_unsure` is called
+    /// when the table's write or sync failed (what of it is durable is then unknown: the
+    /// engine stops acknowledging, as after any failed sync).
+    ///
+    /// Errors: as `add_member` (nothing written on a refusal).
+    pub fn add_member_online(
+        &self,
+        new: (String, Arc<dyn Storage>),
+        new_blank: bool,
+        table_unsure: &dyn Fn(),
+    ) -> Result<AddedMember> {
+        let mut placement = self.grow_lock.lock();
+        let (added, uuid, slots) =
+            self.add_under_lock(&mut placement, new.clone(), new_blank, table_unsure)?;
+        // Nothing below can fail: the table naming the member is durable, and the set
+        // must now use it (an error here would leave the two apart).
+        let (name, storage) = new;
+        placement.free_slots.push((1..slots).rev().collect());
+        placement.slot_counts.push(slots);
+        placement.groups.push(1);
+        self.members.push(Member::new(name, storage, uuid));
+        let entry = self
+            .entry(added.group)
+            .expect("the add checked the group has a map entry");
+        entry.store((added.index as u64 + 1) << SLOT_BITS, Ordering::Release);
+        placement.placed_groups = added.group + 1;
+        Ok(added)
+    }
+
+    /// The add's checks and its two writes, each synced (`grow_lock` held by the caller,
+    /// so the group placed next is fixed). Returns what was added, the new member's uuid
+    /// and its slots as open would count them (a device holds only whole slots; all but
+    /// slot 0 free); publishes nothing.
+    fn add_under_lock(
+        &self,
+        placement: &mut Placement,
+        new: (String, Arc<dyn Storage>),
+        new_blank: bool,
+        table_unsure: &dyn Fn(),
+    ) -> Result<(AddedMember, Uuid, u64)> {
+        let n = self.members.len();
         if n >= MEMBERS_MAX {
             return Err(Error::InvalidArgument(format!(
                 "the volume has {n} members, the most a volume has"
             )));
         }
-        let set = MemberSet::open_with_blank(members, &vec![false; n], false)?;
         let (new_name, new_storage) = new;
-        let first = &set.members[0];
+        let first = &self.members[0];
         let copies = slot0_copies(first.storage.as_ref(), &first.name)?;
         let newest = read_header(first.storage.as_ref(), 0, &first.name)?
-            .ok_or_else(|| set.corrupt(0, 0, "has no slot header".into()))?;
-        match read_header(new_storage.as_ref(), 0, &new_name)? {
-            None if new_blank => {}
-            None if left_by_an_unfinished_add(new_storage.as_ref())? => {}
-            None => {
-                return Err(Error::Members(format!(
-                    "new member {n} ({new_name}) holds data and no slot header: never formatted over; give an empty file{}",
-                    if new_storage.capacity_bytes().is_some() {
-                        " or a device with formatting asked for"
-                    } else {
-                        ""
-                    }
-                )))
-            }
-            // A header of this volume at this position that the table does not name:
-            // an earlier add stopped before the table; it is written again.
-            Some(h)
-                if h.volume_uuid == set.volume_uuid
-                    && h.member_index as usize == n
-                    && !newest.table.contains(&h.member_uuid) => {}
-            Some(h) if h.volume_uuid == set.volume_uuid => {
-                return Err(Error::Members(format!(
-                    "new member {n} ({new_name}) is already member {} of this volume",
-                    h.member_index
-                )))
-            }
-            Some(h) => {
-                return Err(Error::Members(format!(
-                    "new member {n} ({new_name}) belongs to another volume ({})",
-                    uuid_hex(&h.volume_uuid)
-                )))
-            }
-        }
+            .ok_or_else(|| self.corrupt(0, 0, "has no slot header".into()))?;
+        self.check_new_member(n, &new_name, new_storage.as_ref(), new_blank, &newest)?;
         // The next group: placed on the new member, so new segments dispatched to it
         // find a group there as soon as the allocator grows into it.
-        let group = set.grow_lock.lock().placed_groups;
+        let group = placement.placed_groups;
+        if self.entry(group).is_none() {
+            return Err(Error::InvalidArgument(format!(
+                "group {group} is past the most a volume has"
+            )));
+        }
         let uuid = new_uuid()?;
         if new_storage.len_bytes()? < SLOT_BYTES {
             new_storage.grow(SLOT_BYTES)?;
         }
+        let len = new_storage.len_bytes()?;
+        let slots = match new_storage.capacity_bytes() {
+            Some(_) => len / SLOT_BYTES,
+            None => len.div_ceil(SLOT_BYTES),
+        }
+        .max(1);
         let header = SlotHeader {
             member_index: n as u32,
-            volume_uuid: set.volume_uuid,
+            volume_uuid: self.volume_uuid,
             member_uuid: uuid,
             group,
             table: Vec::new(),
@@ -205,14 +245,62 @@ impl MemberSet {
             [Some(_), _] => TABLE_COPY_OFFSET,
             [None, _] => HEADER_OFFSET,
         };
-        first.storage.write_at(older_at, &table.encode())?;
-        first.storage.sync()?;
-        Ok(AddedMember {
+        first
+            .storage
+            .write_at(older_at, &table.encode())
+            .and_then(|()| {
+                first.dirty.store(true, Ordering::Release);
+                first.sync()
+            })
+            .inspect_err(|_| table_unsure())?;
+        let added = AddedMember {
             index: n,
             uuid: uuid_hex(&uuid),
             group,
             generation: table.generation,
-        })
+        };
+        Ok((added, uuid, slots))
+    }
+
+    /// Refuses a new member `n` that is already a member, of another volume, or holds
+    /// data; accepts a blank one and what an unfinished add left (see the module doc).
+    fn check_new_member(
+        &self,
+        n: usize,
+        new_name: &str,
+        new_storage: &dyn Storage,
+        new_blank: bool,
+        newest: &SlotHeader,
+    ) -> Result<()> {
+        match read_header(new_storage, 0, new_name)? {
+            None if new_blank => Ok(()),
+            None if left_by_an_unfinished_add(new_storage)? => Ok(()),
+            None => Err(Error::Members(format!(
+                "new member {n} ({new_name}) holds data and no slot header: never formatted over; give an empty file{}",
+                if new_storage.capacity_bytes().is_some() {
+                    " or a device with formatting asked for"
+                } else {
+                    ""
+                }
+            ))),
+            // A header of this volume at this position that the table does not name:
+            // an earlier add stopped before the table; it is written again.
+            Some(h)
+                if h.volume_uuid == self.volume_uuid
+                    && h.member_index as usize == n
+                    && !newest.table.contains(&h.member_uuid) =>
+            {
+                Ok(())
+            }
+            Some(h) if h.volume_uuid == self.volume_uuid => Err(Error::Members(format!(
+                "new member {n} ({new_name}) is already member {} of this volume",
+                h.member_index
+            ))),
+            Some(h) => Err(Error::Members(format!(
+                "new member {n} ({new_name}) belongs to another volume ({})",
+                uuid_hex(&h.volume_uuid)
+            ))),
+        }
     }
 
     /// `add_member` by paths: `paths` every current member in order, `new` the member to
@@ -226,9 +314,7 @@ impl MemberSet {
         min_reservation_bytes: u64,
     ) -> Result<AddedMember> {
         if paths.len() < 2 {
-            return Err(Error::InvalidArgument(
-                "a member can be added only to a volume created over several members (a single-file volume has no slot headers to hold a member table)".into(),
-            ));
+            return Err(Error::InvalidArgument(SINGLE_FILE.into()));
         }
         if !new.exists() {
             std::fs::OpenOptions::new()

@@ -160,3 +160,74 @@ fn verify_names_a_table_that_does_not_match_the_members_open() {
     let err = set.verify().err().unwrap().to_string();
     assert!(err.contains("names 2 members, 3 are open"), "{err}");
 }
+
+#[test]
+fn an_online_add_publishes_the_member_for_placement_dispatch_stats_and_sync() {
+    // The new member fails its syncs on demand: a sync of the set after a write to its
+    // group must reach it (a commit syncs every member before its superblock; a member
+    // the set forgot would leave that write volatile under a durable superblock).
+    let all = volume(2);
+    let set = MemberSet::open(named(&all), false).unwrap();
+    let new = Arc::new(crate::volume::FailingSync::new());
+    let added = set
+        .add_member_online(("mem2".into(), new.clone()), true, &|| {
+            panic!("the table's write did not fail")
+        })
+        .unwrap();
+    assert_eq!((added.index, added.group, added.generation), (2, 2, 1));
+    assert_eq!(set.lookup(2), Some((2, 0)));
+    let groups: Vec<u64> = set.member_stats().iter().map(|m| m.groups).collect();
+    assert_eq!(groups, [1, 1, 1]);
+    set.verify().unwrap();
+    // Round-robin gives the new member its turn among three.
+    let mut turns: Vec<usize> = (0..3)
+        .map(|_| set.dispatch_member(None, &[]).unwrap())
+        .collect();
+    turns.sort();
+    assert_eq!(turns, [0, 1, 2]);
+    // Growth takes the group already placed on it, then places the next one anew.
+    set.grow(3 * SLOT_BYTES).unwrap();
+    assert_eq!(set.lookup(2), Some((2, 0)));
+    assert_eq!(set.lookup(3), None);
+    set.grow(4 * SLOT_BYTES).unwrap();
+    assert!(set.lookup(3).is_some());
+    set.sync().unwrap();
+    set.write_at(2 * SLOT_BYTES + (1 << 20), b"on the new member")
+        .unwrap();
+    new.set_broken(true);
+    assert!(set.sync().is_err(), "the sync missed the new member");
+    new.set_broken(false);
+    set.sync().unwrap();
+    let mut back = [0u8; 17];
+    new.read_at(1 << 20, &mut back).unwrap();
+    assert_eq!(&back, b"on the new member");
+}
+
+#[test]
+fn a_failed_table_sync_in_an_online_add_says_so_and_publishes_nothing() {
+    // Member 0 (which holds the table) fails its syncs: the add must report that the
+    // table's state is unknown (the engine poisons itself on it) and leave the set as it
+    // was: two members, the next group unplaced.
+    let first = Arc::new(crate::volume::FailingSync::new());
+    let second = Arc::new(MemStorage::new());
+    let members = || -> Vec<(String, Arc<dyn Storage>)> {
+        vec![
+            ("mem0".into(), first.clone() as Arc<dyn Storage>),
+            ("mem1".into(), second.clone() as Arc<dyn Storage>),
+        ]
+    };
+    drop(MemberSet::open(members(), true).unwrap());
+    first.write_at(0, b"a superblock").unwrap();
+    let set = MemberSet::open(members(), false).unwrap();
+    first.set_broken(true);
+    let unsure = std::sync::atomic::AtomicBool::new(false);
+    let err = set
+        .add_member_online(("mem2".into(), Arc::new(MemStorage::new())), true, &|| {
+            unsure.store(true, std::sync::atomic::Ordering::SeqCst)
+        })
+        .expect_err("the table's sync failed");
+    assert!(err.to_string().contains("injected sync failure"), "{err}");
+    assert!(unsure.load(std::sync::atomic::Ordering::SeqCst));
+    assert_eq!(set.member_stats().len(), 2);
+    assert_eq!(set.lookup(2), None);
+}

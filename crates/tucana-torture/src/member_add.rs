@@ -1,0 +1,87 @@
+//! What the tests of adding a member share (`tests/add_member.rs`, the add to a closed
+//! volume; `tests/add_member_online.rs`, the add to an open one): the records a volume is
+//! filled with, a closed two-member volume holding them, opening over some windows of the
+//! simulated disk, and the checks made after a crash (every record there, `check`
+//! passes, and over three members new segments reach the new one).
+//!
+//! Owns: the records' keys and values and those checks. Does not own: the windows and the
+//! add itself (`members`), nor the crash model (`sim`).
+//!
+//! Thread-safety: plain functions; each test drives them from its own thread.
+
+use std::sync::Arc;
+
+use tucana::{Database, Keyspace};
+
+use crate::sim::{Image, SimStorage};
+use crate::{members, workload};
+
+/// Records of the two-member volume the adds start from.
+pub const RECORDS: u64 = 600;
+
+pub fn key(i: u64) -> Vec<u8> {
+    format!("key-{i:06}").into_bytes()
+}
+
+pub fn value(i: u64, round: u64) -> Vec<u8> {
+    format!("value-{i}-{round}-").repeat(8).into_bytes()
+}
+
+/// The engine over windows `0..members` of `sim` (no background threads).
+pub fn open(sim: &Arc<SimStorage>, members: usize) -> tucana::Result<Database> {
+    let storage = members::volume(sim, members)?;
+    workload::open(workload::options(false), &storage)
+}
+
+/// Every record `0..records` has its value of `round`, and `check` passes.
+pub fn verify(db: &Database, ks: &Keyspace, records: u64, round: u64, where_: &str) {
+    for i in 0..records {
+        assert_eq!(
+            ks.get(&key(i)).unwrap().as_deref(),
+            Some(&value(i, round)[..]),
+            "{where_}: record {i}"
+        );
+    }
+    db.check()
+        .unwrap_or_else(|e| panic!("{where_}: check: {e}"));
+}
+
+/// A volume over two members holding `RECORDS` records (round 0) in keyspace `k`,
+/// closed: its durable image.
+pub fn two_member_volume() -> Image {
+    let sim = Arc::new(SimStorage::new(11));
+    let db = open(&sim, 2).expect("create a volume over two members");
+    let ks = db.keyspace("k").unwrap();
+    for i in 0..RECORDS {
+        ks.put(&key(i), &value(i, 0)).unwrap();
+    }
+    db.close().unwrap();
+    sim.durable_image()
+}
+
+/// Over three members: the records of round 0 are there, `check` passes, and a second
+/// round of writes puts segments on member 2 (the new one) by dispatch.
+pub fn use_three_members(sim: &Arc<SimStorage>, where_: &str) {
+    let db = open(sim, 3).unwrap_or_else(|e| panic!("{where_}: open over 3: {e}"));
+    let ks = db.open_keyspace("k").unwrap();
+    verify(&db, &ks, RECORDS, 0, where_);
+    writes_reach_member(&db, &ks, 2, where_);
+    verify(&db, &ks, RECORDS, 1, where_);
+    db.close().unwrap();
+}
+
+/// Writes round 1 over ten times `RECORDS` keys (a dozen segments or more, so every
+/// member's turn comes), syncs, and asserts member `member` was written meanwhile.
+pub fn writes_reach_member(db: &Database, ks: &Keyspace, member: usize, where_: &str) {
+    let before = db.stats().members[member].bytes_written;
+    for i in 0..RECORDS * 10 {
+        ks.put(&key(i), &value(i, 1)).unwrap();
+    }
+    db.sync().unwrap();
+    let stats = db.stats();
+    assert!(
+        stats.members[member].bytes_written > before,
+        "{where_}: no writes dispatched to member {member}: {:?}",
+        stats.members
+    );
+}
