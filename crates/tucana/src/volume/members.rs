@@ -13,7 +13,8 @@
 //! Thread-safety: `Send + Sync`. The map is append-only: entries are atomics published
 //! once (after their slot header was written), read without a lock; so is the member list
 //! (`MemberList`: a member added to the open volume is published before any map entry
-//! names it); placement, growth and adds serialise on `grow_lock`. I/O to disjoint ranges runs in parallel, as for one file.
+//! names it); placement, growth and adds serialise on `grow_lock`. I/O to disjoint ranges
+//! runs in parallel, as for one file.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
