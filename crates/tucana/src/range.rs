@@ -68,6 +68,21 @@ struct Side {
 }
 
 impl Side {
+    /// Entries asked for and not yet read, in this leaf and the next one copied ahead.
+    fn asked_ahead(&self, forward: bool) -> usize {
+        let in_leaf = if forward {
+            self.fetched.saturating_sub(self.pos)
+        } else {
+            self.pos.saturating_sub(self.fetched)
+        };
+        in_leaf
+            + if self.next_ready {
+                self.next_fetched
+            } else {
+                0
+            }
+    }
+
     /// A side that has not started, reusing the buffers of two leaf copies.
     fn with_buffers(leaf: LeafCopy, next: LeafCopy) -> Side {
         Side {
@@ -490,19 +505,15 @@ impl Range {
         if n == 0 {
             return;
         }
+        // A caller that said how many items it takes needs no doubling to find out: the
+        // window covers them all at once (up to `prefetch_entries`), so a short cold scan
+        // waits for one round of reads, with all of them in flight, not four.
+        if let Some(left) = *left {
+            n = n.max(left.min(*prefetch_entries));
+        }
         let side = if forward { front } else { back };
         let len = side.leaf.ptrs.len();
-        let ahead_in_leaf = if forward {
-            side.fetched.saturating_sub(side.pos)
-        } else {
-            side.pos.saturating_sub(side.fetched)
-        };
-        let ahead = ahead_in_leaf
-            + if side.next_ready {
-                side.next_fetched
-            } else {
-                0
-            };
+        let ahead = side.asked_ahead(forward);
         if ahead > n / 2 {
             return;
         }
@@ -543,8 +554,10 @@ impl Range {
             side.fetched = from;
             from == 0
         };
-        // The next leaf is copied early only once the scan has shown it is a long one.
-        if want > 0 && leaf_done && !side.exhausted && (full_window || side.next_ready) {
+        // The next leaf is copied early only once the scan has shown it is a long one, or
+        // its caller said it takes items past this leaf.
+        let long = full_window || side.next_ready || left.is_some();
+        if want > 0 && leaf_done && !side.exhausted && long {
             if !side.next_ready {
                 // The same seeks `next_front`/`next_back_inner` make to move on.
                 let seek = if forward {

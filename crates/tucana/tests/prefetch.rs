@@ -320,6 +320,39 @@ fn a_limited_scan_asks_for_no_record_past_its_limit() {
     );
 }
 
+/// A scan that says how many items it takes asks for all of them (up to the window)
+/// before it reads the first: one round of device reads, where a scan of unknown length
+/// finds out as it goes (a window of 8, then 16, 32, 64, each asked for between reads).
+#[test]
+fn a_limited_scan_asks_for_all_its_records_before_reading_any() {
+    let (storage, _db, ks) = load(3000, 200, 64);
+    let reads_then_asks = |events: &[Event]| {
+        let first_read = events
+            .iter()
+            .position(|e| matches!(e, Event::Read { .. }))
+            .expect("a cold scan reads the volume");
+        events[first_read..]
+            .iter()
+            .filter(|e| matches!(e, Event::Prefetch { .. }))
+            .count()
+    };
+    let limited: Vec<_> = ks
+        .range(b"k000100".to_vec()..)
+        .limit(40)
+        .map(|r| r.unwrap())
+        .collect();
+    assert_eq!(limited.len(), 40);
+    let events = storage.take();
+    assert_eq!(reads_then_asks(&events), 0, "{events:?}");
+    let taken: Vec<_> = ks
+        .range(b"k000100".to_vec()..)
+        .take(40)
+        .map(|r| r.unwrap())
+        .collect();
+    assert_eq!(taken, limited);
+    assert!(reads_then_asks(&storage.take()) > 0);
+}
+
 /// `limit` ends the range after that many items, from both ends together.
 #[test]
 fn a_limit_counts_items_from_both_ends() {

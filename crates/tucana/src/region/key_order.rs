@@ -39,9 +39,10 @@ pub(crate) const RECORDS_PER_RUN_IN_ORDER: usize = 8;
 pub(crate) const SCATTERED_READ_MIN_RECORDS: usize = 16;
 
 /// A long scan reports every this many records, or this many bytes of them, so the
-/// collector copies a full scan in pieces as it goes.
+/// collector copies a full scan in pieces as it goes, and a live range holds at most this
+/// much beside what it returns (a run of 256 KiB in key order is 64 pages read as one).
 const SCATTERED_READ_MAX_RECORDS: usize = 1024;
-const SCATTERED_READ_MAX_BYTES: usize = 1 << 20;
+const SCATTERED_READ_MAX_BYTES: usize = 256 << 10;
 
 /// Bytes of records a region's queue holds, at most; later reports are dropped (and
 /// counted) until the collector catches up: it copies within its rate budget, so a burst
