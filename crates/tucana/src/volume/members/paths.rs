@@ -146,18 +146,7 @@ impl MemberSet {
                 )));
             }
         }
-        if !path.exists() {
-            std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .open(path)
-                .map_err(|e| {
-                    Error::Members(format!(
-                        "new member ({}): cannot create: {e}",
-                        path.display()
-                    ))
-                })?;
-        }
+        create_if_missing(path)?;
         let (mut members, blank) = MemberSet::open_storages(
             &[path.to_path_buf()],
             false,
@@ -166,6 +155,24 @@ impl MemberSet {
         )?;
         Ok((members.pop().expect("one path, one member"), blank[0]))
     }
+}
+
+/// Creates an empty file at `path` for a new member, unless something is there (a file
+/// or a device, which the open that follows judges).
+pub(super) fn create_if_missing(path: &Path) -> Result<()> {
+    if !path.exists() {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(path)
+            .map_err(|e| {
+                Error::Members(format!(
+                    "new member ({}): cannot create: {e}",
+                    path.display()
+                ))
+            })?;
+    }
+    Ok(())
 }
 
 /// (device, inode) of an existing file, or (`u64::MAX`, device number) of a block device

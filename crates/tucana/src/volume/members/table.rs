@@ -316,18 +316,7 @@ impl MemberSet {
         if paths.len() < 2 {
             return Err(Error::InvalidArgument(SINGLE_FILE.into()));
         }
-        if !new.exists() {
-            std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .open(new)
-                .map_err(|e| {
-                    Error::Members(format!(
-                        "new member ({}): cannot create: {e}",
-                        new.display()
-                    ))
-                })?;
-        }
+        super::paths::create_if_missing(new)?;
         let mut all = paths.to_vec();
         all.push(new.to_path_buf());
         let (mut members, blank) =
