@@ -9,6 +9,10 @@
 #
 #   scripts/profile-server-writes.sh target/release/tucana /tmp/prof [PORT]
 #   N=100000 scripts/profile-server-writes.sh ...     # requests per test (default 200000)
+#   PERF=0 scripts/profile-server-writes.sh ...       # CPU ticks only, no perf sampling
+#   VALUE_BYTES=100 scripts/profile-server-writes.sh  # redis-benchmark -d (default 3)
+#   PERF=0 scripts/profile-server-writes.sh redis-server /tmp/r  # the same tests against
+#                           redis-server (appendonly yes, appendfsync everysec), for scale
 set -u
 if [ $# -lt 2 ]; then
   echo "usage: $0 TUCANA_BINARY OUT_DIR [PORT]" >&2
@@ -16,25 +20,35 @@ if [ $# -lt 2 ]; then
 fi
 BIN=$1; OUT=$2; PORT=${3:-7411}
 N=${N:-200000}
+PERF=${PERF:-1}
+VALUE_BYTES=${VALUE_BYTES:-3}
 mkdir -p "$OUT"
 VOLUME_DIR=$(mktemp -d)
 trap 'rm -rf "$VOLUME_DIR"' EXIT
-"$BIN" --db "$VOLUME_DIR/volume.tucana" serve --port "$PORT" --durability buffered \
-  --flush-interval-ms 1000 2>"$OUT/serve.log" &
+if [ "$(basename "$BIN")" = redis-server ]; then
+  "$BIN" --port "$PORT" --dir "$VOLUME_DIR" --appendonly yes --appendfsync everysec \
+    --save '' >"$OUT/serve.log" 2>&1 &
+else
+  "$BIN" --db "$VOLUME_DIR/volume.tucana" serve --port "$PORT" --durability buffered \
+    --flush-interval-ms 1000 2>"$OUT/serve.log" &
+fi
 PID=$!
 sleep 2
 # name, then redis-benchmark's test arguments
 run() {
   local name=$1; shift
-  perf record -F 499 --call-graph dwarf,16384 -p "$PID" -o "$OUT/$name.data" \
-    2>"$OUT/$name.perf.log" &
-  local perf_pid=$!
-  sleep 1
+  local perf_pid=
+  if [ "$PERF" != 0 ]; then
+    perf record -F 499 --call-graph dwarf,16384 -p "$PID" -o "$OUT/$name.data" \
+      2>"$OUT/$name.perf.log" &
+    perf_pid=$!
+    sleep 1
+  fi
   local t0 t1
   t0=$(awk '{print $14+$15}' "/proc/$PID/stat")
-  redis-benchmark -p "$PORT" -c 50 -n "$N" -P 16 -q "$@" > "$OUT/$name.bench" 2>&1
+  redis-benchmark -p "$PORT" -c 50 -n "$N" -P 16 -d "$VALUE_BYTES" -q "$@" > "$OUT/$name.bench" 2>&1
   t1=$(awk '{print $14+$15}' "/proc/$PID/stat")
-  kill -INT "$perf_pid"; wait "$perf_pid"
+  if [ -n "$perf_pid" ]; then kill -INT "$perf_pid"; wait "$perf_pid"; fi
   echo "$name cpu_ticks=$((t1 - t0)) $(tr '\r' '\n' < "$OUT/$name.bench" | grep 'per second' | tail -1)" \
     >> "$OUT/summary.txt"
 }
