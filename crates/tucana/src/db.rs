@@ -83,6 +83,27 @@ impl Options {
         )
     }
 
+    /// Removes `remove`, one of `paths` (every current member, in order), from the closed
+    /// volume over them (DESIGN.md, "Removing a member"): its groups are copied onto the
+    /// other members, then the member table marks it removed; open the volume afterwards
+    /// over the others, in the same order. Errors: `MemberSet::remove_member_paths`'s (a
+    /// path not given, member 0, the last member but one, a volume open elsewhere, a
+    /// wrong member set), each before anything is written; I/O errors (the removal may
+    /// then be run again).
+    pub fn remove_member<P: AsRef<Path>>(
+        &self,
+        paths: &[P],
+        remove: &Path,
+    ) -> Result<crate::volume::RemovedMember> {
+        let paths: Vec<std::path::PathBuf> =
+            paths.iter().map(|p| p.as_ref().to_path_buf()).collect();
+        crate::volume::MemberSet::remove_member_paths(
+            &paths,
+            remove,
+            self.mapping_reservation_bytes,
+        )
+    }
+
     /// Opens a volume held in memory (lost when dropped); for tests and tools.
     pub fn open_in_memory(self) -> Result<Database> {
         self.open_storage(Arc::new(crate::volume::MemStorage::new()))

@@ -149,23 +149,28 @@ impl MemberSet {
         if table_header.member_index != 0 {
             return Err(swapped(0, &members[0].0, table_header.member_index));
         }
+        // The paths given are the table's live members, in order: a removed member keeps
+        // its index (slot headers carry it) and is left out.
+        let live = live(table);
         for i in 0..headers.len() {
-            check_member(i, &members, &headers, table, volume_uuid)?;
+            check_member(i, live.get(i).copied(), &members, &headers, &table_header)?;
         }
-        if members.len() < table.len() {
-            let missing: Vec<String> = (members.len()..table.len())
-                .map(|i| format!("member {i} (uuid {})", uuid_hex(&table[i])))
+        if members.len() < live.len() {
+            let missing: Vec<String> = live[members.len()..]
+                .iter()
+                .map(|&i| format!("member {i} (uuid {})", uuid_hex(&table[i])))
                 .collect();
             return Err(Error::Members(format!(
                 "the volume has {} members, {} given: {} missing",
-                table.len(),
+                live.len(),
                 members.len(),
                 missing.join(", ")
             )));
         }
         // More paths than the table is impossible here: each extra one would have failed
         // the index or uuid check above.
-        let set = MemberSet::assemble(members, volume_uuid, &lens)?;
+        let (members, lens) = with_removed(members, &headers, &lens, table);
+        let set = MemberSet::assemble_with(members, volume_uuid, &lens)?;
         set.place_holes()?;
         Ok(set)
     }
@@ -187,6 +192,7 @@ impl MemberSet {
                 group: i as u64,
                 table: if i == 0 { uuids.clone() } else { Vec::new() },
                 generation: 0,
+                moved_from: None,
             };
             if i == 0 {
                 // Recovery creates a volume whose slots hold this marker, and only such
@@ -205,22 +211,8 @@ impl MemberSet {
         MemberSet::assemble_with(members, volume_uuid, &lens)
     }
 
-    /// The set over validated members: reads every slot header to rebuild the map.
-    fn assemble(
-        members: Vec<(String, Arc<dyn Storage>)>,
-        volume_uuid: Uuid,
-        lens: &[u64],
-    ) -> Result<MemberSet> {
-        let mut with_uuids = Vec::with_capacity(members.len());
-        for (name, storage) in members {
-            let uuid = read_header(storage.as_ref(), 0, &name)?
-                .expect("validated above")
-                .member_uuid;
-            with_uuids.push((name, storage, uuid));
-        }
-        MemberSet::assemble_with(with_uuids, volume_uuid, lens)
-    }
-
+    /// The set over validated members, in table order (a removed one as its stand-in):
+    /// reads every slot header to rebuild the map.
     fn assemble_with(
         members: Vec<(String, Arc<dyn Storage>, Uuid)>,
         volume_uuid: Uuid,
@@ -260,9 +252,13 @@ impl MemberSet {
             placement.slot_counts[m] = slots;
             for slot in (0..slots).rev() {
                 let header = read_header(member.storage.as_ref(), slot, &member.name)?;
-                let Some(h) = header
-                    .filter(|h| h.volume_uuid == set.volume_uuid && h.member_index as usize == m)
-                else {
+                // A group copied off a member counts once the table marks that member
+                // removed; before, it is what a removal that did not finish left: free.
+                let Some(h) = header.filter(|h| {
+                    h.volume_uuid == set.volume_uuid
+                        && h.member_index as usize == m
+                        && h.moved_from.is_none_or(|r| set.is_removed(r as usize))
+                }) else {
                     placement.free_slots[m].push(slot);
                     continue;
                 };
@@ -357,6 +353,7 @@ impl MemberSet {
             group,
             table: Vec::new(),
             generation: 0,
+            moved_from: None,
         };
         member
             .storage
@@ -386,6 +383,11 @@ impl MemberSet {
         let chunk = self.map.get(group as usize / CHUNK_GROUPS)?;
         let chunk = chunk.get_or_init(|| (0..CHUNK_GROUPS).map(|_| AtomicU64::new(0)).collect());
         Some(&chunk[group as usize % CHUNK_GROUPS])
+    }
+
+    /// Whether member `m` is a removed member's stand-in (`false` past the list).
+    fn is_removed(&self, m: usize) -> bool {
+        self.members.get(m).is_some_and(|member| member.removed)
     }
 
     /// `(member, slot)` of `group`, if placed.
@@ -488,6 +490,11 @@ impl MemberSet {
                 return Err(Error::Members(format!("group {group} has no member")));
             };
             let member = &self.members[m];
+            if member.removed {
+                return Err(Error::Members(format!(
+                    "group {group} is on member {m}, which the member table says was removed"
+                )));
+            }
             if let Some(cap) = member.storage.capacity_bytes() {
                 if (slot + 1) * SLOT_BYTES > cap {
                     return Err(self.corrupt(
@@ -514,107 +521,6 @@ impl MemberSet {
         }
         Ok(())
     }
-}
-
-/// Whether a single-file volume's storage is in fact member 0 of a volume over several:
-/// then an error naming the missing members. `Ok(())` for a plain single-file volume.
-pub fn refuse_lone_member(storage: &dyn Storage, name: &str) -> Result<()> {
-    match read_header(storage, 0, name)? {
-        Some(h) if !h.table.is_empty() || h.member_index != 0 => {
-            let missing: Vec<String> = (0..h.table.len())
-                .filter(|&i| i != h.member_index as usize)
-                .map(|i| format!("member {i} (uuid {})", uuid_hex(&h.table[i])))
-                .collect();
-            Err(Error::Members(format!(
-                "{name} is member {} of a volume over several members; open it with all of them ({} missing)",
-                h.member_index,
-                if missing.is_empty() { "the others".into() } else { missing.join(", ") }
-            )))
-        }
-        _ => Ok(()),
-    }
-}
-
-/// Whether a creation was interrupted after member 0's table was written but before the
-/// first commit, and every other member is either ours or still untouched: then creation
-/// is done again (nothing was ever committed). A member holding anything else is left to
-/// open's checks, which refuse it.
-fn resumable_creation(
-    members: &[(String, Arc<dyn Storage>)],
-    headers: &[Option<SlotHeader>],
-    lens: &[u64],
-    blank: &[bool],
-    volume_uuid: Uuid,
-) -> Result<bool> {
-    if !crate::volume::superblock::creation_was_interrupted(members[0].1.as_ref())? {
-        return Ok(false);
-    }
-    let table_len = headers[0].as_ref().map_or(0, |h| h.table.len());
-    Ok(members.len() == table_len
-        && headers
-            .iter()
-            .zip(lens)
-            .zip(blank)
-            .all(|((h, &len), &blank)| match h {
-                Some(h) => h.volume_uuid == volume_uuid,
-                None => blank || len == SLOT_BYTES,
-            }))
-}
-
-/// Open's checks of member `i` against its slot-0 header and the table (named errors:
-/// not a member, another volume, a copy, swapped, not in the table, a foreign uuid).
-fn check_member(
-    i: usize,
-    members: &[(String, Arc<dyn Storage>)],
-    headers: &[Option<SlotHeader>],
-    table: &[Uuid],
-    volume_uuid: Uuid,
-) -> Result<()> {
-    let name = &members[i].0;
-    let Some(h) = &headers[i] else {
-        return Err(Error::Members(format!(
-            "member {i} ({name}) is not a member of a Tucana volume (no slot header)"
-        )));
-    };
-    if h.volume_uuid != volume_uuid {
-        return Err(Error::Members(format!(
-            "member {i} ({name}) belongs to another volume ({}, this one is {})",
-            uuid_hex(&h.volume_uuid),
-            uuid_hex(&volume_uuid)
-        )));
-    }
-    if let Some(j) = headers[..i]
-        .iter()
-        .position(|o| o.as_ref().is_some_and(|o| o.member_index == h.member_index))
-    {
-        return Err(Error::Members(format!(
-                "member {i} ({name}) holds member {} of the volume, as does member {j} ({}): a copy of one member",
-                h.member_index, members[j].0
-            )));
-    }
-    if h.member_index as usize != i {
-        return Err(swapped(i, name, h.member_index));
-    }
-    if i >= table.len() {
-        return Err(Error::Members(format!(
-                "member {i} ({name}) is not in the volume's member table of {} members: a member whose add did not finish (run the add again)",
-                table.len()
-            )));
-    }
-    if table.get(i) != Some(&h.member_uuid) {
-        return Err(Error::Members(format!(
-            "member {i} ({name}) has member uuid {}, the volume's table says {}",
-            uuid_hex(&h.member_uuid),
-            table.get(i).map_or("nothing".into(), uuid_hex)
-        )));
-    }
-    Ok(())
-}
-
-fn swapped(i: usize, name: &str, holds: u32) -> Error {
-    Error::Members(format!(
-        "member {i} ({name}) holds member {holds} of the volume: given at the wrong position (swapped?)"
-    ))
 }
 
 fn unpack(packed: u64) -> (usize, u64) {
@@ -843,7 +749,9 @@ impl Storage for MemberSet {
         let n = self.members.len();
         let turn = (self.next_segment_member.fetch_add(1, Ordering::Relaxed) % n as u64) as usize;
         let lengths: Vec<u64> = match self.policy {
-            DispatchPolicy::Member(m) if m < n && Some(m) != avoid => return Some(m),
+            DispatchPolicy::Member(m) if m < n && Some(m) != avoid && !self.is_removed(m) => {
+                return Some(m)
+            }
             // Round-robin is least-weighted with every member weighing the same.
             DispatchPolicy::RoundRobin | DispatchPolicy::Member(_) => vec![0; n],
             DispatchPolicy::LeastWeightedQueue => self
@@ -857,10 +765,19 @@ impl Storage for MemberSet {
                 })
                 .collect(),
         };
+        // A removed member's stand-in never takes a segment or a node run (one more load
+        // of a flag per member, beside the load figures LWQL reads anyway).
         let lengths: Vec<u64> = lengths
             .into_iter()
+            .zip(self.members.iter())
             .enumerate()
-            .map(|(m, len)| if Some(m) == avoid { u64::MAX } else { len })
+            .map(|(m, (len, member))| {
+                if Some(m) == avoid || member.removed {
+                    u64::MAX
+                } else {
+                    len
+                }
+            })
             .collect();
         Some(least_weighted(&lengths, turn))
     }
@@ -883,11 +800,16 @@ impl Storage for MemberSet {
     }
 }
 
+mod checks;
 mod member;
 mod paths;
+mod remove;
 mod table;
 
+pub use checks::refuse_lone_member;
+use checks::{check_member, live, resumable_creation, swapped, with_removed};
 use member::{Member, MemberList};
+pub use remove::RemovedMember;
 pub(crate) use table::read_header;
 pub use table::AddedMember;
 pub(crate) use table::SINGLE_FILE;

@@ -24,11 +24,13 @@ pub enum StorageKind {
     Members,
     /// A wrapper (simulations in tests) or another backend.
     Other,
+    /// The place of a member removed from a volume over several (it holds nothing).
+    Removed,
 }
 
 impl StorageKind {
     /// The kind as statistics print it: `file`, `block-device`, `memory`, `members`,
-    /// `other`.
+    /// `other`, `removed`.
     pub fn as_str(self) -> &'static str {
         match self {
             StorageKind::File => "file",
@@ -36,6 +38,7 @@ impl StorageKind {
             StorageKind::Memory => "memory",
             StorageKind::Members => "members",
             StorageKind::Other => "other",
+            StorageKind::Removed => "removed",
         }
     }
 }

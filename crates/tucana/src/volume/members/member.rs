@@ -22,7 +22,7 @@ use parking_lot::Mutex;
 
 use crate::error::Result;
 use crate::volume::dispatch::{Kind, Load};
-use crate::volume::slot_header::{Uuid, MEMBERS_MAX};
+use crate::volume::slot_header::{Uuid, MEMBERS_MAX, REMOVED_UUID};
 use crate::volume::Storage;
 
 /// One member: its backend, its name for messages, its identity and counters.
@@ -30,6 +30,9 @@ pub(super) struct Member {
     pub(super) storage: Arc<dyn Storage>,
     pub(super) name: String,
     pub(super) uuid: Uuid,
+    /// The stand-in of a removed member (its table entry is `REMOVED_UUID`): it holds no
+    /// group, takes none, and its storage refuses I/O.
+    pub(super) removed: bool,
     /// Written (or grown, or punched) since its last `fdatasync` began. Set after each
     /// write completes; cleared under `sync_lock` just before an `fdatasync`.
     pub(super) dirty: AtomicBool,
@@ -47,6 +50,7 @@ impl Member {
             storage,
             name,
             uuid,
+            removed: uuid == REMOVED_UUID,
             dirty: AtomicBool::new(false),
             sync_lock: Mutex::new(()),
             written_bytes: AtomicU64::new(0),
