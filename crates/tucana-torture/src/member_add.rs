@@ -1,8 +1,9 @@
-//! What the tests of adding a member share (`tests/add_member.rs`, the add to a closed
-//! volume; `tests/add_member_online.rs`, the add to an open one): the records a volume is
-//! filled with, a closed two-member volume holding them, opening over some windows of the
-//! simulated disk, and the checks made after a crash (every record there, `check`
-//! passes, and over three members new segments reach the new one).
+//! What the tests of adding and removing a member share (`tests/add_member.rs`, the add to
+//! a closed volume; `tests/add_member_online.rs`, the add to an open one;
+//! `tests/remove_member.rs`): the records a volume is filled with, closed two- and
+//! three-member volumes holding them, opening over some windows of the simulated disk,
+//! and the checks made after a crash (every record there, `check` passes, and new
+//! segments reach a given member).
 //!
 //! Owns: the records' keys and values and those checks. Does not own: the windows and the
 //! add itself (`members`), nor the crash model (`sim`).
@@ -33,6 +34,12 @@ pub fn open(sim: &Arc<SimStorage>, members: usize) -> tucana::Result<Database> {
     workload::open(workload::options(false), &storage)
 }
 
+/// The engine over the windows `which` of `sim` (a volume a member was removed from).
+pub fn open_over(sim: &Arc<SimStorage>, which: &[usize]) -> tucana::Result<Database> {
+    let storage = members::volume_over(sim, which)?;
+    workload::open(workload::options(false), &storage)
+}
+
 /// Every record `0..records` has its value of `round`, and `check` passes.
 pub fn verify(db: &Database, ks: &Keyspace, records: u64, round: u64, where_: &str) {
     for i in 0..records {
@@ -55,6 +62,21 @@ pub fn two_member_volume() -> Image {
     for i in 0..RECORDS {
         ks.put(&key(i), &value(i, 0)).unwrap();
     }
+    db.close().unwrap();
+    sim.durable_image()
+}
+
+/// A volume over three members whose records are spread over all three: `RECORDS`
+/// records of round 0, then `10 × RECORDS` of round 1 (`writes_reach_member` asserts
+/// member 1, the one the removal tests take out, was written); closed: its durable image.
+pub fn three_member_volume() -> Image {
+    let sim = Arc::new(SimStorage::new(13));
+    let db = open(&sim, 3).expect("create a volume over three members");
+    let ks = db.keyspace("k").unwrap();
+    for i in 0..RECORDS {
+        ks.put(&key(i), &value(i, 0)).unwrap();
+    }
+    writes_reach_member(&db, &ks, 1, "filling three members");
     db.close().unwrap();
     sim.durable_image()
 }
