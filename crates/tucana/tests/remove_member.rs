@@ -1,0 +1,174 @@
+//! Removing a member from a closed volume over member files (DESIGN.md, "Removing a
+//! member"): data written across three members, member 1 removed, the volume reopened
+//! over the other two with every value read back and `check` clean, and member 1 refused
+//! as no longer in the table. And the refusals (member 0, a path that is not a member,
+//! the last member but one, a volume open elsewhere), each with nothing written.
+
+use std::hash::{DefaultHasher, Hasher};
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use tucana::{Database, Options};
+
+fn options() -> Options {
+    Database::builder()
+        .commit_interval(None)
+        .flush_interval(None)
+        // Small segments, so the keys fill several on every member.
+        .log_segment_bytes(256 << 10)
+        .mapping_reservation_bytes(1 << 30)
+}
+
+fn member_paths(dir: &Path, n: usize) -> Vec<PathBuf> {
+    (0..n).map(|i| dir.join(format!("volume.m{i}"))).collect()
+}
+
+fn key(i: u64) -> Vec<u8> {
+    format!("key-{i:08}").into_bytes()
+}
+
+fn value(i: u64) -> Vec<u8> {
+    format!("value {i:08} {}", "v".repeat((i % 400) as usize)).into_bytes()
+}
+
+const KEYS: u64 = 20_000;
+
+/// A closed volume over `paths` holding `KEYS` keys, half of them written again after a
+/// commit (so segments and node runs of two commits are on every member).
+fn create(paths: &[PathBuf]) {
+    let db = options().open_members(paths).unwrap();
+    let ks = db.keyspace("ks").unwrap();
+    for i in 0..KEYS {
+        ks.put(&key(i), b"first").unwrap();
+    }
+    db.commit().unwrap();
+    for i in 0..KEYS {
+        ks.put(&key(i), &value(i)).unwrap();
+    }
+    db.close().unwrap();
+}
+
+/// A digest of every byte of every file in `dir`, by name.
+fn snapshot(dir: &Path) -> Vec<(String, u64, u64)> {
+    let mut files: Vec<(String, u64, u64)> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .map(|p| {
+            let mut file = std::fs::File::open(&p).unwrap();
+            let mut hasher = DefaultHasher::new();
+            let mut buf = vec![0u8; 1 << 20];
+            let mut len = 0;
+            loop {
+                let n = file.read(&mut buf).unwrap();
+                if n == 0 {
+                    break;
+                }
+                hasher.write(&buf[..n]);
+                len += n as u64;
+            }
+            (p.display().to_string(), len, hasher.finish())
+        })
+        .collect();
+    files.sort();
+    files
+}
+
+#[test]
+fn a_member_removed_from_three_leaves_every_value_on_the_other_two() {
+    let dir = tempfile::tempdir().unwrap();
+    let paths = member_paths(dir.path(), 3);
+    create(&paths);
+    let db = options().open_members(&paths).unwrap();
+    let written: Vec<u64> = db.stats().members.iter().map(|m| m.groups).collect();
+    assert!(written[1] >= 1, "member 1 holds no group: {written:?}");
+    db.close().unwrap();
+    let removed = options().remove_member(&paths, &paths[1]).unwrap();
+    assert_eq!((removed.index, removed.generation), (1, 1));
+    assert_eq!(removed.groups_moved, written[1]);
+    assert!(removed.bytes_moved > 0, "{removed:?}");
+    let left = [paths[0].clone(), paths[2].clone()];
+    let db = options().open_members(&left).unwrap();
+    let ks = db.open_keyspace("ks").unwrap();
+    for i in 0..KEYS {
+        assert_eq!(ks.get(&key(i)).unwrap(), Some(value(i)), "key {i}");
+    }
+    db.check().unwrap();
+    let stats = db.stats();
+    assert_eq!(stats.members[1].kind, "removed");
+    assert_eq!(
+        stats.members.iter().map(|m| m.groups).sum::<u64>(),
+        written.iter().sum::<u64>()
+    );
+    // The members left take new writes and a commit.
+    for i in 0..KEYS {
+        ks.put(&key(i), b"third").unwrap();
+    }
+    drop(ks);
+    db.close().unwrap();
+    let db = options().open_members(&left).unwrap();
+    assert_eq!(
+        db.open_keyspace("ks").unwrap().get(&key(7)).unwrap(),
+        Some(b"third".to_vec())
+    );
+    db.check().unwrap();
+    db.close().unwrap();
+    // The removed member is refused wherever it is given.
+    for set in [
+        paths.to_vec(),
+        vec![paths[0].clone(), paths[1].clone()],
+        vec![paths[0].clone(), paths[2].clone(), paths[1].clone()],
+    ] {
+        let err = options().open_members(&set).err().expect("refused");
+        let err = err.to_string();
+        assert!(err.contains("is not in the volume's member table"), "{err}");
+        assert!(err.contains("volume.m1"), "{err}");
+    }
+}
+
+#[test]
+fn refused_removals_write_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let paths = member_paths(dir.path(), 3);
+    create(&paths);
+    let two_dir = tempfile::tempdir().unwrap();
+    let two = member_paths(two_dir.path(), 2);
+    create(&two);
+    // Open elsewhere: refused by the lock (the open volume's files compared around it).
+    let db = options().open_members(&paths).unwrap();
+    let open_before = snapshot(dir.path());
+    let err = options()
+        .remove_member(&paths, &paths[1])
+        .err()
+        .expect("locked");
+    assert!(matches!(err, tucana::Error::Locked), "{err}");
+    assert!(
+        snapshot(dir.path()) == open_before,
+        "a refused removal wrote"
+    );
+    db.close().unwrap();
+    let before = (snapshot(dir.path()), snapshot(two_dir.path()));
+    let refused = |paths: &[PathBuf], remove: &Path, needle: &str| {
+        let err = options()
+            .remove_member(paths, remove)
+            .err()
+            .expect("refused");
+        let err = err.to_string();
+        assert!(err.contains(needle), "{needle}: {err}");
+    };
+    refused(&paths, &paths[0], "is member 0");
+    refused(
+        &paths,
+        &dir.path().join("other"),
+        "is not one of the 3 members given",
+    );
+    refused(&paths, &two[1], "is not one of the 3 members given");
+    refused(&two, &two[1], "would leave member 0 alone");
+    refused(&paths[..1], &paths[0], "single-file volume");
+    // A wrong member set: open's refusal.
+    let swapped = [paths[0].clone(), paths[2].clone(), paths[1].clone()];
+    refused(&swapped, &paths[1], "swapped");
+    assert!(
+        (snapshot(dir.path()), snapshot(two_dir.path())) == before,
+        "a refused removal wrote"
+    );
+}
