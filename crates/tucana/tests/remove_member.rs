@@ -83,6 +83,14 @@ fn a_member_removed_from_three_leaves_every_value_on_the_other_two() {
     assert!(written[1] >= 1, "member 1 holds no group: {written:?}");
     db.close().unwrap();
     let removed = options().remove_member(&paths, &paths[1]).unwrap();
+    let on_disk = |p: &Path| {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(p).unwrap().blocks() * 512
+    };
+    println!(
+        "{removed:?}; member 1 held {} bytes on disk",
+        on_disk(&paths[1])
+    );
     assert_eq!((removed.index, removed.generation), (1, 1));
     assert_eq!(removed.groups_moved, written[1]);
     assert!(removed.bytes_moved > 0, "{removed:?}");
