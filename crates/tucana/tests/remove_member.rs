@@ -126,7 +126,9 @@ fn a_member_removed_from_three_leaves_every_value_on_the_other_two() {
         vec![paths[0].clone(), paths[1].clone()],
         vec![paths[0].clone(), paths[2].clone(), paths[1].clone()],
     ] {
-        let err = options().open_members(&set).err().expect("refused");
+        let Err(err) = options().open_members(&set) else {
+            panic!("{set:?} opened");
+        };
         let err = err.to_string();
         assert!(err.contains("is not in the volume's member table"), "{err}");
         assert!(err.contains("volume.m1"), "{err}");
@@ -146,8 +148,7 @@ fn refused_removals_write_nothing() {
     let open_before = snapshot(dir.path());
     let err = options()
         .remove_member(&paths, &paths[1])
-        .err()
-        .expect("locked");
+        .expect_err("locked");
     assert!(matches!(err, tucana::Error::Locked), "{err}");
     assert!(
         snapshot(dir.path()) == open_before,
@@ -156,10 +157,7 @@ fn refused_removals_write_nothing() {
     db.close().unwrap();
     let before = (snapshot(dir.path()), snapshot(two_dir.path()));
     let refused = |paths: &[PathBuf], remove: &Path, needle: &str| {
-        let err = options()
-            .remove_member(paths, remove)
-            .err()
-            .expect("refused");
+        let err = options().remove_member(paths, remove).expect_err("refused");
         let err = err.to_string();
         assert!(err.contains(needle), "{needle}: {err}");
     };
