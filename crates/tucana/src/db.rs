@@ -238,6 +238,20 @@ impl Database {
         self.engine.add_member((name.to_string(), storage), blank)
     }
 
+    /// Removes the member at `path` from this open volume over several members (DESIGN.md,
+    /// "Removing a member", *to an open volume*): it stops taking segments, node runs and
+    /// groups, each group it holds is copied to another member while writes go on (a
+    /// write to a group being copied is written to both), then the member table marks it
+    /// removed and the groups are read and written on their new slots. Open the volume
+    /// afterwards without it. Errors (nothing written): a single-file volume, a path that
+    /// is not a member, member 0, a member already removed, a removal that would leave
+    /// one member, another removal running; no room on the others, I/O errors (the
+    /// removal is undone); a failed write or sync of the table poisons the store (what is
+    /// durable is then unknown; the next open decides, as after a crash).
+    pub fn remove_member(&self, path: &Path) -> Result<crate::volume::RemovedMember> {
+        self.engine.remove_member(&path.display().to_string())
+    }
+
     /// Whether a write, sync or commit failed (the device refused it: disk full, an I/O
     /// error): the store then refuses every write and commit, and acknowledges nothing
     /// more, until it is opened again (recovery replays what was durable).

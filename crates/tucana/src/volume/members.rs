@@ -63,9 +63,16 @@ pub struct MemberSet {
     /// round-robin.
     growth_member: std::sync::atomic::AtomicUsize,
     policy: DispatchPolicy,
+    /// Groups a removal on the open volume is moving, and the lock that orders its copy
+    /// with the writes it must see (`moving.rs`).
+    moves: Moves,
 }
 
 const SLOT_BITS: u32 = 40;
+
+/// Set in a map entry while its group is copied to another member by a removal on the
+/// open volume (`moving.rs`): writes to it are written again where it goes.
+const MOVING_BIT: u64 = 1 << 63;
 
 impl MemberSet {
     /// As `open_paths`, over any backends (memory or simulated disks in tests), each with
@@ -233,6 +240,7 @@ impl MemberSet {
             next_segment_member: AtomicU64::new(0),
             growth_member: std::sync::atomic::AtomicUsize::new(usize::MAX),
             policy: DispatchPolicy::RoundRobin,
+            moves: Moves::default(),
             grow_lock: Mutex::new(Placement {
                 next_member: 0,
                 free_slots: vec![Vec::new(); n],
@@ -371,6 +379,9 @@ impl MemberSet {
     /// Whether member `m` can take one more group: a free slot, or room to grow one (a
     /// file always has; a device only below its capacity).
     fn has_room(&self, placement: &Placement, m: usize) -> bool {
+        if self.members[m].takes_nothing() {
+            return false;
+        }
         !placement.free_slots[m].is_empty()
             || self.members[m]
                 .storage
@@ -392,18 +403,36 @@ impl MemberSet {
 
     /// `(member, slot)` of `group`, if placed.
     fn lookup(&self, group: u64) -> Option<(usize, u64)> {
-        let chunk = self.map.get(group as usize / CHUNK_GROUPS)?.get()?;
-        match chunk[group as usize % CHUNK_GROUPS].load(Ordering::Acquire) {
+        match self.packed(group) {
             0 => None,
             packed => Some(unpack(packed)),
         }
     }
 
+    /// The map entry of `group` as stored (0: unplaced). Sequentially consistent: a
+    /// writer's load after its write and a removal's store of `MOVING_BIT` before its copy
+    /// reads are ordered (`moving.rs`); on x86 it is a plain load.
+    fn packed(&self, group: u64) -> u64 {
+        let Some(chunk) = self
+            .map
+            .get(group as usize / CHUNK_GROUPS)
+            .and_then(|c| c.get())
+        else {
+            return 0;
+        };
+        chunk[group as usize % CHUNK_GROUPS].load(Ordering::SeqCst)
+    }
+
     /// The member and member offset of volume offset `offset`, and the bytes from there to
     /// the end of its group. Errors for an offset in no placed group.
     fn locate(&self, offset: u64) -> Result<(&Member, u64, u64)> {
+        self.locate_packed(offset, self.packed(offset / SLOT_BYTES))
+    }
+
+    /// As `locate`, with the map entry of `offset`'s group already loaded.
+    fn locate_packed(&self, offset: u64, packed: u64) -> Result<(&Member, u64, u64)> {
         let group = offset / SLOT_BYTES;
-        let Some((m, slot)) = self.lookup(group) else {
+        let Some((m, slot)) = (packed != 0).then(|| unpack(packed)) else {
             return Err(Error::Io(std::io::Error::new(
                 std::io::ErrorKind::UnexpectedEof,
                 format!("volume offset {offset:#x} lies in group {group}, which no member holds"),
@@ -457,6 +486,12 @@ impl MemberSet {
             .map(|(m, member)| MemberStats {
                 name: member.name.clone(),
                 kind: member.storage.kind().as_str().to_string(),
+                state: match (member.removed, member.draining.load(Ordering::Relaxed)) {
+                    (false, false) => "live",
+                    (false, true) if placement.groups[m] > 0 => "draining",
+                    _ => "removed",
+                }
+                .to_string(),
                 uuid: uuid_hex(&member.uuid),
                 groups: placement.groups[m],
                 bytes_written: member.written_bytes.load(Ordering::Relaxed),
@@ -524,6 +559,7 @@ impl MemberSet {
 }
 
 fn unpack(packed: u64) -> (usize, u64) {
+    let packed = packed & !MOVING_BIT;
     (
         ((packed >> SLOT_BITS) - 1) as usize,
         packed & ((1 << SLOT_BITS) - 1),
@@ -531,6 +567,28 @@ fn unpack(packed: u64) -> (usize, u64) {
 }
 
 impl MemberSet {
+    /// `write_at` or, with `uncached`, `write_uncached_at`, one piece per group. A piece
+    /// of a group that a removal is moving, or moved while the piece was written, is
+    /// written again where the group goes (`moving.rs`): one more load of its map entry
+    /// per piece when nothing moves.
+    fn write_pieces(&self, offset: u64, data: &[u8], uncached: bool) -> Result<()> {
+        let mut done = 0usize;
+        while done < data.len() {
+            let at = offset + done as u64;
+            let group = at / SLOT_BYTES;
+            let packed = self.packed(group);
+            let (member, local, room) = self.locate_packed(at, packed)?;
+            let bytes = &data[done..done + (data.len() - done).min(room as usize)];
+            write_member(member, local, bytes, uncached)?;
+            let now = self.packed(group);
+            if now != packed || now & MOVING_BIT != 0 {
+                self.write_again(group, at % SLOT_BYTES, bytes, uncached)?;
+            }
+            done += bytes.len();
+        }
+        Ok(())
+    }
+
     /// `read_at` or, with `random`, `read_random_at`: each member's piece read the same way.
     fn read_pieces(&self, offset: u64, buf: &mut [u8], random: bool) -> Result<()> {
         let len_bytes = self.len_bytes.load(Ordering::Acquire);
@@ -588,33 +646,11 @@ impl Storage for MemberSet {
     }
 
     fn write_at(&self, offset: u64, data: &[u8]) -> Result<()> {
-        self.each_piece(offset, data.len(), |member, at, range| {
-            let n = range.len() as u64;
-            member.timed(Kind::Write, n, || {
-                member.storage.write_at(at, &data[range.clone()])
-            })?;
-            member
-                .written_bytes
-                .fetch_add(range.len() as u64, Ordering::Relaxed);
-            // After the write: a sync that clears the flag before this point still
-            // covers the write only if it started later (see `sync`).
-            member.dirty.store(true, Ordering::Release);
-            Ok(())
-        })
+        self.write_pieces(offset, data, false)
     }
 
     fn write_uncached_at(&self, offset: u64, data: &[u8]) -> Result<()> {
-        self.each_piece(offset, data.len(), |member, at, range| {
-            let n = range.len() as u64;
-            member.timed(Kind::Write, n, || {
-                member.storage.write_uncached_at(at, &data[range.clone()])
-            })?;
-            member
-                .written_bytes
-                .fetch_add(range.len() as u64, Ordering::Relaxed);
-            member.dirty.store(true, Ordering::Release);
-            Ok(())
-        })
+        self.write_pieces(offset, data, true)
     }
 
     fn sync(&self) -> Result<()> {
@@ -749,7 +785,9 @@ impl Storage for MemberSet {
         let n = self.members.len();
         let turn = (self.next_segment_member.fetch_add(1, Ordering::Relaxed) % n as u64) as usize;
         let lengths: Vec<u64> = match self.policy {
-            DispatchPolicy::Member(m) if m < n && Some(m) != avoid && !self.is_removed(m) => {
+            DispatchPolicy::Member(m)
+                if m < n && Some(m) != avoid && !self.members[m].takes_nothing() =>
+            {
                 return Some(m)
             }
             // Round-robin is least-weighted with every member weighing the same.
@@ -772,7 +810,7 @@ impl Storage for MemberSet {
             .zip(self.members.iter())
             .enumerate()
             .map(|(m, (len, member))| {
-                if Some(m) == avoid || member.removed {
+                if Some(m) == avoid || member.takes_nothing() {
                     u64::MAX
                 } else {
                     len
@@ -795,6 +833,21 @@ impl Storage for MemberSet {
         self.add_member_online(new, blank, table_unsure)
     }
 
+    fn remove_member(&self, name: &str, table_unsure: &dyn Fn()) -> Result<RemovedMember> {
+        let identity = paths::file_identity(std::path::Path::new(name));
+        let r = self
+            .members
+            .iter()
+            .position(|m| {
+                !m.removed
+                    && (m.name == name
+                        || identity.is_some()
+                            && paths::file_identity(std::path::Path::new(&m.name)) == identity)
+            })
+            .ok_or_else(|| Error::Members(format!("{name} is not a member of the open volume")))?;
+        self.remove_member_online(r, table_unsure)
+    }
+
     fn kind(&self) -> crate::volume::StorageKind {
         crate::volume::StorageKind::Members
     }
@@ -802,6 +855,7 @@ impl Storage for MemberSet {
 
 mod checks;
 mod member;
+mod moving;
 mod paths;
 mod remove;
 mod table;
@@ -809,6 +863,7 @@ mod table;
 pub use checks::refuse_lone_member;
 use checks::{check_member, live, resumable_creation, swapped, with_removed};
 use member::{Member, MemberList};
+use moving::{write_member, Moves};
 pub use remove::RemovedMember;
 pub(crate) use table::read_header;
 pub use table::AddedMember;

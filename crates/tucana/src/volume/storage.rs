@@ -219,6 +219,22 @@ pub trait Storage: Send + Sync + 'static {
         ))
     }
 
+    /// Removes the member named `name` (its path as given, or a path to the same file)
+    /// from this open volume over several members (DESIGN.md, "Removing a member"): its
+    /// groups are copied onto the others while writes go on, then the member table marks
+    /// it removed. `table_unsure` is called when the table's write or sync failed. The
+    /// default refuses: a single-file volume has no member to remove.
+    fn remove_member(
+        &self,
+        name: &str,
+        table_unsure: &dyn Fn(),
+    ) -> Result<crate::volume::RemovedMember> {
+        let _ = (name, table_unsure);
+        Err(crate::error::Error::InvalidArgument(
+            "a single-file volume has no member to remove".into(),
+        ))
+    }
+
     /// Re-reads and verifies what the backend keeps on the device about its own layout
     /// (a volume over several members: every slot header against the group map), for
     /// `check`. Errors name the member. The default has nothing to verify.

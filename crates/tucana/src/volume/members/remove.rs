@@ -27,11 +27,15 @@ use crate::volume::slot_header::{
     SlotHeader, HEADER_OFFSET, REMOVED_UUID, SLOT_BYTES, TABLE_COPY_OFFSET,
 };
 
-/// Bytes read from the removed member at once.
+/// Bytes read from the removed member at once (offline).
 const COPY_CHUNK_BYTES: usize = 16 << 20;
 
+/// Bytes copied at once on the open volume: a write to a moving group waits for at most
+/// one such piece (a few ms).
+pub(super) const ONLINE_PIECE_BYTES: usize = 1 << 20;
+
 /// Granularity at which all-zero bytes are left as holes in a freshly grown slot.
-const HOLE_BYTES: usize = 64 << 10;
+pub(super) const HOLE_BYTES: usize = 64 << 10;
 
 /// What a removal did.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -111,7 +115,15 @@ impl MemberSet {
             let (t, slot, fresh) = self.slot_for_move(placement, r, group)?;
             let source = &self.members[r];
             let target = &self.members[t];
-            bytes_moved += copy_slot(source, from_slot, target, slot, fresh)?;
+            bytes_moved += copy_slot_piecewise(
+                source,
+                from_slot,
+                target,
+                slot,
+                fresh,
+                COPY_CHUNK_BYTES,
+                &|| (),
+            )?;
             let header = SlotHeader {
                 member_index: t as u32,
                 volume_uuid: self.volume_uuid,
@@ -146,7 +158,7 @@ impl MemberSet {
     /// Zeroes the headers an earlier removal of `r` left on free slots of the other
     /// members (copies whose table never became durable), so this removal's table does
     /// not make two slots claim one group; synced before any copy is written.
-    fn clear_unfinished_moves(&self, placement: &Placement, r: usize) -> Result<()> {
+    pub(super) fn clear_unfinished_moves(&self, placement: &Placement, r: usize) -> Result<()> {
         for (m, member) in self.members.iter().enumerate() {
             if m == r || member.removed {
                 continue;
@@ -171,7 +183,7 @@ impl MemberSet {
     /// Where `group` goes: the member other than `r` holding the fewest groups that has
     /// room (the lowest index on a tie), its lowest free slot or a new one grown at its
     /// end (`fresh`: it reads as zeros). Errors when no member has room (full devices).
-    fn slot_for_move(
+    pub(super) fn slot_for_move(
         &self,
         placement: &mut Placement,
         r: usize,
@@ -197,7 +209,7 @@ impl MemberSet {
 
     /// Writes the table with member `r`'s entry removed and the next generation over the
     /// older of its two copies, and syncs member 0; returns the generation.
-    fn write_table_without(&self, r: usize) -> Result<u64> {
+    pub(super) fn write_table_without(&self, r: usize) -> Result<u64> {
         let first = &self.members[0];
         let copies = super::table::slot0_copies(first.storage.as_ref(), &first.name)?;
         let mut table = read_header(first.storage.as_ref(), 0, &first.name)?
@@ -237,32 +249,39 @@ fn refuse_position(given: usize, position: usize, name: &str) -> Result<()> {
 }
 
 /// Copies slot `from_slot` of `source` to slot `to_slot` of `target`, all but the slot
-/// header's block (the caller writes the target's own). In a `fresh` target slot (zeros)
-/// runs of `HOLE_BYTES` that are zero in the source are left unwritten; elsewhere every
-/// byte is written, since a reused slot may hold anything. Returns the bytes written.
-fn copy_slot(
+/// header's block (the caller writes the target's own), in pieces of `piece_bytes`, each
+/// read and written while `hold()`'s guard lives (the open volume's removal orders them
+/// with writes to the group that way; offline nothing else writes). In a `fresh` target
+/// slot (zeros) runs of `HOLE_BYTES` that are zero in the source are left unwritten;
+/// elsewhere every byte is written, since a reused slot may hold anything. Returns the
+/// bytes written.
+pub(super) fn copy_slot_piecewise<G>(
     source: &Member,
     from_slot: u64,
     target: &Member,
     to_slot: u64,
     fresh: bool,
+    piece_bytes: usize,
+    hold: &dyn Fn() -> G,
 ) -> Result<u64> {
     let start = from_slot * SLOT_BYTES;
     let end = (start + SLOT_BYTES).min(source.storage.len_bytes()?);
-    let mut buf = vec![0u8; COPY_CHUNK_BYTES];
+    let mut buf = vec![0u8; piece_bytes];
     let header = HEADER_OFFSET as usize..(HEADER_OFFSET + BLOCK_BYTES) as usize;
     let mut written = 0u64;
     let mut at = start;
     while at < end {
-        let len = ((end - at) as usize).min(COPY_CHUNK_BYTES);
-        let chunk = &mut buf[..len];
-        source.storage.read_at(at, chunk)?;
+        let len = ((end - at) as usize).min(piece_bytes);
         let within = (at - start) as usize;
-        if within == 0 {
-            chunk[header.clone()].fill(0);
-        }
         let to = to_slot * SLOT_BYTES + within as u64;
-        // Runs to write: contiguous pieces of HOLE_BYTES, each not all zero (or all).
+        let chunk = &mut buf[..len];
+        let _held = hold();
+        source.storage.read_at(at, chunk)?;
+        // The source's own header (the piece holding block 6 starts at the slot's start).
+        if within == 0 {
+            let upto = header.end.min(len);
+            chunk[header.start.min(upto)..upto].fill(0);
+        }
         let mut piece = 0;
         while piece < len {
             let mut run_end = piece;

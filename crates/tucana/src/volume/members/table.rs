@@ -113,7 +113,13 @@ impl MemberSet {
         let header = read_header(first.storage.as_ref(), 0, &first.name)?
             .ok_or_else(|| self.corrupt(0, 0, "has no slot header".into()))?;
         let ours: Vec<_> = self.members.iter().map(|m| m.uuid).collect();
-        if header.table != ours {
+        // A member being removed from the open volume is named until the table's write,
+        // and removed after it.
+        let matches = header.table.len() == ours.len()
+            && self.members.iter().zip(&header.table).all(|(m, t)| {
+                *t == m.uuid || (*t == REMOVED_UUID && m.draining.load(Ordering::Relaxed))
+            });
+        if !matches {
             return Err(self.corrupt(
                 0,
                 0,
