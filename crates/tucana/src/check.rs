@@ -104,7 +104,7 @@ pub(crate) fn check(
         members: storage
             .members()
             .iter()
-            .filter(|m| m.kind != crate::volume::StorageKind::Removed.as_str())
+            .filter(|m| m.state != "removed")
             .count() as u64,
         ..CheckReport::default()
     };

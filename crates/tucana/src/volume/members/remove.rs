@@ -31,8 +31,8 @@ use crate::volume::slot_header::{
 const COPY_CHUNK_BYTES: usize = 16 << 20;
 
 /// Bytes copied at once on the open volume: a write to a moving group waits for at most
-/// one such piece (a few ms).
-pub(super) const ONLINE_PIECE_BYTES: usize = 1 << 20;
+/// one such piece (a read and a write of 4 MiB: a few ms on an SSD).
+pub(super) const ONLINE_PIECE_BYTES: usize = 4 << 20;
 
 /// Granularity at which all-zero bytes are left as holes in a freshly grown slot.
 pub(super) const HOLE_BYTES: usize = 64 << 10;
