@@ -2,19 +2,25 @@
 //! offset to the member and slot holding its group (DESIGN.md, "Volumes over several
 //! devices").
 //!
-//! Owns: opening and validating a member set (refusing a missing, swapped, duplicated or
-//! foreign member before writing anything), the map group → (member, slot) rebuilt from the
-//! slot headers, placing new groups on members (round-robin), per-member dirtiness and the
-//! parallel `fdatasync`, per-member counters, and re-verifying the headers for `check`;
-//! reading headers (both copies of the table) and adding a member are `members/table.rs`'s.
-//! Does not own: the members' I/O (each is a `Storage`: `FileStorage` with its own mapping,
-//! or memory in tests), what the bytes mean, nor which blocks are free (`alloc`).
+//! Owns: opening and validating a member set (refusing a missing, swapped, duplicated,
+//! foreign or removed member before writing anything; a removed member's index holds a
+//! stand-in), the map group → (member, slot) rebuilt from the slot headers, placing new
+//! groups on members (round-robin, passing over removed and draining ones), per-member
+//! dirtiness and the parallel `fdatasync`, per-member counters, and re-verifying the
+//! headers for `check`. Reading headers (both copies of the table) and adding a member
+//! are `members/table.rs`'s; open's per-member checks `members/checks.rs`'s; removing a
+//! member `members/remove.rs`'s (closed volume) and `members/moving.rs`'s (open one, with
+//! the second write of a piece of a moving group). Does not own: the members' I/O (each
+//! is a `Storage`: `FileStorage` with its own mapping, or memory in tests), what the
+//! bytes mean, nor which blocks are free (`alloc`).
 //!
-//! Thread-safety: `Send + Sync`. The map is append-only: entries are atomics published
-//! once (after their slot header was written), read without a lock; so is the member list
+//! Thread-safety: `Send + Sync`. Map entries are atomics published once (after their
+//! slot header was written) and read without a lock; only a removal on the open volume
+//! changes a published entry (marks it moving, then switches it to its new slot: see
+//! `moving.rs` for why writers lose nothing). The member list is append-only
 //! (`MemberList`: a member added to the open volume is published before any map entry
-//! names it); placement, growth and adds serialise on `grow_lock`. I/O to disjoint ranges
-//! runs in parallel, as for one file.
+//! names it); placement, growth, adds and a removal's steps serialise on `grow_lock`. I/O
+//! to disjoint ranges runs in parallel, as for one file.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
