@@ -24,7 +24,7 @@
 //! moving group take `Moves::lock` for their second write only.
 
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
@@ -44,6 +44,8 @@ pub(super) struct Moves {
     lock: Mutex<()>,
     /// Held for the whole of a removal on the open volume: one at a time.
     removal: Mutex<()>,
+    /// Bytes writers wrote a second time during the running removal.
+    rewritten_bytes: AtomicU64,
 }
 
 /// One group a removal moves: where it is and where it goes.
@@ -100,7 +102,11 @@ impl MemberSet {
             slot * SLOT_BYTES + within,
             bytes,
             uncached,
-        )
+        )?;
+        self.moves
+            .rewritten_bytes
+            .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+        Ok(())
     }
 
     /// Removes member `r` from this open volume. `table_unsure` is called when the
@@ -114,6 +120,7 @@ impl MemberSet {
             .removal
             .try_lock()
             .ok_or_else(|| Error::Members("a removal is already running".into()))?;
+        self.moves.rewritten_bytes.store(0, Ordering::Relaxed);
         let plan = self.plan_moves(r)?;
         let copied = self.copy_planned(r, &plan);
         self.finish_moves(r, &plan, copied, table_unsure)
@@ -156,6 +163,7 @@ impl MemberSet {
             groups_moved: plan.len() as u64,
             bytes_moved,
             generation,
+            rewritten_bytes: self.moves.rewritten_bytes.load(Ordering::Relaxed),
         })
     }
 

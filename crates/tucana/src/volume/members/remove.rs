@@ -48,6 +48,9 @@ pub struct RemovedMember {
     pub bytes_moved: u64,
     /// The member table's generation now.
     pub generation: u64,
+    /// On the open volume: bytes writers wrote a second time, to a group being moved
+    /// (to its new slot) or moved while they wrote; 0 offline.
+    pub rewritten_bytes: u64,
 }
 
 impl MemberSet {
@@ -152,6 +155,7 @@ impl MemberSet {
             groups_moved: groups.len() as u64,
             bytes_moved,
             generation,
+            rewritten_bytes: 0,
         })
     }
 
