@@ -3,10 +3,12 @@
 //! header that counts only once the table marks the member removed; then the table is
 //! rewritten with the member's entry as `REMOVED_UUID`.
 //!
-//! Owns: the removal's refusals, the copies, their pending headers, and the table write.
-//! Does not own: open's checks (run first, `MemberSet::open_with_blank`), which of a
-//! removed member's stand-in, moved headers and live positions open accepts (`members.rs`,
-//! `checks.rs`), nor the table's two copies (`table.rs`).
+//! Owns: the offline removal's refusals; and, for it and the open volume's removal
+//! (`moving.rs`), clearing an unfinished removal's leftovers, the choice of a group's new
+//! slot, the copy of a slot, and the table write. Does not own: open's checks (run first,
+//! `MemberSet::open_with_blank`), what open accepts of a removed member's stand-in, moved
+//! headers and live positions (`members.rs`, `checks.rs`), nor reading the table's two
+//! copies (`table.rs`).
 //!
 //! Crash: before the table naming the removal is durable, the volume is the old one (the
 //! copies' headers name a member the table does not mark removed: their slots are free,
