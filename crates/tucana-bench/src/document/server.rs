@@ -232,6 +232,14 @@ fn what_ran(md: &mut String, options: &Value, json_path: &Path) {
             options["field_bytes"],
         );
     }
+    if options["quiet_between_tests"].as_bool() == Some(true) {
+        *md += "After each test the harness waited until the server's process tree was quiet \
+               (at most 2 clock ticks of CPU in half a second, for up to a minute) before it \
+               read the server's CPU, so what a test left its server to do in the background \
+               (Tucana's log collection of the records the test made dead, redis-server's AOF \
+               rewrite) is in that test's server CPU and does not slow the next test down; \
+               requests/s is redis-benchmark's own, over the requests alone.\n\n";
+    }
     *md += "Issue 6's target: Tucana at ≥ 1.0× redis-server's throughput while persisting \
            every write to its log, with the data set allowed to be larger than memory. \
            Issue 23's: the same for the data-type tests.\n\n";

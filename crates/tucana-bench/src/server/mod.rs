@@ -244,6 +244,8 @@ fn run_options(args: &ServerArgs, programs: &Programs, versions: Versions) -> Ru
     options.set("keyspace", args.keyspace);
     options.set("pipelines", args.pipelines.clone());
     options.set("rounds", args.rounds);
+    // Every test is followed by `process::wait_until_quiet` (records: `quiet_wait_s`).
+    options.set("quiet_between_tests", true);
     options.set("type_keys", args.type_keys);
     options.set("field_bytes", args.field_bytes);
     options.set("large_type_keys", args.large_type_keys);
@@ -566,6 +568,9 @@ fn bench_one(
     };
     // redis-benchmark has been waited for: its CPU time is in the children's.
     let client_cpu = sys::children_cpu_time().saturating_sub(client_before);
+    // What the test left the server to do in the background is this test's CPU, not the
+    // next test's (throughput is redis-benchmark's own, over the requests alone).
+    let (quiet_wait, quiet_timed_out) = process::wait_until_quiet(server.child.id());
     let after = server.sample();
     let mut record = Record::unmeasured(server.kind.name(), &format!("redis-{test}-P{pipeline}"));
     record.ops_per_sec = Some(result.requests_per_sec);
@@ -578,6 +583,8 @@ fn bench_one(
     record.set("avg_latency_us", result.avg_ms * 1000.0);
     record.set("max_latency_us", result.max_ms * 1000.0);
     record.set("elapsed_s", result.elapsed.as_secs_f64());
+    record.set("quiet_wait_s", quiet_wait.as_secs_f64());
+    record.set("quiet_timed_out", quiet_timed_out);
     record.set(
         "client_cpu_us_per_op",
         client_cpu.as_secs_f64() * 1e6 / plan.requests.max(1) as f64,

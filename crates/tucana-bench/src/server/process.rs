@@ -25,6 +25,16 @@ const STOP_TIMEOUT: Duration = Duration::from_secs(120);
 /// How long a server may take to finish what the load left it to do.
 const SETTLE_TIMEOUT: Duration = Duration::from_secs(300);
 
+/// After a test, a server's process tree counts as quiet once it used at most
+/// `QUIET_TICKS` clock ticks (10 ms each) of CPU in one `QUIET_WINDOW`: 4% of a core, what
+/// an idle server's timers and a committer's periodic empty commit cost.
+const QUIET_WINDOW: Duration = Duration::from_millis(500);
+const QUIET_TICKS: u64 = 2;
+
+/// How long `wait_until_quiet` waits for background work to finish before it gives up
+/// (and the next test pays for the rest).
+const QUIET_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// A running server: ours to stop.
 pub(super) struct Server {
     pub(super) kind: ServerKind,
@@ -235,6 +245,31 @@ const TREE_READ_ATTEMPTS: usize = 20;
 /// taken again if its reaped total changed. Exact to the tick for a parent that waits
 /// for its children (a parent that ignores SIGCHLD loses an ended child's time; neither
 /// server does).
+/// Waits until the process tree of `pid` is quiet (`QUIET_TICKS` per `QUIET_WINDOW`), or
+/// `QUIET_TIMEOUT` passed; how long it waited, and whether it timed out. Between tests, so
+/// that what a test leaves a server to do in the background (Tucana's log collection of
+/// the records a write test made dead, redis-server's AOF rewrite in its forked child) is
+/// charged to that test's CPU, and does not slow the next test down.
+pub(crate) fn wait_until_quiet(pid: u32) -> (Duration, bool) {
+    let started = Instant::now();
+    let Some(mut last) = process_tree_cpu_ticks(pid) else {
+        return (started.elapsed(), false);
+    };
+    loop {
+        std::thread::sleep(QUIET_WINDOW);
+        let Some(now) = process_tree_cpu_ticks(pid) else {
+            return (started.elapsed(), false);
+        };
+        if now.saturating_sub(last) <= QUIET_TICKS {
+            return (started.elapsed(), false);
+        }
+        if started.elapsed() > QUIET_TIMEOUT {
+            return (started.elapsed(), true);
+        }
+        last = now;
+    }
+}
+
 pub(crate) fn process_tree_cpu_ticks(pid: u32) -> Option<u64> {
     tree_cpu_ticks(Path::new("/proc"), pid)
 }
@@ -413,6 +448,28 @@ mod tests {
         );
         let tree = process_tree_cpu_ticks(pid).unwrap();
         assert!(tree >= after.own_ticks + reaped_before + child_ticks);
+    }
+
+    #[test]
+    fn waiting_until_quiet_outlasts_a_childs_burst_of_cpu() {
+        // A child that burns CPU for two seconds, marks the end of its burst in a file, and
+        // then sleeps: the wait must not return before the mark is there.
+        let dir = tempfile::tempdir().unwrap();
+        let mark = dir.path().join("burst-done");
+        let script = format!(
+            "end=$(($(date +%s) + 2)); while [ $(date +%s) -lt $end ]; do :; done; touch {}; sleep 30",
+            mark.display()
+        );
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", &script])
+            .spawn()
+            .unwrap();
+        let (_, timed_out) = wait_until_quiet(child.id());
+        let done = mark.exists();
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(!timed_out, "the child went quiet");
+        assert!(done, "the wait returned during the child's burst");
     }
 
     #[test]

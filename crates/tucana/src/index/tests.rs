@@ -1144,6 +1144,37 @@ fn leaf_stems_keep_shared_beginnings_from_reading_the_log() {
     assert_matches(&tree, &ctx, None, &model, &mut rng);
 }
 
+/// The bug: a list pushed at its head (redis-benchmark's LPUSH) keeps its head elements
+/// in the leaf that also holds the key just before them (the list's own metadata key).
+/// Every split cut that leaf in the middle, so the half that took the pushes kept the
+/// outsider and with it a stem too short to tell the elements apart; each push then read
+/// 7.4 keys from the log to place itself, and each split read a half's keys to restem
+/// the other half (about 1 more per push). Splits now cut at the end of the run of tied
+/// prefixes, so the elements' half grows a stem over what they share.
+#[test]
+fn pushes_at_a_lists_head_beside_another_key_read_no_keys() {
+    let mut rng = StdRng::seed_from_u64(23);
+    let tree = Tree::new(REGION, TreeEpoch(1));
+    let mut ctx = FakeCtx::default();
+    let mut model = Model::new();
+    // The server's layout: the list's key, then its elements under a long shared prefix
+    // with an 8-byte big-endian index, the head growing downwards from the middle.
+    put(&tree, &mut ctx, &mut model, b"mylist");
+    let element = |index: u64| {
+        let mut k = b"\xff\xfftucana\x00L\x00\x00\x00\x06mylist".to_vec();
+        k.extend_from_slice(&0x0123_4567u64.to_be_bytes());
+        k.extend_from_slice(&index.to_be_bytes());
+        k
+    };
+    let pushes = 20_000u64;
+    for i in 0..pushes {
+        put(&tree, &mut ctx, &mut model, &element((1 << 63) - i));
+    }
+    let per_push = ctx.key_reads.load(Relaxed) as f64 / pushes as f64;
+    assert!(per_push < 0.2, "{per_push} log reads per push");
+    assert_matches(&tree, &ctx, None, &model, &mut rng);
+}
+
 /// `Tree::write_counts` is what larger-than-memory loads are diagnosed with (issue 22):
 /// every full key an insert reads is counted once, as a split's or as an insert's, and
 /// every leaf split is counted (an insert-only tree has one leaf more than splits).

@@ -25,7 +25,7 @@ use crate::error::Result;
 use crate::index::node::heap::{as_internal, as_leaf};
 use crate::index::node::view::{no_restart, HeapInternal};
 use crate::index::node::Header;
-use crate::index::search::child_index;
+use crate::index::search::{child_holds, child_index};
 use crate::index::{key_hash, Ctx};
 
 /// Where the previous write of a batch landed. Start each batch with `Finger::default()`
@@ -117,9 +117,10 @@ impl Tree {
 
     /// The finger's leaf if `key`'s range is that leaf: the finger is not stale, and at
     /// every internal node from the leaf's parent up, `key` takes the child the finger
-    /// took, until both of the leaf's fences are found (a child index above 0 has its
+    /// took (tested against the two pivots around that child, not by a search),
+    /// until both of the leaf's fences are found (a child index above 0 has its
     /// lower fence in that node, one below the node's pivot count its upper fence) or the
-    /// root is passed. Usually only the parent is searched. No log record is read unless
+    /// root is passed. Usually only the parent is asked. No log record is read unless
     /// a pivot compare needs one, as in a descent.
     fn finger_leaf<C: Ctx>(
         &self,
@@ -141,7 +142,13 @@ impl Tree {
                 node: parent,
                 version: None,
             };
-            if no_restart(child_index(&own, ctx, key, true))? != idx {
+            let holds = no_restart(child_holds(&own, ctx, key, idx))?;
+            debug_assert_eq!(
+                holds,
+                no_restart(child_index(&own, ctx, key, true))? == idx,
+                "the fence test and the search disagree"
+            );
+            if !holds {
                 return Ok(None);
             }
             lower |= idx > 0;

@@ -1,8 +1,9 @@
 //! Top-down splits of full nodes, and the stems they give each half.
 //!
-//! Owns: where a node splits (`LEAF_SPLIT_EDGE` for sequential loads, key-area bytes for
-//! internal nodes), the separator a split pushes up (from the prefixes, or from the log when
-//! they tie; EXTERNAL when longer than `MAX_INLINE_PIVOT`), growing a half's stem when its
+//! Owns: where a node splits (`LEAF_SPLIT_EDGE` for sequential loads, the end of a run of
+//! tied prefixes for a leaf where one dominates, key-area bytes for internal nodes), the
+//! separator a split pushes up (from the prefixes, or from the log when they tie;
+//! EXTERNAL when longer than `MAX_INLINE_PIVOT`), growing a half's stem when its
 //! keys or pivots share more bytes, shrinking an internal node's stem for a separator
 //! without it, and the order that keeps every key reachable for readers: right half built
 //! unseen, published through the parent, then cut from the left. Does not own: deciding to
@@ -505,6 +506,11 @@ impl Tree {
 /// Entries a leaf split leaves on the side a sequential load moves away from.
 const LEAF_SPLIT_EDGE: usize = C_LEAF / 10;
 
+/// A leaf splits at the end of the run of tied prefixes around its middle when the run
+/// holds at least one in this many of its entries (`tie_run_end`). A smaller run moves
+/// the split by at most a few entries, where a middle cut costs little either way.
+const TIE_RUN_SPLIT_SHARE_DIVISOR: usize = 4;
+
 /// A split half grows its stem only when at least one in this many of its neighbour
 /// pairs tie on their prefix. Growing reads all the half's ~100 keys from the log under
 /// the writer lock; a tie left in place costs an insert that lands in it a key read or
@@ -691,10 +697,50 @@ fn leaf_split_point<C: Ctx>(ctx: &C, own: &HeapLeaf<'_>, n: usize, key: &[u8]) -
     } else if beyond(0, Ordering::Greater)? {
         LEAF_SPLIT_EDGE
     } else {
-        n / 2
+        tie_run_end(own, n).unwrap_or(n / 2)
     };
     assert!(keep >= 1 && keep < n);
     Ok(keep)
+}
+
+/// Where a full leaf of `n` entries splits when its middle entry is inside a run of
+/// entries that tie on their prefix, the run holds at least a quarter of the leaf and
+/// not all of it: at the run's end nearer the middle. Reads only the node.
+///
+/// Why: a run of ties is keys that share more bytes than the leaf's stem (one list's
+/// elements, one sorted set's members), beside keys that do not (the list's own key,
+/// another collection's sub-records). Cut in the middle, the half with the run keeps the
+/// outsiders and so the short stem, and every insert into the run searches it by full
+/// key from the log (`leaf_position`): the head of a list pushed with LPUSH, whose
+/// neighbour is the list's key, read 7.4 keys per push and 1 more per push at splits
+/// (`examples/list_key_reads.rs`). Cut at the run's end, the run's half grows a stem
+/// over the run's shared bytes (`grown_stem`) and its prefixes stop tying. The price is
+/// a lopsided split (as few as one entry on the outsiders' side), bounded to leaves where
+/// one run dominates; the run's half, nearly full, splits again by the usual rules.
+fn tie_run_end(own: &HeapLeaf<'_>, n: usize) -> Option<usize> {
+    let middle = n / 2;
+    let tie = own.prefix(middle);
+    let mut start = middle;
+    while start > 0 && own.prefix(start - 1) == tie {
+        start -= 1;
+    }
+    let mut end = middle + 1;
+    while end < n && own.prefix(end) == tie {
+        end += 1;
+    }
+    if (end - start) * TIE_RUN_SPLIT_SHARE_DIVISOR < n {
+        return None;
+    }
+    match (start > 0, end < n) {
+        (false, false) => None,
+        (true, false) => Some(start),
+        (false, true) => Some(end),
+        (true, true) => Some(if middle - start <= end - middle {
+            start
+        } else {
+            end
+        }),
+    }
 }
 
 /// Number of pivots the left half of a full internal node keeps; pivot `keep` moves up.
