@@ -125,6 +125,7 @@ pub fn run(db: &Database, keyspace: &str, command: Command) -> Result<Outcome, C
         Command::Serve(_) => unreachable!("serve is dispatched by main"),
         Command::Cluster(_) => unreachable!("cluster is dispatched by main"),
         Command::AddMember { .. } => unreachable!("add-member is dispatched by main"),
+        Command::RemoveMember { .. } => unreachable!("remove-member is dispatched by main"),
         Command::Replication(args) => replication::run_on_volume(db, &args)?,
     };
     out.flush()?;

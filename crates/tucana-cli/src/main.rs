@@ -205,6 +205,18 @@ pub enum Command {
         /// The new member's file or block device.
         path: PathBuf,
     },
+    /// Removes PATH, one of --db and --member, from the (closed) volume: copies the groups
+    /// it holds onto the other members, marks it removed in the member table, then checks
+    /// the volume over the others; leave PATH out of --member from then on.
+    ///
+    /// Refused, with nothing written: member 0 (--db: it holds the superblock and the
+    /// table), a path not given, a removal that would leave one member, a volume open
+    /// elsewhere. Interrupted, the volume is the old one or the new one, and the removal
+    /// can be run again while it is the old one.
+    RemoveMember {
+        /// The member's file or block device, as given to --member.
+        path: PathBuf,
+    },
     /// Serves the volume over RESP (the Redis protocol) until SIGINT, SIGTERM or SHUTDOWN.
     ///
     /// Redis clients, redis-cli and redis-benchmark work against it. SELECT 0 is the
@@ -352,6 +364,9 @@ fn run(cli: Cli) -> Result<Outcome, CliError> {
     if let Command::AddMember { path } = &cli.command {
         return add_member(&cli, path);
     }
+    if let Command::RemoveMember { path } = &cli.command {
+        return remove_member(&cli, path);
+    }
     let db = if cli.command.only_reads() && cli.members.is_empty() {
         open_read_only(&cli.db)?
     } else {
@@ -413,6 +428,53 @@ fn add_member(cli: &Cli, new: &Path) -> Result<Outcome, CliError> {
     closed?;
     println!("checked the volume over {} members", paths.len());
     Ok(Outcome::Done)
+}
+
+/// `remove-member PATH`: removes it, prints what moved, then opens the volume over the
+/// members left and checks it.
+fn remove_member(cli: &Cli, path: &Path) -> Result<Outcome, CliError> {
+    let mut paths = vec![cli.db.clone()];
+    paths.extend(cli.members.iter().cloned());
+    let options = cli.volume_options(Database::builder());
+    let removed = options.remove_member(&paths, path).map_err(|e| {
+        CliError::from(e).context(format_args!(
+            "cannot remove {} from the volume over {} members at {}",
+            path.display(),
+            paths.len(),
+            cli.db.display()
+        ))
+    })?;
+    println!(
+        "removed {} (member {}): {} groups, {} bytes moved onto the other members; member table generation {}",
+        path.display(),
+        removed.index,
+        removed.groups_moved,
+        removed.bytes_moved,
+        removed.generation
+    );
+    let left: Vec<PathBuf> = paths
+        .iter()
+        .filter(|p| !same_file(p, path))
+        .cloned()
+        .collect();
+    let db = open_members_with(&cli.db, &left[1..], false, options)?;
+    let checked = db.check().map_err(|e| {
+        CliError::from(e).context("checking the volume over the members left after the removal")
+    });
+    let closed = db.close().map_err(CliError::from);
+    checked?;
+    closed?;
+    println!("checked the volume over {} members", left.len());
+    Ok(Outcome::Done)
+}
+
+/// Whether two paths name one file (by identity, or spelled the same).
+fn same_file(a: &Path, b: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(x), Ok(y)) => (x.dev(), x.ino(), x.rdev()) == (y.dev(), y.ino(), y.rdev()),
+        _ => a == b,
+    }
 }
 
 /// The volume at `path`, with its further members when there are any.

@@ -316,6 +316,40 @@ fn add_member_adds_a_file_to_a_volume_over_members_and_check_covers_it() {
 }
 
 #[test]
+fn remove_member_moves_a_members_groups_and_the_volume_opens_without_it() {
+    let volume = Volume::new();
+    let m1 = volume.dir.path().join("m1");
+    let m2 = volume.dir.path().join("m2");
+    let (m1, m2) = (m1.to_str().unwrap(), m2.to_str().unwrap());
+    for i in 0..40 {
+        volume.ok(&["--member", m1, "--member", m2, "put", &format!("k{i}"), "v"]);
+    }
+    // Member 0 (--db) is refused, with nothing written.
+    let db = volume.path.to_str().unwrap();
+    let refused = volume.run(&["--member", m1, "--member", m2, "remove-member", db]);
+    assert_ne!(refused.status.code(), Some(0));
+    assert!(
+        stderr(&refused).contains("is member 0"),
+        "{}",
+        stderr(&refused)
+    );
+    let out = volume.ok(&["--member", m1, "--member", m2, "remove-member", m1]);
+    assert!(out.contains("(member 1)"), "{out}");
+    assert!(out.contains("checked the volume over 2 members"), "{out}");
+    assert_eq!(volume.ok(&["--member", m2, "get", "k7"]), "v\n");
+    let report = volume.ok(&["--member", m2, "check"]);
+    assert!(report.contains("members: 2\n"), "{report}");
+    // The removed member given again is refused, naming it.
+    let again = volume.run(&["--member", m1, "--member", m2, "get", "k7"]);
+    assert_ne!(again.status.code(), Some(0));
+    assert!(
+        stderr(&again).contains("is not in the volume's member table"),
+        "{}",
+        stderr(&again)
+    );
+}
+
+#[test]
 fn stats_is_json_with_a_keys_field() {
     let volume = Volume::new();
     volume.ok(&["put", "a", "1"]);

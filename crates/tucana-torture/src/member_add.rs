@@ -1,20 +1,27 @@
-//! What the tests of adding a member share (`tests/add_member.rs`, the add to a closed
-//! volume; `tests/add_member_online.rs`, the add to an open one): the records a volume is
-//! filled with, a closed two-member volume holding them, opening over some windows of the
-//! simulated disk, and the checks made after a crash (every record there, `check`
-//! passes, and over three members new segments reach the new one).
+//! What the tests of adding and removing a member share (`tests/add_member.rs`, the add to
+//! a closed volume; `tests/add_member_online.rs`, the add to an open one;
+//! `tests/remove_member.rs`): the records a volume is filled with, closed two- and
+//! three-member volumes holding them, opening over some windows of the simulated disk,
+//! and the checks made after a crash (every record there, `check` passes, and new
+//! segments reach a given member).
 //!
 //! Owns: the records' keys and values and those checks. Does not own: the windows and the
 //! add itself (`members`), nor the crash model (`sim`).
 //!
 //! Thread-safety: plain functions; each test drives them from its own thread.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
 
 use tucana::{Database, Keyspace};
 
 use crate::sim::{Image, SimStorage};
 use crate::{members, workload};
+
+/// The writer's puts between two syncs (`while_writing`).
+pub const PUTS_PER_SYNC: u64 = 8;
+/// Puts the writer has acknowledged before the operation starts (`while_writing`).
+pub const PUTS_BEFORE_OP: u64 = 64;
 
 /// Records of the two-member volume the adds start from.
 pub const RECORDS: u64 = 600;
@@ -30,6 +37,12 @@ pub fn value(i: u64, round: u64) -> Vec<u8> {
 /// The engine over windows `0..members` of `sim` (no background threads).
 pub fn open(sim: &Arc<SimStorage>, members: usize) -> tucana::Result<Database> {
     let storage = members::volume(sim, members)?;
+    workload::open(workload::options(false), &storage)
+}
+
+/// The engine over the windows `which` of `sim` (a volume a member was removed from).
+pub fn open_over(sim: &Arc<SimStorage>, which: &[usize]) -> tucana::Result<Database> {
+    let storage = members::volume_over(sim, which)?;
     workload::open(workload::options(false), &storage)
 }
 
@@ -59,6 +72,21 @@ pub fn two_member_volume() -> Image {
     sim.durable_image()
 }
 
+/// A volume over three members whose records are spread over all three: `RECORDS`
+/// records of round 0, then `10 × RECORDS` of round 1 (`writes_reach_member` asserts
+/// member 1, the one the removal tests take out, was written); closed: its durable image.
+pub fn three_member_volume() -> Image {
+    let sim = Arc::new(SimStorage::new(13));
+    let db = open(&sim, 3).expect("create a volume over three members");
+    let ks = db.keyspace("k").unwrap();
+    for i in 0..RECORDS {
+        ks.put(&key(i), &value(i, 0)).unwrap();
+    }
+    writes_reach_member(&db, &ks, 1, "filling three members");
+    db.close().unwrap();
+    sim.durable_image()
+}
+
 /// Over three members: the records of round 0 are there, `check` passes, and a second
 /// round of writes puts segments on member 2 (the new one) by dispatch.
 pub fn use_three_members(sim: &Arc<SimStorage>, where_: &str) {
@@ -84,4 +112,93 @@ pub fn writes_reach_member(db: &Database, ks: &Keyspace, member: usize, where_: 
         "{where_}: no writes dispatched to member {member}: {:?}",
         stats.members
     );
+}
+
+pub fn writer_key(i: u64) -> Vec<u8> {
+    format!("writer-{i:06}").into_bytes()
+}
+
+pub fn writer_value(i: u64) -> Vec<u8> {
+    format!("written-{i}-").repeat(24).into_bytes()
+}
+
+/// Puts `writer_key(i)` for i = 0, 1, … and syncs every `PUTS_PER_SYNC`, until `stop` is
+/// set (after at least `PUTS_BEFORE_OP`, which `started` announces) or an operation
+/// fails (the crash). Returns how many puts a sync acknowledged.
+fn write_until_stopped(
+    ks: &Keyspace,
+    db: &Database,
+    stop: &AtomicBool,
+    started: mpsc::Sender<()>,
+) -> u64 {
+    let mut acknowledged = 0;
+    let mut i = 0;
+    loop {
+        if ks.put(&writer_key(i), &writer_value(i)).is_err() {
+            return acknowledged;
+        }
+        i += 1;
+        if i % PUTS_PER_SYNC == 0 {
+            if db.sync().is_err() {
+                return acknowledged;
+            }
+            acknowledged = i;
+            if i == PUTS_BEFORE_OP {
+                let _ = started.send(());
+            }
+            if i > PUTS_BEFORE_OP && stop.load(Ordering::Acquire) {
+                return acknowledged;
+            }
+        }
+    }
+}
+
+/// Runs a writer thread named `writer` on keyspace `k` of `db`; once its first
+/// `PUTS_BEFORE_OP` puts are acknowledged calls `arm`, runs `op` in a thread named
+/// `op_thread` (a crash armed for that thread counts only its I/Os), then `after`, then
+/// stops the writer. Returns `op`'s result and the puts a sync acknowledged.
+pub fn while_writing<R: Send + 'static>(
+    db: &Database,
+    writer: &str,
+    arm: impl FnOnce(),
+    op_thread: &str,
+    op: impl FnOnce() -> R + Send + 'static,
+    after: impl FnOnce(&Database, &Keyspace),
+) -> (R, u64) {
+    let ks = db.open_keyspace("k").unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let (started, first_puts) = mpsc::channel();
+    let writer = {
+        let (ks, db, stop) = (ks.clone(), db.clone(), stop.clone());
+        std::thread::Builder::new()
+            .name(writer.into())
+            .spawn(move || write_until_stopped(&ks, &db, &stop, started))
+            .unwrap()
+    };
+    first_puts
+        .recv()
+        .expect("the writer acknowledged its first puts");
+    arm();
+    let result = std::thread::Builder::new()
+        .name(op_thread.into())
+        .spawn(op)
+        .unwrap()
+        .join()
+        .expect("the operation panicked");
+    after(db, &ks);
+    stop.store(true, Ordering::Release);
+    let acknowledged = writer.join().expect("the writer panicked");
+    (result, acknowledged)
+}
+
+/// Every put of the writer that a sync acknowledged (`0..acknowledged`) is there.
+pub fn verify_acknowledged(db: &Database, acknowledged: u64, where_: &str) {
+    let ks = db.open_keyspace("k").unwrap();
+    for i in 0..acknowledged {
+        assert_eq!(
+            ks.get(&writer_key(i)).unwrap().as_deref(),
+            Some(&writer_value(i)[..]),
+            "{where_}: acknowledged put {i} of {acknowledged}"
+        );
+    }
 }

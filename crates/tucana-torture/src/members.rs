@@ -3,7 +3,8 @@
 //! `MemberSet` over them, so every suite can run on a 3-member volume; `add_member` adds
 //! the next window as a member of a closed volume, `new_member` gives it for an add to an
 //! open one (the adds' power-loss tests, `tests/add_member.rs`, `tests/add_member_online.rs`,
-//! over `member_add`'s volume and checks).
+//! over `member_add`'s volume and checks); `remove_member` removes one from a closed
+//! volume and `volume_over` opens the windows left (`tests/remove_member.rs`).
 //!
 //! Owns: the window (`Window`, a `Storage` that shifts offsets into its range and keeps
 //! its own length) and the member lengths read back from a crash image. Does not own: the
@@ -20,7 +21,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use tucana::volume::{AddedMember, MemberSet, Storage};
+use tucana::volume::{AddedMember, MemberSet, RemovedMember, Storage};
 use tucana::Result;
 
 use crate::sim::{SimStorage, BLOCK_BYTES};
@@ -79,6 +80,22 @@ pub fn volume(sim: &Arc<SimStorage>, members: usize) -> Result<Arc<dyn Storage>>
     Ok(Arc::new(MemberSet::open(windows(sim, members), true)?))
 }
 
+/// As `volume`, over the windows `which` (a volume some member was removed from is opened
+/// over the others, in order).
+pub fn volume_over(sim: &Arc<SimStorage>, which: &[usize]) -> Result<Arc<dyn Storage>> {
+    Ok(Arc::new(MemberSet::open(windows_at(sim, which), false)?))
+}
+
+/// Removes the member at `position` of the windows `which` (every current member, in
+/// order) from the closed volume over them (`MemberSet::remove_member`).
+pub fn remove_member(
+    sim: &Arc<SimStorage>,
+    which: &[usize],
+    position: usize,
+) -> Result<RemovedMember> {
+    MemberSet::remove_member(windows_at(sim, which), position)
+}
+
 /// Adds window `members` as the next member of the closed volume over windows
 /// `0..members` (`MemberSet::add_member`; blank when nothing was ever written in it).
 pub fn add_member(sim: &Arc<SimStorage>, members: usize) -> Result<AddedMember> {
@@ -102,6 +119,12 @@ pub fn new_member(sim: &Arc<SimStorage>, index: usize) -> Result<(String, Arc<dy
 /// Windows `0..members` of the simulated disk, each as long as its written blocks reach
 /// (rounded up to a slot).
 fn windows(sim: &Arc<SimStorage>, members: usize) -> Vec<(String, Arc<dyn Storage>)> {
+    windows_at(sim, &(0..members).collect::<Vec<_>>())
+}
+
+/// Windows `which`, in that order, each as long as its written blocks reach.
+fn windows_at(sim: &Arc<SimStorage>, which: &[usize]) -> Vec<(String, Arc<dyn Storage>)> {
+    let members = which.iter().max().map_or(0, |&m| m + 1);
     let mut ends = vec![0u64; members];
     for block in sim.current_image().written_blocks() {
         let at = block * BLOCK_BYTES;
@@ -111,9 +134,10 @@ fn windows(sim: &Arc<SimStorage>, members: usize) -> Vec<(String, Arc<dyn Storag
             ends[m] = ends[m].max(end);
         }
     }
-    ends.iter()
-        .enumerate()
-        .map(|(m, &end)| {
+    which
+        .iter()
+        .map(|&m| (m, ends[m]))
+        .map(|(m, end)| {
             let window: Arc<dyn Storage> = Arc::new(Window {
                 sim: sim.clone(),
                 base: m as u64 * WINDOW_BYTES,

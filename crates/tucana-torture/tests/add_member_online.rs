@@ -8,13 +8,13 @@
 //! every record and every write acknowledged by a sync is there and `check` passes; and
 //! over the new set, new segments go to the new member.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::Arc;
 
 use rand::SeedableRng;
-use tucana::{Database, Keyspace};
+use tucana::Database;
 use tucana_torture::member_add::{
-    open, two_member_volume, use_three_members, verify, writes_reach_member, RECORDS,
+    open, two_member_volume, use_three_members, verify, verify_acknowledged, while_writing,
+    writer_key, writer_value, writes_reach_member, PUTS_BEFORE_OP, RECORDS,
 };
 use tucana_torture::members;
 use tucana_torture::sim::{SimStorage, BLOCK_BYTES};
@@ -24,49 +24,8 @@ const CRASH_IMAGES_PER_IO: u64 = 4;
 const ADDER: &str = "adder";
 /// The name of the writer thread (a crash after the add counts its I/Os).
 const WRITER: &str = "writer";
-/// The writer's puts between two syncs.
-const PUTS_PER_SYNC: u64 = 8;
 /// Puts acknowledged before the add starts.
-const PUTS_BEFORE_ADD: u64 = 64;
-
-fn writer_key(i: u64) -> Vec<u8> {
-    format!("writer-{i:06}").into_bytes()
-}
-
-fn writer_value(i: u64) -> Vec<u8> {
-    format!("written-{i}-").repeat(24).into_bytes()
-}
-
-/// Puts `writer_key(i)` for i = 0, 1, … and syncs every `PUTS_PER_SYNC`, until `stop` is
-/// set (after at least `PUTS_BEFORE_ADD`, which `started` announces) or an operation
-/// fails (the crash). Returns how many puts a sync acknowledged.
-fn write_until_stopped(
-    ks: &Keyspace,
-    db: &Database,
-    stop: &AtomicBool,
-    started: mpsc::Sender<()>,
-) -> u64 {
-    let mut acknowledged = 0;
-    let mut i = 0;
-    loop {
-        if ks.put(&writer_key(i), &writer_value(i)).is_err() {
-            return acknowledged;
-        }
-        i += 1;
-        if i % PUTS_PER_SYNC == 0 {
-            if db.sync().is_err() {
-                return acknowledged;
-            }
-            acknowledged = i;
-            if i == PUTS_BEFORE_ADD {
-                let _ = started.send(());
-            }
-            if i > PUTS_BEFORE_ADD && stop.load(Ordering::Acquire) {
-                return acknowledged;
-            }
-        }
-    }
-}
+const PUTS_BEFORE_ADD: u64 = PUTS_BEFORE_OP;
 
 /// Opens the volume over `sim`'s two members, starts the writer, adds window 2 from a
 /// thread named `ADDER` once the writer's first puts are acknowledged, then (`after`)
@@ -75,48 +34,26 @@ fn write_until_stopped(
 fn add_while_writing(
     sim: &Arc<SimStorage>,
     arm: impl FnOnce(),
-    after: impl FnOnce(&Database, &Keyspace),
+    after: impl FnOnce(&Database, &tucana::Keyspace),
 ) -> (tucana::Result<tucana::volume::AddedMember>, u64, Database) {
     let db = open(sim, 2).expect("open over two members");
-    let ks = db.open_keyspace("k").unwrap();
-    let stop = Arc::new(AtomicBool::new(false));
-    let (started, first_puts) = mpsc::channel();
-    let writer = {
-        let (ks, db, stop) = (ks.clone(), db.clone(), stop.clone());
-        std::thread::Builder::new()
-            .name(WRITER.into())
-            .spawn(move || write_until_stopped(&ks, &db, &stop, started))
-            .unwrap()
-    };
-    first_puts
-        .recv()
-        .expect("the writer acknowledged its first puts");
-    arm();
     let (name, storage, blank) = members::new_member(sim, 2).unwrap();
-    let adder = {
-        let db = db.clone();
-        std::thread::Builder::new()
-            .name(ADDER.into())
-            .spawn(move || db.add_member_storage(&name, storage, blank))
-            .unwrap()
-    };
-    let added = adder.join().expect("the add panicked");
-    after(&db, &ks);
-    stop.store(true, Ordering::Release);
-    let acknowledged = writer.join().expect("the writer panicked");
+    let adding = db.clone();
+    let (added, acknowledged) = while_writing(
+        &db,
+        WRITER,
+        arm,
+        ADDER,
+        move || adding.add_member_storage(&name, storage, blank),
+        after,
+    );
     (added, acknowledged, db)
 }
 
 /// Every record of round 0 and every acknowledged writer put is there; `check` passes.
 fn verify_all(db: &Database, acknowledged: u64, where_: &str) {
+    verify_acknowledged(db, acknowledged, where_);
     let ks = db.open_keyspace("k").unwrap();
-    for i in 0..acknowledged {
-        assert_eq!(
-            ks.get(&writer_key(i)).unwrap().as_deref(),
-            Some(&writer_value(i)[..]),
-            "{where_}: acknowledged put {i} of {acknowledged}"
-        );
-    }
     verify(db, &ks, RECORDS, 0, where_);
 }
 

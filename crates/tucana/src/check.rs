@@ -36,7 +36,8 @@ pub struct CheckReport {
     /// Allocated blocks no committed structure references (space a crash leaked, or
     /// blocks kept for the older superblock slot's commit).
     pub unreferenced_blocks: u64,
-    /// Members whose slot headers were verified (0 for a single-file volume).
+    /// Members whose slot headers were verified (0 for a single-file volume; a removed
+    /// member's entry in the table is not one).
     pub members: u64,
 }
 
@@ -100,7 +101,11 @@ pub(crate) fn check(
         commit_epoch: sb.epoch.0,
         keyspaces: desc.regions.len() as u64,
         allocated_blocks: allocator.allocated_blocks(),
-        members: storage.members().len() as u64,
+        members: storage
+            .members()
+            .iter()
+            .filter(|m| m.state != "removed")
+            .count() as u64,
         ..CheckReport::default()
     };
     for rd in &desc.regions {

@@ -83,6 +83,27 @@ impl Options {
         )
     }
 
+    /// Removes `remove`, one of `paths` (every current member, in order), from the closed
+    /// volume over them (DESIGN.md, "Removing a member"): its groups are copied onto the
+    /// other members, then the member table marks it removed; open the volume afterwards
+    /// over the others, in the same order. Errors: `MemberSet::remove_member_paths`'s (a
+    /// path not given, member 0, the last member but one, a volume open elsewhere, a
+    /// wrong member set), each before anything is written; I/O errors (the removal may
+    /// then be run again).
+    pub fn remove_member<P: AsRef<Path>>(
+        &self,
+        paths: &[P],
+        remove: &Path,
+    ) -> Result<crate::volume::RemovedMember> {
+        let paths: Vec<std::path::PathBuf> =
+            paths.iter().map(|p| p.as_ref().to_path_buf()).collect();
+        crate::volume::MemberSet::remove_member_paths(
+            &paths,
+            remove,
+            self.mapping_reservation_bytes,
+        )
+    }
+
     /// Opens a volume held in memory (lost when dropped); for tests and tools.
     pub fn open_in_memory(self) -> Result<Database> {
         self.open_storage(Arc::new(crate::volume::MemStorage::new()))
@@ -215,6 +236,20 @@ impl Database {
         blank: bool,
     ) -> Result<crate::volume::AddedMember> {
         self.engine.add_member((name.to_string(), storage), blank)
+    }
+
+    /// Removes the member at `path` from this open volume over several members (DESIGN.md,
+    /// "Removing a member", *to an open volume*): it stops taking segments, node runs and
+    /// groups, each group it holds is copied to another member while writes go on (a
+    /// write to a group being copied is written to both), then the member table marks it
+    /// removed and the groups are read and written on their new slots. Open the volume
+    /// afterwards without it. Errors (nothing written): a single-file volume, a path that
+    /// is not a member, member 0, a member already removed, a removal that would leave
+    /// one member, another removal running; no room on the others, I/O errors (the
+    /// removal is undone); a failed write or sync of the table poisons the store (what is
+    /// durable is then unknown; the next open decides, as after a crash).
+    pub fn remove_member(&self, path: &Path) -> Result<crate::volume::RemovedMember> {
+        self.engine.remove_member(&path.display().to_string())
     }
 
     /// Whether a write, sync or commit failed (the device refused it: disk full, an I/O

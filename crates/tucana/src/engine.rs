@@ -376,6 +376,15 @@ impl Engine {
         Ok(added)
     }
 
+    pub fn remove_member(&self, name: &str) -> Result<crate::volume::RemovedMember> {
+        let shared = &self.shared;
+        shared.check_writable()?;
+        shared
+            .volume
+            .storage()
+            .remove_member(name, &|| shared.poison())
+    }
+
     pub fn is_poisoned(&self) -> bool {
         self.shared.is_poisoned()
     }

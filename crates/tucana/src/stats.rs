@@ -174,9 +174,10 @@ impl Stats {
                 s.push(',');
             }
             s.push_str(&format!(
-                "{{\"name\":{},\"kind\":{},\"uuid\":{},\"groups\":{},\"bytes_written\":{},\"bytes_read\":{},\"in_flight_requests\":{},\"in_flight_bytes\":{},\"weighted_queue_ps\":{},\"write_ps_per_byte\":{},\"read_ps_per_byte\":{},\"writeback_ps_per_byte\":{},\"queue_jobs\":{},\"queue_running_jobs\":{},\"queue_bytes\":{},\"queue_done_jobs\":{},\"idle_while_others_busy_ns\":{},\"trims_queued\":{},\"trims_issued\":{},\"trims_forced\":{},\"trims_pending_bytes\":{}}}",
+                "{{\"name\":{},\"kind\":{},\"state\":{},\"uuid\":{},\"groups\":{},\"bytes_written\":{},\"bytes_read\":{},\"in_flight_requests\":{},\"in_flight_bytes\":{},\"weighted_queue_ps\":{},\"write_ps_per_byte\":{},\"read_ps_per_byte\":{},\"writeback_ps_per_byte\":{},\"queue_jobs\":{},\"queue_running_jobs\":{},\"queue_bytes\":{},\"queue_done_jobs\":{},\"idle_while_others_busy_ns\":{},\"trims_queued\":{},\"trims_issued\":{},\"trims_forced\":{},\"trims_pending_bytes\":{}}}",
                 json_string(&m.name),
                 json_string(&m.kind),
+                json_string(&m.state),
                 json_string(&m.uuid),
                 m.groups,
                 m.bytes_written,

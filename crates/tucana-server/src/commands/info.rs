@@ -159,9 +159,10 @@ fn member_lines(stats: &Stats) -> Vec<(String, String)> {
             (
                 format!("member{i}"),
                 format!(
-                    "path={},kind={},groups={},bytes_written={},bytes_read={},in_flight_requests={},in_flight_bytes={},weighted_queue_ps={},queue_jobs={},queue_running_jobs={},queue_bytes={},queue_done_jobs={},idle_while_others_busy_ns={},trims_queued={},trims_issued={},trims_forced={},trims_pending_bytes={}",
+                    "path={},kind={},state={},groups={},bytes_written={},bytes_read={},in_flight_requests={},in_flight_bytes={},weighted_queue_ps={},queue_jobs={},queue_running_jobs={},queue_bytes={},queue_done_jobs={},idle_while_others_busy_ns={},trims_queued={},trims_issued={},trims_forced={},trims_pending_bytes={}",
                     m.name,
                     m.kind,
+                    m.state,
                     m.groups,
                     m.bytes_written,
                     m.bytes_read,
@@ -412,6 +413,7 @@ mod tests {
             .map(|i| tucana::volume::MemberStats {
                 name: format!("/nvme{i}/v"),
                 kind: if i == 0 { "block-device" } else { "file" }.to_string(),
+                state: "live".to_string(),
                 groups: 3 + i,
                 bytes_written: 100 * i,
                 in_flight_requests: i,
@@ -429,7 +431,7 @@ mod tests {
         assert_eq!(lines[1].0, "member1");
         assert_eq!(
             lines[1].1,
-            "path=/nvme1/v,kind=file,groups=4,bytes_written=100,bytes_read=0,in_flight_requests=1,in_flight_bytes=0,weighted_queue_ps=0,queue_jobs=2,queue_running_jobs=1,queue_bytes=4096,queue_done_jobs=0,idle_while_others_busy_ns=7,trims_queued=0,trims_issued=0,trims_forced=1,trims_pending_bytes=262144"
+            "path=/nvme1/v,kind=file,state=live,groups=4,bytes_written=100,bytes_read=0,in_flight_requests=1,in_flight_bytes=0,weighted_queue_ps=0,queue_jobs=2,queue_running_jobs=1,queue_bytes=4096,queue_done_jobs=0,idle_while_others_busy_ns=7,trims_queued=0,trims_issued=0,trims_forced=1,trims_pending_bytes=262144"
         );
     }
 

@@ -11,8 +11,12 @@
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct MemberStats {
     pub name: String,
-    /// What the member is: `file` or `block-device` (`StorageKind::as_str`).
+    /// What the member is: `file` or `block-device` (`StorageKind::as_str`); `removed`
+    /// for the place of a member removed from the volume.
     pub kind: String,
+    /// `live`; `draining` while a removal on the open volume moves its groups away;
+    /// `removed` once the table marks it removed (DESIGN.md, "Removing a member").
+    pub state: String,
     pub uuid: String,
     /// Groups placed on this member.
     pub groups: u64,

@@ -2,19 +2,25 @@
 //! offset to the member and slot holding its group (DESIGN.md, "Volumes over several
 //! devices").
 //!
-//! Owns: opening and validating a member set (refusing a missing, swapped, duplicated or
-//! foreign member before writing anything), the map group → (member, slot) rebuilt from the
-//! slot headers, placing new groups on members (round-robin), per-member dirtiness and the
-//! parallel `fdatasync`, per-member counters, and re-verifying the headers for `check`;
-//! reading headers (both copies of the table) and adding a member are `members/table.rs`'s.
-//! Does not own: the members' I/O (each is a `Storage`: `FileStorage` with its own mapping,
-//! or memory in tests), what the bytes mean, nor which blocks are free (`alloc`).
+//! Owns: opening and validating a member set (refusing a missing, swapped, duplicated,
+//! foreign or removed member before writing anything; a removed member's index holds a
+//! stand-in), the map group → (member, slot) rebuilt from the slot headers, placing new
+//! groups on members (round-robin, passing over removed and draining ones), per-member
+//! dirtiness and the parallel `fdatasync`, per-member counters, and re-verifying the
+//! headers for `check`. Reading headers (both copies of the table) and adding a member
+//! are `members/table.rs`'s; open's per-member checks `members/checks.rs`'s; removing a
+//! member `members/remove.rs`'s (closed volume) and `members/moving.rs`'s (open one, with
+//! the second write of a piece of a moving group). Does not own: the members' I/O (each
+//! is a `Storage`: `FileStorage` with its own mapping, or memory in tests), what the
+//! bytes mean, nor which blocks are free (`alloc`).
 //!
-//! Thread-safety: `Send + Sync`. The map is append-only: entries are atomics published
-//! once (after their slot header was written), read without a lock; so is the member list
+//! Thread-safety: `Send + Sync`. Map entries are atomics published once (after their
+//! slot header was written) and read without a lock; only a removal on the open volume
+//! changes a published entry (marks it moving, then switches it to its new slot: see
+//! `moving.rs` for why writers lose nothing). The member list is append-only
 //! (`MemberList`: a member added to the open volume is published before any map entry
-//! names it); placement, growth and adds serialise on `grow_lock`. I/O to disjoint ranges
-//! runs in parallel, as for one file.
+//! names it); placement, growth, adds and a removal's steps serialise on `grow_lock`. I/O
+//! to disjoint ranges runs in parallel, as for one file.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -63,9 +69,16 @@ pub struct MemberSet {
     /// round-robin.
     growth_member: std::sync::atomic::AtomicUsize,
     policy: DispatchPolicy,
+    /// Groups a removal on the open volume is moving, and the lock that orders its copy
+    /// with the writes it must see (`moving.rs`).
+    moves: Moves,
 }
 
 const SLOT_BITS: u32 = 40;
+
+/// Set in a map entry while its group is copied to another member by a removal on the
+/// open volume (`moving.rs`): writes to it are written again where it goes.
+const MOVING_BIT: u64 = 1 << 63;
 
 impl MemberSet {
     /// As `open_paths`, over any backends (memory or simulated disks in tests), each with
@@ -149,23 +162,28 @@ impl MemberSet {
         if table_header.member_index != 0 {
             return Err(swapped(0, &members[0].0, table_header.member_index));
         }
+        // The paths given are the table's live members, in order: a removed member keeps
+        // its index (slot headers carry it) and is left out.
+        let live = live(table);
         for i in 0..headers.len() {
-            check_member(i, &members, &headers, table, volume_uuid)?;
+            check_member(i, live.get(i).copied(), &members, &headers, &table_header)?;
         }
-        if members.len() < table.len() {
-            let missing: Vec<String> = (members.len()..table.len())
-                .map(|i| format!("member {i} (uuid {})", uuid_hex(&table[i])))
+        if members.len() < live.len() {
+            let missing: Vec<String> = live[members.len()..]
+                .iter()
+                .map(|&i| format!("member {i} (uuid {})", uuid_hex(&table[i])))
                 .collect();
             return Err(Error::Members(format!(
                 "the volume has {} members, {} given: {} missing",
-                table.len(),
+                live.len(),
                 members.len(),
                 missing.join(", ")
             )));
         }
         // More paths than the table is impossible here: each extra one would have failed
         // the index or uuid check above.
-        let set = MemberSet::assemble(members, volume_uuid, &lens)?;
+        let (members, lens) = with_removed(members, &headers, &lens, table);
+        let set = MemberSet::assemble_with(members, volume_uuid, &lens)?;
         set.place_holes()?;
         Ok(set)
     }
@@ -187,6 +205,7 @@ impl MemberSet {
                 group: i as u64,
                 table: if i == 0 { uuids.clone() } else { Vec::new() },
                 generation: 0,
+                moved_from: None,
             };
             if i == 0 {
                 // Recovery creates a volume whose slots hold this marker, and only such
@@ -205,22 +224,8 @@ impl MemberSet {
         MemberSet::assemble_with(members, volume_uuid, &lens)
     }
 
-    /// The set over validated members: reads every slot header to rebuild the map.
-    fn assemble(
-        members: Vec<(String, Arc<dyn Storage>)>,
-        volume_uuid: Uuid,
-        lens: &[u64],
-    ) -> Result<MemberSet> {
-        let mut with_uuids = Vec::with_capacity(members.len());
-        for (name, storage) in members {
-            let uuid = read_header(storage.as_ref(), 0, &name)?
-                .expect("validated above")
-                .member_uuid;
-            with_uuids.push((name, storage, uuid));
-        }
-        MemberSet::assemble_with(with_uuids, volume_uuid, lens)
-    }
-
+    /// The set over validated members, in table order (a removed one as its stand-in):
+    /// reads every slot header to rebuild the map.
     fn assemble_with(
         members: Vec<(String, Arc<dyn Storage>, Uuid)>,
         volume_uuid: Uuid,
@@ -241,6 +246,7 @@ impl MemberSet {
             next_segment_member: AtomicU64::new(0),
             growth_member: std::sync::atomic::AtomicUsize::new(usize::MAX),
             policy: DispatchPolicy::RoundRobin,
+            moves: Moves::default(),
             grow_lock: Mutex::new(Placement {
                 next_member: 0,
                 free_slots: vec![Vec::new(); n],
@@ -260,9 +266,13 @@ impl MemberSet {
             placement.slot_counts[m] = slots;
             for slot in (0..slots).rev() {
                 let header = read_header(member.storage.as_ref(), slot, &member.name)?;
-                let Some(h) = header
-                    .filter(|h| h.volume_uuid == set.volume_uuid && h.member_index as usize == m)
-                else {
+                // A group copied off a member counts once the table marks that member
+                // removed; before, it is what a removal that did not finish left: free.
+                let Some(h) = header.filter(|h| {
+                    h.volume_uuid == set.volume_uuid
+                        && h.member_index as usize == m
+                        && h.moved_from.is_none_or(|r| set.is_removed(r as usize))
+                }) else {
                     placement.free_slots[m].push(slot);
                     continue;
                 };
@@ -357,6 +367,7 @@ impl MemberSet {
             group,
             table: Vec::new(),
             generation: 0,
+            moved_from: None,
         };
         member
             .storage
@@ -374,6 +385,9 @@ impl MemberSet {
     /// Whether member `m` can take one more group: a free slot, or room to grow one (a
     /// file always has; a device only below its capacity).
     fn has_room(&self, placement: &Placement, m: usize) -> bool {
+        if self.members[m].takes_nothing() {
+            return false;
+        }
         !placement.free_slots[m].is_empty()
             || self.members[m]
                 .storage
@@ -388,20 +402,43 @@ impl MemberSet {
         Some(&chunk[group as usize % CHUNK_GROUPS])
     }
 
+    /// Whether member `m` is a removed member's stand-in (`false` past the list).
+    fn is_removed(&self, m: usize) -> bool {
+        self.members.get(m).is_some_and(|member| member.removed)
+    }
+
     /// `(member, slot)` of `group`, if placed.
     fn lookup(&self, group: u64) -> Option<(usize, u64)> {
-        let chunk = self.map.get(group as usize / CHUNK_GROUPS)?.get()?;
-        match chunk[group as usize % CHUNK_GROUPS].load(Ordering::Acquire) {
+        match self.packed(group) {
             0 => None,
             packed => Some(unpack(packed)),
         }
     }
 
+    /// The map entry of `group` as stored (0: unplaced). Sequentially consistent: a
+    /// writer's load after its write and a removal's store of `MOVING_BIT` before its copy
+    /// reads are ordered (`moving.rs`); on x86 it is a plain load.
+    fn packed(&self, group: u64) -> u64 {
+        let Some(chunk) = self
+            .map
+            .get(group as usize / CHUNK_GROUPS)
+            .and_then(|c| c.get())
+        else {
+            return 0;
+        };
+        chunk[group as usize % CHUNK_GROUPS].load(Ordering::SeqCst)
+    }
+
     /// The member and member offset of volume offset `offset`, and the bytes from there to
     /// the end of its group. Errors for an offset in no placed group.
     fn locate(&self, offset: u64) -> Result<(&Member, u64, u64)> {
+        self.locate_packed(offset, self.packed(offset / SLOT_BYTES))
+    }
+
+    /// As `locate`, with the map entry of `offset`'s group already loaded.
+    fn locate_packed(&self, offset: u64, packed: u64) -> Result<(&Member, u64, u64)> {
         let group = offset / SLOT_BYTES;
-        let Some((m, slot)) = self.lookup(group) else {
+        let Some((m, slot)) = (packed != 0).then(|| unpack(packed)) else {
             return Err(Error::Io(std::io::Error::new(
                 std::io::ErrorKind::UnexpectedEof,
                 format!("volume offset {offset:#x} lies in group {group}, which no member holds"),
@@ -455,6 +492,12 @@ impl MemberSet {
             .map(|(m, member)| MemberStats {
                 name: member.name.clone(),
                 kind: member.storage.kind().as_str().to_string(),
+                state: match (member.removed, member.draining.load(Ordering::Relaxed)) {
+                    (false, false) => "live",
+                    (false, true) if placement.groups[m] > 0 => "draining",
+                    _ => "removed",
+                }
+                .to_string(),
                 uuid: uuid_hex(&member.uuid),
                 groups: placement.groups[m],
                 bytes_written: member.written_bytes.load(Ordering::Relaxed),
@@ -488,6 +531,11 @@ impl MemberSet {
                 return Err(Error::Members(format!("group {group} has no member")));
             };
             let member = &self.members[m];
+            if member.removed {
+                return Err(Error::Members(format!(
+                    "group {group} is on member {m}, which the member table says was removed"
+                )));
+            }
             if let Some(cap) = member.storage.capacity_bytes() {
                 if (slot + 1) * SLOT_BYTES > cap {
                     return Err(self.corrupt(
@@ -516,108 +564,8 @@ impl MemberSet {
     }
 }
 
-/// Whether a single-file volume's storage is in fact member 0 of a volume over several:
-/// then an error naming the missing members. `Ok(())` for a plain single-file volume.
-pub fn refuse_lone_member(storage: &dyn Storage, name: &str) -> Result<()> {
-    match read_header(storage, 0, name)? {
-        Some(h) if !h.table.is_empty() || h.member_index != 0 => {
-            let missing: Vec<String> = (0..h.table.len())
-                .filter(|&i| i != h.member_index as usize)
-                .map(|i| format!("member {i} (uuid {})", uuid_hex(&h.table[i])))
-                .collect();
-            Err(Error::Members(format!(
-                "{name} is member {} of a volume over several members; open it with all of them ({} missing)",
-                h.member_index,
-                if missing.is_empty() { "the others".into() } else { missing.join(", ") }
-            )))
-        }
-        _ => Ok(()),
-    }
-}
-
-/// Whether a creation was interrupted after member 0's table was written but before the
-/// first commit, and every other member is either ours or still untouched: then creation
-/// is done again (nothing was ever committed). A member holding anything else is left to
-/// open's checks, which refuse it.
-fn resumable_creation(
-    members: &[(String, Arc<dyn Storage>)],
-    headers: &[Option<SlotHeader>],
-    lens: &[u64],
-    blank: &[bool],
-    volume_uuid: Uuid,
-) -> Result<bool> {
-    if !crate::volume::superblock::creation_was_interrupted(members[0].1.as_ref())? {
-        return Ok(false);
-    }
-    let table_len = headers[0].as_ref().map_or(0, |h| h.table.len());
-    Ok(members.len() == table_len
-        && headers
-            .iter()
-            .zip(lens)
-            .zip(blank)
-            .all(|((h, &len), &blank)| match h {
-                Some(h) => h.volume_uuid == volume_uuid,
-                None => blank || len == SLOT_BYTES,
-            }))
-}
-
-/// Open's checks of member `i` against its slot-0 header and the table (named errors:
-/// not a member, another volume, a copy, swapped, not in the table, a foreign uuid).
-fn check_member(
-    i: usize,
-    members: &[(String, Arc<dyn Storage>)],
-    headers: &[Option<SlotHeader>],
-    table: &[Uuid],
-    volume_uuid: Uuid,
-) -> Result<()> {
-    let name = &members[i].0;
-    let Some(h) = &headers[i] else {
-        return Err(Error::Members(format!(
-            "member {i} ({name}) is not a member of a Tucana volume (no slot header)"
-        )));
-    };
-    if h.volume_uuid != volume_uuid {
-        return Err(Error::Members(format!(
-            "member {i} ({name}) belongs to another volume ({}, this one is {})",
-            uuid_hex(&h.volume_uuid),
-            uuid_hex(&volume_uuid)
-        )));
-    }
-    if let Some(j) = headers[..i]
-        .iter()
-        .position(|o| o.as_ref().is_some_and(|o| o.member_index == h.member_index))
-    {
-        return Err(Error::Members(format!(
-                "member {i} ({name}) holds member {} of the volume, as does member {j} ({}): a copy of one member",
-                h.member_index, members[j].0
-            )));
-    }
-    if h.member_index as usize != i {
-        return Err(swapped(i, name, h.member_index));
-    }
-    if i >= table.len() {
-        return Err(Error::Members(format!(
-                "member {i} ({name}) is not in the volume's member table of {} members: a member whose add did not finish (run the add again)",
-                table.len()
-            )));
-    }
-    if table.get(i) != Some(&h.member_uuid) {
-        return Err(Error::Members(format!(
-            "member {i} ({name}) has member uuid {}, the volume's table says {}",
-            uuid_hex(&h.member_uuid),
-            table.get(i).map_or("nothing".into(), uuid_hex)
-        )));
-    }
-    Ok(())
-}
-
-fn swapped(i: usize, name: &str, holds: u32) -> Error {
-    Error::Members(format!(
-        "member {i} ({name}) holds member {holds} of the volume: given at the wrong position (swapped?)"
-    ))
-}
-
 fn unpack(packed: u64) -> (usize, u64) {
+    let packed = packed & !MOVING_BIT;
     (
         ((packed >> SLOT_BITS) - 1) as usize,
         packed & ((1 << SLOT_BITS) - 1),
@@ -625,6 +573,28 @@ fn unpack(packed: u64) -> (usize, u64) {
 }
 
 impl MemberSet {
+    /// `write_at` or, with `uncached`, `write_uncached_at`, one piece per group. A piece
+    /// of a group that a removal is moving, or moved while the piece was written, is
+    /// written again where the group goes (`moving.rs`): one more load of its map entry
+    /// per piece when nothing moves.
+    fn write_pieces(&self, offset: u64, data: &[u8], uncached: bool) -> Result<()> {
+        let mut done = 0usize;
+        while done < data.len() {
+            let at = offset + done as u64;
+            let group = at / SLOT_BYTES;
+            let packed = self.packed(group);
+            let (member, local, room) = self.locate_packed(at, packed)?;
+            let bytes = &data[done..done + (data.len() - done).min(room as usize)];
+            write_member(member, local, bytes, uncached)?;
+            let now = self.packed(group);
+            if now != packed || now & MOVING_BIT != 0 {
+                self.write_again(group, at % SLOT_BYTES, bytes, uncached)?;
+            }
+            done += bytes.len();
+        }
+        Ok(())
+    }
+
     /// `read_at` or, with `random`, `read_random_at`: each member's piece read the same way.
     fn read_pieces(&self, offset: u64, buf: &mut [u8], random: bool) -> Result<()> {
         let len_bytes = self.len_bytes.load(Ordering::Acquire);
@@ -682,33 +652,11 @@ impl Storage for MemberSet {
     }
 
     fn write_at(&self, offset: u64, data: &[u8]) -> Result<()> {
-        self.each_piece(offset, data.len(), |member, at, range| {
-            let n = range.len() as u64;
-            member.timed(Kind::Write, n, || {
-                member.storage.write_at(at, &data[range.clone()])
-            })?;
-            member
-                .written_bytes
-                .fetch_add(range.len() as u64, Ordering::Relaxed);
-            // After the write: a sync that clears the flag before this point still
-            // covers the write only if it started later (see `sync`).
-            member.dirty.store(true, Ordering::Release);
-            Ok(())
-        })
+        self.write_pieces(offset, data, false)
     }
 
     fn write_uncached_at(&self, offset: u64, data: &[u8]) -> Result<()> {
-        self.each_piece(offset, data.len(), |member, at, range| {
-            let n = range.len() as u64;
-            member.timed(Kind::Write, n, || {
-                member.storage.write_uncached_at(at, &data[range.clone()])
-            })?;
-            member
-                .written_bytes
-                .fetch_add(range.len() as u64, Ordering::Relaxed);
-            member.dirty.store(true, Ordering::Release);
-            Ok(())
-        })
+        self.write_pieces(offset, data, true)
     }
 
     fn sync(&self) -> Result<()> {
@@ -843,7 +791,11 @@ impl Storage for MemberSet {
         let n = self.members.len();
         let turn = (self.next_segment_member.fetch_add(1, Ordering::Relaxed) % n as u64) as usize;
         let lengths: Vec<u64> = match self.policy {
-            DispatchPolicy::Member(m) if m < n && Some(m) != avoid => return Some(m),
+            DispatchPolicy::Member(m)
+                if m < n && Some(m) != avoid && !self.members[m].takes_nothing() =>
+            {
+                return Some(m)
+            }
             // Round-robin is least-weighted with every member weighing the same.
             DispatchPolicy::RoundRobin | DispatchPolicy::Member(_) => vec![0; n],
             DispatchPolicy::LeastWeightedQueue => self
@@ -857,10 +809,19 @@ impl Storage for MemberSet {
                 })
                 .collect(),
         };
+        // A removed member's stand-in never takes a segment or a node run (one more load
+        // of a flag per member, beside the load figures LWQL reads anyway).
         let lengths: Vec<u64> = lengths
             .into_iter()
+            .zip(self.members.iter())
             .enumerate()
-            .map(|(m, len)| if Some(m) == avoid { u64::MAX } else { len })
+            .map(|(m, (len, member))| {
+                if Some(m) == avoid || member.takes_nothing() {
+                    u64::MAX
+                } else {
+                    len
+                }
+            })
             .collect();
         Some(least_weighted(&lengths, turn))
     }
@@ -878,16 +839,38 @@ impl Storage for MemberSet {
         self.add_member_online(new, blank, table_unsure)
     }
 
+    fn remove_member(&self, name: &str, table_unsure: &dyn Fn()) -> Result<RemovedMember> {
+        let identity = paths::file_identity(std::path::Path::new(name));
+        let r = self
+            .members
+            .iter()
+            .position(|m| {
+                !m.removed
+                    && (m.name == name
+                        || identity.is_some()
+                            && paths::file_identity(std::path::Path::new(&m.name)) == identity)
+            })
+            .ok_or_else(|| Error::Members(format!("{name} is not a member of the open volume")))?;
+        self.remove_member_online(r, table_unsure)
+    }
+
     fn kind(&self) -> crate::volume::StorageKind {
         crate::volume::StorageKind::Members
     }
 }
 
+mod checks;
 mod member;
+mod moving;
 mod paths;
+mod remove;
 mod table;
 
+pub use checks::refuse_lone_member;
+use checks::{check_member, live, resumable_creation, swapped, with_removed};
 use member::{Member, MemberList};
+use moving::{write_member, Moves};
+pub use remove::RemovedMember;
 pub(crate) use table::read_header;
 pub use table::AddedMember;
 pub(crate) use table::SINGLE_FILE;

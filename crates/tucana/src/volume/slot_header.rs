@@ -17,7 +17,10 @@
 //!     48     8 group held by this slot
 //!     56     4 member count                  } slot 0 of member 0 only (the table);
 //!     60 16×n  member uuids in member order   } zero in every other header
-//!   4084     8 table generation (0 at creation; +1 per member added)
+//!   4076     4 moved from: 0, or 1 + the index of the removed member this group was
+//!              copied from (valid only once the table marks that member removed)
+//!   4080     4 zero
+//!   4084     8 table generation (0 at creation; +1 per member added or removed)
 //!   4092     4 crc32c of the block with this field zeroed
 //! ```
 //!
@@ -27,6 +30,10 @@
 //! write leaves the newest one whole (`read_header` reads both in slot 0 and takes the
 //! valid one of highest generation). Generation 0 was the field's zero bytes before it
 //! existed, so headers written earlier decode unchanged.
+//!
+//! A removed member stays in the table as `REMOVED_UUID` (all zeros: member indexes never
+//! shift, since every slot header carries one), and a group copied off it carries the
+//! removed member's index in "moved from" (DESIGN.md, "Removing a member").
 //!
 //! Thread-safety: plain values and functions.
 
@@ -47,17 +54,21 @@ pub const HEADER_OFFSET: u64 = HEADER_BLOCK * BLOCK_BYTES;
 /// place): block 7, the group's second spare reserved block.
 pub const TABLE_COPY_OFFSET: u64 = (HEADER_BLOCK + 1) * BLOCK_BYTES;
 
-/// Most members a volume has (the table must fit one block).
+/// Most members a volume has (the table must fit one block), removed ones included.
 pub const MEMBERS_MAX: usize = 128;
+
+/// The table entry of a removed member (`new_uuid` never returns it).
+pub const REMOVED_UUID: Uuid = [0; 16];
 
 const MAGIC: [u8; 8] = *b"TUCANAM\0";
 const VERSION: u32 = 1;
 const HEADER_BYTES: usize = BLOCK_BYTES as usize;
 const CRC_AT: usize = HEADER_BYTES - 4;
 const GENERATION_AT: usize = CRC_AT - 8;
+const MOVED_FROM_AT: usize = GENERATION_AT - 8;
 const TABLE_AT: usize = 60;
 
-const _: () = assert!(TABLE_AT + 16 * MEMBERS_MAX <= GENERATION_AT);
+const _: () = assert!(TABLE_AT + 16 * MEMBERS_MAX <= MOVED_FROM_AT);
 
 /// A 128-bit random identity.
 pub type Uuid = [u8; 16];
@@ -72,9 +83,12 @@ pub struct SlotHeader {
     pub group: u64,
     /// The member table (every member's uuid, in order): in slot 0 of member 0 only.
     pub table: Vec<Uuid>,
-    /// The table's generation: 0 as created, one more per member added (0 where there
-    /// is no table).
+    /// The table's generation: 0 as created, one more per member added or removed (0
+    /// where there is no table).
     pub generation: u64,
+    /// The removed member this slot's group was copied from, if it was; such a header
+    /// counts only once the table marks that member removed.
+    pub moved_from: Option<u32>,
 }
 
 impl SlotHeader {
@@ -93,6 +107,8 @@ impl SlotHeader {
         for (i, uuid) in self.table.iter().enumerate() {
             bytes[TABLE_AT + 16 * i..TABLE_AT + 16 * (i + 1)].copy_from_slice(uuid);
         }
+        let moved_from = self.moved_from.map_or(0, |m| m + 1);
+        bytes[MOVED_FROM_AT..MOVED_FROM_AT + 4].copy_from_slice(&moved_from.to_le_bytes());
         bytes[GENERATION_AT..CRC_AT].copy_from_slice(&self.generation.to_le_bytes());
         let crc = header_crc(&bytes);
         bytes[CRC_AT..].copy_from_slice(&crc.to_le_bytes());
@@ -120,9 +136,13 @@ impl SlotHeader {
             });
         }
         let count = u32_at(56) as usize;
-        if version != VERSION || count > MEMBERS_MAX {
+        let moved_from = u32_at(MOVED_FROM_AT).checked_sub(1);
+        if version != VERSION
+            || count > MEMBERS_MAX
+            || moved_from.is_some_and(|m| m as usize >= MEMBERS_MAX)
+        {
             return Err(Error::NotAVolume(format!(
-                "{what}: slot header of version {version} with a table of {count} members"
+                "{what}: slot header of version {version} with a table of {count} members (moved from {moved_from:?})"
             )));
         }
         let uuid_at = |at: usize| -> Uuid { bytes[at..at + 16].try_into().expect("16 bytes") };
@@ -135,6 +155,7 @@ impl SlotHeader {
             generation: u64::from_le_bytes(
                 bytes[GENERATION_AT..CRC_AT].try_into().expect("8 bytes"),
             ),
+            moved_from,
         }))
     }
 }
@@ -144,11 +165,14 @@ pub fn uuid_hex(uuid: &Uuid) -> String {
     uuid.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// A fresh random uuid (the kernel's random source).
+/// A fresh random uuid (the kernel's random source), never `REMOVED_UUID`.
 pub fn new_uuid() -> Result<Uuid> {
     let mut uuid = [0u8; 16];
     let mut filled = 0;
-    while filled < uuid.len() {
+    while filled < uuid.len() || uuid == REMOVED_UUID {
+        if filled == uuid.len() {
+            filled = 0;
+        }
         // SAFETY: getrandom writes at most `len - filled` bytes into the buffer we pass,
         // which lives for the call.
         let n =
@@ -181,6 +205,7 @@ mod tests {
             group: 41,
             table: (0..table).map(|i| [i as u8; 16]).collect(),
             generation: table as u64,
+            moved_from: (table == 3).then_some(1),
         }
     }
 

@@ -24,11 +24,13 @@ pub enum StorageKind {
     Members,
     /// A wrapper (simulations in tests) or another backend.
     Other,
+    /// The place of a member removed from a volume over several (it holds nothing).
+    Removed,
 }
 
 impl StorageKind {
     /// The kind as statistics print it: `file`, `block-device`, `memory`, `members`,
-    /// `other`.
+    /// `other`, `removed`.
     pub fn as_str(self) -> &'static str {
         match self {
             StorageKind::File => "file",
@@ -36,6 +38,7 @@ impl StorageKind {
             StorageKind::Memory => "memory",
             StorageKind::Members => "members",
             StorageKind::Other => "other",
+            StorageKind::Removed => "removed",
         }
     }
 }
@@ -213,6 +216,22 @@ pub trait Storage: Send + Sync + 'static {
         let _ = (new, blank, table_unsure);
         Err(crate::error::Error::InvalidArgument(
             crate::volume::members::SINGLE_FILE.into(),
+        ))
+    }
+
+    /// Removes the member named `name` (its path as given, or a path to the same file)
+    /// from this open volume over several members (DESIGN.md, "Removing a member"): its
+    /// groups are copied onto the others while writes go on, then the member table marks
+    /// it removed. `table_unsure` is called when the table's write or sync failed. The
+    /// default refuses: a single-file volume has no member to remove.
+    fn remove_member(
+        &self,
+        name: &str,
+        table_unsure: &dyn Fn(),
+    ) -> Result<crate::volume::RemovedMember> {
+        let _ = (name, table_unsure);
+        Err(crate::error::Error::InvalidArgument(
+            "a single-file volume has no member to remove".into(),
         ))
     }
 

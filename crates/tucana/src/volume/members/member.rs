@@ -22,7 +22,7 @@ use parking_lot::Mutex;
 
 use crate::error::Result;
 use crate::volume::dispatch::{Kind, Load};
-use crate::volume::slot_header::{Uuid, MEMBERS_MAX};
+use crate::volume::slot_header::{Uuid, MEMBERS_MAX, REMOVED_UUID};
 use crate::volume::Storage;
 
 /// One member: its backend, its name for messages, its identity and counters.
@@ -30,6 +30,12 @@ pub(super) struct Member {
     pub(super) storage: Arc<dyn Storage>,
     pub(super) name: String,
     pub(super) uuid: Uuid,
+    /// The stand-in of a removed member (its table entry is `REMOVED_UUID`): it holds no
+    /// group, takes none, and its storage refuses I/O.
+    pub(super) removed: bool,
+    /// Being removed from the open volume, or removed from it (`moving.rs`): placement
+    /// and dispatch pass over it, as over a stand-in.
+    pub(super) draining: AtomicBool,
     /// Written (or grown, or punched) since its last `fdatasync` began. Set after each
     /// write completes; cleared under `sync_lock` just before an `fdatasync`.
     pub(super) dirty: AtomicBool,
@@ -47,12 +53,21 @@ impl Member {
             storage,
             name,
             uuid,
+            removed: uuid == REMOVED_UUID,
+            draining: AtomicBool::new(false),
             dirty: AtomicBool::new(false),
             sync_lock: Mutex::new(()),
             written_bytes: AtomicU64::new(0),
             read_bytes: AtomicU64::new(0),
             load: Load::default(),
         }
+    }
+
+    /// Whether placement and dispatch must pass over this member: a removed member's
+    /// stand-in, or one being removed from the open volume.
+    #[inline]
+    pub(super) fn takes_nothing(&self) -> bool {
+        self.removed || self.draining.load(Ordering::Relaxed)
     }
 
     /// Runs one request of `kind` and `bytes` on this member, counted in its load.

@@ -177,7 +177,7 @@ pub(super) fn create_if_missing(path: &Path) -> Result<()> {
 
 /// (device, inode) of an existing file, or (`u64::MAX`, device number) of a block device
 /// (two device nodes of one device are one member); `None` if it cannot be stat'ed.
-fn file_identity(path: &Path) -> Option<(u64, u64)> {
+pub(super) fn file_identity(path: &Path) -> Option<(u64, u64)> {
     use std::os::unix::fs::{FileTypeExt, MetadataExt};
     let metadata = std::fs::metadata(path).ok()?;
     if metadata.file_type().is_block_device() {

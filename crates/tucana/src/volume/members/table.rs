@@ -33,7 +33,8 @@ use super::{Member, MemberSet, Placement, SLOT_BITS};
 use crate::error::{Error, Result};
 use crate::types::BLOCK_BYTES;
 use crate::volume::slot_header::{
-    new_uuid, uuid_hex, SlotHeader, Uuid, HEADER_OFFSET, MEMBERS_MAX, SLOT_BYTES, TABLE_COPY_OFFSET,
+    new_uuid, uuid_hex, SlotHeader, Uuid, HEADER_OFFSET, MEMBERS_MAX, REMOVED_UUID, SLOT_BYTES,
+    TABLE_COPY_OFFSET,
 };
 use crate::volume::Storage;
 
@@ -70,7 +71,7 @@ pub(crate) fn read_header(
 }
 
 /// Slot 0's two header copies (blocks 6 and 7), each `None` where invalid.
-fn slot0_copies(storage: &dyn Storage, name: &str) -> Result<[Option<SlotHeader>; 2]> {
+pub(super) fn slot0_copies(storage: &dyn Storage, name: &str) -> Result<[Option<SlotHeader>; 2]> {
     Ok([
         read_block(storage, HEADER_OFFSET, name)?,
         read_block(storage, TABLE_COPY_OFFSET, name)?,
@@ -112,7 +113,13 @@ impl MemberSet {
         let header = read_header(first.storage.as_ref(), 0, &first.name)?
             .ok_or_else(|| self.corrupt(0, 0, "has no slot header".into()))?;
         let ours: Vec<_> = self.members.iter().map(|m| m.uuid).collect();
-        if header.table != ours {
+        // A member being removed from the open volume is named until the table's write,
+        // and removed after it.
+        let matches = header.table.len() == ours.len()
+            && self.members.iter().zip(&header.table).all(|(m, t)| {
+                *t == m.uuid || (*t == REMOVED_UUID && m.draining.load(Ordering::Relaxed))
+            });
+        if !matches {
             return Err(self.corrupt(
                 0,
                 0,
@@ -233,6 +240,7 @@ impl MemberSet {
             group,
             table: Vec::new(),
             generation: 0,
+            moved_from: None,
         };
         new_storage.write_at(HEADER_OFFSET, &header.encode())?;
         new_storage.sync()?;
@@ -291,6 +299,15 @@ impl MemberSet {
                     && !newest.table.contains(&h.member_uuid) =>
             {
                 Ok(())
+            }
+            Some(h)
+                if h.volume_uuid == self.volume_uuid
+                    && newest.table.get(h.member_index as usize) == Some(&REMOVED_UUID) =>
+            {
+                Err(Error::Members(format!(
+                    "new member {n} ({new_name}) was member {} of this volume, since removed: wipe its first slot to add it again",
+                    h.member_index
+                )))
             }
             Some(h) if h.volume_uuid == self.volume_uuid => Err(Error::Members(format!(
                 "new member {n} ({new_name}) is already member {} of this volume",
