@@ -586,6 +586,12 @@ impl MemberSet {
             let (member, local, room) = self.locate_packed(at, packed)?;
             let bytes = &data[done..done + (data.len() - done).min(room as usize)];
             write_member(member, local, bytes, uncached)?;
+            // The write's bytes must be visible before the entry is loaded again, as the
+            // removal's `fetch_or` of `MOVING_BIT` comes before its copy reads them (the
+            // two sides of `moving.rs`'s argument). A sequentially consistent load alone
+            // does not order an earlier plain store (x86 lets a load pass a buffered
+            // store); the fence does, once per piece (a segment or a node run).
+            std::sync::atomic::fence(Ordering::SeqCst);
             let now = self.packed(group);
             if now != packed || now & MOVING_BIT != 0 {
                 self.write_again(group, at % SLOT_BYTES, bytes, uncached)?;

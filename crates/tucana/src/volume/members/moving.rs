@@ -226,6 +226,9 @@ impl MemberSet {
     /// Copies every planned group (each piece under `Moves::lock`), writes its pending
     /// header, and syncs the targets. Returns the bytes written.
     fn copy_planned(&self, r: usize, plan: &[Planned]) -> Result<u64> {
+        // Every `MOVING_BIT` stored before any piece is read (the writers' side is the
+        // fence in `write_pieces`); on x86 the `fetch_or` already is one.
+        std::sync::atomic::fence(Ordering::SeqCst);
         let mut bytes = 0;
         for p in plan {
             let target = &self.members[p.target];
