@@ -100,6 +100,11 @@ pub struct ServeArgs {
     /// client could have the server create and write a file wherever it may).
     #[arg(long)]
     enable_add_member_command: bool,
+    /// Serve TUCANA.REMOVEMEMBER path, which moves that member's groups onto the other
+    /// members and takes it out of the served volume while it serves (leave its `--member`
+    /// out of the next start); off by default.
+    #[arg(long)]
+    enable_remove_member_command: bool,
     /// Keyspace notifications to publish (Redis's `notify-keyspace-events` flags, e.g.
     /// `KEA`; empty: none). `CONFIG SET notify-keyspace-events` changes them at run time.
     #[arg(long, default_value = "", value_name = "FLAGS")]
@@ -287,6 +292,7 @@ impl ServeArgs {
             cluster: self.cluster(path),
             enable_debug_command: self.enable_debug_command,
             enable_add_member_command: self.enable_add_member_command,
+            enable_remove_member_command: self.enable_remove_member_command,
             notify_keyspace_events: self.notify_keyspace_events.clone(),
             ..ServerConfig::default()
         };

@@ -516,6 +516,101 @@ fn tucana_addmember_grows_a_served_volume_and_a_restart_takes_the_new_member() {
     db.close().unwrap();
 }
 
+/// `TUCANA.REMOVEMEMBER` on a server over three members: refused unless the server was
+/// started with `--enable-remove-member-command`; member 0 and a path that is no member
+/// are refused by name; then member 1 leaves while the server serves (INFO members says
+/// so), writes go on, a restart with the old command line is refused naming the removed
+/// member, and a restart over the two left serves every value.
+#[test]
+fn tucana_removemember_shrinks_a_served_volume_and_a_restart_leaves_it_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let paths: Vec<PathBuf> = (0..3)
+        .map(|i| dir.path().join(format!("member{i}.tucana")))
+        .collect();
+    let p = |i: usize| paths[i].display().to_string();
+    let three = [
+        "--member".to_string(),
+        p(1),
+        "--member".into(),
+        p(2),
+        "--durability".into(),
+        "sync".into(),
+    ];
+    let three: Vec<&str> = three.iter().map(String::as_str).collect();
+    let value = |i: u32| format!("{i:06}:{}", "v".repeat(1000));
+    let put = |con: &mut redis::Connection, keys: std::ops::Range<u32>| {
+        for chunk in keys.collect::<Vec<_>>().chunks(500) {
+            let mut pipe = redis::pipe();
+            for &i in chunk {
+                pipe.set(format!("key{i:06}"), value(i)).ignore();
+            }
+            let _: () = pipe.query(con).unwrap();
+        }
+    };
+    let remove = |con: &mut redis::Connection, path: &str| -> redis::RedisResult<String> {
+        redis::cmd("TUCANA.REMOVEMEMBER").arg(path).query(con)
+    };
+
+    let mut served = serve(&paths[0], &three);
+    let mut con = served.connect();
+    // 6000 values of 1 KB: three 2 MiB segments at least, so every member holds data.
+    put(&mut con, 0..6000);
+    let err = remove(&mut con, &p(1)).unwrap_err().to_string();
+    assert!(err.contains("--enable-remove-member-command"), "{err}");
+    assert!(served.signal("-TERM").success());
+
+    let mut with_flag = three.clone();
+    with_flag.push("--enable-remove-member-command");
+    let mut served = serve(&paths[0], &with_flag);
+    let mut con = served.connect();
+    let err = remove(&mut con, &p(0)).unwrap_err().to_string();
+    assert!(err.contains("member 0"), "{err}");
+    let stranger = dir.path().join("stranger.tucana").display().to_string();
+    let err = remove(&mut con, &stranger).unwrap_err().to_string();
+    assert!(err.contains("stranger.tucana"), "{err}");
+    let reply = remove(&mut con, &p(1)).unwrap();
+    assert!(reply.starts_with("index=1 "), "{reply}");
+    let moved: u64 = reply
+        .split(' ')
+        .find_map(|f| f.strip_prefix("groups_moved="))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no groups_moved in {reply}"));
+    assert!(moved >= 1, "{reply}");
+    let info: String = redis::cmd("INFO").arg("members").query(&mut con).unwrap();
+    let line = info
+        .lines()
+        .find(|l| l.starts_with("member1:"))
+        .unwrap_or_else(|| panic!("no member1 in {info}"));
+    assert!(line.contains("state=removed"), "{line}");
+    put(&mut con, 6000..8000);
+    assert!(served.signal("-TERM").success());
+
+    // The old command line names the removed member now.
+    let old = Command::new(env!("CARGO_BIN_EXE_tucana"))
+        .arg("--db")
+        .arg(&paths[0])
+        .args(["--member", &p(1), "--member", &p(2), "serve", "--port", "0"])
+        .output()
+        .unwrap();
+    assert!(!old.status.success());
+    let stderr = String::from_utf8_lossy(&old.stderr);
+    assert!(stderr.contains("removed"), "{stderr}");
+    let left = p(2);
+    let two = ["--member", left.as_str()];
+    let mut served = serve(&paths[0], &two);
+    let mut con = served.connect();
+    for i in (0..8000).step_by(7) {
+        let got: String = con.get(format!("key{i:06}")).unwrap();
+        assert_eq!(got, value(i), "key{i:06}");
+    }
+    assert!(served.signal("-TERM").success());
+    let db = tucana::Database::builder()
+        .open_members(&[&paths[0], &paths[2]])
+        .unwrap();
+    assert_eq!(db.check().unwrap().keys, 8000);
+    db.close().unwrap();
+}
+
 #[test]
 fn shutdown_command_exits_zero() {
     let (_dir, path) = volume();

@@ -186,6 +186,10 @@ pub struct ServerConfig {
     /// Off by default: it lets a client have the server create and write a file at any
     /// path the server may write.
     pub enable_add_member_command: bool,
+    /// Serve `TUCANA.REMOVEMEMBER path` (moves a member's groups onto the others and
+    /// takes it out of the open volume). Off by default: it lets a client start a copy of
+    /// a whole member and change which paths the next start needs.
+    pub enable_remove_member_command: bool,
     /// The bound on a Pub/Sub subscriber's queued output (Redis's
     /// `client-output-buffer-limit pubsub`; `CONFIG SET` changes it at run time).
     pub pubsub_limit: OutputLimit,
@@ -221,6 +225,7 @@ impl Default for ServerConfig {
             active_expiry: true,
             enable_debug_command: false,
             enable_add_member_command: false,
+            enable_remove_member_command: false,
             pubsub_limit: OutputLimit::default(),
             notify_keyspace_events: String::new(),
         }

@@ -1,5 +1,6 @@
 //! Commands about the server rather than the data: COMMAND (the table as clients read
-//! it), CONFIG GET and SET (the run-time settings are `settings`'), TIME, SAVE, BGSAVE, BGREWRITEAOF, SHUTDOWN, TUCANA.ADDMEMBER (INFO has its own file,
+//! it), CONFIG GET and SET (the run-time settings are `settings`'), TIME, SAVE, BGSAVE,
+//! BGREWRITEAOF, SHUTDOWN, TUCANA.ADDMEMBER, TUCANA.REMOVEMEMBER (INFO has its own file,
 //! `info`).
 //!
 //! Owns how the command table, the configuration and the engine's maintenance (commit,
@@ -193,6 +194,38 @@ pub(super) fn cmd_addmember(call: &mut Call<'_>, args: &[Vec<u8>]) -> tucana::Re
             .into_bytes(),
         ),
         Err(e) => Reply::error(format!("ERR TUCANA.ADDMEMBER: {e}").replace(['\r', '\n'], " ")),
+    })
+}
+
+/// `TUCANA.REMOVEMEMBER path`: takes the member at `path` out of the served volume over
+/// several members while it serves (`Database::remove_member`; DESIGN.md, "Removing a
+/// member"): its groups are copied onto the other members, writes going on, then the
+/// member table marks it removed. Replies `index=… groups_moved=… bytes_moved=…
+/// rewritten_bytes=… generation=…`; a refusal (member 0, a path that is not a member,
+/// the last member but one) is an `ERR` naming why, with nothing written. The copy runs
+/// on a blocking thread; the next start must leave the member's `--member` out. Served
+/// only with `--enable-remove-member-command`.
+pub(super) fn cmd_removemember(call: &mut Call<'_>, args: &[Vec<u8>]) -> tucana::Result<Reply> {
+    use std::os::unix::ffi::OsStrExt;
+    if !call.state.config.enable_remove_member_command {
+        return Ok(Reply::error(
+            "ERR TUCANA.REMOVEMEMBER not allowed: start the server with --enable-remove-member-command",
+        ));
+    }
+    let path = std::path::Path::new(std::ffi::OsStr::from_bytes(&args[1]));
+    Ok(match call.state.store.db.remove_member(path) {
+        Ok(removed) => Reply::Bulk(
+            format!(
+                "index={} groups_moved={} bytes_moved={} rewritten_bytes={} generation={}",
+                removed.index,
+                removed.groups_moved,
+                removed.bytes_moved,
+                removed.rewritten_bytes,
+                removed.generation
+            )
+            .into_bytes(),
+        ),
+        Err(e) => Reply::error(format!("ERR TUCANA.REMOVEMEMBER: {e}").replace(['\r', '\n'], " ")),
     })
 }
 

@@ -15,8 +15,8 @@ use std::sync::OnceLock;
 use crate::resp::Reply;
 
 use super::admin::{
-    cmd_addmember, cmd_bgrewriteaof, cmd_bgsave, cmd_command, cmd_config, cmd_replicaof, cmd_save,
-    cmd_shutdown, cmd_time, cmd_wait,
+    cmd_addmember, cmd_bgrewriteaof, cmd_bgsave, cmd_command, cmd_config, cmd_removemember,
+    cmd_replicaof, cmd_save, cmd_shutdown, cmd_time, cmd_wait,
 };
 use super::blocking::{
     cmd_blmove, cmd_blmpop, cmd_blpop, cmd_brpop, cmd_brpoplpush, cmd_bzmpop, cmd_bzpopmax,
@@ -435,6 +435,13 @@ pub(super) fn table() -> &'static [Spec] {
                 NOMULTI,
                 NO_KEYS,
                 blocking(cmd_addmember)
+            ),
+            spec!(
+                "tucana.removemember",
+                2,
+                NOMULTI,
+                NO_KEYS,
+                blocking(cmd_removemember)
             ),
         ];
         table.extend(collection_specs());
