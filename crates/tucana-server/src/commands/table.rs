@@ -429,24 +429,32 @@ pub(super) fn table() -> &'static [Spec] {
             spec!("readwrite", 1, NOMULTI, NO_KEYS, other(cmd_readwrite)),
             spec!("asking", 1, TXCTL, NO_KEYS, other(cmd_asking)),
             spec!("tucana.import", -5, NOMULTI, NO_KEYS, other(cmd_import)),
-            spec!(
-                "tucana.addmember",
-                2,
-                NOMULTI,
-                NO_KEYS,
-                blocking(cmd_addmember)
-            ),
-            spec!(
-                "tucana.removemember",
-                2,
-                NOMULTI,
-                NO_KEYS,
-                blocking(cmd_removemember)
-            ),
         ];
         table.extend(collection_specs());
+        table.extend(member_specs());
         table
     })
+}
+
+/// The commands over the served volume's members, each served only when its `serve`
+/// flag enables it (`admin`).
+fn member_specs() -> Vec<Spec> {
+    vec![
+        spec!(
+            "tucana.addmember",
+            2,
+            NOMULTI,
+            NO_KEYS,
+            blocking(cmd_addmember)
+        ),
+        spec!(
+            "tucana.removemember",
+            2,
+            NOMULTI,
+            NO_KEYS,
+            blocking(cmd_removemember)
+        ),
+    ]
 }
 
 /// FNV-1a: command names are a few bytes and come from the table or a client that can
