@@ -359,18 +359,11 @@ fn serve_over_three_members_writes_restarts_and_reads_back() {
         "lwql",
         "--segment-writes-wait-for-device",
     ]);
-    let value = |i: u32| format!("{i:06}:{}", "v".repeat(1000));
     // 8000 values of 1 KB: four 2 MiB segments at least, so every member gets one.
     let keys = 8000u32;
     let mut served = serve(&paths[0], &first_args);
     let mut con = served.connect();
-    for chunk in (0..keys).collect::<Vec<_>>().chunks(500) {
-        let mut pipe = redis::pipe();
-        for &i in chunk {
-            pipe.set(format!("key{i:06}"), value(i)).ignore();
-        }
-        let _: () = pipe.query(&mut con).unwrap();
-    }
+    put_kilobyte_values(&mut con, 0..keys);
     let info: String = redis::cmd("INFO").arg("members").query(&mut con).unwrap();
     for (m, path) in paths.iter().enumerate() {
         let line = info
@@ -397,7 +390,7 @@ fn serve_over_three_members_writes_restarts_and_reads_back() {
     assert_eq!(n, i64::from(keys));
     for i in (0..keys).step_by(7) {
         let got: String = con.get(format!("key{i:06}")).unwrap();
-        assert_eq!(got, value(i), "key{i:06}");
+        assert_eq!(got, kilobyte_value(i), "key{i:06}");
     }
     let status = served.signal("-TERM");
     assert!(status.success(), "exit status {status:?}");
@@ -423,6 +416,23 @@ fn serve_over_three_members_writes_restarts_and_reads_back() {
     db.close().unwrap();
 }
 
+/// The value of `key{i:06}` in the member tests: 1 KB, so a few thousand fill segments on
+/// every member.
+fn kilobyte_value(i: u32) -> String {
+    format!("{i:06}:{}", "v".repeat(1000))
+}
+
+/// SETs `key{i:06}` to `kilobyte_value(i)` for every `i` of `keys`, 500 to a pipeline.
+fn put_kilobyte_values(con: &mut redis::Connection, keys: std::ops::Range<u32>) {
+    for chunk in keys.collect::<Vec<_>>().chunks(500) {
+        let mut pipe = redis::pipe();
+        for &i in chunk {
+            pipe.set(format!("key{i:06}"), kilobyte_value(i)).ignore();
+        }
+        let _: () = pipe.query(con).unwrap();
+    }
+}
+
 /// `TUCANA.ADDMEMBER` on a server over two members: refused unless the server was started
 /// with `--enable-add-member-command`; then it adds a third member while the server
 /// serves (a member of the set is refused, naming it), later writes reach the new member
@@ -442,23 +452,13 @@ fn tucana_addmember_grows_a_served_volume_and_a_restart_takes_the_new_member() {
         "sync".into(),
     ];
     let two: Vec<&str> = two.iter().map(String::as_str).collect();
-    let value = |i: u32| format!("{i:06}:{}", "v".repeat(1000));
-    let put = |con: &mut redis::Connection, keys: std::ops::Range<u32>| {
-        for chunk in keys.collect::<Vec<_>>().chunks(500) {
-            let mut pipe = redis::pipe();
-            for &i in chunk {
-                pipe.set(format!("key{i:06}"), value(i)).ignore();
-            }
-            let _: () = pipe.query(con).unwrap();
-        }
-    };
     let add = |con: &mut redis::Connection, path: &str| -> redis::RedisResult<String> {
         redis::cmd("TUCANA.ADDMEMBER").arg(path).query(con)
     };
 
     let mut served = serve(&paths[0], &two);
     let mut con = served.connect();
-    put(&mut con, 0..2000);
+    put_kilobyte_values(&mut con, 0..2000);
     let err = add(&mut con, &p(2)).unwrap_err().to_string();
     assert!(err.contains("--enable-add-member-command"), "{err}");
     assert!(!paths[2].exists(), "a refused add created the file");
@@ -473,7 +473,7 @@ fn tucana_addmember_grows_a_served_volume_and_a_restart_takes_the_new_member() {
     let reply = add(&mut con, &p(2)).unwrap();
     assert!(reply.starts_with("index=2 "), "{reply}");
     // 8000 values of 1 KB after the add: four 2 MiB segments at least, one for each member.
-    put(&mut con, 2000..10_000);
+    put_kilobyte_values(&mut con, 2000..10_000);
     let info: String = redis::cmd("INFO").arg("members").query(&mut con).unwrap();
     let line = info
         .lines()
@@ -508,7 +508,7 @@ fn tucana_addmember_grows_a_served_volume_and_a_restart_takes_the_new_member() {
     let mut con = served.connect();
     for i in (0..10_000).step_by(7) {
         let got: String = con.get(format!("key{i:06}")).unwrap();
-        assert_eq!(got, value(i), "key{i:06}");
+        assert_eq!(got, kilobyte_value(i), "key{i:06}");
     }
     assert!(served.signal("-TERM").success());
     let db = tucana::Database::builder().open_members(&paths).unwrap();
@@ -537,16 +537,6 @@ fn tucana_removemember_shrinks_a_served_volume_and_a_restart_leaves_it_out() {
         "sync".into(),
     ];
     let three: Vec<&str> = three.iter().map(String::as_str).collect();
-    let value = |i: u32| format!("{i:06}:{}", "v".repeat(1000));
-    let put = |con: &mut redis::Connection, keys: std::ops::Range<u32>| {
-        for chunk in keys.collect::<Vec<_>>().chunks(500) {
-            let mut pipe = redis::pipe();
-            for &i in chunk {
-                pipe.set(format!("key{i:06}"), value(i)).ignore();
-            }
-            let _: () = pipe.query(con).unwrap();
-        }
-    };
     let remove = |con: &mut redis::Connection, path: &str| -> redis::RedisResult<String> {
         redis::cmd("TUCANA.REMOVEMEMBER").arg(path).query(con)
     };
@@ -554,7 +544,7 @@ fn tucana_removemember_shrinks_a_served_volume_and_a_restart_leaves_it_out() {
     let mut served = serve(&paths[0], &three);
     let mut con = served.connect();
     // 6000 values of 1 KB: three 2 MiB segments at least, so every member holds data.
-    put(&mut con, 0..6000);
+    put_kilobyte_values(&mut con, 0..6000);
     let err = remove(&mut con, &p(1)).unwrap_err().to_string();
     assert!(err.contains("--enable-remove-member-command"), "{err}");
     assert!(served.signal("-TERM").success());
@@ -582,7 +572,7 @@ fn tucana_removemember_shrinks_a_served_volume_and_a_restart_leaves_it_out() {
         .find(|l| l.starts_with("member1:"))
         .unwrap_or_else(|| panic!("no member1 in {info}"));
     assert!(line.contains("state=removed"), "{line}");
-    put(&mut con, 6000..8000);
+    put_kilobyte_values(&mut con, 6000..8000);
     assert!(served.signal("-TERM").success());
 
     // The old command line names the removed member now.
@@ -601,7 +591,7 @@ fn tucana_removemember_shrinks_a_served_volume_and_a_restart_leaves_it_out() {
     let mut con = served.connect();
     for i in (0..8000).step_by(7) {
         let got: String = con.get(format!("key{i:06}")).unwrap();
-        assert_eq!(got, value(i), "key{i:06}");
+        assert_eq!(got, kilobyte_value(i), "key{i:06}");
     }
     assert!(served.signal("-TERM").success());
     let db = tucana::Database::builder()

@@ -178,13 +178,11 @@ pub(super) fn cmd_bgrewriteaof(call: &mut Call<'_>, _args: &[Vec<u8>]) -> tucana
 /// member"). Replies `index=… uuid=… group=… generation=…`; a refusal is an `ERR` naming
 /// why, with nothing written. Served only with `--enable-add-member-command`.
 pub(super) fn cmd_addmember(call: &mut Call<'_>, args: &[Vec<u8>]) -> tucana::Result<Reply> {
-    use std::os::unix::ffi::OsStrExt;
-    if !call.state.config.enable_add_member_command {
-        return Ok(Reply::error(
-            "ERR TUCANA.ADDMEMBER not allowed: start the server with --enable-add-member-command",
-        ));
-    }
-    let path = std::path::Path::new(std::ffi::OsStr::from_bytes(&args[1]));
+    let enabled = call.state.config.enable_add_member_command;
+    let path = match member_path(enabled, "ADDMEMBER", "add", &args[1]) {
+        Ok(path) => path,
+        Err(refused) => return Ok(refused),
+    };
     Ok(match call.state.store.db.add_member(path) {
         Ok(added) => Reply::Bulk(
             format!(
@@ -193,7 +191,7 @@ pub(super) fn cmd_addmember(call: &mut Call<'_>, args: &[Vec<u8>]) -> tucana::Re
             )
             .into_bytes(),
         ),
-        Err(e) => Reply::error(format!("ERR TUCANA.ADDMEMBER: {e}").replace(['\r', '\n'], " ")),
+        Err(e) => member_error("ADDMEMBER", &e),
     })
 }
 
@@ -206,13 +204,11 @@ pub(super) fn cmd_addmember(call: &mut Call<'_>, args: &[Vec<u8>]) -> tucana::Re
 /// on a blocking thread; the next start must leave the member's `--member` out. Served
 /// only with `--enable-remove-member-command`.
 pub(super) fn cmd_removemember(call: &mut Call<'_>, args: &[Vec<u8>]) -> tucana::Result<Reply> {
-    use std::os::unix::ffi::OsStrExt;
-    if !call.state.config.enable_remove_member_command {
-        return Ok(Reply::error(
-            "ERR TUCANA.REMOVEMEMBER not allowed: start the server with --enable-remove-member-command",
-        ));
-    }
-    let path = std::path::Path::new(std::ffi::OsStr::from_bytes(&args[1]));
+    let enabled = call.state.config.enable_remove_member_command;
+    let path = match member_path(enabled, "REMOVEMEMBER", "remove", &args[1]) {
+        Ok(path) => path,
+        Err(refused) => return Ok(refused),
+    };
     Ok(match call.state.store.db.remove_member(path) {
         Ok(removed) => Reply::Bulk(
             format!(
@@ -225,8 +221,30 @@ pub(super) fn cmd_removemember(call: &mut Call<'_>, args: &[Vec<u8>]) -> tucana:
             )
             .into_bytes(),
         ),
-        Err(e) => Reply::error(format!("ERR TUCANA.REMOVEMEMBER: {e}").replace(['\r', '\n'], " ")),
+        Err(e) => member_error("REMOVEMEMBER", &e),
     })
+}
+
+/// The path argument of `TUCANA.<name>` (`verb`: `add` or `remove`), or the refusal when
+/// the server was started without `--enable-<verb>-member-command`.
+fn member_path<'a>(
+    enabled: bool,
+    name: &str,
+    verb: &str,
+    arg: &'a [u8],
+) -> Result<&'a std::path::Path, Reply> {
+    use std::os::unix::ffi::OsStrExt;
+    if !enabled {
+        return Err(Reply::error(format!(
+            "ERR TUCANA.{name} not allowed: start the server with --enable-{verb}-member-command"
+        )));
+    }
+    Ok(std::path::Path::new(std::ffi::OsStr::from_bytes(arg)))
+}
+
+/// A member command's failure as one `ERR` line naming the command.
+fn member_error(name: &str, e: &tucana::Error) -> Reply {
+    Reply::error(format!("ERR TUCANA.{name}: {e}").replace(['\r', '\n'], " "))
 }
 
 /// `SHUTDOWN [NOSAVE|SAVE|NOW|FORCE|ABORT]`: stops the server as SIGTERM does (connections
