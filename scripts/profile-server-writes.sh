@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Profiles `tucana serve` (buffered, as tucana-bench's tucana-buffered runs it) under
-# redis-benchmark's LPUSH and LPOP (one list, `mylist`) and a ZADD of random members onto
-# one sorted set, 50 clients at -P 16: `perf record --call-graph dwarf` of the server
+# redis-benchmark's LPUSH and LPOP (one list, `mylist`), a ZADD of random members onto
+# one sorted set, and HSET then HGETALL of 10-field records at random keys, 50 clients at
+# -P 16: `perf record --call-graph dwarf` of the server
 # process for each test, and the server's CPU time per test (utime + stime, in clock
 # ticks) next to redis-benchmark's last line in OUT_DIR/summary.txt. Read a profile with
 #   perf report -i OUT_DIR/lpop.data --children --sort symbol --stdio -g none
@@ -49,11 +50,17 @@ run() {
   redis-benchmark -p "$PORT" -c 50 -n "$N" -P 16 -d "$VALUE_BYTES" -q "$@" > "$OUT/$name.bench" 2>&1
   t1=$(awk '{print $14+$15}' "/proc/$PID/stat")
   if [ -n "$perf_pid" ]; then kill -INT "$perf_pid"; wait "$perf_pid"; fi
-  echo "$name cpu_ticks=$((t1 - t0)) $(tr '\r' '\n' < "$OUT/$name.bench" | grep 'per second' | tail -1)" \
+  echo "$name cpu_ticks=$((t1 - t0)) $(tr '\r' '\n' < "$OUT/$name.bench" | grep 'per second' | tail -1 \
+    | sed 's/.*: \([0-9.]* requests per second\)/\1/')" \
     >> "$OUT/summary.txt"
 }
 run lpush -t lpush
 run lpop -t lpop
 run zadd -r 100000 ZADD rec-index __rand_int__ rec:__rand_int__
+# Records of 10 fields of VALUE_BYTES (as tucana-bench's HSET and HGETALL), random keys.
+fields=()
+for f in 0 1 2 3 4 5 6 7 8 9; do fields+=("field$f" "$(head -c "$VALUE_BYTES" /dev/zero | tr '\0' v)"); done
+run hset -r 100000 HSET rec:__rand_int__ "${fields[@]}"
+run hgetall -r 100000 HGETALL rec:__rand_int__
 kill "$PID"; wait "$PID"
 cat "$OUT/summary.txt"

@@ -568,6 +568,24 @@ fn engine_metrics(stats: &Stats) -> Vec<Metric> {
             "Bytes of freed log segments listed and not trimmed yet.",
             stats.trims_pending_bytes,
         ),
+        (
+            "prefetch_calls_total",
+            COUNTER,
+            "Device read-ahead requests of scans, multi-gets and pipelined commands since open.",
+            stats.prefetch_calls,
+        ),
+        (
+            "prefetch_bytes_total",
+            COUNTER,
+            "Bytes those read-ahead requests named, page-rounded.",
+            stats.prefetch_bytes,
+        ),
+        (
+            "prefetch_skipped_total",
+            COUNTER,
+            "Records not asked for because their batch was found in memory.",
+            stats.prefetch_skipped,
+        ),
     ]
 }
 

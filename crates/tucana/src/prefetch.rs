@@ -108,6 +108,18 @@ impl ResidencyGate {
         }
     }
 
+    /// A gate that starts at `resident_streak` without free passes: once hot, it still
+    /// probes one batch in `HOT_PROBE_EVERY_BATCHES`. For callers that make a new gate
+    /// per batch (`Region::prefetch_keys`), where `with_streak`'s free passes would skip
+    /// every batch and never notice data evicted under a hot streak.
+    pub(crate) fn probing_from(resident_streak: usize) -> ResidencyGate {
+        ResidencyGate {
+            resident_streak,
+            free_passes: 0,
+            missed: false,
+        }
+    }
+
     /// Whether some probe of this gate found its page not resident (or could not tell).
     pub(crate) fn missed(&self) -> bool {
         self.missed
@@ -159,6 +171,12 @@ impl ResidencyGate {
                 }
             })
             .unwrap_or(false)
+    }
+
+    /// Counts `n` records known to be in memory without a probe (records in a tail
+    /// buffer) as resident probes.
+    pub(crate) fn credit_resident(&mut self, n: usize) {
+        self.resident_streak = self.resident_streak.saturating_add(n);
     }
 
     /// The probing half of `issue`, for a batch `passes_unprobed` did not skip.

@@ -50,13 +50,16 @@ pub struct Stats {
     /// Nanoseconds foreground writers slept because garbage collection fell far behind
     /// its space target (write pacing; 0 unless it did).
     pub gc_paced_ns: u64,
-    /// Prefetch requests (`Storage::prefetch`) range iterators, multi-gets and reads of
-    /// records longer than two pages made since open: one per run of adjacent pages.
+    /// Prefetch requests (`Storage::prefetch`) range iterators, multi-gets, groups of
+    /// gets, `Keyspace::prefetch` and reads of records longer than two pages made since
+    /// open: one per run of adjacent pages.
     pub prefetch_calls: u64,
     /// Bytes those requests named, page-rounded (resident pages included).
     pub prefetch_bytes: u64,
     /// Records range iterators and multi-gets did not ask for because the pages of a few
-    /// of their batch were found in memory (`Storage::resident`).
+    /// of their batch were found in memory (`Storage::resident`). Keys a
+    /// `Keyspace::prefetch` call passed over unprobed are not counted (it does not look
+    /// them up).
     pub prefetch_skipped: u64,
     /// Records read by copying them with `pread` since open, because sampled reads found
     /// the data mostly not in memory (`Options::cold_reads_copied`).

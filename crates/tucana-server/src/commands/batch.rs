@@ -20,6 +20,7 @@ use crate::resp::{encode_bulk, encode_error, encode_nil, Args, Reply, Requests};
 use crate::state::ServerState;
 use crate::syncer::NotDurable;
 
+use super::prefetch::prefetch_window;
 use super::runs;
 use super::table::lookup;
 use super::{execute, Call, Session};
@@ -53,8 +54,13 @@ pub fn execute_batch(
     let mut args: Vec<&[u8]> = Vec::new();
     // Requests before this index run on the general path (a run of them failed).
     let mut one_by_one_until = 0;
+    // Requests before this index had their keys' records asked for (`prefetch`).
+    let mut prefetched_until = 0;
     let mut i = 0;
     while i < requests.len() {
+        if i >= prefetched_until && session.authenticated {
+            prefetched_until = prefetch_window(state, session, requests, i);
+        }
         requests.args_into(i, &mut args);
         if args.is_empty() {
             i += 1;

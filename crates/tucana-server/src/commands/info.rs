@@ -307,6 +307,9 @@ fn persistence_lines(state: &ServerState, stats: &Stats) -> Lines<'static> {
         ("trims_issued", stats.trims_issued.to_string()),
         ("trims_forced", stats.trims_forced.to_string()),
         ("trims_pending_bytes", stats.trims_pending_bytes.to_string()),
+        ("prefetch_calls", stats.prefetch_calls.to_string()),
+        ("prefetch_bytes", stats.prefetch_bytes.to_string()),
+        ("prefetch_skipped", stats.prefetch_skipped.to_string()),
     ]
 }
 

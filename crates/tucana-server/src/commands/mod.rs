@@ -14,7 +14,9 @@
 //!   `runs` runs consecutive collection writes (LPUSH, LPOP, ZADD, HSET, ...) under one
 //!   hold of the write lock as one engine batch, each through its own handler;
 //!   everything else goes through [`execute`] here (authentication, arity, `MULTI`
-//!   queueing), which finds the handler in
+//!   queueing); before each window of a batch's requests runs, `prefetch` asks the
+//!   engine for the records their keys name (larger than memory, their reads then
+//!   overlap); `execute` finds the handler in
 //! - `table`: the command table ([`table::Spec`]), lookup by name, and which commands
 //!   may block;
 //! - `kv`: the [`kv::Kv`] trait the string commands are written against, and its three
@@ -58,6 +60,7 @@ mod memory;
 mod migrating;
 mod moves;
 mod mpop;
+mod prefetch;
 mod pubsub;
 mod routing;
 mod runs;

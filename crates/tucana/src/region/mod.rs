@@ -135,6 +135,11 @@ pub(crate) struct Region {
     /// The residency streak of the last prefetch batch any reader probed (see
     /// `prefetch::ResidencyGate`); new ranges start from it.
     prefetch_streak: AtomicUsize,
+    /// The same for `prefetch_keys` (a server's pipelined commands), kept apart: the
+    /// records a window of commands names first (a collection's metadata, often the
+    /// same hot record) say nothing of the records a range over its members reads, and
+    /// a streak made hot by them would give those ranges free passes out of memory.
+    key_prefetch_streak: AtomicUsize,
     /// Tree epochs still read: snapshots, live ranges, pinned commits.
     readers: readers::Readers,
     /// Sealed tree epochs of the last two durable commits (older first).
@@ -189,6 +194,7 @@ impl Region {
             warm_writes: AtomicU32::new(0),
             keys: AtomicU64::new(keys),
             prefetch_streak: AtomicUsize::new(0),
+            key_prefetch_streak: AtomicUsize::new(0),
             readers: readers::Readers::new(),
             durable_epochs: Mutex::new([None, None]),
             retired_segments: Mutex::new(Vec::new()),

@@ -14,7 +14,7 @@
 //! between calls registers as a snapshot or live reader first (`Region::register_live_reader`).
 
 use std::cmp::Ordering as CmpOrdering;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crossbeam_epoch as epoch;
 
@@ -23,7 +23,7 @@ use crate::error::{Error, Result};
 use crate::index::{self, Ctx};
 use crate::log::record::{Header, RecordRef, HEADER_BYTES};
 use crate::log::tail::Tail;
-use crate::prefetch::ResidencyGate;
+use crate::prefetch::{ResidencyGate, HOT_STREAK_PROBES};
 use crate::types::{DiskOffset, BLOCK_BYTES};
 
 /// The CPU's cache line.
@@ -456,6 +456,65 @@ impl Region {
                 .fetch_add(ptrs.len() as u64, Ordering::Relaxed);
             return;
         }
+        self.prefetch_probed(ptrs, gate, probes, &self.prefetch_streak);
+    }
+
+    /// Asks the volume to start reading the records of `keys` and returns without waiting:
+    /// `multi_get`'s first half, for a caller that reads the keys one by one afterwards (a
+    /// server's pipelined commands), so their device reads overlap. A hint: absent or
+    /// unreadable keys are passed over. While earlier calls found their records in memory
+    /// (a hot `key_prefetch_streak`, apart from the ranges' streak), most calls return
+    /// before taking a key from `keys` (lazy, so the caller's work to find them is
+    /// skipped too; such keys are not counted in `prefetch_skipped`). The gate starts
+    /// without free passes, so a call now and then probes, and data evicted since is
+    /// found (`ResidencyGate::probing_from`).
+    pub fn prefetch_keys<'k>(&self, root: Option<u64>, keys: impl Iterator<Item = &'k [u8]>) {
+        if self.shared.options.scan_prefetch_entries == 0 {
+            return;
+        }
+        let streak = &self.key_prefetch_streak;
+        let mut gate = ResidencyGate::probing_from(streak.load(Ordering::Relaxed));
+        if gate.passes_unprobed() {
+            return;
+        }
+        let mut candidates = keys.filter_map(|key| match self.lookup_candidate(root, key) {
+            Ok(Candidate::Maybe(ptr)) => Some(ptr),
+            _ => None,
+        });
+        GROUP_PTRS.with_borrow_mut(|ptrs| {
+            ptrs.clear();
+            // A hot gate's probed call (one in `HOT_PROBE_EVERY_BATCHES`): two records say
+            // whether the data is still in memory before the rest are looked up, which
+            // in memory was most of this call's cost (an index walk per key).
+            if gate.streak() >= HOT_STREAK_PROBES {
+                ptrs.extend(candidates.by_ref().take(2));
+                self.prefetch_probed(ptrs, &mut gate, 2, streak);
+                if !gate.missed() {
+                    return;
+                }
+                ptrs.clear();
+            }
+            ptrs.extend(candidates);
+            // One record is read at once by its caller: a hint would only cost.
+            if ptrs.len() < 2 {
+                return;
+            }
+            // As `multi_get`: about one probe per six records.
+            let probes = (ptrs.len() / 6).max(2);
+            self.prefetch_probed(ptrs, &mut gate, probes, streak);
+        });
+    }
+
+    /// `prefetch_records` for a batch its gate did not pass unprobed; the gate's streak
+    /// is published to `streak` (`prefetch_streak` or `key_prefetch_streak`).
+    fn prefetch_probed(
+        &self,
+        ptrs: &mut Vec<u64>,
+        gate: &mut ResidencyGate,
+        probes: usize,
+        streak: &AtomicUsize,
+    ) {
+        let asked = ptrs.len();
         {
             let guard = epoch::pin();
             // SAFETY: protected by the guard; never null after construction. A tail
@@ -464,6 +523,12 @@ impl Region {
             ptrs.retain(|&ptr| self.log.buffered_tail(ptr, &guard).is_none());
         }
         if ptrs.is_empty() {
+            // Every record is in a tail buffer, in memory: as many resident probes. A
+            // record rewritten by every request (a list's metadata under a pipeline of
+            // LPUSHes) otherwise kept its callers' gate cold, and each batch paid its
+            // index lookups for nothing.
+            gate.credit_resident(asked.min(probes));
+            store_streak(streak, gate);
             return;
         }
         let storage = self.shared.volume.storage();
@@ -475,11 +540,7 @@ impl Region {
             }
             resident
         });
-        // Stored only when it changes: every reader of the region loads it, and a store
-        // per batch moved its cache line between cores at every seek.
-        if self.prefetch_streak.load(Ordering::Relaxed) != gate.streak() {
-            self.prefetch_streak.store(gate.streak(), Ordering::Relaxed);
-        }
+        store_streak(streak, gate);
         if !issue {
             self.shared
                 .prefetch_skipped
@@ -507,6 +568,12 @@ impl Region {
     /// Where a new reader's `ResidencyGate` starts.
     pub fn prefetch_streak(&self) -> usize {
         self.prefetch_streak.load(Ordering::Relaxed)
+    }
+
+    /// Where `prefetch_keys`'s gate starts.
+    #[cfg(test)]
+    pub fn key_prefetch_streak(&self) -> usize {
+        self.key_prefetch_streak.load(Ordering::Relaxed)
     }
 
     /// Copies the leaf `seek` lands on (for range iteration).
@@ -621,4 +688,13 @@ fn with_scratch<R>(f: impl FnOnce(&mut Vec<u8>) -> R) -> R {
         SCRATCH.with(|s| s.borrow_mut().push(buf));
     }
     out
+}
+
+/// Publishes `gate`'s streak for the region's next readers. Stored only when it changes:
+/// every reader of the region loads it, and a store per batch moved its cache line
+/// between cores at every seek.
+fn store_streak(streak: &AtomicUsize, gate: &ResidencyGate) {
+    if streak.load(Ordering::Relaxed) != gate.streak() {
+        streak.store(gate.streak(), Ordering::Relaxed);
+    }
 }
