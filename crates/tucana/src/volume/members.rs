@@ -206,6 +206,8 @@ impl MemberSet {
                 table: if i == 0 { uuids.clone() } else { Vec::new() },
                 generation: 0,
                 moved_from: None,
+                rebalanced_from: None,
+                rebalanced_moves: 0,
             };
             if i == 0 {
                 // Recovery creates a volume whose slots hold this marker, and only such
@@ -287,18 +289,12 @@ impl MemberSet {
                     )
                 })?;
                 let packed = ((m as u64 + 1) << SLOT_BITS) | slot;
-                if let Err(old) =
+                if let Err(held) =
                     entry.compare_exchange(0, packed, Ordering::AcqRel, Ordering::Acquire)
                 {
-                    let (om, oslot) = unpack(old);
-                    return Err(set.corrupt(
-                        m,
-                        slot,
-                        format!(
-                            "holds group {}, as does slot {oslot} of member {om} ({})",
-                            h.group, set.members[om].name
-                        ),
-                    ));
+                    // Two claimants: a rebalance's copy and its source, or corruption.
+                    set.settle_claim(&mut placement, entry, held, (m, slot, &h))?;
+                    continue;
                 }
                 placement.groups[m] += 1;
                 highest = Some(highest.map_or(h.group, |g| g.max(h.group)));
@@ -368,6 +364,8 @@ impl MemberSet {
             table: Vec::new(),
             generation: 0,
             moved_from: None,
+            rebalanced_from: None,
+            rebalanced_moves: 0,
         };
         member
             .storage
@@ -869,6 +867,7 @@ mod checks;
 mod member;
 mod moving;
 mod paths;
+mod rebalance;
 mod remove;
 mod table;
 
@@ -876,6 +875,7 @@ pub use checks::refuse_lone_member;
 use checks::{check_member, live, resumable_creation, swapped, with_removed};
 use member::{Member, MemberList};
 use moving::{write_member, Moves};
+pub use rebalance::Rebalanced;
 pub use remove::RemovedMember;
 pub(crate) use table::read_header;
 pub use table::AddedMember;

@@ -194,7 +194,7 @@ impl MemberSet {
             }
             Some(_) => {}
         }
-        self.clear_unfinished_moves(&placement, r)?;
+        self.clear_unfinished_moves(&placement, Some(r))?;
         self.members[r].draining.store(true, Ordering::SeqCst);
         let mut plan = Vec::new();
         for group in 0..placement.placed_groups {
@@ -249,6 +249,8 @@ impl MemberSet {
                 table: Vec::new(),
                 generation: 0,
                 moved_from: Some(r as u32),
+                rebalanced_from: None,
+                rebalanced_moves: 0,
             };
             write_member(
                 target,
