@@ -140,7 +140,7 @@ impl MemberSet {
 
     /// The next move toward equal groups per live member: `(group, from, from slot, to)`,
     /// from the live member with the most groups (the lowest index on a tie) to the one
-    /// with room with the fewest (likewise), the highest group `from` holds outside its
+    /// with room with the fewest (likewise), the lowest group `from` holds outside its
     /// slot 0 (a member's identity); `None` once they differ by one at most.
     fn next_move(&self, placement: &Placement) -> Option<(u64, usize, u64, usize)> {
         let live: Vec<usize> = (0..self.members.len())
@@ -158,7 +158,7 @@ impl MemberSet {
         if placement.groups[from] < placement.groups[to] + 2 {
             return None;
         }
-        let (group, slot) = (0..placement.placed_groups).rev().find_map(|g| {
+        let (group, slot) = (0..placement.placed_groups).find_map(|g| {
             self.lookup(g)
                 .filter(|&(m, s)| m == from && s != 0)
                 .map(|(_, s)| (g, s))

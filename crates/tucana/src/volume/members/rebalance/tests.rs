@@ -76,17 +76,18 @@ fn groups_even_out_onto_an_added_member_and_read_back_from_their_new_slots() {
     assert_eq!(groups_per_member(&set), vec![4, 4, 3]);
     assert_markers(&set, 10);
     set.verify().unwrap();
-    // The highest group outside slot 0 of each source moved: 8 off member 0, 9 off 1.
-    for (g, from) in [(8u64, 0usize), (9, 1)] {
+    // The lowest group outside slot 0 of each source moved: 2 off member 0, 3 off 1,
+    // each from its slot 1.
+    for (g, from) in [(2u64, 0usize), (3, 1)] {
         let (m, _) = set.lookup(g).unwrap();
         assert_eq!(m, 2, "group {g}");
         let free = set.grow_lock.lock().free_slots[from].clone();
         assert_eq!(
             free,
-            vec![4],
+            vec![1],
             "member {from}'s old slot of group {g} is free"
         );
-        assert!(header_block(&all[from], 4).iter().all(|&b| b == 0));
+        assert!(header_block(&all[from], 1).iter().all(|&b| b == 0));
     }
     drop(set);
     // Balanced now: a second rebalance moves nothing.
@@ -127,21 +128,21 @@ fn a_copy_whose_source_header_was_not_zeroed_wins_and_the_next_rebalance_clears_
     // both slots claim the group. Open takes the copy (rebalanced from the other's
     // member, one move newer), the old slot is free, and a rebalance zeroes its header.
     let all = volume(2, 10, 1);
-    let old_header = header_block(&all[0], 4);
+    let old_header = header_block(&all[0], 1);
     MemberSet::rebalance(named(&all)).unwrap();
     all[0]
-        .write_at(4 * SLOT_BYTES + HEADER_OFFSET, &old_header)
+        .write_at(SLOT_BYTES + HEADER_OFFSET, &old_header)
         .unwrap();
     let set = MemberSet::open(named(&all), false).unwrap();
-    assert_eq!(set.lookup(8).unwrap().0, 2);
+    assert_eq!(set.lookup(2).unwrap().0, 2);
     assert_eq!(groups_per_member(&set), vec![4, 4, 3]);
-    assert_eq!(set.grow_lock.lock().free_slots[0], vec![4]);
+    assert_eq!(set.grow_lock.lock().free_slots[0], vec![1]);
     assert_markers(&set, 10);
     set.verify().unwrap();
     drop(set);
     let again = MemberSet::rebalance(named(&all)).unwrap();
     assert_eq!(again.groups_moved, 0);
-    assert!(header_block(&all[0], 4).iter().all(|&b| b == 0));
+    assert!(header_block(&all[0], 1).iter().all(|&b| b == 0));
 }
 
 /// Writes at slot `slot` of member `m` a header claiming `group`, rebalanced from
@@ -167,28 +168,28 @@ fn claim(all: &[Arc<MemStorage>], m: usize, slot: u64, group: u64, from: u32, mo
 
 #[test]
 fn a_group_that_came_back_is_settled_by_its_moves_and_other_pairs_are_refused() {
-    // Group 8 went 0 → 2 (moves 1). A later move 2 → 0, interrupted before member 2's
+    // Group 2 went 0 → 2 (moves 1). A later move 2 → 0, interrupted before member 2's
     // header was zeroed, leaves two headers each rebalanced from the other's member: the
     // moves (2 against 1) say which is newer.
     let all = volume(2, 10, 1);
     MemberSet::rebalance(named(&all)).unwrap();
     let (to, slot) = {
         let set = MemberSet::open(named(&all), false).unwrap();
-        set.lookup(8).unwrap()
+        set.lookup(2).unwrap()
     };
     assert_eq!((to, slot), (2, 1));
-    claim(&all, 0, 9, 8, 2, 2);
+    claim(&all, 0, 9, 2, 2, 2);
     {
         let set = MemberSet::open(named(&all), false).unwrap();
-        assert_eq!(set.lookup(8), Some((0, 9)));
+        assert_eq!(set.lookup(2), Some((0, 9)));
         assert_eq!(groups_per_member(&set), vec![5, 4, 2]);
     }
     // The same moves as the copy it claims to be newer than: not resolved, refused.
-    claim(&all, 0, 9, 8, 2, 1);
+    claim(&all, 0, 9, 2, 2, 1);
     let refused = err(MemberSet::open(named(&all), false));
-    assert!(refused.contains("holds group 8, as does slot"), "{refused}");
+    assert!(refused.contains("holds group 2, as does slot"), "{refused}");
     // Rebalanced from a member other than the other claimant's: refused too.
-    claim(&all, 0, 9, 8, 1, 2);
+    claim(&all, 0, 9, 2, 1, 2);
     let refused = err(MemberSet::open(named(&all), false));
-    assert!(refused.contains("holds group 8, as does slot"), "{refused}");
+    assert!(refused.contains("holds group 2, as does slot"), "{refused}");
 }
