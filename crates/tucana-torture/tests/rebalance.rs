@@ -5,85 +5,31 @@
 //! or its new one; every record the engine acknowledged and every synced marker in the
 //! moved groups is there, `check` passes, and the rebalance runs again to the end.
 //!
-//! The volume: two members grown to 8 groups before the engine created its volume on
-//! them (so the allocator's bitmaps are in every group, those moved included), records
-//! written and synced by the engine, a synced marker at the end of every group (space
-//! the engine has not reached), then a third member added (with group 8): 4/4/1 groups,
-//! and the rebalance moves group 2 (member 0) and group 3 (member 1) onto member 2: the
-//! groups after the first of each member, where the engine's records went on from there
-//! (about a third of member 0's blocks in this volume are in group 2).
+//! The volume (`member_add::unbalanced_volume`): two members grown to 8 groups before
+//! the engine created its volume on them (so the allocator's bitmaps are in every group,
+//! those moved included), records written and synced by the engine, a synced marker at
+//! the end of every group (space the engine has not reached), then a third member added
+//! (with group 8): 4/4/1 groups, and the rebalance moves group 2 (member 0) and group 3
+//! (member 1) onto member 2: the groups after the first of each member, where the
+//! engine's records went on from there (about a third of member 0's blocks in this
+//! volume are in group 2).
 
 use std::sync::Arc;
 
 use rand::SeedableRng;
-use tucana_torture::member_add::{key, value, verify, writes_reach_member, RECORDS};
+use tucana_torture::member_add::{
+    groups_and_markers, open, unbalanced_volume, verify, writes_reach_member, RECORDS,
+};
 use tucana_torture::members;
-use tucana_torture::sim::{Fault, Image, SimStorage};
-use tucana_torture::workload;
+use tucana_torture::sim::{Fault, SimStorage};
 
 const CRASH_IMAGES_PER_IO: u64 = 4;
 
-/// Bytes of a group (a member slot).
-const SLOT_BYTES: u64 = 128 << 20;
-
-/// Groups of the volume before the add, and with it.
-const GROUPS: u64 = 8;
-const GROUPS_WITH_ADDED: u64 = GROUPS + 1;
-
-fn marker(group: u64) -> Vec<u8> {
-    format!("marker of group {group} ").repeat(64).into_bytes()
-}
-
-/// Where group `group`'s marker is: the last 64 KiB of the group.
-fn marker_at(group: u64) -> u64 {
-    (group + 1) * SLOT_BYTES - (64 << 10)
-}
-
-/// The volume described in the module doc, closed: its durable image.
-fn base() -> Image {
-    let sim = Arc::new(SimStorage::new(17));
-    let storage = members::volume_grown(&sim, 2, GROUPS).unwrap();
-    let db = workload::open(workload::options(false), &storage).unwrap();
-    let ks = db.keyspace("k").unwrap();
-    for i in 0..RECORDS {
-        ks.put(&key(i), &value(i, 0)).unwrap();
-    }
-    db.close().unwrap();
-    drop(storage);
-    let storage = members::volume(&sim, 2).unwrap();
-    for g in 0..GROUPS {
-        storage.write_at(marker_at(g), &marker(g)).unwrap();
-    }
-    storage.sync().unwrap();
-    drop(storage);
-    members::add_member(&sim, 2).unwrap();
-    sim.durable_image()
-}
-
-/// Over the three members: each group has one place (open refuses two unresolved
-/// claimants), the markers and the records are there, `check` passes. Returns the
-/// groups per member.
+/// Over the three members: each group found once with its marker, the records there,
+/// `check` passes. Returns the groups per member.
 fn verify_volume(sim: &Arc<SimStorage>, where_: &str) -> Vec<u64> {
-    let storage = members::volume(sim, 3).unwrap_or_else(|e| panic!("{where_}: open: {e}"));
-    for g in 0..GROUPS_WITH_ADDED {
-        assert!(
-            storage.member_of(g * SLOT_BYTES).is_some(),
-            "{where_}: group {g}"
-        );
-    }
-    for g in 0..GROUPS {
-        let mut back = vec![0u8; marker(g).len()];
-        storage.read_at(marker_at(g), &mut back).unwrap();
-        assert!(back == marker(g), "{where_}: marker of group {g} lost");
-    }
-    let groups: Vec<u64> = storage.members().iter().map(|m| m.groups).collect();
-    assert_eq!(
-        groups.iter().sum::<u64>(),
-        GROUPS_WITH_ADDED,
-        "{where_}: {groups:?}"
-    );
-    let db = workload::open(workload::options(false), &storage)
-        .unwrap_or_else(|e| panic!("{where_}: engine open: {e}"));
+    let groups = groups_and_markers(sim, where_);
+    let db = open(sim, 3).unwrap_or_else(|e| panic!("{where_}: engine open: {e}"));
     let ks = db.open_keyspace("k").unwrap();
     verify(&db, &ks, RECORDS, 0, where_);
     db.close().unwrap();
@@ -92,7 +38,7 @@ fn verify_volume(sim: &Arc<SimStorage>, where_: &str) -> Vec<u64> {
 
 #[test]
 fn a_rebalance_moves_two_groups_onto_the_added_member_and_a_second_moves_nothing() {
-    let sim = Arc::new(SimStorage::from_image(base(), 1));
+    let sim = Arc::new(SimStorage::from_image(unbalanced_volume(), 1));
     assert_eq!(verify_volume(&sim, "before"), vec![4, 4, 1]);
     let done = members::rebalance(&sim, 3).expect("rebalance");
     assert_eq!((done.groups_moved, done.groups.clone()), (2, vec![3, 3, 3]));
@@ -104,8 +50,7 @@ fn a_rebalance_moves_two_groups_onto_the_added_member_and_a_second_moves_nothing
     assert_eq!((again.groups_moved, again.bytes_moved), (0, 0));
     assert_eq!(probe.io_count_of(tucana_torture::sim::IoKind::Write), 0);
     // The engine goes on over the rebalanced volume and writes reach every member.
-    let storage = members::volume(&sim, 3).unwrap();
-    let db = workload::open(workload::options(false), &storage).unwrap();
+    let db = open(&sim, 3).unwrap();
     let ks = db.open_keyspace("k").unwrap();
     writes_reach_member(&db, &ks, 2, "after the rebalance");
     verify(&db, &ks, RECORDS, 1, "after the rebalance");
@@ -114,7 +59,7 @@ fn a_rebalance_moves_two_groups_onto_the_added_member_and_a_second_moves_nothing
 
 #[test]
 fn power_loss_at_every_io_of_a_rebalance_leaves_each_group_once_with_its_bytes() {
-    let base = base();
+    let base = unbalanced_volume();
     let probe = Arc::new(SimStorage::from_image(base.clone(), 2));
     members::rebalance(&probe, 3).expect("a whole rebalance");
     let ios = probe.io_count();

@@ -265,6 +265,18 @@ impl Database {
         self.engine.remove_member(&path.display().to_string())
     }
 
+    /// Rebalances this open volume over several members (DESIGN.md, "Rebalancing onto a
+    /// member"): groups move, one at a time and while reads and writes go on, from the
+    /// members holding the most to those holding the fewest until they differ by one at
+    /// most (a member's first group stays), so data written before a member was added is
+    /// spread onto it. A balanced volume moves nothing. Errors: a single-file volume, a
+    /// removal or a rebalance already running (nothing written); I/O errors (a move not
+    /// begun is undone); a failed write or sync of a moved group's header poisons the
+    /// store (the next open decides which copy holds the group, as after a crash).
+    pub fn rebalance(&self) -> Result<crate::volume::Rebalanced> {
+        self.engine.rebalance()
+    }
+
     /// Whether a write, sync or commit failed (the device refused it: disk full, an I/O
     /// error): the store then refuses every write and commit, and acknowledges nothing
     /// more, until it is opened again (recovery replays what was durable).

@@ -858,6 +858,10 @@ impl Storage for MemberSet {
         self.remove_member_online(r, table_unsure)
     }
 
+    fn rebalance(&self, unsure: &dyn Fn()) -> Result<Rebalanced> {
+        self.rebalance_online(unsure)
+    }
+
     fn kind(&self) -> crate::volume::StorageKind {
         crate::volume::StorageKind::Members
     }

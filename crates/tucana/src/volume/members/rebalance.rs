@@ -41,6 +41,9 @@ pub struct Rebalanced {
     pub bytes_moved: u64,
     /// Groups per member afterwards, by member index (0 for a removed member).
     pub groups: Vec<u64>,
+    /// On the open volume: bytes writers wrote a second time, to a group being moved;
+    /// 0 offline.
+    pub rewritten_bytes: u64,
 }
 
 /// One group a rebalance moves: from where, to where.
@@ -135,6 +138,7 @@ impl MemberSet {
             groups_moved: moves.len() as u64,
             bytes_moved,
             groups: placement.groups.clone(),
+            rewritten_bytes: 0,
         })
     }
 
@@ -142,7 +146,7 @@ impl MemberSet {
     /// from the live member with the most groups (the lowest index on a tie) to the one
     /// with room with the fewest (likewise), the lowest group `from` holds outside its
     /// slot 0 (a member's identity); `None` once they differ by one at most.
-    fn next_move(&self, placement: &Placement) -> Option<(u64, usize, u64, usize)> {
+    pub(super) fn next_move(&self, placement: &Placement) -> Option<(u64, usize, u64, usize)> {
         let live: Vec<usize> = (0..self.members.len())
             .filter(|&m| !self.members[m].takes_nothing())
             .collect();
@@ -168,7 +172,7 @@ impl MemberSet {
 
     /// The header of `group`'s copy on member `to`: rebalanced from `from`, one move more
     /// than the header of its slot there.
-    fn rebalanced_header(
+    pub(super) fn rebalanced_header(
         &self,
         group: u64,
         from: usize,
