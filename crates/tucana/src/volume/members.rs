@@ -10,14 +10,16 @@
 //! headers for `check`. Reading headers (both copies of the table) and adding a member
 //! are `members/table.rs`'s; open's per-member checks `members/checks.rs`'s; removing a
 //! member `members/remove.rs`'s (closed volume) and `members/moving.rs`'s (open one, with
-//! the second write of a piece of a moving group). Does not own: the members' I/O (each
+//! the second write of a piece of a moving group); rebalancing groups and settling two
+//! slots that claim one group at open `members/rebalance.rs`'s (its online steps are in
+//! `moving.rs`). Does not own: the members' I/O (each
 //! is a `Storage`: `FileStorage` with its own mapping, or memory in tests), what the
 //! bytes mean, nor which blocks are free (`alloc`).
 //!
 //! Thread-safety: `Send + Sync`. Map entries are atomics published once (after their
-//! slot header was written) and read without a lock; only a removal on the open volume
-//! changes a published entry (marks it moving, then switches it to its new slot: see
-//! `moving.rs` for why writers lose nothing). The member list is append-only
+//! slot header was written) and read without a lock; only a removal or a rebalance on the
+//! open volume changes a published entry (marks it moving, then switches it to its new
+//! slot: see `moving.rs` for why writers lose nothing). The member list is append-only
 //! (`MemberList`: a member added to the open volume is published before any map entry
 //! names it); placement, growth, adds and a removal's steps serialise on `grow_lock`. I/O
 //! to disjoint ranges runs in parallel, as for one file.

@@ -2,12 +2,16 @@
 //! volume*): the member drains (placement and dispatch pass over it), each of its groups
 //! is copied to a slot of another member while writes to it are written to both, the
 //! table marks it removed, and then the groups' map entries switch to their new slots.
+//! And rebalancing the open volume (DESIGN.md, "Rebalancing onto a member"): the same
+//! move, one group at a time from a member that stays live, the copy's header written
+//! and synced before the switch, the old slot's header zeroed after it.
 //!
 //! Owns: the groups being moved (`Moves`: their targets and the lock that orders a piece
 //! of the copy with the writes that reach it), writing a piece again where its group
-//! goes, and the online removal's steps. Does not own: the offline removal's refusals,
-//! slot choice, copy and table write (`remove.rs`, reused here), nor the write path's
-//! first write (`members.rs`).
+//! goes, and the online removal's and rebalance's steps. Does not own: the offline
+//! removal's refusals, slot choice, copy and table write (`remove.rs`, reused here), the
+//! rebalance's plan and header (`rebalance.rs`), nor the write path's first write
+//! (`members.rs`).
 //!
 //! Why no write is lost on the new slot. A writer writes its piece where the map entry
 //! it loaded says, then loads the entry again (sequentially consistent, as the removal's
@@ -19,7 +23,8 @@
 //! and wrote the piece again, under the lock, after or instead of the copy's piece. Two
 //! writers never write one range at once (the engine writes disjoint extents).
 //!
-//! Thread-safety: one removal at a time (`Moves::removal`); placement steps under the
+//! Thread-safety: one removal or rebalance at a time (`Moves::removal`); placement steps
+//! under the
 //! set's `grow_lock`, the copy outside it (growth on other members goes on); writes to a
 //! moving group take `Moves::lock` for their second write only.
 
