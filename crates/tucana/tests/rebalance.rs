@@ -158,7 +158,7 @@ fn an_open_volume_is_rebalanced_while_writers_and_a_reader_run() {
                 while !stop.load(Ordering::Acquire) || n < 2_000 {
                     ks.put(&new_key(w, n), &value(n, 3)).unwrap();
                     n += 1;
-                    if n % 500 == 0 {
+                    if n.is_multiple_of(500) {
                         db.sync().unwrap();
                     }
                 }
@@ -218,7 +218,7 @@ fn a_single_file_and_a_volume_open_elsewhere_are_refused_with_nothing_written() 
     let db = options().open(&single).unwrap();
     db.close().unwrap();
     let before = snapshot(dir.path());
-    let refused = options().rebalance(&[&single]).err().expect("refused");
+    let refused = options().rebalance(&[&single]).expect_err("refused");
     assert!(
         refused.to_string().contains("nothing to rebalance"),
         "{refused}"
@@ -231,7 +231,7 @@ fn a_single_file_and_a_volume_open_elsewhere_are_refused_with_nothing_written() 
     let db = options().open_members(&paths).unwrap();
     db.close().unwrap();
     let db = options().open_members(&paths).unwrap();
-    let open_elsewhere = options().rebalance(&paths).err().expect("refused");
+    let open_elsewhere = options().rebalance(&paths).expect_err("refused");
     assert!(
         matches!(open_elsewhere, tucana::Error::Locked),
         "{open_elsewhere}"
