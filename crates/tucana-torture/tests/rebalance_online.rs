@@ -55,6 +55,10 @@ fn a_rebalance_of_an_open_volume_while_writing_keeps_every_acknowledged_put() {
     let sim = Arc::new(SimStorage::from_image(unbalanced_volume(), 1));
     let (done, acknowledged, db) = rebalance_while_writing(&sim, || {});
     let done = done.expect("rebalance the open volume");
+    eprintln!(
+        "online rebalance: {} groups, {} bytes moved, {} bytes written twice, beside {acknowledged} acknowledged puts",
+        done.groups_moved, done.bytes_moved, done.rewritten_bytes
+    );
     assert_eq!((done.groups_moved, done.groups.clone()), (2, vec![3, 3, 3]));
     assert!(acknowledged > PUTS_BEFORE_OP, "the writer went on");
     let groups: Vec<u64> = db.stats().members.iter().map(|m| m.groups).collect();
