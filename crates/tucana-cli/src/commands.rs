@@ -126,6 +126,7 @@ pub fn run(db: &Database, keyspace: &str, command: Command) -> Result<Outcome, C
         Command::Cluster(_) => unreachable!("cluster is dispatched by main"),
         Command::AddMember { .. } => unreachable!("add-member is dispatched by main"),
         Command::RemoveMember { .. } => unreachable!("remove-member is dispatched by main"),
+        Command::Rebalance => unreachable!("rebalance is dispatched by main"),
         Command::Replication(args) => replication::run_on_volume(db, &args)?,
     };
     out.flush()?;

@@ -217,6 +217,15 @@ pub enum Command {
         /// The member's file or block device, as given to --member.
         path: PathBuf,
     },
+    /// Moves whole groups from the members holding the most to those holding the fewest
+    /// until they differ by one at most (a member's first group stays), so data written
+    /// before a member was added is spread onto it; prints what moved and the groups per
+    /// member, then checks the volume. The volume must be closed.
+    ///
+    /// Refused, with nothing written: a single-file volume, a volume open elsewhere, a
+    /// wrong member set. Interrupted, the volume opens (each group on its old slot or its
+    /// new one) and the rebalance can be run again. A balanced volume moves nothing.
+    Rebalance,
     /// Serves the volume over RESP (the Redis protocol) until SIGINT, SIGTERM or SHUTDOWN.
     ///
     /// Redis clients, redis-cli and redis-benchmark work against it. SELECT 0 is the
@@ -367,6 +376,9 @@ fn run(cli: Cli) -> Result<Outcome, CliError> {
     if let Command::RemoveMember { path } = &cli.command {
         return remove_member(&cli, path);
     }
+    if let Command::Rebalance = &cli.command {
+        return rebalance(&cli);
+    }
     let db = if cli.command.only_reads() && cli.members.is_empty() {
         open_read_only(&cli.db)?
     } else {
@@ -465,6 +477,37 @@ fn remove_member(cli: &Cli, path: &Path) -> Result<Outcome, CliError> {
     checked?;
     closed?;
     println!("checked the volume over {} members", left.len());
+    Ok(Outcome::Done)
+}
+
+/// `rebalance`: evens out the groups over the members, prints what moved and the groups
+/// per member, then opens the volume and checks it.
+fn rebalance(cli: &Cli) -> Result<Outcome, CliError> {
+    let mut paths = vec![cli.db.clone()];
+    paths.extend(cli.members.iter().cloned());
+    let options = cli.volume_options(Database::builder());
+    let done = options.rebalance(&paths).map_err(|e| {
+        CliError::from(e).context(format_args!(
+            "cannot rebalance the volume over {} members at {}",
+            paths.len(),
+            cli.db.display()
+        ))
+    })?;
+    let groups: Vec<String> = done.groups.iter().map(u64::to_string).collect();
+    println!(
+        "rebalanced: {} groups, {} bytes moved; groups per member: {}",
+        done.groups_moved,
+        done.bytes_moved,
+        groups.join(" ")
+    );
+    let db = open_members_with(&cli.db, &paths[1..], false, options)?;
+    let checked = db
+        .check()
+        .map_err(|e| CliError::from(e).context("checking the volume after the rebalance"));
+    let closed = db.close().map_err(CliError::from);
+    checked?;
+    closed?;
+    println!("checked the volume over {} members", paths.len());
     Ok(Outcome::Done)
 }
 

@@ -105,6 +105,11 @@ pub struct ServeArgs {
     /// out of the next start); off by default.
     #[arg(long)]
     enable_remove_member_command: bool,
+    /// Serve TUCANA.REBALANCE, which moves whole groups between the members of the
+    /// served volume while it serves, until they hold as many groups within one (data
+    /// written before a member was added is spread onto it); off by default.
+    #[arg(long)]
+    enable_rebalance_command: bool,
     /// Keyspace notifications to publish (Redis's `notify-keyspace-events` flags, e.g.
     /// `KEA`; empty: none). `CONFIG SET notify-keyspace-events` changes them at run time.
     #[arg(long, default_value = "", value_name = "FLAGS")]
@@ -293,6 +298,7 @@ impl ServeArgs {
             enable_debug_command: self.enable_debug_command,
             enable_add_member_command: self.enable_add_member_command,
             enable_remove_member_command: self.enable_remove_member_command,
+            enable_rebalance_command: self.enable_rebalance_command,
             notify_keyspace_events: self.notify_keyspace_events.clone(),
             ..ServerConfig::default()
         };

@@ -350,6 +350,39 @@ fn remove_member_moves_a_members_groups_and_the_volume_opens_without_it() {
 }
 
 #[test]
+fn rebalance_spreads_groups_onto_an_added_member_and_then_moves_nothing() {
+    // Two members of one group each, a third added (with the next group): balanced
+    // already (1/1/1), so nothing moves; the verb's output and check are what is tested
+    // here (groups moving over member files is `tucana`'s `tests/rebalance.rs`).
+    let volume = Volume::new();
+    let m1 = volume.dir.path().join("m1");
+    let m2 = volume.dir.path().join("m2");
+    let (m1, m2) = (m1.to_str().unwrap(), m2.to_str().unwrap());
+    volume.ok(&["--member", m1, "put", "a", "1"]);
+    volume.ok(&["--member", m1, "add-member", m2]);
+    let out = volume.ok(&["--member", m1, "--member", m2, "rebalance"]);
+    assert!(
+        out.contains("rebalanced: 0 groups, 0 bytes moved; groups per member: 1 1 1"),
+        "{out}"
+    );
+    assert!(out.contains("checked the volume over 3 members"), "{out}");
+    assert_eq!(
+        volume.ok(&["--member", m1, "--member", m2, "get", "a"]),
+        "1\n"
+    );
+    // A single-file volume is refused.
+    let single = Volume::new();
+    single.ok(&["put", "a", "1"]);
+    let refused = single.run(&["rebalance"]);
+    assert_ne!(refused.status.code(), Some(0));
+    assert!(
+        stderr(&refused).contains("nothing to rebalance"),
+        "{}",
+        stderr(&refused)
+    );
+}
+
+#[test]
 fn stats_is_json_with_a_keys_field() {
     let volume = Volume::new();
     volume.ok(&["put", "a", "1"]);

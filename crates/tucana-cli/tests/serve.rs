@@ -522,6 +522,59 @@ fn tucana_addmember_grows_a_served_volume_and_a_restart_takes_the_new_member() {
 /// so), writes go on, a restart with the old command line is refused naming the removed
 /// member, and a restart over the two left serves every value.
 #[test]
+fn tucana_rebalance_is_refused_without_its_flag_and_reports_groups_per_member() {
+    // A served volume over two members and one added: one group each, balanced, so
+    // nothing moves (groups moving while a server writes is `tucana`'s
+    // `tests/rebalance.rs`); what is tested here is the gate, the reply and INFO.
+    let dir = tempfile::tempdir().unwrap();
+    let paths: Vec<PathBuf> = (0..3)
+        .map(|i| dir.path().join(format!("member{i}.tucana")))
+        .collect();
+    let p = |i: usize| paths[i].display().to_string();
+    let args = [
+        "--member".to_string(),
+        p(1),
+        "--durability".into(),
+        "sync".into(),
+        "--enable-add-member-command".into(),
+    ];
+    let mut args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let rebalance = |con: &mut redis::Connection| -> redis::RedisResult<String> {
+        redis::cmd("TUCANA.REBALANCE").query(con)
+    };
+    let mut served = serve(&paths[0], &args);
+    let mut con = served.connect();
+    let err = rebalance(&mut con).unwrap_err().to_string();
+    assert!(err.contains("--enable-rebalance-command"), "{err}");
+    assert!(served.signal("-TERM").success());
+
+    args.push("--enable-rebalance-command");
+    let mut served = serve(&paths[0], &args);
+    let mut con = served.connect();
+    put_kilobyte_values(&mut con, 0..2000);
+    let added: String = redis::cmd("TUCANA.ADDMEMBER")
+        .arg(p(2))
+        .query(&mut con)
+        .unwrap();
+    assert!(added.starts_with("index=2 "), "{added}");
+    let reply = rebalance(&mut con).unwrap();
+    assert_eq!(
+        reply, "groups_moved=0 bytes_moved=0 rewritten_bytes=0 groups=1,1,1",
+        "{reply}"
+    );
+    let info: String = redis::cmd("INFO").arg("members").query(&mut con).unwrap();
+    for m in 0..3 {
+        let line = info
+            .lines()
+            .find(|l| l.starts_with(&format!("member{m}:")))
+            .unwrap_or_else(|| panic!("no member{m} in {info}"));
+        assert!(line.contains("groups=1"), "{line}");
+    }
+    put_kilobyte_values(&mut con, 2000..3000);
+    assert!(served.signal("-TERM").success());
+}
+
+#[test]
 fn tucana_removemember_shrinks_a_served_volume_and_a_restart_leaves_it_out() {
     let dir = tempfile::tempdir().unwrap();
     let paths: Vec<PathBuf> = (0..3)

@@ -190,6 +190,10 @@ pub struct ServerConfig {
     /// takes it out of the open volume). Off by default: it lets a client start a copy of
     /// a whole member and change which paths the next start needs.
     pub enable_remove_member_command: bool,
+    /// Serve `TUCANA.REBALANCE` (moves whole groups between the members of the open
+    /// volume until they hold as many, within one). Off by default: it lets a client start
+    /// copies of whole groups (128 MiB each) on the served volume.
+    pub enable_rebalance_command: bool,
     /// The bound on a Pub/Sub subscriber's queued output (Redis's
     /// `client-output-buffer-limit pubsub`; `CONFIG SET` changes it at run time).
     pub pubsub_limit: OutputLimit,
@@ -226,6 +230,7 @@ impl Default for ServerConfig {
             enable_debug_command: false,
             enable_add_member_command: false,
             enable_remove_member_command: false,
+            enable_rebalance_command: false,
             pubsub_limit: OutputLimit::default(),
             notify_keyspace_events: String::new(),
         }

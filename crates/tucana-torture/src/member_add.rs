@@ -1,9 +1,10 @@
 //! What the tests of adding and removing a member share (`tests/add_member.rs`, the add to
 //! a closed volume; `tests/add_member_online.rs`, the add to an open one;
-//! `tests/remove_member.rs`): the records a volume is filled with, closed two- and
-//! three-member volumes holding them, opening over some windows of the simulated disk,
-//! and the checks made after a crash (every record there, `check` passes, and new
-//! segments reach a given member).
+//! `tests/remove_member.rs`; `tests/rebalance.rs` and `tests/rebalance_online.rs`): the
+//! records a volume is filled with, closed two- and three-member volumes holding them
+//! (and one whose groups are uneven, for the rebalance), opening over some windows of
+//! the simulated disk, and the checks made after a crash (every record there, `check`
+//! passes, new segments reach a given member, each group found once with its marker).
 //!
 //! Owns: the records' keys and values and those checks. Does not own: the windows and the
 //! add itself (`members`), nor the crash model (`sim`).
@@ -112,6 +113,71 @@ pub fn writes_reach_member(db: &Database, ks: &Keyspace, member: usize, where_: 
         "{where_}: no writes dispatched to member {member}: {:?}",
         stats.members
     );
+}
+
+/// Bytes of a group (a member slot).
+const SLOT_BYTES: u64 = 128 << 20;
+
+/// Groups of `unbalanced_volume` before its third member was added, and with it.
+pub const UNEVEN_GROUPS: u64 = 8;
+pub const UNEVEN_GROUPS_WITH_ADDED: u64 = UNEVEN_GROUPS + 1;
+
+fn marker(group: u64) -> Vec<u8> {
+    format!("marker of group {group} ").repeat(64).into_bytes()
+}
+
+/// Where group `group`'s marker is: its last 64 KiB (space the engine has not reached).
+fn marker_at(group: u64) -> u64 {
+    (group + 1) * SLOT_BYTES - (64 << 10)
+}
+
+/// Two members grown to `UNEVEN_GROUPS` groups (4 each, round-robin) before the engine
+/// created its volume on them (so its allocator's bitmaps are in every group), `RECORDS`
+/// records (round 0) in keyspace `k`, a synced marker at the end of every group, then a
+/// third member added with group 8: 4/4/1 groups. Closed: its durable image.
+pub fn unbalanced_volume() -> Image {
+    let sim = Arc::new(SimStorage::new(17));
+    let storage = members::volume_grown(&sim, 2, UNEVEN_GROUPS).unwrap();
+    let db = workload::open(workload::options(false), &storage).unwrap();
+    let ks = db.keyspace("k").unwrap();
+    for i in 0..RECORDS {
+        ks.put(&key(i), &value(i, 0)).unwrap();
+    }
+    db.close().unwrap();
+    drop(storage);
+    let storage = members::volume(&sim, 2).unwrap();
+    for g in 0..UNEVEN_GROUPS {
+        storage.write_at(marker_at(g), &marker(g)).unwrap();
+    }
+    storage.sync().unwrap();
+    drop(storage);
+    members::add_member(&sim, 2).unwrap();
+    sim.durable_image()
+}
+
+/// Over `unbalanced_volume`'s three members, as a member set: each group has one place
+/// (open refuses two claimants it does not resolve) and every marker is there. Returns
+/// the groups per member.
+pub fn groups_and_markers(sim: &Arc<SimStorage>, where_: &str) -> Vec<u64> {
+    let storage = members::volume(sim, 3).unwrap_or_else(|e| panic!("{where_}: open: {e}"));
+    for g in 0..UNEVEN_GROUPS_WITH_ADDED {
+        assert!(
+            storage.member_of(g * SLOT_BYTES).is_some(),
+            "{where_}: group {g}"
+        );
+    }
+    for g in 0..UNEVEN_GROUPS {
+        let mut back = vec![0u8; marker(g).len()];
+        storage.read_at(marker_at(g), &mut back).unwrap();
+        assert!(back == marker(g), "{where_}: marker of group {g} lost");
+    }
+    let groups: Vec<u64> = storage.members().iter().map(|m| m.groups).collect();
+    assert_eq!(
+        groups.iter().sum::<u64>(),
+        UNEVEN_GROUPS_WITH_ADDED,
+        "{where_}: {groups:?}"
+    );
+    groups
 }
 
 pub fn writer_key(i: u64) -> Vec<u8> {

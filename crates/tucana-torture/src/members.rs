@@ -4,7 +4,9 @@
 //! the next window as a member of a closed volume, `new_member` gives it for an add to an
 //! open one (the adds' power-loss tests, `tests/add_member.rs`, `tests/add_member_online.rs`,
 //! over `member_add`'s volume and checks); `remove_member` removes one from a closed
-//! volume and `volume_over` opens the windows left (`tests/remove_member.rs`).
+//! volume and `volume_over` opens the windows left (`tests/remove_member.rs`);
+//! `volume_grown` makes a volume of more groups than members and `rebalance` evens its
+//! groups out (`tests/rebalance.rs`).
 //!
 //! Owns: the window (`Window`, a `Storage` that shifts offsets into its range and keeps
 //! its own length) and the member lengths read back from a crash image. Does not own: the
@@ -21,7 +23,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use tucana::volume::{AddedMember, MemberSet, RemovedMember, Storage};
+use tucana::volume::{AddedMember, MemberSet, Rebalanced, RemovedMember, Storage};
 use tucana::Result;
 
 use crate::sim::{SimStorage, BLOCK_BYTES};
@@ -94,6 +96,24 @@ pub fn remove_member(
     position: usize,
 ) -> Result<RemovedMember> {
     MemberSet::remove_member(windows_at(sim, which), position)
+}
+
+/// A fresh volume over windows `0..members` of `sim` (which must be empty), grown to
+/// `groups` groups placed round-robin before the engine creates its volume on it (so its
+/// allocator covers every group).
+pub fn volume_grown(
+    sim: &Arc<SimStorage>,
+    members: usize,
+    groups: u64,
+) -> Result<Arc<dyn Storage>> {
+    let set = MemberSet::open(windows(sim, members), true)?;
+    set.grow(groups * SLOT_BYTES)?;
+    Ok(Arc::new(set))
+}
+
+/// Rebalances the closed volume over windows `0..members` (`MemberSet::rebalance`).
+pub fn rebalance(sim: &Arc<SimStorage>, members: usize) -> Result<Rebalanced> {
+    MemberSet::rebalance(windows(sim, members))
 }
 
 /// Adds window `members` as the next member of the closed volume over windows

@@ -104,6 +104,19 @@ impl Options {
         )
     }
 
+    /// Rebalances the closed volume over `paths` (every current member, in order;
+    /// DESIGN.md, "Rebalancing onto a member"): groups move from the members holding the
+    /// most to those holding the fewest until they differ by one at most, so data written
+    /// before a member was added is spread onto it. Errors:
+    /// `MemberSet::rebalance_paths`'s (a single file, a volume open elsewhere, a wrong
+    /// member set), each before anything is written; I/O errors (the volume opens, and
+    /// the rebalance may be run again).
+    pub fn rebalance<P: AsRef<Path>>(&self, paths: &[P]) -> Result<crate::volume::Rebalanced> {
+        let paths: Vec<std::path::PathBuf> =
+            paths.iter().map(|p| p.as_ref().to_path_buf()).collect();
+        crate::volume::MemberSet::rebalance_paths(&paths, self.mapping_reservation_bytes)
+    }
+
     /// Opens a volume held in memory (lost when dropped); for tests and tools.
     pub fn open_in_memory(self) -> Result<Database> {
         self.open_storage(Arc::new(crate::volume::MemStorage::new()))
@@ -250,6 +263,18 @@ impl Database {
     /// durable is then unknown; the next open decides, as after a crash).
     pub fn remove_member(&self, path: &Path) -> Result<crate::volume::RemovedMember> {
         self.engine.remove_member(&path.display().to_string())
+    }
+
+    /// Rebalances this open volume over several members (DESIGN.md, "Rebalancing onto a
+    /// member"): groups move, one at a time and while reads and writes go on, from the
+    /// members holding the most to those holding the fewest until they differ by one at
+    /// most (a member's first group stays), so data written before a member was added is
+    /// spread onto it. A balanced volume moves nothing. Errors: a single-file volume, a
+    /// removal or a rebalance already running (nothing written); I/O errors (a move not
+    /// begun is undone); a failed write or sync of a moved group's header poisons the
+    /// store (the next open decides which copy holds the group, as after a crash).
+    pub fn rebalance(&self) -> Result<crate::volume::Rebalanced> {
+        self.engine.rebalance()
     }
 
     /// Whether a write, sync or commit failed (the device refused it: disk full, an I/O

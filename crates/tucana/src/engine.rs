@@ -385,6 +385,12 @@ impl Engine {
             .remove_member(name, &|| shared.poison())
     }
 
+    pub fn rebalance(&self) -> Result<crate::volume::Rebalanced> {
+        let shared = &self.shared;
+        shared.check_writable()?;
+        shared.volume.storage().rebalance(&|| shared.poison())
+    }
+
     pub fn is_poisoned(&self) -> bool {
         self.shared.is_poisoned()
     }

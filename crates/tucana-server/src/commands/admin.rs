@@ -1,6 +1,6 @@
 //! Commands about the server rather than the data: COMMAND (the table as clients read
 //! it), CONFIG GET and SET (the run-time settings are `settings`'), TIME, SAVE, BGSAVE,
-//! BGREWRITEAOF, SHUTDOWN, TUCANA.ADDMEMBER, TUCANA.REMOVEMEMBER (INFO has its own file,
+//! BGREWRITEAOF, SHUTDOWN, TUCANA.ADDMEMBER, TUCANA.REMOVEMEMBER, TUCANA.REBALANCE (INFO has its own file,
 //! `info`).
 //!
 //! Owns how the command table, the configuration and the engine's maintenance (commit,
@@ -222,6 +222,37 @@ pub(super) fn cmd_removemember(call: &mut Call<'_>, args: &[Vec<u8>]) -> tucana:
             .into_bytes(),
         ),
         Err(e) => member_error("REMOVEMEMBER", &e),
+    })
+}
+
+/// `TUCANA.REBALANCE`: moves whole groups between the members of the served volume,
+/// one at a time while it serves, until they hold as many groups within one
+/// (`Database::rebalance`; DESIGN.md, "Rebalancing onto a member"), so data written
+/// before a member was added is spread onto it. Replies `groups_moved=… bytes_moved=…
+/// rewritten_bytes=… groups=a,b,…` (groups per member after it); a refusal (a single
+/// file, a removal or rebalance running) is an `ERR` naming why. The copies run on a
+/// blocking thread. Served only with `--enable-rebalance-command`.
+pub(super) fn cmd_rebalance(call: &mut Call<'_>, _args: &[Vec<u8>]) -> tucana::Result<Reply> {
+    if !call.state.config.enable_rebalance_command {
+        return Ok(Reply::error(
+            "ERR TUCANA.REBALANCE not allowed: start the server with --enable-rebalance-command",
+        ));
+    }
+    Ok(match call.state.store.db.rebalance() {
+        Ok(done) => {
+            let groups: Vec<String> = done.groups.iter().map(u64::to_string).collect();
+            Reply::Bulk(
+                format!(
+                    "groups_moved={} bytes_moved={} rewritten_bytes={} groups={}",
+                    done.groups_moved,
+                    done.bytes_moved,
+                    done.rewritten_bytes,
+                    groups.join(",")
+                )
+                .into_bytes(),
+            )
+        }
+        Err(e) => member_error("REBALANCE", &e),
     })
 }
 

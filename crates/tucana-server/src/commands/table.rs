@@ -15,8 +15,8 @@ use std::sync::OnceLock;
 use crate::resp::Reply;
 
 use super::admin::{
-    cmd_addmember, cmd_bgrewriteaof, cmd_bgsave, cmd_command, cmd_config, cmd_removemember,
-    cmd_replicaof, cmd_save, cmd_shutdown, cmd_time, cmd_wait,
+    cmd_addmember, cmd_bgrewriteaof, cmd_bgsave, cmd_command, cmd_config, cmd_rebalance,
+    cmd_removemember, cmd_replicaof, cmd_save, cmd_shutdown, cmd_time, cmd_wait,
 };
 use super::blocking::{
     cmd_blmove, cmd_blmpop, cmd_blpop, cmd_brpop, cmd_brpoplpush, cmd_bzmpop, cmd_bzpopmax,
@@ -453,6 +453,13 @@ fn member_specs() -> Vec<Spec> {
             NOMULTI,
             NO_KEYS,
             blocking(cmd_removemember)
+        ),
+        spec!(
+            "tucana.rebalance",
+            1,
+            NOMULTI,
+            NO_KEYS,
+            blocking(cmd_rebalance)
         ),
     ]
 }

@@ -10,14 +10,16 @@
 //! headers for `check`. Reading headers (both copies of the table) and adding a member
 //! are `members/table.rs`'s; open's per-member checks `members/checks.rs`'s; removing a
 //! member `members/remove.rs`'s (closed volume) and `members/moving.rs`'s (open one, with
-//! the second write of a piece of a moving group). Does not own: the members' I/O (each
+//! the second write of a piece of a moving group); rebalancing groups and settling two
+//! slots that claim one group at open `members/rebalance.rs`'s (its online steps are in
+//! `moving.rs`). Does not own: the members' I/O (each
 //! is a `Storage`: `FileStorage` with its own mapping, or memory in tests), what the
 //! bytes mean, nor which blocks are free (`alloc`).
 //!
 //! Thread-safety: `Send + Sync`. Map entries are atomics published once (after their
-//! slot header was written) and read without a lock; only a removal on the open volume
-//! changes a published entry (marks it moving, then switches it to its new slot: see
-//! `moving.rs` for why writers lose nothing). The member list is append-only
+//! slot header was written) and read without a lock; only a removal or a rebalance on the
+//! open volume changes a published entry (marks it moving, then switches it to its new
+//! slot: see `moving.rs` for why writers lose nothing). The member list is append-only
 //! (`MemberList`: a member added to the open volume is published before any map entry
 //! names it); placement, growth, adds and a removal's steps serialise on `grow_lock`. I/O
 //! to disjoint ranges runs in parallel, as for one file.
@@ -206,6 +208,8 @@ impl MemberSet {
                 table: if i == 0 { uuids.clone() } else { Vec::new() },
                 generation: 0,
                 moved_from: None,
+                rebalanced_from: None,
+                rebalanced_moves: 0,
             };
             if i == 0 {
                 // Recovery creates a volume whose slots hold this marker, and only such
@@ -287,18 +291,12 @@ impl MemberSet {
                     )
                 })?;
                 let packed = ((m as u64 + 1) << SLOT_BITS) | slot;
-                if let Err(old) =
+                if let Err(held) =
                     entry.compare_exchange(0, packed, Ordering::AcqRel, Ordering::Acquire)
                 {
-                    let (om, oslot) = unpack(old);
-                    return Err(set.corrupt(
-                        m,
-                        slot,
-                        format!(
-                            "holds group {}, as does slot {oslot} of member {om} ({})",
-                            h.group, set.members[om].name
-                        ),
-                    ));
+                    // Two claimants: a rebalance's copy and its source, or corruption.
+                    set.settle_claim(&mut placement, entry, held, (m, slot, &h))?;
+                    continue;
                 }
                 placement.groups[m] += 1;
                 highest = Some(highest.map_or(h.group, |g| g.max(h.group)));
@@ -368,6 +366,8 @@ impl MemberSet {
             table: Vec::new(),
             generation: 0,
             moved_from: None,
+            rebalanced_from: None,
+            rebalanced_moves: 0,
         };
         member
             .storage
@@ -860,6 +860,10 @@ impl Storage for MemberSet {
         self.remove_member_online(r, table_unsure)
     }
 
+    fn rebalance(&self, unsure: &dyn Fn()) -> Result<Rebalanced> {
+        self.rebalance_online(unsure)
+    }
+
     fn kind(&self) -> crate::volume::StorageKind {
         crate::volume::StorageKind::Members
     }
@@ -869,6 +873,7 @@ mod checks;
 mod member;
 mod moving;
 mod paths;
+mod rebalance;
 mod remove;
 mod table;
 
@@ -876,6 +881,7 @@ pub use checks::refuse_lone_member;
 use checks::{check_member, live, resumable_creation, swapped, with_removed};
 use member::{Member, MemberList};
 use moving::{write_member, Moves};
+pub use rebalance::Rebalanced;
 pub use remove::RemovedMember;
 pub(crate) use table::read_header;
 pub use table::AddedMember;

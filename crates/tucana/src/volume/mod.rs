@@ -33,7 +33,7 @@ pub use blockdev::BlockDevice;
 pub use dispatch::DispatchPolicy;
 pub use file::FileStorage;
 pub use mem::{FailingSync, MemStorage};
-pub use members::{AddedMember, MemberSet, MemberStats, RemovedMember};
+pub use members::{AddedMember, MemberSet, MemberStats, Rebalanced, RemovedMember};
 pub(crate) use mmap::MIN_RESERVATION_BYTES as DEFAULT_MAPPING_RESERVATION_BYTES;
 use std::sync::atomic::Ordering;
 pub use storage::{DeviceSpace, Storage, StorageKind};

@@ -17,6 +17,10 @@
 //!     48     8 group held by this slot
 //!     56     4 member count                  } slot 0 of member 0 only (the table);
 //!     60 16×n  member uuids in member order   } zero in every other header
+//!   4068     4 rebalance moves: 0, or the moves of the slot a rebalance copied this
+//!              group from + 1 (which of two claimants is newer)
+//!   4072     4 rebalanced from: 0, or 1 + the live member a rebalance copied this group
+//!              from (such a header wins over its source's; see `members/rebalance.rs`)
 //!   4076     4 moved from: 0, or 1 + the index of the removed member this group was
 //!              copied from (valid only once the table marks that member removed)
 //!   4080     4 zero
@@ -66,9 +70,11 @@ const HEADER_BYTES: usize = BLOCK_BYTES as usize;
 const CRC_AT: usize = HEADER_BYTES - 4;
 const GENERATION_AT: usize = CRC_AT - 8;
 const MOVED_FROM_AT: usize = GENERATION_AT - 8;
+const REBALANCED_FROM_AT: usize = MOVED_FROM_AT - 4;
+const MOVES_AT: usize = REBALANCED_FROM_AT - 4;
 const TABLE_AT: usize = 60;
 
-const _: () = assert!(TABLE_AT + 16 * MEMBERS_MAX <= MOVED_FROM_AT);
+const _: () = assert!(TABLE_AT + 16 * MEMBERS_MAX <= MOVES_AT);
 
 /// A 128-bit random identity.
 pub type Uuid = [u8; 16];
@@ -89,6 +95,12 @@ pub struct SlotHeader {
     /// The removed member this slot's group was copied from, if it was; such a header
     /// counts only once the table marks that member removed.
     pub moved_from: Option<u32>,
+    /// The live member a rebalance copied this slot's group from, if one did; such a
+    /// header wins over its source's when both claim the group (`rebalanced_moves`).
+    pub rebalanced_from: Option<u32>,
+    /// Rebalance moves of the group up to this slot: the source slot's + 1 (0 for a
+    /// header no rebalance wrote).
+    pub rebalanced_moves: u32,
 }
 
 impl SlotHeader {
@@ -109,6 +121,9 @@ impl SlotHeader {
         }
         let moved_from = self.moved_from.map_or(0, |m| m + 1);
         bytes[MOVED_FROM_AT..MOVED_FROM_AT + 4].copy_from_slice(&moved_from.to_le_bytes());
+        let rebalanced_from = self.rebalanced_from.map_or(0, |m| m + 1);
+        bytes[REBALANCED_FROM_AT..MOVED_FROM_AT].copy_from_slice(&rebalanced_from.to_le_bytes());
+        bytes[MOVES_AT..REBALANCED_FROM_AT].copy_from_slice(&self.rebalanced_moves.to_le_bytes());
         bytes[GENERATION_AT..CRC_AT].copy_from_slice(&self.generation.to_le_bytes());
         let crc = header_crc(&bytes);
         bytes[CRC_AT..].copy_from_slice(&crc.to_le_bytes());
@@ -137,12 +152,14 @@ impl SlotHeader {
         }
         let count = u32_at(56) as usize;
         let moved_from = u32_at(MOVED_FROM_AT).checked_sub(1);
+        let rebalanced_from = u32_at(REBALANCED_FROM_AT).checked_sub(1);
         if version != VERSION
             || count > MEMBERS_MAX
             || moved_from.is_some_and(|m| m as usize >= MEMBERS_MAX)
+            || rebalanced_from.is_some_and(|m| m as usize >= MEMBERS_MAX)
         {
             return Err(Error::NotAVolume(format!(
-                "{what}: slot header of version {version} with a table of {count} members (moved from {moved_from:?})"
+                "{what}: slot header of version {version} with a table of {count} members (moved from {moved_from:?}, rebalanced from {rebalanced_from:?})"
             )));
         }
         let uuid_at = |at: usize| -> Uuid { bytes[at..at + 16].try_into().expect("16 bytes") };
@@ -156,6 +173,8 @@ impl SlotHeader {
                 bytes[GENERATION_AT..CRC_AT].try_into().expect("8 bytes"),
             ),
             moved_from,
+            rebalanced_from,
+            rebalanced_moves: u32_at(MOVES_AT),
         }))
     }
 }
@@ -206,6 +225,8 @@ mod tests {
             table: (0..table).map(|i| [i as u8; 16]).collect(),
             generation: table as u64,
             moved_from: (table == 3).then_some(1),
+            rebalanced_from: (table == 0).then_some(0),
+            rebalanced_moves: table as u32 + 1,
         }
     }
 
@@ -241,6 +262,20 @@ mod tests {
             SlotHeader::decode(&bytes, "t").unwrap().unwrap().generation,
             0
         );
+    }
+
+    #[test]
+    fn a_header_no_rebalance_wrote_has_zeros_where_its_fields_are() {
+        // Builds before the rebalance neither write nor read bytes 4068..4076: their
+        // headers must decode as never rebalanced, and a plain header must keep them zero
+        // (so an older build's view of one is unchanged).
+        let mut h = sample(3);
+        h.rebalanced_from = None;
+        h.rebalanced_moves = 0;
+        let bytes = h.encode();
+        assert!(bytes[MOVES_AT..MOVED_FROM_AT].iter().all(|&b| b == 0));
+        let back = SlotHeader::decode(&bytes, "t").unwrap().unwrap();
+        assert_eq!((back.rebalanced_from, back.rebalanced_moves), (None, 0));
     }
 
     #[test]

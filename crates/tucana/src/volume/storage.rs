@@ -235,6 +235,18 @@ pub trait Storage: Send + Sync + 'static {
         ))
     }
 
+    /// Rebalances this open volume over several members (DESIGN.md, "Rebalancing onto a
+    /// member"): groups move, one at a time and while writes go on, from the members
+    /// holding the most to those holding the fewest, until they differ by one at most.
+    /// `unsure` is called when a moved group's header may be durable but its move could
+    /// not finish. The default refuses: a single-file volume has one member.
+    fn rebalance(&self, unsure: &dyn Fn()) -> Result<crate::volume::Rebalanced> {
+        let _ = unsure;
+        Err(crate::error::Error::InvalidArgument(
+            "a single-file volume has one member: there is nothing to rebalance".into(),
+        ))
+    }
+
     /// Re-reads and verifies what the backend keeps on the device about its own layout
     /// (a volume over several members: every slot header against the group map), for
     /// `check`. Errors name the member. The default has nothing to verify.

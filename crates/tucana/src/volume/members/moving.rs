@@ -2,12 +2,16 @@
 //! volume*): the member drains (placement and dispatch pass over it), each of its groups
 //! is copied to a slot of another member while writes to it are written to both, the
 //! table marks it removed, and then the groups' map entries switch to their new slots.
+//! And rebalancing the open volume (DESIGN.md, "Rebalancing onto a member"): the same
+//! move, one group at a time from a member that stays live, the copy's header written
+//! and synced before the switch, the old slot's header zeroed after it.
 //!
 //! Owns: the groups being moved (`Moves`: their targets and the lock that orders a piece
 //! of the copy with the writes that reach it), writing a piece again where its group
-//! goes, and the online removal's steps. Does not own: the offline removal's refusals,
-//! slot choice, copy and table write (`remove.rs`, reused here), nor the write path's
-//! first write (`members.rs`).
+//! goes, and the online removal's and rebalance's steps. Does not own: the offline
+//! removal's refusals, slot choice, copy and table write (`remove.rs`, reused here), the
+//! rebalance's plan and header (`rebalance.rs`), nor the write path's first write
+//! (`members.rs`).
 //!
 //! Why no write is lost on the new slot. A writer writes its piece where the map entry
 //! it loaded says, then loads the entry again (sequentially consistent, as the removal's
@@ -19,7 +23,8 @@
 //! and wrote the piece again, under the lock, after or instead of the copy's piece. Two
 //! writers never write one range at once (the engine writes disjoint extents).
 //!
-//! Thread-safety: one removal at a time (`Moves::removal`); placement steps under the
+//! Thread-safety: one removal or rebalance at a time (`Moves::removal`); placement steps
+//! under the
 //! set's `grow_lock`, the copy outside it (growth on other members goes on); writes to a
 //! moving group take `Moves::lock` for their second write only.
 
@@ -28,6 +33,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
+use super::rebalance::{zero_header, Rebalanced};
 use super::remove::{copy_slot_piecewise, RemovedMember, ONLINE_PIECE_BYTES};
 use super::{Member, MemberSet, MOVING_BIT, SLOT_BITS};
 use crate::error::{Error, Result};
@@ -42,11 +48,14 @@ pub(super) struct Moves {
     /// Held by the copy for each piece (read, then write) and by a writer's second
     /// write: orders the two on the target slot.
     lock: Mutex<()>,
-    /// Held for the whole of a removal on the open volume: one at a time.
+    /// Held for the whole of a removal or a rebalance on the open volume: one at a time.
     removal: Mutex<()>,
     /// Bytes writers wrote a second time during the running removal.
     rewritten_bytes: AtomicU64,
 }
+
+/// Why a second removal or rebalance on the open volume is refused.
+const ALREADY_RUNNING: &str = "a removal or a rebalance is already running";
 
 /// One group a removal moves: where it is and where it goes.
 #[derive(Clone, Copy)]
@@ -119,7 +128,7 @@ impl MemberSet {
             .moves
             .removal
             .try_lock()
-            .ok_or_else(|| Error::Members("a removal is already running".into()))?;
+            .ok_or_else(|| Error::Members(ALREADY_RUNNING.into()))?;
         self.moves.rewritten_bytes.store(0, Ordering::Relaxed);
         let plan = self.plan_moves(r)?;
         let copied = self.copy_planned(r, &plan);
@@ -138,7 +147,7 @@ impl MemberSet {
         let bytes_moved = match copied {
             Ok(bytes) => bytes,
             Err(e) => {
-                self.undo_moves(&mut placement, r, plan);
+                self.undo_moves(&mut placement, Some(r), plan);
                 return Err(e);
             }
         };
@@ -194,7 +203,7 @@ impl MemberSet {
             }
             Some(_) => {}
         }
-        self.clear_unfinished_moves(&placement, r)?;
+        self.clear_unfinished_moves(&placement, Some(r))?;
         self.members[r].draining.store(true, Ordering::SeqCst);
         let mut plan = Vec::new();
         for group in 0..placement.placed_groups {
@@ -204,7 +213,7 @@ impl MemberSet {
             let (target, slot, fresh) = match self.slot_for_move(&mut placement, r, group) {
                 Ok(place) => place,
                 Err(e) => {
-                    self.undo_moves(&mut placement, r, &plan);
+                    self.undo_moves(&mut placement, Some(r), &plan);
                     return Err(e);
                 }
             };
@@ -249,6 +258,8 @@ impl MemberSet {
                 table: Vec::new(),
                 generation: 0,
                 moved_from: Some(r as u32),
+                rebalanced_from: None,
+                rebalanced_moves: 0,
             };
             write_member(
                 target,
@@ -268,7 +279,7 @@ impl MemberSet {
 
     /// Puts back what `plan_moves` changed: the entries' bit, the targets' slots (free
     /// again: their pending headers count for nothing) and the member's drain.
-    fn undo_moves(&self, placement: &mut super::Placement, r: usize, plan: &[Planned]) {
+    fn undo_moves(&self, placement: &mut super::Placement, r: Option<usize>, plan: &[Planned]) {
         let _ordered = self.moves.lock.lock();
         let mut targets = self.moves.targets.lock();
         for p in plan.iter().rev() {
@@ -278,7 +289,137 @@ impl MemberSet {
             placement.groups[p.target] -= 1;
             placement.free_slots[p.target].push(p.slot);
         }
-        self.members[r].draining.store(false, Ordering::SeqCst);
+        if let Some(r) = r {
+            self.members[r].draining.store(false, Ordering::SeqCst);
+        }
+    }
+}
+
+impl MemberSet {
+    /// Rebalances this open volume (DESIGN.md, "Rebalancing onto a member"): one group at
+    /// a time, while writers run, from the live member with the most groups to the one
+    /// with the fewest, until they differ by one at most. `unsure` is called when a moved
+    /// group's header may be durable while its move cannot go on (its write or sync
+    /// failed): the engine then poisons itself, as the next open may take the copy.
+    /// Errors: a removal or rebalance already running (nothing written); I/O errors.
+    pub fn rebalance_online(&self, unsure: &dyn Fn()) -> Result<Rebalanced> {
+        let _one = self
+            .moves
+            .removal
+            .try_lock()
+            .ok_or_else(|| Error::Members(ALREADY_RUNNING.into()))?;
+        self.moves.rewritten_bytes.store(0, Ordering::Relaxed);
+        self.clear_unfinished_moves(&self.grow_lock.lock(), None)?;
+        let (mut groups_moved, mut bytes_moved) = (0, 0);
+        // Each move takes a group off the fullest member: at most every group once.
+        let most = self.grow_lock.lock().placed_groups;
+        for _ in 0..most {
+            let Some((from, p)) = self.plan_one_move()? else {
+                break;
+            };
+            bytes_moved += self.move_one(from, &p, unsure)?;
+            groups_moved += 1;
+        }
+        Ok(Rebalanced {
+            groups_moved,
+            bytes_moved,
+            groups: self.grow_lock.lock().groups.clone(),
+            rewritten_bytes: self.moves.rewritten_bytes.load(Ordering::Relaxed),
+        })
+    }
+
+    /// Under `grow_lock`: the next move, its target slot taken and the group marked
+    /// moving; `None` when the members are within one group.
+    fn plan_one_move(&self) -> Result<Option<(usize, Planned)>> {
+        let mut placement = self.grow_lock.lock();
+        let Some((group, from, from_slot, target)) = self.next_move(&placement) else {
+            return Ok(None);
+        };
+        let (slot, fresh) = self.take_slot(&mut placement, target)?;
+        placement.groups[target] += 1;
+        self.moves.targets.lock().insert(group, (target, slot));
+        let entry = self.entry(group).expect("a placed group has an entry");
+        entry.fetch_or(MOVING_BIT, Ordering::SeqCst);
+        let planned = Planned {
+            group,
+            from_slot,
+            target,
+            slot,
+            fresh,
+        };
+        Ok(Some((from, planned)))
+    }
+
+    /// One group's move: the copy (writes to it go to both slots meanwhile), synced; its
+    /// header, synced; the switch; the old header zeroed, synced. Returns the bytes
+    /// copied. A failure before the header's write undoes the move.
+    fn move_one(&self, from: usize, p: &Planned, unsure: &dyn Fn()) -> Result<u64> {
+        let (bytes, header) = match self.copy_one(from, p) {
+            Ok(copied) => copied,
+            Err(e) => {
+                // Nothing names the copy (its header block is still zero): undone.
+                self.undo_moves(&mut self.grow_lock.lock(), None, std::slice::from_ref(p));
+                return Err(e);
+            }
+        };
+        self.finish_one(from, p, &header, unsure)?;
+        Ok(bytes)
+    }
+
+    /// The copy of a moving group's slot, each piece under `Moves::lock`, and a sync of
+    /// the target; returns the bytes written and the header the copy will carry.
+    fn copy_one(&self, from: usize, p: &Planned) -> Result<(u64, SlotHeader)> {
+        // The group's `MOVING_BIT` stored before any piece is read (see `copy_planned`).
+        std::sync::atomic::fence(Ordering::SeqCst);
+        let target = &self.members[p.target];
+        let bytes = copy_slot_piecewise(
+            &self.members[from],
+            p.from_slot,
+            target,
+            p.slot,
+            p.fresh,
+            ONLINE_PIECE_BYTES,
+            &|| self.moves.lock.lock(),
+        )?;
+        target.sync()?;
+        let header = self.rebalanced_header(p.group, from, p.from_slot, p.target)?;
+        Ok((bytes, header))
+    }
+
+    /// After the copy: its header, synced (from its write on, the next open may take
+    /// the copy, so a failure calls `unsure`); the switch; the old slot's header zeroed
+    /// and synced. The old slot is not reused until the next open: a reader may still
+    /// hold a mapped view of it.
+    fn finish_one(
+        &self,
+        from: usize,
+        p: &Planned,
+        header: &SlotHeader,
+        unsure: &dyn Fn(),
+    ) -> Result<()> {
+        let target = &self.members[p.target];
+        write_member(
+            target,
+            p.slot * SLOT_BYTES + HEADER_OFFSET,
+            &header.encode(),
+            false,
+        )
+        .and_then(|()| target.sync())
+        .inspect_err(|_| unsure())?;
+        {
+            let mut placement = self.grow_lock.lock();
+            let _ordered = self.moves.lock.lock();
+            let entry = self.entry(p.group).expect("a placed group has an entry");
+            entry.store(
+                ((p.target as u64 + 1) << SLOT_BITS) | p.slot,
+                Ordering::SeqCst,
+            );
+            self.moves.targets.lock().remove(&p.group);
+            placement.groups[from] -= 1;
+        }
+        let source = &self.members[from];
+        zero_header(source, p.from_slot)?;
+        source.sync()
     }
 }
 

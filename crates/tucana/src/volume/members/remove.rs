@@ -22,6 +22,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 
 use super::paths::{file_identity, NamedStorage};
+use super::rebalance::zero_header;
 use super::{read_header, Member, MemberSet, Placement};
 use crate::error::{Error, Result};
 use crate::types::BLOCK_BYTES;
@@ -30,7 +31,7 @@ use crate::volume::slot_header::{
 };
 
 /// Bytes read from the removed member at once (offline).
-const COPY_CHUNK_BYTES: usize = 16 << 20;
+pub(super) const COPY_CHUNK_BYTES: usize = 16 << 20;
 
 /// Bytes copied at once on the open volume: a write to a moving group waits for at most
 /// one such piece (a read and a write of 4 MiB: a few ms on an SSD).
@@ -110,7 +111,7 @@ impl MemberSet {
     /// cleared, every group of member `r` copied and headed, the copies synced, then the
     /// table with `r` removed over its older copy, synced.
     fn remove_under_lock(&self, placement: &mut Placement, r: usize) -> Result<RemovedMember> {
-        self.clear_unfinished_moves(placement, r)?;
+        self.clear_unfinished_moves(placement, Some(r))?;
         let groups: Vec<(u64, u64)> = (0..placement.placed_groups)
             .filter_map(|g| self.lookup(g).filter(|&(m, _)| m == r).map(|(_, s)| (g, s)))
             .collect();
@@ -137,6 +138,8 @@ impl MemberSet {
                 table: Vec::new(),
                 generation: 0,
                 moved_from: Some(r as u32),
+                rebalanced_from: None,
+                rebalanced_moves: 0,
             };
             target
                 .storage
@@ -161,24 +164,24 @@ impl MemberSet {
         })
     }
 
-    /// Zeroes the headers an earlier removal of `r` left on free slots of the other
-    /// members (copies whose table never became durable), so this removal's table does
-    /// not make two slots claim one group; synced before any copy is written.
-    pub(super) fn clear_unfinished_moves(&self, placement: &Placement, r: usize) -> Result<()> {
+    /// Zeroes every header of this volume on a free slot of the members other than
+    /// `skip`: copies of an earlier removal whose table never became durable, and the
+    /// losing copy of a rebalance interrupted before it zeroed it (`rebalance.rs`); so
+    /// the next table or header written cannot make two slots claim one group that open
+    /// does not resolve. Each member is synced before any copy is written.
+    pub(super) fn clear_unfinished_moves(
+        &self,
+        placement: &Placement,
+        skip: Option<usize>,
+    ) -> Result<()> {
         for (m, member) in self.members.iter().enumerate() {
-            if m == r || member.removed {
+            if Some(m) == skip || member.removed {
                 continue;
             }
             for &slot in &placement.free_slots[m] {
                 let left = read_header(member.storage.as_ref(), slot, &member.name)?;
-                if left.is_some_and(|h| {
-                    h.volume_uuid == self.volume_uuid && h.moved_from == Some(r as u32)
-                }) {
-                    member.storage.write_at(
-                        slot * SLOT_BYTES + HEADER_OFFSET,
-                        &vec![0u8; BLOCK_BYTES as usize],
-                    )?;
-                    member.dirty.store(true, Ordering::Release);
+                if left.is_some_and(|h| h.volume_uuid == self.volume_uuid) {
+                    zero_header(member, slot)?;
                 }
             }
             member.sync()?;
@@ -204,13 +207,8 @@ impl MemberSet {
                     format!("no other member has room for group {group} of the member removed"),
                 ))
             })?;
-        if let Some(slot) = placement.free_slots[t].pop() {
-            return Ok((t, slot, false));
-        }
-        let slot = placement.slot_counts[t];
-        self.members[t].storage.grow((slot + 1) * SLOT_BYTES)?;
-        placement.slot_counts[t] = slot + 1;
-        Ok((t, slot, true))
+        let (slot, fresh) = self.take_slot(placement, t)?;
+        Ok((t, slot, fresh))
     }
 
     /// Writes the table with member `r`'s entry removed and the next generation over the

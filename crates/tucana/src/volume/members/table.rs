@@ -241,6 +241,8 @@ impl MemberSet {
             table: Vec::new(),
             generation: 0,
             moved_from: None,
+            rebalanced_from: None,
+            rebalanced_moves: 0,
         };
         new_storage.write_at(HEADER_OFFSET, &header.encode())?;
         new_storage.sync()?;

@@ -132,3 +132,82 @@ fn online_refusals_write_nothing() {
         written
     );
 }
+
+/// Ten groups over two members (five each), then a third member added with group 10:
+/// 5/5/1; the rebalance's first move takes group 2 (member 0, slot 1) to member 2.
+fn unbalanced() -> (Vec<Arc<MemStorage>>, MemberSet) {
+    let all = mems(3);
+    let set = MemberSet::open(named(&all[..2]), true).unwrap();
+    set.grow(10 * SLOT_BYTES).unwrap();
+    all[0].write_at(0, b"a superblock").unwrap();
+    for g in 0..10 {
+        set.write_at(g * SLOT_BYTES + (1 << 20), &bytes(g, 0))
+            .unwrap();
+    }
+    set.sync().unwrap();
+    drop(set);
+    let named = named(&all);
+    MemberSet::add_member(named[..2].to_vec(), named[2].clone(), true).unwrap();
+    let set = MemberSet::open(named, false).unwrap();
+    (all, set)
+}
+
+#[test]
+fn a_rebalance_moves_a_group_whose_writes_before_during_and_after_its_copy_all_land() {
+    // The online move of one group: a write before the copy (the copy reads it too), one
+    // between the copy and the switch (written to both slots), one after the switch
+    // (to the new slot only); then the rest of the rebalance, and a reopen reads all.
+    let (all, set) = unbalanced();
+    let (from, p) = set.plan_one_move().unwrap().unwrap();
+    assert_eq!((from, p.group, p.from_slot, p.target), (0, 2, 1, 2));
+    set.write_at(2 * SLOT_BYTES + (2 << 20), &bytes(2, 1))
+        .unwrap();
+    let (copied, header) = set.copy_one(from, &p).unwrap();
+    assert!(copied > 0);
+    set.write_uncached_at(2 * SLOT_BYTES + (3 << 20), &[9u8; 4096])
+        .unwrap();
+    // Both writes came after the group was marked moving: each written twice.
+    let twice = bytes(2, 1).len() as u64 + 4096;
+    assert_eq!(set.moves.rewritten_bytes.load(Ordering::Relaxed), twice);
+    set.finish_one(from, &p, &header, &|| panic!("no failure"))
+        .unwrap();
+    assert_eq!(set.lookup(2), Some((2, p.slot)));
+    set.write_at(2 * SLOT_BYTES + (4 << 20), &bytes(2, 2))
+        .unwrap();
+    // The old slot is not free on the open volume (a mapped view may still read it).
+    assert!(!set.grow_lock.lock().free_slots[0].contains(&1));
+    let rest = set.rebalance_online(&|| panic!("no failure")).unwrap();
+    assert_eq!((rest.groups_moved, rest.groups.clone()), (1, vec![4, 4, 3]));
+    set.verify().unwrap();
+    drop(set);
+    let set = MemberSet::open(named(&all), false).unwrap();
+    set.verify().unwrap();
+    assert_eq!(set.lookup(2), Some((2, p.slot)));
+    assert_eq!(read(&set, 2, 2 << 20, bytes(2, 1).len()), bytes(2, 1));
+    assert_eq!(read(&set, 2, 3 << 20, 4096), vec![9u8; 4096]);
+    assert_eq!(read(&set, 2, 4 << 20, bytes(2, 2).len()), bytes(2, 2));
+    for g in 0..10 {
+        assert_eq!(read(&set, g, 1 << 20, bytes(g, 0).len()), bytes(g, 0));
+    }
+    // Reopened, the old slots are free again, their headers zero.
+    assert_eq!(set.grow_lock.lock().free_slots[0], vec![1]);
+}
+
+#[test]
+fn a_failed_copy_of_a_rebalance_is_undone_and_a_second_runs_refused() {
+    let (_all, set) = unbalanced();
+    let (from, p) = set.plan_one_move().unwrap().unwrap();
+    // While one move holds the lock, a removal or another rebalance is refused.
+    {
+        let _one = set.moves.removal.lock();
+        let refused = set.rebalance_online(&|| ()).err().unwrap().to_string();
+        assert!(refused.contains("already running"), "{refused}");
+    }
+    set.undo_moves(&mut set.grow_lock.lock(), None, std::slice::from_ref(&p));
+    assert_eq!(set.lookup(2), Some((from, p.from_slot)));
+    assert_eq!(set.packed(2) & MOVING_BIT, 0);
+    assert_eq!(set.member_stats()[2].groups, 1);
+    assert!(set.grow_lock.lock().free_slots[2].contains(&p.slot));
+    let done = set.rebalance_online(&|| panic!("no failure")).unwrap();
+    assert_eq!(done.groups, vec![4, 4, 3]);
+}
