@@ -268,3 +268,32 @@ pub fn verify_acknowledged(db: &Database, acknowledged: u64, where_: &str) {
         );
     }
 }
+
+/// Runs `check(at_io)` for every crash point in `points` and returns the results in
+/// order. Each point builds its own simulated disk, so points are independent: they run
+/// on as many threads as the machine has cores (a power-loss test of a member operation
+/// re-runs the operation and checks several images per point, minutes on one core). A
+/// panic in any point fails the caller once every thread has stopped.
+pub fn at_every_crash_point<T: Send>(
+    points: std::ops::Range<u64>,
+    check: impl Fn(u64) -> T + Sync,
+) -> Vec<T> {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let next = std::sync::atomic::AtomicU64::new(points.start);
+    let results = parking_lot::Mutex::new(Vec::new());
+    std::thread::scope(|scope| {
+        for _ in 0..threads {
+            scope.spawn(|| loop {
+                let at_io = next.fetch_add(1, Ordering::Relaxed);
+                if at_io >= points.end {
+                    return;
+                }
+                let result = check(at_io);
+                results.lock().push((at_io, result));
+            });
+        }
+    });
+    let mut results = results.into_inner();
+    results.sort_by_key(|&(at_io, _)| at_io);
+    results.into_iter().map(|(_, result)| result).collect()
+}

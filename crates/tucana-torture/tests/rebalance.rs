@@ -18,7 +18,8 @@ use std::sync::Arc;
 
 use rand::SeedableRng;
 use tucana_torture::member_add::{
-    groups_and_markers, open, unbalanced_volume, verify, writes_reach_member, RECORDS,
+    at_every_crash_point, groups_and_markers, open, unbalanced_volume, verify, writes_reach_member,
+    RECORDS,
 };
 use tucana_torture::members;
 use tucana_torture::sim::{Fault, SimStorage};
@@ -67,8 +68,8 @@ fn power_loss_at_every_io_of_a_rebalance_leaves_each_group_once_with_its_bytes()
         ios >= 8,
         "a rebalance reads, copies, writes and syncs: {ios} I/Os"
     );
-    let (mut old, mut new, mut part) = (0, 0, 0);
-    for at_io in 0..ios {
+    let counts = at_every_crash_point(0..ios, |at_io| {
+        let (mut old, mut new, mut part) = (0, 0, 0);
         for shot in 0..CRASH_IMAGES_PER_IO {
             let where_ = format!("crash at I/O {at_io} of {ios}, image {shot}");
             let sim = Arc::new(SimStorage::from_image(base.clone(), at_io));
@@ -90,7 +91,11 @@ fn power_loss_at_every_io_of_a_rebalance_leaves_each_group_once_with_its_bytes()
             assert_eq!(done.groups, vec![3, 3, 3], "{where_}");
             assert_eq!(verify_volume(&after, &where_), vec![3, 3, 3], "{where_}");
         }
-    }
+        (old, new, part)
+    });
+    let (old, new, part) = counts
+        .iter()
+        .fold((0, 0, 0), |a, c| (a.0 + c.0, a.1 + c.1, a.2 + c.2));
     println!(
         "a rebalance makes {ios} I/Os; crash images: {old} before it, {new} after it, {part} with one group moved"
     );

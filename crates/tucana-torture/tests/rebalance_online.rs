@@ -13,8 +13,8 @@ use rand::SeedableRng;
 use tucana::volume::Rebalanced;
 use tucana::Database;
 use tucana_torture::member_add::{
-    groups_and_markers, open, unbalanced_volume, verify, verify_acknowledged, while_writing,
-    PUTS_BEFORE_OP, RECORDS,
+    at_every_crash_point, groups_and_markers, open, unbalanced_volume, verify, verify_acknowledged,
+    while_writing, PUTS_BEFORE_OP, RECORDS,
 };
 use tucana_torture::sim::SimStorage;
 
@@ -89,28 +89,34 @@ fn power_loss_at_every_io_of_an_online_rebalance_leaves_each_group_once_and_ever
         ios >= 8,
         "a rebalance reads, copies, writes and syncs: {ios} I/Os"
     );
-    let (mut old, mut new, mut part, mut finished) = (0, 0, 0, 0);
     // Two crash points past the probe's count: the rebalance finishes, then the power
     // fails (as in the online removal's test).
-    for at_io in 0..ios + 2 {
-        for shot in 0..CRASH_IMAGES_PER_IO {
-            let where_ = format!("crash at I/O {at_io} of the rebalance's {ios}, image {shot}");
-            let sim = Arc::new(SimStorage::from_image(base.clone(), at_io));
-            let (done, acknowledged, db) =
-                rebalance_while_writing(&sim, || sim.arm_crash_in_thread(REBALANCER, at_io));
-            // Its syncs may be done by the writer's, so it may finish before the point.
-            if done.is_ok() {
-                finished += 1;
-            } else {
-                assert!(sim.crashed(), "{where_}: failed without a crash: {done:?}");
-            }
-            let image = match shot {
+    let counts = at_every_crash_point(0..ios + 2, |at_io| {
+        let (mut old, mut new, mut part) = (0, 0, 0);
+        // One run per crash point, and every image taken from it: a run (a rebalance
+        // beside a writer) costs more than checking an image.
+        let sim = Arc::new(SimStorage::from_image(base.clone(), at_io));
+        let (done, acknowledged, db) =
+            rebalance_while_writing(&sim, || sim.arm_crash_in_thread(REBALANCER, at_io));
+        // Its syncs may be done by the writer's, so it may finish before the point.
+        let finished = done.is_ok();
+        if !finished {
+            assert!(
+                sim.crashed(),
+                "crash at I/O {at_io}: failed without a crash: {done:?}"
+            );
+        }
+        let images: Vec<_> = (0..CRASH_IMAGES_PER_IO)
+            .map(|shot| match shot {
                 0 => sim.durable_image(),
                 1 => sim.current_image(),
                 _ => sim.crash_image(&mut rand::rngs::StdRng::seed_from_u64(at_io * 100 + shot)),
-            };
-            db.abandon();
-            let after = Arc::new(SimStorage::from_image(image, shot));
+            })
+            .collect();
+        db.abandon();
+        for (shot, image) in images.into_iter().enumerate() {
+            let where_ = format!("crash at I/O {at_io} of the rebalance's {ios}, image {shot}");
+            let after = Arc::new(SimStorage::from_image(image, shot as u64));
             match groups_and_markers(&after, &where_).as_slice() {
                 [4, 4, 1] => old += 1,
                 [3, 3, 3] => new += 1,
@@ -129,7 +135,11 @@ fn power_loss_at_every_io_of_an_online_rebalance_leaves_each_group_once_and_ever
             verify_all(&db, acknowledged, &where_);
             db.close().unwrap();
         }
-    }
+        (old, new, part, u32::from(finished))
+    });
+    let (old, new, part, finished) = counts.iter().fold((0, 0, 0, 0), |a, c| {
+        (a.0 + c.0, a.1 + c.1, a.2 + c.2, a.3 + c.3)
+    });
     eprintln!(
         "{ios} I/Os in the rebalance; crash images: {old} before it, {new} after it, {part} with one group moved ({finished} runs finished before their crash point)"
     );

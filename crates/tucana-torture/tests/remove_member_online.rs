@@ -13,8 +13,8 @@ use std::sync::Arc;
 use rand::SeedableRng;
 use tucana::Database;
 use tucana_torture::member_add::{
-    open, open_over, three_member_volume, verify, verify_acknowledged, while_writing,
-    writes_reach_member, PUTS_BEFORE_OP, RECORDS,
+    at_every_crash_point, open, open_over, three_member_volume, verify, verify_acknowledged,
+    while_writing, writes_reach_member, PUTS_BEFORE_OP, RECORDS,
 };
 use tucana_torture::sim::SimStorage;
 
@@ -93,12 +93,12 @@ fn power_loss_at_every_io_of_an_online_removal_leaves_the_old_volume_or_the_new_
     let ios = probe.io_count() - before;
     db.close().unwrap();
     assert!(ios >= 6, "a removal reads, writes and syncs: {ios} I/Os");
-    let (mut old, mut new, mut finished) = (0, 0, 0);
     // Two crash points past the probe's count: the removal finishes, then the power
     // fails. Without them, whether any image shows the new volume depended on how the
     // writer's syncs interleaved with the removal's last ones (CI once saw 168 old, 0
     // new, where this machine sees 167 and 1).
-    for at_io in 0..ios + 2 {
+    let counts = at_every_crash_point(0..ios + 2, |at_io| {
+        let (mut old, mut new, mut finished) = (0, 0, 0);
         for shot in 0..CRASH_IMAGES_PER_IO {
             let where_ = format!("crash at I/O {at_io} of the removal's {ios}, image {shot}");
             let sim = Arc::new(SimStorage::from_image(base.clone(), at_io));
@@ -144,7 +144,11 @@ fn power_loss_at_every_io_of_an_online_removal_leaves_the_old_volume_or_the_new_
                 }
             }
         }
-    }
+        (old, new, finished)
+    });
+    let (old, new, finished) = counts
+        .iter()
+        .fold((0, 0, 0), |a, c| (a.0 + c.0, a.1 + c.1, a.2 + c.2));
     eprintln!(
         "{ios} I/Os in the removal; crash images: {old} left the old volume, {new} the new one ({finished} runs finished before their crash point)"
     );
