@@ -5,6 +5,9 @@
 //! of the offline add (a member already in the set, a member of another volume, a file
 //! holding data, a single-file volume) is made on the open volume with nothing written.
 
+mod common;
+use common::snapshot;
+
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -41,17 +44,6 @@ fn create(paths: &[PathBuf], keys: u64) {
         ks.put(&key(0, i), &value(0, i)).unwrap();
     }
     db.close().unwrap();
-}
-
-/// Every byte of every file in `dir`, by name.
-fn snapshot(dir: &Path) -> Vec<(String, Vec<u8>)> {
-    let mut files: Vec<(String, Vec<u8>)> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .map(|p| (p.display().to_string(), std::fs::read(&p).unwrap()))
-        .collect();
-    files.sort();
-    files
 }
 
 const WRITERS: u64 = 3;

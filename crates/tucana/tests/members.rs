@@ -2,6 +2,9 @@
 //! write, reopen and check across members; and every wrong member set refused with an
 //! error naming the member, without a byte of any file changed.
 
+mod common;
+use common::snapshot;
+
 use std::path::{Path, PathBuf};
 
 use tucana::{Database, Error, Options};
@@ -16,17 +19,6 @@ fn options() -> Options {
 
 fn member_paths(dir: &Path, volume: &str, n: usize) -> Vec<PathBuf> {
     (0..n).map(|i| dir.join(format!("{volume}.m{i}"))).collect()
-}
-
-/// Every byte of every file in `dir`, by name.
-fn snapshot(dir: &Path) -> Vec<(String, Vec<u8>)> {
-    let mut files: Vec<(String, Vec<u8>)> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .map(|p| (p.display().to_string(), std::fs::read(&p).unwrap()))
-        .collect();
-    files.sort();
-    files
 }
 
 fn value(i: u32) -> Vec<u8> {

@@ -5,8 +5,9 @@
 //! moves nothing and leaves every byte of every file as it was. And on the open volume,
 //! with two writers and a reader running through the rebalance.
 
-use std::hash::{DefaultHasher, Hasher};
-use std::io::Read;
+mod common;
+use common::snapshot;
+
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -49,31 +50,6 @@ fn read_back(db: &Database, keys: u64, round: u64, where_: &str) {
             "{where_}: key {i}"
         );
     }
-}
-
-/// A digest of every byte of every file in `dir`, by name.
-fn snapshot(dir: &Path) -> Vec<(String, u64, u64)> {
-    let mut files: Vec<(String, u64, u64)> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .map(|p| {
-            let mut file = std::fs::File::open(&p).unwrap();
-            let mut hasher = DefaultHasher::new();
-            let mut buf = vec![0u8; 1 << 20];
-            let mut len = 0;
-            loop {
-                let n = file.read(&mut buf).unwrap();
-                if n == 0 {
-                    break;
-                }
-                hasher.write(&buf[..n]);
-                len += n as u64;
-            }
-            (p.display().to_string(), len, hasher.finish())
-        })
-        .collect();
-    files.sort();
-    files
 }
 
 /// Member files `volume.m0..m2` in `dir`: the first two grown to `GROUPS` groups before

@@ -6,8 +6,9 @@
 //! (member 0, a path that is not a member, the last member but one, a volume open
 //! elsewhere), each with nothing written.
 
-use std::hash::{DefaultHasher, Hasher};
-use std::io::Read;
+mod common;
+use common::snapshot;
+
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -52,31 +53,6 @@ fn create(paths: &[PathBuf]) {
         ks.put(&key(i), &value(i)).unwrap();
     }
     db.close().unwrap();
-}
-
-/// A digest of every byte of every file in `dir`, by name.
-fn snapshot(dir: &Path) -> Vec<(String, u64, u64)> {
-    let mut files: Vec<(String, u64, u64)> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .map(|p| {
-            let mut file = std::fs::File::open(&p).unwrap();
-            let mut hasher = DefaultHasher::new();
-            let mut buf = vec![0u8; 1 << 20];
-            let mut len = 0;
-            loop {
-                let n = file.read(&mut buf).unwrap();
-                if n == 0 {
-                    break;
-                }
-                hasher.write(&buf[..n]);
-                len += n as u64;
-            }
-            (p.display().to_string(), len, hasher.finish())
-        })
-        .collect();
-    files.sort();
-    files
 }
 
 #[test]
