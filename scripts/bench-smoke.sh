@@ -13,7 +13,10 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 work="$(mktemp -d)"
 trap 'rm -rf "${work}"' EXIT
 
-cargo build -q -p tucana-bench
+# The test profile (opt-level 1, what `cargo test` built every dependency with just
+# before in CI): the dev profile would build the whole tree again at opt-level 0, about
+# five of CI's minutes. Both put their binaries in target/debug.
+cargo build -q --profile test -p tucana-bench
 bench="${CARGO_TARGET_DIR:-target}/debug/tucana-bench"
 "${bench}" suite --quick --engines tucana --dir "${work}" --json "${work}/results.json" \
     --note "smoke test" </dev/null >"${work}/suite.log"
@@ -110,7 +113,7 @@ grep -q "report bench/results.json --coldscan-json" "${work}/BENCHMARKS-cold.md"
 if command -v redis-benchmark >/dev/null 2>&1 && command -v redis-server >/dev/null 2>&1; then
     # tucana-cli links the cluster crate, whose etcd client is built with protoc.
     bash scripts/cluster-deps.sh --protoc-only
-    cargo build -q -p tucana-cli
+    cargo build -q --profile test -p tucana-cli
     "${bench}" server --quick --dir "${work}" --json "${work}/server-results.json" \
         --memory-limit-bytes $((256 << 20)) --note "smoke test" </dev/null >"${work}/server.log"
     "${bench}" report "${work}/results.json" --server-json "${work}/server-results.json" \
