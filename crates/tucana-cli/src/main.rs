@@ -218,7 +218,8 @@ pub enum Command {
         path: PathBuf,
     },
     /// Moves whole groups from the members holding the most to those holding the fewest
-    /// until they differ by one at most (a member's first group stays), so data written
+    /// until they differ by one at most (block devices of different sizes: until each is
+    /// filled to about the same share of its capacity; a member's first group stays), so data written
     /// before a member was added is spread onto it; prints what moved and the groups per
     /// member, then checks the volume. The volume must be closed.
     ///

@@ -106,8 +106,10 @@ impl Options {
 
     /// Rebalances the closed volume over `paths` (every current member, in order;
     /// DESIGN.md, "Rebalancing onto a member"): groups move from the members holding the
-    /// most to those holding the fewest until they differ by one at most, so data written
-    /// before a member was added is spread onto it. Errors:
+    /// most to those holding the fewest until they differ by one at most (block devices
+    /// of different sizes: until each holds groups in proportion to its capacity, to
+    /// about a group), so data written before a member was added is spread onto it.
+    /// Errors:
     /// `MemberSet::rebalance_paths`'s (a single file, a volume open elsewhere, a wrong
     /// member set), each before anything is written; I/O errors (the volume opens, and
     /// the rebalance may be run again).
@@ -268,7 +270,8 @@ impl Database {
     /// Rebalances this open volume over several members (DESIGN.md, "Rebalancing onto a
     /// member"): groups move, one at a time and while reads and writes go on, from the
     /// members holding the most to those holding the fewest until they differ by one at
-    /// most (a member's first group stays), so data written before a member was added is
+    /// most (devices of different sizes: in proportion to capacity; a member's first
+    /// group stays), so data written before a member was added is
     /// spread onto it. A balanced volume moves nothing. Errors: a single-file volume, a
     /// removal or a rebalance already running (nothing written); I/O errors (a move not
     /// begun is undone); a failed write or sync of a moved group's header poisons the

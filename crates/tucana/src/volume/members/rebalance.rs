@@ -1,7 +1,8 @@
 //! Rebalancing groups over the live members of a volume over several (DESIGN.md,
-//! "Rebalancing onto a member"): groups move, whole, from the member with the most to the
-//! member with the fewest until they differ by one at most, so data written before a
-//! member was added is spread onto it.
+//! "Rebalancing onto a member"): groups move, whole, from fuller members to emptier ones
+//! until they differ by one at most (devices: until each holds groups in proportion to
+//! its capacity, to about a group), so data written before a member was added is spread
+//! onto it.
 //!
 //! Owns: the plan (which group goes where), the rebalance's steps on a closed volume, the
 //! rebalanced header (`rebalanced_from`, `rebalanced_moves`), and open's rule for two
@@ -142,32 +143,70 @@ impl MemberSet {
         })
     }
 
-    /// The next move toward equal groups per live member: `(group, from, from slot, to)`,
-    /// from the live member with the most groups (the lowest index on a tie) to the one
-    /// with room with the fewest (likewise), the lowest group `from` holds outside its
-    /// slot 0 (a member's identity); `None` once they differ by one at most.
+    /// The next move of the plan, `(group, from, from slot, to)`; `None` when no move
+    /// brings the live members closer to holding groups in proportion to their weights
+    /// ([`MemberSet::rebalance_weights`]: equal, or a device's slots).
+    ///
+    /// The plan lowers `Σ groups² / weight` over the live members, whose minimum (for a
+    /// fixed number of groups) is groups in proportion to weight, by the move that lowers
+    /// it most: a group from `f` to `t` lowers it by `(2·g_f − 1)/w_f − (2·g_t + 1)/w_t`.
+    /// Each move lowers it, so the plan ends. With equal weights the best move is from
+    /// the member with the most groups to the one with the fewest, made while they differ
+    /// by two or more: what the rebalance did before weights (ties: the lowest `f`, then
+    /// the lowest `t`). `t` must have room; `f` moves the lowest group it holds outside
+    /// its slot 0 (a member's identity), so it needs two groups.
     pub(super) fn next_move(&self, placement: &Placement) -> Option<(u64, usize, u64, usize)> {
         let live: Vec<usize> = (0..self.members.len())
             .filter(|&m| !self.members[m].takes_nothing())
             .collect();
-        let from = live
-            .iter()
-            .copied()
-            .max_by_key(|&m| (placement.groups[m], std::cmp::Reverse(m)))?;
-        let to = live
-            .iter()
-            .copied()
-            .filter(|&m| m != from && self.has_room(placement, m))
-            .min_by_key(|&m| (placement.groups[m], m))?;
-        if placement.groups[from] < placement.groups[to] + 2 {
-            return None;
+        let weights = self.rebalance_weights(&live);
+        let weight = |m: usize| i128::from(weights[live.binary_search(&m).unwrap()]);
+        // The best gain so far as a fraction `num / den` (den > 0), and its pair.
+        let mut best: Option<(i128, i128, usize, usize)> = None;
+        for &f in &live {
+            let g_f = i128::from(placement.groups[f]);
+            if g_f < 2 {
+                continue;
+            }
+            for &t in &live {
+                if t == f || !self.has_room(placement, t) {
+                    continue;
+                }
+                let g_t = i128::from(placement.groups[t]);
+                let (w_f, w_t) = (weight(f), weight(t));
+                let num = (2 * g_f - 1) * w_t - (2 * g_t + 1) * w_f;
+                let den = w_f * w_t;
+                if num <= 0 {
+                    continue;
+                }
+                if best.is_none_or(|(b_num, b_den, _, _)| num * b_den > b_num * den) {
+                    best = Some((num, den, f, t));
+                }
+            }
         }
+        let (_, _, from, to) = best?;
         let (group, slot) = (0..placement.placed_groups).find_map(|g| {
             self.lookup(g)
                 .filter(|&(m, s)| m == from && s != 0)
                 .map(|(_, s)| (g, s))
         })?;
         Some((group, from, slot, to))
+    }
+
+    /// Each live member's weight in the plan (`live`'s order): when every live member is
+    /// a device, the slots its capacity holds, so that devices of different sizes fill
+    /// to the same share; otherwise 1 each (equal groups). A file has no capacity: it
+    /// grows sparsely on a file system whose free space other files share, so a share of
+    /// it means nothing, and a mix of files and devices is balanced by count.
+    fn rebalance_weights(&self, live: &[usize]) -> Vec<u64> {
+        let capacities: Option<Vec<u64>> = live
+            .iter()
+            .map(|&m| self.members[m].storage.capacity_bytes())
+            .collect();
+        match capacities {
+            Some(caps) => caps.iter().map(|&c| (c / SLOT_BYTES).max(1)).collect(),
+            None => vec![1; live.len()],
+        }
     }
 
     /// The header of `group`'s copy on member `to`: rebalanced from `from`, one move more
