@@ -15,6 +15,12 @@ use std::time::{Duration, Instant};
 use crate::engine::Engine;
 use crate::shared::DEFERRED_PUNCH_AGE;
 
+/// How long foreground writes must have stopped before the committer commits early for
+/// garbage collection's sake (`Collector::garbage_awaits_commit`): long enough that a
+/// pipeline's pauses between batches do not count, short enough that a benchmark or a
+/// client's burst that has ended has its garbage collected in the quiet after it.
+const QUIET_COMMIT_AFTER: Duration = Duration::from_millis(200);
+
 /// Starts the committer and, with `gc`, the collector's thread, when the options time
 /// anything (`Options::runs_background_threads`).
 pub(crate) fn start(engine: &Arc<Engine>) {
@@ -44,11 +50,15 @@ pub(crate) fn start(engine: &Arc<Engine>) {
 /// Flushes buffered writes every `flush_interval`, commits every `commit_interval` (when
 /// there are changes, or space garbage collection freed waits for a commit), when
 /// `commit_dirty_bytes` of log were written since the last commit, or sooner when GC
-/// holds space only commits give back (`Collector::commit_due`). Garbage collection
+/// holds space only commits give back (`Collector::commit_due`), or once writes have
+/// stopped for `QUIET_COMMIT_AFTER` and left garbage only a commit lets GC reach
+/// (`Collector::garbage_awaits_commit`). Garbage collection
 /// runs in a thread of its own (`gc_loop`).
 fn committer_loop(engine: Weak<Engine>) {
     let mut last_commit = Instant::now();
     let mut last_flush = Instant::now();
+    // When foreground writes last moved `Shared::foreground_bytes`.
+    let mut last_foreground = (0u64, Instant::now());
     loop {
         let Some(engine) = engine.upgrade() else {
             return;
@@ -78,13 +88,22 @@ fn committer_loop(engine: Weak<Engine>) {
         }
         let dirty = engine.shared.log_bytes_since_commit.load(Ordering::Relaxed);
         let since_commit = last_commit.elapsed();
+        let foreground = engine.shared.foreground_bytes.load(Ordering::Relaxed);
+        if foreground != last_foreground.0 {
+            last_foreground = (foreground, Instant::now());
+        }
+        let quiet = last_foreground.1.elapsed() >= QUIET_COMMIT_AFTER;
         let commit_due = opts.commit_interval.is_some_and(|i| {
-            since_commit >= i
+            (since_commit >= i
                 && (dirty > 0
                     || (opts.gc
                         && engine
                             .collector
-                            .wants_commit(&engine.regions, &engine.committer)))
+                            .wants_commit(&engine.regions, &engine.committer))))
+                || (dirty > 0
+                    && quiet
+                    && since_commit >= QUIET_COMMIT_AFTER
+                    && engine.collector.garbage_awaits_commit(&engine.regions))
         }) || dirty >= opts.commit_dirty_bytes;
         if opts.gc
             && opts.commit_interval.is_some()

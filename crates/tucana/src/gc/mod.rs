@@ -441,6 +441,33 @@ impl Collector {
         Ok(report)
     }
 
+    /// Whether writes that have stopped left garbage over the start line that the
+    /// collector cannot reach before a commit: at least a segment's worth of dead bytes
+    /// in segments the last durable commit replays (`Region::dead_bytes_awaiting_commit`),
+    /// in a region over its line. The background committer then commits at once instead
+    /// of at `commit_interval`, so a burst's garbage is collected while the store is quiet,
+    /// not during the next burst (DESIGN.md, "Garbage collection", "After a burst").
+    pub fn garbage_awaits_commit(&self, regions: &Regions) -> bool {
+        let opts = &self.shared.options;
+        if !opts.gc {
+            return false;
+        }
+        let start_share = self
+            .state
+            .try_lock()
+            .map_or(START_SHARE_MIN, |state| state.start_share);
+        regions.list().iter().any(|region| {
+            !matches!(
+                urge(
+                    footprint(region, self.overhead_share()),
+                    opts.gc_space_amp,
+                    start_share
+                ),
+                Urge::Idle
+            ) && region.dead_bytes_awaiting_commit() >= opts.log_segment_bytes
+        })
+    }
+
     /// Whether a commit would move freed space along. Space comes back only after two
     /// commits (the one that stops referencing it and the one after, which lets go of the
     /// older durable commit) and a reader grace period, so an idle store that never

@@ -109,6 +109,22 @@ impl Region {
             .collect()
     }
 
+    /// Dead bytes of closed foreground segments that are not GC candidates only because
+    /// the last durable commit replays them (`gc_candidates`' replay window): the next
+    /// commit makes them victims.
+    pub fn dead_bytes_awaiting_commit(&self) -> u64 {
+        let w = self.writer.lock();
+        let (tail, _) = self.log.tail_segments();
+        let replay_from = self.replay_from_order.load(Ordering::Acquire);
+        w.segments
+            .iter()
+            .filter(|(off, s)| {
+                **off != tail.0 && s.order >= replay_from && !w.is_relocation(s.order)
+            })
+            .map(|(_, s)| s.written_bytes.saturating_sub(s.live_bytes))
+            .sum()
+    }
+
     /// Whether the live index still points at the record at `at` holding `key`: a test
     /// without the writer lock and without reading the log, for garbage collection to
     /// leave out dead records before `relocate`. A record found dead stays dead (a key
