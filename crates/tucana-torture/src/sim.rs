@@ -20,7 +20,9 @@
 //! lost power (nothing after the instant can reach the disk, nor be acknowledged). A crash
 //! may also be scheduled at the Nth I/O issued by a thread of a given name
 //! (`arm_crash_in_thread`), to lose power while the engine's background garbage collector
-//! is at work; the storage remembers which thread issued the I/O a crash froze at.
+//! is at work; the storage remembers which thread issued the I/O a crash froze at. The
+//! I/Os of one named thread can be counted (`count_ios_in_thread`), to size a sweep of
+//! crash points in an operation that runs beside other threads' I/O.
 //!
 //! Thread-safety: `Send + Sync`; all state sits behind one mutex, so I/O is serialised and
 //! the I/O numbering is exact when only one thread does I/O (the suites replay exactly

@@ -8,10 +8,11 @@
 //!
 //! Owns: the groups being moved (`Moves`: their targets and the lock that orders a piece
 //! of the copy with the writes that reach it), writing a piece again where its group
-//! goes, and the online removal's and rebalance's steps. Does not own: the offline
-//! removal's refusals, slot choice, copy and table write (`remove.rs`, reused here), the
-//! rebalance's plan and header (`rebalance.rs`), nor the write path's first write
-//! (`members.rs`).
+//! goes, and the online removal's and rebalance's steps (and, with the feature
+//! `test-hooks` only, one test seam in the rebalance's move: `on_rebalance_copied`).
+//! Does not own: the offline removal's refusals, slot choice, copy and table write
+//! (`remove.rs`, reused here), the rebalance's plan and header (`rebalance.rs`), nor the
+//! write path's first write (`members.rs`).
 //!
 //! Why no write is lost on the new slot. A writer writes its piece where the map entry
 //! it loaded says, then loads the entry again (sequentially consistent, as the removal's
