@@ -2,9 +2,11 @@
 //! a closed volume; `tests/add_member_online.rs`, the add to an open one;
 //! `tests/remove_member.rs`; `tests/rebalance.rs` and `tests/rebalance_online.rs`): the
 //! records a volume is filled with, closed two- and three-member volumes holding them
-//! (and one whose groups are uneven, for the rebalance), opening over some windows of
+//! (and two whose groups are uneven, for the rebalance), opening over some windows of
 //! the simulated disk, and the checks made after a crash (every record there, `check`
-//! passes, new segments reach a given member, each group found once with its marker).
+//! passes, new segments reach a given member, each group found once with its marker);
+//! and the writer that runs beside an operation on the open volume (`while_writing`),
+//! with how far it got (`WriterProgress`).
 //!
 //! Owns: the records' keys and values and those checks. Does not own: the windows and the
 //! add itself (`members`), nor the crash model (`sim`).
@@ -14,6 +16,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 
+use tucana::volume::Storage;
 use tucana::{Database, Keyspace};
 
 use crate::sim::{Image, SimStorage};
@@ -159,25 +162,79 @@ pub fn unbalanced_volume() -> Image {
 /// (open refuses two claimants it does not resolve) and every marker is there. Returns
 /// the groups per member.
 pub fn groups_and_markers(sim: &Arc<SimStorage>, where_: &str) -> Vec<u64> {
+    groups_and_markers_of(sim, UNEVEN_GROUPS_WITH_ADDED, UNEVEN_GROUPS, where_)
+}
+
+/// As `groups_and_markers`, for a volume over three members of `groups` groups of which
+/// `0..marked` have a marker.
+pub fn groups_and_markers_of(
+    sim: &Arc<SimStorage>,
+    groups: u64,
+    marked: u64,
+    where_: &str,
+) -> Vec<u64> {
     let storage = members::volume(sim, 3).unwrap_or_else(|e| panic!("{where_}: open: {e}"));
-    for g in 0..UNEVEN_GROUPS_WITH_ADDED {
+    for g in 0..groups {
         assert!(
             storage.member_of(g * SLOT_BYTES).is_some(),
             "{where_}: group {g}"
         );
     }
-    for g in 0..UNEVEN_GROUPS {
+    for g in 0..marked {
         let mut back = vec![0u8; marker(g).len()];
         storage.read_at(marker_at(g), &mut back).unwrap();
         assert!(back == marker(g), "{where_}: marker of group {g} lost");
     }
-    let groups: Vec<u64> = storage.members().iter().map(|m| m.groups).collect();
+    let per_member: Vec<u64> = storage.members().iter().map(|m| m.groups).collect();
     assert_eq!(
-        groups.iter().sum::<u64>(),
-        UNEVEN_GROUPS_WITH_ADDED,
-        "{where_}: {groups:?}"
+        per_member.iter().sum::<u64>(),
+        groups,
+        "{where_}: {per_member:?}"
     );
-    groups
+    per_member
+}
+
+/// Groups of `pinned_writes_volume`, and how many each member holds before and after
+/// its rebalance.
+pub const PINNED_GROUPS: u64 = 15;
+pub const PINNED_BEFORE: [u64; 3] = [4, 4, 7];
+pub const PINNED_AFTER: [u64; 3] = [5, 5, 5];
+/// The groups its rebalance moves, in order: member 2's two lowest.
+pub const PINNED_MOVED: [u64; 2] = [2, 3];
+
+/// A volume over three members whose rebalance moves the groups that a writer pinned to
+/// member 2 (`DispatchPolicy::Member(2)`) writes into. Placement puts a member's first
+/// group in its slot 0, which no rebalance moves, and a pinned writer fills its member's
+/// lowest group with room first (next fit from block 0); so member 2's lowest groups must
+/// have come to it by a move. `unbalanced_volume` (4/4/1, records and markers) rebalanced
+/// while closed (groups 2 and 3 to member 2's slots 1 and 2: 3/3/3), then grown while
+/// closed, as an add grows it, with group 9 on member 0 and group 10 on member 1 (into the
+/// slots that rebalance freed, so the moves below copy into fresh slots and skip their
+/// zeros) and groups 11–14 on member 2: 4/4/7, a synced marker at the end of each new
+/// group too. Its rebalance moves group 2 to member 0, then group 3 to member 1: 5/5/5
+/// (`PINNED_MOVED`). Closed: its durable image.
+pub fn pinned_writes_volume() -> Image {
+    let sim = Arc::new(SimStorage::from_image(unbalanced_volume(), 19));
+    let moved = members::rebalance(&sim, 3).unwrap();
+    assert_eq!(moved.groups, vec![3, 3, 3]);
+    let set = members::member_set(&sim, 3).unwrap();
+    for (member, upto) in [(0, 10), (1, 11), (2, PINNED_GROUPS)] {
+        set.place_growth_on(Some(member));
+        set.grow(upto * SLOT_BYTES).unwrap();
+    }
+    set.place_growth_on(None);
+    let groups: Vec<u64> = set.members().iter().map(|m| m.groups).collect();
+    assert_eq!(groups, PINNED_BEFORE);
+    // Member 2's slot 0 holds group 8, placed when it was added.
+    for g in PINNED_MOVED {
+        assert_eq!(set.member_of(g * SLOT_BYTES), Some(2), "group {g}");
+    }
+    for g in UNEVEN_GROUPS..PINNED_GROUPS {
+        set.write_at(marker_at(g), &marker(g)).unwrap();
+    }
+    set.sync().unwrap();
+    drop(set);
+    sim.durable_image()
 }
 
 pub fn writer_key(i: u64) -> Vec<u8> {
@@ -188,14 +245,55 @@ pub fn writer_value(i: u64) -> Vec<u8> {
     format!("written-{i}-").repeat(24).into_bytes()
 }
 
+/// How far the writer of `while_writing_with` got: the puts a sync acknowledged, and
+/// whether it stopped. An operation running beside it waits on it (`wait_for_puts`).
+#[derive(Default)]
+pub struct WriterProgress {
+    /// (puts acknowledged, stopped)
+    state: parking_lot::Mutex<(u64, bool)>,
+    changed: parking_lot::Condvar,
+}
+
+impl WriterProgress {
+    fn set(&self, acknowledged: u64, stopped: bool) {
+        *self.state.lock() = (acknowledged, stopped);
+        self.changed.notify_all();
+    }
+
+    /// Waits until the writer has acknowledged `more` puts past those it had when called,
+    /// or stopped (an operation failed: the crash). Returns the puts acknowledged when
+    /// called and when it returns.
+    pub fn wait_for_puts(&self, more: u64) -> (u64, u64) {
+        let mut state = self.state.lock();
+        let from = state.0;
+        while state.0 < from + more && !state.1 {
+            self.changed.wait(&mut state);
+        }
+        (from, state.0)
+    }
+}
+
 /// Puts `writer_key(i)` for i = 0, 1, … and syncs every `PUTS_PER_SYNC`, until `stop` is
 /// set (after at least `PUTS_BEFORE_OP`, which `started` announces) or an operation
-/// fails (the crash). Returns how many puts a sync acknowledged.
+/// fails (the crash). Returns how many puts a sync acknowledged, as `progress` says.
 fn write_until_stopped(
     ks: &Keyspace,
     db: &Database,
     stop: &AtomicBool,
     started: mpsc::Sender<()>,
+    progress: &WriterProgress,
+) -> u64 {
+    let acknowledged = write_until_failed_or_stopped(ks, db, stop, started, progress);
+    progress.set(acknowledged, true);
+    acknowledged
+}
+
+fn write_until_failed_or_stopped(
+    ks: &Keyspace,
+    db: &Database,
+    stop: &AtomicBool,
+    started: mpsc::Sender<()>,
+    progress: &WriterProgress,
 ) -> u64 {
     let mut acknowledged = 0;
     let mut i = 0;
@@ -209,6 +307,7 @@ fn write_until_stopped(
                 return acknowledged;
             }
             acknowledged = i;
+            progress.set(acknowledged, false);
             if i == PUTS_BEFORE_OP {
                 let _ = started.send(());
             }
@@ -231,6 +330,21 @@ pub fn while_writing<R: Send + 'static>(
     op: impl FnOnce() -> R + Send + 'static,
     after: impl FnOnce(&Database, &Keyspace),
 ) -> (R, u64) {
+    let progress = Arc::new(WriterProgress::default());
+    while_writing_with(db, writer, progress, arm, op_thread, op, after)
+}
+
+/// As `while_writing`, the writer telling `progress` how far it got (an operation may
+/// wait for it there).
+pub fn while_writing_with<R: Send + 'static>(
+    db: &Database,
+    writer: &str,
+    progress: Arc<WriterProgress>,
+    arm: impl FnOnce(),
+    op_thread: &str,
+    op: impl FnOnce() -> R + Send + 'static,
+    after: impl FnOnce(&Database, &Keyspace),
+) -> (R, u64) {
     let ks = db.open_keyspace("k").unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     let (started, first_puts) = mpsc::channel();
@@ -238,7 +352,7 @@ pub fn while_writing<R: Send + 'static>(
         let (ks, db, stop) = (ks.clone(), db.clone(), stop.clone());
         std::thread::Builder::new()
             .name(writer.into())
-            .spawn(move || write_until_stopped(&ks, &db, &stop, started))
+            .spawn(move || write_until_stopped(&ks, &db, &stop, started, &progress))
             .unwrap()
     };
     first_puts

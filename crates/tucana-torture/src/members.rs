@@ -79,6 +79,12 @@ pub fn volume(sim: &Arc<SimStorage>, members: usize) -> Result<Arc<dyn Storage>>
     if members <= 1 {
         return Ok(sim.clone());
     }
+    Ok(member_set(sim, members)?)
+}
+
+/// As `volume` for two members or more, as the `MemberSet` itself (for what only the set
+/// has: placing growth on a member, a test hook).
+pub fn member_set(sim: &Arc<SimStorage>, members: usize) -> Result<Arc<MemberSet>> {
     Ok(Arc::new(MemberSet::open(windows(sim, members), true)?))
 }
 

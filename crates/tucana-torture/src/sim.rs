@@ -20,7 +20,9 @@
 //! lost power (nothing after the instant can reach the disk, nor be acknowledged). A crash
 //! may also be scheduled at the Nth I/O issued by a thread of a given name
 //! (`arm_crash_in_thread`), to lose power while the engine's background garbage collector
-//! is at work; the storage remembers which thread issued the I/O a crash froze at.
+//! is at work; the storage remembers which thread issued the I/O a crash froze at. The
+//! I/Os of one named thread can be counted (`count_ios_in_thread`), to size a sweep of
+//! crash points in an operation that runs beside other threads' I/O.
 //!
 //! Thread-safety: `Send + Sync`; all state sits behind one mutex, so I/O is serialised and
 //! the I/O numbering is exact when only one thread does I/O (the suites replay exactly
@@ -186,6 +188,8 @@ struct State {
     crash_thread: Option<String>,
     /// `arm_crash_in_thread`: a thread name and how many of its I/Os go ahead first.
     crash_in_thread: Option<(String, u64)>,
+    /// `count_ios_in_thread`: a thread name and how many I/Os it issued since.
+    counted_thread: Option<(String, u64)>,
     /// Set once a `FailFrom` fault fired.
     failing: bool,
     /// I/O numbers and kinds that were failed (or cut short, or misdirected).
@@ -228,6 +232,7 @@ impl SimStorage {
                 frozen: None,
                 crash_thread: None,
                 crash_in_thread: None,
+                counted_thread: None,
                 failing: false,
                 faulted: Vec::new(),
                 kinds: Vec::new(),
@@ -248,6 +253,18 @@ impl SimStorage {
     /// count. Replaces an earlier such schedule that has not fired.
     pub fn arm_crash_in_thread(&self, thread: &str, ios_first: u64) {
         self.state.lock().crash_in_thread = Some((thread.to_string(), ios_first));
+    }
+
+    /// Counts the I/Os issued by threads named `thread` from now (`ios_in_thread`): how
+    /// many crash points `arm_crash_in_thread` has in an operation that runs beside
+    /// others' I/O.
+    pub fn count_ios_in_thread(&self, thread: &str) {
+        self.state.lock().counted_thread = Some((thread.to_string(), 0));
+    }
+
+    /// The I/Os counted since `count_ios_in_thread` (0 if it was not called).
+    pub fn ios_in_thread(&self) -> u64 {
+        self.state.lock().counted_thread.as_ref().map_or(0, |c| c.1)
     }
 
     /// Removes every armed fault that has not fired; a `FailFrom` that fired stays.
@@ -372,6 +389,11 @@ impl SimStorage {
         s.kinds.push(kind);
         if s.frozen.is_some() {
             return Err(injected("power lost", io));
+        }
+        if let Some((name, ios)) = &mut s.counted_thread {
+            if std::thread::current().name() == Some(name.as_str()) {
+                *ios += 1;
+            }
         }
         if let Some((name, left)) = &mut s.crash_in_thread {
             if std::thread::current().name() == Some(name.as_str()) {

@@ -8,10 +8,11 @@
 //!
 //! Owns: the groups being moved (`Moves`: their targets and the lock that orders a piece
 //! of the copy with the writes that reach it), writing a piece again where its group
-//! goes, and the online removal's and rebalance's steps. Does not own: the offline
-//! removal's refusals, slot choice, copy and table write (`remove.rs`, reused here), the
-//! rebalance's plan and header (`rebalance.rs`), nor the write path's first write
-//! (`members.rs`).
+//! goes, and the online removal's and rebalance's steps (and, with the feature
+//! `test-hooks` only, one test seam in the rebalance's move: `on_rebalance_copied`).
+//! Does not own: the offline removal's refusals, slot choice, copy and table write
+//! (`remove.rs`, reused here), the rebalance's plan and header (`rebalance.rs`), nor the
+//! write path's first write (`members.rs`).
 //!
 //! Why no write is lost on the new slot. A writer writes its piece where the map entry
 //! it loaded says, then loads the entry again (sequentially consistent, as the removal's
@@ -52,7 +53,14 @@ pub(super) struct Moves {
     removal: Mutex<()>,
     /// Bytes writers wrote a second time during the running removal.
     rewritten_bytes: AtomicU64,
+    /// The test seam `MemberSet::on_rebalance_copied` sets (feature `test-hooks`).
+    #[cfg(feature = "test-hooks")]
+    copied_hook: Mutex<Option<CopiedHook>>,
 }
+
+/// Called with a group's number on the rebalancing thread (feature `test-hooks`).
+#[cfg(feature = "test-hooks")]
+type CopiedHook = std::sync::Arc<dyn Fn(u64) + Send + Sync>;
 
 /// Why a second removal or rebalance on the open volume is refused.
 const ALREADY_RUNNING: &str = "a removal or a rebalance is already running";
@@ -362,8 +370,31 @@ impl MemberSet {
                 return Err(e);
             }
         };
+        #[cfg(feature = "test-hooks")]
+        self.copied(p.group);
         self.finish_one(from, p, &header, unsure)?;
         Ok(bytes)
+    }
+
+    /// A test seam (feature `test-hooks`; it does not exist without it): `hook` is called
+    /// on the rebalancing thread of `rebalance_online` with a group's number once the
+    /// group's copy is written and synced, while its map entry is still marked moving
+    /// (before its header: writes meanwhile go to both slots), holding no lock of the
+    /// set's. A power-loss test blocks in it until its writer has written into the group
+    /// and synced, so writes between the mark and the switch happen in every run, not
+    /// when the scheduler allows. Replaces an earlier hook.
+    #[cfg(feature = "test-hooks")]
+    pub fn on_rebalance_copied(&self, hook: impl Fn(u64) + Send + Sync + 'static) {
+        *self.moves.copied_hook.lock() = Some(std::sync::Arc::new(hook));
+    }
+
+    /// Calls the hook `on_rebalance_copied` set, if any (outside the hook's own lock).
+    #[cfg(feature = "test-hooks")]
+    fn copied(&self, group: u64) {
+        let hook = self.moves.copied_hook.lock().clone();
+        if let Some(hook) = hook {
+            hook(group);
+        }
     }
 
     /// The copy of a moving group's slot, each piece under `Moves::lock`, and a sync of
