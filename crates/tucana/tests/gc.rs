@@ -236,26 +236,10 @@ fn overwrites_stay_under_the_space_amplification_target() {
 /// GC is held by commits or frees are on their way back.
 #[test]
 fn an_idle_store_still_collects_and_gives_space_back() {
-    let (_dir, path) = temp_volume();
     let target = 1.5;
-    let db = Database::builder()
-        .commit_interval(Some(Duration::from_millis(100)))
-        .flush_interval(Some(Duration::from_millis(10)))
-        .log_segment_bytes(SEGMENT_BYTES)
-        .gc_space_amp(target)
-        .open(&path)
-        .unwrap();
-    let ks = db.keyspace("idle").unwrap();
-    // Ten versions of every key, written faster than a commit interval: nearly all of
-    // the log is garbage that only later commits make collectable.
-    for pass in 0..10u8 {
-        for i in 0..500u32 {
-            ks.put(format!("k{i:04}").as_bytes(), &[pass; 1000])
-                .unwrap();
-        }
-    }
-    let written = db.stats();
-    assert!(space_amp(&db) > 5.0, "{written:?}");
+    // Written faster than a commit interval: nearly all of the log is garbage that only
+    // later commits make collectable.
+    let (_dir, db, ks, written) = burst_of_overwrites(Duration::from_millis(100), target);
     // No more writes: the background loop alone must bring it back. Poll, do not time.
     let deadline = Instant::now() + Duration::from_secs(120);
     let settled = |db: &Database| {
@@ -271,12 +255,7 @@ fn an_idle_store_still_collects_and_gives_space_back() {
         s.space_used_bytes,
         written.space_used_bytes
     );
-    for i in 0..500u32 {
-        assert_eq!(
-            ks.get(format!("k{i:04}").as_bytes()).unwrap().as_deref(),
-            Some(&[9u8; 1000][..])
-        );
-    }
+    assert_last_versions(&ks);
     db.check().unwrap();
     // Segments given back are left unpunched a moment, for new segments to reuse; an
     // idle store punches them all: the file then holds little more than its allocated
@@ -305,10 +284,33 @@ fn a_burst_that_stops_has_its_garbage_collected_without_waiting_for_the_commit_i
     // one redis-benchmark test was collected during the next test and charged to it.
     // Now a store whose writes stopped commits at once when such garbage is over GC's
     // line. With a commit interval of an hour, only that commit can free anything here.
-    let (_dir, path) = temp_volume();
     let target = 1.5;
+    let (_dir, db, ks, written) = burst_of_overwrites(Duration::from_secs(3600), target);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let ok = poll_until(deadline, || space_amp(&db) <= target);
+    let s = db.stats();
+    assert!(
+        ok,
+        "the burst's garbage waited for the commit interval: space amp {:.2}: {s:?}",
+        space_amp(&db)
+    );
+    assert!(s.commits > written.commits, "{s:?}");
+    assert_last_versions(&ks);
+    db.check().unwrap();
+    // Once collected, the quiet store does not keep committing.
+    wait_until_resting(&db);
+}
+
+/// A store with background commits every `commit_interval` and GC toward `target`,
+/// and ten versions of each of 500 keys of 1000 bytes written into it at once (the log
+/// nearly all garbage); returns the stats right after.
+fn burst_of_overwrites(
+    commit_interval: Duration,
+    target: f64,
+) -> (tempfile::TempDir, Database, Keyspace, tucana::Stats) {
+    let (dir, path) = temp_volume();
     let db = Database::builder()
-        .commit_interval(Some(Duration::from_secs(3600)))
+        .commit_interval(Some(commit_interval))
         .flush_interval(Some(Duration::from_millis(10)))
         .log_segment_bytes(SEGMENT_BYTES)
         .gc_space_amp(target)
@@ -323,24 +325,17 @@ fn a_burst_that_stops_has_its_garbage_collected_without_waiting_for_the_commit_i
     }
     let written = db.stats();
     assert!(space_amp(&db) > 5.0, "{written:?}");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let ok = poll_until(deadline, || space_amp(&db) <= target);
-    let s = db.stats();
-    assert!(
-        ok,
-        "the burst's garbage waited for the commit interval: space amp {:.2}: {s:?}",
-        space_amp(&db)
-    );
-    assert!(s.commits > written.commits, "{s:?}");
+    (dir, db, ks, written)
+}
+
+/// Every key of `burst_of_overwrites` holds its last version.
+fn assert_last_versions(ks: &Keyspace) {
     for i in 0..500u32 {
         assert_eq!(
             ks.get(format!("k{i:04}").as_bytes()).unwrap().as_deref(),
             Some(&[9u8; 1000][..])
         );
     }
-    db.check().unwrap();
-    // Once collected, the quiet store does not keep committing.
-    wait_until_resting(&db);
 }
 
 /// Whether `done` holds before `deadline`, asking every 20 ms (background work is polled
