@@ -21,6 +21,11 @@ use crate::shared::DEFERRED_PUNCH_AGE;
 /// client's burst that has ended has its garbage collected in the quiet after it.
 const QUIET_COMMIT_AFTER: Duration = Duration::from_millis(200);
 
+/// The least time between a commit and such an early one: a client writing a burst every
+/// few hundred milliseconds gets at most one early commit a second (each writes the
+/// index nodes its burst dirtied), not one per burst.
+const QUIET_COMMIT_MIN_INTERVAL: Duration = Duration::from_secs(1);
+
 /// Starts the committer and, with `gc`, the collector's thread, when the options time
 /// anything (`Options::runs_background_threads`).
 pub(crate) fn start(engine: &Arc<Engine>) {
@@ -102,7 +107,7 @@ fn committer_loop(engine: Weak<Engine>) {
                             .wants_commit(&engine.regions, &engine.committer))))
                 || (dirty > 0
                     && quiet
-                    && since_commit >= QUIET_COMMIT_AFTER
+                    && since_commit >= QUIET_COMMIT_MIN_INTERVAL
                     && engine.collector.garbage_awaits_commit(&engine.regions))
         }) || dirty >= opts.commit_dirty_bytes;
         if opts.gc
