@@ -246,25 +246,32 @@ fn named_devices(devices: &[Arc<Device>]) -> Vec<(String, Arc<dyn Storage>)> {
         .collect()
 }
 
-#[test]
-fn devices_of_different_sizes_fill_in_proportion_to_their_capacity() {
-    // Two devices of 4 slots hold six groups (3/3); a device of 12 slots is added with
-    // group 6 (3/3/1). By count the plan stops at 2/3/2 (checked: with every weight 1
-    // this test fails so), the big device filled to a sixth and the small ones to a half
-    // and three quarters; weighted by capacity
-    // (4, 4, 12) it moves 0 → 2, 1 → 2, 0 → 2: 1/2/4 (a quarter, a half, a third), where
-    // one more move (1 → 2) would not lower Σ groups² / slots.
-    let devices = [Device::new(4), Device::new(4), Device::new(12)];
+/// A volume created over devices of `slots[0]` and `slots[1]` slots, grown to `groups`
+/// groups with their markers, then a device of `slots[2]` slots added (as `volume`).
+fn device_volume(slots: [u64; 3], groups: u64) -> Vec<(String, Arc<dyn Storage>)> {
+    let devices = slots.map(Device::new);
     let named = named_devices(&devices);
     let set = MemberSet::open_with_blank(named[..2].to_vec(), &[true, true], true).unwrap();
-    set.grow(6 * SLOT_BYTES).unwrap();
-    for g in 0..6 {
+    set.grow(groups * SLOT_BYTES).unwrap();
+    for g in 0..groups {
         set.write_at(g * SLOT_BYTES + (1 << 20), &marker(g))
             .unwrap();
     }
     drop(set);
     devices[0].write_at(0, b"a superblock").unwrap();
     MemberSet::add_member(named[..2].to_vec(), named[2].clone(), true).unwrap();
+    named
+}
+
+#[test]
+fn devices_of_different_sizes_fill_in_proportion_to_their_capacity() {
+    // Two devices of 4 slots hold six groups (3/3); a device of 12 slots is added with
+    // group 6 (3/3/1). By count the plan stops at 2/3/2 (checked: with every weight 1
+    // this test fails so), the big device filled to a sixth and the small ones to a half
+    // and three quarters; weighted by capacity (4, 4, 12) it moves 0 → 2, 1 → 2, 0 → 2:
+    // 1/2/4 (a quarter, a half, a third), where one more move (1 → 2) would not lower
+    // Σ groups² / slots.
+    let named = device_volume([4, 4, 12], 6);
     let done = MemberSet::rebalance(named.clone()).unwrap();
     assert_eq!(done.groups, vec![1, 2, 4], "{done:?}");
     assert_eq!(done.groups_moved, 3);
@@ -280,13 +287,7 @@ fn devices_of_different_sizes_fill_in_proportion_to_their_capacity() {
 #[test]
 fn devices_of_one_size_balance_by_count_as_files_do() {
     // Equal weights: the same plan as the files' (5/5/1 → 4/4/3).
-    let devices = [Device::new(8), Device::new(8), Device::new(8)];
-    let named = named_devices(&devices);
-    let set = MemberSet::open_with_blank(named[..2].to_vec(), &[true, true], true).unwrap();
-    set.grow(10 * SLOT_BYTES).unwrap();
-    drop(set);
-    devices[0].write_at(0, b"a superblock").unwrap();
-    MemberSet::add_member(named[..2].to_vec(), named[2].clone(), true).unwrap();
+    let named = device_volume([8, 8, 8], 10);
     let done = MemberSet::rebalance(named).unwrap();
     assert_eq!(done.groups, vec![4, 4, 3], "{done:?}");
 }
