@@ -29,7 +29,7 @@ pub(crate) enum StemPos {
 
 /// Where `key` stands against `stem`; `Inside` carries `key_prefix(&key[stem.len()..])`.
 pub(crate) fn stem_position(stem: &[u8], key: &[u8]) -> StemPos {
-    // Word by word rather than a slice comparison: stems are at most 32 bytes, and the
+    // Word by word rather than a slice comparison: stems are at most 56 bytes, and the
     // `memcmp` call a slice comparison makes cost more than the comparison itself at
     // every node of every descent.
     let n = stem.len().min(key.len());
@@ -621,7 +621,7 @@ mod tests {
         let mut rng = rand::rngs::StdRng::seed_from_u64(17);
         for _ in 0..100_000 {
             // A small alphabet and a key built from the stem make every branch common.
-            let stem: Vec<u8> = (0..rng.random_range(0..=32))
+            let stem: Vec<u8> = (0..rng.random_range(0..=crate::index::node::MAX_STEM_BYTES))
                 .map(|_| b"a\0z"[rng.random_range(0..3)])
                 .collect();
             let mut key = stem[..rng.random_range(0..=stem.len())].to_vec();

@@ -1175,6 +1175,87 @@ fn pushes_at_a_lists_head_beside_another_key_read_no_keys() {
     assert_matches(&tree, &ctx, None, &model, &mut rng);
 }
 
+/// The server's sorted-set members (`rec:` and 12 digits, YCSB's record names) under
+/// their collection's 31-byte prefix share 42 bytes. With stems of at most 32 bytes every
+/// member's prefix was `ec:00000`: all of a leaf tied, so each new member read about
+/// log2(200) keys to place itself. Stems reach 56 bytes now, past both; the long stems
+/// must also survive the trip through disk images (bytes 32.. live in header words).
+#[test]
+fn members_sharing_more_than_32_bytes_get_stems_past_them() {
+    let mut rng = StdRng::seed_from_u64(24);
+    let tree = Tree::new(REGION, TreeEpoch(1));
+    let mut ctx = FakeCtx::default();
+    let mut model = Model::new();
+    let member = |n: u64| {
+        let mut k = b"\xff\xfftucana\x00Z\x00\x00\x00\x09rec-index".to_vec();
+        k.extend_from_slice(&7u64.to_be_bytes());
+        k.extend_from_slice(format!("rec:{n:012}").as_bytes());
+        k
+    };
+    assert_eq!(member(0).len() - "rec:000000000000".len(), 31);
+    let mut numbers: Vec<u64> = (0..60_000).collect();
+    numbers.shuffle(&mut rng);
+    let (loaded, later) = numbers.split_at(50_000);
+    for &n in loaded {
+        put(&tree, &mut ctx, &mut model, &member(n));
+    }
+    let report = tree.check(&ctx, tree.root_word()).unwrap();
+    assert!(
+        report.stem_bytes > 40 * report.leaves,
+        "{} stem bytes over {} leaves",
+        report.stem_bytes,
+        report.leaves
+    );
+    let before = ctx.key_reads.load(Relaxed);
+    for &n in later {
+        put(&tree, &mut ctx, &mut model, &member(n));
+    }
+    let per_insert = (ctx.key_reads.load(Relaxed) - before) as f64 / later.len() as f64;
+    assert!(per_insert < 1.0, "{per_insert} log reads per new member");
+    assert_matches(&tree, &ctx, None, &model, &mut rng);
+    let heap_stem_bytes = tree.check(&ctx, tree.root_word()).unwrap().stem_bytes;
+    let sealed = tree.seal();
+    let (root, _) = ctx.persist(&tree, sealed);
+    let disk = Tree::from_disk(REGION, root, TreeEpoch(2));
+    assert_matches(&disk, &ctx, None, &model, &mut rng);
+    let disk_stem_bytes = disk.check(&ctx, disk.root_word()).unwrap().stem_bytes;
+    assert_eq!(disk_stem_bytes, heap_stem_bytes);
+    // The header words a longer stem fills are checked like the rest of the image: a
+    // byte past the stem, or a stem longer than 56 bytes, is corruption.
+    let mut long_stems = 0;
+    for (&off, clean) in &ctx.images {
+        let (kind, len) = image_kind_and_stem_len(&clean[..]);
+        if kind != 1 {
+            continue;
+        }
+        long_stems += usize::from(len > 32);
+        let past_stem = 40 + len.saturating_sub(32);
+        type Damage = fn(&mut [u8], usize);
+        let damages: [(&str, Damage); 2] = [
+            ("a header byte past the stem", |img, at| img[at] = 1),
+            ("a stem of 57 bytes", |img, _| {
+                img[14..16].copy_from_slice(&57u16.to_le_bytes())
+            }),
+        ];
+        for (name, damage) in damages {
+            if past_stem == 64 && name.starts_with("a header byte") {
+                continue;
+            }
+            let mut img = clean.clone();
+            damage(&mut img[..], past_stem);
+            restamp(&mut img[..]);
+            assert!(
+                matches!(
+                    super::verify_image(&img[..], DiskOffset(off), REGION),
+                    Err(Error::Corruption { .. })
+                ),
+                "{name} in a leaf with a {len}-byte stem"
+            );
+        }
+    }
+    assert!(long_stems > 0);
+}
+
 /// `Tree::write_counts` is what larger-than-memory loads are diagnosed with (issue 22):
 /// every full key an insert reads is counted once, as a split's or as an insert's, and
 /// every leaf split is counted (an insert-only tree has one leaf more than splits).

@@ -18,7 +18,8 @@ use std::sync::atomic::{fence, Ordering::*};
 
 use super::{
     Header, InternalNode, LeafNode, Meta, KEY_AREA_BYTES, KIND_INTERNAL, KIND_LEAF,
-    MAX_INT_STEM_BYTES, MAX_STEM_BYTES, W_DISK, W_EPOCH, W_META, W_REGION, W_STEM, W_VERSION,
+    LEAF_STEM_WORDS, MAX_INT_STEM_BYTES, MAX_STEM_BYTES, W_DISK, W_EPOCH, W_META, W_REGION, W_STEM,
+    W_VERSION,
 };
 use crate::types::RegionId;
 
@@ -226,8 +227,8 @@ impl LeafNode {
         assert!(stem.len() <= MAX_STEM_BYTES, "stem of {} bytes", stem.len());
         let mut bytes = [0u8; MAX_STEM_BYTES];
         bytes[..stem.len()].copy_from_slice(stem);
-        for (w, chunk) in self.stem.iter().zip(bytes.chunks_exact(8)) {
-            w.store(
+        for (i, chunk) in bytes.chunks_exact(8).enumerate() {
+            self.stem_word(i).store(
                 u64::from_le_bytes(chunk.try_into().expect("8 bytes")),
                 Relaxed,
             );
@@ -253,8 +254,8 @@ pub(crate) fn heap_copy(src: NonNull<Header>, epoch: u64, region: RegionId) -> N
             d.ptr[i].store(s.ptr[i].load(Relaxed), Relaxed);
             d.hash[i].store(s.hash[i].load(Relaxed), Relaxed);
         }
-        for (dw, sw) in d.stem.iter().zip(&s.stem) {
-            dw.store(sw.load(Relaxed), Relaxed);
+        for i in 0..LEAF_STEM_WORDS {
+            d.stem_word(i).store(s.stem_word(i).load(Relaxed), Relaxed);
         }
         d.hdr.set_meta(m);
         p

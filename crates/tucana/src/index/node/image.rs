@@ -18,11 +18,11 @@ use std::sync::atomic::Ordering::*;
 use super::heap::{alloc_internal, alloc_leaf, as_internal, as_leaf};
 use super::view::{inline_pivot, no_restart, InternalRead, LeafRead, SResult, SearchErr};
 use super::{
-    is_disk_word, Header, Meta, PivotDesc, C_INT, C_LEAF, INT_AREA_AT, INT_CHILD_AT,
-    INT_PIVOT_DESC_AT, INT_PIVOT_PREFIX_AT, INT_STEM_AT, KEY_AREA_BYTES, KIND_INTERNAL, KIND_LEAF,
-    LEAF_HASH_AT, LEAF_PREFIX_AT, LEAF_PTR_AT, LEAF_STEM_AT, MAX_INLINE_PIVOT, MAX_INT_STEM_BYTES,
-    MAX_STEM_BYTES, NODE_BYTES, NODE_MAGIC, PIVOT_EXTERNAL, W_DISK, W_EPOCH, W_META, W_REGION,
-    W_STEM,
+    is_disk_word, leaf_stem_word_at, Header, Meta, PivotDesc, C_INT, C_LEAF, INT_AREA_AT,
+    INT_CHILD_AT, INT_PIVOT_DESC_AT, INT_PIVOT_PREFIX_AT, INT_STEM_AT, KEY_AREA_BYTES,
+    KIND_INTERNAL, KIND_LEAF, LEAF_HASH_AT, LEAF_PREFIX_AT, LEAF_PTR_AT, LEAF_STEM_WORDS,
+    LEAF_TAIL_STEM_BYTES, MAX_INLINE_PIVOT, MAX_INT_STEM_BYTES, MAX_STEM_BYTES, NODE_BYTES,
+    NODE_MAGIC, PIVOT_EXTERNAL, W_DISK, W_EPOCH, W_META, W_REGION, W_STEM,
 };
 use crate::error::{Error, Result};
 use crate::types::{DiskOffset, RegionId};
@@ -110,12 +110,18 @@ impl<'a> DiskNode<'a> {
                 {
                     return Err(bad(format!("bad leaf header {meta:?}")));
                 }
-                // A leaf's stem lives at its end; the header words stay zero.
-                if img[INT_STEM_AT..INT_STEM_AT + MAX_INT_STEM_BYTES]
+                // A leaf's stem past its first 32 bytes is in header words 5..7, zero
+                // past the stem.
+                let past_stem =
+                    INT_STEM_AT + (meta.stem_len as usize).saturating_sub(LEAF_TAIL_STEM_BYTES);
+                if img[past_stem..INT_STEM_AT + MAX_INT_STEM_BYTES]
                     .iter()
                     .any(|&b| b != 0)
                 {
-                    return Err(bad("leaf with non-zero header words 5..7".to_string()));
+                    return Err(bad(format!(
+                        "leaf with non-zero header bytes past its {}-byte stem",
+                        meta.stem_len
+                    )));
                 }
             }
             KIND_INTERNAL => {
@@ -249,7 +255,9 @@ impl LeafRead for DiskNode<'_> {
     }
     fn stem(&self) -> [u8; MAX_STEM_BYTES] {
         let mut out = [0u8; MAX_STEM_BYTES];
-        out.copy_from_slice(&self.img[LEAF_STEM_AT..LEAF_STEM_AT + MAX_STEM_BYTES]);
+        for (i, chunk) in out.chunks_exact_mut(8).enumerate() {
+            chunk.copy_from_slice(&rd64(self.img, leaf_stem_word_at(i)).to_le_bytes());
+        }
         out
     }
     fn validate(&self) -> SResult<()> {
@@ -467,8 +475,12 @@ pub(crate) fn encode_image(
                 leaf.hash[i].load(Relaxed),
             );
         }
-        for (i, w) in leaf.stem.iter().enumerate() {
-            wr64(&mut img[..], LEAF_STEM_AT + 8 * i, w.load(Relaxed));
+        for i in 0..LEAF_STEM_WORDS {
+            wr64(
+                &mut img[..],
+                leaf_stem_word_at(i),
+                leaf.stem_word(i).load(Relaxed),
+            );
         }
     } else {
         // SAFETY: kind checked.

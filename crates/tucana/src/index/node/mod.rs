@@ -26,16 +26,20 @@
 //!   w2  tree epoch the node was created in
 //!   w3  heap: disk offset assigned by a commit (0 = none)   disk: the node's own offset
 //!   w4  region id
-//!   w5..w7  leaf: zero   internal: the stem, node bytes 40..64 in order (each word
-//!           little-endian, so word 5's low byte is stem byte 0); zero past stem_len
+//!   w5..w7  leaf: stem bytes 32..56   internal: stem bytes 0..24; node bytes 40..64 in
+//!           order (each word little-endian, so word 5's low byte is the first of them);
+//!           zero past stem_len
 //! leaf (kind 1, level 0)                       internal (kind 2, level >= 1)
 //!   64    prefix [u64; 200]                      64    child [u64; 129]
 //!   1664  ptr    [u64; 200]                      1096  pivot_prefix [u64; 128]
 //!   3264  hash   [u32; 200]                      2120  pivot_desc [u64; 128]
 //!   4064  stem   [u8; 32]     (ends 4096)        3144  key area (952 bytes)
+//!           (stem bytes 0..32)
 //! pivot_desc = len u32 | area_offset u16 << 32 | flags u16 << 48   (flag 1 = EXTERNAL)
-//! leaf stem: the first stem_len (<= 32) bytes every key of the leaf starts with; a leaf
-//!   entry's prefix is the 8 key bytes after the stem
+//! leaf stem: the first stem_len (<= 56) bytes every key of the leaf starts with; a leaf
+//!   entry's prefix is the 8 key bytes after the stem. Bytes 0..32 end the node, bytes
+//!   32..56 fill header words 5..7, which leaves written before stems grew past 32 bytes
+//!   kept zero: their images read the same
 //! internal stem: the first stem_len (<= 24) bytes every pivot of the node starts with; a
 //!   pivot's prefix is its 8 bytes after the stem. The key area and pivot_desc do not
 //!   depend on the stem: they hold the pivot's bytes from its 8th on and its full length,
@@ -61,7 +65,12 @@ pub const C_LEAF: usize = 200;
 pub const C_INT: usize = 128;
 /// Longest stem a leaf keeps (bytes every key of the leaf starts with, left out of the
 /// entries' prefixes so that keys with long common beginnings still differ in them).
-pub const MAX_STEM_BYTES: usize = 32;
+/// The server's collection sub-keys share 31 bytes before their field or member begins
+/// (reserved tag, family, key length, `rec-index`, version), and a member like
+/// `rec:000000012345` 11 more: 56 bytes reach past both (DESIGN.md, "Stems of 56 bytes").
+pub const MAX_STEM_BYTES: usize = LEAF_TAIL_STEM_BYTES + MAX_INT_STEM_BYTES;
+/// Stem bytes a leaf keeps at its end (the first ones); the rest are in header words 5..7.
+pub(crate) const LEAF_TAIL_STEM_BYTES: usize = 32;
 /// Longest stem an internal node keeps (bytes every pivot of the node starts with, left
 /// out of the pivots' prefixes). Three header words, which were zero before internal
 /// nodes had stems: the stem shares the cache line a search reads first anyway.
@@ -111,9 +120,10 @@ pub(crate) struct LeafNode {
     pub prefix: [AtomicU64; C_LEAF],
     pub ptr: [AtomicU64; C_LEAF],
     pub hash: [AtomicU32; C_LEAF],
-    /// `MAX_STEM_BYTES` bytes in order (word `i` holds bytes `8i..8i+8`, little-endian);
-    /// the first `Meta::stem_len` are the stem, the rest zero.
-    pub stem: [AtomicU64; MAX_STEM_BYTES / 8],
+    /// The stem's first `LEAF_TAIL_STEM_BYTES` bytes in order (word `i` holds bytes
+    /// `8i..8i+8`, little-endian), zero past `Meta::stem_len`; bytes from the 32nd on are
+    /// in header words 5..7 (`W_STEM`).
+    pub stem: [AtomicU64; LEAF_TAIL_STEM_BYTES / 8],
 }
 
 #[repr(C, align(64))]
@@ -142,7 +152,32 @@ const _: () = {
     assert!(KEY_AREA_BYTES.is_multiple_of(8));
     assert!(AREA_FREE_MIN_BYTES >= MAX_INLINE_PIVOT - 8);
     assert!(INT_STEM_AT + MAX_INT_STEM_BYTES == size_of::<Header>());
+    assert!(LEAF_STEM_AT + LEAF_TAIL_STEM_BYTES == NODE_BYTES);
+    assert!(MAX_STEM_BYTES.is_multiple_of(8) && LEAF_TAIL_STEM_BYTES.is_multiple_of(8));
 };
+
+/// Words of a leaf's stem (8 stem bytes each, little-endian).
+pub(crate) const LEAF_STEM_WORDS: usize = MAX_STEM_BYTES / 8;
+
+/// Byte offset in the node of leaf stem word `i` (stem bytes `8i..8i+8`): the first
+/// `LEAF_TAIL_STEM_BYTES` at the node's end, the rest in header words 5..7.
+pub(crate) const fn leaf_stem_word_at(i: usize) -> usize {
+    if i < LEAF_TAIL_STEM_BYTES / 8 {
+        LEAF_STEM_AT + 8 * i
+    } else {
+        INT_STEM_AT + 8 * (i - LEAF_TAIL_STEM_BYTES / 8)
+    }
+}
+
+impl LeafNode {
+    /// Stem word `i` (`i < LEAF_STEM_WORDS`), wherever the layout keeps it.
+    pub(crate) fn stem_word(&self, i: usize) -> &AtomicU64 {
+        match self.stem.get(i) {
+            Some(w) => w,
+            None => &self.hdr.w[W_STEM + i - self.stem.len()],
+        }
+    }
+}
 
 /// Word 1 of the header.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]

@@ -135,9 +135,12 @@ impl LeafRead for HeapLeaf<'_> {
         (self.node.hdr.meta().stem_len as usize).min(MAX_STEM_BYTES)
     }
     fn stem(&self) -> [u8; MAX_STEM_BYTES] {
+        // Only the words the stem reaches: most stems end in the first four (at the
+        // node's end), and the header words past them are zero.
         let mut out = [0u8; MAX_STEM_BYTES];
-        for (chunk, w) in out.chunks_exact_mut(8).zip(&self.node.stem) {
-            chunk.copy_from_slice(&w.load(Relaxed).to_le_bytes());
+        let words = self.stem_len().div_ceil(8);
+        for (i, chunk) in out.chunks_exact_mut(8).take(words).enumerate() {
+            chunk.copy_from_slice(&self.node.stem_word(i).load(Relaxed).to_le_bytes());
         }
         out
     }
