@@ -75,6 +75,7 @@ fn build_base() -> Base {
     let a = db.keyspace("a").expect("keyspace a");
     let b = db.keyspace("b").expect("keyspace b");
     let c = db.keyspace("c").expect("keyspace c");
+    let d = db.keyspace("d").expect("keyspace d");
     // Enough keys for an internal node (a leaf holds 200), long keys for pivots kept by
     // log pointer, and shared 8-byte prefixes for hash ties.
     for i in 0..700u32 {
@@ -98,6 +99,14 @@ fn build_base() -> Base {
     for i in 0..600u32 {
         c.put(format!("key:{:012}", i * 7919 % 100_000).as_bytes(), b"v")
             .expect("put");
+    }
+    // The server's list elements: a 28-byte collection prefix and an 8-byte index, so
+    // leaf stems pass 32 bytes and the internal stem passes 24 (its bytes past the header are
+    // pivot 0's).
+    for i in 0..700u64 {
+        let mut k = b"\xff\xfftucana\x00L\x00\x00\x00\x06mylist\0\0\0\0\0\0\0\x01".to_vec();
+        k.extend_from_slice(&((1u64 << 63) + i * 3 % 700).to_be_bytes());
+        d.put(&k, b"element").expect("put");
     }
     let mut batch = b.batch();
     for i in 0..20u32 {
@@ -133,21 +142,26 @@ fn build_base() -> Base {
     let desc = Descriptor::decode(&desc_bytes, sb.descriptor).expect("descriptor decodes");
     let mut nodes = Vec::new();
     let mut stems = 0;
+    let (mut long_internal_stems, mut long_leaf_stems) = (0, 0);
     for region in &desc.regions {
         let mut todo = vec![region.root];
+        let mut taken = 0;
         while let Some(off) = todo.pop() {
-            if off.0 == 0 || nodes.len() >= 16 {
+            // A few nodes of every region (each keyspace's keys have their own shape).
+            if off.0 == 0 || taken >= 5 {
                 continue;
             }
+            taken += 1;
             let img = read(storage.as_ref(), off.0, BLOCK_BYTES);
             match tucana::index::image_contents(&img, off, region.id).expect("node decodes") {
-                ImageContents::Internal {
-                    children, stem, ..
-                } => {
+                ImageContents::Internal { children, stem, .. } => {
                     stems += usize::from(!stem.is_empty());
+                    long_internal_stems += usize::from(stem.len() > 24);
                     todo.extend(children.into_iter().take(3))
                 }
-                ImageContents::Leaf { .. } => {}
+                ImageContents::Leaf { stem, .. } => {
+                    long_leaf_stems += usize::from(stem.len() > 32);
+                }
             }
             nodes.push((img, off, region.id));
         }
@@ -156,7 +170,14 @@ fn build_base() -> Base {
         nodes.len() >= 2,
         "the base volume has an internal node and leaves"
     );
-    assert!(stems > 0, "the base volume has an internal node with a stem");
+    assert!(
+        stems > 0,
+        "the base volume has an internal node with a stem"
+    );
+    assert!(
+        long_internal_stems > 0 && long_leaf_stems > 0,
+        "the base volume has stems past the header words"
+    );
     let volume = Sparse::from_bytes(&volume);
     let used_blocks = volume.blocks.keys().copied().collect();
     Base {

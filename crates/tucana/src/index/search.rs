@@ -11,8 +11,8 @@
 
 use std::cmp::Ordering;
 
-use super::node::view::{inline_pivot, InternalRead, LeafRead, SResult};
-use super::node::MAX_INLINE_PIVOT;
+use super::node::view::{inline_pivot, InternalRead, LeafRead, SResult, INT_STEM_TAIL_BYTES};
+use super::node::{INT_HEADER_STEM_BYTES, MAX_INLINE_PIVOT};
 use super::{key_prefix, Ctx};
 
 /// Where a key stands against a node's stem (the bytes every key of a leaf, or every pivot
@@ -61,6 +61,26 @@ pub(crate) fn stem_position(stem: &[u8], key: &[u8]) -> StemPos {
     } else {
         StemPos::Inside(key_prefix(&key[stem.len()..]))
     }
+}
+
+/// `stem_position` against the stem of internal node `v` (unvalidated on a reader's heap
+/// view): the header's bytes first, and only for a key that starts with them the bytes
+/// of a longer stem, from pivot 0.
+#[inline]
+fn internal_stem_position<V: InternalRead>(v: &V, key: &[u8]) -> SResult<StemPos> {
+    let stem_len = v.stem_len();
+    let head = v.stem_head();
+    if stem_len <= INT_HEADER_STEM_BYTES {
+        return Ok(stem_position(&head[..stem_len], key));
+    }
+    match stem_position(&head, key) {
+        StemPos::Inside(_) => {}
+        settled => return Ok(settled),
+    }
+    // `key` starts with the header's bytes, so it is at least that long.
+    let mut tail = [0u8; INT_STEM_TAIL_BYTES];
+    let n = v.stem_tail(&mut tail)?;
+    Ok(stem_position(&tail[..n], &key[INT_HEADER_STEM_BYTES..]))
 }
 
 /// `stem_position` against the stem of leaf `l` (unvalidated on a reader's heap view).
@@ -189,7 +209,7 @@ pub(crate) fn child_index<V: InternalRead, C: Ctx>(
     let kp = if stem_len == 0 {
         key_prefix(key)
     } else {
-        match stem_position(&v.stem()[..stem_len], key) {
+        match internal_stem_position(v, key)? {
             StemPos::Below => return Ok(0),
             StemPos::Above => return Ok(n),
             StemPos::Inside(kp) => kp,
@@ -233,7 +253,7 @@ pub(crate) fn child_holds<V: InternalRead, C: Ctx>(
     let kp = if stem_len == 0 {
         key_prefix(key)
     } else {
-        match stem_position(&v.stem()[..stem_len], key) {
+        match internal_stem_position(v, key)? {
             StemPos::Below => return Ok(idx == 0),
             StemPos::Above => return Ok(idx == n),
             StemPos::Inside(kp) => kp,

@@ -17,9 +17,9 @@ use std::ptr::NonNull;
 use std::sync::atomic::{fence, Ordering::*};
 
 use super::{
-    Header, InternalNode, LeafNode, Meta, KEY_AREA_BYTES, KIND_INTERNAL, KIND_LEAF,
-    LEAF_STEM_WORDS, MAX_INT_STEM_BYTES, MAX_STEM_BYTES, W_DISK, W_EPOCH, W_META, W_REGION, W_STEM,
-    W_VERSION,
+    Header, InternalNode, LeafNode, Meta, INT_HEADER_STEM_BYTES, KEY_AREA_BYTES, KIND_INTERNAL,
+    KIND_LEAF, LEAF_STEM_WORDS, MAX_INT_STEM_BYTES, MAX_STEM_BYTES, W_DISK, W_EPOCH, W_META,
+    W_REGION, W_STEM, W_VERSION,
 };
 use crate::types::RegionId;
 
@@ -201,16 +201,19 @@ impl InternalNode {
         }
     }
 
-    /// Writer: stores the stem bytes in header words 5..7 (zero past `stem.len()`); the
-    /// caller sets `Meta::stem_len` and the prefixes in the same seqlock section.
+    /// Writer: stores the stem's first `INT_HEADER_STEM_BYTES` in header words 5..7 (zero
+    /// past `stem.len()`); the caller sets `Meta::stem_len` and the prefixes in the same
+    /// seqlock section, and for a longer stem makes sure pivot 0 is inline (it holds the
+    /// rest).
     pub fn set_stem(&self, stem: &[u8]) {
         assert!(
             stem.len() <= MAX_INT_STEM_BYTES,
             "internal stem of {} bytes",
             stem.len()
         );
-        let mut bytes = [0u8; MAX_INT_STEM_BYTES];
-        bytes[..stem.len()].copy_from_slice(stem);
+        let head = stem.len().min(INT_HEADER_STEM_BYTES);
+        let mut bytes = [0u8; INT_HEADER_STEM_BYTES];
+        bytes[..head].copy_from_slice(&stem[..head]);
         for (w, chunk) in self.hdr.w[W_STEM..].iter().zip(bytes.chunks_exact(8)) {
             w.store(
                 u64::from_le_bytes(chunk.try_into().expect("8 bytes")),

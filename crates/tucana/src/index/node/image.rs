@@ -19,10 +19,10 @@ use super::heap::{alloc_internal, alloc_leaf, as_internal, as_leaf};
 use super::view::{inline_pivot, no_restart, InternalRead, LeafRead, SResult, SearchErr};
 use super::{
     is_disk_word, leaf_stem_word_at, Header, Meta, PivotDesc, C_INT, C_LEAF, INT_AREA_AT,
-    INT_CHILD_AT, INT_PIVOT_DESC_AT, INT_PIVOT_PREFIX_AT, INT_STEM_AT, KEY_AREA_BYTES,
-    KIND_INTERNAL, KIND_LEAF, LEAF_HASH_AT, LEAF_PREFIX_AT, LEAF_PTR_AT, LEAF_STEM_WORDS,
-    LEAF_TAIL_STEM_BYTES, MAX_INLINE_PIVOT, MAX_INT_STEM_BYTES, MAX_STEM_BYTES, NODE_BYTES,
-    NODE_MAGIC, PIVOT_EXTERNAL, W_DISK, W_EPOCH, W_META, W_REGION, W_STEM,
+    INT_CHILD_AT, INT_HEADER_STEM_BYTES, INT_PIVOT_DESC_AT, INT_PIVOT_PREFIX_AT, INT_STEM_AT,
+    KEY_AREA_BYTES, KIND_INTERNAL, KIND_LEAF, LEAF_HASH_AT, LEAF_PREFIX_AT, LEAF_PTR_AT,
+    LEAF_STEM_WORDS, LEAF_TAIL_STEM_BYTES, MAX_INLINE_PIVOT, MAX_INT_STEM_BYTES, MAX_STEM_BYTES,
+    NODE_BYTES, NODE_MAGIC, PIVOT_EXTERNAL, W_DISK, W_EPOCH, W_META, W_REGION, W_STEM,
 };
 use crate::error::{Error, Result};
 use crate::types::{DiskOffset, RegionId};
@@ -114,7 +114,7 @@ impl<'a> DiskNode<'a> {
                 // past the stem.
                 let past_stem =
                     INT_STEM_AT + (meta.stem_len as usize).saturating_sub(LEAF_TAIL_STEM_BYTES);
-                if img[past_stem..INT_STEM_AT + MAX_INT_STEM_BYTES]
+                if img[past_stem..INT_STEM_AT + INT_HEADER_STEM_BYTES]
                     .iter()
                     .any(|&b| b != 0)
                 {
@@ -132,14 +132,24 @@ impl<'a> DiskNode<'a> {
                 {
                     return Err(bad(format!("bad internal node header {meta:?}")));
                 }
-                let past_stem = INT_STEM_AT + meta.stem_len as usize;
-                if img[past_stem..INT_STEM_AT + MAX_INT_STEM_BYTES]
+                let stem_len = meta.stem_len as usize;
+                let past_stem = INT_STEM_AT + stem_len.min(INT_HEADER_STEM_BYTES);
+                if img[past_stem..INT_STEM_AT + INT_HEADER_STEM_BYTES]
                     .iter()
                     .any(|&b| b != 0)
                 {
                     return Err(bad(format!(
                         "non-zero bytes past the {}-byte stem",
                         meta.stem_len
+                    )));
+                }
+                // A stem longer than the header holds has its other bytes in pivot 0.
+                let d0 = PivotDesc::unpack(rd64(img, INT_PIVOT_DESC_AT));
+                if stem_len > INT_HEADER_STEM_BYTES
+                    && (meta.count == 0 || d0.is_external() || (d0.len_bytes as usize) < stem_len)
+                {
+                    return Err(bad(format!(
+                        "a {stem_len}-byte stem without an inline pivot 0 that long to hold it"
                     )));
                 }
             }
@@ -225,7 +235,7 @@ impl<'a> DiskNode<'a> {
         }
         let mut buf = [0u8; MAX_INLINE_PIVOT];
         let len = no_restart(inline_pivot(self, i, d, &mut buf))?;
-        let stem = InternalRead::stem(self);
+        let stem = no_restart(InternalRead::stem(self))?;
         if !buf[..len].starts_with(&stem[..stem_len]) {
             return Err(self.bad(format!("pivot {i} does not start with the node's stem")));
         }
@@ -282,9 +292,9 @@ impl InternalRead for DiskNode<'_> {
         // `open` checked it.
         self.meta.stem_len as usize
     }
-    fn stem(&self) -> [u8; MAX_INT_STEM_BYTES] {
-        let mut out = [0u8; MAX_INT_STEM_BYTES];
-        out.copy_from_slice(&self.img[INT_STEM_AT..INT_STEM_AT + MAX_INT_STEM_BYTES]);
+    fn stem_head(&self) -> [u8; INT_HEADER_STEM_BYTES] {
+        let mut out = [0u8; INT_HEADER_STEM_BYTES];
+        out.copy_from_slice(&self.img[INT_STEM_AT..INT_STEM_AT + INT_HEADER_STEM_BYTES]);
         out
     }
     fn pivot_prefix(&self, i: usize) -> u64 {
@@ -395,7 +405,7 @@ pub fn image_contents(img: &[u8], off: DiskOffset, region: RegionId) -> Result<I
             });
         }
         Ok(ImageContents::Internal {
-            stem: InternalRead::stem(&d)[..InternalRead::stem_len(&d)].to_vec(),
+            stem: no_restart(InternalRead::stem(&d))?[..InternalRead::stem_len(&d)].to_vec(),
             pivots,
             children: (0..=n)
                 .map(|i| DiskOffset(InternalRead::child(&d, i) & !1))
@@ -437,7 +447,9 @@ pub(crate) fn heap_from_image(d: &DiskNode<'_>, epoch: u64, region: RegionId) ->
         for (w, slot) in node.area.iter().enumerate() {
             slot.store(rd64(d.img, INT_AREA_AT + 8 * w), Relaxed);
         }
-        node.set_stem(&InternalRead::stem(d)[..InternalRead::stem_len(d)]);
+        // The header's part: the rest of a longer stem came with the key area (pivot 0).
+        let head = InternalRead::stem_len(d).min(INT_HEADER_STEM_BYTES);
+        node.set_stem(&InternalRead::stem_head(d)[..head]);
         node.hdr.set_meta(m);
         p
     }
@@ -509,7 +521,7 @@ pub(crate) fn encode_image(
         let mut area = [0u8; KEY_AREA_BYTES];
         node.area_read(0, &mut area[..used]);
         img[INT_AREA_AT..INT_AREA_AT + used].copy_from_slice(&area[..used]);
-        for w in W_STEM..W_STEM + MAX_INT_STEM_BYTES / 8 {
+        for w in W_STEM..W_STEM + INT_HEADER_STEM_BYTES / 8 {
             wr64(&mut img[..], w * 8, node.hdr.w[w].load(Relaxed));
         }
     }
@@ -602,7 +614,8 @@ pub(crate) fn destem_image(img: &mut [u8], mut key_of: impl FnMut(u64) -> Vec<u8
         return;
     }
     let stem_len = m.stem_len as usize;
-    let stem = img[INT_STEM_AT..INT_STEM_AT + stem_len].to_vec();
+    // Only a prefix's first 8 bytes are taken from the stem: the header holds them.
+    let stem = img[INT_STEM_AT..INT_STEM_AT + stem_len.min(INT_HEADER_STEM_BYTES)].to_vec();
     for i in 0..m.count as usize {
         let d = PivotDesc::unpack(rd64(img, INT_PIVOT_DESC_AT + 8 * i));
         let prefix = rd64(img, INT_PIVOT_PREFIX_AT + 8 * i);
@@ -618,7 +631,7 @@ pub(crate) fn destem_image(img: &mut [u8], mut key_of: impl FnMut(u64) -> Vec<u8
     }
     m.stem_len = 0;
     wr64(img, W_META * 8, m.pack());
-    img[INT_STEM_AT..INT_STEM_AT + MAX_INT_STEM_BYTES].fill(0);
+    img[INT_STEM_AT..INT_STEM_AT + INT_HEADER_STEM_BYTES].fill(0);
     let crc = image_crc(img);
     wr64(img, 0, crc as u64 | (NODE_MAGIC as u64) << 32);
 }

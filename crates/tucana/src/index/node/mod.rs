@@ -40,10 +40,14 @@
 //!   entry's prefix is the 8 key bytes after the stem. Bytes 0..32 end the node, bytes
 //!   32..56 fill header words 5..7, which leaves written before stems grew past 32 bytes
 //!   kept zero: their images read the same
-//! internal stem: the first stem_len (<= 24) bytes every pivot of the node starts with; a
+//! internal stem: the first stem_len (<= 56) bytes every pivot of the node starts with; a
 //!   pivot's prefix is its 8 bytes after the stem. The key area and pivot_desc do not
 //!   depend on the stem: they hold the pivot's bytes from its 8th on and its full length,
-//!   so stem_len 0 is the layout of volumes written before internal stems existed.
+//!   so stem_len 0 is the layout of volumes written before internal stems existed. The
+//!   header keeps the stem's first 24 bytes; a longer stem's bytes from the 24th on are
+//!   stored nowhere else than in pivot 0, which must then be inline (its key area run
+//!   holds them from area_at + 16 on). Nodes written before stems grew past 24 bytes
+//!   read unchanged.
 //! child / root word: 0 = none, heap pointer (low bit 0), disk offset | 1
 //! ```
 
@@ -68,13 +72,16 @@ pub const C_INT: usize = 128;
 /// The server's collection sub-keys share 31 bytes before their field or member begins
 /// (reserved tag, family, key length, `rec-index`, version), and a member like
 /// `rec:000000012345` 11 more: 56 bytes reach past both (DESIGN.md, "Stems of 56 bytes").
-pub const MAX_STEM_BYTES: usize = LEAF_TAIL_STEM_BYTES + MAX_INT_STEM_BYTES;
+pub const MAX_STEM_BYTES: usize = LEAF_TAIL_STEM_BYTES + INT_HEADER_STEM_BYTES;
 /// Stem bytes a leaf keeps at its end (the first ones); the rest are in header words 5..7.
 pub(crate) const LEAF_TAIL_STEM_BYTES: usize = 32;
 /// Longest stem an internal node keeps (bytes every pivot of the node starts with, left
-/// out of the pivots' prefixes). Three header words, which were zero before internal
-/// nodes had stems: the stem shares the cache line a search reads first anyway.
-pub const MAX_INT_STEM_BYTES: usize = 24;
+/// out of the pivots' prefixes): as long as a leaf's, for the same keys tie one level up.
+pub const MAX_INT_STEM_BYTES: usize = 56;
+/// Bytes of an internal node's stem kept in the header: three words, which were zero
+/// before internal nodes had stems, in the cache line a search reads first. The rest of
+/// a longer stem is pivot 0's (see the layout above).
+pub(crate) const INT_HEADER_STEM_BYTES: usize = 24;
 /// Longest separator stored inline; longer ones are EXTERNAL (a log pointer to the full key).
 pub const MAX_INLINE_PIVOT: usize = 256;
 /// Bytes of an internal node's key area (pivot bytes beyond the 8-byte prefix).
@@ -151,7 +158,8 @@ const _: () = {
     assert!(NODE_BYTES as u64 == BLOCK_BYTES);
     assert!(KEY_AREA_BYTES.is_multiple_of(8));
     assert!(AREA_FREE_MIN_BYTES >= MAX_INLINE_PIVOT - 8);
-    assert!(INT_STEM_AT + MAX_INT_STEM_BYTES == size_of::<Header>());
+    assert!(INT_STEM_AT + INT_HEADER_STEM_BYTES == size_of::<Header>());
+    assert!(MAX_INT_STEM_BYTES >= INT_HEADER_STEM_BYTES && INT_HEADER_STEM_BYTES >= 8);
     assert!(LEAF_STEM_AT + LEAF_TAIL_STEM_BYTES == NODE_BYTES);
     assert!(MAX_STEM_BYTES.is_multiple_of(8) && LEAF_TAIL_STEM_BYTES.is_multiple_of(8));
 };

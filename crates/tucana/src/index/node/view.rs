@@ -14,8 +14,8 @@
 use std::sync::atomic::Ordering::*;
 
 use super::{
-    InternalNode, LeafNode, PivotDesc, C_INT, C_LEAF, MAX_INLINE_PIVOT, MAX_INT_STEM_BYTES,
-    MAX_STEM_BYTES, W_STEM,
+    InternalNode, LeafNode, PivotDesc, C_INT, C_LEAF, INT_HEADER_STEM_BYTES, MAX_INLINE_PIVOT,
+    MAX_INT_STEM_BYTES, MAX_STEM_BYTES, W_STEM,
 };
 use crate::error::{Error, Result};
 
@@ -73,8 +73,45 @@ pub(crate) trait InternalRead {
     fn child(&self, i: usize) -> u64;
     /// Bytes of the stem, clamped to `MAX_INT_STEM_BYTES`.
     fn stem_len(&self) -> usize;
-    /// All `MAX_INT_STEM_BYTES` stem bytes (the first `stem_len` are the stem).
-    fn stem(&self) -> [u8; MAX_INT_STEM_BYTES];
+    /// The `INT_HEADER_STEM_BYTES` stem bytes of the header (a stem's first ones, zero
+    /// past it).
+    fn stem_head(&self) -> [u8; INT_HEADER_STEM_BYTES];
+    /// All `MAX_INT_STEM_BYTES` stem bytes (the first `stem_len` are the stem): the
+    /// header's, then for a longer stem the same bytes of pivot 0 from the key area. A
+    /// node whose stem is longer than its header holds without an inline pivot 0 long
+    /// enough to hold the rest is corrupt.
+    fn stem(&self) -> SResult<[u8; MAX_INT_STEM_BYTES]> {
+        let mut out = [0u8; MAX_INT_STEM_BYTES];
+        out[..INT_HEADER_STEM_BYTES].copy_from_slice(&self.stem_head());
+        let tail: &mut [u8; INT_STEM_TAIL_BYTES] = (&mut out[INT_HEADER_STEM_BYTES..])
+            .try_into()
+            .expect("the stem's bytes past the header");
+        self.stem_tail(tail)?;
+        Ok(out)
+    }
+    /// Copies the stem's bytes past the header (`stem_len - INT_HEADER_STEM_BYTES` of
+    /// them, none for a stem the header holds) from pivot 0 into `out`; returns how many.
+    #[inline]
+    fn stem_tail(&self, out: &mut [u8; INT_STEM_TAIL_BYTES]) -> SResult<usize> {
+        let len = self.stem_len();
+        if len <= INT_HEADER_STEM_BYTES {
+            return Ok(0);
+        }
+        let d = self.pivot_desc(0);
+        if self.count() == 0 || d.is_external() || (d.len_bytes as usize) < len {
+            self.validate()?;
+            return Err(self.corrupt(&format!(
+                "a {len}-byte stem without an inline pivot 0 that long to hold it"
+            )));
+        }
+        // The key area holds an inline pivot's bytes from its 8th on.
+        let n = len - INT_HEADER_STEM_BYTES;
+        self.area_read(
+            d.area_at as usize + INT_HEADER_STEM_BYTES - 8,
+            &mut out[..n],
+        )?;
+        Ok(n)
+    }
     fn pivot_prefix(&self, i: usize) -> u64;
     fn pivot_desc(&self, i: usize) -> PivotDesc;
     /// Copies key-area bytes; a disk image with a range outside its used area is corrupt.
@@ -84,6 +121,9 @@ pub(crate) trait InternalRead {
     /// Checks a validated child word: non-zero, and for a disk image a disk word.
     fn check_child(&self, word: u64) -> SResult<()>;
 }
+
+/// Most stem bytes an internal node keeps past its header (in pivot 0).
+pub(crate) const INT_STEM_TAIL_BYTES: usize = MAX_INT_STEM_BYTES - INT_HEADER_STEM_BYTES;
 
 /// Copies inline pivot `i` (descriptor `d`, length at most `MAX_INLINE_PIVOT`) into `out`
 /// as the node stores it and returns its length: the first 8 bytes from the stem and the
@@ -102,7 +142,7 @@ pub(crate) fn inline_pivot<V: InternalRead>(
     let stem_len = v.stem_len();
     let from_stem = stem_len.min(8);
     let mut head = [0u8; 16];
-    head[..from_stem].copy_from_slice(&v.stem()[..from_stem]);
+    head[..from_stem].copy_from_slice(&v.stem_head()[..from_stem]);
     head[from_stem..from_stem + 8].copy_from_slice(&v.pivot_prefix(i).to_be_bytes());
     let n = len.min(8);
     out[..n].copy_from_slice(&head[..n]);
@@ -174,9 +214,9 @@ impl InternalRead for HeapInternal<'_> {
     fn stem_len(&self) -> usize {
         (self.node.hdr.meta().stem_len as usize).min(MAX_INT_STEM_BYTES)
     }
-    fn stem(&self) -> [u8; MAX_INT_STEM_BYTES] {
+    fn stem_head(&self) -> [u8; INT_HEADER_STEM_BYTES] {
         // Atomic loads like every field: a reader's copy may be torn until validated.
-        let mut out = [0u8; MAX_INT_STEM_BYTES];
+        let mut out = [0u8; INT_HEADER_STEM_BYTES];
         for (chunk, w) in out.chunks_exact_mut(8).zip(&self.node.hdr.w[W_STEM..]) {
             chunk.copy_from_slice(&w.load(Relaxed).to_le_bytes());
         }

@@ -310,7 +310,7 @@ fn snapshot_internal<V: InternalRead, C: Ctx>(
             children,
             pivots,
             external,
-            stem: v.stem()[..v.stem_len()].to_vec(),
+            stem: v.stem()?[..v.stem_len()].to_vec(),
             stem_len,
             prefixes: (0..n).map(|i| v.pivot_prefix(i)).collect(),
             lens: (0..n).map(|i| v.pivot_desc(i).len_bytes as usize).collect(),
@@ -339,7 +339,8 @@ impl Tree {
                 node: unsafe { as_internal(p) },
                 version: None,
             };
-            out.push((m.level, view.stem()[..view.stem_len()].to_vec()));
+            let stem = no_restart(view.stem()).expect("the writer's own heap node");
+            out.push((m.level, stem[..view.stem_len()].to_vec()));
             todo.extend((0..=view.count()).rev().map(|i| view.child(i)));
         }
         out

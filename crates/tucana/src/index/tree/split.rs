@@ -19,7 +19,7 @@ use std::cmp::Ordering;
 use std::ptr::NonNull;
 use std::sync::atomic::Ordering::*;
 
-use super::write::{common_len, prefix_after_shrink};
+use super::write::{common_len, prefix_after_shrink, stem_room};
 use super::{CountingCtx, Tree};
 use crate::error::{Error, Result};
 use crate::index::node::heap::{as_internal, as_leaf};
@@ -76,7 +76,7 @@ impl Tree {
         let mut used = 0;
         // The stem of a node with one pivot is as much of it as fits; the next pivot
         // shrinks it to what they share.
-        let stem_len = sep.bytes.len().min(MAX_INT_STEM_BYTES);
+        let stem_len = sep.bytes.len().min(stem_room(sep.external.is_none()));
         node.set_stem(&sep.bytes[..stem_len]);
         node.child[0].store(heap_word(old), Relaxed);
         put_pivot(node, 0, &sep, stem_len, &mut used);
@@ -212,9 +212,10 @@ impl Tree {
         let sizes: Vec<usize> = (0..n).map(|i| own.pivot_desc(i).area_bytes()).collect();
         let keep = internal_split_point(&sizes);
         let sep = sep_of(ctx, node, keep)?;
-        // Each half may share more leading bytes than the whole did.
-        let left_stem = Self::grown_internal_stem(ctx, &own, 0..keep)?;
-        let right_stem = Self::grown_internal_stem(ctx, &own, keep + 1..n)?;
+        // Each half may share more leading bytes than the whole did; a half whose first
+        // pivot cannot hold the stem past the header (`stem_room`) may have to share less.
+        let left_stem = Self::half_stem(ctx, &own, 0..keep)?;
+        let right_stem = Self::half_stem(ctx, &own, keep + 1..n)?;
         let r = self.new_internal(running, own.level());
         // SAFETY: just allocated as an internal node.
         let right = unsafe { as_internal(r) };
@@ -231,7 +232,7 @@ impl Tree {
         }
         let stem = match &right_stem {
             Some(rs) => rs.stem.clone(),
-            None => own.stem()[..own.stem_len()].to_vec(),
+            None => no_restart(own.stem())?[..own.stem_len()].to_vec(),
         };
         right.set_stem(&stem);
         let rm = Meta {
@@ -345,15 +346,16 @@ impl Tree {
         ctx: &C,
         v: &HeapInternal<'_>,
         range: std::ops::Range<usize>,
+        room: usize,
     ) -> Result<Option<Restem>> {
         let stem_len = v.stem_len();
-        if range.is_empty() || stem_len >= MAX_INT_STEM_BYTES {
+        if range.is_empty() || stem_len >= room {
             return Ok(None);
         }
         let (mut first, mut last) = (Vec::new(), Vec::new());
         no_restart(pivot_into(v, ctx, range.start, &mut first))?;
         no_restart(pivot_into(v, ctx, range.end - 1, &mut last))?;
-        let new_len = common_len(&first, &last).min(MAX_INT_STEM_BYTES);
+        let new_len = common_len(&first, &last).min(room);
         if new_len <= stem_len {
             return Ok(None);
         }
@@ -380,6 +382,33 @@ impl Tree {
         Ok(Some(Restem {
             stem: first,
             prefixes,
+        }))
+    }
+
+    /// The stem of pivots `range` of the writer's internal node `v` as a node of their
+    /// own (one half of a split), when it is not the node's: grown over what they share
+    /// (`grown_internal_stem`), or cut to the header's bytes when the half's first pivot
+    /// cannot hold the rest (`stem_room`: an EXTERNAL one, or no pivot at all), with
+    /// prefixes that take the bytes given up in front (no pivot read).
+    fn half_stem<C: Ctx>(
+        ctx: &C,
+        v: &HeapInternal<'_>,
+        range: std::ops::Range<usize>,
+    ) -> Result<Option<Restem>> {
+        let room = stem_room(!range.is_empty() && !v.pivot_desc(range.start).is_external());
+        if let Some(grown) = Self::grown_internal_stem(ctx, v, range.clone(), room)? {
+            return Ok(Some(grown));
+        }
+        let stem_len = v.stem_len();
+        if stem_len <= room {
+            return Ok(None);
+        }
+        let old = no_restart(v.stem())?;
+        Ok(Some(Restem {
+            stem: old[..room].to_vec(),
+            prefixes: range
+                .map(|i| prefix_after_shrink(&old[..stem_len], room, v.pivot_prefix(i)))
+                .collect(),
         }))
     }
 
@@ -470,9 +499,13 @@ impl Tree {
             node,
             version: None,
         };
-        let stem = own.stem();
+        let stem = no_restart(own.stem()).expect("the writer's own heap node");
         let old_stem = &stem[..m.stem_len as usize];
-        let stem_len = common_len(old_stem, &sep.bytes);
+        let mut stem_len = common_len(old_stem, &sep.bytes);
+        if idx == 0 {
+            // The new pivot 0 holds the stem past the header.
+            stem_len = stem_len.min(stem_room(sep.external.is_none()));
+        }
         node.hdr.write_begin();
         if stem_len < old_stem.len() {
             for slot in &node.pivot_prefix[..n] {

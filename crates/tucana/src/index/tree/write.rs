@@ -23,10 +23,10 @@ use super::{CountingCtx, Finger, HeapNode, RetiredNode, Sealed, Tree};
 use crate::error::Result;
 use crate::index::node::heap::{as_internal, as_leaf, heap_copy};
 use crate::index::node::image::{heap_from_image, DiskNode};
-use crate::index::node::view::{no_restart, HeapInternal, HeapLeaf, LeafRead};
+use crate::index::node::view::{no_restart, HeapInternal, HeapLeaf, InternalRead, LeafRead};
 use crate::index::node::{
     heap_word, prefetch_leaf_word, Header, InternalNode, LeafNode, Meta, NodeRef, PivotDesc, C_INT,
-    C_LEAF, KEY_AREA_BYTES,
+    C_LEAF, INT_HEADER_STEM_BYTES, KEY_AREA_BYTES, MAX_INT_STEM_BYTES,
 };
 use crate::index::search::{child_index, leaf_entry_of, leaf_position, stem_position, StemPos};
 use crate::index::{key_hash, key_prefix, Ctx};
@@ -368,7 +368,8 @@ impl Tree {
     /// Removes child `idx` of the published `node` (which has at least one pivot) and the
     /// pivot beside it: the left neighbour's pivot when there is one, so that neighbour's
     /// range grows over the removed one, else pivot 0 (the right neighbour's lower fence).
-    /// Compacts the key area.
+    /// Compacts the key area. When pivot 0 goes and the one after it cannot hold the stem
+    /// past the header (`stem_room`), the stem shrinks to the header's bytes.
     fn remove_child(node: &InternalNode, idx: usize) {
         let m = node.hdr.meta();
         let n = m.count as usize;
@@ -377,6 +378,19 @@ impl Tree {
             "remove child {idx} of a node with {n} pivots"
         );
         let gone = idx.saturating_sub(1);
+        let old_len = m.stem_len as usize;
+        let stem_len = if gone == 0 {
+            let next_inline =
+                n >= 2 && !PivotDesc::unpack(node.pivot_desc[1].load(Relaxed)).is_external();
+            old_len.min(stem_room(next_inline))
+        } else {
+            old_len
+        };
+        let own = HeapInternal {
+            node,
+            version: None,
+        };
+        let old_stem = no_restart(own.stem()).expect("the writer's own heap node");
         let mut area = [0u8; KEY_AREA_BYTES];
         let mut descs = [0u64; C_INT];
         let mut prefixes = [0u64; C_INT];
@@ -384,6 +398,9 @@ impl Tree {
         let mut used = 0usize;
         for (j, i) in (0..n).filter(|&i| i != gone).enumerate() {
             prefixes[j] = node.pivot_prefix[i].load(Relaxed);
+            if stem_len < old_len {
+                prefixes[j] = prefix_after_shrink(&old_stem[..old_len], stem_len, prefixes[j]);
+            }
             let d = PivotDesc::unpack(node.pivot_desc[i].load(Relaxed));
             let len = d.area_bytes();
             if len == 0 {
@@ -410,9 +427,13 @@ impl Tree {
             node.child[j].store(*c, Release);
         }
         node.area_write(0, &area[..used]);
+        if stem_len < old_len {
+            node.set_stem(&old_stem[..stem_len]);
+        }
         node.hdr.set_meta(Meta {
             count: m.count - 1,
             area_used: used as u16,
+            stem_len: stem_len as u16,
             ..m
         });
         node.hdr.write_end();
@@ -579,6 +600,17 @@ impl Tree {
     fn copy_heap(&self, p: NonNull<Header>, running: u64) -> NonNull<Header> {
         self.made_node();
         heap_copy(p, running, self.region)
+    }
+}
+
+/// The longest stem an internal node may keep: all `MAX_INT_STEM_BYTES` when its pivot 0
+/// is inline (that pivot's key-area run holds the stem's bytes past the header), only
+/// the header's `INT_HEADER_STEM_BYTES` when it is EXTERNAL or the node has no pivot.
+pub(super) fn stem_room(first_pivot_inline: bool) -> usize {
+    if first_pivot_inline {
+        MAX_INT_STEM_BYTES
+    } else {
+        INT_HEADER_STEM_BYTES
     }
 }
 
