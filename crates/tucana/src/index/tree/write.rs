@@ -386,11 +386,14 @@ impl Tree {
         } else {
             old_len
         };
-        let own = HeapInternal {
-            node,
-            version: None,
-        };
-        let old_stem = no_restart(own.stem()).expect("the writer's own heap node");
+        // The old stem, read only when it is cut: its bytes go in front of every prefix.
+        let cut = (stem_len < old_len).then(|| {
+            let own = HeapInternal {
+                node,
+                version: None,
+            };
+            no_restart(own.stem()).expect("the writer's own heap node")
+        });
         let mut area = [0u8; KEY_AREA_BYTES];
         let mut descs = [0u64; C_INT];
         let mut prefixes = [0u64; C_INT];
@@ -398,8 +401,8 @@ impl Tree {
         let mut used = 0usize;
         for (j, i) in (0..n).filter(|&i| i != gone).enumerate() {
             prefixes[j] = node.pivot_prefix[i].load(Relaxed);
-            if stem_len < old_len {
-                prefixes[j] = prefix_after_shrink(&old_stem[..old_len], stem_len, prefixes[j]);
+            if let Some(old) = &cut {
+                prefixes[j] = prefix_after_shrink(&old[..old_len], stem_len, prefixes[j]);
             }
             let d = PivotDesc::unpack(node.pivot_desc[i].load(Relaxed));
             let len = d.area_bytes();
@@ -427,8 +430,8 @@ impl Tree {
             node.child[j].store(*c, Release);
         }
         node.area_write(0, &area[..used]);
-        if stem_len < old_len {
-            node.set_stem(&old_stem[..stem_len]);
+        if let Some(old) = &cut {
+            node.set_stem(&old[..stem_len]);
         }
         node.hdr.set_meta(Meta {
             count: m.count - 1,
