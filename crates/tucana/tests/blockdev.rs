@@ -6,7 +6,8 @@
 //! Loop devices need root: without it (or without `losetup`) each test prints
 //! "skipped: needs root and loop devices" and passes. Devices are found with
 //! `losetup --find --show` (never a fixed number) and detached by a guard's `Drop`, so a
-//! failing test detaches its devices too.
+//! failing test detaches its devices too. The tests that use devices run one at a time
+//! (`one_at_a_time`): see there why.
 //!
 //! The last test needs no device: freed ranges that read back as stale garbage after a
 //! discard (as a device may return) are never taken for data.
@@ -20,6 +21,24 @@ use tucana::volume::{BlockDevice, MemStorage, MemberSet, Storage};
 use tucana::{Database, Error, Options};
 
 const SLOT_BYTES: u64 = 128 << 20;
+
+/// Held for the whole of every test that uses loop devices.
+///
+/// The story: CI failed once in ~20 runs with "/dev/loop0: the block device is busy" when
+/// a test reopened a device it had just closed. The kernel's exclusive claim (`O_EXCL`)
+/// belongs to the open file, and a test running `losetup` in parallel forks: between the
+/// fork and the exec the child holds a copy of every descriptor of this process, ours
+/// included (close-on-exec closes it only at the exec). Closing our descriptor then
+/// left the claim alive for a moment, and the reopen was refused. Nothing in the engine
+/// forks; only this test process mixes spawning with device claims, so its device tests
+/// take turns.
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static DEVICES: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    // A failed test poisons the lock; the next one still runs.
+    DEVICES
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
 
 /// A loop device over a sparse file, detached when dropped.
 struct LoopDevice {
@@ -118,6 +137,7 @@ fn assert_range(db: &Database, keys: std::ops::Range<u32>, what: &str) {
 
 #[test]
 fn a_volume_of_one_device_refuses_foreign_data_then_formats_writes_and_reopens() {
+    let _turn = one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     let foreign = b"somebody else's file system superblock";
     let Some(dev) = LoopDevice::new(dir.path(), "one", 64 << 20, foreign) else {
@@ -156,6 +176,7 @@ fn a_volume_of_one_device_refuses_foreign_data_then_formats_writes_and_reopens()
 
 #[test]
 fn a_device_beside_two_files_writes_reopens_checks_and_reports_its_kind() {
+    let _turn = one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     let Some(dev) = LoopDevice::new(dir.path(), "m0", 2 * SLOT_BYTES, b"") else {
         return;
@@ -193,6 +214,7 @@ fn a_device_beside_two_files_writes_reopens_checks_and_reports_its_kind() {
 
 #[test]
 fn a_swapped_duplicated_or_foreign_device_is_refused_by_name_and_nothing_written() {
+    let _turn = one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     let Some(dev) = LoopDevice::new(dir.path(), "ours", SLOT_BYTES, b"") else {
         return;
@@ -281,6 +303,7 @@ fn a_swapped_duplicated_or_foreign_device_is_refused_by_name_and_nothing_written
 
 #[test]
 fn a_full_device_passes_its_groups_to_another_member_or_fails_naming_itself() {
+    let _turn = one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     let Some(a) = LoopDevice::new(dir.path(), "a", SLOT_BYTES, b"") else {
         return;
@@ -340,6 +363,7 @@ fn a_full_device_passes_its_groups_to_another_member_or_fails_naming_itself() {
 
 #[test]
 fn a_volume_of_one_device_filled_up_fails_cleanly_and_keeps_what_was_synced() {
+    let _turn = one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     let Some(dev) = LoopDevice::new(dir.path(), "small", 64 << 20, b"") else {
         return;
@@ -396,6 +420,7 @@ fn a_volume_of_one_device_filled_up_fails_cleanly_and_keeps_what_was_synced() {
 
 #[test]
 fn a_volume_of_one_device_survives_a_crash_without_sync() {
+    let _turn = one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     let Some(dev) = LoopDevice::new(dir.path(), "crash", 64 << 20, b"") else {
         return;
@@ -430,6 +455,7 @@ fn a_volume_of_one_device_survives_a_crash_without_sync() {
 /// keys the new volume never held (session 19's known gap of raw devices).
 #[test]
 fn a_reformatted_device_never_replays_the_old_volumes_records() {
+    let _turn = one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     let Some(dev) = LoopDevice::new(dir.path(), "reformat", 64 << 20, b"") else {
         return;
@@ -469,6 +495,7 @@ fn a_reformatted_device_never_replays_the_old_volumes_records() {
 
 #[test]
 fn unaligned_writes_reach_the_device_and_discards_are_counted() {
+    let _turn = one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     let Some(dev) = LoopDevice::new(dir.path(), "raw", 16 << 20, b"") else {
         return;

@@ -145,7 +145,9 @@ impl BlockDevice {
     /// and locks it. Never writes.
     ///
     /// Errors (`Error::Io`, naming the path): not a block device; busy (mounted, or held
-    /// by another opener: the kernel's `O_EXCL` claim); a logical block size that does
+    /// by another opener: the kernel's `O_EXCL` claim, which lasts while any copy of the
+    /// open file does, so a child forked by this process between a close and this open
+    /// holds it until it execs); a logical block size that does
     /// not divide 4 KiB; a device shorter than two blocks. `Error::Locked` when another
     /// handle holds the `flock`.
     pub fn open(path: &Path, min_reservation_bytes: u64) -> Result<BlockDevice> {
