@@ -58,6 +58,9 @@ struct Side {
     /// reaches past the end of `leaf` (`next_ready`); taken instead of copying it again.
     next: LeafCopy,
     next_ready: bool,
+    /// The key `leaf` was copied from when it is a cut copy (`LeafCopy::cut`): the seek
+    /// that goes on after it must be from a later key.
+    cut_from: Vec<u8>,
     /// Entries of `next` asked for, counted from the end this side enters it by.
     next_fetched: usize,
     /// Edge of the records whose cache lines were asked for (see `Range::hint_ahead`):
@@ -93,13 +96,15 @@ impl Side {
     }
 
     /// Makes the leaf `seek` lands on current: the one copied ahead if there is one (it
-    /// only ever is for the fence seek that moves this side on), else a fresh copy.
+    /// only ever is for the fence seek that moves this side on), else a fresh copy (a
+    /// forward one of about `max_entries` from the seek's key on, `copy_leaf_from`).
     fn load_leaf(
         &mut self,
         region: &Region,
         root: Option<u64>,
         seek: Seek<'_>,
         forward: bool,
+        max_entries: usize,
     ) -> Result<()> {
         if self.next_ready {
             std::mem::swap(&mut self.leaf, &mut self.next);
@@ -113,9 +118,13 @@ impl Side {
                 (len - fetched, len - hinted)
             };
         } else {
-            match (seek, forward && !self.started) {
-                // A forward range's first leaf: only from its lower bound on.
-                (Seek::AtOrAfter(key), true) => region.copy_leaf_from(root, key, &mut self.leaf)?,
+            match seek {
+                // Forward: only from the bound or fence on, and no further than the
+                // caller's limit takes it (the copy's high fence then says where the
+                // rest starts).
+                Seek::AtOrAfter(key) if forward => {
+                    region.copy_leaf_from(root, key, max_entries, &mut self.leaf)?
+                }
                 _ => region.copy_leaf(root, seek, &mut self.leaf)?,
             }
             let edge = if forward { 0 } else { self.leaf.ptrs.len() };
@@ -571,8 +580,17 @@ impl Range {
                         _ => None,
                     }
                 };
+                // A cut copy goes on inside its own leaf, from a key not read yet.
+                let seek = seek.filter(|_| !side.leaf.cut);
                 if let Some(seek) = seek {
-                    side.next_ready = region.copy_leaf(*root, seek, &mut side.next).is_ok();
+                    side.next_ready = match seek {
+                        Seek::AtOrAfter(key) => {
+                            let max_entries = left.map_or(usize::MAX, |l| l.saturating_add(1));
+                            region.copy_leaf_from(*root, key, max_entries, &mut side.next)
+                        }
+                        _ => region.copy_leaf(*root, seek, &mut side.next),
+                    }
+                    .is_ok();
                     side.next_fetched = 0;
                     side.next_hinted = 0;
                 }
@@ -661,7 +679,17 @@ impl Range {
                 return Ok(None);
             }
             // Load the next leaf: the one holding the lower bound, then by fences.
-            let seek_key = if self.front.started {
+            let seek_key = if self.front.started && self.front.leaf.cut {
+                // The rest of a cut copy's leaf: from the last key read on, which the
+                // lower bound has moved to (the copy held a key above its seek's, unless
+                // the index is damaged, which would bring the same copy round for ever).
+                match &self.lo {
+                    Bound::Included(k) | Bound::Excluded(k) if *k > self.front.cut_from => {
+                        Some(k.clone())
+                    }
+                    _ => return Err(fences_broken()),
+                }
+            } else if self.front.started {
                 // Keys of the next leaf are >= this leaf's upper fence.
                 match self.front.leaf.high.take() {
                     Some(high) if below_hi(&high, &self.hi) => Some(high),
@@ -680,13 +708,19 @@ impl Range {
                 Some(k) => Seek::AtOrAfter(k),
                 None => Seek::First,
             };
-            self.front.load_leaf(&self.region, self.root, seek, true)?;
+            let max_entries = self.left.map_or(usize::MAX, |l| l.saturating_add(1));
+            self.front
+                .load_leaf(&self.region, self.root, seek, true, max_entries)?;
             // The leaf holding `k` ends after `k`: a damaged index whose fences do not
             // advance would otherwise send this loop round the same leaves for ever.
             if let (Some(k), Some(high)) = (&seek_key, &self.front.leaf.high) {
                 if high <= k {
                     return Err(fences_broken());
                 }
+            }
+            if let (Some(k), true) = (&seek_key, self.front.leaf.cut) {
+                self.front.cut_from.clear();
+                self.front.cut_from.extend_from_slice(k);
             }
             self.front.started = true;
             // The first records are asked for before the bound's own record is read to
@@ -758,7 +792,8 @@ impl Range {
                 Some((k, false)) => Seek::Before(k),
                 None => Seek::Last,
             };
-            self.back.load_leaf(&self.region, self.root, seek, false)?;
+            self.back
+                .load_leaf(&self.region, self.root, seek, false, usize::MAX)?;
             // The leaf holding `k` starts at or before it, the leaf before `k` before it
             // (see `next_front`).
             if let (Some((k, at_or_after)), Some(low)) = (&seek_key, &self.back.leaf.low) {

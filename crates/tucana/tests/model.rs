@@ -93,6 +93,9 @@ enum Dir {
     /// `next_back` where the pattern says `true`, `next` otherwise, cycling, until the
     /// two ends meet.
     Mixed(Vec<bool>),
+    /// `Range::limit(items)` (which caps the leaf copies of its forward side), then as
+    /// `Mixed`: `items` pairs from the two ends together, then nothing.
+    Limited { items: usize, pattern: Vec<bool> },
 }
 
 #[derive(Clone, Debug)]
@@ -234,6 +237,8 @@ fn dir_strategy() -> impl Strategy<Value = Dir> {
         3 => limit.clone().prop_map(|limit| Dir::Forward { limit }),
         3 => limit.prop_map(|limit| Dir::Reverse { limit }),
         2 => prop::collection::vec(any::<bool>(), 1..8).prop_map(Dir::Mixed),
+        2 => (0usize..40, prop::collection::vec(prop::bool::weighted(0.2), 1..6))
+            .prop_map(|(items, pattern)| Dir::Limited { items, pattern }),
     ]
 }
 
@@ -475,6 +480,22 @@ fn drive(what: &str, it: Range, mut want: VecDeque<Entry>, dir: &Dir) {
                     )
                 } else {
                     check(step, "next", item(what, it.next()), want.pop_front())
+                };
+                if done {
+                    break;
+                }
+            }
+        }
+        Dir::Limited { items, pattern } => {
+            let mut it = it.limit(*items);
+            for (step, &back) in pattern.iter().cycle().enumerate() {
+                let taken = step >= *items;
+                let done = if back {
+                    let want = if taken { None } else { want.pop_back() };
+                    check(step, "limited next_back", item(what, it.next_back()), want)
+                } else {
+                    let want = if taken { None } else { want.pop_front() };
+                    check(step, "limited next", item(what, it.next()), want)
                 };
                 if done {
                     break;

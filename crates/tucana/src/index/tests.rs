@@ -261,6 +261,7 @@ fn empty_tree_answers_nothing() {
         stem: vec![7],
         low: Some(vec![1]),
         high: Some(vec![2]),
+        cut: true,
     };
     tree.copy_leaf(&ctx, None, Seek::First, &guard, &mut out)
         .unwrap();
@@ -1477,7 +1478,7 @@ fn a_leaf_copied_from_a_key_is_the_leafs_tail_from_that_key() {
         };
         tree.copy_leaf(&ctx, None, Seek::AtOrAfter(&bound), &guard, &mut whole)
             .unwrap();
-        tree.copy_leaf_from(&ctx, None, &bound, &guard, &mut from)
+        tree.copy_leaf_from(&ctx, None, &bound, usize::MAX, &guard, &mut from)
             .unwrap();
         let start = whole.tie_span(&bound).start;
         assert_eq!(from.ptrs, whole.ptrs[start..]);
@@ -1492,6 +1493,115 @@ fn a_leaf_copied_from_a_key_is_the_leafs_tail_from_that_key() {
         trimmed += usize::from(start > 0);
     }
     assert!(trimmed > 100, "only {trimmed} copies left anything out");
+}
+
+/// `Tree::copy_leaf_from` with a cap (a range with a limit): the copy is the uncapped
+/// copy's first entries, cut past every entry tied with the key and one further, with
+/// the leaf's fences; going on from each cut copy's last key (and from the high fence
+/// after a whole one) visits every key from the bound on, once, in order, even where
+/// keys tie on the bytes a prefix holds. A copy for a sorted set's ten members copied
+/// half a leaf before the cap (`ZRANGEBYSCORE … LIMIT 0 10`, session 28).
+#[test]
+fn a_capped_leaf_copy_ends_past_the_ties_and_goes_on_from_its_last_key() {
+    let mut rng = StdRng::seed_from_u64(31);
+    let tree = Tree::new(REGION, TreeEpoch(1));
+    let mut ctx = FakeCtx::default();
+    let mut model = Model::new();
+    for i in 0..6000u64 {
+        // Half the keys come in groups of about 15 sharing 11 bytes after "user", so a
+        // leaf holds several groups and each group's prefixes tie; half do not tie.
+        let k = if i % 2 == 0 {
+            format!("user{:010}", rng.random_range(0..100_000u64) * 37)
+        } else {
+            let group = rng.random_range(0..200u64);
+            format!(
+                "user{group:03}TIEDTIED{:08}",
+                rng.random_range(0..1_000_000u64)
+            )
+        };
+        put(&tree, &mut ctx, &mut model, k.as_bytes());
+    }
+    let guard = crossbeam_epoch::pin();
+    let (mut whole, mut capped) = (LeafCopy::default(), LeafCopy::default());
+    let (mut cut, mut cut_after_ties) = (0, 0);
+    for round in 0..400 {
+        let bound = match rng.random_range(0..3) {
+            0 => format!("user{:010}", rng.random_range(0..4_000_000u64)).into_bytes(),
+            1 => model
+                .keys()
+                .nth(rng.random_range(0..model.len()))
+                .cloned()
+                .unwrap(),
+            _ => format!(
+                "user{:03}TIEDTIED{:08}",
+                rng.random_range(0..200u64),
+                rng.random_range(0..1_000_000u64)
+            )
+            .into_bytes(),
+        };
+        let cap = rng.random_range(0..24usize);
+        tree.copy_leaf_from(&ctx, None, &bound, usize::MAX, &guard, &mut whole)
+            .unwrap();
+        tree.copy_leaf_from(&ctx, None, &bound, cap, &guard, &mut capped)
+            .unwrap();
+        assert!(!whole.cut);
+        let n = capped.ptrs.len();
+        assert_eq!(capped.ptrs, whole.ptrs[..n], "round {round}");
+        assert_eq!(capped.prefixes, whole.prefixes[..n]);
+        assert_eq!(
+            (&capped.stem, &capped.low, &capped.high),
+            (&whole.stem, &whole.low, &whole.high)
+        );
+        assert_eq!(capped.cut, n < whole.ptrs.len());
+        if capped.cut {
+            cut += 1;
+            let span = whole.tie_span(&bound);
+            assert!(
+                n <= cap.max(1).max(span.end - span.start + 1),
+                "{n} entries copied for a cap of {cap}"
+            );
+            cut_after_ties += usize::from(span.end - span.start > cap);
+            let last = ctx.key(capped.ptrs[n - 1]);
+            assert!(
+                last > bound.as_slice(),
+                "round {round}: a cut copy must move on"
+            );
+        }
+        // Walk on: every key from the bound on, in order.
+        if round % 20 == 0 {
+            let mut seen: Vec<Vec<u8>> = Vec::new();
+            let mut from = bound.clone();
+            for copies in 0.. {
+                assert!(
+                    copies <= model.len(),
+                    "round {round}: the walk does not move on"
+                );
+                tree.copy_leaf_from(&ctx, None, &from, cap, &guard, &mut capped)
+                    .unwrap();
+                for &p in &capped.ptrs {
+                    let key = ctx.key(p).to_vec();
+                    if key >= bound && seen.last().is_none_or(|last| key > *last) {
+                        seen.push(key);
+                    }
+                }
+                from = match (capped.cut, capped.high.take()) {
+                    (true, _) => seen.last().expect("a cut copy moves on").clone(),
+                    (false, Some(high)) => high,
+                    (false, None) => break,
+                };
+            }
+            let want: Vec<Vec<u8>> = model
+                .range(bound.clone()..)
+                .map(|(k, _)| k.clone())
+                .collect();
+            assert_eq!(seen, want, "round {round}: walk from {bound:?}, cap {cap}");
+        }
+    }
+    assert!(cut > 200, "only {cut} copies were cut");
+    assert!(
+        cut_after_ties > 5,
+        "only {cut_after_ties} copies had more ties than the cap"
+    );
 }
 
 /// A leaf split whose boundary entries differ in their prefixes builds the separator from

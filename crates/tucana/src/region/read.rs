@@ -588,17 +588,20 @@ impl Region {
         self.tree.copy_leaf(self, root, seek, &guard, out)
     }
 
-    /// Copies the leaf holding `key`, leaving out its entries certainly below it (see
-    /// `index::Tree::copy_leaf_from`): a forward range's first leaf.
+    /// Copies the leaf holding `key`, leaving out its entries certainly below it and
+    /// those past about `max_entries` (see `index::Tree::copy_leaf_from`): the leaves of
+    /// a forward range.
     pub fn copy_leaf_from(
         &self,
         root: Option<u64>,
         key: &[u8],
+        max_entries: usize,
         out: &mut index::LeafCopy,
     ) -> Result<()> {
         self.check_usable()?;
         let guard = epoch::pin();
-        self.tree.copy_leaf_from(self, root, key, &guard, out)
+        self.tree
+            .copy_leaf_from(self, root, key, max_entries, &guard, out)
     }
 }
 
