@@ -102,10 +102,17 @@ fn read_range(
         return Ok(Vec::new());
     };
     let range = ks.range::<Vec<u8>, _>(bounds);
-    if rev {
-        range.rev().take(limit).collect()
+    // Told how many it takes, the range copies no more of a leaf than that and asks the
+    // device for no record past them; `usize::MAX` (all of it) says nothing.
+    let range = if limit < usize::MAX {
+        range.limit(limit)
     } else {
-        range.take(limit).collect()
+        range
+    };
+    if rev {
+        range.rev().collect()
+    } else {
+        range.collect()
     }
 }
 
