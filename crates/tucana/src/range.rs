@@ -58,8 +58,7 @@ struct Side {
     /// reaches past the end of `leaf` (`next_ready`); taken instead of copying it again.
     next: LeafCopy,
     next_ready: bool,
-    /// The key `leaf` was copied from when it is a cut copy (`LeafCopy::cut`): the seek
-    /// that goes on after it must be from a later key.
+    /// The key a cut `leaf` was copied from: the seek after it must be from a later key.
     cut_from: Vec<u8>,
     /// Entries of `next` asked for, counted from the end this side enters it by.
     next_fetched: usize,
@@ -84,6 +83,40 @@ impl Side {
             } else {
                 0
             }
+    }
+
+    /// Copies the next leaf into `next` early (`Range::prefetch_ahead`) by the seeks that
+    /// move a side on; not past the bounds, nor after a cut copy (its leaf goes on).
+    fn copy_next(
+        &mut self,
+        region: &Region,
+        root: Option<u64>,
+        forward: bool,
+        (lo, hi): (&Bound<Vec<u8>>, &Bound<Vec<u8>>),
+        left: Option<usize>,
+    ) {
+        if self.leaf.cut {
+            return;
+        }
+        let copied = if forward {
+            match &self.leaf.high {
+                Some(high) if below_hi(high, hi) => {
+                    let max_entries = left.map_or(usize::MAX, |l| l.saturating_add(1));
+                    region.copy_leaf_from(root, high, max_entries, &mut self.next)
+                }
+                _ => return,
+            }
+        } else {
+            match &self.leaf.low {
+                Some(low) if above_lo(low, lo) => {
+                    region.copy_leaf(root, Seek::Before(low), &mut self.next)
+                }
+                _ => return,
+            }
+        };
+        self.next_ready = copied.is_ok();
+        self.next_fetched = 0;
+        self.next_hinted = 0;
     }
 
     /// A side that has not started, reusing the buffers of two leaf copies.
@@ -568,32 +601,7 @@ impl Range {
         let long = full_window || side.next_ready || left.is_some();
         if want > 0 && leaf_done && !side.exhausted && long {
             if !side.next_ready {
-                // The same seeks `next_front`/`next_back_inner` make to move on.
-                let seek = if forward {
-                    match &side.leaf.high {
-                        Some(high) if below_hi(high, hi) => Some(Seek::AtOrAfter(high)),
-                        _ => None,
-                    }
-                } else {
-                    match &side.leaf.low {
-                        Some(low) if above_lo(low, lo) => Some(Seek::Before(low)),
-                        _ => None,
-                    }
-                };
-                // A cut copy goes on inside its own leaf, from a key not read yet.
-                let seek = seek.filter(|_| !side.leaf.cut);
-                if let Some(seek) = seek {
-                    side.next_ready = match seek {
-                        Seek::AtOrAfter(key) => {
-                            let max_entries = left.map_or(usize::MAX, |l| l.saturating_add(1));
-                            region.copy_leaf_from(*root, key, max_entries, &mut side.next)
-                        }
-                        _ => region.copy_leaf(*root, seek, &mut side.next),
-                    }
-                    .is_ok();
-                    side.next_fetched = 0;
-                    side.next_hinted = 0;
-                }
+                side.copy_next(region, *root, forward, (lo, hi), *left);
             }
             if side.next_ready {
                 let next = &side.next;
@@ -680,9 +688,8 @@ impl Range {
             }
             // Load the next leaf: the one holding the lower bound, then by fences.
             let seek_key = if self.front.started && self.front.leaf.cut {
-                // The rest of a cut copy's leaf: from the last key read on, which the
-                // lower bound has moved to (the copy held a key above its seek's, unless
-                // the index is damaged, which would bring the same copy round for ever).
+                // The rest of a cut copy's leaf, from the last key read (the bound moved
+                // there: the copy held a key above its seek's, unless the index is damaged).
                 match &self.lo {
                     Bound::Included(k) | Bound::Excluded(k) if *k > self.front.cut_from => {
                         Some(k.clone())

@@ -291,11 +291,12 @@ pub(super) fn members(
         Bound::Excluded(s) => Bound::Excluded(with(s)),
         Bound::Unbounded => super::prefix_end(&prefix),
     };
-    let pairs = kv.range((lo, hi), rev, limit)?;
-    Ok(pairs
-        .into_iter()
-        .map(|(k, v)| (k[prefix.len()..].to_vec(), v))
-        .collect())
+    let mut pairs = kv.range((lo, hi), rev, limit)?;
+    // Each suffix in its key's own buffer: no allocation per pair.
+    for (k, _) in &mut pairs {
+        k.drain(..prefix.len());
+    }
+    Ok(pairs)
 }
 
 /// Every sub-record of a version in `family`, in order.

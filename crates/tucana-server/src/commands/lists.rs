@@ -1,6 +1,6 @@
 //! The list commands: LPUSH, RPUSH, LPUSHX, RPUSHX, LPOP, RPOP (with a count), LLEN,
 //! LINDEX, LSET, LRANGE, LTRIM, LREM, LINSERT, LPOS, LMOVE, RPOPLPUSH. The blocking pops
-//! (BLPOP, BRPOP, BLMOVE) are not served yet.
+//! (BLPOP, BRPOP, BLMOVE, ...) are `blocking`'s, built on `pop_from`.
 //!
 //! A list is its metadata at the client's key (with the index of its first element and
 //! one past its last) and one sub-record per element (`types::Family::List`, index as

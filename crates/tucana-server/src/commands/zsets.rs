@@ -340,10 +340,13 @@ fn by_score(
         rev,
         take,
     )?;
-    let mut out = Vec::new();
-    for (suffix, _) in pairs.into_iter().skip(offset) {
+    let mut out = Vec::with_capacity(pairs.len().saturating_sub(offset));
+    for (mut suffix, _) in pairs.into_iter().skip(offset) {
         let (score, member) = split_score_key(&suffix)?;
-        out.push((member.to_vec(), score));
+        let member_at = suffix.len() - member.len();
+        // The member in the suffix's own buffer: no allocation per item.
+        suffix.drain(..member_at);
+        out.push((suffix, score));
     }
     Ok(out)
 }
