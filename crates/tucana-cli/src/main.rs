@@ -84,6 +84,13 @@ pub struct Cli {
     #[arg(long, global = true)]
     format_device: bool,
 
+    /// Address space reserved for each member's read mapping, in MiB (default 64 GiB;
+    /// `Options::mapping_reservation_bytes`). It costs no memory, but tools that cap a
+    /// process's address space (valgrind, `ulimit -v`) refuse the default; the mapping
+    /// still grows past a smaller reservation with the volume.
+    #[arg(long, global = true, value_name = "MIB")]
+    mapping_reservation_mib: Option<u64>,
+
     /// The keyspace to work in; commands that write create it if missing.
     #[arg(long, global = true, value_name = "NAME", default_value = "default")]
     keyspace: String,
@@ -102,6 +109,10 @@ pub enum MemberDispatch {
 impl Cli {
     /// The volume options the member flags ask for, on top of `options`.
     fn volume_options(&self, options: tucana::Options) -> tucana::Options {
+        let options = match self.mapping_reservation_mib {
+            Some(mib) => options.mapping_reservation_bytes(mib.saturating_mul(1 << 20)),
+            None => options,
+        };
         volume_options(
             self.member_dispatch,
             self.segment_writes_wait_for_device,
@@ -381,7 +392,7 @@ fn run(cli: Cli) -> Result<Outcome, CliError> {
         return rebalance(&cli);
     }
     let db = if cli.command.only_reads() && cli.members.is_empty() {
-        open_read_only(&cli.db)?
+        open_read_only(&cli.db, cli.volume_options(Database::builder()))?
     } else {
         open_members_with(
             &cli.db,
@@ -578,14 +589,14 @@ fn open_volume_with(
 }
 
 /// The volume at `path` opened read-only (`readonly`): nothing is written to its file.
-fn open_read_only(path: &Path) -> Result<Database, CliError> {
+fn open_read_only(path: &Path, options: tucana::Options) -> Result<Database, CliError> {
     if !path.exists() {
         return Err(CliError::msg(format!(
             "no volume at {} (put, load and shell create one; --db names another)",
             path.display()
         )));
     }
-    readonly::open(path, Database::builder()).map_err(|e| open_error(path, e))
+    readonly::open(path, options).map_err(|e| open_error(path, e))
 }
 
 /// Why the volume at `path` could not be opened; a lock names who holds it.

@@ -101,6 +101,52 @@ fn put_get_del_round_trip_across_processes() {
     assert_eq!(stdout(&output), "");
 }
 
+/// The story: `tucana serve` under valgrind (for instruction counts that a noisy machine
+/// cannot blur) failed to open its volume: each member's read mapping reserves 64 GiB of
+/// address space by default, tools that cap a process's address space refuse that, and
+/// no flag changed it (session 28). `ulimit -v` caps it the same way here.
+#[test]
+fn a_capped_address_space_is_served_with_a_smaller_mapping_reservation() {
+    let volume = Volume::new();
+    let capped = |args: &[&str]| {
+        Command::new("sh")
+            .arg("-c")
+            .arg("ulimit -v 4000000 && exec \"$0\" \"$@\"")
+            .arg(env!("CARGO_BIN_EXE_tucana"))
+            .arg("--db")
+            .arg(&volume.path)
+            .args(args)
+            .current_dir(volume.dir.path())
+            .stdin(Stdio::null())
+            .output()
+            .expect("run tucana under ulimit -v")
+    };
+    let refused = capped(&["put", "k", "v"]);
+    assert_ne!(
+        refused.status.code(),
+        Some(0),
+        "the default reservation fits"
+    );
+    assert!(
+        stderr(&refused).contains("cannot open"),
+        "{}",
+        stderr(&refused)
+    );
+    let reserved = ["--mapping-reservation-mib", "256"];
+    assert_exit(
+        &capped(&[&reserved[..], &["put", "k", "v"]].concat()),
+        0,
+        &reserved,
+    );
+    assert_exit(
+        &capped(&[&reserved[..], &["put", "k2", "w"]].concat()),
+        0,
+        &reserved,
+    );
+    assert_eq!(volume.ok(&["get", "k"]), "v\n");
+    assert_eq!(volume.ok(&["get", "k2"]), "w\n");
+}
+
 #[test]
 fn get_or_del_of_a_missing_key_exits_1() {
     let volume = Volume::new();
