@@ -8,7 +8,9 @@
 #
 #   scripts/server-instructions.sh BINARY PRELOAD.resp OUT "BENCHMARK ARGS" [PORT]
 #
-# PRELOAD.resp is fed to `redis-cli --pipe` before counting starts (`-` for none). The
+# PRELOAD.resp is fed to `redis-cli --pipe` before counting starts (`-` for none;
+# `zset:N` for N members rec:000000000000... with scores 0..N-1 scrambled, in a sorted
+# set `rec-index`, the shape of the harness's YCSB index). The
 # benchmark runs with 50 clients plus BENCHMARK ARGS, e.g.
 #   "-n 5000 -P 16 -r 10000 ZRANGEBYSCORE rec-index __rand_int__ +inf LIMIT 0 10"
 # The server reserves 1 GiB for its read mapping (--mapping-reservation-mib), since
@@ -41,7 +43,16 @@ if ! redis-cli -p "$PORT" PING >/dev/null 2>&1; then
   cat "$DIR/log" >&2
   exit 1
 fi
-[ "$PRELOAD" != - ] && redis-cli -p "$PORT" --pipe <"$PRELOAD" >/dev/null
+case $PRELOAD in
+  -) ;;
+  zset:*)
+    awk -v n="${PRELOAD#zset:}" 'BEGIN {
+      for (i = 0; i < n; i++) {
+        m = sprintf("rec:%012d", i); s = (i * 7919) % n
+        printf "*4\r\n$4\r\nZADD\r\n$9\r\nrec-index\r\n$%d\r\n%d\r\n$%d\r\n%s\r\n", length(s ""), s, length(m), m
+      } }' | redis-cli -p "$PORT" --pipe >/dev/null ;;
+  *) redis-cli -p "$PORT" --pipe <"$PRELOAD" >/dev/null ;;
+esac
 callgrind_control -i on "$SERVER" >/dev/null
 # shellcheck disable=SC2086 # ARGS is a list of arguments
 redis-benchmark -p "$PORT" -c 50 -q $ARGS | tr '\r' '\n' | grep "per second" | tail -1
