@@ -101,8 +101,7 @@ impl Side {
         let copied = if forward {
             match &self.leaf.high {
                 Some(high) if below_hi(high, hi) => {
-                    let max_entries = left.map_or(usize::MAX, |l| l.saturating_add(1));
-                    region.copy_leaf_from(root, high, max_entries, &mut self.next)
+                    region.copy_leaf_from(root, high, copy_cap(left), &mut self.next)
                 }
                 _ => return,
             }
@@ -128,9 +127,8 @@ impl Side {
         }
     }
 
-    /// Makes the leaf `seek` lands on current: the one copied ahead if there is one (it
-    /// only ever is for the fence seek that moves this side on), else a fresh copy (a
-    /// forward one of about `max_entries` from the seek's key on, `copy_leaf_from`).
+    /// Makes the leaf `seek` lands on current: the one copied ahead for the fence seek
+    /// that moves this side on, else a fresh copy (forward: `max_entries` from the key).
     fn load_leaf(
         &mut self,
         region: &Region,
@@ -152,9 +150,7 @@ impl Side {
             };
         } else {
             match seek {
-                // Forward: only from the bound or fence on, and no further than the
-                // caller's limit takes it (the copy's high fence then says where the
-                // rest starts).
+                // Forward: from the bound or fence on, no further than the limit takes it.
                 Seek::AtOrAfter(key) if forward => {
                     region.copy_leaf_from(root, key, max_entries, &mut self.leaf)?
                 }
@@ -353,6 +349,11 @@ pub struct Range {
 /// What a range reports when the fences its path gave a leaf are impossible: the leaf it
 /// moved to does not lie beyond the one before, or holds a key outside them. Only a
 /// damaged index (pivots out of order) does that; going on would loop or skip keys.
+/// A forward leaf copy's cap for `left` more items (+1: a bound may exclude its key).
+fn copy_cap(left: Option<usize>) -> usize {
+    left.map_or(usize::MAX, |l| l.saturating_add(1))
+}
+
 fn fences_broken() -> Error {
     Error::corruption(
         "index",
@@ -715,9 +716,8 @@ impl Range {
                 Some(k) => Seek::AtOrAfter(k),
                 None => Seek::First,
             };
-            let max_entries = self.left.map_or(usize::MAX, |l| l.saturating_add(1));
             self.front
-                .load_leaf(&self.region, self.root, seek, true, max_entries)?;
+                .load_leaf(&self.region, self.root, seek, true, copy_cap(self.left))?;
             // The leaf holding `k` ends after `k`: a damaged index whose fences do not
             // advance would otherwise send this loop round the same leaves for ever.
             if let (Some(k), Some(high)) = (&seek_key, &self.front.leaf.high) {

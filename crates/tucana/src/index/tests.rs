@@ -1425,11 +1425,7 @@ fn tie_span_brackets_the_entries_equal_prefixes_cannot_order() {
     for _ in 0..300 {
         let bound = match rng.random_range(0..4) {
             0 => format!("user{:010}", rng.random_range(0..4_000_000u64)).into_bytes(),
-            1 => model
-                .keys()
-                .nth(rng.random_range(0..model.len()))
-                .cloned()
-                .unwrap(),
+            1 => stored_key(&mut rng, &model),
             2 => format!("user{}", rng.random_range(0..1000u64)).into_bytes(),
             _ => [&b"a"[..], b"user", b"v", b""][rng.random_range(0..4)].to_vec(),
         };
@@ -1448,6 +1444,16 @@ fn tie_span_brackets_the_entries_equal_prefixes_cannot_order() {
         }
     }
     assert!(stemmed > 0, "no leaf had a stem");
+}
+
+/// A key of `model` picked at random: a bound that lands on an entry exactly.
+fn stored_key(rng: &mut StdRng, model: &Model) -> Vec<u8> {
+    let at = rng.random_range(0..model.len());
+    model
+        .keys()
+        .nth(at)
+        .cloned()
+        .expect("a key of a model that is not empty")
 }
 
 /// `Tree::copy_leaf_from` (a forward range's first leaf) against `copy_leaf`: the same
@@ -1469,11 +1475,7 @@ fn a_leaf_copied_from_a_key_is_the_leafs_tail_from_that_key() {
     for _ in 0..300 {
         let bound = match rng.random_range(0..3) {
             0 => format!("user{:010}", rng.random_range(0..4_000_000u64)).into_bytes(),
-            1 => model
-                .keys()
-                .nth(rng.random_range(0..model.len()))
-                .cloned()
-                .unwrap(),
+            1 => stored_key(&mut rng, &model),
             _ => [&b"a"[..], b"user", b"v", b""][rng.random_range(0..4)].to_vec(),
         };
         tree.copy_leaf(&ctx, None, Seek::AtOrAfter(&bound), &guard, &mut whole)
@@ -1527,11 +1529,7 @@ fn a_capped_leaf_copy_ends_past_the_ties_and_goes_on_from_its_last_key() {
     for round in 0..400 {
         let bound = match rng.random_range(0..3) {
             0 => format!("user{:010}", rng.random_range(0..4_000_000u64)).into_bytes(),
-            1 => model
-                .keys()
-                .nth(rng.random_range(0..model.len()))
-                .cloned()
-                .unwrap(),
+            1 => stored_key(&mut rng, &model),
             _ => format!(
                 "user{:03}TIEDTIED{:08}",
                 rng.random_range(0..200u64),
