@@ -446,6 +446,7 @@ fn delete_moved(
         batch
             .commit_with(Durability::Buffered)
             .map_err(|e| e.to_string())?;
+        guard.note_abandoned();
         guard.modified(pairs.keys().map(Vec::as_slice), true);
         ks
     };

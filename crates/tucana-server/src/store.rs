@@ -18,7 +18,7 @@
 //! calls that do not wait for I/O beyond appending to a log buffer.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::{Mutex, MutexGuard, RwLock};
@@ -40,10 +40,24 @@ pub struct Slot {
     /// The keyspace may hold deadlines (it has `expiry::MARKER`): reads look deadlines
     /// up only when set (DESIGN.md, "Expiry").
     may_expire: AtomicBool,
+    /// Writes that may have abandoned a collection's version, leaving its sub-records
+    /// behind its key (a value written without reading what it replaced, a big
+    /// collection deleted, an expired one swept or written again), counted after each
+    /// is applied. The collector of old versions rests while this stays as it was at
+    /// the start of its last full round (`collector`).
+    abandonments: AtomicU64,
     /// WATCH's versions of this database's watched keys.
     watches: Arc<WatchTable>,
     /// The clients blocked on this database's keys (BLPOP, ...).
     waiters: Arc<WaitTable>,
+}
+
+/// Where a new slot's count of abandonments starts: each slot made in this process gets
+/// its own band of 2^32, so the collector's cursor, kept by keyspace name, never takes a
+/// new slot under an old name (a region promoted again) for the one it rested on.
+fn first_abandonment_count() -> u64 {
+    static SLOTS_MADE: AtomicU64 = AtomicU64::new(0);
+    SLOTS_MADE.fetch_add(1, Ordering::Relaxed) << 32
 }
 
 /// Whether a keyspace holds the marker of deadlines (an error reads as "may").
@@ -125,6 +139,7 @@ impl Slot {
             index: 0,
             write_lock: Mutex::new(()),
             may_expire: AtomicBool::new(has_marker(handle.as_ref())),
+            abandonments: AtomicU64::new(first_abandonment_count()),
             watches: Arc::default(),
             waiters: Arc::default(),
             handle: RwLock::new(handle),
@@ -176,6 +191,8 @@ impl Slot {
         self.may_expire
             .store(has_marker(handle.as_ref()), Ordering::SeqCst);
         *self.handle.write() = handle;
+        // The promoted keyspace's old versions were never walked here.
+        self.abandonments.fetch_add(1, Ordering::Release);
     }
 
     /// WATCH's table of this database (bumped by writers under the write lock).
@@ -191,6 +208,11 @@ impl Slot {
     /// Whether keys of this database may have deadlines (see the field).
     pub fn may_expire(&self) -> bool {
         self.may_expire.load(Ordering::Acquire)
+    }
+
+    /// How many writes may have abandoned a collection's version so far (see the field).
+    pub fn abandonments(&self) -> u64 {
+        self.abandonments.load(Ordering::Acquire)
     }
 
     /// Takes the write lock of this database (see the module doc).
@@ -222,6 +244,14 @@ impl WriteGuard<'_> {
     /// The marker of deadlines is now written (durably or not, as the write it came with).
     pub fn set_may_expire(&self) {
         self.slot.may_expire.store(true, Ordering::Release);
+    }
+
+    /// A write that may have abandoned a collection's version is applied (see
+    /// `Slot::abandonments`): called after the write, so a collector round that starts
+    /// before this call sees the count change, and one that starts after it sees the
+    /// write.
+    pub fn note_abandoned(&self) {
+        self.slot.abandonments.fetch_add(1, Ordering::Release);
     }
 
     /// The keyspace, if it exists.

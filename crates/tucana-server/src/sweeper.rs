@@ -189,6 +189,10 @@ pub fn sweep(
         batch.delete(&prefixed(&index_key(*deadline_ms, key)));
     }
     batch.commit_with(Durability::Buffered)?;
+    if !deleted.is_empty() {
+        // An expired collection's sub-records stay, for the collector.
+        guard.note_abandoned();
+    }
     // An expired key that is deleted is modified, for WATCH (stored keys: the prefix is
     // part of them).
     guard.modified(deleted.iter().map(Vec::as_slice), false);

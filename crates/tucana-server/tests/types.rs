@@ -444,6 +444,45 @@ fn old_versions_are_collected() {
     server.stop().unwrap();
 }
 
+/// An expired big collection that no sweep deleted (active expiry off), written again:
+/// the write starts a new version over the expired one without reading its records, and
+/// the collector (which had finished its round and rested) must wake and delete them.
+#[test]
+fn an_expired_collection_written_again_leaves_its_records_to_the_collector() {
+    let db = Database::builder().open_in_memory().unwrap();
+    let server = client::start_with(
+        &db,
+        tucana_server::ServerConfig {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            enable_debug_command: true,
+            ..tucana_server::ServerConfig::default()
+        },
+    );
+    let mut con = connect(&server);
+    query::<()>(&mut con, &["DEBUG", "SET-ACTIVE-EXPIRE", "0"]);
+    let members: Vec<(i64, String)> = (0..300).map(|i| (i, format!("m{i}"))).collect();
+    let _: () = con.zadd_multiple("z", &members).unwrap();
+    let ks = db.open_keyspace("default").unwrap();
+    // Each member has two records (by member, by score).
+    assert!(ks.len() > 600);
+    let _: bool = con.pexpire("z", 1).unwrap();
+    wait_until("z expires", || {
+        query::<i64>(&mut con, &["EXISTS", "z"]) == 0
+    });
+    // Rounds of the collector pass over the expired records and keep them: z's metadata
+    // still names their version.
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(ks.len() > 600);
+    assert_eq!(query::<i64>(&mut con, &["ZADD", "z", "1", "new"]), 1);
+    // Left: the marker, z's metadata and its new member's two records.
+    wait_until("the collector deletes the expired version", || {
+        ks.len() == 4
+    });
+    let all: Vec<String> = query(&mut con, &["ZRANGE", "z", "0", "-1"]);
+    assert_eq!(all, vec!["new"]);
+    server.stop().unwrap();
+}
+
 /// Collections written before a restart are all there after it, with their deadlines.
 #[test]
 fn collections_survive_a_restart() {

@@ -588,6 +588,10 @@ fn fast_sets(
         }
         written.push(at..out.len());
     }
+    // A SET over a collection abandons its version (there is none without the marker).
+    if guard.may_expire() {
+        guard.note_abandoned();
+    }
     run.len()
 }
 

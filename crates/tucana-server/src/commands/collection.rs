@@ -213,8 +213,17 @@ impl<'k> Update<'k> {
             }
         }
         let stored_deadline = self.opened.stored_deadline_ms;
+        // The key's version goes on (or there was nothing at the key): every sub-record
+        // it drops is deleted in these writes. Else (a new version over an expired or
+        // replaced key, or a packed hash turned per-field) an old one may be abandoned.
+        let same_version = match &self.opened.meta {
+            Some(old) => old.version == self.meta.version,
+            None => !existed && stored_deadline.is_none(),
+        };
         if emptied {
-            if existed || stored_deadline.is_some() {
+            if same_version && (existed || stored_deadline.is_some()) {
+                self.writes.delete_emptied(self.key, stored_deadline);
+            } else if !same_version {
                 self.writes.delete(self.key, stored_deadline);
             }
         } else {
@@ -222,12 +231,14 @@ impl<'k> Update<'k> {
                 Some(value) => value,
                 None => self.meta.encode(),
             };
-            self.writes.put(
-                self.key,
-                value,
-                stored_deadline,
-                self.opened.live_deadline_ms,
-            );
+            let live_deadline = self.opened.live_deadline_ms;
+            if same_version {
+                self.writes
+                    .put_same_version(self.key, value, stored_deadline, live_deadline);
+            } else {
+                self.writes
+                    .put(self.key, value, stored_deadline, live_deadline);
+            }
         }
         (self.writes, events)
     }

@@ -148,6 +148,11 @@ pub(super) struct Writes {
     /// Keys whose deadline had passed that these writes delete or overwrite: lazy
     /// expiry's deletions, each an `expired` notification once applied.
     expired: Vec<Vec<u8>>,
+    /// A key's value is written or deleted without these writes knowing that nothing
+    /// of it is left behind: if it held a collection, that version's sub-records may
+    /// now belong to no key, and the collector of old versions must walk again
+    /// (`Kv::note_abandoned`).
+    abandons: bool,
 }
 
 impl Writes {
@@ -171,7 +176,22 @@ impl Writes {
     }
 
     /// Writes `value` at `key`, whose stored deadline is `old_ms`, with deadline `new_ms`.
+    /// Whatever `key` held is taken as replaced unread: if it was a collection, its
+    /// version may be abandoned (see `abandons`).
     pub(super) fn put(
+        &mut self,
+        key: &[u8],
+        value: Vec<u8>,
+        old_ms: Option<u64>,
+        new_ms: Option<u64>,
+    ) {
+        self.abandons = true;
+        self.put_same_version(key, value, old_ms, new_ms);
+    }
+
+    /// [`Writes::put`] of a collection's metadata over the version the key already
+    /// holds, or over nothing at all (no value, no deadline): no version is abandoned.
+    pub(super) fn put_same_version(
         &mut self,
         key: &[u8],
         value: Vec<u8>,
@@ -183,8 +203,16 @@ impl Writes {
         self.deadline(key, old_ms, new_ms);
     }
 
-    /// Deletes `key` with its deadline (stored as `old_ms`).
+    /// Deletes `key` with its deadline (stored as `old_ms`); like [`Writes::put`], what it
+    /// held may be a collection whose version is abandoned.
     pub(super) fn delete(&mut self, key: &[u8], old_ms: Option<u64>) {
+        self.abandons = true;
+        self.delete_emptied(key, old_ms);
+    }
+
+    /// [`Writes::delete`] of a collection emptied in its own version: these writes
+    /// delete its last sub-records, so no version is abandoned.
+    pub(super) fn delete_emptied(&mut self, key: &[u8], old_ms: Option<u64>) {
         self.note_expired(key, old_ms);
         self.ops.push((key.to_vec(), None));
         self.deadline(key, old_ms, None);
@@ -211,6 +239,7 @@ impl Writes {
     pub(super) fn append(&mut self, other: Writes) {
         self.ops.extend(other.ops);
         self.deadline |= other.deadline;
+        self.abandons |= other.abandons;
         self.expired.extend(other.expired);
     }
 
@@ -224,6 +253,9 @@ impl Writes {
     pub(super) fn apply(self, kv: &mut dyn Kv) -> tucana::Result<()> {
         if self.deadline {
             kv.note_deadline();
+        }
+        if self.abandons {
+            kv.note_abandoned();
         }
         kv.apply(self.ops)?;
         for key in &self.expired {

@@ -59,6 +59,9 @@ pub(super) trait Kv {
     /// The next `apply` writes a deadline: the store adds the keyspace's marker of
     /// deadlines to it if the keyspace has none yet.
     fn note_deadline(&mut self);
+    /// The next `apply` may abandon a collection's version (`Slot::abandonments`): once
+    /// it is applied, the store counts it, so the collector of old versions walks again.
+    fn note_abandoned(&mut self);
 
     /// The server's run-time settings (OBJECT ENCODING reads Redis's thresholds there).
     fn settings(&self) -> &crate::settings::Settings;
@@ -168,6 +171,8 @@ impl Kv for ReplicaKv<'_> {
     }
 
     fn note_deadline(&mut self) {}
+
+    fn note_abandoned(&mut self) {}
 }
 
 /// Reads on the keyspace as it is; no writes.
@@ -274,6 +279,8 @@ impl Kv for ReadKv<'_> {
     }
 
     fn note_deadline(&mut self) {}
+
+    fn note_abandoned(&mut self) {}
 }
 
 /// Reads and writes under the database's write lock.
@@ -283,6 +290,8 @@ pub(super) struct LockedKv<'a> {
     pub(super) wrote: bool,
     /// `note_deadline` was called: the next `apply` writes a deadline.
     pub(super) deadline_noted: bool,
+    /// `note_abandoned` was called: the next `apply` may abandon a version.
+    abandon_noted: bool,
     /// `Settings::notify_flags` when the command started.
     notify_flags: u32,
 }
@@ -295,6 +304,7 @@ impl<'a> LockedKv<'a> {
             state,
             wrote: false,
             deadline_noted: false,
+            abandon_noted: false,
             notify_flags: state.settings.notify_flags(),
         }
     }
@@ -319,6 +329,7 @@ impl Kv for LockedKv<'_> {
             return Ok(());
         }
         let noted = std::mem::take(&mut self.deadline_noted);
+        let abandons = std::mem::take(&mut self.abandon_noted);
         let marking = with_marker(&mut ops, noted, self.guard.may_expire());
         let ks = self.guard.keyspace(&self.state.store.db)?;
         self.wrote = true;
@@ -329,19 +340,21 @@ impl Kv for LockedKv<'_> {
                 Some(v) => ks.put_with(key, v, Durability::Buffered)?,
                 None => ks.delete_with(key, Durability::Buffered).map(|_| ())?,
             };
-            self.guard.modified([key.as_slice()], slot_prefixed);
-            return Ok(());
+        } else {
+            let mut batch = ks.batch();
+            for (key, value) in &ops {
+                match value {
+                    Some(v) => batch.put(key, v),
+                    None => batch.delete(key),
+                };
+            }
+            batch.commit_with(Durability::Buffered)?;
         }
-        let mut batch = ks.batch();
-        for (key, value) in &ops {
-            match value {
-                Some(v) => batch.put(key, v),
-                None => batch.delete(key),
-            };
-        }
-        batch.commit_with(Durability::Buffered)?;
         if marking {
             self.guard.set_may_expire();
+        }
+        if abandons {
+            self.guard.note_abandoned();
         }
         self.guard
             .modified(ops.iter().map(|(k, _)| k.as_slice()), slot_prefixed);
@@ -369,6 +382,10 @@ impl Kv for LockedKv<'_> {
 
     fn note_deadline(&mut self) {
         self.deadline_noted = true;
+    }
+
+    fn note_abandoned(&mut self) {
+        self.abandon_noted = true;
     }
 
     fn notify_flags(&self) -> u32 {
@@ -408,6 +425,9 @@ pub(super) struct TxKv<'a> {
     deadlines_read: Option<HashMap<Vec<u8>, Option<Vec<u8>>>>,
     /// A queued command wrote a deadline: the batch at the end carries the marker.
     deadline_noted: bool,
+    /// A queued command may have abandoned a collection's version: counted once the
+    /// batch at the end is applied.
+    abandon_noted: bool,
     /// `apply` was called with writes since the last `take_wrote`.
     wrote: bool,
     /// `Settings::notify_flags` when EXEC started.
@@ -426,6 +446,7 @@ impl<'a> TxKv<'a> {
             overlay: BTreeMap::new(),
             deadlines_read: None,
             deadline_noted: false,
+            abandon_noted: false,
             wrote: false,
             notify_flags: state.settings.notify_flags(),
             events: Vec::new(),
@@ -483,6 +504,9 @@ impl<'a> TxKv<'a> {
         batch.commit_with(Durability::Buffered)?;
         if marking {
             self.guard.set_may_expire();
+        }
+        if std::mem::take(&mut self.abandon_noted) {
+            self.guard.note_abandoned();
         }
         let slot_prefixed = self.state.cluster.is_some();
         self.guard
@@ -579,6 +603,10 @@ impl Kv for TxKv<'_> {
 
     fn note_deadline(&mut self) {
         self.deadline_noted = true;
+    }
+
+    fn note_abandoned(&mut self) {
+        self.abandon_noted = true;
     }
 
     fn notify_flags(&self) -> u32 {

@@ -228,6 +228,10 @@ impl Kv for Tombstoning<'_, '_> {
     fn note_deadline(&mut self) {
         self.inner.note_deadline();
     }
+
+    fn note_abandoned(&mut self) {
+        self.inner.note_abandoned();
+    }
 }
 
 fn tryagain() -> Reply {
@@ -320,6 +324,8 @@ pub(super) fn cmd_import(call: &mut Call<'_>, args: &[Vec<u8>]) -> tucana::Resul
     if marking {
         guard.set_may_expire();
     }
+    // Old versions come over with the live ones, and tombstones delete keys unread.
+    guard.note_abandoned();
     let written: Vec<Vec<u8>> = args[3..]
         .chunks(2)
         .map(|p| match split_storage_key(&p[0]) {

@@ -236,6 +236,10 @@ impl Kv for SlotKv<'_> {
         self.inner.note_deadline();
     }
 
+    fn note_abandoned(&mut self) {
+        self.inner.note_abandoned();
+    }
+
     fn notify_flags(&self) -> u32 {
         self.inner.notify_flags()
     }
