@@ -2571,6 +2571,59 @@ fn batches_through_fingers_match_a_btreemap() {
 }
 
 #[test]
+fn runs_of_removes_leave_together_and_match_a_btreemap() {
+    // `remove_run_near` takes keys that are neighbouring entries of the finger's leaf in
+    // one shift. Runs here are a list's pops from its head (often more than a leaf holds,
+    // so leaves empty and are pruned mid-run), with absent keys, a key given twice, keys
+    // out of order and keys of other leaves mixed in, and seals between batches: every
+    // answer and the whole tree must match the model.
+    let mut rng = StdRng::seed_from_u64(0xf6);
+    let tree = Tree::new(REGION, TreeEpoch(1));
+    let mut ctx = FakeCtx::default();
+    let mut model = Model::new();
+    for i in 0..5_000u64 {
+        put(&tree, &mut ctx, &mut model, &redis_key(i));
+    }
+    let mut tail = 0u64;
+    let mut head = 0u64;
+    for batch in 0..2_000u32 {
+        // Pushes at the tail keep the list long enough to pop from.
+        let mut finger = Finger::default();
+        for _ in 0..rng.random_range(0..=300) {
+            put_near(&tree, &mut finger, &mut ctx, &mut model, &list_key(tail));
+            tail += 1;
+        }
+        let mut keys = Vec::new();
+        for _ in 0..rng.random_range(1..=250) {
+            match rng.random_range(0..20) {
+                0 => keys.push(list_key(head + rng.random_range(0..5))), // ahead, or twice
+                1 => keys.push(list_key(head.saturating_sub(3))),        // popped before
+                2 => keys.push(redis_key(rng.random_range(0..6_000))),
+                _ => {
+                    keys.push(list_key(head));
+                    head += 1;
+                }
+            }
+        }
+        let keys: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
+        let mut olds = vec![Some(u64::MAX); keys.len()];
+        let mut finger = Finger::default();
+        tree.remove_run_near(&ctx, &mut finger, &keys, &mut olds)
+            .unwrap();
+        for (key, old) in keys.iter().zip(&olds) {
+            assert_eq!(*old, model.remove(*key), "remove_run_near {key:?}");
+        }
+        if rng.random_bool(0.05) {
+            tree.seal();
+        }
+        if batch % 500 == 499 {
+            assert_matches(&tree, &ctx, None, &model, &mut rng);
+        }
+    }
+    assert_matches(&tree, &ctx, None, &model, &mut rng);
+}
+
+#[test]
 fn a_remove_of_an_absent_key_leaves_the_finger_whole() {
     // The first version of `remove_near` lent the finger's path to the descent and took
     // it back only when the descent moved the finger. A remove of an absent key in

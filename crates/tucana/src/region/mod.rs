@@ -418,15 +418,26 @@ impl Region {
         // A batch's neighbouring keys (a run's pushes or pops of one list) often share a
         // leaf: each after the first is applied there without a descent.
         let mut finger = index::Finger::default();
-        for (op, ptr) in ops.iter().zip(ptrs.iter()) {
+        let mut i = 0;
+        while i < ops.len() {
+            let (op, ptr) = (&ops[i], ptrs[i]);
             if deferrable
                 && self
-                    .try_defer(&mut w, op.key, *ptr)
+                    .try_defer(&mut w, op.key, ptr)
                     .inspect_err(|_| shared.poison())?
             {
                 // An update (the index holds the key, or a key of its prefix and hash).
                 existed += 1;
                 deferred = true;
+                i += 1;
+                continue;
+            }
+            let removes = ops[i..].iter().take_while(|o| o.value.is_none()).count();
+            if ops.len() > 1 && removes > 1 {
+                existed += self
+                    .apply_removes(&mut w, &ops[i..i + removes], &mut finger)
+                    .inspect_err(|_| shared.poison())?;
+                i += removes;
                 continue;
             }
             if !self.deferred.is_empty() {
@@ -437,13 +448,14 @@ impl Region {
                     &mut w,
                     op.key,
                     op.value.is_some(),
-                    *ptr,
+                    ptr,
                     (ops.len() > 1).then_some(&mut finger),
                 )
                 .inspect_err(|_| shared.poison())?
             {
                 existed += 1;
             }
+            i += 1;
         }
         let ticket = shared.write_ticket.fetch_add(1, Ordering::AcqRel) + 1;
         drop(w);
@@ -539,6 +551,36 @@ impl Region {
             self.tree.free_young_heap(self.oldest_snapshot());
         }
         Ok(old.is_some())
+    }
+
+    /// `apply` of a batch's run of consecutive deletes (`ops`, in the batch's key order):
+    /// neighbouring keys leave their leaf together (`Tree::remove_run_near`). Returns how
+    /// many of the keys existed.
+    fn apply_removes(
+        &self,
+        w: &mut Writer,
+        ops: &[Op<'_>],
+        finger: &mut index::Finger,
+    ) -> Result<usize> {
+        if !self.deferred.is_empty() {
+            for op in ops {
+                self.apply_deferred_of(w, op.key)?;
+            }
+        }
+        let keys: Vec<&[u8]> = ops.iter().map(|op| op.key).collect();
+        let mut olds = vec![None; keys.len()];
+        self.tree.remove_run_near(self, finger, &keys, &mut olds)?;
+        let mut existed = 0;
+        for old in olds.into_iter().flatten() {
+            existed += 1;
+            self.keys.fetch_sub(1, Ordering::Relaxed);
+            let len = self.record_header(old)?.total_bytes();
+            self.log.account_dead(w, DiskOffset(old), len);
+        }
+        if self.tree.young_heap_due() {
+            self.tree.free_young_heap(self.oldest_snapshot());
+        }
+        Ok(existed)
     }
 
     /// Applies what replay found after the committed position, in log order: each record

@@ -100,19 +100,45 @@ impl Tree {
         finger: &mut Finger,
         key: &[u8],
     ) -> Result<Option<u64>> {
+        let mut old = [None];
+        self.remove_run_near(ctx, finger, &[key], &mut old)?;
+        Ok(old[0])
+    }
+
+    /// `remove_near` of each of `keys`, a batch's consecutive removes in ascending key
+    /// order; `olds[i]` gets the pointer `keys[i]` mapped to. Keys that are neighbouring
+    /// entries of the finger's leaf leave it in one shift (`Tree::leaf_remove_run`): a
+    /// list's run of 16 pops shifts its leaf twice (after the descent of the first, once
+    /// for the other 15), not 16 times.
+    pub fn remove_run_near<C: Ctx>(
+        &self,
+        ctx: &C,
+        finger: &mut Finger,
+        keys: &[&[u8]],
+        olds: &mut [Option<u64>],
+    ) -> Result<()> {
+        assert_eq!(keys.len(), olds.len(), "one answer per key");
         let _w = self.writer();
-        if let Some(node) = self.finger_leaf(ctx, finger, key)? {
-            finger.hits += 1;
-            let removed = self.leaf_remove(ctx, &finger.path, node, key, key_hash(key))?;
-            if finger.shape != self.shape_changes.load(Relaxed) {
-                finger.clear();
+        let mut i = 0;
+        while i < keys.len() {
+            if let Some(node) = self.finger_leaf(ctx, finger, keys[i])? {
+                let taken =
+                    self.leaf_remove_run(ctx, &finger.path, node, &keys[i..], &mut olds[i..])?;
+                finger.hits += taken as u64;
+                if finger.shape != self.shape_changes.load(Relaxed) {
+                    finger.clear();
+                }
+                i += taken;
+                continue;
             }
-            return Ok(removed);
+            finger.descents += 1;
+            // Not the finger's own path: a remove of an absent key leaves the finger as
+            // it was.
+            let mut path = Vec::new();
+            olds[i] = self.remove_from_root(ctx, keys[i], &mut path, Some(finger))?;
+            i += 1;
         }
-        finger.descents += 1;
-        // Not the finger's own path: a remove of an absent key leaves the finger as it was.
-        let mut path = Vec::new();
-        self.remove_from_root(ctx, key, &mut path, Some(finger))
+        Ok(())
     }
 
     /// The finger's leaf if `key`'s range is that leaf: the finger is not stale, and at

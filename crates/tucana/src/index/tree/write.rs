@@ -268,7 +268,7 @@ impl Tree {
             }
         };
         let shape = self.shape_changes.load(Relaxed);
-        let removed = self.leaf_remove(ctx, path, node, key, kh)?;
+        let removed = self.leaf_remove(ctx, path, node, key)?;
         if let Some(f) = finger {
             f.clear();
             // A pruned leaf (a change of shape) is no place to start from.
@@ -289,8 +289,28 @@ impl Tree {
         path: &[(NonNull<Header>, usize)],
         node: NonNull<Header>,
         key: &[u8],
-        kh: u32,
     ) -> Result<Option<u64>> {
+        let mut old = [None];
+        self.leaf_remove_run(ctx, path, node, &[key], &mut old)?;
+        Ok(old[0])
+    }
+
+    /// `leaf_remove` of `keys[0]`, then of each following key of `keys` while it is the
+    /// entry right after the last one removed: such a run leaves the leaf together, in one
+    /// shift of the entries after it inside one seqlock write, where removing them one by
+    /// one shifted those entries once per key (a list's run of pops takes entry after
+    /// entry from the front of a leaf). A reader sees none of the run removed or all of
+    /// it, which is the batch applied up to before or after the run. `olds[j]` gets the
+    /// pointer `keys[j]` mapped to; returns how many keys were taken, at least one (the
+    /// first, even when absent, with `None`).
+    pub(super) fn leaf_remove_run<C: Ctx>(
+        &self,
+        ctx: &C,
+        path: &[(NonNull<Header>, usize)],
+        node: NonNull<Header>,
+        keys: &[&[u8]],
+        olds: &mut [Option<u64>],
+    ) -> Result<usize> {
         let running = self.running.load(Relaxed);
         // SAFETY: callers pass a live leaf of the running epoch (`writable_leaf`'s, or a
         // finger's that no change of shape made stale).
@@ -300,32 +320,55 @@ impl Tree {
             version: None,
         };
         let counting = CountingCtx::new(ctx);
-        let position = no_restart(leaf_position(&own, &counting, key, kh));
-        Self::count(&self.insert_key_reads, counting.reads());
-        let (pos, found) = position?;
-        if !found {
-            // After the probe, only a log answering differently could get here; through a
-            // finger, the key is absent. Nothing was removed.
-            return Ok(None);
-        }
+        let found_at = |key: &[u8]| no_restart(leaf_position(&own, &counting, key, key_hash(key)));
+        let first = found_at(keys[0]);
         let m = leaf.hdr.meta();
         let n = m.count as usize;
-        let old = leaf.ptr[pos].load(Relaxed);
+        let mut taken = 0;
+        let pos = match first {
+            Ok((pos, true)) => pos,
+            other => {
+                Self::count(&self.insert_key_reads, counting.reads());
+                // After the probe, only a log answering differently could get here;
+                // through a finger, the key is absent. Nothing was removed.
+                olds[0] = None;
+                return other.map(|_| 1);
+            }
+        };
+        // The run's keys are confirmed before anything moves: an error leaves the leaf
+        // as it was.
+        while taken < keys.len() && pos + taken < n {
+            if taken > 0 {
+                match found_at(keys[taken]) {
+                    Ok((at, true)) if at == pos + taken => {}
+                    // Not the next entry (absent, or elsewhere): the run ends here, and
+                    // the caller goes on from that key.
+                    Ok(_) => break,
+                    Err(e) => {
+                        Self::count(&self.insert_key_reads, counting.reads());
+                        return Err(e);
+                    }
+                }
+            }
+            olds[taken] = Some(leaf.ptr[pos + taken].load(Relaxed));
+            taken += 1;
+        }
+        Self::count(&self.insert_key_reads, counting.reads());
         leaf.hdr.write_begin();
-        for i in pos..n - 1 {
-            leaf.prefix[i].store(leaf.prefix[i + 1].load(Relaxed), Relaxed);
-            leaf.ptr[i].store(leaf.ptr[i + 1].load(Relaxed), Relaxed);
-            leaf.hash[i].store(leaf.hash[i + 1].load(Relaxed), Relaxed);
+        for i in pos..n - taken {
+            leaf.prefix[i].store(leaf.prefix[i + taken].load(Relaxed), Relaxed);
+            leaf.ptr[i].store(leaf.ptr[i + taken].load(Relaxed), Relaxed);
+            leaf.hash[i].store(leaf.hash[i + taken].load(Relaxed), Relaxed);
         }
         leaf.hdr.set_meta(Meta {
-            count: m.count - 1,
+            count: m.count - taken as u16,
             ..m
         });
         leaf.hdr.write_end();
-        if m.count == 1 {
+        if taken == n {
             self.prune_empty(path, node, running);
         }
-        Ok(Some(old))
+        Ok(taken)
     }
 
     /// Takes the empty `leaf` (reached through `path`, all writable nodes of the running
