@@ -2624,6 +2624,67 @@ fn runs_of_removes_leave_together_and_match_a_btreemap() {
 }
 
 #[test]
+fn runs_of_inserts_go_in_together_and_match_a_btreemap() {
+    // `insert_run_near` puts new keys that fall into one gap of the finger's leaf in with
+    // one shift. Batches here are a list's pushes at its head (sorted ascending, as a
+    // batch is, each below every element), appends at its tail (the gap at a leaf's end,
+    // where the next key may belong to the next leaf), updates of present keys and
+    // random keys mixed in, runs longer than a leaf holds, and seals between batches:
+    // every answer and the whole tree must match the model.
+    let mut rng = StdRng::seed_from_u64(0xf7);
+    let tree = Tree::new(REGION, TreeEpoch(1));
+    let mut ctx = FakeCtx::default();
+    let mut model = Model::new();
+    for i in 0..5_000u64 {
+        put(&tree, &mut ctx, &mut model, &redis_key(i * 2));
+    }
+    let (mut head, mut tail) = (1u64 << 40, 1u64 << 40);
+    for batch in 0..1_500u32 {
+        let mut keys = Vec::new();
+        let pushes = rng.random_range(1..=250);
+        match rng.random_range(0..3) {
+            0 => {
+                head -= pushes;
+                keys.extend((head..head + pushes).map(list_key));
+            }
+            1 => {
+                keys.extend((tail..tail + pushes).map(list_key));
+                tail += pushes;
+            }
+            _ => keys.extend((0..pushes).map(|_| redis_key(rng.random_range(0..11_000)))),
+        }
+        for _ in 0..rng.random_range(0..4) {
+            let stray = match rng.random_range(0..3) {
+                0 => list_key(rng.random_range(head..tail.max(head + 1))),
+                1 => redis_key(rng.random_range(0..11_000)),
+                _ => random_key(&mut rng, 12),
+            };
+            keys.insert(rng.random_range(0..=keys.len()), stray);
+        }
+        let ptrs: Vec<u64> = keys.iter().map(|k| ctx.add(k)).collect();
+        let keys: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
+        let mut olds = vec![Some(u64::MAX); keys.len()];
+        let mut finger = Finger::default();
+        tree.insert_run_near(&ctx, &mut finger, &keys, &ptrs, &mut olds)
+            .unwrap();
+        for ((key, ptr), old) in keys.iter().zip(&ptrs).zip(&olds) {
+            assert_eq!(
+                *old,
+                model.insert(key.to_vec(), *ptr),
+                "insert_run_near {key:?}"
+            );
+        }
+        if rng.random_bool(0.05) {
+            tree.seal();
+        }
+        if batch % 500 == 499 {
+            assert_matches(&tree, &ctx, None, &model, &mut rng);
+        }
+    }
+    assert_matches(&tree, &ctx, None, &model, &mut rng);
+}
+
+#[test]
 fn a_remove_of_an_absent_key_leaves_the_finger_whole() {
     // The first version of `remove_near` lent the finger's path to the descent and took
     // it back only when the descent moved the finger. A remove of an absent key in

@@ -432,12 +432,18 @@ impl Region {
                 i += 1;
                 continue;
             }
-            let removes = ops[i..].iter().take_while(|o| o.value.is_none()).count();
-            if ops.len() > 1 && removes > 1 {
+            // A run of puts or of deletes goes to the index together: neighbouring keys
+            // share one shift of their leaf (`Tree::insert_run_near`, `remove_run_near`).
+            let put = op.value.is_some();
+            let run = ops[i..]
+                .iter()
+                .take_while(|o| o.value.is_some() == put)
+                .count();
+            if ops.len() > 1 && run > 1 {
                 existed += self
-                    .apply_removes(&mut w, &ops[i..i + removes], &mut finger)
+                    .apply_run(&mut w, &ops[i..i + run], &ptrs[i..i + run], &mut finger)
                     .inspect_err(|_| shared.poison())?;
-                i += removes;
+                i += run;
                 continue;
             }
             if !self.deferred.is_empty() {
@@ -553,13 +559,15 @@ impl Region {
         Ok(old.is_some())
     }
 
-    /// `apply` of a batch's run of consecutive deletes (`ops`, in the batch's key order):
-    /// neighbouring keys leave their leaf together (`Tree::remove_run_near`). Returns how
-    /// many of the keys existed.
-    fn apply_removes(
+    /// `apply` of a batch's run of consecutive puts or of consecutive deletes (`ops`, in
+    /// the batch's order, appended at `ptrs`): neighbouring keys go into or leave their
+    /// leaf together (`Tree::insert_run_near`, `Tree::remove_run_near`). Returns how many
+    /// of the keys existed.
+    fn apply_run(
         &self,
         w: &mut Writer,
         ops: &[Op<'_>],
+        ptrs: &[DiskOffset],
         finger: &mut index::Finger,
     ) -> Result<usize> {
         if !self.deferred.is_empty() {
@@ -569,11 +577,22 @@ impl Region {
         }
         let keys: Vec<&[u8]> = ops.iter().map(|op| op.key).collect();
         let mut olds = vec![None; keys.len()];
-        self.tree.remove_run_near(self, finger, &keys, &mut olds)?;
-        let mut existed = 0;
+        let put = ops[0].value.is_some();
+        if put {
+            let ptrs: Vec<u64> = ptrs.iter().map(|p| p.0).collect();
+            self.tree
+                .insert_run_near(self, finger, &keys, &ptrs, &mut olds)?;
+        } else {
+            self.tree.remove_run_near(self, finger, &keys, &mut olds)?;
+        }
+        let existed = olds.iter().flatten().count();
+        let changed = keys.len() - existed;
+        if put {
+            self.keys.fetch_add(changed as u64, Ordering::Relaxed);
+        } else {
+            self.keys.fetch_sub(existed as u64, Ordering::Relaxed);
+        }
         for old in olds.into_iter().flatten() {
-            existed += 1;
-            self.keys.fetch_sub(1, Ordering::Relaxed);
             let len = self.record_header(old)?.total_bytes();
             self.log.account_dead(w, DiskOffset(old), len);
         }

@@ -4,7 +4,9 @@
 //!
 //! Owns: the finger's state (the leaf, the internal nodes above it with the child index
 //! taken in each, the tree's count of shape changes when it was taken), the test of
-//! whether a key's range is that leaf, and the writer's insert and remove through it.
+//! whether a key's range is that leaf, and the writer's inserts and removes through it,
+//! one key at a time or a batch's run of them (whose neighbouring keys the leaf takes in
+//! or gives up in one shift, `write`'s `leaf_insert_run`/`leaf_remove_run`).
 //! Does not own: descents from the root, splits, pruning (`write`, `split`), searches
 //! inside a node (`search`).
 //!
@@ -26,7 +28,7 @@ use crate::index::node::heap::{as_internal, as_leaf};
 use crate::index::node::view::{no_restart, HeapInternal};
 use crate::index::node::Header;
 use crate::index::search::{child_holds, child_index};
-use crate::index::{key_hash, Ctx};
+use crate::index::Ctx;
 
 /// Where the previous write of a batch landed. Start each batch with `Finger::default()`
 /// and pass it to [`Tree::insert_near`] and [`Tree::remove_near`] for each of its keys.
@@ -77,18 +79,56 @@ impl Tree {
         key: &[u8],
         ptr: u64,
     ) -> Result<Option<u64>> {
+        let mut old = [None];
+        self.insert_run_near(ctx, finger, &[key], &[ptr], &mut old)?;
+        Ok(old[0])
+    }
+
+    /// `insert_near` of each of `keys` (to `ptrs`), a batch's consecutive puts in
+    /// ascending key order; `olds[i]` gets the pointer `keys[i]` replaced. New keys that
+    /// fall into one gap of the finger's leaf go in together, in one shift
+    /// (`Tree::leaf_insert_run`): a list's run of 16 pushes at its head shifts its leaf
+    /// twice, not 16 times.
+    pub fn insert_run_near<C: Ctx>(
+        &self,
+        ctx: &C,
+        finger: &mut Finger,
+        keys: &[&[u8]],
+        ptrs: &[u64],
+        olds: &mut [Option<u64>],
+    ) -> Result<()> {
+        assert!(
+            keys.len() == ptrs.len() && keys.len() == olds.len(),
+            "one pointer and one answer per key"
+        );
         let _w = self.writer();
-        if let Some(node) = self.finger_leaf(ctx, finger, key)? {
-            // SAFETY: a finger's leaf is live and writable (module doc).
-            let leaf = unsafe { as_leaf(node) };
-            if !leaf.hdr.meta().is_full() {
-                assert!(ptr != 0, "log pointer 0 names no record");
-                finger.hits += 1;
-                return self.leaf_insert(ctx, leaf, key, key_hash(key), ptr);
+        let mut i = 0;
+        while i < keys.len() {
+            assert!(ptrs[i] != 0, "log pointer 0 names no record");
+            if let Some(node) = self.finger_leaf(ctx, finger, keys[i])? {
+                // SAFETY: a finger's leaf is live and writable (module doc).
+                let leaf = unsafe { as_leaf(node) };
+                if !leaf.hdr.meta().is_full() {
+                    let seen: &Finger = finger;
+                    let mut in_leaf = |k: &[u8]| Ok(self.finger_leaf(ctx, seen, k)?.is_some());
+                    let taken = self.leaf_insert_run(
+                        ctx,
+                        leaf,
+                        &keys[i..],
+                        &ptrs[i..],
+                        &mut olds[i..],
+                        &mut in_leaf,
+                    )?;
+                    finger.hits += taken as u64;
+                    i += taken;
+                    continue;
+                }
             }
+            finger.descents += 1;
+            olds[i] = self.insert_from_root(ctx, keys[i], ptrs[i], Some(finger))?;
+            i += 1;
         }
-        finger.descents += 1;
-        self.insert_from_root(ctx, key, ptr, Some(finger))
+        Ok(())
     }
 
     /// `remove` for one key of a batch: in the finger's leaf when `key`'s range is that

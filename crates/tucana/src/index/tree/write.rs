@@ -176,6 +176,98 @@ impl Tree {
         Ok(None)
     }
 
+    /// `leaf_insert` of `keys[0]` (to `ptrs[0]`), and with it each following key of `keys`
+    /// while it is new to the leaf, needs no shorter stem, goes into the same gap between
+    /// two entries as the first and sorts above the key before it (and, where that gap
+    /// is the leaf's end, `in_leaf` says it is inside the leaf's range): such a run goes
+    /// in together, in one shift of the entries after the gap inside one seqlock write,
+    /// where inserting the keys one by one shifted those entries once per key (a list's
+    /// run of pushes at its head puts entry after entry in front of a leaf). A reader
+    /// sees none of the run or all of it. A first key already in the leaf is an update
+    /// alone. `olds[j]` gets the pointer `keys[j]` replaced (`None` for every key of a
+    /// run); returns how many keys were taken, at least one. The leaf must have room.
+    pub(super) fn leaf_insert_run<C: Ctx>(
+        &self,
+        ctx: &C,
+        leaf: &LeafNode,
+        keys: &[&[u8]],
+        ptrs: &[u64],
+        olds: &mut [Option<u64>],
+        in_leaf: &mut dyn FnMut(&[u8]) -> Result<bool>,
+    ) -> Result<usize> {
+        const RUN_MAX: usize = 64;
+        let own = HeapLeaf {
+            node: leaf,
+            version: None,
+        };
+        let m = leaf.hdr.meta();
+        let n = m.count as usize;
+        assert!(n < C_LEAF && !keys.is_empty(), "insert into a full leaf");
+        let stem = own.stem();
+        let stem = &stem[..own.stem_len()];
+        let counting = CountingCtx::new(ctx);
+        let mut entries = [(0u64, 0u32); RUN_MAX];
+        let mut gap = None;
+        let mut taken = 0;
+        while taken < keys.len().min(RUN_MAX) && n + taken < C_LEAF {
+            let key = keys[taken];
+            let StemPos::Inside(kp) = stem_position(stem, key) else {
+                if taken == 0 {
+                    // The stem shrinks for this key first: `leaf_insert` does both.
+                    olds[0] = self.leaf_insert(ctx, leaf, key, key_hash(key), ptrs[0])?;
+                    return Ok(1);
+                }
+                break;
+            };
+            let kh = key_hash(key);
+            let position = no_restart(leaf_position(&own, &counting, key, kh));
+            let (pos, found) = match position {
+                Ok(found_at) => found_at,
+                Err(e) => {
+                    Self::count(&self.insert_key_reads, counting.reads());
+                    return Err(e);
+                }
+            };
+            if found && taken == 0 {
+                Self::count(&self.insert_key_reads, counting.reads());
+                // An update: one atomic word, as in `leaf_insert`.
+                olds[0] = Some(leaf.ptr[pos].swap(ptrs[0], Release));
+                return Ok(1);
+            }
+            if found {
+                break;
+            }
+            match gap {
+                None => gap = Some(pos),
+                Some(g) if g == pos && keys[taken - 1] < key && (pos < n || in_leaf(key)?) => {}
+                Some(_) => break,
+            }
+            entries[taken] = (kp, kh);
+            taken += 1;
+        }
+        Self::count(&self.insert_key_reads, counting.reads());
+        let at = gap.expect("the first key is new to a leaf with room: it has a gap");
+        leaf.hdr.write_begin();
+        for i in (at..n).rev() {
+            leaf.prefix[i + taken].store(leaf.prefix[i].load(Relaxed), Relaxed);
+            leaf.ptr[i + taken].store(leaf.ptr[i].load(Relaxed), Relaxed);
+            leaf.hash[i + taken].store(leaf.hash[i].load(Relaxed), Relaxed);
+        }
+        for (j, &(kp, kh)) in entries[..taken].iter().enumerate() {
+            assert!(ptrs[j] != 0, "log pointer 0 names no record");
+            leaf.prefix[at + j].store(kp, Relaxed);
+            leaf.ptr[at + j].store(ptrs[j], Relaxed);
+            leaf.hash[at + j].store(kh, Relaxed);
+        }
+        leaf.hdr.set_meta(Meta {
+            count: m.count + taken as u16,
+            ..m
+        });
+        leaf.hdr.write_end();
+        olds[..taken].fill(None);
+        Ok(taken)
+    }
+
     /// Cuts the stem of the published `leaf` to its first `keep` bytes, rewriting every
     /// prefix (no log reads: the bytes given up are in the stem).
     fn shrink_stem(leaf: &LeafNode, stem: &[u8], keep: usize) {
