@@ -16,7 +16,7 @@ use tucana::Durability;
 
 use crate::expiry::{deadline_key, decode_deadline, is_reserved, now_ms};
 use crate::metrics::Tally;
-use crate::resp::{encode_bulk, encode_error, encode_nil, Args, Reply, Requests};
+use crate::resp::{encode_bulk, encode_error, encode_nil, ArgsBuf, Reply, Requests};
 use crate::state::ServerState;
 use crate::syncer::NotDurable;
 
@@ -52,6 +52,7 @@ pub fn execute_batch(
         read: Vec::new(),
     };
     let mut args: Vec<&[u8]> = Vec::new();
+    let mut owned = ArgsBuf::default();
     // Requests before this index run on the general path (a run of them failed).
     let mut one_by_one_until = 0;
     // Requests before this index had their keys' records asked for (`prefetch`).
@@ -112,13 +113,12 @@ pub fn execute_batch(
                 one_by_one_until = i + run;
             }
         }
-        let owned: Args = args.iter().map(|a| a.to_vec()).collect();
         let mut call = Call {
             state,
             session: &mut *session,
             wrote: false,
         };
-        run_general(&mut call, &owned, &mut replies);
+        run_general(&mut call, owned.fill(&args), &mut replies);
         // A blocked request is its batch's last (the connection decodes up to it).
         if session.close_after_reply || session.blocked.is_some() {
             break;
@@ -135,7 +135,7 @@ pub fn execute_batch(
 
 /// Runs one request on the general path and encodes its reply; a blocking pop that
 /// found nothing notes where its placeholder reply starts.
-fn run_general(call: &mut Call<'_>, args: &Args, replies: &mut Replies<'_>) {
+fn run_general(call: &mut Call<'_>, args: &[Vec<u8>], replies: &mut Replies<'_>) {
     let reads = call.session.reads_noted;
     let reply = execute(call, args);
     if reply.is_error() {
@@ -179,7 +179,7 @@ fn encode_pushes(reply: &Reply, protocol: crate::resp::Protocol, out: &mut Vec<u
 pub fn retry_blocked(
     state: &ServerState,
     session: &mut Session,
-    args: &Args,
+    args: &[Vec<u8>],
     out: &mut Vec<u8>,
 ) -> Written {
     let base = out.len();

@@ -22,7 +22,7 @@ use tucana_cluster::{split_storage_key, storage_key, RegionId};
 use crate::expiry::{deadline_key, decode_deadline, index_key};
 use crate::expiry::{is_reserved, MARKER};
 use crate::migration::{ask, slot_state, tombstone_key, tombstone_of, SlotState};
-use crate::resp::{Args, Reply};
+use crate::resp::Reply;
 use crate::store::Slot;
 
 use super::kv::{Bounds, Kv, LockedKv, Ops, Pairs, ReadKv};
@@ -48,7 +48,7 @@ pub(super) fn run_routed(
     spec: &Spec,
     f: KvFn,
     write: bool,
-    args: &Args,
+    args: &[Vec<u8>],
     routed: Routed,
     region: &Slot,
 ) -> tucana::Result<Reply> {

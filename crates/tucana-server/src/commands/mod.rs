@@ -75,7 +75,7 @@ mod tx_keys;
 mod zset_algebra;
 mod zsets;
 
-use crate::resp::{Args, Reply};
+use crate::resp::Reply;
 use crate::state::ServerState;
 use crate::store::Slot;
 
@@ -110,7 +110,7 @@ impl<'a> Call<'a> {
 /// Runs one request on the general path: checks authentication and arity, queues it
 /// inside `MULTI`, else finds its handler in the table and runs it on the store its kind
 /// needs. Errors become error replies.
-fn execute(call: &mut Call<'_>, args: &Args) -> Reply {
+fn execute(call: &mut Call<'_>, args: &[Vec<u8>]) -> Reply {
     let reply = execute_one(call, args);
     // `ASKING` lasts for one command (cluster mode, `migrating`).
     if call.session.asking && !args[0].eq_ignore_ascii_case(b"asking") {
@@ -119,7 +119,7 @@ fn execute(call: &mut Call<'_>, args: &Args) -> Reply {
     reply
 }
 
-fn execute_one(call: &mut Call<'_>, args: &Args) -> Reply {
+fn execute_one(call: &mut Call<'_>, args: &[Vec<u8>]) -> Reply {
     let Some(index) = lookup(&args[0]) else {
         if let Some(multi) = &mut call.session.multi {
             multi.failed = true;
@@ -171,7 +171,7 @@ fn execute_one(call: &mut Call<'_>, args: &Args) -> Reply {
                     spec.name
                 ));
             }
-            multi.queued.push(args.clone());
+            multi.queued.push(args.to_vec());
             return Reply::Status("QUEUED".into());
         }
     }
@@ -216,7 +216,12 @@ fn error_text(e: &tucana::Error) -> String {
 }
 
 /// Runs a string command's handler on `kv`, through the slot prefix when routed.
-fn run_kv(f: KvFn, kv: &mut dyn Kv, hash_slot: Option<u16>, args: &Args) -> tucana::Result<Reply> {
+fn run_kv(
+    f: KvFn,
+    kv: &mut dyn Kv,
+    hash_slot: Option<u16>,
+    args: &[Vec<u8>],
+) -> tucana::Result<Reply> {
     match hash_slot {
         Some(hash_slot) => f(
             &mut SlotKv {
@@ -232,7 +237,7 @@ fn run_kv(f: KvFn, kv: &mut dyn Kv, hash_slot: Option<u16>, args: &Args) -> tuca
 fn run_spec(
     call: &mut Call<'_>,
     spec: &Spec,
-    args: &Args,
+    args: &[Vec<u8>],
     routed: Option<Routed>,
 ) -> tucana::Result<Reply> {
     let state = call.state;
@@ -284,7 +289,7 @@ fn run_spec(
 
 // ---- shared by the handlers ---------------------------------------------------------
 
-fn unknown_command(args: &Args) -> Reply {
+fn unknown_command(args: &[Vec<u8>]) -> Reply {
     let mut text = format!(
         "ERR unknown command '{}', with args beginning with:",
         printable(&args[0], 64)

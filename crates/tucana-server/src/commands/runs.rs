@@ -41,7 +41,7 @@ use std::sync::OnceLock;
 
 use crate::expiry::is_reserved;
 use crate::metrics::Tally;
-use crate::resp::{Args, Reply, Requests};
+use crate::resp::{ArgsBuf, Reply, Requests};
 use crate::state::ServerState;
 
 use super::kv::TxKv;
@@ -145,15 +145,16 @@ pub(super) fn fast_collection_writes(
     let mut errors = 0;
     let mut written = Vec::new();
     let mut borrowed: Vec<&[u8]> = Vec::new();
+    let mut owned = ArgsBuf::default();
     for j in run {
         requests.args_into(j, &mut borrowed);
-        let args: Args = borrowed.iter().map(|a| a.to_vec()).collect();
+        let args = owned.fill(&borrowed);
         let index = lookup(&args[0]).expect("a run's commands are in the table");
         let Run::Write(f) = table()[index].run else {
             unreachable!("a run's commands are plain writes");
         };
         commands.push(index);
-        let reply = f(&mut tx, &args).unwrap_or_else(|e| Reply::error(super::error_text(&e)));
+        let reply = f(&mut tx, args).unwrap_or_else(|e| Reply::error(super::error_text(&e)));
         if reply.is_error() {
             errors += 1;
         }
