@@ -228,7 +228,12 @@ impl Family {
 /// The prefix of every sub-record of one version of `key` in `family`:
 /// `R family key-len(4 bytes BE) key version(8 bytes BE)`.
 pub fn sub_prefix(family: Family, key: &[u8], version: u64) -> Vec<u8> {
-    let mut out = Vec::with_capacity(RESERVED.len() + 13 + key.len() + 16);
+    sub_prefix_with_room(family, key, version, 16)
+}
+
+/// [`sub_prefix`] in a vector with room for `room` more bytes.
+fn sub_prefix_with_room(family: Family, key: &[u8], version: u64, room: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(RESERVED.len() + 13 + key.len() + room);
     out.extend_from_slice(RESERVED);
     out.push(family.byte());
     out.extend_from_slice(&(key.len() as u32).to_be_bytes());
@@ -237,9 +242,11 @@ pub fn sub_prefix(family: Family, key: &[u8], version: u64) -> Vec<u8> {
     out
 }
 
-/// A sub-record's key: its version's prefix and `suffix` (field, member, index, ...).
+/// A sub-record's key: its version's prefix and `suffix` (field, member, index, ...), in
+/// one allocation of its exact size (a sorted set's score suffixes and long members used
+/// to grow it a second time).
 pub fn sub_key(family: Family, key: &[u8], version: u64, suffix: &[u8]) -> Vec<u8> {
-    let mut out = sub_prefix(family, key, version);
+    let mut out = sub_prefix_with_room(family, key, version, suffix.len());
     out.extend_from_slice(suffix);
     out
 }
