@@ -283,6 +283,39 @@ impl Kv for ReadKv<'_> {
     fn note_abandoned(&mut self) {}
 }
 
+/// Applies `ops` to `ks` as one atomic, buffered write (durability is the batch's, see
+/// `execute_batch`): a lone put or delete without building a batch.
+fn write_ops(ks: &Keyspace, ops: &Ops) -> tucana::Result<()> {
+    if let [(key, value)] = ops.as_slice() {
+        match value {
+            Some(v) => ks.put_with(key, v, Durability::Buffered)?,
+            None => ks.delete_with(key, Durability::Buffered).map(|_| ())?,
+        };
+        return Ok(());
+    }
+    let mut batch = ks.batch();
+    for (key, value) in ops {
+        match value {
+            Some(v) => batch.put(key, v),
+            None => batch.delete(key),
+        };
+    }
+    batch.commit_with(Durability::Buffered)
+}
+
+/// What follows an applied write of `ops`: the marker of deadlines noted (`marking`), an
+/// abandoned version counted (`abandons`, `Slot::abandonments`), and the keys marked
+/// modified for WATCH and blocked clients.
+fn applied(guard: &WriteGuard<'_>, ops: &Ops, marking: bool, abandons: bool, slot_prefixed: bool) {
+    if marking {
+        guard.set_may_expire();
+    }
+    if abandons {
+        guard.note_abandoned();
+    }
+    guard.modified(ops.iter().map(|(k, _)| k.as_slice()), slot_prefixed);
+}
+
 /// Reads and writes under the database's write lock.
 pub(super) struct LockedKv<'a> {
     pub(super) guard: WriteGuard<'a>,
@@ -333,31 +366,15 @@ impl Kv for LockedKv<'_> {
         let marking = with_marker(&mut ops, noted, self.guard.may_expire());
         let ks = self.guard.keyspace(&self.state.store.db)?;
         self.wrote = true;
-        let slot_prefixed = self.state.cluster.is_some();
         // Durability is handled per batch by `execute_batch` (one sync for the batch).
-        if let [(key, value)] = ops.as_slice() {
-            match value {
-                Some(v) => ks.put_with(key, v, Durability::Buffered)?,
-                None => ks.delete_with(key, Durability::Buffered).map(|_| ())?,
-            };
-        } else {
-            let mut batch = ks.batch();
-            for (key, value) in &ops {
-                match value {
-                    Some(v) => batch.put(key, v),
-                    None => batch.delete(key),
-                };
-            }
-            batch.commit_with(Durability::Buffered)?;
-        }
-        if marking {
-            self.guard.set_may_expire();
-        }
-        if abandons {
-            self.guard.note_abandoned();
-        }
-        self.guard
-            .modified(ops.iter().map(|(k, _)| k.as_slice()), slot_prefixed);
+        write_ops(&ks, &ops)?;
+        applied(
+            &self.guard,
+            &ops,
+            marking,
+            abandons,
+            self.state.cluster.is_some(),
+        );
         Ok(())
     }
 
@@ -494,23 +511,15 @@ impl<'a> TxKv<'a> {
         let mut ops: Ops = std::mem::take(&mut self.overlay).into_iter().collect();
         let marking = with_marker(&mut ops, self.deadline_noted, self.guard.may_expire());
         let ks = self.guard.keyspace(&self.state.store.db)?;
-        let mut batch = ks.batch();
-        for (key, value) in &ops {
-            match value {
-                Some(v) => batch.put(key, v),
-                None => batch.delete(key),
-            };
-        }
-        batch.commit_with(Durability::Buffered)?;
-        if marking {
-            self.guard.set_may_expire();
-        }
-        if std::mem::take(&mut self.abandon_noted) {
-            self.guard.note_abandoned();
-        }
-        let slot_prefixed = self.state.cluster.is_some();
-        self.guard
-            .modified(ops.iter().map(|(k, _)| k.as_slice()), slot_prefixed);
+        write_ops(&ks, &ops)?;
+        let abandons = std::mem::take(&mut self.abandon_noted);
+        applied(
+            &self.guard,
+            &ops,
+            marking,
+            abandons,
+            self.state.cluster.is_some(),
+        );
         Ok(true)
     }
 

@@ -2570,6 +2570,17 @@ fn batches_through_fingers_match_a_btreemap() {
     );
 }
 
+/// Between two batches of a model test of runs: a seal now and then (a change of shape
+/// for the next batch's finger), and every 500 batches the whole tree against the model.
+fn seal_or_check(tree: &Tree, ctx: &FakeCtx, model: &Model, rng: &mut StdRng, batch: u32) {
+    if rng.random_bool(0.05) {
+        tree.seal();
+    }
+    if batch % 500 == 499 {
+        assert_matches(tree, ctx, None, model, rng);
+    }
+}
+
 #[test]
 fn runs_of_removes_leave_together_and_match_a_btreemap() {
     // `remove_run_near` takes keys that are neighbouring entries of the finger's leaf in
@@ -2613,12 +2624,7 @@ fn runs_of_removes_leave_together_and_match_a_btreemap() {
         for (key, old) in keys.iter().zip(&olds) {
             assert_eq!(*old, model.remove(*key), "remove_run_near {key:?}");
         }
-        if rng.random_bool(0.05) {
-            tree.seal();
-        }
-        if batch % 500 == 499 {
-            assert_matches(&tree, &ctx, None, &model, &mut rng);
-        }
+        seal_or_check(&tree, &ctx, &model, &mut rng, batch);
     }
     assert_matches(&tree, &ctx, None, &model, &mut rng);
 }
@@ -2674,12 +2680,7 @@ fn runs_of_inserts_go_in_together_and_match_a_btreemap() {
                 "insert_run_near {key:?}"
             );
         }
-        if rng.random_bool(0.05) {
-            tree.seal();
-        }
-        if batch % 500 == 499 {
-            assert_matches(&tree, &ctx, None, &model, &mut rng);
-        }
+        seal_or_check(&tree, &ctx, &model, &mut rng, batch);
     }
     assert_matches(&tree, &ctx, None, &model, &mut rng);
 }
