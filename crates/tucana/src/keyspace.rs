@@ -197,19 +197,43 @@ impl Keyspace {
     /// key and value into a batch first: for callers that hold them in a buffer already
     /// (the server's pipelined SETs).
     pub fn put_all(&self, pairs: &[(&[u8], &[u8])], durability: Durability) -> Result<()> {
-        if pairs.is_empty() {
+        self.write_checked(pairs.iter().map(|&(k, v)| (k, Some(v))), durability)
+    }
+
+    /// Applies puts (`Some(value)`) and deletes (`None`) atomically, as a [`Batch`] of
+    /// them would (all or nothing, also across a crash; a later op on the same key wins; a
+    /// size error changes nothing), from the caller's buffers: nothing is copied before
+    /// the log append. For callers that own their writes already (the server's commands).
+    pub fn write_all<K: AsRef<[u8]>, V: AsRef<[u8]>>(
+        &self,
+        ops: &[(K, Option<V>)],
+        durability: Durability,
+    ) -> Result<()> {
+        self.write_checked(
+            ops.iter()
+                .map(|(k, v)| (k.as_ref(), v.as_ref().map(AsRef::as_ref))),
+            durability,
+        )
+    }
+
+    /// `write` of `ops` once every key and value has passed the size checks.
+    fn write_checked<'a>(
+        &self,
+        ops: impl ExactSizeIterator<Item = (&'a [u8], Option<&'a [u8]>)>,
+        durability: Durability,
+    ) -> Result<()> {
+        if ops.len() == 0 {
             return Ok(());
         }
-        let mut ops = Vec::with_capacity(pairs.len());
-        for &(key, value) in pairs {
+        let mut checked = Vec::with_capacity(ops.len());
+        for (key, value) in ops {
             check_key(key)?;
-            check_value(value)?;
-            ops.push(Op {
-                key,
-                value: Some(value),
-            });
+            if let Some(value) = value {
+                check_value(value)?;
+            }
+            checked.push(Op { key, value });
         }
-        self.write(&ops, durability)?;
+        self.write(&checked, durability)?;
         Ok(())
     }
 
@@ -314,26 +338,21 @@ fn prefix_bounds(prefix: &[u8]) -> (Bound<Vec<u8>>, Bound<Vec<u8>>) {
     (Bound::Included(prefix.to_vec()), Bound::Unbounded)
 }
 
-enum BatchOp {
-    Put(Vec<u8>, Vec<u8>),
-    Delete(Vec<u8>),
-}
-
-/// A batch of writes applied atomically by `commit`.
+/// A batch of writes applied atomically by `commit`: puts (`Some(value)`) and deletes.
 pub struct Batch {
     keyspace: Keyspace,
-    ops: Vec<BatchOp>,
+    ops: Vec<(Vec<u8>, Option<Vec<u8>>)>,
 }
 
 impl Batch {
     /// Adds a put. Size limits are checked by `commit`.
     pub fn put(&mut self, key: &[u8], value: &[u8]) -> &mut Batch {
-        self.ops.push(BatchOp::Put(key.to_vec(), value.to_vec()));
+        self.ops.push((key.to_vec(), Some(value.to_vec())));
         self
     }
 
     pub fn delete(&mut self, key: &[u8]) -> &mut Batch {
-        self.ops.push(BatchOp::Delete(key.to_vec()));
+        self.ops.push((key.to_vec(), None));
         self
     }
 
@@ -351,31 +370,7 @@ impl Batch {
 
     /// Applies every write or none (a size error changes nothing).
     pub fn commit_with(self, durability: Durability) -> Result<()> {
-        if self.ops.is_empty() {
-            return Ok(());
-        }
-        let mut ops = Vec::with_capacity(self.ops.len());
-        for op in &self.ops {
-            match op {
-                BatchOp::Put(k, v) => {
-                    check_key(k)?;
-                    check_value(v)?;
-                    ops.push(Op {
-                        key: k,
-                        value: Some(v),
-                    });
-                }
-                BatchOp::Delete(k) => {
-                    check_key(k)?;
-                    ops.push(Op {
-                        key: k,
-                        value: None,
-                    });
-                }
-            }
-        }
-        self.keyspace.write(&ops, durability)?;
-        Ok(())
+        self.keyspace.write_all(&self.ops, durability)
     }
 }
 

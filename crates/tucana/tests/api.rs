@@ -172,6 +172,42 @@ fn put_all_is_a_batch_of_puts_without_the_copies() {
 }
 
 #[test]
+fn write_all_is_a_batch_of_puts_and_deletes_from_the_callers_buffers() {
+    let db = Database::builder().open_in_memory().expect("in-memory db");
+    let ks = db.keyspace("ops").expect("keyspace");
+    ks.put(b"gone", b"old").unwrap();
+    ks.put(b"a", b"old").unwrap();
+    let ops: Vec<(Vec<u8>, Option<Vec<u8>>)> = vec![
+        (b"gone".to_vec(), None),
+        (b"a".to_vec(), Some(b"1".to_vec())),
+        (b"b".to_vec(), Some(b"2".to_vec())),
+        (b"b".to_vec(), None),
+        (b"a".to_vec(), Some(b"3".to_vec())),
+    ];
+    ks.write_all(&ops, Durability::Buffered).unwrap();
+    assert_eq!(ks.get(b"gone").unwrap(), None);
+    assert_eq!(
+        ks.get(b"a").unwrap().as_deref(),
+        Some(&b"3"[..]),
+        "the later op wins"
+    );
+    assert_eq!(ks.get(b"b").unwrap(), None, "the later delete wins");
+    assert_eq!(ks.len(), 1);
+
+    // One oversized key, after a delete and a put: nothing of the call is applied.
+    let too_long = vec![b'k'; MAX_KEY_BYTES + 1];
+    let ops: [(&[u8], Option<&[u8]>); 3] =
+        [(b"a", None), (b"c", Some(b"v")), (&too_long, Some(b"v"))];
+    assert!(matches!(
+        ks.write_all(&ops, Durability::Sync),
+        Err(Error::KeyTooLarge { .. })
+    ));
+    assert_eq!(ks.get(b"a").unwrap().as_deref(), Some(&b"3"[..]));
+    assert_eq!(ks.get(b"c").unwrap(), None);
+    db.check().expect("check");
+}
+
+#[test]
 fn second_open_of_a_locked_volume_is_refused() {
     // The volume lock keeps a second opener (here in the same process, through a new
     // file handle) out until the first closes.

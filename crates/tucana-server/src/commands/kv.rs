@@ -284,7 +284,7 @@ impl Kv for ReadKv<'_> {
 }
 
 /// Applies `ops` to `ks` as one atomic, buffered write (durability is the batch's, see
-/// `execute_batch`): a lone put or delete without building a batch.
+/// `execute_batch`), from `ops`' own buffers; a lone put or delete without a vector.
 fn write_ops(ks: &Keyspace, ops: &Ops) -> tucana::Result<()> {
     if let [(key, value)] = ops.as_slice() {
         match value {
@@ -293,14 +293,7 @@ fn write_ops(ks: &Keyspace, ops: &Ops) -> tucana::Result<()> {
         };
         return Ok(());
     }
-    let mut batch = ks.batch();
-    for (key, value) in ops {
-        match value {
-            Some(v) => batch.put(key, v),
-            None => batch.delete(key),
-        };
-    }
-    batch.commit_with(Durability::Buffered)
+    ks.write_all(ops, Durability::Buffered)
 }
 
 /// What follows an applied write of `ops`: the marker of deadlines noted (`marking`), an
