@@ -246,8 +246,17 @@ fn sub_prefix_with_room(family: Family, key: &[u8], version: u64, room: usize) -
 /// one allocation of its exact size (a sorted set's score suffixes and long members used
 /// to grow it a second time).
 pub fn sub_key(family: Family, key: &[u8], version: u64, suffix: &[u8]) -> Vec<u8> {
-    let mut out = sub_prefix_with_room(family, key, version, suffix.len());
-    out.extend_from_slice(suffix);
+    sub_key_of_parts(family, key, version, &[suffix])
+}
+
+/// [`sub_key`] of a suffix given in parts (a sorted set's score entry: the score's order
+/// bytes, then the member), joined in the key's one allocation.
+pub fn sub_key_of_parts(family: Family, key: &[u8], version: u64, parts: &[&[u8]]) -> Vec<u8> {
+    let room = parts.iter().map(|p| p.len()).sum();
+    let mut out = sub_prefix_with_room(family, key, version, room);
+    for part in parts {
+        out.extend_from_slice(part);
+    }
     out
 }
 

@@ -16,7 +16,7 @@ use std::ops::Bound;
 
 use crate::expiry::now_ms;
 use crate::resp::Reply;
-use crate::types::{sub_key, sub_prefix, Family, Kind, Meta};
+use crate::types::{sub_key, sub_key_of_parts, sub_prefix, Family, Kind, Meta};
 
 use super::expire::{read_stored, Writes};
 use super::kv::{Kv, Pairs};
@@ -163,12 +163,22 @@ impl<'k> Update<'k> {
     }
 
     pub(super) fn put(&mut self, family: Family, suffix: &[u8], value: Vec<u8>) {
-        let stored = sub_key(family, self.key, self.meta.version, suffix);
-        self.writes.reserved(stored, Some(value));
+        self.put_parts(family, &[suffix], value);
     }
 
     pub(super) fn delete(&mut self, family: Family, suffix: &[u8]) {
-        let stored = sub_key(family, self.key, self.meta.version, suffix);
+        self.delete_parts(family, &[suffix]);
+    }
+
+    /// `put` of a suffix given in parts (`sub_key_of_parts`).
+    pub(super) fn put_parts(&mut self, family: Family, suffix: &[&[u8]], value: Vec<u8>) {
+        let stored = sub_key_of_parts(family, self.key, self.meta.version, suffix);
+        self.writes.reserved(stored, Some(value));
+    }
+
+    /// `delete` of a suffix given in parts (`sub_key_of_parts`).
+    pub(super) fn delete_parts(&mut self, family: Family, suffix: &[&[u8]]) {
+        let stored = sub_key_of_parts(family, self.key, self.meta.version, suffix);
         self.writes.reserved(stored, None);
     }
 
@@ -460,6 +470,9 @@ fn trim_zeros(s: &str) -> &str {
 
 /// A float argument as Redis reads one (`strtod`, whole argument, no spaces, no NaN).
 pub(super) fn parse_double(arg: &[u8]) -> Option<f64> {
+    if let Some(d) = parse_small_integer(arg) {
+        return Some(d);
+    }
     let s = std::str::from_utf8(arg).ok()?;
     if s.is_empty() || s.starts_with(|c: char| c.is_whitespace()) {
         return None;
@@ -477,6 +490,25 @@ pub(super) fn parse_double(arg: &[u8]) -> Option<f64> {
         _ => s.parse().ok()?,
     };
     (!d.is_nan()).then_some(d)
+}
+
+/// `parse_double`'s common case without allocating: a sign and up to 15 decimal digits
+/// (scores such as `1700000000`, redis-benchmark's), which an `f64` holds exactly, so the
+/// result is `strtod`'s (`-0` included). `None`: anything else, left to the full parse.
+fn parse_small_integer(arg: &[u8]) -> Option<f64> {
+    let (negative, digits) = match arg {
+        [b'-', rest @ ..] => (true, rest),
+        [b'+', rest @ ..] => (false, rest),
+        _ => (false, arg),
+    };
+    if digits.is_empty() || digits.len() > 15 || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    let n = digits
+        .iter()
+        .fold(0u64, |n, &d| n * 10 + u64::from(d - b'0'));
+    let d = n as f64;
+    Some(if negative { -d } else { d })
 }
 
 /// A float reply: a RESP3 double, a bulk string in RESP2.
@@ -673,13 +705,50 @@ mod tests {
         assert_eq!(parse_double(b"-inf"), Some(f64::NEG_INFINITY));
         assert_eq!(parse_double(b"+inf"), Some(f64::INFINITY));
         assert_eq!(parse_double(b"1e3"), Some(1000.0));
-        for bad in [&b""[..], b" 1", b"1 ", b"nan", b"abc", b"1.5x", b"infx"] {
+        for bad in [
+            &b""[..],
+            b" 1",
+            b"1 ",
+            b"nan",
+            b"abc",
+            b"1.5x",
+            b"infx",
+            b"-",
+            b"+",
+            b"--1",
+            b"1-",
+        ] {
             assert_eq!(
                 parse_double(bad),
                 None,
                 "{:?}",
                 String::from_utf8_lossy(bad)
             );
+        }
+    }
+
+    /// The integer fast path must give exactly what the full parse gives, bit for bit
+    /// (`-0` is negative zero), at every length it takes and just past it.
+    #[test]
+    fn integer_scores_parse_as_the_full_parse_does() {
+        let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+        let mut cases: Vec<String> = ["0", "-0", "+0", "007", "-000", "999999999999999"]
+            .map(String::from)
+            .to_vec();
+        cases.push("1".repeat(16));
+        cases.push(format!("-{}", "9".repeat(17)));
+        for _ in 0..10_000 {
+            let digits = 1 + rng.below(17);
+            let sign = ["", "-", "+"][rng.below(3)];
+            let n: String = (0..digits)
+                .map(|_| char::from(b'0' + rng.below(10) as u8))
+                .collect();
+            cases.push(format!("{sign}{n}"));
+        }
+        for case in cases {
+            let want: f64 = case.parse().unwrap();
+            let got = parse_double(case.as_bytes()).unwrap();
+            assert_eq!(got.to_bits(), want.to_bits(), "{case}");
         }
     }
 }

@@ -47,17 +47,17 @@ fn score_of(kv: &mut dyn Kv, key: &[u8], version: u64, m: &[u8]) -> tucana::Resu
 pub(super) fn put_member(update: &mut Update<'_>, member: &[u8], score: f64, old: Option<f64>) {
     let score = score + 0.0;
     if let Some(old) = old {
-        update.delete(Family::ZScore, &score_key(old, member));
+        update.delete_parts(Family::ZScore, &[&score_order(old), member]);
     } else {
         update.meta.count += 1;
     }
     update.put(Family::ZMember, member, encode_score(score).to_vec());
-    update.put(Family::ZScore, &score_key(score, member), Vec::new());
+    update.put_parts(Family::ZScore, &[&score_order(score), member], Vec::new());
 }
 
 pub(super) fn delete_member(update: &mut Update<'_>, member: &[u8], score: f64) {
     update.delete(Family::ZMember, member);
-    update.delete(Family::ZScore, &score_key(score, member));
+    update.delete_parts(Family::ZScore, &[&score_order(score), member]);
     update.meta.count = update.meta.count.saturating_sub(1);
 }
 
@@ -88,21 +88,30 @@ struct ZaddFlags {
     incr: bool,
 }
 
+/// ZADD's flag words (matched without regard to case) and the flag each sets.
+const ZADD_FLAGS: [(&[u8], fn(&mut ZaddFlags) -> &mut bool); 6] = [
+    (b"NX", |f| &mut f.nx),
+    (b"XX", |f| &mut f.xx),
+    (b"GT", |f| &mut f.gt),
+    (b"LT", |f| &mut f.lt),
+    (b"CH", |f| &mut f.ch),
+    (b"INCR", |f| &mut f.incr),
+];
+
 /// `ZADD key [NX|XX] [GT|LT] [CH] [INCR] score member [score member ...]`, with Redis's
 /// order of checks and replies.
 pub(super) fn cmd_zadd(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Reply> {
     let mut f = ZaddFlags::default();
     let mut i = 2;
     while i < args.len() {
-        match args[i].to_ascii_uppercase().as_slice() {
-            b"NX" => f.nx = true,
-            b"XX" => f.xx = true,
-            b"GT" => f.gt = true,
-            b"LT" => f.lt = true,
-            b"CH" => f.ch = true,
-            b"INCR" => f.incr = true,
-            _ => break,
-        }
+        let flag = match ZADD_FLAGS
+            .iter()
+            .find(|(name, _)| args[i].eq_ignore_ascii_case(name))
+        {
+            Some((_, flag)) => flag,
+            None => break,
+        };
+        *flag(&mut f) = true;
         i += 1;
     }
     let rest = &args[i..];
@@ -140,7 +149,9 @@ pub(super) fn cmd_zadd(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Repl
     let mut update = Update::new(key, opened, ZSET);
     let (mut added, mut updated) = (0, 0);
     let mut incr_result = None;
-    // Scores written by this command (a member given twice sees its first write).
+    // Scores written by this command (a member given twice sees its first write); only
+    // kept when there is more than one pair.
+    let several = pairs.len() > 1;
     let mut written: std::collections::HashMap<&[u8], f64> = std::collections::HashMap::new();
     for (score, member) in pairs {
         if missing && f.xx {
@@ -156,7 +167,9 @@ pub(super) fn cmd_zadd(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Repl
                 continue;
             }
             put_member(&mut update, member, score, None);
-            written.insert(member, score);
+            if several {
+                written.insert(member, score);
+            }
             added += 1;
             incr_result = Some(score);
             continue;
@@ -177,7 +190,9 @@ pub(super) fn cmd_zadd(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Repl
         incr_result = Some(score);
         if score != cur {
             put_member(&mut update, member, score, Some(cur));
-            written.insert(member, score);
+            if several {
+                written.insert(member, score);
+            }
             updated += 1;
         }
     }
