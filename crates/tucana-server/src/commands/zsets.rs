@@ -88,8 +88,11 @@ struct ZaddFlags {
     incr: bool,
 }
 
+/// Which of [`ZaddFlags`]' fields a flag word sets.
+type ZaddFlag = fn(&mut ZaddFlags) -> &mut bool;
+
 /// ZADD's flag words (matched without regard to case) and the flag each sets.
-const ZADD_FLAGS: [(&[u8], fn(&mut ZaddFlags) -> &mut bool); 6] = [
+const ZADD_FLAGS: [(&[u8], ZaddFlag); 6] = [
     (b"NX", |f| &mut f.nx),
     (b"XX", |f| &mut f.xx),
     (b"GT", |f| &mut f.gt),
