@@ -193,6 +193,67 @@ fn sort_store_modifies_its_destination() {
     server.stop().unwrap();
 }
 
+/// A collection's write that leaves its metadata as it was (a member's new score, an
+/// element or a field overwritten) no longer writes the metadata record again, and that
+/// record's write was what marked the key modified: such writes must still abort EXEC,
+/// alone and in a pipelined run (another store, `TxKv`), while writes that change nothing
+/// do not, as in Redis 7 (checked against redis-server: SADD of a member already there,
+/// ZADD of the same score and LREM of nothing leave the watch alone; LSET and HSET of the
+/// same value do not).
+#[test]
+fn collection_writes_abort_exec_exactly_when_redis_says_they_modify() {
+    let server = start(true);
+    let (mut a, mut b) = (connect(&server), connect(&server));
+    let big = "x".repeat(5000); // per-field hash, not packed
+    let cases: [(&[&str], &[&str], bool); 8] = [
+        (&["ZADD", "z", "1", "m"], &["ZADD", "z", "2", "m"], true),
+        (&["ZADD", "z", "1", "m"], &["ZINCRBY", "z", "1", "m"], true),
+        (&["RPUSH", "l", "a", "b"], &["LSET", "l", "0", "a"], true),
+        (
+            &["HSET", "h", "f", "v", "g", &big],
+            &["HSET", "h", "f", "w"],
+            true,
+        ),
+        (
+            &["HSET", "h", "f", "v", "g", &big],
+            &["HSET", "h", "f", "v"],
+            true,
+        ),
+        (&["SADD", "s", "m"], &["SADD", "s", "m"], false),
+        (&["ZADD", "z", "1", "m"], &["ZADD", "z", "1", "m"], false),
+        (&["RPUSH", "l", "a", "b"], &["LREM", "l", "0", "zz"], false),
+    ];
+    for pipelined in [false, true] {
+        for (setup, write, aborts) in cases {
+            ok(&mut a, &["DEL", setup[1]]);
+            ok(&mut a, setup);
+            ok(&mut a, &["WATCH", setup[1]]);
+            if pipelined {
+                // Two writes in one pipeline run under one store, committed together.
+                let mut pipe = redis::pipe();
+                for _ in 0..2 {
+                    let mut cmd = redis::cmd(write[0]);
+                    for arg in &write[1..] {
+                        cmd.arg(*arg);
+                    }
+                    pipe.add_command(cmd);
+                }
+                let _: Vec<Value> = pipe.query(&mut b).unwrap();
+            } else {
+                ok(&mut b, write);
+            }
+            ok(&mut a, &["MULTI"]);
+            ok(&mut a, &["PING"]);
+            let ran = ok(&mut a, &["EXEC"]) != Value::Nil;
+            assert_eq!(
+                ran, !aborts,
+                "{write:?} after {setup:?}, pipelined: {pipelined}"
+            );
+        }
+    }
+    server.stop().unwrap();
+}
+
 #[test]
 fn optimistic_increments_from_many_threads_count_exactly() {
     let server = start(true);

@@ -4,8 +4,9 @@
 //! sub-records in order, and the number formats of Redis's replies.
 //!
 //! Owns the rule that keeps metadata and sub-records in step: every write of a collection
-//! goes through [`Update::apply`], which writes the metadata (or deletes the key when the
-//! last member went) in the same `Kv::apply` as the sub-records, and then raises the
+//! goes through [`Update::apply`], which writes the metadata when it changed (or deletes
+//! the key when the last member went) in the same `Kv::apply` as the sub-records (when it
+//! did not, the key is marked modified all the same, `Kv::touch`), and then raises the
 //! command's keyspace notifications in Redis's order ([`Events`]: `new` when the key was
 //! created, the command's event, `del` when the key was emptied). The layout is `types`';
 //! deadlines are `expire`'s.
@@ -184,7 +185,8 @@ impl<'k> Update<'k> {
 
     /// Applies the writes with the metadata: a collection left empty is deleted (with its
     /// deadline), as Redis deletes an emptied key; else it keeps its deadline. A command
-    /// that changed nothing of a missing key writes nothing. Then raises `event` (in the
+    /// that changed nothing of a missing key writes nothing, and one that left an existing
+    /// key's metadata as it was writes only its sub-records. Then raises `event` (in the
     /// class of the collection's kind), after `new` if the key was created and before
     /// `del` if it was emptied.
     pub(super) fn apply(self, kv: &mut dyn Kv, event: &'static str) -> tucana::Result<()> {
@@ -235,6 +237,16 @@ impl<'k> Update<'k> {
                 self.writes.delete_emptied(self.key, stored_deadline);
             } else if !same_version {
                 self.writes.delete(self.key, stored_deadline);
+            }
+        } else if self.value.is_none()
+            && self.opened.meta == Some(self.meta)
+            && stored_deadline == self.opened.live_deadline_ms
+        {
+            // The metadata stays as stored (a score changed, a field or an element
+            // overwritten, or nothing at all): it is not written again. Sub-records
+            // written are the change, and mark the key modified as its write would.
+            if !self.writes.is_empty() {
+                self.writes.touch(self.key);
             }
         } else {
             let value = match self.value.take() {

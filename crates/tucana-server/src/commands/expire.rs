@@ -153,6 +153,10 @@ pub(super) struct Writes {
     /// now belong to no key, and the collector of old versions must walk again
     /// (`Kv::note_abandoned`).
     abandons: bool,
+    /// Keys these writes modify without writing a record of them (a collection whose
+    /// sub-records change under unchanged metadata): marked modified once applied
+    /// (`Kv::touch`), as a write of them would be.
+    touched: Vec<Vec<u8>>,
 }
 
 impl Writes {
@@ -235,12 +239,23 @@ impl Writes {
         self.deadline = true;
     }
 
+    /// `key` is modified by these writes though none of them is a record of it.
+    pub(super) fn touch(&mut self, key: &[u8]) {
+        self.touched.push(key.to_vec());
+    }
+
+    /// Whether there is nothing to write.
+    pub(super) fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+
     /// Adds `other`'s writes after these (one batch for two keys: SMOVE, LMOVE).
     pub(super) fn append(&mut self, other: Writes) {
         self.ops.extend(other.ops);
         self.deadline |= other.deadline;
         self.abandons |= other.abandons;
         self.expired.extend(other.expired);
+        self.touched.extend(other.touched);
     }
 
     /// Whether `key` is already written here (DEL of a key given twice).
@@ -258,6 +273,9 @@ impl Writes {
             kv.note_abandoned();
         }
         kv.apply(self.ops)?;
+        for key in &self.touched {
+            kv.touch(key);
+        }
         for key in &self.expired {
             kv.notify(crate::notify::EXPIRED, "expired", key);
         }

@@ -62,6 +62,10 @@ pub(super) trait Kv {
     /// The next `apply` may abandon a collection's version (`Slot::abandonments`): once
     /// it is applied, the store counts it, so the collector of old versions walks again.
     fn note_abandoned(&mut self);
+    /// `key` (as this store names it) was modified by the last `apply`, though it wrote
+    /// no record of it (a collection's sub-records under unchanged metadata): marked
+    /// modified for WATCH and blocked clients, as a write of it is.
+    fn touch(&mut self, key: &[u8]);
 
     /// The server's run-time settings (OBJECT ENCODING reads Redis's thresholds there).
     fn settings(&self) -> &crate::settings::Settings;
@@ -173,6 +177,9 @@ impl Kv for ReplicaKv<'_> {
     fn note_deadline(&mut self) {}
 
     fn note_abandoned(&mut self) {}
+
+    /// Read-only: `apply` refused before anything could be touched.
+    fn touch(&mut self, _key: &[u8]) {}
 }
 
 /// Reads on the keyspace as it is; no writes.
@@ -281,6 +288,9 @@ impl Kv for ReadKv<'_> {
     fn note_deadline(&mut self) {}
 
     fn note_abandoned(&mut self) {}
+
+    /// Read-only: `apply` refused before anything could be touched.
+    fn touch(&mut self, _key: &[u8]) {}
 }
 
 /// Applies `ops` to `ks` as one atomic, buffered write (durability is the batch's, see
@@ -398,6 +408,11 @@ impl Kv for LockedKv<'_> {
         self.abandon_noted = true;
     }
 
+    /// At once: the write it follows is applied, and the lock is still held.
+    fn touch(&mut self, key: &[u8]) {
+        self.guard.modified([key], self.state.cluster.is_some());
+    }
+
     fn notify_flags(&self) -> u32 {
         self.notify_flags
     }
@@ -440,6 +455,8 @@ pub(super) struct TxKv<'a> {
     abandon_noted: bool,
     /// `apply` was called with writes since the last `take_wrote`.
     wrote: bool,
+    /// Keys `touch`ed since the last commit: marked modified with the overlay's.
+    touched: Vec<Vec<u8>>,
     /// `Settings::notify_flags` when EXEC started.
     notify_flags: u32,
     /// The transaction's keyspace notifications, published once its batch is applied.
@@ -458,6 +475,7 @@ impl<'a> TxKv<'a> {
             deadline_noted: false,
             abandon_noted: false,
             wrote: false,
+            touched: Vec::new(),
             notify_flags: state.settings.notify_flags(),
             events: Vec::new(),
         }
@@ -494,6 +512,8 @@ impl<'a> TxKv<'a> {
 
     fn commit_batch(&mut self) -> tucana::Result<bool> {
         if self.overlay.is_empty() {
+            // A touch comes with writes of other keys, and those are in the overlay.
+            debug_assert!(self.touched.is_empty());
             return Ok(false);
         }
         // After the batch the keyspace holds the overlay's writes: what was read before
@@ -506,13 +526,11 @@ impl<'a> TxKv<'a> {
         let ks = self.guard.keyspace(&self.state.store.db)?;
         write_ops(&ks, &ops)?;
         let abandons = std::mem::take(&mut self.abandon_noted);
-        applied(
-            &self.guard,
-            &ops,
-            marking,
-            abandons,
-            self.state.cluster.is_some(),
-        );
+        let slot_prefixed = self.state.cluster.is_some();
+        applied(&self.guard, &ops, marking, abandons, slot_prefixed);
+        let touched = std::mem::take(&mut self.touched);
+        self.guard
+            .modified(touched.iter().map(Vec::as_slice), slot_prefixed);
         Ok(true)
     }
 
@@ -609,6 +627,11 @@ impl Kv for TxKv<'_> {
 
     fn note_abandoned(&mut self) {
         self.abandon_noted = true;
+    }
+
+    /// At the commit, with the overlay's keys.
+    fn touch(&mut self, key: &[u8]) {
+        self.touched.push(key.to_vec());
     }
 
     fn notify_flags(&self) -> u32 {

@@ -232,6 +232,10 @@ impl Kv for Tombstoning<'_, '_> {
     fn note_abandoned(&mut self) {
         self.inner.note_abandoned();
     }
+
+    fn touch(&mut self, key: &[u8]) {
+        self.inner.touch(key);
+    }
 }
 
 fn tryagain() -> Reply {

@@ -240,6 +240,11 @@ impl Kv for SlotKv<'_> {
         self.inner.note_abandoned();
     }
 
+    fn touch(&mut self, key: &[u8]) {
+        let stored = self.stored(key);
+        self.inner.touch(&stored);
+    }
+
     fn notify_flags(&self) -> u32 {
         self.inner.notify_flags()
     }

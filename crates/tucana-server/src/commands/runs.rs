@@ -339,16 +339,17 @@ mod tests {
         // LPUSH l .. LPUSH ez: 15 requests, up to LLEN.
         assert_eq!(run_length(requests, 0), 15);
         assert_eq!(run_length(requests, 15), 0, "LLEN reads");
-        // ZADD z .. SADD h x, up to SET.
-        assert_eq!(run_length(requests, 16), 22);
-        assert_eq!(run_length(requests, 38), 0, "SET");
-        assert_eq!(run_length(requests, 39), 2, "LPUSH str, SADD str");
-        assert_eq!(run_length(requests, 41), 0, "LPUSH without arguments");
+        // ZADD z .. ZADD kept, up to SET.
+        assert_eq!(run_length(requests, 16), 23);
+        assert_eq!(run_length(requests, 39), 0, "SET");
+        assert_eq!(run_length(requests, 40), 2, "LPUSH str, SADD str");
+        assert_eq!(run_length(requests, 42), 0, "LPUSH without arguments");
         // LPOP l -1 and LPOP l, up to DEL.
-        assert_eq!(run_length(requests, 42), 2);
-        assert_eq!(run_length(requests, 44), 0, "DEL");
-        // LPOP l, RPUSH l, then the pushes and pops of `big`, cut at the bound.
-        assert_eq!(run_length(requests, 45), RUN_MAX_REQUESTS);
+        assert_eq!(run_length(requests, 43), 2);
+        assert_eq!(run_length(requests, 45), 0, "DEL");
+        // LPOP l, RPUSH l, the writes of `kept`, then the pushes and pops of `big`, cut
+        // at the bound.
+        assert_eq!(run_length(requests, 46), RUN_MAX_REQUESTS);
         // A reserved key takes the general path (which refuses it).
         let key = [crate::expiry::RESERVED, b"k"].concat();
         let mut reserved = format!("*3\r\n$5\r\nLPUSH\r\n${}\r\n", key.len()).into_bytes();

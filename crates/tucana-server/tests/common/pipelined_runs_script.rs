@@ -2,7 +2,7 @@
 // one-at-a-time path, and `tests/pipelined_runs.rs`, against that path and redis-server):
 // runs of collection writes mixed with what ends a run, pops past the end of a list,
 // WRONGTYPE and a key changing type inside a run, errors of the general path, the expired
-// keys `SETUP` makes, a run longer than `RUN_MAX_REQUESTS`, and reads of the results.
+// keys `SETUP` makes, a key's metadata read and kept by a run and then changed in it, a run longer than `RUN_MAX_REQUESTS`, and reads of the results.
 // Included (`include!`) by both, so it is one list.
 
 /// The pipeline (see the file's comment).
@@ -46,6 +46,7 @@ fn script() -> Vec<String> {
         "SADD s a b a",
         "SREM s a",
         "SADD h x",
+        "ZADD kept 1 a 2 b",
         "SET str v",
         "LPUSH str x",
         "SADD str x",
@@ -55,6 +56,15 @@ fn script() -> Vec<String> {
         "DEL l",
         "LPOP l",
         "RPUSH l after-del",
+        // `kept` was committed by the run before `SET str v`: its metadata is read from
+        // the engine and kept by the run's store, then changed in the overlay, which must
+        // win; emptied and created again in the same run.
+        "ZADD kept 5 a",
+        "ZADD kept 1 c",
+        "ZADD kept 7 a",
+        "ZREM kept a b c",
+        "ZADD kept 2 z",
+        "ZADD kept 3 z",
     ]
     .iter()
     .map(|s| s.to_string())
@@ -71,6 +81,7 @@ fn script() -> Vec<String> {
             "LRANGE ez 0 -1",
             "LRANGE z 0 -1",
             "ZRANGE rec-index 0 -1 WITHSCORES",
+            "ZRANGE kept 0 -1 WITHSCORES",
             "HGETALL h",
             "SMEMBERS s",
             "EXISTS big",
