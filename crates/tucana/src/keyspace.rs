@@ -150,10 +150,24 @@ impl Keyspace {
     /// together rather than one after the other. A hint: absent keys and keys too long
     /// are passed over. While the keyspace's data has lately been found in memory, most
     /// calls return without taking a key from `keys` (an iterator, so that finding the
-    /// keys costs nothing then either).
-    pub fn prefetch<'k>(&self, keys: impl IntoIterator<Item = &'k [u8]>) {
-        self.region
-            .prefetch_keys(None, keys.into_iter().filter(|key| check_key(key).is_ok()));
+    /// keys costs nothing then either). Keys may be borrowed or made as they are taken.
+    pub fn prefetch<K: AsRef<[u8]>>(&self, keys: impl IntoIterator<Item = K>) {
+        self.region.prefetch_keys(
+            None,
+            keys.into_iter()
+                .filter(|key| check_key(key.as_ref()).is_ok()),
+        );
+    }
+
+    /// `prefetch` of keys the caller found through records it reads first (a
+    /// collection's members, named under its metadata's version). The engine tells
+    /// whether asking pays for these apart from `prefetch`'s keys: a hot metadata record,
+    /// named by every command of a pipeline, says nothing of its members.
+    pub fn prefetch_dependent<K: AsRef<[u8]>>(&self, keys: impl IntoIterator<Item = K>) {
+        self.region.prefetch_dependent_keys(
+            keys.into_iter()
+                .filter(|key| check_key(key.as_ref()).is_ok()),
+        );
     }
 
     /// Removes `key`; returns whether it was present.
@@ -450,6 +464,20 @@ mod tests {
         );
         // Ranges start from their own streak, which these calls did not touch.
         assert_eq!(ks.region().prefetch_streak(), 0);
+        // So do dependent keys (a collection's members): the hot metadata gave them
+        // nothing, and their own calls warm only their own streak.
+        assert_eq!(ks.region().dependent_prefetch_streak(), 0);
+        let before = ks.region().key_prefetch_streak();
+        for _ in 0..20 {
+            ks.put(b"mylist", b"metadata").unwrap();
+            ks.prefetch_dependent(window.iter().copied());
+        }
+        assert!(
+            ks.region().dependent_prefetch_streak() >= crate::prefetch::HOT_STREAK_PROBES,
+            "streak {}",
+            ks.region().dependent_prefetch_streak()
+        );
+        assert_eq!(ks.region().key_prefetch_streak(), before);
     }
 
     #[test]

@@ -140,6 +140,11 @@ pub(crate) struct Region {
     /// same hot record) say nothing of the records a range over its members reads, and
     /// a streak made hot by them would give those ranges free passes out of memory.
     key_prefetch_streak: AtomicUsize,
+    /// The same for `prefetch_dependent_keys` (keys found through records read first: a
+    /// collection's members under its metadata), kept apart from both: a hot metadata
+    /// record says nothing of its members, and a streak made hot by it would give the
+    /// members' reads free passes out of memory.
+    dependent_prefetch_streak: AtomicUsize,
     /// Tree epochs still read: snapshots, live ranges, pinned commits.
     readers: readers::Readers,
     /// Sealed tree epochs of the last two durable commits (older first).
@@ -195,6 +200,7 @@ impl Region {
             keys: AtomicU64::new(keys),
             prefetch_streak: AtomicUsize::new(0),
             key_prefetch_streak: AtomicUsize::new(0),
+            dependent_prefetch_streak: AtomicUsize::new(0),
             readers: readers::Readers::new(),
             durable_epochs: Mutex::new([None, None]),
             retired_segments: Mutex::new(Vec::new()),

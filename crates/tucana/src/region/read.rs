@@ -468,19 +468,36 @@ impl Region {
     /// skipped too; such keys are not counted in `prefetch_skipped`). The gate starts
     /// without free passes, so a call now and then probes, and data evicted since is
     /// found (`ResidencyGate::probing_from`).
-    pub fn prefetch_keys<'k>(&self, root: Option<u64>, keys: impl Iterator<Item = &'k [u8]>) {
+    pub fn prefetch_keys<K: AsRef<[u8]>>(&self, root: Option<u64>, keys: impl Iterator<Item = K>) {
+        self.prefetch_keys_gated(root, &self.key_prefetch_streak, keys);
+    }
+
+    /// `prefetch_keys` of keys the caller found through records it reads first (a
+    /// collection's members, under its metadata), whose gate keeps its own streak
+    /// (`dependent_prefetch_streak`).
+    pub fn prefetch_dependent_keys<K: AsRef<[u8]>>(&self, keys: impl Iterator<Item = K>) {
+        self.prefetch_keys_gated(None, &self.dependent_prefetch_streak, keys);
+    }
+
+    /// `prefetch_keys` with its gate's streak kept in `streak`.
+    fn prefetch_keys_gated<K: AsRef<[u8]>>(
+        &self,
+        root: Option<u64>,
+        streak: &AtomicUsize,
+        keys: impl Iterator<Item = K>,
+    ) {
         if self.shared.options.scan_prefetch_entries == 0 {
             return;
         }
-        let streak = &self.key_prefetch_streak;
         let mut gate = ResidencyGate::probing_from(streak.load(Ordering::Relaxed));
         if gate.passes_unprobed() {
             return;
         }
-        let mut candidates = keys.filter_map(|key| match self.lookup_candidate(root, key) {
-            Ok(Candidate::Maybe(ptr)) => Some(ptr),
-            _ => None,
-        });
+        let mut candidates =
+            keys.filter_map(|key| match self.lookup_candidate(root, key.as_ref()) {
+                Ok(Candidate::Maybe(ptr)) => Some(ptr),
+                _ => None,
+            });
         GROUP_PTRS.with_borrow_mut(|ptrs| {
             ptrs.clear();
             // A hot gate's probed call (one in `HOT_PROBE_EVERY_BATCHES`): two records say
@@ -574,6 +591,12 @@ impl Region {
     #[cfg(test)]
     pub fn key_prefetch_streak(&self) -> usize {
         self.key_prefetch_streak.load(Ordering::Relaxed)
+    }
+
+    /// Where `prefetch_dependent_keys`'s gate starts.
+    #[cfg(test)]
+    pub fn dependent_prefetch_streak(&self) -> usize {
+        self.dependent_prefetch_streak.load(Ordering::Relaxed)
     }
 
     /// Copies the leaf `seek` lands on (for range iteration).
