@@ -101,6 +101,13 @@ const ZADD_FLAGS: [(&[u8], ZaddFlag); 6] = [
     (b"INCR", |f| &mut f.incr),
 ];
 
+/// Whether `arg` is one of ZADD's flag words (which come before its pairs).
+pub(super) fn is_zadd_flag(arg: &[u8]) -> bool {
+    ZADD_FLAGS
+        .iter()
+        .any(|(name, _)| arg.eq_ignore_ascii_case(name))
+}
+
 /// `ZADD key [NX|XX] [GT|LT] [CH] [INCR] score member [score member ...]`, with Redis's
 /// order of checks and replies.
 pub(super) fn cmd_zadd(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Reply> {
