@@ -101,11 +101,17 @@ const ZADD_FLAGS: [(&[u8], ZaddFlag); 6] = [
     (b"INCR", |f| &mut f.incr),
 ];
 
-/// Whether `arg` is one of ZADD's flag words (which come before its pairs).
-pub(super) fn is_zadd_flag(arg: &[u8]) -> bool {
+/// The flag `arg` names, if it is one of ZADD's flag words (which come before its pairs).
+fn zadd_flag(arg: &[u8]) -> Option<ZaddFlag> {
     ZADD_FLAGS
         .iter()
-        .any(|(name, _)| arg.eq_ignore_ascii_case(name))
+        .find(|(name, _)| arg.eq_ignore_ascii_case(name))
+        .map(|&(_, flag)| flag)
+}
+
+/// Whether `arg` is one of ZADD's flag words (which come before its pairs).
+pub(super) fn is_zadd_flag(arg: &[u8]) -> bool {
+    zadd_flag(arg).is_some()
 }
 
 /// `ZADD key [NX|XX] [GT|LT] [CH] [INCR] score member [score member ...]`, with Redis's
@@ -114,12 +120,8 @@ pub(super) fn cmd_zadd(kv: &mut dyn Kv, args: &[Vec<u8>]) -> tucana::Result<Repl
     let mut f = ZaddFlags::default();
     let mut i = 2;
     while i < args.len() {
-        let flag = match ZADD_FLAGS
-            .iter()
-            .find(|(name, _)| args[i].eq_ignore_ascii_case(name))
-        {
-            Some((_, flag)) => flag,
-            None => break,
+        let Some(flag) = zadd_flag(&args[i]) else {
+            break;
         };
         *flag(&mut f) = true;
         i += 1;
